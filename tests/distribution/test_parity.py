@@ -1,0 +1,39 @@
+import keras
+import numpy as np
+import pytest
+
+from zoo.distribution import distribution_for
+from zoo.distribution.parity import check_parity, compare
+from zoo.models import SmallCNN
+
+
+def test_compare_reports_largest_difference_and_tolerance():
+    reference = {"a": np.array([1.0, 2.0]), "b": np.array([10.0])}
+    diff = compare(reference, {"a": np.array([1.0, 2.0]), "b": np.array([10.5])}, rtol=1e-3, atol=0)
+    assert diff.where == "b" and diff.max_abs == pytest.approx(0.5) and diff.max_rel == pytest.approx(0.05)
+    assert not diff.within_tolerance
+    assert compare(reference, {"a": np.array([1.0, 2.0]), "b": np.array([10.005])}, rtol=1e-3, atol=0).within_tolerance
+
+
+def test_parity_detects_a_model_that_differs():
+    """A run whose second model differs (other dropout seed) must fail the check."""
+    builds = iter([1, 2])
+    rng = np.random.default_rng(0)
+    x, y = rng.random((48, 16, 16, 3), dtype=np.float32), rng.integers(0, 4, 48)
+
+    def build():
+        return SmallCNN(num_classes=4, image_size=16, dropout=0.5, seed=next(builds))
+
+    def compile_model(model):
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    report = check_parity(build, compile_model, distribution_for(SmallCNN, "data", "data=8"), x, y, steps=2, batch_size=16)
+    assert not report.passed
+    assert not report.differences["gradients"].within_tolerance
+    assert keras.distribution.distribution() is None
+
+
+def test_indivisible_batch_is_refused():
+    x, y = np.zeros((40, 16, 16, 3), np.float32), np.zeros(40, np.int32)
+    with pytest.raises(ValueError, match="batch size 12 is not divisible by the data-parallel size 8"):
+        check_parity(lambda: SmallCNN(image_size=16), lambda m: None, distribution_for(SmallCNN, "data", "data=8"), x, y, batch_size=12)

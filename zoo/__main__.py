@@ -1,0 +1,5 @@
+import sys
+
+from zoo.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: one command each; results go to docs/performance.md."""

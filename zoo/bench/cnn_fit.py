@@ -1,0 +1,260 @@
+"""``zoo bench cnn``: images/s of ``model.fit`` against a hand-written ``jax.jit`` step.
+
+For each layout (one device, ``DataParallel``, ``ModelParallel``) the small CNN is
+trained two ways on the same mesh, from the same host numpy arrays:
+
+(a) ``model.fit`` for one epoch of ``steps`` batches (``shuffle=False``, ``verbose=0``);
+(b) a loop over a ``jax.jit`` train step written by hand from Keras' stateless API
+    (``stateless_call`` + compiled loss + ``jax.value_and_grad`` +
+    ``optimizer.stateless_apply``), the state donated, each batch placed from host
+    numpy with ``jax.device_put`` on the distribution's data sharding.
+
+Both are compiled before timing and the clock stops only once results are ready
+(``jax.block_until_ready``). The runs alternate ``repeats`` times and the median of
+each is kept; the number that matters is the ratio fit / jit, measured side by side
+in the same process (absolute images/s on a shared CPU are noise).
+
+Before timing, one hand-written step and one ``fit`` step from the same weights must
+give the same loss, so the two loops provably do the same maths.
+"""
+
+import dataclasses
+import os
+import statistics
+import time
+
+import jax
+import keras
+import numpy as np
+
+from zoo import distribution as zd
+from zoo.data import load_shapes
+from zoo.models import SmallCNN
+from zoo.training.cnn import build_cnn, compile_cnn
+
+# (label, strategy): the mesh is each strategy's default, "data=<all devices>" for
+# "data" and "data=2,model=<rest>" for "model" (see zoo.distribution.strategies).
+LAYOUTS = (("single device", "single"), ("DataParallel", "data"), ("ModelParallel", "model"))
+
+# Same-maths check: |loss_jit - loss_fit| <= LOSS_ATOL + LOSS_RTOL * |loss_fit|. The two
+# steps are separate XLA programs (fit's also updates metrics), so fusion may reorder
+# float32 sums; anything beyond rounding means the maths differ.
+LOSS_ATOL = 1e-5
+LOSS_RTOL = 1e-5
+
+SEED = 0  # data, weights and dropout stream; fixed so runs are comparable
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """Settings of ``zoo bench cnn``; every default is the CLI's default."""
+
+    image_size: int = 64  # square images, as `zoo train cnn` uses by default
+    batch_size: int = 64  # global batch; must divide by the data axis (8 and 2 here)
+    steps: int = 20  # timed optimizer steps per measurement (= one fit epoch)
+    repeats: int = 3  # alternating fit / jit measurements; the median of each is reported
+    output: str | None = None  # also write the markdown table to this file
+
+
+class SameMathsError(AssertionError):
+    """The hand-written step and Keras' own train step disagree on the loss."""
+
+
+def run_benchmark(config, report=print):
+    """Measure every layout, report the markdown table, return one dict per layout."""
+    _check_config(config)
+    x, y = load_shapes("train", image_size=config.image_size, num_examples=config.steps * config.batch_size, seed=SEED)
+    rows = []
+    try:
+        for label, strategy in LAYOUTS:
+            rows.append(bench_layout(label, strategy, x, y, config, report))
+    finally:
+        keras.distribution.set_distribution(None)
+    table = format_table(rows, config)
+    report(table)
+    if config.output:
+        _write(config.output, table)
+    return rows
+
+
+def _check_config(config):
+    for name in ("image_size", "batch_size", "steps", "repeats"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def bench_layout(label, strategy, x, y, config, report=print):
+    """One table row: median fit and jit images/s on one layout.
+
+    x: f32[N, S, S, 3] host images, y: i32[N] labels, N = steps * batch_size.
+    """
+    distribution = None if strategy == "single" else zd.distribution_for(SmallCNN, strategy)
+    mesh = "-" if distribution is None else zd.describe_mesh(distribution.device_mesh)
+    _check_batch(config.batch_size, distribution, mesh)
+    report(f"{label} ({mesh}): compiling and checking ...")
+    keras.utils.set_random_seed(SEED)
+    model = zd.build_distributed(lambda: build_cnn(config.image_size, SEED), distribution)
+    compile_cnn(model)
+    batch_size = config.batch_size
+
+    # Warm-up: compiles fit's train step and builds the optimizer and metrics.
+    fit_rate(model, x[: 2 * batch_size], y[: 2 * batch_size], batch_size)
+    step = make_jit_step(model, distribution)
+    shardings = data_shardings(distribution, x[:batch_size], y[:batch_size])
+    loss_gap, state = check_same_maths(model, step, x[:batch_size], y[:batch_size], shardings)
+    state, _ = jit_rate(step, state, x[: 2 * batch_size], y[: 2 * batch_size], batch_size, shardings)
+
+    fit_runs, jit_runs = [], []
+    for _ in range(config.repeats):  # alternate, so drifts in machine load hit both alike
+        fit_runs.append(fit_rate(model, x, y, batch_size))
+        state, rate = jit_rate(step, state, x, y, batch_size, shardings)
+        jit_runs.append(rate)
+    fit, jit = statistics.median(fit_runs), statistics.median(jit_runs)
+    report(f"  fit {fit:,.1f} images/s, jit {jit:,.1f} images/s, ratio {fit / jit:.3f}, loss gap {loss_gap:.1e}")
+    return {
+        "layout": label,
+        "mesh": mesh,
+        "fit_images_per_s": fit,
+        "jit_images_per_s": jit,
+        "ratio": fit / jit,
+        "fit_runs": fit_runs,
+        "jit_runs": jit_runs,
+        "loss_gap": loss_gap,
+    }
+
+
+def _check_batch(batch_size, distribution, mesh):
+    replicas = zd.data_parallel_size(distribution)
+    if batch_size % replicas:
+        raise ValueError(f"batch size {batch_size} is not divisible by the data axis of size {replicas} of mesh {mesh}")
+
+
+def fit_rate(model, x, y, batch_size):
+    """images/s of one ``model.fit`` epoch over x: f32[N, S, S, 3], y: i32[N]."""
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+    jax.block_until_ready([v.value for v in model.variables])
+    return len(x) / (time.perf_counter() - start)
+
+
+def jit_rate(step, state, x, y, batch_size, shardings):
+    """images/s of the hand-written loop over x: f32[N, S, S, 3]; returns (state, rate)."""
+    x_sharding, y_sharding = shardings
+    start = time.perf_counter()
+    loss = None
+    for begin in range(0, len(x) - batch_size + 1, batch_size):
+        xb = jax.device_put(x[begin : begin + batch_size], x_sharding)  # f32[B, S, S, 3]
+        yb = jax.device_put(y[begin : begin + batch_size], y_sharding)  # i32[B]
+        loss, state = step(state, xb, yb)
+    jax.block_until_ready((loss, state))
+    return state, (len(x) // batch_size) * batch_size / (time.perf_counter() - start)
+
+
+def make_jit_step(model, distribution):
+    """``step(state, x, y) -> (loss, state)`` with ``state = (trainable, non_trainable, optimizer)``.
+
+    The same maths as Keras' ``train_step`` minus the metric updates: forward in
+    training mode (batch-norm statistics updated), compiled loss, gradients, optimizer.
+    The state is donated; under a distribution its output shardings are pinned to the
+    variables' own (as Keras does), so step k+1 reuses step k's program.
+    """
+
+    def loss_and_updates(trainable, non_trainable, x, y):
+        logits, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)  # (B, classes)
+        loss = model.compute_loss(x=x, y=y, y_pred=logits, training=True)  # f32[]
+        return loss, non_trainable
+
+    def step(state, x, y):
+        trainable, non_trainable, optimizer = state
+        grad_fn = jax.value_and_grad(loss_and_updates, has_aux=True)
+        (loss, non_trainable), grads = grad_fn(trainable, non_trainable, x, y)
+        trainable, optimizer = model.optimizer.stateless_apply(optimizer, grads, trainable)
+        return loss, (trainable, non_trainable, optimizer)
+
+    out_shardings = None
+    if distribution is not None:
+        out_shardings = (None, jax.tree.map(lambda a: a.sharding, model_state(model)))
+    return jax.jit(step, donate_argnums=0, out_shardings=out_shardings)
+
+
+def model_state(model):
+    """The model's current values as ``(trainable, non_trainable, optimizer)`` lists of arrays."""
+    return (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+        [v.value for v in model.optimizer.variables],
+    )
+
+
+def copy_state(state):
+    """Fresh device copies (same shardings), safe to donate without touching the model."""
+    return jax.tree.map(lambda a: jax.device_put(a, a.sharding, may_alias=False), state)
+
+
+def data_shardings(distribution, x, y):
+    """Where a batch goes: the distribution's data layout, or the default device."""
+    if distribution is None:
+        return None, None
+    return tuple(distribution.get_data_layout(a.shape).backend_layout for a in (x, y))
+
+
+def check_same_maths(model, step, x, y, shardings):
+    """One hand-written step and one Keras step from the same weights; compare losses.
+
+    x: f32[B, S, S, 3], y: i32[B], one batch. The Keras step is a one-batch
+    ``model.fit``: the very program that is timed (``train_on_batch`` would feed
+    ``(x, y, None)`` instead of fit's ``(x, y)`` and compile a second program).
+    Raises ``SameMathsError`` when the losses differ beyond rounding. Returns
+    ``(|loss gap|, state after the hand-written step)``; the model has taken its step.
+    """
+    state = copy_state(model_state(model))
+    xb, yb = (jax.device_put(a, s) for a, s in zip((x, y), shardings))
+    jit_loss, state = step(state, xb, yb)
+    fit_loss = fit_one_step_loss(model, x, y)
+    return compare_losses(float(jit_loss), fit_loss), state
+
+
+def fit_one_step_loss(model, x, y):
+    """The loss of one ``model.fit`` step on the single batch x: f32[B, S, S, 3], y: i32[B]."""
+    history = model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+    return float(history.history["loss"][0])
+
+
+def compare_losses(jit_loss, fit_loss, atol=LOSS_ATOL, rtol=LOSS_RTOL):
+    """``|jit_loss - fit_loss|``, or ``SameMathsError`` if beyond ``atol + rtol * |fit_loss|``."""
+    gap = abs(jit_loss - fit_loss)
+    if not np.isfinite(gap) or gap > atol + rtol * abs(fit_loss):
+        raise SameMathsError(
+            f"hand-written step loss {jit_loss:.8f} != model.fit step loss {fit_loss:.8f} "
+            f"(gap {gap:.2e} > {atol:g} + {rtol:g} * |loss|): the two loops do different maths"
+        )
+    return gap
+
+
+def format_table(rows, config):
+    """A header line and a markdown table, one row per layout."""
+    header = (
+        f"devices: {zd.describe_devices()}; image size {config.image_size}, batch size "
+        f"{config.batch_size}, {config.steps} steps, median of {config.repeats}; "
+        f"jax {jax.__version__}, keras {keras.__version__}"
+    )
+    lines = [
+        header,
+        "",
+        "| layout | mesh | fit images/s | jax.jit images/s | ratio fit/jit |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['layout']} | {row['mesh']} | {row['fit_images_per_s']:,.1f} | "
+            f"{row['jit_images_per_s']:,.1f} | {row['ratio']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _write(path, text):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text + "\n")

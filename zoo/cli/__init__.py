@@ -1,0 +1,1 @@
+"""The ``zoo`` command: thin argument parsing over ``zoo.training`` and ``zoo.bench``."""

@@ -1,0 +1,109 @@
+"""``zoo train``, ``zoo verify`` and ``zoo bench``.
+
+Each subcommand parses its flags into a config dataclass and calls a function in
+``zoo.training`` or ``zoo.bench``; nothing here that a test cannot reach in-process.
+"""
+
+import argparse
+import dataclasses
+import sys
+
+import zoo
+from zoo.cli.devices import prepare_devices
+
+MODELS = ("cnn",)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="zoo", description="keras-zoo: Keras models that scale by changing the distribution layout.")
+    parser.add_argument("--version", action="version", version=f"keras-zoo {zoo.__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("model", choices=MODELS, help="which zoo model")
+    common.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_train(commands.add_parser("train", parents=[common], help="train a model with model.fit under a distribution"))
+    _add_verify(commands.add_parser("verify", parents=[common], help="compare training under a distribution with one device"))
+    _add_bench(commands.add_parser("bench", parents=[common], help="images/s of model.fit vs a hand-written jax.jit step"))
+    return parser
+
+
+def _add_distribution_flags(parser, choices, default):
+    parser.add_argument("--distribution", choices=choices, default=default, help=f"layout strategy (default {default})")
+    parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4 (one axis may be -1); default per strategy")
+
+
+def _add_train(parser):
+    from zoo.training.cnn import TrainConfig
+
+    defaults = TrainConfig()
+    _add_distribution_flags(parser, ["single", "data", "model"], defaults.distribution)
+    parser.add_argument("--epochs", type=int, default=defaults.epochs)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="global batch size")
+    parser.add_argument("--image-size", type=int, default=defaults.image_size)
+    parser.add_argument("--train-examples", type=int, default=defaults.train_examples)
+    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--output", default=defaults.output, help="path of the saved .keras model")
+
+
+def _add_verify(parser):
+    from zoo.training.cnn import VerifyConfig
+
+    defaults = VerifyConfig()
+    _add_distribution_flags(parser, ["data", "model"], defaults.distribution)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--image-size", type=int, default=defaults.image_size)
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default=defaults.optimizer)
+    parser.add_argument("--rtol", type=float, default=defaults.rtol)
+    parser.add_argument("--atol", type=float, default=defaults.atol)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+
+
+def _add_bench(parser):
+    from zoo.bench.cnn_fit import BenchConfig
+
+    defaults = BenchConfig()
+    parser.add_argument("--image-size", type=int, default=defaults.image_size)
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="timed steps per measurement")
+    parser.add_argument("--repeats", type=int, default=defaults.repeats, help="alternating measurements of each pair")
+    parser.add_argument("--output", default=defaults.output, help="write the markdown table here too")
+
+
+def _config_from(args, config_class):
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def run(args):
+    """Run a parsed command; returns the process exit code."""
+    if args.command == "train":
+        from zoo.training.cnn import TrainConfig, train
+
+        train(_config_from(args, TrainConfig))
+        return 0
+    if args.command == "verify":
+        from zoo.training.cnn import VerifyConfig, verify
+
+        return 0 if verify(_config_from(args, VerifyConfig)).passed else 1
+    from zoo.bench.cnn_fit import BenchConfig, run_benchmark
+
+    run_benchmark(_config_from(args, BenchConfig))
+    return 0
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        message = prepare_devices(args.simulate_devices)
+        if message:
+            print(message, flush=True)
+        return run(args)
+    except (ValueError, RuntimeError) as error:
+        print(f"zoo: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Meshes, layouts and distributions (no model-specific code here)."""
+
+from zoo.distribution.devices import DeviceCountError, describe_devices, simulate_cpu_devices
+from zoo.distribution.layouts import (
+    CheckedModelParallel,
+    LayoutError,
+    check_layout_map,
+    format_sharding_summary,
+    sharding_summary,
+)
+from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size, parse_mesh_spec
+from zoo.distribution.strategies import (
+    STRATEGIES,
+    build_distributed,
+    data_parallel_size,
+    default_mesh_spec,
+    distribution_for,
+    make_distribution,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "CheckedModelParallel",
+    "DeviceCountError",
+    "LayoutError",
+    "MeshError",
+    "build_distributed",
+    "check_layout_map",
+    "data_parallel_size",
+    "default_mesh_spec",
+    "describe_devices",
+    "describe_mesh",
+    "distribution_for",
+    "format_sharding_summary",
+    "make_distribution",
+    "make_mesh",
+    "mesh_axis_size",
+    "parse_mesh_spec",
+    "sharding_summary",
+    "simulate_cpu_devices",
+]

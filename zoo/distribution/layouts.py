@@ -1,0 +1,146 @@
+"""Checked layouts: a layout rule must match a variable and split it evenly.
+
+Keras' ``ModelParallel`` silently replicates a variable whose path no rule matches, and
+leaves an unused rule unnoticed (keras-hub#2806: a renamed layer quietly trains
+unsharded). ``CheckedModelParallel`` checks every variable as Keras creates it (rank
+and divisibility, naming the numbers) and remembers which rules matched, so
+``check_layout_map`` can reject rules that matched nothing.
+"""
+
+import keras
+
+
+class LayoutError(ValueError):
+    """A layout rule that matches nothing, or a layout that does not fit its variable."""
+
+
+def rule_for_path(layout_map, path):
+    """The key of ``layout_map`` whose rule Keras applies to ``path``, or None.
+
+    Uses the LayoutMap's own lookup (exact key, else regex), so it agrees with Keras.
+    """
+    layout = layout_map[path]
+    if layout is None:
+        return None
+    return next(key for key in layout_map if layout_map[key] is layout)
+
+
+def check_variable_layout(path, shape, layout, mesh, rule=None):
+    """Raise unless ``layout`` has one entry per dimension and splits each evenly."""
+    where = f"variable {path!r} {tuple(shape)}" + (f" (rule {rule!r})" if rule else "")
+    if len(layout.axes) != len(shape):
+        raise LayoutError(f"{where}: layout {layout.axes} has {len(layout.axes)} entries for a rank-{len(shape)} variable")
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    for dim, (size, axis) in enumerate(zip(shape, layout.axes)):
+        for name in _axis_names(axis):
+            if name not in sizes:
+                raise LayoutError(f"{where}: mesh axis {name!r} is not in the mesh {sizes}")
+        split = _split_count(axis, sizes)
+        if size % split:
+            raise LayoutError(
+                f"{where}: dimension {dim} of size {size} is not divisible by mesh axis "
+                f"{axis!r} of size {split}"
+            )
+
+
+def _axis_names(axis):
+    if axis is None:
+        return ()
+    return tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+
+
+def _split_count(axis, sizes):
+    count = 1
+    for name in _axis_names(axis):
+        count *= sizes[name]
+    return count
+
+
+class CheckedModelParallel(keras.distribution.ModelParallel):
+    """``keras.distribution.ModelParallel`` that checks each variable's layout.
+
+    Behaves exactly like ``ModelParallel``; in addition, when Keras asks for a
+    variable's layout it raises ``LayoutError`` if the rule does not fit the variable,
+    and it records which rules matched (see ``unmatched_rules``).
+    """
+
+    def __init__(self, *, layout_map, batch_dim_name=None, **kwargs):
+        _check_rules_use_mesh_axes(layout_map)
+        super().__init__(layout_map=layout_map, batch_dim_name=batch_dim_name, **kwargs)
+        self.matched_rules = set()
+
+    def get_variable_layout(self, variable):
+        layout = super().get_variable_layout(variable)
+        rule = rule_for_path(self._layout_map, variable.path)
+        if rule is not None:
+            self.matched_rules.add(rule)
+        check_variable_layout(variable.path, variable.shape, layout, self.device_mesh, rule)
+        return layout
+
+    @property
+    def layout_map(self):
+        return self._layout_map
+
+    def unmatched_rules(self):
+        """Rules no variable created under this distribution has matched (in order)."""
+        return [key for key in self._layout_map if key not in self.matched_rules]
+
+
+def _check_rules_use_mesh_axes(layout_map):
+    mesh = layout_map.device_mesh
+    for key in layout_map:
+        for axis in layout_map[key].axes:
+            for name in _axis_names(axis):
+                if name not in mesh.axis_names:
+                    raise LayoutError(
+                        f"layout rule {key!r} -> {layout_map[key].axes} uses mesh axis "
+                        f"{name!r}, but the mesh has axes {list(mesh.axis_names)}"
+                    )
+
+
+def check_layout_map(layout_map, model):
+    """Raise ``LayoutError`` if a rule matches none of ``model``'s variables.
+
+    Also checks every matched variable's rank and divisibility. Returns a dict
+    ``{rule: [variable paths]}``.
+    """
+    matches = {key: [] for key in layout_map}
+    for variable in model.variables:
+        rule = rule_for_path(layout_map, variable.path)
+        if rule is None:
+            continue
+        matches[rule].append(variable.path)
+        check_variable_layout(variable.path, variable.shape, layout_map[rule], layout_map.device_mesh, rule)
+    unmatched = [key for key, paths in matches.items() if not paths]
+    if unmatched:
+        paths = ", ".join(v.path for v in model.variables)
+        raise LayoutError(
+            f"layout rule(s) {unmatched} match no variable of model {model.name!r}; "
+            f"its variable paths are: {paths}"
+        )
+    return matches
+
+
+def sharding_summary(model):
+    """Rows ``(path, shape, spec)`` giving how each of ``model``'s weights is placed."""
+    rows = []
+    for variable in model.weights:
+        sharding = getattr(variable.value, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        rows.append((variable.path, tuple(variable.shape), _format_spec(spec)))
+    return rows
+
+
+def _format_spec(spec):
+    if spec is None:
+        return "single device"
+    if all(entry is None for entry in spec):
+        return "replicated"
+    return "(" + ", ".join("-" if e is None else str(e) for e in spec) + ")"
+
+
+def format_sharding_summary(model):
+    """The sharding summary as aligned text lines."""
+    rows = sharding_summary(model)
+    width = max(len(path) for path, _, _ in rows)
+    return [f"{path:<{width}}  {str(shape):<20} {spec}" for path, shape, spec in rows]

@@ -1,0 +1,174 @@
+"""Parity: does a model train to the same numbers under a distribution as on one device?
+
+Keep a single-device gold reference. ``check_parity`` builds the model twice from the
+same initial weights, once with no distribution and once under the one given, trains
+both for ``steps`` steps of ``model.fit`` on the same batches, and reports the largest
+differences in per-step loss, gradients (first batch, initial weights), outputs (after
+training) and final weights.
+"""
+
+import dataclasses
+
+import jax
+import keras
+import numpy as np
+
+from zoo.distribution.strategies import build_distributed, data_parallel_size
+
+# float32 tolerances: reductions split across devices are summed in another order.
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-5
+
+
+@dataclasses.dataclass
+class Difference:
+    """Largest difference between two sets of arrays, and where it is."""
+
+    max_abs: float  # max |distributed - reference|
+    max_rel: float  # max_abs relative to the reference's largest magnitude there
+    where: str  # name of the array holding max_abs
+    within_tolerance: bool  # every element satisfies |d - r| <= atol + rtol * |r|
+
+
+@dataclasses.dataclass
+class ParityReport:
+    """What ``check_parity`` measured. ``passed`` is True when every quantity is within tolerance."""
+
+    steps: int
+    reference_losses: list
+    distributed_losses: list
+    differences: dict  # quantity name -> Difference
+    rtol: float
+    atol: float
+
+    @property
+    def passed(self):
+        return all(d.within_tolerance for d in self.differences.values())
+
+    def format(self):
+        """A small table, one row per quantity."""
+        lines = [f"{'quantity':<10} {'max abs diff':>13} {'max rel diff':>13}  {'ok':<3} worst at"]
+        for name, d in self.differences.items():
+            ok = "yes" if d.within_tolerance else "NO"
+            lines.append(f"{name:<10} {d.max_abs:>13.3e} {d.max_rel:>13.3e}  {ok:<3} {d.where}")
+        lines.append(f"tolerance: |d - r| <= {self.atol:g} + {self.rtol:g} * |r|, elementwise")
+        return lines
+
+
+def compare(reference, distributed, *, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL):
+    """``Difference`` between two dicts of same-shaped arrays."""
+    worst = Difference(0.0, 0.0, "-", True)
+    for name, ref in reference.items():
+        ref = np.asarray(ref, dtype=np.float64)
+        got = np.asarray(distributed[name], dtype=np.float64)
+        if ref.shape != got.shape:
+            raise ValueError(f"{name}: reference shape {ref.shape} != distributed shape {got.shape}")
+        gap = np.abs(got - ref)
+        max_abs = float(gap.max(initial=0.0))
+        scale = float(np.abs(ref).max(initial=0.0))
+        ok = bool(np.all(gap <= atol + rtol * np.abs(ref)))
+        if max_abs > worst.max_abs or worst.where == "-":
+            worst = Difference(max_abs, max_abs / scale if scale else max_abs, name, worst.within_tolerance)
+        worst.within_tolerance = worst.within_tolerance and ok
+    return worst
+
+
+def check_parity(
+    build_model, compile_model, distribution, x, y, *, steps=3, batch_size=None, seed=0, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL
+):
+    """Train on one device and under ``distribution`` from the same weights; compare.
+
+    Args:
+        build_model: ``() -> keras.Model``, called once per run (deterministic config).
+        compile_model: ``(model) -> None``, compiles with loss and optimizer.
+        distribution: the ``keras.distribution.Distribution`` under test.
+        x, y: training arrays; the first ``steps * batch_size`` examples are used.
+        steps: number of optimizer steps.
+        batch_size: global batch size (divisible by the data-parallel size); defaults
+            to 4 examples per data-parallel replica.
+        seed: seeds Keras, NumPy and Python before the reference model is built, so a
+            report is reproducible (max-pooling and ReLU make rare near-ties flip).
+
+    The global distribution is None on return.
+    """
+    batch_size = batch_size or 4 * data_parallel_size(distribution)
+    _check_batch(distribution, batch_size, steps, len(x))
+    x, y = x[: steps * batch_size], y[: steps * batch_size]
+    keras.utils.set_random_seed(seed)
+    try:
+        reference = _train_run(build_model, compile_model, None, x, y, batch_size, None)
+        distributed = _train_run(build_model, compile_model, distribution, x, y, batch_size, reference["initial"])
+    finally:
+        keras.distribution.set_distribution(None)
+    differences = {
+        name: compare(reference[name], distributed[name], rtol=rtol, atol=atol)
+        for name in ("loss", "gradients", "outputs", "weights")
+    }
+    return ParityReport(steps, list(reference["loss"].values()), list(distributed["loss"].values()), differences, rtol, atol)
+
+
+def _check_batch(distribution, batch_size, steps, num_examples):
+    replicas = data_parallel_size(distribution)
+    if batch_size % replicas:
+        raise ValueError(f"batch size {batch_size} is not divisible by the data-parallel size {replicas}")
+    if steps * batch_size > num_examples:
+        raise ValueError(f"{steps} steps of batch {batch_size} need {steps * batch_size} examples, got {num_examples}")
+
+
+def _train_run(build_model, compile_model, distribution, x, y, batch_size, initial_weights):
+    """One run: gradients at the start, then ``fit``, then outputs and weights."""
+    model = build_distributed(build_model, distribution)
+    compile_model(model)
+    if initial_weights is not None:
+        model.set_weights(initial_weights)
+    initial = model.get_weights()
+    gradients = _gradients(model, x[:batch_size], y[:batch_size], distribution)
+    step_losses = StepLosses()
+    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[step_losses])
+    outputs = model.predict(x[:batch_size], batch_size=batch_size, verbose=0)
+    return {
+        "initial": initial,
+        "loss": {f"step {i + 1}": loss for i, loss in enumerate(step_losses.losses)},
+        "gradients": gradients,
+        "outputs": {"logits": outputs},
+        "weights": {v.path: np.asarray(v.numpy()) for v in model.weights},
+    }
+
+
+def _gradients(model, x, y, distribution):
+    """d(loss)/d(trainable weights) on one batch, in training mode, without updating."""
+    if distribution is not None:
+        x = keras.distribution.distribute_tensor(x, distribution.get_data_layout(x.shape))
+        y = keras.distribution.distribute_tensor(y, distribution.get_data_layout(y.shape))
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def loss_fn(trainable_values, non_trainable_values, x, y):
+        logits, _ = model.stateless_call(trainable_values, non_trainable_values, x, training=True)
+        return model.loss(y, logits)
+
+    grads = jax.jit(jax.grad(loss_fn))(trainable, non_trainable, x, y)
+    return {v.path: np.asarray(g) for v, g in zip(model.trainable_variables, grads)}
+
+
+class StepLosses(keras.callbacks.Callback):
+    """Records each step's own loss during ``fit``.
+
+    Keras logs a running mean; the step's loss is recovered from consecutive means
+    (all steps here have the same batch size).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+        self._previous_mean = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._previous_mean = 0.0
+        self._steps_in_epoch = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        mean = float(logs["loss"])
+        count = batch + 1
+        self.losses.append(mean * count - self._previous_mean * (count - 1))
+        self._previous_mean = mean

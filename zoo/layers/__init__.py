@@ -1,0 +1,1 @@
+"""Keras layers; the only package that calls ``shard_map``."""

@@ -1,0 +1,1 @@
+"""User-facing jobs (train, verify) callable in-process; ``zoo.cli`` only parses flags."""
