@@ -3,9 +3,15 @@
 import os
 
 os.environ["KERAS_BACKEND"] = "jax"
+# Set here, not through zoo, so no zoo import happens before the flags are in place.
 os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    + ["--xla_force_host_platform_device_count=8"]
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f and "collective" not in f]
+    + [
+        "--xla_force_host_platform_device_count=8",
+        # 8 simulated devices share 2 cores: give slow collectives 20 minutes, not 40 s.
+        "--xla_cpu_collective_timeout_seconds=1200",
+        "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
+    ]
 )
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 

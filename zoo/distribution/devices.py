@@ -41,7 +41,7 @@ def simulate_cpu_devices(count):
         return
     jax.config.update("jax_num_cpu_devices", count)
     # Subprocesses (and older JAX versions) read the XLA flag instead.
-    os.environ["XLA_FLAGS"] = _with_device_count_flag(os.environ.get("XLA_FLAGS", ""), count)
+    os.environ["XLA_FLAGS"] = simulation_xla_flags(os.environ.get("XLA_FLAGS", ""), count)
 
 
 def _check_running_cpu_count(count):
@@ -56,9 +56,20 @@ def _check_running_cpu_count(count):
         )
 
 
-def _with_device_count_flag(flags, count):
-    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
-    return " ".join(kept + [f"--xla_force_host_platform_device_count={count}"])
+# N simulated devices share the host's cores; on a busy 2-core machine one device can
+# reach a collective long after the others. XLA:CPU aborts a rendezvous after 40 s by
+# default, so allow much longer.
+COLLECTIVE_TIMEOUT_FLAGS = (
+    "--xla_cpu_collective_timeout_seconds=1200",
+    "--xla_cpu_collective_call_terminate_timeout_seconds=1200",
+)
+
+
+def simulation_xla_flags(flags, count):
+    """``flags`` with the device count set to ``count`` and long CPU collective timeouts."""
+    ours = ("--xla_force_host_platform_device_count",) + tuple(f.split("=")[0] for f in COLLECTIVE_TIMEOUT_FLAGS)
+    kept = [f for f in flags.split() if not f.startswith(ours)]
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={count}", *COLLECTIVE_TIMEOUT_FLAGS])
 
 
 def accelerator_plugin_installed():

@@ -17,6 +17,7 @@ from zoo.distribution.layouts import CheckedModelParallel, LayoutError
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size, require_axes
 
 STRATEGIES = ("single", "data", "model")
+MODEL_PARALLEL_AXES = (DATA, MODEL)
 
 # Mesh each strategy uses when the user names none (resolved against the device count).
 DEFAULT_MESH_SPECS = {"data": "data=-1", "model": "data=2,model=-1"}
@@ -55,6 +56,7 @@ def distribution_for(model_class, strategy, mesh=None, **layout_kwargs):
     if strategy != "model":
         return make_distribution(strategy, mesh)
     mesh = _as_mesh(strategy, mesh)
+    require_axes(mesh, MODEL_PARALLEL_AXES, "strategy 'model'")
     return _model_parallel(mesh, model_class.get_layout_map(mesh, **layout_kwargs))
 
 
@@ -82,7 +84,7 @@ def _data_parallel(mesh):
 
 
 def _model_parallel(mesh, layout_map):
-    require_axes(mesh, [DATA, MODEL], "strategy 'model'")
+    require_axes(mesh, MODEL_PARALLEL_AXES, "strategy 'model'")
     if layout_map is None:
         raise LayoutError("strategy 'model' needs a layout_map (e.g. from the model's get_layout_map(mesh))")
     if layout_map.device_mesh is not mesh:

@@ -1,0 +1,73 @@
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from zoo.cli.main import main
+from zoo.models import SmallCNN
+
+SMALL_TRAIN = ["--image-size", "16", "--epochs", "2", "--train-examples", "256", "--batch-size", "32"]
+
+
+def test_train_end_to_end_in_process(tmp_path, capsys):
+    output = tmp_path / "model" / "cnn.keras"
+    assert main(["train", "cnn", "--distribution", "model", "--mesh", "data=2,model=4", *SMALL_TRAIN, "--output", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "Using 8 simulated CPU devices from XLA_FLAGS."
+    assert "distribution: CheckedModelParallel on mesh data=2,model=4" in out
+    assert "block1_conv/kernel" in out and "(-, -, -, model)" in out
+    assert "epoch 2:" in out and "images/s" in out
+    accuracy = float(out.split("held-out test accuracy: ")[1].split()[0])
+    assert 0.0 <= accuracy <= 1.0
+    loaded = keras.saving.load_model(output, safe_mode=True)
+    assert isinstance(loaded, SmallCNN) and loaded.image_size == (16, 16)
+    assert not [p for p in os.listdir(output.parent) if p.startswith(".partial-")]
+
+
+def test_verify_passes_and_fails_by_tolerance(capsys):
+    args = ["verify", "cnn", "--distribution", "data", "--mesh", "data=8", "--image-size", "16", "--batch-size", "16", "--steps", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "per-step loss, distributed:" in out
+    assert main(args + ["--rtol", "0", "--atol", "0"]) == 1
+    assert "FAIL: differences beyond tolerance" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "cnn", "--mesh", "data=3,model=4"], "mesh data=3,model=4 has 12 devices (product of axis sizes) but 8 devices are available"),
+        (["train", "cnn", "--distribution", "single", "--mesh", "data=8"], "--distribution single runs on one device"),
+        (["train", "cnn", "--distribution", "model", "--mesh", "data=8"], "has no ['model']"),
+        (["verify", "cnn", "--distribution", "data", "--mesh", "data=8", "--batch-size", "12"], "batch size 12 is not divisible by the data-parallel size 8"),
+        (["train", "cnn", "--output", "model.h5"], "model path must end in .keras"),
+        (["train", "cnn", "--simulate-devices", "4"], "already started with 8 CPU device(s); cannot switch to 4"),
+    ],
+)
+def test_bad_input_exits_2_with_named_numbers(args, message, capsys):
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_failed_run_keeps_the_previous_model(tmp_path, capsys):
+    output = tmp_path / "cnn.keras"
+    output.write_bytes(b"previous good model")
+    assert main(["train", "cnn", "--mesh", "data=5,model=-1", "--output", str(output)]) == 2
+    assert output.read_bytes() == b"previous good model"
+
+
+def test_command_line_simulates_8_devices_on_a_cpu_host(tmp_path):
+    """The installed entry point, in a fresh process with no XLA_FLAGS: first line says so."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "KERAS_BACKEND")}
+    env["JAX_PLATFORMS"] = "cpu"
+    command = [sys.executable, "-m", "zoo", "train", "cnn", "--distribution", "data", *SMALL_TRAIN, "--epochs", "1", "--output", str(tmp_path / "m.keras")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "No GPU/TPU backend found: simulating 8 CPU devices (change with --simulate-devices N)."
+    assert "devices: 8 x cpu (cpu)" in lines[1]
+    assert "distribution: DataParallel on mesh data=8" in result.stdout
+    assert (tmp_path / "m.keras").exists()
