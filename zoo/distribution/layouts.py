@@ -111,14 +111,15 @@ def check_layout_map(layout_map, model):
             continue
         matches[rule].append(variable.path)
         check_variable_layout(variable.path, variable.shape, layout_map[rule], layout_map.device_mesh, rule)
-    unmatched = [key for key, paths in matches.items() if not paths]
-    if unmatched:
-        paths = ", ".join(v.path for v in model.variables)
-        raise LayoutError(
-            f"layout rule(s) {unmatched} match no variable of model {model.name!r}; "
-            f"its variable paths are: {paths}"
-        )
+    raise_if_unmatched([key for key, paths in matches.items() if not paths], model)
     return matches
+
+
+def raise_if_unmatched(rules, model):
+    """Raise ``LayoutError`` naming ``rules`` (which matched nothing) and the model's paths."""
+    if rules:
+        paths = ", ".join(v.path for v in model.variables)
+        raise LayoutError(f"layout rule(s) {rules} match no variable of model {model.name!r}; its variable paths are: {paths}")
 
 
 def sharding_summary(model):

@@ -56,21 +56,23 @@ class ParityReport:
 
 
 def compare(reference, distributed, *, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL):
-    """``Difference`` between two dicts of same-shaped arrays."""
-    worst = Difference(0.0, 0.0, "-", True)
-    for name, ref in reference.items():
-        ref = np.asarray(ref, dtype=np.float64)
-        got = np.asarray(distributed[name], dtype=np.float64)
-        if ref.shape != got.shape:
-            raise ValueError(f"{name}: reference shape {ref.shape} != distributed shape {got.shape}")
-        gap = np.abs(got - ref)
-        max_abs = float(gap.max(initial=0.0))
-        scale = float(np.abs(ref).max(initial=0.0))
-        ok = bool(np.all(gap <= atol + rtol * np.abs(ref)))
-        if max_abs > worst.max_abs or worst.where == "-":
-            worst = Difference(max_abs, max_abs / scale if scale else max_abs, name, worst.within_tolerance)
-        worst.within_tolerance = worst.within_tolerance and ok
+    """``Difference`` between two dicts of same-shaped arrays (keyed alike)."""
+    rows = [_difference(name, ref, distributed[name], rtol, atol) for name, ref in reference.items()]
+    worst = max(rows, key=lambda row: row.max_abs)
+    worst.within_tolerance = all(row.within_tolerance for row in rows)
     return worst
+
+
+def _difference(name, reference, distributed, rtol, atol):
+    ref = np.asarray(reference, dtype=np.float64)
+    got = np.asarray(distributed, dtype=np.float64)
+    if ref.shape != got.shape:
+        raise ValueError(f"{name}: reference shape {ref.shape} != distributed shape {got.shape}")
+    gap = np.abs(got - ref)
+    max_abs = float(gap.max(initial=0.0))
+    scale = float(np.abs(ref).max(initial=0.0))
+    ok = bool(np.all(gap <= atol + rtol * np.abs(ref)))
+    return Difference(max_abs, max_abs / scale if scale else max_abs, name, ok)
 
 
 def check_parity(

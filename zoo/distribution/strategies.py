@@ -13,7 +13,7 @@ model      ``data`` and ``model``      the batch over ``data``; weights by the m
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
-from zoo.distribution.layouts import CheckedModelParallel, LayoutError
+from zoo.distribution.layouts import CheckedModelParallel, LayoutError, raise_if_unmatched
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size, require_axes
 
 STRATEGIES = ("single", "data", "model")
@@ -116,11 +116,5 @@ def build_distributed(build_model, distribution):
     keras.distribution.set_distribution(distribution)
     model = build_model()
     if isinstance(distribution, CheckedModelParallel):
-        unmatched = distribution.unmatched_rules()
-        if unmatched:
-            paths = ", ".join(v.path for v in model.variables)
-            raise LayoutError(
-                f"layout rule(s) {unmatched} match no variable of model {model.name!r}; "
-                f"its variable paths are: {paths}"
-            )
+        raise_if_unmatched(distribution.unmatched_rules(), model)
     return model
