@@ -1,6 +1,7 @@
 """Test session set-up: 8 simulated CPU devices and the JAX backend, before JAX starts."""
 
 import os
+import tempfile
 
 os.environ["KERAS_BACKEND"] = "jax"
 # Set here, not through zoo, so no zoo import happens before the flags are in place.
@@ -14,6 +15,9 @@ os.environ["XLA_FLAGS"] = " ".join(
     ]
 )
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Embedded datasets are prepared on first use: into a folder of this test session, never
+# into the user's ~/tensorflow_datasets.
+os.environ["ZOO_DATA_DIR"] = tempfile.mkdtemp(prefix="zoo-test-data-")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

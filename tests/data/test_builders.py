@@ -118,9 +118,9 @@ def test_builder_metadata():
 
 
 def test_shapes_configs_are_image_sizes(tmp_path):
-    assert sorted(ShapesBuilder.builder_configs) == ["128", "32", "64"]
+    assert sorted(ShapesBuilder.builder_configs, key=int) == ["16", "32", "64", "128"]
     assert tfds_source.get_builder("zoo_shapes", tmp_path).builder_config.name == "32"
-    for size in (32, 64, 128):
+    for size in (16, 32, 64, 128):
         builder = tfds_source.get_builder(f"zoo_shapes/{size}", tmp_path)
         assert builder.info.features["image"].shape == (size, size, 3)
         assert builder.data_path == tmp_path / "zoo_shapes" / str(size) / "1.0.0"

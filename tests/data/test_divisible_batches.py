@@ -231,3 +231,12 @@ def test_fit_evaluate_predict_under_data_parallel_are_exact(data_parallel_8):
     losses = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
     expected_loss = float(np.sum(losses)) / (100 + inputs.num_padding)
     np.testing.assert_allclose(metrics["loss"], expected_loss, rtol=1e-4)
+
+
+def test_per_token_labels_get_per_token_padding_weights():
+    x = np.zeros((10, 5), np.int32)
+    y = np.ones((10, 5), np.int32)  # (N, T) next-token labels
+    _, _, weights = DivisibleBatches(x, y, batch_size=8, multiple_of=4)[1]  # 2 real + 2 padding rows
+    np.testing.assert_array_equal(weights, np.repeat([[1.0], [1.0], [0.0], [0.0]], 5, axis=1))
+    one_hot = np.eye(3, dtype=np.float32)[np.arange(10) % 3]  # (N, C): loss is per example
+    assert DivisibleBatches(x, one_hot, batch_size=8, multiple_of=4)[1][2].shape == (4,)

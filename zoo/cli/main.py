@@ -24,6 +24,7 @@ def build_parser():
     _add_train(commands.add_parser("train", parents=[common], help="train a model with model.fit under a distribution"))
     _add_verify(commands.add_parser("verify", parents=[common], help="compare training under a distribution with one device"))
     _add_bench(commands.add_parser("bench", parents=[common], help="images/s of model.fit vs a hand-written jax.jit step"))
+    _add_data(commands.add_parser("data", help="list, show and prepare datasets"))
     return parser
 
 
@@ -37,10 +38,12 @@ def _add_train(parser):
 
     defaults = TrainConfig()
     _add_distribution_flags(parser, ["single", "data", "model"], defaults.distribution)
+    parser.add_argument("--dataset", default=defaults.dataset, help="image dataset (zoo data list); default shapes")
+    parser.add_argument("--data-dir", default=None, help="TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)")
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="global batch size")
-    parser.add_argument("--image-size", type=int, default=defaults.image_size)
-    parser.add_argument("--train-examples", type=int, default=defaults.train_examples)
+    parser.add_argument("--image-size", type=int, default=defaults.image_size, help="default: the dataset's own")
+    parser.add_argument("--train-examples", type=int, default=defaults.train_examples, help="default: the whole train split")
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--output", default=defaults.output, help="path of the saved .keras model")
@@ -71,6 +74,38 @@ def _add_bench(parser):
     parser.add_argument("--output", default=defaults.output, help="write the markdown table here too")
 
 
+def _add_data(parser):
+    actions = parser.add_subparsers(dest="action", required=True)
+    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir.add_argument("--data-dir", default=None, help="TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)")
+    actions.add_parser("list", parents=[data_dir], help="every dataset, its splits and whether it is prepared")
+    show = actions.add_parser("show", parents=[data_dir], help="a few examples; images also as a PNG grid")
+    show.add_argument("name")
+    show.add_argument("--split", default="train")
+    show.add_argument("--count", type=int, default=16)
+    show.add_argument("--output", default=None, help="PNG path for image datasets (default NAME-SPLIT.png)")
+    prepare = actions.add_parser("prepare", parents=[data_dir], help="download (public datasets) and prepare as array_record")
+    prepare.add_argument("name")
+
+
+def _run_data(args):
+    from zoo.data import catalog, inspect, tfds_source
+
+    if args.action == "list":
+        print(f"data dir: {tfds_source.resolve_data_dir(args.data_dir)}")
+        lines = inspect.format_rows(inspect.dataset_rows(args.data_dir))
+    elif args.action == "show":
+        lines = inspect.show(args.name, args.split, args.count, args.output, args.data_dir)
+    else:
+        spec = catalog.get_spec(args.name)
+        builders = [f"zoo_shapes/{size}" for size in (16, 32, 64, 128)] if spec.name == "shapes" else [spec.builder]
+        for builder in builders:
+            tfds_source.prepare(builder, args.data_dir, download=True)
+        lines = [f"prepared {spec.name} in {tfds_source.resolve_data_dir(args.data_dir)}"]
+    print("\n".join(lines))
+    return 0
+
+
 def _config_from(args, config_class):
     fields = {f.name for f in dataclasses.fields(config_class)}
     return config_class(**{k: v for k, v in vars(args).items() if k in fields})
@@ -78,6 +113,8 @@ def _config_from(args, config_class):
 
 def run(args):
     """Run a parsed command; returns the process exit code."""
+    if args.command == "data":
+        return _run_data(args)
     if args.command == "train":
         from zoo.training.cnn import TrainConfig, train
 
@@ -96,11 +133,11 @@ def run(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        message = prepare_devices(args.simulate_devices)
+        message = prepare_devices(getattr(args, "simulate_devices", None)) if args.command != "data" else None
         if message:
             print(message, flush=True)
         return run(args)
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, RuntimeError, ImportError) as error:
         print(f"zoo: error: {error}", file=sys.stderr)
         return 2
 

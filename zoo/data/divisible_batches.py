@@ -106,7 +106,7 @@ class DivisibleBatches(keras.utils.PyDataset):
         y = _take(self._y, rows)
         if self.remainder == "drop":
             return x, y
-        return x, y, _padding_weights(len(rows), num_real)
+        return x, y, _padding_weights(len(rows), num_real, y)
 
     def on_epoch_end(self):
         """Advance to the next epoch; draws a new example order if shuffling."""
@@ -186,9 +186,16 @@ def _take(structure, rows):
     return keras.tree.map_structure(lambda a: a[rows], structure)  # (b, ...)
 
 
-def _padding_weights(batch_rows, num_real):
+def _padding_weights(batch_rows, num_real, y):
+    """1.0 for real rows, 0.0 for padding: ``(b,)``, or ``y``'s shape for per-token integer labels ``(b, T)``.
+
+    Keras does not broadcast ``(b,)`` weights against per-token losses ``(b, T)``;
+    one-hot (float) labels keep ``(b,)`` weights since their loss is per example.
+    """
     weights = np.zeros((batch_rows,), np.float32)  # (b,)
     weights[:num_real] = 1.0
+    if isinstance(y, np.ndarray) and y.ndim > 1 and np.issubdtype(y.dtype, np.integer):
+        weights = np.ascontiguousarray(np.broadcast_to(weights.reshape((batch_rows,) + (1,) * (y.ndim - 1)), y.shape))
     return weights
 
 

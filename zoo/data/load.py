@@ -53,7 +53,7 @@ def load(
     shard = (process_index, process_count, num_examples)
     if spec.task == catalog.IMAGE_CLASSIFICATION:
         return _load_images(spec, split, data_dir, download, image_size or spec.default_image_size, shard)
-    sequence_length = sequence_length or DEFAULT_SEQUENCE_LENGTH
+    sequence_length = DEFAULT_SEQUENCE_LENGTH if sequence_length is None else sequence_length
     check_sequence_length(sequence_length)
     x, y = _load_text(spec, split, data_dir, download, sequence_length)
     rows = _shard_rows(len(x), *shard)
