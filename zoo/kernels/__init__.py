@@ -1,1 +1,40 @@
-"""Pure JAX kernels that run on one shard inside ``jax.shard_map`` (no Keras here)."""
+"""Pure JAX kernels that run on one shard inside ``jax.shard_map`` (no Keras here).
+
+Shapes use B batch, T global sequence length, N size of the mesh axis the sequence is
+split over, H query heads, K KV heads, D head dim. Sharded kernels see [B, T/N, H, D].
+"""
+
+from zoo.kernels._checks import (
+    check_heads_divisible,
+    check_kv_heads,
+    check_sequence_divisible,
+    check_sequence_parallel,
+)
+from zoo.kernels.attention_reference import attention_reference
+from zoo.kernels.gather_attention import gather_kv_attention
+from zoo.kernels.load_balance import (
+    causal_block_work,
+    permutation,
+    reorder,
+    restore,
+    shard_positions,
+)
+from zoo.kernels.ring_attention import ring_attention, ring_attention_tiles
+from zoo.kernels.ulysses_attention import ulysses_attention
+
+__all__ = [
+    "attention_reference",
+    "causal_block_work",
+    "check_heads_divisible",
+    "check_kv_heads",
+    "check_sequence_divisible",
+    "check_sequence_parallel",
+    "gather_kv_attention",
+    "permutation",
+    "reorder",
+    "restore",
+    "ring_attention",
+    "ring_attention_tiles",
+    "shard_positions",
+    "ulysses_attention",
+]

@@ -1,0 +1,96 @@
+"""Shared inputs and runners for the kernel tests: sharded kernel vs single-device reference."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from zoo.kernels import attention_reference, reorder, restore
+
+AXIS = "seq"
+SEQ = P(None, AXIS)  # [B, T, ...] split along T
+
+
+def mesh_of(n):
+    return Mesh(np.array(jax.devices()[:n]), (AXIS,))
+
+
+def padding_mask(batch, length):
+    """bool[B, T]: example 0 is left-padded by 5 (its first 5 causal rows see no key at
+    all), example 1 right-padded by 20, the rest keep everything."""
+    pos = np.arange(length)[None]
+    starts = np.zeros((batch, 1), int)
+    ends = np.full((batch, 1), length)
+    starts[0], ends[min(1, batch - 1)] = 5, length - 20
+    return jnp.asarray((pos >= starts) & (pos < ends))
+
+
+@functools.lru_cache(maxsize=None)
+def inputs(*, heads, kv_heads, batch=2, length=64, head_dim=16, dtype="float32", masked=True):
+    """(q, k, v, key_mask, cotangent) from a fixed seed; key_mask None unless masked."""
+    keys = jax.random.split(jax.random.key(heads * 10 + kv_heads), 4)
+    q = jax.random.normal(keys[0], (batch, length, heads, head_dim), dtype)
+    k = jax.random.normal(keys[1], (batch, length, kv_heads, head_dim), dtype)
+    v = jax.random.normal(keys[2], (batch, length, kv_heads, head_dim), dtype)
+    cotangent = jax.random.normal(keys[3], (batch, length, heads, head_dim), jnp.float32)
+    mask = padding_mask(batch, length) if masked else None
+    return q, k, v, mask, cotangent
+
+
+# Correctness tests need no optimised machine code; this roughly halves CPU compile time.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def sharded(kernel, *, n, balance=None, **options):
+    """f(q, k, v, key_mask) on global arrays in *shard order* (reordered if balanced)."""
+    mesh = mesh_of(n)
+
+    def run(q, k, v, key_mask):
+        def body(q, k, v, key_mask):
+            return kernel(q, k, v, axis_name=AXIS, key_mask=key_mask, balance=balance, **options)
+
+        mask_spec = None if key_mask is None else SEQ
+        f = jax.shard_map(body, mesh=mesh, in_specs=(SEQ, SEQ, SEQ, mask_spec), out_specs=SEQ)
+        return f(q, k, v, key_mask)
+
+    run.num_shards, run.balance = n, balance
+    return run
+
+
+def reference(*, causal):
+    def run(q, k, v, key_mask):
+        return attention_reference(q, k, v, causal=causal, key_mask=key_mask)
+
+    return run
+
+
+def output_and_grads(attention, q, k, v, key_mask, cotangent):
+    """(out, dq, dk, dv), gradients of sum(out * cotangent), in the original order.
+
+    A balanced kernel gets inputs reordered outside jit (numpy) and its output and
+    gradients restored: reordering is a permutation, so its gradient is the inverse one.
+    """
+    balance = getattr(attention, "balance", None)
+    move, back = lambda x: x, lambda x: x
+    if balance is not None:
+        move = functools.partial(reorder, num_shards=attention.num_shards, axis=1, balance=balance)
+        back = functools.partial(restore, num_shards=attention.num_shards, axis=1, balance=balance)
+    q, k, v, cotangent = (move(np.asarray(x)) for x in (q, k, v, cotangent))
+    key_mask = None if key_mask is None else move(np.asarray(key_mask))
+
+    @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
+    def both(q, k, v, key_mask, cotangent):
+        out, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, key_mask), q, k, v)
+        return (out, *pullback(cotangent.astype(out.dtype)))
+
+    return tuple(back(np.asarray(x)) for x in both(q, k, v, key_mask, cotangent))
+
+
+def assert_close(actual, expected, *, rtol, atol, names=("out", "dq", "dk", "dv")):
+    for name, a, e in zip(names, actual, expected):
+        a, e = np.asarray(a, np.float32), np.asarray(e, np.float32)
+        assert np.all(np.isfinite(a)), f"{name} has non-finite values"
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=name)

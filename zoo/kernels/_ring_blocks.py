@@ -1,0 +1,147 @@
+"""One ring step of ring attention: all local queries against the K/V shard held now.
+
+Both passes walk (query block x key block) tiles with ``lax.fori_loop``, so the largest
+score array alive is f32[B, K, G, bq, bk], never the shard's full [T/N, T/N]. Under
+causal attention each tile is guarded by ``lax.cond``: a tile in which no query may see
+any key (max query position < min key position) runs the identity branch and costs
+nothing. Padding masks are applied inside tiles, never skipped (they are data).
+
+Letters: B batch, Tq/Tk local query/key length, bq/bk tile sizes, K KV heads, G query
+heads per KV head, D head dim.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from zoo.kernels._blocking import block_has_work
+from zoo.kernels._masking import apply_mask, attention_mask
+from zoo.kernels._online_softmax import F32, SoftmaxState, block_scores, update
+
+
+class TileConfig(NamedTuple):
+    """Static settings of the tiled loops."""
+
+    causal: bool
+    scale: float
+    block_q: int
+    block_k: int
+
+
+def _tile(x, index, size, axis):
+    return jax.lax.dynamic_slice_in_dim(x, index * size, size, axis=axis)
+
+
+def _put(x, tile, index, size, axis):
+    return jax.lax.dynamic_update_slice_in_dim(x, tile, index * size, axis=axis)
+
+
+def _tile_mask(key_mask, index, size):
+    return None if key_mask is None else _tile(key_mask, index, size, axis=1)
+
+
+def _if_visible(cfg, q_pos, k_pos, compute, carry):
+    """Runs ``compute(carry)`` unless causality hides the whole tile (then returns carry)."""
+    if not cfg.causal:
+        return compute(carry)
+    return jax.lax.cond(block_has_work(q_pos, k_pos), compute, lambda c: c, carry)
+
+
+def _masked_scores(cfg, q_blk, k_blk, q_pos, k_pos, key_mask):
+    # f32[B, K, G, bq, bk], hidden pairs -inf
+    mask = attention_mask(q_positions=q_pos, k_positions=k_pos, key_mask=key_mask, causal=cfg.causal)
+    return apply_mask(block_scores(q_blk, k_blk, scale=cfg.scale), mask)
+
+
+def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
+    """Folds one K/V shard into the running softmax state of all local queries.
+
+    Args:
+        q: [B, Tq, K, G, D] local queries, grouped by KV head.
+        k, v: [B, Tk, K, D] the K/V shard held at this ring step.
+        key_mask: bool[B, Tk] or None, travelling with k/v.
+        q_pos, k_pos: i32[Tq], i32[Tk] global positions.
+        state: SoftmaxState over all Tq local queries.
+        count: i32 scalar, tiles computed so far (for the load-balance test).
+    Returns:
+        (state, count) updated.
+    """
+    bq, bk = cfg.block_q, cfg.block_k
+
+    def q_step(i, carry):
+        state, count = carry
+        q_blk, qp = _tile(q, i, bq, 1), _tile(q_pos, i, bq, 0)  # [B, bq, K, G, D]
+        stats = SoftmaxState(*(_tile(x, i, bq, 3) for x in state))  # f32[B, K, G, bq(, D)]
+
+        def k_step(j, carry):
+            kp = _tile(k_pos, j, bk, 0)
+
+            def compute(carry):
+                stats, count = carry
+                scores = _masked_scores(cfg, q_blk, _tile(k, j, bk, 1), qp, kp, _tile_mask(key_mask, j, bk))
+                return update(stats, scores, _tile(v, j, bk, 1)), count + 1
+
+            return _if_visible(cfg, qp, kp, compute, carry)
+
+        stats, count = jax.lax.fori_loop(0, k.shape[1] // bk, k_step, (stats, count))
+        state = SoftmaxState(*(_put(x, s, i, bq, 3) for x, s in zip(state, stats)))
+        return state, count
+
+    return jax.lax.fori_loop(0, q.shape[1] // bq, q_step, (state, count))
+
+
+def _tile_grads(cfg, q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, scores):
+    """Flash-attention backward for one tile; returns (dq, dk, dv) contributions, f32."""
+    q_blk, do_blk = q_blk.astype(F32), do_blk.astype(F32)  # [B, bq, K, G, D]
+    k_blk, v_blk = k_blk.astype(F32), v_blk.astype(F32)  # [B, bk, K, D]
+    p = jnp.exp(scores - lse_blk[..., None])  # f32[B, K, G, bq, bk], recomputed probs
+    dv = jnp.einsum("bkgts,btkgd->bskd", p, do_blk)
+    dp = jnp.einsum("btkgd,bskd->bkgts", do_blk, v_blk)
+    ds = p * (dp - delta_blk[..., None]) * cfg.scale  # d(loss)/d(q.k)
+    dq = jnp.einsum("bkgts,bskd->btkgd", ds, k_blk)
+    dk = jnp.einsum("bkgts,btkgd->bskd", ds, q_blk)
+    return dq, dk, dv
+
+
+def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cfg):
+    """Adds this K/V shard's share to dq, and the local queries' share to its dk, dv.
+
+    Args:
+        q, d_out: [B, Tq, K, G, D] local queries and output cotangent.
+        lse, delta: f32[B, K, G, Tq]; log-sum-exp saved by the forward pass, and
+            rowsum(d_out * out).
+        k, v, key_mask, q_pos, k_pos: as in ``forward_shard``.
+        grads: (dq f32[B, Tq, K, G, D], dk f32[B, Tk, K, D], dv f32[B, Tk, K, D]); dk and
+            dv belong to the K/V shard held now and travel around the ring with it.
+    Returns:
+        (dq, dk, dv) updated.
+    """
+    bq, bk = cfg.block_q, cfg.block_k
+
+    def k_step(j, grads):
+        dq, dk, dv = grads
+        k_blk, v_blk, kp = _tile(k, j, bk, 1), _tile(v, j, bk, 1), _tile(k_pos, j, bk, 0)
+        km = _tile_mask(key_mask, j, bk)
+
+        def q_step(i, carry):
+            qp = _tile(q_pos, i, bq, 0)
+
+            def compute(carry):
+                dq, dk_blk, dv_blk = carry
+                q_blk = _tile(q, i, bq, 1)
+                scores = _masked_scores(cfg, q_blk, k_blk, qp, kp, km)
+                dq_t, dk_t, dv_t = _tile_grads(
+                    cfg, q_blk, _tile(d_out, i, bq, 1), _tile(lse, i, bq, 3), _tile(delta, i, bq, 3),
+                    k_blk, v_blk, scores,
+                )
+                dq = _put(dq, _tile(dq, i, bq, 1) + dq_t, i, bq, 1)
+                return dq, dk_blk + dk_t, dv_blk + dv_t
+
+            return _if_visible(cfg, qp, kp, compute, carry)
+
+        carry = (dq, _tile(dk, j, bk, 1), _tile(dv, j, bk, 1))
+        dq, dk_blk, dv_blk = jax.lax.fori_loop(0, q.shape[1] // bq, q_step, carry)
+        return dq, _put(dk, dk_blk, j, bk, 1), _put(dv, dv_blk, j, bk, 1)
+
+    return jax.lax.fori_loop(0, k.shape[1] // bk, k_step, grads)

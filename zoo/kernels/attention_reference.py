@@ -1,0 +1,60 @@
+"""Single-device scaled dot-product attention: the reference every parallel kernel matches."""
+
+import jax
+import jax.numpy as jnp
+
+from zoo.kernels import _checks
+from zoo.kernels._masking import apply_mask, attention_mask, default_positions
+from zoo.kernels._online_softmax import F32, block_scores, group_heads
+
+__all__ = ["attention_reference"]
+
+
+def attention_reference(
+    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None
+):
+    """Softmax attention over the whole sequence on one device.
+
+    Shapes (this function sees whole arrays; inside ``shard_map`` they are one shard's):
+        q: [B, T, H, D] queries.
+        k, v: [B, S, K, D] keys and values; K (num_kv_heads) divides H. Query head h
+            uses KV head h // (H / K) (GQA; K = 1 is MQA), like ``repeat(k, H/K, axis=2)``.
+        key_mask: bool[B, S] or None; True keeps the key (padding = False).
+        q_positions: i32[T] or i32[B, T]; global position of each query. Defaults to
+            0..T-1. Sharded kernels pass the positions their (possibly reordered) tokens
+            hold, so causality follows positions, not array order.
+        k_positions: i32[S] or i32[B, S]; the same for keys.
+
+    Args:
+        causal: a query at position p attends keys at positions <= p.
+        scale: multiplies q.k; defaults to 1 / sqrt(D).
+
+    Returns:
+        [B, T, H, D] in q's dtype. Scores, softmax and the weighted sum are float32 for
+        any input dtype. A query that can see no key (all masked) gets 0, not NaN.
+    """
+    _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    batch, q_len, num_heads, head_dim = q.shape
+    kv_len, num_kv_heads = k.shape[1], k.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    q_positions = default_positions(q_len) if q_positions is None else q_positions
+    k_positions = default_positions(kv_len) if k_positions is None else k_positions
+
+    # f32[B, K, G, T, S], masked entries -inf
+    mask = attention_mask(
+        q_positions=q_positions, k_positions=k_positions, key_mask=key_mask, causal=causal
+    )
+    scores = apply_mask(block_scores(group_heads(q, num_kv_heads), k, scale=scale), mask)
+    probs = _softmax_or_zero(scores)
+    # f32[B, T, K, G, D] -> [B, T, H, D]
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(F32))
+    return out.reshape(batch, q_len, num_heads, head_dim).astype(q.dtype)
+
+
+def _softmax_or_zero(scores):
+    """Softmax over the last axis; a row of all -inf gives all zeros (not NaN)."""
+    row_max = jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True))
+    row_max = jnp.where(jnp.isneginf(row_max), 0.0, row_max)
+    weights = jnp.exp(scores - row_max)
+    total = weights.sum(axis=-1, keepdims=True)
+    return weights / jnp.where(total > 0, total, 1.0)

@@ -1,0 +1,186 @@
+"""Ring attention: K/V shards travel around the mesh axis; memory stays O(T/N) per device.
+
+Forward: N ring steps. At step s device i holds the K/V (and key padding mask) of shard
+(i - s) mod N; it folds them into a float32 online softmax (running max, sum and
+weighted values, rescaled whenever the max grows) for its own queries, tile by tile
+(``_ring_blocks``), while ``ppermute`` already ships the K/V to device i + 1 for the
+next step. N - 1 hops in all.
+
+Backward (``jax.custom_vjp``): saves only q, k, v, the mask, the output and the
+log-sum-exp (all O(T/N)); then runs the ring again. K/V travel as before, and with them
+f32 dK/dV accumulators that each device adds its queries' share to. After N hops (one
+more than K/V need) every accumulator is back on the device owning that shard.
+Probabilities are recomputed per tile as exp(score - lse), flash-attention style.
+
+Causal tiles that no query may see are skipped with ``lax.cond`` (see ``_ring_blocks``);
+with ``balance="zigzag"`` or ``"striped"`` (see ``load_balance``) every device skips the
+same number.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from zoo.kernels import _checks
+from zoo.kernels._blocking import block_size_for
+from zoo.kernels._online_softmax import F32, finish, group_heads, init_state, ungroup_heads
+from zoo.kernels._ring_blocks import TileConfig, backward_shard, forward_shard
+from zoo.kernels.load_balance import shard_positions
+
+__all__ = ["ring_attention", "ring_attention_tiles"]
+
+
+class _RingConfig(NamedTuple):
+    """Static (hashable) settings, passed to the custom VJP as a non-differentiable arg."""
+
+    axis_name: str
+    causal: bool
+    scale: float
+    block_size: int
+    balance: object  # None, "zigzag" or "striped"
+
+
+def ring_attention(
+    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, block_size=512, balance=None
+):
+    """Attention over a sequence split along ``axis_name``; call inside ``jax.shard_map``.
+
+    Shapes: global q [B, T, H, D], k/v [B, T, K, D], key_mask bool[B, T]; with the
+    sequence sharded over N devices this function sees one shard: q [B, T/N, H, D],
+    k/v [B, T/N, K, D], key_mask bool[B, T/N] (True keeps the key).
+
+    Args:
+        axis_name: mesh axis the sequence is split over (N = its size).
+        causal: causal masking by global position.
+        key_mask: optional key padding mask (shard of it), or None.
+        scale: multiplies q.k (a Python number: it is static); defaults to 1 / sqrt(D).
+        block_size: tile edge for queries and keys. Each shard is walked in tiles of the
+            largest divisor of T/N (of T/2N for zig-zag) that is <= block_size, so the
+            largest score array alive is f32[B, K, H/K, tile, tile].
+        balance: None (contiguous shards), "zigzag" or "striped": how the caller laid
+            the sequence out (``load_balance.reorder``); sets each token's position.
+
+    Returns:
+        [B, T/N, H, D] in q's dtype: this shard's rows of the global attention output.
+        Gradients (custom VJP) keep per-device memory O(T/N) too.
+
+    Causal tiles nobody can see are skipped with ``lax.cond``; under ``jax.vmap`` a
+    cond turns into a select that runs both branches, so do not vmap this kernel.
+    """
+    _checks.check_balance(balance)
+    _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    cfg = _RingConfig(axis_name, bool(causal), scale, int(block_size), balance)
+    return _ring(q, k, v, key_mask, cfg)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _ring(q, k, v, key_mask, cfg):
+    out, _, _ = ring_forward(q, k, v, key_mask, cfg)
+    return out
+
+
+def _layout(q, k, cfg):
+    """Checks the reconstructed global shapes; returns (N, my index, tiles, q positions)."""
+    n = jax.lax.axis_size(cfg.axis_name)
+    for what, length in (("sequence length", q.shape[1]), ("key sequence length", k.shape[1])):
+        _checks.check_sequence_divisible(
+            length * n, axis_size=n, axis_name=cfg.axis_name, balance=cfg.balance, what=what
+        )
+    me = jax.lax.axis_index(cfg.axis_name)
+    tiles = TileConfig(
+        cfg.causal,
+        cfg.scale,
+        block_size_for(q.shape[1], cfg.block_size, cfg.balance),
+        block_size_for(k.shape[1], cfg.block_size, cfg.balance),
+    )
+    q_pos = shard_positions(q.shape[1], shard_index=me, num_shards=n, balance=cfg.balance)
+    return n, me, tiles, q_pos
+
+
+def _rotate(tree, axis_name, n):
+    """Sends every array in ``tree`` to the next device on the ring (i -> i + 1)."""
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    return jax.tree.map(lambda x: jax.lax.ppermute(x, axis_name, perm), tree)
+
+
+def _key_positions(step, me, n, length, cfg):
+    """Positions of the K/V shard device ``me`` holds at ring step ``step``."""
+    return shard_positions(length, shard_index=(me - step) % n, num_shards=n, balance=cfg.balance)
+
+
+def ring_forward(q, k, v, key_mask, cfg):
+    """Forward ring; returns (out [B, T/N, H, D], lse f32[B, K, G, T/N], tiles computed i32)."""
+    n, me, tiles, q_pos = _layout(q, k, cfg)
+    batch, q_len, _, head_dim = q.shape
+    kv_len, kv_heads = k.shape[1], k.shape[2]
+    q = group_heads(q, kv_heads)  # [B, T/N, K, G, D]
+    state = init_state(
+        q, batch=batch, kv_heads=kv_heads, groups=q.shape[3], length=q_len, head_dim=head_dim
+    )
+    count = jnp.zeros_like(me)
+
+    def visit(step, kv, carry):
+        k_pos = _key_positions(step, me, n, kv_len, cfg)
+        return forward_shard(q, *kv, q_pos, k_pos, *carry, tiles)
+
+    def body(step, carry):
+        kv, acc = carry
+        incoming = _rotate(kv, cfg.axis_name, n)  # no data dependence: overlaps compute
+        return incoming, visit(step, kv, acc)
+
+    # carry: k, v [B, T/N, K, D] + mask bool[B, T/N] (travelling); state over T/N queries
+    kv, carry = jax.lax.fori_loop(0, n - 1, body, ((k, v, key_mask), (state, count)))
+    state, count = visit(n - 1, kv, carry)
+    out, lse = finish(state)  # f32[B, K, G, T/N, D], f32[B, K, G, T/N]
+    return ungroup_heads(out).astype(q.dtype), lse, count
+
+
+def _ring_fwd(q, k, v, key_mask, cfg):
+    out, lse, _ = ring_forward(q, k, v, key_mask, cfg)
+    return out, (q, k, v, key_mask, out, lse)
+
+
+def _ring_bwd(cfg, residuals, d_out):
+    q, k, v, key_mask, out, lse = residuals
+    n, me, tiles, q_pos = _layout(q, k, cfg)
+    kv_len, kv_heads = k.shape[1], k.shape[2]
+    qg, dog = group_heads(q, kv_heads), group_heads(d_out, kv_heads)  # [B, T/N, K, G, D]
+    # f32[B, T/N, K, G] -> f32[B, K, G, T/N]: rowsum(dO * O), the softmax backward's offset
+    delta = jnp.sum(dog.astype(F32) * group_heads(out, kv_heads).astype(F32), axis=-1)
+    delta = delta.transpose(0, 2, 3, 1)
+    dq = jnp.zeros_like(qg, dtype=F32)  # f32[B, T/N, K, G, D], stays home
+    dkv = (jnp.zeros_like(k, dtype=F32), jnp.zeros_like(v, dtype=F32))  # f32[B, T/N, K, D], travel
+
+    def visit(step, kv, dq, dkv):
+        k_pos = _key_positions(step, me, n, kv_len, cfg)
+        return backward_shard(qg, dog, lse, delta, *kv, q_pos, k_pos, (dq, *dkv), tiles)
+
+    def body(step, carry):
+        kv, dkv, dq = carry
+        incoming = _rotate(kv, cfg.axis_name, n)
+        dq, dk, dv = visit(step, kv, dq, dkv)
+        return incoming, _rotate((dk, dv), cfg.axis_name, n), dq
+
+    kv, dkv, dq = jax.lax.fori_loop(0, n - 1, body, ((k, v, key_mask), dkv, dq))
+    dq, dk, dv = visit(n - 1, kv, dq, dkv)
+    dk, dv = _rotate((dk, dv), cfg.axis_name, n)  # N-th hop: home to their owner
+    dq = dq.reshape(q.shape)  # f32[B, T/N, K, G, D] -> [B, T/N, H, D]
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def ring_attention_tiles(
+    q, k, v, *, axis_name, causal=False, key_mask=None, block_size=512, balance=None
+):
+    """i32 count of score tiles this device computes in ``ring_attention``'s forward pass.
+
+    Same code path as the kernel (the count is carried through its ``lax.cond``), so a
+    test or benchmark can read the real per-device work; same arguments and shapes.
+    """
+    cfg = _RingConfig(axis_name, bool(causal), q.shape[-1] ** -0.5, int(block_size), balance)
+    return ring_forward(q, k, v, key_mask, cfg)[2]

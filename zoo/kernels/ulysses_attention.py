@@ -1,0 +1,65 @@
+"""Ulysses attention: trade the sequence split for a head split with two all-to-alls."""
+
+import jax
+import jax.numpy as jnp
+
+from zoo.kernels import _checks
+from zoo.kernels.attention_reference import attention_reference
+from zoo.kernels.load_balance import permutation
+
+__all__ = ["ulysses_attention"]
+
+
+def ulysses_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None):
+    """Sequence-parallel attention by re-sharding heads; call inside ``jax.shard_map``.
+
+    An all-to-all turns the sequence-sharded q, k, v into head-sharded ones, each device
+    runs ordinary attention over the whole sequence for H/N heads, and a second
+    all-to-all turns the output back. Each device sends and receives (N-1)/N of its
+    shard per tensor; memory is that of full-length attention for H/N heads.
+
+    KV heads: K must divide H. If K is not a multiple of N (e.g. K=2 KV heads on N=8
+    devices, or MQA), K/V heads are first repeated to lcm(K, N) heads, which still
+    divides H, so every device gets the KV heads its query heads use.
+
+    Shapes: global q [B, T, H, D], k/v [B, T, K, D], key_mask bool[B, T]; this function
+    sees one shard: q [B, T/N, H, D], k/v [B, T/N, K, D], key_mask bool[B, T/N].
+
+    Args:
+        axis_name: mesh axis the sequence is split over (N = its size); H must be
+            divisible by N.
+        causal: causal masking by global position.
+        key_mask: optional key padding mask (this shard's part; True keeps), or None.
+        scale: multiplies q.k; defaults to 1 / sqrt(D).
+        balance: None, "zigzag" or "striped": how the sequence was laid out
+            (``load_balance.reorder``); it sets the positions causality uses.
+
+    Returns:
+        [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
+    """
+    _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    n = jax.lax.axis_size(axis_name)
+    num_heads, num_kv_heads = q.shape[2], k.shape[2]
+    _checks.check_heads_divisible(num_heads, axis_size=n, axis_name=axis_name)
+    for what, length in (("sequence length", q.shape[1]), ("key sequence length", k.shape[1])):
+        _checks.check_sequence_divisible(
+            length * n, axis_size=n, axis_name=axis_name, balance=balance, what=what
+        )
+    repeats = _checks.ulysses_kv_heads(num_kv_heads, n) // num_kv_heads
+    k, v = (jnp.repeat(x, repeats, axis=2) for x in (k, v))  # [B, T/N, lcm(K, N), D]
+
+    # [B, T/N, H, D] -> [B, T, H/N, D]: scatter heads, gather sequence (in shard order)
+    q_h, k_h, v_h = (_seq_to_heads(x, axis_name) for x in (q, k, v))
+    mask = None if key_mask is None else jax.lax.all_gather(key_mask, axis_name, axis=1, tiled=True)
+    q_positions = jnp.asarray(permutation(q_h.shape[1], num_shards=n, balance=balance))
+    k_positions = jnp.asarray(permutation(k_h.shape[1], num_shards=n, balance=balance))
+    out = attention_reference(
+        q_h, k_h, v_h, causal=causal, key_mask=mask, scale=scale,
+        q_positions=q_positions, k_positions=k_positions,
+    )
+    # [B, T, H/N, D] -> [B, T/N, H, D]
+    return jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)
+
+
+def _seq_to_heads(x, axis_name):
+    return jax.lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)
