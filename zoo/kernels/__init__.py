@@ -38,3 +38,31 @@ __all__ = [
     "shard_positions",
     "ulysses_attention",
 ]
+
+# Tensor parallelism (Megatron column/row-parallel dense layers, the sequence-parallel
+# pair and collective matmuls). Shapes there: D model width, F hidden features, N the
+# size of the mesh axis the features (or the sequence) are split over.
+from zoo.kernels.collective_matmul import all_gather_matmul, matmul_reduce_scatter  # noqa: E402
+from zoo.kernels.tensor_parallel import (  # noqa: E402
+    check_divisible,
+    column_parallel_matmul,
+    dense_reference,
+    mlp_reference,
+    row_parallel_matmul,
+    sequence_parallel_column_matmul,
+    sequence_parallel_row_matmul,
+    tensor_parallel_mlp,
+)
+
+__all__ += [
+    "all_gather_matmul",
+    "check_divisible",
+    "column_parallel_matmul",
+    "dense_reference",
+    "matmul_reduce_scatter",
+    "mlp_reference",
+    "row_parallel_matmul",
+    "sequence_parallel_column_matmul",
+    "sequence_parallel_row_matmul",
+    "tensor_parallel_mlp",
+]

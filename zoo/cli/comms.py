@@ -1,0 +1,140 @@
+"""``zoo comms``: every collective a compiled step runs, with its bytes, and the step's memory.
+
+    zoo comms mlp --mesh data=2,model=4 --sequence-parallel
+    zoo comms mlp --implementation gspmd --gated --step backward
+    zoo comms cnn --distribution model
+
+Wire into ``zoo.cli.main`` with ``add_arguments(subparser)`` and ``run(args)``; this
+module adds its own ``model`` positional and ``--simulate-devices`` (``main`` reads
+``args.simulate_devices`` before JAX starts).
+"""
+
+import dataclasses
+
+import keras
+import numpy as np
+
+COMMS_MODELS = ("mlp", "cnn")
+STEPS = ("forward", "backward", "train")
+
+
+@dataclasses.dataclass
+class CommsConfig:
+    """Settings of ``zoo comms``; every default is the CLI's default."""
+
+    model: str = "mlp"  # mlp: a tensor-parallel MLP block; cnn: zoo.models.SmallCNN
+    distribution: str = "model"  # cnn: single | data | model; mlp: always model (tensor parallel)
+    mesh: str | None = None  # e.g. data=2,model=4; None: the strategy's default (data=2,model=-1)
+    step: str = "train"  # forward | backward (forward + gradients) | train (one SGD step)
+    implementation: str = "explicit"  # mlp: explicit (zoo ParallelMLP) | gspmd (Dense + layout map)
+    sequence_parallel: bool = False  # mlp: input and output split over the sequence
+    collective_matmul: bool = False  # mlp, explicit, sequence-parallel: ring matmuls
+    gated: bool = False  # mlp: gated (GLU) MLP
+    batch_size: int = 8  # global batch; divides by the data axis
+    seq_len: int = 128  # mlp: T
+    dim: int = 256  # mlp: model width D
+    hidden: int = 1024  # mlp: hidden features F
+    image_size: int = 32  # cnn: square images
+    fast_compile: bool = False  # skip LLVM optimisation: the same collectives and memory, compiled sooner
+
+
+def add_arguments(parser):
+    """The ``zoo comms`` flags, on an ``argparse`` (sub)parser."""
+    defaults = CommsConfig()
+    parser.add_argument("model", choices=COMMS_MODELS, help="mlp: tensor-parallel MLP block; cnn: SmallCNN")
+    parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    parser.add_argument("--distribution", choices=["single", "data", "model"], default=defaults.distribution, help="cnn layout strategy (mlp: always model)")
+    parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default per strategy")
+    parser.add_argument("--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)")
+    parser.add_argument("--implementation", choices=["explicit", "gspmd"], default=defaults.implementation, help="mlp: zoo ParallelMLP or Dense layers + layout map")
+    parser.add_argument("--sequence-parallel", action="store_true", help="mlp: split input/output over the sequence")
+    parser.add_argument("--collective-matmul", action="store_true", help="mlp: overlap the sequence collectives with the matmuls")
+    parser.add_argument("--gated", action="store_true", help="mlp: gated (GLU) MLP")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    parser.add_argument("--dim", type=int, default=defaults.dim)
+    parser.add_argument("--hidden", type=int, default=defaults.hidden)
+    parser.add_argument("--image-size", type=int, default=defaults.image_size)
+    parser.add_argument("--fast-compile", action="store_true", help="skip LLVM optimisation (same collectives and memory)")
+
+
+def run(args):
+    """Print the report of the step ``args`` describe; returns the exit code."""
+    fields = {f.name for f in dataclasses.fields(CommsConfig)}
+    config = CommsConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    report = comms_for(config)
+    print("\n".join(report.format()))
+    return 0
+
+
+def comms_for(config, say=print):
+    """Build, compile and report the step ``config`` describes (a ``CommsReport``)."""
+    from zoo.distribution.comms_report import FAST_COMPILE, comms_report, layer_step, train_step
+
+    if config.step not in STEPS:
+        raise ValueError(f"step must be one of {list(STEPS)}, got {config.step!r}")
+    try:
+        if config.model == "mlp":
+            distribution, model, x, y = _mlp(config)
+        elif config.model == "cnn":
+            distribution, model, x, y = _cnn(config)
+        else:
+            raise ValueError(f"unknown model {config.model!r}; choose one of {list(COMMS_MODELS)}")
+        mesh = None if distribution is None else distribution.device_mesh
+        say(_describe(config, distribution))
+        if config.step == "train":
+            step, args = train_step(model, x, y)
+        else:
+            step, args = layer_step(model, x, backward=config.step == "backward")
+        return comms_report(step, *args, mesh=mesh, compiler_options=FAST_COMPILE if config.fast_compile else None)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
+def _describe(config, distribution):
+    from zoo.distribution import describe_mesh
+
+    mesh = "one device" if distribution is None else f"mesh {describe_mesh(distribution.device_mesh)}"
+    if config.model == "cnn":
+        what = f"SmallCNN, distribution {config.distribution}, images {config.image_size}x{config.image_size}"
+    else:
+        mode = "sequence-parallel" + (", collective matmul" if config.collective_matmul else "") if config.sequence_parallel else "tensor-parallel"
+        what = (
+            f"{'gated ' if config.gated else ''}MLP ({config.implementation}, {mode}), "
+            f"T={config.seq_len} D={config.dim} F={config.hidden}, no biases"
+        )
+    return f"zoo comms {config.model}: {what}; {mesh}; global batch {config.batch_size}; step {config.step}"
+
+
+def _mlp(config):
+    import jax
+
+    from zoo.bench.tensor_parallel import BenchConfig, check_config, example_input, explicit_model, gspmd_model
+    from zoo.distribution import default_mesh_spec
+
+    if config.collective_matmul and config.implementation != "explicit":
+        raise ValueError("--collective-matmul is a feature of the explicit implementation")
+    mesh = config.mesh or default_mesh_spec("model", len(jax.devices()))
+    shapes = BenchConfig(mesh=mesh, batch_size=config.batch_size, seq_len=config.seq_len, dim=config.dim, hidden=config.hidden)
+    check_config(shapes)
+    if config.implementation == "explicit":
+        distribution, model = explicit_model(shapes, config.gated, config.sequence_parallel, collective=config.collective_matmul)
+    else:
+        distribution, model = gspmd_model(shapes, config.gated, config.sequence_parallel)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.MeanSquaredError())
+    x = example_input(shapes, config.sequence_parallel)  # (B, T, D)
+    return distribution, model, x, x  # y: any target of the output's shape and layout
+
+
+def _cnn(config):
+    from zoo import distribution as zd
+    from zoo.models import SmallCNN
+    from zoo.training.cnn import build_cnn, compile_cnn
+
+    distribution = zd.distribution_for(SmallCNN, config.distribution, config.mesh)
+    model = zd.build_distributed(lambda: build_cnn(config.image_size, seed=0), distribution)
+    compile_cnn(model, optimizer="sgd")
+    rng = np.random.default_rng(0)
+    x = rng.random((config.batch_size, config.image_size, config.image_size, 3), dtype=np.float32)  # (B, S, S, 3)
+    y = rng.integers(0, model.num_classes, size=config.batch_size)  # (B,)
+    return distribution, model, x, y

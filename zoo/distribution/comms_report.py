@@ -1,0 +1,457 @@
+"""What a compiled step communicates and how much memory it needs, read from the compiled program.
+
+Compile a step (a jitted function with example arguments, a layer's forward or
+forward+backward, a model's train step), then read the **optimised** HLO, i.e. the
+program the devices run after GSPMD partitioning and XLA's passes, and list every
+collective in it:
+
+=====================  ============================================================
+field                  meaning (all per device: SPMD programs are the same on each)
+=====================  ============================================================
+kind                   all-reduce, all-gather, reduce-scatter, all-to-all,
+                       collective-permute (async ``*-start`` ops count as their kind)
+shape                  the result type, e.g. ``f32[2,16,32]``
+bytes                  the full buffer the collective works on: the result of an
+                       all-reduce / all-gather / all-to-all / collective-permute, the
+                       *operand* of a reduce-scatter (result x group size)
+sent_bytes             what a device sends with the usual ring algorithms:
+                       all-reduce 2(n-1)/n x bytes, all-gather, reduce-scatter and
+                       all-to-all (n-1)/n x bytes, collective-permute 1 x bytes
+replica_groups         the device groups (logical ids = positions in the mesh)
+axes                   the mesh axes those groups span, e.g. ``('model',)``
+=====================  ============================================================
+
+and the compiler's memory analysis (argument, output, temporary bytes per device).
+
+A collective inside a loop body (``while``) is listed once, however often it runs;
+the zoo's kernels unroll their loops, so every hop is listed.
+"""
+
+import dataclasses
+import math
+import re
+
+import jax
+import keras
+import numpy as np
+
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "FAST_COMPILE",
+    "CollectiveOp",
+    "CommsReport",
+    "MemoryUsage",
+    "comms_report",
+    "compiled_report",
+    "layer_comms_report",
+    "layer_step",
+    "parse_collectives",
+    "train_step",
+    "train_step_comms_report",
+]
+
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+_DTYPE_BYTES = {
+    "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "s4": 0.5, "u4": 0.5,
+}  # fmt: skip
+
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
+    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
+)
+_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveOp:
+    """One collective instruction of the optimised HLO (sizes per device)."""
+
+    name: str  # HLO instruction name
+    kind: str  # one of COLLECTIVE_KINDS
+    shape: str  # result type, e.g. "f32[2,16,32]" (several for a combined collective)
+    buffers: int  # arrays it moves: XLA combines independent collectives into one op
+    elements: int  # elements of ``bytes`` below
+    bytes: int  # the full buffer: see the module docstring
+    group_size: int  # devices per replica group (n)
+    replica_groups: tuple  # ((0, 1, 2, 3), (4, 5, 6, 7)); source-target pairs for a permute
+    axes: tuple | None  # mesh axes the groups span; None without a mesh
+
+    @property
+    def sent_bytes(self):
+        """Bytes one device sends for this collective (ring algorithms)."""
+        n = self.group_size
+        if self.kind == "collective-permute":
+            return float(self.bytes)
+        factor = 2.0 if self.kind == "all-reduce" else 1.0
+        return factor * (n - 1) / n * self.bytes if n > 1 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryUsage:
+    """``compiled.memory_analysis()`` in bytes per device (None where the backend has none)."""
+
+    argument_bytes: int | None
+    output_bytes: int | None
+    temp_bytes: int | None
+    alias_bytes: int | None
+
+    @property
+    def peak_bytes(self):
+        """Arguments + outputs + temporaries - outputs aliasing (donated) arguments."""
+        parts = (self.argument_bytes, self.output_bytes, self.temp_bytes)
+        if any(p is None for p in parts):
+            return None
+        return sum(parts) - (self.alias_bytes or 0)
+
+
+@dataclasses.dataclass
+class CommsReport:
+    """Every collective of one compiled program, and its memory analysis."""
+
+    collectives: list  # [CollectiveOp] in program order
+    memory: MemoryUsage
+    mesh_axes: dict  # {axis name: size}, empty without a mesh
+    compiled: object = dataclasses.field(default=None, repr=False, compare=False)  # the program, callable
+
+    def select(self, kind=None, axes=None):
+        """The collectives of ``kind`` (or all) spanning exactly ``axes`` (a tuple, or a name)."""
+        if isinstance(axes, str):
+            axes = (axes,)
+        return [
+            op
+            for op in self.collectives
+            if (kind is None or op.kind == kind) and (axes is None or op.axes == tuple(axes))
+        ]
+
+    def count(self, kind=None, axes=None):
+        """Number of collective instructions."""
+        return len(self.select(kind, axes))
+
+    def buffers(self, kind=None, axes=None):
+        """Number of arrays moved (a combined all-reduce of two arrays counts 2)."""
+        return sum(op.buffers for op in self.select(kind, axes))
+
+    def total_bytes(self, kind=None, axes=None):
+        return sum(op.bytes for op in self.select(kind, axes))
+
+    def sent_bytes(self, kind=None, axes=None):
+        return sum(op.sent_bytes for op in self.select(kind, axes))
+
+    def summary(self):
+        """Rows ``{kind, axes, shape, count, bytes, sent_bytes, replica_groups}`` grouping identical ops."""
+        rows = {}
+        for op in self.collectives:
+            key = (op.kind, op.axes, op.shape, op.replica_groups)
+            row = rows.setdefault(key, {"kind": op.kind, "axes": op.axes, "shape": op.shape, "count": 0,
+                                        "bytes": op.bytes, "sent_bytes": 0.0, "replica_groups": op.replica_groups})  # fmt: skip
+            row["count"] += 1
+            row["sent_bytes"] += op.sent_bytes
+        return list(rows.values())
+
+    def format(self):
+        """The report as text lines: a table of collectives, totals per axis, memory."""
+        lines = []
+        if self.mesh_axes:
+            lines.append("mesh: " + ",".join(f"{k}={v}" for k, v in self.mesh_axes.items()))
+        lines += [
+            "collectives in the optimised program (bytes per device):",
+            "| kind | mesh axes | count | result shape | bytes each | sent in all | replica groups |",
+            "| --- | --- | ---: | --- | ---: | ---: | --- |",
+        ]
+        for row in self.summary():
+            lines.append(
+                f"| {row['kind']} | {_axes_text(row['axes'])} | {row['count']} | {row['shape']} | "
+                f"{format_bytes(row['bytes'])} | {format_bytes(row['sent_bytes'])} | {_groups_text(row['replica_groups'])} |"
+            )
+        if not self.collectives:
+            lines.append("| (none) | | 0 | | | | |")
+        for axes in sorted({op.axes for op in self.collectives}, key=_axes_text):
+            ops = self.select(axes=axes) if axes is not None else [op for op in self.collectives if op.axes is None]
+            lines.append(
+                f"total over {_axes_text(axes)}: {len(ops)} collective(s), "
+                f"{format_bytes(sum(op.sent_bytes for op in ops))} sent per device"
+            )
+        m = self.memory
+        lines.append(
+            f"memory per device: arguments {format_bytes(m.argument_bytes)}, outputs {format_bytes(m.output_bytes)}, "
+            f"temporaries {format_bytes(m.temp_bytes)}, aliased {format_bytes(m.alias_bytes)}, "
+            f"peak {format_bytes(m.peak_bytes)}"
+        )
+        return lines
+
+
+def format_bytes(count):
+    """``'12.0 KiB'``; ``'-'`` for None."""
+    if count is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024 or unit == "GiB":
+            return f"{count:.0f} B" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+
+
+def _axes_text(axes):
+    if axes is None:
+        return "?"
+    return ",".join(axes) if axes else "(none)"
+
+
+def _groups_text(groups, limit=4):
+    shown = ",".join("{" + ",".join(map(str, g)) + "}" for g in groups[:limit])
+    return shown + (",..." if len(groups) > limit else "")
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+
+def parse_collectives(hlo_text, mesh=None):
+    """Every collective in optimised HLO text, as ``CollectiveOp``s in program order.
+
+    Args:
+        hlo_text: ``compiled.as_text()``.
+        mesh: the ``keras.distribution.DeviceMesh`` or ``jax.sharding.Mesh`` the program
+            was partitioned for; names the axes each collective spans (else ``axes=None``).
+    """
+    num_devices = _num_partitions(hlo_text, mesh)
+    grid = _mesh_grid(mesh)
+    ops = []
+    for line in hlo_text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        kind = match["kind"]
+        arrays = _result_arrays(match["type"], kind, bool(match["start"]))
+        if kind == "collective-permute":
+            groups = _pairs(line)
+            group_size = 2
+        else:
+            groups = _replica_groups(line, num_devices)
+            group_size = len(groups[0]) if groups else 1
+        elements = sum(math.prod(dims) for _, dims in arrays)
+        size = sum(math.prod(dims) * _DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays)
+        if kind == "reduce-scatter":  # the result is 1/n of the buffer reduced
+            elements, size = elements * group_size, size * group_size
+        ops.append(
+            CollectiveOp(
+                name=match["name"],
+                kind=kind,
+                shape=", ".join(f"{d}[{','.join(map(str, s))}]" for d, s in arrays),
+                buffers=len(arrays),
+                elements=int(elements),
+                bytes=int(size),
+                group_size=group_size,
+                replica_groups=groups,
+                axes=None if grid is None else _axes_of(groups, grid),
+            )
+        )
+    return ops
+
+
+def _result_arrays(type_text, kind, is_start):
+    """[(dtype, dims)] of the data a collective produces (async starts also list inputs)."""
+    arrays = [(d, tuple(int(x) for x in s.split(",") if x)) for d, s in _ARRAY.findall(type_text)]
+    if is_start and kind in ("all-gather", "collective-permute"):
+        arrays = [a for a in arrays if a[1]]  # drop u32[] context scalars
+        arrays = arrays[len(arrays) // 2 :]  # (inputs..., outputs...)
+    return arrays
+
+
+def _num_partitions(hlo_text, mesh):
+    match = re.search(r"num_partitions=(\d+)", hlo_text)
+    if match:
+        return int(match.group(1))
+    grid = _mesh_grid(mesh)
+    return None if grid is None else grid[0].size
+
+
+def _replica_groups(line, num_devices):
+    """Tuple of device-id tuples, from any of XLA's printed forms: explicit
+    ``{{0,1},{2,3}}``, iota ``[2,4]<=[8]`` / ``[4,2]<=[2,4]T(1,0)``, or mesh axes
+    ``mesh['axis_0'=2,'axis_1'=4] {'axis_1'}``. ``{}`` (or none) means all devices."""
+    text = line.split("replica_groups=", 1)[1] if "replica_groups=" in line else ""
+    if text.startswith("{"):
+        match = re.match(r"\{((?:\{[0-9,]*\},?)*)\}", text)
+        groups = tuple(tuple(int(x) for x in g.split(",") if x) for g in re.findall(r"\{([0-9,]*)\}", match.group(1)))
+        if groups:
+            return groups
+    elif text.startswith("["):
+        match = re.match(r"\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?", text)
+        dims = [int(x) for x in match.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if match.group(3):
+            ids = ids.transpose([int(x) for x in match.group(3).split(",")])
+        return _rows(ids, [int(x) for x in match.group(1).split(",")][-1])
+    elif text.startswith("mesh["):
+        return _mesh_axes_groups(text)
+    elif text:
+        raise ValueError(f"unrecognised replica_groups format: {text[:80]!r}")
+    return (tuple(range(num_devices)),) if num_devices else ()
+
+
+def _mesh_axes_groups(text):
+    """Groups of the mesh-axes form: devices varying along the named axes, the rest fixed."""
+    match = re.match(r"mesh\[([^\]]*)\](?:,?\s*device_ids=\[([0-9,]+)\])?\s*\{([^}]*)\}", text)
+    axes = re.findall(r"'([^']+)'=(\d+)", match.group(1)) if match else []
+    grouped = re.findall(r"'([^']+)'(:\S+)?", match.group(3)) if match else []
+    if not axes or not grouped or any(sub for _, sub in grouped):
+        raise ValueError(f"unrecognised replica_groups format: {text[:80]!r}")
+    names, sizes = [a for a, _ in axes], [int(s) for _, s in axes]
+    ids = np.array([int(x) for x in match.group(2).split(",")]) if match.group(2) else np.arange(math.prod(sizes))
+    picked = [names.index(a) for a, _ in grouped]
+    order = [k for k in range(len(names)) if k not in picked] + picked
+    return _rows(ids.reshape(sizes).transpose(order), math.prod(sizes[k] for k in picked))
+
+
+def _rows(ids, group_size):
+    return tuple(tuple(int(i) for i in row) for row in np.asarray(ids).reshape(-1, group_size))
+
+
+def _pairs(line):
+    match = re.search(r"source_target_pairs=\{((?:\{[0-9,]*\},?)*)\}", line)
+    if not match:
+        return ()
+    return tuple(tuple(int(x) for x in p.split(",")) for p in re.findall(r"\{([0-9,]+)\}", match.group(1)))
+
+
+def _mesh_grid(mesh):
+    """(logical ids laid out as the mesh, axis names), or None."""
+    if mesh is None:
+        return None
+    names = tuple(mesh.axis_names)
+    shape = tuple(mesh.shape.values()) if isinstance(mesh.shape, dict) else tuple(mesh.shape)
+    return np.arange(math.prod(shape)).reshape(shape), names
+
+
+def _axes_of(groups, grid):
+    """The mesh axes along which the devices of each group (or source-target pair) differ."""
+    ids, names = grid
+    varying = set()
+    for group in groups:
+        first = np.unravel_index(group[0], ids.shape)
+        for member in group[1:]:
+            varying |= {k for k, (a, b) in enumerate(zip(first, np.unravel_index(member, ids.shape))) if a != b}
+    return tuple(names[k] for k in sorted(varying))
+
+
+# --- compiling -------------------------------------------------------------------------
+
+
+def compiled_report(compiled, mesh=None):
+    """``CommsReport`` of an already compiled program (``jax.jit(f).lower(...).compile()``)."""
+    mesh = _default_mesh(mesh)
+    analysis = compiled.memory_analysis()
+    memory = MemoryUsage(
+        *(getattr(analysis, f"{part}_size_in_bytes", None) for part in ("argument", "output", "temp", "alias"))
+    )
+    axes = {} if mesh is None else dict(zip(mesh.axis_names, _mesh_grid(mesh)[0].shape))
+    return CommsReport(parse_collectives(compiled.as_text(), mesh), memory, axes, compiled)
+
+
+# Compiler options that skip LLVM's optimisations: the HLO passes (partitioning,
+# collective combining, buffer assignment) still run, so collectives and memory are
+# those of the optimised program; the machine code is slower. For tests.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def comms_report(fn, *args, mesh=None, compiler_options=None, **jit_options):
+    """Compile ``fn(*args)`` with ``jax.jit`` and report its collectives and memory.
+
+    ``args`` are example arguments (arrays, placed as the real ones would be, or
+    ``jax.ShapeDtypeStruct``s with shardings); ``mesh`` names the axes (default: the
+    global Keras distribution's mesh); ``compiler_options`` go to XLA (e.g.
+    ``FAST_COMPILE``), ``jit_options`` to ``jax.jit``.
+    """
+    compiled = jax.jit(fn, **jit_options).lower(*args).compile(compiler_options)
+    return compiled_report(compiled, mesh)
+
+
+def _default_mesh(mesh):
+    if mesh is not None:
+        return mesh
+    distribution = keras.distribution.distribution()
+    return None if distribution is None else distribution.device_mesh
+
+
+def _place_batch(arrays):
+    """Host arrays onto the global distribution's data layout (batch split), as ``fit``
+    places them; ``jax.Array``s already placed (a sequence-split input, say) stay put."""
+    distribution = keras.distribution.distribution()
+    placed = []
+    for a in arrays:
+        if isinstance(a, jax.Array) or distribution is None:
+            placed.append(jax.numpy.asarray(a))
+        else:
+            placed.append(keras.distribution.distribute_tensor(np.asarray(a), distribution.get_data_layout(a.shape)))
+    return placed
+
+
+def layer_step(layer, *inputs, backward=False, seed=0):
+    """``(step, example arguments)`` of ``layer``'s forward or forward + backward.
+
+    The layer must be built. Host inputs are placed on the global distribution's data
+    layout (placed ``jax.Array``s are kept). ``step(trainable, non_trainable, inputs)``
+    returns the output; with ``backward=True``, ``step(trainable, non_trainable, inputs,
+    key)`` returns the output and the gradients of ``sum(output * cotangent)`` with
+    respect to the trainable weights and the inputs, the cotangent drawn from ``key``
+    inside the program (so it is laid out as the output is, with no extra transfer).
+    """
+    inputs = _place_batch(inputs)
+    trainable = [v.value for v in layer.trainable_variables]
+    non_trainable = [v.value for v in layer.non_trainable_variables]
+
+    def forward(trainable, non_trainable, inputs):
+        return layer.stateless_call(trainable, non_trainable, *inputs)[0]
+
+    if not backward:
+        return forward, (trainable, non_trainable, inputs)
+
+    def forward_backward(trainable, non_trainable, inputs, key):
+        out, pullback = jax.vjp(lambda t, i: forward(t, non_trainable, i), trainable, inputs)
+        cotangent = jax.random.normal(key, out.shape, out.dtype)
+        return out, pullback(cotangent)
+
+    return forward_backward, (trainable, non_trainable, inputs, jax.random.key(seed))
+
+
+def layer_comms_report(layer, *inputs, backward=False, mesh=None, seed=0, compiler_options=None):
+    """Collectives and memory of ``layer``'s forward (or forward + backward) pass (see ``layer_step``)."""
+    step, args = layer_step(layer, *inputs, backward=backward, seed=seed)
+    return comms_report(step, *args, mesh=mesh, compiler_options=compiler_options)
+
+
+def train_step(model, x, y):
+    """``(step, example arguments)`` of one optimizer step of a compiled Keras model.
+
+    The step is Keras' train step without metric updates: forward in training mode,
+    ``model.compute_loss``, gradients, ``optimizer.stateless_apply``; it returns
+    ``(loss, trainable, non_trainable, optimizer variables)``. x, y (one batch) are
+    placed on the global distribution's data layout, as ``fit`` places them.
+    """
+    if getattr(model, "optimizer", None) is None:
+        raise ValueError(f"model {model.name!r} is not compiled: call model.compile(optimizer=..., loss=...) first")
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    x, y = _place_batch([x, y])
+
+    def loss_and_updates(trainable, non_trainable, x, y):
+        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
+        return model.compute_loss(x=x, y=y, y_pred=y_pred, training=True), non_trainable
+
+    def step(trainable, non_trainable, optimizer, x, y):
+        (loss, non_trainable), grads = jax.value_and_grad(loss_and_updates, has_aux=True)(trainable, non_trainable, x, y)
+        trainable, optimizer = model.optimizer.stateless_apply(optimizer, grads, trainable)
+        return loss, trainable, non_trainable, optimizer
+
+    state = [[v.value for v in vs] for vs in (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)]
+    return step, (*state, x, y)
+
+
+def train_step_comms_report(model, x, y, mesh=None, compiler_options=None):
+    """Collectives and memory of one optimizer step of a compiled Keras model (see ``train_step``)."""
+    step, args = train_step(model, x, y)
+    return comms_report(step, *args, mesh=mesh, compiler_options=compiler_options)

@@ -1,0 +1,197 @@
+"""Megatron tensor parallelism: dense layers whose weights are split over a mesh axis.
+
+Call these inside ``jax.shard_map``; each sees one shard. Letters: B batch, T sequence,
+D model width (the MLP's input and output features), F hidden (MLP) features, N size of
+the mesh axis ``axis_name``. Global shapes are written ``[B, T, D]``, what one device
+holds ``[B, T/N, D]`` or ``[D, F/N]``.
+
+=============================  ===============  ===============  ===================
+kernel                         x on one device  kernel           out on one device
+=============================  ===============  ===============  ===================
+column_parallel_matmul         [..., D]         [D, F/N]         [..., F/N]
+row_parallel_matmul            [..., F/N]       [F/N, D]         [..., D] (psum)
+  with scatter_axis=1          [B, T, F/N]      [F/N, D]         [B, T/N, D]
+sequence_parallel_column_...   [B, T/N, D]      [D, F/N]         [B, T, F/N]
+sequence_parallel_row_...      [B, T, F/N]      [F/N, D]         [B, T/N, D]
+=============================  ===============  ===============  ===================
+
+Paired as column -> row (Megatron's MLP) the hidden activation never leaves its device:
+the forward needs one all-reduce of the ``[B, T, D]`` output (or, sequence-parallel,
+one all-gather of the input and one reduce-scatter of the output: the same bytes), and
+the backward the transposes: an all-reduce of d(input) (or a reduce-scatter of it and
+an all-gather of d(output)). ``jax.shard_map`` inserts those backward collectives
+itself: an input replicated over ``axis_name`` gets its cotangent summed.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from zoo.kernels.collective_matmul import all_gather_matmul, matmul_reduce_scatter, vary_over
+
+__all__ = [
+    "check_divisible",
+    "column_parallel_matmul",
+    "dense_reference",
+    "mlp_reference",
+    "row_parallel_matmul",
+    "sequence_parallel_column_matmul",
+    "sequence_parallel_row_matmul",
+    "tensor_parallel_mlp",
+]
+
+
+def check_divisible(size, *, axis_size, axis_name="model", what="features"):
+    """Raises ``ValueError`` unless ``size`` splits evenly over the mesh axis."""
+    if size % axis_size:
+        raise ValueError(f"{what} {size} is not divisible by the {axis_name!r} mesh axis of size {axis_size}")
+
+
+def dense_reference(x, kernel, *, bias=None):
+    """Single-device dense layer: x [..., D] @ kernel [D, F] (+ bias [F]) -> [..., F]."""
+    y = jnp.matmul(x, kernel)
+    return y if bias is None else y + bias
+
+
+def column_parallel_matmul(x, kernel, *, axis_name, bias=None):
+    """Column-parallel dense: the kernel is split on its output features.
+
+    Global: x [..., D] @ kernel [D, F] -> [..., F]. One device: x [..., D] (the whole
+    input, replicated over ``axis_name``), kernel [D, F/N], bias [F/N] -> [..., F/N],
+    its own slice of the output features. No communication forward; the backward
+    all-reduces d(x) over ``axis_name`` (shard_map does it: x is replicated).
+    """
+    _check_kernel(x, kernel, axis_name=axis_name, split="output")
+    return dense_reference(x, kernel, bias=bias)  # [..., F/N]
+
+
+def row_parallel_matmul(x, kernel, *, axis_name, bias=None, scatter_axis=None):
+    """Row-parallel dense: the kernel is split on its input features.
+
+    Global: x [..., F] @ kernel [F, D] -> [..., D]. One device: x [..., F/N] (its
+    slice of the input features, e.g. a column-parallel output), kernel [F/N, D]
+    -> a partial sum [..., D], summed over ``axis_name``:
+
+    - ``scatter_axis=None``: ``psum`` (all-reduce); every device gets [..., D].
+    - ``scatter_axis=k``: ``psum_scatter`` (reduce-scatter) along dimension k; each
+      device gets 1/N of it, e.g. [B, T/N, D] for k = 1 (sequence parallelism).
+
+    The bias [D] (replicated) is added once, after the reduction.
+    """
+    _check_kernel(x, kernel, axis_name=axis_name, split="input")
+    partial = jnp.matmul(x, kernel)  # [..., D], this device's share of the sum
+    if scatter_axis is None:
+        y = jax.lax.psum(partial, axis_name)  # [..., D]
+    else:
+        y = jax.lax.psum_scatter(partial, axis_name, scatter_dimension=scatter_axis, tiled=True)  # [B, T/N, D]
+    return y if bias is None else y + bias
+
+
+def sequence_parallel_column_matmul(x, kernel, *, axis_name, sequence_axis=1, bias=None, collective=False):
+    """Sequence-parallel column dense: all-gather the sequence, then ``column_parallel_matmul``.
+
+    Global: x [B, T, D] @ kernel [D, F] -> [B, T, F]. One device: x [B, T/N, D] (its
+    slice of the sequence), kernel [D, F/N] -> [B, T, F/N]. Forward: one all-gather of
+    x over ``axis_name``; backward: its transpose, a reduce-scatter of d(x).
+
+    ``collective=True`` overlaps the all-gather with the matmul in N chunks
+    (``collective_matmul.all_gather_matmul``): same result, N - 1 ``ppermute`` hops
+    instead of one all-gather.
+    """
+    _check_kernel(x, kernel, axis_name=axis_name, split="output")
+    if collective:
+        y = all_gather_matmul(x, kernel, axis_name=axis_name, axis=sequence_axis)  # [B, T, F/N]
+        return y if bias is None else y + bias
+    x_all = jax.lax.all_gather(x, axis_name, axis=sequence_axis, tiled=True)  # [B, T, D]
+    return dense_reference(x_all, kernel, bias=bias)  # [B, T, F/N]
+
+
+def sequence_parallel_row_matmul(x, kernel, *, axis_name, sequence_axis=1, bias=None, collective=False):
+    """Sequence-parallel row dense: ``row_parallel_matmul`` reduce-scattered over the sequence.
+
+    Global: x [B, T, F] @ kernel [F, D] -> [B, T, D]. One device: x [B, T, F/N],
+    kernel [F/N, D] -> [B, T/N, D]. Forward: one reduce-scatter; backward: its
+    transpose, an all-gather of d(out). ``collective=True`` overlaps the
+    reduce-scatter with the matmul (``collective_matmul.matmul_reduce_scatter``).
+    """
+    if not collective:
+        return row_parallel_matmul(x, kernel, axis_name=axis_name, bias=bias, scatter_axis=sequence_axis)
+    _check_kernel(x, kernel, axis_name=axis_name, split="input")
+    y = matmul_reduce_scatter(x, kernel, axis_name=axis_name, axis=sequence_axis)  # [B, T/N, D]
+    return y if bias is None else y + bias
+
+
+def tensor_parallel_mlp(
+    x,
+    *,
+    up_kernel,
+    down_kernel,
+    activation,
+    axis_name,
+    gate_kernel=None,
+    up_bias=None,
+    gate_bias=None,
+    down_bias=None,
+    sequence_parallel=False,
+    collective=False,
+    sequence_axis=1,
+):
+    """Megatron MLP on one shard: column-parallel up (and gate), row-parallel down.
+
+    Global: x [B, T, D]; up/gate kernels [D, F]; down kernel [F, D]; out [B, T, D]:
+    ``down(activation(x @ up))``, or gated ``down(activation(x @ gate) * (x @ up))``.
+    One device holds up/gate [D, F/N] (+ bias [F/N]), down [F/N, D] (+ bias [D]) and
+    the hidden activation [B, T, F/N]: it never moves.
+
+    - ``sequence_parallel=False``: x [B, T, D] -> [B, T, D]; one all-reduce forward.
+    - ``sequence_parallel=True``: x [B, T/N, D] -> [B, T/N, D]; one all-gather of x
+      (shared by up and gate) and one reduce-scatter forward. With ``collective``
+      both are overlapped with the matmuls (``collective_matmul``).
+
+    ``activation`` is a function of one array (e.g. ``jax.nn.gelu``).
+    """
+    if collective and not sequence_parallel:
+        raise ValueError("collective matmul overlaps the sequence all-gather: it needs sequence_parallel=True")
+    kernels = [up_kernel] if gate_kernel is None else [gate_kernel, up_kernel]
+    biases = [up_bias] if gate_kernel is None else [gate_bias, up_bias]
+    hidden = _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective, sequence_axis)  # [B, T, F/N] each
+    h = activation(hidden[0]) if gate_kernel is None else activation(hidden[0]) * hidden[1]  # [B, T, F/N]
+    if sequence_parallel:
+        return sequence_parallel_row_matmul(
+            h, down_kernel, axis_name=axis_name, sequence_axis=sequence_axis, bias=down_bias, collective=collective
+        )  # [B, T/N, D]
+    return row_parallel_matmul(h, down_kernel, axis_name=axis_name, bias=down_bias)  # [B, T, D]
+
+
+def _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective, sequence_axis):
+    """x @ each kernel, all sharing one all-gather of x in sequence-parallel mode."""
+    if not sequence_parallel:
+        x = vary_over(x, axis_name)  # one cast: the backward all-reduces d(x) once, not per kernel
+        return [column_parallel_matmul(x, k, axis_name=axis_name, bias=b) for k, b in zip(kernels, biases)]
+    if collective:
+        # One overlapped gather for all: kernels side by side, [D, F/N] x k -> [D, k F/N].
+        joined = jnp.concatenate(kernels, axis=-1)
+        y = all_gather_matmul(x, joined, axis_name=axis_name, axis=sequence_axis)  # [B, T, k F/N]
+        parts = jnp.split(y, len(kernels), axis=-1)
+        return [p if b is None else p + b for p, b in zip(parts, biases)]
+    x_all = jax.lax.all_gather(x, axis_name, axis=sequence_axis, tiled=True)  # [B, T, D]
+    return [dense_reference(x_all, k, bias=b) for k, b in zip(kernels, biases)]
+
+
+def mlp_reference(x, *, up_kernel, down_kernel, activation, gate_kernel=None, up_bias=None, gate_bias=None, down_bias=None):
+    """Single-device MLP with the maths of ``tensor_parallel_mlp``: x [..., D] -> [..., D]."""
+    up = dense_reference(x, up_kernel, bias=up_bias)  # [..., F]
+    h = activation(up) if gate_kernel is None else activation(dense_reference(x, gate_kernel, bias=gate_bias)) * up
+    return dense_reference(h, down_kernel, bias=down_bias)  # [..., D]
+
+
+def _check_kernel(x, kernel, *, axis_name, split):
+    """Per-shard shapes: x's last dim feeds the kernel; names the global sizes on a mismatch."""
+    if kernel.ndim != 2:
+        raise ValueError(f"kernel must be 2-D [in, out], got shape {tuple(kernel.shape)}")
+    if x.shape[-1] != kernel.shape[0]:
+        n = jax.lax.axis_size(axis_name)
+        detail = f" (the kernel is split on its {split} features over the {axis_name!r} axis of size {n})"
+        raise ValueError(
+            f"input features {x.shape[-1]} on this shard do not match the kernel shard "
+            f"{tuple(kernel.shape)}{detail}"
+        )

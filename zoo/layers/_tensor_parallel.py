@@ -1,0 +1,228 @@
+"""What the tensor-parallel layers share: the mesh lookup, weight layouts, shard_map dispatch.
+
+The mesh is the global Keras distribution's (``keras.distribution.distribution()``).
+Tensor parallelism is on when that mesh has the layer's model axis with size > 1;
+otherwise (no distribution, ``DataParallel``, a model axis of size 1) the layers are
+ordinary ``keras.layers.Dense`` layers computing the same numbers.
+
+Weights carry their layouts from creation: ``_TensorParallelDense.add_weight`` gives
+each weight Keras creates (kernel, bias, and the LoRA factors ``enable_lora`` adds)
+the layout its ``WEIGHT_AXES`` names, as the variable's own ``layout``. Keras'
+``ModelParallel.get_variable_layout`` then returns it without consulting the layout
+map (and the optimizer's slots copy it), so no user rule can place these weights
+differently from how the shard_map body slices them: a greedy rule such as
+``.*kernel`` cannot catch ``lora_kernel_a`` (keras-team/keras#19496) and a renamed
+layer cannot silently fall back to replication (keras-hub#2806).
+"""
+
+import dataclasses
+
+import jax
+import keras
+from jax.sharding import PartitionSpec as P
+
+from zoo.distribution.axes import MODEL
+from zoo.distribution.mesh import mesh_axis_size
+from zoo.kernels.tensor_parallel import check_divisible
+
+LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Where a tensor-parallel layer runs: the mesh and the axes it splits over."""
+
+    keras_mesh: object  # keras.distribution.DeviceMesh
+    mesh: jax.sharding.Mesh  # the same mesh, as JAX sees it
+    model_axis: str  # features (and, sequence-parallel, the sequence) split over this
+    model_size: int
+    batch_axis: str | None  # the distribution's batch axis, if the mesh has it
+    batch_size: int  # its size (1 without one)
+
+    def layout(self, axes):
+        return keras.distribution.TensorLayout(axes, self.keras_mesh)
+
+
+def current_plan(model_axis):
+    """The ``Plan`` under the global distribution, or None when nothing is split."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return None
+    keras_mesh = distribution.device_mesh
+    model_size = mesh_axis_size(keras_mesh, model_axis)
+    if model_size == 1:
+        return None
+    batch_axis = getattr(distribution, "batch_dim_name", None)
+    if batch_axis == model_axis:
+        raise ValueError(
+            f"the distribution splits the batch over mesh axis {batch_axis!r}, the axis tensor "
+            f"parallelism splits features over; use another model_axis or batch axis"
+        )
+    if batch_axis not in keras_mesh.axis_names:
+        batch_axis = None
+    return Plan(
+        keras_mesh,
+        keras_mesh.backend_mesh,
+        model_axis,
+        model_size,
+        batch_axis,
+        mesh_axis_size(keras_mesh, batch_axis) if batch_axis else 1,
+    )
+
+
+def activation_spec(plan, rank, *, sequence=False, features=False):
+    """PartitionSpec of an activation [B, T, ..., C]: batch over the batch axis, and the
+    sequence (dim 1) or the features (last dim) over the model axis."""
+    spec = [None] * rank
+    spec[0] = plan.batch_axis
+    if sequence:
+        spec[1] = plan.model_axis
+    if features:
+        spec[-1] = plan.model_axis
+    return P(*spec)
+
+
+def check_input(layer, plan, shape, *, sequence):
+    """Raise, naming the numbers, unless ``shape``'s batch (and sequence) split evenly."""
+    where = f"{type(layer).__name__} {layer.name!r}"
+    if plan.batch_axis and shape[0] is not None and shape[0] % plan.batch_size:
+        raise ValueError(
+            f"{where}: batch size {shape[0]} is not divisible by the {plan.batch_axis!r} mesh axis of size {plan.batch_size}"
+        )
+    if sequence:
+        if len(shape) < 3:
+            raise ValueError(f"{where}: sequence parallelism needs inputs (B, T, ..., C), got shape {tuple(shape)}")
+        check_divisible(shape[1], axis_size=plan.model_size, axis_name=plan.model_axis, what=f"{where}: sequence length")
+
+
+def shard_map(plan, body, args, in_specs, out_specs):
+    """``jax.shard_map(body)(*args)`` over the plan's mesh."""
+    return jax.shard_map(body, mesh=plan.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
+
+
+class _TensorParallelDense(keras.layers.Dense):
+    """A ``Dense`` whose kernel is split over ``model_axis``; subclasses say how.
+
+    Subclasses set ``WEIGHT_AXES`` ({weight name: layout axes with "model" standing
+    for the model axis}) and ``SPLIT`` (which kernel dimension is split), and
+    implement ``_local_call(x, weights)``, the per-shard computation.
+    """
+
+    WEIGHT_AXES = {}
+    SPLIT = None  # "units" (output features) or "input features"
+
+    def __init__(self, units, *, sequence_parallel=False, collective_matmul=False, model_axis=MODEL, **kwargs):
+        super().__init__(units, **kwargs)
+        if collective_matmul and not sequence_parallel:
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r}: collective_matmul overlaps the sequence "
+                f"all-gather/reduce-scatter, so it needs sequence_parallel=True"
+            )
+        self.sequence_parallel = bool(sequence_parallel)
+        self.collective_matmul = bool(collective_matmul)
+        self.model_axis = model_axis
+
+    # --- weights, placed at creation -----------------------------------------------
+
+    def build(self, input_shape):
+        plan = current_plan(self.model_axis)
+        if plan is not None:
+            self.check_features(input_shape[-1], plan)
+        super().build(input_shape)
+
+    def check_features(self, input_dim, plan):
+        """Raise unless the split dimension of the kernel divides by the model axis."""
+        size, what = (self.units, "units") if self.SPLIT == "units" else (input_dim, "input features")
+        check_divisible(
+            size, axis_size=plan.model_size, axis_name=plan.model_axis, what=f"{type(self).__name__} {self.name!r}: {what}"
+        )
+
+    def weight_axes(self, name):
+        """Layout axes of weight ``name`` (None: not ours to place)."""
+        axes = self.WEIGHT_AXES.get(name)
+        return None if axes is None else tuple(self.model_axis if a == MODEL else a for a in axes)
+
+    def add_weight(self, *args, shape=None, initializer=None, dtype=None, trainable=True, autocast=True,
+                   regularizer=None, constraint=None, aggregation="none", overwrite_with_gradient=False, name=None):  # fmt: skip
+        """``Layer.add_weight``, creating the kernel, bias and LoRA factors with their layout."""
+        options = dict(shape=shape, initializer=initializer, dtype=dtype, trainable=trainable, autocast=autocast,
+                       regularizer=regularizer, constraint=constraint, aggregation=aggregation,
+                       overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
+        plan = current_plan(self.model_axis)
+        axes = self.weight_axes(name)
+        if args or plan is None or axes is None:
+            return super().add_weight(*args, **options)
+        return _add_weight_with_layout(self, plan.layout(axes), **options)
+
+    def quantize(self, mode=None, **kwargs):
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support quantization: its shard_map kernels multiply "
+            f"float kernels; quantize after merging into a plain Dense"
+        )
+
+    # --- calls ---------------------------------------------------------------------
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        # Symbolic shapes (None batch) cannot be split over a mesh: shapes only.
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+
+    def call(self, inputs, training=None):
+        plan = current_plan(self.model_axis)
+        if plan is None:
+            return super().call(inputs)
+        check_input(self, plan, inputs.shape, sequence=self.sequence_parallel)
+        self.check_features(inputs.shape[-1], plan)
+        weights, specs = self.sharded_weights(plan)
+        in_spec, out_spec = self.activation_specs(plan, len(inputs.shape))
+        return shard_map(plan, self._local_call, (inputs, weights), (in_spec, specs), out_spec)
+
+    def sharded_weights(self, plan):
+        """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
+        names = ["kernel"] + (["bias"] if self.bias is not None else []) + (list(LORA_WEIGHTS) if self.lora_enabled else [])
+        variables = {"kernel": self._kernel, "bias": self.bias}
+        variables.update({n: getattr(self, n) for n in LORA_WEIGHTS if self.lora_enabled})
+        return {n: variables[n].value for n in names}, {n: P(*self.weight_axes(n)) for n in names}
+
+    def local_kernel(self, weights):
+        """This shard's kernel, with the LoRA update merged as ``Dense.kernel`` merges it."""
+        kernel = weights["kernel"]
+        if "lora_kernel_a" in weights:
+            delta = (self.lora_alpha / self.lora_rank) * (weights["lora_kernel_a"] @ weights["lora_kernel_b"])
+            kernel = (kernel + delta).astype(self.compute_dtype)
+        return kernel
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            sequence_parallel=self.sequence_parallel, collective_matmul=self.collective_matmul, model_axis=self.model_axis
+        )
+        return config
+
+
+def _add_weight_with_layout(layer, layout, *, shape, initializer, dtype, trainable, autocast, regularizer, constraint,
+                            aggregation, overwrite_with_gradient, name):  # fmt: skip
+    """``Layer.add_weight`` (Keras 3.15) with the variable created under ``layout``.
+
+    Keras' ``add_weight`` has no layout argument; ``keras.Variable`` does. Everything
+    else is as Keras does it: dtype and initializer defaults, the layer's name scope
+    (the variable path), regulariser, constraint, tracking.
+    """
+    dtype = keras.backend.standardize_dtype(dtype) if dtype is not None else layer.variable_dtype
+    if initializer is None:
+        initializer = "glorot_uniform" if "float" in dtype else "zeros"
+    with keras.name_scope(layer.name, caller=layer):
+        variable = keras.Variable(
+            initializer=keras.initializers.get(initializer),
+            shape=shape or (),
+            dtype=dtype,
+            trainable=trainable,
+            autocast=autocast,
+            aggregation=aggregation,
+            name=name,
+            layout=layout,
+        )
+    variable.regularizer = keras.regularizers.get(regularizer)
+    variable.constraint = keras.constraints.get(constraint)
+    variable.overwrite_with_gradient = overwrite_with_gradient
+    layer._track_variable(variable)
+    return variable

@@ -1,0 +1,68 @@
+"""``ColumnParallelDense``: a Dense layer whose kernel is split on its output features."""
+
+import keras
+
+from zoo.kernels.tensor_parallel import column_parallel_matmul, sequence_parallel_column_matmul
+from zoo.layers._tensor_parallel import _TensorParallelDense, activation_spec
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class ColumnParallelDense(_TensorParallelDense):
+    """Megatron's column-parallel linear layer, as a ``keras.layers.Dense``.
+
+    Under a distribution whose mesh has ``model_axis`` (size M > 1) each device holds
+    kernel [D, units/M] and bias [units/M] and computes its slice of the output
+    features: no communication forward, an all-reduce of d(input) backward. Feed the
+    feature-split output to a ``RowParallelDense`` (``ParallelMLP`` pairs them). With
+    no distribution, or no such axis, or M = 1, it is a ``Dense`` with the same numbers.
+
+    Shapes (global): inputs (B, ..., D) -> outputs (B, ..., units), split over the
+    model axis on the last dimension. With ``sequence_parallel=True``, inputs arrive
+    split on the sequence (dim 1) instead and are all-gathered first:
+    (B, T/M, D) per device -> (B, T, units/M).
+
+    Args:
+        units: output features; must divide by the model-axis size.
+        sequence_parallel: inputs are split over the model axis on the sequence
+            (Megatron sequence parallelism; needs inputs (B, T, ..., D)).
+        collective_matmul: overlap the sequence all-gather with the matmul in M chunks
+            (``zoo.kernels.all_gather_matmul``); needs ``sequence_parallel``.
+        model_axis: the mesh axis the kernel is split over.
+        **kwargs: everything ``keras.layers.Dense`` takes (activation, use_bias,
+            initializers, regularizers, constraints, lora_rank, lora_alpha, name, ...).
+
+    Weights and their layouts (set when created, see ``zoo.layers._tensor_parallel``):
+
+    =============  ===========  ==================
+    weight         shape        layout
+    =============  ===========  ==================
+    kernel         (D, units)   (-, model)
+    bias           (units,)     (model,)
+    lora_kernel_a  (D, r)       replicated
+    lora_kernel_b  (r, units)   (-, model)
+    =============  ===========  ==================
+
+    so the LoRA update a @ b is split like the kernel and merges on each device.
+    """
+
+    WEIGHT_AXES = {
+        "kernel": (None, "model"),
+        "bias": ("model",),
+        "lora_kernel_a": (None, None),
+        "lora_kernel_b": (None, "model"),
+    }
+    SPLIT = "units"
+
+    def activation_specs(self, plan, rank):
+        inputs = activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., D)
+        return inputs, activation_spec(plan, rank, features=True)  # (B, T, ..., units/M)
+
+    def _local_call(self, x, weights):
+        kernel, bias = self.local_kernel(weights), weights.get("bias")  # [D, units/M], [units/M]
+        if self.sequence_parallel:
+            y = sequence_parallel_column_matmul(
+                x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
+            )  # [B, T, units/M]
+        else:
+            y = column_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units/M]
+        return y if self.activation is None else self.activation(y)

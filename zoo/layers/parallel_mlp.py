@@ -1,0 +1,169 @@
+"""``ParallelMLP``: Megatron's MLP block, column-parallel up (and gate), row-parallel down."""
+
+import keras
+
+from zoo.distribution.axes import MODEL
+from zoo.kernels.tensor_parallel import tensor_parallel_mlp
+from zoo.layers._tensor_parallel import activation_spec, check_input, current_plan, shard_map
+from zoo.layers.column_parallel_dense import ColumnParallelDense
+from zoo.layers.row_parallel_dense import RowParallelDense
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class ParallelMLP(keras.layers.Layer):
+    """Transformer MLP whose forward pass needs a single collective.
+
+    ``down(activation(up(x)))``, or with ``gated=True`` (GLU, e.g. GeGLU/SwiGLU)
+    ``down(activation(gate(x)) * up(x))``. ``up``/``gate`` are ``ColumnParallelDense``
+    and ``down`` a ``RowParallelDense``: under a distribution whose mesh has
+    ``model_axis`` (size M > 1) each device keeps 1/M of the hidden features, from
+    the up projection to the down projection, and the block runs as one ``shard_map``
+    (``zoo.kernels.tensor_parallel_mlp``): one all-reduce of the (B, T, D) output
+    forward, one of d(input) backward. With ``sequence_parallel=True`` the input and
+    output are split over the sequence instead: one all-gather and one reduce-scatter
+    (the same bytes), overlapped with the matmuls when ``collective_matmul=True``.
+    Without a distribution, or M = 1, it is the same maths with plain Dense layers.
+
+    Args:
+        hidden_dim: hidden features F; must divide by the model-axis size.
+        output_dim: output features; defaults to the input features D.
+        activation: applied to the up (or, gated, the gate) projection.
+        gated: add a gate projection (GLU variants).
+        use_bias: biases on every projection.
+        kernel_initializer, bias_initializer: for every projection.
+        sequence_parallel, collective_matmul, model_axis: as in ``ColumnParallelDense``.
+        lora_rank, lora_alpha: enable Keras LoRA on every projection when built.
+
+    Shapes: (B, T, D) -> (B, T, output_dim) (or any (B, ..., D) without sequence
+    parallelism). Sublayers and weights (F = hidden_dim, M = model-axis size):
+
+    ===================  ==========  ===========
+    path                 shape       layout
+    ===================  ==========  ===========
+    <name>/gate/kernel   (D, F)      (-, model)   (gated only)
+    <name>/gate/bias     (F,)        (model,)     (gated only)
+    <name>/up/kernel     (D, F)      (-, model)
+    <name>/up/bias       (F,)        (model,)
+    <name>/down/kernel   (F, D_out)  (model, -)
+    <name>/down/bias     (D_out,)    replicated
+    ===================  ==========  ===========
+    """
+
+    def __init__(
+        self,
+        hidden_dim,
+        output_dim=None,
+        activation="gelu",
+        gated=False,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        sequence_parallel=False,
+        collective_matmul=False,
+        model_axis=MODEL,
+        lora_rank=None,
+        lora_alpha=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(hidden_dim, int) or hidden_dim < 1:
+            raise ValueError(f"hidden_dim must be a positive integer, got {hidden_dim!r}")
+        if collective_matmul and not sequence_parallel:
+            raise ValueError(f"ParallelMLP {self.name!r}: collective_matmul needs sequence_parallel=True")
+        self.hidden_dim = hidden_dim
+        self.output_dim = output_dim
+        self.activation = keras.activations.get(activation)
+        self.gated = bool(gated)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.sequence_parallel = bool(sequence_parallel)
+        self.collective_matmul = bool(collective_matmul)
+        self.model_axis = model_axis
+        self.lora_rank = lora_rank
+        self.lora_alpha = lora_alpha
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        options = dict(
+            use_bias=self.use_bias,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            sequence_parallel=self.sequence_parallel,
+            collective_matmul=self.collective_matmul,
+            model_axis=self.model_axis,
+            dtype=self.dtype_policy,
+        )
+        self.gate = ColumnParallelDense(self.hidden_dim, activation=self.activation, name="gate", **options) if self.gated else None
+        self.up = ColumnParallelDense(self.hidden_dim, activation=None if self.gated else self.activation, name="up", **options)
+        self.down = RowParallelDense(self.output_dim or input_shape[-1], name="down", **options)
+        for layer in self.projections:
+            layer.build(input_shape if layer is not self.down else (*input_shape[:-1], self.hidden_dim))
+        if self.lora_rank:
+            self.enable_lora(self.lora_rank, self.lora_alpha)
+
+    @property
+    def projections(self):
+        """The Dense sublayers, in order: [gate,] up, down."""
+        return [layer for layer in (self.gate, self.up, self.down) if layer is not None]
+
+    def enable_lora(self, rank, lora_alpha=None):
+        """Keras LoRA on every projection (``Dense.enable_lora``); the kernels freeze."""
+        for layer in self.projections:
+            layer.enable_lora(rank, lora_alpha=lora_alpha)
+        self.lora_rank, self.lora_alpha = rank, lora_alpha
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.output_dim or input_shape[-1])
+
+    def compute_output_spec(self, inputs, *args, **kwargs):
+        return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
+
+    def call(self, inputs, training=None):
+        plan = current_plan(self.model_axis)
+        if plan is None:
+            hidden = self.up(inputs) if self.gate is None else self.gate(inputs) * self.up(inputs)  # (B, T, F)
+            return self.down(hidden)  # (B, T, D_out)
+        check_input(self, plan, inputs.shape, sequence=self.sequence_parallel)
+        for layer in self.projections:
+            layer.check_features(inputs.shape[-1] if layer is not self.down else self.hidden_dim, plan)
+        weights, specs = zip(*(layer.sharded_weights(plan) for layer in self.projections))
+        spec = activation_spec(plan, len(inputs.shape), sequence=self.sequence_parallel)  # (B, T[/M], ..., D)
+        return shard_map(plan, self._local_call, (inputs, list(weights)), (spec, list(specs)), spec)
+
+    def _local_call(self, x, weights):
+        """One shard: x [B, T, D] (or [B, T/M, D]) -> [B, T, D_out] (or [B, T/M, D_out])."""
+        named = dict(zip([layer.name for layer in self.projections], weights))
+        kernels = {name: layer.local_kernel(named[name]) for name, layer in zip(named, self.projections)}
+        biases = {name: named[name].get("bias") for name in named}
+        return tensor_parallel_mlp(
+            x,
+            up_kernel=kernels["up"],  # [D, F/M]
+            gate_kernel=kernels.get("gate"),  # [D, F/M] or None
+            down_kernel=kernels["down"],  # [F/M, D_out]
+            up_bias=biases["up"],
+            gate_bias=biases.get("gate"),
+            down_bias=biases["down"],
+            activation=self.activation,
+            axis_name=self.model_axis,
+            sequence_parallel=self.sequence_parallel,
+            collective=self.collective_matmul,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_dim=self.hidden_dim,
+            output_dim=self.output_dim,
+            activation=keras.activations.serialize(self.activation),
+            gated=self.gated,
+            use_bias=self.use_bias,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+            sequence_parallel=self.sequence_parallel,
+            collective_matmul=self.collective_matmul,
+            model_axis=self.model_axis,
+            lora_rank=self.lora_rank,
+            lora_alpha=self.lora_alpha,
+        )
+        return config

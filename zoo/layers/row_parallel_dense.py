@@ -1,0 +1,68 @@
+"""``RowParallelDense``: a Dense layer whose kernel is split on its input features."""
+
+import keras
+
+from zoo.kernels.tensor_parallel import row_parallel_matmul, sequence_parallel_row_matmul
+from zoo.layers._tensor_parallel import _TensorParallelDense, activation_spec
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class RowParallelDense(_TensorParallelDense):
+    """Megatron's row-parallel linear layer, as a ``keras.layers.Dense``.
+
+    Under a distribution whose mesh has ``model_axis`` (size M > 1) each device holds
+    kernel [D_in/M, units] and multiplies its slice of the input features, e.g. a
+    ``ColumnParallelDense`` output that never left its device; the partial sums are
+    all-reduced over the model axis (one collective forward, none backward), then the
+    bias (replicated) is added. With no distribution, or no such axis, or M = 1, it
+    is a ``Dense`` with the same numbers.
+
+    Shapes (global): inputs (B, ..., D_in), split over the model axis on the last
+    dimension (a replicated input is sliced locally, no communication) -> outputs
+    (B, ..., units), replicated over the model axis. With ``sequence_parallel=True``
+    the sum is reduce-scattered over the sequence instead: (B, T, D_in/M) per device
+    -> (B, T/M, units).
+
+    Args:
+        units: output features.
+        sequence_parallel: reduce-scatter the output over the sequence (dim 1).
+        collective_matmul: overlap that reduce-scatter with the matmul in M chunks
+            (``zoo.kernels.matmul_reduce_scatter``); needs ``sequence_parallel``.
+        model_axis: the mesh axis the kernel is split over.
+        **kwargs: everything ``keras.layers.Dense`` takes.
+
+    Weights and their layouts (set when created):
+
+    =============  =============  ==========
+    weight         shape          layout
+    =============  =============  ==========
+    kernel         (D_in, units)  (model, -)
+    bias           (units,)       replicated
+    lora_kernel_a  (D_in, r)      (model, -)
+    lora_kernel_b  (r, units)     replicated
+    =============  =============  ==========
+
+    Input features D_in must divide by the model-axis size.
+    """
+
+    WEIGHT_AXES = {
+        "kernel": ("model", None),
+        "bias": (None,),
+        "lora_kernel_a": ("model", None),
+        "lora_kernel_b": (None, None),
+    }
+    SPLIT = "input features"
+
+    def activation_specs(self, plan, rank):
+        inputs = activation_spec(plan, rank, features=True)  # (B, T, ..., D_in/M)
+        return inputs, activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., units)
+
+    def _local_call(self, x, weights):
+        kernel, bias = self.local_kernel(weights), weights.get("bias")  # [D_in/M, units], [units]
+        if self.sequence_parallel:
+            y = sequence_parallel_row_matmul(
+                x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
+            )  # [B, T/M, units]
+        else:
+            y = row_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units]
+        return y if self.activation is None else self.activation(y)
