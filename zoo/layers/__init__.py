@@ -1,6 +1,16 @@
 """Keras layers; the only package that calls ``shard_map``."""
 
+from zoo.layers.column_parallel_dense import ColumnParallelDense
 from zoo.layers.multi_head_attention import MultiHeadAttention
+from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.layers.rotary_embedding import apply_rotary_embedding, rotary_angles
+from zoo.layers.row_parallel_dense import RowParallelDense
 
-__all__ = ["MultiHeadAttention", "apply_rotary_embedding", "rotary_angles"]
+__all__ = [
+    "ColumnParallelDense",
+    "MultiHeadAttention",
+    "ParallelMLP",
+    "RowParallelDense",
+    "apply_rotary_embedding",
+    "rotary_angles",
+]

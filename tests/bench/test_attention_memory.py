@@ -1,0 +1,100 @@
+"""``zoo bench attention`` in-process on tiny sizes: structure, memory ordering, goal logic, flags.
+
+No timing thresholds: times on a shared CPU are noise at these sizes.
+"""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from zoo.bench import attention_memory as bench
+from zoo.bench.attention_memory import BenchConfig, run_benchmark
+from zoo.cli import bench_attention
+
+TINY = dict(
+    lengths=(64, 256), devices=(4, 8), head_dim=8, block_size=16, time_lengths=(64,),
+    goal_length=128, goal_heads=8, repeats=1,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    output = tmp_path_factory.mktemp("bench") / "attention.md"
+    lines = []
+    result = run_benchmark(BenchConfig(**TINY, output=str(output)), report=lines.append)
+    return result, lines, output.read_text()
+
+
+def test_memory_table_has_every_strategy_and_ring_is_smallest(tiny):
+    result, _, _ = tiny
+    assert [(r["length"], r["devices"]) for r in result["memory"]] == [(64, 4), (64, 8), (256, 4), (256, 8)]
+    for row in result["memory"]:
+        temp = row["temp"]
+        assert set(temp) == set(bench.STRATEGIES) and all(b > 0 for b in temp.values()), row
+        # the ring holds no (T/N) x T score matrix; the others do
+        assert temp["ring"] < min(temp["reference"], temp["gather"], temp["ulysses"]), row
+    at_256 = {r["devices"]: r["temp"] for r in result["memory"] if r["length"] == 256}
+    # all-gather's scores are f32[B, H, T/N, T]: halving T/N roughly halves them
+    assert at_256[8]["gather"] < 0.75 * at_256[4]["gather"]
+
+
+def test_time_rows_and_goals(tiny):
+    result, lines, text = tiny
+    timed = [(r["length"], r["heads"], r["devices"]) for r in result["time"]]
+    assert timed == [(64, 8, 4), (64, 8, 8), (128, 8, 8)]
+    for row in result["time"][:2]:
+        assert set(row["wall"]) == set(bench.STRATEGIES) and all(t > 0 for t in row["wall"].values())
+    assert set(result["time"][2]["wall"]) == {"gather", "ring"}
+    assert [g.status in ("PASS", "MISS") for g in result["goals"]] == [True, True, True]
+    assert "| T | N | GSPMD reference | all-gather | ring | Ulysses |" in text
+    assert "Goals:" in text and text.strip() == lines[-1].strip()
+
+
+def test_timing_over_the_memory_limit_is_skipped_and_the_goal_says_so():
+    config = BenchConfig(**{**TINY, "lengths": (64,), "devices": (8,), "goal_length": 64, "memory_limit_gib": 1e-9})
+    result = run_benchmark(config, report=lambda line: None)
+    assert all(not row["wall"] for row in result["time"])
+    assert "host memory" in result["time"][0]["skipped"]["ring"]
+    assert result["goals"][-1].status == "NOT MEASURED"
+
+
+def test_goal_logic_on_given_numbers():
+    config = BenchConfig(lengths=(100,), devices=(4, 8))
+    memory = [
+        {"length": 100, "devices": 4, "temp": {"reference": 1000, "ring": 100}},
+        {"length": 100, "devices": 8, "temp": {"reference": 500, "ring": 70}},
+    ]
+    timing = {"length": 16, "heads": 1, "devices": 8, "wall": {"gather": 2.0, "ring": 1.0}, "cpu": {}, "skipped": {}}
+    goals = bench.evaluate_goals(config, memory, timing)
+    # 70/500 = 0.14 > 1/8; 70/100 = 0.7 > 0.6; 1.0 s <= 2.0 s
+    assert [g.status for g in goals] == ["MISS", "MISS", "PASS"]
+    memory[1]["temp"]["ring"] = 50
+    assert [g.status for g in bench.evaluate_goals(config, memory, timing)][:2] == ["PASS", "PASS"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"devices": (16,)}, "needs 16 devices .* JAX has 8"),
+        ({"lengths": (100,)}, "sequence length 100 is not divisible by 2 x N = 8"),
+        ({"repeats": 0}, "repeats must be a positive integer, got 0"),
+        ({"time_lengths": ()}, "time_lengths must be non-empty"),
+    ],
+)
+def test_bad_settings_are_rejected_before_any_work(change, message):
+    with pytest.raises(ValueError, match=message):
+        run_benchmark(BenchConfig(**{**TINY, **change}), report=lambda line: None)
+
+
+def test_cli_flags_cover_the_config_and_keep_its_defaults():
+    parser = argparse.ArgumentParser()
+    bench_attention.add_arguments(parser)
+    assert bench_attention.config_from_args(parser.parse_args([])) == BenchConfig()
+    args = parser.parse_args(["--lengths", "64,128", "--devices", "8", "--balance", "none", "--non-causal", "--repeats", "1"])
+    config = bench_attention.config_from_args(args)
+    assert (config.lengths, config.devices, config.balance, config.causal, config.repeats) == ((64, 128), (8,), None, False, 1)
+    flags = {action.dest for action in parser._actions} - {"help"}
+    assert flags == {f.name for f in dataclasses.fields(BenchConfig)}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--lengths", "4k"])

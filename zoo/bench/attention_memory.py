@@ -1,0 +1,327 @@
+"""``zoo bench attention``: per-device memory and time of sequence-parallel attention.
+
+Four ways to run causal self-attention, forward + backward (``jax.vjp``: dq, dk, dv
+from a cotangent), on a sequence split over a ``seq`` mesh axis of N devices:
+
+- **GSPMD reference**: ``attention_reference`` under plain ``jax.jit`` with
+  sequence-sharded inputs; XLA's partitioner decides the communication.
+- **all-gather**, **ring** (load-balanced, tiled, custom VJP) and **Ulysses**: the
+  ``shard_map`` kernels, dispatched by ``MultiHeadAttention``'s own code path
+  (``zoo.layers._sequence_parallel``), so what is measured is what the layer runs.
+
+Memory: every program is compiled ahead of time from ``jax.ShapeDtypeStruct`` inputs
+carrying their shardings (nothing is allocated, so T = 64k compiles on a laptop) and
+``compiled.memory_analysis()`` gives per-device temporary, argument and output bytes.
+
+Time: programs at the sizes in ``time_lengths`` (and the goal size) are run on real
+arrays, strategies alternating, ``repeats`` times after one warm-up run each; the
+median wall and process-CPU seconds are reported as ratios against the reference
+(or against all-gather) measured in the same run. A timing whose N devices together
+would need more than ``memory_limit_gib`` of host memory (from the memory analysis)
+is skipped and says so.
+
+Goals (issue 4): ring at the largest T and N uses <= 1/8 of the reference's per-device
+temporary memory; ring at N = 8 uses <= 0.6 x its own memory at N = 4; ring time <=
+all-gather time at T = 16k.
+"""
+
+import dataclasses
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from zoo.distribution import describe_devices, make_mesh
+from zoo.layers import _sequence_parallel
+
+AXIS = "seq"
+STRATEGIES = ("reference", "gather", "ring", "ulysses")
+LABELS = {"reference": "GSPMD reference", "gather": "all-gather", "ring": "ring", "ulysses": "Ulysses"}
+MIB = 2**20
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """Settings of ``zoo bench attention``; every default is the CLI's default."""
+
+    lengths: tuple = (4096, 16384, 65536)  # T of the memory table (compiled only, never run)
+    devices: tuple = (4, 8)  # N, sizes of the 'seq' mesh axis
+    heads: int = 8  # H = K (MHA), as issue 4 asks
+    head_dim: int = 64  # D
+    batch: int = 1  # B
+    causal: bool = True  # causal masking (the ring then skips invisible tiles)
+    block_size: int = 512  # ring tile edge (MultiHeadAttention's default ring_block_size)
+    balance: str | None = "zigzag"  # ring's load balancing (None, "zigzag", "striped")
+    time_lengths: tuple = (4096,)  # T timed for every strategy and N, at `heads` heads
+    goal_length: int = 16384  # T of the goal "ring time <= all-gather time"
+    goal_heads: int = 1  # heads of that timing: all-gather at 8 heads needs ~40 GiB of host RAM
+    goal_devices: int = 8  # N of that timing
+    repeats: int = 3  # timed runs per strategy (after one warm-up); the median is kept
+    memory_limit_gib: float = 8.0  # skip a timing whose N devices together need more host memory
+    output: str | None = None  # also write the report (markdown) to this file
+
+
+@dataclasses.dataclass
+class Goal:
+    name: str
+    status: str  # "PASS", "MISS" or "NOT MEASURED"
+    detail: str
+
+
+def run_benchmark(config, report=print):
+    """Compile every program, time the small ones, check the goals; report markdown.
+
+    Returns ``{"memory": [rows], "time": [rows], "goals": [Goal]}``.
+    """
+    check_config(config)
+    programs = {}  # (strategy, T, H, N) -> (compiled, input sharding, memory)
+    memory = [memory_row(config, t, n, programs, report) for t in config.lengths for n in config.devices]
+    timings = [
+        time_row(config, t, config.heads, n, STRATEGIES, programs, report)
+        for t in config.time_lengths
+        for n in config.devices
+    ]
+    goal_size = (config.goal_length, config.goal_heads, config.goal_devices)
+    goal_timing = time_row(config, *goal_size, ("gather", "ring"), programs, report)
+    goals = evaluate_goals(config, memory, goal_timing)
+    text = format_report(config, memory, timings + [goal_timing], goals)
+    report(text)
+    if config.output:
+        _write(config.output, text)
+    return {"memory": memory, "time": timings + [goal_timing], "goals": goals}
+
+
+def check_config(config):
+    for name in ("heads", "head_dim", "batch", "block_size", "repeats", "goal_length", "goal_heads", "goal_devices"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name in ("lengths", "devices", "time_lengths"):
+        values = tuple(getattr(config, name))
+        if not values or any(not isinstance(v, int) or v < 1 for v in values):
+            raise ValueError(f"{name} must be non-empty positive integers, got {values!r}")
+    needed = max((*config.devices, config.goal_devices))
+    if needed > len(jax.devices()):
+        raise ValueError(
+            f"the benchmark needs {needed} devices (largest N) but JAX has {len(jax.devices())}; "
+            f"run with --simulate-devices {needed} or pass smaller --devices"
+        )
+    multiple = 2 if config.balance == "zigzag" else 1
+    for length in (*config.lengths, *config.time_lengths, config.goal_length):
+        for n in (*config.devices, config.goal_devices):
+            if length % (multiple * n):
+                raise ValueError(f"sequence length {length} is not divisible by {multiple} x N = {multiple * n} devices")
+
+
+def attention_fn(strategy, mesh, config):
+    """(q, k, v) -> out on global [B, T, H, D] arrays, as the layer runs it on ``mesh``."""
+    n = mesh.shape[0]
+
+    def attention(q, k, v):
+        if strategy == "reference":
+            return _sequence_parallel.plain_attention(
+                q, k, v, key_mask=None, causal=config.causal, balance=None, rotary_base=None, axis_size=n, axis_name=AXIS
+            )
+        return _sequence_parallel.sharded_attention(
+            q, k, v, mesh=mesh, key_mask=None, strategy=strategy, causal=config.causal,
+            balance=config.balance if strategy == "ring" else None, rotary_base=None,
+            sequence_axis=AXIS, batch_axis=None, ring_block_size=config.block_size,
+        )
+
+    return attention
+
+
+def forward_backward(attention):
+    """(q, k, v, d_out) -> (dq, dk, dv): one forward and one backward pass."""
+
+    def step(q, k, v, d_out):
+        _, pullback = jax.vjp(attention, q, k, v)
+        return pullback(d_out)
+
+    return step
+
+
+def compile_program(config, strategy, length, heads, n, programs):
+    """The compiled forward + backward program (cached in ``programs``) and its memory."""
+    key = (strategy, length, heads, n)
+    if key not in programs:
+        mesh = make_mesh(f"{AXIS}={n}", devices=jax.devices()[:n])
+        sharding = NamedSharding(mesh.backend_mesh, P(None, AXIS))  # [B, T, H, D] split along T
+        spec = jax.ShapeDtypeStruct((config.batch, length, heads, config.head_dim), jnp.float32, sharding=sharding)
+        step = forward_backward(attention_fn(strategy, mesh, config))
+        compiled = jax.jit(step, out_shardings=(sharding,) * 3).lower(spec, spec, spec, spec).compile()
+        analysis = compiled.memory_analysis()
+        memory = {
+            "temp": analysis.temp_size_in_bytes,
+            "argument": analysis.argument_size_in_bytes,
+            "output": analysis.output_size_in_bytes,
+        }
+        programs[key] = (compiled, sharding, memory)
+    return programs[key]
+
+
+def memory_row(config, length, n, programs, report):
+    """Per-device temporary bytes of each strategy at (T, N); Ulysses None if H % N."""
+    row = {"length": length, "devices": n, "temp": {}, "argument": {}}
+    for strategy in STRATEGIES:
+        if strategy == "ulysses" and config.heads % n:
+            row["temp"][strategy] = None
+            continue
+        _, _, memory = compile_program(config, strategy, length, config.heads, n, programs)
+        row["temp"][strategy] = memory["temp"]
+        row["argument"][strategy] = memory["argument"]
+    cells = ", ".join(f"{s} {_mib(b)}" for s, b in row["temp"].items())
+    report(f"memory T={length} N={n}: {cells}")
+    return row
+
+
+def time_row(config, length, heads, n, strategies, programs, report):
+    """Median wall and CPU seconds per strategy at (T, H, N); skipped ones carry a reason."""
+    row = {"length": length, "heads": heads, "devices": n, "wall": {}, "cpu": {}, "skipped": {}}
+    runnable = {}
+    for strategy in strategies:
+        reason = _skip_reason(config, strategy, length, heads, n, programs)
+        if reason:
+            row["skipped"][strategy] = reason
+        else:
+            runnable[strategy] = programs[(strategy, length, heads, n)]
+    if runnable:
+        report(f"timing T={length} H={heads} N={n}: {', '.join(runnable)} ({config.repeats} runs each) ...")
+        row["wall"], row["cpu"] = _time_programs(runnable, config, length, heads, n)
+    for strategy, reason in row["skipped"].items():
+        report(f"  {strategy} not timed: {reason}")
+    return row
+
+
+def _skip_reason(config, strategy, length, heads, n, programs):
+    if strategy == "ulysses" and heads % n:
+        return f"{heads} heads do not split over N = {n}"
+    _, _, memory = compile_program(config, strategy, length, heads, n, programs)
+    host = n * (2 * memory["argument"] + memory["temp"])  # inputs, same-sized grads, temporaries
+    if host > config.memory_limit_gib * 2**30:
+        return f"needs {host / 2**30:.1f} GiB of host memory for N = {n} devices > limit {config.memory_limit_gib:g} GiB"
+    return None
+
+
+def _time_programs(runnable, config, length, heads, n):
+    sharding = next(iter(runnable.values()))[1]
+    rng = np.random.default_rng(0)
+    shape = (config.batch, length, heads, config.head_dim)
+    arrays = [jax.device_put(rng.standard_normal(shape, dtype=np.float32), sharding) for _ in range(4)]
+    wall = {s: [] for s in runnable}
+    cpu = {s: [] for s in runnable}
+    for strategy, (compiled, _, _) in runnable.items():  # warm-up
+        jax.block_until_ready(compiled(*arrays))
+    for _ in range(config.repeats):  # alternate, so drifts in machine load hit all alike
+        for strategy, (compiled, _, _) in runnable.items():
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            jax.block_until_ready(compiled(*arrays))  # one program in flight at a time
+            wall[strategy].append(time.perf_counter() - start_wall)
+            cpu[strategy].append(time.process_time() - start_cpu)
+    return {s: statistics.median(v) for s, v in wall.items()}, {s: statistics.median(v) for s, v in cpu.items()}
+
+
+def evaluate_goals(config, memory, goal_timing):
+    """The three goals of issue 4, each PASS, MISS or NOT MEASURED with its numbers."""
+    by_size = {(row["length"], row["devices"]): row["temp"] for row in memory}
+    length, n_max, n_min = max(config.lengths), max(config.devices), min(config.devices)
+    top = by_size[(length, n_max)]
+    ratio = top["ring"] / top["reference"]
+    goals = [
+        Goal(
+            f"ring memory <= 1/8 of GSPMD reference (T={length}, N={n_max})",
+            _status(ratio <= 1 / 8),
+            f"{_mib(top['ring'])} vs {_mib(top['reference'])}: {ratio:.4f} x",
+        )
+    ]
+    if n_max != n_min:
+        scaling = top["ring"] / by_size[(length, n_min)]["ring"]
+        goals.append(
+            Goal(
+                f"ring memory at N={n_max} <= 0.6 x at N={n_min} (T={length})",
+                _status(scaling <= 0.6),
+                f"{_mib(top['ring'])} vs {_mib(by_size[(length, n_min)]['ring'])}: {scaling:.3f} x",
+            )
+        )
+    name = f"ring time <= all-gather time (T={goal_timing['length']}, H={goal_timing['heads']}, N={goal_timing['devices']})"
+    wall = goal_timing["wall"]
+    if "ring" in wall and "gather" in wall:
+        speed = wall["ring"] / wall["gather"]
+        detail = f"{_seconds(wall['ring'])} vs {_seconds(wall['gather'])}: {speed:.3f} x"
+        goals.append(Goal(name, _status(speed <= 1.0), detail))
+    else:
+        goals.append(Goal(name, "NOT MEASURED", "; ".join(f"{s}: {r}" for s, r in goal_timing["skipped"].items())))
+    return goals
+
+
+def _status(ok):
+    return "PASS" if ok else "MISS"
+
+
+def _mib(nbytes):
+    """Bytes as MiB (KiB below 1 MiB, so tiny test sizes still show a number)."""
+    if nbytes is None:
+        return "-"
+    if nbytes < MIB:
+        return f"{nbytes / 1024:,.1f} KiB"
+    return f"{nbytes / MIB:,.1f} MiB"
+
+
+def _seconds(value):
+    return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.1f} ms"
+
+
+def format_report(config, memory, timings, goals):
+    """Header, memory table, time table and goals, as markdown."""
+    lines = [
+        f"devices: {describe_devices()}; B={config.batch}, H=K={config.heads}, D={config.head_dim}, float32, "
+        f"{'causal' if config.causal else 'non-causal'}, forward + backward; ring block {config.block_size}, "
+        f"balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}",
+        "",
+        "Per-device temporary memory (compiled memory analysis):",
+        "",
+        f"| T | N | GSPMD reference | all-gather | ring | Ulysses | ring / reference | ring / ring at N={min(config.devices)} |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    base = {row["length"]: row["temp"]["ring"] for row in memory if row["devices"] == min(config.devices)}
+    for row in memory:
+        temp = row["temp"]
+        cells = " | ".join(_mib(temp[s]) for s in STRATEGIES)
+        lines.append(
+            f"| {row['length']:,} | {row['devices']} | {cells} | {temp['ring'] / temp['reference']:.4f} | "
+            f"{temp['ring'] / base[row['length']]:.3f} |"
+        )
+    lines += [
+        "",
+        f"Time, forward + backward, median of {config.repeats}: wall seconds, ratio to the GSPMD reference "
+        "(to all-gather where the reference was not run), CPU-time ratio in brackets:",
+        "",
+        "| T | H | N | " + " | ".join(LABELS[s] for s in STRATEGIES) + " |",
+        "| ---: | ---: | ---: |" + " ---: |" * len(STRATEGIES),
+    ]
+    for row in timings:
+        cells = " | ".join(_time_cell(row, s) for s in STRATEGIES)
+        lines.append(f"| {row['length']:,} | {row['heads']} | {row['devices']} | {cells} |")
+    lines += ["", "Goals:", ""] + [f"- {g.status}: {g.name}: {g.detail}" for g in goals]
+    return "\n".join(lines)
+
+
+def _time_cell(row, strategy):
+    wall, cpu = row["wall"], row["cpu"]
+    if strategy not in wall:
+        return "not run" if strategy in row["skipped"] else "-"
+    base = "reference" if "reference" in wall else "gather"
+    return f"{_seconds(wall[strategy])}, {wall[strategy] / wall[base]:.2f} x ({cpu[strategy] / cpu[base]:.2f} x)"
+
+
+def _write(path, text):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text + "\n")

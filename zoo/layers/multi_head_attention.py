@@ -1,0 +1,181 @@
+"""Multi-head self-attention (MHA, GQA, MQA) that can split the sequence across devices."""
+
+import keras
+
+from zoo.kernels import check_kv_heads
+from zoo.layers import _sequence_parallel
+from zoo.layers.rotary_embedding import check_rotary_head_dim
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class MultiHeadAttention(keras.layers.Layer):
+    """Self-attention with optional rotary embedding and sequence parallelism.
+
+    Projections ``query`` (C -> H x D), ``key`` and ``value`` (C -> K x D) and
+    ``output`` (H x D -> C), softmax attention in float32, causal or not, with an
+    optional key padding mask. With ``sequence_parallel`` set and a Keras distribution
+    whose mesh splits ``sequence_axis`` over N > 1 devices, attention runs as a
+    ``jax.shard_map`` kernel on [B, T/N, ...] shards (see ``docs/sequence_parallel.md``);
+    with no distribution, or N = 1, it runs on whole arrays and gives the same numbers.
+
+    Args:
+        num_heads: H, query heads.
+        head_dim: D, features per head.
+        num_kv_heads: K, key/value heads; must divide H. None means H (MHA); 1 is MQA.
+        causal: a token attends only to tokens at global positions <= its own.
+        rotary: apply rotary position embedding (RoPE) to queries and keys, at each
+            token's global position. Needs an even ``head_dim``.
+        rotary_base: RoPE's base wavelength.
+        use_bias: add biases to the four projections.
+        sequence_parallel: None (plain attention, GSPMD partitions it), ``"gather"``
+            (all-gather K/V), ``"ring"`` (K/V travel around a ring, O(T/N) memory) or
+            ``"ulysses"`` (all-to-all to a head split; H must divide by N).
+        sequence_axis: mesh axis the sequence is split over.
+        batch_axis: mesh axis the batch is split over inside ``shard_map`` (ignored if
+            the mesh has no such axis).
+        balance: None, ``"zigzag"`` or ``"striped"``: the inputs are already in that
+            load-balanced order for the ``sequence_axis`` size N
+            (``zoo.kernels.reorder``); positions for causality and RoPE follow it.
+            With no sequence axis (N = 1) the order is the natural one.
+        ring_block_size: tile edge of ring attention's inner blocking.
+        kernel_initializer, bias_initializer: for the four projections.
+
+    Call: ``layer(x, key_mask=None)``; x (B, T, C); key_mask bool (B, T), True keeps
+    the key (padding = False). Returns (B, T, C).
+
+    Variable paths: ``<name>/query/kernel`` (C, H, D), ``<name>/key/kernel`` and
+    ``<name>/value/kernel`` (C, K, D), ``<name>/output/kernel`` (H, D, C); with
+    ``use_bias`` also ``query/bias`` (H, D), ``key/bias``, ``value/bias`` (K, D) and
+    ``output/bias`` (C,).
+
+    Dropout on the attention weights is not offered: it would need the same random
+    stream on every sequence shard to match the single-device layer.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        num_kv_heads=None,
+        causal=False,
+        rotary=False,
+        rotary_base=10000.0,
+        use_bias=False,
+        sequence_parallel=None,
+        sequence_axis="seq",
+        batch_axis="data",
+        balance=None,
+        ring_block_size=512,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size)
+        _sequence_parallel.check_strategy(sequence_parallel, balance)
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        self.causal = causal
+        self.rotary = rotary
+        self.rotary_base = rotary_base
+        self.use_bias = use_bias
+        self.sequence_parallel = sequence_parallel
+        self.sequence_axis = sequence_axis
+        self.batch_axis = batch_axis
+        self.balance = balance
+        self.ring_block_size = ring_block_size
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def build(self, input_shape):
+        if len(input_shape) != 3 or input_shape[-1] is None:
+            raise ValueError(
+                f"MultiHeadAttention expects inputs (batch, length, channels) with channels "
+                f"known, got shape {tuple(input_shape)}"
+            )
+        channels = input_shape[-1]
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        # (B, T, C) -> (B, T, H, D) and (B, T, K, D)
+        self.query = self._projection("btc,chd->bthd", (None, heads, head_dim), "hd", "query")
+        self.key = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "key")
+        self.value = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "value")
+        # (B, T, H, D) -> (B, T, C); "output" is Layer.output's name, hence the attribute
+        self.output_dense = self._projection("bthd,hdc->btc", (None, channels), "c", "output")
+        for projection in (self.query, self.key, self.value):
+            projection.build(input_shape)
+        self.output_dense.build((input_shape[0], input_shape[1], heads, head_dim))
+
+    def _projection(self, equation, output_shape, bias_axes, name):
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=keras.initializers.get(keras.initializers.serialize(self.kernel_initializer)),
+            bias_initializer=keras.initializers.get(keras.initializers.serialize(self.bias_initializer)),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def call(self, x, key_mask=None):
+        batch, length = x.shape[0], x.shape[1]
+        if key_mask is not None:
+            if tuple(key_mask.shape) != (batch, length):
+                raise ValueError(
+                    f"key_mask shape {tuple(key_mask.shape)} must be (batch, length) = "
+                    f"{(batch, length)} of x {tuple(x.shape)}"
+                )
+            key_mask = keras.ops.cast(key_mask, "bool")
+        q = self.query(x)  # (B, T, H, D)
+        k = self.key(x)  # (B, T, K, D)
+        v = self.value(x)  # (B, T, K, D)
+        out = _sequence_parallel.attention(
+            q,
+            k,
+            v,
+            key_mask=key_mask,
+            strategy=self.sequence_parallel,
+            causal=self.causal,
+            balance=self.balance,
+            rotary_base=self.rotary_base if self.rotary else None,
+            sequence_axis=self.sequence_axis,
+            batch_axis=self.batch_axis,
+            ring_block_size=self.ring_block_size,
+        )  # (B, T, H, D)
+        return self.output_dense(out)  # (B, T, C)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "num_kv_heads": self.num_kv_heads,
+                "causal": self.causal,
+                "rotary": self.rotary,
+                "rotary_base": self.rotary_base,
+                "use_bias": self.use_bias,
+                "sequence_parallel": self.sequence_parallel,
+                "sequence_axis": self.sequence_axis,
+                "batch_axis": self.batch_axis,
+                "balance": self.balance,
+                "ring_block_size": self.ring_block_size,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
+
+
+def _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size):
+    sizes = {"num_heads": num_heads, "head_dim": head_dim, "num_kv_heads": num_kv_heads, "ring_block_size": ring_block_size}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_kv_heads(num_heads, num_kv_heads)
+    if rotary:
+        check_rotary_head_dim(head_dim)
