@@ -19,13 +19,40 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"keras-zoo {zoo.__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("model", choices=MODELS, help="which zoo model")
-    common.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    _add_simulate_flag(common)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_train(commands.add_parser("train", parents=[common], help="train a model with model.fit under a distribution"))
     _add_verify(commands.add_parser("verify", parents=[common], help="compare training under a distribution with one device"))
-    _add_bench(commands.add_parser("bench", parents=[common], help="images/s of model.fit vs a hand-written jax.jit step"))
+    _add_benches(commands.add_parser("bench", help="benchmarks; results go to docs/performance.md"))
+    _add_comms(commands.add_parser("comms", help="collectives and memory of a compiled step"))
     _add_data(commands.add_parser("data", help="list, show and prepare datasets"))
     return parser
+
+
+def _add_simulate_flag(parser):
+    if "--simulate-devices" not in parser._option_string_actions:
+        parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+
+
+def _add_benches(parser):
+    from zoo.cli import bench_attention, bench_tp
+
+    benches = parser.add_subparsers(dest="bench", required=True)
+    cnn = benches.add_parser("cnn", help="images/s of model.fit vs a hand-written jax.jit step (SmallCNN)")
+    _add_bench(cnn)
+    attention = benches.add_parser("attention", help="per-device memory and time of sequence-parallel attention")
+    bench_attention.add_arguments(attention)
+    tp = benches.add_parser("tp", help="bytes moved and memory of tensor-parallel MLPs: explicit kernels vs GSPMD")
+    bench_tp.add_arguments(tp)
+    for bench in (cnn, attention, tp):
+        _add_simulate_flag(bench)
+
+
+def _add_comms(parser):
+    from zoo.cli import comms
+
+    comms.add_arguments(parser)
+    _add_simulate_flag(parser)
 
 
 def _add_distribution_flags(parser, choices, default):
@@ -115,6 +142,14 @@ def run(args):
     """Run a parsed command; returns the process exit code."""
     if args.command == "data":
         return _run_data(args)
+    if args.command == "comms":
+        from zoo.cli import comms
+
+        return comms.run(args) or 0
+    if args.command == "bench" and args.bench != "cnn":
+        from zoo.cli import bench_attention, bench_tp
+
+        return (bench_attention if args.bench == "attention" else bench_tp).run(args) or 0
     if args.command == "train":
         from zoo.training.cnn import TrainConfig, train
 
