@@ -2,7 +2,7 @@
 ``TestCase``): config round-trip, symbolic call, eager call, weight counts, one ``fit``
 step, ``.keras`` round-trip.
 
-Use ``run_layer_test`` for all of them, or the single ``check_*`` functions. Extra
+Use ``check_layer_contract`` for all of them, or the single ``check_*`` functions. Extra
 tensor arguments of ``call`` (a mask, say) are given as numpy arrays in
 ``call_inputs``; they become extra ``keras.Input``s of the functional models built here.
 """
@@ -13,7 +13,7 @@ import keras
 import numpy as np
 
 
-def run_layer_test(
+def check_layer_contract(
     layer_cls,
     *,
     init_kwargs,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.layers import _attention as a
-from tests.layers.harness import run_layer_test
+from tests.layers.harness import check_layer_contract
 from zoo.distribution import MeshError
 from zoo.kernels import attention_reference
 from zoo.layers import MultiHeadAttention
@@ -32,7 +32,7 @@ def test_layer_harness(init_kwargs, num_weights, with_mask, tmp_path):
     if init_kwargs.get("use_bias"):
         shapes |= {"query/bias": (heads, d), "key/bias": (kv_heads, d), "value/bias": (kv_heads, d), "output/bias": (C,)}
     mask = np.arange(T)[None, :] < np.array([[T], [T - 3], [T], [5]])  # bool[B, T], right padding
-    run_layer_test(
+    check_layer_contract(
         MultiHeadAttention,
         init_kwargs=init_kwargs,
         input_shape=(B, T, C),

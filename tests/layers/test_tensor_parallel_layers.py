@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.layers.harness import run_layer_test
+from tests.layers.harness import check_layer_contract
 from zoo.distribution import CheckedModelParallel, LayoutError, make_mesh
 from zoo.distribution.comms_report import FAST_COMPILE, layer_comms_report
 from zoo.distribution.parity import check_parity
@@ -326,7 +326,7 @@ HARNESS_CASES = [
 )
 def test_layer_harness(layer_cls, init_kwargs, input_shape, output_shape, num_trainable, mesh, tmp_path):
     keras.distribution.set_distribution(None if mesh is None else tensor_parallel(mesh))
-    run_layer_test(
+    check_layer_contract(
         layer_cls,
         init_kwargs=init_kwargs,
         input_shape=input_shape,
