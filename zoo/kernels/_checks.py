@@ -23,6 +23,12 @@ def sequence_multiple(axis_size, balance=None):
     return 2 * axis_size if balance == "zigzag" else axis_size
 
 
+def check_shard_lengths(q_len, kv_len, *, axis_size, axis_name, balance=None):
+    """Inside ``shard_map``: the global query and key lengths (local x N) split evenly."""
+    for what, length in (("sequence length", q_len), ("key sequence length", kv_len)):
+        check_sequence_divisible(length * axis_size, axis_size=axis_size, axis_name=axis_name, balance=balance, what=what)
+
+
 def check_sequence_divisible(seq_len, *, axis_size, axis_name="seq", balance=None, what="sequence length"):
     """Raises unless ``seq_len`` splits evenly over the mesh axis (2N chunks for zig-zag)."""
     multiple = sequence_multiple(axis_size, balance)

@@ -33,10 +33,7 @@ def gather_kv_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scal
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
     n = jax.lax.axis_size(axis_name)
     q_len, kv_len = q.shape[1], k.shape[1]
-    for what, length in (("sequence length", q_len), ("key sequence length", kv_len)):
-        _checks.check_sequence_divisible(
-            length * n, axis_size=n, axis_name=axis_name, balance=balance, what=what
-        )
+    _checks.check_shard_lengths(q_len, kv_len, axis_size=n, axis_name=axis_name, balance=balance)
 
     # [B, T/N, K, D] -> [B, T, K, D] in shard order (the reordered order if balanced)
     k_all, v_all = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (k, v))

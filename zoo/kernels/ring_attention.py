@@ -85,10 +85,7 @@ def _ring(q, k, v, key_mask, cfg):
 def _layout(q, k, cfg):
     """Checks the reconstructed global shapes; returns (N, my index, tiles, q positions)."""
     n = jax.lax.axis_size(cfg.axis_name)
-    for what, length in (("sequence length", q.shape[1]), ("key sequence length", k.shape[1])):
-        _checks.check_sequence_divisible(
-            length * n, axis_size=n, axis_name=cfg.axis_name, balance=cfg.balance, what=what
-        )
+    _checks.check_shard_lengths(q.shape[1], k.shape[1], axis_size=n, axis_name=cfg.axis_name, balance=cfg.balance)
     me = jax.lax.axis_index(cfg.axis_name)
     tiles = TileConfig(
         cfg.causal,

@@ -41,10 +41,7 @@ def ulysses_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scale=
     n = jax.lax.axis_size(axis_name)
     num_heads, num_kv_heads = q.shape[2], k.shape[2]
     _checks.check_heads_divisible(num_heads, axis_size=n, axis_name=axis_name)
-    for what, length in (("sequence length", q.shape[1]), ("key sequence length", k.shape[1])):
-        _checks.check_sequence_divisible(
-            length * n, axis_size=n, axis_name=axis_name, balance=balance, what=what
-        )
+    _checks.check_shard_lengths(q.shape[1], k.shape[1], axis_size=n, axis_name=axis_name, balance=balance)
     repeats = _checks.ulysses_kv_heads(num_kv_heads, n) // num_kv_heads
     k, v = (jnp.repeat(x, repeats, axis=2) for x in (k, v))  # [B, T/N, lcm(K, N), D]
 
