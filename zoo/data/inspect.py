@@ -48,7 +48,7 @@ def format_rows(rows):
 def show(name, split="train", count=16, output=None, data_dir=None):
     """Lines describing a few examples; for images, also a PNG grid at ``output``."""
     spec = catalog.get_spec(name)
-    x, y = load(name, split, data_dir=data_dir, num_examples=None)
+    x, y = load(name, split, data_dir=data_dir)
     count = min(count, len(x))
     lines = [f"{name} [{split}]: {len(x)} examples; x {x.dtype}{x.shape[1:]}, y {y.dtype}{y.shape[1:]}"]
     if spec.task == catalog.IMAGE_CLASSIFICATION:

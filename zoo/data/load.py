@@ -107,17 +107,12 @@ def _load_text(spec, split, data_dir, download, sequence_length):
     source = tfds_source.read_split(spec.builder, split, data_dir=data_dir, download=download)
     if spec.name.startswith("python_docs"):
         topics, texts = tfds_source.to_numpy(source, ["topic", "text"])
-        by_topic = dict(sorted(zip(map(_as_str, topics), map(_as_str, texts))))
+        by_topic = dict(sorted(zip(topics, texts)))  # to_numpy gives text as str
         if spec.task == catalog.TEXT_CLASSIFICATION:
             return topic_windows(by_topic, sequence_length)
         return next_token_windows(ByteTokenizer().encode("\n\n".join(by_topic.values())), sequence_length)
     if spec.task == catalog.LANGUAGE_MODELING:  # tiny_shakespeare: one long text per split
         (texts,) = tfds_source.to_numpy(source, ["text"])
-        return next_token_windows(ByteTokenizer().encode("".join(map(_as_str, texts))), sequence_length)
+        return next_token_windows(ByteTokenizer().encode("".join(texts)), sequence_length)
     texts, labels = tfds_source.to_numpy(source, ["text", "label"])  # imdb_reviews
-    return ByteTokenizer(sequence_length).encode([_as_str(t) for t in texts]), labels.astype(np.int32)
-
-
-def _as_str(value):
-    value = value.item() if isinstance(value, np.ndarray) else value
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    return ByteTokenizer(sequence_length).encode(list(texts)), labels.astype(np.int32)

@@ -16,6 +16,7 @@ from zoo.distribution.strategies import (
     default_mesh_spec,
     distribution_for,
     make_distribution,
+    place_batch,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "make_mesh",
     "mesh_axis_size",
     "parse_mesh_spec",
+    "place_batch",
     "sharding_summary",
     "simulate_cpu_devices",
 ]

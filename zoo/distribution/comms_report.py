@@ -35,6 +35,8 @@ import jax
 import keras
 import numpy as np
 
+from zoo.distribution.strategies import place_batch
+
 __all__ = [
     "COLLECTIVE_KINDS",
     "FAST_COMPILE",
@@ -378,16 +380,8 @@ def _default_mesh(mesh):
 
 
 def _place_batch(arrays):
-    """Host arrays onto the global distribution's data layout (batch split), as ``fit``
-    places them; ``jax.Array``s already placed (a sequence-split input, say) stay put."""
-    distribution = keras.distribution.distribution()
-    placed = []
-    for a in arrays:
-        if isinstance(a, jax.Array) or distribution is None:
-            placed.append(jax.numpy.asarray(a))
-        else:
-            placed.append(keras.distribution.distribute_tensor(np.asarray(a), distribution.get_data_layout(a.shape)))
-    return placed
+    """Host arrays onto the global distribution's data layout, as ``fit`` places them."""
+    return place_batch(keras.distribution.distribution(), *arrays)
 
 
 def layer_step(layer, *inputs, backward=False, seed=0):

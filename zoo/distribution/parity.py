@@ -13,7 +13,7 @@ import jax
 import keras
 import numpy as np
 
-from zoo.distribution.strategies import build_distributed, data_parallel_size
+from zoo.distribution.strategies import build_distributed, data_parallel_size, place_batch
 
 # float32 tolerances: reductions split across devices are summed in another order.
 DEFAULT_RTOL = 1e-4
@@ -139,9 +139,7 @@ def _train_run(build_model, compile_model, distribution, x, y, batch_size, initi
 
 def _gradients(model, x, y, distribution):
     """d(loss)/d(trainable weights) on one batch, in training mode, without updating."""
-    if distribution is not None:
-        x = keras.distribution.distribute_tensor(x, distribution.get_data_layout(x.shape))
-        y = keras.distribution.distribute_tensor(y, distribution.get_data_layout(y.shape))
+    x, y = place_batch(distribution, x, y)
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
 
@@ -167,7 +165,6 @@ class StepLosses(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._previous_mean = 0.0
-        self._steps_in_epoch = 0
 
     def on_train_batch_end(self, batch, logs=None):
         mean = float(logs["loss"])

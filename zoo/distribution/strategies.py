@@ -11,6 +11,7 @@ model      ``data`` and ``model``      the batch over ``data``; weights by the m
 """
 
 import keras
+import numpy as np
 
 from zoo.distribution.axes import DATA, MODEL
 from zoo.distribution.layouts import CheckedModelParallel, LayoutError, raise_if_unmatched
@@ -118,3 +119,21 @@ def build_distributed(build_model, distribution):
     if isinstance(distribution, CheckedModelParallel):
         raise_if_unmatched(distribution.unmatched_rules(), model)
     return model
+
+
+def place_batch(distribution, *arrays):
+    """Host arrays onto ``distribution``'s data layout (batch split), as ``fit`` places them.
+
+    Without a distribution, or for a ``jax.Array`` already placed (a sequence-split input,
+    say), the array is only converted. Returns a list in the order given.
+    """
+    import jax
+
+    placed = []
+    for array in arrays:
+        if distribution is None or isinstance(array, jax.Array):
+            placed.append(jax.numpy.asarray(array))
+        else:
+            layout = distribution.get_data_layout(array.shape)
+            placed.append(keras.distribution.distribute_tensor(np.asarray(array), layout))
+    return placed
