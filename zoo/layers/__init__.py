@@ -5,12 +5,14 @@ from zoo.layers.multi_head_attention import MultiHeadAttention
 from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.layers.rotary_embedding import apply_rotary_embedding, rotary_angles
 from zoo.layers.row_parallel_dense import RowParallelDense
+from zoo.layers.transformer_block import TransformerBlock
 
 __all__ = [
     "ColumnParallelDense",
     "MultiHeadAttention",
     "ParallelMLP",
     "RowParallelDense",
+    "TransformerBlock",
     "apply_rotary_embedding",
     "rotary_angles",
 ]

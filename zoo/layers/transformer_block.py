@@ -1,0 +1,201 @@
+"""``TransformerBlock``: a pre-norm Transformer block built from the zoo's parallel layers."""
+
+import keras
+
+from zoo.distribution.axes import MODEL
+from zoo.layers._tensor_parallel import activation_spec, current_plan
+from zoo.layers.multi_head_attention import MultiHeadAttention
+from zoo.layers.parallel_mlp import ParallelMLP
+
+NORMS = ("layer", "rms")
+MLPS = {
+    # name: (activation, gated)
+    "gelu": ("gelu", False),
+    "relu": ("relu", False),
+    "geglu": ("gelu", True),
+    "swiglu": ("silu", True),
+}
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class TransformerBlock(keras.layers.Layer):
+    """``x + dropout(attention(norm(x)))`` then ``x + dropout(mlp(norm(x)))``.
+
+    The attention is ``zoo.layers.MultiHeadAttention`` (GQA, rotary, causal, and the
+    sequence-parallel kernels under a distribution that splits the sequence); the MLP
+    is ``zoo.layers.ParallelMLP`` (Megatron column/row split under a mesh with a
+    ``model`` axis, plain Dense layers otherwise).
+
+    Args:
+        num_heads, head_dim, num_kv_heads, causal, rotary, rotary_base: as in
+            ``MultiHeadAttention``.
+        hidden_dim: F, the MLP's hidden features.
+        mlp: ``"gelu"``, ``"relu"`` (two matrices) or ``"geglu"``, ``"swiglu"`` (gated,
+            three matrices).
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
+        norm_epsilon: the norms' epsilon.
+        dropout: rate applied to the attention and the MLP outputs before each
+            residual add (0 disables it).
+        use_bias: biases on the attention projections and the MLP.
+        sequence_parallel: the attention's ``sequence_parallel`` (None, ``"gather"``,
+            ``"ring"``, ``"ulysses"``); None lets a context-parallel distribution choose.
+        tp_sequence_parallel: Megatron sequence parallelism for tensor parallelism: the
+            MLP takes and returns activations split on the sequence over ``model_axis``
+            (one all-gather and one reduce-scatter instead of one all-reduce), so the
+            norms and dropout run on 1/M of the tokens.
+        model_axis: the mesh axis tensor parallelism splits over.
+        kernel_initializer: for every projection.
+        seed: seed of the dropout layers' random streams.
+
+    Call: ``block(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
+
+    Sublayers (variable paths under ``<name>/``, C = channels, H/K heads/KV heads,
+    D = head_dim, F = hidden_dim; the MLP's ``gate`` only when gated):
+
+    =====================================  ===========
+    path                                   shape
+    =====================================  ===========
+    attention_norm/gamma, beta (or scale)  (C,)
+    attention/query/kernel                 (C, H, D)
+    attention/key/kernel, value/kernel     (C, K, D)
+    attention/output/kernel                (H, D, C)
+    mlp_norm/gamma, beta (or scale)        (C,)
+    mlp/gate/kernel, mlp/up/kernel         (C, F)
+    mlp/down/kernel                        (F, C)
+    =====================================  ===========
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        hidden_dim,
+        num_kv_heads=None,
+        causal=False,
+        rotary=False,
+        rotary_base=10000.0,
+        mlp="gelu",
+        norm="layer",
+        norm_epsilon=1e-5,
+        dropout=0.0,
+        use_bias=False,
+        sequence_parallel=None,
+        tp_sequence_parallel=False,
+        model_axis=MODEL,
+        kernel_initializer="glorot_uniform",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if mlp not in MLPS:
+            raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.hidden_dim = hidden_dim
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.causal = causal
+        self.rotary = rotary
+        self.rotary_base = rotary_base
+        self.mlp_kind = mlp
+        self.norm = norm
+        self.norm_epsilon = norm_epsilon
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.sequence_parallel = sequence_parallel
+        self.tp_sequence_parallel = bool(tp_sequence_parallel)
+        self.model_axis = model_axis
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.seed = seed
+        self.attention = MultiHeadAttention(
+            num_heads=num_heads,
+            head_dim=head_dim,
+            num_kv_heads=self.num_kv_heads,
+            causal=causal,
+            rotary=rotary,
+            rotary_base=rotary_base,
+            use_bias=use_bias,
+            sequence_parallel=sequence_parallel,
+            kernel_initializer=self._initializer(),
+            dtype=self.dtype_policy,
+            name="attention",
+        )
+        activation, gated = MLPS[mlp]
+        self.mlp = ParallelMLP(
+            hidden_dim,
+            activation=activation,
+            gated=gated,
+            use_bias=use_bias,
+            sequence_parallel=self.tp_sequence_parallel,
+            model_axis=model_axis,
+            kernel_initializer=self._initializer(),
+            dtype=self.dtype_policy,
+            name="mlp",
+        )
+        self.attention_norm = self._norm("attention_norm")
+        self.mlp_norm = self._norm("mlp_norm")
+        self.attention_dropout = keras.layers.Dropout(dropout, seed=seed, name="attention_dropout")
+        self.mlp_dropout = keras.layers.Dropout(dropout, seed=None if seed is None else seed + 1, name="mlp_dropout")
+
+    def _initializer(self):
+        return keras.initializers.get(keras.initializers.serialize(self.kernel_initializer))
+
+    def _norm(self, name):
+        if self.norm == "rms":
+            return keras.layers.RMSNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
+        return keras.layers.LayerNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
+
+    def build(self, input_shape):
+        if len(input_shape) != 3 or input_shape[-1] is None:
+            raise ValueError(
+                f"TransformerBlock expects inputs (batch, length, channels) with channels known, got {tuple(input_shape)}"
+            )
+        for layer in (self.attention_norm, self.attention, self.mlp_norm, self.mlp):
+            layer.build(input_shape)
+
+    def call(self, x, key_mask=None, training=None):
+        x = self._split_sequence(x)  # (B, T, C), T split over the model axis with tp_sequence_parallel
+        attended = self.attention(self.attention_norm(x), key_mask=key_mask)  # (B, T, C)
+        x = self._split_sequence(x + self.attention_dropout(attended, training=training))  # (B, T, C)
+        transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
+        return x + self.mlp_dropout(transformed, training=training)  # (B, T, C)
+
+    def _split_sequence(self, x):
+        """With ``tp_sequence_parallel`` under a model axis of size M > 1, lay the residual
+        stream out as (B/data, T/M, C): the norms, dropout and residual adds then run on
+        1/M of the tokens, and GSPMD turns the attention output's all-reduce into a
+        reduce-scatter (Megatron sequence parallelism). Otherwise x is returned as is."""
+        plan = current_plan(self.model_axis) if self.tp_sequence_parallel else None
+        if plan is None:
+            return x
+        layout = plan.layout(tuple(activation_spec(plan, 3, sequence=True)))
+        return keras.distribution.distribute_tensor(x, layout)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            hidden_dim=self.hidden_dim,
+            num_kv_heads=self.num_kv_heads,
+            causal=self.causal,
+            rotary=self.rotary,
+            rotary_base=self.rotary_base,
+            mlp=self.mlp_kind,
+            norm=self.norm,
+            norm_epsilon=self.norm_epsilon,
+            dropout=self.dropout,
+            use_bias=self.use_bias,
+            sequence_parallel=self.sequence_parallel,
+            tp_sequence_parallel=self.tp_sequence_parallel,
+            model_axis=self.model_axis,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            seed=self.seed,
+        )
+        return config
