@@ -6,16 +6,18 @@ import keras
 
 
 class Throughput(keras.callbacks.Callback):
-    """Measures training examples per second for each epoch (validation excluded).
+    """Measures training examples (images, tokens: ``unit``) per second for each epoch
+    (validation excluded).
 
     The clock runs from the start of the epoch to the end of its last training batch;
     epoch 1 includes XLA compilation.
     """
 
-    def __init__(self, global_batch_size, report=print):
+    def __init__(self, global_batch_size, report=print, unit="images"):
         super().__init__()
-        self.global_batch_size = global_batch_size
+        self.global_batch_size = global_batch_size  # examples per step, in ``unit``
         self.report = report
+        self.unit = unit
         self.per_epoch = []  # examples/s, one entry per epoch
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -31,4 +33,4 @@ class Throughput(keras.callbacks.Callback):
         rate = self._examples / max(self._end - self._start, 1e-9)
         self.per_epoch.append(rate)
         note = " (includes compilation)" if epoch == 0 else ""
-        self.report(f"epoch {epoch + 1}: {rate:,.1f} images/s over {self._examples} images{note}")
+        self.report(f"epoch {epoch + 1}: {rate:,.1f} {self.unit}/s over {self._examples} {self.unit}{note}")

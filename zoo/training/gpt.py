@@ -1,0 +1,136 @@
+"""The GPT jobs behind ``zoo train gpt`` and ``zoo generate``."""
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from zoo import distribution as zd
+from zoo.data import ByteTokenizer, DivisibleBatches, load, unigram_entropy
+from zoo.models import GPTCausalLM
+from zoo.training.callbacks import Throughput
+from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
+from zoo.training.cnn import save_model_atomically
+from zoo.training.saving import load_zoo_model
+
+
+@dataclasses.dataclass
+class GPTTrainConfig:
+    """Settings of ``zoo train gpt``; every default is the CLI's default."""
+
+    config_name: str = "gpt_small"  # a name of zoo.models.gpt.GPT_CONFIGS (byte-level vocabulary of 256)
+    strategy: str = "data"  # single | data | fsdp | tp | tp+sp | context (see docs/models.md)
+    mesh: str | None = None  # e.g. "data=2,model=4" or "data=2,seq=4"; None: the strategy's default mesh
+    attention: str = "ring"  # context strategy only: gather | ring | ulysses
+    balance: str | None = None  # context strategy only: None | zigzag | striped (causal load balancing)
+    dataset: str = "python_docs"  # a language-modelling dataset of zoo.data (zoo data list)
+    sequence_length: int = 128  # tokens per example (T)
+    batch_size: int = 32  # global batch, split over the data axis; must divide by its size
+    epochs: int = 4  # passes over the training split
+    steps_per_epoch: int | None = None  # None: the whole split each epoch
+    learning_rate: float = 2e-3  # AdamW peak, cosine-decayed to 10% over the run
+    weight_decay: float = 0.01  # AdamW
+    dropout: float = 0.0  # overrides the config's dropout
+    data_dir: str | None = None  # TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)
+    seed: int = 0  # weight initialisation, dropout and shuffling
+    output: str = "runs/gpt/gpt.keras"  # where the trained model is saved (.keras)
+
+
+@dataclasses.dataclass
+class GenerateConfig:
+    """Settings of ``zoo generate``."""
+
+    model: str = "runs/gpt/gpt.keras"  # a .keras file saved by zoo train gpt
+    prompt: str = "def "  # text; encoded as UTF-8 bytes
+    max_new_tokens: int = 200
+    sampler: str = "top_k"  # greedy | top_k | top_p
+    temperature: float = 0.8
+    top_k: int = 10  # top_k sampler only
+    top_p: float = 0.9  # top_p sampler only
+    seed: int = 0  # sampling is reproducible for a seed
+
+
+def build_gpt(config, overrides=None):
+    """``GPTCausalLM`` from a named config with the job's overrides."""
+    return GPTCausalLM.from_config_name(config.config_name, dropout=config.dropout, seed=config.seed, **(overrides or {}))
+
+
+def compile_gpt(model, learning_rate, total_steps, weight_decay=0.01):
+    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=max(total_steps, 1), alpha=0.1)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def train(config, report=print):
+    """Train a GPT on a byte-level corpus; returns a dict of results.
+
+    Reports the validation loss (nats per byte) after each epoch next to the corpus'
+    unigram entropy, the loss of a model that ignores context.
+    """
+    distribution = resolve_transformer_distribution(
+        GPTCausalLM, config.strategy, config.mesh, attention=config.attention, balance=config.balance
+    )
+    report_setup(distribution, report)
+    replicas = zd.data_parallel_size(distribution)
+    x, y = load(config.dataset, "train", data_dir=config.data_dir, sequence_length=config.sequence_length)
+    xv, yv = load(config.dataset, "validation", data_dir=config.data_dir, sequence_length=config.sequence_length)
+    entropy = unigram_entropy(x)
+    report(f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes; unigram entropy {entropy:.3f} nats/byte")
+    x, y, xv, yv = _prepare_for(distribution, x, y, xv, yv)
+    train_data = DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed)
+    validation_data = DivisibleBatches(xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad")
+    steps = config.steps_per_epoch or len(train_data)
+    keras.utils.set_random_seed(config.seed)
+    model = zd.build_distributed(lambda: build_gpt(config, strategy_overrides(config.strategy)), distribution)
+    compile_gpt(model, config.learning_rate, steps * config.epochs, config.weight_decay)
+    report(f"model: {config.config_name}, {model.count_params():,} parameters")
+    for line in zd.format_sharding_summary(model):
+        report("  " + line)
+    throughput = Throughput(config.batch_size * config.sequence_length, report, unit="tokens")
+    history = model.fit(
+        train_data, validation_data=validation_data, epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
+        shuffle=False, callbacks=[throughput, _ValidationVsEntropy(entropy, report)], verbose=2,
+    )  # fmt: skip
+    save_model_atomically(model, config.output)
+    report(f"saved model to {config.output}")
+    return {"history": history.history, "unigram_entropy": entropy, "tokens_per_second": throughput.per_epoch, "model": model}
+
+
+def _prepare_for(distribution, *arrays):
+    """Token arrays in the order the distribution's input pipeline wants (load-balanced
+    sequence order under a balancing context-parallel distribution)."""
+    prepare = getattr(distribution, "prepare", None)
+    if prepare is None:
+        return arrays
+    return [np.asarray(prepare(array)) for array in arrays]
+
+
+class _ValidationVsEntropy(keras.callbacks.Callback):
+    def __init__(self, entropy, report):
+        super().__init__()
+        self.entropy, self.report = entropy, report
+
+    def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("val_loss")
+        if loss is not None:
+            self.report(f"epoch {epoch + 1}: validation loss {loss:.3f} nats/byte ({loss / self.entropy:.2f}x the unigram entropy {self.entropy:.3f})")
+
+
+def generate(config, report=print):
+    """Continue ``config.prompt`` with a saved GPT; returns the generated text."""
+    model = load_zoo_model(config.model)
+    if not isinstance(model, GPTCausalLM):
+        raise ValueError(f"{config.model} holds a {type(model).__name__}, not a GPTCausalLM")
+    tokenizer = ByteTokenizer()
+    prompt = np.asarray([tokenizer.encode(config.prompt)], dtype="int32")  # (1, P)
+    if prompt.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one character")
+    tokens = model.generate(
+        prompt, config.max_new_tokens, sampler=config.sampler, temperature=config.temperature,
+        top_k=config.top_k, top_p=config.top_p, seed=config.seed,
+    )  # fmt: skip
+    text = tokenizer.decode(np.asarray(tokens)[0])
+    report(text)
+    return text

@@ -1,0 +1,31 @@
+"""What the Transformer jobs (GPT, encoder, ViT) share: strategy -> distribution and model settings."""
+
+from zoo import distribution as zd
+
+TRANSFORMER_STRATEGIES = ("single", "data", "fsdp", "tp", "tp+sp", "context")
+
+
+def resolve_transformer_distribution(model_class, strategy, mesh_spec, *, attention="ring", balance=None):
+    """The distribution for ``strategy`` (None for ``"single"``) with ``model_class``'s layout map."""
+    if strategy not in TRANSFORMER_STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(TRANSFORMER_STRATEGIES)}")
+    if strategy == "single":
+        if mesh_spec:
+            raise zd.MeshError(f"strategy 'single' runs on one device; drop --mesh {mesh_spec!r}")
+        return None
+    if strategy == "context":
+        return zd.distribution_for(model_class, strategy, mesh_spec, attention=attention, balance=balance)
+    return zd.distribution_for(model_class, strategy, mesh_spec)
+
+
+def strategy_overrides(strategy):
+    """Model-config entries a strategy needs: ``tp+sp`` builds Megatron sequence-parallel blocks."""
+    return {"tp_sequence_parallel": strategy == "tp+sp"}
+
+
+def report_setup(distribution, report):
+    report(f"devices: {zd.describe_devices()}")
+    if distribution is None:
+        report("distribution: single device")
+    else:
+        report(f"distribution: {type(distribution).__name__} on mesh {zd.describe_mesh(distribution.device_mesh)}")
