@@ -1,5 +1,6 @@
 """Meshes, layouts and distributions (no model-specific code here)."""
 
+from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.devices import DeviceCountError, describe_devices, simulate_cpu_devices
 from zoo.distribution.layouts import (
     CheckedModelParallel,
@@ -10,7 +11,9 @@ from zoo.distribution.layouts import (
 )
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size, parse_mesh_spec
 from zoo.distribution.strategies import (
+    BASIC_STRATEGIES,
     STRATEGIES,
+    TRANSFORMER_STRATEGIES,
     build_distributed,
     data_parallel_size,
     default_mesh_spec,
@@ -20,7 +23,10 @@ from zoo.distribution.strategies import (
 )
 
 __all__ = [
+    "BASIC_STRATEGIES",
     "STRATEGIES",
+    "TRANSFORMER_STRATEGIES",
+    "ContextParallel",
     "CheckedModelParallel",
     "DeviceCountError",
     "LayoutError",

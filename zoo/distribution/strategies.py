@@ -7,63 +7,133 @@ single     (none)                      nothing: one device, no distribution
 data       ``data``                    the batch; every weight replicated
 model      ``data`` and ``model``      the batch over ``data``; weights by the model's own
                                        layout map over ``model``
+fsdp       ``data``                    the batch, and every large weight over ``data``
+                                       (the Transformer models' ``strategy="fsdp"`` rules)
+tp         ``data`` and ``model``      the batch over ``data``; attention heads and MLP
+                                       features over ``model`` (Megatron, ``"tp"`` rules)
+tp+sp      ``data`` and ``model``      as ``tp``; build the model with
+                                       ``tp_sequence_parallel=True`` (Megatron sequence
+                                       parallelism; same weight layouts)
+fsdp+tp    ``data`` and ``model``      ``tp``, plus attention and embedding weights split
+                                       over ``data`` on their other dimension
+context    ``data`` and ``seq``        the batch over ``data`` and the sequence over
+           (optionally ``model``)      ``seq`` (``ContextParallel``); attention runs its
+                                       ring / all-gather / Ulysses kernel; with a
+                                       ``model`` axis the weights follow the ``"tp"`` rules
 =========  ==========================  ==================================================
+
+``fsdp``, ``tp``, ``tp+sp``, ``fsdp+tp`` (and ``context`` with a ``model`` axis) take the layout map
+from ``model_class.get_layout_map(mesh, strategy=...)``: the Transformer models (GPT,
+encoder, ViT) ship one. ``context`` needs no model class: ``make_distribution("context",
+"data=2,seq=4")`` works for any model whose inputs are (B, T, ...) token arrays.
 """
+
+import inspect
 
 import keras
 import numpy as np
 
-from zoo.distribution.axes import DATA, MODEL
+from zoo.distribution.axes import DATA, MODEL, SEQ
+from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.layouts import CheckedModelParallel, LayoutError, raise_if_unmatched
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size, require_axes
 
-STRATEGIES = ("single", "data", "model")
+BASIC_STRATEGIES = ("single", "data", "model")  # every model (SmallCNN's get_layout_map(mesh))
+TRANSFORMER_STRATEGIES = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context")  # get_layout_map(mesh, strategy=...)
+STRATEGIES = BASIC_STRATEGIES + TRANSFORMER_STRATEGIES
 MODEL_PARALLEL_AXES = (DATA, MODEL)
+CONTEXT_AXES = (DATA, SEQ)
 
 # Mesh each strategy uses when the user names none (resolved against the device count).
-DEFAULT_MESH_SPECS = {"data": "data=-1", "model": "data=2,model=-1"}
+DEFAULT_MESH_SPECS = {
+    "data": "data=-1",
+    "model": "data=2,model=-1",
+    "fsdp": "data=-1",
+    "tp": "data=2,model=-1",
+    "tp+sp": "data=2,model=-1",
+    "fsdp+tp": "data=2,model=-1",
+    "context": "data=2,seq=-1",
+}
+# Axes each strategy's mesh must have.
+REQUIRED_AXES = {
+    "model": MODEL_PARALLEL_AXES,
+    "fsdp": (DATA,),
+    "tp": MODEL_PARALLEL_AXES,
+    "tp+sp": MODEL_PARALLEL_AXES,
+    "fsdp+tp": MODEL_PARALLEL_AXES,
+    "context": CONTEXT_AXES,
+}
 
 
 def default_mesh_spec(strategy, device_count):
     """The mesh spec a strategy uses by default on ``device_count`` devices."""
     _check_strategy(strategy)
-    if strategy == "model" and device_count % 2:
-        return "data=1,model=-1"
-    return DEFAULT_MESH_SPECS.get(strategy)
+    spec = DEFAULT_MESH_SPECS.get(strategy)
+    if spec is not None and spec.startswith("data=2,") and device_count % 2:
+        return spec.replace("data=2,", "data=1,")
+    return spec
 
 
-def make_distribution(strategy, mesh=None, layout_map=None):
+def make_distribution(strategy, mesh=None, layout_map=None, *, attention=None, balance=None):
     """The distribution for ``strategy`` on ``mesh`` (None for ``"single"``).
 
     Args:
         strategy: one of ``STRATEGIES``.
         mesh: a ``keras.distribution.DeviceMesh`` or a spec string such as
             ``"data=2,model=4"``; defaults to ``default_mesh_spec(strategy, ...)``.
-        layout_map: a ``keras.distribution.LayoutMap`` (required for ``"model"``),
-            usually from the model class's ``get_layout_map(mesh)``.
+        layout_map: a ``keras.distribution.LayoutMap`` (required for ``"model"``,
+            ``"fsdp"``, ``"tp"``, ``"tp+sp"``, ``"fsdp+tp"``; optional for ``"context"``), usually from
+            the model class's ``get_layout_map(mesh, ...)``.
+        attention, balance: ``"context"`` only: the attention kernel (default
+            ``"ring"``) and causal load balancing, see ``ContextParallel``.
     """
     _check_strategy(strategy)
+    _check_context_options(strategy, attention, balance)
     if strategy == "single":
         return None
     mesh = _as_mesh(strategy, mesh)
     if strategy == "data":
         return _data_parallel(mesh)
-    return _model_parallel(mesh, layout_map)
+    if strategy == "context":
+        return _context_parallel(mesh, layout_map, attention, balance)
+    return _model_parallel(mesh, layout_map, strategy)
 
 
-def distribution_for(model_class, strategy, mesh=None, **layout_kwargs):
-    """``make_distribution`` with the layout map that ``model_class`` ships."""
+def distribution_for(model_class, strategy, mesh=None, *, attention=None, balance=None, **layout_kwargs):
+    """``make_distribution`` with the layout map that ``model_class`` ships.
+
+    ``"model"`` calls ``model_class.get_layout_map(mesh, **layout_kwargs)``;
+    ``"fsdp"``, ``"tp"``, ``"tp+sp"``, ``"fsdp+tp"`` call it with ``strategy=`` that strategy, and
+    ``"context"`` with ``strategy="tp"`` when the mesh has a ``model`` axis (without one
+    every weight is replicated and ``model_class`` is not consulted).
+    """
     _check_strategy(strategy)
-    if strategy != "model":
+    _check_context_options(strategy, attention, balance)
+    if strategy in ("single", "data"):
         return make_distribution(strategy, mesh)
     mesh = _as_mesh(strategy, mesh)
-    require_axes(mesh, MODEL_PARALLEL_AXES, "strategy 'model'")
-    return _model_parallel(mesh, model_class.get_layout_map(mesh, **layout_kwargs))
+    _require_strategy_axes(mesh, strategy)
+    if strategy == "model":
+        return _model_parallel(mesh, model_class.get_layout_map(mesh, **layout_kwargs), strategy)
+    if strategy == "context":
+        layout_map = _layout_map_for(model_class, mesh, "tp", layout_kwargs) if MODEL in mesh.axis_names else None
+        return _context_parallel(mesh, layout_map, attention, balance)
+    return _model_parallel(mesh, _layout_map_for(model_class, mesh, strategy, layout_kwargs), strategy)
 
 
 def _check_strategy(strategy):
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
+        raise ValueError(
+            f"unknown strategy {strategy!r}; choose one of {list(BASIC_STRATEGIES)} or, for the "
+            f"Transformer models and token inputs, {list(TRANSFORMER_STRATEGIES)}"
+        )
+
+
+def _check_context_options(strategy, attention, balance):
+    if strategy != "context" and (attention is not None or balance is not None):
+        raise ValueError(
+            f"attention={attention!r} and balance={balance!r} are options of strategy 'context', not {strategy!r}"
+        )
 
 
 def _as_mesh(strategy, mesh):
@@ -72,6 +142,23 @@ def _as_mesh(strategy, mesh):
 
         mesh = default_mesh_spec(strategy, len(jax.devices()))
     return make_mesh(mesh) if isinstance(mesh, str) else mesh
+
+
+def _require_strategy_axes(mesh, strategy):
+    if strategy in REQUIRED_AXES:
+        require_axes(mesh, REQUIRED_AXES[strategy], f"strategy {strategy!r}")
+
+
+def _layout_map_for(model_class, mesh, strategy, layout_kwargs):
+    """``model_class.get_layout_map(mesh, strategy=strategy, **layout_kwargs)``, or a clear error."""
+    get_layout_map = getattr(model_class, "get_layout_map", None)
+    name = getattr(model_class, "__name__", repr(model_class))
+    if get_layout_map is None or "strategy" not in inspect.signature(get_layout_map).parameters:
+        raise ValueError(
+            f"strategy {strategy!r} needs {name}.get_layout_map(mesh, strategy=...), which {name} does not "
+            f"have; it is for the Transformer models (GPT, encoder, ViT). Use strategy 'data' or 'model'"
+        )
+    return get_layout_map(mesh, strategy=strategy, **layout_kwargs)
 
 
 def _data_parallel(mesh):
@@ -84,16 +171,28 @@ def _data_parallel(mesh):
     return keras.distribution.DataParallel(device_mesh=mesh)
 
 
-def _model_parallel(mesh, layout_map):
-    require_axes(mesh, MODEL_PARALLEL_AXES, "strategy 'model'")
+def _context_parallel(mesh, layout_map, attention, balance):
+    _require_strategy_axes(mesh, "context")
+    _check_layout_map_mesh(layout_map, mesh)
+    return ContextParallel(
+        mesh, layout_map, batch_dim_name=DATA, sequence_dim_name=SEQ, attention=attention or "ring", balance=balance
+    )
+
+
+def _model_parallel(mesh, layout_map, strategy="model"):
+    _require_strategy_axes(mesh, strategy)
     if layout_map is None:
-        raise LayoutError("strategy 'model' needs a layout_map (e.g. from the model's get_layout_map(mesh))")
-    if layout_map.device_mesh is not mesh:
+        raise LayoutError(f"strategy {strategy!r} needs a layout_map (e.g. from the model's get_layout_map(mesh))")
+    _check_layout_map_mesh(layout_map, mesh)
+    return CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA)
+
+
+def _check_layout_map_mesh(layout_map, mesh):
+    if layout_map is not None and layout_map.device_mesh is not mesh:
         raise LayoutError(
             f"the layout map was built for mesh {describe_mesh(layout_map.device_mesh)}, "
             f"not for the mesh {describe_mesh(mesh)} given"
         )
-    return CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA)
 
 
 def data_parallel_size(distribution):

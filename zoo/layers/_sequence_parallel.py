@@ -19,6 +19,13 @@ Paths:
 A distribution whose mesh lacks ``sequence_axis`` while a strategy is set is an
 error naming the mesh's axes (not a silent fallback to the plain path).
 
+Under a ``zoo.distribution.ContextParallel`` distribution the layer's settings are
+completed from it (``context_settings``): a layer with ``strategy`` None runs the
+distribution's ``attention`` kernel (an explicit strategy wins), and the sequence
+axis, batch axis and ``balance`` are the distribution's. A layer that names a
+different sequence axis, batch axis or balance is an error: the distribution decides
+how the inputs are split and ordered.
+
 Positions: with ``balance`` the inputs are already in the load-balanced order of the
 sequence axis' size N (``zoo.kernels.reorder``). Each token's global position is then
 ``permutation(T, N, balance)[j]`` on the plain path and ``shard_positions(...)`` inside
@@ -34,6 +41,8 @@ import keras
 from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
+from zoo.distribution.axes import DATA, SEQ
+from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.mesh import MeshError, describe_mesh, mesh_axis_size
 from zoo.layers.rotary_embedding import apply_rotary_embedding
 
@@ -53,6 +62,33 @@ def check_strategy(strategy, balance=None):
         raise ValueError(f"sequence_parallel must be one of {STRATEGIES}, got {strategy!r}")
     if balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+
+
+def context_settings(strategy, balance, sequence_axis, batch_axis):
+    """``(strategy, balance, sequence_axis, batch_axis)`` in force for a layer's settings.
+
+    Unchanged unless the global distribution is a ``ContextParallel``; then its
+    ``attention`` fills a None strategy and its axes and balance are used. The layer's
+    defaults (``"seq"``, ``"data"``, None) defer to the distribution; other values
+    that differ from it raise ``ValueError`` naming both.
+    """
+    distribution = keras.distribution.distribution()
+    if not isinstance(distribution, ContextParallel):
+        return strategy, balance, sequence_axis, batch_axis
+    _check_agrees("sequence_axis", sequence_axis, SEQ, "sequence_dim_name", distribution.sequence_dim_name)
+    _check_agrees("batch_axis", batch_axis, DATA, "batch_dim_name", distribution.batch_dim_name)
+    _check_agrees("balance", balance, None, "balance", distribution.balance)
+    strategy = distribution.attention if strategy is None else strategy
+    return strategy, distribution.balance, distribution.sequence_dim_name, distribution.batch_dim_name
+
+
+def _check_agrees(name, value, default, distribution_name, distribution_value):
+    if value != default and value != distribution_value:
+        raise ValueError(
+            f"attention layer {name}={value!r} conflicts with the ContextParallel distribution's "
+            f"{distribution_name}={distribution_value!r}, which decides how inputs are split and ordered; "
+            f"leave {name} at its default {default!r} to follow the distribution"
+        )
 
 
 def sequence_mesh(strategy, sequence_axis):
@@ -96,6 +132,7 @@ def attention(
     embedding, else RoPE's base (applied to q and k at their global positions).
     """
     check_strategy(strategy, balance)
+    strategy, balance, sequence_axis, batch_axis = context_settings(strategy, balance, sequence_axis, batch_axis)
     mesh = sequence_mesh(strategy, sequence_axis)
     axis_size = 1 if mesh is None else mesh_axis_size(mesh, sequence_axis)
     if strategy is None or axis_size == 1:

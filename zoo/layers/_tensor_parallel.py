@@ -5,6 +5,11 @@ Tensor parallelism is on when that mesh has the layer's model axis with size > 1
 otherwise (no distribution, ``DataParallel``, a model axis of size 1) the layers are
 ordinary ``keras.layers.Dense`` layers computing the same numbers.
 
+Under a ``zoo.distribution.ContextParallel`` distribution the sequence (dim 1 of every
+activation of rank >= 3) stays split over its sequence axis in the shard_map specs, so
+a TP layer on a ``data,seq,model`` mesh never all-gathers the sequence; with Megatron
+sequence parallelism dim 1 is split over both, ``(seq, model)``.
+
 Weights carry their layouts from creation: ``_TensorParallelDense.add_weight`` gives
 each weight Keras creates (kernel, bias, and the LoRA factors ``enable_lora`` adds)
 the layout its ``WEIGHT_AXES`` names, as the variable's own ``layout``. Keras'
@@ -22,6 +27,7 @@ import keras
 from jax.sharding import PartitionSpec as P
 
 from zoo.distribution.axes import MODEL
+from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.tensor_parallel import check_divisible
 
@@ -38,8 +44,15 @@ class Plan:
     model_size: int
     batch_axis: str | None  # the distribution's batch axis, if the mesh has it
     batch_size: int  # its size (1 without one)
+    sequence_axis: str | None = None  # ContextParallel's sequence axis: dim 1 of (B, T, ...) stays split over it
+    sequence_size: int = 1  # its size (1 without one)
 
     def layout(self, axes):
+        """A ``TensorLayout``; a ``NamedSharding`` when a dimension is split over several
+        axes (``("seq", "model")``), which ``TensorLayout`` cannot name and Keras'
+        ``distribute_tensor`` takes as it is on JAX."""
+        if any(isinstance(axis, tuple) for axis in axes):
+            return jax.sharding.NamedSharding(self.mesh, P(*axes))
         return keras.distribution.TensorLayout(axes, self.keras_mesh)
 
 
@@ -60,6 +73,7 @@ def current_plan(model_axis):
         )
     if batch_axis not in keras_mesh.axis_names:
         batch_axis = None
+    sequence_axis = _context_sequence_axis(distribution, model_axis)
     return Plan(
         keras_mesh,
         keras_mesh.backend_mesh,
@@ -67,16 +81,36 @@ def current_plan(model_axis):
         model_size,
         batch_axis,
         mesh_axis_size(keras_mesh, batch_axis) if batch_axis else 1,
+        sequence_axis,
+        mesh_axis_size(keras_mesh, sequence_axis) if sequence_axis else 1,
     )
+
+
+def _context_sequence_axis(distribution, model_axis):
+    """The sequence axis of a ``ContextParallel`` distribution, else None."""
+    if not isinstance(distribution, ContextParallel):
+        return None
+    if distribution.sequence_dim_name == model_axis:
+        raise ValueError(
+            f"the ContextParallel distribution splits the sequence over mesh axis {model_axis!r}, the axis "
+            f"tensor parallelism splits features over; use another model_axis or sequence axis"
+        )
+    return distribution.sequence_dim_name
 
 
 def activation_spec(plan, rank, *, sequence=False, features=False):
     """PartitionSpec of an activation [B, T, ..., C]: batch over the batch axis, and the
-    sequence (dim 1) or the features (last dim) over the model axis."""
+    sequence (dim 1) or the features (last dim) over the model axis.
+
+    Under context parallelism dim 1 of a rank >= 3 activation is also split over the
+    plan's sequence axis: (B/Nd, T/Ns, ...), or (B/Nd, T/(Ns*M), ...) with ``sequence``
+    (the sequence axis major: each model shard holds a slice of its seq shard)."""
     spec = [None] * rank
     spec[0] = plan.batch_axis
+    if plan.sequence_axis is not None and rank >= 3:
+        spec[1] = plan.sequence_axis
     if sequence:
-        spec[1] = plan.model_axis
+        spec[1] = plan.model_axis if spec[1] is None else (spec[1], plan.model_axis)
     if features:
         spec[-1] = plan.model_axis
     return P(*spec)
@@ -89,10 +123,23 @@ def check_input(layer, plan, shape, *, sequence):
         raise ValueError(
             f"{where}: batch size {shape[0]} is not divisible by the {plan.batch_axis!r} mesh axis of size {plan.batch_size}"
         )
-    if sequence:
-        if len(shape) < 3:
-            raise ValueError(f"{where}: sequence parallelism needs inputs (B, T, ..., C), got shape {tuple(shape)}")
-        check_divisible(shape[1], axis_size=plan.model_size, axis_name=plan.model_axis, what=f"{where}: sequence length")
+    if sequence and len(shape) < 3:
+        raise ValueError(f"{where}: sequence parallelism needs inputs (B, T, ..., C), got shape {tuple(shape)}")
+    splits = ([(plan.sequence_axis, plan.sequence_size)] if plan.sequence_axis and len(shape) >= 3 else []) + (
+        [(plan.model_axis, plan.model_size)] if sequence else []
+    )  # the mesh axes dim 1 is split over, major first
+    if not splits or shape[1] is None:
+        return
+    if len(splits) == 1:
+        (axis, size), = splits
+        check_divisible(shape[1], axis_size=size, axis_name=axis, what=f"{where}: sequence length")
+    elif shape[1] % (splits[0][1] * splits[1][1]):
+        (seq_axis, seq_size), (model_axis, model_size) = splits
+        raise ValueError(
+            f"{where}: sequence length {shape[1]} is not divisible by the {seq_axis!r} x {model_axis!r} mesh axes "
+            f"of size {seq_size} x {model_size} = {seq_size * model_size} (context parallelism with Megatron "
+            f"sequence parallelism splits the sequence over both)"
+        )
 
 
 def shard_map(plan, body, args, in_specs, out_specs):

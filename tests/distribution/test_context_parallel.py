@@ -1,0 +1,297 @@
+"""``ContextParallel``: ``model.fit`` on batch- and sequence-split inputs trains to the one-device numbers.
+
+A tiny causal language model (Embedding -> ``TransformerBlock`` (causal, rotary, padding
+mask from token 0) -> Dense head; per-token sparse cross-entropy from logits) is trained
+for 3 SGD steps on one device (once, shared) and under ``ContextParallel`` on the mesh
+data=2,seq=4: per-step losses, final weights (they carry every gradient) and
+predictions must agree at float32 tolerances. The layers are never told about the
+sequence split: the distribution's data layout splits the inputs and its ``attention``
+picks each attention layer's kernel.
+"""
+
+import jax
+import keras
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from zoo.distribution import MeshError, make_distribution, make_mesh
+from zoo.distribution.comms_report import FAST_COMPILE, train_step_comms_report
+from zoo.distribution.context_parallel import ContextParallel
+from zoo.distribution.parity import StepLosses, compare
+from zoo.distribution.strategies import distribution_for
+from zoo.kernels import reorder
+from zoo.layers import MultiHeadAttention, ParallelMLP, TransformerBlock
+from zoo.layers import _sequence_parallel, _tensor_parallel
+from zoo.models import _transformer_layouts as layouts
+
+VOCAB, LENGTH, WIDTH, HEADS, STEPS, BATCH = 16, 32, 16, 4, 3, 8
+RTOL, ATOL = 1e-4, 1e-5  # float32: sums split across devices change order
+
+
+def _tokens(count=BATCH * STEPS, seed=0):
+    """(tokens i32[N, T], labels i32[N, T]): next-token labels; token 0 pads the end."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, VOCAB, size=(count, LENGTH)).astype("int32")
+    lengths = rng.integers(LENGTH // 2, LENGTH + 1, size=count)
+    tokens[np.arange(LENGTH)[None, :] >= lengths[:, None]] = 0
+    return tokens, np.roll(tokens, -1, axis=1)
+
+
+def build_model(tp_sequence_parallel=False):
+    tokens = keras.Input((LENGTH,), dtype="int32", name="tokens")  # (B, T)
+    key_mask = keras.ops.not_equal(tokens, 0)  # bool (B, T)
+    x = keras.layers.Embedding(VOCAB, WIDTH, name="embed")(tokens)  # (B, T, C)
+    x = TransformerBlock(
+        num_heads=HEADS, head_dim=4, hidden_dim=32, causal=True, rotary=True,
+        tp_sequence_parallel=tp_sequence_parallel, name="block",
+    )(x, key_mask=key_mask)  # (B, T, C)
+    return keras.Model(tokens, keras.layers.Dense(VOCAB, name="head")(x))  # (B, T, V)
+
+
+def compile_model(model):
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def train(distribution, initial, fit_data, predict_x=None, build=build_model):
+    """(model, per-step losses, {path: weight}, predict output or None) after ``fit`` under ``distribution``.
+
+    ``fit_data``: ``(x, y)`` arrays (batches of ``BATCH`` in order) or a ``PyDataset``.
+    The distribution stays set (the caller's fixture clears it).
+    """
+    keras.distribution.set_distribution(distribution)
+    model = build()
+    compile_model(model)
+    model.set_weights(initial)
+    steps = StepLosses()
+    fit_args = fit_data if isinstance(fit_data, tuple) else (fit_data,)
+    options = dict(batch_size=BATCH) if isinstance(fit_data, tuple) else {}
+    model.fit(*fit_args, epochs=1, shuffle=False, verbose=0, callbacks=[steps], **options)
+    logits = None if predict_x is None else model.predict(predict_x, batch_size=BATCH, verbose=0)
+    return model, steps.losses, {v.path: np.asarray(v.numpy()) for v in model.weights}, logits
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """One-device training, predictions and evaluation: the gold numbers."""
+    tokens, labels = _tokens()
+    keras.utils.set_random_seed(0)
+    keras.distribution.set_distribution(None)
+    initial = build_model().get_weights()
+    _, losses, weights, logits = train(None, initial, (tokens, labels), tokens[:BATCH])
+    assert losses[0] != losses[-1]  # training moved
+    return dict(tokens=tokens, labels=labels, initial=initial, losses=losses, weights=weights, logits=logits)
+
+
+def assert_matches(reference, losses, weights, logits=None):
+    np.testing.assert_allclose(losses, reference["losses"], rtol=RTOL, atol=ATOL)
+    difference = compare(reference["weights"], weights, rtol=RTOL, atol=ATOL)
+    assert difference.within_tolerance, difference
+    if logits is not None:
+        np.testing.assert_allclose(logits, reference["logits"], rtol=RTOL, atol=1e-4)
+
+
+def token_cross_entropy(logits, labels):
+    """Mean over tokens of -log softmax(logits)[label], in float64 (the compiled loss's maths)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return -np.take_along_axis(log_probs, labels[..., None], axis=-1).mean()
+
+
+# --- model.fit parity ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention", ["gather", "ring", "ulysses"])
+def test_fit_matches_one_device(reference, attention):
+    """Losses and final weights; the ring run also predicts (the others' forward is in
+    every step's loss)."""
+    distribution = ContextParallel("data=2,seq=4", attention=attention)
+    tokens, labels = reference["tokens"], reference["labels"]
+    predict_x = tokens[:BATCH] if attention == "ring" else None
+    model, losses, weights, logits = train(distribution, reference["initial"], (tokens, labels), predict_x)
+    assert_matches(reference, losses, weights, logits)
+    if attention != "ring":
+        return
+    # The compiled step runs the ring: K/V hops are collective-permutes over 'seq', and
+    # nothing all-gathers the sequence (an MLP or norm on gathered tokens would).
+    report = train_step_comms_report(model, tokens[:BATCH], labels[:BATCH], compiler_options=FAST_COMPILE)
+    assert report.count("collective-permute", axes="seq") > 0, report.format()
+    assert report.count("all-gather", axes="seq") == 0, report.format()
+
+
+def test_fit_places_token_inputs_split_on_batch_and_sequence():
+    distribution = ContextParallel("data=2,seq=4")
+    assert distribution.get_data_layout((BATCH, LENGTH)).axes == ("data", "seq")
+    assert distribution.get_data_layout((BATCH, LENGTH, 5)).axes == ("data", "seq", None)
+    assert distribution.get_data_layout((BATCH,)).axes == ("data",)
+    tokens, labels = _tokens(BATCH)
+    # Keras' own placement of a fit batch (keras/src/backend/jax/trainer.py).
+    from keras.src.backend.jax.trainer import _distribute_data
+
+    keras.distribution.set_distribution(distribution)
+    placed_x, placed_y, _ = _distribute_data((tokens, labels, None))
+    for array in (placed_x, placed_y):
+        assert array.sharding.spec == P("data", "seq")
+        assert array.addressable_shards[0].data.shape == (BATCH // 2, LENGTH // 4)
+
+
+def test_zigzag_pipeline_trains_predicts_and_evaluates_to_the_natural_order_numbers(reference):
+    """Balanced ring: ``dataset`` reorders each batch, ``restore_outputs`` undoes it.
+
+    A per-token mean loss is unchanged by the permutation; causality and RoPE follow the
+    global positions the attention layer reads from the distribution's balance.
+    """
+    distribution = ContextParallel("data=2,seq=4", attention="ring", balance="zigzag")
+    tokens, labels = reference["tokens"], reference["labels"]
+    np.testing.assert_array_equal(distribution.prepare(tokens), reorder(tokens, num_shards=4, balance="zigzag"))
+    batches = _Batches(tokens, labels)
+    model, losses, weights, logits = train(distribution, reference["initial"], distribution.dataset(batches), distribution.prepare(tokens[:BATCH]))
+    assert_matches(reference, losses, weights, distribution.restore_outputs(logits))
+    evaluated = model.evaluate(*distribution.prepare(tokens[:BATCH], labels[:BATCH]), batch_size=BATCH, verbose=0)
+    np.testing.assert_allclose(evaluated, token_cross_entropy(reference["logits"], labels[:BATCH]), rtol=RTOL)
+    # Predicting natural-order tokens under zig-zag gives other numbers: the order matters.
+    wrong = model.predict(tokens[:BATCH], batch_size=BATCH, verbose=0)
+    assert not np.allclose(distribution.restore_outputs(wrong), reference["logits"], rtol=RTOL, atol=1e-4)
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x) // BATCH
+
+    def __getitem__(self, index):
+        cut = slice(index * BATCH, (index + 1) * BATCH)
+        return self.x[cut], self.y[cut]
+
+
+def test_tensor_parallel_rules_on_a_data_seq_model_mesh(reference):
+    """data=2,seq=2,model=2: TP attention rules + ParallelMLP (Megatron sequence parallel
+    inside each seq shard, dim 1 split over ('seq', 'model')); same numbers."""
+    mesh = make_mesh("data=2,seq=2,model=2")
+    layout_map = layouts.build_layout_map(mesh, "tp", layouts.block_rules("tp"))
+    distribution = ContextParallel(mesh, layout_map, attention="ring")
+    tokens, labels = reference["tokens"], reference["labels"]
+    build = lambda: build_model(tp_sequence_parallel=True)  # noqa: E731
+    model, losses, weights, logits = train(distribution, reference["initial"], (tokens, labels), tokens[:BATCH], build)
+    assert_matches(reference, losses, weights, logits)
+    by_path = {v.path: v.value.sharding.spec for v in model.weights}
+    assert by_path["block/attention/query/kernel"] == P(None, "model", None)
+    assert by_path["block/mlp/up/kernel"] == P(None, "model")
+    assert not distribution.unmatched_rules()
+
+
+def test_tensor_parallel_activation_specs_keep_the_sequence_split():
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=2,model=2"))
+    plan = _tensor_parallel.current_plan("model")
+    assert (plan.sequence_axis, plan.sequence_size) == ("seq", 2)
+    assert _tensor_parallel.activation_spec(plan, 3) == P("data", "seq", None)
+    assert _tensor_parallel.activation_spec(plan, 3, features=True) == P("data", "seq", "model")
+    assert _tensor_parallel.activation_spec(plan, 3, sequence=True) == P("data", ("seq", "model"), None)
+    assert _tensor_parallel.activation_spec(plan, 2, features=True) == P("data", "model")  # (B, C): no sequence
+    mlp = ParallelMLP(32, sequence_parallel=True, name="mlp")
+    with pytest.raises(ValueError, match=r"ParallelMLP 'mlp': sequence length 6 is not divisible by the 'seq' x 'model' mesh axes of size 2 x 2 = 4"):
+        _tensor_parallel.check_input(mlp, plan, (2, 6, 8), sequence=True)
+    with pytest.raises(ValueError, match=r"ParallelMLP 'mlp': sequence length 5 is not divisible by the 'seq' mesh axis of size 2"):
+        _tensor_parallel.check_input(mlp, plan, (2, 5, 8), sequence=False)
+    mesh = make_mesh("data=2,model=4")
+    keras.distribution.set_distribution(make_distribution("model", mesh, keras.distribution.LayoutMap(mesh)))
+    assert _tensor_parallel.activation_spec(_tensor_parallel.current_plan("model"), 3, sequence=True) == P("data", "model", None)
+
+
+# --- how attention layers follow the distribution -----------------------------------------
+
+
+def test_attention_layers_take_kernel_axes_and_balance_from_the_distribution():
+    resolve = _sequence_parallel.context_settings
+    keras.distribution.set_distribution(ContextParallel("batch=2,context=4", batch_dim_name="batch", sequence_dim_name="context", attention="ulysses", balance="striped"))
+    assert resolve(None, None, "seq", "data") == ("ulysses", "striped", "context", "batch")
+    assert resolve("gather", "striped", "context", "batch") == ("gather", "striped", "context", "batch")  # explicit kernel wins
+    with pytest.raises(ValueError, match=r"balance='zigzag' conflicts with the ContextParallel distribution's balance='striped'"):
+        resolve(None, "zigzag", "seq", "data")
+    with pytest.raises(ValueError, match=r"sequence_axis='tokens' conflicts with .* sequence_dim_name='context'"):
+        resolve(None, None, "tokens", "data")
+    with pytest.raises(ValueError, match=r"batch_axis='rows' conflicts with .* batch_dim_name='batch'"):
+        resolve(None, None, "seq", "rows")
+    keras.distribution.set_distribution(None)
+    assert resolve(None, "zigzag", "tokens", "rows") == (None, "zigzag", "tokens", "rows")  # no ContextParallel: unchanged
+
+
+def test_a_layer_with_a_conflicting_balance_fails_when_traced():
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=4", balance="zigzag"))
+    layer = MultiHeadAttention(num_heads=4, head_dim=4, causal=True, balance="striped")
+    layer.build((2, 16, 8))
+    with pytest.raises(ValueError, match="balance='striped' conflicts"):
+        jax.eval_shape(layer, jax.ShapeDtypeStruct((2, 16, 8), "float32"))  # traced, nothing compiled
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, shape, message",
+    [
+        ({}, (8, 30), r"sequence length \(dim 1 of input shape \(8, 30\)\) 30 is not divisible by the 'seq' mesh axis of size 4"),
+        ({"balance": "zigzag"}, (8, 36), r"36 is not divisible by 2 x the 'seq' mesh axis of size 4 = 8"),
+        ({}, (3, 32), r"batch size 3 is not divisible by the 'data' mesh axis of size 2"),
+    ],
+)
+def test_shapes_that_do_not_split_are_rejected_at_data_layout_time(options, shape, message):
+    with pytest.raises(ValueError, match=message):
+        ContextParallel("data=2,seq=4", **options).get_data_layout(shape)
+
+
+def test_bad_meshes_and_options_are_rejected():
+    with pytest.raises(MeshError, match=r"mesh data=8 has axes \['data'\] \(missing \['seq'\]\)"):
+        ContextParallel("data=8")
+    with pytest.raises(MeshError, match=r"strategy 'context' needs mesh axes \['data', 'seq'\], but the mesh data=2,model=4 has no \['seq'\]"):
+        make_distribution("context", "data=2,model=4")
+    with pytest.raises(ValueError, match=r"attention must be one of \('gather', 'ring', 'ulysses'\), got 'flash'"):
+        ContextParallel("data=2,seq=4", attention="flash")
+    with pytest.raises(ValueError, match=r"balance must be one of"):
+        ContextParallel("data=2,seq=4", balance="spiral")
+    with pytest.raises(ValueError, match="layout map was built for mesh data=2,seq=4, not for the mesh data=4,seq=2"):
+        ContextParallel("data=4,seq=2", keras.distribution.LayoutMap(make_mesh("data=2,seq=4")))
+
+
+# --- strategies -----------------------------------------------------------------------------
+
+
+class _Transformer:
+    """Stands in for a Transformer model class: ``get_layout_map(mesh, strategy=...)``."""
+
+    calls = []
+
+    @classmethod
+    def get_layout_map(cls, mesh, strategy="tp", config=None):
+        cls.calls.append(strategy)
+        return layouts.build_layout_map(mesh, strategy, layouts.block_rules(strategy))
+
+
+class _Cnn:
+    @classmethod
+    def get_layout_map(cls, mesh):
+        return keras.distribution.LayoutMap(mesh)
+
+
+def test_context_strategy_and_the_transformer_strategies():
+    context = make_distribution("context", balance="zigzag")
+    assert isinstance(context, ContextParallel) and context.balance == "zigzag" and context.attention == "ring"
+    assert dict(zip(context.device_mesh.axis_names, context.device_mesh.shape)) == {"data": 2, "seq": len(jax.devices()) // 2}
+    _Transformer.calls.clear()
+    with_tp = distribution_for(_Transformer, "context", "data=2,seq=2,model=2", attention="ulysses")
+    assert with_tp.attention == "ulysses" and r".*attention/output/kernel" in with_tp.layout_map
+    assert distribution_for(_Transformer, "context", "data=2,seq=4").layout_map.keys() == set()
+    for strategy, mesh in [("fsdp", "data=8"), ("tp", "data=2,model=4"), ("tp+sp", "data=2,model=4"), ("fsdp+tp", "data=2,model=4")]:
+        distribution = distribution_for(_Transformer, strategy, mesh)
+        assert distribution.layout_map[r".*attention/output/kernel"].axes == layouts.block_rules(strategy)[r".*attention/output/kernel"]
+    assert _Transformer.calls == ["tp", "fsdp", "tp", "tp+sp", "fsdp+tp"]
+    with pytest.raises(ValueError, match=r"strategy 'tp' needs _Cnn.get_layout_map\(mesh, strategy=...\)"):
+        distribution_for(_Cnn, "tp", "data=2,model=4")
+    with pytest.raises(ValueError, match="are options of strategy 'context', not 'data'"):
+        make_distribution("data", "data=8", balance="zigzag")
+    with pytest.raises(ValueError, match=r"choose one of \['single', 'data', 'model'\] or, .* \['fsdp', 'tp', 'tp\+sp', 'fsdp\+tp', 'context'\]"):
+        make_distribution("pipeline")

@@ -1,0 +1,277 @@
+"""``zoo bench context``: per-device memory of a GPT training step, data- vs context-parallel.
+
+One training step (forward, backward, SGD update: ``comms_report.train_step``, the
+maths of ``model.fit``'s step) of a GPT-like causal LM built from ``TransformerBlock``
+(token embedding -> L blocks, causal, rotary -> LayerNorm -> Dense over the
+vocabulary, per-token cross-entropy) is compiled, never run, under each layout:
+
+- **data-parallel** (``keras.distribution.DataParallel``, mesh ``data=N``): the batch
+  is split, every device holds whole sequences, attention runs on whole arrays (the
+  zoo's reference attention: f32[B/N, H, T, T] scores).
+- **context-parallel** (``zoo.distribution.ContextParallel``, mesh ``data=Nd,seq=Ns``):
+  batch and sequence are split, attention runs the ``ring`` kernel (O(T/Ns) memory),
+  the rest is GSPMD on (B/Nd, T/Ns, C) activations.
+
+``compiled.memory_analysis()`` gives each device's temporary bytes (activations kept
+for the backward pass, scores, workspace), argument bytes (weights, optimizer state,
+the batch) and output bytes; deterministic, the same on every run. The collectives of
+the compiled step (``comms_report``) give what each device sends; the ring's hops sit
+in ``while`` loops, so each collective is counted as often as XLA's known trip counts
+of the loops around it say (``loop_multiplicities``), not once per instruction.
+
+Each run is ``"<mesh>:<global batch>"``. The default rows hold T = 16,384 on 8
+devices: data=8 with B = 8 (one whole sequence per device, the least data
+parallelism can do), data=1,seq=8 with B = 1 (1/8 of a sequence per device),
+data=2,seq=4 with B = 2 (1/4), and data=1,seq=8 with B = 8 (data parallelism's
+global batch, the same tokens per device).
+
+Goal (issue 6): at one sequence's worth of tokens split N ways, per-device temporary
+memory falls at least N-fold from data parallelism's one sequence per device.
+"""
+
+import collections
+import dataclasses
+import os
+import re
+
+import jax
+import keras
+import numpy as np
+
+from zoo.distribution import describe_devices, make_mesh, parse_mesh_spec
+from zoo.distribution.comms_report import FAST_COMPILE, comms_report, train_step
+from zoo.distribution.context_parallel import ContextParallel
+from zoo.layers import TransformerBlock
+
+MIB = 2**20
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """Settings of ``zoo bench context``; every default is the CLI's default."""
+
+    length: int = 16384  # T, tokens per sequence
+    runs: tuple = ("data=8:8", "data=1,seq=8:1", "data=2,seq=4:2", "data=1,seq=8:8")  # "<mesh>:<global batch B>"
+    layers: int = 2  # L, TransformerBlocks
+    width: int = 256  # C, model width
+    heads: int = 8  # H = K (MHA)
+    head_dim: int = 32  # D
+    hidden_dim: int = 1024  # F, MLP hidden features (4C)
+    vocab: int = 256  # V (byte-level)
+    attention: str = "ring"  # ContextParallel's kernel: ring, gather or ulysses
+    balance: str | None = "zigzag"  # causal load balancing of the context-parallel runs
+    output: str | None = None  # also write the report (markdown) to this file
+
+
+@dataclasses.dataclass
+class Run:
+    """One layout: ``mesh`` spec and global batch, and what its compiled step needs per device."""
+
+    mesh: str
+    batch: int
+    kind: str = ""  # "data-parallel" or "context-parallel"
+    tokens_per_device: int = 0
+    temp: int = 0  # bytes
+    argument: int = 0
+    output: int = 0
+    sent: float = 0.0  # bytes each device sends per step, loop trip counts included
+    collectives: dict = dataclasses.field(default_factory=dict)  # kind -> executions per step
+    exact: bool = True  # False: some loop had no known trip count (counted once: a lower bound)
+
+
+def run_benchmark(config, report=print):
+    """Compile every run's training step; report markdown. Returns ``{"runs": [Run], "goal": (status, text)}``."""
+    check_config(config)
+    runs = [parse_run(text, config) for text in config.runs]
+    for run in runs:
+        measure(run, config)
+        report(f"{run.mesh} B={run.batch} ({run.kind}): temp {_mib(run.temp)}, arguments {_mib(run.argument)}")
+    goal = evaluate_goal(runs, config)
+    text = format_report(config, runs, goal)
+    report(text)
+    if config.output:
+        _write(config.output, text)
+    return {"runs": runs, "goal": goal}
+
+
+def check_config(config):
+    for name in ("length", "layers", "width", "heads", "head_dim", "hidden_dim", "vocab"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if config.attention not in ("gather", "ring", "ulysses"):
+        raise ValueError(f"attention must be 'gather', 'ring' or 'ulysses', got {config.attention!r}")
+    if not config.runs:
+        raise ValueError("runs must name at least one '<mesh>:<global batch>' layout")
+
+
+def parse_run(text, config):
+    """``"data=2,seq=4:2"`` -> ``Run``, checking the sizes against the devices and T."""
+    mesh, sep, batch = text.rpartition(":")
+    if not sep or not batch.strip().isdigit() or int(batch) < 1:
+        raise ValueError(f"run {text!r} must be '<mesh>:<global batch>', e.g. 'data=2,seq=4:2'")
+    axes = dict(parse_mesh_spec(mesh))
+    unknown = sorted(set(axes) - {"data", "seq"})
+    if unknown or "data" not in axes:
+        raise ValueError(f"run {text!r}: the mesh needs a 'data' axis and may have 'seq', got axes {list(axes)}")
+    run = Run(mesh, int(batch), "context-parallel" if "seq" in axes else "data-parallel")
+    data, seq = axes["data"], axes.get("seq", 1)
+    if run.batch % data:
+        raise ValueError(f"run {text!r}: batch {run.batch} is not divisible by the 'data' axis of size {data}")
+    multiple = 2 * seq if config.balance == "zigzag" and "seq" in axes else seq
+    if config.length % multiple:
+        raise ValueError(f"run {text!r}: sequence length {config.length} is not divisible by {multiple}")
+    if data * seq > len(jax.devices()):
+        raise ValueError(
+            f"run {text!r} needs {data * seq} devices but JAX has {len(jax.devices())}; run with --simulate-devices {data * seq}"
+        )
+    run.tokens_per_device = run.batch // data * config.length // seq
+    return run
+
+
+def build_model(config):
+    """The GPT-like causal LM: (B, T) token ids -> (B, T, V) logits."""
+    tokens = keras.Input((config.length,), dtype="int32", name="tokens")  # (B, T)
+    x = keras.layers.Embedding(config.vocab, config.width, name="token_embedding")(tokens)  # (B, T, C)
+    for index in range(config.layers):
+        x = TransformerBlock(
+            num_heads=config.heads, head_dim=config.head_dim, hidden_dim=config.hidden_dim,
+            causal=True, rotary=True, name=f"block_{index}",
+        )(x)  # (B, T, C)
+    x = keras.layers.LayerNormalization(name="final_norm")(x)  # (B, T, C)
+    logits = keras.layers.Dense(config.vocab, name="lm_head")(x)  # (B, T, V)
+    model = keras.Model(tokens, logits, name="gpt_like")
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def distribution_for(run, config):
+    mesh = make_mesh(run.mesh, devices=jax.devices()[: _device_count(run.mesh)])
+    if run.kind == "data-parallel":
+        return keras.distribution.DataParallel(device_mesh=mesh)
+    return ContextParallel(mesh, attention=config.attention, balance=config.balance)
+
+
+def measure(run, config):
+    """Fill ``run``'s memory and communication from its compiled training step."""
+    distribution = distribution_for(run, config)
+    keras.backend.clear_session()
+    keras.distribution.set_distribution(distribution)
+    try:
+        keras.utils.set_random_seed(0)
+        model = build_model(config)
+        tokens = np.random.default_rng(0).integers(0, config.vocab, size=(run.batch, config.length), dtype=np.int32)
+        step, args = train_step(model, tokens, np.roll(tokens, -1, axis=1))
+        report = comms_report(step, *args, mesh=distribution.device_mesh, compiler_options=FAST_COMPILE)
+    finally:
+        keras.distribution.set_distribution(None)
+    memory = report.memory
+    run.temp, run.argument, run.output = memory.temp_bytes, memory.argument_bytes, memory.output_bytes
+    times, run.exact = loop_multiplicities(report.compiled.as_text())
+    run.sent = sum(op.sent_bytes * times.get(op.name, 1) for op in report.collectives)
+    counts = collections.Counter()
+    for op in report.collectives:
+        counts[op.kind] += times.get(op.name, 1)
+    run.collectives = dict(counts)
+    return run
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+_CALLED = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def loop_multiplicities(hlo_text):
+    """``({instruction name: executions per run}, exact)`` from optimised HLO text.
+
+    The entry computation runs once; a computation called by an instruction runs as
+    often as that instruction, and a ``while`` body ``known_trip_count`` times as
+    often (without one, once, and ``exact`` is False).
+    """
+    computations, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line) if line and not line[0].isspace() else None
+        if header and line.rstrip().endswith("{"):
+            current = header.group(1)
+            computations[current] = []
+            entry = current if line.startswith("ENTRY") else entry
+        elif current is not None and line.strip() and line.strip() != "}":
+            computations[current].append(line)
+    times, exact = collections.Counter(), True
+    pending = [(entry, 1)]
+    while pending:
+        name, count = pending.pop()
+        for line in computations.get(name, ()):
+            instruction = _NAME.match(line)
+            if instruction is None:
+                continue
+            times[instruction.group(1)] += count
+            trip = _TRIP_COUNT.search(line)
+            for role, called in _CALLED.findall(line):
+                repeat = count
+                if role == "body":
+                    exact &= trip is not None
+                    repeat = count * (int(trip.group(1)) if trip else 1)
+                pending += [(callee, repeat) for callee in re.findall(r"[\w.\-]+", called.replace("%", " "))]
+    return dict(times), exact
+
+
+def evaluate_goal(runs, config):
+    """PASS if every context-parallel run holding 1/N of a sequence per device (N >= 2)
+    needs <= 1/N of the temporary memory of the data-parallel run holding one sequence."""
+    base = next((r for r in runs if r.kind == "data-parallel" and r.tokens_per_device == config.length), None)
+    split = [r for r in runs if r.kind == "context-parallel" and r.tokens_per_device < config.length]
+    if base is None or not split:
+        return "NOT MEASURED", "needs a data-parallel run with one sequence per device and a context-parallel run with less"
+    details, ok = [], True
+    for run in split:
+        n = config.length // run.tokens_per_device
+        ratio = run.temp / base.temp
+        ok &= ratio <= 1 / n
+        details.append(f"{run.mesh} B={run.batch}: {ratio:.4f} x (1/{n} = {1 / n:.4f})")
+    return ("PASS" if ok else "MISS"), "; ".join(details)
+
+
+def format_report(config, runs, goal):
+    base = next((r for r in runs if r.kind == "data-parallel"), runs[0])
+    lines = [
+        f"devices: {describe_devices()}; GPT-like LM: L={config.layers} blocks, C={config.width}, H=K={config.heads}, "
+        f"D={config.head_dim}, F={config.hidden_dim}, V={config.vocab}, T={config.length:,}, float32, causal + rotary; "
+        f"one training step (forward + backward + SGD), compiled, not run; context-parallel attention "
+        f"{config.attention}, balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}",
+        "",
+        "Per device (compiled memory analysis; sends and collectives executed per step, from the compiled step):",
+        "",
+        "| layout | mesh | global batch | tokens / device | temporary | temp / data-parallel | arguments | sends / step | collectives |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for run in runs:
+        collectives = ", ".join(f"{count} {kind}" for kind, count in sorted(run.collectives.items())) or "none"
+        lines.append(
+            f"| {run.kind} | {run.mesh} | {run.batch} | {run.tokens_per_device:,} | {_mib(run.temp)} | "
+            f"{run.temp / base.temp:.4f} | {_mib(run.argument)} | {'' if run.exact else '>= '}{_mib(run.sent)} | {collectives} |"
+        )
+    lines += ["", f"Goal: {goal[0]}: per-device temporary memory <= 1/N of data-parallel's at 1/N of a sequence per device: {goal[1]}"]
+    return "\n".join(lines)
+
+
+def _device_count(mesh):
+    return int(np.prod([size for _, size in parse_mesh_spec(mesh)]))
+
+
+def _mib(nbytes):
+    """Bytes as MiB (KiB below 1 MiB, GiB from 10 GiB)."""
+    if nbytes >= 10 * 2**30:
+        return f"{nbytes / 2**30:,.1f} GiB"
+    if nbytes < MIB:
+        return f"{nbytes / 1024:,.1f} KiB"
+    return f"{nbytes / MIB:,.1f} MiB"
+
+
+def _write(path, text):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(text + "\n")
+

@@ -1,0 +1,257 @@
+"""``ContextParallel``: a Keras distribution that splits token inputs on batch *and* sequence.
+
+Keras' ``DataParallel`` and ``ModelParallel`` split every input on its first dimension
+only. ``ContextParallel`` also splits dimension 1, the sequence, over a ``seq`` mesh
+axis, so ``model.fit`` / ``evaluate`` / ``predict`` hand every device a
+[B/Nd, T/Ns, ...] block of each batch (Keras places each batch with
+``get_data_layout(shape)``). The zoo's attention layers see the distribution and run
+their ``shard_map`` kernel (ring, all-gather K/V or Ulysses) over the ``seq`` axis;
+everything per-token (embeddings, norms, MLPs, the head, a per-token loss) stays GSPMD
+on sequence-split arrays. Weights follow the layout map (none: replicated), so TP
+rules on a ``data,seq,model`` mesh keep working.
+
+Causal load balancing (``balance="zigzag"`` or ``"striped"``) is a reordering of the
+sequence that happens in the input pipeline, before Keras shards the batch:
+``prepare(x, y)`` (arrays), ``dataset(source)`` (a ``PyDataset`` or an iterable of
+batches) put every array of rank >= 2 into the balanced order along dim 1, and
+``restore_outputs(y_pred)`` puts ``predict``'s outputs back. A loss that is a mean over
+tokens is invariant to the permutation, so training on reordered batches gives the
+natural-order numbers (the attention layers read each token's global position from
+the order).
+
+Shapes: B batch, T sequence length, Nd size of the batch axis, Ns of the sequence axis.
+"""
+
+import jax
+import keras
+import numpy as np
+
+from zoo import kernels
+from zoo.distribution.axes import DATA, SEQ
+from zoo.distribution.layouts import CheckedModelParallel, LayoutError
+from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size
+
+ATTENTIONS = ("gather", "ring", "ulysses")
+BALANCES = (None, "zigzag", "striped")
+
+
+class ContextParallel(CheckedModelParallel):
+    """Splits inputs over ``batch_dim_name`` (dim 0) and ``sequence_dim_name`` (dim 1).
+
+    Args:
+        device_mesh: a ``keras.distribution.DeviceMesh`` or a spec such as
+            ``"data=2,seq=4"``; it must have both axes (size 1 is allowed). May be
+            omitted when ``layout_map`` is given (its mesh is used).
+        layout_map: a ``keras.distribution.LayoutMap`` on the same mesh for the
+            weights (e.g. TP rules over a ``model`` axis); None replicates every weight.
+        batch_dim_name: the mesh axis the batch is split over.
+        sequence_dim_name: the mesh axis the sequence is split over.
+        attention: the kernel every zoo attention layer whose ``sequence_parallel`` is
+            None runs: ``"ring"``, ``"gather"`` or ``"ulysses"``.
+        balance: None, ``"zigzag"`` or ``"striped"``: the order ``prepare`` /
+            ``dataset`` put the sequence in, which the attention layers follow.
+        auto_shard_dataset: as in ``keras.distribution.ModelParallel``.
+
+    Data layouts: rank >= 2 -> (batch, seq, None, ...); rank 1 -> (batch,). Every
+    rank >= 2 input is taken to have its sequence in dim 1 (use sparse, not one-hot,
+    labels for per-sequence targets).
+    """
+
+    def __init__(
+        self,
+        device_mesh=None,
+        layout_map=None,
+        *,
+        batch_dim_name=DATA,
+        sequence_dim_name=SEQ,
+        attention="ring",
+        balance=None,
+        auto_shard_dataset=True,
+    ):
+        _check_options(attention, balance, batch_dim_name, sequence_dim_name)
+        layout_map = _layout_map_on(device_mesh, layout_map)
+        _require_axes(layout_map.device_mesh, batch_dim_name, sequence_dim_name)
+        super().__init__(layout_map=layout_map, batch_dim_name=batch_dim_name, auto_shard_dataset=auto_shard_dataset)
+        self._sequence_dim_name = sequence_dim_name
+        self._attention = attention
+        self._balance = balance
+
+    @property
+    def sequence_dim_name(self):
+        return self._sequence_dim_name
+
+    @property
+    def attention(self):
+        return self._attention
+
+    @property
+    def balance(self):
+        return self._balance
+
+    @property
+    def sequence_parallel_size(self):
+        """Ns, how many ways the sequence is split."""
+        return mesh_axis_size(self.device_mesh, self._sequence_dim_name)
+
+    def __repr__(self):
+        return (
+            f"ContextParallel(mesh={describe_mesh(self.device_mesh)}, batch_dim_name={self.batch_dim_name!r}, "
+            f"sequence_dim_name={self._sequence_dim_name!r}, attention={self._attention!r}, balance={self._balance!r})"
+        )
+
+    # --- where Keras puts each input batch ---------------------------------------------
+
+    def get_data_layout(self, data_shape):
+        """(batch, seq, None, ...) for rank >= 2, (batch,) for rank 1; checks the sizes."""
+        self.check_data_shape(data_shape)
+        spec = [None] * len(data_shape)
+        if spec:
+            spec[0] = self.batch_dim_name  # (B/Nd, ...)
+        if len(spec) >= 2:
+            spec[1] = self._sequence_dim_name  # (B/Nd, T/Ns, ...)
+        return keras.distribution.TensorLayout(spec, self.device_mesh)
+
+    def check_data_shape(self, data_shape):
+        """Raise, naming the numbers, unless the batch and the sequence split evenly."""
+        batch_size = mesh_axis_size(self.device_mesh, self.batch_dim_name)
+        # Keras hands this process's share of the batch; only one process sees it whole.
+        if data_shape and data_shape[0] is not None and jax.process_count() == 1 and data_shape[0] % batch_size:
+            raise ValueError(
+                f"batch size {data_shape[0]} is not divisible by the {self.batch_dim_name!r} mesh axis of "
+                f"size {batch_size} (ContextParallel splits dim 0 of input shape {tuple(data_shape)} over it)"
+            )
+        if len(data_shape) >= 2 and data_shape[1] is not None:
+            kernels.check_sequence_divisible(
+                data_shape[1], axis_size=self.sequence_parallel_size, axis_name=self._sequence_dim_name,
+                balance=self._balance, what=f"sequence length (dim 1 of input shape {tuple(data_shape)})",
+            )
+
+    # --- the input pipeline: load-balanced order -----------------------------------------
+
+    def permutation(self, seq_len):
+        """i32[T]: ``balanced[:, j] = natural[:, permutation[j]]`` (``arange`` without balance)."""
+        if self._balance is None:
+            return np.arange(seq_len, dtype=np.int32)
+        return kernels.permutation(seq_len, num_shards=self.sequence_parallel_size, balance=self._balance)
+
+    def reorder(self, data):
+        """Every array of rank >= 2 in ``data`` (any nest) put in the balanced order along dim 1."""
+        return self._map_sequences(data, kernels.reorder)
+
+    def restore(self, data):
+        """Inverse of ``reorder``: every array of rank >= 2 back in the natural order."""
+        return self._map_sequences(data, kernels.restore)
+
+    def prepare(self, x, y=None, sample_weight=None):
+        """``reorder`` applied to what is given: ``x``, ``(x, y)`` or ``(x, y, sample_weight)``.
+
+        ``model.fit(*cp.prepare(x, y), ...)``; ``model.predict(cp.prepare(x))``.
+        """
+        if sample_weight is not None:
+            return self.reorder((x, y, sample_weight))
+        return self.reorder(x) if y is None else self.reorder((x, y))
+
+    def restore_outputs(self, y_pred):
+        """``predict``'s outputs (any nest) back in the natural order (same as ``restore``)."""
+        return self.restore(y_pred)
+
+    def dataset(self, source):
+        """``source``'s batches in the balanced order.
+
+        A ``keras.utils.PyDataset`` gives a ``PyDataset`` (epochs, length and workers as
+        the source's); any other iterable of batches (a generator, a list of
+        ``(x, y)`` tuples) gives a generator. Without ``balance`` ``source`` is returned.
+        """
+        if self._balance is None:
+            return source
+        if isinstance(source, keras.utils.PyDataset):
+            return ReorderedPyDataset(source, self.reorder)
+        if hasattr(source, "as_numpy_iterator"):  # tf.data.Dataset
+            source = source.as_numpy_iterator()
+        try:
+            batches = iter(source)
+        except TypeError:
+            raise TypeError(
+                f"ContextParallel.dataset takes a keras.utils.PyDataset or an iterable of batches, got {type(source).__name__}"
+            ) from None
+        return (self.reorder(batch) for batch in batches)
+
+    def _map_sequences(self, data, function):
+        if self._balance is None or self.sequence_parallel_size == 1:
+            return data
+        options = dict(num_shards=self.sequence_parallel_size, axis=1, balance=self._balance)
+
+        def apply(array):
+            if getattr(array, "ndim", 0) < 2:
+                return array
+            return function(array if isinstance(array, jax.Array) else np.asarray(array), **options)
+
+        return keras.tree.map_structure(apply, data)
+
+
+class ReorderedPyDataset(keras.utils.PyDataset):
+    """A ``PyDataset`` whose batches are ``source``'s passed through ``reorder``."""
+
+    def __init__(self, source, reorder):
+        super().__init__(
+            workers=source.workers, use_multiprocessing=source.use_multiprocessing, max_queue_size=source.max_queue_size
+        )
+        self.source = source
+        self._reorder = reorder
+
+    def __getitem__(self, index):
+        return self._reorder(self.source[index])
+
+    @property
+    def num_batches(self):
+        return self.source.num_batches  # None: infinite
+
+    def on_epoch_begin(self):
+        self.source.on_epoch_begin()
+
+    def on_epoch_end(self):
+        self.source.on_epoch_end()
+
+
+def _check_options(attention, balance, batch_dim_name, sequence_dim_name):
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+    if balance not in BALANCES:
+        raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+    if batch_dim_name == sequence_dim_name:
+        raise ValueError(f"batch_dim_name and sequence_dim_name must be different mesh axes, both are {batch_dim_name!r}")
+
+
+def _layout_map_on(device_mesh, layout_map):
+    """``layout_map`` (checked to be on ``device_mesh``), or an empty one on ``device_mesh``."""
+    if device_mesh is None and layout_map is None:
+        raise ValueError("ContextParallel needs a device_mesh (e.g. 'data=2,seq=4') or a layout_map")
+    if layout_map is None:
+        mesh = make_mesh(device_mesh) if isinstance(device_mesh, str) else device_mesh
+        return keras.distribution.LayoutMap(mesh)
+    if device_mesh is not None:
+        mesh = make_mesh(device_mesh) if isinstance(device_mesh, str) else device_mesh
+        if not _same_mesh(mesh, layout_map.device_mesh):
+            raise LayoutError(
+                f"the layout map was built for mesh {describe_mesh(layout_map.device_mesh)}, "
+                f"not for the mesh {describe_mesh(mesh)} given"
+            )
+    return layout_map
+
+
+def _same_mesh(a, b):
+    if a is b:
+        return True
+    ids = lambda mesh: [d.id for d in np.asarray(mesh.devices).flat]  # noqa: E731
+    return list(a.axis_names) == list(b.axis_names) and tuple(a.shape) == tuple(b.shape) and ids(a) == ids(b)
+
+
+def _require_axes(mesh, batch_dim_name, sequence_dim_name):
+    missing = [axis for axis in (batch_dim_name, sequence_dim_name) if axis not in mesh.axis_names]
+    if missing:
+        raise MeshError(
+            f"ContextParallel splits the batch over mesh axis {batch_dim_name!r} and the sequence over "
+            f"{sequence_dim_name!r}, but the mesh {describe_mesh(mesh)} has axes {list(mesh.axis_names)} "
+            f"(missing {missing}); add them to the mesh spec, e.g. '{batch_dim_name}=2,{sequence_dim_name}=4' "
+            f"(an axis of size 1 is allowed)"
+        )
