@@ -1,0 +1,192 @@
+"""Model FLOPs utilisation (MFU): the model's FLOPs per step / step time / peak FLOP/s.
+
+MFU = flops_per_step / (step_time_s * num_devices * peak_flops_per_device)
+
+Model FLOPs are those the model's maths needs, counted the same way whatever the
+implementation does (MaxText's ``calculate_tflops_training_per_device``; PaLM, Chowdhery
+et al. 2022, appendix B): recomputation (rematerialisation), padding and communication
+are not counted, so MFU compares runs, layouts and hardware fairly. Peaks are dense
+(no sparsity) bf16 tensor-core / MXU FLOP/s per JAX device, in ``PEAK_FLOPS``.
+
+Decoder Transformer, per token (letters as in ``zoo.layers.TransformerBlock``: L layers, C model
+width, H query heads, K key/value heads, D head_dim, F MLP hidden, m = 3 MLP matrices for
+a gated MLP (swiglu, geglu) or 2, V vocabulary, T sequence length)::
+
+    N_matmul = L * (C*H*D + 2*C*K*D + H*D*C + m*C*F) + C*V
+               (query, key+value, output projections, MLP, LM head)
+
+    flops_per_token = 6 * N_matmul + 12 * L * T * H * D * (1/2 if causal else 1)
+
+Derivation. A matmul with an (in x out) weight does in*out multiply-adds per token, i.e.
+2*in*out FLOPs forward; the backward pass does it twice more (gradient with respect to
+the input and with respect to the weight), so training costs 3 * 2 = 6 FLOPs per matmul
+weight per token. Attention adds two matmuls whose "weights" are activations: the scores
+Q K^T (per head T x D times D x T: 2*T*T*D FLOPs per sequence) and A V (another
+2*T*T*D), so 4*T*H*D FLOPs per token per layer forward, 12*T*H*D for training. A causal
+mask leaves only the lower triangle to compute: half of it (MaxText halves it; with
+H*D = C this is PaLM's 12*L*T*C term, halved). The token-embedding lookup is a gather,
+not a matmul, and is not counted; norms, softmax, activations, biases and the optimizer
+update are O(C) per token and are left out.
+"""
+
+import re
+
+# Dense (no sparsity) bf16 peak FLOP/s per JAX device, from the vendors' datasheets
+# (where a datasheet gives only the 2:4-sparsity figure, it is halved).
+PEAK_FLOPS = {
+    # https://www.nvidia.com/en-us/data-center/h100/ (datasheet: BF16 1,979 TFLOPS with sparsity)
+    "H100 SXM": 989e12,
+    "H100 PCIe": 756e12,  # same datasheet: 1,513 TFLOPS with sparsity
+    "H100 NVL": 835e12,  # same datasheet: 1,671 TFLOPS with sparsity
+    # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 1,979 with sparsity; NVL: 1,671)
+    "H200 SXM": 989e12,
+    "H200 NVL": 835e12,
+    # https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/ (the H100 of a GH200)
+    "GH200": 989e12,
+    # https://www.nvidia.com/en-us/data-center/a100/ (40 GB and 80 GB, SXM and PCIe: 312 dense)
+    "A100": 312e12,
+    # https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200: 36 PFLOPS sparse for 8 GPUs)
+    "B200": 2250e12,
+    # https://www.nvidia.com/en-us/data-center/l4/ (BF16 242 TFLOPS with sparsity)
+    "L4": 121e12,
+    # https://cloud.google.com/tpu/docs/v3: 123 TFLOPS per chip; a JAX device is one of its 2 cores
+    "TPU v3": 61.5e12,
+    # https://cloud.google.com/tpu/docs/v4 (per chip; a JAX device is a chip)
+    "TPU v4": 275e12,
+    # https://cloud.google.com/tpu/docs/v5e
+    "TPU v5e": 197e12,
+    # https://cloud.google.com/tpu/docs/v5p
+    "TPU v5p": 459e12,
+    # https://cloud.google.com/tpu/docs/v6e (Trillium)
+    "TPU v6e": 918e12,
+}
+
+# ``jax.devices()[0].device_kind`` (lower-cased) -> PEAK_FLOPS key; the first match wins.
+DEVICE_KINDS = (
+    (r"gh200", "GH200"),
+    (r"h100.*pcie", "H100 PCIe"),
+    (r"h100.*nvl", "H100 NVL"),
+    (r"h100", "H100 SXM"),  # "NVIDIA H100 80GB HBM3"
+    (r"h200.*nvl", "H200 NVL"),
+    (r"h200", "H200 SXM"),  # "NVIDIA H200"
+    (r"a100", "A100"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"
+    (r"b200", "B200"),
+    (r"\bl4\b", "L4"),
+    (r"^tpu v3", "TPU v3"),
+    (r"^tpu v4$", "TPU v4"),
+    (r"^tpu v5( lite|e)$", "TPU v5e"),
+    (r"^tpu v5p?$", "TPU v5p"),
+    (r"^tpu v6( lite|e)$", "TPU v6e"),
+)
+
+GATED_MLPS = ("swiglu", "geglu")
+
+
+class UnknownDeviceError(ValueError):
+    """No peak FLOP/s is known for this device kind."""
+
+
+def transformer_matmul_params(*, num_layers, hidden_dim, num_heads, head_dim, intermediate_dim, vocabulary_size=0, num_kv_heads=None, gated_mlp=True):
+    """N_matmul: the weights every token is multiplied by (see the module docstring)."""
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    attention = hidden_dim * head_dim * (2 * num_heads + 2 * kv_heads)  # query + output, key + value
+    mlp = (3 if gated_mlp else 2) * hidden_dim * intermediate_dim
+    return num_layers * (attention + mlp) + hidden_dim * vocabulary_size
+
+
+def transformer_flops_per_token(
+    *,
+    num_layers,
+    hidden_dim,
+    num_heads,
+    head_dim,
+    intermediate_dim,
+    sequence_length,
+    vocabulary_size=0,
+    num_kv_heads=None,
+    gated_mlp=True,
+    causal=True,
+    training=True,
+):
+    """Model FLOPs per token: ``6 * N_matmul + 12 * L * T * H * D`` (causal: attention
+    halved) for training, ``2 * N_matmul + 4 * L * T * H * D`` forward only.
+
+    ``vocabulary_size`` is the width of a per-token head (an LM head); 0 for none.
+    """
+    for name, value in (("num_layers", num_layers), ("hidden_dim", hidden_dim), ("num_heads", num_heads), ("head_dim", head_dim), ("sequence_length", sequence_length)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    passes = 3 if training else 1  # forward, plus backward at twice the forward
+    weights = transformer_matmul_params(
+        num_layers=num_layers, hidden_dim=hidden_dim, num_heads=num_heads, head_dim=head_dim,
+        intermediate_dim=intermediate_dim, vocabulary_size=vocabulary_size, num_kv_heads=num_kv_heads, gated_mlp=gated_mlp,
+    )  # fmt: skip
+    attention = 4 * num_layers * sequence_length * num_heads * head_dim // (2 if causal else 1)  # even: exact
+    return passes * (2 * weights + attention)
+
+
+def gpt_flops_per_token(config, sequence_length, training=True):
+    """``transformer_flops_per_token`` for a ``GPTCausalLM`` ``get_config()`` (or a
+    ``GPT_CONFIGS`` entry): causal, with the LM head."""
+    head_dim = config.get("head_dim") or config["hidden_dim"] // config["num_heads"]
+    return transformer_flops_per_token(
+        num_layers=config["num_layers"], hidden_dim=config["hidden_dim"], num_heads=config["num_heads"],
+        head_dim=head_dim, intermediate_dim=config["intermediate_dim"], sequence_length=sequence_length,
+        vocabulary_size=config["vocabulary_size"], num_kv_heads=config.get("num_kv_heads"),
+        gated_mlp=config.get("mlp", "swiglu") in GATED_MLPS, causal=True, training=training,
+    )  # fmt: skip
+
+
+def compiled_flops(function, *args):
+    """FLOPs XLA counts for ``jax.jit(function)(*args)`` (its cost analysis).
+
+    For models without a formula here (the CNN, say). These are the compiled program's
+    FLOPs, rematerialisation included, so MFU from them is closer to hardware FLOPs
+    utilisation; the count is per program, i.e. summed over the devices it runs on.
+    """
+    import jax
+
+    analysis = jax.jit(function).lower(*args).compile().cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
+        analysis = analysis[0]
+    if not analysis or "flops" not in analysis:
+        raise ValueError("XLA gave no FLOP count for this program on this backend")
+    return float(analysis["flops"])
+
+
+def mfu(flops_per_step, step_time_s, num_devices, peak_flops_per_device):
+    """Model FLOPs utilisation, a fraction: achieved FLOP/s over the devices' peak."""
+    for name, value in (("flops_per_step", flops_per_step), ("step_time_s", step_time_s), ("num_devices", num_devices), ("peak_flops_per_device", peak_flops_per_device)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    return flops_per_step / step_time_s / (num_devices * peak_flops_per_device)
+
+
+def peak_flops_for(device_kind):
+    """``(name, dense bf16 FLOP/s)`` for a JAX ``device_kind`` such as ``"NVIDIA H200"``.
+
+    Raises:
+        UnknownDeviceError: naming the kind, when ``PEAK_FLOPS`` has no entry for it.
+    """
+    kind = str(device_kind).strip().lower()
+    for pattern, name in DEVICE_KINDS:
+        if re.search(pattern, kind):
+            return name, PEAK_FLOPS[name]
+    raise UnknownDeviceError(
+        f"unknown device kind {device_kind!r}; pass --peak-tflops (its dense bf16 TFLOP/s per device) "
+        f"or add it to zoo.training.mfu.PEAK_FLOPS (known: {', '.join(PEAK_FLOPS)})"
+    )
+
+
+def resolve_peak_flops(peak_tflops=None, device_kind=None):
+    """Peak FLOP/s per device: ``peak_tflops * 1e12`` when given, else looked up for
+    ``device_kind`` (default: ``jax.devices()[0].device_kind``)."""
+    if peak_tflops is not None:
+        if not peak_tflops > 0:
+            raise ValueError(f"peak TFLOP/s must be positive, got {peak_tflops!r}")
+        return peak_tflops * 1e12
+    if device_kind is None:
+        import jax
+
+        device_kind = jax.devices()[0].device_kind
+    return peak_flops_for(device_kind)[1]
