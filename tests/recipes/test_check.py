@@ -1,0 +1,134 @@
+"""Every recipe's abstract plan (mesh, layouts, memory) holds for its target; bad plans
+fail naming the file and the numbers; the estimate equals what the devices really hold."""
+
+import math
+
+import keras
+import pytest
+
+from tests.recipes._recipes import ALL, CNN, RECIPES, checked, ids, plan_of, write
+from zoo.distribution import make_mesh
+from zoo.training.recipe import JobUnavailableError, RecipeError, UnsupportedKeyError, check_recipe, load_recipe
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_every_recipe_plans_for_its_target(path):
+    recipe = load_recipe(path)
+    plan, error = checked(path)
+    if plan is None:
+        pytest.skip(f"job not available yet: {error}")
+    target = recipe.target
+    assert plan.devices == target.devices and plan.hosts == target.hosts
+    assert plan.mesh is None or math.prod(int(axis.split("=")[1]) for axis in plan.mesh.split(",")) == target.devices
+    assert plan.parameters > 0 and plan.weight_bytes > 0
+    assert plan.global_batch % plan.data_shards == 0 and plan.global_batch % target.hosts == 0
+    if target.device_memory_gib:
+        assert plan.state_bytes < target.device_memory_gib * 2**30
+    if plan.sequence_length is not None:
+        assert plan.tokens_per_step == recipe.train.global_batch * recipe.train.sequence_length
+    assert plan.format()[0].startswith(f"recipe: {path}")
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_every_recipe_key_is_supported_by_its_job(path):
+    """Skips, naming the missing job config fields, until the jobs take them."""
+    plan, error = checked(path)
+    if isinstance(error, JobUnavailableError):
+        pytest.skip(f"job not available yet: {error}")
+    if isinstance(error, UnsupportedKeyError):
+        pytest.skip(f"job config fields missing: {error}")
+    assert plan is not None and error is None
+
+
+def test_gpt_1b_under_fsdp_splits_its_state_over_the_data_axis():
+    plan = plan_of(load_recipe(RECIPES / "gpu-8" / "pretrain_gpt.toml"))  # the layout map of the real model
+    assert plan.parameters == 1_100_048_384 and plan.mesh == "data=8"
+    assert plan.weight_bytes == pytest.approx(4 * plan.parameters / 8, rel=1e-3)  # float32 weights, 1/8 each
+    assert plan.optimizer_bytes == pytest.approx(3 * plan.weight_bytes, rel=1e-3)  # AdamW m, v + accumulator
+    assert plan.tokens_per_step == 32 * 2048 and plan.accumulation == 2
+    assert plan.flops_per_step == pytest.approx(6 * plan.parameters * plan.tokens_per_step, rel=0.1)
+
+
+def test_mesh_that_does_not_match_the_devices_names_both(tmp_path):
+    path = write(tmp_path, CNN)
+    with pytest.raises(RecipeError, match=r"recipe.toml: \[parallel\] mesh 'data=2,model=2' \(strategy 'model'\) on 8 devices "
+                       r"\(\[target\] hosts=1 x devices_per_host=8\): mesh data=2,model=2 has 4 devices"):  # fmt: skip
+        check_recipe(load_recipe(path, {"parallel.mesh": "data=2,model=2"}))
+    with pytest.raises(RecipeError, match=r"strategy 'single' runs on one device but the target has 8"):
+        check_recipe(load_recipe(path, {"parallel.strategy": "single", "parallel.mesh": "data=1"}))
+
+
+def test_batch_not_divisible_by_the_data_axis_or_the_hosts(tmp_path):
+    path = write(tmp_path, CNN)
+    with pytest.raises(RecipeError, match=r"recipe.toml: .*\[train\] global_batch 30 is not divisible by the 'data' mesh axis of size 4"):
+        check_recipe(load_recipe(path, {"train.global_batch": 30, "parallel.mesh": "data=4,model=2"}))
+    recipe = load_recipe(path, {"target.hosts": 4, "target.devices_per_host": 2, "train.global_batch": 2, "parallel.mesh": "data=2,model=4"})
+    with pytest.raises(RecipeError, match=r"global_batch 2 is not divisible by the 4 hosts"):
+        check_recipe(recipe)
+
+
+def test_state_larger_than_device_memory_is_an_error(tmp_path):
+    recipe = load_recipe(write(tmp_path, CNN), {"target.device_memory_gib": 0.005, "data.image_size": 128})
+    with pytest.raises(RecipeError, match=r"weights, gradients and optimizer state need 8.10 MiB per device under strategy "
+                       r"'model' on mesh data=2,model=4 but \[target\] device_memory_gib is 0.005"):  # fmt: skip
+        check_recipe(recipe)
+
+
+def test_device_count_override_and_mesh_inference(tmp_path):
+    recipe = load_recipe(write(tmp_path, CNN), {"parallel.mesh": "data=-1,model=4"})
+    assert plan_of(recipe).mesh == "data=2,model=4"
+    assert plan_of(recipe, device_count=32).mesh == "data=8,model=4"
+
+
+def test_keys_a_job_does_not_take_are_reported_never_dropped(tmp_path):
+    recipe = load_recipe(write(tmp_path, CNN + 'sequence_length = 128\n[finetune]\nmethod = "lora"\n'))
+    with pytest.raises(UnsupportedKeyError, match=r"job 'train_cnn' \(zoo.training.cnn.TrainConfig\) does not support "
+                       r"\[train\] sequence_length \(no field 'sequence_length'\); \[finetune\] method \(not a setting of this job\): "
+                       r"remove these keys, or add the fields to TrainConfig") as error:  # fmt: skip
+        check_recipe(recipe)
+    assert set(error.value.keys) == {"train.sequence_length", "finetune.method"}
+    assert error.value.plan.mesh == "data=2,model=4"  # everything else was checked
+    with pytest.raises(UnsupportedKeyError):
+        recipe.job_config()
+    with pytest.raises(RecipeError, match=r"\[model\] name: job 'train_cnn' has only 'small_cnn', got 'resnet'"):
+        load_recipe(write(tmp_path, CNN), {"model.name": "resnet"}).job_config()
+
+
+def test_job_config_carries_every_key_the_file_set(tmp_path):
+    config = load_recipe(write(tmp_path, CNN + "epochs = 2\n[data]\ntrain_examples = 64\n")).job_config()
+    assert (config.distribution, config.mesh, config.batch_size, config.epochs, config.train_examples) == ("model", "data=2,model=4", 32, 2, 64)
+    assert config.learning_rate == type(config)().learning_rate  # unset: the job's default
+
+
+def test_abstract_build_leaves_nothing_for_keras_to_initialise_later(tmp_path):
+    from keras.src.backend.common import global_state
+
+    before = list(global_state.get_global_attribute("uninitialized_variables") or [])
+    plan_of(load_recipe(write(tmp_path, CNN)))
+    assert list(global_state.get_global_attribute("uninitialized_variables") or []) == before
+    assert keras.distribution.distribution() is None
+
+
+def _real_bytes_per_device(variables):
+    """Bytes of device 0's shard of each variable, as placed for real."""
+    return sum(variable.value.addressable_shards[0].data.nbytes for variable in variables)
+
+
+@pytest.mark.parametrize("name", ["train_cnn.toml", "pretrain_gpt.toml"])
+def test_estimate_equals_what_each_device_holds(name):
+    """The abstract per-device estimate against the model and optimizer placed on the 8
+    devices: layout-map rules (CNN), and the tensor-parallel layers' own layouts plus
+    gradient-accumulation slots (GPT)."""
+    recipe = load_recipe(RECIPES / "cpu-sim-8" / name)
+    plan = plan_of(recipe)
+    module, config, _ = recipe._job_config()
+    job = recipe.job
+    distribution = job.distribution(module, config, make_mesh(plan.mesh))
+    keras.distribution.set_distribution(distribution)
+    model = job.build(module, config)
+    keras.distribution.set_distribution(None)
+    job.compile(module, model, config)
+    model.optimizer.build(model.trainable_variables)
+    assert plan.weight_bytes == _real_bytes_per_device(model.variables)
+    assert plan.gradient_bytes == _real_bytes_per_device(model.trainable_variables)
+    assert plan.optimizer_bytes == _real_bytes_per_device(model.optimizer.variables)

@@ -1,0 +1,97 @@
+"""``zoo recipe check|run RECIPE``: plan or run a recipe file (``recipes/<target>/<job>.toml``).
+
+``check`` needs no accelerator: it parses the file, builds the mesh and the model
+abstractly and prints the plan (parameters, memory per device, tokens per step).
+``run`` runs the job on this host; on a multi-host target every host runs the same
+command. The logic is in ``zoo.training.recipe``; this module only parses flags.
+"""
+
+import argparse
+import sys
+
+from zoo.training.recipe import RecipeError, UnsupportedKeyError, check_recipe, load_recipe, parse_override, run_recipe
+
+
+def add_arguments(parser):
+    """Add ``check`` and ``run`` (and their flags) to the ``zoo recipe`` parser."""
+    actions = parser.add_subparsers(dest="action", required=True)
+    check = actions.add_parser("check", help="parse, build mesh and model abstractly, print the plan (no devices needed)")
+    check.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe .toml file(s)")
+    check.add_argument(
+        "--devices", type=int, default=None, metavar="N",
+        help="check against N devices instead of the file's [target] hosts x devices_per_host",
+    )  # fmt: skip
+    run = actions.add_parser("run", help="run the recipe's job (on every host of a multi-host target)")
+    run.add_argument("recipe", metavar="RECIPE", help="recipe .toml file")
+    run.add_argument(
+        "--coordinator-address", default=None, metavar="HOST:PORT",
+        help="process 0's address, the same on every host (default: [multihost] coordinator_address, "
+        "$JAX_COORDINATOR_ADDRESS, or SLURM / Cloud TPU auto-detection)",
+    )  # fmt: skip
+    run.add_argument(
+        "--process-id", type=int, default=None, metavar="I",
+        help="this host's index 0..hosts-1 (default: $JAX_PROCESS_ID or the cluster's)",
+    )  # fmt: skip
+    for action in (check, run):
+        action.add_argument(
+            "--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+            help="override a key of the file, e.g. --set train.epochs=1 (repeatable; checked like the file)",
+        )  # fmt: skip
+
+
+def run(args):
+    """Run a parsed ``zoo recipe`` command; returns the exit code."""
+    overrides = dict(parse_override(text) for text in args.overrides)
+    if args.action == "check":
+        return _check(args.recipes, overrides, args.devices)
+    recipe = load_recipe(args.recipe, overrides)
+    _prepare_devices(recipe)
+    run_recipe(recipe, coordinator_address=args.coordinator_address, process_id=args.process_id)
+    return 0
+
+
+def _check(paths, overrides, devices):
+    """Print each recipe's plan; every file is checked, failures are listed at the end."""
+    failures = 0
+    for index, path in enumerate(paths):
+        if index:
+            print()
+        try:
+            lines = check_recipe(load_recipe(path, overrides), device_count=devices).format()
+        except UnsupportedKeyError as error:
+            lines, failures = (error.plan.format() if error.plan else []) + [f"error: {error}"], failures + 1
+        except RecipeError as error:
+            lines, failures = [f"error: {error}"], failures + 1
+        print("\n".join(lines), flush=True)
+    return 2 if failures else 0
+
+
+def _prepare_devices(recipe):
+    """A CPU recipe runs on simulated CPU devices, ``devices_per_host`` of them, even on a
+    GPU/TPU machine; must run before anything touches JAX's devices."""
+    if recipe.target.platform != "cpu":
+        return
+    import jax
+
+    from zoo.distribution import simulate_cpu_devices
+    from zoo.distribution.devices import backends_started
+
+    if not backends_started():
+        jax.config.update("jax_platforms", "cpu")
+    simulate_cpu_devices(recipe.target.devices_per_host)
+
+
+def main(argv=None):
+    """``python recipes/run.py check|run RECIPE``: the same as ``zoo recipe``."""
+    parser = argparse.ArgumentParser(prog="zoo recipe", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, RuntimeError, ImportError) as error:
+        print(f"zoo: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Recipes: a TOML file that says what to run where (``recipes/<target>/<job>.toml``).
+
+``load_recipe(path)`` reads and validates a file into a ``Recipe`` (the schema, one
+dataclass per section, is in ``zoo/training/_recipe_schema.py`` and described key by
+key in ``docs/recipes.md``); ``check_recipe(recipe)`` works out its plan without the
+target's devices (mesh, layouts, parameter count, memory per device, tokens per step;
+see ``_recipe_plan.py``); ``run_recipe(recipe)`` joins the processes of a multi-host job
+and calls the job function with the job's own config dataclass
+(``recipe.job_config()``).
+
+Every error names the file, the ``[section] key`` and the values involved.
+"""
+
+import contextlib
+import dataclasses
+import math
+
+from zoo.training import _recipe_plan as plans
+from zoo.training._recipe_jobs import JOBS, JobUnavailableError, UnsupportedKeyError
+from zoo.training._recipe_plan import Plan
+from zoo.training._recipe_schema import (
+    CheckpointSection,
+    DataSection,
+    FinetuneSection,
+    LoggingSection,
+    ModelSection,
+    MultihostSection,
+    ParallelSection,
+    RecipeError,
+    RecipeSection,
+    TargetSection,
+    TrainSection,
+    apply_overrides,
+    parse_override,
+    parse_sections,
+    read_toml,
+)
+
+__all__ = [
+    "JobUnavailableError",
+    "Plan",
+    "Recipe",
+    "RecipeError",
+    "UnsupportedKeyError",
+    "check_recipe",
+    "load_recipe",
+    "parse_override",
+    "run_recipe",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A validated recipe file; ``given`` holds the ``"section.key"`` names the file set
+    (a key left out takes the job's default)."""
+
+    path: str
+    recipe: RecipeSection
+    target: TargetSection
+    multihost: MultihostSection
+    model: ModelSection
+    parallel: ParallelSection
+    data: DataSection
+    train: TrainSection
+    checkpoint: CheckpointSection
+    logging: LoggingSection
+    finetune: FinetuneSection
+    given: frozenset
+
+    @property
+    def job(self):
+        """The job adapter (``zoo.training._recipe_jobs``) for ``[recipe] job``."""
+        return JOBS[self.recipe.job]
+
+    def values(self):
+        """``{"section.key": value}`` of every key the file set."""
+        split = {dotted: dotted.partition(".") for dotted in self.given}
+        return {dotted: getattr(getattr(self, section), key) for dotted, (section, _, key) in split.items()}
+
+    def job_config(self):
+        """The job's config dataclass with every key the file set.
+
+        Raises:
+            JobUnavailableError: the job's module or config class cannot be found.
+            UnsupportedKeyError: a key the job's config has no field for (never dropped).
+        """
+        _, config, problems = self._job_config()
+        if problems:
+            raise _unsupported(self, problems)
+        return config
+
+    def _job_config(self):
+        """``(job module, config from the supported keys, [("section.key", why)])``."""
+        with _named(self, f"job {self.job.name!r}"):
+            module, config_class, _ = self.job.load()
+            values, problems = self.job.config_values(self.given, self.values(), config_class)
+            return module, config_class(**values), problems
+
+    def fingerprint_data(self):
+        """Everything but the path, for checking that every process runs the same recipe."""
+        return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in ("path", "given")}
+
+
+def load_recipe(path, overrides=None):
+    """Read and validate the recipe at ``path``.
+
+    Args:
+        path: a ``.toml`` recipe file.
+        overrides: ``{"section.key": value}`` applied on top of the file (the CLI's
+            ``--set train.epochs=1``); checked like the file's own values.
+
+    Raises:
+        RecipeError: naming the file, the section and key, the value and what is allowed.
+    """
+    path = str(path)
+    document = apply_overrides(read_toml(path), dict(overrides or {}), path)
+    sections, given = parse_sections(document, path)
+    return Recipe(path=path, given=given, **sections)
+
+
+def check_recipe(recipe, device_count=None):
+    """The recipe's ``Plan``, worked out without its devices; raises if it cannot run.
+
+    Checks, naming the file and values: the mesh against the device count (``[target]
+    hosts x devices_per_host``, or ``device_count``), the global batch against the data
+    axis and the hosts, the sequence length against the axes that split it, the model's
+    layout rules against its variables (built abstractly, nothing allocated), the
+    training state against ``[target] device_memory_gib``, and that the job supports
+    every key set.
+
+    Raises:
+        RecipeError: any of the above; ``UnsupportedKeyError`` (with the plan attached,
+            when everything else passed) for keys the job's config lacks;
+            ``JobUnavailableError`` when the job's module cannot be imported.
+    """
+    module, config, problems = recipe._job_config()
+    plan = _plan(recipe, module, config, device_count or recipe.target.devices)
+    if problems:
+        raise _unsupported(recipe, problems, plan)
+    return plan
+
+
+def _plan(recipe, module, config, devices):
+    job, target = recipe.job, recipe.target
+    strategy, spec = job.strategy(config), job.mesh_spec(config)
+    with _named(recipe, f"[parallel] mesh {spec!r} (strategy {strategy!r}) on {_devices_text(recipe, devices)}"):
+        axes = plans.resolve_axes(spec, strategy, devices)
+    mesh = None if axes is None else plans.AbstractDeviceMesh(axes)
+    context = f"strategy {strategy!r} on mesh {plans.describe_axes(axes)}, model {job.describe_model(config)}"
+    with _named(recipe, context):
+        distribution = job.distribution(module, config, mesh)
+        batch, sequence = config.batch_size, job.sequence_length(config)
+        data_shards, sequence_shards = plans.check_batch(distribution, axes, strategy, batch, sequence, target.hosts)
+        model, slots, layout_axes = plans.build_abstract(job, module, config, distribution)
+        job.check_inputs(config, model)
+        weights, gradients, optimizer = plans.memory_per_device(model, slots, layout_axes, dict(axes or []))
+        plans.check_memory(target, weights + gradients + optimizer, strategy, plans.describe_axes(axes))
+    return Plan(
+        path=recipe.path, job=job.name, description=recipe.recipe.description, model=job.describe_model(config),
+        strategy=strategy, mesh=plans.describe_axes(axes), platform=target.platform, hosts=target.hosts,
+        devices=devices, parameters=model.count_params(),
+        trainable_parameters=int(sum(math.prod(v.shape) for v in model.trainable_variables)), weight_bytes=weights, gradient_bytes=gradients,
+        optimizer_bytes=optimizer,
+        device_memory_bytes=int(target.device_memory_gib * plans.GIB) if target.device_memory_gib else None,
+        global_batch=batch, data_shards=data_shards, sequence_length=sequence, sequence_shards=sequence_shards,
+        accumulation=job.accumulation(config), flops_per_step=job.flops_per_step(config, model),
+        peak_flops_per_device=recipe.logging.peak_tflops * 1e12 if recipe.logging.peak_tflops else None, notes=tuple(plans.notes_for(axes, target, weights + gradients + optimizer)),
+    )  # fmt: skip
+
+
+def _devices_text(recipe, devices):
+    target = recipe.target
+    if devices == target.devices:
+        return f"{devices} devices ([target] hosts={target.hosts} x devices_per_host={target.devices_per_host})"
+    return f"{devices} devices"
+
+
+def _unsupported(recipe, problems, plan=None):
+    job, sections = recipe.job, {}
+    for dotted, why in problems:
+        sections.setdefault(dotted.split(".")[0], []).append(why)
+    listed = "; ".join(f"[{section}] " + ", ".join(whys) for section, whys in sections.items())
+    return UnsupportedKeyError(
+        f"{recipe.path}: job {job.name!r} ({job.module_name}.{job.config_class_name}) does not support {listed}: "
+        f"remove these keys, or add the fields to {job.config_class_name}",
+        [dotted for dotted, _ in problems],
+        plan,
+    )
+
+
+@contextlib.contextmanager
+def _named(recipe, context):
+    """Re-raise a library ``ValueError`` as ``RecipeError`` naming the file and ``context``."""
+    try:
+        yield
+    except RecipeError as error:
+        if not str(error).startswith(recipe.path):
+            error.args = (f"{recipe.path}: {error}",)  # keep the class (JobUnavailableError, ...)
+        raise
+    except ValueError as error:
+        raise RecipeError(f"{recipe.path}: {context}: {error}") from error
+
+
+def run_recipe(recipe, *, coordinator_address=None, process_id=None, report=print):
+    """Run the recipe's job on this process's share of the target; returns the job's result.
+
+    Joins the multi-host job first (``zoo.distribution.multihost.initialize``, before
+    anything touches the devices; a no-op for one host), checks the platform and device
+    count JAX found against ``[target]``, prints the plan on process 0, checks every
+    process runs the same recipe, then calls the job function with ``job_config()``.
+
+    Args:
+        coordinator_address: overrides ``[multihost] coordinator_address``; both absent,
+            the environment or the cluster (SLURM, Cloud TPU) provide it.
+        process_id: this process's index; absent, the environment or cluster provide it.
+        report: where process 0's lines go (other processes stay quiet).
+    """
+    from zoo.distribution import multihost
+
+    _join(recipe, coordinator_address, process_id)
+    _check_devices(recipe)
+    config = recipe.job_config()
+    plan = check_recipe(recipe, device_count=recipe.target.devices)
+    say = report if multihost.is_primary() else _quiet
+    for line in plan.format():
+        say(line)
+    multihost.check_processes_agree(recipe=multihost.fingerprint(recipe.fingerprint_data()))
+    _, _, function = recipe.job.load()
+    return function(config, report=say)
+
+
+def _quiet(*_):
+    pass
+
+
+def _join(recipe, coordinator_address, process_id):
+    from zoo.distribution import multihost
+
+    target = recipe.target
+    # One process per host sees all of its GPUs; JAX's SLURM/Open MPI default is one GPU per process.
+    local_ids = list(range(target.devices_per_host)) if target.platform == "gpu" and target.hosts > 1 else None
+    multihost.initialize(
+        coordinator_address or recipe.multihost.coordinator_address, target.hosts, process_id,
+        timeout_s=recipe.multihost.timeout_s, local_device_ids=local_ids,
+    )  # fmt: skip
+
+
+def _check_devices(recipe):
+    import jax
+
+    from zoo.distribution import describe_devices
+
+    target, devices = recipe.target, jax.devices()
+    found = f"JAX found {len(devices)} {devices[0].platform} device(s) in {jax.process_count()} process(es) ({describe_devices()})"
+    if devices[0].platform != target.platform:
+        raise RecipeError(f"{recipe.path}: [target] platform is {target.platform!r} but {found}")
+    if len(devices) != target.devices or jax.process_count() != target.hosts:
+        raise RecipeError(
+            f"{recipe.path}: [target] hosts={target.hosts} x devices_per_host={target.devices_per_host} = "
+            f"{target.devices} devices, but {found}; expose exactly those (CUDA_VISIBLE_DEVICES, "
+            f"TPU_VISIBLE_CHIPS) or use the recipe of the target you have"
+        )
