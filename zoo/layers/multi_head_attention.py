@@ -1,10 +1,12 @@
 """Multi-head self-attention (MHA, GQA, MQA) that can split the sequence across devices."""
 
+import jax
+import jax.numpy as jnp
 import keras
 
-from zoo.kernels import check_kv_heads
+from zoo.kernels import attention_reference, check_kv_heads
 from zoo.layers import _sequence_parallel
-from zoo.layers.rotary_embedding import check_rotary_head_dim
+from zoo.layers.rotary_embedding import apply_rotary_embedding, check_rotary_head_dim
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -42,6 +44,16 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Call: ``layer(x, key_mask=None)``; x (B, T, C); key_mask bool (B, T), True keeps
     the key (padding = False). Returns (B, T, C).
+
+    Cached call (autoregressive decoding): ``layer(x, cache=cache, cache_index=i)``
+    with cache (B, 2, S, K, D) holding the rotated keys and the values of positions
+    0..S-1 (``cache[:, 0]`` keys, ``cache[:, 1]`` values; ``empty_cache`` makes one).
+    The T tokens of x sit at positions i..i+T-1 (i may be a traced scalar): their keys
+    and values are written into the cache there, rotary embedding uses those absolute
+    positions, and the queries attend to the cache's filled keys 0..i+T-1 (causally if
+    ``causal``). Returns ``(output (B, T, C), new cache)``. This path always runs plain
+    attention on whole arrays in natural token order (no ``sequence_parallel`` kernel,
+    no ``balance``) and takes no key_mask.
 
     Variable paths: ``<name>/query/kernel`` (C, H, D), ``<name>/key/kernel`` and
     ``<name>/value/kernel`` (C, K, D), ``<name>/output/kernel`` (H, D, C); with
@@ -118,7 +130,11 @@ class MultiHeadAttention(keras.layers.Layer):
             name=name,
         )
 
-    def call(self, x, key_mask=None):
+    def call(self, x, key_mask=None, cache=None, cache_index=None):
+        if cache is not None:
+            if key_mask is not None:
+                raise ValueError(f"MultiHeadAttention {self.name!r}: key_mask is not supported together with cache")
+            return self._call_with_cache(x, cache, 0 if cache_index is None else cache_index)
         batch, length = x.shape[0], x.shape[1]
         if key_mask is not None:
             if tuple(key_mask.shape) != (batch, length):
@@ -144,6 +160,43 @@ class MultiHeadAttention(keras.layers.Layer):
             ring_block_size=self.ring_block_size,
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
+
+    def empty_cache(self, batch_size, cache_length, dtype=None):
+        """Zeros (B, 2, S, K, D) for ``cache_length`` positions, in the compute dtype."""
+        shape = (batch_size, 2, cache_length, self.num_kv_heads, self.head_dim)
+        return jnp.zeros(shape, dtype or self.compute_dtype)
+
+    def _call_with_cache(self, x, cache, cache_index):
+        """x (B, T, C) at positions cache_index..cache_index+T-1 -> ((B, T, C), cache (B, 2, S, K, D))."""
+        self._check_cache(x.shape, cache.shape)
+        length, cache_length = x.shape[1], cache.shape[2]
+        positions = cache_index + jnp.arange(length, dtype=jnp.int32)  # i32[T]
+        q = self.query(x)  # (B, T, H, D)
+        k = self.key(x)  # (B, T, K, D)
+        v = self.value(x)  # (B, T, K, D)
+        if self.rotary:
+            q, k = (apply_rotary_embedding(t, positions, base=self.rotary_base) for t in (q, k))
+        new = jnp.stack([k, v], axis=1).astype(cache.dtype)  # (B, 2, T, K, D)
+        cache = jax.lax.dynamic_update_slice(cache, new, (0, 0, cache_index, 0, 0))  # (B, 2, S, K, D)
+        key_positions = jnp.arange(cache_length, dtype=jnp.int32)  # i32[S]
+        filled = jnp.broadcast_to(key_positions < cache_index + length, (x.shape[0], cache_length))  # bool[B, S]
+        out = attention_reference(
+            q, cache[:, 0].astype(q.dtype), cache[:, 1].astype(q.dtype), causal=self.causal,
+            key_mask=filled, q_positions=positions, k_positions=key_positions,
+        )  # (B, T, H, D)
+        return self.output_dense(out), cache  # (B, T, C)
+
+    def _check_cache(self, x_shape, cache_shape):
+        expected = (x_shape[0], 2, None, self.num_kv_heads, self.head_dim)
+        if len(cache_shape) != 5 or any(e is not None and e != c for e, c in zip(expected, cache_shape)):
+            raise ValueError(
+                f"MultiHeadAttention {self.name!r}: cache shape {tuple(cache_shape)} must be (batch, 2, "
+                f"cache length, num_kv_heads, head_dim) = ({x_shape[0]}, 2, S, {self.num_kv_heads}, {self.head_dim})"
+            )
+        if x_shape[1] > cache_shape[2]:
+            raise ValueError(
+                f"MultiHeadAttention {self.name!r}: {x_shape[1]} new tokens do not fit a cache of length {cache_shape[2]}"
+            )
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)

@@ -49,6 +49,12 @@ class TransformerBlock(keras.layers.Layer):
 
     Call: ``block(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
 
+    Cached call (decoding): ``block(x, cache=cache, cache_index=i)`` with the
+    attention's cache (B, 2, S, K, D) (``attention.empty_cache(B, S)``) returns
+    ``(y (B, T, C), new cache)``; see ``MultiHeadAttention``. Under a mesh whose model
+    axis splits (size > 1) it needs ``tp_sequence_parallel=False``: a decode step's
+    T = 1 token cannot split over the sequence.
+
     Sublayers (variable paths under ``<name>/``, C = channels, H/K heads/KV heads,
     D = head_dim, F = hidden_dim; the MLP's ``gate`` only when gated):
 
@@ -156,12 +162,28 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.attention_norm, self.attention, self.mlp_norm, self.mlp):
             layer.build(input_shape)
 
-    def call(self, x, key_mask=None, training=None):
+    def call(self, x, key_mask=None, training=None, cache=None, cache_index=None):
+        if cache is not None:
+            return self._call_with_cache(x, cache, cache_index, training)
         x = self._split_sequence(x)  # (B, T, C), T split over the model axis with tp_sequence_parallel
         attended = self.attention(self.attention_norm(x), key_mask=key_mask)  # (B, T, C)
         x = self._split_sequence(x + self.attention_dropout(attended, training=training))  # (B, T, C)
         transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
         return x + self.mlp_dropout(transformed, training=training)  # (B, T, C)
+
+    def _call_with_cache(self, x, cache, cache_index, training):
+        """x (B, T, C) at positions cache_index.. -> ((B, T, C), cache (B, 2, S, K, D))."""
+        plan = current_plan(self.model_axis) if self.tp_sequence_parallel else None
+        if plan is not None:
+            raise ValueError(
+                f"TransformerBlock {self.name!r}: a cached (decoding) call cannot split its {x.shape[1]} "
+                f"token(s) over the {plan.model_axis!r} mesh axis of size {plan.model_size}; build the "
+                f"block with tp_sequence_parallel=False for decoding (the weights are the same)"
+            )
+        attended, cache = self.attention(self.attention_norm(x), cache=cache, cache_index=cache_index)  # (B, T, C)
+        x = x + self.attention_dropout(attended, training=training)  # (B, T, C)
+        transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
+        return x + self.mlp_dropout(transformed, training=training), cache  # (B, T, C)
 
     def _split_sequence(self, x):
         """With ``tp_sequence_parallel`` under a model axis of size M > 1, lay the residual

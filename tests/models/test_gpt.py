@@ -1,0 +1,169 @@
+"""GPTBackbone / GPTCausalLM: config and ``.keras`` round trips, named sizes, variable paths,
+parameter counts, and configuration / layout errors that name the offending numbers."""
+
+import inspect
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from zoo.distribution import CheckedModelParallel, LayoutError, build_distributed, make_mesh
+from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM, count_parameters
+
+TINY = dict(GPT_CONFIGS["gpt_tiny"])
+
+
+def _tokens(batch=2, length=12, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, size=(batch, length)).astype("int32")
+
+
+def test_config_keeps_every_argument_and_round_trips():
+    model = GPTCausalLM.from_config_name("gpt_tiny", dropout=0.1, seed=3, rotary_base=500.0, norm="layer", sequence_parallel="ring")
+    config = model.get_config()
+    arguments = set(inspect.signature(GPTCausalLM.__init__).parameters) - {"self", "kwargs"}
+    assert arguments <= set(config), arguments - set(config)
+    assert config["head_dim"] == 8 and config["num_kv_heads"] == 2 and config["rotary_base"] == 500.0  # defaults resolved
+    assert config["sequence_parallel"] == "ring" and model.backbone.blocks[1].attention.sequence_parallel == "ring"
+    assert model.backbone.blocks[1].mlp_dropout.seed == 3 + 1 + 2 + 1  # block i: seed + 1 + 2i (and + 1)
+    clone = GPTCausalLM.from_config(config)
+    assert clone.get_config() == config
+    json.dumps(keras.saving.serialize_keras_object(model))
+    backbone_arguments = set(inspect.signature(GPTBackbone.__init__).parameters) - {"self", "kwargs"}
+    assert backbone_arguments <= set(model.backbone.get_config())
+
+
+@pytest.mark.parametrize(
+    "overrides", [dict(tie_embeddings=True), dict(mlp="gelu", norm="layer", dropout=0.2, seed=1)], ids=["tied", "gelu-layernorm"]
+)
+def test_keras_file_round_trip_reproduces_outputs(overrides, tmp_path):
+    model = GPTCausalLM.from_config_name("gpt_tiny", **overrides)
+    x = _tokens()
+    expected = np.asarray(model(x))
+    path = tmp_path / "gpt.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    assert isinstance(loaded, GPTCausalLM) and loaded.get_config() == model.get_config()
+    assert [v.path for v in loaded.weights] == [v.path for v in model.weights]
+    np.testing.assert_allclose(np.asarray(loaded(x)), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_backbone_takes_any_sequence_length():
+    backbone = GPTBackbone(**{k: v for k, v in TINY.items() if k != "tie_embeddings"})
+    assert tuple(backbone.input.shape) == (None, None) and tuple(backbone.output.shape) == (None, None, 32)
+    tokens = _tokens(2, 12)
+    hidden = np.asarray(backbone.predict_on_batch(tokens))
+    assert hidden.shape == (2, 12, 32) and np.all(np.isfinite(hidden))
+    # another length, and causality: the first 5 positions do not depend on what follows
+    np.testing.assert_allclose(np.asarray(backbone.predict_on_batch(tokens[:, :5])), hidden[:, :5], rtol=1e-5, atol=1e-5)
+
+
+def test_variable_paths_are_stable():
+    model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1)
+    block = ["attention/query", "attention/key", "attention/value", "attention/output", "mlp/gate", "mlp/up", "mlp/down"]
+    expected = (
+        ["token_embedding/embeddings"]
+        + [f"block_0/{name}/kernel" for name in block]
+        + ["block_0/attention_norm/scale", "block_0/mlp_norm/scale", "final_norm/scale", "lm_head/kernel"]
+    )
+    assert [v.path for v in model.weights] == expected
+    tied = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, tie_embeddings=True)
+    assert [v.path for v in tied.weights] == expected[:-1]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(tie_embeddings=True), dict(mlp="gelu", norm="layer", num_kv_heads=4, head_dim=4)],
+)
+def test_parameter_count_formula_matches_the_model(overrides):
+    config = TINY | overrides
+    assert GPTCausalLM(**config).count_params() == count_parameters(config)
+
+
+def test_named_configs_and_their_sizes():
+    assert GPTCausalLM.from_config_name("gpt_tiny").count_params() == count_parameters(TINY) == 34_976
+    millions = {name: count_parameters(config) / 1e6 for name, config in GPT_CONFIGS.items()}
+    assert 120 < millions["gpt_125m"] < 130 and 340 < millions["gpt_350m"] < 370 and 1000 < millions["gpt_1b"] < 1200
+    with pytest.raises(ValueError) as error:
+        GPTCausalLM.from_config_name("gpt_huge")
+    assert "unknown GPT config name 'gpt_huge'" in str(error.value)
+    assert str(sorted(GPT_CONFIGS)) in str(error.value)
+
+
+def test_strategy_config_entries():
+    assert GPTCausalLM.from_config_name("gpt_tiny", strategy="tp+sp").tp_sequence_parallel is True
+    assert GPTCausalLM.config_for_strategy("tp", {"tp_sequence_parallel": True, "num_layers": 3}) == {
+        "tp_sequence_parallel": False, "num_layers": 3
+    }
+    with pytest.raises(ValueError, match="unknown layout strategy 'zero3'"):
+        GPTCausalLM.config_for_strategy("zero3", TINY)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_dim=30), "hidden_dim 30 is not divisible by num_heads 4; pass head_dim explicitly"),
+        (dict(num_kv_heads=3), "num_kv_heads 3 does not divide num_heads 4"),
+        (dict(head_dim=5), "rotary embedding needs an even head_dim, got head_dim 5"),
+        (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
+        (dict(vocabulary_size=2.5), "vocabulary_size must be a positive integer, got 2.5"),
+        (dict(mlp="swish"), "mlp must be one of ['swiglu', 'geglu', 'gelu', 'relu'], got 'swish'"),
+        (dict(norm="batch"), "norm must be one of ['rms', 'layer'], got 'batch'"),
+        (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
+    ],
+)
+def test_bad_config_names_the_numbers(overrides, message):
+    with pytest.raises(ValueError) as error:
+        GPTCausalLM(**(TINY | overrides))
+    assert message in str(error.value)
+
+
+# --- layout maps: divisibility checked up front (keras-hub#1613, #2826) ------------------
+
+
+def test_kv_heads_not_divisible_by_model_axis_is_refused_up_front():
+    mesh = make_mesh("data=2,model=4")
+    for strategy in ("tp", "tp+sp", "fsdp+tp"):
+        config = GPTCausalLM.config_for_strategy(strategy, TINY)
+        with pytest.raises(LayoutError) as error:
+            GPTCausalLM.get_layout_map(mesh, strategy, config=config)
+        assert "num_kv_heads=2 is not divisible by the 'model' mesh axis of size 4" in str(error.value)
+    GPTCausalLM.get_layout_map(mesh, "fsdp", config=TINY | {"hidden_dim": 32})  # heads are not split by fsdp
+
+
+def test_kv_heads_without_config_still_fail_when_the_weight_is_created():
+    """No silent replication: the checked distribution rejects the (C, K=2, D) key kernel."""
+    mesh = make_mesh("data=2,model=4")
+    distribution = CheckedModelParallel(layout_map=GPTCausalLM.get_layout_map(mesh, "tp"), batch_dim_name="data")
+    with pytest.raises(LayoutError, match=r"block_0/attention/key/kernel.*dimension 1 of size 2 is not divisible by mesh axis 'model' of size 4"):
+        build_distributed(lambda: GPTCausalLM(**TINY), distribution)
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh, overrides, message",
+    [
+        ("fsdp", "data=8", dict(hidden_dim=36, head_dim=8), "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8"),
+        ("fsdp", "data=8", dict(vocabulary_size=260), "vocabulary_size=260 is not divisible by the 'data' mesh axis of size 8"),
+        ("tp", "data=2,model=4", dict(num_heads=6, num_kv_heads=6, hidden_dim=48), "num_heads=6 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp", "data=2,model=4", dict(num_kv_heads=4, intermediate_dim=66), "intermediate_dim=66 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp", "data=2,model=4", dict(num_kv_heads=4, vocabulary_size=254), "vocabulary_size=254 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp+sp", "data=2,model=4", dict(num_kv_heads=4), "needs a model built with tp_sequence_parallel=True"),
+    ],
+)
+def test_layout_config_errors_name_the_numbers(strategy, mesh, overrides, message):
+    with pytest.raises(ValueError) as error:
+        GPTCausalLM.get_layout_map(make_mesh(mesh), strategy, config=TINY | overrides)
+    assert message in str(error.value)
+
+
+def test_layout_rules_per_strategy():
+    mesh = make_mesh("data=2,model=4")
+    assert len(GPTCausalLM.get_layout_map(mesh, "data")) == 0
+    tp = GPTCausalLM.get_layout_map(mesh, "tp")
+    assert tp[r".*token_embedding/embeddings"].axes == ("model", None)
+    assert tp[r".*lm_head/kernel"].axes == (None, "model")
+    tied = GPTCausalLM.get_layout_map(mesh, "tp", config=TINY | dict(num_kv_heads=4, tie_embeddings=True))
+    assert r".*lm_head/kernel" not in list(tied)
+    assert r".*lm_head/kernel" not in list(GPTBackbone.get_layout_map(mesh, "fsdp+tp"))
+    with pytest.raises(ValueError, match="needs mesh axes"):
+        GPTCausalLM.get_layout_map(make_mesh("data=8"), "tp")

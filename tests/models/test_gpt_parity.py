@@ -1,0 +1,143 @@
+"""GPTCausalLM trains to the single-device numbers under every layout strategy, and its
+weights (and optimizer state) are really placed as ``get_layout_map`` says.
+
+8 simulated devices; a tiny model (1 block for training, 2 for placement; C=32, 8 heads
+/ 4 KV heads, F=64, V=256, tied embeddings), T=16, batch 8, 3 SGD-with-momentum steps with dropout on. As in
+``zoo.distribution.parity.check_parity``, each strategy's run is compared with the
+single-device run on per-step losses, first-batch gradients, outputs after training and
+final weights; here the single-device run is done once for all strategies (the same
+model: ``tp_sequence_parallel`` changes nothing on one device), which saves a third of
+the compile time.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from zoo.distribution import CheckedModelParallel, build_distributed, make_mesh, parity
+from zoo.models.gpt import GPT_CONFIGS, GPTCausalLM
+
+LENGTH, BATCH, STEPS = 16, 8, 3
+TRAIN_LAYERS = 1  # each compile of a block's forward and backward costs seconds on CPU
+# gpt_tiny with 8 query / 4 KV heads (head_dim 4) so heads split over a model axis of 4
+CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(num_heads=8, num_kv_heads=4, dropout=0.1, seed=11, tie_embeddings=True)
+
+
+def _config(strategy, **overrides):
+    return GPTCausalLM.config_for_strategy(strategy, CONFIG | overrides)
+
+
+def _distribution(strategy, mesh, config):
+    mesh = make_mesh(mesh)
+    if strategy == "data":
+        return keras.distribution.DataParallel(device_mesh=mesh)
+    layout_map = GPTCausalLM.get_layout_map(mesh, strategy, config=config)
+    return CheckedModelParallel(layout_map=layout_map, batch_dim_name="data")
+
+
+def _compile(model):
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def _language_data(count=STEPS * BATCH, seed=0):
+    """(tokens, next tokens), both i32[N, T]: byte sequences with a learnable pattern."""
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, 200, size=(count, 1))
+    sequence = (starts + np.arange(LENGTH + 1)[None, :] * rng.integers(1, 4, size=(count, 1))) % 256
+    return sequence[:, :-1].astype("int32"), sequence[:, 1:].astype("int32")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The single-device run (``check_parity``'s reference half), shared by the strategies."""
+    keras.utils.set_random_seed(0)
+    config = _config("data", num_layers=TRAIN_LAYERS)
+    return parity._train_run(lambda: GPTCausalLM(**config), _compile, None, *_language_data(), BATCH, None)
+
+
+def _parity_report(strategy, mesh, reference):
+    """``check_parity``'s distributed half and comparison, against the shared reference."""
+    config = _config(strategy, num_layers=TRAIN_LAYERS)
+    try:
+        run = parity._train_run(
+            lambda: GPTCausalLM(**config), _compile, _distribution(strategy, mesh, config), *_language_data(), BATCH,
+            reference["initial"],
+        )  # fmt: skip
+    finally:
+        keras.distribution.set_distribution(None)
+    quantities = ("loss", "gradients", "outputs", "weights")
+    differences = {name: parity.compare(reference[name], run[name]) for name in quantities}
+    losses = [list(r["loss"].values()) for r in (reference, run)]
+    return parity.ParityReport(STEPS, *losses, differences, parity.DEFAULT_RTOL, parity.DEFAULT_ATOL)
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh", [("data", "data=8"), ("fsdp", "data=8"), ("tp", "data=2,model=4"), ("tp+sp", "data=2,model=4")]
+)
+def test_three_steps_of_fit_match_one_device(strategy, mesh, reference):
+    report = _parity_report(strategy, mesh, reference)
+    assert report.passed, "\n".join(report.format())
+    assert len(report.reference_losses) == STEPS
+    assert report.reference_losses[2] < report.reference_losses[0]  # not vacuous: it trained
+
+
+# path -> expected PartitionSpec per strategy (None entries written out)
+EXPECTED_SPECS = {
+    "fsdp": {
+        "token_embedding/embeddings": ("data", None),
+        "block_0/attention/query/kernel": ("data", None, None),
+        "block_1/attention/key/kernel": ("data", None, None),
+        "block_0/attention/output/kernel": (None, None, "data"),
+        "block_1/mlp/up/kernel": ("data", None),
+        "block_0/mlp/down/kernel": (None, "data"),
+        "lm_head/kernel": ("data", None),  # untied models only (see _config below)
+    },
+    "tp": {
+        "token_embedding/embeddings": ("model", None),
+        "block_0/attention/query/kernel": (None, "model", None),
+        "block_1/attention/value/kernel": (None, "model", None),
+        "block_0/attention/output/kernel": ("model", None, None),
+        "block_1/mlp/gate/kernel": (None, "model"),
+        "block_0/mlp/down/kernel": ("model", None),
+        "lm_head/kernel": (None, "model"),
+    },
+    "fsdp+tp": {
+        "token_embedding/embeddings": ("model", "data"),
+        "block_0/attention/key/kernel": ("data", "model", None),
+        "block_1/attention/output/kernel": ("model", None, "data"),
+        "block_0/mlp/up/kernel": (None, "model"),
+        "lm_head/kernel": ("data", "model"),
+    },
+}
+EXPECTED_SPECS["tp+sp"] = EXPECTED_SPECS["tp"]
+MESHES = {"fsdp": "data=8", "tp": "data=2,model=4", "tp+sp": "data=2,model=4", "fsdp+tp": "data=2,model=4"}
+
+
+@pytest.mark.parametrize("strategy", sorted(EXPECTED_SPECS))
+def test_weights_are_really_sharded(strategy):
+    config = _config(strategy, tie_embeddings=False)
+    model = build_distributed(lambda: GPTCausalLM(**config), _distribution(strategy, MESHES[strategy], config))
+    specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
+    for path, spec in EXPECTED_SPECS[strategy].items():
+        assert specs[path] + (None,) * (len(spec) - len(specs[path])) == spec, (path, specs[path])
+    for path in ("final_norm/scale", "block_0/attention_norm/scale"):
+        assert all(entry is None for entry in specs[path]), (path, specs[path])
+    assert model.tp_sequence_parallel == (strategy == "tp+sp")
+
+
+def test_fsdp_shards_the_optimizer_state_too():
+    config = _config("fsdp", num_kv_heads=2)  # GQA 8/2: fsdp does not split heads
+    model = build_distributed(lambda: GPTCausalLM(**config), _distribution("fsdp", "data=8", config))
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    slots = {v.path: v for v in optimizer.variables}
+    embedding_slots = [v for path, v in slots.items() if "token_embedding_embeddings" in path]
+    assert len(embedding_slots) == 2, sorted(slots)  # Adam's momentum and velocity
+    for slot in embedding_slots:
+        assert tuple(slot.value.sharding.spec) == ("data", None)
+        assert {shard.data.shape for shard in slot.value.addressable_shards} == {(256 // 8, 32)}
+    query_slots = [v for path, v in slots.items() if "block_0_attention_query_kernel" in path]
+    assert query_slots and all(tuple(s.value.sharding.spec)[0] == "data" for s in query_slots)

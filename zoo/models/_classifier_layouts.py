@@ -1,0 +1,86 @@
+"""Layout rules for the encoder-style classifiers' own weights (not the blocks').
+
+``TransformerEncoderClassifier`` and ``ViTClassifier`` combine these with
+``_transformer_layouts.block_rules``. The choices, per strategy (``-`` = not split):
+
+===============================  ==========  ==========  ================  ==========
+path                             shape       fsdp        tp / tp+sp        fsdp+tp
+===============================  ==========  ==========  ================  ==========
+token_embedding/embeddings       (V, C)      (data, -)   (model, -)        (model, data)
+position_embedding/embeddings    (L, C)      (-, data)   replicated        (-, data)
+patch_embedding/kernel           (p,p,Ch,C)  (-,-,-,data) replicated       (-,-,-,data)
+classifier_head/kernel           (C, N)      (data, -)   (-, model) [1]    (data, model) [1]
+classifier_head/bias             (N,)        replicated  (model,) [1]      (model,) [1]
+===============================  ==========  ==========  ================  ==========
+
+Under tp the token embedding is vocabulary-parallel (Megatron): each device holds V/M
+rows and the lookup ends in one all-reduce; the GPT models place it the same way. The position and patch embeddings feed the
+residual stream, which tp keeps whole on every model device, and are small (L x C,
+p^2 Ch x C), so tp replicates them; fsdp splits them over data like every large weight.
+Vectors (norms, biases, the class token) stay replicated.
+
+[1] only when ``num_classes`` is known (``config`` given) and divisible by the model
+axis; otherwise the head is replicated over model.
+"""
+
+from zoo.distribution.axes import DATA, MODEL
+from zoo.distribution.layouts import LayoutError
+from zoo.distribution.mesh import mesh_axis_size
+from zoo.models._transformer_layouts import (
+    block_rules,
+    build_layout_map,
+    check_divisible,
+    uses_data_axis_for_weights,
+    uses_model_axis,
+)
+
+
+def split_axes(strategy):
+    """(data axis or None, model axis or None): the axes ``strategy`` splits weights over."""
+    return (DATA if uses_data_axis_for_weights(strategy) else None, MODEL if uses_model_axis(strategy) else None)
+
+
+def token_embedding_rules(strategy):
+    """As the GPT models: vocabulary over model (tp), else the vocabulary over data (fsdp)."""
+    d, m = split_axes(strategy)
+    return {r".*token_embedding/embeddings": (m, d) if m else (d, None)}  # (V, C)
+
+
+def position_embedding_rules(strategy):
+    d, _ = split_axes(strategy)
+    return {r".*position_embedding/embeddings": (None, d)}  # (L, C)
+
+
+def patch_embedding_rules(strategy):
+    d, _ = split_axes(strategy)
+    return {r".*patch_embedding/kernel": (None, None, None, d)}  # (p, p, Ch, C)
+
+
+def head_rules(strategy, mesh, num_classes):
+    """The head's classes split over model only when ``num_classes`` is known and divides."""
+    d, m = split_axes(strategy)
+    if m is not None and (num_classes is None or num_classes % mesh_axis_size(mesh, m)):
+        m = None
+    return {r".*classifier_head/kernel": (d, m), r".*classifier_head/bias": (m,)}  # (C, N), (N,)
+
+
+def check_sizes(mesh, strategy, config, extra_sizes=None):
+    """Raise ``LayoutError`` naming the numbers unless ``config``'s sizes split evenly."""
+    if strategy == "tp+sp" and not config["tp_sequence_parallel"]:
+        raise LayoutError(
+            "layout strategy 'tp+sp' needs the model built with tp_sequence_parallel=True "
+            "(see _transformer_layouts.config_overrides('tp+sp')), but the config has tp_sequence_parallel=False"
+        )
+    sizes = {
+        "num_heads": config["num_heads"],
+        "num_kv_heads": config["num_kv_heads"] or config["num_heads"],
+        "intermediate_dim": config["intermediate_dim"],
+        ("hidden_dim", DATA): config["hidden_dim"],
+        **(extra_sizes or {}),
+    }
+    check_divisible(mesh, strategy, sizes)
+
+
+def classifier_layout_map(mesh, strategy, own_rules):
+    """``build_layout_map`` of the block rules plus the model's ``own_rules``."""
+    return build_layout_map(mesh, strategy, {**block_rules(strategy), **own_rules})

@@ -1,0 +1,227 @@
+"""``GPTBackbone``: token ids -> hidden states of a decoder-only (GPT-style) Transformer."""
+
+import keras
+
+from zoo.distribution.axes import DATA, MODEL
+from zoo.layers import TransformerBlock
+from zoo.models.gpt import _gpt_layouts
+
+MLPS = ("swiglu", "geglu", "gelu", "relu")
+NORMS = ("rms", "layer")
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class GPTBackbone(keras.Model):
+    """Token embedding, ``num_layers`` causal pre-norm ``TransformerBlock``s, final norm.
+
+    ``token_ids (B, T) int32 -> hidden states (B, T, C)``; T may vary between calls (the
+    functional graph has a None sequence length). Attention is causal with rotary
+    position embedding (no learned positions) and grouped-query heads when
+    ``num_kv_heads < num_heads``.
+
+    Args:
+        vocabulary_size: V, rows of the token embedding.
+        num_layers: L, Transformer blocks ``block_0`` .. ``block_{L-1}``.
+        num_heads: H, query heads.
+        hidden_dim: C, the residual stream's width.
+        intermediate_dim: F, the MLP's hidden width.
+        num_kv_heads: K, key/value heads (divides H); None means H.
+        head_dim: D; None means C // H (then H must divide C).
+        mlp: ``"swiglu"``, ``"geglu"`` (gated), ``"gelu"`` or ``"relu"``.
+        norm: ``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm), for the blocks and the final norm.
+        norm_epsilon: the norms' epsilon.
+        dropout: rate after the embedding and on each block's two residual branches.
+        max_sequence_length: the longest sequence ``generate`` accepts (prompt plus new
+            tokens); rotary positions need no table, so training is not limited by it.
+        rotary_base: RoPE's base wavelength.
+        seed: seeds the dropout streams (embedding: seed, block i: seed + 1 + 2i and + 2i + 2).
+        tp_sequence_parallel: Megatron sequence parallelism in every block (layout
+            strategy ``"tp+sp"``).
+        sequence_parallel: every attention's ``sequence_parallel`` (None, ``"gather"``,
+            ``"ring"``, ``"ulysses"``); None lets a context-parallel distribution choose.
+
+    Variable paths (see ``get_layout_map`` for layouts): ``token_embedding/embeddings``
+    (V, C), ``block_<i>/...`` (``TransformerBlock``), ``final_norm/scale`` (C,) for RMS
+    or ``final_norm/gamma``, ``final_norm/beta`` for LayerNorm.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers,
+        num_heads,
+        hidden_dim,
+        intermediate_dim,
+        num_kv_heads=None,
+        head_dim=None,
+        mlp="swiglu",
+        norm="rms",
+        norm_epsilon=1e-5,
+        dropout=0.0,
+        max_sequence_length=1024,
+        rotary_base=10000.0,
+        seed=None,
+        tp_sequence_parallel=False,
+        sequence_parallel=None,
+        name="gpt_backbone",
+        **kwargs,
+    ):
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        head_dim = _default_head_dim(hidden_dim, num_heads) if head_dim is None else head_dim
+        check_config(
+            vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim, num_kv_heads=num_kv_heads, head_dim=head_dim, mlp=mlp, norm=norm,
+            dropout=dropout, max_sequence_length=max_sequence_length,
+        )  # fmt: skip
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
+        embedding = keras.layers.ReversibleEmbedding(
+            vocabulary_size, hidden_dim, tie_weights=True, name="token_embedding"
+        )  # a plain Embedding forwards; reverse=True gives x @ E^T for a tied LM head
+        x = embedding(token_ids)  # (B, T, C)
+        x = keras.layers.Dropout(dropout, seed=seed, name="embedding_dropout")(x)
+        for index in range(num_layers):
+            x = TransformerBlock(
+                num_heads=num_heads,
+                head_dim=head_dim,
+                hidden_dim=intermediate_dim,
+                num_kv_heads=num_kv_heads,
+                causal=True,
+                rotary=True,
+                rotary_base=rotary_base,
+                mlp=mlp,
+                norm=norm,
+                norm_epsilon=norm_epsilon,
+                dropout=dropout,
+                sequence_parallel=sequence_parallel,
+                tp_sequence_parallel=tp_sequence_parallel,
+                seed=None if seed is None else seed + 1 + 2 * index,
+                name=f"block_{index}",
+            )(x)  # (B, T, C)
+        x = _norm(norm, norm_epsilon, "final_norm")(x)  # (B, T, C)
+        super().__init__(inputs=token_ids, outputs=x, name=name, **kwargs)
+
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.mlp = mlp
+        self.norm = norm
+        self.norm_epsilon = norm_epsilon
+        self.dropout = dropout
+        self.max_sequence_length = max_sequence_length
+        self.rotary_base = rotary_base
+        self.seed = seed
+        self.tp_sequence_parallel = bool(tp_sequence_parallel)
+        self.sequence_parallel = sequence_parallel
+
+    # --- sublayers by their stable names ---------------------------------------------
+
+    @property
+    def token_embedding(self):
+        return self.get_layer("token_embedding")
+
+    @property
+    def blocks(self):
+        return [self.get_layer(f"block_{index}") for index in range(self.num_layers)]
+
+    @property
+    def final_norm(self):
+        return self.get_layer("final_norm")
+
+    # --- KV-cache decoding -----------------------------------------------------------
+
+    def empty_caches(self, batch_size, cache_length):
+        """One zero cache (B, 2, S, K, D) per block, S = ``cache_length``."""
+        return [block.attention.empty_cache(batch_size, cache_length) for block in self.blocks]
+
+    def call_with_cache(self, token_ids, caches, cache_index):
+        """Inference forward pass of T new tokens at positions cache_index..cache_index+T-1.
+
+        token_ids (B, T) int32; caches: ``empty_caches`` or a previous call's; returns
+        ``(hidden (B, T, C), new caches)``. Dropout is off.
+        """
+        x = self.token_embedding(token_ids)  # (B, T, C)
+        updated = []
+        for block, cache in zip(self.blocks, caches):
+            x, cache = block(x, cache=cache, cache_index=cache_index)  # (B, T, C), (B, 2, S, K, D)
+            updated.append(cache)
+        return self.final_norm(x), updated  # (B, T, C)
+
+    # --- config and layouts ----------------------------------------------------------
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "vocabulary_size": self.vocabulary_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "hidden_dim": self.hidden_dim,
+            "intermediate_dim": self.intermediate_dim,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "mlp": self.mlp,
+            "norm": self.norm,
+            "norm_epsilon": self.norm_epsilon,
+            "dropout": self.dropout,
+            "max_sequence_length": self.max_sequence_length,
+            "rotary_base": self.rotary_base,
+            "seed": self.seed,
+            "tp_sequence_parallel": self.tp_sequence_parallel,
+            "sequence_parallel": self.sequence_parallel,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def get_layout_map(cls, mesh, strategy="tp", config=None, *, data_axis=DATA, model_axis=MODEL):
+        """``LayoutMap`` for a layout strategy (``data``, ``fsdp``, ``tp``, ``tp+sp``, ``fsdp+tp``).
+
+        The block rules of ``zoo.models._transformer_layouts`` plus the token embedding;
+        ``GPTCausalLM.get_layout_map`` documents the full table. With ``config`` (a
+        ``get_config()``-like dict) the sizes are checked against the mesh first and a
+        ``LayoutError`` names e.g. ``num_kv_heads=2`` and the ``model`` axis of size 4.
+        """
+        return _gpt_layouts.layout_map(
+            mesh, strategy, config, with_head=False, data_axis=data_axis, model_axis=model_axis
+        )
+
+
+def _default_head_dim(hidden_dim, num_heads):
+    if isinstance(hidden_dim, int) and isinstance(num_heads, int) and num_heads > 0 and hidden_dim % num_heads == 0:
+        return hidden_dim // num_heads
+    raise ValueError(
+        f"hidden_dim {hidden_dim} is not divisible by num_heads {num_heads}; pass head_dim explicitly"
+    )
+
+
+def _norm(kind, epsilon, name):
+    if kind == "rms":
+        return keras.layers.RMSNormalization(epsilon=epsilon, name=name)
+    return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
+
+
+def check_config(*, mlp, norm, dropout, num_heads, num_kv_heads, head_dim, **sizes):
+    """Raise ``ValueError`` naming the offending numbers for a bad GPT configuration."""
+    sizes.update(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    for key, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads {num_kv_heads} does not divide num_heads {num_heads}: each KV head serves a "
+            f"whole group of query heads"
+        )
+    if head_dim % 2:
+        raise ValueError(f"rotary embedding needs an even head_dim, got head_dim {head_dim}")
+    if mlp not in MLPS:
+        raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")

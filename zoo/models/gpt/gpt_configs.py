@@ -1,0 +1,100 @@
+"""Named GPT sizes: ``GPTCausalLM.from_config_name(name, **overrides)`` builds one.
+
+Every entry is a complete set of ``GPTCausalLM`` arguments; a comment says where each
+size comes from. ``gpt_tiny`` and ``gpt_small`` are byte-level (``zoo.data.ByteTokenizer``,
+vocabulary 256, pad id 0) and train on a CPU; the larger ones size real runs.
+"""
+
+GPT_CONFIGS = {
+    # Unit tests and docs: trains on a CPU in seconds. GQA (2 KV heads for 4 query heads).
+    "gpt_tiny": {
+        "vocabulary_size": 256,  # bytes
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "hidden_dim": 32,  # C
+        "intermediate_dim": 64,  # F
+        "mlp": "swiglu",
+        "norm": "rms",
+        "max_sequence_length": 128,
+        "tie_embeddings": False,
+    },
+    # Byte-level model for CPU/single-GPU experiments on the embedded text data set.
+    "gpt_small": {
+        "vocabulary_size": 256,
+        "num_layers": 4,
+        "num_heads": 8,
+        "num_kv_heads": 4,
+        "hidden_dim": 256,
+        "intermediate_dim": 768,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "max_sequence_length": 512,
+        "tie_embeddings": False,
+    },
+    # GPT-2 small (124M) shape: LayerNorm, GELU MLP, tied embeddings; rotary instead of
+    # learned positions; vocabulary 50304 = GPT-2's 50257 padded to a multiple of 128.
+    "gpt_125m": {
+        "vocabulary_size": 50304,
+        "num_layers": 12,
+        "num_heads": 12,
+        "num_kv_heads": 12,
+        "hidden_dim": 768,
+        "intermediate_dim": 3072,
+        "mlp": "gelu",
+        "norm": "layer",
+        "max_sequence_length": 1024,
+        "tie_embeddings": True,
+    },
+    # GPT-2 medium (350M) shape, same conventions as gpt_125m.
+    "gpt_350m": {
+        "vocabulary_size": 50304,
+        "num_layers": 24,
+        "num_heads": 16,
+        "num_kv_heads": 16,
+        "hidden_dim": 1024,
+        "intermediate_dim": 4096,
+        "mlp": "gelu",
+        "norm": "layer",
+        "max_sequence_length": 1024,
+        "tie_embeddings": True,
+    },
+    # TinyLlama-1.1B shape: RMSNorm, SwiGLU, GQA 32/4, untied head, LLaMA vocabulary.
+    "gpt_1b": {
+        "vocabulary_size": 32000,
+        "num_layers": 22,
+        "num_heads": 32,
+        "num_kv_heads": 4,
+        "hidden_dim": 2048,
+        "intermediate_dim": 5632,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "max_sequence_length": 2048,
+        "tie_embeddings": False,
+    },
+}
+
+GATED_MLPS = ("swiglu", "geglu")
+
+
+def config_by_name(name):
+    """A copy of ``GPT_CONFIGS[name]``; an unknown name raises listing the known ones."""
+    if name not in GPT_CONFIGS:
+        raise ValueError(f"unknown GPT config name {name!r}; available: {sorted(GPT_CONFIGS)}")
+    return dict(GPT_CONFIGS[name])
+
+
+def count_parameters(config):
+    """Trainable parameters of ``GPTCausalLM(**config)``, from the config alone.
+
+    V vocabulary, C hidden, H/K heads/KV heads, D head_dim, F intermediate, L layers.
+    """
+    vocab, width, layers = config["vocabulary_size"], config["hidden_dim"], config["num_layers"]
+    heads = config["num_heads"]
+    kv_heads = config.get("num_kv_heads") or heads
+    head_dim = config.get("head_dim") or width // heads
+    norm = (2 if config.get("norm", "rms") == "layer" else 1) * width  # LayerNorm: gamma and beta
+    attention = width * head_dim * (2 * heads + 2 * kv_heads)  # query, output (H); key, value (K)
+    mlp = (3 if config.get("mlp", "swiglu") in GATED_MLPS else 2) * width * config["intermediate_dim"]
+    head = 0 if config.get("tie_embeddings", False) else width * vocab
+    return vocab * width + layers * (attention + mlp + 2 * norm) + norm + head
