@@ -23,15 +23,25 @@ give the same loss, so the two loops provably do the same maths.
 """
 
 import dataclasses
-import os
-import statistics
-import time
 
 import jax
 import keras
-import numpy as np
 
 from zoo import distribution as zd
+from zoo.bench._fit_vs_jit import (  # noqa: F401  (re-exported: the benchmark's building blocks)
+    LOSS_ATOL,
+    LOSS_RTOL,
+    SameMathsError,
+    check_same_maths,
+    compare_losses,
+    data_shardings,
+    fit_rate,
+    jit_rate,
+    make_jit_step,
+    measure,
+    mesh_name,
+    write_text,
+)
 from zoo.data import load_shapes
 from zoo.models import SmallCNN
 from zoo.training.cnn import build_cnn, compile_cnn
@@ -39,12 +49,6 @@ from zoo.training.cnn import build_cnn, compile_cnn
 # (label, strategy): the mesh is each strategy's default, "data=<all devices>" for
 # "data" and "data=2,model=<rest>" for "model" (see zoo.distribution.strategies).
 LAYOUTS = (("single device", "single"), ("DataParallel", "data"), ("ModelParallel", "model"))
-
-# Same-maths check: |loss_jit - loss_fit| <= LOSS_ATOL + LOSS_RTOL * |loss_fit|. The two
-# steps are separate XLA programs (fit's also updates metrics), so fusion may reorder
-# float32 sums; anything beyond rounding means the maths differ.
-LOSS_ATOL = 1e-5
-LOSS_RTOL = 1e-5
 
 SEED = 0  # data, weights and dropout stream; fixed so runs are comparable
 
@@ -60,10 +64,6 @@ class BenchConfig:
     output: str | None = None  # also write the markdown table to this file
 
 
-class SameMathsError(AssertionError):
-    """The hand-written step and Keras' own train step disagree on the loss."""
-
-
 def run_benchmark(config, report=print):
     """Measure every layout, report the markdown table, return one dict per layout."""
     _check_config(config)
@@ -77,7 +77,7 @@ def run_benchmark(config, report=print):
     table = format_table(rows, config)
     report(table)
     if config.output:
-        _write(config.output, table)
+        write_text(config.output, table)
     return rows
 
 
@@ -96,13 +96,9 @@ def make_layouts(batch_size):
         if batch_size % replicas:
             raise ValueError(
                 f"batch size {batch_size} is not divisible by the data axis of size {replicas} "
-                f"of the {label} mesh {_mesh_name(distribution)}"
+                f"of the {label} mesh {mesh_name(distribution)}"
             )
     return layouts
-
-
-def _mesh_name(distribution):
-    return "-" if distribution is None else zd.describe_mesh(distribution.device_mesh)
 
 
 def bench_layout(label, distribution, x, y, config, report=print):
@@ -110,171 +106,16 @@ def bench_layout(label, distribution, x, y, config, report=print):
 
     x: f32[N, S, S, 3] host images, y: i32[N] labels, N = steps * batch_size.
     """
-    mesh = _mesh_name(distribution)
-    report(f"{label} ({mesh}): compiling and checking ...")
-    keras.utils.set_random_seed(SEED)
-    model = zd.build_distributed(lambda: build_cnn(config.image_size, SEED), distribution)
-    compile_cnn(model)
-    batch_size = config.batch_size
 
-    # Warm-up: compiles fit's train step and builds the optimizer and metrics.
-    fit_rate(model, x[: 2 * batch_size], y[: 2 * batch_size], batch_size)
-    step = make_jit_step(model, distribution)
-    shardings = data_shardings(distribution, x[:batch_size], y[:batch_size])
-    loss_gap, state = check_same_maths(model, step, x[:batch_size], y[:batch_size], shardings)
-    state, _ = jit_rate(step, state, x[: 2 * batch_size], y[: 2 * batch_size], batch_size, shardings)
+    def build_model():
+        model = build_cnn(config.image_size, SEED)
+        compile_cnn(model)
+        return model
 
-    fit_runs, jit_runs = [], []
-    for _ in range(config.repeats):  # alternate, so drifts in machine load hit both alike
-        fit_runs.append(fit_rate(model, x, y, batch_size))
-        state, rate = jit_rate(step, state, x, y, batch_size, shardings)
-        jit_runs.append(rate)
-    fit, jit = statistics.median(fit_runs), statistics.median(jit_runs)
-    pairs = [f / j for f, j in zip(fit_runs, jit_runs)]  # spread of the ratio within this run
-    report(
-        f"  fit {fit:,.1f} images/s, jit {jit:,.1f} images/s, ratio {fit / jit:.3f} "
-        f"(per-repeat {min(pairs):.3f}..{max(pairs):.3f}), loss gap {loss_gap:.1e}"
-    )
-    return {
-        "layout": label,
-        "mesh": mesh,
-        "fit_images_per_s": fit,
-        "jit_images_per_s": jit,
-        "ratio": fit / jit,
-        "fit_runs": fit_runs,
-        "jit_runs": jit_runs,
-        "loss_gap": loss_gap,
-    }
-
-
-def fit_rate(model, x, y, batch_size):
-    """images/s of one ``model.fit`` epoch over x: f32[N, S, S, 3], y: i32[N]."""
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
-    jax.block_until_ready([v.value for v in model.variables])
-    return len(x) / (time.perf_counter() - start)
-
-
-def jit_rate(step, state, x, y, batch_size, shardings):
-    """images/s of the hand-written loop over x: f32[N, S, S, 3]; returns (state, rate).
-
-    The next batch is sliced and copied to the devices while the current step runs;
-    the step itself is awaited before the next one is dispatched (see ``_await``).
-    """
-    starts = range(0, len(x) - batch_size + 1, batch_size)
-    start = time.perf_counter()
-    batch = put_batch(x, y, starts[0], batch_size, shardings)
-    for index in range(len(starts)):
-        loss, state = step(state, *batch)
-        if index + 1 < len(starts):
-            batch = put_batch(x, y, starts[index + 1], batch_size, shardings)
-        _await(loss, state)
-    return state, len(starts) * batch_size / (time.perf_counter() - start)
-
-
-def put_batch(x, y, begin, batch_size, shardings):
-    """Host numpy rows [begin, begin + B) onto the data sharding: (f32[B, S, S, 3], i32[B])."""
-    x_sharding, y_sharding = shardings
-    xb = jax.device_put(x[begin : begin + batch_size], x_sharding)
-    yb = jax.device_put(y[begin : begin + batch_size], y_sharding)
-    return xb, yb
-
-
-def _await(loss, state):
-    """Wait for one step, so at most one sharded step is ever executing.
-
-    XLA:CPU runs each simulated device's share of a program on a shared pool of one
-    thread per device, and a collective blocks its thread until every device arrives.
-    With two steps in flight, devices already in step k+1 can hold threads that a
-    device still in step k needs: the all-reduce then deadlocks (7 of 8 participants
-    arrive and XLA aborts the process after 40 s). Unbounded dispatch of a sharded
-    step reproduces this on the 2-core CI machine; a plain ``jax.jit`` sum over 8
-    simulated devices called 200 times in a row does too. ``model.fit`` dispatches
-    without a bound and is exposed as well (seen with 100-step epochs of 16-pixel
-    images); its short per-step Python work makes it rarer there.
-    """
-    jax.block_until_ready((loss, state))
-
-
-def make_jit_step(model, distribution):
-    """``step(state, x, y) -> (loss, state)`` with ``state = (trainable, non_trainable, optimizer)``.
-
-    The same maths as Keras' ``train_step`` minus the metric updates: forward in
-    training mode (batch-norm statistics updated), compiled loss, gradients, optimizer.
-    The state is donated; under a distribution its output shardings are pinned to the
-    variables' own (as Keras does), so step k+1 reuses step k's program.
-    """
-
-    def loss_and_updates(trainable, non_trainable, x, y):
-        logits, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)  # (B, classes)
-        loss = model.compute_loss(x=x, y=y, y_pred=logits, training=True)  # f32[]
-        return loss, non_trainable
-
-    def step(state, x, y):
-        trainable, non_trainable, optimizer = state
-        grad_fn = jax.value_and_grad(loss_and_updates, has_aux=True)
-        (loss, non_trainable), grads = grad_fn(trainable, non_trainable, x, y)
-        trainable, optimizer = model.optimizer.stateless_apply(optimizer, grads, trainable)
-        return loss, (trainable, non_trainable, optimizer)
-
-    out_shardings = None
-    if distribution is not None:
-        out_shardings = (None, jax.tree.map(lambda a: a.sharding, model_state(model)))
-    return jax.jit(step, donate_argnums=0, out_shardings=out_shardings)
-
-
-def model_state(model):
-    """The model's current values as ``(trainable, non_trainable, optimizer)`` lists of arrays."""
-    return (
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.optimizer.variables],
-    )
-
-
-def copy_state(state):
-    """Fresh device copies (same shardings), safe to donate without touching the model."""
-    return jax.tree.map(lambda a: jax.device_put(a, a.sharding, may_alias=False), state)
-
-
-def data_shardings(distribution, x, y):
-    """Where a batch goes: the distribution's data layout, or the default device."""
-    if distribution is None:
-        return None, None
-    return tuple(distribution.get_data_layout(a.shape).backend_layout for a in (x, y))
-
-
-def check_same_maths(model, step, x, y, shardings):
-    """One hand-written step and one Keras step from the same weights; compare losses.
-
-    x: f32[B, S, S, 3], y: i32[B], one batch. The Keras step is a one-batch
-    ``model.fit``: the very program that is timed (``train_on_batch`` would feed
-    ``(x, y, None)`` instead of fit's ``(x, y)`` and compile a second program).
-    Raises ``SameMathsError`` when the losses differ beyond rounding. Returns
-    ``(|loss gap|, state after the hand-written step)``; the model has taken its step.
-    """
-    state = copy_state(model_state(model))
-    xb, yb = (jax.device_put(a, s) for a, s in zip((x, y), shardings))
-    jit_loss, state = step(state, xb, yb)
-    fit_loss = fit_one_step_loss(model, x, y)
-    return compare_losses(float(jit_loss), fit_loss), state
-
-
-def fit_one_step_loss(model, x, y):
-    """The loss of one ``model.fit`` step on the single batch x: f32[B, S, S, 3], y: i32[B]."""
-    history = model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
-    return float(history.history["loss"][0])
-
-
-def compare_losses(jit_loss, fit_loss, atol=LOSS_ATOL, rtol=LOSS_RTOL):
-    """``|jit_loss - fit_loss|``, or ``SameMathsError`` if beyond ``atol + rtol * |fit_loss|``."""
-    gap = abs(jit_loss - fit_loss)
-    if not np.isfinite(gap) or gap > atol + rtol * abs(fit_loss):
-        raise SameMathsError(
-            f"hand-written step loss {jit_loss:.8f} != model.fit step loss {fit_loss:.8f} "
-            f"(gap {gap:.2e} > {atol:g} + {rtol:g} * |loss|): the two loops do different maths"
-        )
-    return gap
+    row = measure(label, distribution, build_model, x, y, batch_size=config.batch_size, repeats=config.repeats,
+                  seed=SEED, unit="images", report=report)  # fmt: skip
+    row["fit_images_per_s"], row["jit_images_per_s"] = row.pop("fit_per_s"), row.pop("jit_per_s")
+    return row
 
 
 def format_table(rows, config):
@@ -296,10 +137,3 @@ def format_table(rows, config):
             f"{row['jit_images_per_s']:,.1f} | {row['ratio']:.3f} |"
         )
     return "\n".join(lines)
-
-
-def _write(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as handle:
-        handle.write(text + "\n")

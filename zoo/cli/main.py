@@ -1,4 +1,4 @@
-"""``zoo train``, ``zoo verify`` and ``zoo bench``.
+"""``zoo train``, ``zoo verify``, ``zoo generate``, ``zoo bench``, ``zoo comms`` and ``zoo data``.
 
 Each subcommand parses its flags into a config dataclass and calls a function in
 ``zoo.training`` or ``zoo.bench``; nothing here that a test cannot reach in-process.
@@ -21,12 +21,20 @@ def build_parser():
     common.add_argument("model", choices=MODELS, help="which zoo model")
     _add_simulate_flag(common)
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_train(commands.add_parser("train", parents=[common], help="train a model with model.fit under a distribution"))
+    _add_trains(commands.add_parser("train", help="train a model with model.fit under a distribution"))
     _add_verify(commands.add_parser("verify", parents=[common], help="compare training under a distribution with one device"))
+    _add_generate(commands.add_parser("generate", help="continue a prompt with a GPT saved by zoo train gpt"))
     _add_benches(commands.add_parser("bench", help="benchmarks; results go to docs/performance.md"))
     _add_comms(commands.add_parser("comms", help="collectives and memory of a compiled step"))
     _add_data(commands.add_parser("data", help="list, show and prepare datasets"))
+    _add_recipe(commands.add_parser("recipe", help="check or run a recipe (recipes/<target>/<job>.toml)"))
     return parser
+
+
+def _add_recipe(parser):
+    from zoo.cli import recipe
+
+    recipe.add_arguments(parser)
 
 
 def _add_simulate_flag(parser):
@@ -34,17 +42,44 @@ def _add_simulate_flag(parser):
         parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
 
 
+def _add_trains(parser):
+    from zoo.cli import train_transformers
+
+    models = parser.add_subparsers(dest="model", required=True)
+    cnn = models.add_parser("cnn", help="the small CNN on images (shapes by default)")
+    _add_train(cnn)
+    gpt = models.add_parser("gpt", help="a GPT decoder LM on the embedded Python-docs corpus")
+    train_transformers.add_gpt_train(gpt)
+    encoder = models.add_parser("encoder", help="a Transformer encoder text classifier (python_docs_topics)")
+    train_transformers.add_classifier_train(encoder, "encoder")
+    vit = models.add_parser("vit", help="a ViT image classifier (shapes by default)")
+    train_transformers.add_classifier_train(vit, "vit")
+    for model in (cnn, gpt, encoder, vit):
+        _add_simulate_flag(model)
+
+
+def _add_generate(parser):
+    from zoo.cli import train_transformers
+
+    train_transformers.add_generate(parser)
+    _add_simulate_flag(parser)
+
+
 def _add_benches(parser):
-    from zoo.cli import bench_attention, bench_tp
+    from zoo.cli import bench_attention, bench_context, bench_tp, train_transformers
 
     benches = parser.add_subparsers(dest="bench", required=True)
     cnn = benches.add_parser("cnn", help="images/s of model.fit vs a hand-written jax.jit step (SmallCNN)")
     _add_bench(cnn)
+    gpt = benches.add_parser("gpt", help="tokens/s of model.fit vs a hand-written jax.jit step (GPT)")
+    train_transformers.add_gpt_bench(gpt)
     attention = benches.add_parser("attention", help="per-device memory and time of sequence-parallel attention")
     bench_attention.add_arguments(attention)
     tp = benches.add_parser("tp", help="bytes moved and memory of tensor-parallel MLPs: explicit kernels vs GSPMD")
     bench_tp.add_arguments(tp)
-    for bench in (cnn, attention, tp):
+    context = benches.add_parser("context", help="per-device memory of a GPT training step: data- vs context-parallel")
+    bench_context.add_arguments(context)
+    for bench in (cnn, gpt, attention, tp, context):
         _add_simulate_flag(bench)
 
 
@@ -142,14 +177,27 @@ def run(args):
     """Run a parsed command; returns the process exit code."""
     if args.command == "data":
         return _run_data(args)
+    if args.command == "recipe":
+        from zoo.cli import recipe
+
+        return recipe.run(args) or 0
     if args.command == "comms":
         from zoo.cli import comms
 
         return comms.run(args) or 0
     if args.command == "bench" and args.bench != "cnn":
-        from zoo.cli import bench_attention, bench_tp
+        from zoo.cli import bench_attention, bench_context, bench_tp, train_transformers
 
-        return (bench_attention if args.bench == "attention" else bench_tp).run(args) or 0
+        runs = {"attention": bench_attention.run, "tp": bench_tp.run, "gpt": train_transformers.run_bench, "context": bench_context.run}
+        return runs[args.bench](args) or 0
+    if args.command == "generate":
+        from zoo.cli import train_transformers
+
+        return train_transformers.run_generate(args)
+    if args.command == "train" and args.model != "cnn":
+        from zoo.cli import train_transformers
+
+        return train_transformers.run_train(args)
     if args.command == "train":
         from zoo.training.cnn import TrainConfig, train
 
@@ -168,7 +216,7 @@ def run(args):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        message = prepare_devices(getattr(args, "simulate_devices", None)) if args.command != "data" else None
+        message = prepare_devices(getattr(args, "simulate_devices", None)) if args.command not in ("data", "recipe") else None
         if message:
             print(message, flush=True)
         return run(args)

@@ -4,6 +4,8 @@ import time
 
 import keras
 
+from zoo.training._data_position import TrainingPosition
+
 
 class Throughput(keras.callbacks.Callback):
     """Measures training examples (images, tokens: ``unit``) per second for each epoch
@@ -34,3 +36,53 @@ class Throughput(keras.callbacks.Callback):
         self.per_epoch.append(rate)
         note = " (includes compilation)" if epoch == 0 else ""
         self.report(f"epoch {epoch + 1}: {rate:,.1f} {self.unit}/s over {self._examples} {self.unit}{note}")
+
+
+class PeriodicCheckpoint(keras.callbacks.Callback):
+    """Saves a checkpoint every ``every`` optimizer steps during ``fit``.
+
+    Args:
+        checkpoints: a ``zoo.training.checkpoints.Checkpoints``.
+        every: save when the global step reaches a multiple of ``every``.
+        steps_per_epoch: batches per epoch (the same in every epoch), to place each
+            batch of ``fit`` in (epoch, batch, step).
+        start: the ``TrainingPosition`` ``fit`` starts from (its epoch's batches before
+            ``start.batch`` are skipped by the data, so ``fit`` numbers batches from 0).
+    """
+
+    def __init__(self, checkpoints, *, every, steps_per_epoch, start=None):
+        super().__init__()
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"checkpoint every must be a positive number of steps, got {every!r}")
+        self.checkpoints = checkpoints
+        self.every = every
+        self.steps_per_epoch = steps_per_epoch
+        self.start = start or TrainingPosition()
+        self.position = self.start  # after the last trained batch
+        self.saved_step = self.start.step  # the start is already on disk (or is step 0)
+        self._epoch = self.start.epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        offset = self.start.batch if self._epoch == self.start.epoch else 0
+        step = self._epoch * self.steps_per_epoch + offset + batch + 1
+        self.position = TrainingPosition.after(step, self.steps_per_epoch)
+        if step // self.every > self.saved_step // self.every:
+            self.save()
+
+    def save(self):
+        """Save at the current position, unless that step is already saved; returns the path or None."""
+        if self.position.step == self.saved_step:
+            return None
+        model = self.model  # under JAX this syncs the training state back into the variables
+        iterations = int(model.optimizer.iterations)
+        if iterations != self.position.step:
+            raise ValueError(
+                f"the optimizer has taken {iterations} steps but the data position is step {self.position.step}: "
+                f"is steps_per_epoch={self.steps_per_epoch} right, and does fit run one step per batch?"
+            )
+        path = self.checkpoints.save(model, self.position)
+        self.saved_step = self.position.step
+        return path

@@ -6,9 +6,13 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
-from zoo.data import ByteTokenizer, DivisibleBatches, load, unigram_entropy
+from zoo.data import ByteTokenizer, DivisibleBatches, load, local_batching, process_rows, unigram_entropy
+from zoo.distribution import multihost
 from zoo.models import GPTCausalLM
+from zoo.training import mfu
 from zoo.training.callbacks import Throughput
+from zoo.training.profile import ProfileSteps
+from zoo.training.report import StepReport
 from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
 from zoo.training.cnn import save_model_atomically
 from zoo.training.saving import load_zoo_model
@@ -34,6 +38,16 @@ class GPTTrainConfig:
     data_dir: str | None = None  # TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)
     seed: int = 0  # weight initialisation, dropout and shuffling
     output: str = "runs/gpt/gpt.keras"  # where the trained model is saved (.keras)
+    precision: str = "float32"  # float32 | mixed_bfloat16 (bf16 compute, float32 weights and optimizer)
+    remat: bool = False  # rematerialise each Transformer block in the backward pass (less memory, ~1/3 more compute)
+    gradient_accumulation_steps: int = 1  # optimizer update every N batches (global batch x N per update)
+    report_every: int = 50  # print step time, tokens/s and MFU every N steps
+    peak_tflops: float | None = None  # device peak for MFU; None: looked up from the device kind (none on CPU)
+    profile_dir: str | None = None  # write a jax.profiler trace of a few steps here
+    profile_steps: int = 3  # how many steps the trace covers (from step 2, after compilation)
+
+
+PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 @dataclasses.dataclass
@@ -55,10 +69,32 @@ def build_gpt(config, overrides=None):
     return GPTCausalLM.from_config_name(config.config_name, dropout=config.dropout, seed=config.seed, **(overrides or {}))
 
 
-def compile_gpt(model, learning_rate, total_steps, weight_decay=0.01):
+def _build_for_training(config):
+    """The GPT under the job's precision policy and rematerialisation setting."""
+    if config.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {config.precision!r}")
+    if config.gradient_accumulation_steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be >= 1, got {config.gradient_accumulation_steps}")
+    overrides = strategy_overrides(config.strategy)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(config.precision)
+    try:
+        if not config.remat:
+            return build_gpt(config, overrides)
+        # Keras rematerialises the layers built in this scope whose names match: the blocks.
+        with keras.RematScope(mode="list_of_layers", layer_names=[f"block_{i}" for i in range(64)]):
+            return build_gpt(config, overrides)
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def compile_gpt(model, learning_rate, total_steps, weight_decay=0.01, gradient_accumulation_steps=1):
+    """AdamW with a cosine schedule over ``total_steps`` updates, global-norm clipping at 1."""
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=max(total_steps, 1), alpha=0.1)
+    accumulate = gradient_accumulation_steps if gradient_accumulation_steps > 1 else None
     model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay, global_clipnorm=1.0),
+        optimizer=keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay, global_clipnorm=1.0,
+                                         gradient_accumulation_steps=accumulate),  # fmt: skip
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
 
@@ -67,35 +103,77 @@ def train(config, report=print):
     """Train a GPT on a byte-level corpus; returns a dict of results.
 
     Reports the validation loss (nats per byte) after each epoch next to the corpus'
-    unigram entropy, the loss of a model that ignores context.
+    unigram entropy, the loss of a model that ignores context. Under multi-host
+    training (``zoo.distribution.multihost.initialize`` first) each process reads and
+    feeds only its own rows; only process 0 prints and saves.
     """
-    distribution = resolve_transformer_distribution(
-        GPTCausalLM, config.strategy, config.mesh, attention=config.attention, balance=config.balance
+    report = report if multihost.is_primary() else (lambda *_: None)
+    distribution = multihost.feed_process_local_data(
+        resolve_transformer_distribution(GPTCausalLM, config.strategy, config.mesh, attention=config.attention, balance=config.balance)
     )
     report_setup(distribution, report)
-    replicas = zd.data_parallel_size(distribution)
-    x, y = load(config.dataset, "train", data_dir=config.data_dir, sequence_length=config.sequence_length)
-    xv, yv = load(config.dataset, "validation", data_dir=config.data_dir, sequence_length=config.sequence_length)
-    entropy = unigram_entropy(x)
-    report(f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes; unigram entropy {entropy:.3f} nats/byte")
-    x, y, xv, yv = _prepare_for(distribution, x, y, xv, yv)
-    train_data = DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed)
-    validation_data = DivisibleBatches(xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad")
+    x, y, xv, yv, entropy = _load_corpus(config)
+    report(f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes per process; unigram entropy {entropy:.3f} nats/byte")
+    train_data, validation_data = _batches(config, distribution, x, y, xv, yv)
     steps = config.steps_per_epoch or len(train_data)
     keras.utils.set_random_seed(config.seed)
-    model = zd.build_distributed(lambda: build_gpt(config, strategy_overrides(config.strategy)), distribution)
-    compile_gpt(model, config.learning_rate, steps * config.epochs, config.weight_decay)
+    model = zd.build_distributed(lambda: _build_for_training(config), distribution)
+    compile_gpt(model, config.learning_rate, steps * config.epochs // config.gradient_accumulation_steps,
+                config.weight_decay, config.gradient_accumulation_steps)  # fmt: skip
     report(f"model: {config.config_name}, {model.count_params():,} parameters")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
-    throughput = Throughput(config.batch_size * config.sequence_length, report, unit="tokens")
     history = model.fit(
         train_data, validation_data=validation_data, epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
-        shuffle=False, callbacks=[throughput, _ValidationVsEntropy(entropy, report)], verbose=2,
+        shuffle=False, callbacks=_callbacks(config, model, entropy, report), verbose=2 if multihost.is_primary() else 0,
     )  # fmt: skip
-    save_model_atomically(model, config.output)
-    report(f"saved model to {config.output}")
-    return {"history": history.history, "unigram_entropy": entropy, "tokens_per_second": throughput.per_epoch, "model": model}
+    if multihost.is_primary():
+        save_model_atomically(model, config.output)
+        report(f"saved model to {config.output}")
+    return {"history": history.history, "unigram_entropy": entropy, "model": model}
+
+
+def _load_corpus(config):
+    """This process's training rows and the validation rows: int32 (N, T) windows and
+    their next-byte labels, plus the unigram entropy of the training bytes."""
+    x, y = load(config.dataset, "train", data_dir=config.data_dir, sequence_length=config.sequence_length)
+    xv, yv = load(config.dataset, "validation", data_dir=config.data_dir, sequence_length=config.sequence_length)
+    entropy = unigram_entropy(x)
+    rows = process_rows(len(x))
+    return x[rows.start : rows.stop], y[rows.start : rows.stop], xv, yv, entropy
+
+
+def _batches(config, distribution, x, y, xv, yv):
+    """Training (shuffled, last partial batch dropped) and validation (padded) batches of
+    this process's share of the global batch, in the distribution's sequence order."""
+    batch_size, multiple_of = local_batching(config.batch_size, zd.data_parallel_size(distribution))
+    x, y, xv, yv = _prepare_for(distribution, x, y, xv, yv)
+    train_data = DivisibleBatches(x, y, batch_size=batch_size, multiple_of=multiple_of, remainder="drop", shuffle=True, seed=config.seed)
+    validation_data = DivisibleBatches(xv, yv, batch_size=batch_size, multiple_of=multiple_of, remainder="pad")
+    return train_data, validation_data
+
+
+def _callbacks(config, model, entropy, report):
+    tokens_per_step = config.batch_size * config.sequence_length
+    flops_per_step = mfu.gpt_flops_per_token(model.get_config(), config.sequence_length) * tokens_per_step
+    peak = _peak_flops(config.peak_tflops)
+    callbacks = [
+        Throughput(tokens_per_step, report, unit="tokens"),
+        StepReport(tokens_per_step, unit="tokens", flops_per_step=flops_per_step, peak_flops_per_device=peak,
+                   every=config.report_every, report=report),  # fmt: skip
+        _ValidationVsEntropy(entropy, report),
+    ]
+    if config.profile_dir:
+        callbacks.append(ProfileSteps(config.profile_dir, num_steps=config.profile_steps))
+    return callbacks
+
+
+def _peak_flops(peak_tflops):
+    """Device peak FLOP/s for MFU, or None where unknown (CPU): MFU is then left out."""
+    try:
+        return mfu.resolve_peak_flops(peak_tflops)
+    except mfu.UnknownDeviceError:
+        return None
 
 
 def _prepare_for(distribution, *arrays):

@@ -2,7 +2,8 @@
 
 from zoo import distribution as zd
 
-TRANSFORMER_STRATEGIES = ("single", "data", "fsdp", "tp", "tp+sp", "context")
+# every layout a Transformer model of the zoo trains under (see zoo.distribution.strategies)
+TRANSFORMER_STRATEGIES = ("single", "data") + zd.TRANSFORMER_STRATEGIES
 
 
 def resolve_transformer_distribution(model_class, strategy, mesh_spec, *, attention="ring", balance=None):
@@ -15,6 +16,8 @@ def resolve_transformer_distribution(model_class, strategy, mesh_spec, *, attent
         return None
     if strategy == "context":
         return zd.distribution_for(model_class, strategy, mesh_spec, attention=attention, balance=balance)
+    if balance is not None:
+        raise ValueError(f"balance={balance!r} reorders the sequence for context parallelism; strategy {strategy!r} does not split it")
     return zd.distribution_for(model_class, strategy, mesh_spec)
 
 

@@ -1,0 +1,126 @@
+"""Flags of ``zoo train gpt|encoder|vit``, ``zoo generate`` and ``zoo bench gpt``.
+
+Each ``add_*`` function adds a job's flags (defaults from its config dataclass) to a
+parser; each ``run_*`` function turns parsed flags into that config and runs the job.
+"""
+
+import dataclasses
+
+STRATEGY_HELP = "layout strategy: single | data | fsdp | tp | tp+sp | context (see docs/models.md)"
+
+
+def _none_or(text):
+    return None if text in ("none", "None", "") else text
+
+
+def _add_layout_flags(parser, defaults):
+    from zoo.training.transformer_setup import TRANSFORMER_STRATEGIES
+
+    parser.add_argument("--strategy", "--distribution", dest="strategy", choices=TRANSFORMER_STRATEGIES, default=defaults.strategy, help=f"{STRATEGY_HELP} (default {defaults.strategy})")
+    parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4 or data=2,seq=4 (one axis may be -1); default per strategy")
+    parser.add_argument("--attention", choices=["gather", "ring", "ulysses"], default=defaults.attention, help="context strategy: the sequence-parallel attention kernel")
+
+
+def add_gpt_train(parser):
+    from zoo.training.gpt import GPTTrainConfig
+
+    d = GPTTrainConfig()
+    _add_layout_flags(parser, d)
+    parser.add_argument("--balance", type=_none_or, choices=[None, "zigzag", "striped"], default=d.balance, help="context strategy: causal load balancing (default none)")
+    parser.add_argument("--config", dest="config_name", default=d.config_name, help=f"named size (zoo.models.GPT_CONFIGS; default {d.config_name})")
+    parser.add_argument("--dataset", default=d.dataset)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--sequence-length", type=int, default=d.sequence_length)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch size")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch)
+    parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    parser.add_argument("--dropout", type=float, default=d.dropout)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--output", default=d.output, help="path of the saved .keras model")
+    parser.add_argument("--precision", choices=["float32", "mixed_bfloat16"], default=d.precision, help="mixed_bfloat16: bf16 compute, float32 weights")
+    parser.add_argument("--remat", action="store_true", help="rematerialise each block in the backward pass")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=d.gradient_accumulation_steps)
+    parser.add_argument("--report-every", type=int, default=d.report_every, help="print step time, tokens/s and MFU every N steps")
+    parser.add_argument("--peak-tflops", type=float, default=d.peak_tflops, help="device peak for MFU (default: looked up from the device kind)")
+    parser.add_argument("--profile-dir", default=d.profile_dir, help="write a jax.profiler trace of a few steps here")
+    parser.add_argument("--profile-steps", type=int, default=d.profile_steps)
+
+
+def add_classifier_train(parser, model):
+    from zoo.training.classifiers import ClassifierTrainConfig
+
+    d = ClassifierTrainConfig(model=model)
+    _add_layout_flags(parser, d)
+    parser.add_argument("--config", dest="config_name", default=d.config_name, help=f"named size (default {d.config_name})")
+    parser.add_argument("--dataset", default=d.dataset)
+    parser.add_argument("--data-dir", default=None)
+    if model == "encoder":
+        parser.add_argument("--sequence-length", type=int, default=d.sequence_length)
+    else:
+        parser.add_argument("--image-size", type=int, default=d.image_size, help="default: the dataset's own")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch size")
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    parser.add_argument("--dropout", type=float, default=d.dropout)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--output", default=d.output, help="path of the saved .keras model")
+
+
+def add_generate(parser):
+    from zoo.training.gpt import GenerateConfig
+
+    d = GenerateConfig()
+    parser.add_argument("--model", default=d.model, help=f"a .keras file saved by zoo train gpt (default {d.model})")
+    parser.add_argument("--prompt", default=d.prompt)
+    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    parser.add_argument("--sampler", choices=["greedy", "top_k", "top_p"], default=d.sampler)
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--top-k", type=int, default=d.top_k)
+    parser.add_argument("--top-p", type=float, default=d.top_p)
+    parser.add_argument("--seed", type=int, default=d.seed)
+
+
+def add_gpt_bench(parser):
+    from zoo.bench.gpt_fit import GPTBenchConfig
+
+    d = GPTBenchConfig()
+    parser.add_argument("--config", dest="config_name", default=d.config_name)
+    parser.add_argument("--sequence-length", type=int, default=d.sequence_length)
+    parser.add_argument("--batch-size", type=int, default=d.batch_size)
+    parser.add_argument("--steps", type=int, default=d.steps, help="timed steps per measurement")
+    parser.add_argument("--repeats", type=int, default=d.repeats)
+    parser.add_argument("--output", default=d.output, help="write the markdown table here too")
+
+
+def _config_from(args, config_class, **extra):
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in vars(args).items() if k in fields}, **extra)
+
+
+def run_train(args):
+    if args.model == "gpt":
+        from zoo.training import gpt
+
+        gpt.train(_config_from(args, gpt.GPTTrainConfig))
+    else:
+        from zoo.training import classifiers
+
+        values = {k: v for k, v in vars(args).items() if k != "model"}
+        fields = {f.name for f in dataclasses.fields(classifiers.ClassifierTrainConfig)}
+        classifiers.train(classifiers.ClassifierTrainConfig(model=args.model, **{k: v for k, v in values.items() if k in fields}))
+    return 0
+
+
+def run_generate(args):
+    from zoo.training import gpt
+
+    gpt.generate(_config_from(args, gpt.GenerateConfig))
+    return 0
+
+
+def run_bench(args):
+    from zoo.bench.gpt_fit import GPTBenchConfig, run_benchmark
+
+    run_benchmark(_config_from(args, GPTBenchConfig))
+    return 0
