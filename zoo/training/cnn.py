@@ -12,7 +12,8 @@ from zoo.data import DivisibleBatches, SHAPE_CLASSES, get_spec, load, load_shape
 from zoo.data.catalog import IMAGE_CLASSIFICATION
 from zoo.distribution.parity import DEFAULT_ATOL, DEFAULT_RTOL, check_parity
 from zoo.models import SmallCNN
-from zoo.training.callbacks import Throughput
+from zoo.training.callbacks import PeriodicCheckpoint, Throughput
+from zoo.training.checkpoints import CheckpointError, Checkpoints, ResumableBatches, TrainingPosition, fit_from
 
 
 @dataclasses.dataclass
@@ -30,6 +31,11 @@ class TrainConfig:
     learning_rate: float = 1e-3  # Adam
     seed: int = 0  # data, weight initialisation and shuffling
     output: str = "runs/cnn/small_cnn.keras"  # where the trained model is saved (.keras)
+    dropout: float = 0.0  # before the logits layer; its RNG state is part of every checkpoint
+    checkpoint_dir: str | None = None  # Orbax checkpoints during fit go here (docs/checkpoints.md); None: none
+    checkpoint_every: int = 100  # optimizer steps between checkpoints (one more is saved at the end)
+    keep: int = 3  # the newest complete checkpoints kept; older ones are deleted
+    resume: bool = False  # continue from the newest usable checkpoint in checkpoint_dir (none there: start)
 
 
 @dataclasses.dataclass
@@ -47,8 +53,8 @@ class VerifyConfig:
     seed: int = 0
 
 
-def build_cnn(image_size, seed, num_classes=len(SHAPE_CLASSES), channels=3):
-    return SmallCNN(num_classes=num_classes, image_size=image_size, channels=channels, seed=seed)
+def build_cnn(image_size, seed, num_classes=len(SHAPE_CLASSES), channels=3, dropout=0.0):
+    return SmallCNN(num_classes=num_classes, image_size=image_size, channels=channels, dropout=dropout, seed=seed)
 
 
 def compile_cnn(model, optimizer="adam", learning_rate=1e-3):
@@ -72,8 +78,14 @@ def resolve_distribution(strategy, mesh_spec):
     return zd.distribution_for(SmallCNN, strategy, mesh_spec)
 
 
-def train(config, report=print):
-    """Train the small CNN on the procedural shapes; returns a dict of results."""
+def train(config, report=print, callbacks=()):
+    """Train the small CNN; returns a dict of results. ``callbacks`` are added to ``fit``'s.
+
+    With ``config.checkpoint_dir`` a checkpoint is saved every ``checkpoint_every`` steps
+    and at the end; with ``config.resume`` training continues from the newest usable one,
+    seeing exactly the batches the uninterrupted run would have seen.
+    """
+    _check_checkpoint_options(config)
     spec = _image_dataset(config.dataset)
     distribution = resolve_distribution(config.distribution, config.mesh)
     replicas = zd.data_parallel_size(distribution)
@@ -83,23 +95,73 @@ def train(config, report=print):
     image_shape = test_data[0].shape[1:]  # (S, S, C)
     keras.utils.set_random_seed(config.seed)
     model = zd.build_distributed(
-        lambda: build_cnn(image_shape[0], config.seed, num_classes=len(spec.classes), channels=image_shape[2]), distribution
+        lambda: build_cnn(image_shape[0], config.seed, len(spec.classes), image_shape[2], config.dropout), distribution
     )
     compile_cnn(model, "adam", config.learning_rate)
+    model.optimizer.build(model.trainable_variables)  # its state must exist before a restore
     report("weights (path, shape, sharding):")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
 
+    checkpoints, start = _open_checkpoints(config, train_data, image_shape, model, report)
     throughput = Throughput(config.batch_size, report)
-    # shuffle=False: DivisibleBatches reshuffles itself, seeded; Keras' own batch shuffle is not.
-    history = model.fit(
-        train_data, validation_data=validation_data, epochs=config.epochs, shuffle=False, callbacks=[throughput], verbose=1
-    )
+    extra = list(callbacks)
+    if checkpoints is not None:
+        saver = PeriodicCheckpoint(checkpoints, every=config.checkpoint_every, steps_per_epoch=len(train_data), start=start)
+        extra.append(saver)
+    # DivisibleBatches reshuffles itself, seeded per epoch (fit_from passes shuffle=False to fit).
+    data = ResumableBatches(train_data, epoch=start.epoch, start_batch=start.batch)
+    try:
+        history = fit_from(
+            model, data, epochs=config.epochs, validation_data=validation_data, callbacks=[throughput, *extra], verbose=1
+        )
+        if checkpoints is not None and saver.save():
+            report(f"saved checkpoint {saver.position.step} to {checkpoints.directory}")
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
     accuracy = evaluate_accuracy(model, *test_data, batch_size=config.batch_size, replicas=replicas)
     report(f"held-out test accuracy: {accuracy:.4f} ({len(test_data[1])} images, chance {1 / len(spec.classes):.4f})")
     save_model_atomically(model, config.output)
     report(f"saved model to {config.output}")
-    return {"history": history.history, "test_accuracy": accuracy, "images_per_second": throughput.per_epoch, "model": model}
+    return {"history": history, "test_accuracy": accuracy, "images_per_second": throughput.per_epoch, "model": model}
+
+
+def _check_checkpoint_options(config):
+    if config.resume and not config.checkpoint_dir:
+        raise ValueError("resume continues from checkpoint_dir: give --checkpoint-dir too")
+    for name in ("checkpoint_every", "keep"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _open_checkpoints(config, train_data, image_shape, model, report):
+    """The run's ``Checkpoints`` (or None) and the position training starts from."""
+    if not config.checkpoint_dir:
+        return None, TrainingPosition()
+    data = {  # what the saved data position refers to; a resume under other data is refused
+        "dataset": config.dataset,
+        "image_shape": list(image_shape),
+        "examples": train_data.num_examples,
+        "batch_size": config.batch_size,
+        "seed": config.seed,
+        "steps_per_epoch": len(train_data),
+    }
+    checkpoints = Checkpoints(config.checkpoint_dir, keep=config.keep, data=data)
+    existing = checkpoints.existing_steps()
+    if existing and not config.resume:
+        checkpoints.close()
+        raise CheckpointError(
+            checkpoints.directory,
+            f"already holds checkpoints (steps {', '.join(map(str, existing))}); pass --resume to continue "
+            "from them, or choose another --checkpoint-dir",
+        )
+    position = checkpoints.resume(model, report) if config.resume else None
+    if position is None:
+        report(f"checkpoints: every {config.checkpoint_every} steps to {checkpoints.directory}, keeping {config.keep}")
+        return checkpoints, TrainingPosition()
+    return checkpoints, position
 
 
 def _report_setup(distribution, report):
@@ -153,6 +215,8 @@ def save_model_atomically(model, path):
     os.close(handle)
     try:
         model.save(partial)
+        with open(partial, "rb") as written:
+            os.fsync(written.fileno())  # on disk before it takes the place of the previous file
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):

@@ -1,0 +1,120 @@
+"""Acceptance: a training process SIGKILLed mid-epoch or in the middle of committing a
+checkpoint resumes with ``--resume`` to final weights and optimizer state bitwise equal
+to an uninterrupted run, and no kill leaves a checkpoint that loads but is wrong.
+
+Each run is ``zoo.training.cnn.train`` in its own process (``_train_worker.py``) under
+DataParallel on 8 simulated CPU devices, on the embedded shapes dataset at 16x16: 48
+images in batches of 16, 3 steps per epoch, with dropout so the RNG state matters. (The
+same resume on one device is tested in-process in ``test_checkpoints.py``.) Runs share a JAX compilation cache (same programs, so
+the same executables; the resumed runs then skip most of their compile time).
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from tests.training._tiny import assert_bitwise_equal
+from zoo.data import load
+from zoo.training.checkpoints import Checkpoints
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+WORKER = pathlib.Path(__file__).with_name("_train_worker.py")
+RUN = {"dataset": "shapes", "image_size": 16, "train_examples": 48, "batch_size": 16, "dropout": 0.25, "seed": 3}
+KILLED = -signal.SIGKILL
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    load("shapes", "train", image_size=16, num_examples=1)  # prepare the dataset once, before any worker
+    return str(tmp_path_factory.mktemp("jax-compilation-cache"))
+
+
+def _run(config, compile_cache, devices, *kill):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compile_cache)
+    env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
+    env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []))
+    command = [sys.executable, str(WORKER), json.dumps(config), *kill]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _finished(result):
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def _killed(result, message):
+    assert result.returncode == KILLED, f"expected SIGKILL, got {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    assert message in result.stdout
+    return result.stdout
+
+
+def _reference(tmp_path, compile_cache, devices, **options):
+    """The uninterrupted run, checkpointing every step: ``{step: values}`` and its saved model."""
+    directory = tmp_path / "reference"
+    config = {**RUN, **options, "checkpoint_dir": str(directory), "checkpoint_every": 1, "keep": 100, "output": str(tmp_path / "reference.keras")}
+    _finished(_run(config, compile_cache, devices))
+    checkpoints = Checkpoints(str(directory))
+    return {step: checkpoints.read(os.path.join(directory, str(step)))[1] for step in checkpoints.steps()}
+
+
+def _assert_every_complete_checkpoint_is_right(directory, reference):
+    """What a resume could load is exactly the uninterrupted run's state at that step."""
+    checkpoints = Checkpoints(str(directory))
+    assert checkpoints.steps(), f"no complete checkpoint in {directory}"
+    for step in checkpoints.steps():
+        assert_bitwise_equal(checkpoints.read(os.path.join(directory, str(step)))[1], reference[step], f"checkpoint {step}")
+    return checkpoints
+
+
+def _assert_same_saved_model(tmp_path):
+    runs = [keras.saving.load_model(tmp_path / name, safe_mode=True) for name in ("reference.keras", "resumed.keras")]
+    for expected, actual in zip(runs[0].variables, runs[1].variables, strict=True):
+        assert np.array_equal(np.asarray(actual.value), np.asarray(expected.value)), actual.path
+
+
+def test_data_parallel_run_killed_mid_epoch_and_mid_commit_resumes_bitwise(tmp_path, compile_cache):
+    """DataParallel on 8 simulated devices, 4 epochs of 3 steps; checkpoints every 2 steps, keep 2."""
+    reference = _reference(tmp_path, compile_cache, 8, distribution="data", epochs=4)  # 12 steps
+    directory = tmp_path / "checkpoints"
+    config = {**RUN, "distribution": "data", "epochs": 4, "checkpoint_dir": str(directory), "checkpoint_every": 2, "keep": 2, "resume": True, "output": str(tmp_path / "resumed.keras")}
+
+    # 1. killed after step 5: mid-epoch 2, between the checkpoints of steps 4 and 6
+    out = _killed(_run(config, compile_cache, 8, "--kill-after-step", "5"), "SIGKILL after step 5")
+    assert "DataParallel on mesh" in out and "replicated" in out
+    assert sorted(os.listdir(directory)) == ["2", "4"]
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / "4")
+
+    # 2. resumed at epoch 2, batch 1; killed inside the save of step 8, all of it written, before the commit rename
+    out = _killed(_run(config, compile_cache, 8, "--kill-at-commit", "8"), "SIGKILL while committing")
+    assert f"resumed from {directory / '4'}: epoch 2, batch 1, step 4" in out
+    assert os.path.isfile(directory / "8.orbax-checkpoint-tmp" / "commit_success.txt")  # everything but the rename
+    assert not os.path.exists(directory / "8")
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / "6")
+
+    # 3. resumed at epoch 3, batch 0; runs to the end
+    out = _finished(_run(config, compile_cache, 8))
+    assert f"resumed from {directory / '6'}: epoch 3, batch 0, step 6" in out
+    assert sorted(os.listdir(directory)) == ["10", "12", "trash"]  # the interrupted write of step 8 was cleaned up
+    checkpoints = _assert_every_complete_checkpoint_is_right(directory, reference)
+    assert checkpoints.steps() == [10, 12]  # 12: final weights and optimizer state bitwise equal
+    _assert_same_saved_model(tmp_path)
+
+
+def test_a_new_run_refuses_a_directory_that_holds_checkpoints(tmp_path):
+    from zoo.training.cnn import TrainConfig, train
+    from zoo.training.checkpoints import CheckpointError
+
+    os.makedirs(tmp_path / "7")
+    config = TrainConfig(**RUN, distribution="single", checkpoint_dir=str(tmp_path), output=str(tmp_path / "m.keras"))
+    with pytest.raises(CheckpointError, match=r"already holds checkpoints \(steps 7\); pass --resume"):
+        train(config, report=lambda line: None)
+    with pytest.raises(ValueError, match="resume continues from checkpoint_dir: give --checkpoint-dir"):
+        train(TrainConfig(resume=True), report=lambda line: None)

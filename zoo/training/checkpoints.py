@@ -1,0 +1,240 @@
+"""Checkpoints that survive a kill: model, optimizer, RNG and data position, through Orbax.
+
+Why Orbax directly and not ``keras.callbacks.OrbaxCheckpoint``: that callback saves the
+model's state tree (the same arrays as here) but (1) it has no place for the data
+position, or for a description of the model, optimizer and data the arrays belong to,
+inside the same atomic commit, so a resumed run could neither skip exactly the consumed
+batches nor refuse a checkpoint of another model; (2) Keras offers no way back into an
+existing compiled model: ``keras.saving.load_model`` on an Orbax directory rebuilds a new
+model from the saved config and cannot fall back past a damaged checkpoint. Orbax's
+``CheckpointManager`` gives what is needed underneath: every step is written into
+``<step>.orbax-checkpoint-tmp`` and committed by one rename after ``commit_success.txt``
+(so a kill leaves either a complete ``<step>`` or an ignored tmp directory), keep-last-N,
+array writes coordinated across processes, and restores straight into a target sharding.
+
+What a checkpoint holds (``zoo/training/_checkpoint_state.py``): every ``model.variables``
+value (weights, batch-norm statistics, the state of every seed generator, so dropout
+resumes identically) and every ``model.optimizer.variables`` value (iteration count,
+learning rate, moments), each saved and restored in its sharded layout; plus a JSON item
+with the ``TrainingPosition`` (epoch, batch, step), a caller-given ``data`` description
+and the model/optimizer/variable description. Orbax's JSON handler writes that item on
+process 0 only (``jax.process_index() == 0``), and so do the trash and quarantine moves
+here; array writes are coordinated by Orbax itself.
+
+On-disk layout: see ``zoo/training/_checkpoint_files.py`` and ``docs/checkpoints.md``.
+"""
+
+import os
+import warnings
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+import zoo
+from zoo.training import _checkpoint_files as files
+from zoo.training import _checkpoint_state as state
+from zoo.training._checkpoint_files import CheckpointError
+from zoo.training._data_position import ResumableBatches, TrainingPosition, fit_from
+
+FORMAT = "zoo-checkpoint/1"
+
+__all__ = ["FORMAT", "CheckpointError", "Checkpoints", "ResumableBatches", "TrainingPosition", "fit_from"]
+
+
+class Checkpoints:
+    """The checkpoints of one training run, in one directory.
+
+    Args:
+        directory: where the step directories go (created if missing).
+        keep: how many complete checkpoints to keep (the newest); None keeps all.
+        data: JSON-ready description of the training data (dataset, batch size, seed,
+            batches per epoch, ...). A checkpoint is only restored under an equal ``data``:
+            its position means nothing for other batches.
+    """
+
+    def __init__(self, directory, *, keep=3, data=None):
+        if keep is not None and (not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"keep must be a positive number of checkpoints or None, got {keep!r}")
+        self.directory = os.path.abspath(directory)
+        self.keep = keep
+        self.data = state.json_ready(data or {})
+        self._opened = None  # the Orbax CheckpointManager, opened by the first save: reading touches nothing
+
+    @property
+    def _manager(self):
+        if self._opened is None:
+            files.empty_trash(self.directory)
+            self._opened = _open_manager(self.directory, self.keep)
+        return self._opened
+
+    def steps(self):
+        """Steps of the complete checkpoints (committed, with metadata), oldest first."""
+        return [step for step, path in files.step_paths(self.directory) if files.completeness_problem(path) is None]
+
+    def existing_steps(self):
+        """Steps of every directory named by an integer, complete or not, oldest first."""
+        return [step for step, _ in files.step_paths(self.directory)]
+
+    def latest_complete(self):
+        """Path of the newest complete checkpoint, or None (no array data is read)."""
+        steps = self.steps()
+        return os.path.join(self.directory, str(steps[-1])) if steps else None
+
+    def save(self, model, position):
+        """Save ``model``'s arrays at ``position`` (a ``TrainingPosition``); returns the path.
+
+        Every process must call it (Orbax coordinates the array writes); nothing appears
+        under ``<directory>/<step>`` until the whole checkpoint is written.
+        """
+        metadata = {
+            "format": FORMAT,
+            "zoo_version": zoo.__version__,
+            "position": position.as_dict(),
+            "data": self.data,
+            "description": state.describe(model),
+        }
+        args = ocp.args.Composite(
+            **{files.STATE_ITEM: ocp.args.StandardSave(state.state_tree(model)), files.METADATA_ITEM: ocp.args.JsonSave(metadata)}
+        )
+        path = os.path.join(self.directory, str(position.step))
+        try:
+            saved = self._manager.save(position.step, args=args, force=True)
+            self._manager.wait_until_finished()
+        except ocp.checkpoint_manager.StepAlreadyExistsError as error:
+            raise CheckpointError(path, "already exists; a run saves each step once") from error
+        if not saved:
+            raise CheckpointError(path, "Orbax declined to save this step")
+        files.empty_trash(self.directory)
+        return path
+
+    def restore(self, model, path=None):
+        """Restore the checkpoint at ``path`` (default: the newest complete one) into ``model``.
+
+        The model must be built and compiled like the one that saved it; arrays land in
+        the layout the model's variables have now. Returns the ``TrainingPosition``.
+        Raises ``CheckpointError`` naming the path and the problem; ``model`` is left
+        unchanged on any error.
+        """
+        path = path or self.latest_complete()
+        if path is None:
+            raise CheckpointError(self.directory, "holds no complete checkpoint")
+        metadata = self._checked_metadata(model, path)
+        tree = self._read_arrays(path, state.abstract_state_tree(model))
+        position = TrainingPosition(**metadata["position"])
+        _check_iterations(path, tree, model, position)
+        rate = state.learning_rate(model)
+        state.assign_state(model, tree)
+        if rate is not None and state.learning_rate(model) != rate:
+            warnings.warn(f"{path}: the learning rate {state.learning_rate(model):g} restored from the checkpoint replaces {rate:g}", stacklevel=2)
+        return position
+
+    def resume(self, model, report=print):
+        """Restore the newest checkpoint that works, falling back past broken ones.
+
+        Each unusable checkpoint (incomplete, damaged, of another model or data) is
+        reported and warned about; if an older one restores, the newer unusable ones are
+        moved to ``quarantine/`` so that the resumed run can write those steps again.
+        Returns the ``TrainingPosition``, or None when there is no checkpoint at all.
+        Raises ``CheckpointError`` listing every problem when none can be restored.
+        """
+        failures = []
+        for step, path in reversed(files.step_paths(self.directory)):
+            try:
+                position = self.restore(model, path)
+            except CheckpointError as error:
+                failures.append(error)
+                warnings.warn(f"{error}; trying the previous checkpoint", stacklevel=2)
+                report(f"skipping unusable {error}")
+                continue
+            self._set_aside(failures, report)
+            report(f"resumed from {path}: epoch {position.epoch + 1}, batch {position.batch}, step {position.step}")
+            return position
+        if failures:
+            raise CheckpointError(self.directory, "no checkpoint could be restored:\n" + "\n".join(f"  {e}" for e in failures))
+        return None
+
+    def read(self, path):
+        """``(metadata, {"model": [np.ndarray], "optimizer": [np.ndarray]})`` of a checkpoint, without a model."""
+        metadata = files.read_metadata(path)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        abstract = {
+            group: [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype), sharding=device) for _, shape, dtype in specs]
+            for group, specs in metadata["description"]["variables"].items()
+        }
+        tree = self._read_arrays(path, abstract)
+        return metadata, {group: [np.asarray(a) for a in arrays] for group, arrays in tree.items()}
+
+    def close(self):
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def _checked_metadata(self, model, path):
+        metadata = files.read_metadata(path)
+        if metadata["format"] != FORMAT:
+            raise CheckpointError(path, f"has format {metadata['format']!r}; this zoo reads {FORMAT!r}")
+        step = int(os.path.basename(path))
+        if metadata["position"].get("step") != step:
+            raise CheckpointError(path, f"its metadata says step {metadata['position'].get('step')}, its name step {step}")
+        if metadata["data"] != self.data:
+            raise CheckpointError(path, f"was written for other training data: {metadata['data']} in the checkpoint, {self.data} now")
+        found = state.differences(metadata["description"], state.describe(model))
+        if found:
+            raise CheckpointError(path, "was written by a different model or optimizer: " + "; ".join(found))
+        return metadata
+
+    def _read_arrays(self, path, abstract):
+        restore = ocp.args.StandardRestore(abstract)
+        reader = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+        try:
+            return reader.restore(os.path.join(path, files.STATE_ITEM), args=restore)
+        except (TypeError, AttributeError, NameError):
+            raise  # a bug here, not damaged data: no fallback
+        except Exception as error:  # Orbax/TensorStore raise many types for damaged data
+            detail = (str(error).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0][:300]
+            raise CheckpointError(path, f"its array data in {files.STATE_ITEM}/ cannot be read ({type(error).__name__}: {detail})") from error
+        finally:
+            reader.close()
+
+    def _set_aside(self, failures, report):
+        for error in failures:
+            if os.path.isdir(error.path) and os.path.dirname(error.path) == self.directory:
+                target = files.set_aside(self.directory, error.path)
+                report(f"moved unusable checkpoint {error.path} to {target}")
+        if failures:
+            _barrier("zoo_checkpoints_set_aside")
+            if self._opened is not None:
+                self._opened.reload()
+
+
+def _open_manager(directory, keep):
+    policy = None if keep is None else ocp.checkpoint_managers.LatestN(keep)
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=policy,
+        enable_async_checkpointing=False,  # the step is on disk when save returns; see docs/checkpoints.md
+        todelete_subdir=files.TRASH,  # keep-last-N renames (atomic) before deleting
+        cleanup_tmp_directories=True,  # writes a kill interrupted are deleted before the next save
+        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=0),
+    )
+    handlers = {files.STATE_ITEM: ocp.StandardCheckpointHandler(), files.METADATA_ITEM: ocp.JsonCheckpointHandler(filename=files.METADATA_FILE)}
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+
+
+def _check_iterations(path, tree, model, position):
+    """The arrays must be those of the step the metadata names: the optimizer counted it."""
+    variables = state.group_variables(model)["optimizer"]
+    index = next((i for i, v in enumerate(variables) if v is model.optimizer.iterations), None)
+    if index is not None and int(np.asarray(tree["optimizer"][index])) != position.step:
+        raise CheckpointError(path, f"its optimizer has taken {int(np.asarray(tree['optimizer'][index]))} steps but its metadata says step {position.step}")
+
+
+def _barrier(name):
+    if jax.process_count() > 1:
+        ocp.multihost.sync_global_processes(name)
