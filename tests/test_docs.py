@@ -9,7 +9,16 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGES = ["README.md", "docs/distribution.md", "docs/models.md", "docs/data.md", "docs/tensor_parallel.md", "docs/sequence_parallel.md"]
+PAGES = [
+    "README.md",
+    "docs/distribution.md",
+    "docs/models.md",
+    "docs/data.md",
+    "docs/tensor_parallel.md",
+    "docs/sequence_parallel.md",
+    "docs/context_parallel.md",
+    "docs/recipes.md",
+]
 
 
 def _examples():

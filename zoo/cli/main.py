@@ -9,6 +9,7 @@ import dataclasses
 import sys
 
 import zoo
+from zoo.cli import checkpoint_flags
 from zoo.cli.devices import prepare_devices
 
 MODELS = ("cnn",)
@@ -109,6 +110,8 @@ def _add_train(parser):
     parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--output", default=defaults.output, help="path of the saved .keras model")
+    parser.add_argument("--dropout", type=float, default=defaults.dropout, help="before the logits layer")
+    checkpoint_flags.add_arguments(parser)
 
 
 def _add_verify(parser):

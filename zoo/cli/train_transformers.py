@@ -6,6 +6,8 @@ parser; each ``run_*`` function turns parsed flags into that config and runs the
 
 import dataclasses
 
+from zoo.cli import checkpoint_flags
+
 STRATEGY_HELP = "layout strategy: single | data | fsdp | tp | tp+sp | context (see docs/models.md)"
 
 
@@ -45,6 +47,7 @@ def add_gpt_train(parser):
     parser.add_argument("--peak-tflops", type=float, default=d.peak_tflops, help="device peak for MFU (default: looked up from the device kind)")
     parser.add_argument("--profile-dir", default=d.profile_dir, help="write a jax.profiler trace of a few steps here")
     parser.add_argument("--profile-steps", type=int, default=d.profile_steps)
+    checkpoint_flags.add_arguments(parser)
 
 
 def add_classifier_train(parser, model):

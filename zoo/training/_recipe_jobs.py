@@ -2,7 +2,7 @@
 dataclass, and how to build its distribution and model for an abstract check.
 
 Nothing here re-implements a job: every adapter calls the job module's own functions
-(``resolve_transformer_distribution``, ``build_gpt``/``_build_for_training``,
+(``resolve_transformer_distribution``, ``build_gpt``/``build_for_training``,
 ``compile_gpt``, ``zoo.training.cnn.build_cnn``, ...). A recipe key maps onto a job
 config field by name; a key whose field the job's config lacks is reported, never
 dropped (``UnsupportedKeyError``).
@@ -150,7 +150,7 @@ class PretrainGPT(Job):
 
     def build(self, module, config):
         # The job's own builder: precision policy, rematerialisation, strategy overrides.
-        return module._build_for_training(config)
+        return module.build_for_training(config)
 
     def compile(self, module, model, config):
         module.compile_gpt(model, config.learning_rate, 1, config.weight_decay, config.gradient_accumulation_steps)

@@ -12,8 +12,8 @@ from zoo.data import DivisibleBatches, SHAPE_CLASSES, get_spec, load, load_shape
 from zoo.data.catalog import IMAGE_CLASSIFICATION
 from zoo.distribution.parity import DEFAULT_ATOL, DEFAULT_RTOL, check_parity
 from zoo.models import SmallCNN
-from zoo.training.callbacks import PeriodicCheckpoint, Throughput
-from zoo.training.checkpoints import CheckpointError, Checkpoints, ResumableBatches, TrainingPosition, fit_from
+from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
+from zoo.training.callbacks import Throughput
 
 
 @dataclasses.dataclass
@@ -85,7 +85,7 @@ def train(config, report=print, callbacks=()):
     and at the end; with ``config.resume`` training continues from the newest usable one,
     seeing exactly the batches the uninterrupted run would have seen.
     """
-    _check_checkpoint_options(config)
+    check_checkpoint_options(config)
     spec = _image_dataset(config.dataset)
     distribution = resolve_distribution(config.distribution, config.mesh)
     replicas = zd.data_parallel_size(distribution)
@@ -98,48 +98,11 @@ def train(config, report=print, callbacks=()):
         lambda: build_cnn(image_shape[0], config.seed, len(spec.classes), image_shape[2], config.dropout), distribution
     )
     compile_cnn(model, "adam", config.learning_rate)
-    model.optimizer.build(model.trainable_variables)  # its state must exist before a restore
     report("weights (path, shape, sharding):")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
 
-    checkpoints, start = _open_checkpoints(config, train_data, image_shape, model, report)
     throughput = Throughput(config.batch_size, report)
-    extra = list(callbacks)
-    if checkpoints is not None:
-        saver = PeriodicCheckpoint(checkpoints, every=config.checkpoint_every, steps_per_epoch=len(train_data), start=start)
-        extra.append(saver)
-    # DivisibleBatches reshuffles itself, seeded per epoch (fit_from passes shuffle=False to fit).
-    data = ResumableBatches(train_data, epoch=start.epoch, start_batch=start.batch)
-    try:
-        history = fit_from(
-            model, data, epochs=config.epochs, validation_data=validation_data, callbacks=[throughput, *extra], verbose=1
-        )
-        if checkpoints is not None and saver.save():
-            report(f"saved checkpoint {saver.position.step} to {checkpoints.directory}")
-    finally:
-        if checkpoints is not None:
-            checkpoints.close()
-    accuracy = evaluate_accuracy(model, *test_data, batch_size=config.batch_size, replicas=replicas)
-    report(f"held-out test accuracy: {accuracy:.4f} ({len(test_data[1])} images, chance {1 / len(spec.classes):.4f})")
-    save_model_atomically(model, config.output)
-    report(f"saved model to {config.output}")
-    return {"history": history, "test_accuracy": accuracy, "images_per_second": throughput.per_epoch, "model": model}
-
-
-def _check_checkpoint_options(config):
-    if config.resume and not config.checkpoint_dir:
-        raise ValueError("resume continues from checkpoint_dir: give --checkpoint-dir too")
-    for name in ("checkpoint_every", "keep"):
-        value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _open_checkpoints(config, train_data, image_shape, model, report):
-    """The run's ``Checkpoints`` (or None) and the position training starts from."""
-    if not config.checkpoint_dir:
-        return None, TrainingPosition()
     data = {  # what the saved data position refers to; a resume under other data is refused
         "dataset": config.dataset,
         "image_shape": list(image_shape),
@@ -148,20 +111,13 @@ def _open_checkpoints(config, train_data, image_shape, model, report):
         "seed": config.seed,
         "steps_per_epoch": len(train_data),
     }
-    checkpoints = Checkpoints(config.checkpoint_dir, keep=config.keep, data=data)
-    existing = checkpoints.existing_steps()
-    if existing and not config.resume:
-        checkpoints.close()
-        raise CheckpointError(
-            checkpoints.directory,
-            f"already holds checkpoints (steps {', '.join(map(str, existing))}); pass --resume to continue "
-            "from them, or choose another --checkpoint-dir",
-        )
-    position = checkpoints.resume(model, report) if config.resume else None
-    if position is None:
-        report(f"checkpoints: every {config.checkpoint_every} steps to {checkpoints.directory}, keeping {config.keep}")
-        return checkpoints, TrainingPosition()
-    return checkpoints, position
+    history = checkpointed_fit(model, train_data, config=config, data=data, epochs=config.epochs, validation_data=validation_data,
+                               callbacks=[throughput, *callbacks], report=report)  # fmt: skip
+    accuracy = evaluate_accuracy(model, *test_data, batch_size=config.batch_size, replicas=replicas)
+    report(f"held-out test accuracy: {accuracy:.4f} ({len(test_data[1])} images, chance {1 / len(spec.classes):.4f})")
+    save_model_atomically(model, config.output)
+    report(f"saved model to {config.output}")
+    return {"history": history, "test_accuracy": accuracy, "images_per_second": throughput.per_epoch, "model": model}
 
 
 def _report_setup(distribution, report):

@@ -1,0 +1,62 @@
+"""``model.fit`` with optional periodic checkpoints and exact resume, for every training job.
+
+A job config carries ``checkpoint_dir``, ``checkpoint_every``, ``keep`` and ``resume``
+(see ``docs/checkpoints.md``); the job describes its data (``data``: what the saved
+data position refers to, so a resume under other data is refused).
+"""
+
+from zoo.training.callbacks import PeriodicCheckpoint
+from zoo.training.checkpoints import CheckpointError, Checkpoints, ResumableBatches, TrainingPosition, fit_from
+
+
+def check_checkpoint_options(config):
+    if config.resume and not config.checkpoint_dir:
+        raise ValueError("resume continues from checkpoint_dir: give --checkpoint-dir too")
+    for name in ("checkpoint_every", "keep"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def open_checkpoints(config, data, model, report):
+    """The run's ``Checkpoints`` (or None) and the position training starts from.
+
+    The model's optimizer must be built (its state is restored too)."""
+    if not config.checkpoint_dir:
+        return None, TrainingPosition()
+    checkpoints = Checkpoints(config.checkpoint_dir, keep=config.keep, data=data)
+    existing = checkpoints.existing_steps()
+    if existing and not config.resume:
+        checkpoints.close()
+        raise CheckpointError(
+            checkpoints.directory,
+            f"already holds checkpoints (steps {', '.join(map(str, existing))}); pass --resume to continue "
+            "from them, or choose another --checkpoint-dir",
+        )
+    position = checkpoints.resume(model, report) if config.resume else None
+    if position is None:
+        report(f"checkpoints: every {config.checkpoint_every} steps to {checkpoints.directory}, keeping {config.keep}")
+        return checkpoints, TrainingPosition()
+    return checkpoints, position
+
+
+def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data, callbacks, report, verbose=1):
+    """Fit ``train_data`` (a ``DivisibleBatches``) for ``epochs``, saving and resuming
+    checkpoints as the config says; returns the history dict."""
+    check_checkpoint_options(config)
+    model.optimizer.build(model.trainable_variables)  # its state must exist before a restore
+    checkpoints, start = open_checkpoints(config, data, model, report)
+    callbacks = list(callbacks)
+    if checkpoints is not None:
+        saver = PeriodicCheckpoint(checkpoints, every=config.checkpoint_every, steps_per_epoch=len(train_data), start=start)
+        callbacks.append(saver)
+    # DivisibleBatches reshuffles itself, seeded per epoch (fit_from passes shuffle=False to fit).
+    resumable = ResumableBatches(train_data, epoch=start.epoch, start_batch=start.batch)
+    try:
+        history = fit_from(model, resumable, epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
+        if checkpoints is not None and saver.save():
+            report(f"saved checkpoint {saver.position.step} to {checkpoints.directory}")
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
+    return history
