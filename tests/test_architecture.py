@@ -12,8 +12,9 @@ FORBIDDEN = {
     "kernels": {"distribution", "layers", "models", "data", "training", "cli", "bench"},
     "distribution": {"layers", "models", "data", "training", "cli", "bench"},
     "layers": {"models", "data", "training", "cli", "bench"},
-    "models": {"kernels", "data", "training", "cli", "bench"},
-    "data": {"models", "layers", "training", "cli", "bench"},
+    "models": {"kernels", "data", "training", "cli", "bench", "presets"},
+    "data": {"models", "layers", "training", "cli", "bench", "presets"},
+    "presets": {"training", "cli", "bench"},
     "training": {"cli", "bench"},
 }
 

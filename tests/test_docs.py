@@ -18,6 +18,9 @@ PAGES = [
     "docs/sequence_parallel.md",
     "docs/context_parallel.md",
     "docs/recipes.md",
+    "docs/checkpoints.md",
+    "docs/presets.md",
+    "docs/finetuning.md",
 ]
 
 

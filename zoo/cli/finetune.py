@@ -5,6 +5,8 @@ import dataclasses
 from zoo.training.finetune import DISTRIBUTIONS, STRATEGIES, FinetuneConfig, finetune
 
 
+from zoo.cli import checkpoint_flags
+
 def add_arguments(parser):
     defaults = FinetuneConfig()
     parser.add_argument("preset", help="a shipped preset's name (e.g. small_cnn_shapes) or a preset directory (a path with '/')")
@@ -23,6 +25,8 @@ def add_arguments(parser):
     parser.add_argument("--data-dir", default=None, help="TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--output", default=None, help="save the fine-tuned model here as a preset (LoRA merged, adapter in lora.weights.h5)")
+    parser.add_argument("--report-every", type=int, default=defaults.report_every, help="print step time and examples/s every N steps")
+    checkpoint_flags.add_arguments(parser)
 
 
 def config_from(args):

@@ -29,7 +29,15 @@ def build_parser():
     _add_comms(commands.add_parser("comms", help="collectives and memory of a compiled step"))
     _add_data(commands.add_parser("data", help="list, show and prepare datasets"))
     _add_recipe(commands.add_parser("recipe", help="check or run a recipe (recipes/<target>/<job>.toml)"))
+    _add_finetune(commands.add_parser("finetune", help="fine-tune a preset: frozen backbone, LoRA or full"))
     return parser
+
+
+def _add_finetune(parser):
+    from zoo.cli import finetune
+
+    finetune.add_arguments(parser)
+    _add_simulate_flag(parser)
 
 
 def _add_recipe(parser):
@@ -184,6 +192,10 @@ def run(args):
         from zoo.cli import recipe
 
         return recipe.run(args) or 0
+    if args.command == "finetune":
+        from zoo.cli import finetune
+
+        return finetune.run(args) or 0
     if args.command == "comms":
         from zoo.cli import comms
 

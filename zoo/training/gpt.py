@@ -32,7 +32,7 @@ class GPTTrainConfig:
     sequence_length: int = 128  # tokens per example (T)
     batch_size: int = 32  # global batch, split over the data axis; must divide by its size
     epochs: int = 2  # passes over the training split (gpt_small: validation ~0.55x the unigram entropy)
-    steps_per_epoch: int | None = None  # None: the whole split each epoch
+    steps_per_epoch: int | None = None  # None: the whole split each epoch; N: epochs over the first N batches' windows
     learning_rate: float = 2e-3  # AdamW peak, cosine-decayed to 10% over the run
     weight_decay: float = 0.01  # AdamW
     dropout: float = 0.0  # overrides the config's dropout
@@ -121,7 +121,7 @@ def train(config, report=print):
     x, y, xv, yv, entropy = _load_corpus(config)
     report(f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes per process; unigram entropy {entropy:.3f} nats/byte")
     train_data, validation_data = _batches(config, distribution, x, y, xv, yv)
-    steps = config.steps_per_epoch or len(train_data)
+    steps = len(train_data)
     keras.utils.set_random_seed(config.seed)
     model = zd.build_distributed(lambda: build_for_training(config), distribution)
     compile_gpt(model, config.learning_rate, steps * config.epochs // config.gradient_accumulation_steps,
@@ -131,16 +131,10 @@ def train(config, report=print):
         report("  " + line)
     callbacks = _callbacks(config, model, entropy, report)
     verbose = 2 if multihost.is_primary() else 0
-    if config.steps_per_epoch is None:
-        data = {"dataset": config.dataset, "sequence_length": config.sequence_length, "windows": len(x),
-                "batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": len(train_data)}  # fmt: skip
-        history = checkpointed_fit(model, train_data, config=config, data=data, epochs=config.epochs,
-                                   validation_data=validation_data, callbacks=callbacks, report=report, verbose=verbose)  # fmt: skip
-    else:  # a capped epoch (smoke runs, benchmarks): no resumable data position
-        if config.checkpoint_dir:
-            raise ValueError("checkpoints resume at a data position of whole epochs: drop --steps-per-epoch or --checkpoint-dir")
-        history = model.fit(train_data, validation_data=validation_data, epochs=config.epochs, steps_per_epoch=config.steps_per_epoch,
-                            shuffle=False, callbacks=callbacks, verbose=verbose).history  # fmt: skip
+    data = {"dataset": config.dataset, "sequence_length": config.sequence_length, "windows": len(x),
+            "batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": len(train_data)}  # fmt: skip
+    history = checkpointed_fit(model, train_data, config=config, data=data, epochs=config.epochs,
+                               validation_data=validation_data, callbacks=callbacks, report=report, verbose=verbose)  # fmt: skip
     if multihost.is_primary():
         save_model_atomically(model, config.output)
         report(f"saved model to {config.output}")
@@ -161,6 +155,8 @@ def _batches(config, distribution, x, y, xv, yv):
     """Training (shuffled, last partial batch dropped) and validation (padded) batches of
     this process's share of the global batch, in the distribution's sequence order."""
     batch_size, multiple_of = local_batching(config.batch_size, zd.data_parallel_size(distribution))
+    if config.steps_per_epoch is not None:  # a fixed subset, so an epoch (and a resumable data position) is N steps
+        x, y = x[: config.steps_per_epoch * batch_size], y[: config.steps_per_epoch * batch_size]
     x, y, xv, yv = _prepare_for(distribution, x, y, xv, yv)
     train_data = DivisibleBatches(x, y, batch_size=batch_size, multiple_of=multiple_of, remainder="drop", shuffle=True, seed=config.seed)
     validation_data = DivisibleBatches(xv, yv, batch_size=batch_size, multiple_of=multiple_of, remainder="pad")

@@ -1,0 +1,140 @@
+"""Keras LoRA on a model's Dense and EinsumDense layers, laid out like their kernels.
+
+``layer.enable_lora(rank)`` adds ``lora_kernel_a`` (kernel dims but the last, r) and
+``lora_kernel_b`` (r, last kernel dim) and freezes the kernel; the layer then computes
+with ``kernel + (alpha / r) * a @ b``. Under a ``ModelParallel`` distribution Keras
+places the new variables by the layout map, where a greedy rule written for the kernel
+(``.*dense.*``, or ``.*kernel.*``) can catch ``lora_kernel_a`` and split its rank
+dimension, or fail to divide it (keras-team/keras#19496); with no matching rule they
+are replicated even when the kernel is split.
+
+Here, while LoRA is enabled on a layer, the distribution's layout map holds two exact
+keys (an exact key beats every regex in ``LayoutMap``) giving the factors the kernel's
+own layout: ``a`` takes the kernel's layout on the input dims, ``b`` on the output dim,
+and the rank dim is never split. So ``a @ b`` is laid out like the kernel and the merge
+``kernel + a @ b`` needs no communication. The keys are removed afterwards. The zoo's
+tensor-parallel layers place their factors themselves (``zoo.layers``) and keep doing so.
+"""
+
+import contextlib
+import math
+
+import keras
+
+LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")
+LORA_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)  # zoo's TP layers are Dense subclasses
+
+
+def is_lora_variable(variable):
+    return variable.path.rsplit("/", 1)[-1] in LORA_WEIGHTS
+
+
+def lora_target_layers(model, exclude=()):
+    """Every Dense / EinsumDense layer inside ``model`` (zoo TP layers too), in model
+    order, except the layer objects in ``exclude`` (a classification head, say)."""
+    excluded = {id(layer) for layer in exclude}
+    return [
+        layer
+        for layer in model._flatten_layers(include_self=False)
+        if isinstance(layer, LORA_LAYER_TYPES) and id(layer) not in excluded
+    ]
+
+
+def lora_layers(model):
+    """The layers of ``model`` with LoRA enabled."""
+    return [layer for layer in model._flatten_layers(include_self=False) if getattr(layer, "lora_enabled", False)]
+
+
+def layer_prefix(layer):
+    """The variable-path prefix of a Dense-like layer (``block_0/attention/query``)."""
+    return layer._kernel.path.rsplit("/", 1)[0]
+
+
+def enable_lora(model, rank, *, alpha=None, exclude=(), layers=None):
+    """Enable Keras LoRA of ``rank`` on ``layers`` (default: every target layer of
+    ``model`` but ``exclude``), each factor laid out like its kernel. Returns the layers."""
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}")
+    layers = lora_target_layers(model, exclude) if layers is None else list(layers)
+    if not layers:
+        raise ValueError(f"model {model.name!r} has no Dense or EinsumDense layer to adapt with LoRA")
+    already = [layer_prefix(layer) for layer in layers if layer.lora_enabled]
+    if already:
+        raise ValueError(f"LoRA is already enabled on {already}; load a fresh model to enable it again")
+    for layer in layers:
+        with _factor_layouts(layer):
+            layer.enable_lora(rank, lora_alpha=alpha)
+    return layers
+
+
+def factor_axes(kernel):
+    """Layout axes ``{name: axes}`` of the LoRA factors of a kernel laid out as it is."""
+    spec = getattr(getattr(kernel.value, "sharding", None), "spec", None)
+    axes = tuple(spec) if spec is not None else ()
+    axes = axes + (None,) * (len(kernel.shape) - len(axes))  # (d_0, ..., d_last)
+    return {"lora_kernel_a": axes[:-1] + (None,), "lora_kernel_b": (None, axes[-1])}
+
+
+@contextlib.contextmanager
+def _factor_layouts(layer):
+    """Exact layout-map keys for ``layer``'s LoRA factors while they are created."""
+    distribution = keras.distribution.distribution()
+    layout_map = getattr(distribution, "_layout_map", None)
+    if layout_map is None:  # no distribution, or DataParallel: Keras replicates them
+        yield
+        return
+    prefix = layer_prefix(layer)
+    added, keys = [], set(iter(layout_map))  # not ``key in layout_map``: its regex lookup says True for any match
+    try:
+        for name, axes in factor_axes(layer._kernel).items():
+            key = f"{prefix}/{name}"
+            if key not in keys:  # a user's own exact key stays in charge
+                layout_map[key] = axes
+                added.append(key)
+        yield
+    finally:
+        for key in added:
+            del layout_map[key]
+
+
+def lora_parameter_count(layers):
+    """LoRA parameters of ``layers``: r * (prod(kernel dims but the last) + last kernel dim) each."""
+    return sum(math.prod(layer.lora_kernel_a.shape) + math.prod(layer.lora_kernel_b.shape) for layer in layers)
+
+
+def merge_lora(model):
+    """A copy of ``model`` without LoRA whose kernels hold ``kernel + (alpha / r) a @ b``.
+
+    Built from ``model.get_config()`` under the current distribution (so laid out as
+    ``model`` is); every other weight is copied device to device (both models are held
+    at once for that moment: twice the weight memory). The outputs equal the
+    LoRA model's up to float rounding.
+    """
+    adapted = {layer_prefix(layer): layer for layer in lora_layers(model)}
+    if not adapted:
+        raise ValueError(f"model {model.name!r} has no LoRA-enabled layer to merge")
+    source = _weights_by_path(model, skip_lora=True)
+    merged = type(model).from_config(model.get_config())
+    target = _weights_by_path(merged, skip_lora=False)
+    if set(source) != set(target):
+        raise ValueError(
+            f"cannot merge: the rebuilt {type(model).__name__} has weights {sorted(set(target) - set(source))} the "
+            f"LoRA model lacks, and lacks {sorted(set(source) - set(target))}"
+        )
+    for path, variable in target.items():
+        prefix, name = path.rsplit("/", 1)
+        value = adapted[prefix].kernel if name == "kernel" and prefix in adapted else source[path].value
+        # a copy: Keras' compiled steps donate variable buffers, so two models must not share one
+        variable.assign(keras.ops.copy(keras.ops.cast(value, variable.dtype)))
+    return merged
+
+
+def _weights_by_path(model, *, skip_lora):
+    weights = {}
+    for variable in model.weights:
+        if skip_lora and is_lora_variable(variable):
+            continue
+        if variable.path in weights:
+            raise ValueError(f"model {model.name!r} has two weights at path {variable.path!r}; cannot match weights by path")
+        weights[variable.path] = variable
+    return weights

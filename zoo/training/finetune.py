@@ -1,0 +1,255 @@
+"""Fine-tune a preset on another dataset: ``zoo finetune PRESET --dataset NAME --strategy ...``.
+
+Strategies (what the optimizer updates):
+
+======  =========================================================================
+frozen  the classification head only; the backbone is frozen (batch norm in
+        inference mode)
+lora    the head and rank-r LoRA factors on every backbone Dense / EinsumDense
+        layer (``layer.enable_lora``); all other backbone weights frozen
+full    every weight
+======  =========================================================================
+
+When the dataset has a different number of classes from the preset, the head layer
+(``HEADS``) is rebuilt with the new size and freshly initialised, everything else comes
+from the preset. Under ``--distribution model`` the preset's layout map splits the
+weights, LoRA factors included (laid out like their kernels, see ``_lora``).
+"""
+
+import dataclasses
+import os
+
+import keras
+import numpy as np
+
+from zoo import distribution as zd
+from zoo.data import DivisibleBatches, get_spec, load
+from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
+from zoo.presets import from_preset, load_preset_config, load_preset_metadata, load_tokenizer, save_to_preset
+from zoo.training._checkpointed_fit import checkpointed_fit
+from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
+from zoo.training._lora_files import load_lora, save_lora
+from zoo.training.cnn import evaluate_accuracy
+from zoo.training.report import StepReport
+
+STRATEGIES = ("frozen", "lora", "full")
+DISTRIBUTIONS = ("single", "data", "model", "fsdp", "tp")  # fsdp, tp: the Transformer presets
+# model class -> (head layer, config entry giving its output size)
+HEADS = {
+    "SmallCNN": ("logits", "num_classes"),
+    "TransformerEncoderClassifier": ("classifier_head", "num_classes"),
+    "ViTClassifier": ("classifier_head", "num_classes"),
+}
+# Adam learning rates that fine-tune small_cnn_shapes on digits in a few epochs: the
+# head (zero-initialised) and the LoRA factors take larger steps than a whole network.
+LEARNING_RATES = {"frozen": 1e-2, "lora": 1e-2, "full": 3e-3}
+LORA_FILE = "lora.weights.h5"  # the adapter, written beside the merged preset
+
+__all__ = [
+    "FinetuneConfig", "finetune", "needs_new_head", "load_for_finetuning", "prepare_finetuning", "enable_lora", "merge_lora",
+    "save_lora", "load_lora", "lora_parameter_count", "trainable_parameter_count",
+]  # fmt: skip
+
+
+@dataclasses.dataclass
+class FinetuneConfig:
+    """Settings of ``zoo finetune``; every default is the CLI's default."""
+
+    preset: str = "small_cnn_shapes"  # a shipped preset's name, or a preset directory
+    dataset: str = "digits"  # a classification dataset of zoo.data (zoo data list)
+    strategy: str = "lora"  # frozen | lora | full
+    lora_rank: int = 4  # r of the LoRA factors (lora only)
+    lora_alpha: float | None = None  # LoRA scale alpha / r; None: alpha = r
+    distribution: str = "single"  # single | data | model (| fsdp | tp for Transformer presets)
+    mesh: str | None = None  # e.g. "data=2,model=4"; None: the strategy's default mesh
+    epochs: int = 3  # passes over the training examples
+    batch_size: int = 32  # global batch, split over the data axis
+    learning_rate: float | None = None  # Adam; None: LEARNING_RATES[strategy]
+    train_examples: int | None = None  # None: the whole training split
+    test_examples: int | None = None  # None: the whole test split
+    data_dir: str | None = None  # TFDS data folder (default $ZOO_DATA_DIR, ...)
+    seed: int = 0  # LoRA factors' initialisation, shuffling
+    output: str | None = None  # preset directory for the result (LoRA merged; adapter in lora.weights.h5)
+    checkpoint_dir: str | None = None  # Orbax checkpoints during fit go here (docs/checkpoints.md); None: none
+    checkpoint_every: int = 100  # optimizer steps between checkpoints (one more is saved at the end)
+    keep: int = 3  # the newest complete checkpoints kept
+    resume: bool = False  # continue from the newest usable checkpoint in checkpoint_dir
+    report_every: int = 50  # print step time and images/s every N steps
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown fine-tuning strategy {self.strategy!r}; choose one of {list(STRATEGIES)}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"unknown distribution {self.distribution!r}; choose one of {list(DISTRIBUTIONS)}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"epochs and batch_size must be positive, got {self.epochs} and {self.batch_size}")
+
+
+def head_of(class_name):
+    """``(head layer name, config key)`` of a preset's model class; raises naming the supported ones."""
+    if class_name not in HEADS:
+        raise ValueError(f"fine-tuning supports classifier presets of {sorted(HEADS)}; this preset holds a {class_name}")
+    return HEADS[class_name]
+
+
+def needs_new_head(preset, num_classes):
+    """Whether ``num_classes`` differs from the preset's head size (None: keep the head)."""
+    _, key = head_of(load_preset_metadata(preset)["class_name"])
+    return num_classes is not None and num_classes != load_preset_config(preset)["config"].get(key)
+
+
+def load_for_finetuning(preset, num_classes=None):
+    """The preset's model, with a new ``num_classes`` head when that differs from the
+    preset's (``needs_new_head``). A new head starts at zero (as in BiT, Kolesnikov et
+    al. 2020): every class equally likely, so the first steps are well scaled whatever
+    the features' size. Build it under the distribution to train with."""
+    head, key = head_of(load_preset_metadata(preset)["class_name"])
+    if not needs_new_head(preset, num_classes):
+        return from_preset(preset)
+    model = from_preset(preset, skip_layers=(head,), **{key: num_classes})
+    for variable in model.get_layer(head).weights:  # zero head (BiT): uniform predictions, a well-scaled start
+        variable.assign(keras.ops.zeros_like(variable.value))
+    return model
+
+
+def prepare_finetuning(model, strategy, *, head, lora_rank=4, lora_alpha=None):
+    """Set which weights train under ``strategy`` (see the module doc); call once, on a
+    freshly loaded model, under the distribution it was built with. Returns the
+    LoRA-adapted layers (empty unless ``strategy == "lora"``)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown fine-tuning strategy {strategy!r}; choose one of {list(STRATEGIES)}")
+    head_layer = model.get_layer(head)
+    trainable_by_design = list(model.trainable_weights)  # not batch-norm statistics, say
+    adapted = enable_lora(model, lora_rank, alpha=lora_alpha, exclude=[head_layer]) if strategy == "lora" else []
+    head_variables = {id(v) for v in head_layer.weights}
+    for variable in trainable_by_design:
+        variable.trainable = strategy == "full" or id(variable) in head_variables
+    if strategy != "full":
+        _freeze_idle_layers(model, head_layer)
+    return adapted
+
+
+def _freeze_idle_layers(model, head_layer):
+    """``trainable = False`` on backbone leaf layers left with nothing to train, so batch
+    norm runs in inference mode (its statistics stay the preset's)."""
+    for layer in model._flatten_layers(include_self=False):
+        leaf = not list(layer._flatten_layers(include_self=False))
+        if leaf and layer is not head_layer and not any(v.trainable for v in layer.weights):
+            layer.trainable = False
+
+
+def trainable_parameter_count(model):
+    return int(sum(np.prod(v.shape) for v in model.trainable_weights))
+
+
+def finetune(config, report=print):
+    """Fine-tune ``config.preset`` on ``config.dataset``; returns a dict of results."""
+    metadata, spec, head = _check_job(config)
+    distribution = _distribution(metadata["class_name"], config)
+    replicas = zd.data_parallel_size(distribution)
+    model = zd.build_distributed(lambda: load_for_finetuning(config.preset, len(spec.classes)), distribution)
+    new_head = needs_new_head(config.preset, len(spec.classes))
+    report(f"preset {config.preset!r}: {metadata['class_name']}, {model.count_params():,} parameters"
+           + (f"; new {len(spec.classes)}-class head {head!r}" if new_head else ""))  # fmt: skip
+    input_shape = _input_shape(model, metadata)
+    (x, y), (xt, yt) = (_load_adapted(config, spec, input_shape, split) for split in ("train", "test"))
+    keras.utils.set_random_seed(config.seed)
+    adapted = prepare_finetuning(model, config.strategy, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
+    trainable = trainable_parameter_count(model)
+    report(f"strategy {config.strategy}: {trainable:,} trainable parameters"
+           + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})" if adapted else ""))  # fmt: skip
+    _compile(model, config)
+    # Evaluated after compile() so one predict function serves both evaluations; LoRA's
+    # b factors start at zero, so this is still the preset's (new head's) output.
+    zero_shot = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
+    report(f"zero-shot test accuracy: {zero_shot:.4f} (chance {1 / len(spec.classes):.4f})")
+    batches = DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed)
+    data = {"preset": config.preset, "dataset": config.dataset, "examples": batches.num_examples,
+            "batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": len(batches)}  # fmt: skip
+    progress = StepReport(config.batch_size, unit="examples", every=config.report_every, report=report)
+    history = checkpointed_fit(model, batches, config=config, data=data, epochs=config.epochs, validation_data=None,
+                               callbacks=[progress], report=report, verbose=0)  # fmt: skip
+    accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
+    report(f"fine-tuned test accuracy: {accuracy:.4f} ({len(yt)} examples; zero-shot {zero_shot:.4f})")
+    result = {"zero_shot_accuracy": zero_shot, "test_accuracy": accuracy, "trainable_parameters": trainable,
+              "history": history, "model": model, "adapted_layers": adapted}  # fmt: skip
+    if config.output:
+        _save(config, spec, model, input_shape, adapted, result, report)
+    return result
+
+
+def _check_job(config):
+    """``(preset metadata, dataset spec, head layer name)``, or a clear error."""
+    metadata = load_preset_metadata(config.preset)
+    head, _ = head_of(metadata["class_name"])
+    spec = get_spec(config.dataset)
+    if spec.task not in (IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION):
+        raise ValueError(f"fine-tuning needs a classification dataset; {config.dataset!r} is {spec.task}")
+    return metadata, spec, head
+
+
+def _compile(model, config):
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate or LEARNING_RATES[config.strategy]),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["accuracy"],
+    )
+
+
+def _distribution(class_name, config):
+    if config.distribution == "single":
+        if config.mesh:
+            raise zd.MeshError(f"--distribution single runs on one device; drop --mesh {config.mesh!r}")
+        return None
+    return zd.distribution_for(keras.saving.get_registered_object(f"zoo>{class_name}"), config.distribution, config.mesh)
+
+
+def _input_shape(model, metadata):
+    """One example's shape: the preset's recorded ``input_shape``, else the model's input
+    (a text model's length from its ``max_sequence_length``)."""
+    shape = list(metadata.get("input_shape") or model.inputs[0].shape[1:])
+    if len(shape) == 1 and shape[0] is None:
+        shape = [getattr(model, "max_sequence_length", None)]
+    if any(size is None for size in shape):
+        raise ValueError(f"the preset's input shape {shape} is not fully known; save it with metadata input_shape=[...]")
+    return tuple(shape)
+
+
+def _load_adapted(config, spec, input_shape, split):
+    """A split shaped for the model: images at its size and channel count, text at its
+    sequence length."""
+    count = config.train_examples if split == "train" else config.test_examples
+    if spec.task == TEXT_CLASSIFICATION:
+        return load(spec.name, split, data_dir=config.data_dir, sequence_length=input_shape[0], num_examples=count)
+    x, y = load(spec.name, split, data_dir=config.data_dir, image_size=input_shape[0], num_examples=count)
+    return _match_channels(x, input_shape[-1], spec.name), y
+
+
+def _match_channels(images, channels, name):
+    """Grey -> RGB by repeating the channel; RGB -> grey by averaging."""
+    if images.shape[-1] == channels:
+        return images
+    if images.shape[-1] == 1:
+        return np.repeat(images, channels, axis=-1)
+    if channels == 1:
+        return images.mean(axis=-1, keepdims=True)
+    raise ValueError(f"{name} images have {images.shape[-1]} channels; the preset takes {channels}")
+
+
+def _save(config, spec, model, input_shape, adapted, result, report):
+    final = merge_lora(model) if adapted else model
+    metadata = {
+        "dataset": spec.name,
+        "task": spec.task,
+        "class_names": list(spec.classes),
+        "input_shape": list(input_shape),
+        "test_accuracy": round(result["test_accuracy"], 4),
+        "finetuned_from": str(config.preset),
+        "training": {"strategy": config.strategy, "epochs": config.epochs,
+                     "learning_rate": config.learning_rate or LEARNING_RATES[config.strategy],
+                     "lora_rank": config.lora_rank if adapted else None, "seed": config.seed},
+    }  # fmt: skip
+    directory = save_to_preset(final, config.output, tokenizer=load_tokenizer(config.preset), metadata=metadata)
+    report(f"saved the fine-tuned preset to {directory}" + (" (LoRA merged)" if adapted else ""))
+    if adapted:
+        report(f"saved the LoRA adapter alone to {save_lora(model, os.path.join(directory, LORA_FILE))}")
