@@ -1,13 +1,12 @@
 """The cpu-sim-8 recipes run end to end in-process on the 8 simulated devices (shrunk by
 overrides to a few steps), and ``run_recipe`` refuses the wrong machine."""
 
-import dataclasses
 import math
 
 import pytest
 
 from tests.recipes._recipes import CPU, RECIPES, ids
-from zoo.training.recipe import JobUnavailableError, RecipeError, UnsupportedKeyError, load_recipe, run_recipe
+from zoo.training.recipe import RecipeError, load_recipe, run_recipe
 
 # Overrides that keep each run to a few steps (the recipes themselves run ~1 min each).
 SHRINK = {
@@ -15,7 +14,6 @@ SHRINK = {
     "pretrain_gpt.toml": {"train.steps_per_epoch": 4},
     "finetune.toml": {"train.epochs": 1, "data.train_examples": 256, "data.test_examples": 64},
 }
-OPTIONAL_SECTIONS = ("checkpoint", "logging")  # keys other work adds to the job configs
 
 
 def _load_shrunk(path, tmp_path):
@@ -24,11 +22,6 @@ def _load_shrunk(path, tmp_path):
     if "checkpoint.dir" in load_recipe(path).given:
         overrides["checkpoint.dir"] = str(tmp_path / "checkpoints")
     return load_recipe(path, overrides), output
-
-
-def _without(recipe, sections):
-    given = frozenset(k for k in recipe.given if k.split(".")[0] not in sections)
-    return dataclasses.replace(recipe, given=given, **{name: type(getattr(recipe, name))() for name in sections})
 
 
 def _run_and_check(recipe, output):
@@ -44,31 +37,10 @@ def _run_and_check(recipe, output):
 @pytest.mark.parametrize("path", CPU, ids=ids(CPU))
 def test_cpu_recipe_runs_end_to_end(path, tmp_path):
     recipe, output = _load_shrunk(path, tmp_path)
-    try:
-        recipe.job_config()
-    except JobUnavailableError as error:
-        pytest.skip(f"job not available yet: {error}")
-    except UnsupportedKeyError as error:
-        pytest.skip(f"job config fields missing: {error}")
+    recipe.job_config()  # every key of the file maps onto the job's config
     _run_and_check(recipe, output)
     if recipe.checkpoint.dir:
         assert any((tmp_path / "checkpoints").iterdir()), "checkpointing was configured but nothing was saved"
-
-
-@pytest.mark.parametrize("path", CPU, ids=ids(CPU))
-def test_cpu_recipe_trains_while_checkpoint_and_logging_fields_are_missing(path, tmp_path):
-    """Until the job configs take [checkpoint]/[logging], run the rest of the recipe, so the
-    job wiring is covered; skipped once the full recipe runs in the test above."""
-    recipe, output = _load_shrunk(path, tmp_path)
-    try:
-        recipe.job_config()
-        pytest.skip("the full recipe is supported: test_cpu_recipe_runs_end_to_end runs it")
-    except JobUnavailableError as error:
-        pytest.skip(f"job not available yet: {error}")
-    except UnsupportedKeyError as error:
-        others = [key for key in error.keys if key.split(".")[0] not in OPTIONAL_SECTIONS]
-        assert not others, f"keys outside {OPTIONAL_SECTIONS} unsupported: {error}"
-    _run_and_check(_without(recipe, OPTIONAL_SECTIONS), output)
 
 
 def test_run_refuses_a_recipe_for_other_devices():

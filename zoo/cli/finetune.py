@@ -2,10 +2,9 @@
 
 import dataclasses
 
+from zoo.cli import checkpoint_flags
 from zoo.training.finetune import DISTRIBUTIONS, STRATEGIES, FinetuneConfig, finetune
 
-
-from zoo.cli import checkpoint_flags
 
 def add_arguments(parser):
     defaults = FinetuneConfig()

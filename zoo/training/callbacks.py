@@ -78,10 +78,13 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             return None
         model = self.model  # under JAX this syncs the training state back into the variables
         iterations = int(model.optimizer.iterations)
-        if iterations != self.position.step:
+        # with gradient accumulation the optimizer counts updates, one per N batches
+        accumulation = getattr(model.optimizer, "gradient_accumulation_steps", None) or 1
+        if iterations != self.position.step // accumulation:
             raise ValueError(
-                f"the optimizer has taken {iterations} steps but the data position is step {self.position.step}: "
-                f"is steps_per_epoch={self.steps_per_epoch} right, and does fit run one step per batch?"
+                f"the optimizer has taken {iterations} steps but the data position is step {self.position.step} "
+                f"({accumulation} batch(es) per update): is steps_per_epoch={self.steps_per_epoch} right, and does "
+                f"fit run one step per batch?"
             )
         path = self.checkpoints.save(model, self.position)
         self.saved_step = self.position.step
