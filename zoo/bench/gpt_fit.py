@@ -18,12 +18,12 @@ from zoo.models import GPTCausalLM
 from zoo.training.gpt import compile_gpt
 from zoo.training.transformer_setup import resolve_transformer_distribution, strategy_overrides
 
-# (label, strategy, mesh spec); None mesh: the strategy's default on 8 devices.
-LAYOUTS = (
-    ("DataParallel", "data", None),
-    ("tensor parallel", "tp", "data=2,model=4"),
-    ("context parallel (ring)", "context", "data=2,seq=4"),
-)
+# strategy -> (label, mesh spec); None mesh: the strategy's default on 8 devices.
+LAYOUTS = {
+    "data": ("DataParallel", None),
+    "tp": ("tensor parallel", "data=2,model=4"),
+    "context": ("context parallel (ring)", "data=2,seq=4"),
+}
 SEED = 0
 
 
@@ -37,6 +37,7 @@ class GPTBenchConfig:
     steps: int = 10  # timed optimizer steps per measurement (= one fit epoch)
     repeats: int = 3  # alternating fit / jit measurements; the median of each is reported
     output: str | None = None  # also write the markdown table to this file
+    strategies: tuple = tuple(LAYOUTS)  # which layouts to measure (data, tp, context)
 
 
 def run_benchmark(config, report=print):
@@ -44,9 +45,13 @@ def run_benchmark(config, report=print):
     x, y = load("python_docs", "train", sequence_length=config.sequence_length, num_examples=config.steps * config.batch_size)
     if len(x) < config.steps * config.batch_size:
         raise ValueError(f"the corpus has {len(x)} windows of {config.sequence_length} tokens; lower --steps or --batch-size")
+    unknown = [s for s in config.strategies if s not in LAYOUTS]
+    if unknown:
+        raise ValueError(f"unknown layout(s) {unknown}; choose from {list(LAYOUTS)}")
     rows = []
     try:
-        for label, strategy, mesh in LAYOUTS:
+        for strategy in config.strategies:
+            label, mesh = LAYOUTS[strategy]
             distribution = resolve_transformer_distribution(GPTCausalLM, strategy, mesh)
             rows.append(
                 measure(label, distribution, _builder(config, strategy), x, y, batch_size=config.batch_size,

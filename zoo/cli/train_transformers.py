@@ -94,6 +94,7 @@ def add_gpt_bench(parser):
     parser.add_argument("--steps", type=int, default=d.steps, help="timed steps per measurement")
     parser.add_argument("--repeats", type=int, default=d.repeats)
     parser.add_argument("--output", default=d.output, help="write the markdown table here too")
+    parser.add_argument("--strategies", type=lambda text: tuple(text.split(",")), default=d.strategies, help=f"layouts measured (default {','.join(d.strategies)})")
 
 
 def _config_from(args, config_class, **extra):

@@ -9,7 +9,7 @@ from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 from zoo.models import TransformerEncoderClassifier, ViTClassifier
 from zoo.training.callbacks import Throughput
-from zoo.training.cnn import evaluate_accuracy, save_model_atomically
+from zoo.training.cnn import check_model_path, evaluate_accuracy, save_model_atomically
 from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
 
 # model name -> (class, task its dataset must have, unit of throughput)
@@ -50,6 +50,7 @@ class ClassifierTrainConfig:
 def train(config, report=print):
     """Train the encoder or the ViT; returns a dict with the history and test accuracy."""
     model_class, task, unit = MODELS[config.model]
+    check_model_path(config.output)
     spec = get_spec(config.dataset)
     if spec.task != task:
         raise ValueError(f"zoo train {config.model} needs {task} data; {config.dataset!r} is {spec.task}")

@@ -14,6 +14,7 @@ from zoo.distribution.parity import DEFAULT_ATOL, DEFAULT_RTOL, check_parity
 from zoo.models import SmallCNN
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.callbacks import Throughput
+from zoo.training.transformer_setup import report_setup
 
 
 @dataclasses.dataclass
@@ -86,10 +87,11 @@ def train(config, report=print, callbacks=()):
     seeing exactly the batches the uninterrupted run would have seen.
     """
     check_checkpoint_options(config)
+    check_model_path(config.output)  # before any training, not after it
     spec = _image_dataset(config.dataset)
     distribution = resolve_distribution(config.distribution, config.mesh)
     replicas = zd.data_parallel_size(distribution)
-    _report_setup(distribution, report)
+    report_setup(distribution, report)
     train_data, validation_data, test_data = _datasets(config, replicas)
     report(f"dataset: {spec.name} ({spec.description}); {train_data.num_examples} training images")
     image_shape = test_data[0].shape[1:]  # (S, S, C)
@@ -118,14 +120,6 @@ def train(config, report=print, callbacks=()):
     save_model_atomically(model, config.output)
     report(f"saved model to {config.output}")
     return {"history": history, "test_accuracy": accuracy, "images_per_second": throughput.per_epoch, "model": model}
-
-
-def _report_setup(distribution, report):
-    report(f"devices: {zd.describe_devices()}")
-    if distribution is None:
-        report("distribution: single device")
-    else:
-        report(f"distribution: {type(distribution).__name__} on mesh {zd.describe_mesh(distribution.device_mesh)}")
 
 
 def _image_dataset(name):
@@ -161,10 +155,14 @@ def evaluate_accuracy(model, x, y, *, batch_size, replicas):
     return float(np.mean(np.argmax(logits, axis=-1) == y))
 
 
-def save_model_atomically(model, path):
-    """Save a ``.keras`` file so that a crash mid-write never leaves a broken file at ``path``."""
+def check_model_path(path):
     if not path.endswith(".keras"):
         raise ValueError(f"model path must end in .keras, got {path!r}")
+
+
+def save_model_atomically(model, path):
+    """Save a ``.keras`` file so that a crash mid-write never leaves a broken file at ``path``."""
+    check_model_path(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, partial = tempfile.mkstemp(suffix=".keras", dir=directory, prefix=".partial-")
@@ -184,7 +182,7 @@ def verify(config, report=print):
     if config.distribution == "single":
         raise ValueError("verify compares a distribution with one device: choose --distribution data or model")
     distribution = resolve_distribution(config.distribution, config.mesh)
-    _report_setup(distribution, report)
+    report_setup(distribution, report)
     x, y = load_shapes("train", image_size=config.image_size, num_examples=config.steps * config.batch_size, seed=config.seed)
     result = check_parity(
         lambda: SmallCNN(num_classes=len(SHAPE_CLASSES), image_size=config.image_size, dropout=0.25, seed=config.seed),

@@ -15,7 +15,7 @@ from zoo.training.callbacks import Throughput
 from zoo.training.profile import ProfileSteps
 from zoo.training.report import StepReport
 from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
-from zoo.training.cnn import save_model_atomically
+from zoo.training.cnn import check_model_path, save_model_atomically
 from zoo.training.saving import load_zoo_model
 
 
@@ -113,6 +113,7 @@ def train(config, report=print):
     feeds only its own rows; only process 0 prints and saves.
     """
     check_checkpoint_options(config)
+    check_model_path(config.output)
     report = report if multihost.is_primary() else (lambda *_: None)
     distribution = multihost.feed_process_local_data(
         resolve_transformer_distribution(GPTCausalLM, config.strategy, config.mesh, attention=config.attention, balance=config.balance)

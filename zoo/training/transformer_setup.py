@@ -27,6 +27,7 @@ def strategy_overrides(strategy):
 
 
 def report_setup(distribution, report):
+    """Print the devices and the distribution (every training job starts with these lines)."""
     report(f"devices: {zd.describe_devices()}")
     if distribution is None:
         report("distribution: single device")
