@@ -14,20 +14,24 @@ import keras
 import numpy as np
 import pytest
 
-from zoo.distribution import CheckedModelParallel, build_distributed, make_mesh, parity
+from zoo.distribution import CheckedModelParallel, build_distributed, distribution_for, make_mesh, parity
 from zoo.models.gpt import GPT_CONFIGS, GPTCausalLM
 
-LENGTH, BATCH, STEPS = 16, 8, 3
+LENGTH, BATCH, STEPS = 16, 8, 3  # T = 16 splits 4 ways over 'seq' under context parallelism
 TRAIN_LAYERS = 1  # each compile of a block's forward and backward costs seconds on CPU
 # gpt_tiny with 8 query / 4 KV heads (head_dim 4) so heads split over a model axis of 4
 CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(num_heads=8, num_kv_heads=4, dropout=0.1, seed=11, tie_embeddings=True)
 
 
 def _config(strategy, **overrides):
+    if strategy.startswith("context"):  # the model is unchanged: the distribution picks the attention kernel
+        strategy = "data"
     return GPTCausalLM.config_for_strategy(strategy, CONFIG | overrides)
 
 
 def _distribution(strategy, mesh, config):
+    if strategy.startswith("context"):  # "context-<kernel>": inputs split on batch and sequence
+        return distribution_for(GPTCausalLM, "context", mesh, attention=strategy.split("-")[1])
     mesh = make_mesh(mesh)
     if strategy == "data":
         return keras.distribution.DataParallel(device_mesh=mesh)
@@ -75,7 +79,16 @@ def _parity_report(strategy, mesh, reference):
 
 
 @pytest.mark.parametrize(
-    "strategy, mesh", [("data", "data=8"), ("fsdp", "data=8"), ("tp", "data=2,model=4"), ("tp+sp", "data=2,model=4")]
+    "strategy, mesh",
+    [
+        ("data", "data=8"),
+        ("fsdp", "data=8"),
+        ("tp", "data=2,model=4"),
+        ("tp+sp", "data=2,model=4"),
+        ("context-gather", "data=2,seq=4"),
+        ("context-ring", "data=2,seq=4"),
+        ("context-ulysses", "data=2,seq=4"),
+    ],
 )
 def test_three_steps_of_fit_match_one_device(strategy, mesh, reference):
     report = _parity_report(strategy, mesh, reference)
