@@ -118,7 +118,10 @@ def test_waiting_for_a_listening_coordinator_returns():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        multihost.wait_for_coordinator(f"127.0.0.1:{server.getsockname()[1]}", 5)
+        start = time.monotonic()
+        # raises CoordinatorUnreachableError after 5 s if it cannot connect
+        assert multihost.wait_for_coordinator(f"127.0.0.1:{server.getsockname()[1]}", 5) is None
+        assert time.monotonic() - start < 4  # it connected, rather than waiting out its timeout
 
 
 def test_a_taken_coordinator_port_is_named():

@@ -8,10 +8,9 @@ import numpy as np
 from zoo import distribution as zd
 from zoo.data import ByteTokenizer, DivisibleBatches, load, local_batching, process_rows, unigram_entropy
 from zoo.distribution import multihost
-from zoo.models import GPTCausalLM
+from zoo.models import GPT_CONFIGS, GPTCausalLM
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
-from zoo.training.callbacks import Throughput
 from zoo.training.profile import ProfileSteps
 from zoo.training.report import StepReport
 from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
@@ -87,7 +86,8 @@ def build_for_training(config):
         if not config.remat:
             return build_gpt(config, overrides)
         # Keras rematerialises the layers built in this scope whose names match: the blocks.
-        with keras.RematScope(mode="list_of_layers", layer_names=[f"block_{i}" for i in range(64)]):
+        blocks = [f"block_{i}" for i in range(GPT_CONFIGS[config.config_name]["num_layers"])]
+        with keras.RematScope(mode="list_of_layers", layer_names=blocks):
             return build_gpt(config, overrides)
     finally:
         keras.config.set_dtype_policy(previous)
@@ -169,7 +169,6 @@ def _callbacks(config, model, entropy, report):
     flops_per_step = mfu.gpt_flops_per_token(model.get_config(), config.sequence_length) * tokens_per_step
     peak = _peak_flops(config.peak_tflops)
     callbacks = [
-        Throughput(tokens_per_step, report, unit="tokens"),
         StepReport(tokens_per_step, unit="tokens", flops_per_step=flops_per_step, peak_flops_per_device=peak,
                    every=config.report_every, report=report),  # fmt: skip
         _ValidationVsEntropy(entropy, report),

@@ -1,6 +1,7 @@
 """What the Transformer jobs (GPT, encoder, ViT) share: strategy -> distribution and model settings."""
 
 from zoo import distribution as zd
+from zoo.models._transformer_layouts import LAYOUT_STRATEGIES, config_overrides
 
 # every layout a Transformer model of the zoo trains under (see zoo.distribution.strategies)
 TRANSFORMER_STRATEGIES = ("single", "data") + zd.TRANSFORMER_STRATEGIES
@@ -22,8 +23,11 @@ def resolve_transformer_distribution(model_class, strategy, mesh_spec, *, attent
 
 
 def strategy_overrides(strategy):
-    """Model-config entries a strategy needs: ``tp+sp`` builds Megatron sequence-parallel blocks."""
-    return {"tp_sequence_parallel": strategy == "tp+sp"}
+    """Model-config entries a strategy needs: ``tp+sp`` builds Megatron sequence-parallel blocks.
+
+    The layout strategies say so themselves (``config_overrides``); single, data and
+    context leave the model as it is."""
+    return config_overrides(strategy) if strategy in LAYOUT_STRATEGIES else {"tp_sequence_parallel": False}
 
 
 def report_setup(distribution, report):
