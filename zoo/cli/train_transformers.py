@@ -97,9 +97,9 @@ def add_gpt_bench(parser):
     parser.add_argument("--strategies", type=lambda text: tuple(text.split(",")), default=d.strategies, help=f"layouts measured (default {','.join(d.strategies)})")
 
 
-def _config_from(args, config_class, **extra):
+def _config_from(args, config_class):
     fields = {f.name for f in dataclasses.fields(config_class)}
-    return config_class(**{k: v for k, v in vars(args).items() if k in fields}, **extra)
+    return config_class(**{k: v for k, v in vars(args).items() if k in fields})
 
 
 def run_train(args):
@@ -110,9 +110,7 @@ def run_train(args):
     else:
         from zoo.training import classifiers
 
-        values = {k: v for k, v in vars(args).items() if k != "model"}
-        fields = {f.name for f in dataclasses.fields(classifiers.ClassifierTrainConfig)}
-        classifiers.train(classifiers.ClassifierTrainConfig(model=args.model, **{k: v for k, v in values.items() if k in fields}))
+        classifiers.train(_config_from(args, classifiers.ClassifierTrainConfig))  # args.model: encoder | vit
     return 0
 
 
