@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from zoo.distribution import distribution_for
-from zoo.distribution.parity import check_parity, compare
+from zoo.distribution.parity import TrainRun, check_parity, compare
 from zoo.models import SmallCNN
 
 
@@ -37,3 +37,13 @@ def test_indivisible_batch_is_refused():
     x, y = np.zeros((40, 16, 16, 3), np.float32), np.zeros(40, np.int32)
     with pytest.raises(ValueError, match="batch size 12 is not divisible by the data-parallel size 8"):
         check_parity(lambda: SmallCNN(image_size=16), lambda m: None, distribution_for(SmallCNN, "data", "data=8"), x, y, batch_size=12)
+
+
+def test_a_reference_of_other_steps_or_batch_is_refused():
+    x, y = np.zeros((48, 16, 16, 3), np.float32), np.zeros(48, np.int32)
+    reference = TrainRun(steps=2, batch_size=16, initial=[], loss={}, gradients={}, outputs={}, weights={})
+    distribution = distribution_for(SmallCNN, "data", "data=8")
+    with pytest.raises(ValueError, match="the reference ran 2 steps of batch 16; this check asks for 3 steps of batch 16"):
+        check_parity(lambda: SmallCNN(image_size=16), lambda m: None, distribution, x, y, steps=3, reference=reference)
+    with pytest.raises(ValueError, match="the reference ran 2 steps of batch 16; this check asks for 2 steps of batch 8"):
+        check_parity(lambda: SmallCNN(image_size=16), lambda m: None, distribution, x, y, steps=2, batch_size=8, reference=reference)

@@ -2,12 +2,12 @@
 weights (and optimizer state) are really placed as ``get_layout_map`` says.
 
 8 simulated devices; a tiny model (1 block for training, 2 for placement; C=32, 8 heads
-/ 4 KV heads, F=64, V=256, tied embeddings), T=16, batch 8, 3 SGD-with-momentum steps with dropout on. As in
-``zoo.distribution.parity.check_parity``, each strategy's run is compared with the
-single-device run on per-step losses, first-batch gradients, outputs after training and
-final weights; here the single-device run is done once for all strategies (the same
-model: ``tp_sequence_parallel`` changes nothing on one device), which saves a third of
-the compile time.
+/ 4 KV heads, F=64, V=256, tied embeddings), T=16, batch 8, 3 SGD-with-momentum steps with dropout on. Each strategy's
+run is compared by ``zoo.distribution.parity.check_parity`` with the single-device run
+on per-step losses, first-batch gradients, outputs after training and final weights; the
+single-device run is done once for all strategies (``reference=``; the same model:
+``tp_sequence_parallel`` changes nothing on one device), which saves a third of the
+compile time.
 """
 
 import keras
@@ -56,26 +56,17 @@ def _language_data(count=STEPS * BATCH, seed=0):
 
 @pytest.fixture(scope="module")
 def reference():
-    """The single-device run (``check_parity``'s reference half), shared by the strategies."""
-    keras.utils.set_random_seed(0)
+    """The single-device run, shared by the strategies (``check_parity(reference=...)``)."""
     config = _config("data", num_layers=TRAIN_LAYERS)
-    return parity._train_run(lambda: GPTCausalLM(**config), _compile, None, *_language_data(), BATCH, None)
+    return parity.reference_run(lambda: GPTCausalLM(**config), _compile, *_language_data(), steps=STEPS, batch_size=BATCH)
 
 
 def _parity_report(strategy, mesh, reference):
-    """``check_parity``'s distributed half and comparison, against the shared reference."""
     config = _config(strategy, num_layers=TRAIN_LAYERS)
-    try:
-        run = parity._train_run(
-            lambda: GPTCausalLM(**config), _compile, _distribution(strategy, mesh, config), *_language_data(), BATCH,
-            reference["initial"],
-        )  # fmt: skip
-    finally:
-        keras.distribution.set_distribution(None)
-    quantities = ("loss", "gradients", "outputs", "weights")
-    differences = {name: parity.compare(reference[name], run[name]) for name in quantities}
-    losses = [list(r["loss"].values()) for r in (reference, run)]
-    return parity.ParityReport(STEPS, *losses, differences, parity.DEFAULT_RTOL, parity.DEFAULT_ATOL)
+    distribution = _distribution(strategy, mesh, config)
+    return parity.check_parity(
+        lambda: GPTCausalLM(**config), _compile, distribution, *_language_data(), steps=STEPS, reference=reference
+    )
 
 
 @pytest.mark.parametrize(

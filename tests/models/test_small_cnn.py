@@ -4,7 +4,7 @@ import pytest
 
 from zoo.data import load_shapes
 from zoo.distribution import build_distributed, distribution_for, sharding_summary
-from zoo.distribution.parity import check_parity
+from zoo.distribution.parity import check_parity, reference_run
 from zoo.models import SmallCNN
 
 IMAGE = 16
@@ -31,13 +31,20 @@ def shapes():
     return load_shapes("train", image_size=IMAGE, num_examples=96, seed=3)
 
 
+@pytest.fixture(scope="module")
+def sgd_reference(shapes):
+    """The single-device SGD run, shared by the layouts' parity checks."""
+    return reference_run(_build, _compile_sgd, *shapes, steps=3, batch_size=32)
+
+
 @pytest.mark.parametrize(
     "strategy, mesh",
     [("data", "data=8"), ("model", "data=2,model=4"), ("model", "data=1,model=8")],
 )
-def test_three_steps_of_fit_match_one_device(strategy, mesh, shapes):
+def test_three_steps_of_fit_match_one_device(strategy, mesh, shapes, sgd_reference):
     x, y = shapes
-    report = check_parity(_build, _compile_sgd, distribution_for(SmallCNN, strategy, mesh), x, y, steps=3, batch_size=32)
+    distribution = distribution_for(SmallCNN, strategy, mesh)
+    report = check_parity(_build, _compile_sgd, distribution, x, y, steps=3, reference=sgd_reference)
     assert report.passed, "\n".join(report.format())
     np.testing.assert_allclose(report.distributed_losses, report.reference_losses, rtol=1e-5)
     assert len(report.reference_losses) == 3

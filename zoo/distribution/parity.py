@@ -76,7 +76,18 @@ def _difference(name, reference, distributed, rtol, atol):
 
 
 def check_parity(
-    build_model, compile_model, distribution, x, y, *, steps=3, batch_size=None, seed=0, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL
+    build_model,
+    compile_model,
+    distribution,
+    x,
+    y,
+    *,
+    steps=3,
+    batch_size=None,
+    seed=0,
+    rtol=DEFAULT_RTOL,
+    atol=DEFAULT_ATOL,
+    reference=None,
 ):
     """Train on one device and under ``distribution`` from the same weights; compare.
 
@@ -87,26 +98,58 @@ def check_parity(
         x, y: training arrays; the first ``steps * batch_size`` examples are used.
         steps: number of optimizer steps.
         batch_size: global batch size (divisible by the data-parallel size); defaults
-            to 4 examples per data-parallel replica.
+            to the reference's, else 4 examples per data-parallel replica.
         seed: seeds Keras, NumPy and Python before the reference model is built, so a
             report is reproducible (max-pooling and ReLU make rare near-ties flip).
+        reference: a ``TrainRun`` from ``reference_run`` on the same model, data, steps
+            and batch size, shared by several checks so the single-device program is
+            compiled and trained once; None runs it here.
 
     The global distribution is None on return.
     """
-    batch_size = batch_size or 4 * data_parallel_size(distribution)
+    batch_size = batch_size or (reference.batch_size if reference else 4 * data_parallel_size(distribution))
     _check_batch(distribution, batch_size, steps, len(x))
+    if reference is None:
+        reference = reference_run(build_model, compile_model, x, y, steps=steps, batch_size=batch_size, seed=seed)
+    elif (reference.steps, reference.batch_size) != (steps, batch_size):
+        raise ValueError(
+            f"the reference ran {reference.steps} steps of batch {reference.batch_size}; "
+            f"this check asks for {steps} steps of batch {batch_size}"
+        )
     x, y = x[: steps * batch_size], y[: steps * batch_size]
-    keras.utils.set_random_seed(seed)
     try:
-        reference = _train_run(build_model, compile_model, None, x, y, batch_size, None)
-        distributed = _train_run(build_model, compile_model, distribution, x, y, batch_size, reference["initial"])
+        distributed = _train_run(build_model, compile_model, distribution, x, y, batch_size, reference.initial)
     finally:
         keras.distribution.set_distribution(None)
+    return compare_runs(reference, distributed, rtol=rtol, atol=atol)
+
+
+def reference_run(build_model, compile_model, x, y, *, steps=3, batch_size, seed=0):
+    """The single-device half of ``check_parity``, to share between several checks.
+
+    Seeds Keras, NumPy and Python with ``seed``, builds the model with no distribution,
+    records first-batch gradients, trains ``steps`` steps of ``batch_size`` and records
+    outputs and weights. Returns a ``TrainRun``.
+    """
+    _check_batch(None, batch_size, steps, len(x))
+    x, y = x[: steps * batch_size], y[: steps * batch_size]
+    keras.utils.set_random_seed(seed)
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        return _train_run(build_model, compile_model, None, x, y, batch_size, None)
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def compare_runs(reference, distributed, *, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL):
+    """``ParityReport`` of two ``TrainRun``s: per-step losses, gradients, outputs, weights."""
     differences = {
-        name: compare(reference[name], distributed[name], rtol=rtol, atol=atol)
+        name: compare(getattr(reference, name), getattr(distributed, name), rtol=rtol, atol=atol)
         for name in ("loss", "gradients", "outputs", "weights")
     }
-    return ParityReport(steps, list(reference["loss"].values()), list(distributed["loss"].values()), differences, rtol, atol)
+    losses = [list(run.loss.values()) for run in (reference, distributed)]
+    return ParityReport(reference.steps, *losses, differences, rtol, atol)
 
 
 def _check_batch(distribution, batch_size, steps, num_examples):
@@ -115,6 +158,19 @@ def _check_batch(distribution, batch_size, steps, num_examples):
         raise ValueError(f"batch size {batch_size} is not divisible by the data-parallel size {replicas}")
     if steps * batch_size > num_examples:
         raise ValueError(f"{steps} steps of batch {batch_size} need {steps * batch_size} examples, got {num_examples}")
+
+
+@dataclasses.dataclass
+class TrainRun:
+    """What one run of ``check_parity`` recorded (``reference_run`` returns one)."""
+
+    steps: int
+    batch_size: int
+    initial: list  # initial weights (numpy), given to the other run
+    loss: dict  # "step i" -> that step's loss
+    gradients: dict  # weight path -> d(loss)/d(weight) on the first batch, initial weights
+    outputs: dict  # "logits" -> outputs on the first batch after training
+    weights: dict  # weight path -> final value
 
 
 def _train_run(build_model, compile_model, distribution, x, y, batch_size, initial_weights):
@@ -128,13 +184,15 @@ def _train_run(build_model, compile_model, distribution, x, y, batch_size, initi
     step_losses = StepLosses()
     model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[step_losses])
     outputs = model.predict(x[:batch_size], batch_size=batch_size, verbose=0)
-    return {
-        "initial": initial,
-        "loss": {f"step {i + 1}": loss for i, loss in enumerate(step_losses.losses)},
-        "gradients": gradients,
-        "outputs": {"logits": outputs},
-        "weights": {v.path: np.asarray(v.numpy()) for v in model.weights},
-    }
+    return TrainRun(
+        steps=len(x) // batch_size,
+        batch_size=batch_size,
+        initial=initial,
+        loss={f"step {i + 1}": loss for i, loss in enumerate(step_losses.losses)},
+        gradients=gradients,
+        outputs={"logits": outputs},
+        weights={v.path: np.asarray(v.numpy()) for v in model.weights},
+    )
 
 
 def _gradients(model, x, y, distribution):
