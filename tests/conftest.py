@@ -1,6 +1,8 @@
-"""Test session set-up: 8 simulated CPU devices and the JAX backend, before JAX starts."""
+"""Test session set-up: 8 simulated CPU devices, the JAX backend and one persistent
+compilation cache for the whole session, before JAX starts."""
 
 import os
+import shutil
 import tempfile
 
 os.environ["KERAS_BACKEND"] = "jax"
@@ -20,6 +22,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # into the user's ~/tensorflow_datasets.
 os.environ["ZOO_DATA_DIR"] = tempfile.mkdtemp(prefix="zoo-test-data-")
 
+# One JAX persistent compilation cache per test session, in a folder made by the pytest
+# process that starts first (the xdist controller) and inherited through the environment
+# by its workers and by every subprocess a test starts (CLI, doc examples, kill/resume,
+# multi-host): a program compiled once is loaded, not recompiled, everywhere else. The
+# thresholds are lowered so that CPU programs, which compile fast and are small, are cached.
+_OWN_CACHE = "ZOO_TEST_COMPILATION_CACHE" not in os.environ
+if _OWN_CACHE:
+    os.environ["ZOO_TEST_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="zoo-test-jax-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["ZOO_TEST_COMPILATION_CACHE"]
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
@@ -30,3 +44,9 @@ def no_distribution_leaks():
     keras.distribution.set_distribution(None)
     yield
     keras.distribution.set_distribution(None)
+
+
+def pytest_unconfigure(config):
+    """The process that made the session's compilation cache removes it at the end."""
+    if _OWN_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["ZOO_TEST_COMPILATION_CACHE"], ignore_errors=True)

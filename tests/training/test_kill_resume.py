@@ -5,8 +5,9 @@ to an uninterrupted run, and no kill leaves a checkpoint that loads but is wrong
 Each run is ``zoo.training.cnn.train`` in its own process (``_train_worker.py``) under
 DataParallel on 8 simulated CPU devices, on the embedded shapes dataset at 16x16: 48
 images in batches of 16, 3 steps per epoch, with dropout so the RNG state matters. (The
-same resume on one device is tested in-process in ``test_checkpoints.py``.) Runs share a JAX compilation cache (same programs, so
-the same executables; the resumed runs then skip most of their compile time).
+same resume on one device is tested in-process in ``test_checkpoints.py``.) Runs share the
+test session's JAX compilation cache (conftest.py; same programs, so the same
+executables: the resumed runs then skip most of their compile time).
 """
 
 import json
@@ -31,14 +32,14 @@ KILLED = -signal.SIGKILL
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    load("shapes", "train", image_size=16, num_examples=1)  # prepare the dataset once, before any worker
-    return str(tmp_path_factory.mktemp("jax-compilation-cache"))
+def compile_cache():
+    """The session's compilation cache (conftest.py), with the dataset prepared once, before any worker."""
+    load("shapes", "train", image_size=16, num_examples=1)
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
 def _run(config, compile_cache, devices, *kill):
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compile_cache)
-    env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
     env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []))
     command = [sys.executable, str(WORKER), json.dumps(config), *kill]
