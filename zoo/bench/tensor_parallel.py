@@ -5,7 +5,7 @@ maths is compiled three ways on the same mesh and the forward + backward program
 (output and gradients of every weight and of the input) is read with
 ``zoo.distribution.comms_report``:
 
-- **explicit**: ``zoo.layers.ParallelMLP``, one ``shard_map`` with the collectives
+- **explicit**: ``zoo.layers.ParallelMLP``, ``shard_map``s with the collectives
   written out (sequence-parallel also with ``collective_matmul``, the ring version);
 - **GSPMD**: plain ``keras.layers.Dense`` layers under ``ModelParallel`` with a layout
   map (kernels split as Megatron splits them; in sequence-parallel mode also the

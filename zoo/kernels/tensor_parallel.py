@@ -32,7 +32,10 @@ __all__ = [
     "check_divisible",
     "column_parallel_matmul",
     "dense_reference",
+    "mlp_activation",
+    "mlp_down_projection",
     "mlp_reference",
+    "mlp_up_projections",
     "row_parallel_matmul",
     "sequence_parallel_column_matmul",
     "sequence_parallel_row_matmul",
@@ -147,18 +150,90 @@ def tensor_parallel_mlp(
       (shared by up and gate) and one reduce-scatter forward. With ``collective``
       both are overlapped with the matmuls (``collective_matmul``).
 
-    ``activation`` is a function of one array (e.g. ``jax.nn.gelu``).
+    ``activation`` is a function of one array (e.g. ``jax.nn.gelu``). It runs here on
+    the per-shard hidden values, varying over the mesh: on JAX 0.12 the derivative of
+    the erf family (exact GELU, ``lax.erf``/``erfc``) cannot be traced there (see
+    ``mlp_activation``). The same maths in three steps, the activation outside the
+    ``shard_map``: ``mlp_up_projections``, ``mlp_activation``, ``mlp_down_projection``.
+    """
+    hidden = mlp_up_projections(
+        x,
+        up_kernel=up_kernel,
+        gate_kernel=gate_kernel,
+        up_bias=up_bias,
+        gate_bias=gate_bias,
+        axis_name=axis_name,
+        sequence_parallel=sequence_parallel,
+        collective=collective,
+        sequence_axis=sequence_axis,
+    )  # [B, T, F/N] each
+    h = mlp_activation(hidden, activation=activation)  # [B, T, F/N]
+    return mlp_down_projection(
+        h,
+        down_kernel=down_kernel,
+        down_bias=down_bias,
+        axis_name=axis_name,
+        sequence_parallel=sequence_parallel,
+        collective=collective,
+        sequence_axis=sequence_axis,
+    )  # [B, T/N, D] or [B, T, D]
+
+
+def mlp_up_projections(
+    x,
+    *,
+    up_kernel,
+    axis_name,
+    gate_kernel=None,
+    up_bias=None,
+    gate_bias=None,
+    sequence_parallel=False,
+    collective=False,
+    sequence_axis=1,
+):
+    """The column-parallel half of ``tensor_parallel_mlp`` on one shard: ``[up]`` or ``[gate, up]``.
+
+    x [B, T, D] (or, sequence-parallel, [B, T/N, D]) -> a list of [B, T, F/N], this
+    device's hidden features; the projections share one all-gather of x (sequence
+    parallel) or one varying cast of x (one all-reduce of d(x) in the backward).
     """
     if collective and not sequence_parallel:
         raise ValueError("collective matmul overlaps the sequence all-gather: it needs sequence_parallel=True")
     kernels = [up_kernel] if gate_kernel is None else [gate_kernel, up_kernel]
     biases = [up_bias] if gate_kernel is None else [gate_bias, up_bias]
-    hidden = _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective, sequence_axis)  # [B, T, F/N] each
-    h = activation(hidden[0]) if gate_kernel is None else activation(hidden[0]) * hidden[1]  # [B, T, F/N]
+    return _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective, sequence_axis)
+
+
+def mlp_activation(hidden, *, activation):
+    """``activation(up)``, or gated ``activation(gate) * up``, of ``mlp_up_projections``' list.
+
+    Elementwise, so it needs no communication and may run inside the ``shard_map`` on
+    [B, T, F/N] or outside it on the global [B, T, F] split over the features. Outside
+    is what works for every activation: JAX 0.12's derivatives of ``lax.erf``/``erfc``
+    (exact GELU) call ``lax.polynomial``, whose constant coefficients are not cast to
+    the varying manual axes of a ``shard_map`` value ("Primitive polynomial requires
+    varying manual axes to match").
+    """
+    if len(hidden) == 1:
+        return activation(hidden[0])
+    gate, up = hidden
+    return activation(gate) * up
+
+
+def mlp_down_projection(
+    h, *, down_kernel, axis_name, down_bias=None, sequence_parallel=False, collective=False, sequence_axis=1
+):
+    """The row-parallel half of ``tensor_parallel_mlp`` on one shard.
+
+    h [B, T, F/N] -> [B, T, D] (one all-reduce) or, sequence-parallel, [B, T/N, D]
+    (one reduce-scatter, overlapped with the matmul when ``collective``).
+    """
     if sequence_parallel:
         return sequence_parallel_row_matmul(
             h, down_kernel, axis_name=axis_name, sequence_axis=sequence_axis, bias=down_bias, collective=collective
         )  # [B, T/N, D]
+    if collective:
+        raise ValueError("collective matmul overlaps the sequence reduce-scatter: it needs sequence_parallel=True")
     return row_parallel_matmul(h, down_kernel, axis_name=axis_name, bias=down_bias)  # [B, T, D]
 
 

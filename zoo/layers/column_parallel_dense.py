@@ -60,9 +60,7 @@ class ColumnParallelDense(_TensorParallelDense):
     def _local_call(self, x, weights):
         kernel, bias = self.local_kernel(weights), weights.get("bias")  # [D, units/M], [units/M]
         if self.sequence_parallel:
-            y = sequence_parallel_column_matmul(
+            return sequence_parallel_column_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
             )  # [B, T, units/M]
-        else:
-            y = column_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units/M]
-        return y if self.activation is None else self.activation(y)
+        return column_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units/M]

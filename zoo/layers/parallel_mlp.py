@@ -3,7 +3,7 @@
 import keras
 
 from zoo.distribution.axes import MODEL
-from zoo.kernels.tensor_parallel import tensor_parallel_mlp
+from zoo.kernels.tensor_parallel import mlp_activation, mlp_down_projection, mlp_up_projections
 from zoo.layers._tensor_parallel import activation_spec, check_input, current_plan, shard_map
 from zoo.layers.column_parallel_dense import ColumnParallelDense
 from zoo.layers.row_parallel_dense import RowParallelDense
@@ -17,10 +17,11 @@ class ParallelMLP(keras.layers.Layer):
     ``down(activation(gate(x)) * up(x))``. ``up``/``gate`` are ``ColumnParallelDense``
     and ``down`` a ``RowParallelDense``: under a distribution whose mesh has
     ``model_axis`` (size M > 1) each device keeps 1/M of the hidden features, from
-    the up projection to the down projection, and the block runs as one ``shard_map``
-    (``zoo.kernels.tensor_parallel_mlp``): one all-reduce of the (B, T, D) output
-    forward, one of d(input) backward. With ``sequence_parallel=True`` the input and
-    output are split over the sequence instead: one all-gather and one reduce-scatter
+    the up projection to the down projection (``zoo.kernels.tensor_parallel_mlp``, in
+    two ``shard_map``s with the elementwise activation between them, where it moves
+    nothing): one all-reduce of the (B, T, D) output forward, one of d(input)
+    backward. With ``sequence_parallel=True`` the input and output are split over the
+    sequence instead: one all-gather and one reduce-scatter
     (the same bytes), overlapped with the matmuls when ``collective_matmul=True``.
     Without a distribution, or M = 1, it is the same maths with plain Dense layers.
 
@@ -128,23 +129,39 @@ class ParallelMLP(keras.layers.Layer):
         for layer in self.projections:
             layer.check_features(inputs.shape[-1] if layer is not self.down else self.hidden_dim, plan)
         weights, specs = zip(*(layer.sharded_weights(plan) for layer in self.projections))
-        spec = activation_spec(plan, len(inputs.shape), sequence=self.sequence_parallel)  # (B, T[/M], ..., D)
-        return shard_map(plan, self._local_call, (inputs, list(weights)), (spec, list(specs)), spec)
+        rank = len(inputs.shape)
+        spec = activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., D)
+        hidden_spec = activation_spec(plan, rank, features=True)  # (B, T, ..., F/M)
+        ups = len(self.projections) - 1
+        hidden = shard_map(
+            plan, self._local_up, (inputs, list(weights[:ups])), (spec, list(specs[:ups])), [hidden_spec] * ups
+        )  # [gate,] up: (B, T, F) each, split over the model axis on F
+        # Elementwise, outside the shard_maps: the sharding carries through with no
+        # collective, and any activation differentiates (see ``mlp_activation``).
+        h = mlp_activation(hidden, activation=self.activation)  # (B, T, F)
+        return shard_map(plan, self._local_down, (h, weights[ups]), (hidden_spec, specs[ups]), spec)
 
-    def _local_call(self, x, weights):
-        """One shard: x [B, T, D] (or [B, T/M, D]) -> [B, T, D_out] (or [B, T/M, D_out])."""
+    def _local_up(self, x, weights):
+        """One shard: x [B, T, D] (or [B, T/M, D]) -> [[gate,] up], each [B, T, F/M]."""
         named = dict(zip([layer.name for layer in self.projections], weights))
         kernels = {name: layer.local_kernel(named[name]) for name, layer in zip(named, self.projections)}
-        biases = {name: named[name].get("bias") for name in named}
-        return tensor_parallel_mlp(
+        return mlp_up_projections(
             x,
             up_kernel=kernels["up"],  # [D, F/M]
             gate_kernel=kernels.get("gate"),  # [D, F/M] or None
-            down_kernel=kernels["down"],  # [F/M, D_out]
-            up_bias=biases["up"],
-            gate_bias=biases.get("gate"),
-            down_bias=biases["down"],
-            activation=self.activation,
+            up_bias=named["up"].get("bias"),
+            gate_bias=named["gate"].get("bias") if "gate" in named else None,
+            axis_name=self.model_axis,
+            sequence_parallel=self.sequence_parallel,
+            collective=self.collective_matmul,
+        )
+
+    def _local_down(self, h, weights):
+        """One shard: h [B, T, F/M] -> [B, T, D_out] (or [B, T/M, D_out])."""
+        return mlp_down_projection(
+            h,
+            down_kernel=self.down.local_kernel(weights),  # [F/M, D_out]
+            down_bias=weights.get("bias"),
             axis_name=self.model_axis,
             sequence_parallel=self.sequence_parallel,
             collective=self.collective_matmul,

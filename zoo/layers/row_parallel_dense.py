@@ -60,9 +60,7 @@ class RowParallelDense(_TensorParallelDense):
     def _local_call(self, x, weights):
         kernel, bias = self.local_kernel(weights), weights.get("bias")  # [D_in/M, units], [units]
         if self.sequence_parallel:
-            y = sequence_parallel_row_matmul(
+            return sequence_parallel_row_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
             )  # [B, T/M, units]
-        else:
-            y = row_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units]
-        return y if self.activation is None else self.activation(y)
+        return row_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units]
