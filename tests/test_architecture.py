@@ -2,6 +2,7 @@
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -44,3 +45,83 @@ def test_import_direction(package):
             if target in FORBIDDEN[package] or (package == "kernels" and target == "keras"):
                 bad.append(f"{path.relative_to(ROOT.parent)} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+# --- private APIs of other libraries live only in zoo/_compat.py (DESIGN.md, convention 12) ---
+
+COMPAT = ROOT / "_compat.py"
+
+# Text that names a private API (comments and strings included), outside zoo/_compat.py.
+PRIVATE_TEXT = {
+    r"\bkeras\.src\b": "Keras' private package keras.src",
+    r"\bjax\._src\b": "JAX's private package jax._src",
+    r"\b_track_variable\b": "Keras' Layer._track_variable",
+    r"\b_flatten_layers\b": "Keras' Layer._flatten_layers",
+    r"\b_convert_to_tensor\b": "Keras' Variable._convert_to_tensor",
+    r"\b_cluster_types\b": "JAX's ClusterEnv._cluster_types",
+    r"\bbackends_are_initialized\b": "JAX's xla_bridge.backends_are_initialized",
+    r"\binitialize_rng\b": "Keras' distribution_lib.initialize_rng",
+    r"\bglobal_state\b": "Keras' / JAX's private global_state",
+    r"\b_option_string_actions\b": "argparse's ArgumentParser._option_string_actions",
+    r"\._kernel\b|[\"']_kernel[\"']": "Keras' Dense._kernel",
+    r"\._layout\b|[\"']_layout[\"']": "Keras' Variable._layout",
+    r"(?<!self)\._layout_map\b|[\"']_layout_map[\"']": "Keras' ModelParallel._layout_map (read from outside the distribution)",
+}
+
+# ``obj._name`` on an object that is not ``self``/``cls``: allowed only for the zoo's own classes.
+ZOO_PRIVATE_ATTRIBUTES = {
+    ("training/recipe.py", "_job_config"),  # zoo.training.recipe.Recipe's own method
+    ("training/_recipe_jobs.py", "_distribution"),  # zoo.training.finetune's own resolver
+}
+
+
+def _zoo_sources():
+    return sorted(path for path in ROOT.rglob("*.py") if path != COMPAT)
+
+
+def _private_text(path):
+    found = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        for pattern, what in PRIVATE_TEXT.items():
+            if re.search(pattern, line):
+                found.append(f"{path.relative_to(ROOT.parent)}:{number}: {what}: {line.strip()}")
+    return found
+
+
+def _is_private(name):
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_attributes(path):
+    """``x._name`` (x not self/cls) and ``getattr/setattr/hasattr/delattr(x, "_name")``."""
+    relative = path.relative_to(ROOT).as_posix()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = None
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                name = node.attr
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "hasattr", "delattr"):
+            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                name = node.args[1].value if _is_private(node.args[1].value) else None
+        if name is not None and (relative, name) not in ZOO_PRIVATE_ATTRIBUTES:
+            found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: private attribute {name!r} of another object")
+    return found
+
+
+def test_private_apis_only_in_compat():
+    bad = [problem for path in _zoo_sources() for problem in _private_text(path) + _private_attributes(path)]
+    assert not bad, "private APIs belong in zoo/_compat.py (with the versions checked and the public replacement):\n" + "\n".join(bad)
+
+
+def test_compat_imports_nothing_heavy_at_module_level():
+    """zoo/_compat.py is the bottom of the import graph: any package (zoo.kernels too, which
+    must not import Keras) may import it, so it imports no zoo module and, at module
+    level, neither Keras nor a private module (those are imported where they are used)."""
+    tree = ast.parse(COMPAT.read_text())
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = [alias.name for node in top if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module or "" for node in top if isinstance(node, ast.ImportFrom)]
+    assert not [n for n in names if n.split(".")[0] in ("zoo", "keras", "jax")], names
+    everywhere = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert not [node.module for node in everywhere if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("zoo")]

@@ -47,8 +47,10 @@ def _add_recipe(parser):
 
 
 def _add_simulate_flag(parser):
-    if "--simulate-devices" not in parser._option_string_actions:
+    try:
         parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    except argparse.ArgumentError:  # already there (from a parent parser): argparse adds nothing then
+        pass
 
 
 def _add_trains(parser):

@@ -10,6 +10,7 @@ import json
 
 import jax
 
+from zoo._compat import jax_distributed_client
 from zoo.distribution._process_setup import MultihostError
 
 AGREE_TIMEOUT_S = 60  # how long check_processes_agree waits for the slowest process
@@ -101,9 +102,7 @@ def _get_facts(client, key, index, timeout_s):
 
 
 def _distributed_client():
-    from jax._src import distributed
-
-    client = distributed.global_state.client
+    client = jax_distributed_client()
     if client is None:
         raise MultihostError("JAX runs several processes but has no distributed client; call initialize() first")
     return client

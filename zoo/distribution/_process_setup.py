@@ -8,6 +8,8 @@ missing is left to JAX's cluster auto-detection when JAX recognises a managed cl
 import dataclasses
 import os
 
+from zoo._compat import detected_jax_cluster
+
 # (coordinator address, number of processes, process id) variables, in order of preference.
 ENV_VARIABLES = (
     ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"),
@@ -125,13 +127,4 @@ def split_address(address):
 def detect_cluster():
     """The name JAX gives the managed cluster this process runs in (``"slurm"``,
     ``"ompi"``, ``"gcetpu"``, ``"gketpu"``, ``"k8s"``), or None."""
-    try:
-        from jax._src.clusters import ClusterEnv
-
-        kinds = list(ClusterEnv._cluster_types)
-    except (ImportError, AttributeError):  # JAX moved its private cluster registry
-        return None
-    for kind in kinds:
-        if not getattr(kind, "opt_in_only_method", False) and kind.is_env_present():
-            return kind.name or kind.__name__
-    return None
+    return detected_jax_cluster()

@@ -9,7 +9,8 @@ import importlib.util
 import os
 
 import jax
-from jax._src import xla_bridge
+
+from zoo._compat import jax_backends_initialized
 
 # Python packages that bring a non-CPU JAX backend with them.
 ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "libtpu")
@@ -21,7 +22,7 @@ class DeviceCountError(RuntimeError):
 
 def backends_started():
     """True once JAX has initialised its backends (device counts are then fixed)."""
-    return xla_bridge.backends_are_initialized()
+    return jax_backends_initialized()
 
 
 def simulate_cpu_devices(count):

@@ -44,6 +44,7 @@ import time
 
 import jax
 
+from zoo._compat import PrivateAPIError, initialize_keras_rng
 from zoo.distribution._process_agreement import (
     AGREE_TIMEOUT_S,
     ProcessMismatchError,
@@ -261,13 +262,12 @@ def _synchronise_keras_seed():
     """What ``keras.distribution.initialize`` does after ``jax.distributed.initialize``:
     one global seed for all processes (unless ``keras.utils.set_random_seed`` set one)."""
     try:
-        from keras.src.backend.jax.distribution_lib import initialize_rng
-    except ImportError:
+        initialize_keras_rng()
+    except PrivateAPIError as error:
         raise MultihostError(
-            "this Keras has no keras.src.backend.jax.distribution_lib.initialize_rng to share one seed "
-            "across processes; call keras.distribution.initialize() instead of zoo's initialize()"
+            f"cannot share one seed across processes: {error}; call keras.distribution.initialize() "
+            f"instead of zoo's initialize()"
         ) from None
-    initialize_rng()
 
 
 def is_primary():

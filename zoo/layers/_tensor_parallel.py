@@ -26,6 +26,7 @@ import jax
 import keras
 from jax.sharding import PartitionSpec as P
 
+from zoo._compat import add_weight_with_layout
 from zoo.distribution.axes import MODEL
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.mesh import mesh_axis_size
@@ -152,7 +153,8 @@ class _TensorParallelDense(keras.layers.Dense):
 
     Subclasses set ``WEIGHT_AXES`` ({weight name: layout axes with "model" standing
     for the model axis}) and ``SPLIT`` (which kernel dimension is split), and
-    implement ``_local_call(x, weights)``, the per-shard computation.
+    implement ``_local_call(x, weights)``, the per-shard matmul (the activation is
+    applied to its result outside the ``shard_map``).
     """
 
     WEIGHT_AXES = {}
@@ -199,7 +201,7 @@ class _TensorParallelDense(keras.layers.Dense):
         axes = self.weight_axes(name)
         if args or plan is None or axes is None:
             return super().add_weight(*args, **options)
-        return _add_weight_with_layout(self, plan.layout(axes), **options)
+        return add_weight_with_layout(self, plan.layout(axes), **options)
 
     def quantize(self, mode=None, **kwargs):
         raise NotImplementedError(
@@ -221,12 +223,16 @@ class _TensorParallelDense(keras.layers.Dense):
         self.check_features(inputs.shape[-1], plan)
         weights, specs = self.sharded_weights(plan)
         in_spec, out_spec = self.activation_specs(plan, len(inputs.shape))
-        return shard_map(plan, self._local_call, (inputs, weights), (in_spec, specs), out_spec)
+        y = shard_map(plan, self._local_call, (inputs, weights), (in_spec, specs), out_spec)
+        # The activation is elementwise: applied outside the shard_map it moves nothing,
+        # and JAX 0.12 cannot differentiate the erf family (exact GELU) inside one
+        # (``zoo.kernels.tensor_parallel.mlp_activation``).
+        return y if self.activation is None else self.activation(y)
 
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
         names = ["kernel"] + (["bias"] if self.bias is not None else []) + (list(LORA_WEIGHTS) if self.lora_enabled else [])
-        variables = {"kernel": self._kernel, "bias": self.bias}
+        variables = {"kernel": kernel_variable(self), "bias": self.bias}
         variables.update({n: getattr(self, n) for n in LORA_WEIGHTS if self.lora_enabled})
         return {n: variables[n].value for n in names}, {n: P(*self.weight_axes(n)) for n in names}
 
@@ -246,30 +252,11 @@ class _TensorParallelDense(keras.layers.Dense):
         return config
 
 
-def _add_weight_with_layout(layer, layout, *, shape, initializer, dtype, trainable, autocast, regularizer, constraint,
-                            aggregation, overwrite_with_gradient, name):  # fmt: skip
-    """``Layer.add_weight`` (Keras 3.15) with the variable created under ``layout``.
-
-    Keras' ``add_weight`` has no layout argument; ``keras.Variable`` does. Everything
-    else is as Keras does it: dtype and initializer defaults, the layer's name scope
-    (the variable path), regulariser, constraint, tracking.
-    """
-    dtype = keras.backend.standardize_dtype(dtype) if dtype is not None else layer.variable_dtype
-    if initializer is None:
-        initializer = "glorot_uniform" if "float" in dtype else "zeros"
-    with keras.name_scope(layer.name, caller=layer):
-        variable = keras.Variable(
-            initializer=keras.initializers.get(initializer),
-            shape=shape or (),
-            dtype=dtype,
-            trainable=trainable,
-            autocast=autocast,
-            aggregation=aggregation,
-            name=name,
-            layout=layout,
-        )
-    variable.regularizer = keras.regularizers.get(regularizer)
-    variable.constraint = keras.constraints.get(constraint)
-    variable.overwrite_with_gradient = overwrite_with_gradient
-    layer._track_variable(variable)
-    return variable
+def kernel_variable(layer):
+    """The kernel variable of a ``Dense`` or ``EinsumDense`` layer (the zoo's TP layers
+    too): its weight named ``kernel``. Once LoRA is enabled ``layer.kernel`` is the
+    merged ``kernel + (alpha / r) a @ b``, not this variable."""
+    kernels = [variable for variable in layer.weights if variable.name == "kernel"]
+    if len(kernels) != 1:
+        raise ValueError(f"layer {layer.name!r} has {len(kernels)} weights named 'kernel'; expected exactly one")
+    return kernels[0]

@@ -21,6 +21,9 @@ import math
 
 import keras
 
+from zoo._compat import distribution_layout_map, sublayers
+from zoo.layers._tensor_parallel import kernel_variable
+
 LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")
 LORA_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)  # zoo's TP layers are Dense subclasses
 
@@ -35,19 +38,19 @@ def lora_target_layers(model, exclude=()):
     excluded = {id(layer) for layer in exclude}
     return [
         layer
-        for layer in model._flatten_layers(include_self=False)
+        for layer in sublayers(model)
         if isinstance(layer, LORA_LAYER_TYPES) and id(layer) not in excluded
     ]
 
 
 def lora_layers(model):
     """The layers of ``model`` with LoRA enabled."""
-    return [layer for layer in model._flatten_layers(include_self=False) if getattr(layer, "lora_enabled", False)]
+    return [layer for layer in sublayers(model) if getattr(layer, "lora_enabled", False)]
 
 
 def layer_prefix(layer):
     """The variable-path prefix of a Dense-like layer (``block_0/attention/query``)."""
-    return layer._kernel.path.rsplit("/", 1)[0]
+    return kernel_variable(layer).path.rsplit("/", 1)[0]
 
 
 def enable_lora(model, rank, *, alpha=None, exclude=(), layers=None):
@@ -79,14 +82,14 @@ def factor_axes(kernel):
 def _factor_layouts(layer):
     """Exact layout-map keys for ``layer``'s LoRA factors while they are created."""
     distribution = keras.distribution.distribution()
-    layout_map = getattr(distribution, "_layout_map", None)
+    layout_map = distribution_layout_map(distribution)
     if layout_map is None:  # no distribution, or DataParallel: Keras replicates them
         yield
         return
     prefix = layer_prefix(layer)
     added, keys = [], set(iter(layout_map))  # not ``key in layout_map``: its regex lookup says True for any match
     try:
-        for name, axes in factor_axes(layer._kernel).items():
+        for name, axes in factor_axes(kernel_variable(layer)).items():
             key = f"{prefix}/{name}"
             if key not in keys:  # a user's own exact key stays in charge
                 layout_map[key] = axes

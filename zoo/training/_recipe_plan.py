@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
+from zoo._compat import forgetting_deferred_variables, variable_layout
 from zoo.distribution.axes import MODEL, SEQ
 from zoo.distribution.layouts import raise_if_unmatched
 from zoo.distribution.mesh import resolve_mesh_shape
@@ -157,7 +158,7 @@ def check_batch(distribution, axes, strategy, global_batch, sequence_length, hos
 def build_abstract(job, module, config, distribution):
     """``(model, optimizer variables, {id(variable): layout axes})`` of the job's model,
     with no variable initialised (see the module docstring)."""
-    with _forgetting_deferred_variables(), _distribution(distribution):
+    with forgetting_deferred_variables(), _distribution(distribution):  # else the next symbolic call allocates it all
         with keras.StatelessScope(initialize_variables=False):
             model = job.build(module, config)
         axes = {id(v): _layout_axes(v, distribution) for v in model.variables}
@@ -172,7 +173,7 @@ def build_abstract(job, module, config, distribution):
 
 def _layout_axes(variable, distribution):
     """The layout axes Keras will give ``variable`` under ``distribution`` (() = replicated)."""
-    layout = getattr(variable, "_layout", None)  # set at creation (the zoo's tensor-parallel layers)
+    layout = variable_layout(variable)  # set at creation (the zoo's tensor-parallel layers)
     if layout is None and distribution is not None:
         layout = distribution.get_variable_layout(variable)
     return tuple(getattr(layout, "axes", None) or ())
@@ -186,20 +187,6 @@ def _distribution(distribution):
         yield
     finally:
         keras.distribution.set_distribution(previous)
-
-
-@contextlib.contextmanager
-def _forgetting_deferred_variables():
-    """Keras keeps every variable created in a ``StatelessScope`` in a global list and
-    initialises the whole list when some later scope exits; restore the list afterwards,
-    or a 1B-parameter abstract model would be allocated by the next symbolic call."""
-    from keras.src.backend.common import global_state
-
-    before = list(global_state.get_global_attribute("uninitialized_variables") or [])
-    try:
-        yield
-    finally:
-        global_state.set_global_attribute("uninitialized_variables", before)
 
 
 def memory_per_device(model, optimizer_variables, axes, mesh_sizes):

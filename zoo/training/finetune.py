@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
+from zoo._compat import sublayers
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 from zoo.presets import from_preset, load_preset_config, load_preset_metadata, load_tokenizer, save_to_preset
@@ -132,8 +133,8 @@ def prepare_finetuning(model, strategy, *, head, lora_rank=4, lora_alpha=None):
 def _freeze_idle_layers(model, head_layer):
     """``trainable = False`` on backbone leaf layers left with nothing to train, so batch
     norm runs in inference mode (its statistics stay the preset's)."""
-    for layer in model._flatten_layers(include_self=False):
-        leaf = not list(layer._flatten_layers(include_self=False))
+    for layer in sublayers(model):
+        leaf = not sublayers(layer)
         if leaf and layer is not head_layer and not any(v.trainable for v in layer.weights):
             layer.trainable = False
 

@@ -1,0 +1,216 @@
+"""Every private API of Keras, JAX or another library that the zoo uses, in one place.
+
+Nothing else in ``zoo/`` may touch ``keras.src``, ``jax._src`` or an underscore
+attribute of another library's object (``tests/test_architecture.py`` enforces it).
+Each function names the versions it was checked on and the public API that would
+replace it; when upgrading Keras or JAX, this file is the list to re-check.
+
+Checked on: JAX 0.10.2 (Python 3.11) and JAX 0.12.0.1 (Python 3.12), both with
+Keras 3.15.1.
+
+Private modules are imported inside the functions, so importing this module needs
+neither Keras nor a particular JAX layout (``zoo.kernels`` may import it without
+importing Keras), and a version that moved something fails only where it is used,
+with a ``PrivateAPIError`` naming what is missing.
+"""
+
+import contextlib
+
+
+class PrivateAPIError(RuntimeError):
+    """A private Keras/JAX API the zoo relies on is missing from the installed version."""
+
+
+def _missing(what, error):
+    return PrivateAPIError(
+        f"{what} is missing from this installation ({type(error).__name__}: {error}); zoo._compat was "
+        f"checked on JAX 0.10.2 / 0.12.0.1 with Keras 3.15.1 and needs updating for this version"
+    )
+
+
+# --- Keras ---------------------------------------------------------------------------
+
+
+def sublayers(layer):
+    """Every layer nested inside ``layer`` (recursively, ``layer`` itself excluded), in
+    Keras' tracking order.
+
+    Private: ``Layer._flatten_layers(include_self=False)``. Checked on Keras 3.15.1
+    (JAX 0.10.2 and 0.12.0.1). Public replacement: none for arbitrary layers (only
+    ``Model.layers``, which lists a functional model's direct layers but not the
+    sublayers held as attributes of custom layers).
+    """
+    try:
+        flatten = layer._flatten_layers
+    except AttributeError as error:
+        raise _missing("keras.Layer._flatten_layers", error) from None
+    return list(flatten(include_self=False))
+
+
+def distribution_layout_map(distribution):
+    """The ``LayoutMap`` of a ``ModelParallel`` distribution (the object itself, so
+    keys added to it take effect); None for no distribution or one without a map
+    (``DataParallel``).
+
+    Private: ``ModelParallel._layout_map`` (read when the distribution has no public
+    ``layout_map`` property, as zoo's ``CheckedModelParallel`` has). Checked on Keras
+    3.15.1 (JAX 0.10.2 and 0.12.0.1). Public replacement: a ``ModelParallel.layout_map``
+    property, which Keras 3.15 lacks.
+    """
+    if distribution is None:
+        return None
+    public = getattr(distribution, "layout_map", None)
+    return public if public is not None else getattr(distribution, "_layout_map", None)
+
+
+def variable_layout(variable):
+    """The layout ``variable`` was created with (``keras.Variable(layout=...)``), or the
+    one Keras gave it at initialisation; None when it has neither yet (e.g. deferred in
+    ``StatelessScope(initialize_variables=False)``).
+
+    Private: ``Variable._layout``. Checked on Keras 3.15.1 (JAX 0.10.2 and 0.12.0.1).
+    Public replacement: a ``Variable.layout`` property, which Keras 3.15 lacks
+    (``ModelParallel.get_variable_layout`` returns it first, but also consults and
+    records the layout map, so it is not a side-effect-free read).
+    """
+    return getattr(variable, "_layout", None)
+
+
+def add_weight_with_layout(layer, layout, *, shape, initializer, dtype, trainable, autocast, regularizer, constraint,
+                           aggregation, overwrite_with_gradient, name):  # fmt: skip
+    """``layer.add_weight(...)`` with the variable created under ``layout`` (a
+    ``TensorLayout`` or a JAX ``Sharding``), which becomes the variable's own layout.
+
+    A copy of ``Layer.add_weight`` of Keras 3.15.1 (dtype and initializer defaults, the
+    layer's name scope, i.e. the variable path; regulariser, constraint, tracking), with
+    ``layout=`` passed to ``keras.Variable``, which takes it publicly. The layout must be
+    given at construction: a variable created in ``StatelessScope(initialize_variables=
+    False)`` picks its layout only when it is initialised later, when the distribution
+    that was active may be gone.
+
+    Private: ``Layer._track_variable`` (what ``add_weight`` calls to add the variable to
+    the layer's trainable / non-trainable lists). Checked on Keras 3.15.1 (JAX 0.10.2
+    and 0.12.0.1). Public replacement: a ``layout=`` argument of ``Layer.add_weight``.
+    """
+    import keras
+
+    dtype = keras.backend.standardize_dtype(dtype) if dtype is not None else layer.variable_dtype
+    if initializer is None:
+        initializer = "glorot_uniform" if "float" in dtype else "zeros"
+    with keras.name_scope(layer.name, caller=layer):
+        variable = keras.Variable(
+            initializer=keras.initializers.get(initializer),
+            shape=shape or (),
+            dtype=dtype,
+            trainable=trainable,
+            autocast=autocast,
+            aggregation=aggregation,
+            name=name,
+            layout=layout,
+        )
+    variable.regularizer = keras.regularizers.get(regularizer)
+    variable.constraint = keras.constraints.get(constraint)
+    variable.overwrite_with_gradient = overwrite_with_gradient
+    try:
+        track = layer._track_variable
+    except AttributeError as error:
+        raise _missing("keras.Layer._track_variable", error) from None
+    track(variable)
+    return variable
+
+
+@contextlib.contextmanager
+def forgetting_deferred_variables():
+    """Restore Keras' global list of not-yet-initialised variables on exit.
+
+    Keras keeps every variable created in a ``StatelessScope(initialize_variables=False)``
+    in a global list and initialises the whole list when some later scope exits; without
+    this, a model built abstractly (1B parameters, say) would be allocated by the next
+    symbolic call.
+
+    Private: ``keras.src.backend.common.global_state`` (attribute
+    ``"uninitialized_variables"``). Checked on Keras 3.15.1 (JAX 0.10.2 and 0.12.0.1).
+    Public replacement: none (e.g. a ``StatelessScope`` option not to defer, or
+    ``jax.eval_shape`` over model construction if Keras supported it).
+    """
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError as error:
+        raise _missing("keras.src.backend.common.global_state", error) from None
+    before = list(global_state.get_global_attribute("uninitialized_variables") or [])
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", before)
+
+
+def initialize_keras_rng():
+    """What ``keras.distribution.initialize`` does after ``jax.distributed.initialize``:
+    one global seed for all processes (unless ``keras.utils.set_random_seed`` set one).
+
+    Private: ``keras.src.backend.jax.distribution_lib.initialize_rng``. Checked on Keras
+    3.15.1 (JAX 0.10.2 and 0.12.0.1). Public replacement: ``keras.distribution.
+    initialize()``, which also calls ``jax.distributed.initialize`` (zoo's ``initialize``
+    calls that itself, with its own checks and timeouts).
+    """
+    try:
+        from keras.src.backend.jax.distribution_lib import initialize_rng
+    except ImportError as error:
+        raise _missing("keras.src.backend.jax.distribution_lib.initialize_rng", error) from None
+    initialize_rng()
+
+
+# --- JAX -----------------------------------------------------------------------------
+
+
+def jax_backends_initialized():
+    """True once JAX has initialised its backends (device counts are then fixed).
+
+    Private: ``jax._src.xla_bridge.backends_are_initialized``. Checked on JAX 0.10.2
+    and 0.12.0.1. Public replacement: none (``jax.devices()`` and
+    ``jax.extend.backend.backends()`` answer by initialising them).
+    """
+    try:
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError as error:
+        raise _missing("jax._src.xla_bridge.backends_are_initialized", error) from None
+    return backends_are_initialized()
+
+
+def detected_jax_cluster():
+    """The name JAX gives the managed cluster this process runs in (``"slurm"``,
+    ``"ompi"``, ``"gcetpu"``, ``"gketpu"``, ``"k8s"``), or None, also when this JAX has
+    no cluster registry where it is looked for (auto-detection is only reported).
+
+    Private: ``jax._src.clusters.ClusterEnv._cluster_types`` and each type's
+    ``opt_in_only_method``, ``is_env_present()`` and ``name``. Checked on JAX 0.10.2 and
+    0.12.0.1. Public replacement: none (``jax.distributed.initialize()`` detects the
+    cluster but does not say which).
+    """
+    try:
+        from jax._src.clusters import ClusterEnv
+
+        kinds = list(ClusterEnv._cluster_types)
+    except (ImportError, AttributeError):  # JAX moved its private cluster registry
+        return None
+    for kind in kinds:
+        if not getattr(kind, "opt_in_only_method", False) and kind.is_env_present():
+            return kind.name or kind.__name__
+    return None
+
+
+def jax_distributed_client():
+    """The client of ``jax.distributed`` (its coordinator's key-value store:
+    ``key_value_set``, ``blocking_key_value_get``), or None before
+    ``jax.distributed.initialize``.
+
+    Private: ``jax._src.distributed.global_state.client``. Checked on JAX 0.10.2 and
+    0.12.0.1. Public replacement: none (``jax.experimental.multihost_utils`` exchanges
+    arrays over the devices, which cannot report that the processes' devices differ).
+    """
+    try:
+        from jax._src import distributed
+
+        return distributed.global_state.client
+    except (ImportError, AttributeError) as error:
+        raise _missing("jax._src.distributed.global_state.client", error) from None
