@@ -6,15 +6,26 @@ import shutil
 import tempfile
 
 os.environ["KERAS_BACKEND"] = "jax"
+_OWN_XLA_FLAGS = (
+    "--xla_force_host_platform_device_count",
+    "--xla_cpu_collective",
+    "--xla_backend_optimization_level",
+    "--xla_llvm_disable_expensive_passes",
+)
 # Set here, not through zoo, so no zoo import happens before the flags are in place.
 os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f and "collective" not in f]
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(_OWN_XLA_FLAGS)]
     + [
         "--xla_force_host_platform_device_count=8",
         # 8 simulated devices share 2 cores: give slow collectives 2 minutes, not 40 s
         # (bounded: a true XLA:CPU deadlock must fail, not hang; see docs/distribution.md).
         "--xla_cpu_collective_timeout_seconds=120",
         "--xla_cpu_collective_call_terminate_timeout_seconds=120",
+        # Test programs are tiny: compile them fast rather than well (compiling, not
+        # running, is most of the suite's time). Both sides of every parity check
+        # compile with the same flags.
+        "--xla_backend_optimization_level=0",
+        "--xla_llvm_disable_expensive_passes=true",
     ]
 )
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
