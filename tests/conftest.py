@@ -38,12 +38,15 @@ os.environ["ZOO_DATA_DIR"] = tempfile.mkdtemp(prefix="zoo-test-data-")
 # by its workers and by every subprocess a test starts (CLI, doc examples, kill/resume,
 # multi-host): a program compiled once is loaded, not recompiled, everywhere else. The
 # thresholds are lowered so that CPU programs, which compile fast and are small, are cached.
+# ZOO_TEST_COMPILATION_CACHE=<folder> keeps the cache there (across runs, too);
+# ZOO_TEST_COMPILATION_CACHE=off runs without one (docs/testing.md).
 _OWN_CACHE = "ZOO_TEST_COMPILATION_CACHE" not in os.environ
 if _OWN_CACHE:
     os.environ["ZOO_TEST_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="zoo-test-jax-cache-")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["ZOO_TEST_COMPILATION_CACHE"]
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+if os.environ["ZOO_TEST_COMPILATION_CACHE"] != "off":
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["ZOO_TEST_COMPILATION_CACHE"]
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

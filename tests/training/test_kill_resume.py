@@ -33,13 +33,15 @@ KILLED = -signal.SIGKILL
 
 @pytest.fixture(scope="module")
 def compile_cache():
-    """The session's compilation cache (conftest.py), with the dataset prepared once, before any worker."""
+    """The session's compilation cache (conftest.py; inherited by the workers through the
+    environment, None when turned off), with the dataset prepared once, before any worker."""
     load("shapes", "train", image_size=16, num_examples=1)
-    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR")
 
 
 def _run(config, compile_cache, devices, *kill):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compile_cache)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    assert env.get("JAX_COMPILATION_CACHE_DIR") == compile_cache  # the workers share the session's cache
     flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
     env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []))
     command = [sys.executable, str(WORKER), json.dumps(config), *kill]
