@@ -46,19 +46,19 @@ def _examples():
 def test_example_runs(code, request, tmp_path, monkeypatch):
     name = request.node.callspec.id
     if name in FRESH_PROCESS:
-        _run_in_new_process(code, tmp_path)
+        _check_runs_in_a_new_process(code, tmp_path)
     else:
-        _run_in_this_process(code, name, tmp_path, monkeypatch)
+        _check_runs_in_this_process(code, name, tmp_path, monkeypatch)
 
 
-def _run_in_new_process(code, folder):
+def _check_runs_in_a_new_process(code, folder):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "KERAS_BACKEND")}
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def _run_in_this_process(code, name, folder, monkeypatch):
+def _check_runs_in_this_process(code, name, folder, monkeypatch):
     """``exec`` as a script in ``folder``; Keras' global dtype policy and names are reset after."""
     monkeypatch.chdir(folder)
     policy = keras.config.dtype_policy()
