@@ -76,6 +76,7 @@ def _parity_report(strategy, mesh, reference):
         ("fsdp", "data=8"),
         ("tp", "data=2,model=4"),
         ("tp+sp", "data=2,model=4"),
+        ("fsdp+tp", "data=2,model=4"),
         ("context-gather", "data=2,seq=4"),
         ("context-ring", "data=2,seq=4"),
         ("context-ulysses", "data=2,seq=4"),
