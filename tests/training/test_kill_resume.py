@@ -32,16 +32,13 @@ KILLED = -signal.SIGKILL
 
 
 @pytest.fixture(scope="module")
-def compile_cache():
-    """The session's compilation cache (conftest.py; inherited by the workers through the
-    environment, None when turned off), with the dataset prepared once, before any worker."""
+def shapes_prepared():
+    """The dataset prepared once, before any worker process (which find it in ZOO_DATA_DIR)."""
     load("shapes", "train", image_size=16, num_examples=1)
-    return os.environ.get("JAX_COMPILATION_CACHE_DIR")
 
 
-def _run(config, compile_cache, devices, *kill):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    assert env.get("JAX_COMPILATION_CACHE_DIR") == compile_cache  # the workers share the session's cache
+def _run(config, devices, *kill):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")  # the session's compilation cache too
     flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
     env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []))
     command = [sys.executable, str(WORKER), json.dumps(config), *kill]
@@ -59,11 +56,11 @@ def _killed(result, message):
     return result.stdout
 
 
-def _reference(tmp_path, compile_cache, devices, **options):
+def _reference(tmp_path, devices, **options):
     """The uninterrupted run, checkpointing every step: ``{step: values}`` and its saved model."""
     directory = tmp_path / "reference"
     config = {**RUN, **options, "checkpoint_dir": str(directory), "checkpoint_every": 1, "keep": 100, "output": str(tmp_path / "reference.keras")}
-    _finished(_run(config, compile_cache, devices))
+    _finished(_run(config, devices))
     checkpoints = Checkpoints(str(directory))
     return {step: checkpoints.read(os.path.join(directory, str(step)))[1] for step in checkpoints.steps()}
 
@@ -83,27 +80,27 @@ def _assert_same_saved_model(tmp_path):
         assert np.array_equal(np.asarray(actual.value), np.asarray(expected.value)), actual.path
 
 
-def test_data_parallel_run_killed_mid_epoch_and_mid_commit_resumes_bitwise(tmp_path, compile_cache):
+def test_data_parallel_run_killed_mid_epoch_and_mid_commit_resumes_bitwise(tmp_path, shapes_prepared):
     """DataParallel on 8 simulated devices, 4 epochs of 3 steps; checkpoints every 2 steps, keep 2."""
-    reference = _reference(tmp_path, compile_cache, 8, distribution="data", epochs=4)  # 12 steps
+    reference = _reference(tmp_path, 8, distribution="data", epochs=4)  # 12 steps
     directory = tmp_path / "checkpoints"
     config = {**RUN, "distribution": "data", "epochs": 4, "checkpoint_dir": str(directory), "checkpoint_every": 2, "keep": 2, "resume": True, "output": str(tmp_path / "resumed.keras")}
 
     # 1. killed after step 5: mid-epoch 2, between the checkpoints of steps 4 and 6
-    out = _killed(_run(config, compile_cache, 8, "--kill-after-step", "5"), "SIGKILL after step 5")
+    out = _killed(_run(config, 8, "--kill-after-step", "5"), "SIGKILL after step 5")
     assert "DataParallel on mesh" in out and "replicated" in out
     assert sorted(os.listdir(directory)) == ["2", "4"]
     assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / "4")
 
     # 2. resumed at epoch 2, batch 1; killed inside the save of step 8, all of it written, before the commit rename
-    out = _killed(_run(config, compile_cache, 8, "--kill-at-commit", "8"), "SIGKILL while committing")
+    out = _killed(_run(config, 8, "--kill-at-commit", "8"), "SIGKILL while committing")
     assert f"resumed from {directory / '4'}: epoch 2, batch 1, step 4" in out
     assert os.path.isfile(directory / "8.orbax-checkpoint-tmp" / "commit_success.txt")  # everything but the rename
     assert not os.path.exists(directory / "8")
     assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / "6")
 
     # 3. resumed at epoch 3, batch 0; runs to the end
-    out = _finished(_run(config, compile_cache, 8))
+    out = _finished(_run(config, 8))
     assert f"resumed from {directory / '6'}: epoch 3, batch 0, step 6" in out
     assert sorted(os.listdir(directory)) == ["10", "12", "trash"]  # the interrupted write of step 8 was cleaned up
     checkpoints = _assert_every_complete_checkpoint_is_right(directory, reference)
