@@ -28,6 +28,7 @@ HLO = """HloModule jit_step, num_partitions=8
   %rs = f32[4,4]{1,0} reduce-scatter(%d), channel_id=3, replica_groups=[4,2]<=[2,4]T(1,0), dimensions={1}, to_apply=%add
   %ar2 = f32[] all-reduce(%e), channel_id=4, replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}, to_apply=%add
   %ar3 = f32[8]{0} all-reduce(%f), channel_id=5, replica_groups={}, to_apply=%add
+  %ar4 = f32[8]{0} all-reduce(%f), channel_id=8, replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}, to_apply=%add
   %cp = f32[4,4]{1,0} collective-permute(%g), channel_id=6, source_target_pairs={{0,1},{1,2},{2,3},{3,0},{4,5},{5,6},{6,7},{7,4}}
   %ags = (f32[4,4]{1,0}, f32[4,16]{1,0}) all-gather-start(%h), channel_id=7, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={1}
   %agd = f32[4,16]{1,0} all-gather-done(%ags)
@@ -37,7 +38,7 @@ HLO = """HloModule jit_step, num_partitions=8
 
 def test_every_kind_and_replica_group_form_is_read():
     ops = {op.name: op for op in parse_collectives(HLO, _mesh())}
-    assert list(ops) == ["ar", "ag", "rs", "ar2", "ar3", "cp", "ags"]  # -done and non-collectives skipped
+    assert list(ops) == ["ar", "ag", "rs", "ar2", "ar3", "ar4", "cp", "ags"]  # -done and non-collectives skipped
     ar = ops["ar"]
     assert (ar.kind, ar.buffers, ar.elements, ar.bytes, ar.axes) == ("all-reduce", 2, 2 * 16 * 8 + 4, 4 * 256 + 2 * 4, ("model",))
     assert ar.sent_bytes == pytest.approx(2 * 3 / 4 * ar.bytes)  # ring all-reduce: 2 (n-1)/n
@@ -48,6 +49,8 @@ def test_every_kind_and_replica_group_form_is_read():
     assert ops["rs"].bytes == 2 * 4 * 16  # the buffer reduced: result x group size
     assert ops["ar2"].replica_groups == ((0, 4), (1, 5), (2, 6), (3, 7)) and ops["ar2"].axes == ("data",)
     assert ops["ar3"].replica_groups == (tuple(range(8)),) and ops["ar3"].axes == ("data", "model")
+    # mesh axes over an iota device order (XLA prints it so from 32 devices up): ids 0 4 1 5 2 6 3 7
+    assert ops["ar4"].replica_groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and ops["ar4"].axes == ("model",)
     assert ops["cp"].axes == ("model",) and ops["cp"].sent_bytes == 64
     assert ops["ags"].kind == "all-gather" and ops["ags"].shape == "f32[4,16]"  # the output, not the input
 

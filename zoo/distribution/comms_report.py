@@ -297,16 +297,30 @@ def _replica_groups(line, num_devices):
 
 def _mesh_axes_groups(text):
     """Groups of the mesh-axes form: devices varying along the named axes, the rest fixed."""
-    match = re.match(r"mesh\[([^\]]*)\](?:,?\s*device_ids=\[([0-9,]+)\])?\s*\{([^}]*)\}", text)
+    match = re.match(r"mesh\[([^\]]*)\](?:,?\s*device_ids=(\[[0-9,]+\]|\(\[[0-9,]+\](?:<=\[[0-9,]+\])?(?:T\([0-9,]+\))?\)))?\s*\{([^}]*)\}", text)
     axes = re.findall(r"'([^']+)'=(\d+)", match.group(1)) if match else []
     grouped = re.findall(r"'([^']+)'(:\S+)?", match.group(3)) if match else []
     if not axes or not grouped or any(sub for _, sub in grouped):
         raise ValueError(f"unrecognised replica_groups format: {text[:80]!r}")
     names, sizes = [a for a, _ in axes], [int(s) for _, s in axes]
-    ids = np.array([int(x) for x in match.group(2).split(",")]) if match.group(2) else np.arange(math.prod(sizes))
+    ids = _device_ids(match.group(2)) if match.group(2) else np.arange(math.prod(sizes))
     picked = [names.index(a) for a, _ in grouped]
     order = [k for k in range(len(names)) if k not in picked] + picked
     return _rows(ids.reshape(sizes).transpose(order), math.prod(sizes[k] for k in picked))
+
+
+def _device_ids(text):
+    """Logical device order of the mesh-axes form: explicit ``[0,2,1,3]`` or iota
+    ``([8,4]T(1,0))`` (``arange`` reshaped to the dims, transposed, flattened)."""
+    if text.startswith("["):
+        return np.array([int(x) for x in text.strip("[]").split(",")])
+    match = re.match(r"\(\[([0-9,]+)\](?:<=\[([0-9,]+)\])?(?:T\(([0-9,]+)\))?\)", text)
+    dims = [int(x) for x in match.group(1).split(",")]
+    source = [int(x) for x in match.group(2).split(",")] if match.group(2) else dims
+    ids = np.arange(math.prod(source)).reshape(source)
+    if match.group(3):
+        ids = ids.transpose([int(x) for x in match.group(3).split(",")])
+    return ids.reshape(-1)
 
 
 def _rows(ids, group_size):
