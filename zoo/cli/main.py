@@ -77,7 +77,7 @@ def _add_generate(parser):
 
 
 def _add_benches(parser):
-    from zoo.cli import bench_attention, bench_context, bench_tp, train_transformers
+    from zoo.cli import bench_attention, bench_context, bench_scale, bench_tp, train_transformers
 
     benches = parser.add_subparsers(dest="bench", required=True)
     cnn = benches.add_parser("cnn", help="images/s of model.fit vs a hand-written jax.jit step (SmallCNN)")
@@ -92,6 +92,8 @@ def _add_benches(parser):
     bench_context.add_arguments(context)
     for bench in (cnn, gpt, attention, tp, context):
         _add_simulate_flag(bench)
+    scale = benches.add_parser("scale", help="gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes")
+    bench_scale.add_arguments(scale)
 
 
 def _add_comms(parser):
@@ -203,9 +205,9 @@ def run(args):
 
         return comms.run(args) or 0
     if args.command == "bench" and args.bench != "cnn":
-        from zoo.cli import bench_attention, bench_context, bench_tp, train_transformers
+        from zoo.cli import bench_attention, bench_context, bench_scale, bench_tp, train_transformers
 
-        runs = {"attention": bench_attention.run, "tp": bench_tp.run, "gpt": train_transformers.run_bench, "context": bench_context.run}
+        runs = {"attention": bench_attention.run, "tp": bench_tp.run, "gpt": train_transformers.run_bench, "context": bench_context.run, "scale": bench_scale.run}
         return runs[args.bench](args) or 0
     if args.command == "generate":
         from zoo.cli import train_transformers

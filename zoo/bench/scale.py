@@ -1,0 +1,335 @@
+"""``zoo bench scale``: the real-size plan, compile-only, per device.
+
+Nothing here runs a step: every figure comes from a program compiled for the target's
+device count on simulated CPU devices (one subprocess per device count, since JAX
+fixes the count at start-up), read with ``memory_analysis()`` and
+``zoo.distribution.comms_report``. Four tables:
+
+1. **Recipes**: each GPU/TPU ``pretrain_gpt`` recipe's training step (Keras'
+   ``train_step``, what ``fit`` jits) at full depth on its target's device count, with
+   the recipe's precision, remat and batch: weights, gradients, optimizer state and
+   temporaries per device, the step's peak against ``[target] device_memory_gib``.
+2. **Attention**: forward + backward temporaries of one attention call at gpt_1b's
+   per-device shape (B=4, T=2048, H=32, K=4, D=64, bf16) on each path: the
+   materialising reference, the blockwise kernel (the plain path), and the
+   sequence-parallel kernels with T split over ``seq``.
+3. **fsdp+tp weights**: gpt_1b's weight bytes per device under ``fsdp+tp`` at 64 and
+   256 devices against params x bytes / devices.
+4. **Tensor-parallel bytes**: what each device sends over ``model`` in one GPT training
+   step under ``tp`` and ``tp+sp`` (loop trip counts included) against Megatron's
+   minimum, (4L + 2) activation all-reduces of (B/dp, T, C): per block the attention
+   and MLP outputs forward and their input gradients backward, plus the vocab-parallel
+   embedding's output forward and the LM head's input gradient backward.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+GIB, MIB = 2**30, 2**20
+RECIPES = (
+    "recipes/gpu-1/pretrain_gpt.toml",
+    "recipes/gpu-8/pretrain_gpt.toml",
+    "recipes/gpu-multihost/pretrain_gpt.toml",
+    "recipes/tpu-v4-8/pretrain_gpt.toml",
+    "recipes/tpu-v5e-8/pretrain_gpt.toml",
+    "recipes/tpu-multihost/pretrain_gpt.toml",
+)
+ROW = "ROW "  # prefix of a worker's result lines on stdout
+
+
+@dataclasses.dataclass
+class ScaleConfig:
+    """Settings of ``zoo bench scale``; every default is the CLI's default."""
+
+    recipes: tuple = RECIPES  # recipe files whose step is compiled at full depth
+    fsdp_tp_meshes: tuple = ("data=16,model=4", "data=64,model=4")  # gpt_1b under fsdp+tp
+    attention_seq: int = 4  # 'seq' axis size of the sequence-parallel attention rows
+    tp_mesh: str = "data=2,model=4"  # the tensor-parallel bytes table
+    tp_layers: int = 4  # L
+    tp_width: int = 512  # C
+    tp_length: int = 1024  # T
+    tp_batch: int = 8  # global B
+    sections: tuple = ("recipes", "attention", "fsdp+tp", "tp")
+    output: str | None = None  # also write the markdown report here
+
+
+# --- the parent: one worker process per device count ------------------------------------
+
+
+def tasks(config):
+    """``[(device count, task dict)]`` of every measurement the sections ask for."""
+    from zoo.training.recipe import load_recipe
+
+    work = []
+    if "recipes" in config.sections:
+        work += [(load_recipe(path).target.devices, {"kind": "recipe", "path": path}) for path in config.recipes]
+    if "attention" in config.sections:
+        work.append((config.attention_seq, {"kind": "attention", "seq": config.attention_seq}))
+    if "fsdp+tp" in config.sections:
+        work += [(_devices(mesh), {"kind": "fsdp+tp", "mesh": mesh}) for mesh in config.fsdp_tp_meshes]
+    if "tp" in config.sections:
+        settings = {k: getattr(config, k) for k in ("tp_mesh", "tp_layers", "tp_width", "tp_length", "tp_batch")}
+        work += [(_devices(config.tp_mesh), {"kind": "tp", "strategy": s, **settings}) for s in ("tp", "tp+sp")]
+    return work
+
+
+def _devices(mesh):
+    return math.prod(int(part.split("=")[1]) for part in mesh.split(","))
+
+
+def run_worker_process(devices, task):
+    """Runs ``task`` in a fresh process with ``devices`` simulated CPU devices; its rows."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    command = [sys.executable, "-m", "zoo.bench.scale", json.dumps(task)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    rows = [json.loads(line[len(ROW):]) for line in done.stdout.splitlines() if line.startswith(ROW)]
+    if done.returncode or not rows:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        return [{"kind": task["kind"], "task": task, "error": " | ".join(tail)}]
+    return rows
+
+
+def run_benchmark(config, report=print):
+    """Every table of the benchmark; returns the rows (also written to ``config.output``)."""
+    rows = []
+    for devices, task in tasks(config):
+        report(f"compiling {task} on {devices} simulated device(s) ...")
+        rows += run_worker_process(devices, task)
+    text = "\n".join(format_report(rows, config))
+    report(text)
+    if config.output:
+        with open(config.output, "w") as handle:
+            handle.write(text + "\n")
+    return rows
+
+
+# --- the worker: one task, in a process with the right device count ----------------------
+
+
+def measure(task):
+    """The rows of one task (run in a process whose device count the task needs)."""
+    kind = task["kind"]
+    if kind == "recipe":
+        return [recipe_row(task["path"])]
+    if kind == "attention":
+        return attention_rows(task["seq"])
+    if kind == "fsdp+tp":
+        return [fsdp_tp_row(task["mesh"])]
+    if kind == "tp":
+        return [tp_bytes_row(task)]
+    raise ValueError(f"unknown task kind {kind!r}")
+
+
+def recipe_row(path):
+    from zoo.distribution.comms_report import FAST_COMPILE
+    from zoo.training._recipe_compile import compile_recipe_step
+    from zoo.training.recipe import load_recipe
+
+    recipe = load_recipe(path)
+    step = compile_recipe_step(recipe, compiler_options=FAST_COMPILE)
+    module, config, _ = recipe._job_config()
+    memory = step.memory
+    return {
+        "kind": "recipe", "path": path, "strategy": config.strategy, "mesh": step.mesh or "one device",
+        "precision": config.precision, "remat": str(config.remat), "batch_per_device": _batch_per_device(step, config),
+        "weights": memory.weights, "gradients": memory.gradients, "optimizer": memory.optimizer, "temp": memory.temp,
+        "peak": memory.peak, "target": int(recipe.target.device_memory_gib * GIB),
+    }  # fmt: skip
+
+
+def _batch_per_device(step, config):
+    if not step.mesh:
+        return step.global_batch
+    sizes = dict((part.split("=")[0], int(part.split("=")[1])) for part in step.mesh.split(","))
+    return step.global_batch // sizes.get("data", 1)
+
+
+def attention_rows(seq):
+    """Forward + backward temporaries at gpt_1b's per-device shape, per attention path."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from zoo import kernels
+    from zoo.distribution import make_mesh
+    from zoo.layers import _sequence_parallel
+
+    batch, length, heads, kv_heads, head_dim = 4, 2048, 32, 4, 64
+    rows = []
+
+    def temp(fn, sharding=None):
+        q = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.bfloat16, sharding=sharding)
+        kv = jax.ShapeDtypeStruct((batch, length, kv_heads, head_dim), jnp.bfloat16, sharding=sharding)
+
+        def step(q, k, v, d_out):
+            return jax.vjp(fn, q, k, v)[1](d_out)
+
+        compiled = jax.jit(step).lower(q, kv, kv, q).compile()
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+
+    plain = dict(key_mask=None, causal=True, balance=None, rotary_base=None, axis_size=1, axis_name="seq")
+    rows.append({"kind": "attention", "path": "reference (materialised scores), one device", "temp": temp(lambda q, k, v: kernels.attention_reference(q, k, v, causal=True))})
+    rows.append({"kind": "attention", "path": f"plain path: {_describe(_sequence_parallel, None, 1)}, one device", "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain))})
+    mesh = make_mesh(f"seq={seq}", devices=jax.devices()[:seq])
+    sharding = NamedSharding(mesh.backend_mesh, P(None, "seq"))
+    for strategy in ("gather", "ring", "ulysses"):
+        fn = _sharded(_sequence_parallel, mesh, strategy)
+        rows.append({"kind": "attention", "path": f"{strategy}, T split over seq={seq}", "temp": temp(fn, sharding)})
+    return rows
+
+
+def _describe(module, strategy, size):
+    describe = getattr(module, "describe_attention", None)
+    return "plain attention" if describe is None else describe(strategy=strategy, axis_size=size)
+
+
+def _sharded(module, mesh, strategy):
+    def fn(q, k, v):
+        return module.sharded_attention(
+            q, k, v, mesh=mesh, key_mask=None, strategy=strategy, causal=True, balance=None, rotary_base=None,
+            sequence_axis="seq", batch_axis=None, ring_block_size=512,
+        )  # fmt: skip
+
+    return fn
+
+
+def fsdp_tp_row(mesh):
+    """gpt_1b's weights per device under fsdp+tp on ``mesh``, from the variables' shardings."""
+    import keras
+
+    from zoo.models import GPTCausalLM
+    from zoo.training.compiled_step import abstract_build, analytic_weight_bytes, state_shardings, _shard_bytes
+    from zoo.training.gpt import compile_gpt
+    from zoo.training.transformer_setup import resolve_transformer_distribution, strategy_overrides
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    distribution = resolve_transformer_distribution(GPTCausalLM, "fsdp+tp", mesh)
+    model = abstract_build(
+        lambda: GPTCausalLM.from_config_name("gpt_1b", **strategy_overrides("fsdp+tp")),
+        lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1), distribution,
+    )  # fmt: skip
+    trainable, non_trainable, _, _ = state_shardings(model, distribution)
+    variables = model.trainable_variables + model.non_trainable_variables
+    weights = sum(_shard_bytes(v, s) for v, s in zip(variables, trainable + non_trainable))
+    devices = _devices(mesh)
+    return {"kind": "fsdp+tp", "mesh": mesh, "devices": devices, "weights": weights, "analytic": analytic_weight_bytes(model, devices)}
+
+
+def tp_bytes_row(task):
+    """Bytes each device sends over ``model`` in one GPT training step, vs Megatron's minimum."""
+    import keras
+    import numpy as np
+
+    from zoo import distribution as zd
+    from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
+    from zoo.models import GPTCausalLM
+    from zoo.training.compiled_step import abstract_build, compile_fit_step
+
+    strategy, mesh = task["strategy"], task["tp_mesh"]
+    config = GPTCausalLM.config_for_strategy(strategy, dict(
+        vocabulary_size=256, num_layers=task["tp_layers"], num_heads=8, hidden_dim=task["tp_width"],
+        intermediate_dim=4 * task["tp_width"], max_sequence_length=task["tp_length"], tie_embeddings=False,
+    ))  # fmt: skip
+    distribution = zd.distribution_for(GPTCausalLM, strategy, mesh, config=config)
+    model = abstract_build(
+        lambda: GPTCausalLM(**config),
+        lambda m: m.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+        distribution,
+    )  # fmt: skip
+    tokens = ((task["tp_batch"], task["tp_length"]), "int32")
+    compiled, _ = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
+    report = compiled_report(compiled, distribution.device_mesh)
+    sizes = dict(distribution.device_mesh.shape) if isinstance(distribution.device_mesh.shape, dict) else dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
+    model_size, data_size = sizes["model"], sizes.get("data", 1)
+    activation = task["tp_batch"] // data_size * task["tp_length"] * task["tp_width"] * 4
+    minimum = (4 * task["tp_layers"] + 2) * 2 * (model_size - 1) / model_size * activation
+    sent = _sent_over(report, compiled, "model")
+    return {"kind": "tp", "strategy": strategy, "mesh": mesh, "sent": sent, "minimum": minimum,
+            "collectives": _count_over(report, "model"), "layers": task["tp_layers"]}  # fmt: skip
+
+
+def _sent_over(report, compiled, axis):
+    """Bytes sent over ``axis`` per step, each collective times its loops' trip counts."""
+    from zoo.bench.context_parallel_memory import loop_multiplicities
+
+    times, _ = loop_multiplicities(compiled.as_text())
+    return sum(op.sent_bytes * times.get(op.name, 1) for op in report.collectives if op.axes == (axis,))
+
+
+def _count_over(report, axis):
+    counts = {}
+    for op in report.collectives:
+        if op.axes == (axis,):
+            counts[op.kind] = counts.get(op.kind, 0) + 1
+    return counts
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+def _gib(count):
+    return f"{count / GIB:.2f}"
+
+
+def format_report(rows, config):
+    """The markdown report: one table per section asked for, then any worker's error."""
+    tables = {"recipes": _recipe_table, "attention": _attention_table, "fsdp+tp": _fsdp_tp_table, "tp": _tp_table}
+    lines = []
+    for section in config.sections:
+        lines += tables[section]([row for row in rows if row["kind"] == _KINDS[section] and "error" not in row], config) + [""]
+    lines += [f"- error in {row['task']}: {row['error']}" for row in rows if "error" in row]
+    return lines
+
+
+_KINDS = {"recipes": "recipe", "attention": "attention", "fsdp+tp": "fsdp+tp", "tp": "tp"}
+
+
+def _recipe_table(rows, config):
+    lines = ["### Recipes: the gpt_1b training step per device (GiB), compiled at full depth", ""]
+    lines += ["| recipe | strategy, mesh | precision, remat | batch/device | weights | gradients | optimizer | temp | peak | target | fits |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for row in rows:
+        lines.append(
+            f"| {row['path']} | {row['strategy']}, {row['mesh']} | {row['precision']}, {row['remat']} | {row['batch_per_device']} | "
+            f"{_gib(row['weights'])} | {_gib(row['gradients'])} | {_gib(row['optimizer'])} | {_gib(row['temp'])} | "
+            f"{_gib(row['peak'])} | {_gib(row['target'])} | {'yes' if row['peak'] <= row['target'] else 'NO'} |"
+        )
+    return lines
+
+
+def _attention_table(rows, config):
+    lines = ["### Attention at gpt_1b's per-device shape (B=4, T=2048, H=32, K=4, D=64, bf16, causal), forward + backward", ""]
+    return lines + ["| path | temp (MiB) |", "| --- | ---: |"] + [f"| {row['path']} | {row['temp'] / MIB:,.0f} |" for row in rows]
+
+
+def _fsdp_tp_table(rows, config):
+    lines = ["### gpt_1b weights per device under fsdp+tp", "", "| mesh | devices | weights (MiB) | analytic (MiB) | ratio |", "| --- | ---: | ---: | ---: | ---: |"]
+    return lines + [
+        f"| {row['mesh']} | {row['devices']} | {row['weights'] / MIB:,.1f} | {row['analytic'] / MIB:,.1f} | {row['weights'] / row['analytic']:.2f}x |"
+        for row in rows
+    ]
+
+
+def _tp_table(rows, config):
+    title = f"### Bytes sent over 'model' per GPT training step ({config.tp_layers} layers, C={config.tp_width}, T={config.tp_length}, B={config.tp_batch}, {config.tp_mesh}, f32)"
+    lines = [title, "", "| strategy | model-axis collectives | sent (MiB) | Megatron minimum (MiB) | ratio |", "| --- | --- | ---: | ---: | ---: |"]
+    for row in rows:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(row["collectives"].items()))
+        lines.append(f"| {row['strategy']} | {kinds} | {row['sent'] / MIB:,.1f} | {row['minimum'] / MIB:,.1f} | {row['sent'] / row['minimum']:.2f}x |")
+    return lines
+
+
+def main(argv):
+    """Worker entry: ``python -m zoo.bench.scale '<task json>'`` prints its rows."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    for row in measure(json.loads(argv[0])):
+        print(ROW + json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,142 @@
+"""A recipe's training step compiled (never run) for its target's devices, and whether it fits.
+
+``compile_recipe_step(recipe)`` builds the recipe's model abstractly with the job's own
+builder (precision, remat, strategy overrides) under the job's own distribution on a
+real mesh of this process' devices (simulated CPU devices work), compiles the step
+``fit`` runs for one global batch (``compiled_step.compile_fit_step``) and returns the
+per-device memory next to the target's.
+
+Fewer devices than the target: a strategy that splits no weight over the data axis
+(``data``, ``tp``, ``tp+sp``) holds the same per device on a mesh with a smaller data
+axis and a proportionally smaller global batch, so the step is compiled there (the
+data axis shrinks by the factor the device count falls short). Strategies that split
+weights over the data axis (``fsdp``, ``fsdp+tp``, ``context``) need the full count.
+
+Reduced depth (``num_layers``): the per-block cost is the difference of the steps
+compiled at ``num_layers`` and ``num_layers - 1`` blocks; the full model's footprint is
+extrapolated as ``step(n) + (L - n) x per block`` (``RecipeFit``).
+"""
+
+import dataclasses
+import math
+
+import jax
+import keras
+
+from zoo.training import _recipe_plan as plans
+from zoo.training.compiled_step import StepMemory, abstract_build, compile_fit_step
+
+GIB = 2**30
+WEIGHTS_SPLIT_OVER_DATA = ("fsdp", "fsdp+tp", "context")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeStep:
+    """One compiled step of a recipe: where it was compiled and what it needs per device."""
+
+    path: str
+    mesh: str | None  # the mesh compiled on, e.g. "data=2,model=4"
+    global_batch: int  # the global batch compiled (scaled with a shrunk data axis)
+    num_layers: int  # Transformer blocks compiled
+    memory: StepMemory
+    compiled: object = dataclasses.field(repr=False, default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeFit:
+    """A recipe's full-depth per-device footprint extrapolated from two reduced-depth steps."""
+
+    path: str
+    target_bytes: int  # [target] device_memory_gib
+    num_layers: int  # the model's L
+    per_block: int  # peak bytes one more block adds
+    fixed: int  # peak bytes of everything but the blocks (embedding, head, logits, optimizer scalars)
+    steps: tuple  # (RecipeStep at n - 1 blocks, RecipeStep at n blocks)
+
+    @property
+    def estimated_peak(self):
+        return self.fixed + self.num_layers * self.per_block
+
+    @property
+    def per_block_budget(self):
+        """What each block may take: the target's memory less the fixed part, over L."""
+        return (self.target_bytes - self.fixed) / self.num_layers
+
+    @property
+    def fits(self):
+        return self.per_block <= self.per_block_budget
+
+    def format(self):
+        return (
+            f"{self.path}: per block {self.per_block / GIB:.2f} GiB (budget {self.per_block_budget / GIB:.2f} GiB), "
+            f"fixed {self.fixed / GIB:.2f} GiB, estimated peak {self.estimated_peak / GIB:.2f} GiB of "
+            f"{self.target_bytes / GIB:.0f} GiB at {self.num_layers} blocks: {'fits' if self.fits else 'DOES NOT FIT'}"
+        )
+
+
+def _mesh_axes(recipe, config, devices):
+    """``([(axis, size)] or None, global batch)`` for compiling on ``devices`` devices."""
+    job = recipe.job
+    strategy = job.strategy(config)
+    axes = plans.resolve_axes(job.mesh_spec(config), strategy, recipe.target.devices)
+    batch = config.batch_size
+    if axes is None or devices >= recipe.target.devices:
+        return axes, batch
+    shrink = recipe.target.devices // devices
+    sizes = dict(axes)
+    if strategy in WEIGHTS_SPLIT_OVER_DATA or recipe.target.devices % devices or sizes.get("data", 1) % shrink:
+        raise ValueError(
+            f"{recipe.path}: strategy {strategy!r} on mesh {plans.describe_axes(axes)} needs its "
+            f"{recipe.target.devices} devices to be compiled faithfully; this process has {devices}"
+        )
+    return [(name, size // shrink if name == "data" else size) for name, size in axes], batch // shrink
+
+
+def _real_mesh(axes):
+    shape = tuple(size for _, size in axes)
+    devices = jax.devices()[: math.prod(shape)]
+    return keras.distribution.DeviceMesh(shape=shape, axis_names=[name for name, _ in axes], devices=devices)
+
+
+def _batch_shapes(recipe, config, batch):
+    """``((x shape, dtype), (y shape, dtype))`` of one global batch of the recipe's job."""
+    if recipe.job.name == "pretrain_gpt":
+        tokens = (batch, config.sequence_length)
+        return (tokens, "int32"), (tokens, "int32")
+    raise ValueError(f"{recipe.path}: compiling the step of job {recipe.job.name!r} is not supported (pretrain_gpt is)")
+
+
+def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_options=None):
+    """``RecipeStep``: the recipe's training step compiled on this process' devices.
+
+    ``num_layers`` overrides the model's depth (None: the recipe's model as it is);
+    ``devices`` caps the devices used (default all of this process'; see the module
+    docstring for compiling on fewer than the target has).
+    """
+    module, config, _ = recipe._job_config()
+    job = recipe.job
+    axes, batch = _mesh_axes(recipe, config, devices or len(jax.devices()))
+    mesh = None if axes is None else _real_mesh(axes)
+    distribution = job.distribution(module, config, mesh)
+    overrides = {} if num_layers is None else {"num_layers": num_layers}
+    model = abstract_build(lambda: job.build(module, config, **overrides), lambda m: job.compile(module, m, config), distribution)
+    x, y = _batch_shapes(recipe, config, batch)
+    compiled, memory = compile_fit_step(model, distribution, x, y, compiler_options=compiler_options)
+    depth = len(getattr(model, "backbone", model).blocks) if hasattr(getattr(model, "backbone", model), "blocks") else num_layers
+    return RecipeStep(recipe.path, plans.describe_axes(axes), batch, depth, memory, compiled)
+
+
+def recipe_fit(recipe, *, num_layers=2, devices=None, compiler_options=None):
+    """``RecipeFit`` from the steps compiled at ``num_layers - 1`` and ``num_layers`` blocks."""
+    if num_layers < 2:
+        raise ValueError(f"num_layers must be >= 2 (the per-block cost is a difference of two depths), got {num_layers}")
+    module, config, _ = recipe._job_config()
+    full_depth = recipe.job.num_layers(module, config)
+    steps = tuple(
+        compile_recipe_step(recipe, num_layers=n, devices=devices, compiler_options=compiler_options)
+        for n in (num_layers - 1, num_layers)
+    )
+    per_block = steps[1].memory.peak - steps[0].memory.peak
+    fixed = steps[1].memory.peak - num_layers * per_block
+    target = int(recipe.target.device_memory_gib * GIB)
+    return RecipeFit(recipe.path, target, full_depth, per_block, fixed, steps)

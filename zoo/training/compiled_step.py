@@ -1,0 +1,172 @@
+"""Compile, never run, the training step ``model.fit`` runs, for a model built abstractly.
+
+Real size is checked by compiling: the model is built inside
+``keras.StatelessScope(initialize_variables=False)`` (every variable has its path,
+shape, dtype and layout, nothing is allocated), the optimizer's slots likewise, and
+Keras' own ``model.train_step(state, data)`` (the function ``fit`` jits) is lowered
+with ``jax.ShapeDtypeStruct`` arguments carrying each variable's sharding and the
+batch's data layout, then compiled for the mesh's devices (simulated CPU devices
+work: ``--xla_force_host_platform_device_count``). The compiled program's
+``memory_analysis()`` gives per-device argument, output and temporary bytes; its HLO
+gives the collectives (``zoo.distribution.comms_report``).
+
+Per device, a step needs the training state (weights, optimizer slots: arguments,
+donated and aliased to the outputs) plus the temporaries (activations kept for the
+backward pass, the gradients, workspace). ``StepMemory`` splits the state by kind from
+the variables' shardings (exact) and takes the temporaries from the compiler.
+
+XLA:CPU plans buffers like the GPU and TPU compilers but schedules differently; its
+temporary bytes are an estimate of theirs (docs/performance.md says by how much where
+a device was available to measure).
+"""
+
+import contextlib
+import dataclasses
+import math
+
+import jax
+import keras
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from zoo._compat import forgetting_deferred_variables, variable_layout
+
+__all__ = ["StepMemory", "abstract_build", "compile_fit_step", "state_shardings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """Bytes per device of one compiled training step."""
+
+    weights: int  # the model's variables under their layouts
+    gradients: int  # one per trainable weight, laid out like it (inside ``temp``)
+    optimizer: int  # optimizer slots and scalars
+    temp: int  # the compiler's temporaries: activations, gradients, workspace
+    argument: int  # the compiler's argument bytes (state + batch)
+    output: int  # the compiler's output bytes
+    alias: int  # outputs that reuse an argument's buffer (the donated state)
+
+    @property
+    def state(self):
+        """Weights + optimizer state: what stays on the device between steps."""
+        return self.weights + self.optimizer
+
+    @property
+    def peak(self):
+        """Arguments + outputs not aliased to them + temporaries: the step's footprint."""
+        return self.argument + self.output - self.alias + self.temp
+
+
+@contextlib.contextmanager
+def _distribution(distribution):
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(distribution)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def abstract_build(build, compile_model, distribution):
+    """``build()`` and ``compile_model(model)`` under ``distribution`` with no weight or
+    optimizer slot allocated; returns the compiled model (variables uninitialised)."""
+    with forgetting_deferred_variables(), _distribution(distribution):
+        with keras.StatelessScope(initialize_variables=False):
+            model = build()
+        with _distribution(None):  # the optimizer's scalars are created for real, on the default device
+            compile_model(model)
+        with keras.StatelessScope(initialize_variables=False):
+            model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def _sharding(layout, mesh):
+    """A ``NamedSharding`` on ``mesh`` (a jax Mesh) for a Keras layout (None: replicated)."""
+    if isinstance(layout, jax.sharding.Sharding):
+        return layout
+    axes = getattr(layout, "axes", None) or ()
+    return NamedSharding(mesh, P(*axes))
+
+
+def _variable_sharding(variable, distribution, mesh):
+    layout = variable_layout(variable)
+    if layout is None and distribution is not None:
+        layout = distribution.get_variable_layout(variable)
+    return _sharding(layout, mesh)
+
+
+def _slot_reference(slot, trainable):
+    """The trainable variable an optimizer slot was made from (its path, ``/`` as ``_``,
+    prefixes the slot's name; same shape), or None for the optimizer's own scalars."""
+    prefixes = sorted(((v.path.replace("/", "_") + "_", v) for v in trainable), key=lambda p: -len(p[0]))
+    return next((v for prefix, v in prefixes if slot.name.startswith(prefix) and tuple(slot.shape) == tuple(v.shape)), None)
+
+
+def state_shardings(model, distribution):
+    """Shardings of ``(trainable, non_trainable, optimizer, metrics)`` variables, as Keras
+    lays them out once initialised (a slot takes its weight's layout)."""
+    if distribution is None:
+        device = jax.devices()[0]
+        single = jax.sharding.SingleDeviceSharding(device)
+        groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
+        return tuple([single] * len(group) for group in groups)
+    mesh = distribution.device_mesh.backend_mesh
+    shard = lambda v: _variable_sharding(v, distribution, mesh)  # noqa: E731
+    trainable = [shard(v) for v in model.trainable_variables]
+    non_trainable = [shard(v) for v in model.non_trainable_variables]
+    by_id = {id(v): s for v, s in zip(model.trainable_variables, trainable)}
+    optimizer = []
+    for slot in model.optimizer.variables:
+        reference = _slot_reference(slot, model.trainable_variables)
+        optimizer.append(by_id[id(reference)] if reference is not None else NamedSharding(mesh, P()))
+    metrics = [NamedSharding(mesh, P()) for _ in model.metrics_variables]
+    return trainable, non_trainable, optimizer, metrics
+
+
+def _abstract(variable, sharding):
+    return jax.ShapeDtypeStruct(tuple(variable.shape), jax.numpy.dtype(variable.dtype), sharding=sharding)
+
+
+def _shard_bytes(variable, sharding):
+    shape = sharding.shard_shape(tuple(variable.shape)) if variable.shape else ()
+    return math.prod(shape) * jax.numpy.dtype(variable.dtype).itemsize
+
+
+def _batch_struct(shape, dtype, distribution):
+    if distribution is None:
+        return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype))
+    layout = distribution.get_data_layout(shape)
+    return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype), sharding=_sharding(layout, distribution.device_mesh.backend_mesh))
+
+
+def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
+    """``(compiled, StepMemory)`` of ``model.train_step`` for one batch.
+
+    ``model`` comes from ``abstract_build`` (or is an ordinary compiled model);
+    ``x``, ``y`` are ``(shape, dtype)`` of one global batch. The step is jitted as
+    ``fit`` jits it: the state donated, its outputs laid out like its inputs.
+    """
+    shardings = state_shardings(model, distribution)
+    groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
+    state = tuple([_abstract(v, s) for v, s in zip(group, group_shardings)] for group, group_shardings in zip(groups, shardings))
+    data = (_batch_struct(*x, distribution), _batch_struct(*y, distribution))
+    out_shardings = None if distribution is None else (None, shardings)
+    with _distribution(distribution):
+        step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)
+        compiled = step.lower(state, data).compile(compiler_options)
+    analysis = compiled.memory_analysis()
+    weights = sum(_shard_bytes(v, s) for group, ss in zip(groups[:2], shardings[:2]) for v, s in zip(group, ss))
+    gradients = sum(_shard_bytes(v, s) for v, s in zip(groups[0], shardings[0]))
+    optimizer = sum(_shard_bytes(v, s) for v, s in zip(groups[2], shardings[2]))
+    memory = StepMemory(
+        weights=weights, gradients=gradients, optimizer=optimizer, temp=int(analysis.temp_size_in_bytes),
+        argument=int(analysis.argument_size_in_bytes), output=int(analysis.output_size_in_bytes),
+        alias=int(analysis.alias_size_in_bytes),
+    )  # fmt: skip
+    return compiled, memory
+
+
+def analytic_weight_bytes(model, devices):
+    """params x bytes / devices: the per-device weight bytes of a perfect split."""
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.weights) / devices
