@@ -11,6 +11,13 @@ from zoo.kernels._checks import (
     check_sequence_parallel,
 )
 from zoo.kernels.attention_reference import attention_reference
+from zoo.kernels._blocking import block_size_for, tile_plan
+from zoo.kernels.blockwise_attention import (
+    attention_implementation,
+    blockwise_attention,
+    describe_local_attention,
+    local_attention,
+)
 from zoo.kernels.gather_attention import gather_kv_attention
 from zoo.kernels.load_balance import (
     causal_block_work,
@@ -23,19 +30,25 @@ from zoo.kernels.ring_attention import ring_attention, ring_attention_tiles
 from zoo.kernels.ulysses_attention import ulysses_attention
 
 __all__ = [
+    "attention_implementation",
     "attention_reference",
+    "block_size_for",
+    "blockwise_attention",
     "causal_block_work",
     "check_heads_divisible",
     "check_kv_heads",
     "check_sequence_divisible",
     "check_sequence_parallel",
+    "describe_local_attention",
     "gather_kv_attention",
+    "local_attention",
     "permutation",
     "reorder",
     "restore",
     "ring_attention",
     "ring_attention_tiles",
     "shard_positions",
+    "tile_plan",
     "ulysses_attention",
 ]
 

@@ -26,3 +26,19 @@ def block_has_work(q_positions, k_positions):
     Works on numpy and jax arrays alike: (max query position) >= (min key position).
     """
     return q_positions.max() >= k_positions.min()
+
+
+def tile_plan(length, block_size):
+    """``(tile, padded_length)`` for walking ``length`` rows in tiles of at most block_size.
+
+    The largest divisor of ``length`` that is <= block_size, unless that divisor is under
+    half of ``min(block_size, length)`` (a prime length would give tiles of 1 row); then
+    the length is padded up to ``tiles * tile`` with ``tiles = ceil(length / block_size)``
+    and ``tile = ceil(length / tiles)`` (fewer than ``tiles`` padding rows).
+    """
+    tile = block_size_for(length, block_size)
+    if 2 * tile >= min(block_size, length):
+        return tile, length
+    tiles = -(-length // block_size)
+    tile = -(-length // tiles)
+    return tile, tiles * tile

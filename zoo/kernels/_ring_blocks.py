@@ -1,4 +1,9 @@
-"""One ring step of ring attention: all local queries against the K/V shard held now.
+"""The tile loops of every attention kernel: all local queries against one K/V block.
+
+``blockwise_attention`` runs them once over the whole K/V; ``ring_attention`` once per
+ring step over the K/V shard held then (gather and Ulysses call ``blockwise_attention``
+on their gathered K/V). ``start_forward``/``finish_forward`` and ``start_backward``
+are the set-up and finish both share.
 
 Both passes walk (query block x key block) tiles with ``lax.fori_loop``, so the largest
 score array alive is f32[B, K, G, bq, bk], never the shard's full [T/N, T/N]. Under
@@ -17,7 +22,16 @@ import jax.numpy as jnp
 
 from zoo.kernels._blocking import block_has_work
 from zoo.kernels._masking import apply_mask, attention_mask
-from zoo.kernels._online_softmax import F32, SoftmaxState, block_scores, update
+from zoo.kernels._online_softmax import (
+    F32,
+    SoftmaxState,
+    block_scores,
+    finish,
+    group_heads,
+    init_state,
+    ungroup_heads,
+    update,
+)
 
 
 class TileConfig(NamedTuple):
@@ -27,6 +41,30 @@ class TileConfig(NamedTuple):
     scale: float
     block_q: int
     block_k: int
+
+
+def start_forward(q, kv_heads):
+    """Grouped queries [B, Tq, K, G, D], an empty softmax state over them, tile count 0."""
+    batch, q_len, _, head_dim = q.shape
+    qg = group_heads(q, kv_heads)  # [B, Tq, K, G, D]
+    state = init_state(qg, batch=batch, kv_heads=kv_heads, groups=qg.shape[3], length=q_len, head_dim=head_dim)
+    return qg, state, jnp.zeros_like(q, shape=(), dtype=jnp.int32)
+
+
+def finish_forward(state, dtype):
+    """(out [B, Tq, H, D] in ``dtype``, lse f32[B, K, G, Tq]) from the final state."""
+    out, lse = finish(state)  # f32[B, K, G, Tq, D], f32[B, K, G, Tq]
+    return ungroup_heads(out).astype(dtype), lse
+
+
+def start_backward(q, out, d_out, kv_heads):
+    """(qg, d_out grouped, delta f32[B, K, G, Tq], dq f32[B, Tq, K, G, D] zeros).
+
+    delta = rowsum(d_out * out), the offset of the softmax backward.
+    """
+    qg, dog = group_heads(q, kv_heads), group_heads(d_out, kv_heads)  # [B, Tq, K, G, D]
+    delta = jnp.sum(dog.astype(F32) * group_heads(out, kv_heads).astype(F32), axis=-1)  # f32[B, Tq, K, G]
+    return qg, dog, delta.transpose(0, 2, 3, 1), jnp.zeros_like(qg, dtype=F32)
 
 
 def _tile(x, index, size, axis):

@@ -1,20 +1,28 @@
-"""All-gather KV attention: local queries against the whole, gathered K/V sequence."""
+"""All-gather KV attention: local queries against the whole, gathered K/V sequence.
+
+The local step is ``local_attention`` (the tiled kernel, or cuDNN on a GPU where it
+applies) on the gathered K/V; the all-gather's transpose reduce-scatters dK and dV.
+"""
 
 import jax
 import jax.numpy as jnp
 
 from zoo.kernels import _checks
-from zoo.kernels.attention_reference import attention_reference
+from zoo.kernels.blockwise_attention import local_attention
 from zoo.kernels.load_balance import permutation, shard_positions
 
 __all__ = ["gather_kv_attention"]
 
 
-def gather_kv_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None):
+def gather_kv_attention(
+    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512
+):
     """Sequence-parallel attention by all-gathering K/V; call inside ``jax.shard_map``.
 
-    Cheapest when K/V are small (few KV heads): each device receives (N-1)/N of K and V,
-    and holds f32[B, H, T/N, T] scores, so memory grows with the full length T.
+    Cheapest when K/V are small (few KV heads): each device receives (N-1)/N of K and V
+    and holds the whole K/V sequence; scores are computed in tiles (``block_size``), so
+    the score memory is f32[B, H, tile, tile], not [T/N, T]. On an axis of size 1 no
+    collective is emitted.
 
     Shapes: global q [B, T, H, D], k/v [B, T, K, D], key_mask bool[B, T]; this function
     sees one shard: q [B, T/N, H, D], k/v [B, T/N, K, D], key_mask bool[B, T/N].
@@ -26,6 +34,7 @@ def gather_kv_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scal
         scale: multiplies q.k; defaults to 1 / sqrt(D).
         balance: None, "zigzag" or "striped": how the sequence was laid out
             (``load_balance.reorder``); it sets the positions causality uses.
+        block_size: tile edge of the local step (``blockwise_attention``).
 
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
@@ -36,12 +45,20 @@ def gather_kv_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scal
     _checks.check_shard_lengths(q_len, kv_len, axis_size=n, axis_name=axis_name, balance=balance)
 
     # [B, T/N, K, D] -> [B, T, K, D] in shard order (the reordered order if balanced)
-    k_all, v_all = (jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in (k, v))
-    mask_all = None if key_mask is None else jax.lax.all_gather(key_mask, axis_name, axis=1, tiled=True)
-    me = jax.lax.axis_index(axis_name)
-    q_positions = shard_positions(q_len, shard_index=me, num_shards=n, balance=balance)
-    k_positions = jnp.asarray(permutation(kv_len * n, num_shards=n, balance=balance))
-    return attention_reference(
+    k_all, v_all = (_gather(x, axis_name, n) for x in (k, v))
+    mask_all = None if key_mask is None else _gather(key_mask, axis_name, n)
+    q_positions = k_positions = None  # natural order, unless the shards say otherwise
+    if n > 1:
+        me = jax.lax.axis_index(axis_name)
+        q_positions = shard_positions(q_len, shard_index=me, num_shards=n, balance=balance)
+        if balance is not None:
+            k_positions = jnp.asarray(permutation(kv_len * n, num_shards=n, balance=balance))
+    return local_attention(
         q, k_all, v_all, causal=causal, key_mask=mask_all, scale=scale,
-        q_positions=q_positions, k_positions=k_positions,
+        q_positions=q_positions, k_positions=k_positions, block_size=block_size,
     )
+
+
+def _gather(x, axis_name, n):
+    """[B, T/N, ...] -> [B, T, ...] along ``axis_name``; on one device, x itself (no collective)."""
+    return x if n == 1 else jax.lax.all_gather(x, axis_name, axis=1, tiled=True)

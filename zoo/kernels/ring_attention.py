@@ -4,7 +4,7 @@ Forward: N ring steps. At step s device i holds the K/V (and key padding mask) o
 (i - s) mod N; it folds them into a float32 online softmax (running max, sum and
 weighted values, rescaled whenever the max grows) for its own queries, tile by tile
 (``_ring_blocks``), while ``ppermute`` already ships the K/V to device i + 1 for the
-next step. N - 1 hops in all.
+next step. N - 1 hops in all; on an axis of size 1 none (no collective is emitted).
 
 Backward (``jax.custom_vjp``): saves only q, k, v, the mask, the output and the
 log-sum-exp (all O(T/N)); then runs the ring again. K/V travel as before, and with them
@@ -25,8 +25,15 @@ import jax.numpy as jnp
 
 from zoo.kernels import _checks
 from zoo.kernels._blocking import block_size_for
-from zoo.kernels._online_softmax import F32, finish, group_heads, init_state, ungroup_heads
-from zoo.kernels._ring_blocks import TileConfig, backward_shard, forward_shard
+from zoo.kernels._online_softmax import F32
+from zoo.kernels._ring_blocks import (
+    TileConfig,
+    backward_shard,
+    finish_forward,
+    forward_shard,
+    start_backward,
+    start_forward,
+)
 from zoo.kernels.load_balance import shard_positions
 
 __all__ = ["ring_attention", "ring_attention_tiles"]
@@ -98,7 +105,12 @@ def _layout(q, k, cfg):
 
 
 def _rotate(tree, axis_name, n):
-    """Sends every array in ``tree`` to the next device on the ring (i -> i + 1)."""
+    """Sends every array in ``tree`` to the next device on the ring (i -> i + 1).
+
+    On a ring of one device that is itself: returned as is, so no collective is emitted.
+    """
+    if n == 1:
+        return tree
     perm = [(i, (i + 1) % n) for i in range(n)]
     return jax.tree.map(lambda x: jax.lax.ppermute(x, axis_name, perm), tree)
 
@@ -111,17 +123,12 @@ def _key_positions(step, me, n, length, cfg):
 def ring_forward(q, k, v, key_mask, cfg):
     """Forward ring; returns (out [B, T/N, H, D], lse f32[B, K, G, T/N], tiles computed i32)."""
     n, me, tiles, q_pos = _layout(q, k, cfg)
-    batch, q_len, _, head_dim = q.shape
-    kv_len, kv_heads = k.shape[1], k.shape[2]
-    q = group_heads(q, kv_heads)  # [B, T/N, K, G, D]
-    state = init_state(
-        q, batch=batch, kv_heads=kv_heads, groups=q.shape[3], length=q_len, head_dim=head_dim
-    )
-    count = jnp.zeros_like(me)
+    kv_len = k.shape[1]
+    qg, state, count = start_forward(q, k.shape[2])  # [B, T/N, K, G, D], state over T/N queries
 
     def visit(step, kv, carry):
         k_pos = _key_positions(step, me, n, kv_len, cfg)
-        return forward_shard(q, *kv, q_pos, k_pos, *carry, tiles)
+        return forward_shard(qg, *kv, q_pos, k_pos, *carry, tiles)
 
     def body(step, carry):
         kv, acc = carry
@@ -129,10 +136,12 @@ def ring_forward(q, k, v, key_mask, cfg):
         return incoming, visit(step, kv, acc)
 
     # carry: k, v [B, T/N, K, D] + mask bool[B, T/N] (travelling); state over T/N queries
-    kv, carry = jax.lax.fori_loop(0, n - 1, body, ((k, v, key_mask), (state, count)))
+    kv, carry = (k, v, key_mask), (state, count)
+    if n > 1:  # on one device there is nothing to rotate: no collective at all
+        kv, carry = jax.lax.fori_loop(0, n - 1, body, (kv, carry))
     state, count = visit(n - 1, kv, carry)
-    out, lse = finish(state)  # f32[B, K, G, T/N, D], f32[B, K, G, T/N]
-    return ungroup_heads(out).astype(q.dtype), lse, count
+    out, lse = finish_forward(state, q.dtype)
+    return out, lse, count
 
 
 def _ring_fwd(q, k, v, key_mask, cfg):
@@ -143,12 +152,9 @@ def _ring_fwd(q, k, v, key_mask, cfg):
 def _ring_bwd(cfg, residuals, d_out):
     q, k, v, key_mask, out, lse = residuals
     n, me, tiles, q_pos = _layout(q, k, cfg)
-    kv_len, kv_heads = k.shape[1], k.shape[2]
-    qg, dog = group_heads(q, kv_heads), group_heads(d_out, kv_heads)  # [B, T/N, K, G, D]
-    # f32[B, T/N, K, G] -> f32[B, K, G, T/N]: rowsum(dO * O), the softmax backward's offset
-    delta = jnp.sum(dog.astype(F32) * group_heads(out, kv_heads).astype(F32), axis=-1)
-    delta = delta.transpose(0, 2, 3, 1)
-    dq = jnp.zeros_like(qg, dtype=F32)  # f32[B, T/N, K, G, D], stays home
+    kv_len = k.shape[1]
+    # [B, T/N, K, G, D] grouped q and d_out, delta f32[B, K, G, T/N], dq f32 (stays home)
+    qg, dog, delta, dq = start_backward(q, out, d_out, k.shape[2])
     dkv = (jnp.zeros_like(k, dtype=F32), jnp.zeros_like(v, dtype=F32))  # f32[B, T/N, K, D], travel
 
     def visit(step, kv, dq, dkv):
@@ -161,7 +167,9 @@ def _ring_bwd(cfg, residuals, d_out):
         dq, dk, dv = visit(step, kv, dq, dkv)
         return incoming, _rotate((dk, dv), cfg.axis_name, n), dq
 
-    kv, dkv, dq = jax.lax.fori_loop(0, n - 1, body, ((k, v, key_mask), dkv, dq))
+    kv = (k, v, key_mask)
+    if n > 1:
+        kv, dkv, dq = jax.lax.fori_loop(0, n - 1, body, (kv, dkv, dq))
     dq, dk, dv = visit(n - 1, kv, dq, dkv)
     dk, dv = _rotate((dk, dv), cfg.axis_name, n)  # N-th hop: home to their owner
     dq = dq.reshape(q.shape)  # f32[B, T/N, K, G, D] -> [B, T/N, H, D]

@@ -4,19 +4,23 @@ import jax
 import jax.numpy as jnp
 
 from zoo.kernels import _checks
-from zoo.kernels.attention_reference import attention_reference
+from zoo.kernels.blockwise_attention import local_attention
 from zoo.kernels.load_balance import permutation
 
 __all__ = ["ulysses_attention"]
 
 
-def ulysses_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None):
+def ulysses_attention(
+    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512
+):
     """Sequence-parallel attention by re-sharding heads; call inside ``jax.shard_map``.
 
     An all-to-all turns the sequence-sharded q, k, v into head-sharded ones, each device
     runs ordinary attention over the whole sequence for H/N heads, and a second
     all-to-all turns the output back. Each device sends and receives (N-1)/N of its
-    shard per tensor; memory is that of full-length attention for H/N heads.
+    shard per tensor. The local step is ``local_attention`` (tiled, or cuDNN on a GPU
+    where it applies), so memory is O(T x tile) for H/N heads. On an axis of size 1 no
+    collective is emitted.
 
     KV heads: K must divide H. If K is not a multiple of N (e.g. K=2 KV heads on N=8
     devices, or MQA), K/V heads are first repeated to lcm(K, N) heads, which still
@@ -33,6 +37,7 @@ def ulysses_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scale=
         scale: multiplies q.k; defaults to 1 / sqrt(D).
         balance: None, "zigzag" or "striped": how the sequence was laid out
             (``load_balance.reorder``); it sets the positions causality uses.
+        block_size: tile edge of the local step (``blockwise_attention``).
 
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
@@ -46,17 +51,21 @@ def ulysses_attention(q, k, v, *, axis_name, causal=False, key_mask=None, scale=
     k, v = (jnp.repeat(x, repeats, axis=2) for x in (k, v))  # [B, T/N, lcm(K, N), D]
 
     # [B, T/N, H, D] -> [B, T, H/N, D]: scatter heads, gather sequence (in shard order)
-    q_h, k_h, v_h = (_seq_to_heads(x, axis_name) for x in (q, k, v))
-    mask = None if key_mask is None else jax.lax.all_gather(key_mask, axis_name, axis=1, tiled=True)
-    q_positions = jnp.asarray(permutation(q_h.shape[1], num_shards=n, balance=balance))
-    k_positions = jnp.asarray(permutation(k_h.shape[1], num_shards=n, balance=balance))
-    out = attention_reference(
+    q_h, k_h, v_h = (_seq_to_heads(x, axis_name, n) for x in (q, k, v))
+    mask = key_mask
+    if key_mask is not None and n > 1:
+        mask = jax.lax.all_gather(key_mask, axis_name, axis=1, tiled=True)  # bool[B, T]
+    positions = None  # natural order unless balanced over N > 1 shards
+    if balance is not None and n > 1:
+        positions = jnp.asarray(permutation(q_h.shape[1], num_shards=n, balance=balance))
+    out = local_attention(
         q_h, k_h, v_h, causal=causal, key_mask=mask, scale=scale,
-        q_positions=q_positions, k_positions=k_positions,
+        q_positions=positions, k_positions=positions, block_size=block_size,
     )
     # [B, T, H/N, D] -> [B, T/N, H, D]
-    return jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)
+    return out if n == 1 else jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)
 
 
-def _seq_to_heads(x, axis_name):
-    return jax.lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)
+def _seq_to_heads(x, axis_name, n):
+    """[B, T/N, H, D] -> [B, T, H/N, D]; on one device, x itself (no collective)."""
+    return x if n == 1 else jax.lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)

@@ -8,9 +8,12 @@ and runs ``zoo.kernels`` under ``jax.shard_map``.
 
 Paths:
 
-- plain: ``attention_reference`` on whole arrays; GSPMD partitions it if the arrays
-  are sharded. Taken when ``strategy`` is None, when no distribution is set, or when
-  the distribution's ``sequence_axis`` has size 1 (same numbers as one device).
+- plain: ``kernels.local_attention`` on whole arrays: the tiled online-softmax kernel
+  (``blockwise_attention``, memory O(T x tile)), or cuDNN's fused attention on a GPU
+  where it applies (``kernels.attention_implementation``). GSPMD partitions it if the
+  arrays are sharded (batch or heads). Taken when ``strategy`` is None, when no
+  distribution is set, or when the distribution's ``sequence_axis`` has size 1 (same
+  numbers as one device). Also callable inside a ``shard_map`` body on local arrays.
 - sharded: ``shard_map`` over the whole mesh with q, k, v in
   ``P(batch_axis, sequence_axis, None, None)`` and the key mask in
   ``P(batch_axis, sequence_axis)``; ``batch_axis`` is dropped (None) when the mesh has
@@ -130,21 +133,72 @@ def attention(
 
     key_mask: bool[B, T] or None (True keeps the key). rotary_base: None for no rotary
     embedding, else RoPE's base (applied to q and k at their global positions).
+    ring_block_size: tile edge of every tiled kernel (plain path, ring, and the local
+    step of gather and Ulysses). ``describe_attention`` says in words what runs.
     """
-    check_strategy(strategy, balance)
-    strategy, balance, sequence_axis, batch_axis = context_settings(strategy, balance, sequence_axis, batch_axis)
-    mesh = sequence_mesh(strategy, sequence_axis)
-    axis_size = 1 if mesh is None else mesh_axis_size(mesh, sequence_axis)
+    strategy, balance, sequence_axis, batch_axis, mesh, axis_size = resolve(strategy, balance, sequence_axis, batch_axis)
     if strategy is None or axis_size == 1:
         return plain_attention(
             q, k, v, key_mask=key_mask, causal=causal, balance=balance, rotary_base=rotary_base,
-            axis_size=axis_size, axis_name=sequence_axis,
+            axis_size=axis_size, axis_name=sequence_axis, block_size=ring_block_size,
         )
     return sharded_attention(
         q, k, v, mesh=mesh, key_mask=key_mask, strategy=strategy, causal=causal,
         balance=balance, rotary_base=rotary_base, sequence_axis=sequence_axis,
         batch_axis=batch_axis, ring_block_size=ring_block_size,
     )
+
+
+def resolve(strategy, balance, sequence_axis, batch_axis):
+    """``(strategy, balance, sequence_axis, batch_axis, mesh, N)`` in force for a layer's settings.
+
+    Checks the settings, completes them from a ``ContextParallel`` distribution, and
+    finds the mesh (None without a distribution) and the size N of its sequence axis.
+    """
+    check_strategy(strategy, balance)
+    strategy, balance, sequence_axis, batch_axis = context_settings(strategy, balance, sequence_axis, batch_axis)
+    mesh = sequence_mesh(strategy, sequence_axis)
+    axis_size = 1 if mesh is None else mesh_axis_size(mesh, sequence_axis)
+    return strategy, balance, sequence_axis, batch_axis, mesh, axis_size
+
+
+def describe_attention(
+    *,
+    seq_len,
+    head_dim,
+    dtype="float32",
+    causal=False,
+    masked=False,
+    strategy=None,
+    balance=None,
+    sequence_axis="seq",
+    batch_axis="data",
+    block_size=512,
+    platform=None,
+):
+    """What ``attention`` runs for these settings under the current distribution, in words.
+
+    E.g. ``"blockwise (tile 512)"``, ``"cudnn"``, ``"ring over 'seq' (N=4, tile 128)"``,
+    ``"all-gather over 'seq' (N=4), then blockwise (tile 256x512)"``, ``"Ulysses over
+    'seq' (N=4), then cudnn"``. Arguments are the layer's (``block_size`` is its
+    ``ring_block_size``) plus one call's global sequence length, head dim and q's dtype
+    (the layer's compute dtype); ``masked``: a key mask is passed; ``platform``
+    defaults to ``jax.default_backend()``. Raises as ``attention``
+    would on settings it refuses (not on sizes).
+    """
+    strategy, balance, sequence_axis, _, _, n = resolve(strategy, balance, sequence_axis, batch_axis)
+    local = functools.partial(
+        kernels.describe_local_attention, platform=jax.default_backend() if platform is None else platform,
+        dtype=dtype, head_dim=head_dim, causal=causal, masked=masked, block_size=block_size,
+    )
+    if strategy is None or n == 1:  # plain; on a split axis GSPMD may split T: tiles (see plain_attention)
+        return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, cudnn=n == 1)
+    over = f"over {sequence_axis!r} (N={n}"
+    if strategy == "ring":
+        return f"ring {over}, tile {kernels.block_size_for(seq_len // n, block_size, balance)})"
+    if strategy == "gather":  # local queries are one shard: not in natural order when N > 1
+        return f"all-gather {over}), then {local(q_len=seq_len // n, kv_len=seq_len, natural_order=False)}"
+    return f"Ulysses {over}), then {local(q_len=seq_len, kv_len=seq_len, natural_order=balance is None)}"
 
 
 def global_positions(seq_len, *, axis_size, axis_name, balance):
@@ -155,14 +209,23 @@ def global_positions(seq_len, *, axis_size, axis_name, balance):
     return jnp.asarray(kernels.permutation(seq_len, num_shards=axis_size, balance=balance))
 
 
-def plain_attention(q, k, v, *, key_mask, causal, balance, rotary_base, axis_size, axis_name):
-    """The single-program path on whole arrays (GSPMD partitions it if they are sharded)."""
+def plain_attention(
+    q, k, v, *, key_mask, causal, balance, rotary_base, axis_size, axis_name, block_size=512
+):
+    """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
+
+    Works on local arrays inside a ``shard_map`` body too (e.g. one device's heads).
+    ``block_size`` is the tile edge of the blockwise kernel (the layer's ``ring_block_size``).
+    """
     positions = global_positions(q.shape[1], axis_size=axis_size, axis_name=axis_name, balance=balance)
     if rotary_base is not None:
         rotary_positions = jnp.arange(q.shape[1], dtype=jnp.int32) if positions is None else positions
         q, k = (apply_rotary_embedding(x, rotary_positions, base=rotary_base) for x in (q, k))
-    return kernels.attention_reference(
-        q, k, v, causal=causal, key_mask=key_mask, q_positions=positions, k_positions=positions
+    # On a split sequence axis GSPMD may shard T, which cuDNN's partitioner refuses: tiles.
+    kernel = kernels.local_attention if axis_size == 1 else kernels.blockwise_attention
+    return kernel(
+        q, k, v, causal=causal, key_mask=key_mask, q_positions=positions, k_positions=positions,
+        block_size=block_size,
     )
 
 
@@ -214,7 +277,7 @@ def _shard_body(q, k, v, key_mask, *, strategy, axis_name, causal, balance, rota
             num_shards=jax.lax.axis_size(axis_name), balance=balance,
         )
         q, k = (apply_rotary_embedding(x, positions, base=rotary_base) for x in (q, k))
-    options = {"block_size": ring_block_size} if strategy == "ring" else {}
     return _KERNELS[strategy](
-        q, k, v, axis_name=axis_name, causal=causal, key_mask=key_mask, balance=balance, **options
+        q, k, v, axis_name=axis_name, causal=causal, key_mask=key_mask, balance=balance,
+        block_size=ring_block_size,
     )

@@ -1,0 +1,186 @@
+"""Blockwise (tiled, online-softmax) attention on one device: memory O(T x tile), never [T, S].
+
+The same tile loops as the ring (``_ring_blocks``), run once over the whole K/V:
+queries and keys are walked in tiles of at most ``block_size`` rows, each tile's scores
+folded into a float32 running (max, sum, weighted values) per query. A custom VJP saves
+only q, k, v, the key mask, the positions, the output and the log-sum-exp, and the
+backward pass recomputes each tile's probabilities as exp(score - lse) (flash-attention
+style). Under causal masking tiles that no query may see are skipped.
+
+``local_attention`` picks, per call, between this kernel and cuDNN's fused attention
+(``jax.nn.dot_product_attention(implementation="cudnn")``) on a CUDA GPU;
+``attention_implementation`` is that choice as a pure function, testable anywhere.
+
+Letters: B batch, T queries, S keys, H query heads, K KV heads (K divides H), D head dim.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from zoo.kernels import _checks
+from zoo.kernels._blocking import tile_plan
+from zoo.kernels._masking import default_positions
+from zoo.kernels._ring_blocks import (
+    TileConfig,
+    backward_shard,
+    finish_forward,
+    forward_shard,
+    start_backward,
+    start_forward,
+)
+
+__all__ = ["attention_implementation", "blockwise_attention", "describe_local_attention", "local_attention"]
+
+# cuDNN's fused attention (flash attention) as jax.nn.dot_product_attention runs it:
+# fp16/bf16 inputs, head dim a multiple of 8 and <= 128 (<= 256 from Hopper on; 128 is
+# what every SM80+ GPU takes), padding only as sequence lengths (not a boolean mask).
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 128
+CUDNN_PLATFORMS = ("gpu", "cuda")
+
+
+def blockwise_attention(
+    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512
+):
+    """Softmax attention of q over k, v in tiles; same arguments and result as ``attention_reference``.
+
+    Shapes:
+        q: [B, T, H, D]; k, v: [B, S, K, D] with K dividing H (GQA/MQA never copy K/V).
+        key_mask: bool[B, S] or None; True keeps the key.
+        q_positions, k_positions: i32[T], i32[S] global positions (default 0..T-1 and
+            0..S-1); causality follows positions, not array order.
+
+    Args:
+        causal: a query at position p sees keys at positions <= p.
+        scale: multiplies q.k; defaults to 1 / sqrt(D).
+        block_size: tile edge. Queries (keys) are walked in tiles of the largest divisor
+            of T (S) that is <= block_size; a length with no divisor of at least half
+            that is padded up instead (``_blocking.tile_plan``). The largest score array
+            alive is f32[B, K, H/K, tile, tile].
+
+    Returns:
+        [B, T, H, D] in q's dtype; float32 softmax inside; a query that sees no key gives 0.
+    """
+    _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    q_len, kv_len = q.shape[1], k.shape[1]
+    q_positions = _positions(q_positions, q_len, "q_positions")
+    k_positions = _positions(k_positions, kv_len, "k_positions")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q_tile, q_padded = tile_plan(q_len, int(block_size))
+    k_tile, k_padded = tile_plan(kv_len, int(block_size))
+    tiles = TileConfig(bool(causal), scale, q_tile, k_tile)
+    if k_padded > kv_len:  # padding keys are hidden by the mask
+        keep = jnp.broadcast_to(jnp.arange(k_padded) < kv_len, (k.shape[0], k_padded))  # bool[B, S']
+        key_mask = keep if key_mask is None else keep & _pad(key_mask, k_padded)
+        k, v, k_positions = _pad(k, k_padded), _pad(v, k_padded), _pad(k_positions, k_padded, axis=0)
+    q, q_positions = _pad(q, q_padded), _pad(q_positions, q_padded, axis=0)
+    out = _blockwise(q, k, v, key_mask, q_positions, k_positions, tiles)  # [B, T', H, D]
+    return out[:, :q_len]
+
+
+def _positions(positions, length, name):
+    """i32[length]: the given positions, or 0..length-1; raises on any other shape."""
+    if positions is None:
+        return default_positions(length)
+    if tuple(positions.shape) != (length,):
+        raise ValueError(f"{name} shape {tuple(positions.shape)} must be (length,) = ({length},)")
+    return jnp.asarray(positions, jnp.int32)
+
+
+def _pad(x, length, axis=1):
+    """Pads ``axis`` to ``length``: zeros (False), or the last value for positions (axis 0)."""
+    extra = length - x.shape[axis]
+    if extra == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    # Positions repeat the last one, so a padded query tile is skipped wherever the last real one is.
+    return jnp.pad(x, widths, mode="edge" if axis == 0 else "constant")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _blockwise(q, k, v, key_mask, q_pos, k_pos, tiles):
+    return _forward(q, k, v, key_mask, q_pos, k_pos, tiles)[0]
+
+
+def _forward(q, k, v, key_mask, q_pos, k_pos, tiles):
+    """(out [B, T, H, D], lse f32[B, K, G, T]) by one pass of the tile loops."""
+    qg, state, count = start_forward(q, k.shape[2])  # [B, T, K, G, D], state over T queries
+    state, _ = forward_shard(qg, k, v, key_mask, q_pos, k_pos, state, count, tiles)
+    return finish_forward(state, q.dtype)
+
+
+def _blockwise_fwd(q, k, v, key_mask, q_pos, k_pos, tiles):
+    out, lse = _forward(q, k, v, key_mask, q_pos, k_pos, tiles)
+    return out, (q, k, v, key_mask, q_pos, k_pos, out, lse)
+
+
+def _blockwise_bwd(tiles, residuals, d_out):
+    q, k, v, key_mask, q_pos, k_pos, out, lse = residuals
+    qg, dog, delta, dq = start_backward(q, out, d_out, k.shape[2])  # dq f32[B, T, K, G, D]
+    dkv = (jnp.zeros_like(k, dtype=jnp.float32), jnp.zeros_like(v, dtype=jnp.float32))  # f32[B, S, K, D]
+    dq, dk, dv = backward_shard(qg, dog, lse, delta, k, v, key_mask, q_pos, k_pos, (dq, *dkv), tiles)
+    dq = dq.reshape(q.shape)  # f32[B, T, K, G, D] -> [B, T, H, D]
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+
+
+def attention_implementation(
+    *, platform, dtype, head_dim, causal=False, masked=False, natural_order=True, q_len=None, kv_len=None
+):
+    """``"cudnn"`` or ``"blockwise"``: which kernel ``local_attention`` runs (a pure function).
+
+    cuDNN when all hold: ``platform`` is a GPU ("gpu"/"cuda", as ``jax.default_backend()``
+    says), ``dtype`` is bfloat16 or float16, ``head_dim`` is a multiple of 8 and <= 128,
+    no key mask (``masked`` False: a boolean mask would cost cuDNN a [T, S] bias), and
+    under causal masking the tokens are in natural order (``natural_order``: positions
+    0..T-1 for queries and keys) with ``q_len == kv_len`` (cuDNN's causal mask is by
+    array index). Otherwise the tiled kernel.
+    """
+    ok = (
+        platform in CUDNN_PLATFORMS
+        and str(jnp.dtype(dtype)) in CUDNN_DTYPES
+        and head_dim % 8 == 0
+        and head_dim <= CUDNN_MAX_HEAD_DIM
+        and not masked
+        and (not causal or (natural_order and q_len == kv_len))
+    )
+    return "cudnn" if ok else "blockwise"
+
+
+def describe_local_attention(*, q_len, kv_len, block_size=512, cudnn=True, **choice):
+    """``"cudnn"``, ``"blockwise (tile 512)"`` or ``"blockwise (tile 256x512)"`` (query x key tiles).
+
+    ``choice``: the other arguments of ``attention_implementation``; ``cudnn=False``
+    describes a caller that runs the tiled kernel regardless.
+    """
+    if cudnn and attention_implementation(q_len=q_len, kv_len=kv_len, **choice) == "cudnn":
+        return "cudnn"
+    q_tile, k_tile = (tile_plan(length, block_size)[0] for length in (q_len, kv_len))
+    return f"blockwise (tile {q_tile})" if q_tile == k_tile else f"blockwise (tile {q_tile}x{k_tile})"
+
+
+def local_attention(
+    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512
+):
+    """Attention on one device's arrays: cuDNN where ``attention_implementation`` allows, else tiled.
+
+    Same arguments, shapes and result as ``blockwise_attention``. Positions given as
+    None mean natural order; they only matter under causal masking.
+    """
+    choice = attention_implementation(
+        platform=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1], causal=causal,
+        masked=key_mask is not None, natural_order=q_positions is None and k_positions is None,
+        q_len=q.shape[1], kv_len=k.shape[1],
+    )
+    if choice == "cudnn":
+        _checks.check_shapes(q.shape, k.shape, v.shape)
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn")
+    return blockwise_attention(
+        q, k, v, causal=causal, key_mask=key_mask, scale=scale, q_positions=q_positions,
+        k_positions=k_positions, block_size=block_size,
+    )
