@@ -14,14 +14,15 @@ import pytest
 from tests.kernels import _harness as h
 from zoo.kernels import gather_kv_attention, ring_attention, ulysses_attention
 
+# Block sizes below the local lengths, so every kernel's local step walks several tiles.
 STRATEGIES = {
-    "gather": (gather_kv_attention, {}, None),
-    "gather-striped": (gather_kv_attention, {}, "striped"),
+    "gather": (gather_kv_attention, {"block_size": 4}, None),
+    "gather-striped": (gather_kv_attention, {"block_size": 8}, "striped"),
     "ring": (ring_attention, {"block_size": 4}, None),
     "ring-zigzag": (ring_attention, {"block_size": 2}, "zigzag"),
     "ring-striped": (ring_attention, {"block_size": 4}, "striped"),
-    "ulysses": (ulysses_attention, {}, None),
-    "ulysses-zigzag": (ulysses_attention, {}, "zigzag"),
+    "ulysses": (ulysses_attention, {"block_size": 16}, None),
+    "ulysses-zigzag": (ulysses_attention, {"block_size": 8}, "zigzag"),
 }
 
 # (devices, causal, heads, kv_heads, masked)
