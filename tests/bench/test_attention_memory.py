@@ -26,17 +26,20 @@ def tiny(tmp_path_factory):
     return result, lines, output.read_text()
 
 
-def test_memory_table_has_every_strategy_and_ring_is_smallest(tiny):
+def test_memory_table_has_every_strategy_and_the_kernels_beat_the_reference(tiny):
     result, _, _ = tiny
     assert [(r["length"], r["devices"]) for r in result["memory"]] == [(64, 4), (64, 8), (256, 4), (256, 8)]
     for row in result["memory"]:
         temp = row["temp"]
         assert set(temp) == set(bench.STRATEGIES) and all(b > 0 for b in temp.values()), row
-        # the ring holds no (T/N) x T score matrix; the others do
-        assert temp["ring"] < min(temp["reference"], temp["gather"], temp["ulysses"]), row
+        # the reference materialises f32 scores; every kernel walks tiles (all-gather and
+        # Ulysses with the blockwise kernel on their local step) and needs less
+        assert max(temp["gather"], temp["ring"], temp["ulysses"]) < temp["reference"], row
+        # the ring never holds more than a shard's K/V: less than all-gather's whole gathered K/V
+        assert temp["ring"] < temp["gather"], row
     at_256 = {r["devices"]: r["temp"] for r in result["memory"] if r["length"] == 256}
-    # all-gather's scores are f32[B, H, T/N, T]: halving T/N roughly halves them
-    assert at_256[8]["gather"] < 0.75 * at_256[4]["gather"]
+    # the reference's scores are f32[B, H, T/N, T] per device: halving T/N roughly halves them
+    assert at_256[8]["reference"] < 0.75 * at_256[4]["reference"]
 
 
 def test_time_rows_and_goals(tiny):

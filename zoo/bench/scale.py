@@ -174,7 +174,7 @@ def attention_rows(seq):
 
     plain = dict(key_mask=None, causal=True, balance=None, rotary_base=None, axis_size=1, axis_name="seq")
     rows.append({"kind": "attention", "path": "reference (materialised scores), one device", "temp": temp(lambda q, k, v: kernels.attention_reference(q, k, v, causal=True))})
-    rows.append({"kind": "attention", "path": f"plain path: {_describe(_sequence_parallel, None, 1)}, one device", "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain))})
+    rows.append({"kind": "attention", "path": f"plain path ({_describe(_sequence_parallel, None, 1)}), one device", "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain))})
     mesh = make_mesh(f"seq={seq}", devices=jax.devices()[:seq])
     sharding = NamedSharding(mesh.backend_mesh, P(None, "seq"))
     for strategy in ("gather", "ring", "ulysses"):
@@ -184,8 +184,11 @@ def attention_rows(seq):
 
 
 def _describe(module, strategy, size):
+    """The attention implementation the layer would choose on this host, in words."""
     describe = getattr(module, "describe_attention", None)
-    return "plain attention" if describe is None else describe(strategy=strategy, axis_size=size)
+    if describe is None:  # before the blockwise kernel
+        return "reference"
+    return describe(seq_len=2048, head_dim=64, dtype="bfloat16", causal=True, strategy=strategy)
 
 
 def _sharded(module, mesh, strategy):
