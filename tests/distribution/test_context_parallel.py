@@ -268,7 +268,7 @@ class _Transformer:
     @classmethod
     def get_layout_map(cls, mesh, strategy="tp", config=None):
         cls.calls.append(strategy)
-        return layouts.build_layout_map(mesh, strategy, layouts.block_rules(strategy))
+        return layouts.build_layout_map(mesh, strategy, layouts.block_rules(strategy, mesh=mesh))
 
 
 class _Cnn:
@@ -283,11 +283,14 @@ def test_context_strategy_and_the_transformer_strategies():
     assert dict(zip(context.device_mesh.axis_names, context.device_mesh.shape)) == {"data": 2, "seq": len(jax.devices()) // 2}
     _Transformer.calls.clear()
     with_tp = distribution_for(_Transformer, "context", "data=2,seq=2,model=2", attention="ulysses")
-    assert with_tp.attention == "ulysses" and r".*attention/output/kernel" in with_tp.layout_map
+    assert with_tp.attention == "ulysses" and "model" in with_tp.device_mesh.axis_names
     assert distribution_for(_Transformer, "context", "data=2,seq=4").layout_map.keys() == set()
-    for strategy, mesh in [("fsdp", "data=8"), ("tp", "data=2,model=4"), ("tp+sp", "data=2,model=4"), ("fsdp+tp", "data=2,model=4")]:
-        distribution = distribution_for(_Transformer, strategy, mesh)
-        assert distribution.layout_map[r".*attention/output/kernel"].axes == layouts.block_rules(strategy)[r".*attention/output/kernel"]
+    fsdp = distribution_for(_Transformer, "fsdp", "data=8")
+    assert fsdp.layout_map[r".*attention/output/kernel"].axes == (None, None, "data") and fsdp.weight_shard_axis is None
+    for strategy in ("tp", "tp+sp", "fsdp+tp"):  # the blocks' layers place their own weights: no block rule
+        distribution = distribution_for(_Transformer, strategy, "data=2,model=4")
+        assert distribution.layout_map[r".*attention/output/kernel"] is None
+        assert distribution.weight_shard_axis == ("data" if strategy == "fsdp+tp" else None)
     assert _Transformer.calls == ["tp", "fsdp", "tp", "tp+sp", "fsdp+tp"]
     with pytest.raises(ValueError, match=r"strategy 'tp' needs _Cnn.get_layout_map\(mesh, strategy=...\)"):
         distribution_for(_Cnn, "tp", "data=2,model=4")

@@ -1,19 +1,26 @@
-"""MultiHeadAttention under a sequence-splitting distribution matches the plain layer.
+"""MultiHeadAttention under a sequence-splitting (or a model-splitting) distribution
+matches the plain layer.
 
 For each strategy, on 8 devices (``data=2,seq=4`` and ``seq=8``) and on 4
 (``data=1,seq=4`` on the first four): forward output and the gradients with respect to
 the input and every weight equal the layer with no distribution, at float32
 tolerance. Cases pair the factors (causal or not, MHA / GQA / MQA, padding mask,
-rotary embedding, load balancing) rather than take their full product.
+rotary embedding, load balancing) rather than take their full product. Under tensor
+parallelism (a ``model`` axis of size > 1) the same comparison for split and replicated
+KV heads, Megatron sequence parallelism and FSDP inside TP, and the collectives read
+from the compiled program.
 """
 
 import functools
 
 import jax
+import keras
 import numpy as np
 import pytest
 
 from tests.layers import _attention as a
+from zoo.distribution import CheckedModelParallel
+from zoo.distribution.comms_report import layer_comms_report
 from zoo.kernels import reorder, restore
 
 # (strategy, mesh, causal, heads, kv_heads, masked, rotary, balance)
@@ -117,3 +124,103 @@ def test_plain_path_gives_the_plain_numbers(mesh, strategy):
 def test_sharded_path_does_use_shard_map():
     text = _jaxpr_text({"sequence_parallel": "ring"}, a.distribution("data=2,seq=4"), a.inputs(False)[0])
     assert "shard_map" in text and "ppermute" in text
+
+
+# --- tensor parallelism: the whole layer in one shard_map over 'model' ------------------------
+
+# (mesh, heads, kv_heads, tp_sequence_parallel, fsdp, use_bias): KV heads split (K % M == 0)
+# or replicated (M % K == 0, Megatron's rule), Megatron SP, FSDP inside TP, biases.
+TP_CASES = [
+    ("data=2,model=4", 4, 4, False, False, True),
+    ("data=2,model=4", 8, 2, False, False, False),  # 2 KV heads on 4 devices: replicated
+    ("data=2,model=4", 4, 2, True, False, True),  # replicated KV heads, sequence-parallel
+    ("data=1,model=8", 8, 8, True, False, False),
+    ("data=2,model=4", 4, 1, False, True, True),  # fsdp+tp: weights also split over data
+]
+
+
+def _tp_distribution(mesh, fsdp):
+    dist = a.distribution(mesh)
+    if not fsdp:
+        return dist
+    return CheckedModelParallel(layout_map=dist.layout_map, batch_dim_name="data", weight_shard_axis="data")
+
+
+def _tp_options(heads, kv_heads, use_bias):
+    return dict(num_heads=heads, num_kv_heads=kv_heads, causal=True, rotary=True, use_bias=use_bias)
+
+
+@functools.lru_cache(maxsize=None)
+def _tp_reference(heads, kv_heads, use_bias):
+    options = _tp_options(heads, kv_heads, use_bias)
+    weights = a.reference_weights(options)
+    x, mask, cotangent = a.inputs(True)
+    return weights, a.output_and_grads(options, weights, x, mask, cotangent)
+
+
+@pytest.mark.parametrize("case", TP_CASES, ids=lambda c: f"{c[0].replace(',', '_')}-h{c[1]}k{c[2]}" + "-sp" * c[3] + "-fsdp" * c[4] + "-bias" * c[5])
+def test_tensor_parallel_output_and_gradients_match_plain_layer(case):
+    mesh, heads, kv_heads, sequence_parallel, fsdp, use_bias = case
+    weights, expected = _tp_reference(heads, kv_heads, use_bias)
+    x, mask, cotangent = a.inputs(True)
+    options = _tp_options(heads, kv_heads, use_bias) | {"tp_sequence_parallel": sequence_parallel}
+    a.assert_same(a.output_and_grads(options, weights, x, mask, cotangent, _tp_distribution(mesh, fsdp)), expected)
+
+
+def _built(options, dist):
+    keras.distribution.set_distribution(dist)
+    return a.make_layer(**options)
+
+
+@pytest.mark.parametrize(
+    "kv_heads, fsdp, expected",
+    [
+        (4, False, {"query": (None, "model", None), "key": (None, "model", None), "output": ("model", None, None)}),
+        (2, False, {"query": (None, "model", None), "key": (None, None, None), "output": ("model", None, None)}),
+        (4, True, {"query": ("data", "model", None), "value": ("data", "model", None), "output": ("model", None, "data")}),
+    ],
+    ids=["kv-split", "kv-replicated", "fsdp"],
+)
+def test_tensor_parallel_weights_are_placed_at_creation(kv_heads, fsdp, expected):
+    """Layouts set when the weights are created: an empty layout map cannot leave them replicated."""
+    try:
+        layer = _built({"num_kv_heads": kv_heads, "use_bias": True}, _tp_distribution("data=2,model=4", fsdp))
+        specs = {v.path.split("/")[1]: tuple(v.value.sharding.spec) for v in layer.weights if v.path.endswith("kernel")}
+        for name, spec in expected.items():
+            assert specs[name] + (None,) * (3 - len(specs[name])) == spec, (name, specs[name])
+        assert tuple(layer.query.bias.value.sharding.spec) == ("model", None)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
+def _tp_report(mesh, **options):
+    layer = _built(options, a.distribution(mesh))
+    try:
+        return layer_comms_report(layer, a.inputs(False)[0], backward=True, compiler_options=a.FAST_COMPILE)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
+def test_tensor_parallel_attention_is_megatrons_two_all_reduces():
+    """Forward + backward over 'model': the output's all-reduce and ONE of d(x) (not q, k, v
+    separately): Megatron's minimum. Megatron SP: two all-gathers and two reduce-scatters."""
+    local = a.BATCH // 2 * a.LENGTH * a.CHANNELS  # elements of (B/data, T, C)
+    report = _tp_report("data=2,model=4")
+    model_ops = report.select(axes="model")  # XLA may combine the two into one op of two buffers
+    assert {op.kind for op in model_ops} == {"all-reduce"}, "\n".join(report.format())
+    assert report.buffers(axes="model") == 2 and sum(op.elements for op in model_ops) == 2 * local
+    sp = _tp_report("data=2,model=4", tp_sequence_parallel=True)
+    for kind in ("all-gather", "reduce-scatter"):
+        assert sp.buffers(kind, "model") == 2 and sum(op.elements for op in sp.select(kind, "model")) == 2 * local, "\n".join(sp.format())
+    assert sp.buffers(axes="model") == 4
+    assert sp.sent_bytes(axes="model") == report.sent_bytes(axes="model")
+
+
+def test_tensor_parallel_heads_that_do_not_split_are_refused():
+    try:
+        with pytest.raises(ValueError, match="MultiHeadAttention 'mha': num_heads 6 is not divisible by the 'model' mesh axis of size 4"):
+            _built({"num_heads": 6, "num_kv_heads": 6}, a.distribution("data=2,model=4"))
+        with pytest.raises(ValueError, match="num_kv_heads 3 and the 'model' mesh axis of size 4 do not divide each other"):
+            _built({"num_heads": 12, "num_kv_heads": 3}, a.distribution("data=2,model=4"))
+    finally:
+        keras.distribution.set_distribution(None)

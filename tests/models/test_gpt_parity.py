@@ -7,7 +7,8 @@ run is compared by ``zoo.distribution.parity.check_parity`` with the single-devi
 on per-step losses, first-batch gradients, outputs after training and final weights; the
 single-device run is done once for all strategies (``reference=``; the same model:
 ``tp_sequence_parallel`` changes nothing on one device), which saves a third of the
-compile time.
+compile time. One more model, 8 query / 2 KV heads, trains under ``tp`` on model=4:
+fewer KV heads than the model axis, replicated (Megatron's rule).
 """
 
 import keras
@@ -61,8 +62,15 @@ def reference():
     return parity.reference_run(lambda: GPTCausalLM(**config), _compile, *_language_data(), steps=STEPS, batch_size=BATCH)
 
 
-def _parity_report(strategy, mesh, reference):
-    config = _config(strategy, num_layers=TRAIN_LAYERS)
+@pytest.fixture(scope="module")
+def reference_kv2():
+    """The single-device run of the 8 query / 2 KV head model."""
+    config = _config("data", num_layers=TRAIN_LAYERS, num_kv_heads=2)
+    return parity.reference_run(lambda: GPTCausalLM(**config), _compile, *_language_data(), steps=STEPS, batch_size=BATCH)
+
+
+def _parity_report(strategy, mesh, reference, **overrides):
+    config = _config(strategy, num_layers=TRAIN_LAYERS, **overrides)
     distribution = _distribution(strategy, mesh, config)
     return parity.check_parity(
         lambda: GPTCausalLM(**config), _compile, distribution, *_language_data(), steps=STEPS, reference=reference
@@ -89,6 +97,13 @@ def test_three_steps_of_fit_match_one_device(strategy, mesh, reference):
     assert report.reference_losses[2] < report.reference_losses[0]  # not vacuous: it trained
 
 
+@pytest.mark.parametrize("strategy", ["tp", "tp+sp"])
+def test_fewer_kv_heads_than_the_model_axis_match_one_device(strategy, reference_kv2):
+    """2 KV heads on model=4: key/value kernels replicated, each device uses one KV head."""
+    report = _parity_report(strategy, "data=2,model=4", reference_kv2, num_kv_heads=2)
+    assert report.passed, "\n".join(report.format())
+
+
 # path -> expected PartitionSpec per strategy (None entries written out)
 EXPECTED_SPECS = {
     "fsdp": {
@@ -109,11 +124,12 @@ EXPECTED_SPECS = {
         "block_0/mlp/down/kernel": ("model", None),
         "lm_head/kernel": (None, "model"),
     },
-    "fsdp+tp": {
+    "fsdp+tp": {  # the blocks' layers split their own weights over data too (FSDP inside TP)
         "token_embedding/embeddings": ("model", "data"),
         "block_0/attention/key/kernel": ("data", "model", None),
         "block_1/attention/output/kernel": ("model", None, "data"),
-        "block_0/mlp/up/kernel": (None, "model"),
+        "block_0/mlp/up/kernel": ("data", "model"),
+        "block_1/mlp/down/kernel": ("model", "data"),
         "lm_head/kernel": ("data", "model"),
     },
 }

@@ -56,18 +56,55 @@ def _split_count(axis, sizes):
     return count
 
 
+def mark_weight_shard_axis(layout_map, axis):
+    """Record on ``layout_map`` that its strategy also splits weights over mesh axis
+    ``axis`` (FSDP), e.g. ``"data"`` for ``fsdp+tp``; returns ``layout_map``.
+
+    Rules place the weights that layout rules place. The zoo's tensor-parallel layers
+    place their own weights over the model axis and read this mark (through the
+    distribution's ``weight_shard_axis``) to split them over ``axis`` as well. Any
+    distribution built on the map carries it, whoever builds it."""
+    setattr(layout_map, _WEIGHT_SHARD_AXIS, axis)
+    return layout_map
+
+
+def marked_weight_shard_axis(layout_map):
+    """The axis ``mark_weight_shard_axis`` recorded on ``layout_map``, or None."""
+    return getattr(layout_map, _WEIGHT_SHARD_AXIS, None)
+
+
+_WEIGHT_SHARD_AXIS = "zoo_weight_shard_axis"  # attribute name on a keras LayoutMap
+
+
 class CheckedModelParallel(keras.distribution.ModelParallel):
     """``keras.distribution.ModelParallel`` that checks each variable's layout.
 
     Behaves exactly like ``ModelParallel``; in addition, when Keras asks for a
     variable's layout it raises ``LayoutError`` if the rule does not fit the variable,
     and it records which rules matched (see ``unmatched_rules``).
+
+    ``weight_shard_axis``: a mesh axis the strategy also splits weights over (FSDP),
+    e.g. ``"data"`` under ``fsdp+tp``; None (the default) takes the one the layout map
+    is marked with (``mark_weight_shard_axis``; the Transformer models' ``fsdp+tp``
+    maps are). The zoo's tensor-parallel layers, which place their own weights, read it.
     """
 
-    def __init__(self, *, layout_map, batch_dim_name=None, **kwargs):
+    def __init__(self, *, layout_map, batch_dim_name=None, weight_shard_axis=None, **kwargs):
         _check_rules_use_mesh_axes(layout_map)
         super().__init__(layout_map=layout_map, batch_dim_name=batch_dim_name, **kwargs)
         self.matched_rules = set()
+        weight_shard_axis = weight_shard_axis or marked_weight_shard_axis(layout_map)
+        if weight_shard_axis is not None and weight_shard_axis not in self.device_mesh.axis_names:
+            raise LayoutError(
+                f"weight_shard_axis {weight_shard_axis!r} is not an axis of the mesh, which has axes "
+                f"{list(self.device_mesh.axis_names)}"
+            )
+        self._weight_shard_axis = weight_shard_axis
+
+    @property
+    def weight_shard_axis(self):
+        """The mesh axis weights are also split over (FSDP), or None."""
+        return self._weight_shard_axis
 
     def get_variable_layout(self, variable):
         layout = super().get_variable_layout(variable)

@@ -184,7 +184,9 @@ def _model_parallel(mesh, layout_map, strategy="model"):
     if layout_map is None:
         raise LayoutError(f"strategy {strategy!r} needs a layout_map (e.g. from the model's get_layout_map(mesh))")
     _check_layout_map_mesh(layout_map, mesh)
-    return CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA)
+    # fsdp+tp: the tensor-parallel layers also split their weights over data (FSDP inside TP)
+    weight_shard_axis = DATA if strategy == "fsdp+tp" else None
+    return CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA, weight_shard_axis=weight_shard_axis)
 
 
 def _check_layout_map_mesh(layout_map, mesh):

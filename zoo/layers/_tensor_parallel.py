@@ -18,9 +18,21 @@ map (and the optimizer's slots copy it), so no user rule can place these weights
 differently from how the shard_map body slices them: a greedy rule such as
 ``.*kernel`` cannot catch ``lora_kernel_a`` (keras-team/keras#19496) and a renamed
 layer cannot silently fall back to replication (keras-hub#2806).
+
+FSDP inside tensor parallelism: when the distribution names a ``weight_shard_axis``
+(``fsdp+tp``: ``data``; ``ContextParallel``: its sequence axis) each kernel is also
+split over that axis on its other dimension, e.g. a column kernel (C, F) as
+(data, model), a row kernel (F, C) as (model, data). The shard_map body all-gathers
+it over that axis just before the matmul (``gather_weight``); the transpose of that
+all-gather reduce-scatters the kernel's gradient, so no device ever holds more than
+its 1/(data x model) of a weight, its gradient or its optimizer slots between steps.
+
+Mesh axes of size 1 are left out of the plan (batch, sequence, weight-shard axis), so
+no shard_map here names one and no collective runs over one.
 """
 
 import dataclasses
+import functools
 
 import jax
 import keras
@@ -30,9 +42,11 @@ from zoo._compat import add_weight_with_layout
 from zoo.distribution.axes import MODEL
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.mesh import mesh_axis_size
+from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import check_divisible
 
 LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")
+SHARD = "shard"  # placeholder in layout axes for the plan's weight-shard axis (FSDP inside TP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +57,12 @@ class Plan:
     mesh: jax.sharding.Mesh  # the same mesh, as JAX sees it
     model_axis: str  # features (and, sequence-parallel, the sequence) split over this
     model_size: int
-    batch_axis: str | None  # the distribution's batch axis, if the mesh has it
+    batch_axis: str | None  # the distribution's batch axis, if the mesh has it (with size > 1)
     batch_size: int  # its size (1 without one)
     sequence_axis: str | None = None  # ContextParallel's sequence axis: dim 1 of (B, T, ...) stays split over it
     sequence_size: int = 1  # its size (1 without one)
+    weight_shard_axis: str | None = None  # weights also split over this axis (FSDP inside TP), all-gathered in the body
+    weight_shard_size: int = 1  # its size (1 without one)
 
     def layout(self, axes):
         """A ``TensorLayout``; a ``NamedSharding`` when a dimension is split over several
@@ -72,9 +88,9 @@ def current_plan(model_axis):
             f"the distribution splits the batch over mesh axis {batch_axis!r}, the axis tensor "
             f"parallelism splits features over; use another model_axis or batch axis"
         )
-    if batch_axis not in keras_mesh.axis_names:
-        batch_axis = None
-    sequence_axis = _context_sequence_axis(distribution, model_axis)
+    batch_axis = _split_axis(keras_mesh, batch_axis)
+    sequence_axis = _split_axis(keras_mesh, _context_sequence_axis(distribution, model_axis))
+    weight_shard_axis = _split_axis(keras_mesh, _weight_shard_axis(distribution, model_axis))
     return Plan(
         keras_mesh,
         keras_mesh.backend_mesh,
@@ -84,7 +100,28 @@ def current_plan(model_axis):
         mesh_axis_size(keras_mesh, batch_axis) if batch_axis else 1,
         sequence_axis,
         mesh_axis_size(keras_mesh, sequence_axis) if sequence_axis else 1,
+        weight_shard_axis,
+        mesh_axis_size(keras_mesh, weight_shard_axis) if weight_shard_axis else 1,
     )
+
+
+def _split_axis(keras_mesh, axis):
+    """``axis`` if the mesh has it with size > 1, else None: a size-1 axis splits nothing,
+    and naming it in a shard_map spec would only add collectives over one device."""
+    if axis is None or axis not in keras_mesh.axis_names or mesh_axis_size(keras_mesh, axis) == 1:
+        return None
+    return axis
+
+
+def _weight_shard_axis(distribution, model_axis):
+    """The axis the distribution also splits weights over (``weight_shard_axis``), else None."""
+    axis = getattr(distribution, "weight_shard_axis", None)
+    if axis == model_axis:
+        raise ValueError(
+            f"the distribution splits weights FSDP-style over mesh axis {axis!r}, the axis tensor "
+            f"parallelism splits features over; use another weight_shard_axis or model_axis"
+        )
+    return axis
 
 
 def _context_sequence_axis(distribution, model_axis):
@@ -148,13 +185,38 @@ def shard_map(plan, body, args, in_specs, out_specs):
     return jax.shard_map(body, mesh=plan.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
 
 
+def resolve_axes(axes, plan):
+    """Layout axes with the placeholders resolved: ``"model"`` -> the plan's model axis,
+    ``"shard"`` -> its weight-shard axis (None without one)."""
+    names = {MODEL: plan.model_axis, SHARD: plan.weight_shard_axis}
+    return tuple(names.get(axis, axis) if axis is not None else None for axis in axes)
+
+
+def gather_weight(value, axes, plan):
+    """Inside the shard_map: a weight's shard all-gathered over the plan's weight-shard
+    axis on the dimension its ``axes`` split over it; unchanged without one.
+
+    E.g. a column kernel f32[C/Nw, F/M] -> f32[C, F/M]. The transpose of the tiled
+    all-gather is a reduce-scatter: the gradient leaves the body split as the weight is.
+    The shard is first made varying over the batch axis, so the gradient's sum over the
+    batch runs on the shard (1/Nw of the bytes) rather than on the gathered weight.
+    """
+    axis = plan.weight_shard_axis
+    if axis is None or axis not in axes:
+        return value
+    if plan.batch_axis not in (None, axis):
+        value = vary_over(value, plan.batch_axis)
+    return jax.lax.all_gather(value, axis, axis=axes.index(axis), tiled=True)
+
+
 class _TensorParallelDense(keras.layers.Dense):
     """A ``Dense`` whose kernel is split over ``model_axis``; subclasses say how.
 
     Subclasses set ``WEIGHT_AXES`` ({weight name: layout axes with "model" standing
-    for the model axis}) and ``SPLIT`` (which kernel dimension is split), and
-    implement ``_local_call(x, weights)``, the per-shard matmul (the activation is
-    applied to its result outside the ``shard_map``).
+    for the model axis and "shard" for the plan's weight-shard axis, FSDP inside TP})
+    and ``SPLIT`` (which kernel dimension is split over the model axis), and implement
+    ``_local_call(x, weights, plan)``, the per-shard matmul (the activation is applied
+    to its result outside the ``shard_map``).
     """
 
     WEIGHT_AXES = {}
@@ -180,16 +242,21 @@ class _TensorParallelDense(keras.layers.Dense):
         super().build(input_shape)
 
     def check_features(self, input_dim, plan):
-        """Raise unless the split dimension of the kernel divides by the model axis."""
-        size, what = (self.units, "units") if self.SPLIT == "units" else (input_dim, "input features")
-        check_divisible(
-            size, axis_size=plan.model_size, axis_name=plan.model_axis, what=f"{type(self).__name__} {self.name!r}: {what}"
-        )
+        """Raise unless the kernel's split dimensions divide by their mesh axes."""
+        where = f"{type(self).__name__} {self.name!r}"
+        sizes = {"units": self.units, "input features": input_dim}
+        model_dim, shard_dim = ("units", "input features") if self.SPLIT == "units" else ("input features", "units")
+        check_divisible(sizes[model_dim], axis_size=plan.model_size, axis_name=plan.model_axis, what=f"{where}: {model_dim}")
+        if plan.weight_shard_axis is not None:
+            check_divisible(
+                sizes[shard_dim], axis_size=plan.weight_shard_size, axis_name=plan.weight_shard_axis,
+                what=f"{where} (kernel split FSDP-style over {plan.weight_shard_axis!r}): {shard_dim}",
+            )
 
-    def weight_axes(self, name):
-        """Layout axes of weight ``name`` (None: not ours to place)."""
+    def weight_axes(self, name, plan):
+        """Layout axes of weight ``name`` under ``plan`` (None: not ours to place)."""
         axes = self.WEIGHT_AXES.get(name)
-        return None if axes is None else tuple(self.model_axis if a == MODEL else a for a in axes)
+        return None if axes is None else resolve_axes(axes, plan)
 
     def add_weight(self, *args, shape=None, initializer=None, dtype=None, trainable=True, autocast=True,
                    regularizer=None, constraint=None, aggregation="none", overwrite_with_gradient=False, name=None):  # fmt: skip
@@ -198,8 +265,8 @@ class _TensorParallelDense(keras.layers.Dense):
                        regularizer=regularizer, constraint=constraint, aggregation=aggregation,
                        overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
         plan = current_plan(self.model_axis)
-        axes = self.weight_axes(name)
-        if args or plan is None or axes is None:
+        axes = None if plan is None else self.weight_axes(name, plan)
+        if args or axes is None:
             return super().add_weight(*args, **options)
         return add_weight_with_layout(self, plan.layout(axes), **options)
 
@@ -223,7 +290,7 @@ class _TensorParallelDense(keras.layers.Dense):
         self.check_features(inputs.shape[-1], plan)
         weights, specs = self.sharded_weights(plan)
         in_spec, out_spec = self.activation_specs(plan, len(inputs.shape))
-        y = shard_map(plan, self._local_call, (inputs, weights), (in_spec, specs), out_spec)
+        y = shard_map(plan, functools.partial(self._local_call, plan=plan), (inputs, weights), (in_spec, specs), out_spec)
         # The activation is elementwise: applied outside the shard_map it moves nothing,
         # and JAX 0.12 cannot differentiate the erf family (exact GELU) inside one
         # (``zoo.kernels.tensor_parallel.mlp_activation``).
@@ -234,11 +301,12 @@ class _TensorParallelDense(keras.layers.Dense):
         names = ["kernel"] + (["bias"] if self.bias is not None else []) + (list(LORA_WEIGHTS) if self.lora_enabled else [])
         variables = {"kernel": kernel_variable(self), "bias": self.bias}
         variables.update({n: getattr(self, n) for n in LORA_WEIGHTS if self.lora_enabled})
-        return {n: variables[n].value for n in names}, {n: P(*self.weight_axes(n)) for n in names}
+        return {n: variables[n].value for n in names}, {n: P(*self.weight_axes(n, plan)) for n in names}
 
-    def local_kernel(self, weights):
-        """This shard's kernel, with the LoRA update merged as ``Dense.kernel`` merges it."""
-        kernel = weights["kernel"]
+    def local_kernel(self, weights, plan):
+        """Inside the shard_map: this shard's kernel, all-gathered over the weight-shard
+        axis if any, with the LoRA update merged as ``Dense.kernel`` merges it."""
+        kernel = gather_weight(weights["kernel"], self.weight_axes("kernel", plan), plan)
         if "lora_kernel_a" in weights:
             delta = (self.lora_alpha / self.lora_rank) * (weights["lora_kernel_a"] @ weights["lora_kernel_b"])
             kernel = (kernel + delta).astype(self.compute_dtype)

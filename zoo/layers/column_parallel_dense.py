@@ -36,17 +36,21 @@ class ColumnParallelDense(_TensorParallelDense):
     =============  ===========  ==================
     weight         shape        layout
     =============  ===========  ==================
-    kernel         (D, units)   (-, model)
+    kernel         (D, units)   (-, model) [1]
     bias           (units,)     (model,)
     lora_kernel_a  (D, r)       replicated
     lora_kernel_b  (r, units)   (-, model)
     =============  ===========  ==================
 
     so the LoRA update a @ b is split like the kernel and merges on each device.
+
+    [1] (data, model) under ``fsdp+tp`` (the distribution's ``weight_shard_axis``): the
+    kernel is also split over ``data`` on D and all-gathered over it inside the
+    ``shard_map`` just before the matmul; its gradient is reduce-scattered back.
     """
 
     WEIGHT_AXES = {
-        "kernel": (None, "model"),
+        "kernel": ("shard", "model"),
         "bias": ("model",),
         "lora_kernel_a": (None, None),
         "lora_kernel_b": (None, "model"),
@@ -57,8 +61,8 @@ class ColumnParallelDense(_TensorParallelDense):
         inputs = activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., D)
         return inputs, activation_spec(plan, rank, features=True)  # (B, T, ..., units/M)
 
-    def _local_call(self, x, weights):
-        kernel, bias = self.local_kernel(weights), weights.get("bias")  # [D, units/M], [units/M]
+    def _local_call(self, x, weights, plan):
+        kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [D, units/M], [units/M]
         if self.sequence_parallel:
             return sequence_parallel_column_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul

@@ -4,14 +4,16 @@ import jax
 import jax.numpy as jnp
 import keras
 
+from zoo.distribution.axes import MODEL
 from zoo.kernels import attention_reference, check_kv_heads
-from zoo.layers import _sequence_parallel
+from zoo.layers import _sequence_parallel, _tensor_parallel_attention
+from zoo.layers._tensor_parallel import current_plan
 from zoo.layers.rotary_embedding import apply_rotary_embedding, check_rotary_head_dim
 
 
 @keras.saving.register_keras_serializable(package="zoo")
 class MultiHeadAttention(keras.layers.Layer):
-    """Self-attention with optional rotary embedding and sequence parallelism.
+    """Self-attention with optional rotary embedding, sequence and tensor parallelism.
 
     Projections ``query`` (C -> H x D), ``key`` and ``value`` (C -> K x D) and
     ``output`` (H x D -> C), softmax attention in float32, causal or not, with an
@@ -19,6 +21,15 @@ class MultiHeadAttention(keras.layers.Layer):
     whose mesh splits ``sequence_axis`` over N > 1 devices, attention runs as a
     ``jax.shard_map`` kernel on [B, T/N, ...] shards (see ``docs/sequence_parallel.md``);
     with no distribution, or N = 1, it runs on whole arrays and gives the same numbers.
+
+    Tensor parallelism: under a distribution whose mesh has ``model_axis`` with size
+    M > 1, and no split sequence, the whole layer is one ``shard_map`` (Megatron): each
+    device projects its H/M query heads and their KV heads (column-parallel), attends,
+    and multiplies by its rows of ``output`` (row-parallel) before one all-reduce; the
+    backward all-reduces d(x) once. Fewer KV heads than M (M % K == 0) are replicated,
+    each device using the one its query heads share. The weights are created with their
+    layouts (heads over ``model``; under ``fsdp+tp`` also C over ``data``). See
+    ``zoo.layers._tensor_parallel_attention`` and ``docs/tensor_parallel.md``.
 
     Args:
         num_heads: H, query heads.
@@ -39,7 +50,13 @@ class MultiHeadAttention(keras.layers.Layer):
             load-balanced order for the ``sequence_axis`` size N
             (``zoo.kernels.reorder``); positions for causality and RoPE follow it.
             With no sequence axis (N = 1) the order is the natural one.
-        ring_block_size: tile edge of ring attention's inner blocking.
+        ring_block_size: tile edge of ring attention's inner blocking (and of the
+            blockwise kernel on the plain and tensor-parallel paths).
+        tp_sequence_parallel: Megatron sequence parallelism on the tensor-parallel
+            path: x arrives and the output leaves split on the sequence over
+            ``model_axis`` (one all-gather and one reduce-scatter instead of one
+            all-reduce). Ignored elsewhere (no model axis: x is whole).
+        model_axis: the mesh axis tensor parallelism splits the heads over.
         kernel_initializer, bias_initializer: for the four projections.
 
     Call: ``layer(x, key_mask=None)``; x (B, T, C); key_mask bool (B, T), True keeps
@@ -78,6 +95,8 @@ class MultiHeadAttention(keras.layers.Layer):
         batch_axis="data",
         balance=None,
         ring_block_size=512,
+        tp_sequence_parallel=False,
+        model_axis=MODEL,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
@@ -98,6 +117,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.batch_axis = batch_axis
         self.balance = balance
         self.ring_block_size = ring_block_size
+        self.tp_sequence_parallel = bool(tp_sequence_parallel)
+        self.model_axis = model_axis
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
@@ -109,19 +130,26 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         channels = input_shape[-1]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        plan = current_plan(self.model_axis)
+        if plan is not None:  # the projections are created split over the model axis
+            _tensor_parallel_attention.check_heads(
+                f"MultiHeadAttention {self.name!r}", plan, num_heads=heads, num_kv_heads=kv_heads, channels=channels
+            )
         # (B, T, C) -> (B, T, H, D) and (B, T, K, D)
-        self.query = self._projection("btc,chd->bthd", (None, heads, head_dim), "hd", "query")
-        self.key = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "key")
-        self.value = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "value")
+        self.query = self._projection("btc,chd->bthd", (None, heads, head_dim), "hd", "query", "heads_out")
+        self.key = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "key", "heads_out")
+        self.value = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "value", "heads_out")
         # (B, T, H, D) -> (B, T, C); "output" is Layer.output's name, hence the attribute
-        self.output_dense = self._projection("bthd,hdc->btc", (None, channels), "c", "output")
+        self.output_dense = self._projection("bthd,hdc->btc", (None, channels), "c", "output", "heads_in")
         for projection in (self.query, self.key, self.value):
             projection.build(input_shape)
         self.output_dense.build((input_shape[0], input_shape[1], heads, head_dim))
 
-    def _projection(self, equation, output_shape, bias_axes, name):
-        return keras.layers.EinsumDense(
+    def _projection(self, equation, output_shape, bias_axes, name, role):
+        return _tensor_parallel_attention.AttentionProjection(
             equation,
+            role=role,
+            model_axis=self.model_axis,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
             kernel_initializer=keras.initializers.get(keras.initializers.serialize(self.kernel_initializer)),
@@ -143,6 +171,9 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"{(batch, length)} of x {tuple(x.shape)}"
                 )
             key_mask = keras.ops.cast(key_mask, "bool")
+        plan = _tensor_parallel_attention.tensor_parallel_plan(self)
+        if plan is not None:  # Megatron: the whole layer in one shard_map over the model axis
+            return _tensor_parallel_attention.attention(self, plan, x, key_mask)  # (B, T, C)
         q = self.query(x)  # (B, T, H, D)
         k = self.key(x)  # (B, T, K, D)
         v = self.value(x)  # (B, T, K, D)
@@ -217,6 +248,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "batch_axis": self.batch_axis,
                 "balance": self.balance,
                 "ring_block_size": self.ring_block_size,
+                "tp_sequence_parallel": self.tp_sequence_parallel,
+                "model_axis": self.model_axis,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }

@@ -1,5 +1,7 @@
 """``ParallelMLP``: Megatron's MLP block, column-parallel up (and gate), row-parallel down."""
 
+import functools
+
 import keras
 
 from zoo.distribution.axes import MODEL
@@ -48,6 +50,11 @@ class ParallelMLP(keras.layers.Layer):
     <name>/down/kernel   (F, D_out)  (model, -)
     <name>/down/bias     (D_out,)    replicated
     ===================  ==========  ===========
+
+    Under ``fsdp+tp`` (the distribution's ``weight_shard_axis``, see
+    ``ColumnParallelDense``) the kernels are also split over ``data`` on their other
+    dimension, (data, model) and (model, data), and all-gathered over it inside the
+    ``shard_map``s just before their matmuls.
     """
 
     def __init__(
@@ -134,17 +141,19 @@ class ParallelMLP(keras.layers.Layer):
         hidden_spec = activation_spec(plan, rank, features=True)  # (B, T, ..., F/M)
         ups = len(self.projections) - 1
         hidden = shard_map(
-            plan, self._local_up, (inputs, list(weights[:ups])), (spec, list(specs[:ups])), [hidden_spec] * ups
+            plan, functools.partial(self._local_up, plan=plan), (inputs, list(weights[:ups])), (spec, list(specs[:ups])),
+            [hidden_spec] * ups,
         )  # [gate,] up: (B, T, F) each, split over the model axis on F
         # Elementwise, outside the shard_maps: the sharding carries through with no
         # collective, and any activation differentiates (see ``mlp_activation``).
         h = mlp_activation(hidden, activation=self.activation)  # (B, T, F)
-        return shard_map(plan, self._local_down, (h, weights[ups]), (hidden_spec, specs[ups]), spec)
+        down = functools.partial(self._local_down, plan=plan)
+        return shard_map(plan, down, (h, weights[ups]), (hidden_spec, specs[ups]), spec)
 
-    def _local_up(self, x, weights):
+    def _local_up(self, x, weights, plan):
         """One shard: x [B, T, D] (or [B, T/M, D]) -> [[gate,] up], each [B, T, F/M]."""
         named = dict(zip([layer.name for layer in self.projections], weights))
-        kernels = {name: layer.local_kernel(named[name]) for name, layer in zip(named, self.projections)}
+        kernels = {name: layer.local_kernel(named[name], plan) for name, layer in zip(named, self.projections)}
         return mlp_up_projections(
             x,
             up_kernel=kernels["up"],  # [D, F/M]
@@ -156,11 +165,11 @@ class ParallelMLP(keras.layers.Layer):
             collective=self.collective_matmul,
         )
 
-    def _local_down(self, h, weights):
+    def _local_down(self, h, weights, plan):
         """One shard: h [B, T, F/M] -> [B, T, D_out] (or [B, T/M, D_out])."""
         return mlp_down_projection(
             h,
-            down_kernel=self.down.local_kernel(weights),  # [F/M, D_out]
+            down_kernel=self.down.local_kernel(weights, plan),  # [F/M, D_out]
             down_bias=weights.get("bias"),
             axis_name=self.model_axis,
             sequence_parallel=self.sequence_parallel,

@@ -42,11 +42,13 @@ class RowParallelDense(_TensorParallelDense):
     lora_kernel_b  (r, units)     replicated
     =============  =============  ==========
 
-    Input features D_in must divide by the model-axis size.
+    Input features D_in must divide by the model-axis size. Under ``fsdp+tp`` (the
+    distribution's ``weight_shard_axis``) the kernel is (model, data): also split over
+    ``data`` on its units, all-gathered over it inside the ``shard_map`` just in time.
     """
 
     WEIGHT_AXES = {
-        "kernel": ("model", None),
+        "kernel": ("model", "shard"),
         "bias": (None,),
         "lora_kernel_a": ("model", None),
         "lora_kernel_b": (None, None),
@@ -57,8 +59,8 @@ class RowParallelDense(_TensorParallelDense):
         inputs = activation_spec(plan, rank, features=True)  # (B, T, ..., D_in/M)
         return inputs, activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., units)
 
-    def _local_call(self, x, weights):
-        kernel, bias = self.local_kernel(weights), weights.get("bias")  # [D_in/M, units], [units]
+    def _local_call(self, x, weights, plan):
+        kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [D_in/M, units], [units]
         if self.sequence_parallel:
             return sequence_parallel_row_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul

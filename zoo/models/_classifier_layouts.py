@@ -30,6 +30,7 @@ from zoo.models._transformer_layouts import (
     block_rules,
     build_layout_map,
     check_divisible,
+    check_kv_heads,
     uses_data_axis_for_weights,
     uses_model_axis,
 )
@@ -73,14 +74,14 @@ def check_sizes(mesh, strategy, config, extra_sizes=None):
         )
     sizes = {
         "num_heads": config["num_heads"],
-        "num_kv_heads": config["num_kv_heads"] or config["num_heads"],
         "intermediate_dim": config["intermediate_dim"],
         ("hidden_dim", DATA): config["hidden_dim"],
         **(extra_sizes or {}),
     }
     check_divisible(mesh, strategy, sizes)
+    check_kv_heads(mesh, strategy, config["num_kv_heads"] or config["num_heads"])
 
 
 def classifier_layout_map(mesh, strategy, own_rules):
     """``build_layout_map`` of the block rules plus the model's ``own_rules``."""
-    return build_layout_map(mesh, strategy, {**block_rules(strategy), **own_rules})
+    return build_layout_map(mesh, strategy, {**block_rules(strategy, mesh=mesh), **own_rules})

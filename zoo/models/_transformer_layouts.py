@@ -9,39 +9,46 @@ data      no rules: every weight replicated (use with ``DataParallel``)
 fsdp      every large weight split over the data axis (ZeRO-3 / FSDP); GSPMD all-gathers
           each weight where it is used. The optimizer's slots copy their variable's
           layout, so optimizer state is split the same way.
-tp        Megatron tensor parallelism over the model axis: attention heads split
-          (query/key/value column-parallel, output row-parallel); the MLP is a
-          ``ParallelMLP``, which places its own weights (column up/gate, row down), so no
-          MLP rule appears here.
+tp        Megatron tensor parallelism over the model axis. The block's layers place
+          their own weights (no block rule appears here): ``MultiHeadAttention`` splits
+          the heads (query/key/value column-parallel, output row-parallel, one
+          ``shard_map``), ``ParallelMLP`` the hidden features (column up/gate, row down).
 tp+sp     as ``tp``, and the model is built with ``tp_sequence_parallel=True``: the
           residual stream, norms and dropout run split on the sequence over the model
           axis (Megatron sequence parallelism). Same weight layouts as ``tp``.
-fsdp+tp   ``tp`` on the model axis, plus the attention and embedding weights split over
-          the data axis on the other dimension (2-D mesh data x model). The MLP keeps
-          its TP-only layout (``ParallelMLP`` places it).
+fsdp+tp   ``tp`` on the model axis, and every large weight also split over the data
+          axis on its other dimension (2-D mesh data x model). The map is marked
+          (``mark_weight_shard_axis``) so the distribution tells the block's layers to
+          split their weights over data too and all-gather them just in time.
 ========  ================================================================================
 
 Block variable paths and shapes (``block_<i>/`` prefix; C channels, H heads, K KV heads,
 D head_dim, F MLP hidden):
 
 ==============================================  ==========  =========  ===============  ==============
-path                                            shape       fsdp       tp / tp+sp       fsdp+tp
+path                                            shape       fsdp       tp / tp+sp [1]   fsdp+tp [1]
 ==============================================  ==========  =========  ===============  ==============
 attention/query/kernel                          (C, H, D)   (data,-,-) (-, model, -)    (data,model,-)
-attention/key/kernel, attention/value/kernel    (C, K, D)   (data,-,-) (-, model, -)    (data,model,-)
+attention/key/kernel, attention/value/kernel    (C, K, D)   (data,-,-) (-, model, -)[2] (data,model,-)[2]
 attention/output/kernel                         (H, D, C)   (-,-,data) (model, -, -)    (model,-,data)
-mlp/gate/kernel, mlp/up/kernel                  (C, F)      (data, -)  (-, model) [1]   (-, model) [1]
-mlp/down/kernel                                 (F, C)      (-, data)  (model, -) [1]   (model, -) [1]
+mlp/gate/kernel, mlp/up/kernel                  (C, F)      (data, -)  (-, model)       (data, model)
+mlp/down/kernel                                 (F, C)      (-, data)  (model, -)       (model, data)
 attention_norm/*, mlp_norm/*                    (C,)        replicated replicated       replicated
 ==============================================  ==========  =========  ===============  ==============
 
-[1] placed by ``ParallelMLP`` itself when the mesh's model axis has size > 1.
+[1] placed by the layers themselves (``MultiHeadAttention``, ``ParallelMLP``) when the
+mesh's model axis has size > 1, at creation, so no layout rule can place them otherwise.
+On a model axis of size 1 the layers are plain and the ``fsdp`` rules apply instead
+(``fsdp+tp``) or nothing is split (``tp``).
+[2] with fewer KV heads than the model axis (K < M, M % K == 0) the key and value
+kernels are replicated over ``model`` (Megatron's rule): each device computes the one
+KV head its query heads use.
 """
 
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
-from zoo.distribution.layouts import LayoutError
+from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
 
 LAYOUT_STRATEGIES = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp")
@@ -66,21 +73,30 @@ def config_overrides(strategy):
     return {"tp_sequence_parallel": strategy == "tp+sp"}
 
 
-def block_rules(strategy, *, data_axis=DATA, model_axis=MODEL):
-    """{regex: layout axes} for every ``TransformerBlock`` weight the strategy splits."""
+def layers_place_weights(strategy, mesh=None, *, model_axis=MODEL):
+    """True when the block's tensor-parallel layers place their own weights: the strategy
+    splits over the model axis and the mesh's model axis (assumed if ``mesh`` is None)
+    has size > 1."""
+    if not uses_model_axis(strategy):
+        return False
+    return mesh is None or (model_axis in mesh.axis_names and mesh_axis_size(mesh, model_axis) > 1)
+
+
+def block_rules(strategy, *, mesh=None, data_axis=DATA, model_axis=MODEL):
+    """{regex: layout axes} for every ``TransformerBlock`` weight the strategy splits
+    that the block's layers do not place themselves (see ``layers_place_weights``)."""
     check_strategy(strategy)
-    d = data_axis if uses_data_axis_for_weights(strategy) else None
-    m = model_axis if uses_model_axis(strategy) else None
-    if d is None and m is None:
+    if layers_place_weights(strategy, mesh, model_axis=model_axis):
         return {}
-    rules = {
-        r".*attention/(query|key|value)/kernel": (d, m, None),  # (C, H|K, D)
-        r".*attention/output/kernel": (m, None, d),  # (H, D, C)
+    d = data_axis if uses_data_axis_for_weights(strategy) else None
+    if d is None:
+        return {}
+    return {
+        r".*attention/(query|key|value)/kernel": (d, None, None),  # (C, H|K, D)
+        r".*attention/output/kernel": (None, None, d),  # (H, D, C)
+        r".*mlp/(gate|up)/kernel": (d, None),  # (C, F)
+        r".*mlp/down/kernel": (None, d),  # (F, C)
     }
-    if m is None:  # ParallelMLP places its weights only when the model axis splits them
-        rules[r".*mlp/(gate|up)/kernel"] = (d, None)  # (C, F)
-        rules[r".*mlp/down/kernel"] = (None, d)  # (F, C)
-    return rules
 
 
 def build_layout_map(mesh, strategy, rules, *, data_axis=DATA, model_axis=MODEL):
@@ -95,6 +111,8 @@ def build_layout_map(mesh, strategy, rules, *, data_axis=DATA, model_axis=MODEL)
     for pattern, axes in rules.items():
         if any(axis is not None for axis in axes):
             layout_map[pattern] = axes
+    if strategy == "fsdp+tp":  # the tensor-parallel layers split their own weights over data too
+        mark_weight_shard_axis(layout_map, data_axis)
     return layout_map
 
 
@@ -117,3 +135,18 @@ def check_divisible(mesh, strategy, sizes, *, data_axis=DATA, model_axis=MODEL):
                 f"axis of size {split} (mesh {describe_mesh(mesh)}); choose a mesh whose {axis!r} "
                 f"axis divides {size}"
             )
+
+
+def check_kv_heads(mesh, strategy, num_kv_heads, *, model_axis=MODEL):
+    """Raise ``LayoutError`` unless the KV heads split over the model axis or the model
+    axis splits them: K % M == 0 (each device holds K/M KV heads) or M % K == 0 (fewer KV
+    heads than devices: replicated, Megatron's rule; each device uses one)."""
+    if not uses_model_axis(strategy) or model_axis not in mesh.axis_names:
+        return
+    split = mesh_axis_size(mesh, model_axis)
+    if num_kv_heads % split and split % num_kv_heads:
+        raise LayoutError(
+            f"layout strategy {strategy!r}: num_kv_heads={num_kv_heads} and the {model_axis!r} mesh axis of size "
+            f"{split} (mesh {describe_mesh(mesh)}) do not divide each other; tensor parallelism splits the KV heads "
+            f"over the axis when it divides them, or replicates them when their number divides it"
+        )

@@ -29,9 +29,12 @@ EMBEDDING = r".*token_embedding/embeddings"  # (V, C)
 LM_HEAD = r".*lm_head/kernel"  # (C, V)
 
 
-def gpt_rules(strategy, *, with_head, data_axis=DATA, model_axis=MODEL):
-    """{regex: layout axes} for a GPT backbone (and its untied LM head if ``with_head``)."""
-    rules = shared.block_rules(strategy, data_axis=data_axis, model_axis=model_axis)
+def gpt_rules(strategy, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL):
+    """{regex: layout axes} for a GPT backbone (and its untied LM head if ``with_head``).
+
+    The blocks' rules are ``_transformer_layouts.block_rules`` (none where the blocks'
+    tensor-parallel layers place their weights themselves, on ``mesh``)."""
+    rules = shared.block_rules(strategy, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
     d = data_axis if shared.uses_data_axis_for_weights(strategy) else None
     m = model_axis if shared.uses_model_axis(strategy) else None
     if m is not None:
@@ -50,7 +53,6 @@ def check_config(mesh, strategy, config, *, data_axis=DATA, model_axis=MODEL):
     heads = config["num_heads"]
     sizes = {
         "num_heads": heads,
-        "num_kv_heads": config.get("num_kv_heads") or heads,
         "intermediate_dim": config["intermediate_dim"],
         "vocabulary_size": config["vocabulary_size"],
         ("hidden_dim", data_axis): config["hidden_dim"],
@@ -58,6 +60,7 @@ def check_config(mesh, strategy, config, *, data_axis=DATA, model_axis=MODEL):
     if strategy == "fsdp":
         sizes[("vocabulary_size", data_axis)] = config["vocabulary_size"]
     shared.check_divisible(mesh, strategy, sizes, data_axis=data_axis, model_axis=model_axis)
+    shared.check_kv_heads(mesh, strategy, config.get("num_kv_heads") or heads, model_axis=model_axis)
     if strategy == "tp+sp" and not config.get("tp_sequence_parallel", False):
         raise ValueError(
             "layout strategy 'tp+sp' needs a model built with tp_sequence_parallel=True, but the "
@@ -70,5 +73,5 @@ def layout_map(mesh, strategy, config, *, with_head, data_axis=DATA, model_axis=
     shared.check_strategy(strategy)
     if config is not None:
         check_config(mesh, strategy, config, data_axis=data_axis, model_axis=model_axis)
-    rules = gpt_rules(strategy, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
+    rules = gpt_rules(strategy, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
     return shared.build_layout_map(mesh, strategy, rules, data_axis=data_axis, model_axis=model_axis)

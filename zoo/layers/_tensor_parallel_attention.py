@@ -1,0 +1,222 @@
+"""Megatron tensor-parallel self-attention: one ``shard_map`` from x to the attention output.
+
+``MultiHeadAttention`` takes this path when the global distribution's mesh has its
+model axis with size M > 1 and the sequence is not split (no ``ContextParallel``
+sequence axis of size > 1, no sequence axis for the layer's own ``sequence_parallel``
+kernel); otherwise its projections run as ordinary ``EinsumDense`` layers (GSPMD).
+
+One device, letters as in ``docs/tensor_parallel.md`` (B batch, T sequence, C
+channels, H query heads, K KV heads, D head_dim, Nd the batch axis' size):
+
+=================================  =========================  ==============================
+step                               shapes on one device       communication over ``model``
+=================================  =========================  ==============================
+x                                  f32[B/Nd, T, C]            none (replicated)
+  (Megatron SP) x                  f32[B/Nd, T/M, C]          all-gather (T/M -> T)
+q = x @ query (column-parallel)    f32[B/Nd, T, H/M, D]       none
+k, v = x @ key, value              f32[B/Nd, T, K/M or 1, D]  none
+attention (``plain_attention``)    f32[B/Nd, T, H/M, D]       none
+out = attention @ output (row)     f32[B/Nd, T, C] partial    psum (all-reduce)
+  (Megatron SP) out                f32[B/Nd, T/M, C]          psum_scatter (reduce-scatter)
+=================================  =========================  ==============================
+
+The backward is the transpose: ONE all-reduce of d(x) (x is cast to varying once, so
+the q, k and v input gradients are summed on the device before a single collective),
+or, sequence-parallel, one reduce-scatter of d(x) and one all-gather of d(out). That is
+Megatron's minimum: two (B/Nd, T, C) all-reduces per attention block per step.
+
+KV heads: with K % M == 0 each device holds K/M KV heads. With fewer KV heads than the
+model axis (K < M, M % K == 0: Megatron's rule) the key and value kernels are
+replicated over ``model`` and each device slices out the one KV head its H/M query
+heads use (query head h uses KV head h // (H/K); device m's heads all use KV head
+m // (M/K)); their gradients are summed over ``model`` (an all-reduce of the C x K x D
+kernel, not of an activation). Neither dividing the other is an error naming both.
+
+Weights are created with their layouts (``AttentionProjection.add_weight``), as the
+tensor-parallel Dense layers do: (C, H, D) query kernels (-, model, -); (H, D, C)
+output kernels (model, -, -); under a ``weight_shard_axis`` (``fsdp+tp``: data) also
+split on C over it, all-gathered inside the ``shard_map`` just in time.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import keras
+from jax.sharding import PartitionSpec as P
+
+from zoo._compat import add_weight_with_layout
+from zoo.distribution.axes import MODEL
+from zoo.distribution.mesh import mesh_axis_size
+from zoo.kernels.collective_matmul import vary_over
+from zoo.layers import _sequence_parallel
+from zoo.layers._tensor_parallel import (
+    LORA_WEIGHTS,
+    activation_spec,
+    check_input,
+    current_plan,
+    gather_weight,
+    kernel_variable,
+    shard_map,
+)
+
+# Which dimension of each weight holds the heads (split over model), and which holds C
+# (split over the weight-shard axis under FSDP inside TP), per projection role.
+HEAD_DIMS = {
+    "heads_out": {"kernel": 1, "bias": 0, "lora_kernel_a": 1},  # query/key/value: kernel (C, H|K, D), bias (H|K, D)
+    "heads_in": {"kernel": 0, "lora_kernel_a": 0},  # output: kernel (H, D, C), bias (C,)
+}
+CHANNEL_DIMS = {"heads_out": {"kernel": 0}, "heads_in": {"kernel": 2}}
+
+
+def kv_heads_replicated(num_kv_heads, model_size):
+    """True when the KV heads are replicated over the model axis (K < M, M % K == 0)."""
+    return num_kv_heads % model_size != 0
+
+
+def check_heads(where, plan, *, num_heads, num_kv_heads, channels):
+    """Raise, naming the numbers, unless the heads (and C, under FSDP) split over the plan's axes."""
+    m, axis = plan.model_size, plan.model_axis
+    if num_heads % m:
+        raise ValueError(f"{where}: num_heads {num_heads} is not divisible by the {axis!r} mesh axis of size {m}")
+    if num_kv_heads % m and m % num_kv_heads:
+        raise ValueError(
+            f"{where}: num_kv_heads {num_kv_heads} and the {axis!r} mesh axis of size {m} do not divide each "
+            f"other; tensor parallelism splits the KV heads over the axis when {m} divides them, or replicates "
+            f"them when {num_kv_heads} divides {m}"
+        )
+    if plan.weight_shard_axis is not None and channels % plan.weight_shard_size:
+        raise ValueError(
+            f"{where}: channels {channels} is not divisible by the {plan.weight_shard_axis!r} mesh axis of size "
+            f"{plan.weight_shard_size} (the projections are also split FSDP-style over it)"
+        )
+
+
+class AttentionProjection(keras.layers.EinsumDense):
+    """An ``EinsumDense`` whose weights are created with their tensor-parallel layouts.
+
+    ``role``: ``"heads_out"`` (query/key/value: heads on the output side) or
+    ``"heads_in"`` (output: heads on the input side). Under a plan the heads dimension
+    is split over the model axis (or replicated when the heads do not divide by it:
+    KV heads fewer than the axis), and C over the plan's weight-shard axis; LoRA factors
+    follow the heads split only. Outside a plan it is a plain ``EinsumDense``.
+    """
+
+    def __init__(self, *args, role, model_axis=MODEL, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.role = role
+        self.model_axis = model_axis
+
+    def weight_axes(self, name, shape, plan):
+        """Layout axes of weight ``name`` of ``shape`` under ``plan`` (None: not ours)."""
+        if name not in ("kernel", "bias", *LORA_WEIGHTS):
+            return None
+        axes = [None] * len(shape)
+        head = HEAD_DIMS[self.role].get(name)
+        if head is not None and shape[head] % plan.model_size == 0:
+            axes[head] = plan.model_axis
+        channel = CHANNEL_DIMS[self.role].get(name)
+        if channel is not None and plan.weight_shard_axis is not None:
+            axes[channel] = plan.weight_shard_axis
+        return tuple(axes)
+
+    def add_weight(self, *args, shape=None, initializer=None, dtype=None, trainable=True, autocast=True,
+                   regularizer=None, constraint=None, aggregation="none", overwrite_with_gradient=False, name=None):  # fmt: skip
+        """``Layer.add_weight``, creating the kernel, bias and LoRA factors with their layout."""
+        options = dict(shape=shape, initializer=initializer, dtype=dtype, trainable=trainable, autocast=autocast,
+                       regularizer=regularizer, constraint=constraint, aggregation=aggregation,
+                       overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
+        plan = current_plan(self.model_axis)
+        axes = None if plan is None or args or shape is None else self.weight_axes(name, shape, plan)
+        if axes is None:
+            return super().add_weight(*args, **options)
+        return add_weight_with_layout(self, plan.layout(axes), **options)
+
+    def quantize(self, mode=None, **kwargs):
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support quantization: the tensor-parallel attention multiplies "
+            f"float kernels inside a shard_map"
+        )
+
+    def sharded_weights(self, plan):
+        """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
+        variables = {"kernel": kernel_variable(self), "bias": self.bias}
+        if self.lora_enabled:
+            variables.update(lora_kernel_a=self.lora_kernel_a, lora_kernel_b=self.lora_kernel_b)
+        variables = {n: v for n, v in variables.items() if v is not None}
+        specs = {n: P(*self.weight_axes(n, v.shape, plan)) for n, v in variables.items()}
+        return {n: v.value for n, v in variables.items()}, specs
+
+    def local_kernel(self, weights, plan):
+        """Inside the shard_map: this device's kernel, gathered over the weight-shard axis
+        if split over it, with the LoRA update merged as ``EinsumDense.kernel`` merges it."""
+        kernel = weights["kernel"]
+        kernel = gather_weight(kernel, self.weight_axes("kernel", kernel_variable(self).shape, plan), plan)
+        if "lora_kernel_a" in weights:
+            delta = (self.lora_alpha / self.lora_rank) * jnp.matmul(weights["lora_kernel_a"], weights["lora_kernel_b"])
+            kernel = (kernel + delta).astype(self.compute_dtype)
+        return kernel
+
+
+def tensor_parallel_plan(layer):
+    """The plan under which ``layer`` (a ``MultiHeadAttention``) takes this path, or None."""
+    plan = current_plan(layer.model_axis)
+    if plan is None or plan.sequence_axis is not None:  # no model split, or a ContextParallel split sequence
+        return None
+    mesh = plan.keras_mesh
+    if layer.sequence_axis in mesh.axis_names:
+        return plan if mesh_axis_size(mesh, layer.sequence_axis) == 1 else None
+    # a layer kernel with no sequence axis on the mesh: the plain path names the error
+    return plan if layer.sequence_parallel is None else None
+
+
+def attention(layer, plan, x, key_mask):
+    """``layer``'s attention output (B, T, C) for x (B, T, C) (Megatron SP: both split on T)."""
+    sequence = layer.tp_sequence_parallel
+    check_input(layer, plan, x.shape, sequence=sequence)
+    projections = (layer.query, layer.key, layer.value, layer.output_dense)
+    weights, specs = zip(*(p.sharded_weights(plan) for p in projections))
+    x_spec = activation_spec(plan, 3, sequence=sequence)  # (B/Nd, T[/M], C)
+    mask_spec = None if key_mask is None else P(plan.batch_axis, None)  # bool (B/Nd, T)
+    body = functools.partial(_local_attention, layer=layer, plan=plan)
+    return shard_map(plan, body, (x, key_mask, list(weights)), (x_spec, mask_spec, list(specs)), x_spec)
+
+
+def _local_attention(x, key_mask, weights, *, layer, plan):
+    """One device: x f32[B/Nd, T, C] (Megatron SP: f32[B/Nd, T/M, C]) -> the same shape."""
+    axis = plan.model_axis
+    if layer.tp_sequence_parallel:
+        x = jax.lax.all_gather(x, axis, axis=1, tiled=True)  # f32[B/Nd, T, C]; backward: one reduce-scatter
+    else:
+        x = vary_over(x, axis)  # one cast: the backward sums d(x) of q, k, v here, then all-reduces once
+    query, key, value, output = weights
+    q = _project(layer.query, x, query, plan)  # f32[B/Nd, T, H/M, D]
+    k = _project(layer.key, x, key, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
+    v = _project(layer.value, x, value, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
+    out = _sequence_parallel.plain_attention(
+        q, k, v, key_mask=key_mask, causal=layer.causal, balance=None,
+        rotary_base=layer.rotary_base if layer.rotary else None, axis_size=1, axis_name=layer.sequence_axis,
+        block_size=layer.ring_block_size,
+    )  # f32[B/Nd, T, H/M, D]
+    kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]
+    partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share
+    if layer.tp_sequence_parallel:
+        y = jax.lax.psum_scatter(partial, axis, scatter_dimension=1, tiled=True)  # f32[B/Nd, T/M, C]
+    else:
+        y = jax.lax.psum(partial, axis)  # f32[B/Nd, T, C]
+    return y if "bias" not in output else y + output["bias"]
+
+
+def _project(projection, x, weights, plan, kv=None):
+    """x f32[B/Nd, T, C] @ this device's heads of ``projection`` -> f32[B/Nd, T, heads, D].
+
+    ``kv``: the KV head count, for key/value: when replicated over the model axis each
+    device slices out the one KV head its query heads use."""
+    kernel = projection.local_kernel(weights, plan)  # f32[C, heads, D]
+    bias = weights.get("bias")  # f32[heads, D] or None
+    if kv is not None and kv_heads_replicated(kv, plan.model_size):
+        index = jax.lax.axis_index(plan.model_axis) // (plan.model_size // kv)  # this device's KV head
+        kernel = jax.lax.dynamic_slice_in_dim(kernel, index, 1, axis=1)  # f32[C, 1, D]
+        bias = None if bias is None else jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=0)  # f32[1, D]
+    y = jnp.einsum("btc,chd->bthd", x, kernel)
+    return y if bias is None else y + bias
