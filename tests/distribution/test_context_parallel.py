@@ -1,4 +1,5 @@
-"""``ContextParallel``: ``model.fit`` on batch- and sequence-split inputs trains to the one-device numbers.
+"""``ContextParallel``: ``model.fit`` on batch- and sequence-split inputs trains to the one-device numbers,
+with the weights split over the sequence axis too (FSDP over ``seq``, the default).
 
 A tiny causal language model (Embedding -> ``TransformerBlock`` (causal, rotary, padding
 mask from token 0) -> Dense head; per-token sparse cross-entropy from logits) is trained
@@ -114,10 +115,29 @@ def test_fit_matches_one_device(reference, attention):
     if attention != "ring":
         return
     # The compiled step runs the ring: K/V hops are collective-permutes over 'seq', and
-    # nothing all-gathers the sequence (an MLP or norm on gathered tokens would).
+    # nothing all-gathers the sequence (an MLP or norm on gathered tokens would): what is
+    # gathered over 'seq' are weights (FSDP over seq), whole, where they are used.
     report = train_step_comms_report(model, tokens[:BATCH], labels[:BATCH], compiler_options=FAST_COMPILE)
     assert report.count("collective-permute", axes="seq") > 0, report.format()
-    assert report.count("all-gather", axes="seq") == 0, report.format()
+    weight_shapes = {f"f32[{','.join(map(str, v.shape))}]" for v in model.weights}
+    assert report.count("all-gather", axes="seq") > 0, report.format()
+    assert {op.shape for op in report.select("all-gather", "seq")} <= weight_shapes, report.format()
+
+
+def test_weights_are_split_over_the_sequence_axis_by_default():
+    """FSDP over 'seq': every weight of rank >= 2 on its first free dimension that divides;
+    vectors stay replicated; ``shard_weights=False`` keeps the layout map's (none) layouts."""
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=4"))
+    model = build_model()
+    specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
+    assert specs["embed/embeddings"] == ("seq", None)  # (V, C)
+    assert specs["block/attention/query/kernel"][:1] == ("seq",)  # (C, H, D)
+    assert specs["block/mlp/down/kernel"][:1] == ("seq",)  # (F, C)
+    assert all(entry is None for entry in specs["block/attention_norm/gamma"])
+    assert {s.data.shape for s in model.get_layer("head").kernel.value.addressable_shards} == {(WIDTH // 4, VOCAB)}
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=4", shard_weights=False))
+    assert all(all(e is None for e in v.value.sharding.spec) for v in build_model().weights)
+    assert distribution_for(None, "context", "data=2,seq=4", shard_weights=False).weight_shard_axis is None
 
 
 def test_fit_places_token_inputs_split_on_batch_and_sequence():
@@ -179,8 +199,10 @@ def test_tensor_parallel_rules_on_a_data_seq_model_mesh(reference):
     model, losses, weights, logits = train(distribution, reference["initial"], (tokens, labels), tokens[:BATCH], build)
     assert_matches(reference, losses, weights, logits)
     by_path = {v.path: v.value.sharding.spec for v in model.weights}
-    assert by_path["block/attention/query/kernel"] == P(None, "model", None)
-    assert by_path["block/mlp/up/kernel"] == P(None, "model")
+    # placed by the layers: heads / features over model, C also over seq (FSDP over seq)
+    assert by_path["block/attention/query/kernel"] == P("seq", "model", None)
+    assert by_path["block/mlp/up/kernel"] == P("seq", "model")
+    assert by_path["block/mlp/down/kernel"] == P("model", "seq")
     assert not distribution.unmatched_rules()
 
 

@@ -3,7 +3,8 @@
 Each kernel runs inside ``jax.shard_map`` on meshes data=2,model=4 and data=1,model=8
 (the batch split over ``data``, features or the sequence over ``model``); its output
 and the gradients of sum(output * cotangent) with respect to the input, kernels and
-biases must match ``dense_reference`` / ``mlp_reference`` on one device.
+biases must match ``dense_reference`` / ``mlp_reference`` on one device. On a model
+axis of one device (data=4,model=1) the kernels emit no collective at all.
 """
 
 import functools
@@ -16,6 +17,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from tests.kernels._harness import FAST_COMPILE
+from zoo.distribution.comms_report import parse_collectives
 from zoo.kernels import (
     all_gather_matmul,
     check_divisible,
@@ -31,13 +33,14 @@ from zoo.kernels import (
 
 B, T, D, F = 4, 16, 8, 32  # batch, sequence, model width, hidden features
 MESHES = {"data2-model4": (2, 4), "data1-model8": (1, 8)}
+SIZE_ONE = {"data4-model1": (4, 1)}  # a model axis of one device
 X, XSEQ = P("data", None, None), P("data", "model", None)  # (B, T, D): replicated / sequence-split over model
 XFEAT = P("data", None, "model")  # (B, T, F) split on features
 COL, ROW = P(None, "model"), P("model", None)  # kernels [D, F] / [F, D]
 
 
 def mesh_of(name):
-    data, model = MESHES[name]
+    data, model = (MESHES | SIZE_ONE)[name]
     return Mesh(np.array(jax.devices()[: data * model]).reshape(data, model), ("data", "model"))
 
 
@@ -147,6 +150,20 @@ def test_collective_matmuls_equal_the_collectives_they_overlap(mesh_name):
         run = jax.jit(sharded(overlapped, mesh_name, in_specs, out_spec), compiler_options=FAST_COMPILE)
         want = jax.jit(sharded(plain, mesh_name, in_specs, out_spec), compiler_options=FAST_COMPILE)
         np.testing.assert_allclose(np.asarray(run(*args)), np.asarray(want(*args)), rtol=1e-5, atol=1e-5)
+
+
+def test_an_axis_of_one_device_emits_no_collective():
+    """Over model=1 the all-gathers, reduce-scatters, psums and ring hops are skipped (XLA
+    would keep them as copies); the numbers are the one-device ones. ``row`` is left out:
+    a kernel split over a size-1 axis varies over it, and JAX's types need the psum."""
+    cases = {name: case for name, case in DENSE_CASES.items() if name != "row"}
+    cases["row, nothing split"] = (DENSE_CASES["row"][0], (B, T, F), (F, D), X, P(), P(), X)
+    for name, (body, x_shape, w_shape, x_spec, w_spec, b_spec, out_spec) in cases.items():
+        args = (_normal(1, x_shape), _normal(2, w_shape, 0.3), _normal(3, w_shape[1:]))
+        f = jax.jit(sharded(body, "data4-model1", (x_spec, w_spec, b_spec), out_spec))
+        hlo = f.lower(*args).compile(FAST_COMPILE).as_text()
+        assert parse_collectives(hlo) == [], (name, [op.kind for op in parse_collectives(hlo)])
+        np.testing.assert_allclose(np.asarray(f(*args)), dense_reference(*args[:2], bias=args[2]), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_divisibility_errors_name_the_numbers():

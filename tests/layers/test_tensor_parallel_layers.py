@@ -2,7 +2,8 @@
 
 Every distributed run is checked against the same layer built without a distribution
 (the same weights copied in): outputs and gradients with respect to the inputs and
-every trainable weight, on meshes data=2,model=4 and data=1,model=8.
+every trainable weight, on meshes data=2,model=4 and data=1,model=8, and with FSDP
+inside TP (``fsdp+tp``: kernels also split over data, gathered just in time).
 """
 
 import functools
@@ -24,10 +25,13 @@ B, T, D, F = 4, 16, 8, 32  # batch, sequence, model width, hidden features
 MESHES = ["data=2,model=4", "data=1,model=8"]
 
 
-def tensor_parallel(mesh_spec):
-    """ModelParallel over ``mesh_spec`` with no layout rules: the layers place their own weights."""
+def tensor_parallel(mesh_spec, fsdp=False):
+    """ModelParallel over ``mesh_spec`` with no layout rules: the layers place their own
+    weights (with ``fsdp``, also split over data: ``fsdp+tp``'s ``weight_shard_axis``)."""
     mesh = make_mesh(mesh_spec)
-    return CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="data")
+    return CheckedModelParallel(
+        layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="data", weight_shard_axis="data" if fsdp else None
+    )
 
 
 def inputs(shape, seed):
@@ -152,6 +156,44 @@ def test_model_axis_of_size_one_is_plain_dense():
     assert all(all(e is None for e in v.value.sharding.spec) for v in layer.weights)
     x = inputs((8, T, D), 5)
     assert np.asarray(layer(x)).shape == (8, T, D)
+
+
+# --- FSDP inside tensor parallelism (fsdp+tp) --------------------------------------------
+
+FSDP_KINDS = ["column", "row-sp", "gated-mlp", "mlp-sp-collective"]
+
+
+@pytest.mark.parametrize("kind", FSDP_KINDS)
+def test_fsdp_inside_tensor_parallelism_matches_one_device(kind):
+    make_layer, shape = LAYERS[kind]
+    weights, x, cotangent, expected = reference(kind)
+    layer = build(make_layer, shape, tensor_parallel("data=2,model=4", fsdp=True), weights)
+    assert_same(output_and_grads(layer, x, cotangent), expected, [v.path for v in layer.trainable_variables])
+
+
+def test_fsdp_splits_kernels_over_data_and_reduce_scatters_their_gradients():
+    layer = build(lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=2,model=4", fsdp=True), lora_rank=2)
+    specs = {v.path: tuple(v.value.sharding.spec) for v in layer.weights}
+    assert specs == MLP_SPECS | {"mlp/gate/kernel": ("data", "model"), "mlp/up/kernel": ("data", "model"), "mlp/down/kernel": ("model", "data")}
+    assert {s.data.shape for s in layer.up._kernel.value.addressable_shards} == {(D // 2, F // 4)}
+    fresh = build(lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=2,model=4", fsdp=True))
+    report = layer_comms_report(fresh, inputs((B, T, D), 7), backward=True, compiler_options=FAST_COMPILE)
+    shard = D // 2 * F // 4  # elements of one kernel's (D/2, F/4) shard
+    assert report.buffers("all-gather", "data") == 3  # each kernel gathered once, just in time
+    assert report.buffers("reduce-scatter", "data") == 3 and {op.elements for op in report.select("reduce-scatter", "data")} == {2 * shard}
+    # only the biases' gradients are all-reduced over data, never a kernel's
+    assert all(op.elements <= 2 * F // 4 + D for op in report.select("all-reduce", "data")), "\n".join(report.format())
+
+
+# --- a mesh axis of size 1 splits nothing and communicates nothing ---------------------------
+
+
+def test_a_data_axis_of_size_one_emits_no_collective():
+    for fsdp in (False, True):  # not even the weight gather of fsdp+tp over data=1
+        layer = build(lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=1,model=8", fsdp=fsdp))
+        report = layer_comms_report(layer, inputs((B, T, D), 7), backward=True, compiler_options=FAST_COMPILE)
+        assert all(op.group_size > 1 for op in report.collectives), "\n".join(report.format())
+        assert {op.axes for op in report.collectives} == {("model",)}
 
 
 # --- errors that name the numbers -----------------------------------------------------

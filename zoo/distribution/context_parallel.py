@@ -7,8 +7,18 @@ axis, so ``model.fit`` / ``evaluate`` / ``predict`` hand every device a
 ``get_data_layout(shape)``). The zoo's attention layers see the distribution and run
 their ``shard_map`` kernel (ring, all-gather K/V or Ulysses) over the ``seq`` axis;
 everything per-token (embeddings, norms, MLPs, the head, a per-token loss) stays GSPMD
-on sequence-split arrays. Weights follow the layout map (none: replicated), so TP
-rules on a ``data,seq,model`` mesh keep working.
+on sequence-split arrays.
+
+Weights: FSDP over the sequence axis by default (``shard_weights=True``). Every weight
+of rank >= 2 (kernels, embeddings; not norms or biases) is split over ``seq`` on its
+first dimension that is not split already and divides by the axis size, on top of
+what the layout map says (none: replicated), e.g. a (C, F) kernel (seq, -), a TP
+rule's (-, model) kernel (seq, model). GSPMD all-gathers each where it is used, and
+the gradients and optimizer slots are split the same way, so the Ns devices that
+share the batch shard no longer each hold every weight. The zoo's tensor-parallel
+layers, which place their own weights, split them over ``seq`` too (the
+``weight_shard_axis`` they read) and gather them inside their ``shard_map``.
+``shard_weights=False`` keeps every weight as the layout map places it.
 
 Causal load balancing (``balance="zigzag"`` or ``"striped"``) is a reordering of the
 sequence that happens in the input pipeline, before Keras shards the batch:
@@ -27,6 +37,7 @@ import keras
 import numpy as np
 
 from zoo import kernels
+from zoo._compat import variable_layout
 from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.layouts import CheckedModelParallel, LayoutError
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size
@@ -50,6 +61,9 @@ class ContextParallel(CheckedModelParallel):
             None runs: ``"ring"``, ``"gather"`` or ``"ulysses"``.
         balance: None, ``"zigzag"`` or ``"striped"``: the order ``prepare`` /
             ``dataset`` put the sequence in, which the attention layers follow.
+        shard_weights: split every weight of rank >= 2 over the sequence axis as
+            well (FSDP over ``seq``; the default); False keeps the layout map's
+            layouts (replicated without a rule).
         auto_shard_dataset: as in ``keras.distribution.ModelParallel``.
 
     Data layouts: rank >= 2 -> (batch, seq, None, ...); rank 1 -> (batch,). Every
@@ -66,6 +80,7 @@ class ContextParallel(CheckedModelParallel):
         sequence_dim_name=SEQ,
         attention="ring",
         balance=None,
+        shard_weights=True,
         auto_shard_dataset=True,
     ):
         _check_options(attention, balance, batch_dim_name, sequence_dim_name)
@@ -75,6 +90,7 @@ class ContextParallel(CheckedModelParallel):
         self._sequence_dim_name = sequence_dim_name
         self._attention = attention
         self._balance = balance
+        self._shard_weights = bool(shard_weights)
 
     @property
     def sequence_dim_name(self):
@@ -89,6 +105,16 @@ class ContextParallel(CheckedModelParallel):
         return self._balance
 
     @property
+    def shard_weights(self):
+        """Whether weights are also split over the sequence axis (FSDP over ``seq``)."""
+        return self._shard_weights
+
+    @property
+    def weight_shard_axis(self):
+        """The axis the zoo's tensor-parallel layers also split their weights over."""
+        return self._sequence_dim_name if self._shard_weights else None
+
+    @property
     def sequence_parallel_size(self):
         """Ns, how many ways the sequence is split."""
         return mesh_axis_size(self.device_mesh, self._sequence_dim_name)
@@ -96,8 +122,32 @@ class ContextParallel(CheckedModelParallel):
     def __repr__(self):
         return (
             f"ContextParallel(mesh={describe_mesh(self.device_mesh)}, batch_dim_name={self.batch_dim_name!r}, "
-            f"sequence_dim_name={self._sequence_dim_name!r}, attention={self._attention!r}, balance={self._balance!r})"
+            f"sequence_dim_name={self._sequence_dim_name!r}, attention={self._attention!r}, balance={self._balance!r}, "
+            f"shard_weights={self._shard_weights!r})"
         )
+
+    # --- where Keras puts each weight ------------------------------------------------------
+
+    def get_variable_layout(self, variable):
+        """The layout map's layout (checked, see ``CheckedModelParallel``), with the first
+        free dimension that divides also split over the sequence axis when
+        ``shard_weights`` (rank >= 2 only). A layout the variable was created with (the
+        zoo's tensor-parallel layers) is kept as it is: those layers place ``seq`` themselves."""
+        layout = super().get_variable_layout(variable)
+        if not self._shard_weights or variable_layout(variable) is not None or len(variable.shape) < 2:
+            return layout
+        return self._split_over_sequence(variable.shape, layout)
+
+    def _split_over_sequence(self, shape, layout):
+        size, axis = self.sequence_parallel_size, self._sequence_dim_name
+        axes = list(layout.axes)
+        if size == 1 or any(axis == a or (isinstance(a, (tuple, list)) and axis in a) for a in axes):
+            return layout
+        for dim, (length, current) in enumerate(zip(shape, axes)):
+            if current is None and length % size == 0:
+                axes[dim] = axis
+                return keras.distribution.TensorLayout(axes, self.device_mesh)
+        return layout  # no dimension divides: replicated over the sequence axis
 
     # --- where Keras puts each input batch ---------------------------------------------
 

@@ -18,8 +18,9 @@ fsdp+tp    ``data`` and ``model``      ``tp``, plus attention and embedding weig
                                        over ``data`` on their other dimension
 context    ``data`` and ``seq``        the batch over ``data`` and the sequence over
            (optionally ``model``)      ``seq`` (``ContextParallel``); attention runs its
-                                       ring / all-gather / Ulysses kernel; with a
-                                       ``model`` axis the weights follow the ``"tp"`` rules
+                                       ring / all-gather / Ulysses kernel; weights FSDP
+                                       over ``seq`` (``shard_weights=False``: not); with
+                                       a ``model`` axis also the ``"tp"`` layouts
 =========  ==========================  ==================================================
 
 ``fsdp``, ``tp``, ``tp+sp``, ``fsdp+tp`` (and ``context`` with a ``model`` axis) take the layout map
@@ -74,7 +75,7 @@ def default_mesh_spec(strategy, device_count):
     return spec
 
 
-def make_distribution(strategy, mesh=None, layout_map=None, *, attention=None, balance=None):
+def make_distribution(strategy, mesh=None, layout_map=None, *, attention=None, balance=None, shard_weights=None):
     """The distribution for ``strategy`` on ``mesh`` (None for ``"single"``).
 
     Args:
@@ -84,31 +85,35 @@ def make_distribution(strategy, mesh=None, layout_map=None, *, attention=None, b
         layout_map: a ``keras.distribution.LayoutMap`` (required for ``"model"``,
             ``"fsdp"``, ``"tp"``, ``"tp+sp"``, ``"fsdp+tp"``; optional for ``"context"``), usually from
             the model class's ``get_layout_map(mesh, ...)``.
-        attention, balance: ``"context"`` only: the attention kernel (default
-            ``"ring"``) and causal load balancing, see ``ContextParallel``.
+        attention, balance, shard_weights: ``"context"`` only: the attention kernel
+            (default ``"ring"``), causal load balancing, and whether weights are also
+            split over ``seq`` (default True; False keeps them as the layout map
+            places them), see ``ContextParallel``.
     """
     _check_strategy(strategy)
-    _check_context_options(strategy, attention, balance)
+    _check_context_options(strategy, attention, balance, shard_weights)
     if strategy == "single":
         return None
     mesh = _as_mesh(strategy, mesh)
     if strategy == "data":
         return _data_parallel(mesh)
     if strategy == "context":
-        return _context_parallel(mesh, layout_map, attention, balance)
+        return _context_parallel(mesh, layout_map, attention, balance, shard_weights)
     return _model_parallel(mesh, layout_map, strategy)
 
 
-def distribution_for(model_class, strategy, mesh=None, *, attention=None, balance=None, **layout_kwargs):
+def distribution_for(model_class, strategy, mesh=None, *, attention=None, balance=None, shard_weights=None, **layout_kwargs):
     """``make_distribution`` with the layout map that ``model_class`` ships.
 
     ``"model"`` calls ``model_class.get_layout_map(mesh, **layout_kwargs)``;
     ``"fsdp"``, ``"tp"``, ``"tp+sp"``, ``"fsdp+tp"`` call it with ``strategy=`` that strategy, and
     ``"context"`` with ``strategy="tp"`` when the mesh has a ``model`` axis (without one
-    every weight is replicated and ``model_class`` is not consulted).
+    every weight is replicated but for the FSDP split over ``seq``, and ``model_class``
+    is not consulted). ``attention``, ``balance``, ``shard_weights``: as in
+    ``make_distribution``.
     """
     _check_strategy(strategy)
-    _check_context_options(strategy, attention, balance)
+    _check_context_options(strategy, attention, balance, shard_weights)
     if strategy in ("single", "data"):
         return make_distribution(strategy, mesh)
     mesh = _as_mesh(strategy, mesh)
@@ -117,7 +122,7 @@ def distribution_for(model_class, strategy, mesh=None, *, attention=None, balanc
         return _model_parallel(mesh, model_class.get_layout_map(mesh, **layout_kwargs), strategy)
     if strategy == "context":
         layout_map = _layout_map_for(model_class, mesh, "tp", layout_kwargs) if MODEL in mesh.axis_names else None
-        return _context_parallel(mesh, layout_map, attention, balance)
+        return _context_parallel(mesh, layout_map, attention, balance, shard_weights)
     return _model_parallel(mesh, _layout_map_for(model_class, mesh, strategy, layout_kwargs), strategy)
 
 
@@ -129,10 +134,11 @@ def _check_strategy(strategy):
         )
 
 
-def _check_context_options(strategy, attention, balance):
-    if strategy != "context" and (attention is not None or balance is not None):
+def _check_context_options(strategy, attention, balance, shard_weights=None):
+    if strategy != "context" and (attention is not None or balance is not None or shard_weights is not None):
         raise ValueError(
-            f"attention={attention!r} and balance={balance!r} are options of strategy 'context', not {strategy!r}"
+            f"attention={attention!r}, balance={balance!r} and shard_weights={shard_weights!r} are options of "
+            f"strategy 'context', not {strategy!r}"
         )
 
 
@@ -171,11 +177,12 @@ def _data_parallel(mesh):
     return keras.distribution.DataParallel(device_mesh=mesh)
 
 
-def _context_parallel(mesh, layout_map, attention, balance):
+def _context_parallel(mesh, layout_map, attention, balance, shard_weights=None):
     _require_strategy_axes(mesh, "context")
     _check_layout_map_mesh(layout_map, mesh)
     return ContextParallel(
-        mesh, layout_map, batch_dim_name=DATA, sequence_dim_name=SEQ, attention=attention or "ring", balance=balance
+        mesh, layout_map, batch_dim_name=DATA, sequence_dim_name=SEQ, attention=attention or "ring", balance=balance,
+        shard_weights=True if shard_weights is None else shard_weights,
     )
 
 

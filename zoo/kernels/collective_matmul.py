@@ -10,7 +10,9 @@ The reduce-scatter after a row-parallel matmul is overlapped the same way, with 
 travelling accumulator instead of a travelling input.
 
 Letters as in ``tensor_parallel``: B batch, T sequence, D, F features, N axis size.
-The hops go one way (i -> i + 1); a bidirectional ring would halve the latency.
+The hops go one way (i -> i + 1); a bidirectional ring would halve the latency. Over an
+axis of one device there is no hop: the ring makes N - 1 = 0 of them (no self
+``ppermute``), and the result is the plain matmul.
 """
 
 import jax

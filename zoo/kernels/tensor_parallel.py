@@ -21,12 +21,19 @@ one all-gather of the input and one reduce-scatter of the output: the same bytes
 the backward the transposes: an all-reduce of d(input) (or a reduce-scatter of it and
 an all-gather of d(output)). ``jax.shard_map`` inserts those backward collectives
 itself: an input replicated over ``axis_name`` gets its cotangent summed.
+
+An axis of one device: every collective these kernels call (all-gather, psum_scatter,
+and psum of a value that does not vary over the axis) is skipped, since over one
+device it would only copy; XLA keeps such collectives otherwise. The one exception is
+the psum of a value that *varies* over a size-1 axis (a kernel whose spec names it):
+JAX's types need the varying -> replicated step, which only a collective provides.
+Leave size-1 axes out of the specs (the zoo's layers do) and none remains.
 """
 
 import jax
 import jax.numpy as jnp
 
-from zoo.kernels.collective_matmul import all_gather_matmul, matmul_reduce_scatter, vary_over
+from zoo.kernels.collective_matmul import _varying_axes, all_gather_matmul, matmul_reduce_scatter, vary_over
 
 __all__ = [
     "check_divisible",
@@ -83,10 +90,36 @@ def row_parallel_matmul(x, kernel, *, axis_name, bias=None, scatter_axis=None):
     _check_kernel(x, kernel, axis_name=axis_name, split="input")
     partial = jnp.matmul(x, kernel)  # [..., D], this device's share of the sum
     if scatter_axis is None:
-        y = jax.lax.psum(partial, axis_name)  # [..., D]
+        y = _psum(partial, axis_name)  # [..., D]
     else:
-        y = jax.lax.psum_scatter(partial, axis_name, scatter_dimension=scatter_axis, tiled=True)  # [B, T/N, D]
+        y = _psum_scatter(partial, axis_name, scatter_axis)  # [B, T/N, D]
     return y if bias is None else y + bias
+
+
+def _single_device(axis_name):
+    """True when ``axis_name`` has one device: a collective over it would only copy."""
+    return jax.lax.axis_size(axis_name) == 1
+
+
+def _psum(x, axis_name):
+    """``psum`` over ``axis_name``, skipped over one device unless x varies over it (see the module doc)."""
+    if _single_device(axis_name) and axis_name not in _varying_axes(x):
+        return x
+    return jax.lax.psum(x, axis_name)
+
+
+def _psum_scatter(x, axis_name, dimension):
+    """Tiled ``psum_scatter`` along ``dimension``; the identity over one device."""
+    if _single_device(axis_name):
+        return x
+    return jax.lax.psum_scatter(x, axis_name, scatter_dimension=dimension, tiled=True)
+
+
+def _all_gather(x, axis_name, dimension):
+    """Tiled ``all_gather`` along ``dimension``; the identity over one device."""
+    if _single_device(axis_name):
+        return x
+    return jax.lax.all_gather(x, axis_name, axis=dimension, tiled=True)
 
 
 def sequence_parallel_column_matmul(x, kernel, *, axis_name, sequence_axis=1, bias=None, collective=False):
@@ -104,7 +137,7 @@ def sequence_parallel_column_matmul(x, kernel, *, axis_name, sequence_axis=1, bi
     if collective:
         y = all_gather_matmul(x, kernel, axis_name=axis_name, axis=sequence_axis)  # [B, T, F/N]
         return y if bias is None else y + bias
-    x_all = jax.lax.all_gather(x, axis_name, axis=sequence_axis, tiled=True)  # [B, T, D]
+    x_all = _all_gather(x, axis_name, sequence_axis)  # [B, T, D]
     return dense_reference(x_all, kernel, bias=bias)  # [B, T, F/N]
 
 
@@ -240,7 +273,8 @@ def mlp_down_projection(
 def _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective, sequence_axis):
     """x @ each kernel, all sharing one all-gather of x in sequence-parallel mode."""
     if not sequence_parallel:
-        x = vary_over(x, axis_name)  # one cast: the backward all-reduces d(x) once, not per kernel
+        if not _single_device(axis_name):  # over one device the cast's transpose would be a psum of one
+            x = vary_over(x, axis_name)  # one cast: the backward all-reduces d(x) once, not per kernel
         return [column_parallel_matmul(x, k, axis_name=axis_name, bias=b) for k, b in zip(kernels, biases)]
     if collective:
         # One overlapped gather for all: kernels side by side, [D, F/N] x k -> [D, k F/N].
@@ -248,7 +282,7 @@ def _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective
         y = all_gather_matmul(x, joined, axis_name=axis_name, axis=sequence_axis)  # [B, T, k F/N]
         parts = jnp.split(y, len(kernels), axis=-1)
         return [p if b is None else p + b for p, b in zip(parts, biases)]
-    x_all = jax.lax.all_gather(x, axis_name, axis=sequence_axis, tiled=True)  # [B, T, D]
+    x_all = _all_gather(x, axis_name, sequence_axis)  # [B, T, D]
     return [dense_reference(x_all, k, bias=b) for k, b in zip(kernels, biases)]
 
 
