@@ -54,7 +54,8 @@ class ContextParallel(CheckedModelParallel):
             ``"data=2,seq=4"``; it must have both axes (size 1 is allowed). May be
             omitted when ``layout_map`` is given (its mesh is used).
         layout_map: a ``keras.distribution.LayoutMap`` on the same mesh for the
-            weights (e.g. TP rules over a ``model`` axis); None replicates every weight.
+            weights (e.g. TP rules over a ``model`` axis); None: no rules (weights replicated
+            but for the FSDP split of ``shard_weights``).
         batch_dim_name: the mesh axis the batch is split over.
         sequence_dim_name: the mesh axis the sequence is split over.
         attention: the kernel every zoo attention layer whose ``sequence_parallel`` is
