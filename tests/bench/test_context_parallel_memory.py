@@ -31,7 +31,11 @@ def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(
     assert "collective-permute" not in data.collectives and data.collectives["all-reduce"] >= 1
     shard = 1 * (128 // 8) * 2 * 8 * 4  # f32 K (or V) shard [B, T/N, K, D] in bytes
     gradients = data.sent  # data parallelism sends only the gradient all-reduce
-    assert context.sent == pytest.approx(gradients + (6 * 8 - 4) * shard, rel=0.01)
+    # ContextParallel splits the weights over seq (FSDP): each is all-gathered where it is
+    # used (forward, again in the backward) and its gradient reduce-scattered, between
+    # once and twice the bytes of the gradient all-reduce, on top of the ring's hops
+    ring = (6 * 8 - 4) * shard
+    assert ring + gradients <= context.sent <= ring + 2 * gradients, (context.sent, ring, gradients)
     assert result["goal"][0] == "PASS"
     text = output.read_text()
     assert "| data-parallel | data=8 | 8 | 128 |" in text and "| context-parallel | data=1,seq=8 | 1 | 16 |" in text

@@ -131,7 +131,7 @@ def recipe_row(path):
 
     recipe = load_recipe(path)
     step = compile_recipe_step(recipe, compiler_options=FAST_COMPILE)
-    module, config, _ = recipe._job_config()
+    config = recipe.job_config()
     memory = step.memory
     return {
         "kind": "recipe", "path": path, "strategy": config.strategy, "mesh": step.mesh or "one device",

@@ -106,6 +106,12 @@ def _batch_shapes(recipe, config, batch):
     raise ValueError(f"{recipe.path}: compiling the step of job {recipe.job.name!r} is not supported (pretrain_gpt is)")
 
 
+def _module_and_config(recipe):
+    """The job's module and its config dataclass from the recipe (raises on unsupported keys)."""
+    module, _, _ = recipe.job.load()
+    return module, recipe.job_config()
+
+
 def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_options=None):
     """``RecipeStep``: the recipe's training step compiled on this process' devices.
 
@@ -113,7 +119,7 @@ def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_optio
     ``devices`` caps the devices used (default all of this process'; see the module
     docstring for compiling on fewer than the target has).
     """
-    module, config, _ = recipe._job_config()
+    module, config = _module_and_config(recipe)
     job = recipe.job
     axes, batch = _mesh_axes(recipe, config, devices or len(jax.devices()))
     mesh = None if axes is None else _real_mesh(axes)
@@ -130,7 +136,7 @@ def recipe_fit(recipe, *, num_layers=2, devices=None, compiler_options=None):
     """``RecipeFit`` from the steps compiled at ``num_layers - 1`` and ``num_layers`` blocks."""
     if num_layers < 2:
         raise ValueError(f"num_layers must be >= 2 (the per-block cost is a difference of two depths), got {num_layers}")
-    module, config, _ = recipe._job_config()
+    module, config = _module_and_config(recipe)
     full_depth = recipe.job.num_layers(module, config)
     steps = tuple(
         compile_recipe_step(recipe, num_layers=n, devices=devices, compiler_options=compiler_options)
