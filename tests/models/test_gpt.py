@@ -19,12 +19,15 @@ def _tokens(batch=2, length=12, seed=0):
 
 
 def test_config_keeps_every_argument_and_round_trips():
-    model = GPTCausalLM.from_config_name("gpt_tiny", dropout=0.1, seed=3, rotary_base=500.0, norm="layer", sequence_parallel="ring")
+    model = GPTCausalLM.from_config_name(
+        "gpt_tiny", dropout=0.1, seed=3, rotary_base=500.0, norm="layer", sequence_parallel="ring", remat="dots_saveable"
+    )
     config = model.get_config()
     arguments = set(inspect.signature(GPTCausalLM.__init__).parameters) - {"self", "kwargs"}
     assert arguments <= set(config), arguments - set(config)
     assert config["head_dim"] == 8 and config["num_kv_heads"] == 2 and config["rotary_base"] == 500.0  # defaults resolved
     assert config["sequence_parallel"] == "ring" and model.backbone.blocks[1].attention.sequence_parallel == "ring"
+    assert config["remat"] == "dots_saveable" and model.backbone.blocks[1].remat == "dots_saveable"
     assert model.backbone.blocks[1].mlp_dropout.seed == 3 + 1 + 2 + 1  # block i: seed + 1 + 2i (and + 1)
     clone = GPTCausalLM.from_config(config)
     assert clone.get_config() == config
@@ -34,7 +37,9 @@ def test_config_keeps_every_argument_and_round_trips():
 
 
 @pytest.mark.parametrize(
-    "overrides", [dict(tie_embeddings=True), dict(mlp="gelu", norm="layer", dropout=0.2, seed=1)], ids=["tied", "gelu-layernorm"]
+    "overrides",
+    [dict(tie_embeddings=True), dict(mlp="gelu", norm="layer", dropout=0.2, seed=1, remat="full")],
+    ids=["tied", "gelu-layernorm-remat"],
 )
 def test_keras_file_round_trip_reproduces_outputs(overrides, tmp_path):
     model = GPTCausalLM.from_config_name("gpt_tiny", **overrides)
@@ -110,6 +115,7 @@ def test_strategy_config_entries():
         (dict(mlp="swish"), "mlp must be one of ['swiglu', 'geglu', 'gelu', 'relu'], got 'swish'"),
         (dict(norm="batch"), "norm must be one of ['rms', 'layer'], got 'batch'"),
         (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
+        (dict(remat=True), "remat must be one of ['none', 'full', 'dots_saveable'] (or None for 'none'), got True"),
     ],
 )
 def test_bad_config_names_the_numbers(overrides, message):

@@ -1,5 +1,6 @@
 """``TransformerBlock``: a pre-norm Transformer block built from the zoo's parallel layers."""
 
+import jax
 import keras
 
 from zoo.distribution.axes import MODEL
@@ -15,6 +16,21 @@ MLPS = {
     "geglu": ("gelu", True),
     "swiglu": ("silu", True),
 }
+# remat value -> what jax.checkpoint keeps from the forward pass for the backward pass
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,  # the block's inputs only: recompute everything
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,  # matmul outputs ("save matmuls"): recompute the rest
+}
+REMATS = ("none", *REMAT_POLICIES)  # "none": no rematerialisation, every activation is kept
+
+
+def check_remat(remat):
+    """``remat`` as one of ``REMATS`` (None means ``"none"``); anything else raises naming it."""
+    if remat is None:
+        return "none"
+    if not isinstance(remat, str) or remat not in REMATS:
+        raise ValueError(f"remat must be one of {list(REMATS)} (or None for 'none'), got {remat!r}")
+    return remat
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -46,8 +62,19 @@ class TransformerBlock(keras.layers.Layer):
         model_axis: the mesh axis tensor parallelism splits over.
         kernel_initializer: for every projection.
         seed: seed of the dropout layers' random streams.
+        remat: rematerialisation of the block in training: ``"none"`` (or None; keep
+            every activation for the backward pass), ``"full"`` (keep only the block's
+            inputs and recompute the rest in the backward pass:
+            ``jax.checkpoint_policies.nothing_saveable``) or ``"dots_saveable"`` (keep
+            the matmul outputs, recompute the norms, activations and dropout masks).
+            Inference calls are never rematerialised (there is no backward pass).
 
     Call: ``block(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
+
+    Dropout and remat: the two dropout seeds are drawn from the dropout layers' seed
+    generators before the block's computation, which takes them as arguments; the
+    computation itself assigns no variable, so ``jax.checkpoint`` can recompute it, and
+    a block with and without remat draws the same masks (the same numbers in training).
 
     Cached call (decoding): ``block(x, cache=cache, cache_index=i)`` with the
     attention's cache (B, 2, S, K, D) (``attention.empty_cache(B, S)``) returns
@@ -90,9 +117,11 @@ class TransformerBlock(keras.layers.Layer):
         model_axis=MODEL,
         kernel_initializer="glorot_uniform",
         seed=None,
+        remat="none",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.remat = check_remat(remat)
         if mlp not in MLPS:
             raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
         if norm not in NORMS:
@@ -165,11 +194,34 @@ class TransformerBlock(keras.layers.Layer):
     def call(self, x, key_mask=None, training=None, cache=None, cache_index=None):
         if cache is not None:
             return self._call_with_cache(x, cache, cache_index, training)
+        seeds = self._dropout_seeds(training)  # u32[2] each, or None: drawn here, outside any jax.checkpoint
+        forward = self._forward
+        if training and self.remat != "none":
+            forward = jax.checkpoint(forward, policy=REMAT_POLICIES[self.remat])
+        return forward(x, key_mask, seeds)  # (B, T, C)
+
+    def _forward(self, x, key_mask, seeds):
+        """The block on x (B, T, C) with dropout seeds ``(attention, mlp)`` or None (no
+        dropout). Assigns no variable: safe to run under ``jax.checkpoint``."""
+        attention_seed, mlp_seed = (None, None) if seeds is None else seeds
         x = self._split_sequence(x)  # (B, T, C), T split over the model axis with tp_sequence_parallel
         attended = self.attention(self.attention_norm(x), key_mask=key_mask)  # (B, T, C)
-        x = self._split_sequence(x + self.attention_dropout(attended, training=training))  # (B, T, C)
+        x = self._split_sequence(x + self._dropout(attended, attention_seed))  # (B, T, C)
         transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
-        return x + self.mlp_dropout(transformed, training=training)  # (B, T, C)
+        return x + self._dropout(transformed, mlp_seed)  # (B, T, C)
+
+    def _dropout_seeds(self, training):
+        """``(attention seed, mlp seed)`` from the dropout layers' seed generators (one
+        draw each, as ``keras.layers.Dropout`` makes), or None when dropout is off."""
+        if not training or self.dropout == 0:
+            return None
+        return self.attention_dropout.seed_generator.next(), self.mlp_dropout.seed_generator.next()
+
+    def _dropout(self, x, seed):
+        """``keras.layers.Dropout``'s computation with a given seed (None: identity)."""
+        if seed is None:
+            return x
+        return keras.random.dropout(x, self.dropout, seed=seed)
 
     def _call_with_cache(self, x, cache, cache_index, training):
         """x (B, T, C) at positions cache_index.. -> ((B, T, C), cache (B, 2, S, K, D))."""
@@ -219,5 +271,6 @@ class TransformerBlock(keras.layers.Layer):
             model_axis=self.model_axis,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             seed=self.seed,
+            remat=self.remat,
         )
         return config

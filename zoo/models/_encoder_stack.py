@@ -23,11 +23,13 @@ def encoder_stack(
     use_bias,
     tp_sequence_parallel,
     seed,
+    remat="none",
 ):
     """``block_0`` .. ``block_{N-1}`` (non-causal ``TransformerBlock``s), then ``final_norm``.
 
     x (B, T, C) symbolic -> (B, T, C). Block i seeds its two dropout layers with
-    ``seed + 2 i`` and ``seed + 2 i + 1`` (None: unseeded).
+    ``seed + 2 i`` and ``seed + 2 i + 1`` (None: unseeded). ``remat``: every block's
+    rematerialisation (``TransformerBlock``).
     """
     for index in range(num_layers):
         block = TransformerBlock(
@@ -44,6 +46,7 @@ def encoder_stack(
             use_bias=use_bias,
             tp_sequence_parallel=tp_sequence_parallel,
             seed=layer_seed(seed, 2 * index),
+            remat=remat,
             name=f"block_{index}",
         )
         x = block(x) if key_mask is None else block(x, key_mask=key_mask)  # (B, T, C)

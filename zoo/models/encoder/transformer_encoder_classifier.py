@@ -3,6 +3,7 @@
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
+from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._class_token import ClassToken
 from zoo.models._classifier_checks import check_common
@@ -56,6 +57,8 @@ class TransformerEncoderClassifier(keras.Model):
         seed: seeds the dropout layers' random streams (each layer its own).
         tp_sequence_parallel: build the blocks Megatron sequence-parallel (layout
             strategy ``"tp+sp"``).
+        remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
+            ``"dots_saveable"`` (``TransformerBlock``); memory and compute change, not the numbers.
 
     Outputs logits: compile with ``SparseCategoricalCrossentropy(from_logits=True)``.
     """
@@ -80,6 +83,7 @@ class TransformerEncoderClassifier(keras.Model):
         pad_id=0,
         seed=None,
         tp_sequence_parallel=False,
+        remat="none",
         name="transformer_encoder_classifier",
         **kwargs,
     ):
@@ -107,6 +111,7 @@ class TransformerEncoderClassifier(keras.Model):
             use_bias=use_bias,
             tp_sequence_parallel=tp_sequence_parallel,
             seed=layer_seed(seed, 1),
+            remat=check_remat(remat),
         )  # (B, T', C), after final_norm
         logits = classifier_head(x, key_mask, pooling, dropout, num_classes, layer_seed(seed, 2 * num_layers + 1))
         super().__init__(inputs=token_ids, outputs=logits, name=name, **kwargs)
@@ -129,6 +134,7 @@ class TransformerEncoderClassifier(keras.Model):
         self.pad_id = pad_id
         self.seed = seed
         self.tp_sequence_parallel = bool(tp_sequence_parallel)
+        self.remat = check_remat(remat)
 
     def get_config(self):
         return {
@@ -152,6 +158,7 @@ class TransformerEncoderClassifier(keras.Model):
             "pad_id": self.pad_id,
             "seed": self.seed,
             "tp_sequence_parallel": self.tp_sequence_parallel,
+            "remat": self.remat,
         }
 
     @classmethod

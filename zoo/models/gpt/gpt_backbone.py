@@ -4,6 +4,7 @@ import keras
 
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers import TransformerBlock
+from zoo.layers.transformer_block import check_remat
 from zoo.models.gpt import _gpt_layouts
 
 MLPS = ("swiglu", "geglu", "gelu", "relu")
@@ -39,6 +40,9 @@ class GPTBackbone(keras.Model):
             strategy ``"tp+sp"``).
         sequence_parallel: every attention's ``sequence_parallel`` (None, ``"gather"``,
             ``"ring"``, ``"ulysses"``); None lets a context-parallel distribution choose.
+        remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
+            ``"dots_saveable"`` (see ``TransformerBlock``); the numbers are the same,
+            only memory and compute change.
 
     Variable paths (see ``get_layout_map`` for layouts): ``token_embedding/embeddings``
     (V, C), ``block_<i>/...`` (``TransformerBlock``), ``final_norm/scale`` (C,) for RMS
@@ -63,11 +67,13 @@ class GPTBackbone(keras.Model):
         seed=None,
         tp_sequence_parallel=False,
         sequence_parallel=None,
+        remat="none",
         name="gpt_backbone",
         **kwargs,
     ):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         head_dim = _default_head_dim(hidden_dim, num_heads) if head_dim is None else head_dim
+        remat = check_remat(remat)
         check_config(
             vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
             intermediate_dim=intermediate_dim, num_kv_heads=num_kv_heads, head_dim=head_dim, mlp=mlp, norm=norm,
@@ -95,6 +101,7 @@ class GPTBackbone(keras.Model):
                 sequence_parallel=sequence_parallel,
                 tp_sequence_parallel=tp_sequence_parallel,
                 seed=None if seed is None else seed + 1 + 2 * index,
+                remat=remat,
                 name=f"block_{index}",
             )(x)  # (B, T, C)
         x = _norm(norm, norm_epsilon, "final_norm")(x)  # (B, T, C)
@@ -116,6 +123,7 @@ class GPTBackbone(keras.Model):
         self.seed = seed
         self.tp_sequence_parallel = bool(tp_sequence_parallel)
         self.sequence_parallel = sequence_parallel
+        self.remat = remat
 
     # --- sublayers by their stable names ---------------------------------------------
 
@@ -172,6 +180,7 @@ class GPTBackbone(keras.Model):
             "seed": self.seed,
             "tp_sequence_parallel": self.tp_sequence_parallel,
             "sequence_parallel": self.sequence_parallel,
+            "remat": self.remat,
         }
 
     @classmethod

@@ -12,7 +12,7 @@ from zoo.models.gpt.gpt_configs import config_by_name
 BACKBONE_ARGS = (
     "vocabulary_size", "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "num_kv_heads", "head_dim",
     "mlp", "norm", "norm_epsilon", "dropout", "max_sequence_length", "rotary_base", "seed",
-    "tp_sequence_parallel", "sequence_parallel",
+    "tp_sequence_parallel", "sequence_parallel", "remat",
 )  # fmt: skip
 
 
@@ -30,7 +30,7 @@ class GPTCausalLM(keras.Model):
     Args: those of ``GPTBackbone`` (vocabulary_size, num_layers, num_heads,
     hidden_dim, intermediate_dim, num_kv_heads, head_dim, mlp, norm, norm_epsilon,
     dropout, max_sequence_length, rotary_base, seed, tp_sequence_parallel,
-    sequence_parallel), and ``tie_embeddings``.
+    sequence_parallel, remat), and ``tie_embeddings``.
 
     Named sizes: ``GPTCausalLM.from_config_name("gpt_tiny")`` (``gpt_configs.GPT_CONFIGS``).
     """
@@ -53,6 +53,7 @@ class GPTCausalLM(keras.Model):
         seed=None,
         tp_sequence_parallel=False,
         sequence_parallel=None,
+        remat="none",
         tie_embeddings=False,
         name="gpt_causal_lm",
         **kwargs,

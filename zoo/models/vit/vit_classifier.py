@@ -3,6 +3,7 @@
 import keras
 
 from zoo.distribution.axes import MODEL
+from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._class_token import ClassToken
 from zoo.models._classifier_checks import check_common
@@ -48,6 +49,8 @@ class ViTClassifier(keras.Model):
         seed: seeds the dropout layers' random streams (each layer its own).
         tp_sequence_parallel: build the blocks Megatron sequence-parallel (layout
             strategy ``"tp+sp"``; the token count P (+1) must divide by the model axis).
+        remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
+            ``"dots_saveable"`` (``TransformerBlock``); memory and compute change, not the numbers.
 
     Outputs logits: compile with ``SparseCategoricalCrossentropy(from_logits=True)``.
     """
@@ -71,6 +74,7 @@ class ViTClassifier(keras.Model):
         use_bias=True,
         seed=None,
         tp_sequence_parallel=False,
+        remat="none",
         name="vit_classifier",
         **kwargs,
     ):
@@ -100,6 +104,7 @@ class ViTClassifier(keras.Model):
             use_bias=use_bias,
             tp_sequence_parallel=tp_sequence_parallel,
             seed=layer_seed(seed, 1),
+            remat=check_remat(remat),
         )  # (B, P (+1), C), after final_norm
         logits = classifier_head(x, None, pooling, dropout, num_classes, layer_seed(seed, 2 * num_layers + 1))
         super().__init__(inputs=images, outputs=logits, name=name, **kwargs)
@@ -121,6 +126,7 @@ class ViTClassifier(keras.Model):
         self.use_bias = use_bias
         self.seed = seed
         self.tp_sequence_parallel = bool(tp_sequence_parallel)
+        self.remat = check_remat(remat)
 
     @property
     def num_patches(self):
@@ -149,6 +155,7 @@ class ViTClassifier(keras.Model):
             "use_bias": self.use_bias,
             "seed": self.seed,
             "tp_sequence_parallel": self.tp_sequence_parallel,
+            "remat": self.remat,
         }
 
     @classmethod
