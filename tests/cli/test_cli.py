@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from zoo.cli.main import main
+from zoo.cli.main import build_parser, main
 from zoo.models import SmallCNN
 
 SMALL_TRAIN = ["--image-size", "16", "--epochs", "2", "--train-examples", "256", "--batch-size", "32"]
@@ -25,6 +25,25 @@ def test_train_end_to_end_in_process(tmp_path, capsys):
     loaded = keras.saving.load_model(output, safe_mode=True)
     assert isinstance(loaded, SmallCNN) and loaded.image_size == (16, 16)
     assert not [p for p in os.listdir(output.parent) if p.startswith(".partial-")]
+
+
+def test_train_gpt_with_remat_in_process(tmp_path, capsys):
+    """``--remat`` alone is "full": the blocks run under jax.checkpoint with dropout on
+    (every strategy is covered by tests/models/test_gpt_remat.py)."""
+    output = tmp_path / "gpt.keras"
+    tiny = ["--config", "gpt_tiny", "--epochs", "1", "--steps-per-epoch", "1", "--sequence-length", "16", "--batch-size", "64"]
+    assert main(["train", "gpt", "--strategy", "data", "--remat", "--dropout", "0.1", *tiny, "--output", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert "model: gpt_tiny, 34,976 parameters, remat full" in out and "epoch 1: validation loss" in out
+    assert keras.saving.load_model(output, safe_mode=True).remat == "full"
+
+
+def test_remat_flag_values():
+    parser = build_parser()
+    gpt = ["train", "gpt"]
+    assert [parser.parse_args(gpt + flags).remat for flags in ([], ["--remat"], ["--remat", "dots_saveable"], ["--remat", "none"])] == [
+        "none", "full", "dots_saveable", "none"
+    ]
 
 
 def test_verify_passes_and_fails_by_tolerance(capsys):

@@ -41,7 +41,8 @@ def test_accelerator_recipes_pretrain_a_large_gpt_in_bfloat16():
         ({"train.global_batch": "32"}, r"\[train\] global_batch: expected an integer >= 1, got '32' \(str\)"),
         ({"train.global_batch": 0}, r"\[train\] global_batch: expected an integer >= 1, got 0"),
         ({"train.epochs": True}, r"\[train\] epochs: expected an integer >= 1, got True \(bool\)"),
-        ({"train.remat": 1}, r"\[train\] remat: expected true or false, got 1 \(int\)"),
+        ({"train.remat": 1}, r"\[train\] remat: expected a string, one of \['none', 'full', 'dots_saveable'\], or true \(= 'full'\), or false \(= 'none'\), got 1 \(int\)"),
+        ({"train.remat": "save_dots"}, r"\[train\] remat: 'save_dots' is not one of the allowed values \['none', 'full', 'dots_saveable'\] \(or true, false\)"),
         ({"multihost.process_id": 3}, r"unknown key 'process_id' in \[multihost\]; allowed: coordinator_address, timeout_s"),
     ],
 )
@@ -70,6 +71,8 @@ def test_values_convert_and_record_what_the_file_set(tmp_path):
     assert recipe.train.epochs is None  # left out: the job's default
     assert recipe.multihost.timeout_s == 300.0  # recipe-only keys carry their own default
     assert "train.learning_rate" in recipe.given and "train.epochs" not in recipe.given
+    remats = [load_recipe(write(tmp_path, CNN), {"train.remat": value}).train.remat for value in (True, False, "dots_saveable")]
+    assert remats == ["full", "none", "dots_saveable"]  # true and false are read as the policy names
 
 
 def test_overrides_are_parsed_as_toml_and_checked(tmp_path):

@@ -24,6 +24,7 @@ def _add_layout_flags(parser, defaults):
 
 
 def add_gpt_train(parser):
+    from zoo.layers.transformer_block import REMATS
     from zoo.training.gpt import GPTTrainConfig
 
     d = GPTTrainConfig()
@@ -41,7 +42,11 @@ def add_gpt_train(parser):
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--output", default=d.output, help="path of the saved .keras model")
     parser.add_argument("--precision", choices=["float32", "mixed_bfloat16"], default=d.precision, help="mixed_bfloat16: bf16 compute, float32 weights")
-    parser.add_argument("--remat", action="store_true", help="rematerialise each block in the backward pass")
+    parser.add_argument(
+        "--remat", nargs="?", const="full", choices=REMATS, default=d.remat,
+        help="what each block keeps for the backward pass: none (everything), full (only its input: recompute the rest), "
+        f"dots_saveable (matmul outputs); --remat alone means full (default {d.remat})",
+    )  # fmt: skip
     parser.add_argument("--gradient-accumulation-steps", type=int, default=d.gradient_accumulation_steps)
     parser.add_argument("--report-every", type=int, default=d.report_every, help="print step time, tokens/s and MFU every N steps")
     parser.add_argument("--peak-tflops", type=float, default=d.peak_tflops, help="device peak for MFU (default: looked up from the device kind)")

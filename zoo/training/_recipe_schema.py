@@ -14,6 +14,7 @@ import tomllib
 
 from zoo.distribution.context_parallel import ATTENTIONS, BALANCES
 from zoo.distribution.strategies import STRATEGIES
+from zoo.layers.transformer_block import REMATS
 
 JOBS = ("train_cnn", "pretrain_gpt", "finetune")
 PLATFORMS = ("cpu", "gpu", "tpu")
@@ -25,9 +26,13 @@ class RecipeError(ValueError):
     """A recipe that cannot be read, or does not fit its target or job; names file and values."""
 
 
-def key(kind, *, default=None, choices=(), minimum=None, required=False):
-    """A schema field: ``kind`` (int, float, bool or str) and its constraints."""
-    metadata = {"kind": kind, "choices": tuple(choices), "minimum": minimum, "required": required}
+def key(kind, *, default=None, choices=(), minimum=None, required=False, booleans=None):
+    """A schema field: ``kind`` (int, float, bool or str) and its constraints.
+
+    ``booleans``: ``{True: value, False: value}`` for a str field that also takes true
+    and false, read as those values (``remat = true`` is ``remat = "full"``).
+    """
+    metadata = {"kind": kind, "choices": tuple(choices), "minimum": minimum, "required": required, "booleans": booleans}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -97,7 +102,7 @@ class TrainSection:
     global_batch: int | None = key(int, minimum=1)  # examples per step over all devices
     sequence_length: int | None = key(int, minimum=1)  # tokens per example
     precision: str | None = key(str, choices=PRECISIONS)  # compute dtype policy
-    remat: bool | None = key(bool)  # recompute block activations in the backward pass
+    remat: str | None = key(str, choices=REMATS, booleans={True: "full", False: "none"})  # recompute block activations in the backward pass: none | full | dots_saveable (true = full)
     gradient_accumulation_steps: int | None = key(int, minimum=1)  # steps per optimizer update
     epochs: int | None = key(int, minimum=1)  # passes over the training data
     steps_per_epoch: int | None = key(int, minimum=1)  # None: the whole split
@@ -222,12 +227,15 @@ def check_value(field, value, where):
     """``value`` converted to the field's kind; raises ``RecipeError`` naming ``where``."""
     meta = field.metadata
     kind = meta["kind"]
+    if meta["booleans"] and isinstance(value, bool):
+        value = meta["booleans"][value]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise RecipeError(f"{where}: expected {_describe(meta)}, got {value!r} ({type(value).__name__})")
     if meta["choices"] and value not in meta["choices"]:
-        raise RecipeError(f"{where}: {value!r} is not one of the allowed values {list(meta['choices'])}")
+        also = " (or true, false)" if meta["booleans"] else ""
+        raise RecipeError(f"{where}: {value!r} is not one of the allowed values {list(meta['choices'])}{also}")
     if kind in (int, float) and meta["minimum"] is not None and value < meta["minimum"]:
         raise RecipeError(f"{where}: expected {_describe(meta)}, got {value!r}")
     return value
@@ -240,4 +248,6 @@ def _describe(meta):
         text += f", one of {list(meta['choices'])}"
     if meta["minimum"] is not None and meta["kind"] in (int, float):
         text += f" >= {meta['minimum']}"
+    if meta["booleans"]:
+        text += ", " + ", ".join(f"or {str(flag).lower()} (= {value!r})" for flag, value in meta["booleans"].items())
     return text

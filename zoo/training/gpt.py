@@ -8,7 +8,8 @@ import numpy as np
 from zoo import distribution as zd
 from zoo.data import ByteTokenizer, DivisibleBatches, load, local_batching, process_rows, unigram_entropy
 from zoo.distribution import multihost
-from zoo.models import GPT_CONFIGS, GPTCausalLM
+from zoo.layers.transformer_block import REMATS
+from zoo.models import GPTCausalLM
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.profile import ProfileSteps
@@ -39,7 +40,7 @@ class GPTTrainConfig:
     seed: int = 0  # weight initialisation, dropout and shuffling
     output: str = "runs/gpt/gpt.keras"  # where the trained model is saved (.keras)
     precision: str = "float32"  # float32 | mixed_bfloat16 (bf16 compute, float32 weights and optimizer)
-    remat: bool = False  # rematerialise each Transformer block in the backward pass (less memory, ~1/3 more compute)
+    remat: str = "none"  # none | full | dots_saveable: what each Transformer block keeps for the backward pass (full: only its input; ~1/3 more compute)
     gradient_accumulation_steps: int = 1  # optimizer update every N batches (global batch x N per update)
     report_every: int = 50  # print step time, tokens/s and MFU every N steps
     peak_tflops: float | None = None  # device peak for MFU; None: looked up from the device kind (none on CPU)
@@ -69,26 +70,26 @@ class GenerateConfig:
 
 
 def build_gpt(config, overrides=None):
-    """``GPTCausalLM`` from a named config with the job's overrides."""
-    return GPTCausalLM.from_config_name(config.config_name, dropout=config.dropout, seed=config.seed, **(overrides or {}))
+    """``GPTCausalLM`` from a named config with the job's overrides (dropout, seed, remat)."""
+    return GPTCausalLM.from_config_name(
+        config.config_name, dropout=config.dropout, seed=config.seed, remat=config.remat, **(overrides or {})
+    )
 
 
 def build_for_training(config):
-    """The GPT under the job's precision policy and rematerialisation setting."""
+    """The GPT under the job's precision policy, with its blocks rematerialised as
+    ``config.remat`` says (``TransformerBlock``'s ``remat``)."""
     if config.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {config.precision!r}")
     if config.gradient_accumulation_steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be >= 1, got {config.gradient_accumulation_steps}")
+    if config.remat not in REMATS:
+        raise ValueError(f"remat must be one of {list(REMATS)}, got {config.remat!r}")
     overrides = strategy_overrides(config.strategy)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
-        if not config.remat:
-            return build_gpt(config, overrides)
-        # Keras rematerialises the layers built in this scope whose names match: the blocks.
-        blocks = [f"block_{i}" for i in range(GPT_CONFIGS[config.config_name]["num_layers"])]
-        with keras.RematScope(mode="list_of_layers", layer_names=blocks):
-            return build_gpt(config, overrides)
+        return build_gpt(config, overrides)
     finally:
         keras.config.set_dtype_policy(previous)
 
@@ -127,7 +128,7 @@ def train(config, report=print):
     model = zd.build_distributed(lambda: build_for_training(config), distribution)
     compile_gpt(model, config.learning_rate, steps * config.epochs // config.gradient_accumulation_steps,
                 config.weight_decay, config.gradient_accumulation_steps)  # fmt: skip
-    report(f"model: {config.config_name}, {model.count_params():,} parameters")
+    report(f"model: {config.config_name}, {model.count_params():,} parameters, remat {config.remat}")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
     callbacks = _callbacks(config, model, entropy, report)
