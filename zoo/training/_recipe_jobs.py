@@ -148,9 +148,16 @@ class PretrainGPT(Job):
             module.GPTCausalLM, config.strategy, mesh, attention=config.attention, balance=config.balance
         )
 
-    def build(self, module, config):
-        # The job's own builder: precision policy, rematerialisation, strategy overrides.
-        return module.build_for_training(config)
+    def build(self, module, config, **model_overrides):
+        # The job's own builder: precision policy, rematerialisation, strategy overrides;
+        # model_overrides (e.g. num_layers) for compile-only checks at reduced depth.
+        return module.build_for_training(config, **model_overrides)
+
+    def num_layers(self, module, config):
+        """The depth of the recipe's model (its named config's ``num_layers``)."""
+        from zoo.models.gpt.gpt_configs import config_by_name
+
+        return config_by_name(config.config_name)["num_layers"]
 
     def compile(self, module, model, config):
         module.compile_gpt(model, config.learning_rate, 1, config.weight_decay, config.gradient_accumulation_steps)

@@ -76,16 +76,17 @@ def build_gpt(config, overrides=None):
     )
 
 
-def build_for_training(config):
+def build_for_training(config, **model_overrides):
     """The GPT under the job's precision policy, with its blocks rematerialised as
-    ``config.remat`` says (``TransformerBlock``'s ``remat``)."""
+    ``config.remat`` says (``TransformerBlock``'s ``remat``). ``model_overrides``
+    replace config entries (e.g. ``num_layers=2`` for a compile-only memory check)."""
     if config.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {config.precision!r}")
     if config.gradient_accumulation_steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be >= 1, got {config.gradient_accumulation_steps}")
     if config.remat not in REMATS:
         raise ValueError(f"remat must be one of {list(REMATS)}, got {config.remat!r}")
-    overrides = strategy_overrides(config.strategy)
+    overrides = {**strategy_overrides(config.strategy), **model_overrides}
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
