@@ -127,22 +127,28 @@ def test_bad_config_names_the_numbers(overrides, message):
 # --- layout maps: divisibility checked up front (keras-hub#1613, #2826) ------------------
 
 
-def test_kv_heads_not_divisible_by_model_axis_is_refused_up_front():
+def test_kv_heads_and_model_axis_that_do_not_divide_each_other_are_refused_up_front():
     mesh = make_mesh("data=2,model=4")
+    odd = TINY | dict(num_heads=12, num_kv_heads=3, hidden_dim=48)  # 3 KV heads on a model axis of 4
     for strategy in ("tp", "tp+sp", "fsdp+tp"):
-        config = GPTCausalLM.config_for_strategy(strategy, TINY)
         with pytest.raises(LayoutError) as error:
-            GPTCausalLM.get_layout_map(mesh, strategy, config=config)
-        assert "num_kv_heads=2 is not divisible by the 'model' mesh axis of size 4" in str(error.value)
-    GPTCausalLM.get_layout_map(mesh, "fsdp", config=TINY | {"hidden_dim": 32})  # heads are not split by fsdp
+            GPTCausalLM.get_layout_map(mesh, strategy, config=GPTCausalLM.config_for_strategy(strategy, odd))
+        assert "num_kv_heads=3 and the 'model' mesh axis of size 4 (mesh data=2,model=4) do not divide each other" in str(error.value)
+        GPTCausalLM.get_layout_map(mesh, strategy, config=GPTCausalLM.config_for_strategy(strategy, TINY))  # 2 KV heads: replicated
+    GPTCausalLM.get_layout_map(mesh, "fsdp", config=odd | {"hidden_dim": 48})  # heads are not split by fsdp
 
 
-def test_kv_heads_without_config_still_fail_when_the_weight_is_created():
-    """No silent replication: the checked distribution rejects the (C, K=2, D) key kernel."""
+def test_kv_heads_fewer_than_the_model_axis_are_replicated_and_others_refused_at_creation():
+    """Megatron's rule: K=2 KV heads on a model axis of 4 are replicated over it; K=3 fails
+    when the attention is built, even without a config given to the layout map."""
     mesh = make_mesh("data=2,model=4")
     distribution = CheckedModelParallel(layout_map=GPTCausalLM.get_layout_map(mesh, "tp"), batch_dim_name="data")
-    with pytest.raises(LayoutError, match=r"block_0/attention/key/kernel.*dimension 1 of size 2 is not divisible by mesh axis 'model' of size 4"):
-        build_distributed(lambda: GPTCausalLM(**TINY), distribution)
+    model = build_distributed(lambda: GPTCausalLM(**TINY), distribution)
+    specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
+    assert all(entry is None for entry in specs["block_0/attention/key/kernel"]), specs["block_0/attention/key/kernel"]
+    assert specs["block_0/attention/query/kernel"][1] == "model"
+    with pytest.raises(ValueError, match=r"num_kv_heads 3 and the 'model' mesh axis of size 4 do not divide each other"):
+        build_distributed(lambda: GPTCausalLM(**(TINY | dict(num_heads=12, num_kv_heads=3, hidden_dim=48))), distribution)
 
 
 @pytest.mark.parametrize(
