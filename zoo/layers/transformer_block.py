@@ -160,6 +160,8 @@ class TransformerBlock(keras.layers.Layer):
             rotary_base=rotary_base,
             use_bias=use_bias,
             sequence_parallel=sequence_parallel,
+            tp_sequence_parallel=self.tp_sequence_parallel,
+            model_axis=model_axis,
             kernel_initializer=self._initializer(),
             dtype=self.dtype_policy,
             name="attention",
