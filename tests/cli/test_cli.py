@@ -29,12 +29,15 @@ def test_train_end_to_end_in_process(tmp_path, capsys):
 
 def test_train_gpt_with_remat_in_process(tmp_path, capsys):
     """``--remat`` alone is "full": the blocks run under jax.checkpoint with dropout on
-    (every strategy is covered by tests/models/test_gpt_remat.py)."""
+    (every strategy is covered by tests/models/test_gpt_remat.py), here under tp, whose
+    attention runs in one shard_map (gpt_tiny's 2 KV heads replicated over model=4); the
+    job names the attention implementation it runs."""
     output = tmp_path / "gpt.keras"
     tiny = ["--config", "gpt_tiny", "--epochs", "1", "--steps-per-epoch", "1", "--sequence-length", "16", "--batch-size", "64"]
-    assert main(["train", "gpt", "--strategy", "data", "--remat", "--dropout", "0.1", *tiny, "--output", str(output)]) == 0
+    assert main(["train", "gpt", "--strategy", "tp", "--remat", "--dropout", "0.1", *tiny, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     assert "model: gpt_tiny, 34,976 parameters, remat full" in out and "epoch 1: validation loss" in out
+    assert "attention: one shard_map over 'model' (M=4: 1 of 4 heads per device), then blockwise (tile 16)" in out
     assert keras.saving.load_model(output, safe_mode=True).remat == "full"
 
 

@@ -192,6 +192,22 @@ class MultiHeadAttention(keras.layers.Layer):
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
 
+    def describe_implementation(self, seq_len):
+        """What a training call on ``seq_len`` tokens runs under the current distribution,
+        in words, e.g. ``"blockwise (tile 512)"``, ``"cudnn"``, ``"ring over 'seq' (N=4,
+        tile 256)"``, or, tensor-parallel, ``"one shard_map over 'model' (M=4: 8 of 32
+        heads per device), then blockwise (tile 512)"``."""
+        plan = _tensor_parallel_attention.tensor_parallel_plan(self)
+        local = _sequence_parallel.describe_attention(
+            seq_len=seq_len, head_dim=self.head_dim, dtype=self.compute_dtype, causal=self.causal,
+            strategy=self.sequence_parallel, balance=self.balance, sequence_axis=self.sequence_axis,
+            batch_axis=self.batch_axis, block_size=self.ring_block_size,
+        )  # fmt: skip
+        if plan is None:
+            return local
+        per_device = self.num_heads // plan.model_size
+        return f"one shard_map over {plan.model_axis!r} (M={plan.model_size}: {per_device} of {self.num_heads} heads per device), then {local}"
+
     def empty_cache(self, batch_size, cache_length, dtype=None):
         """Zeros (B, 2, S, K, D) for ``cache_length`` positions, in the compute dtype."""
         shape = (batch_size, 2, cache_length, self.num_kv_heads, self.head_dim)

@@ -132,6 +132,7 @@ def train(config, report=print):
     report(f"model: {config.config_name}, {model.count_params():,} parameters, remat {config.remat}")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
+    report(f"attention: {model.backbone.blocks[0].attention.describe_implementation(config.sequence_length)}")
     callbacks = _callbacks(config, model, entropy, report)
     verbose = 2 if multihost.is_primary() else 0
     data = {"dataset": config.dataset, "sequence_length": config.sequence_length, "windows": len(x),
