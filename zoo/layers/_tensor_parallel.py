@@ -209,7 +209,25 @@ def gather_weight(value, axes, plan):
     return jax.lax.all_gather(value, axis, axis=axes.index(axis), tiled=True)
 
 
-class _TensorParallelDense(keras.layers.Dense):
+class WeightsPlacedAtCreation:
+    """Mixin for a Keras layer with a ``model_axis``: ``add_weight`` creates each weight
+    with the layout ``self.creation_axes(name, shape, plan)`` names under the current
+    plan, as the variable's own layout (None, or no plan: Keras places it as usual)."""
+
+    def add_weight(self, *args, shape=None, initializer=None, dtype=None, trainable=True, autocast=True,
+                   regularizer=None, constraint=None, aggregation="none", overwrite_with_gradient=False, name=None):  # fmt: skip
+        """``Layer.add_weight``, creating the kernel, bias and LoRA factors with their layout."""
+        options = dict(shape=shape, initializer=initializer, dtype=dtype, trainable=trainable, autocast=autocast,
+                       regularizer=regularizer, constraint=constraint, aggregation=aggregation,
+                       overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
+        plan = current_plan(self.model_axis)
+        axes = None if plan is None or args or shape is None else self.creation_axes(name, shape, plan)
+        if axes is None:
+            return super().add_weight(*args, **options)
+        return add_weight_with_layout(self, plan.layout(axes), **options)
+
+
+class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
     """A ``Dense`` whose kernel is split over ``model_axis``; subclasses say how.
 
     Subclasses set ``WEIGHT_AXES`` ({weight name: layout axes with "model" standing
@@ -258,17 +276,9 @@ class _TensorParallelDense(keras.layers.Dense):
         axes = self.WEIGHT_AXES.get(name)
         return None if axes is None else resolve_axes(axes, plan)
 
-    def add_weight(self, *args, shape=None, initializer=None, dtype=None, trainable=True, autocast=True,
-                   regularizer=None, constraint=None, aggregation="none", overwrite_with_gradient=False, name=None):  # fmt: skip
-        """``Layer.add_weight``, creating the kernel, bias and LoRA factors with their layout."""
-        options = dict(shape=shape, initializer=initializer, dtype=dtype, trainable=trainable, autocast=autocast,
-                       regularizer=regularizer, constraint=constraint, aggregation=aggregation,
-                       overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
-        plan = current_plan(self.model_axis)
-        axes = None if plan is None else self.weight_axes(name, plan)
-        if args or axes is None:
-            return super().add_weight(*args, **options)
-        return add_weight_with_layout(self, plan.layout(axes), **options)
+    def creation_axes(self, name, shape, plan):
+        """Layout axes ``WeightsPlacedAtCreation`` gives weight ``name`` (None: Keras decides)."""
+        return self.weight_axes(name, plan)
 
     def quantize(self, mode=None, **kwargs):
         raise NotImplementedError(

@@ -45,13 +45,13 @@ import jax.numpy as jnp
 import keras
 from jax.sharding import PartitionSpec as P
 
-from zoo._compat import add_weight_with_layout
 from zoo.distribution.axes import MODEL
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.collective_matmul import vary_over
 from zoo.layers import _sequence_parallel
 from zoo.layers._tensor_parallel import (
     LORA_WEIGHTS,
+    WeightsPlacedAtCreation,
     activation_spec,
     check_input,
     current_plan,
@@ -92,7 +92,7 @@ def check_heads(where, plan, *, num_heads, num_kv_heads, channels):
         )
 
 
-class AttentionProjection(keras.layers.EinsumDense):
+class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
     """An ``EinsumDense`` whose weights are created with their tensor-parallel layouts.
 
     ``role``: ``"heads_out"`` (query/key/value: heads on the output side) or
@@ -120,17 +120,7 @@ class AttentionProjection(keras.layers.EinsumDense):
             axes[channel] = plan.weight_shard_axis
         return tuple(axes)
 
-    def add_weight(self, *args, shape=None, initializer=None, dtype=None, trainable=True, autocast=True,
-                   regularizer=None, constraint=None, aggregation="none", overwrite_with_gradient=False, name=None):  # fmt: skip
-        """``Layer.add_weight``, creating the kernel, bias and LoRA factors with their layout."""
-        options = dict(shape=shape, initializer=initializer, dtype=dtype, trainable=trainable, autocast=autocast,
-                       regularizer=regularizer, constraint=constraint, aggregation=aggregation,
-                       overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
-        plan = current_plan(self.model_axis)
-        axes = None if plan is None or args or shape is None else self.weight_axes(name, shape, plan)
-        if axes is None:
-            return super().add_weight(*args, **options)
-        return add_weight_with_layout(self, plan.layout(axes), **options)
+    creation_axes = weight_axes  # WeightsPlacedAtCreation.add_weight places them
 
     def quantize(self, mode=None, **kwargs):
         raise NotImplementedError(

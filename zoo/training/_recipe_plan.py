@@ -12,7 +12,6 @@ tensor-parallel layers, else ``distribution.get_variable_layout``), which also r
 zoo's checks (rank, divisibility, rules that match nothing).
 """
 
-import contextlib
 import dataclasses
 import math
 
@@ -21,10 +20,9 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
-from zoo._compat import forgetting_deferred_variables, variable_layout
 from zoo.distribution.axes import MODEL, SEQ
-from zoo.distribution.layouts import raise_if_unmatched
 from zoo.distribution.mesh import resolve_mesh_shape
+from zoo.training.compiled_step import abstract_build, layout_under, slot_reference
 
 GIB = 2**30
 TIGHT_MEMORY_FRACTION = 0.75  # state above this share of device memory leaves little for activations
@@ -158,35 +156,17 @@ def check_batch(distribution, axes, strategy, global_batch, sequence_length, hos
 def build_abstract(job, module, config, distribution):
     """``(model, optimizer variables, {id(variable): layout axes})`` of the job's model,
     with no variable initialised (see the module docstring)."""
-    with forgetting_deferred_variables(), _distribution(distribution):  # else the next symbolic call allocates it all
-        with keras.StatelessScope(initialize_variables=False):
-            model = job.build(module, config)
-        axes = {id(v): _layout_axes(v, distribution) for v in model.variables}
-        if hasattr(distribution, "unmatched_rules"):
-            raise_if_unmatched(distribution.unmatched_rules(), model)
-        with _distribution(None):  # the optimizer's scalars are created for real, on the default device
-            job.compile(module, model, config)
-        with keras.StatelessScope(initialize_variables=False):
-            model.optimizer.build(model.trainable_variables)
-        return model, list(model.optimizer.variables), axes
+    model = abstract_build(lambda: job.build(module, config), lambda m: job.compile(module, m, config), distribution)
+    axes = {id(v): _layout_axes(v, distribution) for v in model.variables}
+    return model, list(model.optimizer.variables), axes
 
 
 def _layout_axes(variable, distribution):
     """The layout axes Keras will give ``variable`` under ``distribution`` (() = replicated)."""
-    layout = variable_layout(variable)  # set at creation (the zoo's tensor-parallel layers)
-    if layout is None and distribution is not None:
-        layout = distribution.get_variable_layout(variable)
+    layout = layout_under(variable, distribution)
+    if isinstance(layout, jax.sharding.NamedSharding):  # a dimension split over several axes
+        return tuple(layout.spec)
     return tuple(getattr(layout, "axes", None) or ())
-
-
-@contextlib.contextmanager
-def _distribution(distribution):
-    previous = keras.distribution.distribution()
-    keras.distribution.set_distribution(distribution)
-    try:
-        yield
-    finally:
-        keras.distribution.set_distribution(previous)
 
 
 def memory_per_device(model, optimizer_variables, axes, mesh_sizes):
@@ -203,10 +183,9 @@ def memory_per_device(model, optimizer_variables, axes, mesh_sizes):
 
     weights = sum(per_device(v, axes[id(v)]) for v in model.variables)
     gradients = sum(per_device(v, axes[id(v)]) for v in model.trainable_variables)
-    prefixes = sorted(((v.path.replace("/", "_") + "_", v) for v in model.trainable_variables), key=lambda p: -len(p[0]))
     optimizer = 0
     for slot in optimizer_variables:
-        reference = next((v for prefix, v in prefixes if slot.name.startswith(prefix) and tuple(slot.shape) == tuple(v.shape)), None)
+        reference = slot_reference(slot, model.trainable_variables)
         optimizer += per_device(slot, axes[id(reference)] if reference is not None else ())
     return weights, gradients, optimizer
 

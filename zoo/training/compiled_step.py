@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zoo._compat import forgetting_deferred_variables, variable_layout
+from zoo.distribution.layouts import raise_if_unmatched
 
 __all__ = ["StepMemory", "abstract_build", "analytic_weight_bytes", "compile_fit_step", "memory_analysis_reflects_remat", "state_shardings"]
 
@@ -72,10 +73,15 @@ def _distribution(distribution):
 
 def abstract_build(build, compile_model, distribution):
     """``build()`` and ``compile_model(model)`` under ``distribution`` with no weight or
-    optimizer slot allocated; returns the compiled model (variables uninitialised)."""
-    with forgetting_deferred_variables(), _distribution(distribution):
+    optimizer slot allocated; returns the compiled model (variables uninitialised).
+    Raises ``LayoutError`` if a rule of the distribution's layout map matched no variable."""
+    with forgetting_deferred_variables(), _distribution(distribution):  # else the next symbolic call allocates it all
         with keras.StatelessScope(initialize_variables=False):
             model = build()
+        if hasattr(distribution, "unmatched_rules"):  # a layout rule that matched no variable is an error
+            for variable in model.variables:  # deferred: nothing has asked for the layouts yet
+                layout_under(variable, distribution)
+            raise_if_unmatched(distribution.unmatched_rules(), model)
         with _distribution(None):  # the optimizer's scalars are created for real, on the default device
             compile_model(model)
         with keras.StatelessScope(initialize_variables=False):
@@ -91,14 +97,21 @@ def _sharding(layout, mesh):
     return NamedSharding(mesh, P(*axes))
 
 
-def _variable_sharding(variable, distribution, mesh):
+def layout_under(variable, distribution):
+    """The layout Keras gives ``variable`` when it is initialised under ``distribution``:
+    one set at creation (the zoo's parallel layers), else the distribution's (None:
+    replicated, or no distribution)."""
     layout = variable_layout(variable)
     if layout is None and distribution is not None:
         layout = distribution.get_variable_layout(variable)
-    return _sharding(layout, mesh)
+    return layout
 
 
-def _slot_reference(slot, trainable):
+def _variable_sharding(variable, distribution, mesh):
+    return _sharding(layout_under(variable, distribution), mesh)
+
+
+def slot_reference(slot, trainable):
     """The trainable variable an optimizer slot was made from (its path, ``/`` as ``_``,
     prefixes the slot's name; same shape), or None for the optimizer's own scalars."""
     prefixes = sorted(((v.path.replace("/", "_") + "_", v) for v in trainable), key=lambda p: -len(p[0]))
@@ -120,7 +133,7 @@ def state_shardings(model, distribution):
     by_id = {id(v): s for v, s in zip(model.trainable_variables, trainable)}
     optimizer = []
     for slot in model.optimizer.variables:
-        reference = _slot_reference(slot, model.trainable_variables)
+        reference = slot_reference(slot, model.trainable_variables)
         optimizer.append(by_id[id(reference)] if reference is not None else NamedSharding(mesh, P()))
     metrics = [NamedSharding(mesh, P()) for _ in model.metrics_variables]
     return trainable, non_trainable, optimizer, metrics
