@@ -88,7 +88,7 @@ def run_worker_process(devices, task):
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     rows = [json.loads(line[len(ROW):]) for line in done.stdout.splitlines() if line.startswith(ROW)]
     if done.returncode or not rows:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        tail = [line[:300] for line in (done.stderr or done.stdout).strip().splitlines()[-3:]]
         return [{"kind": task["kind"], "task": task, "error": " | ".join(tail)}]
     return rows
 
