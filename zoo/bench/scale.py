@@ -206,19 +206,23 @@ def fsdp_tp_row(mesh):
     import keras
 
     from zoo.models import GPTCausalLM
-    from zoo.training.compiled_step import abstract_build, analytic_weight_bytes, state_shardings, _shard_bytes
+    from zoo.training.compiled_step import abstract_build, analytic_weight_bytes, shard_bytes, state_shardings
     from zoo.training.gpt import compile_gpt
     from zoo.training.transformer_setup import resolve_transformer_distribution, strategy_overrides
 
-    keras.config.set_dtype_policy("mixed_bfloat16")
     distribution = resolve_transformer_distribution(GPTCausalLM, "fsdp+tp", mesh)
-    model = abstract_build(
-        lambda: GPTCausalLM.from_config_name("gpt_1b", **strategy_overrides("fsdp+tp")),
-        lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1), distribution,
-    )  # fmt: skip
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")  # as the recipes train it: float32 weights
+    try:
+        model = abstract_build(
+            lambda: GPTCausalLM.from_config_name("gpt_1b", **strategy_overrides("fsdp+tp")),
+            lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1), distribution,
+        )  # fmt: skip
+    finally:
+        keras.config.set_dtype_policy(previous)
     trainable, non_trainable, _, _ = state_shardings(model, distribution)
     variables = model.trainable_variables + model.non_trainable_variables
-    weights = sum(_shard_bytes(v, s) for v, s in zip(variables, trainable + non_trainable))
+    weights = sum(shard_bytes(v, s) for v, s in zip(variables, trainable + non_trainable))
     devices = _devices(mesh)
     return {"kind": "fsdp+tp", "mesh": mesh, "devices": devices, "weights": weights, "analytic": analytic_weight_bytes(model, devices)}
 

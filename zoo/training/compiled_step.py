@@ -143,7 +143,8 @@ def _abstract(variable, sharding):
     return jax.ShapeDtypeStruct(tuple(variable.shape), jax.numpy.dtype(variable.dtype), sharding=sharding)
 
 
-def _shard_bytes(variable, sharding):
+def shard_bytes(variable, sharding):
+    """Bytes of ``variable`` one device holds under ``sharding``."""
     shape = sharding.shard_shape(tuple(variable.shape)) if variable.shape else ()
     return math.prod(shape) * jax.numpy.dtype(variable.dtype).itemsize
 
@@ -171,9 +172,9 @@ def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
         step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)
         compiled = step.lower(state, data).compile(compiler_options)
     analysis = compiled.memory_analysis()
-    weights = sum(_shard_bytes(v, s) for group, ss in zip(groups[:2], shardings[:2]) for v, s in zip(group, ss))
-    gradients = sum(_shard_bytes(v, s) for v, s in zip(groups[0], shardings[0]))
-    optimizer = sum(_shard_bytes(v, s) for v, s in zip(groups[2], shardings[2]))
+    weights = sum(shard_bytes(v, s) for group, ss in zip(groups[:2], shardings[:2]) for v, s in zip(group, ss))
+    gradients = sum(shard_bytes(v, s) for v, s in zip(groups[0], shardings[0]))
+    optimizer = sum(shard_bytes(v, s) for v, s in zip(groups[2], shardings[2]))
     memory = StepMemory(
         weights=weights, gradients=gradients, optimizer=optimizer, temp=int(analysis.temp_size_in_bytes),
         argument=int(analysis.argument_size_in_bytes), output=int(analysis.output_size_in_bytes),
