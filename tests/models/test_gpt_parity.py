@@ -12,68 +12,32 @@ fewer KV heads than the model axis, replicated (Megatron's rule).
 """
 
 import keras
-import numpy as np
 import pytest
 
-from zoo.distribution import CheckedModelParallel, build_distributed, distribution_for, make_mesh, parity
-from zoo.models.gpt import GPT_CONFIGS, GPTCausalLM
-
-LENGTH, BATCH, STEPS = 16, 8, 3  # T = 16 splits 4 ways over 'seq' under context parallelism
-TRAIN_LAYERS = 1  # each compile of a block's forward and backward costs seconds on CPU
-# gpt_tiny with 8 query / 4 KV heads (head_dim 4) so heads split over a model axis of 4
-CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(num_heads=8, num_kv_heads=4, dropout=0.1, seed=11, tie_embeddings=True)
-
-
-def _config(strategy, **overrides):
-    if strategy.startswith("context"):  # the model is unchanged: the distribution picks the attention kernel
-        strategy = "data"
-    return GPTCausalLM.config_for_strategy(strategy, CONFIG | overrides)
-
-
-def _distribution(strategy, mesh, config):
-    if strategy.startswith("context"):  # "context-<kernel>": inputs split on batch and sequence
-        return distribution_for(GPTCausalLM, "context", mesh, attention=strategy.split("-")[1])
-    mesh = make_mesh(mesh)
-    if strategy == "data":
-        return keras.distribution.DataParallel(device_mesh=mesh)
-    layout_map = GPTCausalLM.get_layout_map(mesh, strategy, config=config)
-    return CheckedModelParallel(layout_map=layout_map, batch_dim_name="data")
-
-
-def _compile(model):
-    model.compile(
-        optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-
-
-def _language_data(count=STEPS * BATCH, seed=0):
-    """(tokens, next tokens), both i32[N, T]: byte sequences with a learnable pattern."""
-    rng = np.random.default_rng(seed)
-    starts = rng.integers(0, 200, size=(count, 1))
-    sequence = (starts + np.arange(LENGTH + 1)[None, :] * rng.integers(1, 4, size=(count, 1))) % 256
-    return sequence[:, :-1].astype("int32"), sequence[:, 1:].astype("int32")
+from tests.models._gpt_parity import BATCH, STEPS, TRAIN_LAYERS, compile_sgd, language_data, model_config, strategy_distribution
+from zoo.distribution import build_distributed, parity
+from zoo.models.gpt import GPTCausalLM
 
 
 @pytest.fixture(scope="module")
 def reference():
     """The single-device run, shared by the strategies (``check_parity(reference=...)``)."""
-    config = _config("data", num_layers=TRAIN_LAYERS)
-    return parity.reference_run(lambda: GPTCausalLM(**config), _compile, *_language_data(), steps=STEPS, batch_size=BATCH)
+    config = model_config("data", num_layers=TRAIN_LAYERS)
+    return parity.reference_run(lambda: GPTCausalLM(**config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
 
 
 @pytest.fixture(scope="module")
 def reference_kv2():
     """The single-device run of the 8 query / 2 KV head model."""
-    config = _config("data", num_layers=TRAIN_LAYERS, num_kv_heads=2)
-    return parity.reference_run(lambda: GPTCausalLM(**config), _compile, *_language_data(), steps=STEPS, batch_size=BATCH)
+    config = model_config("data", num_layers=TRAIN_LAYERS, num_kv_heads=2)
+    return parity.reference_run(lambda: GPTCausalLM(**config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
 
 
 def _parity_report(strategy, mesh, reference, **overrides):
-    config = _config(strategy, num_layers=TRAIN_LAYERS, **overrides)
-    distribution = _distribution(strategy, mesh, config)
+    config = model_config(strategy, num_layers=TRAIN_LAYERS, **overrides)
+    distribution = strategy_distribution(strategy, mesh, config)
     return parity.check_parity(
-        lambda: GPTCausalLM(**config), _compile, distribution, *_language_data(), steps=STEPS, reference=reference
+        lambda: GPTCausalLM(**config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=reference
     )
 
 
@@ -113,7 +77,7 @@ EXPECTED_SPECS = {
         "block_0/attention/output/kernel": (None, None, "data"),
         "block_1/mlp/up/kernel": ("data", None),
         "block_0/mlp/down/kernel": (None, "data"),
-        "lm_head/kernel": ("data", None),  # untied models only (see _config below)
+        "lm_head/kernel": ("data", None),  # untied models only (see model_config)
     },
     "tp": {
         "token_embedding/embeddings": ("model", None),
@@ -139,8 +103,8 @@ MESHES = {"fsdp": "data=8", "tp": "data=2,model=4", "tp+sp": "data=2,model=4", "
 
 @pytest.mark.parametrize("strategy", sorted(EXPECTED_SPECS))
 def test_weights_are_really_sharded(strategy):
-    config = _config(strategy, tie_embeddings=False)
-    model = build_distributed(lambda: GPTCausalLM(**config), _distribution(strategy, MESHES[strategy], config))
+    config = model_config(strategy, tie_embeddings=False)
+    model = build_distributed(lambda: GPTCausalLM(**config), strategy_distribution(strategy, MESHES[strategy], config))
     specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
     for path, spec in EXPECTED_SPECS[strategy].items():
         assert specs[path] + (None,) * (len(spec) - len(specs[path])) == spec, (path, specs[path])
@@ -150,8 +114,8 @@ def test_weights_are_really_sharded(strategy):
 
 
 def test_fsdp_shards_the_optimizer_state_too():
-    config = _config("fsdp", num_kv_heads=2)  # GQA 8/2: fsdp does not split heads
-    model = build_distributed(lambda: GPTCausalLM(**config), _distribution("fsdp", "data=8", config))
+    config = model_config("fsdp", num_kv_heads=2)  # GQA 8/2: fsdp does not split heads
+    model = build_distributed(lambda: GPTCausalLM(**config), strategy_distribution("fsdp", "data=8", config))
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     slots = {v.path: v for v in optimizer.variables}

@@ -17,18 +17,18 @@ import jax.numpy as jnp
 import keras
 import pytest
 
+from tests.models._gpt_parity import BATCH, STEPS, TRAIN_LAYERS, compile_sgd, language_data, model_config, strategy_distribution
 from zoo.distribution import parity
 from zoo.layers import TransformerBlock
 from zoo.models.gpt import GPTCausalLM
 from zoo.training.compiled_step import memory_analysis_reflects_remat
-from tests.models.test_gpt_parity import BATCH, STEPS, TRAIN_LAYERS, _compile, _config, _distribution, _language_data
 
 
 @pytest.fixture(scope="module")
 def reference():
     """The single-device run without remat, shared by every case below."""
-    config = _config("data", num_layers=TRAIN_LAYERS)
-    return parity.reference_run(lambda: GPTCausalLM(**config), _compile, *_language_data(), steps=STEPS, batch_size=BATCH)
+    config = model_config("data", num_layers=TRAIN_LAYERS)
+    return parity.reference_run(lambda: GPTCausalLM(**config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
 
 
 @pytest.mark.parametrize(
@@ -44,12 +44,12 @@ def reference():
     ],
 )
 def test_fit_with_remat_matches_one_device_without(strategy, mesh, remat, reference):
-    config = _config("data" if strategy == "single" else strategy, num_layers=TRAIN_LAYERS, remat=remat)
-    distribution = None if strategy == "single" else _distribution(strategy, mesh, config)
+    config = model_config("data" if strategy == "single" else strategy, num_layers=TRAIN_LAYERS, remat=remat)
+    distribution = None if strategy == "single" else strategy_distribution(strategy, mesh, config)
     # One device: the same program, recomputed; the numbers are bitwise the same.
     tolerances = dict(rtol=0.0, atol=0.0) if strategy == "single" else {}
     report = parity.check_parity(
-        lambda: GPTCausalLM(**config), _compile, distribution, *_language_data(), steps=STEPS, reference=reference,
+        lambda: GPTCausalLM(**config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=reference,
         **tolerances,
     )  # fmt: skip
     assert report.passed, "\n".join(report.format())
@@ -100,7 +100,7 @@ def test_remat_saves_fewer_residuals():
     assert saved["none"] > 8 * saved["full"], saved
 
 
-def test_remat_lowers_compiled_temporaries():
+def test_remat_lowerscompile_sgdd_temporaries():
     """Where XLA:CPU's memory analysis shows what jax.checkpoint saves (JAX 0.12; 0.10
     schedules the recomputation with the forward pass): 3 blocks, B=2, T=64, C=64."""
     if not memory_analysis_reflects_remat():

@@ -1,0 +1,44 @@
+"""What the GPT parity tests share (``test_gpt_parity.py``, ``test_gpt_remat.py``): the
+tiny model, its strategies' distributions, the optimizer and the data."""
+
+import keras
+import numpy as np
+
+from zoo.distribution import CheckedModelParallel, distribution_for, make_mesh
+from zoo.models.gpt import GPT_CONFIGS, GPTCausalLM
+
+LENGTH, BATCH, STEPS = 16, 8, 3  # T = 16 splits 4 ways over 'seq' under context parallelism
+TRAIN_LAYERS = 1  # each compile of a block's forward and backward costs seconds on CPU
+# gpt_tiny with 8 query / 4 KV heads (head_dim 4) so heads split over a model axis of 4
+CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(num_heads=8, num_kv_heads=4, dropout=0.1, seed=11, tie_embeddings=True)
+
+
+def model_config(strategy, **overrides):
+    if strategy.startswith("context"):  # the model is unchanged: the distribution picks the attention kernel
+        strategy = "data"
+    return GPTCausalLM.config_for_strategy(strategy, CONFIG | overrides)
+
+
+def strategy_distribution(strategy, mesh, config):
+    if strategy.startswith("context"):  # "context-<kernel>": inputs split on batch and sequence
+        return distribution_for(GPTCausalLM, "context", mesh, attention=strategy.split("-")[1])
+    mesh = make_mesh(mesh)
+    if strategy == "data":
+        return keras.distribution.DataParallel(device_mesh=mesh)
+    layout_map = GPTCausalLM.get_layout_map(mesh, strategy, config=config)
+    return CheckedModelParallel(layout_map=layout_map, batch_dim_name="data")
+
+
+def compile_sgd(model):
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def language_data(count=STEPS * BATCH, seed=0):
+    """(tokens, next tokens), both i32[N, T]: byte sequences with a learnable pattern."""
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, 200, size=(count, 1))
+    sequence = (starts + np.arange(LENGTH + 1)[None, :] * rng.integers(1, 4, size=(count, 1))) % 256
+    return sequence[:, :-1].astype("int32"), sequence[:, 1:].astype("int32")
