@@ -100,7 +100,7 @@ def test_remat_saves_fewer_residuals():
     assert saved["none"] > 8 * saved["full"], saved
 
 
-def test_remat_lowerscompile_sgdd_temporaries():
+def test_remat_lowers_compiled_temporaries():
     """Where XLA:CPU's memory analysis shows what jax.checkpoint saves (JAX 0.12; 0.10
     schedules the recomputation with the forward pass): 3 blocks, B=2, T=64, C=64."""
     if not memory_analysis_reflects_remat():
