@@ -206,7 +206,7 @@ def fsdp_tp_row(mesh):
     import keras
 
     from zoo.models import GPTCausalLM
-    from zoo.training.compiled_step import abstract_build, analytic_weight_bytes, shard_bytes, state_shardings
+    from zoo.training.compiled_step import abstract_build, analytic_weight_bytes, state_bytes, state_shardings
     from zoo.training.gpt import compile_gpt
     from zoo.training.transformer_setup import resolve_transformer_distribution, strategy_overrides
 
@@ -220,9 +220,7 @@ def fsdp_tp_row(mesh):
         )  # fmt: skip
     finally:
         keras.config.set_dtype_policy(previous)
-    trainable, non_trainable, _, _ = state_shardings(model, distribution)
-    variables = model.trainable_variables + model.non_trainable_variables
-    weights = sum(shard_bytes(v, s) for v, s in zip(variables, trainable + non_trainable))
+    weights, _, _ = state_bytes(model, state_shardings(model, distribution))
     devices = _devices(mesh)
     return {"kind": "fsdp+tp", "mesh": mesh, "devices": devices, "weights": weights, "analytic": analytic_weight_bytes(model, devices)}
 
@@ -234,6 +232,7 @@ def tp_bytes_row(task):
 
     from zoo import distribution as zd
     from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
+    from zoo.distribution.mesh import mesh_axis_size
     from zoo.models import GPTCausalLM
     from zoo.training.compiled_step import abstract_build, compile_fit_step
 
@@ -251,8 +250,7 @@ def tp_bytes_row(task):
     tokens = ((task["tp_batch"], task["tp_length"]), "int32")
     compiled, _ = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     report = compiled_report(compiled, distribution.device_mesh)
-    sizes = dict(distribution.device_mesh.shape) if isinstance(distribution.device_mesh.shape, dict) else dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
-    model_size, data_size = sizes["model"], sizes.get("data", 1)
+    model_size, data_size = (mesh_axis_size(distribution.device_mesh, axis) for axis in ("model", "data"))
     activation = task["tp_batch"] // data_size * task["tp_length"] * task["tp_width"] * 4
     minimum = (4 * task["tp_layers"] + 2) * 2 * (model_size - 1) / model_size * activation
     sent = _sent_over(report, compiled, "model")

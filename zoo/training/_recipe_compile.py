@@ -21,8 +21,8 @@ import dataclasses
 import math
 
 import jax
-import keras
 
+from zoo.distribution.mesh import make_mesh
 from zoo.training import _recipe_plan as plans
 from zoo.training.compiled_step import StepMemory, abstract_build, compile_fit_step
 
@@ -92,12 +92,6 @@ def _mesh_axes(recipe, config, devices):
     return [(name, size // shrink if name == "data" else size) for name, size in axes], batch // shrink
 
 
-def _real_mesh(axes):
-    shape = tuple(size for _, size in axes)
-    devices = jax.devices()[: math.prod(shape)]
-    return keras.distribution.DeviceMesh(shape=shape, axis_names=[name for name, _ in axes], devices=devices)
-
-
 def _batch_shapes(recipe, config, batch):
     """``((x shape, dtype), (y shape, dtype))`` of one global batch of the recipe's job."""
     if recipe.job.name == "pretrain_gpt":
@@ -122,14 +116,14 @@ def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_optio
     module, config = _module_and_config(recipe)
     job = recipe.job
     axes, batch = _mesh_axes(recipe, config, devices or len(jax.devices()))
-    mesh = None if axes is None else _real_mesh(axes)
-    distribution = job.distribution(module, config, mesh)
-    overrides = {} if num_layers is None else {"num_layers": num_layers}
-    model = abstract_build(lambda: job.build(module, config, **overrides), lambda m: job.compile(module, m, config), distribution)
     x, y = _batch_shapes(recipe, config, batch)
+    spec = plans.describe_axes(axes)
+    mesh = None if axes is None else make_mesh(spec, devices=jax.devices()[: math.prod(size for _, size in axes)])
+    distribution = job.distribution(module, config, mesh)
+    depth = job.num_layers(module, config) if num_layers is None else num_layers
+    model = abstract_build(lambda: job.build(module, config, num_layers=depth), lambda m: job.compile(module, m, config), distribution)
     compiled, memory = compile_fit_step(model, distribution, x, y, compiler_options=compiler_options)
-    depth = len(getattr(model, "backbone", model).blocks) if hasattr(getattr(model, "backbone", model), "blocks") else num_layers
-    return RecipeStep(recipe.path, plans.describe_axes(axes), batch, depth, memory, compiled)
+    return RecipeStep(recipe.path, spec, batch, depth, memory, compiled)
 
 
 def recipe_fit(recipe, *, num_layers=2, devices=None, compiler_options=None):

@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 from zoo._compat import forgetting_deferred_variables, variable_layout
 from zoo.distribution.layouts import raise_if_unmatched
 
-__all__ = ["StepMemory", "abstract_build", "analytic_weight_bytes", "compile_fit_step", "memory_analysis_reflects_remat", "state_shardings"]
+__all__ = ["StepMemory", "abstract_build", "analytic_weight_bytes", "compile_fit_step", "memory_analysis_reflects_remat", "state_bytes", "state_shardings"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +139,18 @@ def state_shardings(model, distribution):
     return trainable, non_trainable, optimizer, metrics
 
 
+def state_bytes(model, shardings):
+    """``(weights, gradients, optimizer)`` bytes per device under ``state_shardings``."""
+    trainable, non_trainable, optimizer, _ = shardings
+
+    def total(variables, layouts):
+        return sum(shard_bytes(v, s) for v, s in zip(variables, layouts))
+
+    gradients = total(model.trainable_variables, trainable)
+    weights = gradients + total(model.non_trainable_variables, non_trainable)
+    return weights, gradients, total(model.optimizer.variables, optimizer)
+
+
 def _abstract(variable, sharding):
     return jax.ShapeDtypeStruct(tuple(variable.shape), jax.numpy.dtype(variable.dtype), sharding=sharding)
 
@@ -172,9 +184,7 @@ def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
         step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)
         compiled = step.lower(state, data).compile(compiler_options)
     analysis = compiled.memory_analysis()
-    weights = sum(shard_bytes(v, s) for group, ss in zip(groups[:2], shardings[:2]) for v, s in zip(group, ss))
-    gradients = sum(shard_bytes(v, s) for v, s in zip(groups[0], shardings[0]))
-    optimizer = sum(shard_bytes(v, s) for v, s in zip(groups[2], shardings[2]))
+    weights, gradients, optimizer = state_bytes(model, shardings)
     memory = StepMemory(
         weights=weights, gradients=gradients, optimizer=optimizer, temp=int(analysis.temp_size_in_bytes),
         argument=int(analysis.argument_size_in_bytes), output=int(analysis.output_size_in_bytes),
