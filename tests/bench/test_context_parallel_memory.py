@@ -42,30 +42,6 @@ def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(
     assert text.strip() == lines[-1].strip()
 
 
-HLO = """\
-%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
-  %p = (s32[], f32[4]) parameter(0)
-  %hop = f32[4]{0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{1,0}}
-}
-
-%cond (p: (s32[], f32[4])) -> pred[] {
-  %lt = pred[] compare(%a, %b), direction=LT
-}
-
-ENTRY %main (x: f32[4]) -> f32[4] {
-  %loop = (s32[], f32[4]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"7"}}
-  %last = f32[4]{0} collective-permute(%y), channel_id=2, source_target_pairs={{0,1},{1,0}}
-}
-"""
-
-
-def test_loop_multiplicities_follow_known_trip_counts():
-    times, exact = bench.loop_multiplicities(HLO)
-    assert (times["hop"], times["last"], times["loop"], exact) == (7, 1, 1, True)
-    times, exact = bench.loop_multiplicities(HLO.replace(', backend_config={"known_trip_count":{"n":"7"}}', ""))
-    assert (times["hop"], exact) == (1, False)
-
-
 def test_goal_logic_on_given_numbers():
     config = BenchConfig(length=100)
     base = Run("data=8", 8, "data-parallel", tokens_per_device=100, temp=800)

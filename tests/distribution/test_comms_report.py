@@ -12,7 +12,15 @@ from jax.sharding import PartitionSpec as P
 
 from zoo.cli import comms
 from zoo.distribution import CheckedModelParallel, make_mesh
-from zoo.distribution.comms_report import FAST_COMPILE, comms_report, parse_collectives, train_step_comms_report
+from zoo.distribution.comms_report import (
+    FAST_COMPILE,
+    CommsReport,
+    MemoryUsage,
+    comms_report,
+    loop_multiplicities,
+    parse_collectives,
+    train_step_comms_report,
+)
 from zoo.layers.parallel_mlp import ParallelMLP
 
 
@@ -61,7 +69,70 @@ def test_without_a_mesh_axes_are_unknown_and_odd_formats_are_refused():
         parse_collectives("  %x = f32[2] all-reduce(%a), replica_groups=mesh['a'=8] {'a':(1)2}, to_apply=%add\n")
 
 
+LOOP_HLO = """\
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]) parameter(0)
+  %hop = f32[4]{0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{1,0}}
+}
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %lt = pred[] compare(%a, %b), direction=LT
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %loop = (s32[], f32[4]) while(%t), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"7"}}
+  %last = f32[4]{0} collective-permute(%y), channel_id=2, source_target_pairs={{0,1},{1,0}}
+}
+"""
+
+
+def test_loop_multiplicities_follow_known_trip_counts():
+    times, lower_bounds = loop_multiplicities(LOOP_HLO)
+    assert (times["hop"], times["last"], times["loop"], lower_bounds) == (7, 1, 1, set())
+    times, lower_bounds = loop_multiplicities(LOOP_HLO.replace(', backend_config={"known_trip_count":{"n":"7"}}', ""))
+    assert (times["hop"], lower_bounds) == (1, {"p", "hop"})
+
+
+def test_collectives_in_loops_count_once_per_trip_and_unknown_trips_give_a_lower_bound():
+    memory = MemoryUsage(None, None, None, None)
+    report = CommsReport(parse_collectives(LOOP_HLO), memory, {})
+    assert [(op.name, op.executions, op.exact) for op in report.collectives] == [("hop", 7, True), ("last", 1, True)]
+    assert (report.count(), report.instructions(), report.sent_bytes(), report.exact) == (8, 2, 8 * 16, True)
+    assert report.per_axis() == [{"axes": None, "kind": "collective-permute", "count": 8, "bytes": 8 * 16, "sent_bytes": 8 * 16.0}]
+    unknown = CommsReport(parse_collectives(LOOP_HLO.replace(', backend_config={"known_trip_count":{"n":"7"}}', "")), memory, {})
+    assert (unknown.count(), unknown.total_bytes(), unknown.exact) == (2, 2 * 16, False)
+    text = "\n".join(unknown.format())
+    assert "lower bound: a loop around a collective has no known trip count" in text
+    assert "total over ?: 2 collective(s), 32 B sent per device (lower bound)" in text
+
+
 # --- compiled programs ------------------------------------------------------------------
+
+
+def test_a_collective_in_a_fori_loop_counts_once_per_trip():
+    """A ring of 8 ppermute hops in a fori_loop: one instruction in a while body that XLA
+    knows runs 8 times; each device sends its f32[2] block 8 times and sums every block."""
+    mesh = Mesh(np.array(jax.devices()), ("ring",))
+
+    def body(x):  # one shard: f32[2]
+        def hop(_, carry):
+            total, block = carry
+            block = jax.lax.ppermute(block, "ring", [(i, (i + 1) % 8) for i in range(8)])
+            return total + block, block
+
+        return jax.lax.fori_loop(0, 8, hop, (jnp.zeros_like(x), x))[0]
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("ring"), out_specs=P("ring"))
+    x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("ring")))
+    report = comms_report(f, x, mesh=mesh, compiler_options=FAST_COMPILE)
+    [op] = report.collectives
+    assert (op.kind, op.axes, op.bytes, op.executions, report.exact) == ("collective-permute", ("ring",), 8, 8, True), "\n".join(report.format())
+    assert (report.instructions(), report.count(), report.count("collective-permute", "ring")) == (1, 8, 8)
+    assert report.sent_bytes() == 8 * op.sent_bytes == 8 * 8 and report.total_bytes() == 64
+    assert report.per_axis() == [{"axes": ("ring",), "kind": "collective-permute", "count": 8, "bytes": 64, "sent_bytes": 64.0}]
+    text = "\n".join(report.format())
+    assert "| collective-permute | ring | 8 | f32[2] | 8 B | 64 B |" in text and "total over ring: 8 collective(s), 64 B sent per device" in text
+    np.testing.assert_allclose(np.asarray(report.compiled(x)), np.tile([56.0, 64.0], 8))  # sums of the even, odd elements
 
 
 def test_a_program_with_known_collectives():

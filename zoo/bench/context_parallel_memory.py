@@ -17,7 +17,7 @@ for the backward pass, scores, workspace), argument bytes (weights, optimizer st
 the batch) and output bytes; deterministic, the same on every run. The collectives of
 the compiled step (``comms_report``) give what each device sends; the ring's hops sit
 in ``while`` loops, so each collective is counted as often as XLA's known trip counts
-of the loops around it say (``loop_multiplicities``), not once per instruction.
+of the loops around it say (``CollectiveOp.executions``), not once per instruction.
 
 Each run is ``"<mesh>:<global batch>"``. The default rows hold T = 16,384 on 8
 devices: data=8 with B = 8 (one whole sequence per device, the least data
@@ -32,7 +32,6 @@ memory falls at least N-fold from data parallelism's one sequence per device.
 import collections
 import dataclasses
 import os
-import re
 
 import jax
 import keras
@@ -167,54 +166,12 @@ def measure(run, config):
         keras.distribution.set_distribution(None)
     memory = report.memory
     run.temp, run.argument, run.output = memory.temp_bytes, memory.argument_bytes, memory.output_bytes
-    times, run.exact = loop_multiplicities(report.compiled.as_text())
-    run.sent = sum(op.sent_bytes * times.get(op.name, 1) for op in report.collectives)
+    run.sent, run.exact = report.sent_bytes(), report.exact
     counts = collections.Counter()
     for op in report.collectives:
-        counts[op.kind] += times.get(op.name, 1)
+        counts[op.kind] += op.executions
     run.collectives = dict(counts)
     return run
-
-
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
-_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
-_CALLED = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-
-
-def loop_multiplicities(hlo_text):
-    """``({instruction name: executions per run}, exact)`` from optimised HLO text.
-
-    The entry computation runs once; a computation called by an instruction runs as
-    often as that instruction, and a ``while`` body ``known_trip_count`` times as
-    often (without one, once, and ``exact`` is False).
-    """
-    computations, entry, current = {}, None, None
-    for line in hlo_text.splitlines():
-        header = _COMPUTATION.match(line) if line and not line[0].isspace() else None
-        if header and line.rstrip().endswith("{"):
-            current = header.group(1)
-            computations[current] = []
-            entry = current if line.startswith("ENTRY") else entry
-        elif current is not None and line.strip() and line.strip() != "}":
-            computations[current].append(line)
-    times, exact = collections.Counter(), True
-    pending = [(entry, 1)]
-    while pending:
-        name, count = pending.pop()
-        for line in computations.get(name, ()):
-            instruction = _NAME.match(line)
-            if instruction is None:
-                continue
-            times[instruction.group(1)] += count
-            trip = _TRIP_COUNT.search(line)
-            for role, called in _CALLED.findall(line):
-                repeat = count
-                if role == "body":
-                    exact &= trip is not None
-                    repeat = count * (int(trip.group(1)) if trip else 1)
-                pending += [(callee, repeat) for callee in re.findall(r"[\w.\-]+", called.replace("%", " "))]
-    return dict(times), exact
 
 
 def evaluate_goal(runs, config):

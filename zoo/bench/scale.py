@@ -253,25 +253,14 @@ def tp_bytes_row(task):
     model_size, data_size = (mesh_axis_size(distribution.device_mesh, axis) for axis in ("model", "data"))
     activation = task["tp_batch"] // data_size * task["tp_length"] * task["tp_width"] * 4
     minimum = (4 * task["tp_layers"] + 2) * 2 * (model_size - 1) / model_size * activation
-    sent = _sent_over(report, compiled, "model")
+    sent = report.sent_bytes(axes="model")  # loop trip counts included
     return {"kind": "tp", "strategy": strategy, "mesh": mesh, "sent": sent, "minimum": minimum,
             "collectives": _count_over(report, "model"), "layers": task["tp_layers"]}  # fmt: skip
 
 
-def _sent_over(report, compiled, axis):
-    """Bytes sent over ``axis`` per step, each collective times its loops' trip counts."""
-    from zoo.bench.context_parallel_memory import loop_multiplicities
-
-    times, _ = loop_multiplicities(compiled.as_text())
-    return sum(op.sent_bytes * times.get(op.name, 1) for op in report.collectives if op.axes == (axis,))
-
-
 def _count_over(report, axis):
-    counts = {}
-    for op in report.collectives:
-        if op.axes == (axis,):
-            counts[op.kind] = counts.get(op.kind, 0) + 1
-    return counts
+    """{kind: executions per step} of the collectives over ``axis`` alone."""
+    return {row["kind"]: row["count"] for row in report.per_axis() if row["axes"] == (axis,)}
 
 
 # --- the report ---------------------------------------------------------------------------

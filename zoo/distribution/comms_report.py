@@ -19,14 +19,21 @@ sent_bytes             what a device sends with the usual ring algorithms:
                        all-to-all (n-1)/n x bytes, collective-permute 1 x bytes
 replica_groups         the device groups (logical ids = positions in the mesh)
 axes                   the mesh axes those groups span, e.g. ``('model',)``
+executions             how often it runs per call of the program (loop trip counts)
 =====================  ============================================================
 
 and the compiler's memory analysis (argument, output, temporary bytes per device).
 
-A collective inside a loop body (``while``) is listed once, however often it runs;
-the zoo's kernels unroll their loops, so every hop is listed.
+A collective inside a loop body (``while``, e.g. a ``jax.lax.fori_loop`` or ``scan``
+of a ring kernel) is listed once, with ``executions``: how often it runs per call of
+the program, the product of XLA's known trip counts of the loops around it
+(``loop_multiplicities``). Every total of ``CommsReport`` (``count``, ``buffers``,
+``total_bytes``, ``sent_bytes``, ``summary``, ``per_axis``) counts executions. Where
+a loop around a collective has no known trip count it counts once, and
+``CommsReport.exact`` is False: the totals are lower bounds.
 """
 
+import collections
 import dataclasses
 import math
 import re
@@ -47,6 +54,7 @@ __all__ = [
     "compiled_report",
     "layer_comms_report",
     "layer_step",
+    "loop_multiplicities",
     "parse_collectives",
     "train_step",
     "train_step_comms_report",
@@ -67,11 +75,15 @@ _INSTRUCTION = re.compile(
     r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
 )
 _ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+_CALLED = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveOp:
-    """One collective instruction of the optimised HLO (sizes per device)."""
+    """One collective instruction of the optimised HLO (sizes per device, per execution)."""
 
     name: str  # HLO instruction name
     kind: str  # one of COLLECTIVE_KINDS
@@ -82,6 +94,8 @@ class CollectiveOp:
     group_size: int  # devices per replica group (n)
     replica_groups: tuple  # ((0, 1, 2, 3), (4, 5, 6, 7)); source-target pairs for a permute
     axes: tuple | None  # mesh axes the groups span; None without a mesh
+    executions: int = 1  # times it runs per call of the program, loop trip counts included
+    exact: bool = True  # False: a loop around it has no known trip count (executions is a lower bound)
 
     @property
     def sent_bytes(self):
@@ -113,7 +127,8 @@ class MemoryUsage:
 
 @dataclasses.dataclass
 class CommsReport:
-    """Every collective of one compiled program, and its memory analysis."""
+    """Every collective of one compiled program, and its memory analysis; totals are per call,
+    each collective counted as often as it runs (``CollectiveOp.executions``)."""
 
     collectives: list  # [CollectiveOp] in program order
     memory: MemoryUsage
@@ -130,29 +145,52 @@ class CommsReport:
             if (kind is None or op.kind == kind) and (axes is None or op.axes == tuple(axes))
         ]
 
+    @property
+    def exact(self):
+        """False if a loop around some collective has no known trip count: totals are lower bounds."""
+        return all(op.exact for op in self.collectives)
+
     def count(self, kind=None, axes=None):
-        """Number of collective instructions."""
+        """Number of collectives executed per call (an instruction in a loop counts once per trip)."""
+        return sum(op.executions for op in self.select(kind, axes))
+
+    def instructions(self, kind=None, axes=None):
+        """Number of collective instructions in the program, however often each runs."""
         return len(self.select(kind, axes))
 
     def buffers(self, kind=None, axes=None):
-        """Number of arrays moved (a combined all-reduce of two arrays counts 2)."""
-        return sum(op.buffers for op in self.select(kind, axes))
+        """Number of arrays moved per call (a combined all-reduce of two arrays counts 2 each time it runs)."""
+        return sum(op.buffers * op.executions for op in self.select(kind, axes))
 
     def total_bytes(self, kind=None, axes=None):
-        return sum(op.bytes for op in self.select(kind, axes))
+        """Bytes of the buffers worked on per call (see ``CollectiveOp.bytes``), executions included."""
+        return sum(op.bytes * op.executions for op in self.select(kind, axes))
 
     def sent_bytes(self, kind=None, axes=None):
-        return sum(op.sent_bytes for op in self.select(kind, axes))
+        """Bytes one device sends per call (ring algorithms), executions included."""
+        return sum(op.sent_bytes * op.executions for op in self.select(kind, axes))
 
     def summary(self):
-        """Rows ``{kind, axes, shape, count, bytes, sent_bytes, replica_groups}`` grouping identical ops."""
+        """Rows ``{kind, axes, shape, count, bytes, sent_bytes, replica_groups}`` grouping identical ops;
+        ``count`` is executions, ``bytes`` those of one, ``sent_bytes`` of all."""
         rows = {}
         for op in self.collectives:
             key = (op.kind, op.axes, op.shape, op.replica_groups)
             row = rows.setdefault(key, {"kind": op.kind, "axes": op.axes, "shape": op.shape, "count": 0,
                                         "bytes": op.bytes, "sent_bytes": 0.0, "replica_groups": op.replica_groups})  # fmt: skip
-            row["count"] += 1
-            row["sent_bytes"] += op.sent_bytes
+            row["count"] += op.executions
+            row["sent_bytes"] += op.sent_bytes * op.executions
+        return list(rows.values())
+
+    def per_axis(self):
+        """Rows ``{axes, kind, count, bytes, sent_bytes}`` per (mesh axes, kind), in program order:
+        executions, the bytes of their buffers and what one device sends, all per call."""
+        rows = {}
+        for op in self.collectives:
+            row = rows.setdefault((op.axes, op.kind), {"axes": op.axes, "kind": op.kind, "count": 0, "bytes": 0, "sent_bytes": 0.0})
+            row["count"] += op.executions
+            row["bytes"] += op.bytes * op.executions
+            row["sent_bytes"] += op.sent_bytes * op.executions
         return list(rows.values())
 
     def format(self):
@@ -172,11 +210,20 @@ class CommsReport:
             )
         if not self.collectives:
             lines.append("| (none) | | 0 | | | | |")
-        for axes in sorted({op.axes for op in self.collectives}, key=_axes_text):
-            ops = self.select(axes=axes) if axes is not None else [op for op in self.collectives if op.axes is None]
+        looped = sum(op.executions != 1 or not op.exact for op in self.collectives)
+        if looped:
+            lines.append(f"count: executions per call; {looped} instruction(s) in `while` loops counted once per trip")
+        if not self.exact:
+            lines.append("lower bound: a loop around a collective has no known trip count (counted once)")
+        totals, bounded = {}, {op.axes for op in self.collectives if not op.exact}
+        for row in self.per_axis():
+            total = totals.setdefault(row["axes"], [0, 0.0])
+            total[0] += row["count"]
+            total[1] += row["sent_bytes"]
+        for axes in sorted(totals, key=_axes_text):
             lines.append(
-                f"total over {_axes_text(axes)}: {len(ops)} collective(s), "
-                f"{format_bytes(sum(op.sent_bytes for op in ops))} sent per device"
+                f"total over {_axes_text(axes)}: {totals[axes][0]} collective(s), "
+                f"{format_bytes(totals[axes][1])} sent per device{' (lower bound)' if axes in bounded else ''}"
             )
         m = self.memory
         lines.append(
@@ -221,6 +268,7 @@ def parse_collectives(hlo_text, mesh=None):
     """
     num_devices = _num_partitions(hlo_text, mesh)
     grid = _mesh_grid(mesh)
+    times, lower_bounds = loop_multiplicities(hlo_text)
     ops = []
     for line in hlo_text.splitlines():
         match = _INSTRUCTION.match(line)
@@ -249,9 +297,50 @@ def parse_collectives(hlo_text, mesh=None):
                 group_size=group_size,
                 replica_groups=groups,
                 axes=None if grid is None else _axes_of(groups, grid),
+                executions=times.get(match["name"], 1),
+                exact=match["name"] not in lower_bounds,
             )
         )
     return ops
+
+
+def loop_multiplicities(hlo_text):
+    """``({instruction name: executions per call}, {names whose count is a lower bound})``
+    from optimised HLO text.
+
+    The entry computation runs once; a computation called by an instruction (``calls``,
+    ``to_apply``, a conditional's branches, a ``while`` condition) runs as often as that
+    instruction, a ``while`` body ``known_trip_count`` times as often. A body without a
+    known trip count counts once, and its instructions (and those of the computations
+    they call) are lower bounds. Text without computations (bare instructions) gives ``({}, set())``.
+    """
+    computations, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line) if line and not line[0].isspace() else None
+        if header and line.rstrip().endswith("{"):
+            current = header.group(1)
+            computations[current] = []
+            entry = current if line.startswith("ENTRY") else entry
+        elif current is not None and line.strip() and line.strip() != "}":
+            computations[current].append(line)
+    times, lower_bounds = collections.Counter(), set()
+    pending = [(entry, 1, True)]
+    while pending:
+        name, count, exact = pending.pop()
+        for line in computations.get(name, ()):
+            instruction = _NAME.match(line)
+            if instruction is None:
+                continue
+            times[instruction.group(1)] += count
+            if not exact:
+                lower_bounds.add(instruction.group(1))
+            trip = _TRIP_COUNT.search(line)
+            for role, called in _CALLED.findall(line):
+                repeat, known = count, exact
+                if role == "body":
+                    repeat, known = count * (int(trip.group(1)) if trip else 1), exact and trip is not None
+                pending += [(callee, repeat, known) for callee in re.findall(r"[\w.\-]+", called.replace("%", " "))]
+    return dict(times), lower_bounds
 
 
 def _result_arrays(type_text, kind, is_start):
