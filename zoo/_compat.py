@@ -144,6 +144,22 @@ def forgetting_deferred_variables():
         global_state.set_global_attribute("uninitialized_variables", before)
 
 
+def build_compile_state(model, x, y):
+    """Create the compiled loss' and metrics' variables of ``model`` for a batch of
+    ``x``, ``y`` (``(shape, dtype)`` each), as ``fit`` does before its first step; the
+    step's state then has every variable it will update.
+
+    Private: ``Trainer._symbolic_build(data_batch=...)``. Checked on Keras 3.15.1 (JAX
+    0.10.2 and 0.12.0.1). Public replacement: none (``fit`` does it on its first batch).
+    """
+    import keras
+
+    symbolic = getattr(model, "_symbolic_build", None)
+    if symbolic is None:
+        raise _missing("keras Trainer._symbolic_build", AttributeError("_symbolic_build"))
+    symbolic(data_batch=tuple(keras.KerasTensor(shape, dtype=dtype) for shape, dtype in (x, y)))
+
+
 def initialize_keras_rng():
     """What ``keras.distribution.initialize`` does after ``jax.distributed.initialize``:
     one global seed for all processes (unless ``keras.utils.set_random_seed`` set one).

@@ -1,6 +1,6 @@
 """A recipe's training step compiled (never run) for its target's devices, and whether it fits.
 
-``compile_recipe_step(recipe)`` builds the recipe's model abstractly with the job's own
+``compile_job_step(job, config, ...)`` (``compile_recipe_step(recipe)`` for a recipe) builds the model abstractly with the job's own
 builder (precision, remat, strategy overrides) under the job's own distribution on a
 real mesh of this process' devices (simulated CPU devices work), compiles the step
 ``fit`` runs for one global batch (``compiled_step.compile_fit_step``) and returns the
@@ -74,64 +74,59 @@ class RecipeFit:
         )
 
 
-def _mesh_axes(recipe, config, devices):
+def _mesh_axes(job, config, target_devices, devices, label):
     """``([(axis, size)] or None, global batch)`` for compiling on ``devices`` devices."""
-    job = recipe.job
     strategy = job.strategy(config)
-    axes = plans.resolve_axes(job.mesh_spec(config), strategy, recipe.target.devices)
+    axes = plans.resolve_axes(job.mesh_spec(config), strategy, target_devices)
     batch = config.batch_size
-    if axes is None or devices >= recipe.target.devices:
+    if axes is None or devices >= target_devices:
         return axes, batch
-    shrink = recipe.target.devices // devices
+    shrink = target_devices // devices
     sizes = dict(axes)
-    if strategy in WEIGHTS_SPLIT_OVER_DATA or recipe.target.devices % devices or sizes.get("data", 1) % shrink:
+    if strategy in WEIGHTS_SPLIT_OVER_DATA or target_devices % devices or sizes.get("data", 1) % shrink:
         raise ValueError(
-            f"{recipe.path}: strategy {strategy!r} on mesh {plans.describe_axes(axes)} needs its "
-            f"{recipe.target.devices} devices to be compiled faithfully; this process has {devices}"
+            f"{label}: strategy {strategy!r} on mesh {plans.describe_axes(axes)} needs its "
+            f"{target_devices} devices to be compiled faithfully; this process has {devices}"
         )
     return [(name, size // shrink if name == "data" else size) for name, size in axes], batch // shrink
 
 
-def _batch_shapes(recipe, config, batch):
-    """``((x shape, dtype), (y shape, dtype))`` of one global batch of the recipe's job."""
-    if recipe.job.name == "pretrain_gpt":
-        tokens = (batch, config.sequence_length)
-        return (tokens, "int32"), (tokens, "int32")
-    raise ValueError(f"{recipe.path}: compiling the step of job {recipe.job.name!r} is not supported (pretrain_gpt is)")
+def compile_job_step(job, config, *, target_devices, label, num_layers=None, devices=None, compiler_options=None):
+    """``RecipeStep``: ``job``'s training step for ``config`` (the job's config dataclass),
+    sized for ``target_devices``, compiled on this process' devices.
 
-
-def _module_and_config(recipe):
-    """The job's module and its config dataclass from the recipe (raises on unsupported keys)."""
-    module, _, _ = recipe.job.load()
-    return module, recipe.job_config()
-
-
-def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_options=None):
-    """``RecipeStep``: the recipe's training step compiled on this process' devices.
-
-    ``num_layers`` overrides the model's depth (None: the recipe's model as it is);
-    ``devices`` caps the devices used (default all of this process'; see the module
-    docstring for compiling on fewer than the target has).
+    ``num_layers`` overrides the model's depth (None: the model as it is; only jobs whose
+    ``num_layers`` is known take it); ``devices`` caps the devices used (default all of
+    this process'; see the module docstring for compiling on fewer than the target has);
+    ``label`` names the job in errors (a recipe's path).
     """
-    module, config = _module_and_config(recipe)
-    job = recipe.job
-    axes, batch = _mesh_axes(recipe, config, devices or len(jax.devices()))
-    x, y = _batch_shapes(recipe, config, batch)
+    module, _, _ = job.load()
+    axes, batch = _mesh_axes(job, config, target_devices, devices or len(jax.devices()), label)
     spec = plans.describe_axes(axes)
     mesh = None if axes is None else make_mesh(spec, devices=jax.devices()[: math.prod(size for _, size in axes)])
     distribution = job.distribution(module, config, mesh)
     depth = job.num_layers(module, config) if num_layers is None else num_layers
-    model = abstract_build(lambda: job.build(module, config, num_layers=depth), lambda m: job.compile(module, m, config), distribution)
+    overrides = {} if depth is None else {"num_layers": depth}
+    model = abstract_build(lambda: job.build(module, config, **overrides), lambda m: job.compile(module, m, config), distribution)
+    x, y = job.batch_shapes(module, config, model, batch)
     compiled, memory = compile_fit_step(model, distribution, x, y, compiler_options=compiler_options)
-    return RecipeStep(recipe.path, spec, batch, depth, memory, compiled)
+    return RecipeStep(label, spec, batch, depth, memory, compiled)
+
+
+def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_options=None):
+    """``compile_job_step`` for a recipe: its job, its config, its target's device count."""
+    return compile_job_step(
+        recipe.job, recipe.job_config(), target_devices=recipe.target.devices, label=recipe.path,
+        num_layers=num_layers, devices=devices, compiler_options=compiler_options,
+    )  # fmt: skip
 
 
 def recipe_fit(recipe, *, num_layers=2, devices=None, compiler_options=None):
     """``RecipeFit`` from the steps compiled at ``num_layers - 1`` and ``num_layers`` blocks."""
     if num_layers < 2:
         raise ValueError(f"num_layers must be >= 2 (the per-block cost is a difference of two depths), got {num_layers}")
-    module, config = _module_and_config(recipe)
-    full_depth = recipe.job.num_layers(module, config)
+    module, _, _ = recipe.job.load()
+    full_depth = recipe.job.num_layers(module, recipe.job_config())
     steps = tuple(
         compile_recipe_step(recipe, num_layers=n, devices=devices, compiler_options=compiler_options)
         for n in (num_layers - 1, num_layers)

@@ -137,6 +137,14 @@ class Job:
         """Model FLOPs of one training step, or None where zoo.training.mfu has no formula."""
         return None
 
+    def num_layers(self, module, config):
+        """The model's depth where it can be compiled at reduced depth (None: it cannot)."""
+        return None
+
+    def batch_shapes(self, module, config, model, batch):
+        """``((x shape, dtype), (y shape, dtype))`` of one global batch of ``batch`` examples."""
+        raise RecipeError(f"compiling the step of job {self.name!r} is not supported")
+
 
 class PretrainGPT(Job):
     name, module_name, config_class_name, function_name = "pretrain_gpt", "zoo.training.gpt", "GPTTrainConfig", "train"
@@ -158,6 +166,10 @@ class PretrainGPT(Job):
         from zoo.models.gpt.gpt_configs import config_by_name
 
         return config_by_name(config.config_name)["num_layers"]
+
+    def batch_shapes(self, module, config, model, batch):
+        tokens = (batch, config.sequence_length)  # next-token targets: same shape as the inputs
+        return (tokens, "int32"), (tokens, "int32")
 
     def compile(self, module, model, config):
         module.compile_gpt(model, config.learning_rate, 1, config.weight_decay, config.gradient_accumulation_steps)
@@ -199,6 +211,12 @@ class TrainCNN(Job):
 
     def compile(self, module, model, config):
         module.compile_cnn(model, "adam", config.learning_rate)
+
+    def batch_shapes(self, module, config, model, batch):
+        from zoo.data import get_spec
+
+        size = config.image_size or get_spec(config.dataset).default_image_size
+        return ((batch, size, size, self.INPUT_CHANNELS), "float32"), ((batch,), "int32")
 
     def check_inputs(self, config, model):
         pass
@@ -247,6 +265,12 @@ class Finetune(Job):
 
         # As finetune() compiles: Adam (the optimizer state the memory estimate counts).
         model.compile(optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate), loss="sparse_categorical_crossentropy")
+
+    def batch_shapes(self, module, config, model, batch):
+        from zoo.presets import load_preset_metadata
+
+        shape = module.example_shape(model, load_preset_metadata(config.preset))
+        return ((batch, *shape), "int32" if len(shape) == 1 else "float32"), ((batch,), "int32")
 
     def check_inputs(self, config, model):
         pass

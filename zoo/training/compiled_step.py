@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from zoo._compat import forgetting_deferred_variables, variable_layout
+from zoo._compat import build_compile_state, forgetting_deferred_variables, variable_layout
 from zoo.distribution.layouts import raise_if_unmatched
 
 __all__ = ["StepMemory", "abstract_build", "analytic_weight_bytes", "compile_fit_step", "memory_analysis_reflects_remat", "state_bytes", "state_shardings"]
@@ -175,6 +175,8 @@ def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
     ``x``, ``y`` are ``(shape, dtype)`` of one global batch. The step is jitted as
     ``fit`` jits it: the state donated, its outputs laid out like its inputs.
     """
+    with _distribution(None):  # the metrics' variables are scalars, replicated
+        build_compile_state(model, x, y)  # compiled metrics' variables (e.g. accuracy), as fit's first batch makes them
     shardings = state_shardings(model, distribution)
     groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
     state = tuple([_abstract(v, s) for v, s in zip(group, group_shardings)] for group, group_shardings in zip(groups, shardings))

@@ -152,7 +152,7 @@ def finetune(config, report=print):
     new_head = needs_new_head(config.preset, len(spec.classes))
     report(f"preset {config.preset!r}: {metadata['class_name']}, {model.count_params():,} parameters"
            + (f"; new {len(spec.classes)}-class head {head!r}" if new_head else ""))  # fmt: skip
-    input_shape = _input_shape(model, metadata)
+    input_shape = example_shape(model, metadata)
     (x, y), (xt, yt) = (_load_adapted(config, spec, input_shape, split) for split in ("train", "test"))
     keras.utils.set_random_seed(config.seed)
     adapted = prepare_finetuning(model, config.strategy, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
@@ -205,7 +205,7 @@ def _distribution(class_name, config):
     return zd.distribution_for(keras.saving.get_registered_object(f"zoo>{class_name}"), config.distribution, config.mesh)
 
 
-def _input_shape(model, metadata):
+def example_shape(model, metadata):
     """One example's shape: the preset's recorded ``input_shape``, else the model's input
     (a text model's length from its ``max_sequence_length``)."""
     shape = list(metadata.get("input_shape") or model.inputs[0].shape[1:])
