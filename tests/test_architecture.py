@@ -1,4 +1,4 @@
-"""Imports run one way: kernels -> distribution -> layers -> models -> data/training/cli."""
+"""Imports run one way: kernels -> distribution -> layers -> models -> data/training -> planning -> cli/bench."""
 
 import ast
 import pathlib
@@ -10,13 +10,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "zoo"
 
 # package -> zoo packages it must not import
 FORBIDDEN = {
-    "kernels": {"distribution", "layers", "models", "data", "training", "cli", "bench"},
-    "distribution": {"layers", "models", "data", "training", "cli", "bench"},
-    "layers": {"models", "data", "training", "cli", "bench"},
-    "models": {"kernels", "data", "training", "cli", "bench", "presets"},
-    "data": {"models", "layers", "training", "cli", "bench", "presets"},
-    "presets": {"training", "cli", "bench"},
-    "training": {"cli", "bench"},
+    "kernels": {"distribution", "layers", "models", "data", "training", "planning", "cli", "bench"},
+    "distribution": {"layers", "models", "data", "training", "planning", "cli", "bench"},
+    "layers": {"models", "data", "training", "planning", "cli", "bench"},
+    "models": {"kernels", "data", "training", "planning", "cli", "bench", "presets"},
+    "data": {"models", "layers", "training", "planning", "cli", "bench", "presets"},
+    "presets": {"training", "planning", "cli", "bench"},
+    "training": {"planning", "cli", "bench"},
+    "planning": {"cli", "bench"},  # compiles the training jobs' steps: above training, below the entry points
 }
 
 

@@ -30,7 +30,15 @@ def build_parser():
     _add_data(commands.add_parser("data", help="list, show and prepare datasets"))
     _add_recipe(commands.add_parser("recipe", help="check or run a recipe (recipes/<target>/<job>.toml)"))
     _add_finetune(commands.add_parser("finetune", help="fine-tune a preset: frozen backbone, LoRA or full"))
+    _add_plan(commands.add_parser("plan", help="will a training step fit a target, how fast: compiled, never run (--auto: pick the layout)"))
     return parser
+
+
+def _add_plan(parser):
+    from zoo.cli import plan
+
+    plan.add_arguments(parser)
+    _add_simulate_flag(parser)
 
 
 def _add_finetune(parser):
@@ -77,7 +85,7 @@ def _add_generate(parser):
 
 
 def _add_benches(parser):
-    from zoo.cli import bench_attention, bench_context, bench_scale, bench_tp, train_transformers
+    from zoo.cli import bench_attention, bench_context, bench_plan, bench_scale, bench_tp, train_transformers
 
     benches = parser.add_subparsers(dest="bench", required=True)
     cnn = benches.add_parser("cnn", help="images/s of model.fit vs a hand-written jax.jit step (SmallCNN)")
@@ -94,6 +102,8 @@ def _add_benches(parser):
         _add_simulate_flag(bench)
     scale = benches.add_parser("scale", help="gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes")
     bench_scale.add_arguments(scale)
+    plan = benches.add_parser("plan", help="zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios")
+    bench_plan.add_arguments(plan)
 
 
 def _add_comms(parser):
@@ -196,6 +206,10 @@ def run(args):
         from zoo.cli import recipe
 
         return recipe.run(args) or 0
+    if args.command == "plan":
+        from zoo.cli import plan
+
+        return plan.run(args)
     if args.command == "finetune":
         from zoo.cli import finetune
 
@@ -205,9 +219,10 @@ def run(args):
 
         return comms.run(args) or 0
     if args.command == "bench" and args.bench != "cnn":
-        from zoo.cli import bench_attention, bench_context, bench_scale, bench_tp, train_transformers
+        from zoo.cli import bench_attention, bench_context, bench_plan, bench_scale, bench_tp, train_transformers
 
-        runs = {"attention": bench_attention.run, "tp": bench_tp.run, "gpt": train_transformers.run_bench, "context": bench_context.run, "scale": bench_scale.run}
+        runs = {"attention": bench_attention.run, "tp": bench_tp.run, "gpt": train_transformers.run_bench, "context": bench_context.run,
+                "scale": bench_scale.run, "plan": bench_plan.run}  # fmt: skip
         return runs[args.bench](args) or 0
     if args.command == "generate":
         from zoo.cli import train_transformers

@@ -21,6 +21,11 @@ def add_arguments(parser):
         "--devices", type=int, default=None, metavar="N",
         help="check against N devices instead of the file's [target] hosts x devices_per_host",
     )  # fmt: skip
+    check.add_argument(
+        "--no-compile", dest="compile", action="store_false",
+        help="skip compiling the step (the memory verdict then counts weights, gradients and optimizer state only)",
+    )  # fmt: skip
+    check.add_argument("--depth", default="auto", help="the step's compile depth for the memory verdict (zoo plan --depth)")
     run = actions.add_parser("run", help="run the recipe's job (on every host of a multi-host target)")
     run.add_argument("recipe", metavar="RECIPE", help="recipe .toml file")
     run.add_argument(
@@ -43,27 +48,45 @@ def run(args):
     """Run a parsed ``zoo recipe`` command; returns the exit code."""
     overrides = dict(parse_override(text) for text in args.overrides)
     if args.action == "check":
-        return _check(args.recipes, overrides, args.devices)
+        return _check(args.recipes, overrides, args.devices, compile_depth=args.depth if args.compile else None)
     recipe = load_recipe(args.recipe, overrides)
     _prepare_devices(recipe)
     run_recipe(recipe, coordinator_address=args.coordinator_address, process_id=args.process_id)
     return 0
 
 
-def _check(paths, overrides, devices):
-    """Print each recipe's plan; every file is checked, failures are listed at the end."""
+def _check(paths, overrides, devices, compile_depth="auto"):
+    """Print each recipe's plan and, unless ``compile_depth`` is None, the memory verdict
+    of its compiled step (``zoo plan``); failures are counted, every file is checked."""
     failures = 0
     for index, path in enumerate(paths):
         if index:
             print()
         try:
-            lines = check_recipe(load_recipe(path, overrides), device_count=devices).format()
+            recipe = load_recipe(path, overrides)
+            lines = check_recipe(recipe, device_count=devices).format()
+            if compile_depth is not None:
+                verdict, fits = _compiled_verdict(recipe, devices, compile_depth)
+                lines.append(verdict)
+                failures += not fits
         except UnsupportedKeyError as error:
             lines, failures = (error.plan.format() if error.plan else []) + [f"error: {error}"], failures + 1
         except RecipeError as error:
             lines, failures = [f"error: {error}"], failures + 1
         print("\n".join(lines), flush=True)
     return 2 if failures else 0
+
+
+def _compiled_verdict(recipe, devices, depth):
+    """``(line, fits)``: the recipe's step compiled for its target (``zoo.planning``)."""
+    from zoo.planning import make_plan, verdict
+    from zoo.planning.recipes import request_from_recipe
+
+    depth = int(depth) if str(depth).isdigit() else depth
+    plan = make_plan(request_from_recipe(recipe, devices=devices, depth=depth))
+    how = "whole model" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks, extrapolated to {plan.full_depth}"
+    line = f"memory per device (compiled step, {how}): {verdict(plan)}"
+    return ("" if plan.fits else "error: ") + line, plan.fits
 
 
 def _prepare_devices(recipe):

@@ -8,17 +8,18 @@ import dataclasses
 
 from zoo.cli import checkpoint_flags
 
-STRATEGY_HELP = "layout strategy: single | data | fsdp | tp | tp+sp | context (see docs/models.md)"
+STRATEGY_HELP = "layout strategy: single | data | fsdp | tp | tp+sp | fsdp+tp | context (see docs/models.md)"
 
 
 def _none_or(text):
     return None if text in ("none", "None", "") else text
 
 
-def _add_layout_flags(parser, defaults):
+def _add_layout_flags(parser, defaults, extra=()):
     from zoo.training.transformer_setup import TRANSFORMER_STRATEGIES
 
-    parser.add_argument("--strategy", "--distribution", dest="strategy", choices=TRANSFORMER_STRATEGIES, default=defaults.strategy, help=f"{STRATEGY_HELP} (default {defaults.strategy})")
+    help_text = STRATEGY_HELP + ("; auto: the best that fits, by zoo plan --auto (docs/planning.md)" if "auto" in extra else "")
+    parser.add_argument("--strategy", "--distribution", dest="strategy", choices=TRANSFORMER_STRATEGIES + tuple(extra), default=defaults.strategy, help=f"{help_text} (default {defaults.strategy})")
     parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4 or data=2,seq=4 (one axis may be -1); default per strategy")
     parser.add_argument("--attention", choices=["gather", "ring", "ulysses"], default=defaults.attention, help="context strategy: the sequence-parallel attention kernel")
 
@@ -28,7 +29,7 @@ def add_gpt_train(parser):
     from zoo.training.gpt import GPTTrainConfig
 
     d = GPTTrainConfig()
-    _add_layout_flags(parser, d)
+    _add_layout_flags(parser, d, extra=("auto",))
     parser.add_argument("--balance", type=_none_or, choices=[None, "zigzag", "striped"], default=d.balance, help="context strategy: causal load balancing (default none)")
     parser.add_argument("--config", dest="config_name", default=d.config_name, help=f"named size (zoo.models.GPT_CONFIGS; default {d.config_name})")
     parser.add_argument("--dataset", default=d.dataset)
@@ -111,7 +112,12 @@ def run_train(args):
     if args.model == "gpt":
         from zoo.training import gpt
 
-        gpt.train(_config_from(args, gpt.GPTTrainConfig))
+        config = _config_from(args, gpt.GPTTrainConfig)
+        if config.strategy == "auto":
+            from zoo.planning.search import choose_layout
+
+            config = choose_layout(config)
+        gpt.train(config)
     else:
         from zoo.training import classifiers
 

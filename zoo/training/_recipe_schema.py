@@ -52,6 +52,7 @@ class TargetSection:
     hosts: int = key(int, default=1, minimum=1)  # JAX processes, one per host
     devices_per_host: int = key(int, required=True, minimum=1)  # accelerators (or simulated CPU devices) per host
     device_memory_gib: float | None = key(float, minimum=0.001)  # memory per device; None: not checked
+    device: str | None = key(str)  # accelerator kind zoo plan times the step on (zoo.planning.DEVICES: h100, tpu-v5e, ...); None: by platform
 
     @property
     def devices(self):

@@ -1,0 +1,68 @@
+"""``zoo.planning.make_plan``: the compiled step's memory against a real run, extrapolation
+against a whole-model compile, and ``zoo plan``'s exit status and one-line verdict.
+
+gpt_tiny and gpt_small at T=32 on the 8 simulated devices (in-process compiles); one
+plan for 4 devices goes through the worker subprocess.
+"""
+
+import dataclasses
+
+import jax
+import pytest
+
+from zoo.cli import main as cli
+from zoo.planning import PlanRequest, make_plan
+from zoo.planning.plan import plan_in_process
+from zoo.training import gpt
+
+TINY = dict(config_name="gpt_tiny", strategy="fsdp", mesh="data=8", batch_size=8, sequence_length=32, precision="float32", remat="none")
+
+
+def _device_bytes(variables, device):
+    return sum(shard.data.nbytes for v in variables for shard in v.value.addressable_shards if shard.device == device)
+
+
+def test_plan_state_equals_what_a_real_run_holds_per_device(tmp_path):
+    """The plan's weights + optimizer state per device equal the bytes a trained model's
+    variables hold on each device after ``fit`` (exactly: both come from the layouts; the
+    real run places them). Temporaries are the compiler's and cannot be read on a CPU."""
+    plan = make_plan(PlanRequest("pretrain_gpt", TINY, devices=8, device="cpu"))
+    config = gpt.GPTTrainConfig(**TINY, epochs=1, steps_per_epoch=1, output=str(tmp_path / "m.keras"), report_every=1)
+    model = gpt.train(config, report=lambda *_: None)["model"]
+    for device in jax.devices():
+        assert _device_bytes(model.trainable_variables + model.non_trainable_variables, device) == plan.step.memory["weights"]
+        assert _device_bytes(model.optimizer.variables, device) == plan.step.memory["optimizer"]
+    assert plan.step.memory["temp"] > plan.step.memory["gradients"] > 0
+
+
+def test_extrapolated_plan_matches_the_whole_model_compiled():
+    """gpt_small (4 blocks) compiled at 1 and 2 blocks and extrapolated vs compiled whole:
+    peak, FLOPs and bytes sent per axis within 5%."""
+    request = PlanRequest("pretrain_gpt", {**TINY, "config_name": "gpt_small", "strategy": "tp", "mesh": "data=2,model=4"}, devices=8, device="h100")
+    whole = plan_in_process(dataclasses.replace(request, depth="full"))
+    extrapolated = plan_in_process(dataclasses.replace(request, depth=2))
+    assert whole.compiled_depths == (4,) and extrapolated.compiled_depths == (1, 2)
+    assert extrapolated.peak == pytest.approx(whole.peak, rel=0.05)
+    assert extrapolated.step.flops == pytest.approx(whole.step.flops, rel=0.05)
+    sent, expected = extrapolated.sent_per_axis(), whole.sent_per_axis()
+    assert sent.keys() == expected.keys() and all(sent[k] == pytest.approx(expected[k], rel=0.05) for k in expected)
+
+
+def test_zoo_plan_exits_1_with_one_line_naming_the_largest_part(capsys):
+    """A plan for 4 devices (a subprocess: this process has 8) on devices of 256 KiB."""
+    code = cli.main(["plan", "--config", "gpt_tiny", "--devices", "4", "--device", "cpu", "--device-memory-gib", "0.000244140625",
+                     "--strategy", "data", "--batch-size", "8", "--sequence-length", "32", "--precision", "float32"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "compiled: the fit step on data=4, global batch 8, 2 blocks (whole model)" in out
+    assert "| **peak** (of 256.00 KiB) |" in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zoo: does not fit: peak ")
+    assert "largest part activations and workspace" in lines[0] and "--remat full" in lines[0]
+
+
+def test_bad_input_is_named_before_anything_compiles(capsys):
+    assert cli.main(["plan", "--config", "gpt_tiny", "--device", "h300"]) == 2
+    assert "unknown device 'h300'" in capsys.readouterr().err
+    assert cli.main(["plan", "--config", "gpt_nano", "--device", "h100"]) == 2
+    assert "unknown GPT config name 'gpt_nano'" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""``zoo plan --auto``: the candidates, and a scenario where plain data parallelism does not
+fit, scaled down so it compiles in seconds: gpt_tiny (T=64, batch 16) on 8 simulated
+devices of 1.5 MiB. The planner's choice fits once compiled, and trains (3 fit steps with
+dropout, one block) to the single-device numbers. The real-size scenarios (gpt_1b on
+8 x 16 GiB, T=32k, gpt_350m at batch 1024) are in ``test_realsize.py``
+(``pytest -m realsize``) and ``zoo bench plan``.
+"""
+
+import math
+
+import keras
+import pytest
+
+from tests.models._gpt_parity import STEPS, TRAIN_LAYERS, language_data, model_config, strategy_distribution
+from zoo.distribution import parity
+from zoo.models.gpt import GPTCausalLM
+from zoo.planning import PlanRequest, make_plan
+from zoo.planning.search import Ranking, _rank_key, candidates, search
+
+SCENARIO = dict(config_name="gpt_tiny", strategy="data", mesh="data=8", batch_size=16, sequence_length=64, precision="float32", remat="none")
+MEMORY_GIB = 1.5 / 1024  # 1.5 MiB per device: data=8 needs ~1.9 MiB (compiled)
+
+
+def _request(**overrides):
+    return PlanRequest("pretrain_gpt", {**SCENARIO, **overrides}, devices=8, device="cpu", device_memory_gib=MEMORY_GIB, label="gpt_tiny")
+
+
+def test_every_candidate_divides_the_devices_the_model_and_the_batch():
+    request = _request(config_name="gpt_1b", batch_size=32, sequence_length=2048)
+    found = candidates(request)
+    assert len(found) == len(set(found)) > 100
+    for c in found:
+        sizes = dict((p.split("=")[0], int(p.split("=")[1])) for p in c.mesh.split(","))
+        assert math.prod(sizes.values()) == 8 and c.micro_batch * c.accumulation == 32 and c.micro_batch % sizes["data"] == 0
+        assert 32 % sizes.get("model", 1) == 0 and 2048 % sizes.get("seq", 1) == 0  # 32 heads, T
+    assert {c.strategy for c in found} == {"data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context"}
+    assert {c.remat for c in found} == {"none", "dots_saveable", "full"}
+
+
+@pytest.fixture(scope="module")
+def ranking():
+    return search(_request(), top=2)
+
+
+def test_plain_data_parallelism_does_not_fit_the_scenario():
+    assert not make_plan(_request()).fits
+
+
+def test_the_planner_picks_a_layout_that_fits_and_ranks_deterministically(ranking):
+    best = ranking.best
+    assert best.fits and best.plan.peak <= MEMORY_GIB * 2**30
+    assert best.candidate.micro_batch * best.candidate.accumulation == 16
+    order = {row.candidate: i for i, row in enumerate(ranking.rows)}
+    shuffled = sorted(ranking.rows, key=lambda row: -order[row.candidate])
+    assert sorted(shuffled, key=lambda row: _rank_key(row, order)) == ranking.rows  # the order does not depend on input order
+    keys = [_rank_key(row, order) for row in ranking.rows]
+    assert keys == sorted(keys)  # fitting first, then time per update
+    command = ranking.command()
+    assert command.startswith(f"zoo train gpt --config gpt_tiny --strategy {best.candidate.strategy}") and f"--remat {best.candidate.remat}" in command
+
+
+def test_the_top_choice_trains_like_one_device(ranking):
+    """The chosen layout (strategy, mesh, remat, gradient accumulation) on the parity
+    model at one block: 3 fit steps with dropout against one device."""
+    choice = ranking.best.candidate
+    config = model_config(choice.strategy, num_layers=TRAIN_LAYERS, remat=choice.remat)
+    distribution = strategy_distribution(choice.strategy if choice.strategy != "context" else "context-ring", choice.mesh, config)
+
+    def compile_model(model):
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9, gradient_accumulation_steps=choice.accumulation if choice.accumulation > 1 else None),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+
+    report = parity.check_parity(lambda: GPTCausalLM(**config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
+    assert report.passed, "\n".join(report.format())
+    assert report.reference_losses[-1] < report.reference_losses[0]
+
+
+def test_when_nothing_fits_analytically_the_message_says_so():
+    assert Ranking(_request(), [], 7, 0).why_none() == "none of 7 candidates fits 8 x cpu by the analytic model"

@@ -1,0 +1,292 @@
+"""``zoo plan``: will a training step fit, how fast will it run, and what to change.
+
+A ``PlanRequest`` names a job and its settings (a recipe, or a GPT config with a layout)
+and the target: a device count and kind (``zoo.planning.devices``). ``make_plan``
+compiles, never runs, the exact step ``model.fit`` runs there (``measure``), in a
+subprocess with that many simulated CPU devices when this process has another count,
+and returns a ``Plan``: per-device memory by part, collectives per mesh axis, the
+roofline step time and MFU (``roofline``), and whether it fits.
+
+Depth: a deep model is compiled at two reduced depths (1 and 2 blocks) and every figure
+is extrapolated per block to the full depth (``depth="auto"`` does this above
+``FULL_DEPTH_UP_TO`` blocks; ``depth="full"`` compiles the whole model). The plan says
+which it did.
+
+Remat on an XLA whose CPU memory analysis does not show it (JAX 0.10:
+``compiled_step.memory_analysis_reflects_remat``): the compiled per-block temporaries
+keep every activation, so the plan replaces them with what the remat policy saves per
+block (``remat_saved_per_block``) plus one block's recomputation, and says so.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from zoo.planning import roofline
+from zoo.planning.devices import device_spec, host_cpu_spec
+from zoo.planning.measure import StepMeasure, extrapolate, measure_step
+
+__all__ = ["FULL_DEPTH_UP_TO", "Plan", "PlanRequest", "make_plan", "plan_in_process", "remat_saved_per_block"]
+
+GIB, MIB = 2**30, 2**20
+FULL_DEPTH_UP_TO = 4  # depth="auto": models this deep or shallower are compiled whole
+RESULT = "PLAN "  # prefix of the worker's result line on stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+    """What to compile and for which target; plain values (sent to the worker as JSON)."""
+
+    job: str  # a recipe job: pretrain_gpt | train_cnn | finetune
+    config: dict  # fields of the job's config dataclass (e.g. GPTTrainConfig)
+    devices: int  # the target's device count
+    device: str = "h100"  # a zoo.planning.devices.DEVICES name (or cpu)
+    device_memory_gib: float | None = None  # None: the device's own
+    hosts: int = 1
+    depth: str | int = "auto"  # auto | full | a block count to compile at (then extrapolated)
+    label: str = ""  # what is planned, in words (a recipe path, "gpt_1b")
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text):
+        return cls(**json.loads(text))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A compiled step at the target's size, per device (bytes, seconds)."""
+
+    request: PlanRequest
+    step: StepMeasure  # at full depth (extrapolated or compiled whole)
+    compiled_depths: tuple  # the depths actually compiled
+    full_depth: int | None
+    remat_correction: int  # bytes added to the temporaries (negative: removed); 0: none applied
+    model_flops: float | None  # per step, whole model, all devices (zoo.training.mfu); None: no formula
+    notes: tuple = ()
+
+    @property
+    def spec(self):
+        spec = device_spec(self.request.device)
+        return host_cpu_spec(self.request.devices) if spec.name == "cpu" else spec
+
+    @property
+    def device_memory(self):
+        gib = self.request.device_memory_gib
+        return int(gib * GIB) if gib else self.spec.memory_bytes
+
+    @property
+    def temp(self):
+        return self.step.memory["temp"] + self.remat_correction
+
+    @property
+    def peak(self):
+        return self.step.peak + self.remat_correction
+
+    @property
+    def fits(self):
+        return self.peak <= self.device_memory
+
+    def parts(self):
+        """``{part: bytes}`` per device: the state, and activations + workspace (temporaries less gradients)."""
+        m = self.step.memory
+        return {"weights": m["weights"], "gradients": m["gradients"], "optimizer state": m["optimizer"],
+                "activations and workspace": max(self.temp - m["gradients"], 0)}  # fmt: skip
+
+    @property
+    def time(self):
+        axes = [(part.split("=")[0], int(part.split("=")[1])) for part in self.step.mesh.split(",")] if self.step.mesh else []
+        return roofline.estimate_step_time(
+            flops=self.step.flops, bytes_accessed=self.step.bytes_accessed, collectives=self.step.collectives,
+            mesh_axes=axes, spec=self.spec,
+        )  # fmt: skip
+
+    @property
+    def mfu(self):
+        return roofline.mfu(self.model_flops, self.time.step_s, self.request.devices, self.spec)
+
+    def sent_per_axis(self):
+        """``{"data": bytes, ...}`` each device sends per step over each set of mesh axes."""
+        sent = {}
+        for row in self.step.collectives:
+            if row["axes"]:
+                key = ",".join(row["axes"])
+                sent[key] = sent.get(key, 0.0) + row["sent_bytes"]
+        return sent
+
+    def to_dict(self):
+        return {"request": dataclasses.asdict(self.request), "step": self.step.to_dict(), "compiled_depths": list(self.compiled_depths),
+                "full_depth": self.full_depth, "remat_correction": self.remat_correction, "model_flops": self.model_flops,
+                "notes": list(self.notes)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, values):
+        return cls(
+            request=PlanRequest(**values["request"]), step=StepMeasure.from_dict(values["step"]),
+            compiled_depths=tuple(values["compiled_depths"]), full_depth=values["full_depth"],
+            remat_correction=values["remat_correction"], model_flops=values["model_flops"], notes=tuple(values["notes"]),
+        )  # fmt: skip
+
+
+# --- making a plan -----------------------------------------------------------------------
+
+
+def make_plan(request, *, compiler_options=None):
+    """The ``Plan`` of ``request``: compiled here when this process has exactly
+    ``request.devices`` CPU devices, else in a fresh process that simulates them."""
+    import jax
+
+    if jax.devices()[0].platform == "cpu" and len(jax.devices()) == request.devices:
+        return plan_in_process(request, compiler_options=compiler_options)
+    return plans_in_subprocess([request])[0]
+
+
+def plans_in_subprocess(requests):
+    """The plans of ``requests`` (one device count) compiled in one fresh process."""
+    devices = {r.devices for r in requests}
+    if len(devices) != 1:
+        raise ValueError(f"one subprocess compiles for one device count, got {sorted(devices)}")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices.pop()}", JAX_PLATFORMS="cpu")
+    payload = json.dumps([dataclasses.asdict(r) for r in requests])
+    done = subprocess.run([sys.executable, "-m", "zoo.planning.plan", payload], env=env, capture_output=True, text=True)
+    lines = [line[len(RESULT):] for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    if done.returncode or not lines:
+        error = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit status {done.returncode}")
+        raise RuntimeError(f"compiling the plan failed: {error.removeprefix('zoo: error: ')}")
+    return [_plan_or_raise(json.loads(line)) for line in lines]
+
+
+def _plan_or_raise(values):
+    if "error" in values:
+        raise ValueError(values["error"])
+    return Plan.from_dict(values)
+
+
+def _job_and_config(request):
+    from zoo.training._recipe_jobs import JOBS
+
+    if request.job not in JOBS:
+        raise ValueError(f"unknown job {request.job!r}; choose one of {sorted(JOBS)}")
+    job = JOBS[request.job]
+    module, config_class, _ = job.load()
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(request.config) - known)
+    if unknown:
+        raise ValueError(f"job {request.job!r} has no setting(s) {unknown}")
+    return job, module, config_class(**request.config)
+
+
+def _depths(request, full_depth, needs_two):
+    """The depths to compile: the whole model, or two consecutive reduced depths."""
+    if full_depth is None:
+        return (None,)
+    if request.depth == "full" or (request.depth == "auto" and full_depth <= FULL_DEPTH_UP_TO and not needs_two):
+        return (full_depth,)
+    top = 2 if request.depth in ("auto", "full") else int(request.depth)
+    if not 2 <= top <= full_depth:
+        raise ValueError(f"depth {request.depth!r}: compile at 2..{full_depth} blocks (or auto, full)")
+    return (top - 1, top)
+
+
+def plan_in_process(request, *, compiler_options=None):
+    """The ``Plan`` of ``request`` compiled on this process' devices (see the module docstring).
+
+    ``compiler_options`` default to ``comms_report.FAST_COMPILE``: the HLO passes that
+    decide memory, collectives and FLOPs all run; only machine-code optimisation is skipped."""
+    from zoo.distribution.comms_report import FAST_COMPILE
+    from zoo.training.compiled_step import memory_analysis_reflects_remat
+
+    compiler_options = FAST_COMPILE if compiler_options is None else compiler_options
+    device_spec(request.device)  # an unknown device is refused before compiling
+    job, module, config = _job_and_config(request)
+    full_depth = job.num_layers(module, config)
+    remat = getattr(config, "remat", "none")
+    correct_remat = remat != "none" and not memory_analysis_reflects_remat()
+    depths = _depths(request, full_depth, needs_two=correct_remat)
+    steps = [measure_step(job, config, target_devices=request.devices, label=request.label or request.job, num_layers=d,
+                          compiler_options=compiler_options) for d in depths]  # fmt: skip
+    step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
+    notes, correction = [], 0
+    if len(steps) == 2:
+        notes.append(f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}")
+    if correct_remat and len(steps) == 2:
+        correction = _remat_correction(steps, config, full_depth, step)
+        notes.append(
+            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); temporaries corrected by "
+            f"{correction / GIB:+.2f} GiB: per block, what the policy saves instead of every activation (docs/planning.md)"
+        )
+    return Plan(request, step, tuple(d for d in depths if d is not None), full_depth, correction, _model_flops(job, config, full_depth), tuple(notes))
+
+
+def _model_flops(job, config, full_depth):
+    """Model FLOPs of one step of the full model, or None where the job has no formula."""
+    if job.name != "pretrain_gpt":
+        return None
+    from zoo.models.gpt.gpt_configs import config_by_name
+    from zoo.training.mfu import gpt_flops_per_token
+
+    model_config = {**config_by_name(config.config_name), "num_layers": full_depth}
+    return gpt_flops_per_token(model_config, config.sequence_length) * config.batch_size * config.sequence_length
+
+
+def remat_saved_per_block(config, step):
+    """Bytes per device one Transformer block keeps for the backward pass under the
+    job's remat policy (a GPT job), from the shapes alone:
+
+    - full: its input, (B/data, T/split, C);
+    - dots_saveable: the outputs of its matmuls without batch dimensions (JAX's
+      ``dots_with_no_batch_dims_saveable``): q, k, v (H*D + 2*K*D, split over the model
+      axis), the attention output projection (C), the MLP's input projections (m*F,
+      m = 2 for a gated MLP, split over model) and its output projection (C).
+    """
+    from zoo.models.gpt.gpt_configs import GATED_MLPS, config_by_name
+
+    model = config_by_name(config.config_name)
+    sizes = dict((part.split("=")[0], int(part.split("=")[1])) for part in step.mesh.split(",")) if step.mesh else {}
+    model_axis = sizes.get("model", 1) if config.strategy in ("tp", "tp+sp", "fsdp+tp") else 1
+    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.strategy, 1)
+    tokens = step.global_batch // sizes.get("data", 1) * config.sequence_length // split
+    width, heads = model["hidden_dim"], model["num_heads"]
+    head_dim = model.get("head_dim") or width // heads
+    kv_heads = model.get("num_kv_heads") or heads
+    itemsize = 2 if config.precision == "mixed_bfloat16" else 4
+    if config.remat == "full":
+        return tokens * width * itemsize
+    projections = heads * head_dim + 2 * kv_heads * head_dim + (2 if model["mlp"] in GATED_MLPS else 1) * model["intermediate_dim"]
+    return tokens * (projections // model_axis + 2 * width) * itemsize
+
+
+def _remat_correction(steps, config, full_depth, step):
+    """Bytes to add to the extrapolated temporaries: every block but one keeps only what
+    the policy saves plus what a block holds whatever the policy (its weights' gradients
+    and, where the layout splits weights over the data or seq axis, its all-gathered
+    weights in the compute dtype); one block's full recomputation stays (the measured
+    per-block cost). Checked against JAX 0.12's compiles in docs/planning.md."""
+    low, high = steps
+    per_block = high.memory["temp"] - low.memory["temp"]
+    kept = remat_saved_per_block(config, step) + high.memory["gradients"] - low.memory["gradients"]
+    if config.strategy in ("fsdp", "fsdp+tp", "context"):
+        sizes = dict((part.split("=")[0], int(part.split("=")[1])) for part in step.mesh.split(","))
+        gathered = sizes.get("seq", 1) if config.strategy == "context" else sizes.get("data", 1)
+        itemsize = 2 if config.precision == "mixed_bfloat16" else 4
+        kept += (high.memory["weights"] - low.memory["weights"]) * gathered * itemsize // 4
+    return -(full_depth - 1) * max(per_block - kept, 0)
+
+
+def main(argv=None):
+    """Worker: ``python -m zoo.planning.plan '[request, ...]'`` prints one ``PLAN {json}`` line each."""
+    requests = [PlanRequest(**values) for values in json.loads((argv or sys.argv[1:])[0])]
+    for request in requests:
+        try:
+            values = plan_in_process(request).to_dict()
+        except (ValueError, RuntimeError) as error:
+            values = {"error": str(error)}
+        print(RESULT + json.dumps(values), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
+
+from zoo.planning.plan import GIB, MIB
+
+__all__ = ["advice", "format_plan", "largest_part", "verdict"]
+
+
+def _gib(count):
+    """Bytes in the largest unit that keeps the number >= 1 (GiB at most)."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
+        if abs(count) >= size:
+            return f"{count / size:,.2f} {unit}"
+    return f"{count:,.0f} B"
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def format_plan(plan):
+    """The plan as text lines: what was compiled, memory per device, collectives, time."""
+    request, step, spec = plan.request, plan.step, plan.spec
+    depth = "whole model" if len(plan.compiled_depths) < 2 else f"extrapolated from {plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks"
+    lines = [
+        f"plan: {request.label or request.job} on {request.devices} x {spec.name} ({spec.description})",
+        f"compiled: the fit step on {step.mesh or 'one device'}, global batch {step.global_batch}, "
+        f"{plan.full_depth or '-'} blocks ({depth}), {step.compile_s:.1f} s to compile",
+        "| per device | bytes |",
+        "| --- | ---: |",
+    ]
+    lines += [f"| {part} | {_gib(count)} |" for part, count in plan.parts().items()]
+    lines.append(f"| **peak** (of {_gib(plan.device_memory)}) | **{_gib(plan.peak)}** |")
+    lines += _collective_lines(plan)
+    time = plan.time
+    lines.append(
+        f"time per step (roofline, {spec.name}): compute {_ms(time.compute_s)}, memory {_ms(time.memory_s)}, "
+        f"communication {_ms(time.communication_s)} -> {_ms(time.step_s)} ({_ms(time.overlapped_s)} if communication "
+        f"overlaps compute); {time.bound}-bound"
+    )
+    if plan.mfu is not None:
+        lines.append(f"estimated MFU: {100 * plan.mfu:.1f}% ({plan.model_flops / 1e12:,.1f} model TFLOP per step)")
+    lines += [f"note: {note}" for note in plan.notes]
+    lines.append(verdict(plan))
+    return lines
+
+
+def _collective_lines(plan):
+    rows = [row for row in plan.step.collectives if row["axes"]]
+    if not rows:
+        return ["collectives: none"]
+    mesh_axes = [(p.split("=")[0], int(p.split("=")[1])) for p in plan.step.mesh.split(",")]
+    from zoo.planning.roofline import axes_bandwidth
+
+    lines = ["| mesh axes | collective | per step | sent per device | link |", "| --- | --- | ---: | ---: | --- |"]
+    for row in sorted(rows, key=lambda r: (r["axes"], r["kind"])):
+        bandwidth = axes_bandwidth(row["axes"], mesh_axes, plan.spec)
+        lines.append(f"| {','.join(row['axes'])} | {row['kind']} | {row['count']:,.0f} | {_gib(row['sent_bytes'])} | {bandwidth / 1e9:,.0f} GB/s |")
+    if not plan.step.collectives_exact:
+        lines.append("(a loop without a known trip count was counted once: the counts are a lower bound)")
+    return lines
+
+
+def largest_part(plan):
+    parts = plan.parts()
+    return max(parts, key=parts.get)
+
+
+def advice(plan):
+    """The change that would help most, for the largest part of the peak."""
+    config = plan.request.config
+    part, strategy = largest_part(plan), config.get("strategy")
+    if part == "activations and workspace":
+        if config.get("remat", "none") == "none":
+            return "rematerialise the blocks (--remat full)"
+        if config.get("batch_size", 1) % 2 == 0:
+            batch, steps = config["batch_size"] // 2, 2 * config.get("gradient_accumulation_steps", 1)
+            return f"halve the micro-batch (--batch-size {batch} --gradient-accumulation-steps {steps})"
+        return "split the sequence over devices (--strategy context)"
+    if strategy in ("single", "data", "tp", "tp+sp", "model"):
+        return "split weights, gradients and optimizer state over the data axis (--strategy fsdp, or fsdp+tp)"
+    return "use more devices, or a smaller model"
+
+
+def verdict(plan):
+    """One line: fits, or does not and why (largest part, the change that would help most)."""
+    if plan.fits:
+        return f"fits: peak {_gib(plan.peak)} of {_gib(plan.device_memory)} per device ({100 * plan.peak / plan.device_memory:.0f}%)"
+    part = largest_part(plan)
+    return (
+        f"does not fit: peak {_gib(plan.peak)} > {_gib(plan.device_memory)} per device; largest part {part} "
+        f"{_gib(plan.parts()[part])}; {advice(plan)}, or let zoo plan --auto choose"
+    )

@@ -1,0 +1,313 @@
+"""``zoo plan --auto``: search layouts x meshes x remat x micro-batch, compile the best few, rank.
+
+1. **Candidates** for a GPT job on N devices with a global batch G per optimizer update:
+   every layout (data, fsdp, tp, tp+sp, fsdp+tp, context; single on one device) on every
+   mesh that factorises N and divides the model (heads, widths) and the sequence; remat
+   none, dots_saveable, full; G split into a micro-batch b and a accumulation steps
+   (b x a = G, b a multiple of the data axis).
+2. **Pruning** with an analytic model (``estimate``): state bytes from the parameter
+   count and how the layout splits it; activations per block from the remat policy
+   (``remat_elements_per_token``); step time from model FLOPs (plus recomputation) and
+   each layout's collectives (bytes per axis over that axis' links, as the roofline does).
+3. **Compiling** the ``top`` candidates that fit by that model, fastest first (one
+   subprocess: one device count), and ranking them by the compiled plans: fits first,
+   then estimated time per optimizer update, then peak memory, then candidate order
+   (so the ranking is deterministic).
+"""
+
+import dataclasses
+import math
+
+from zoo.planning.devices import device_spec, host_cpu_spec
+from zoo.planning.plan import GIB, PlanRequest, make_plan, plans_in_subprocess
+from zoo.planning.roofline import axes_bandwidth
+
+__all__ = ["Candidate", "Ranking", "candidates", "choose_layout", "estimate", "format_ranking", "search"]
+
+LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context")
+REMATS = ("none", "dots_saveable", "full")
+RECOMPUTE = {"none": 1.0, "dots_saveable": 1.1, "full": 4 / 3}  # hardware / model FLOPs: full remat re-runs the forward
+ANALYTIC_HEADROOM = 0.9  # a candidate fits the analytic model below this share of device memory
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One point of the search: a layout, its mesh, remat and the batch split."""
+
+    strategy: str
+    mesh: str | None  # "data=2,model=4"; None: one device
+    remat: str
+    micro_batch: int  # global batch per fit step
+    accumulation: int  # fit steps per optimizer update
+
+    def describe(self):
+        return f"{self.strategy} {self.mesh or '(one device)'} remat={self.remat} batch {self.micro_batch}x{self.accumulation}"
+
+
+@dataclasses.dataclass
+class Row:
+    candidate: Candidate
+    memory: float  # analytic peak bytes per device
+    update_s: float  # analytic seconds per optimizer update
+    plan: object = None  # the compiled Plan, for the candidates compiled
+
+    @property
+    def fits(self):
+        return self.plan.fits if self.plan else None
+
+    @property
+    def compiled_update_s(self):
+        return self.plan.time.step_s * self.candidate.accumulation if self.plan else None
+
+
+@dataclasses.dataclass
+class Ranking:
+    """The compiled candidates, best first, and how many were considered."""
+
+    request: PlanRequest
+    rows: list  # compiled Rows, best first
+    considered: int
+    analytic_fits: int
+
+    @property
+    def best(self):
+        return self.rows[0] if self.rows else None
+
+    def why_none(self):
+        if not self.rows:
+            return f"none of {self.considered} candidates fits {self.request.devices} x {self.request.device} by the analytic model"
+        best = self.rows[0]
+        return f"the smallest compiled peak is {best.plan.peak / GIB:.2f} GiB ({best.candidate.describe()}) of {best.plan.device_memory / GIB:.2f} GiB"
+
+    def command(self, row=None):
+        """The ``zoo train gpt`` command line that runs ``row`` (default the best)."""
+        row = row or self.best
+        c, config = row.candidate, self.request.config
+        parts = ["zoo train gpt", f"--config {config['config_name']}", f"--strategy {c.strategy}"]
+        parts += [f"--mesh {c.mesh}"] if c.mesh else []
+        parts += [f"--attention {config.get('attention', 'ring')}"] if c.strategy == "context" else []
+        parts += [f"--remat {c.remat}", f"--batch-size {c.micro_batch}", f"--gradient-accumulation-steps {c.accumulation}"]
+        parts += [f"--sequence-length {config['sequence_length']}", f"--precision {config.get('precision', 'float32')}"]
+        return " ".join(parts)
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _model(request):
+    from zoo.models.gpt.gpt_configs import config_by_name
+
+    return config_by_name(request.config["config_name"])
+
+
+def _meshes(strategy, devices, model, length, spec):
+    """Mesh specs ``strategy`` can use on ``devices`` devices for this model and length."""
+    if strategy == "single":
+        return [None] if devices == 1 else []
+    if strategy in ("data", "fsdp"):
+        return [f"data={devices}"]
+    domain = spec.link_domain or devices
+    if strategy == "context":
+        return [f"data={devices // s},seq={s}" for s in _divisors(devices) if s > 1 and length % s == 0]
+    widths = (model["num_heads"], model["hidden_dim"], model["intermediate_dim"], model["vocabulary_size"])
+    sizes = [m for m in _divisors(devices) if 1 < m <= domain and all(w % m == 0 for w in widths)]
+    if strategy == "tp+sp":
+        sizes = [m for m in sizes if length % m == 0]
+    return [f"data={devices // m},model={m}" for m in sizes]
+
+
+def _axis_sizes(mesh):
+    return {} if not mesh else {p.split("=")[0]: int(p.split("=")[1]) for p in mesh.split(",")}
+
+
+def candidates(request):
+    """Every ``Candidate`` for a GPT ``request`` (see the module docstring), in a fixed order."""
+    config, devices = request.config, request.devices
+    model, spec = _model(request), _spec(request)
+    length = config["sequence_length"]
+    per_update = config["batch_size"] * config.get("gradient_accumulation_steps", 1)
+    layouts = ("single",) if devices == 1 else LAYOUTS
+    found = []
+    for strategy in layouts:
+        for mesh in _meshes(strategy, devices, model, length, spec):
+            data = _axis_sizes(mesh).get("data", 1)
+            for accumulation in (a for a in _divisors(per_update) if (per_update // a) % data == 0):
+                for remat in REMATS:
+                    found.append(Candidate(strategy, mesh, remat, per_update // accumulation, accumulation))
+    return found
+
+
+def _spec(request):
+    spec = device_spec(request.device)
+    return host_cpu_spec(request.devices) if spec.name == "cpu" else spec
+
+
+# --- the analytic model ------------------------------------------------------------------
+
+
+def remat_elements_per_token(remat, model, tp_divisor):
+    """Activation elements one block keeps per token for the backward pass.
+
+    Calibrated on gpt_1b's compiled block (JAX 0.12, bf16, docs/planning.md): none keeps
+    ~16C + 2mF (m = 3 matrices of a gated MLP, else 2); dots_saveable the matmul outputs
+    (H*D + 2K*D + m'F + 2C, m' = 2 gated, else 1); full only the block's input (C).
+    Head and MLP terms are split over the model axis (``tp_divisor``)."""
+    width, heads = model["hidden_dim"], model["num_heads"]
+    head_dim = model.get("head_dim") or width // heads
+    kv_heads = model.get("num_kv_heads") or heads
+    gated = model["mlp"] in ("swiglu", "geglu")
+    ffn = model["intermediate_dim"]
+    if remat == "full":
+        return width
+    if remat == "dots_saveable":
+        return (heads * head_dim + 2 * kv_heads * head_dim + (2 if gated else 1) * ffn) / tp_divisor + 2 * width
+    return (12 * width + 2 * (3 if gated else 2) * ffn) / tp_divisor + 4 * width
+
+
+def estimate(candidate, request):
+    """``(peak bytes per device, seconds per optimizer update)`` by the analytic model."""
+    from zoo.models.gpt.gpt_configs import count_parameters
+    from zoo.training.mfu import gpt_flops_per_token
+
+    model, spec, config = _model(request), _spec(request), request.config
+    sizes = _axis_sizes(candidate.mesh)
+    data, tp, seq = sizes.get("data", 1), sizes.get("model", 1), sizes.get("seq", 1)
+    params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
+    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    state_split = {"fsdp": data, "fsdp+tp": data * tp, "tp": tp, "tp+sp": tp, "context": seq}.get(candidate.strategy, 1)
+    state = params * 4 * (4 + (candidate.accumulation > 1)) / state_split  # weights, gradients, 2 Adam slots (+ accumulators)
+    tokens = candidate.micro_batch // data * length // (seq * (tp if candidate.strategy == "tp+sp" else 1))
+    divisor = tp if candidate.strategy in ("tp", "fsdp+tp") else 1
+    per_block = tokens * remat_elements_per_token(candidate.remat, model, divisor) * itemsize
+    workspace = 0 if candidate.remat == "none" else tokens * remat_elements_per_token("none", model, divisor) * itemsize
+    logits = candidate.micro_batch // data * length // seq * model["vocabulary_size"] // max(tp, 1) * 4 * 3
+    peak = state + layers * per_block + workspace + logits
+    flops = gpt_flops_per_token({**model}, length) * candidate.micro_batch * length * RECOMPUTE[candidate.remat]
+    step = flops / (request.devices * spec.peak_flops) + _communication_s(candidate, request, params, itemsize, tokens)
+    return peak, step * candidate.accumulation
+
+
+def _communication_s(candidate, request, params, itemsize, tokens):
+    """Seconds of collectives per fit step, by layout (per device, ring algorithms)."""
+    model, spec = _model(request), _spec(request)
+    sizes = _axis_sizes(candidate.mesh)
+    axes = [(name, size) for name, size in sizes.items()]
+    time = 0.0
+
+    def over(axis, sent):
+        n = sizes.get(axis, 1)
+        return 0.0 if n == 1 else sent * (n - 1) / n / axes_bandwidth((axis,), axes, spec)
+
+    s = candidate.strategy
+    shard = params * 4 / (sizes.get("model", 1) if s == "fsdp+tp" else 1)
+    if s in ("data", "tp", "tp+sp"):
+        time += over("data", 2 * 4 * params / sizes.get("model", 1))  # all-reduce of the gradients
+    if s in ("fsdp", "fsdp+tp"):
+        time += over("data", 3 * shard)  # all-gather forward and backward, reduce-scatter the gradients
+    if s in ("tp", "tp+sp", "fsdp+tp"):
+        activation = candidate.micro_batch // sizes.get("data", 1) * request.config["sequence_length"] * model["hidden_dim"] * itemsize
+        time += over("model", (4 * model["num_layers"] + 2) * 2 * activation)  # Megatron: 4 all-reduces per block
+    if s == "context":
+        kv = tokens * 2 * (model.get("num_kv_heads") or model["num_heads"]) * (model["hidden_dim"] // model["num_heads"]) * itemsize
+        time += over("seq", 3 * model["num_layers"] * kv * sizes["seq"]) + over("seq", 3 * params * 4)  # ring hops, FSDP over seq
+    return time
+
+
+# --- the search --------------------------------------------------------------------------
+
+
+def _request_for(request, candidate):
+    config = {**request.config, "strategy": candidate.strategy, "mesh": candidate.mesh, "remat": candidate.remat,
+              "batch_size": candidate.micro_batch, "gradient_accumulation_steps": candidate.accumulation}  # fmt: skip
+    return dataclasses.replace(request, config=config, label=f"{request.label or config['config_name']}: {candidate.describe()}")
+
+
+def _rank_key(row, order):
+    return (not row.fits, row.compiled_update_s, row.plan.peak, order[row.candidate])
+
+
+def search(request, *, top=3, report=None):
+    """``Ranking`` of the best candidates for a GPT ``request`` (its strategy, mesh, remat
+    and batch split are searched; its batch_size x gradient_accumulation_steps is kept)."""
+    if request.job != "pretrain_gpt":
+        raise ValueError(f"zoo plan --auto searches GPT layouts (job pretrain_gpt), not {request.job!r}")
+    found = candidates(request)
+    if not found:
+        raise ValueError(f"no layout divides {request.devices} devices for {request.config['config_name']} at batch {request.config['batch_size']}")
+    memory = request.device_memory_gib * GIB if request.device_memory_gib else _spec(request).memory_bytes
+    rows = [Row(c, *estimate(c, request)) for c in found]
+    order = {c: i for i, c in enumerate(found)}
+    fitting = [r for r in rows if r.memory <= ANALYTIC_HEADROOM * memory]
+    chosen = sorted(fitting, key=lambda r: (r.update_s, order[r.candidate]))[:top] or sorted(rows, key=lambda r: r.memory)[:top]
+    if report:
+        report(f"{len(rows)} candidates, {len(fitting)} fit by the analytic model; compiling {len(chosen)} ...")
+    _compile_rows(request, chosen)
+    if not any(row.fits for row in chosen):  # the analytic model was optimistic: try the smallest instead
+        smallest = [r for r in sorted(rows, key=lambda r: (r.memory, order[r.candidate])) if r not in chosen][:top]
+        if report and smallest:
+            report(f"none of them fits once compiled; compiling the {len(smallest)} smallest by the analytic model ...")
+        _compile_rows(request, smallest)
+        chosen += smallest
+    return Ranking(request, sorted(chosen, key=lambda r: _rank_key(r, order)), len(rows), len(fitting))
+
+
+def _compile_rows(request, rows):
+    if rows:
+        for row, plan in zip(rows, _compile([_request_for(request, r.candidate) for r in rows])):
+            row.plan = plan
+
+
+def _compile(requests):
+    import jax
+
+    if jax.devices()[0].platform == "cpu" and len(jax.devices()) == requests[0].devices:
+        return [make_plan(r) for r in requests]
+    return plans_in_subprocess(requests)
+
+
+def format_ranking(ranking):
+    """The ranked table and the command line that runs the best."""
+    lines = [
+        f"searched {ranking.considered} candidates ({ranking.analytic_fits} fit by the analytic model); compiled the best {len(ranking.rows)}:",
+        "| rank | layout | mesh | remat | batch x steps | fits | peak / device | est. per update | MFU | sent per device per step |",
+        "| ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for rank, row in enumerate(ranking.rows, 1):
+        c, plan = row.candidate, row.plan
+        sent = ", ".join(f"{axes} {bytes_ / 2**20:,.0f} MiB" for axes, bytes_ in plan.sent_per_axis().items()) or "-"
+        mfu = f"{100 * plan.mfu:.1f}%" if plan.mfu is not None else "-"
+        lines.append(
+            f"| {rank} | {c.strategy} | {c.mesh or '-'} | {c.remat} | {c.micro_batch} x {c.accumulation} | {'yes' if plan.fits else 'NO'} | "
+            f"{plan.peak / GIB:,.2f} GiB | {row.compiled_update_s * 1e3:,.1f} ms | {mfu} | {sent} |"
+        )
+    if ranking.best is not None and ranking.best.fits:
+        lines.append(f"run the best: {ranking.command()}")
+    return lines
+
+
+LAYOUT_FIELDS = ("strategy", "mesh", "remat", "batch_size", "gradient_accumulation_steps")
+
+
+def choose_layout(config, *, top=3, report=print):
+    """``config`` (a ``GPTTrainConfig`` with ``strategy="auto"``) with the best fitting
+    layout, mesh, remat and batch split for this process' devices; raises ``ValueError``
+    naming the smallest peak when none fits. The batch per optimizer update
+    (``batch_size x gradient_accumulation_steps``) is kept."""
+    import jax
+
+    from zoo.planning.devices import local_device
+
+    name, memory_gib = local_device()
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    request = PlanRequest("pretrain_gpt", {**fields, "strategy": "data", "mesh": None}, devices=len(jax.devices()), device=name,
+                          device_memory_gib=memory_gib, label=config.config_name)  # fmt: skip
+    ranking = search(request, top=top, report=report)
+    if ranking.best is None or not ranking.best.fits:
+        raise ValueError(f"--strategy auto: no layout fits: {ranking.why_none()}")
+    for line in format_ranking(ranking)[:-1]:
+        report(line)
+    best = ranking.best.candidate
+    chosen = dict(strategy=best.strategy, mesh=best.mesh, remat=best.remat, batch_size=best.micro_batch, gradient_accumulation_steps=best.accumulation)
+    report(f"layout auto: {best.describe()} (peak {ranking.best.plan.peak / GIB:.2f} GiB per device)")
+    return dataclasses.replace(config, **chosen)
