@@ -66,3 +66,13 @@ def test_bad_input_is_named_before_anything_compiles(capsys):
     assert "unknown device 'h300'" in capsys.readouterr().err
     assert cli.main(["plan", "--config", "gpt_nano", "--device", "h100"]) == 2
     assert "unknown GPT config name 'gpt_nano'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("strategy, mesh", [("fsdp", "data=8"), ("tp", "data=2,model=4")])
+def test_the_gpt_job_fits_its_layout_map_to_tied_embeddings(strategy, mesh):
+    """gpt_125m/gpt_350m tie the LM head to the embedding: the job's distribution has no
+    lm_head rule for them (before, zoo train gpt --config gpt_350m --strategy fsdp failed
+    with "layout rule(s) ['.*lm_head/kernel'] match no variable")."""
+    tied = gpt.resolve_distribution(gpt.GPTTrainConfig(config_name="gpt_350m", strategy=strategy, mesh=mesh))
+    untied = gpt.resolve_distribution(gpt.GPTTrainConfig(config_name="gpt_1b", strategy=strategy, mesh=mesh))
+    assert not any("lm_head" in rule for rule in tied.layout_map) and any("lm_head" in rule for rule in untied.layout_map)

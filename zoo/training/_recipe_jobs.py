@@ -150,11 +150,7 @@ class PretrainGPT(Job):
     name, module_name, config_class_name, function_name = "pretrain_gpt", "zoo.training.gpt", "GPTTrainConfig", "train"
 
     def distribution(self, module, config, mesh):
-        from zoo.training.transformer_setup import resolve_transformer_distribution
-
-        return resolve_transformer_distribution(
-            module.GPTCausalLM, config.strategy, mesh, attention=config.attention, balance=config.balance
-        )
+        return module.resolve_distribution(config, mesh)
 
     def build(self, module, config, **model_overrides):
         # The job's own builder: precision policy, rematerialisation, strategy overrides;

@@ -10,6 +10,7 @@ from zoo.data import ByteTokenizer, DivisibleBatches, load, local_batching, proc
 from zoo.distribution import multihost
 from zoo.layers.transformer_block import REMATS
 from zoo.models import GPTCausalLM
+from zoo.models.gpt.gpt_configs import config_by_name
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.profile import ProfileSteps
@@ -69,6 +70,15 @@ class GenerateConfig:
     seed: int = 0  # sampling is reproducible for a seed
 
 
+def resolve_distribution(config, mesh=None):
+    """The job's distribution for ``config`` (on ``mesh``, default ``config.mesh``), its
+    layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings)."""
+    return resolve_transformer_distribution(
+        GPTCausalLM, config.strategy, config.mesh if mesh is None else mesh, attention=config.attention, balance=config.balance,
+        config=config_by_name(config.config_name),
+    )  # fmt: skip
+
+
 def build_gpt(config, overrides=None):
     """``GPTCausalLM`` from a named config with the job's overrides (dropout, seed, remat)."""
     return GPTCausalLM.from_config_name(
@@ -117,9 +127,7 @@ def train(config, report=print):
     check_checkpoint_options(config)
     check_model_path(config.output)
     report = report if multihost.is_primary() else (lambda *_: None)
-    distribution = multihost.feed_process_local_data(
-        resolve_transformer_distribution(GPTCausalLM, config.strategy, config.mesh, attention=config.attention, balance=config.balance)
-    )
+    distribution = multihost.feed_process_local_data(resolve_distribution(config))
     report_setup(distribution, report)
     x, y, xv, yv, entropy = _load_corpus(config)
     report(f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes per process; unigram entropy {entropy:.3f} nats/byte")

@@ -7,19 +7,23 @@ from zoo.models._transformer_layouts import LAYOUT_STRATEGIES, config_overrides
 TRANSFORMER_STRATEGIES = ("single", "data") + zd.TRANSFORMER_STRATEGIES
 
 
-def resolve_transformer_distribution(model_class, strategy, mesh_spec, *, attention="ring", balance=None):
-    """The distribution for ``strategy`` (None for ``"single"``) with ``model_class``'s layout map."""
+def resolve_transformer_distribution(model_class, strategy, mesh_spec, *, attention="ring", balance=None, config=None):
+    """The distribution for ``strategy`` (None for ``"single"``) with ``model_class``'s layout map.
+
+    ``config``: the model's config dict, when known: its sizes are checked against the mesh
+    and the layout map fits it (no ``lm_head`` rule for tied embeddings)."""
     if strategy not in TRANSFORMER_STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {list(TRANSFORMER_STRATEGIES)}")
     if strategy == "single":
         if mesh_spec:
             raise zd.MeshError(f"strategy 'single' runs on one device; drop --mesh {mesh_spec!r}")
         return None
+    layout = {} if config is None or strategy == "data" else {"config": config}
     if strategy == "context":
-        return zd.distribution_for(model_class, strategy, mesh_spec, attention=attention, balance=balance)
+        return zd.distribution_for(model_class, strategy, mesh_spec, attention=attention, balance=balance, **layout)
     if balance is not None:
         raise ValueError(f"balance={balance!r} reorders the sequence for context parallelism; strategy {strategy!r} does not split it")
-    return zd.distribution_for(model_class, strategy, mesh_spec)
+    return zd.distribution_for(model_class, strategy, mesh_spec, **layout)
 
 
 def strategy_overrides(strategy):
