@@ -77,3 +77,19 @@ def test_the_top_choice_trains_like_one_device(ranking):
 
 def test_when_nothing_fits_analytically_the_message_says_so():
     assert Ranking(_request(), [], 7, 0).why_none() == "none of 7 candidates fits 8 x cpu by the analytic model"
+
+
+def test_zoo_train_gpt_strategy_auto_plans_then_trains(tmp_path, capsys):
+    """``--strategy auto`` on the 8 simulated devices: the planner's table, the choice, then
+    the training run under it (one step)."""
+    from zoo.cli import main as cli
+
+    output = tmp_path / "gpt.keras"
+    code = cli.main(["train", "gpt", "--config", "gpt_tiny", "--strategy", "auto", "--sequence-length", "32", "--batch-size", "8",
+                     "--epochs", "1", "--steps-per-epoch", "1", "--precision", "float32", "--output", str(output)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and output.exists()
+    chosen = next(line for line in out.splitlines() if line.startswith("layout auto: "))
+    strategy, mesh = chosen.split()[2:4]
+    assert "| 1 | " + strategy + " | " + mesh + " |" in out  # the table's first row is the one trained
+    assert f"distribution: " in out and mesh in out.split(chosen, 1)[1]

@@ -75,7 +75,7 @@ def resolve_distribution(config, mesh=None):
     layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings)."""
     return resolve_transformer_distribution(
         GPTCausalLM, config.strategy, config.mesh if mesh is None else mesh, attention=config.attention, balance=config.balance,
-        config=config_by_name(config.config_name),
+        config={**config_by_name(config.config_name), **strategy_overrides(config.strategy)},
     )  # fmt: skip
 
 
