@@ -27,6 +27,7 @@ PAGES = [
     "docs/checkpoints.md",
     "docs/presets.md",
     "docs/finetuning.md",
+    "docs/planning.md",
 ]
 
 # The README's example: a new user's first run, whose simulate_cpu_devices(8) must work

@@ -1,0 +1,80 @@
+"""The planner at real size (``pytest -m realsize tests/planning``; minutes of compiling, so
+not in the default run; ``zoo bench plan`` prints the same figures as tables).
+
+- Three scenarios where plain data parallelism does not fit 8 devices: gpt_1b on
+  8 x 16 GiB; gpt_1b at T = 32,768 on 8 x H100; gpt_350m with a batch of 1,024 on
+  8 x H100. The planner's choice fits once compiled, data=8 alone does not, and the
+  choice (layout, mesh, remat, gradient accumulation) trains to the single-device
+  numbers at reduced size (the parity model: one block, T=16).
+- The gpu-8 gpt_1b recipe: the plan's peak (1 and 2 blocks, extrapolated) within 5% of
+  the whole 22-block step compiled.
+- gpt_1b at 64 and 256 simulated devices compiles and fits (fsdp, remat full, H100).
+"""
+
+import dataclasses
+
+import keras
+import pytest
+
+from tests.models._gpt_parity import STEPS, TRAIN_LAYERS, language_data, model_config, strategy_distribution
+from zoo.distribution import parity
+from zoo.models.gpt import GPTCausalLM
+from zoo.planning import PlanRequest, make_plan
+from zoo.planning.plan import plans_in_subprocess
+from zoo.planning.recipes import request_from_recipe
+from zoo.planning.search import _rank_key, search
+from zoo.training.recipe import load_recipe
+
+pytestmark = pytest.mark.realsize
+
+BASE = dict(strategy="data", mesh="data=8", precision="mixed_bfloat16", remat="none", gradient_accumulation_steps=1)
+SCENARIOS = {
+    "gpt_1b on 8 x 16 GiB": (dict(config_name="gpt_1b", batch_size=32, sequence_length=2048), "tpu-v5e"),
+    "gpt_1b at T=32k": (dict(config_name="gpt_1b", batch_size=8, sequence_length=32768), "h100"),
+    "gpt_350m batch 1024": (dict(config_name="gpt_350m", batch_size=1024, sequence_length=1024), "h100"),
+}
+
+
+def _request(name):
+    settings, device = SCENARIOS[name]
+    return PlanRequest("pretrain_gpt", {**BASE, **settings}, devices=8, device=device, label=name)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_planner_fits_what_data_parallelism_does_not_and_its_choice_trains(name):
+    request = _request(name)
+    assert not make_plan(request).fits  # the premise: data=8 alone, compiled
+    ranking = search(request, top=2)
+    best = ranking.best
+    assert best.fits, ranking.why_none()
+    order = {row.candidate: i for i, row in enumerate(ranking.rows)}
+    assert [_rank_key(row, order) for row in ranking.rows] == sorted(_rank_key(row, order) for row in ranking.rows)
+    _check_trains_like_one_device(best.candidate)
+
+
+def _check_trains_like_one_device(choice):
+    config = model_config(choice.strategy, num_layers=TRAIN_LAYERS, remat=choice.remat)
+    strategy = "context-ring" if choice.strategy == "context" else choice.strategy
+    distribution = strategy_distribution(strategy, choice.mesh, config)
+    accumulation = choice.accumulation if choice.accumulation > 1 else None
+
+    def compile_model(model):
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9, gradient_accumulation_steps=accumulation),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+
+    report = parity.check_parity(lambda: GPTCausalLM(**config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
+    assert report.passed, "\n".join(report.format())
+
+
+def test_the_gpu8_recipe_plan_is_within_5_percent_of_the_whole_step():
+    request = request_from_recipe(load_recipe("recipes/gpu-8/pretrain_gpt.toml"))
+    whole, extrapolated = (make_plan(dataclasses.replace(request, depth=depth)) for depth in ("full", "auto"))
+    assert extrapolated.compiled_depths == (1, 2) and whole.compiled_depths == (22,)
+    assert extrapolated.peak == pytest.approx(whole.peak, rel=0.05)
+
+
+@pytest.mark.parametrize("devices, mesh, batch", [(64, "data=64", 256), (256, "data=256", 1024)])
+def test_gpt_1b_plans_at_64_and_256_devices(devices, mesh, batch):
+    config = {**BASE, "config_name": "gpt_1b", "strategy": "fsdp", "mesh": mesh, "batch_size": batch, "sequence_length": 2048, "remat": "full"}
+    (plan,) = plans_in_subprocess([PlanRequest("pretrain_gpt", config, devices=devices, device="h100")])
+    assert plan.fits and plan.step.mesh == mesh and plan.step.global_batch == batch
