@@ -58,7 +58,7 @@ def test_zoo_plan_exits_1_with_one_line_naming_the_largest_part(capsys):
     assert "| **peak** (of 256.00 KiB) |" in out
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("zoo: does not fit: peak ")
-    assert "largest part activations and workspace" in lines[0] and "--remat full" in lines[0]
+    assert "largest part activations and workspace" in lines[0] and "remat full" in lines[0]
 
 
 def test_bad_input_is_named_before_anything_compiles(capsys):

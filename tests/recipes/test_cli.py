@@ -16,6 +16,18 @@ def test_check_prints_the_plan(tmp_path, capsys):
     assert cli.main(["check", str(write(tmp_path, CNN)), "--set", "train.global_batch=64"]) == 0
     out = capsys.readouterr().out
     assert "layout: strategy model on mesh data=2,model=4" in out and "batch: 64 per step = 32 per data shard x 2" in out
+    assert "memory per device (compiled step, whole model): fits: peak " in out  # zoo plan's verdict
+
+
+def test_a_step_that_does_not_fit_once_compiled_is_an_error(tmp_path, capsys):
+    """The state fits 1 MiB, the compiled step (activations of 256 images) does not;
+    --no-compile checks the state only."""
+    small = write(tmp_path, CNN.replace("devices_per_host = 8", "devices_per_host = 8\ndevice_memory_gib = 0.001"))
+    assert cli.main(["check", str(small), "--set", "train.global_batch=256"]) == 2
+    out = capsys.readouterr().out
+    assert "error: memory per device (compiled step, whole model): does not fit: peak " in out and "> 1.02 MiB per device" in out and "halve the batch per step (128)" in out
+    assert cli.main(["check", str(small), "--set", "train.global_batch=256", "--no-compile"]) == 0
+    assert "compiled step" not in capsys.readouterr().out
 
 
 def test_check_reports_every_failing_file_and_exits_2(tmp_path, capsys):

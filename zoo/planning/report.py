@@ -68,16 +68,18 @@ def largest_part(plan):
 def advice(plan):
     """The change that would help most, for the largest part of the peak."""
     config = plan.request.config
-    part, strategy = largest_part(plan), config.get("strategy")
+    part, strategy = largest_part(plan), config.get("strategy") or config.get("distribution")
     if part == "activations and workspace":
-        if config.get("remat", "none") == "none":
-            return "rematerialise the blocks (--remat full)"
-        if config.get("batch_size", 1) % 2 == 0:
-            batch, steps = config["batch_size"] // 2, 2 * config.get("gradient_accumulation_steps", 1)
-            return f"halve the micro-batch (--batch-size {batch} --gradient-accumulation-steps {steps})"
-        return "split the sequence over devices (--strategy context)"
+        if config.get("remat") == "none":
+            return "rematerialise the blocks (remat full)"
+        batch = config.get("batch_size", 1)
+        if batch % 2 == 0 and "gradient_accumulation_steps" in config:
+            return f"halve the batch per step ({batch // 2}, with {2 * config['gradient_accumulation_steps']} accumulation steps per update)"
+        if batch % 2 == 0:
+            return f"halve the batch per step ({batch // 2})"
+        return "split the sequence over devices (strategy context)" if "sequence_length" in config else "use more devices"
     if strategy in ("single", "data", "tp", "tp+sp", "model"):
-        return "split weights, gradients and optimizer state over the data axis (--strategy fsdp, or fsdp+tp)"
+        return "split weights, gradients and optimizer state over the data axis (strategy fsdp, or fsdp+tp)"
     return "use more devices, or a smaller model"
 
 
@@ -86,7 +88,8 @@ def verdict(plan):
     if plan.fits:
         return f"fits: peak {_gib(plan.peak)} of {_gib(plan.device_memory)} per device ({100 * plan.peak / plan.device_memory:.0f}%)"
     part = largest_part(plan)
+    auto = ", or let zoo plan --auto choose" if plan.request.job == "pretrain_gpt" else ""
     return (
         f"does not fit: peak {_gib(plan.peak)} > {_gib(plan.device_memory)} per device; largest part {part} "
-        f"{_gib(plan.parts()[part])}; {advice(plan)}, or let zoo plan --auto choose"
+        f"{_gib(plan.parts()[part])}; {advice(plan)}{auto}"
     )
