@@ -92,4 +92,4 @@ def test_zoo_train_gpt_strategy_auto_plans_then_trains(tmp_path, capsys):
     chosen = next(line for line in out.splitlines() if line.startswith("layout auto: "))
     strategy, mesh = chosen.split()[2:4]
     assert "| 1 | " + strategy + " | " + mesh + " |" in out  # the table's first row is the one trained
-    assert f"distribution: " in out and mesh in out.split(chosen, 1)[1]
+    assert "distribution: " in out and mesh in out.split(chosen, 1)[1]

@@ -14,7 +14,6 @@ side by side. Before timing, one hand-written step and one ``fit`` step from the
 weights must give the same loss, so the two loops provably do the same maths.
 """
 
-import os
 import statistics
 import time
 
@@ -199,11 +198,3 @@ def compare_losses(jit_loss, fit_loss, atol=LOSS_ATOL, rtol=LOSS_RTOL):
             f"(gap {gap:.2e} > {atol:g} + {rtol:g} * |loss|): the two loops do different maths"
         )
     return gap
-
-
-def write_text(path, text):
-    """Write a benchmark's table to ``path``, creating its folder."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as handle:
-        handle.write(text + "\n")

@@ -28,7 +28,6 @@ all-gather time at T = 16k.
 """
 
 import dataclasses
-import os
 import statistics
 import time
 
@@ -40,6 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
+from zoo.bench._output import write_text
 from zoo.distribution import describe_devices, make_mesh
 from zoo.layers import _sequence_parallel
 
@@ -96,7 +96,7 @@ def run_benchmark(config, report=print):
     text = format_report(config, memory, timings + [goal_timing], goals)
     report(text)
     if config.output:
-        _write(config.output, text)
+        write_text(config.output, text)
     return {"memory": memory, "time": timings + [goal_timing], "goals": goals}
 
 
@@ -320,9 +320,3 @@ def _time_cell(row, strategy):
     base = "reference" if "reference" in wall else "gather"
     return f"{_seconds(wall[strategy])}, {wall[strategy] / wall[base]:.2f} x ({cpu[strategy] / cpu[base]:.2f} x)"
 
-
-def _write(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as handle:
-        handle.write(text + "\n")

@@ -40,8 +40,8 @@ from zoo.bench._fit_vs_jit import (  # noqa: F401  (re-exported: the benchmark's
     make_jit_step,
     measure,
     mesh_name,
-    write_text,
 )
+from zoo.bench._output import write_text
 from zoo.data import load_shapes
 from zoo.models import SmallCNN
 from zoo.training.cnn import build_cnn, compile_cnn

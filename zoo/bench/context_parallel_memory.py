@@ -31,12 +31,12 @@ memory falls at least N-fold from data parallelism's one sequence per device.
 
 import collections
 import dataclasses
-import os
 
 import jax
 import keras
 import numpy as np
 
+from zoo.bench._output import write_text
 from zoo.distribution import describe_devices, make_mesh, parse_mesh_spec
 from zoo.distribution.comms_report import FAST_COMPILE, comms_report, train_step
 from zoo.distribution.context_parallel import ContextParallel
@@ -89,7 +89,7 @@ def run_benchmark(config, report=print):
     text = format_report(config, runs, goal)
     report(text)
     if config.output:
-        _write(config.output, text)
+        write_text(config.output, text)
     return {"runs": runs, "goal": goal}
 
 
@@ -225,10 +225,4 @@ def _mib(nbytes):
         return f"{nbytes / 1024:,.1f} KiB"
     return f"{nbytes / MIB:,.1f} MiB"
 
-
-def _write(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as handle:
-        handle.write(text + "\n")
 

@@ -12,7 +12,8 @@ import jax
 import keras
 
 from zoo import distribution as zd
-from zoo.bench._fit_vs_jit import measure, write_text
+from zoo.bench._fit_vs_jit import measure
+from zoo.bench._output import write_text
 from zoo.data import load
 from zoo.models import GPTCausalLM
 from zoo.training.gpt import compile_gpt

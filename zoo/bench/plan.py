@@ -18,6 +18,7 @@ import dataclasses
 import glob
 import time
 
+from zoo.bench._output import write_text
 from zoo.planning.plan import GIB, PlanRequest, plans_in_subprocess
 
 SECTIONS = ("recipes", "scale", "auto", "depth")
@@ -113,8 +114,7 @@ def run_benchmark(config, report=print):
     text = "\n".join(format_report(results))
     report(text)
     if config.output:
-        with open(config.output, "w") as handle:
-            handle.write(text + "\n")
+        write_text(config.output, text)
     return results
 
 
@@ -123,51 +123,66 @@ def run_benchmark(config, report=print):
 
 def _plan_cells(plan):
     mfu = f"{100 * plan.mfu:.1f}%" if plan.mfu is not None else "-"
-    return (f"{plan.peak / GIB:,.2f} / {plan.device_memory / GIB:,.0f}", "yes" if plan.fits else "NO",
-            f"{plan.time.step_s * 1e3:,.1f}", mfu)  # fmt: skip
+    return f"{plan.peak / GIB:,.2f} / {plan.device_memory / GIB:,.0f} | {'yes' if plan.fits else 'NO'} | {plan.time.step_s * 1e3:,.1f} | {mfu}"
+
+
+def _table(title, header, rows):
+    """A markdown table: ``header`` is the list of column titles (``:`` suffix: right-aligned)."""
+    names = [name.rstrip(":") for name in header]
+    rules = ["---:" if name.endswith(":") else "---" for name in header]
+    return [f"### {title}", "", f"| {' | '.join(names)} |", f"| {' | '.join(rules)} |", *rows, ""]
+
+
+def _recipes_table(rows):
+    lines = []
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['label']} | error: {row['error']} | | | | | | | |")
+            continue
+        plan = row["plan"]
+        layout = f"{plan.request.config.get('strategy') or plan.request.config.get('distribution')} {plan.step.mesh or ''}".strip()
+        depth = "whole" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]}+{plan.compiled_depths[1]} blocks"
+        lines.append(f"| {row['label']} | {layout} | {plan.request.devices} x {plan.spec.name} | {_plan_cells(plan)} | {depth} | {row['seconds']:.0f} |")
+    header = ["recipe", "layout", "devices", "peak / memory (GiB):", "fits", "est. step (ms):", "MFU:", "compiled", "wall (s):"]
+    return _table("zoo plan on every recipe", header, lines)
+
+
+def _scale_table(rows):
+    lines = [
+        f"| {row['label']} | {row['plan'].request.devices} | {row['plan'].step.global_batch} | {_plan_cells(row['plan'])} | "
+        f"{row['plan'].step.compile_s:.0f} | {row['seconds']:.0f} |"
+        for row in rows
+    ]
+    header = ["layout", "devices:", "global batch:", "peak / memory (GiB):", "fits", "est. step (ms):", "MFU:", "compile (s):", "wall (s):"]
+    return _table("gpt_1b at 64 and 256 simulated devices (T=2048, bf16, remat full, H100)", header, lines)
+
+
+def _auto_table(rows):
+    lines = []
+    for row in rows:
+        ranking, data = row["ranking"], row["data"]
+        lines.append(
+            f"| {row['label']} | {ranking.considered} ({ranking.analytic_fits}) | {ranking.best.candidate.describe()} | "
+            f"{_plan_cells(ranking.best.plan)} | {'fits' if data.fits else 'no'}: {data.peak / GIB:,.1f} GiB | {row['seconds']:.0f} |"
+        )
+    header = ["scenario", "candidates (fit analytically):", "best", "peak / memory (GiB):", "fits", "est. step (ms):", "MFU:",
+              "data=8 alone (compiled)", "wall (s):"]  # fmt: skip
+    return _table("zoo plan --auto: three scenarios where data parallelism does not fit (8 devices)", header, lines)
+
+
+def _depth_table(rows):
+    auto, whole = (row["plan"] for row in rows)
+    error = auto.peak / whole.peak - 1
+    lines = [
+        f"| {'blocks ' + ' and '.join(map(str, row['plan'].compiled_depths)) if row['label'] == 'auto' else 'whole model'} | "
+        f"{row['plan'].peak / GIB:,.2f} | {row['plan'].step.flops / 1e12:,.1f} | {row['seconds']:.0f} |"
+        for row in rows
+    ]
+    table = _table(f"{DEPTH_RECIPE}: extrapolated vs whole-model compile", ["compiled", "peak (GiB):", "FLOPs per device (T):", "wall (s):"], lines)
+    return table + [f"Extrapolated peak vs whole: {100 * error:+.2f}% ({'within' if abs(error) <= 0.05 else 'OUTSIDE'} 5%)."]
 
 
 def format_report(results):
-    lines = []
-    if "recipes" in results:
-        lines += ["### zoo plan on every recipe", "", "| recipe | layout | devices | peak / memory (GiB) | fits | est. step (ms) | MFU | compiled | wall (s) |",
-                  "| --- | --- | --- | ---: | --- | ---: | ---: | --- | ---: |"]  # fmt: skip
-        for row in results["recipes"]:
-            if "error" in row:
-                lines.append(f"| {row['label']} | error: {row['error']} | | | | | | | |")
-                continue
-            plan = row["plan"]
-            layout = f"{plan.request.config.get('strategy') or plan.request.config.get('distribution')} {plan.step.mesh or ''}".strip()
-            depth = "whole" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]}+{plan.compiled_depths[1]} blocks"
-            lines.append(f"| {row['label']} | {layout} | {plan.request.devices} x {plan.spec.name} | {' | '.join(_plan_cells(plan))} | {depth} | {row['seconds']:.0f} |")
-        lines.append("")
-    if "scale" in results:
-        lines += ["### gpt_1b at 64 and 256 simulated devices (T=2048, bf16, remat full, H100)", "",
-                  "| layout | devices | global batch | peak / memory (GiB) | fits | est. step (ms) | MFU | compile (s) | wall (s) |",
-                  "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
-        for row in results["scale"]:
-            plan = row["plan"]
-            lines.append(f"| {row['label']} | {plan.request.devices} | {plan.step.global_batch} | {' | '.join(_plan_cells(plan))} | {plan.step.compile_s:.0f} | {row['seconds']:.0f} |")
-        lines.append("")
-    if "auto" in results:
-        lines += ["### zoo plan --auto: three scenarios where data parallelism does not fit (8 devices)", "",
-                  "| scenario | candidates (fit analytically) | best | peak / memory (GiB) | fits | est. step (ms) | MFU | data=8 alone (compiled) | wall (s) |",
-                  "| --- | ---: | --- | ---: | --- | ---: | ---: | --- | ---: |"]  # fmt: skip
-        for row in results["auto"]:
-            ranking = row["ranking"]
-            best = ranking.best
-            data = f"{'fits' if row['data'].fits else 'no'}: {row['data'].peak / GIB:,.1f} GiB"
-            lines.append(f"| {row['label']} | {ranking.considered} ({ranking.analytic_fits}) | {best.candidate.describe()} | "
-                         f"{' | '.join(_plan_cells(best.plan))} | {data} | {row['seconds']:.0f} |")  # fmt: skip
-        lines.append("")
-    if "depth" in results:
-        auto, full = (row["plan"] for row in results["depth"])
-        error = auto.peak / full.peak - 1
-        lines += [f"### {DEPTH_RECIPE}: extrapolated vs whole-model compile", "",
-                  "| compiled | peak (GiB) | FLOPs per device (T) | wall (s) |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
-        for row in results["depth"]:
-            plan = row["plan"]
-            lines.append(f"| {'blocks ' + ' and '.join(map(str, plan.compiled_depths)) if row['label'] == 'auto' else 'whole model'} | "
-                         f"{plan.peak / GIB:,.2f} | {plan.step.flops / 1e12:,.1f} | {row['seconds']:.0f} |")  # fmt: skip
-        lines += ["", f"Extrapolated peak vs whole: {100 * error:+.2f}% ({'within' if abs(error) <= 0.05 else 'OUTSIDE'} 5%)."]
-    return lines
+    """The markdown report: one table per section measured."""
+    tables = {"recipes": _recipes_table, "scale": _scale_table, "auto": _auto_table, "depth": _depth_table}
+    return [line for section in SECTIONS if section in results for line in tables[section](results[section])]

@@ -29,6 +29,8 @@ import os
 import subprocess
 import sys
 
+from zoo.bench._output import write_text
+
 GIB, MIB = 2**30, 2**20
 RECIPES = (
     "recipes/gpu-1/pretrain_gpt.toml",
@@ -102,8 +104,7 @@ def run_benchmark(config, report=print):
     text = "\n".join(format_report(rows, config))
     report(text)
     if config.output:
-        with open(config.output, "w") as handle:
-            handle.write(text + "\n")
+        write_text(config.output, text)
     return rows
 
 
@@ -228,7 +229,6 @@ def fsdp_tp_row(mesh):
 def tp_bytes_row(task):
     """Bytes each device sends over ``model`` in one GPT training step, vs Megatron's minimum."""
     import keras
-    import numpy as np
 
     from zoo import distribution as zd
     from zoo.distribution.comms_report import FAST_COMPILE, compiled_report

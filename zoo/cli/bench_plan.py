@@ -6,24 +6,14 @@ takes no ``--simulate-devices``.
 
 import dataclasses
 
-
-def _sections(text):
-    from zoo.bench.plan import SECTIONS
-
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in SECTIONS]
-    if unknown:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"unknown section(s) {unknown}; choose from {','.join(SECTIONS)}")
-    return names
+from zoo.cli._choices import comma_separated
 
 
 def add_arguments(parser):
     from zoo.bench.plan import SECTIONS, PlanBenchConfig
 
     d = PlanBenchConfig()
-    parser.add_argument("--sections", type=_sections, default=d.sections, help=f"comma-separated tables, of {','.join(SECTIONS)} (default all)")
+    parser.add_argument("--sections", type=comma_separated(SECTIONS), default=d.sections, help=f"comma-separated tables, of {','.join(SECTIONS)} (default all)")
     parser.add_argument("--recipes", default=d.recipes, help=f"glob of the recipes planned (default {d.recipes})")
     parser.add_argument("--top", type=int, default=d.top, help="auto: candidates compiled per scenario")
     parser.add_argument("--output", default=d.output, help="write the markdown report here too")

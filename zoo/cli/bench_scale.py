@@ -7,17 +7,9 @@ devices), so it takes no ``--simulate-devices``.
 
 import dataclasses
 
+from zoo.cli._choices import comma_separated
+
 SECTIONS = ("recipes", "attention", "fsdp+tp", "tp")
-
-
-def _names(text):
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in SECTIONS]
-    if unknown:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"unknown section(s) {unknown}; choose from {','.join(SECTIONS)}")
-    return names
 
 
 def add_arguments(parser):
@@ -26,7 +18,7 @@ def add_arguments(parser):
 
     d = ScaleConfig()
     parser.add_argument("--recipes", type=lambda text: tuple(text.split(",")), default=d.recipes, help="comma-separated recipe files whose step is compiled at full depth (default: every GPU/TPU pretrain_gpt recipe)")
-    parser.add_argument("--sections", type=_names, default=d.sections, help=f"comma-separated tables to produce, of {','.join(SECTIONS)} (default all)")
+    parser.add_argument("--sections", type=comma_separated(SECTIONS), default=d.sections, help=f"comma-separated tables to produce, of {','.join(SECTIONS)} (default all)")
     parser.add_argument("--fsdp-tp-meshes", type=lambda text: tuple(text.split(";")), default=d.fsdp_tp_meshes, help="';'-separated meshes of the fsdp+tp weights table (default data=16,model=4;data=64,model=4)")
     parser.add_argument("--output", default=d.output, help="write the markdown report here too")
 

@@ -16,7 +16,6 @@
 """
 
 import dataclasses
-import math
 
 from zoo.planning.devices import device_spec, host_cpu_spec
 from zoo.planning.plan import GIB, PlanRequest, make_plan, plans_in_subprocess

@@ -13,11 +13,11 @@ from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import config_by_name
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
+from zoo.training.cnn import check_model_path, save_model_atomically
 from zoo.training.profile import ProfileSteps
 from zoo.training.report import StepReport
-from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
-from zoo.training.cnn import check_model_path, save_model_atomically
 from zoo.training.saving import load_zoo_model
+from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
 
 
 @dataclasses.dataclass
