@@ -45,7 +45,9 @@ def test_train_on_mocked_mnist(tmp_path, capsys):
 
 
 def test_train_on_digits_beats_90_percent(tmp_path, capsys):
-    assert main(["train", "cnn", "--dataset", "digits", "--output", str(tmp_path / "digits.keras")]) == 0
+    # 2 epochs, not the default 5: 0.95 on the 180 test digits (0.96 after 5), already > 0.9
+    args = ["train", "cnn", "--dataset", "digits", "--epochs", "2"]
+    assert main(args + ["--output", str(tmp_path / "digits.keras")]) == 0
     out = capsys.readouterr().out
     accuracy = float(out.split("held-out test accuracy: ")[1].split()[0])
     assert accuracy > 0.9, out[-2000:]
