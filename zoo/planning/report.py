@@ -2,15 +2,22 @@
 
 from zoo.planning.plan import GIB, MIB
 
-__all__ = ["advice", "format_plan", "largest_part", "verdict"]
+__all__ = ["advice", "format_plan", "largest_part", "size_text", "verdict"]
 
 
-def _gib(count):
+def size_text(count):
     """Bytes in the largest unit that keeps the number >= 1 (GiB at most)."""
     for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
         if abs(count) >= size:
             return f"{count / size:,.2f} {unit}"
     return f"{count:,.0f} B"
+
+
+def _flops_text(flops):
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if flops >= size:
+            return f"{flops / size:,.1f} {unit}"
+    return f"{flops / 1e6:,.1f} MFLOP"
 
 
 def _ms(seconds):
@@ -28,8 +35,8 @@ def format_plan(plan):
         "| per device | bytes |",
         "| --- | ---: |",
     ]
-    lines += [f"| {part} | {_gib(count)} |" for part, count in plan.parts().items()]
-    lines.append(f"| **peak** (of {_gib(plan.device_memory)}) | **{_gib(plan.peak)}** |")
+    lines += [f"| {part} | {size_text(count)} |" for part, count in plan.parts().items()]
+    lines.append(f"| **peak** (of {size_text(plan.device_memory)}) | **{size_text(plan.peak)}** |")
     lines += _collective_lines(plan)
     time = plan.time
     lines.append(
@@ -38,7 +45,7 @@ def format_plan(plan):
         f"overlaps compute); {time.bound}-bound"
     )
     if plan.mfu is not None:
-        lines.append(f"estimated MFU: {100 * plan.mfu:.1f}% ({plan.model_flops / 1e12:,.1f} model TFLOP per step)")
+        lines.append(f"estimated MFU: {100 * plan.mfu:.1f}% ({_flops_text(plan.model_flops)} of model FLOPs per step)")
     lines += [f"note: {note}" for note in plan.notes]
     lines.append(verdict(plan))
     return lines
@@ -54,7 +61,7 @@ def _collective_lines(plan):
     lines = ["| mesh axes | collective | per step | sent per device | link |", "| --- | --- | ---: | ---: | --- |"]
     for row in sorted(rows, key=lambda r: (r["axes"], r["kind"])):
         bandwidth = axes_bandwidth(row["axes"], mesh_axes, plan.spec)
-        lines.append(f"| {','.join(row['axes'])} | {row['kind']} | {row['count']:,.0f} | {_gib(row['sent_bytes'])} | {bandwidth / 1e9:,.0f} GB/s |")
+        lines.append(f"| {','.join(row['axes'])} | {row['kind']} | {row['count']:,.0f} | {size_text(row['sent_bytes'])} | {bandwidth / 1e9:,.0f} GB/s |")
     if not plan.step.collectives_exact:
         lines.append("(a loop without a known trip count was counted once: the counts are a lower bound)")
     return lines
@@ -86,10 +93,10 @@ def advice(plan):
 def verdict(plan):
     """One line: fits, or does not and why (largest part, the change that would help most)."""
     if plan.fits:
-        return f"fits: peak {_gib(plan.peak)} of {_gib(plan.device_memory)} per device ({100 * plan.peak / plan.device_memory:.0f}%)"
+        return f"fits: peak {size_text(plan.peak)} of {size_text(plan.device_memory)} per device ({100 * plan.peak / plan.device_memory:.0f}%)"
     part = largest_part(plan)
     auto = ", or let zoo plan --auto choose" if plan.request.job == "pretrain_gpt" else ""
     return (
-        f"does not fit: peak {_gib(plan.peak)} > {_gib(plan.device_memory)} per device; largest part {part} "
-        f"{_gib(plan.parts()[part])}; {advice(plan)}{auto}"
+        f"does not fit: peak {size_text(plan.peak)} > {size_text(plan.device_memory)} per device; largest part {part} "
+        f"{size_text(plan.parts()[part])}; {advice(plan)}{auto}"
     )

@@ -19,6 +19,7 @@ import dataclasses
 
 from zoo.planning.devices import device_spec, host_cpu_spec
 from zoo.planning.plan import GIB, PlanRequest, make_plan, plans_in_subprocess
+from zoo.planning.report import size_text
 from zoo.planning.roofline import axes_bandwidth
 
 __all__ = ["Candidate", "Ranking", "candidates", "choose_layout", "estimate", "format_ranking", "search"]
@@ -274,11 +275,11 @@ def format_ranking(ranking):
     ]
     for rank, row in enumerate(ranking.rows, 1):
         c, plan = row.candidate, row.plan
-        sent = ", ".join(f"{axes} {bytes_ / 2**20:,.0f} MiB" for axes, bytes_ in plan.sent_per_axis().items()) or "-"
+        sent = ", ".join(f"{axes} {size_text(sent)}" for axes, sent in plan.sent_per_axis().items()) or "-"
         mfu = f"{100 * plan.mfu:.1f}%" if plan.mfu is not None else "-"
         lines.append(
             f"| {rank} | {c.strategy} | {c.mesh or '-'} | {c.remat} | {c.micro_batch} x {c.accumulation} | {'yes' if plan.fits else 'NO'} | "
-            f"{plan.peak / GIB:,.2f} GiB | {row.compiled_update_s * 1e3:,.1f} ms | {mfu} | {sent} |"
+            f"{size_text(plan.peak)} | {row.compiled_update_s * 1e3:,.1f} ms | {mfu} | {sent} |"
         )
     if ranking.best is not None and ranking.best.fits:
         lines.append(f"run the best: {ranking.command()}")
@@ -308,5 +309,5 @@ def choose_layout(config, *, top=3, report=print):
         report(line)
     best = ranking.best.candidate
     chosen = dict(strategy=best.strategy, mesh=best.mesh, remat=best.remat, batch_size=best.micro_batch, gradient_accumulation_steps=best.accumulation)
-    report(f"layout auto: {best.describe()} (peak {ranking.best.plan.peak / GIB:.2f} GiB per device)")
+    report(f"layout auto: {best.describe()} (peak {size_text(ranking.best.plan.peak)} per device)")
     return dataclasses.replace(config, **chosen)
