@@ -1,9 +1,9 @@
-"""``zoo bench plan`` (zoo.bench.plan): one recipe planned in its own process, the table."""
+"""``zoo bench plan`` (zoo.bench.plan): one recipe planned (in this process: it has the recipe's 8 devices), the table."""
 
 from zoo.bench.plan import PlanBenchConfig, run_benchmark
 
 
-def test_a_recipe_row_is_planned_in_a_fresh_process_and_tabled(tmp_path):
+def test_a_recipe_row_is_planned_and_tabled(tmp_path):
     output = tmp_path / "plan.md"
     config = PlanBenchConfig(sections=("recipes",), recipes="recipes/cpu-sim-8/train_cnn.toml", output=str(output))
     results = run_benchmark(config, report=lambda *_: None)

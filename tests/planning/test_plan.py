@@ -8,9 +8,11 @@ plan for 4 devices goes through the worker subprocess.
 import dataclasses
 
 import jax
+import numpy as np
 import pytest
 
 from zoo.cli import main as cli
+from zoo.distribution import build_distributed
 from zoo.planning import PlanRequest, make_plan
 from zoo.planning.plan import plan_in_process
 from zoo.training import gpt
@@ -22,13 +24,17 @@ def _device_bytes(variables, device):
     return sum(shard.data.nbytes for v in variables for shard in v.value.addressable_shards if shard.device == device)
 
 
-def test_plan_state_equals_what_a_real_run_holds_per_device(tmp_path):
-    """The plan's weights + optimizer state per device equal the bytes a trained model's
-    variables hold on each device after ``fit`` (exactly: both come from the layouts; the
-    real run places them). Temporaries are the compiler's and cannot be read on a CPU."""
+def test_plan_state_equals_what_a_real_run_holds_per_device():
+    """The plan's weights + optimizer state per device equal the bytes the job's model,
+    built and trained for real (one ``fit`` step), holds on each device (exactly: both come
+    from the layouts; the real run places them). Temporaries are the compiler's and cannot
+    be read on a CPU."""
     plan = make_plan(PlanRequest("pretrain_gpt", TINY, devices=8, device="cpu"))
-    config = gpt.GPTTrainConfig(**TINY, epochs=1, steps_per_epoch=1, output=str(tmp_path / "m.keras"), report_every=1)
-    model = gpt.train(config, report=lambda *_: None)["model"]
+    config = gpt.GPTTrainConfig(**TINY)
+    model = build_distributed(lambda: gpt.build_for_training(config), gpt.resolve_distribution(config))
+    gpt.compile_gpt(model, config.learning_rate, 1)
+    tokens = np.random.default_rng(0).integers(0, 256, size=(8, 33), dtype="int32")
+    model.fit(tokens[:, :-1], tokens[:, 1:], batch_size=8, epochs=1, verbose=0)
     for device in jax.devices():
         assert _device_bytes(model.trainable_variables + model.non_trainable_variables, device) == plan.step.memory["weights"]
         assert _device_bytes(model.optimizer.variables, device) == plan.step.memory["optimizer"]

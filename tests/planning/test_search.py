@@ -79,17 +79,20 @@ def test_when_nothing_fits_analytically_the_message_says_so():
     assert Ranking(_request(), [], 7, 0).why_none() == "none of 7 candidates fits 8 x cpu by the analytic model"
 
 
-def test_zoo_train_gpt_strategy_auto_plans_then_trains(tmp_path, capsys):
-    """``--strategy auto`` on the 8 simulated devices: the planner's table, the choice, then
-    the training run under it (one step)."""
+def test_zoo_train_gpt_strategy_auto_trains_the_first_row(monkeypatch, capsys):
+    """``--strategy auto`` on the 8 simulated devices: the planner's table, the choice, and
+    the job called with it (the job itself, under each layout, is tested elsewhere)."""
     from zoo.cli import main as cli
+    from zoo.training import gpt
 
-    output = tmp_path / "gpt.keras"
+    trained = []
+    monkeypatch.setattr(gpt, "train", trained.append)
     code = cli.main(["train", "gpt", "--config", "gpt_tiny", "--strategy", "auto", "--sequence-length", "32", "--batch-size", "8",
-                     "--epochs", "1", "--steps-per-epoch", "1", "--precision", "float32", "--output", str(output)])  # fmt: skip
+                     "--gradient-accumulation-steps", "2", "--precision", "float32"])  # fmt: skip
     out = capsys.readouterr().out
-    assert code == 0 and output.exists()
-    chosen = next(line for line in out.splitlines() if line.startswith("layout auto: "))
-    strategy, mesh = chosen.split()[2:4]
-    assert "| 1 | " + strategy + " | " + mesh + " |" in out  # the table's first row is the one trained
-    assert "distribution: " in out and mesh in out.split(chosen, 1)[1]
+    (config,) = trained
+    assert code == 0 and config.strategy != "auto"
+    chosen = f"layout auto: {config.strategy} {config.mesh} remat={config.remat} batch {config.batch_size}x{config.gradient_accumulation_steps}"
+    assert chosen in out
+    assert f"| 1 | {config.strategy} | {config.mesh} | {config.remat} | {config.batch_size} x {config.gradient_accumulation_steps} | yes |" in out
+    assert config.batch_size * config.gradient_accumulation_steps == 16  # the batch per update is kept

@@ -32,7 +32,7 @@ def test_a_step_that_does_not_fit_once_compiled_is_an_error(tmp_path, capsys):
 
 def test_check_reports_every_failing_file_and_exits_2(tmp_path, capsys):
     good, bad = write(tmp_path, CNN), write(tmp_path, CNN.replace("data=2,model=4", "data=3,model=4"), "bad.toml")
-    assert cli.main(["check", str(bad), str(good), "--devices", "8"]) == 2
+    assert cli.main(["check", str(bad), str(good), "--devices", "8", "--no-compile"]) == 2
     out = capsys.readouterr().out
     assert f"error: {bad}: [parallel] mesh 'data=3,model=4'" in out and "layout: strategy model" in out
     unsupported = write(tmp_path, CNN + "sequence_length = 64\n", "unsupported.toml")
@@ -69,7 +69,7 @@ def test_zoo_recipe_is_wired_into_the_zoo_command(tmp_path, capsys):
         pytest.skip(f"the zoo command cannot be built yet: {error}")
     if "recipe" not in subcommands:
         pytest.skip("zoo/cli/main.py does not wire `zoo recipe` to zoo.cli.recipe yet")
-    assert main.main(["recipe", "check", str(write(tmp_path, CNN))]) == 0
+    assert main.main(["recipe", "check", str(write(tmp_path, CNN)), "--no-compile"]) == 0
     assert "layout: strategy model" in capsys.readouterr().out
 
 
@@ -77,7 +77,7 @@ def test_recipes_run_py_checks_from_a_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "recipes" / "run.py"), "check", str(write(tmp_path, CNN))],
+        [sys.executable, str(ROOT / "recipes" / "run.py"), "check", str(write(tmp_path, CNN)), "--no-compile"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]

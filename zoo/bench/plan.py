@@ -1,9 +1,10 @@
 """``zoo bench plan``: ``zoo plan`` on every recipe, gpt_1b at 64 and 256 devices, the
 planner's three scenarios, and extrapolated vs whole-model compiles.
 
-Every figure comes from a step compiled (never run) in a fresh process simulating the
-target's device count (``zoo.planning``); the wall time of each such process, start-up
-included, is recorded: what a user waits for ``zoo plan`` on this machine.
+Every figure comes from a step compiled (never run) for the target's device count on
+simulated CPU devices (``zoo.planning.make_plan``: in this process when it has that many,
+else a fresh one); the wall time of each plan, a fresh process' start-up included, is
+recorded: what a user waits for ``zoo plan`` on this machine.
 
 1. **recipes**: each recipe under ``recipes/`` planned on its ``[target]``.
 2. **scale**: gpt_1b (fsdp; fsdp+tp) planned at 64 and 256 devices.
@@ -19,7 +20,7 @@ import glob
 import time
 
 from zoo.bench._output import write_text
-from zoo.planning.plan import GIB, PlanRequest, plans_in_subprocess
+from zoo.planning.plan import GIB, PlanRequest, make_plan
 
 SECTIONS = ("recipes", "scale", "auto", "depth")
 SCALE = (("fsdp", "data=64", 64, 256), ("fsdp", "data=256", 256, 1024), ("fsdp+tp", "data=64,model=4", 256, 1024))  # layout, mesh, devices, global batch
@@ -46,10 +47,12 @@ def _gpt(config_name, **settings):
     return {**base, **settings}
 
 
-def _timed(requests):
+def _timed(request):
+    """``(plan, seconds)``: ``make_plan`` as ``zoo plan`` runs it (a fresh process unless
+    this one has the target's device count), timed."""
     start = time.perf_counter()
-    plans = plans_in_subprocess(requests)
-    return plans, time.perf_counter() - start
+    plan = make_plan(request)
+    return plan, time.perf_counter() - start
 
 
 def recipe_rows(config, report):
@@ -60,7 +63,7 @@ def recipe_rows(config, report):
     for path in sorted(glob.glob(config.recipes)):
         report(f"planning {path} ...")
         try:
-            (plan,), seconds = _timed([request_from_recipe(load_recipe(path))])
+            plan, seconds = _timed(request_from_recipe(load_recipe(path)))
         except (ValueError, RuntimeError) as error:
             rows.append({"label": path, "error": str(error)})
             continue
@@ -74,7 +77,7 @@ def scale_rows(config, report):
         request = PlanRequest("pretrain_gpt", _gpt("gpt_1b", strategy=strategy, mesh=mesh, batch_size=batch, sequence_length=2048, remat="full"),
                               devices=devices, device="h100", label=f"gpt_1b {strategy} {mesh}")  # fmt: skip
         report(f"planning {request.label} on {devices} simulated devices ...")
-        (plan,), seconds = _timed([request])
+        plan, seconds = _timed(request)
         rows.append({"label": request.label, "plan": plan, "seconds": seconds})
     return rows
 
@@ -89,7 +92,7 @@ def auto_rows(config, report):
         start = time.perf_counter()
         ranking = search(request, top=config.top)
         seconds = time.perf_counter() - start
-        (data,), _ = _timed([dataclasses.replace(request, config={**request.config, "mesh": "data=8"})])  # plain data parallelism
+        data, _ = _timed(dataclasses.replace(request, config={**request.config, "mesh": "data=8"}))  # plain data parallelism
         rows.append({"label": name, "ranking": ranking, "seconds": seconds, "data": data})
     return rows
 
@@ -102,7 +105,7 @@ def depth_rows(config, report):
     rows = []
     for depth in ("auto", "full"):
         report(f"planning {DEPTH_RECIPE} at depth {depth} ...")
-        (plan,), seconds = _timed([dataclasses.replace(request, depth=depth)])
+        plan, seconds = _timed(dataclasses.replace(request, depth=depth))
         rows.append({"label": depth, "plan": plan, "seconds": seconds})
     return rows
 
