@@ -64,3 +64,30 @@ def pytest_unconfigure(config):
     """The process that made the session's compilation cache removes it at the end."""
     if _OWN_CACHE and not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["ZOO_TEST_COMPILATION_CACHE"], ignore_errors=True)
+
+
+# The modules that take longest (tests/planning's and the end-to-end ones), started first:
+# pytest-xdist's loadscope hands each worker the next module when it is free, so the
+# long ones must not be left for the end, where one worker would run them alone while
+# the other idles (longest-first scheduling; docs/testing.md). Order only: nothing is skipped.
+LONGEST_FIRST = (
+    "tests/test_docs.py",
+    "tests/models/test_gpt_parity.py",
+    "tests/distribution/test_multihost.py",
+    "tests/layers/test_multi_head_attention_parallel.py",
+    "tests/models/test_gpt_remat.py",
+    "tests/training/test_finetune.py",
+    "tests/cli/test_cli.py",
+    "tests/training/test_kill_resume.py",
+    "tests/layers/test_tensor_parallel_layers.py",
+    "tests/kernels/test_sequence_parallel.py",
+    "tests/layers/test_multi_head_attention_fit.py",
+    "tests/recipes/test_run_cpu.py",
+    "tests/planning/test_search.py",
+    "tests/planning/test_plan.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

@@ -180,10 +180,11 @@ def _train_run(build_model, compile_model, distribution, x, y, batch_size, initi
     if initial_weights is not None:
         model.set_weights(initial_weights)
     initial = model.get_weights()
-    gradients = _gradients(model, x[:batch_size], y[:batch_size], distribution)
+    probe = _probe(model, distribution, x[:batch_size], y[:batch_size])
+    gradients, _ = probe()
     step_losses = StepLosses()
     model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[step_losses])
-    outputs = model.predict(x[:batch_size], batch_size=batch_size, verbose=0)
+    _, outputs = probe()
     return TrainRun(
         steps=len(x) // batch_size,
         batch_size=batch_size,
@@ -195,18 +196,30 @@ def _train_run(build_model, compile_model, distribution, x, y, batch_size, initi
     )
 
 
-def _gradients(model, x, y, distribution):
-    """d(loss)/d(trainable weights) on one batch, in training mode, without updating."""
+def _probe(model, distribution, x, y):
+    """``probe()`` -> ``({weight path: d(loss)/d(weight)}, outputs)`` on one batch at the
+    model's current weights: gradients in training mode (nothing updated), outputs in
+    inference mode (what ``predict`` returns). One compiled program serves both reads:
+    before ``fit`` for the gradients, after it for the outputs."""
     x, y = place_batch(distribution, x, y)
-    trainable = [v.value for v in model.trainable_variables]
-    non_trainable = [v.value for v in model.non_trainable_variables]
 
     def loss_fn(trainable_values, non_trainable_values, x, y):
         logits, _ = model.stateless_call(trainable_values, non_trainable_values, x, training=True)
         return model.loss(y, logits)
 
-    grads = jax.jit(jax.grad(loss_fn))(trainable, non_trainable, x, y)
-    return {v.path: np.asarray(g) for v, g in zip(model.trainable_variables, grads)}
+    def gradients_and_outputs(trainable_values, non_trainable_values, x, y):
+        outputs, _ = model.stateless_call(trainable_values, non_trainable_values, x, training=False)
+        return jax.grad(loss_fn)(trainable_values, non_trainable_values, x, y), outputs
+
+    step = jax.jit(gradients_and_outputs)
+
+    def probe():
+        trainable = [v.value for v in model.trainable_variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+        grads, outputs = step(trainable, non_trainable, x, y)
+        return {v.path: np.asarray(g) for v, g in zip(model.trainable_variables, grads)}, np.asarray(outputs)
+
+    return probe
 
 
 class StepLosses(keras.callbacks.Callback):
