@@ -72,6 +72,8 @@ def test_bad_input_is_named_before_anything_compiles(capsys):
     assert "unknown device 'h300'" in capsys.readouterr().err
     assert cli.main(["plan", "--config", "gpt_nano", "--device", "h100"]) == 2
     assert "unknown GPT config name 'gpt_nano'" in capsys.readouterr().err
+    assert cli.main(["plan", "recipes/gpu-8/pretrain_gpt.toml", "--strategy", "tp", "--remat"]) == 2
+    assert "--strategy, --remat describe a GPT without a recipe; with recipes/gpu-8/pretrain_gpt.toml use --set" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("strategy, mesh", [("fsdp", "data=8"), ("tp", "data=2,model=4")])

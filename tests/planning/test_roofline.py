@@ -89,3 +89,14 @@ def test_extrapolation_is_linear_in_the_depth():
     assert step.collectives == [{"axes": ("data",), "kind": "all-gather", "count": 46, "bytes": 1472, "sent_bytes": 1288.0}]
     with pytest.raises(ValueError, match="one block apart, got 1 and 3"):
         extrapolate(_measure(1, 2), dataclasses.replace(_measure(2, 3), num_layers=3), 22)
+
+
+def test_a_gpu_link_domain_is_at_most_one_host_of_the_target():
+    """32 H100s on 8 hosts of 4: a model axis of 4 stays on NVLink, one of 8 crosses hosts."""
+    from zoo.planning.plan import PlanRequest, target_spec
+
+    spec = target_spec(PlanRequest("pretrain_gpt", {}, devices=32, device="h100", hosts=8))
+    assert spec.link_domain == 4 and target_spec(PlanRequest("pretrain_gpt", {}, devices=32, device="h100", hosts=4)).link_domain == 8
+    assert roofline.axes_bandwidth(("model",), [("data", 8), ("model", 4)], spec) == 450e9
+    assert roofline.axes_bandwidth(("model",), [("data", 4), ("model", 8)], spec) == 50e9
+    assert target_spec(PlanRequest("pretrain_gpt", {}, devices=64, device="tpu-v5e", hosts=16)).link_domain is None  # one ICI slice

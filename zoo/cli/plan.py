@@ -13,31 +13,49 @@ import sys
 DEPTH_HELP = "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
 
 
-def add_arguments(parser):
+def _gpt_flags():
+    """The GPT flags: ``(flag, argparse keywords, default)``. Left out, they take the
+    default; with a recipe they are refused (the recipe says them; --set changes one)."""
     from zoo.layers.transformer_block import REMATS
-    from zoo.training.gpt import PRECISIONS, GPTTrainConfig
+    from zoo.training.gpt import PRECISIONS
 
-    d = GPTTrainConfig()
-    parser.add_argument("recipe", nargs="?", metavar="RECIPE", help="a recipe .toml file to plan on its [target] (else the flags below)")
+    return (
+        ("--config", dict(dest="config_name", help="GPT size (zoo.models.GPT_CONFIGS; default gpt_1b)"), "gpt_1b"),
+        ("--strategy", dict(help="layout: single data fsdp tp tp+sp fsdp+tp context (default data)"), "data"),
+        ("--mesh", dict(help="mesh spec such as data=2,model=4 (default per strategy)"), None),
+        ("--attention", dict(choices=["gather", "ring", "ulysses"], help="context strategy: the kernel (default ring)"), "ring"),
+        ("--batch-size", dict(type=int, help="global batch per step (--auto: per optimizer update; default 32)"), 32),
+        ("--sequence-length", dict(type=int, help="tokens per example (default: the config's max_sequence_length)"), None),
+        ("--precision", dict(choices=PRECISIONS, help="default mixed_bfloat16"), "mixed_bfloat16"),
+        ("--remat", dict(nargs="?", const="full", choices=REMATS, help="none | full | dots_saveable (alone: full; default none)"), "none"),
+        ("--gradient-accumulation-steps", dict(type=int, help="steps per optimizer update (default 1)"), 1),
+    )  # fmt: skip
+
+
+def add_arguments(parser):
+    parser.add_argument("recipe", nargs="?", metavar="RECIPE", help="a recipe .toml file to plan on its [target] (else the GPT flags)")
     parser.add_argument("--auto", action="store_true", help="search layouts x meshes x remat x micro-batch and rank the best few, compiled")
-    parser.add_argument("--config", "--model", dest="config_name", default="gpt_1b", help="GPT size (zoo.models.GPT_CONFIGS; default gpt_1b)")
     parser.add_argument("--devices", type=int, default=None, metavar="N", help="target device count (default: the recipe's, else 8)")
     parser.add_argument("--device", default=None, help="device kind: h100 h200 a100 b200 tpu-v4 tpu-v5e tpu-v5p tpu-v6e cpu (default: the recipe's, else h100)")
     parser.add_argument("--device-memory-gib", type=float, default=None, metavar="GIB", help="memory per device (default: the device kind's)")
-    parser.add_argument("--strategy", default=d.strategy, help="layout: data fsdp tp tp+sp fsdp+tp context single (default data)")
-    parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4 (default per strategy)")
-    parser.add_argument("--attention", choices=["gather", "ring", "ulysses"], default=d.attention, help="context strategy: the kernel")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch per step (--auto: per optimizer update)")
-    parser.add_argument("--sequence-length", type=int, default=None, help="tokens per example (default: the config's max_sequence_length)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="mixed_bfloat16", help="default mixed_bfloat16")
-    parser.add_argument("--remat", nargs="?", const="full", choices=REMATS, default=d.remat, help="none | full | dots_saveable (alone: full)")
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1, help="steps per optimizer update")
+    for flag, keywords, _ in _gpt_flags():
+        parser.add_argument(flag, default=None, **keywords)
     parser.add_argument("--depth", default="auto", help=DEPTH_HELP)
     parser.add_argument("--top", type=int, default=3, help="--auto: how many candidates to compile (default 3)")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE", help="recipe: override a key")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE", help="with a recipe: override a key")
 
 
-def requests_from(args):
+def _gpt_settings(args):
+    """``{dest: value}`` of the GPT flags, defaults filled in."""
+    settings = {}
+    for flag, keywords, default in _gpt_flags():
+        dest = keywords.get("dest", flag[2:].replace("-", "_"))
+        value = getattr(args, dest)
+        settings[dest] = default if value is None else value
+    return settings
+
+
+def request_from(args):
     """``PlanRequest`` of the parsed flags (a recipe's, or the GPT flags')."""
     from zoo.planning.plan import PlanRequest
 
@@ -46,24 +64,26 @@ def requests_from(args):
         from zoo.planning.recipes import request_from_recipe
         from zoo.training.recipe import load_recipe, parse_override
 
+        given = [flag for flag, keywords, _ in _gpt_flags() if getattr(args, keywords.get("dest", flag[2:].replace("-", "_"))) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} describe a GPT without a recipe; with {args.recipe} use --set section.key=value")
         recipe = load_recipe(args.recipe, dict(parse_override(text) for text in args.overrides))
         return request_from_recipe(recipe, devices=args.devices, device=args.device, device_memory_gib=args.device_memory_gib, depth=depth)
+    if args.overrides:
+        raise ValueError("--set changes a recipe's key; without a recipe, use the GPT flags")
     from zoo.models.gpt.gpt_configs import config_by_name
 
-    length = args.sequence_length or config_by_name(args.config_name)["max_sequence_length"]
-    config = dict(
-        config_name=args.config_name, strategy=args.strategy, mesh=args.mesh, attention=args.attention, batch_size=args.batch_size,
-        sequence_length=length, precision=args.precision, remat=args.remat, gradient_accumulation_steps=args.gradient_accumulation_steps,
-    )  # fmt: skip
+    config = _gpt_settings(args)
+    config["sequence_length"] = config["sequence_length"] or config_by_name(config["config_name"])["max_sequence_length"]
     return PlanRequest(
         "pretrain_gpt", config, devices=args.devices or 8, device=args.device or "h100", device_memory_gib=args.device_memory_gib,
-        depth=depth, label=args.config_name,
+        depth=depth, label=config["config_name"],
     )  # fmt: skip
 
 
 def run(args):
     """Run a parsed ``zoo plan``; returns the exit code."""
-    request = requests_from(args)
+    request = request_from(args)
     if args.auto:
         from zoo.planning.search import format_ranking, search
 

@@ -23,6 +23,7 @@ import re
 import time
 
 from zoo.distribution.comms_report import compiled_report, loop_multiplicities
+from zoo.distribution.mesh import parse_mesh_spec
 
 __all__ = ["StepMeasure", "extrapolate", "loop_dot_flops", "measure_step"]
 
@@ -42,6 +43,15 @@ class StepMeasure:
     collectives: list  # CommsReport.per_axis() rows: {"axes", "kind", "count", "bytes", "sent_bytes"}
     collectives_exact: bool  # False: some loop around a collective had no known trip count
     compile_s: float  # seconds to build and compile
+
+    @property
+    def mesh_axes(self):
+        """``[(axis, size)]`` of the mesh compiled on, in mesh order ([] for one device)."""
+        return parse_mesh_spec(self.mesh) if self.mesh else []
+
+    @property
+    def axis_sizes(self):
+        return dict(self.mesh_axes)
 
     @property
     def peak(self):
@@ -82,8 +92,8 @@ def _mesh_of(spec):
         return None
     import jax
 
-    axes = [part.split("=") for part in spec.split(",")]
-    return jax.sharding.AbstractMesh(tuple(int(size) for _, size in axes), tuple(name for name, _ in axes))
+    axes = parse_mesh_spec(spec)
+    return jax.sharding.AbstractMesh(tuple(size for _, size in axes), tuple(name for name, _ in axes))
 
 
 def _cost(compiled):

@@ -44,16 +44,9 @@ class PlanRequest:
     devices: int  # the target's device count
     device: str = "h100"  # a zoo.planning.devices.DEVICES name (or cpu)
     device_memory_gib: float | None = None  # None: the device's own
-    hosts: int = 1
+    hosts: int = 1  # the target's hosts: a GPU's NVLink domain is at most one host (devices / hosts)
     depth: str | int = "auto"  # auto | full | a block count to compile at (then extrapolated)
     label: str = ""  # what is planned, in words (a recipe path, "gpt_1b")
-
-    def to_json(self):
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text):
-        return cls(**json.loads(text))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +63,8 @@ class Plan:
 
     @property
     def spec(self):
-        spec = device_spec(self.request.device)
-        return host_cpu_spec(self.request.devices) if spec.name == "cpu" else spec
+        """The device kind, its fast-link domain no larger than a host of the target."""
+        return target_spec(self.request)
 
     @property
     def device_memory(self):
@@ -98,10 +91,9 @@ class Plan:
 
     @property
     def time(self):
-        axes = [(part.split("=")[0], int(part.split("=")[1])) for part in self.step.mesh.split(",")] if self.step.mesh else []
         return roofline.estimate_step_time(
             flops=self.step.flops, bytes_accessed=self.step.bytes_accessed, collectives=self.step.collectives,
-            mesh_axes=axes, spec=self.spec,
+            mesh_axes=self.step.mesh_axes, spec=self.spec,
         )  # fmt: skip
 
     @property
@@ -129,6 +121,18 @@ class Plan:
             compiled_depths=tuple(values["compiled_depths"]), full_depth=values["full_depth"],
             remat_correction=values["remat_correction"], model_flops=values["model_flops"], notes=tuple(values["notes"]),
         )  # fmt: skip
+
+
+def target_spec(request):
+    """``request``'s ``DeviceSpec``: the CPU split into its devices, or a GPU whose NVLink
+    domain is no larger than one of the target's hosts (4-GPU hosts: 4)."""
+    spec = device_spec(request.device)
+    if spec.name == "cpu":
+        return host_cpu_spec(request.devices)
+    per_host = request.devices // max(request.hosts, 1)
+    if spec.link_domain and per_host < spec.link_domain:
+        return dataclasses.replace(spec, link_domain=per_host)
+    return spec
 
 
 # --- making a plan -----------------------------------------------------------------------
@@ -245,7 +249,7 @@ def remat_saved_per_block(config, step):
     from zoo.models.gpt.gpt_configs import GATED_MLPS, config_by_name
 
     model = config_by_name(config.config_name)
-    sizes = dict((part.split("=")[0], int(part.split("=")[1])) for part in step.mesh.split(",")) if step.mesh else {}
+    sizes = step.axis_sizes
     model_axis = sizes.get("model", 1) if config.strategy in ("tp", "tp+sp", "fsdp+tp") else 1
     split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.strategy, 1)
     tokens = step.global_batch // sizes.get("data", 1) * config.sequence_length // split
@@ -269,7 +273,7 @@ def _remat_correction(steps, config, full_depth, step):
     per_block = high.memory["temp"] - low.memory["temp"]
     kept = remat_saved_per_block(config, step) + high.memory["gradients"] - low.memory["gradients"]
     if config.strategy in ("fsdp", "fsdp+tp", "context"):
-        sizes = dict((part.split("=")[0], int(part.split("=")[1])) for part in step.mesh.split(","))
+        sizes = step.axis_sizes
         gathered = sizes.get("seq", 1) if config.strategy == "context" else sizes.get("data", 1)
         itemsize = 2 if config.precision == "mixed_bfloat16" else 4
         kept += (high.memory["weights"] - low.memory["weights"]) * gathered * itemsize // 4

@@ -55,7 +55,7 @@ def _collective_lines(plan):
     rows = [row for row in plan.step.collectives if row["axes"]]
     if not rows:
         return ["collectives: none"]
-    mesh_axes = [(p.split("=")[0], int(p.split("=")[1])) for p in plan.step.mesh.split(",")]
+    mesh_axes = plan.step.mesh_axes
     from zoo.planning.roofline import axes_bandwidth
 
     lines = ["| mesh axes | collective | per step | sent per device | link |", "| --- | --- | ---: | ---: | --- |"]

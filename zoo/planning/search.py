@@ -17,8 +17,8 @@
 
 import dataclasses
 
-from zoo.planning.devices import device_spec, host_cpu_spec
-from zoo.planning.plan import GIB, PlanRequest, make_plan, plans_in_subprocess
+from zoo.distribution.mesh import parse_mesh_spec
+from zoo.planning.plan import GIB, PlanRequest, make_plan, plans_in_subprocess, target_spec
 from zoo.planning.report import size_text
 from zoo.planning.roofline import axes_bandwidth
 
@@ -118,13 +118,13 @@ def _meshes(strategy, devices, model, length, spec):
 
 
 def _axis_sizes(mesh):
-    return {} if not mesh else {p.split("=")[0]: int(p.split("=")[1]) for p in mesh.split(",")}
+    return dict(parse_mesh_spec(mesh)) if mesh else {}
 
 
 def candidates(request):
     """Every ``Candidate`` for a GPT ``request`` (see the module docstring), in a fixed order."""
     config, devices = request.config, request.devices
-    model, spec = _model(request), _spec(request)
+    model, spec = _model(request), target_spec(request)
     length = config["sequence_length"]
     per_update = config["batch_size"] * config.get("gradient_accumulation_steps", 1)
     layouts = ("single",) if devices == 1 else LAYOUTS
@@ -136,11 +136,6 @@ def candidates(request):
                 for remat in REMATS:
                     found.append(Candidate(strategy, mesh, remat, per_update // accumulation, accumulation))
     return found
-
-
-def _spec(request):
-    spec = device_spec(request.device)
-    return host_cpu_spec(request.devices) if spec.name == "cpu" else spec
 
 
 # --- the analytic model ------------------------------------------------------------------
@@ -170,7 +165,7 @@ def estimate(candidate, request):
     from zoo.models.gpt.gpt_configs import count_parameters
     from zoo.training.mfu import gpt_flops_per_token
 
-    model, spec, config = _model(request), _spec(request), request.config
+    model, spec, config = _model(request), target_spec(request), request.config
     sizes = _axis_sizes(candidate.mesh)
     data, tp, seq = sizes.get("data", 1), sizes.get("model", 1), sizes.get("seq", 1)
     params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
@@ -190,7 +185,7 @@ def estimate(candidate, request):
 
 def _communication_s(candidate, request, params, itemsize, tokens):
     """Seconds of collectives per fit step, by layout (per device, ring algorithms)."""
-    model, spec = _model(request), _spec(request)
+    model, spec = _model(request), target_spec(request)
     sizes = _axis_sizes(candidate.mesh)
     axes = [(name, size) for name, size in sizes.items()]
     time = 0.0
@@ -235,7 +230,7 @@ def search(request, *, top=3, report=None):
     found = candidates(request)
     if not found:
         raise ValueError(f"no layout divides {request.devices} devices for {request.config['config_name']} at batch {request.config['batch_size']}")
-    memory = request.device_memory_gib * GIB if request.device_memory_gib else _spec(request).memory_bytes
+    memory = request.device_memory_gib * GIB if request.device_memory_gib else target_spec(request).memory_bytes
     rows = [Row(c, *estimate(c, request)) for c in found]
     order = {c: i for i, c in enumerate(found)}
     fitting = [r for r in rows if r.memory <= ANALYTIC_HEADROOM * memory]
