@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 from zoo.planning import roofline
+from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.devices import device_spec, host_cpu_spec
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
 
@@ -238,29 +239,20 @@ def _model_flops(job, config, full_depth):
 
 def remat_saved_per_block(config, step):
     """Bytes per device one Transformer block keeps for the backward pass under the
-    job's remat policy (a GPT job), from the shapes alone:
+    job's remat policy (a GPT job), from the shapes alone
+    (``_activations.remat_elements_per_token``: full keeps the block's input; dots_saveable
+    the outputs of its matmuls without batch dimensions, JAX's
+    ``dots_with_no_batch_dims_saveable``), per token of this device's share of the batch
+    and sequence."""
+    from zoo.models.gpt.gpt_configs import config_by_name
 
-    - full: its input, (B/data, T/split, C);
-    - dots_saveable: the outputs of its matmuls without batch dimensions (JAX's
-      ``dots_with_no_batch_dims_saveable``): q, k, v (H*D + 2*K*D, split over the model
-      axis), the attention output projection (C), the MLP's input projections (m*F,
-      m = 2 for a gated MLP, split over model) and its output projection (C).
-    """
-    from zoo.models.gpt.gpt_configs import GATED_MLPS, config_by_name
-
-    model = config_by_name(config.config_name)
     sizes = step.axis_sizes
     model_axis = sizes.get("model", 1) if config.strategy in ("tp", "tp+sp", "fsdp+tp") else 1
-    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.strategy, 1)
+    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.strategy, 1)  # the sequence's split
     tokens = step.global_batch // sizes.get("data", 1) * config.sequence_length // split
-    width, heads = model["hidden_dim"], model["num_heads"]
-    head_dim = model.get("head_dim") or width // heads
-    kv_heads = model.get("num_kv_heads") or heads
+    divisor = model_axis if config.strategy in ("tp", "fsdp+tp") else 1  # heads and MLP split over model
     itemsize = 2 if config.precision == "mixed_bfloat16" else 4
-    if config.remat == "full":
-        return tokens * width * itemsize
-    projections = heads * head_dim + 2 * kv_heads * head_dim + (2 if model["mlp"] in GATED_MLPS else 1) * model["intermediate_dim"]
-    return tokens * (projections // model_axis + 2 * width) * itemsize
+    return int(tokens * remat_elements_per_token(config.remat, config_by_name(config.config_name), divisor) * itemsize)
 
 
 def _remat_correction(steps, config, full_depth, step):

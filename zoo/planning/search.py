@@ -18,6 +18,7 @@
 import dataclasses
 
 from zoo.distribution.mesh import parse_mesh_spec
+from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.plan import GIB, PlanRequest, make_plan, plans_in_subprocess, target_spec
 from zoo.planning.report import size_text
 from zoo.planning.roofline import axes_bandwidth
@@ -141,25 +142,6 @@ def candidates(request):
 # --- the analytic model ------------------------------------------------------------------
 
 
-def remat_elements_per_token(remat, model, tp_divisor):
-    """Activation elements one block keeps per token for the backward pass.
-
-    Calibrated on gpt_1b's compiled block (JAX 0.12, bf16, docs/planning.md): none keeps
-    ~16C + 2mF (m = 3 matrices of a gated MLP, else 2); dots_saveable the matmul outputs
-    (H*D + 2K*D + m'F + 2C, m' = 2 gated, else 1); full only the block's input (C).
-    Head and MLP terms are split over the model axis (``tp_divisor``)."""
-    width, heads = model["hidden_dim"], model["num_heads"]
-    head_dim = model.get("head_dim") or width // heads
-    kv_heads = model.get("num_kv_heads") or heads
-    gated = model["mlp"] in ("swiglu", "geglu")
-    ffn = model["intermediate_dim"]
-    if remat == "full":
-        return width
-    if remat == "dots_saveable":
-        return (heads * head_dim + 2 * kv_heads * head_dim + (2 if gated else 1) * ffn) / tp_divisor + 2 * width
-    return (12 * width + 2 * (3 if gated else 2) * ffn) / tp_divisor + 4 * width
-
-
 def estimate(candidate, request):
     """``(peak bytes per device, seconds per optimizer update)`` by the analytic model."""
     from zoo.models.gpt.gpt_configs import count_parameters
@@ -279,9 +261,6 @@ def format_ranking(ranking):
     if ranking.best is not None and ranking.best.fits:
         lines.append(f"run the best: {ranking.command()}")
     return lines
-
-
-LAYOUT_FIELDS = ("strategy", "mesh", "remat", "batch_size", "gradient_accumulation_steps")
 
 
 def choose_layout(config, *, top=3, report=print):

@@ -1,0 +1,26 @@
+"""What a Transformer block keeps for its backward pass, per token, by remat policy: the
+one formula the planner's analytic model (``search.estimate``) and the remat correction
+(``plan.remat_saved_per_block``) share."""
+
+from zoo.models.gpt.gpt_configs import GATED_MLPS
+
+__all__ = ["remat_elements_per_token"]
+
+
+def remat_elements_per_token(remat, model, tp_divisor):
+    """Activation elements one block keeps per token for the backward pass.
+
+    Calibrated on gpt_1b's compiled block (JAX 0.12, bf16, docs/planning.md): none keeps
+    ~16C + 2mF (m = 3 matrices of a gated MLP, else 2); dots_saveable the matmul outputs
+    (H*D + 2K*D + m'F + 2C, m' = 2 gated, else 1); full only the block's input (C).
+    Head and MLP terms are split over the model axis (``tp_divisor``)."""
+    width, heads = model["hidden_dim"], model["num_heads"]
+    head_dim = model.get("head_dim") or width // heads
+    kv_heads = model.get("num_kv_heads") or heads
+    gated = model["mlp"] in GATED_MLPS
+    ffn = model["intermediate_dim"]
+    if remat == "full":
+        return width
+    if remat == "dots_saveable":
+        return (heads * head_dim + 2 * kv_heads * head_dim + (2 if gated else 1) * ffn) / tp_divisor + 2 * width
+    return (12 * width + 2 * (3 if gated else 2) * ffn) / tp_divisor + 4 * width
