@@ -6,8 +6,8 @@ not in the default run; ``zoo bench plan`` prints the same figures as tables).
   8 x H100. The planner's choice fits once compiled, data=8 alone does not, and the
   choice (layout, mesh, remat, gradient accumulation) trains to the single-device
   numbers at reduced size (the parity model: one block, T=16).
-- The gpu-8 gpt_1b recipe: the plan's peak (1 and 2 blocks, extrapolated) within 5% of
-  the whole 22-block step compiled.
+- Extrapolation per block: gpt_small (4 blocks) and the gpu-8 gpt_1b recipe (22), the
+  plan's peak (1 and 2 blocks, extrapolated) within 5% of the whole step compiled.
 - gpt_1b at 64 and 256 simulated devices compiles and fits (fsdp, remat full, H100).
 """
 
@@ -20,7 +20,7 @@ from tests.models._gpt_parity import STEPS, TRAIN_LAYERS, language_data, model_c
 from zoo.distribution import parity
 from zoo.models.gpt import GPTCausalLM
 from zoo.planning import PlanRequest, make_plan
-from zoo.planning.plan import plans_in_subprocess
+from zoo.planning.plan import plan_in_process, plans_in_subprocess
 from zoo.planning.recipes import request_from_recipe
 from zoo.planning.search import _rank_key, search
 from zoo.training.recipe import load_recipe
@@ -64,6 +64,20 @@ def _check_trains_like_one_device(choice):
 
     report = parity.check_parity(lambda: GPTCausalLM(**config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
     assert report.passed, "\n".join(report.format())
+
+
+def test_extrapolated_plan_matches_the_whole_model_compiled():
+    """gpt_small (4 blocks) compiled at 1 and 2 blocks and extrapolated vs compiled whole:
+    peak, FLOPs and bytes sent per axis within 5%."""
+    small = dict(config_name="gpt_small", strategy="tp", mesh="data=2,model=4", batch_size=8, sequence_length=32, precision="float32", remat="none")
+    request = PlanRequest("pretrain_gpt", small, devices=8, device="h100")
+    whole = plan_in_process(dataclasses.replace(request, depth="full"))
+    extrapolated = plan_in_process(dataclasses.replace(request, depth=2))
+    assert whole.compiled_depths == (4,) and extrapolated.compiled_depths == (1, 2)
+    assert extrapolated.peak == pytest.approx(whole.peak, rel=0.05)
+    assert extrapolated.step.flops == pytest.approx(whole.step.flops, rel=0.05)
+    sent, expected = extrapolated.sent_per_axis(), whole.sent_per_axis()
+    assert sent.keys() == expected.keys() and all(sent[k] == pytest.approx(expected[k], rel=0.05) for k in expected)
 
 
 def test_the_gpu8_recipe_plan_is_within_5_percent_of_the_whole_step():

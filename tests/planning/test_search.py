@@ -39,7 +39,7 @@ def test_every_candidate_divides_the_devices_the_model_and_the_batch():
 
 @pytest.fixture(scope="module")
 def ranking():
-    return search(_request(), top=3)  # what zoo train gpt --strategy auto compiles (its compiles then hit the cache)
+    return search(_request(), top=2)
 
 
 def test_plain_data_parallelism_does_not_fit_the_scenario():
@@ -80,20 +80,25 @@ def test_when_nothing_fits_analytically_the_message_says_so():
 
 
 def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, capsys):
-    """``zoo train gpt --strategy auto`` for the scenario, on these 8 devices taken as 1.5 MiB
-    each: the planner's table, and the job called with its first row (the job itself,
-    under each layout, is tested elsewhere)."""
+    """``zoo train gpt --strategy auto`` on these 8 devices (taken as 1.5 MiB each): the
+    planner is asked about this job on them, and the job is called with the first row
+    (the planner's search is the fixture's, checked above; the job under each layout is
+    tested elsewhere)."""
     from zoo.cli import main as cli
     from zoo.planning import devices
+    from zoo.planning import search as planner
     from zoo.training import gpt
 
-    trained = []
-    monkeypatch.setattr(gpt, "train", trained.append)
+    asked, trained = [], []
+    monkeypatch.setattr(planner, "search", lambda request, **_: asked.append(request) or ranking)
     monkeypatch.setattr(devices, "local_device", lambda: ("cpu", MEMORY_GIB))
+    monkeypatch.setattr(gpt, "train", trained.append)
     code = cli.main(["train", "gpt", "--config", "gpt_tiny", "--strategy", "auto", "--sequence-length", "64", "--batch-size", "16",
                      "--precision", "float32"])  # fmt: skip
     out = capsys.readouterr().out
-    (config,) = trained
+    ((request,), (config,)) = asked, trained
+    assert (request.devices, request.device, request.device_memory_gib) == (8, "cpu", MEMORY_GIB)
+    assert {k: request.config[k] for k in SCENARIO if k not in ("strategy", "mesh")} == {k: v for k, v in SCENARIO.items() if k not in ("strategy", "mesh")}
     best = ranking.best.candidate
     assert code == 0 and (config.strategy, config.mesh, config.remat) == (best.strategy, best.mesh, best.remat)
     assert (config.batch_size, config.gradient_accumulation_steps) == (best.micro_batch, best.accumulation)
