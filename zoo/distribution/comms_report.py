@@ -446,15 +446,17 @@ def _axes_of(groups, grid):
 # --- compiling -------------------------------------------------------------------------
 
 
-def compiled_report(compiled, mesh=None):
-    """``CommsReport`` of an already compiled program (``jax.jit(f).lower(...).compile()``)."""
+def compiled_report(compiled, mesh=None, *, hlo_text=None):
+    """``CommsReport`` of an already compiled program (``jax.jit(f).lower(...).compile()``);
+    ``hlo_text``: its ``as_text()`` when the caller already has it (printing is not free
+    for a large program)."""
     mesh = _default_mesh(mesh)
     analysis = compiled.memory_analysis()
     memory = MemoryUsage(
         *(getattr(analysis, f"{part}_size_in_bytes", None) for part in ("argument", "output", "temp", "alias"))
     )
     axes = {} if mesh is None else dict(zip(mesh.axis_names, _mesh_grid(mesh)[0].shape))
-    return CommsReport(parse_collectives(compiled.as_text(), mesh), memory, axes, compiled)
+    return CommsReport(parse_collectives(hlo_text or compiled.as_text(), mesh), memory, axes, compiled)
 
 
 # Compiler options that skip LLVM's optimisations: the HLO passes (partitioning,

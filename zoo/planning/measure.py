@@ -74,8 +74,8 @@ def measure_step(job, config, *, target_devices, label, num_layers=None, compile
 
     start = time.perf_counter()
     step = compile_job_step(job, config, target_devices=target_devices, label=label, num_layers=num_layers, compiler_options=compiler_options)
-    report = compiled_report(step.compiled, _mesh_of(step.mesh))
-    text = step.compiled.as_text()
+    text = step.compiled.as_text()  # printed once: the collectives and the loop FLOPs both read it
+    report = compiled_report(step.compiled, _mesh_of(step.mesh), hlo_text=text)
     times, _ = loop_multiplicities(text)
     flops, accessed = _cost(step.compiled)
     return StepMeasure(
