@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from zoo.training.cnn import save_model_atomically
+from zoo.training.paths import save_model_atomically
 from zoo.training.saving import load_zoo_model
 
 ZOO = pathlib.Path(__file__).resolve().parents[2] / "zoo"

@@ -11,10 +11,12 @@
       trash/                              checkpoints past keep-last-N, renamed here (atomic)
                                           and then deleted
       quarantine/6/                       a checkpoint resume could not use (kept, not deleted)
+      zoo.lock                            held by the run using the folder (_checkpoint_lock.py)
 
 Only directories named by a bare integer are checkpoints; everything else is ignored.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -79,10 +81,25 @@ def read_metadata(path):
             metadata = json.load(handle)
     except (OSError, ValueError) as error:
         raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} is unreadable ({error})") from error
+    if not isinstance(metadata, dict):
+        raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} does not hold a JSON object")
     missing = [key for key in ("format", "position", "data", "description") if key not in metadata]
     if missing:
         raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} lacks {', '.join(missing)}")
+    if "checksum" in metadata and metadata["checksum"] != _checksum(metadata):
+        raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} does not match its own checksum: it is damaged")
     return metadata
+
+
+def with_checksum(metadata):
+    """``metadata`` plus ``"checksum"``: the SHA-256 of its canonical JSON (sorted keys), so
+    that damage which still parses (a changed digit) is found too."""
+    return {**metadata, "checksum": _checksum(metadata)}
+
+
+def _checksum(metadata):
+    content = {key: value for key, value in metadata.items() if key != "checksum"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def is_primary_process():

@@ -153,3 +153,83 @@ def _json_default(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return repr(value)
+
+
+# --- integrity ------------------------------------------------------------------------
+#
+# Each array's checksum is two 32-bit sums over its bits, taken as 32-bit words w_i
+# (16- and 8-bit types widened, 64-bit ones split in two): sum_i w_i * (2i + 1) and
+# sum_i (w_i XOR i * 0x9E3779B9) * 0x01000193, both modulo 2**32. A change of any one word
+# changes both (an odd factor times a nonzero change is nonzero modulo 2**32); unrelated
+# damage goes unnoticed with probability about 2**-64. Integer addition is associative,
+# so the sums are the same for any sharding or device count: a checkpoint saved on 8
+# devices verifies when restored on 1. They are computed on the devices, in one jitted
+# pass over the state, without gathering any array to one host.
+
+
+def _words(array):
+    """``uint32``: the bits of ``array``, in its own shape (64-bit types: a trailing axis of 2).
+
+    Never flattened: a reshape of a sharded array could gather it onto each device."""
+    import jax.numpy as jnp
+
+    if array.dtype == jnp.bool_:
+        array = array.astype(jnp.uint8)
+    size = array.dtype.itemsize
+    if size in (1, 2):
+        return jax.lax.bitcast_convert_type(array, jnp.uint8 if size == 1 else jnp.uint16).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(array, jnp.uint32)
+
+
+def _flat_index(shape):
+    """``uint32[shape]``: each element's row-major position (modulo 2**32), built from iotas."""
+    import jax.numpy as jnp
+
+    index = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % 2**32)
+        stride *= shape[axis]
+    return index
+
+
+def _array_checksum(array):
+    import jax.numpy as jnp
+
+    words = _words(array)
+    index = _flat_index(words.shape)
+    first = jnp.sum(words * (2 * index + 1), dtype=jnp.uint32)
+    second = jnp.sum((words ^ (index * jnp.uint32(0x9E3779B9))) * jnp.uint32(0x01000193), dtype=jnp.uint32)
+    return first, second
+
+
+@jax.jit
+def _tree_checksums(tree):
+    return jax.tree.map(_array_checksum, tree)
+
+
+def checksums(tree):
+    """``{"model": [hex], "optimizer": [hex]}``: each array's 64-bit checksum (see above)."""
+    sums = jax.device_get(_tree_checksums(tree))
+    return {group: [f"{int(a):08x}{int(b):08x}" for a, b in sums[group]] for group in GROUPS}
+
+
+@jax.jit
+def _tree_all_finite(tree):
+    import jax.numpy as jnp
+
+    floating = [a for a in jax.tree.leaves(tree) if jnp.issubdtype(a.dtype, jnp.inexact)]
+    return jnp.stack([jnp.all(jnp.isfinite(a)) for a in floating]) if floating else jnp.ones((0,), bool)
+
+
+def first_non_finite(tree):
+    """``(group, index)`` of the first floating-point array holding a NaN or an infinity, or None."""
+    finite = list(np.asarray(jax.device_get(_tree_all_finite(tree))))
+    position = 0
+    for group in GROUPS:
+        for index, array in enumerate(tree[group]):
+            if np.issubdtype(np.dtype(array.dtype), np.inexact):
+                if not finite[position]:
+                    return group, index
+                position += 1
+    return None

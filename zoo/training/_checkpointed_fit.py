@@ -5,8 +5,10 @@ A job config carries ``checkpoint_dir``, ``checkpoint_every``, ``keep`` and ``re
 data position refers to, so a resume under other data is refused).
 """
 
+from zoo.training._checkpoint_lock import describe_holder
 from zoo.training.callbacks import PeriodicCheckpoint
 from zoo.training.checkpoints import CheckpointError, Checkpoints, ResumableBatches, TrainingPosition, fit_from
+from zoo.training.interrupts import StopAtSignal, stop_on_signals
 
 
 def check_checkpoint_options(config):
@@ -25,6 +27,9 @@ def open_checkpoints(config, data, model, report):
     if not config.checkpoint_dir:
         return None, TrainingPosition()
     checkpoints = Checkpoints(config.checkpoint_dir, keep=config.keep, data=data)
+    stale = checkpoints.lock()
+    if stale:
+        report(f"checkpoints: took over the lock a stopped run left ({describe_holder(stale)})")
     existing = checkpoints.existing_steps()
     if existing and not config.resume:
         checkpoints.close()
@@ -33,7 +38,11 @@ def open_checkpoints(config, data, model, report):
             f"already holds checkpoints (steps {', '.join(map(str, existing))}); pass --resume to continue "
             "from them, or choose another --checkpoint-dir",
         )
-    position = checkpoints.resume(model, report) if config.resume else None
+    try:
+        position = checkpoints.resume(model, report) if config.resume else None
+    except BaseException:
+        checkpoints.close()
+        raise
     if position is None:
         report(f"checkpoints: every {config.checkpoint_every} steps to {checkpoints.directory}, keeping {config.keep}")
         return checkpoints, TrainingPosition()
@@ -42,19 +51,26 @@ def open_checkpoints(config, data, model, report):
 
 def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data, callbacks, report, verbose=1):
     """Fit ``train_data`` (a ``DivisibleBatches``) for ``epochs``, saving and resuming
-    checkpoints as the config says; returns the history dict."""
+    checkpoints as the config says; returns the history dict.
+
+    SIGINT and SIGTERM stop training at the next step boundary: a checkpoint is written
+    (when the run checkpoints) and ``TrainingInterrupted`` is raised (``zoo.training.interrupts``).
+    """
     check_checkpoint_options(config)
     model.optimizer.build(model.trainable_variables)  # its state must exist before a restore
     checkpoints, start = open_checkpoints(config, data, model, report)
-    callbacks = list(callbacks)
+    saver = None
     if checkpoints is not None:
         saver = PeriodicCheckpoint(checkpoints, every=config.checkpoint_every, steps_per_epoch=len(train_data), start=start)
-        callbacks.append(saver)
     # DivisibleBatches reshuffles itself, seeded per epoch (fit_from passes shuffle=False to fit).
     resumable = ResumableBatches(train_data, epoch=start.epoch, start_batch=start.batch)
     try:
-        history = fit_from(model, resumable, epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
-        if checkpoints is not None and saver.save():
+        with stop_on_signals() as signals:
+            stopper = StopAtSignal(signals, saver)
+            callbacks = [*callbacks, *([saver] if saver else []), stopper]  # the saver's position first, then the stop
+            history = fit_from(model, resumable, epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
+            stopper.stop_if_signalled()  # a signal during the last step
+        if saver is not None and saver.save():
             report(f"saved checkpoint {saver.position.step} to {checkpoints.directory}")
     finally:
         if checkpoints is not None:

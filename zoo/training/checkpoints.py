@@ -35,9 +35,11 @@ import zoo
 from zoo.training import _checkpoint_files as files
 from zoo.training import _checkpoint_state as state
 from zoo.training._checkpoint_files import CheckpointError
+from zoo.training._checkpoint_lock import CheckpointLock
 from zoo.training._data_position import ResumableBatches, TrainingPosition, fit_from
 
-FORMAT = "zoo-checkpoint/1"
+FORMAT = "zoo-checkpoint/2"  # 2: per-array checksums and a checksum of the metadata itself
+READABLE_FORMATS = ("zoo-checkpoint/1", FORMAT)  # 1: read without the integrity checks it lacks
 
 __all__ = ["FORMAT", "CheckpointError", "Checkpoints", "ResumableBatches", "TrainingPosition", "fit_from"]
 
@@ -60,6 +62,13 @@ class Checkpoints:
         self.keep = keep
         self.data = state.json_ready(data or {})
         self._opened = None  # the Orbax CheckpointManager, opened by the first save: reading touches nothing
+        self._lock = CheckpointLock(self.directory)
+
+    def lock(self):
+        """Hold the folder's lock (``zoo.lock``) until ``close``: a second run gets a
+        ``CheckpointError`` naming this one. Returns the holder a stale lock named, or None."""
+        self._lock.acquire()
+        return self._lock.previous_holder
 
     @property
     def _manager(self):
@@ -87,16 +96,16 @@ class Checkpoints:
         Every process must call it (Orbax coordinates the array writes); nothing appears
         under ``<directory>/<step>`` until the whole checkpoint is written.
         """
-        metadata = {
+        tree = state.state_tree(model)
+        metadata = files.with_checksum({
             "format": FORMAT,
             "zoo_version": zoo.__version__,
             "position": position.as_dict(),
             "data": self.data,
             "description": state.describe(model),
-        }
-        args = ocp.args.Composite(
-            **{files.STATE_ITEM: ocp.args.StandardSave(state.state_tree(model)), files.METADATA_ITEM: ocp.args.JsonSave(metadata)}
-        )
+            "checksums": state.checksums(tree),
+        })  # fmt: skip
+        args = ocp.args.Composite(**{files.STATE_ITEM: ocp.args.StandardSave(tree), files.METADATA_ITEM: ocp.args.JsonSave(metadata)})
         path = os.path.join(self.directory, str(position.step))
         try:
             saved = self._manager.save(position.step, args=args, force=True)
@@ -121,6 +130,7 @@ class Checkpoints:
             raise CheckpointError(self.directory, "holds no complete checkpoint")
         metadata = self._checked_metadata(model, path)
         tree = self._read_arrays(path, state.abstract_state_tree(model))
+        _check_integrity(path, tree, metadata)
         position = TrainingPosition(**metadata["position"])
         _check_iterations(path, tree, model, position)
         rate = state.learning_rate(model)
@@ -163,12 +173,14 @@ class Checkpoints:
             for group, specs in metadata["description"]["variables"].items()
         }
         tree = self._read_arrays(path, abstract)
+        _check_integrity(path, tree, metadata)
         return metadata, {group: [np.asarray(a) for a in arrays] for group, arrays in tree.items()}
 
     def close(self):
         if self._opened is not None:
             self._opened.close()
             self._opened = None
+        self._lock.release()
 
     def __enter__(self):
         return self
@@ -178,8 +190,8 @@ class Checkpoints:
 
     def _checked_metadata(self, model, path):
         metadata = files.read_metadata(path)
-        if metadata["format"] != FORMAT:
-            raise CheckpointError(path, f"has format {metadata['format']!r}; this zoo reads {FORMAT!r}")
+        if metadata["format"] not in READABLE_FORMATS:
+            raise CheckpointError(path, f"has format {metadata['format']!r}; this zoo reads {' and '.join(map(repr, READABLE_FORMATS))}")
         step = int(os.path.basename(path))
         if metadata["position"].get("step") != step:
             raise CheckpointError(path, f"its metadata says step {metadata['position'].get('step')}, its name step {step}")
@@ -225,6 +237,26 @@ def _open_manager(directory, keep):
     )
     handlers = {files.STATE_ITEM: ocp.StandardCheckpointHandler(), files.METADATA_ITEM: ocp.JsonCheckpointHandler(filename=files.METADATA_FILE)}
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+
+
+def _check_integrity(path, tree, metadata):
+    """The restored arrays are the saved ones (checksums), and every float in them is finite."""
+    recorded = metadata.get("checksums")
+    if recorded is not None:
+        found = state.checksums(tree)
+        for group in state.GROUPS:
+            for index, (saved, restored) in enumerate(zip(recorded[group], found[group], strict=True)):
+                if saved != restored:
+                    raise CheckpointError(path, f"{_variable_name(metadata, group, index)} does not match the checksum recorded at save: "
+                                                f"its array data in {files.STATE_ITEM}/ is damaged")  # fmt: skip
+    non_finite = state.first_non_finite(tree)
+    if non_finite is not None:
+        raise CheckpointError(path, f"{_variable_name(metadata, *non_finite)} holds NaN or infinite values: training from it would go nowhere")
+
+
+def _variable_name(metadata, group, index):
+    variables = metadata["description"]["variables"][group]
+    return f"{group} variable {index} ({variables[index][0]})" if index < len(variables) else f"{group} variable {index}"
 
 
 def _check_iterations(path, tree, model, position):

@@ -9,7 +9,9 @@ from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 from zoo.models import TransformerEncoderClassifier, ViTClassifier
 from zoo.training.callbacks import Throughput
-from zoo.training.cnn import check_model_path, evaluate_accuracy, save_model_atomically
+from zoo.training.cnn import evaluate_accuracy
+from zoo.training.interrupts import StopAtSignal, stop_on_signals
+from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
 
 # model name -> (class, task its dataset must have, unit of throughput)
@@ -50,7 +52,7 @@ class ClassifierTrainConfig:
 def train(config, report=print):
     """Train the encoder or the ViT; returns a dict with the history and test accuracy."""
     model_class, task, unit = MODELS[config.model]
-    check_model_path(config.output)
+    check_job_paths(config)
     spec = get_spec(config.dataset)
     if spec.task != task:
         raise ValueError(f"zoo train {config.model} needs {task} data; {config.dataset!r} is {spec.task}")
@@ -71,11 +73,12 @@ def train(config, report=print):
         report("  " + line)
     per_example = x.shape[1] if unit == "tokens" else 1
     throughput = Throughput(config.batch_size * per_example, report, unit=unit)
-    history = model.fit(
-        DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed),
-        validation_data=DivisibleBatches(xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad"),
-        epochs=config.epochs, shuffle=False, callbacks=[throughput], verbose=2,
-    )  # fmt: skip
+    with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: stop at a step boundary (no checkpoints here)
+        history = model.fit(
+            DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed),
+            validation_data=DivisibleBatches(xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad"),
+            epochs=config.epochs, shuffle=False, callbacks=[throughput, StopAtSignal(signals)], verbose=2,
+        )  # fmt: skip
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
     report(f"held-out test accuracy: {accuracy:.4f} ({len(yt)} examples, chance {1 / len(spec.classes):.4f})")
     save_model_atomically(model, config.output)

@@ -1,8 +1,6 @@
 """The small-CNN jobs behind ``zoo train cnn`` and ``zoo verify cnn``."""
 
 import dataclasses
-import os
-import tempfile
 
 import keras
 import numpy as np
@@ -14,6 +12,7 @@ from zoo.distribution.parity import DEFAULT_ATOL, DEFAULT_RTOL, check_parity
 from zoo.models import SmallCNN
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.callbacks import Throughput
+from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.transformer_setup import report_setup
 
 
@@ -87,7 +86,7 @@ def train(config, report=print, callbacks=()):
     seeing exactly the batches the uninterrupted run would have seen.
     """
     check_checkpoint_options(config)
-    check_model_path(config.output)  # before any training, not after it
+    check_job_paths(config)  # before any work, not after it
     spec = _image_dataset(config.dataset)
     distribution = resolve_distribution(config.distribution, config.mesh)
     replicas = zd.data_parallel_size(distribution)
@@ -117,7 +116,7 @@ def train(config, report=print, callbacks=()):
                                callbacks=[throughput, *callbacks], report=report)  # fmt: skip
     accuracy = evaluate_accuracy(model, *test_data, batch_size=config.batch_size, replicas=replicas)
     report(f"held-out test accuracy: {accuracy:.4f} ({len(test_data[1])} images, chance {1 / len(spec.classes):.4f})")
-    save_model_atomically(model, config.output)
+    save_model_atomically(model, config.output, fallback_folders=[config.checkpoint_dir])
     report(f"saved model to {config.output}")
     return {"history": history, "test_accuracy": accuracy, "images_per_second": throughput.per_epoch, "model": model}
 
@@ -153,28 +152,6 @@ def evaluate_accuracy(model, x, y, *, batch_size, replicas):
     batches = DivisibleBatches(x, batch_size=batch_size, multiple_of=replicas, remainder="pad")
     logits = batches.trim(model.predict(batches, verbose=0))
     return float(np.mean(np.argmax(logits, axis=-1) == y))
-
-
-def check_model_path(path):
-    if not path.endswith(".keras"):
-        raise ValueError(f"model path must end in .keras, got {path!r}")
-
-
-def save_model_atomically(model, path):
-    """Save a ``.keras`` file so that a crash mid-write never leaves a broken file at ``path``."""
-    check_model_path(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, partial = tempfile.mkstemp(suffix=".keras", dir=directory, prefix=".partial-")
-    os.close(handle)
-    try:
-        model.save(partial)
-        with open(partial, "rb") as written:
-            os.fsync(written.fileno())  # on disk before it takes the place of the previous file
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
 
 
 def verify(config, report=print):

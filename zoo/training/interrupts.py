@@ -1,0 +1,113 @@
+"""Ctrl-C and preemption: stop at the next step boundary, save, say how to resume.
+
+A cluster scheduler sends SIGTERM before it preempts a job; a person presses Ctrl-C
+(SIGINT). Under ``stop_on_signals`` neither raises inside Keras (whose per-batch log
+conversion swallows a ``KeyboardInterrupt`` in a bare ``except``): the handler only
+records the signal. ``StopAtSignal``, a callback, looks at that record before each step
+and at each epoch end, in the main thread; there it writes an emergency checkpoint (when
+the run checkpoints) and raises ``TrainingInterrupted``, which the CLI turns into one line
+and exit status 128 + the signal number (130 for SIGINT, 143 for SIGTERM). A second
+signal aborts at once (the process dies of it, as without a handler): the newest complete checkpoint stays usable, since a
+checkpoint only appears on disk by an atomic rename.
+
+The check runs in ``on_train_batch_begin``, which Keras calls without fetching any metric
+from the device, so training keeps its asynchronous dispatch.
+"""
+
+import contextlib
+import os
+import signal
+import threading
+
+import keras
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped by a signal at a step boundary.
+
+    Attributes: ``signal_number``; ``step`` (optimizer steps trained); ``checkpoint`` (the
+    path of the checkpoint holding that step, or None when the run does not checkpoint);
+    ``exit_code`` (128 + the signal number, as a shell reports a process the signal killed).
+    """
+
+    def __init__(self, signal_number, step, checkpoint=None):
+        self.signal_number = signal_number
+        self.step = step
+        self.checkpoint = checkpoint
+        self.exit_code = 128 + signal_number
+        super().__init__(self.describe())
+
+    def describe(self, resume_command=None):
+        """``interrupted by SIGINT at step 7; checkpoint saved to …; resume with …`` (one line)."""
+        name = signal.Signals(self.signal_number).name
+        if self.step == 0:
+            return f"interrupted by {name} before the first step; nothing was trained or saved"
+        if self.checkpoint is None:
+            return f"interrupted by {name} at step {self.step}; no checkpoint (the run has no --checkpoint-dir), so a new run starts over"
+        how = resume_command or "the same command with --resume"
+        return f"interrupted by {name} at step {self.step}; checkpoint saved to {self.checkpoint}; resume with: {how}"
+
+
+class SignalRecord:
+    """The first SIGINT/SIGTERM received under ``stop_on_signals`` (``number``, None before)."""
+
+    def __init__(self):
+        self.number = None
+
+    def handle(self, number, frame):
+        if self.number is not None:  # the second one: die of it now, as without a handler
+            os.write(2, f"zoo: aborted by a second {signal.Signals(number).name}; the newest complete checkpoint is intact\n".encode())
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+        self.number = number
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """Record SIGINT and SIGTERM instead of acting on them; yields the ``SignalRecord``.
+
+    Outside the main thread (where Python cannot install handlers) signals keep their
+    usual effect and the record stays empty. The previous handlers come back on exit.
+    """
+    record = SignalRecord()
+    if threading.current_thread() is not threading.main_thread():
+        yield record
+        return
+    previous = {number: signal.signal(number, record.handle) for number in SIGNALS}
+    try:
+        yield record
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+class StopAtSignal(keras.callbacks.Callback):
+    """Raises ``TrainingInterrupted`` at the first step boundary after a recorded signal.
+
+    Args:
+        record: the ``SignalRecord`` of ``stop_on_signals``.
+        saver: the run's ``PeriodicCheckpoint`` (it must come before this callback in the
+            list, so its position is up to date), or None when the run does not checkpoint.
+    """
+
+    def __init__(self, record, saver=None):
+        super().__init__()
+        self.record = record
+        self.saver = saver
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.stop_if_signalled()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.stop_if_signalled()
+
+    def stop_if_signalled(self):
+        if self.record.number is None:
+            return
+        if self.saver is None:
+            raise TrainingInterrupted(self.record.number, int(self.model.optimizer.iterations))
+        self.saver.save()  # the emergency checkpoint (nothing to do if this step is on disk)
+        step = self.saver.position.step
+        raise TrainingInterrupted(self.record.number, step, os.path.join(self.saver.checkpoints.directory, str(step)))

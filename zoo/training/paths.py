@@ -1,0 +1,142 @@
+"""Where a job writes, checked before any work; and the trained model saved without loss.
+
+Every job checks its output file, checkpoint folder and data folder first (``check_job_paths``),
+before a model is built: a folder that is a file, cannot be created or cannot be written is
+found in a second, not after an hour of training. The check is a real write (a probe file
+created and removed), not ``os.access``, which says yes to root on any folder and knows
+nothing of read-only mounts.
+
+A save that fails anyway (the disk filled up, the folder was removed meanwhile) never loses
+the model: ``save_model_atomically`` writes it to a fallback path in the run's folders and
+the error says where.
+"""
+
+import os
+import tempfile
+import time
+
+
+class PathError(ValueError):
+    """A path given to a job (``flag`` names where it came from) that cannot be used."""
+
+    def __init__(self, flag, path, problem):
+        super().__init__(f"{flag} {path!r}: {problem}")
+        self.flag = flag
+        self.path = path
+
+
+class ModelSaveError(OSError):
+    """The model could not be written where asked; ``rescued`` is where it was written instead."""
+
+    def __init__(self, path, error, rescued):
+        where = f"the trained model was saved to {rescued} instead" if rescued else "no fallback folder could be written either"
+        super().__init__(f"could not write the model to {path} ({type(error).__name__}: {error}); {where}")
+        self.path = path
+        self.rescued = rescued
+
+
+def check_job_paths(config, output_is_folder=False):
+    """Check the ``output`` (a ``.keras`` file, or a folder), ``checkpoint_dir`` and
+    ``data_dir`` of a job config (those it has), before any work."""
+    if getattr(config, "output", None) is not None:
+        (check_writable_folder if output_is_folder else check_output_file)(config.output, "--output")
+    if getattr(config, "checkpoint_dir", None):
+        check_writable_folder(config.checkpoint_dir, "--checkpoint-dir")
+    if hasattr(config, "data_dir"):
+        check_data_dir(config.data_dir)
+
+
+def check_model_path(path, flag="--output"):
+    if not str(path).endswith(".keras"):
+        raise PathError(flag, path, "a model path must end in .keras")
+
+
+def check_output_file(path, flag="--output"):
+    """``path`` can be written as a ``.keras`` file: its folder exists or is created, and takes a file."""
+    check_model_path(path, flag)
+    if os.path.isdir(path):
+        raise PathError(flag, path, "is a folder; give a file name ending in .keras")
+    check_writable_folder(os.path.dirname(os.path.abspath(path)), flag, named=path)
+
+
+def check_writable_folder(folder, flag, named=None):
+    """``folder`` exists or can be created, and a file can be written in it (a real probe
+    write). Errors name ``named`` (the path the user gave; default ``folder``)."""
+    folder = os.path.abspath(folder)
+    named = folder if named is None else named
+    blocker = _file_on_the_way(folder)
+    if blocker is not None:
+        raise PathError(flag, named, f"cannot be written: {blocker} is a file, not a folder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".zoo-write-probe-")
+        os.close(handle)
+        os.remove(probe)
+    except OSError as error:
+        raise PathError(flag, named, f"cannot be written: {folder} is not writable ({error.strerror or error}); choose another path") from None
+
+
+def check_data_dir(data_dir):
+    """The data folder (``--data-dir`` or the first of $ZOO_DATA_DIR, $TFDS_DATA_DIR set) is not a file."""
+    from zoo.data.tfds_source import DATA_DIR_ENV_VARS, resolve_data_dir
+
+    folder = resolve_data_dir(data_dir)
+    source = "--data-dir" if data_dir else next((f"${name}" for name in DATA_DIR_ENV_VARS if os.environ.get(name)), "the data folder")
+    blocker = _file_on_the_way(os.path.abspath(folder))
+    if blocker is not None:
+        raise PathError(source, folder, f"cannot be a data folder: {blocker} is a file, not a folder")
+    return folder
+
+
+def _file_on_the_way(folder):
+    """The first path from ``folder`` up to the root that exists and is not a folder, or None."""
+    path = folder
+    while True:
+        if os.path.exists(path):
+            return None if os.path.isdir(path) else path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
+def save_model_atomically(model, path, fallback_folders=()):
+    """Save a ``.keras`` file so that a crash mid-write never leaves a broken file at ``path``.
+
+    If ``path`` cannot be written, the model goes to ``<folder>/rescued-<time>-<name>`` in
+    the first of ``fallback_folders`` (then the working folder, then the temporary folder)
+    that takes it, and ``ModelSaveError`` names both paths.
+    """
+    check_model_path(path)
+    try:
+        _save_replacing(model, path)
+    except OSError as error:
+        raise ModelSaveError(path, error, _rescue(model, path, fallback_folders)) from error
+
+
+def _save_replacing(model, path):
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, partial = tempfile.mkstemp(suffix=".keras", dir=directory, prefix=".partial-")
+    os.close(handle)
+    try:
+        model.save(partial)
+        with open(partial, "rb") as written:
+            os.fsync(written.fileno())  # on disk before it takes the place of the previous file
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def _rescue(model, path, fallback_folders):
+    name = f"rescued-{time.strftime('%Y%m%d-%H%M%S')}-{os.path.basename(path)}"
+    for folder in (*[f for f in fallback_folders if f], os.getcwd(), tempfile.gettempdir()):
+        target = os.path.join(os.path.abspath(folder), name)
+        try:
+            _save_replacing(model, target)
+        except OSError:
+            continue
+        return target
+    return None
+
