@@ -30,6 +30,7 @@ from zoo.presets import from_preset, load_preset_config, load_preset_metadata, l
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
 from zoo.training._lora_files import load_lora, save_lora
+from zoo.training.paths import check_job_paths
 from zoo.training.cnn import evaluate_accuracy
 from zoo.training.report import StepReport
 
@@ -145,6 +146,7 @@ def trainable_parameter_count(model):
 
 def finetune(config, report=print):
     """Fine-tune ``config.preset`` on ``config.dataset``; returns a dict of results."""
+    check_job_paths(config, output_is_folder=True)
     metadata, spec, head = _check_job(config)
     distribution = _distribution(metadata["class_name"], config)
     replicas = zd.data_parallel_size(distribution)
@@ -186,6 +188,13 @@ def _check_job(config):
     spec = get_spec(config.dataset)
     if spec.task not in (IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION):
         raise ValueError(f"fine-tuning needs a classification dataset; {config.dataset!r} is {spec.task}")
+    takes = metadata.get("task") or (TEXT_CLASSIFICATION if metadata["class_name"] == "TransformerEncoderClassifier" else IMAGE_CLASSIFICATION)
+    if spec.task != takes:  # else Keras fails later on the input shape
+        from zoo.data.catalog import DATASETS
+
+        fitting = [name for name, other in DATASETS.items() if other.task == takes]
+        raise ValueError(f"preset {config.preset!r} ({metadata['class_name']}) takes {takes} input; --dataset {config.dataset!r} is "
+                         f"{spec.task} data; choose {' or '.join(fitting)}")  # fmt: skip
     return metadata, spec, head
 
 

@@ -13,7 +13,7 @@ from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import config_by_name
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
-from zoo.training.cnn import check_model_path, save_model_atomically
+from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.profile import ProfileSteps
 from zoo.training.report import StepReport
 from zoo.training.saving import load_zoo_model
@@ -124,8 +124,9 @@ def train(config, report=print):
     training (``zoo.distribution.multihost.initialize`` first) each process reads and
     feeds only its own rows; only process 0 prints and saves.
     """
+    _check_dataset(config.dataset)
     check_checkpoint_options(config)
-    check_model_path(config.output)
+    check_job_paths(config)
     report = report if multihost.is_primary() else (lambda *_: None)
     distribution = multihost.feed_process_local_data(resolve_distribution(config))
     report_setup(distribution, report)
@@ -148,9 +149,19 @@ def train(config, report=print):
     history = checkpointed_fit(model, train_data, config=config, data=data, epochs=config.epochs,
                                validation_data=validation_data, callbacks=callbacks, report=report, verbose=verbose)  # fmt: skip
     if multihost.is_primary():
-        save_model_atomically(model, config.output)
+        save_model_atomically(model, config.output, fallback_folders=[config.checkpoint_dir])
         report(f"saved model to {config.output}")
     return {"history": history, "unigram_entropy": entropy, "model": model}
+
+
+def _check_dataset(name):
+    """A language-modelling dataset, before any work (an image dataset fails deep in the model otherwise)."""
+    from zoo.data import catalog
+
+    task = catalog.get_spec(name).task
+    if task != catalog.LANGUAGE_MODELING:
+        corpora = [spec.name for spec in catalog.DATASETS.values() if spec.task == catalog.LANGUAGE_MODELING]
+        raise ValueError(f"--dataset {name!r} is {task} data; zoo train gpt needs {catalog.LANGUAGE_MODELING} data: {', '.join(corpora)}")
 
 
 def _load_corpus(config):
