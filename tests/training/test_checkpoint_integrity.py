@@ -92,29 +92,50 @@ def test_flipped_bytes_in_any_file_fall_back_and_finish_bitwise_equal(run, tmp_p
     assert any(name.startswith("state/d/") for name in refused)  # the array data itself
 
 
-def test_one_flipped_bit_or_digit_is_found_and_named(run, tmp_path):
-    """The issue's silent cases: one bit flipped in the array data (read without error
-    before, a change of ~1e-7), and a digit changed in the metadata that still parses."""
+def test_no_flipped_bit_restores_other_values(run, tmp_path):
+    """The issue's silent case: one bit flipped in the zstd-compressed array chunks often
+    decodes without error, to other numbers (a change of ~1e-7). Each flip is now refused,
+    or (a chunk no reader uses) restores exactly the saved values."""
     directory, _, model = run
+    _, saved = Checkpoints(str(directory), data=DATA).read(str(directory / "6"))
+    chunks = [p.relative_to(directory) for p in sorted((directory / "6" / "state").rglob("*")) if _is_zstd(p)]
+    assert chunks
     problems = []
-    data_files = [p.relative_to(directory) for p in sorted((directory / "6" / "state").rglob("*")) if _is_zstd(p)]
-    assert data_files  # the array chunks, zstd-compressed: a flipped bit decodes to other values, no read error
-    for relative in data_files:
-        copy = tmp_path / relative.name
-        shutil.copytree(directory, copy)
-        content = bytearray((copy / relative).read_bytes())
-        content[len(content) // 2] ^= 0x01
-        (copy / relative).write_bytes(bytes(content))
-        with pytest.raises(CheckpointError) as caught:
-            Checkpoints(str(copy), data=DATA).restore(model, str(copy / "6"))
-        problems.append(caught.value.problem)
-    for problem in problems:
-        assert re.fullmatch(r"(model|optimizer) variable \d+ \(.+\) does not match the checksum recorded at save: its array data in state/ is damaged", problem)
+    for number, relative in enumerate(chunks):
+        size = (directory / relative).stat().st_size
+        for position in (size // 3, size // 2, 2 * size // 3):
+            copy = tmp_path / f"{number}-{position}"  # a new path each time: TensorStore caches what it read
+            shutil.copytree(directory, copy)
+            content = bytearray((copy / relative).read_bytes())
+            content[position] ^= 0x01
+            (copy / relative).write_bytes(bytes(content))
+            try:
+                _, restored = Checkpoints(str(copy), data=DATA).read(str(copy / "6"))
+            except CheckpointError as error:
+                problems.append(error.problem)
+            else:
+                assert_bitwise_equal(restored, saved, f"bit {position * 8} of {relative} flipped")
+    pattern = r"(model|optimizer) variable \d+ \(.+\) does not match the checksum recorded at save: its array data in state/ is damaged"
+    assert any(re.fullmatch(pattern, problem) for problem in problems), problems
 
-    copy = tmp_path / "metadata"
+
+def test_arrays_that_read_well_but_are_not_the_saved_ones_are_named(run, tmp_path):
+    """Step 4's valid arrays under step 6's metadata: nothing fails to read, the checksums refuse."""
+    directory, _, model = run
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy)
+    shutil.rmtree(copy / "6" / "state")
+    shutil.copytree(copy / "4" / "state", copy / "6" / "state")
+    with pytest.raises(CheckpointError, match=r"/6: model variable 0 \(.*kernel\) does not match the checksum recorded at save"):
+        Checkpoints(str(copy), data=DATA).restore(model, str(copy / "6"))
+
+
+def test_a_changed_digit_in_the_metadata_is_found(run, tmp_path):
+    directory, _, model = run
+    copy = tmp_path / "copy"
     shutil.copytree(directory, copy)
     metadata = copy / "6" / "zoo" / "checkpoint.json"
-    metadata.write_text(metadata.read_text().replace('"epoch": 1', '"epoch": 0'))
+    metadata.write_text(metadata.read_text().replace('"epoch": 1', '"epoch": 0'))  # still valid JSON
     with pytest.raises(CheckpointError, match="the metadata file zoo/checkpoint.json does not match its own checksum: it is damaged"):
         Checkpoints(str(copy), data=DATA).restore(model, str(copy / "6"))
 
