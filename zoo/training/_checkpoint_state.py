@@ -163,8 +163,8 @@ def _json_default(value):
 # changes both (an odd factor times a nonzero change is nonzero modulo 2**32); unrelated
 # damage goes unnoticed with probability about 2**-64. Integer addition is associative,
 # so the sums are the same for any sharding or device count: a checkpoint saved on 8
-# devices verifies when restored on 1. They are computed on the devices, in one jitted
-# pass over the state, without gathering any array to one host.
+# devices verifies when restored on 1. They are computed on the devices, one jitted call
+# per array (``checksums``), without gathering any array to one host.
 
 
 def _words(array):
