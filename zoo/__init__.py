@@ -1,12 +1,29 @@
 """keras-zoo: Keras 3 models on JAX that scale by changing the distribution layout.
 
-Importing ``zoo`` selects the JAX backend for Keras (see ``zoo._backend``).
+Importing ``zoo`` selects the JAX backend for Keras (see ``zoo._backend``), then
+imports every module that registers a Keras-serialisable class
+(``@keras.saving.register_keras_serializable(package="zoo")``: the models, the layers,
+the model-level layers such as ``ClassToken``, and ``ByteTokenizer``). So after
+``import zoo`` alone, plain Keras loads any saved zoo object:
+``keras.saving.load_model("small_cnn.keras", safe_mode=True)``, or a preset's
+``config.json`` with ``keras.saving.deserialize_keras_object``. Keras finds a class by
+its registered name (``"zoo>SmallCNN"``) and imports the ``module`` a config names only
+for its own packages (``keras``, ``keras_hub``), never ``zoo``.
+
+The package root is the one module that imports every part of the zoo; the parts
+themselves import one way only (``tests/test_architecture.py`` checks each package, not
+this file). Importing any ``zoo`` module runs this file first, so each one brings
+Keras and the models with it.
 """
 
 from zoo._backend import BackendError, select_jax_backend
 
-select_jax_backend()
+select_jax_backend()  # before anything below imports Keras
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # before the imports below, which may read it
 
-__all__ = ["BackendError", "__version__"]
+# Registration happens at import; ``zoo.presets`` also gives every zoo model class
+# ``from_preset``. ``tests/test_loading.py`` fails if a registered class is missed.
+from zoo import data, layers, models, presets  # noqa: E402  (after the backend is chosen)
+
+__all__ = ["BackendError", "__version__", "data", "layers", "models", "presets"]

@@ -160,6 +160,25 @@ def build_compile_state(model, x, y):
     symbolic(data_batch=tuple(keras.KerasTensor(shape, dtype=dtype) for shape, dtype in (x, y)))
 
 
+def keras_layer_test_case():
+    """Keras' own layer harness: a ``TestCase`` whose ``run_layer_test(layer_cls,
+    init_kwargs, input_shape=..., call_kwargs=..., run_training_check=...,
+    run_mixed_precision_check=...)`` runs the checks Keras runs on its own layers
+    (config and serialisation round trips, build, symbolic and eager calls, weight
+    counts, a ``fit`` step, and a ``mixed_float16`` call whose output dtypes must equal
+    ``compute_output_spec``'s). For tests; needs ``absl-py`` (a Keras dependency).
+
+    Private: ``keras.src.testing.TestCase``. Checked on Keras 3.15.1 (JAX 0.10.2 and
+    0.12.0.1). Public replacement: none (Keras publishes no testing module; keras-hub's
+    ``TestCase.run_layer_test`` wraps this same private class).
+    """
+    try:
+        from keras.src.testing import TestCase
+    except ImportError as error:
+        raise _missing("keras.src.testing.TestCase", error) from None
+    return TestCase()  # unittest's default method name: no test method is needed to call run_layer_test
+
+
 def initialize_keras_rng():
     """What ``keras.distribution.initialize`` does after ``jax.distributed.initialize``:
     one global seed for all processes (unless ``keras.utils.set_random_seed`` set one).

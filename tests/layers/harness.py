@@ -5,6 +5,9 @@ step, ``.keras`` round-trip.
 Use ``check_layer_contract`` for all of them, or the single ``check_*`` functions. Extra
 tensor arguments of ``call`` (a mask, say) are given as numpy arrays in
 ``call_inputs``; they become extra ``keras.Input``s of the functional models built here.
+
+``check_keras_layer_test`` runs Keras' own ``run_layer_test`` (through ``zoo._compat``),
+and ``check_dtype_policies`` the dtype policies (``tests/layers/test_mixed_precision.py``).
 """
 
 import json
@@ -132,3 +135,49 @@ def check_saving(model, x, call_inputs, save_dir):
     np.testing.assert_allclose(
         np.asarray(loaded.predict(inputs, verbose=0)), np.asarray(model.predict(inputs, verbose=0)), rtol=1e-6, atol=1e-6
     )
+
+
+# --- dtype policies ---------------------------------------------------------------------
+
+MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16", "bfloat16")
+
+
+def check_keras_layer_test(layer_cls, *, init_kwargs, input_shape, call_kwargs=None):
+    """Keras' own ``run_layer_test`` (``zoo._compat.keras_layer_test_case``) with its
+    mixed-precision check (a ``mixed_float16`` layer's eager outputs have the dtypes of its
+    ``compute_output_spec``); without its ``fit`` step (``check_fit_step`` covers that)."""
+    from zoo._compat import keras_layer_test_case
+
+    keras_layer_test_case().run_layer_test(
+        layer_cls,
+        init_kwargs=init_kwargs,
+        input_shape=input_shape,
+        call_kwargs=call_kwargs,
+        run_training_check=False,
+        run_mixed_precision_check=True,
+    )
+
+
+def check_dtype_policies(layer_cls, *, init_kwargs, input_shape, call_inputs=None, call_kwargs=None, policies=MIXED_POLICIES):
+    """Under each dtype policy, every output of an eager call is in the policy's compute
+    dtype, and a symbolic call on ``KerasTensor``s of the same shapes gives the same
+    structure, shapes and dtypes.
+
+    Args:
+        call_inputs: ``{argument name: numpy array}``, tensor arguments of ``call``
+            (symbolic in the symbolic call).
+        call_kwargs: other arguments of ``call`` (``training``, ``cache_index``, ...).
+    """
+    call_inputs, call_kwargs = call_inputs or {}, call_kwargs or {}
+    x = random_inputs(input_shape, "float32")
+    for policy in policies:
+        layer = layer_cls(**init_kwargs, dtype=policy)
+        eager = keras.tree.map_structure(np.asarray, layer(x, **call_inputs, **call_kwargs))
+        compute = layer.dtype_policy.compute_dtype
+        got = [str(out.dtype) for out in keras.tree.flatten(eager)]
+        assert got == [compute] * len(got), f"{layer_cls.__name__} under {policy!r}: outputs {got}, compute dtype {compute}"
+        symbolic_inputs = {name: keras.KerasTensor(a.shape, dtype=str(a.dtype)) for name, a in call_inputs.items()}
+        symbolic = layer(keras.KerasTensor(x.shape, dtype="float32"), **symbolic_inputs, **call_kwargs)
+        specs = keras.tree.map_structure(lambda t: (tuple(t.shape), keras.backend.standardize_dtype(t.dtype)), symbolic)
+        outputs = keras.tree.map_structure(lambda a: (tuple(a.shape), str(a.dtype)), eager)
+        assert specs == outputs, f"{layer_cls.__name__} under {policy!r}: symbolic call gives {specs}, eager call {outputs}"

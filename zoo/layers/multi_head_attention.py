@@ -248,6 +248,14 @@ class MultiHeadAttention(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
+    def compute_output_spec(self, x, key_mask=None, cache=None, cache_index=None):
+        """(B, T, C) in the compute dtype; with ``cache``, ``(that, cache (B, 2, S, K, D)
+        in the cache's dtype)``, as the cached call returns."""
+        output = keras.KerasTensor(self.compute_output_shape(x.shape), dtype=self.compute_dtype)  # (B, T, C)
+        if cache is None:
+            return output
+        return output, keras.KerasTensor(cache.shape, dtype=cache.dtype)  # (B, 2, S, K, D)
+
     def get_config(self):
         config = super().get_config()
         config.update(

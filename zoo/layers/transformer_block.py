@@ -180,8 +180,12 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.attention_norm = self._norm("attention_norm")
         self.mlp_norm = self._norm("mlp_norm")
-        self.attention_dropout = keras.layers.Dropout(dropout, seed=seed, name="attention_dropout")
-        self.mlp_dropout = keras.layers.Dropout(dropout, seed=None if seed is None else seed + 1, name="mlp_dropout")
+        # The block's dtype policy, as every sublayer: a float32 Dropout would cast the
+        # cached call's output back to float32 under a mixed policy.
+        self.attention_dropout = keras.layers.Dropout(dropout, seed=seed, dtype=self.dtype_policy, name="attention_dropout")
+        self.mlp_dropout = keras.layers.Dropout(
+            dropout, seed=None if seed is None else seed + 1, dtype=self.dtype_policy, name="mlp_dropout"
+        )
 
     def _initializer(self):
         return keras.initializers.get(keras.initializers.serialize(self.kernel_initializer))
@@ -258,6 +262,14 @@ class TransformerBlock(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
+
+    def compute_output_spec(self, x, key_mask=None, training=None, cache=None, cache_index=None):
+        """(B, T, C) in the compute dtype; with ``cache``, ``(that, the cache's spec)`` as
+        the cached call returns."""
+        output = keras.KerasTensor(tuple(x.shape), dtype=self.compute_dtype)  # (B, T, C)
+        if cache is None:
+            return output
+        return output, keras.KerasTensor(cache.shape, dtype=cache.dtype)  # (B, 2, S, K, D)
 
     def get_config(self):
         config = super().get_config()
