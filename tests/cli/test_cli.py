@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import keras
 import numpy as np
 import pytest
@@ -66,12 +67,18 @@ def test_verify_passes_and_fails_by_tolerance(capsys):
         (["train", "cnn", "--distribution", "model", "--mesh", "data=8"], "has no ['model']"),
         (["verify", "cnn", "--distribution", "data", "--mesh", "data=8", "--batch-size", "12"], "batch size 12 is not divisible by the data-parallel size 8"),
         (["train", "cnn", "--output", "model.h5"], "model path must end in .keras"),
-        (["train", "cnn", "--simulate-devices", "4"], "already started with 8 CPU device(s); cannot switch to 4"),
     ],
 )
 def test_bad_input_exits_2_with_named_numbers(args, message, capsys):
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_devices_that_cannot_change_any_more_are_a_runtime_failure(capsys):
+    """Only in-process (a fresh ``zoo`` simulates the devices before JAX starts): exit 1."""
+    jax.devices()  # JAX runs (with the session's 8 devices) whichever test came first
+    assert main(["train", "cnn", "--simulate-devices", "4"]) == 1
+    assert "already started with 8 CPU device(s); cannot switch to 4" in capsys.readouterr().err
 
 
 def test_failed_run_keeps_the_previous_model(tmp_path, capsys):

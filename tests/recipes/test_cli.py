@@ -24,8 +24,10 @@ def test_a_step_that_does_not_fit_once_compiled_is_an_error(tmp_path, capsys):
     --no-compile checks the state only."""
     small = write(tmp_path, CNN.replace("devices_per_host = 8", "devices_per_host = 8\ndevice_memory_gib = 0.001"))
     assert cli.main(["check", str(small), "--set", "train.global_batch=256"]) == 2
-    out = capsys.readouterr().out
-    assert "error: memory per device (compiled step, whole model): does not fit: peak " in out and "> 1.02 MiB per device" in out and "halve the batch per step (128)" in out
+    out, err = capsys.readouterr()
+    assert "layout: strategy model" in out  # the plan on stdout, the verdict on stderr
+    assert err.startswith("zoo: error: memory per device (compiled step, whole model): does not fit: peak ") and len(err.splitlines()) == 1
+    assert "> 1.02 MiB per device" in err and "halve the batch per step (128)" in err
     assert cli.main(["check", str(small), "--set", "train.global_batch=256", "--no-compile"]) == 0
     assert "compiled step" not in capsys.readouterr().out
 
@@ -33,12 +35,12 @@ def test_a_step_that_does_not_fit_once_compiled_is_an_error(tmp_path, capsys):
 def test_check_reports_every_failing_file_and_exits_2(tmp_path, capsys):
     good, bad = write(tmp_path, CNN), write(tmp_path, CNN.replace("data=2,model=4", "data=3,model=4"), "bad.toml")
     assert cli.main(["check", str(bad), str(good), "--devices", "8", "--no-compile"]) == 2
-    out = capsys.readouterr().out
-    assert f"error: {bad}: [parallel] mesh 'data=3,model=4'" in out and "layout: strategy model" in out
+    out, err = capsys.readouterr()
+    assert err.startswith(f"zoo: error: {bad}: [parallel] mesh 'data=3,model=4'") and "layout: strategy model" in out  # errors on stderr
     unsupported = write(tmp_path, CNN + "sequence_length = 64\n", "unsupported.toml")
     assert cli.main(["check", str(unsupported)]) == 2
-    out = capsys.readouterr().out
-    assert "layout: strategy model" in out and "does not support [train] sequence_length" in out  # plan, then the error
+    out, err = capsys.readouterr()
+    assert "layout: strategy model" in out and "does not support [train] sequence_length" in err  # the plan, then the error
 
 
 def test_bad_override_is_an_error_not_a_traceback(tmp_path, capsys):

@@ -31,4 +31,4 @@ def test_defaults_are_the_train_config_defaults():
 def test_a_count_below_one_is_refused(flag, capsys):
     with pytest.raises(SystemExit):
         _parse([flag, "0"])
-    assert "expected a positive integer, got '0'" in capsys.readouterr().err
+    assert "expected an integer >= 1, got '0'" in capsys.readouterr().err

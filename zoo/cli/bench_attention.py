@@ -5,16 +5,10 @@ runs it; ``python -m zoo.cli.bench_attention`` does both on its own, with
 ``--simulate-devices``.
 """
 
-import argparse
 import dataclasses
 import sys
 
-
-def _ints(text):
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 4096,16384, got {text!r}") from None
+from zoo.cli import _types as types
 
 
 def _balance(text):
@@ -26,20 +20,20 @@ def add_arguments(parser):
     from zoo.bench.attention_memory import BenchConfig
 
     d = BenchConfig()
-    parser.add_argument("--lengths", type=_ints, default=d.lengths, help=f"sequence lengths T of the memory table, compiled only (default {_csv(d.lengths)})")
-    parser.add_argument("--devices", type=_ints, default=d.devices, help=f"sizes N of the 'seq' mesh axis (default {_csv(d.devices)})")
-    parser.add_argument("--heads", type=int, default=d.heads, help=f"attention heads H = K (default {d.heads})")
-    parser.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dim D (default {d.head_dim})")
-    parser.add_argument("--batch", type=int, default=d.batch, help=f"batch size B (default {d.batch})")
+    parser.add_argument("--lengths", type=types.positive_ints, default=d.lengths, help=f"sequence lengths T of the memory table, compiled only (default {_csv(d.lengths)})")
+    parser.add_argument("--devices", type=types.positive_ints, default=d.devices, help=f"sizes N of the 'seq' mesh axis (default {_csv(d.devices)})")
+    parser.add_argument("--heads", type=types.positive_int, default=d.heads, help=f"attention heads H = K (default {d.heads})")
+    parser.add_argument("--head-dim", type=types.positive_int, default=d.head_dim, help=f"head dim D (default {d.head_dim})")
+    parser.add_argument("--batch", type=types.positive_int, default=d.batch, help=f"batch size B (default {d.batch})")
     parser.add_argument("--non-causal", dest="causal", action="store_false", help="full attention instead of causal")
-    parser.add_argument("--block-size", type=int, default=d.block_size, help=f"ring tile edge (default {d.block_size})")
+    parser.add_argument("--block-size", type=types.positive_int, default=d.block_size, help=f"ring tile edge (default {d.block_size})")
     parser.add_argument("--balance", type=_balance, choices=[None, "zigzag", "striped"], default=d.balance, help="ring load balancing: zigzag, striped or none (default zigzag)")
-    parser.add_argument("--time-lengths", type=_ints, default=d.time_lengths, help=f"T timed for every strategy and N (default {_csv(d.time_lengths)})")
-    parser.add_argument("--goal-length", type=int, default=d.goal_length, help=f"T of the ring-vs-all-gather time goal (default {d.goal_length})")
-    parser.add_argument("--goal-heads", type=int, default=d.goal_heads, help=f"heads of that timing (default {d.goal_heads})")
-    parser.add_argument("--goal-devices", type=int, default=d.goal_devices, help=f"N of that timing (default {d.goal_devices})")
-    parser.add_argument("--repeats", type=int, default=d.repeats, help=f"timed runs per strategy, median kept (default {d.repeats})")
-    parser.add_argument("--memory-limit-gib", type=float, default=d.memory_limit_gib, help=f"skip timings needing more host memory (default {d.memory_limit_gib:g})")
+    parser.add_argument("--time-lengths", type=types.positive_ints, default=d.time_lengths, help=f"T timed for every strategy and N (default {_csv(d.time_lengths)})")
+    parser.add_argument("--goal-length", type=types.positive_int, default=d.goal_length, help=f"T of the ring-vs-all-gather time goal (default {d.goal_length})")
+    parser.add_argument("--goal-heads", type=types.positive_int, default=d.goal_heads, help=f"heads of that timing (default {d.goal_heads})")
+    parser.add_argument("--goal-devices", type=types.positive_int, default=d.goal_devices, help=f"N of that timing (default {d.goal_devices})")
+    parser.add_argument("--repeats", type=types.positive_int, default=d.repeats, help=f"timed runs per strategy, median kept (default {d.repeats})")
+    parser.add_argument("--memory-limit-gib", type=types.positive_float, default=d.memory_limit_gib, help=f"skip timings needing more host memory (default {d.memory_limit_gib:g})")
     parser.add_argument("--output", default=d.output, help="also write the markdown report to this file")
 
 
@@ -63,20 +57,23 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m zoo.cli.bench_attention", description=__doc__.splitlines()[0])
-    parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    from zoo.cli._errors import ArgumentParser, parse, run_guarded
+
+    parser = ArgumentParser(prog="python -m zoo.cli.bench_attention", description=__doc__.splitlines()[0])
+    parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, status = parse(parser, argv)
+    return status if args is None else run_guarded(lambda: _prepare_and_run(args), [parser.prog, *argv])
+
+
+def _prepare_and_run(args):
     from zoo.cli.devices import prepare_devices
 
-    try:
-        message = prepare_devices(args.simulate_devices)
-        if message:
-            print(message, flush=True)
-        return run(args)
-    except (ValueError, RuntimeError) as error:
-        print(f"zoo: error: {error}", file=sys.stderr)
-        return 2
+    message = prepare_devices(args.simulate_devices)
+    if message:
+        print(message, flush=True)
+    return run(args)
 
 
 if __name__ == "__main__":

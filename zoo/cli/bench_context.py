@@ -9,6 +9,8 @@ import argparse
 import dataclasses
 import sys
 
+from zoo.cli import _types as types
+
 
 def _runs(text):
     runs = tuple(part.strip() for part in text.split(";") if part.strip())
@@ -28,14 +30,14 @@ def add_arguments(parser):
     from zoo.bench.context_parallel_memory import BenchConfig
 
     d = BenchConfig()
-    parser.add_argument("--length", type=int, default=d.length, help=f"sequence length T (default {d.length})")
+    parser.add_argument("--length", type=types.sequence_length, default=d.length, help=f"sequence length T (default {d.length})")
     parser.add_argument("--runs", type=_runs, default=d.runs, help=f"';'-separated '<mesh>:<global batch>' layouts; a mesh with a 'seq' axis is context-parallel (default {';'.join(d.runs)!r})")
-    parser.add_argument("--layers", type=int, default=d.layers, help=f"Transformer blocks L (default {d.layers})")
-    parser.add_argument("--width", type=int, default=d.width, help=f"model width C (default {d.width})")
-    parser.add_argument("--heads", type=int, default=d.heads, help=f"attention heads H = K (default {d.heads})")
-    parser.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dim D (default {d.head_dim})")
-    parser.add_argument("--hidden-dim", type=int, default=d.hidden_dim, help=f"MLP hidden features F (default {d.hidden_dim})")
-    parser.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary size V (default {d.vocab})")
+    parser.add_argument("--layers", type=types.positive_int, default=d.layers, help=f"Transformer blocks L (default {d.layers})")
+    parser.add_argument("--width", type=types.positive_int, default=d.width, help=f"model width C (default {d.width})")
+    parser.add_argument("--heads", type=types.positive_int, default=d.heads, help=f"attention heads H = K (default {d.heads})")
+    parser.add_argument("--head-dim", type=types.positive_int, default=d.head_dim, help=f"head dim D (default {d.head_dim})")
+    parser.add_argument("--hidden-dim", type=types.positive_int, default=d.hidden_dim, help=f"MLP hidden features F (default {d.hidden_dim})")
+    parser.add_argument("--vocab", type=types.positive_int, default=d.vocab, help=f"vocabulary size V (default {d.vocab})")
     parser.add_argument("--attention", choices=["ring", "gather", "ulysses"], default=d.attention, help=f"context-parallel attention kernel (default {d.attention})")
     parser.add_argument("--balance", type=_balance, choices=[None, "zigzag", "striped"], default=d.balance, help="causal load balancing: zigzag, striped or none (default zigzag)")
     parser.add_argument("--output", default=d.output, help="also write the markdown report to this file")
@@ -57,20 +59,23 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m zoo.cli.bench_context", description=__doc__.splitlines()[0])
-    parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    from zoo.cli._errors import ArgumentParser, parse, run_guarded
+
+    parser = ArgumentParser(prog="python -m zoo.cli.bench_context", description=__doc__.splitlines()[0])
+    parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, status = parse(parser, argv)
+    return status if args is None else run_guarded(lambda: _prepare_and_run(args), [parser.prog, *argv])
+
+
+def _prepare_and_run(args):
     from zoo.cli.devices import prepare_devices
 
-    try:
-        message = prepare_devices(args.simulate_devices)
-        if message:
-            print(message, flush=True)
-        return run(args)
-    except (ValueError, RuntimeError) as error:
-        print(f"zoo: error: {error}", file=sys.stderr)
-        return 2
+    message = prepare_devices(args.simulate_devices)
+    if message:
+        print(message, flush=True)
+    return run(args)
 
 
 if __name__ == "__main__":

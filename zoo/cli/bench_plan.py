@@ -6,16 +6,16 @@ takes no ``--simulate-devices``.
 
 import dataclasses
 
-from zoo.cli._choices import comma_separated
+from zoo.cli import _types as types
 
 
 def add_arguments(parser):
     from zoo.bench.plan import SECTIONS, PlanBenchConfig
 
     d = PlanBenchConfig()
-    parser.add_argument("--sections", type=comma_separated(SECTIONS), default=d.sections, help=f"comma-separated tables, of {','.join(SECTIONS)} (default all)")
+    parser.add_argument("--sections", type=types.comma_separated(SECTIONS, "section"), default=d.sections, help=f"comma-separated tables, of {','.join(SECTIONS)} (default all)")
     parser.add_argument("--recipes", default=d.recipes, help=f"glob of the recipes planned (default {d.recipes})")
-    parser.add_argument("--top", type=int, default=d.top, help="auto: candidates compiled per scenario")
+    parser.add_argument("--top", type=types.positive_int, default=d.top, help="auto: candidates compiled per scenario")
     parser.add_argument("--output", default=d.output, help="write the markdown report here too")
 
 

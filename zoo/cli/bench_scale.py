@@ -7,7 +7,7 @@ devices), so it takes no ``--simulate-devices``.
 
 import dataclasses
 
-from zoo.cli._choices import comma_separated
+from zoo.cli._types import comma_separated
 
 SECTIONS = ("recipes", "attention", "fsdp+tp", "tp")
 
@@ -18,7 +18,7 @@ def add_arguments(parser):
 
     d = ScaleConfig()
     parser.add_argument("--recipes", type=lambda text: tuple(text.split(",")), default=d.recipes, help="comma-separated recipe files whose step is compiled at full depth (default: every GPU/TPU pretrain_gpt recipe)")
-    parser.add_argument("--sections", type=comma_separated(SECTIONS), default=d.sections, help=f"comma-separated tables to produce, of {','.join(SECTIONS)} (default all)")
+    parser.add_argument("--sections", type=comma_separated(SECTIONS, "section"), default=d.sections, help=f"comma-separated tables to produce, of {','.join(SECTIONS)} (default all)")
     parser.add_argument("--fsdp-tp-meshes", type=lambda text: tuple(text.split(";")), default=d.fsdp_tp_meshes, help="';'-separated meshes of the fsdp+tp weights table (default data=16,model=4;data=64,model=4)")
     parser.add_argument("--output", default=d.output, help="write the markdown report here too")
 

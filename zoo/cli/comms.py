@@ -14,6 +14,8 @@ import dataclasses
 import keras
 import numpy as np
 
+from zoo.cli import _types as types
+
 COMMS_MODELS = ("mlp", "cnn")
 STEPS = ("forward", "backward", "train")
 
@@ -42,7 +44,7 @@ def add_arguments(parser):
     """The ``zoo comms`` flags, on an ``argparse`` (sub)parser."""
     defaults = CommsConfig()
     parser.add_argument("model", choices=COMMS_MODELS, help="mlp: tensor-parallel MLP block; cnn: SmallCNN")
-    parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
     parser.add_argument("--distribution", choices=["single", "data", "model"], default=defaults.distribution, help="cnn layout strategy (mlp: always model)")
     parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default per strategy")
     parser.add_argument("--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)")
@@ -50,11 +52,11 @@ def add_arguments(parser):
     parser.add_argument("--sequence-parallel", action="store_true", help="mlp: split input/output over the sequence")
     parser.add_argument("--collective-matmul", action="store_true", help="mlp: overlap the sequence collectives with the matmuls")
     parser.add_argument("--gated", action="store_true", help="mlp: gated (GLU) MLP")
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
-    parser.add_argument("--dim", type=int, default=defaults.dim)
-    parser.add_argument("--hidden", type=int, default=defaults.hidden)
-    parser.add_argument("--image-size", type=int, default=defaults.image_size)
+    parser.add_argument("--batch-size", type=types.positive_int, default=defaults.batch_size)
+    parser.add_argument("--seq-len", type=types.positive_int, default=defaults.seq_len)
+    parser.add_argument("--dim", type=types.positive_int, default=defaults.dim)
+    parser.add_argument("--hidden", type=types.positive_int, default=defaults.hidden)
+    parser.add_argument("--image-size", type=types.at_least(8), default=defaults.image_size, help="cnn: random images, any size >= 8")
     parser.add_argument("--fast-compile", action="store_true", help="skip LLVM optimisation (same collectives and memory)")
 
 

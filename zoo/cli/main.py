@@ -2,23 +2,28 @@
 
 Each subcommand parses its flags into a config dataclass and calls a function in
 ``zoo.training`` or ``zoo.bench``; nothing here that a test cannot reach in-process.
+Numbers are range-checked as they are parsed (``zoo.cli._types``); failures follow the
+error contract of ``zoo.cli._errors`` (exit 2 usage, 1 runtime, one line on stderr).
 """
 
 import argparse
 import dataclasses
+import os
 import sys
 
 import zoo
-from zoo.cli import checkpoint_flags
+from zoo.cli import _types, checkpoint_flags
+from zoo.cli._errors import ArgumentParser, debug_requested, parse, run_guarded
 from zoo.cli.devices import prepare_devices
 
 MODELS = ("cnn",)
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="zoo", description="keras-zoo: Keras models that scale by changing the distribution layout.")
+    parser = ArgumentParser(prog="zoo", description="keras-zoo: Keras models that scale by changing the distribution layout.")
     parser.add_argument("--version", action="version", version=f"keras-zoo {zoo.__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too (also ZOO_DEBUG=1)")
+    common = ArgumentParser(add_help=False)
     common.add_argument("model", choices=MODELS, help="which zoo model")
     _add_simulate_flag(common)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -56,7 +61,7 @@ def _add_recipe(parser):
 
 def _add_simulate_flag(parser):
     try:
-        parser.add_argument("--simulate-devices", type=int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+        parser.add_argument("--simulate-devices", type=_types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
     except argparse.ArgumentError:  # already there (from a parent parser): argparse adds nothing then
         pass
 
@@ -125,14 +130,14 @@ def _add_train(parser):
     _add_distribution_flags(parser, ["single", "data", "model"], defaults.distribution)
     parser.add_argument("--dataset", default=defaults.dataset, help="image dataset (zoo data list); default shapes")
     parser.add_argument("--data-dir", default=None, help="TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)")
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="global batch size")
-    parser.add_argument("--image-size", type=int, default=defaults.image_size, help="default: the dataset's own")
-    parser.add_argument("--train-examples", type=int, default=defaults.train_examples, help="default: the whole train split")
-    parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--epochs", type=_types.positive_int, default=defaults.epochs)
+    parser.add_argument("--batch-size", type=_types.positive_int, default=defaults.batch_size, help="global batch size")
+    parser.add_argument("--image-size", type=_types.image_size, default=defaults.image_size, help="default: the dataset's own (shapes: 16, 32, 64 or 128)")
+    parser.add_argument("--train-examples", type=_types.positive_int, default=defaults.train_examples, help="default: the whole train split")
+    parser.add_argument("--learning-rate", type=_types.positive_float, default=defaults.learning_rate)
+    parser.add_argument("--seed", type=_types.non_negative_int, default=defaults.seed)
     parser.add_argument("--output", default=defaults.output, help="path of the saved .keras model")
-    parser.add_argument("--dropout", type=float, default=defaults.dropout, help="before the logits layer")
+    parser.add_argument("--dropout", type=_types.dropout, default=defaults.dropout, help="before the logits layer, in [0, 1)")
     checkpoint_flags.add_arguments(parser)
 
 
@@ -141,35 +146,35 @@ def _add_verify(parser):
 
     defaults = VerifyConfig()
     _add_distribution_flags(parser, ["data", "model"], defaults.distribution)
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--image-size", type=int, default=defaults.image_size)
+    parser.add_argument("--steps", type=_types.positive_int, default=defaults.steps)
+    parser.add_argument("--batch-size", type=_types.positive_int, default=defaults.batch_size)
+    parser.add_argument("--image-size", type=_types.generated_image_size, default=defaults.image_size, help="shapes drawn in memory, any size >= 16")
     parser.add_argument("--optimizer", choices=["sgd", "adam"], default=defaults.optimizer)
-    parser.add_argument("--rtol", type=float, default=defaults.rtol)
-    parser.add_argument("--atol", type=float, default=defaults.atol)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--rtol", type=_types.non_negative_float, default=defaults.rtol)
+    parser.add_argument("--atol", type=_types.non_negative_float, default=defaults.atol)
+    parser.add_argument("--seed", type=_types.non_negative_int, default=defaults.seed)
 
 
 def _add_bench(parser):
     from zoo.bench.cnn_fit import BenchConfig
 
     defaults = BenchConfig()
-    parser.add_argument("--image-size", type=int, default=defaults.image_size)
-    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="timed steps per measurement")
-    parser.add_argument("--repeats", type=int, default=defaults.repeats, help="alternating measurements of each pair")
+    parser.add_argument("--image-size", type=_types.generated_image_size, default=defaults.image_size, help="shapes drawn in memory, any size >= 16")
+    parser.add_argument("--batch-size", type=_types.positive_int, default=defaults.batch_size)
+    parser.add_argument("--steps", type=_types.positive_int, default=defaults.steps, help="timed steps per measurement")
+    parser.add_argument("--repeats", type=_types.positive_int, default=defaults.repeats, help="alternating measurements of each pair")
     parser.add_argument("--output", default=defaults.output, help="write the markdown table here too")
 
 
 def _add_data(parser):
     actions = parser.add_subparsers(dest="action", required=True)
-    data_dir = argparse.ArgumentParser(add_help=False)
+    data_dir = ArgumentParser(add_help=False)
     data_dir.add_argument("--data-dir", default=None, help="TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)")
     actions.add_parser("list", parents=[data_dir], help="every dataset, its splits and whether it is prepared")
     show = actions.add_parser("show", parents=[data_dir], help="a few examples; images also as a PNG grid")
     show.add_argument("name")
     show.add_argument("--split", default="train")
-    show.add_argument("--count", type=int, default=16)
+    show.add_argument("--count", type=_types.positive_int, default=16)
     show.add_argument("--output", default=None, help="PNG path for image datasets (default NAME-SPLIT.png)")
     prepare = actions.add_parser("prepare", parents=[data_dir], help="download (public datasets) and prepare as array_record")
     prepare.add_argument("name")
@@ -177,20 +182,35 @@ def _add_data(parser):
 
 def _run_data(args):
     from zoo.data import catalog, inspect, tfds_source
+    from zoo.data.builders.shapes_builder import IMAGE_SIZES
+    from zoo.training.paths import check_data_dir
 
+    data_dir = check_data_dir(args.data_dir)  # not a file, from --data-dir or the environment
     if args.action == "list":
-        print(f"data dir: {tfds_source.resolve_data_dir(args.data_dir)}")
+        print(f"data dir: {data_dir}")
         lines = inspect.format_rows(inspect.dataset_rows(args.data_dir))
     elif args.action == "show":
+        _check_png_output(args.output)
         lines = inspect.show(args.name, args.split, args.count, args.output, args.data_dir)
     else:
         spec = catalog.get_spec(args.name)
-        builders = [f"zoo_shapes/{size}" for size in (16, 32, 64, 128)] if spec.name == "shapes" else [spec.builder]
+        builders = [f"zoo_shapes/{size}" for size in IMAGE_SIZES] if spec.name == "shapes" else [spec.builder]
         for builder in builders:
             tfds_source.prepare(builder, args.data_dir, download=True)
-        lines = [f"prepared {spec.name} in {tfds_source.resolve_data_dir(args.data_dir)}"]
+        lines = [f"prepared {spec.name} in {data_dir}"]
     print("\n".join(lines))
     return 0
+
+
+def _check_png_output(output):
+    """``zoo data show --output``: a file (not a folder) whose folder can be written."""
+    from zoo.training.paths import PathError, check_writable_folder
+
+    if output is None:
+        return
+    if os.path.isdir(output):
+        raise PathError("--output", output, "is a folder; give a file name ending in .png")
+    check_writable_folder(os.path.dirname(os.path.abspath(output)), "--output", named=output)
 
 
 def _config_from(args, config_class):
@@ -248,15 +268,30 @@ def run(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    """``zoo ARGS``: returns the exit status (docs/cli.md: 0 done, 1 runtime failure,
+    2 usage error, 130/143 interrupted; every error one line on stderr)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, status = parse(build_parser(), argv)
+    if args is None:
+        return status
+    return run_guarded(lambda: _prepare_and_run(args), ["zoo", *argv], debug=debug_requested(args.debug))
+
+
+def _prepare_and_run(args):
+    _types.check_image_size(args)
+    message = prepare_devices(getattr(args, "simulate_devices", None)) if args.command not in ("data", "recipe") else None
+    if message:
+        print(message, flush=True)
     try:
-        message = prepare_devices(getattr(args, "simulate_devices", None)) if args.command not in ("data", "recipe") else None
-        if message:
-            print(message, flush=True)
         return run(args)
-    except (ValueError, RuntimeError, ImportError) as error:
-        print(f"zoo: error: {error}", file=sys.stderr)
-        return 2
+    except ValueError as error:
+        from zoo.distribution.layouts import LayoutError
+        from zoo.distribution.mesh import MeshError
+
+        about_mesh = isinstance(error, (MeshError, LayoutError)) or "mesh" in str(error)
+        if about_mesh and getattr(args, "simulate_devices", None) and getattr(args, "mesh", "") is None:
+            error.add_note(f"the default mesh for {args.simulate_devices} devices was used: give --mesh SPEC, or --simulate-devices 8")
+        raise
 
 
 if __name__ == "__main__":

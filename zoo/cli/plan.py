@@ -10,6 +10,8 @@ Prints the plan's table; exits 1 with one line on stderr when the step does not 
 
 import sys
 
+from zoo.cli import _types as types
+
 DEPTH_HELP = "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
 
 
@@ -24,24 +26,24 @@ def _gpt_flags():
         ("--strategy", dict(help="layout: single data fsdp tp tp+sp fsdp+tp context (default data)"), "data"),
         ("--mesh", dict(help="mesh spec such as data=2,model=4 (default per strategy)"), None),
         ("--attention", dict(choices=["gather", "ring", "ulysses"], help="context strategy: the kernel (default ring)"), "ring"),
-        ("--batch-size", dict(type=int, help="global batch per step (--auto: per optimizer update; default 32)"), 32),
-        ("--sequence-length", dict(type=int, help="tokens per example (default: the config's max_sequence_length)"), None),
+        ("--batch-size", dict(type=types.positive_int, help="global batch per step (--auto: per optimizer update; default 32)"), 32),
+        ("--sequence-length", dict(type=types.sequence_length, help="tokens per example (default: the config's max_sequence_length)"), None),
         ("--precision", dict(choices=PRECISIONS, help="default mixed_bfloat16"), "mixed_bfloat16"),
         ("--remat", dict(nargs="?", const="full", choices=REMATS, help="none | full | dots_saveable (alone: full; default none)"), "none"),
-        ("--gradient-accumulation-steps", dict(type=int, help="steps per optimizer update (default 1)"), 1),
+        ("--gradient-accumulation-steps", dict(type=types.positive_int, help="steps per optimizer update (default 1)"), 1),
     )  # fmt: skip
 
 
 def add_arguments(parser):
     parser.add_argument("recipe", nargs="?", metavar="RECIPE", help="a recipe .toml file to plan on its [target] (else the GPT flags)")
     parser.add_argument("--auto", action="store_true", help="search layouts x meshes x remat x micro-batch and rank the best few, compiled")
-    parser.add_argument("--devices", type=int, default=None, metavar="N", help="target device count (default: the recipe's, else 8)")
+    parser.add_argument("--devices", type=types.positive_int, default=None, metavar="N", help="target device count (default: the recipe's, else 8)")
     parser.add_argument("--device", default=None, help="device kind: h100 h200 a100 b200 tpu-v4 tpu-v5e tpu-v5p tpu-v6e cpu (default: the recipe's, else h100)")
-    parser.add_argument("--device-memory-gib", type=float, default=None, metavar="GIB", help="memory per device (default: the device kind's)")
+    parser.add_argument("--device-memory-gib", type=types.positive_float, default=None, metavar="GIB", help="memory per device (default: the device kind's)")
     for flag, keywords, _ in _gpt_flags():
         parser.add_argument(flag, default=None, **keywords)
-    parser.add_argument("--depth", default="auto", help=DEPTH_HELP)
-    parser.add_argument("--top", type=int, default=3, help="--auto: how many candidates to compile (default 3)")
+    parser.add_argument("--depth", type=types.depth, default="auto", help=DEPTH_HELP)
+    parser.add_argument("--top", type=types.positive_int, default=3, help="--auto: how many candidates to compile (default 3)")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE", help="with a recipe: override a key")
 
 

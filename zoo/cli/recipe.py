@@ -4,11 +4,14 @@
 abstractly and prints the plan (parameters, memory per device, tokens per step).
 ``run`` runs the job on this host; on a multi-host target every host runs the same
 command. The logic is in ``zoo.training.recipe``; this module only parses flags.
+``check`` prints each plan on stdout and each file's error as one line on stderr.
 """
 
-import argparse
 import sys
+import traceback
 
+from zoo.cli import _types as types
+from zoo.cli._errors import ArgumentParser, debug_requested, one_line, parse, run_guarded
 from zoo.training.recipe import RecipeError, UnsupportedKeyError, check_recipe, load_recipe, parse_override, run_recipe
 
 
@@ -18,14 +21,14 @@ def add_arguments(parser):
     check = actions.add_parser("check", help="parse, build mesh and model abstractly, print the plan (no devices needed)")
     check.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe .toml file(s)")
     check.add_argument(
-        "--devices", type=int, default=None, metavar="N",
+        "--devices", type=types.positive_int, default=None, metavar="N",
         help="check against N devices instead of the file's [target] hosts x devices_per_host",
     )  # fmt: skip
     check.add_argument(
         "--no-compile", dest="compile", action="store_false",
         help="skip compiling the step (the memory verdict then counts weights, gradients and optimizer state only)",
     )  # fmt: skip
-    check.add_argument("--depth", default="auto", help="the step's compile depth for the memory verdict (zoo plan --depth)")
+    check.add_argument("--depth", type=types.depth, default="auto", help="the step's compile depth for the memory verdict (zoo plan --depth)")
     run = actions.add_parser("run", help="run the recipe's job (on every host of a multi-host target)")
     run.add_argument("recipe", metavar="RECIPE", help="recipe .toml file")
     run.add_argument(
@@ -34,7 +37,7 @@ def add_arguments(parser):
         "$JAX_COORDINATOR_ADDRESS, or SLURM / Cloud TPU auto-detection)",
     )  # fmt: skip
     run.add_argument(
-        "--process-id", type=int, default=None, metavar="I",
+        "--process-id", type=types.non_negative_int, default=None, metavar="I",
         help="this host's index 0..hosts-1 (default: $JAX_PROCESS_ID or the cluster's)",
     )  # fmt: skip
     for action in (check, run):
@@ -48,33 +51,45 @@ def run(args):
     """Run a parsed ``zoo recipe`` command; returns the exit code."""
     overrides = dict(parse_override(text) for text in args.overrides)
     if args.action == "check":
-        return _check(args.recipes, overrides, args.devices, compile_depth=args.depth if args.compile else None)
+        debug = debug_requested(getattr(args, "debug", False))
+        return _check(args.recipes, overrides, args.devices, compile_depth=args.depth if args.compile else None, debug=debug)
     recipe = load_recipe(args.recipe, overrides)
     _prepare_devices(recipe)
     run_recipe(recipe, coordinator_address=args.coordinator_address, process_id=args.process_id)
     return 0
 
 
-def _check(paths, overrides, devices, compile_depth="auto"):
-    """Print each recipe's plan and, unless ``compile_depth`` is None, the memory verdict
-    of its compiled step (``zoo plan``); failures are counted, every file is checked."""
-    failures = 0
-    for index, path in enumerate(paths):
-        if index:
-            print()
+def _check(paths, overrides, devices, compile_depth="auto", debug=False):
+    """Print each recipe's plan (stdout) and, unless ``compile_depth`` is None, the memory
+    verdict of its compiled step (``zoo plan``); a file's error is one line on stderr
+    (after its traceback with ``debug``). Failures are counted, every file is checked."""
+    failures, printed = 0, False
+    for path in paths:
+        lines, error = [], None
         try:
             recipe = load_recipe(path, overrides)
             lines = check_recipe(recipe, device_count=devices).format()
             if compile_depth is not None:
                 verdict, fits = _compiled_verdict(recipe, devices, compile_depth)
-                lines.append(verdict)
-                failures += not fits
-        except UnsupportedKeyError as error:
-            lines, failures = (error.plan.format() if error.plan else []) + [f"error: {error}"], failures + 1
-        except RecipeError as error:
-            lines, failures = [f"error: {error}"], failures + 1
-        print("\n".join(lines), flush=True)
+                lines, error = (lines + [verdict], None) if fits else (lines, verdict)
+        except UnsupportedKeyError as unsupported:
+            lines, error = (unsupported.plan.format() if unsupported.plan else []), one_line(unsupported)
+            _traceback_if(debug)
+        except RecipeError as bad:
+            error = one_line(bad)
+            _traceback_if(debug)
+        if lines:
+            print(("\n" if printed else "") + "\n".join(lines), flush=True)
+            printed = True
+        if error is not None:
+            failures += 1
+            print(f"zoo: error: {error}", file=sys.stderr, flush=True)
     return 2 if failures else 0
+
+
+def _traceback_if(debug):
+    if debug:
+        traceback.print_exc()
 
 
 def _compiled_verdict(recipe, devices, depth):
@@ -85,8 +100,7 @@ def _compiled_verdict(recipe, devices, depth):
     depth = int(depth) if str(depth).isdigit() else depth
     plan = make_plan(request_from_recipe(recipe, devices=devices, depth=depth))
     how = "whole model" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks, extrapolated to {plan.full_depth}"
-    line = f"memory per device (compiled step, {how}): {verdict(plan)}"
-    return ("" if plan.fits else "error: ") + line, plan.fits
+    return f"memory per device (compiled step, {how}): {verdict(plan)}", plan.fits
 
 
 def _prepare_devices(recipe):
@@ -105,15 +119,16 @@ def _prepare_devices(recipe):
 
 
 def main(argv=None):
-    """``python recipes/run.py check|run RECIPE``: the same as ``zoo recipe``."""
-    parser = argparse.ArgumentParser(prog="zoo recipe", description=__doc__.splitlines()[0])
+    """``python recipes/run.py check|run RECIPE``: the same as ``zoo recipe``, with the
+    same exit statuses and one-line errors (``zoo.cli._errors``)."""
+    parser = ArgumentParser(prog="zoo recipe", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too (also ZOO_DEBUG=1)")
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, RuntimeError, ImportError) as error:
-        print(f"zoo: error: {error}", file=sys.stderr)
-        return 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, status = parse(parser, argv)
+    if args is None:
+        return status
+    return run_guarded(lambda: run(args), ["zoo", "recipe", *argv], debug=debug_requested(args.debug))
 
 
 if __name__ == "__main__":

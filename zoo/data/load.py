@@ -52,7 +52,7 @@ def load(
     _check_split(spec, split)
     shard = (process_index, process_count, num_examples)
     if spec.task == catalog.IMAGE_CLASSIFICATION:
-        return _load_images(spec, split, data_dir, download, image_size or spec.default_image_size, shard)
+        return _load_images(spec, split, data_dir, download, spec.default_image_size if image_size is None else image_size, shard)
     sequence_length = DEFAULT_SEQUENCE_LENGTH if sequence_length is None else sequence_length
     check_sequence_length(sequence_length)
     x, y = _load_text(spec, split, data_dir, download, sequence_length)
@@ -85,11 +85,18 @@ def _load_images(spec, split, data_dir, download, image_size, shard):
     return _enlarge(images, image_size, spec.name), labels.astype(np.int32)
 
 
-def _shapes_builder(image_size):
+def prepared_image_sizes(name):
+    """The image sizes ``name`` is prepared at (shapes: one folder per size), or None when
+    any multiple of its native size is taken (enlarged on loading)."""
     from zoo.data.builders.shapes_builder import IMAGE_SIZES
 
-    if image_size not in IMAGE_SIZES:
-        raise ValueError(f"shapes is prepared at image sizes {list(IMAGE_SIZES)}, got {image_size}; zoo.data.load_shapes generates any size in memory")
+    return IMAGE_SIZES if name == "shapes" else None
+
+
+def _shapes_builder(image_size):
+    sizes = prepared_image_sizes("shapes")
+    if image_size not in sizes:
+        raise ValueError(f"shapes is prepared at image sizes {list(sizes)}, got {image_size}; zoo.data.load_shapes generates any size in memory")
     return f"zoo_shapes/{image_size}"
 
 
@@ -97,10 +104,17 @@ def _enlarge(images, image_size, name):
     native = images.shape[1]
     if image_size == native:
         return images
-    if image_size % native:
+    if image_size < 1 or image_size % native:
         raise ValueError(f"{name}: image_size must be {native} or a multiple of it, got {image_size}")
     factor = image_size // native
     return images.repeat(factor, axis=1).repeat(factor, axis=2)
+
+
+def _corpus_windows(ids, sequence_length, spec, split):
+    """``next_token_windows``, or an error naming the corpus' size when not one window fits."""
+    if len(ids) - 1 < sequence_length:
+        raise ValueError(f"the {spec.name} {split} split has {len(ids):,} bytes; the sequence length must be below that, got {sequence_length:,}")
+    return next_token_windows(ids, sequence_length)
 
 
 def _load_text(spec, split, data_dir, download, sequence_length):
@@ -110,9 +124,9 @@ def _load_text(spec, split, data_dir, download, sequence_length):
         by_topic = dict(sorted(zip(topics, texts)))  # to_numpy gives text as str
         if spec.task == catalog.TEXT_CLASSIFICATION:
             return topic_windows(by_topic, sequence_length)
-        return next_token_windows(ByteTokenizer().encode("\n\n".join(by_topic.values())), sequence_length)
+        return _corpus_windows(ByteTokenizer().encode("\n\n".join(by_topic.values())), sequence_length, spec, split)
     if spec.task == catalog.LANGUAGE_MODELING:  # tiny_shakespeare: one long text per split
         (texts,) = tfds_source.to_numpy(source, ["text"])
-        return next_token_windows(ByteTokenizer().encode("".join(texts)), sequence_length)
+        return _corpus_windows(ByteTokenizer().encode("".join(texts)), sequence_length, spec, split)
     texts, labels = tfds_source.to_numpy(source, ["text", "label"])  # imdb_reviews
     return ByteTokenizer(sequence_length).encode(list(texts)), labels.astype(np.int32)

@@ -7,7 +7,8 @@ prepared fails at once with ``DatasetNotPreparedError``, which says how to prepa
 it. Preparedness is checked on local files only (``dataset_info.json`` and
 ``features.json`` in ``<data_dir>/<name>/<config>/<version>/``), before anything
 that could reach the network: with ``download=True`` TFDS would retry an offline
-download for minutes before failing.
+download for minutes before failing, so a download first checks, within seconds, that
+the dataset's host answers (``DatasetUnreachableError`` otherwise).
 
 The embedded datasets (``zoo_shapes``, ``zoo_digits``, ``zoo_python_docs``) are
 TFDS builders whose data ship with keras-zoo or Python; they are prepared into the
@@ -20,6 +21,10 @@ Data prepared as TFRECORD (e.g. by ``tfds build`` with TensorFlow) are read thro
 import importlib.util
 import os
 import shlex
+import socket
+import threading
+import urllib.parse
+import urllib.request
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -31,6 +36,15 @@ TFRECORD = "tfrecord"  # TFDS's default format; reading it needs TensorFlow
 DEFAULT_DATA_DIR = "~/tensorflow_datasets"  # TFDS's own default
 DATA_DIR_ENV_VARS = ("ZOO_DATA_DIR", "TFDS_DATA_DIR")  # checked in this order
 TENSORFLOW_INSTALL = 'pip install "keras-zoo[tensorflow]"'
+# Where each public dataset's files come from (the URLs in TFDS's builder code), checked
+# before a download; a builder not listed goes straight to TFDS.
+DOWNLOAD_HOSTS = {
+    "mnist": "https://storage.googleapis.com",
+    "cifar10": "https://www.cs.toronto.edu",
+    "imdb_reviews": "http://ai.stanford.edu",
+    "tiny_shakespeare": "https://raw.githubusercontent.com",
+}
+REACH_TIMEOUT_S = 5.0  # a host that has not answered by then is taken as unreachable
 
 
 class DatasetNotPreparedError(RuntimeError):
@@ -51,6 +65,18 @@ class DatasetNotPreparedError(RuntimeError):
                 f"ask for one as '{name.split(':')[0]}:VERSION'."
             )
         super().__init__(message)
+
+
+class DatasetUnreachableError(ConnectionError):
+    """A dataset must be downloaded and its host does not answer (offline, or blocked)."""
+
+    def __init__(self, name, address, why, data_dir):
+        builder = str(tfds.core.naming.parse_builder_name_kwargs(name)[0])
+        super().__init__(
+            f"Dataset {name!r} is not reachable: {address} did not answer ({why}). Prepare it on a machine "
+            f"with internet (`zoo data prepare {builder} --data-dir DIR`), then copy DIR/{builder} to "
+            f"{os.path.join(data_dir, builder)} here."
+        )
 
 
 def resolve_data_dir(data_dir=None):
@@ -162,7 +188,44 @@ def _ensure_prepared(name, builder, download):
         return builder, file_format
     if not download and not is_embedded(name):
         raise _not_prepared(name, builder)
+    if not is_embedded(name) and not _tfds_is_mocked():
+        check_reachable(name, os.fspath(builder.data_dir_root))
     return _download_and_prepare(name, builder), ARRAY_RECORD
+
+
+def check_reachable(name, data_dir, timeout=None):
+    """Raise ``DatasetUnreachableError`` unless the host ``name`` downloads from (through
+    the proxy the environment sets, if any) takes a connection within ``timeout`` seconds
+    (default ``REACH_TIMEOUT_S``); a dataset not in ``DOWNLOAD_HOSTS`` is not checked."""
+    url = DOWNLOAD_HOSTS.get(str(tfds.core.naming.parse_builder_name_kwargs(name)[0]))
+    if url is None:
+        return
+    parts = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname):
+        parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    address = (parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    why = _connect(address, REACH_TIMEOUT_S if timeout is None else timeout)
+    if why is not None:
+        raise DatasetUnreachableError(name, f"{address[0]}:{address[1]}", why, data_dir)
+
+
+def _connect(address, timeout):
+    """None if a TCP connection to ``address`` opens within ``timeout`` s, name look-up
+    included (in a thread: the look-up ignores socket timeouts), else why not."""
+    outcome = []
+
+    def attempt():
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            outcome.append(None)
+        except OSError as error:
+            outcome.append(str(error) or type(error).__name__)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
 def _download_and_prepare(name, builder):

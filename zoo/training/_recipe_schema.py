@@ -10,6 +10,7 @@ defaults); the few recipe-only keys (``[target]``, ``[multihost]``) carry their 
 
 import dataclasses
 import difflib
+import os
 import tomllib
 
 from zoo.distribution.context_parallel import ATTENTIONS, BALANCES
@@ -157,14 +158,28 @@ SECTIONS = {
 
 
 def read_toml(path):
-    """The parsed TOML document at ``path``; a missing or malformed file raises ``RecipeError``."""
+    """The parsed TOML document at ``path``; a file that is missing, a folder, unreadable,
+    not UTF-8 or not TOML raises ``RecipeError`` naming it."""
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such recipe file") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{path}: is a folder; give a recipe file in it: {_toml_files(path)}") from None
+    except OSError as error:
+        raise RecipeError(f"{path}: cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {error.object[error.start:error.end]!r} at offset {error.start}); save the recipe as UTF-8") from None
     except tomllib.TOMLDecodeError as error:
         raise RecipeError(f"{path}: not valid TOML: {error}") from None
+
+
+def _toml_files(folder):
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".toml"))
+    if not names:
+        return f"there is none ({os.path.join(folder, '<job>.toml')})"
+    return ", ".join(os.path.join(folder, name) for name in names[:4]) + (", ..." if len(names) > 4 else "")
 
 
 def apply_overrides(document, overrides, path):

@@ -1,0 +1,106 @@
+"""The command line's error contract (docs/cli.md#exit-status-and-errors).
+
+- usage error (a flag's value, a file given, a combination that cannot work: argparse's
+  errors and ``ValueError``, which ``PathError``, ``MeshError``, ``RecipeError`` and
+  ``UnicodeDecodeError`` are): exit status 2;
+- runtime failure (``OSError``, ``RuntimeError`` such as ``CheckpointError``, anything
+  else): exit status 1;
+- training stopped by SIGINT / SIGTERM (``TrainingInterrupted``): 130 / 143 and the line
+  saying where the checkpoint is and the command that resumes; any other Ctrl-C: 130.
+
+Each prints exactly one line on stderr, ``zoo: error: ...``, and no traceback; ``--debug``
+or ``ZOO_DEBUG=1`` prints the traceback before that line.
+"""
+
+import argparse
+import os
+import shlex
+import sys
+import traceback
+
+USAGE = 2
+RUNTIME = 1
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` whose errors are one line, ``zoo: error: <message> (see <prog> --help)``,
+    with exit status 2 (argparse's own prints the usage block first). Subparsers made by
+    ``add_subparsers`` are of this class too."""
+
+    def error(self, message):
+        self.exit(USAGE, f"zoo: error: {message} (see {self.prog} --help)\n")
+
+
+def parse(parser, argv):
+    """``(args, None)``, or ``(None, exit status)`` when argparse exits (an error: 2;
+    ``--help``, ``--version``: 0)."""
+    try:
+        return parser.parse_args(argv), None
+    except SystemExit as stop:
+        return None, stop.code if isinstance(stop.code, int) else (0 if stop.code is None else USAGE)
+
+
+def debug_requested(flag=False):
+    """``--debug`` given, or ``ZOO_DEBUG`` set to anything but empty or 0."""
+    return bool(flag) or os.environ.get("ZOO_DEBUG", "").strip() not in ("", "0")
+
+
+def exit_status(error):
+    """2 for a usage error (``ValueError`` and its subclasses), 1 for anything else."""
+    return USAGE if isinstance(error, ValueError) else RUNTIME
+
+
+def one_line(error):
+    """The error's message as one line, its notes (``add_note``) appended."""
+    if isinstance(error, UnicodeDecodeError):
+        message = f"cannot read text that is not UTF-8 ({error.reason} at byte {error.start}: {error.object[error.start:error.end]!r}); save it as UTF-8"
+    else:
+        message = str(error) or type(error).__name__
+        if not isinstance(error, (ValueError, OSError, RuntimeError, ImportError)):  # a bug, most likely
+            message = f"{type(error).__name__}: {message} (zoo --debug ... shows the traceback)"
+    parts = [message, *getattr(error, "__notes__", ())]
+    return "; ".join(" ".join(line.strip() for line in part.splitlines() if line.strip()) for part in parts)
+
+
+def resume_command(words):
+    """The command that resumes ``words`` (``["zoo", ...]``): with ``--resume``, or for
+    ``zoo recipe run`` with ``--set checkpoint.resume=true``."""
+    words = list(words)
+    if [word for word in words if word != "--debug"][1:3] == ["recipe", "run"]:
+        if not any(word.startswith("checkpoint.resume=") for word in words):
+            words += ["--set", "checkpoint.resume=true"]
+    elif "--resume" not in words:
+        words.append("--resume")
+    return shlex.join(words)
+
+
+def run_guarded(work, words, debug=False):
+    """``work()``'s exit status; an exception becomes one line on stderr and its status.
+
+    Args:
+        work: a function of no arguments returning an exit status (None: 0).
+        words: the command as typed (``["zoo", "train", ...]``), for the resume line.
+        debug: print the traceback too (``--debug``; ``ZOO_DEBUG=1`` works without it).
+    """
+    from zoo.training.interrupts import TrainingInterrupted
+
+    debug = debug_requested(debug)
+    try:
+        return work() or 0
+    except TrainingInterrupted as error:
+        if debug:
+            traceback.print_exc()
+        print(f"zoo: {error.describe(resume_command(words))}", file=sys.stderr, flush=True)
+        return error.exit_code
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("zoo: interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    except Exception as error:  # noqa: BLE001 (the contract: every failure is one line)
+        if debug:
+            traceback.print_exc()
+        sys.stdout.flush()
+        print(f"zoo: error: {one_line(error)}", file=sys.stderr, flush=True)
+        return exit_status(error)

@@ -1,0 +1,129 @@
+"""Argparse ``type=`` functions: every number range-checked at parse time, in one place.
+
+A value out of range is a usage error named by its flag and value, before any work:
+``zoo: error: argument --epochs: expected an integer >= 1, got '0'``. The ranges
+(docs/cli.md lists them):
+
+==============================  ====================================================
+``positive_int``                counts, sizes, steps, epochs, batch sizes, devices: >= 1
+``non_negative_int``            seeds, process ids: >= 0
+``sequence_length``             tokens per example: >= 2
+``image_size``                  >= 1; for shapes one of the prepared sizes (``check_image_size``)
+``generated_image_size``        images drawn in memory (``load_shapes``): >= 16
+``positive_float``              learning rates, temperatures, peaks, memory: finite and > 0
+``non_negative_float``          tolerances: finite and >= 0
+``dropout``                     in [0, 1)
+``probability``                 top-p: in (0, 1]
+``depth``                       auto, full or an integer >= 1
+``text``                        UTF-8 text (a prompt): not empty, no undecodable bytes
+==============================  ====================================================
+"""
+
+import argparse
+import math
+
+
+def at_least(minimum):
+    """An integer ``>= minimum``."""
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+sequence_length = at_least(2)
+generated_image_size = at_least(16)  # zoo.data.shapes.MIN_IMAGE_SIZE: below it the thin shapes vanish
+image_size = at_least(1)  # the dataset's sizes are checked after parsing (check_image_size)
+
+
+def _number(text):
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _float_in(test, expected):
+    def parse(text):
+        value = _number(text)
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected
+    return parse
+
+
+positive_float = _float_in(lambda v: v > 0, "a finite number > 0")
+non_negative_float = _float_in(lambda v: v >= 0, "a finite number >= 0")
+dropout = _float_in(lambda v: 0 <= v < 1, "a number in [0, 1)")
+probability = _float_in(lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def depth(text):
+    """``auto``, ``full`` or a block count >= 1 (``zoo plan --depth``); returned as given."""
+    if text in ("auto", "full") or (text.isdigit() and int(text) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, full or an integer >= 1, got {text!r}")
+
+
+def text(value):
+    """Text that encodes as UTF-8: a command line with bytes that are not UTF-8 reaches
+    Python as lone surrogates, which cannot be encoded (and so never tokenised)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"not valid UTF-8 text: {value!r}; pass the text in UTF-8") from None
+    if not value:
+        raise argparse.ArgumentTypeError("expected at least one character, got ''")
+    return value
+
+
+def comma_separated(choices, what="name"):
+    """``"a,b"`` -> ``("a", "b")``, each one of ``choices``."""
+
+    def parse(value):
+        names = tuple(name.strip() for name in value.split(",") if name.strip())
+        unknown = [name for name in names if name not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {unknown or [value]}; choose from {','.join(choices)}")
+        return names
+
+    parse.__name__ = f"comma-separated {what}s"
+    return parse
+
+
+def positive_ints(value):
+    """``"4096,16384"`` -> ``(4096, 16384)``, each >= 1."""
+    try:
+        numbers = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        numbers = ()
+    if not numbers or min(numbers) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as 4096,16384, got {value!r}")
+    return numbers
+
+
+def check_image_size(args):
+    """``--image-size`` against the dataset's prepared sizes (shapes: 16, 32, 64, 128), after
+    parsing (the dataset is another flag); other datasets take their native size or a
+    multiple of it, checked when they are loaded. Raises ``ValueError`` naming the flag."""
+    size = getattr(args, "image_size", None)
+    if size is None or not hasattr(args, "dataset"):
+        return
+    from zoo.data.load import prepared_image_sizes
+
+    sizes = prepared_image_sizes(args.dataset or "shapes")
+    if sizes and size not in sizes:
+        raise ValueError(f"argument --image-size: {args.dataset or 'shapes'} is prepared at image sizes {', '.join(map(str, sizes))}, got {size}")
