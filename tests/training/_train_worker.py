@@ -1,18 +1,23 @@
-"""``zoo.training.cnn.train`` in a subprocess that can SIGKILL itself at chosen points.
+"""``zoo train cnn`` (the CLI's own ``main``) in a subprocess that signals itself at chosen points.
 
     python tests/training/_train_worker.py CONFIG_JSON [--kill-after-step N] [--kill-at-commit N]
+                                                       [--signal-after-step N --signal INT|TERM]
 
-CONFIG_JSON holds ``TrainConfig`` fields. ``--kill-after-step N`` kills the process right
-after optimizer step N (between checkpoints); ``--kill-at-commit N`` kills it inside
-Orbax's save of step N, after every file of the step (its commit marker included) is
-written into ``N.orbax-checkpoint-tmp`` and just before the rename that commits it.
-The kills are real ``SIGKILL``s: no Python cleanup, no atexit, no flush.
+CONFIG_JSON holds ``TrainConfig`` fields, passed as the matching ``zoo train cnn`` flags.
+``--kill-after-step N`` kills the process right after optimizer step N (between
+checkpoints); ``--kill-at-commit N`` kills it inside Orbax's save of step N, after every
+file of the step (its commit marker included) is written into ``N.orbax-checkpoint-tmp``
+and just before the rename that commits it. The kills are real ``SIGKILL``s: no Python
+cleanup, no atexit, no flush. ``--signal-after-step N`` sends the process a real SIGINT or
+SIGTERM right after step N, as Ctrl-C or a scheduler's preemption notice would; the exit
+status is then the CLI's.
 """
 
 import argparse
 import json
 import os
 import signal
+import sys
 
 import keras
 
@@ -22,11 +27,13 @@ def kill_now():
 
 
 class KillAfterStep(keras.callbacks.Callback):
-    """SIGKILL right after optimizer step ``step`` (counted from the step ``fit`` starts at)."""
+    """A signal (SIGKILL unless told) right after optimizer step ``step`` (counted from the
+    step ``fit`` starts at)."""
 
-    def __init__(self, step):
+    def __init__(self, step, signal_number=signal.SIGKILL):
         super().__init__()
         self.step = step
+        self.signal_number = signal_number
 
     def on_train_begin(self, logs=None):
         self._step = int(self.model.optimizer.iterations)
@@ -34,8 +41,8 @@ class KillAfterStep(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
         if self._step == self.step:
-            print(f"worker: SIGKILL after step {self.step}", flush=True)
-            kill_now()
+            print(f"worker: {signal.Signals(self.signal_number).name} after step {self.step}", flush=True)
+            os.kill(os.getpid(), self.signal_number)
 
 
 def kill_at_commit(step):
@@ -54,18 +61,39 @@ def kill_at_commit(step):
     async_path.rename = rename_or_die
 
 
+def flags(config):
+    """``zoo train cnn`` flags for ``TrainConfig`` fields."""
+    result = []
+    for name, value in config.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            result.append(flag)
+        elif value is not False and value is not None:
+            result += [flag, str(value)]
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
     parser.add_argument("--kill-after-step", type=int, default=None)
     parser.add_argument("--kill-at-commit", type=int, default=None)
+    parser.add_argument("--signal-after-step", type=int, default=None)
+    parser.add_argument("--signal", choices=["INT", "TERM"], default="INT")
     args = parser.parse_args()
-    from zoo.training.cnn import TrainConfig, train
+    import zoo.training.cnn
+    from zoo.cli.main import main as zoo_main
 
-    callbacks = [] if args.kill_after_step is None else [KillAfterStep(args.kill_after_step)]
+    callbacks = []
+    if args.kill_after_step is not None:
+        callbacks.append(KillAfterStep(args.kill_after_step))
+    if args.signal_after_step is not None:
+        callbacks.append(KillAfterStep(args.signal_after_step, getattr(signal, f"SIG{args.signal}")))
     if args.kill_at_commit is not None:
         kill_at_commit(args.kill_at_commit)
-    train(TrainConfig(**json.loads(args.config)), report=lambda line: print(line, flush=True), callbacks=callbacks)
+    train = zoo.training.cnn.train
+    zoo.training.cnn.train = lambda config, report=print: train(config, report=report, callbacks=callbacks)
+    sys.exit(zoo_main(["train", "cnn", *flags(json.loads(args.config))]))
 
 
 if __name__ == "__main__":

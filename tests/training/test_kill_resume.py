@@ -1,8 +1,9 @@
 """Acceptance: a training process SIGKILLed mid-epoch or in the middle of committing a
-checkpoint resumes with ``--resume`` to final weights and optimizer state bitwise equal
-to an uninterrupted run, and no kill leaves a checkpoint that loads but is wrong.
+checkpoint, or stopped by SIGINT (Ctrl-C) or SIGTERM (preemption) at a random step,
+resumes with ``--resume`` to final weights and optimizer state bitwise equal to an
+uninterrupted run, and no kill leaves a checkpoint that loads but is wrong.
 
-Each run is ``zoo.training.cnn.train`` in its own process (``_train_worker.py``) under
+Each run is ``zoo train cnn`` in its own process (``_train_worker.py``) under
 DataParallel on 8 simulated CPU devices, on the embedded shapes dataset at 16x16: 48
 images in batches of 16, 3 steps per epoch, with dropout so the RNG state matters. (The
 same resume on one device is tested in-process in ``test_checkpoints.py``.) Runs share the
@@ -38,7 +39,7 @@ def shapes_prepared():
 
 
 def _run(config, devices, *kill):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")  # the session's compilation cache too
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")  # the session's compilation cache too
     flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
     env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []))
     command = [sys.executable, str(WORKER), json.dumps(config), *kill]
@@ -80,8 +81,32 @@ def _assert_same_saved_model(tmp_path):
         assert np.array_equal(np.asarray(actual.value), np.asarray(expected.value)), actual.path
 
 
-def test_data_parallel_run_killed_mid_epoch_and_mid_commit_resumes_bitwise(tmp_path, shapes_prepared):
-    """DataParallel on 8 simulated devices, 4 epochs of 3 steps; checkpoints every 2 steps, keep 2."""
+def _interrupted(result, signal_number, step, directory):
+    """Exit 128 + N, and one line on stderr naming the step, the checkpoint and the resume command."""
+    expected = 128 + signal_number
+    assert result.returncode == expected, f"expected exit {expected}, got {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    lines = [line for line in result.stderr.splitlines() if line.startswith("zoo:")]
+    name = signal.Signals(signal_number).name
+    prefix = f"zoo: interrupted by {name} at step {step}; checkpoint saved to {directory / str(step)}; resume with: zoo train cnn "
+    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr[-3000:]
+    assert "--resume" in lines[0][len(prefix):].split()  # the command to resume with, as run
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def _listing(directory):
+    return sorted(name for name in os.listdir(directory) if name != "zoo.lock")
+
+
+def test_data_parallel_run_killed_interrupted_and_preempted_resumes_bitwise(tmp_path, shapes_prepared):
+    """DataParallel on 8 simulated devices, 4 epochs of 3 steps; checkpoints every 2 steps, keep 2.
+
+    One run, stopped four ways in turn: SIGKILL mid-epoch, Ctrl-C (SIGINT) at a random
+    step, SIGKILL in the middle of committing a checkpoint, SIGTERM (a scheduler's
+    preemption notice) at a random step; each resume goes on from the newest usable
+    checkpoint, and the end is bitwise the uninterrupted run."""
+    rng = np.random.default_rng()
+    sigint_step, sigterm_step = int(rng.choice([6, 7])), int(rng.choice([9, 10, 11]))
     reference = _reference(tmp_path, 8, distribution="data", epochs=4)  # 12 steps
     directory = tmp_path / "checkpoints"
     config = {**RUN, "distribution": "data", "epochs": 4, "checkpoint_dir": str(directory), "checkpoint_every": 2, "keep": 2, "resume": True, "output": str(tmp_path / "resumed.keras")}
@@ -89,22 +114,32 @@ def test_data_parallel_run_killed_mid_epoch_and_mid_commit_resumes_bitwise(tmp_p
     # 1. killed after step 5: mid-epoch 2, between the checkpoints of steps 4 and 6
     out = _killed(_run(config, 8, "--kill-after-step", "5"), "SIGKILL after step 5")
     assert "DataParallel on mesh" in out and "replicated" in out
-    assert sorted(os.listdir(directory)) == ["2", "4"]
+    assert _listing(directory) == ["2", "4"]
     assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / "4")
 
-    # 2. resumed at epoch 2, batch 1; killed inside the save of step 8, all of it written, before the commit rename
-    out = _killed(_run(config, 8, "--kill-at-commit", "8"), "SIGKILL while committing")
+    # 2. resumed at epoch 2, batch 1; Ctrl-C after a random step: exit 130 and a checkpoint of that step
+    out = _interrupted(_run(config, 8, "--signal-after-step", str(sigint_step), "--signal", "INT"), signal.SIGINT, sigint_step, directory)
     assert f"resumed from {directory / '4'}: epoch 2, batch 1, step 4" in out
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / str(sigint_step))
+
+    # 3. resumed there; killed inside the save of step 8, all of it written, before the commit rename
+    out = _killed(_run(config, 8, "--kill-at-commit", "8"), "SIGKILL while committing")
+    epoch, batch = divmod(sigint_step, 3)
+    assert f"resumed from {directory / str(sigint_step)}: epoch {epoch + 1}, batch {batch}, step {sigint_step}" in out
     assert os.path.isfile(directory / "8.orbax-checkpoint-tmp" / "commit_success.txt")  # everything but the rename
     assert not os.path.exists(directory / "8")
-    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / "6")
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / str(sigint_step))
 
-    # 3. resumed at epoch 3, batch 0; runs to the end
+    # 4. resumed again; SIGTERM after a random later step: exit 143 and a checkpoint of that step
+    out = _interrupted(_run(config, 8, "--signal-after-step", str(sigterm_step), "--signal", "TERM"), signal.SIGTERM, sigterm_step, directory)
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / str(sigterm_step))
+
+    # 5. resumed; runs to the end
     out = _finished(_run(config, 8))
-    assert f"resumed from {directory / '6'}: epoch 3, batch 0, step 6" in out
-    assert sorted(os.listdir(directory)) == ["10", "12", "trash"]  # the interrupted write of step 8 was cleaned up
+    assert f"resumed from {directory / str(sigterm_step)}" in out
+    assert "8.orbax-checkpoint-tmp" not in os.listdir(directory)  # the interrupted write was cleaned up
     checkpoints = _assert_every_complete_checkpoint_is_right(directory, reference)
-    assert checkpoints.steps() == [10, 12]  # 12: final weights and optimizer state bitwise equal
+    assert checkpoints.steps()[-1] == 12, (sigint_step, sigterm_step)  # 12: final weights and optimizer state bitwise equal
     _assert_same_saved_model(tmp_path)
 
 
