@@ -33,6 +33,7 @@ import orbax.checkpoint as ocp
 
 import zoo
 from zoo.training import _checkpoint_files as files
+from zoo.training import _checkpoint_integrity as integrity
 from zoo.training import _checkpoint_state as state
 from zoo.training._checkpoint_files import CheckpointError
 from zoo.training._checkpoint_lock import CheckpointLock
@@ -103,7 +104,7 @@ class Checkpoints:
             "position": position.as_dict(),
             "data": self.data,
             "description": state.describe(model),
-            "checksums": state.checksums(tree),
+            "checksums": integrity.checksums(tree),
         })  # fmt: skip
         args = ocp.args.Composite(**{files.STATE_ITEM: ocp.args.StandardSave(tree), files.METADATA_ITEM: ocp.args.JsonSave(metadata)})
         path = os.path.join(self.directory, str(position.step))
@@ -243,13 +244,13 @@ def _check_integrity(path, tree, metadata):
     """The restored arrays are the saved ones (checksums), and every float in them is finite."""
     recorded = metadata.get("checksums")
     if recorded is not None:
-        found = state.checksums(tree)
+        found = integrity.checksums(tree)
         for group in state.GROUPS:
             for index, (saved, restored) in enumerate(zip(recorded[group], found[group], strict=True)):
                 if saved != restored:
                     raise CheckpointError(path, f"{_variable_name(metadata, group, index)} does not match the checksum recorded at save: "
                                                 f"its array data in {files.STATE_ITEM}/ is damaged")  # fmt: skip
-    non_finite = state.first_non_finite(tree)
+    non_finite = integrity.first_non_finite(tree)
     if non_finite is not None:
         raise CheckpointError(path, f"{_variable_name(metadata, *non_finite)} holds NaN or infinite values: training from it would go nowhere")
 
