@@ -62,10 +62,11 @@ def run(args):
 def _check(paths, overrides, devices, compile_depth="auto", debug=False):
     """Print each recipe's plan (stdout) and, unless ``compile_depth`` is None, the memory
     verdict of its compiled step (``zoo plan``); a file's error is one line on stderr
-    (after its traceback with ``debug``). Failures are counted, every file is checked."""
-    failures, printed = 0, False
+    (after its traceback with ``debug``). Every file is checked; the exit status is 2 if
+    any recipe is invalid, else 1 if any step does not fit its target (as ``zoo plan``)."""
+    invalid, too_big, printed = 0, 0, False
     for path in paths:
-        lines, error = [], None
+        lines, error, fits = [], None, True
         try:
             recipe = load_recipe(path, overrides)
             lines = check_recipe(recipe, device_count=devices).format()
@@ -82,9 +83,9 @@ def _check(paths, overrides, devices, compile_depth="auto", debug=False):
             print(("\n" if printed else "") + "\n".join(lines), flush=True)
             printed = True
         if error is not None:
-            failures += 1
+            invalid, too_big = invalid + fits, too_big + (not fits)
             print(f"zoo: error: {error}", file=sys.stderr, flush=True)
-    return 2 if failures else 0
+    return 2 if invalid else 1 if too_big else 0
 
 
 def _traceback_if(debug):

@@ -3,8 +3,9 @@
 Every job checks its output file, checkpoint folder and data folder first (``check_job_paths``),
 before a model is built: a folder that is a file, cannot be created or cannot be written is
 found in a second, not after an hour of training. The check is a real write (a probe file
-created and removed), not ``os.access``, which says yes to root on any folder and knows
-nothing of read-only mounts.
+created and removed, in the folder or, if it does not exist yet, in the nearest folder
+above it that does), not ``os.access``, which says yes to root on any folder and knows
+nothing of read-only mounts; no folder is created by the check.
 
 A save that fails anyway (the disk filled up, the folder was removed meanwhile) never loses
 the model: ``save_model_atomically`` writes it to a fallback path in the run's folders and
@@ -60,20 +61,27 @@ def check_output_file(path, flag="--output"):
 
 
 def check_writable_folder(folder, flag, named=None):
-    """``folder`` exists or can be created, and a file can be written in it (a real probe
-    write). Errors name ``named`` (the path the user gave; default ``folder``)."""
+    """``folder`` exists and takes a file, or can be created: a real probe write in it, or
+    in its nearest existing ancestor (where creating it would write). Nothing is left
+    behind. Errors name ``named`` (the path the user gave; default ``folder``)."""
     folder = os.path.abspath(folder)
     named = folder if named is None else named
     blocker = _file_on_the_way(folder)
     if blocker is not None:
         raise PathError(flag, named, f"cannot be written: {blocker} is a file, not a folder")
+    existing = _nearest_existing(folder)
     try:
-        os.makedirs(folder, exist_ok=True)
-        handle, probe = tempfile.mkstemp(dir=folder, prefix=".zoo-write-probe-")
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".zoo-write-probe-")
         os.close(handle)
         os.remove(probe)
     except OSError as error:
-        raise PathError(flag, named, f"cannot be written: {folder} is not writable ({error.strerror or error}); choose another path") from None
+        raise PathError(flag, named, f"cannot be written: {existing} is not writable ({error.strerror or error}); choose another path") from None
+
+
+def _nearest_existing(folder):
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return folder
 
 
 def check_data_dir(data_dir):
