@@ -8,10 +8,10 @@ replace it; when upgrading Keras or JAX, this file is the list to re-check.
 Checked on: JAX 0.10.2 (Python 3.11) and JAX 0.12.0.1 (Python 3.12), both with
 Keras 3.15.1.
 
-Private modules are imported inside the functions, so importing this module needs
-neither Keras nor a particular JAX layout (``zoo.kernels`` may import it without
-importing Keras), and a version that moved something fails only where it is used,
-with a ``PrivateAPIError`` naming what is missing.
+Private modules are imported inside the functions, so this module's own imports need
+neither Keras nor a particular JAX layout, and a version that moved something fails
+only where it is used, with a ``PrivateAPIError`` naming what is missing. (The package
+root, ``zoo/__init__.py``, imports Keras anyway: it registers every saveable zoo class.)
 """
 
 import contextlib
