@@ -104,3 +104,25 @@ def run_guarded(work, words, debug=False):
         sys.stdout.flush()
         print(f"zoo: error: {one_line(error)}", file=sys.stderr, flush=True)
         return exit_status(error)
+
+
+def standalone_main(prog, description, add_arguments, run, argv=None):
+    """``python -m zoo.cli.<module>``: its own parser (plus ``--simulate-devices``), the
+    devices prepared as ``zoo`` prepares them, and this error contract; returns the exit status."""
+    from zoo.cli import _types as types
+
+    parser = ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    add_arguments(parser)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, status = parse(parser, argv)
+    return status if args is None else run_guarded(lambda: _prepare_and_run(run, args), [prog, *argv])
+
+
+def _prepare_and_run(run, args):
+    from zoo.cli.devices import prepare_devices
+
+    message = prepare_devices(args.simulate_devices)
+    if message:
+        print(message, flush=True)
+    return run(args)

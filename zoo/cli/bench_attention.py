@@ -57,23 +57,9 @@ def run(args):
 
 
 def main(argv=None):
-    from zoo.cli._errors import ArgumentParser, parse, run_guarded
+    from zoo.cli._errors import standalone_main
 
-    parser = ArgumentParser(prog="python -m zoo.cli.bench_attention", description=__doc__.splitlines()[0])
-    parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
-    add_arguments(parser)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args, status = parse(parser, argv)
-    return status if args is None else run_guarded(lambda: _prepare_and_run(args), [parser.prog, *argv])
-
-
-def _prepare_and_run(args):
-    from zoo.cli.devices import prepare_devices
-
-    message = prepare_devices(args.simulate_devices)
-    if message:
-        print(message, flush=True)
-    return run(args)
+    return standalone_main("python -m zoo.cli.bench_attention", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":
