@@ -11,9 +11,8 @@ class Throughput(keras.callbacks.Callback):
     """Measures training examples (images, tokens: ``unit``) per second for each epoch
     (validation excluded).
 
-    The clock runs from the start of the epoch to the end of its training batches (the
-    start of validation, or the epoch's end without it); epoch 1 includes XLA
-    compilation. No per-batch hook: Keras then keeps dispatching steps asynchronously.
+    The clock runs from the start of the epoch to the end of its last training batch;
+    epoch 1 includes XLA compilation.
     """
 
     def __init__(self, global_batch_size, report=print, unit="images"):
@@ -25,19 +24,18 @@ class Throughput(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
-        self._end = None
+        self._end = self._start
+        self._examples = 0
 
-    def on_test_begin(self, logs=None):
-        if self._end is None:  # validation starts after the epoch's metrics are fetched: the steps are done
-            self._end = time.perf_counter()
+    def on_train_batch_end(self, batch, logs=None):
+        self._examples += self.global_batch_size
+        self._end = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        end = self._end or time.perf_counter()
-        examples = self.params["steps"] * self.global_batch_size
-        rate = examples / max(end - self._start, 1e-9)
+        rate = self._examples / max(self._end - self._start, 1e-9)
         self.per_epoch.append(rate)
         note = " (includes compilation)" if epoch == 0 else ""
-        self.report(f"epoch {epoch + 1}: {rate:,.1f} {self.unit}/s over {examples} {self.unit}{note}")
+        self.report(f"epoch {epoch + 1}: {rate:,.1f} {self.unit}/s over {self._examples} {self.unit}{note}")
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
@@ -67,19 +65,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
-    def on_train_batch_begin(self, batch, logs=None):
-        """Before batch ``batch`` of the epoch: ``batch`` batches of it are trained.
-
-        Saving here (and at the epoch's end), not in ``on_train_batch_end``, keeps Keras
-        from fetching every step's metrics to the host: steps stay asynchronous."""
-        self._advance(batch)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._advance(self.params["steps"])
-
-    def _advance(self, batches_done):
+    def on_train_batch_end(self, batch, logs=None):
         offset = self.start.batch if self._epoch == self.start.epoch else 0
-        step = self._epoch * self.steps_per_epoch + offset + batches_done
+        step = self._epoch * self.steps_per_epoch + offset + batch + 1
         self.position = TrainingPosition.after(step, self.steps_per_epoch)
         if step // self.every > self.saved_step // self.every:
             self.save()

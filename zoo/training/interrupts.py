@@ -3,15 +3,20 @@
 A cluster scheduler sends SIGTERM before it preempts a job; a person presses Ctrl-C
 (SIGINT). Under ``stop_on_signals`` neither raises inside Keras (whose per-batch log
 conversion swallows a ``KeyboardInterrupt`` in a bare ``except``): the handler only
-records the signal. ``StopAtSignal``, a callback, looks at that record before each step
-and at each epoch end, in the main thread; there it writes an emergency checkpoint (when
-the run checkpoints) and raises ``TrainingInterrupted``, which the CLI turns into one line
-and exit status 128 + the signal number (130 for SIGINT, 143 for SIGTERM). A second
-signal aborts at once (the process dies of it, as without a handler): the newest complete checkpoint stays usable, since a
-checkpoint only appears on disk by an atomic rename.
+records the signal. ``StopAtSignal``, a callback, looks at that record after each step
+and at each epoch's end, in the main thread; there it writes an emergency checkpoint
+(when the run checkpoints) and raises ``TrainingInterrupted``, which the CLI turns into
+one line and exit status 128 + the signal number (130 for SIGINT, 143 for SIGTERM). A
+second signal aborts at once (the process dies of it, as without a handler): the newest
+complete checkpoint stays usable, since a checkpoint only appears on disk by an atomic
+rename.
 
-The check runs in ``on_train_batch_begin``, which Keras calls without fetching any metric
-from the device, so training keeps its asynchronous dispatch.
+Why ``on_train_batch_end``, which makes Keras run the callbacks synchronously: without
+any batch-end hook Keras hands each step's logs to a thread pool, and on XLA:CPU with
+several devices those threads fetching arrays while the main thread dispatched
+validation steps aborted a CI run (a deadlock in XLA:CPU's collectives). Fetching a
+step's logs costs a host sync per step; with the flag above it no longer swallows
+anything.
 """
 
 import contextlib
@@ -89,7 +94,8 @@ class StopAtSignal(keras.callbacks.Callback):
     Args:
         record: the ``SignalRecord`` of ``stop_on_signals``.
         saver: the run's ``PeriodicCheckpoint`` (it must come before this callback in the
-            list, so its position is up to date), or None when the run does not checkpoint.
+            list, so its position counts the step just trained), or None when the run does
+            not checkpoint.
     """
 
     def __init__(self, record, saver=None):
@@ -97,7 +103,7 @@ class StopAtSignal(keras.callbacks.Callback):
         self.record = record
         self.saver = saver
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_end(self, batch, logs=None):
         self.stop_if_signalled()
 
     def on_epoch_end(self, epoch, logs=None):
