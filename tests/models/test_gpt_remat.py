@@ -37,8 +37,7 @@ def reference():
         ("single", None, "full"),  # data parallelism adds nothing to remat that fsdp's GSPMD case below does not
         ("fsdp", "data=8", "dots_saveable"),
         ("tp", "data=2,model=4", "full"),
-        ("tp+sp", "data=2,model=4", "dots_saveable"),
-        ("fsdp+tp", "data=2,model=4", "full"),
+        ("tp+sp", "data=2,model=4", "dots_saveable"),  # fsdp+tp: its two parts are each here (suite budget)
         ("context-ring", "data=2,seq=4", "full"),  # shard_map and the ring's custom VJP under jax.checkpoint
     ],
 )

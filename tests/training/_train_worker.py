@@ -1,16 +1,14 @@
 """``zoo train cnn`` (the CLI's own ``main``) in a subprocess that signals itself at chosen points.
 
-    python tests/training/_train_worker.py CONFIG_JSON [--kill-after-step N] [--kill-at-commit N]
-                                                       [--signal-after-step N --signal INT|TERM]
+    python tests/training/_train_worker.py CONFIG_JSON [--kill-at-commit N] [--signal-after-step N --signal INT|TERM|KILL]
 
 CONFIG_JSON holds ``TrainConfig`` fields, passed as the matching ``zoo train cnn`` flags.
-``--kill-after-step N`` kills the process right after optimizer step N (between
-checkpoints); ``--kill-at-commit N`` kills it inside Orbax's save of step N, after every
+``--kill-at-commit N`` SIGKILLs the process inside Orbax's save of step N, after every
 file of the step (its commit marker included) is written into ``N.orbax-checkpoint-tmp``
-and just before the rename that commits it. The kills are real ``SIGKILL``s: no Python
-cleanup, no atexit, no flush. ``--signal-after-step N`` sends the process a real SIGINT or
-SIGTERM right after step N, as Ctrl-C or a scheduler's preemption notice would; the exit
-status is then the CLI's.
+and just before the rename that commits it: no Python cleanup, no atexit, no flush.
+``--signal-after-step N`` sends the process a real SIGINT or SIGTERM right after step N,
+as Ctrl-C or a scheduler's preemption notice would (the exit status is then the CLI's),
+or a SIGKILL.
 """
 
 import argparse
@@ -26,11 +24,11 @@ def kill_now():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class KillAfterStep(keras.callbacks.Callback):
-    """A signal (SIGKILL unless told) right after optimizer step ``step`` (counted from the
+class SignalAfterStep(keras.callbacks.Callback):
+    """A real signal to this process right after optimizer step ``step`` (counted from the
     step ``fit`` starts at)."""
 
-    def __init__(self, step, signal_number=signal.SIGKILL):
+    def __init__(self, step, signal_number):
         super().__init__()
         self.step = step
         self.signal_number = signal_number
@@ -76,19 +74,16 @@ def flags(config):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
-    parser.add_argument("--kill-after-step", type=int, default=None)
     parser.add_argument("--kill-at-commit", type=int, default=None)
     parser.add_argument("--signal-after-step", type=int, default=None)
-    parser.add_argument("--signal", choices=["INT", "TERM"], default="INT")
+    parser.add_argument("--signal", choices=["INT", "TERM", "KILL"], default="INT")
     args = parser.parse_args()
     import zoo.training.cnn
     from zoo.cli.main import main as zoo_main
 
     callbacks = []
-    if args.kill_after_step is not None:
-        callbacks.append(KillAfterStep(args.kill_after_step))
     if args.signal_after_step is not None:
-        callbacks.append(KillAfterStep(args.signal_after_step, getattr(signal, f"SIG{args.signal}")))
+        callbacks.append(SignalAfterStep(args.signal_after_step, getattr(signal, f"SIG{args.signal}")))
     if args.kill_at_commit is not None:
         kill_at_commit(args.kill_at_commit)
     train = zoo.training.cnn.train
