@@ -83,6 +83,7 @@ CASES = [
     (["finetune", "small_cnn_shapes", "--lora-rank", "0"], USAGE, "argument --lora-rank: expected an integer >= 1, got '0'"),
     (["finetune", "small_cnn_shapes", "--strategy", "half"], USAGE, "argument --strategy: invalid choice: 'half'"),
     (["finetune", "small_cnn_shapes", "--output", "{file}"], USAGE, "--output '{file}': cannot be written"),
+    (["finetune", "small_cnn_shapes", "--output", "{folder}"], USAGE, "refusing to replace '{folder}': it is not empty and holds no metadata.json"),
     # zoo recipe check / run
     (["recipe", "check", "{folder}"], USAGE, "{folder}: is a folder; give a recipe file in it: {folder}/a.toml, {folder}/b.toml"),
     (["recipe", "check", "{latin1}"], USAGE, "{latin1}: not UTF-8 text (byte b'\\xe9' at offset"),

@@ -49,7 +49,7 @@ def save_to_preset(model, directory, *, name=None, tokenizer=None, metadata=None
     if not model.built:
         raise PresetError(f"model {model.name!r} is not built; call it on data (or build it) before saving")
     directory = os.path.abspath(os.fspath(directory))
-    _check_replaceable(directory)
+    check_preset_destination(directory)
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     partial = tempfile.mkdtemp(prefix=f".partial-{os.path.basename(directory)}-", dir=parent)
@@ -90,8 +90,9 @@ def _metadata(model, name, extra):
     }
 
 
-def _check_replaceable(directory):
-    """Refuse to replace a file, or a folder that is not a preset (it may hold anything)."""
+def check_preset_destination(directory):
+    """Refuse to replace a file, or a folder that is not a preset (it may hold anything);
+    ``zoo finetune`` calls it before training, ``save_to_preset`` again before writing."""
     if os.path.isfile(directory):
         raise PresetError(f"cannot save a preset to {directory!r}: it is a file")
     if os.path.isdir(directory) and os.listdir(directory) and not os.path.isfile(os.path.join(directory, METADATA_FILE)):

@@ -27,10 +27,11 @@ from zoo._compat import sublayers
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 from zoo.presets import from_preset, load_preset_config, load_preset_metadata, load_tokenizer, save_to_preset
+from zoo.presets.save import check_preset_destination
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
 from zoo.training._lora_files import load_lora, save_lora
-from zoo.training.paths import check_job_paths
+from zoo.training.paths import check_job_paths, write_or_rescue
 from zoo.training.cnn import evaluate_accuracy
 from zoo.training.report import StepReport
 
@@ -147,6 +148,8 @@ def trainable_parameter_count(model):
 def finetune(config, report=print):
     """Fine-tune ``config.preset`` on ``config.dataset``; returns a dict of results."""
     check_job_paths(config, output_is_folder=True)
+    if config.output:
+        check_preset_destination(os.path.abspath(config.output))  # refused now, not after training
     metadata, spec, head = _check_job(config)
     distribution = _distribution(metadata["class_name"], config)
     replicas = zd.data_parallel_size(distribution)
@@ -259,7 +262,8 @@ def _save(config, spec, model, input_shape, adapted, result, report):
                      "learning_rate": config.learning_rate or LEARNING_RATES[config.strategy],
                      "lora_rank": config.lora_rank if adapted else None, "seed": config.seed},
     }  # fmt: skip
-    directory = save_to_preset(final, config.output, tokenizer=load_tokenizer(config.preset), metadata=metadata)
+    save = lambda target: save_to_preset(final, target, tokenizer=load_tokenizer(config.preset), metadata=metadata)  # noqa: E731
+    directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
     report(f"saved the fine-tuned preset to {directory}" + (" (LoRA merged)" if adapted else ""))
     if adapted:
         report(f"saved the LoRA adapter alone to {save_lora(model, os.path.join(directory, LORA_FILE))}")

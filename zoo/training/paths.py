@@ -116,10 +116,17 @@ def save_model_atomically(model, path, fallback_folders=()):
     that takes it, and ``ModelSaveError`` names both paths.
     """
     check_model_path(path)
+    write_or_rescue(lambda target: _save_replacing(model, target), path, fallback_folders)
+
+
+def write_or_rescue(write, path, fallback_folders=()):
+    """``write(path)``; if it raises ``OSError``, ``write(<folder>/rescued-<time>-<name>)`` in
+    the first of ``fallback_folders``, the working folder or the temporary folder that
+    takes it, then ``ModelSaveError`` naming both paths. Returns what ``write`` returned."""
     try:
-        _save_replacing(model, path)
+        return write(path)
     except OSError as error:
-        raise ModelSaveError(path, error, _rescue(model, path, fallback_folders)) from error
+        raise ModelSaveError(path, error, _rescue(write, path, fallback_folders)) from error
 
 
 def _save_replacing(model, path):
@@ -137,14 +144,13 @@ def _save_replacing(model, path):
             os.remove(partial)
 
 
-def _rescue(model, path, fallback_folders):
-    name = f"rescued-{time.strftime('%Y%m%d-%H%M%S')}-{os.path.basename(path)}"
+def _rescue(write, path, fallback_folders):
+    name = f"rescued-{time.strftime('%Y%m%d-%H%M%S')}-{os.path.basename(os.path.normpath(path))}"
     for folder in (*[f for f in fallback_folders if f], os.getcwd(), tempfile.gettempdir()):
         target = os.path.join(os.path.abspath(folder), name)
         try:
-            _save_replacing(model, target)
+            write(target)
         except OSError:
             continue
         return target
     return None
-
