@@ -4,7 +4,6 @@ import sys
 
 import jax
 import keras
-import numpy as np
 import pytest
 
 from zoo.cli.main import build_parser, main

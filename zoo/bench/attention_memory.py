@@ -124,7 +124,6 @@ def check_config(config):
 
 def attention_fn(strategy, mesh, config):
     """(q, k, v) -> out on global [B, T, H, D] arrays, as the layer runs it on ``mesh``."""
-    n = mesh.shape[0]
 
     def attention(q, k, v):
         if strategy == "reference":  # the materialising reference: the baseline the kernels are measured against
