@@ -23,7 +23,9 @@ from zoo.distribution import CheckedModelParallel
 from zoo.distribution.comms_report import layer_comms_report
 from zoo.kernels import reorder, restore
 
-# (strategy, mesh, causal, heads, kv_heads, masked, rotary, balance)
+# (strategy, mesh, causal, heads, kv_heads, masked, rotary, balance). Striped balance is
+# checked with gather, non-causal attention with gather and ring (Ulysses runs plain
+# attention after its all-to-all, so the mask type adds nothing there): suite budget.
 CASES = [
     ("gather", "data=2,seq=4", True, 4, 2, True, True, None),
     ("gather", "data=1,seq=4", False, 4, 4, False, False, None),
@@ -32,8 +34,6 @@ CASES = [
     ("ring", "data=1,seq=4", False, 4, 2, True, True, None),
     ("ring", "seq=8", True, 8, 2, True, True, None),
     ("ring", "data=2,seq=4", True, 4, 2, True, True, "zigzag"),
-    ("ring", "data=1,seq=4", True, 4, 4, True, True, "striped"),
-    ("ulysses", "data=2,seq=4", False, 4, 2, True, True, None),
     ("ulysses", "data=1,seq=4", True, 4, 4, False, False, None),
     ("ulysses", "seq=8", True, 8, 1, True, True, None),
     ("ulysses", "data=2,seq=4", True, 4, 2, True, True, "zigzag"),
