@@ -24,8 +24,6 @@ once). No program has a collective, and nothing is gathered to one device. Two r
   a time takes at most twice the largest shard.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,8 +61,17 @@ def _dispatch_partial_sums(array):
         if shard.replica_id != 0:
             continue
         start = [index.start or 0 for index in _slices(shard.index, array.ndim)] + ([0] if len(shape) > array.ndim else [])
-        sums.append(_shard_sums(shard.data, np.array(start, dtype=np.uint32), global_shape=shape))
+        sums.append(_shard_sums(shard.data, np.array(start, dtype=np.uint32), _strides(shape)))
     return sums
+
+
+def _strides(shape):
+    """``uint32[ndim]``: row-major strides of ``shape`` in words, modulo 2**32."""
+    strides, stride = [], 1
+    for size in reversed(shape):
+        strides.append(stride & MASK)
+        stride *= size
+    return np.array(strides[::-1], dtype=np.uint32)
 
 
 def _slices(index, ndim):
@@ -105,16 +112,16 @@ def _words(data):
     return jax.lax.bitcast_convert_type(data, jnp.uint32)
 
 
-@functools.partial(jax.jit, static_argnames=("global_shape",))
-def _shard_sums(data, start, *, global_shape):
-    """The two sums over one shard; ``start`` (``uint32[ndim]``) is its offset in the whole array."""
+@jax.jit
+def _shard_sums(data, start, strides):
+    """The two sums over one shard. ``start`` and ``strides`` (``uint32[ndim]``): the shard's
+    offset in the whole array and the whole array's strides, as arguments, so that shards
+    of one shape and dtype share one compiled program whatever array they belong to."""
     words = _words(data)  # uint32[local shape]
     index = jnp.zeros(words.shape, jnp.uint32)  # row-major position in the whole array, mod 2**32
-    stride = 1
-    for axis in reversed(range(len(global_shape))):
+    for axis in range(words.ndim):
         position = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis) + start[axis]
-        index = index + position * jnp.uint32(stride & MASK)
-        stride *= global_shape[axis]
+        index = index + position * strides[axis]
     first = jnp.sum(words * (2 * index + 1), dtype=jnp.uint32)
     second = jnp.sum((words ^ (index * jnp.uint32(0x9E3779B9))) * jnp.uint32(0x01000193), dtype=jnp.uint32)
     return first, second
