@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-GROUPS = ("model", "optimizer")
+from zoo.training._checkpoint_state import GROUPS  # the two lists of the array tree
+
 MASK = 2**32 - 1
 
 

@@ -38,7 +38,7 @@ class CheckpointLock:
         try:
             holder = _read_holder(handle)
             if not _locked(handle, holder):
-                raise CheckpointError(self.directory, f"is in use by another run ({_describe(holder)}); wait for it to end or choose another --checkpoint-dir")
+                raise CheckpointError(self.directory, f"is in use by another run ({describe_holder(holder)}); wait for it to end or choose another --checkpoint-dir")
             os.ftruncate(handle, 0)
             os.pwrite(handle, json.dumps(_me()).encode(), 0)
         except BaseException:
@@ -98,14 +98,10 @@ def _me():
     return {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def _describe(holder):
+def describe_holder(holder):
+    """``process 123 on host since …``: who holds (or held) a lock, for messages."""
     if not holder:
         return "holder unknown"
     if "unreadable" in holder:
         return f"lock file says {holder['unreadable']!r}"
     return f"process {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}"
-
-
-def describe_holder(holder):
-    """``process 123 on host since …`` for messages about a stale lock taken over."""
-    return _describe(holder)
