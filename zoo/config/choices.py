@@ -1,0 +1,39 @@
+"""Every closed set of names the zoo accepts, defined once (docs/architecture.md, "Vocabulary").
+
+Code, command-line flags, recipe keys and docs all take their choices from here.
+"""
+
+# layout: how the weights and the inputs are split over the devices (zoo.distribution).
+BASIC_LAYOUTS = ("single", "data", "model")  # every model; "model" uses its own layout map
+TRANSFORMER_LAYOUTS = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context")  # get_layout_map(mesh, layout=...)
+LAYOUTS = BASIC_LAYOUTS + TRANSFORMER_LAYOUTS
+CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
+TRANSFORMER_JOB_LAYOUTS = ("single", "data") + TRANSFORMER_LAYOUTS  # zoo train gpt | encoder | vit
+WEIGHT_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp")  # layouts a Transformer's layout map describes
+PLANNED_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context")  # what zoo plan --auto searches
+AUTO = "auto"  # zoo train gpt --layout auto: the planner's choice
+
+# context_attention: the sequence-parallel attention kernel under the context layout.
+CONTEXT_ATTENTIONS = ("gather", "ring", "ulysses")
+# balance: causal load balancing of the sequence order under the context layout (None: none).
+BALANCES = (None, "zigzag", "striped")
+
+# method: what a fine-tune trains.
+METHODS = ("frozen", "lora", "full")
+LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds to Dense / EinsumDense
+
+# precision: the Keras dtype policy a job trains under.
+PRECISIONS = ("float32", "mixed_bfloat16")
+# remat: what each Transformer block keeps for the backward pass.
+REMATS = ("none", "full", "dots_saveable")
+
+# Transformer architecture.
+MLPS = ("swiglu", "geglu", "gelu", "relu")
+NORMS = ("rms", "layer")
+
+# generation
+SAMPLERS = ("greedy", "top_k", "top_p")
+# zoo verify's optimizers
+OPTIMIZERS = ("sgd", "adam")
+# recipes
+PLATFORMS = ("cpu", "gpu", "tpu")
