@@ -13,8 +13,13 @@ for its own packages (``keras``, ``keras_hub``), never ``zoo``.
 The package root is the one module that imports every part of the zoo; the parts
 themselves import one way only (``tests/test_architecture.py`` checks each package, not
 this file). Importing any ``zoo`` module runs this file first, so each one brings
-Keras and the models with it.
+Keras and the models with it, except in the ``zoo`` command itself: there the command
+line is parsed first (``zoo --help`` and a mistyped flag answer without JAX, from
+``zoo.config``) and ``load_all()`` runs once a command starts.
 """
+
+import os
+import sys
 
 from zoo._backend import BackendError, select_jax_backend
 
@@ -22,8 +27,22 @@ select_jax_backend()  # before anything below imports Keras
 
 __version__ = "0.1.0"  # before the imports below, which may read it
 
-# Registration happens at import; ``zoo.presets`` also gives every zoo model class
-# ``from_preset``. ``tests/test_loading.py`` fails if a registered class is missed.
-from zoo import data, layers, models, presets  # noqa: E402  (after the backend is chosen)
 
-__all__ = ["BackendError", "__version__", "data", "layers", "models", "presets"]
+def load_all():
+    """Import every module that registers a Keras-serialisable class (``tests/test_loading.py``
+    fails if a registered class is missed); returns the four packages."""
+    from zoo import data, layers, models, presets
+
+    return data, layers, models, presets
+
+
+def _started_as_command():
+    """Whether this process is the ``zoo`` console script (or ``python -m zoo``)."""
+    script = os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "")
+    return script == "zoo" or list(getattr(sys, "orig_argv", [])[1:3]) == ["-m", "zoo"]
+
+
+if not _started_as_command():
+    data, layers, models, presets = load_all()
+
+__all__ = ["BackendError", "__version__", "data", "layers", "load_all", "models", "presets"]

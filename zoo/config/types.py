@@ -36,6 +36,7 @@ def at_least(minimum):
         return value
 
     parse.__name__ = f"integer >= {minimum}"
+    parse.kind, parse.expected = int, f"an integer >= {minimum}"
     return parse
 
 
@@ -62,6 +63,7 @@ def _float_in(test, expected):
         return value
 
     parse.__name__ = expected
+    parse.kind, parse.expected = float, expected
     return parse
 
 
@@ -88,6 +90,9 @@ def text(value):
     if not value:
         raise argparse.ArgumentTypeError("expected at least one character, got ''")
     return value
+
+
+text.kind, text.expected = str, "UTF-8 text, at least one character"
 
 
 def comma_separated(choices, what="name"):

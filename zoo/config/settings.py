@@ -1,0 +1,201 @@
+"""The settings of every job: one dataclass each, the single source of its names.
+
+Each field is a flag (``batch_size`` -> ``--batch-size``) and a recipe key (``[train]
+batch_size``) under the same name, with the same default, range and help
+(``zoo.config.schema``). Constructing a settings object checks every value, so the
+Python API refuses what the command line refuses, in the same words.
+"""
+
+import dataclasses
+
+from zoo.config import choices, types
+from zoo.config.schema import check_settings, setting
+
+DATA_DIR_HELP = "TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)"
+MESH_HELP = "mesh spec such as data=2,model=4 or data=2,seq=4 (one axis may be -1); default: the layout's"
+LAYOUT_HELP = "how weights and inputs are split over the devices (docs/distribution.md)"
+
+
+class _Checked:
+    def __post_init__(self):
+        check_settings(self)
+
+
+# --- pieces several jobs share ---------------------------------------------------------
+
+
+def _mesh():
+    return setting(None, MESH_HELP, section="parallel")
+
+
+def _data_dir():
+    return setting(None, DATA_DIR_HELP, section="data", metavar="DIR")
+
+
+def _seed(help="weight initialisation, dropout and shuffling"):  # noqa: A002
+    return setting(0, help, section="train", parse=types.non_negative_int)
+
+
+def _context_attention():
+    return setting("ring", "layout context: the sequence-parallel attention kernel", section="parallel", choices=choices.CONTEXT_ATTENTIONS)
+
+
+@dataclasses.dataclass
+class CheckpointSettings:
+    """Orbax checkpoints during fit (docs/checkpoints.md): shared by every training job."""
+
+    checkpoint_dir: str | None = setting(None, "save checkpoints during fit here (default: none)", section="checkpoint", metavar="DIR")
+    checkpoint_every: int = setting(100, "optimizer steps between checkpoints, plus one at the end", section="checkpoint", parse=types.positive_int)
+    keep: int = setting(3, "newest complete checkpoints kept; older ones are deleted", section="checkpoint", parse=types.positive_int)
+    resume: bool = setting(False, "continue from the newest usable checkpoint in checkpoint_dir (none there: start)", section="checkpoint", store_true=True)
+
+
+# --- the jobs ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CNNTrainConfig(CheckpointSettings, _Checked):
+    """Settings of ``zoo train cnn`` (recipe job ``train_cnn``)."""
+
+    layout: str = setting("model", LAYOUT_HELP, section="parallel", choices=choices.CNN_LAYOUTS)
+    mesh: str | None = _mesh()
+    dataset: str = setting("shapes", "an image-classification dataset (zoo data list)", section="data")
+    data_dir: str | None = _data_dir()
+    image_size: int | None = setting(None, "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)", section="data", parse=types.image_size)
+    train_examples: int | None = setting(None, "use only the first N training examples; default: the whole split", section="data", parse=types.positive_int)
+    dropout: float = setting(0.0, "dropout before the logits layer, in [0, 1)", section="model", parse=types.dropout)
+    epochs: int = setting(5, "passes over the training split", section="train", parse=types.positive_int)
+    batch_size: int = setting(32, "global batch: examples per step over all devices", section="train", parse=types.positive_int)
+    learning_rate: float = setting(1e-3, "Adam learning rate", section="train", parse=types.positive_float)
+    seed: int = _seed("data, weight initialisation and shuffling")
+    output: str = setting("runs/cnn/small_cnn.keras", "where the trained model is saved (.keras); metrics.csv goes beside it", section="train")
+
+
+@dataclasses.dataclass
+class VerifyConfig(_Checked):
+    """Settings of ``zoo verify cnn``: a distributed run against one device."""
+
+    layout: str = setting("model", LAYOUT_HELP, section="parallel", choices=("data", "model"))
+    mesh: str | None = _mesh()
+    steps: int = setting(3, "optimizer steps compared", section="verify", parse=types.positive_int)
+    batch_size: int = setting(32, "global batch", section="verify", parse=types.positive_int)
+    image_size: int = setting(32, "shapes drawn in memory, any size >= 16", section="verify", parse=types.generated_image_size)
+    optimizer: str = setting("sgd", "adam turns rounding-level gradient noise into learning-rate-sized steps", section="verify", choices=choices.OPTIMIZERS)
+    rtol: float = setting(1e-4, "relative tolerance: |d - r| <= atol + rtol * |r| elementwise", section="verify", parse=types.non_negative_float)
+    atol: float = setting(1e-5, "absolute tolerance", section="verify", parse=types.non_negative_float)
+    seed: int = _seed()
+
+
+@dataclasses.dataclass
+class GPTTrainConfig(CheckpointSettings, _Checked):
+    """Settings of ``zoo train gpt`` (recipe job ``pretrain_gpt``)."""
+
+    config_name: str = setting("gpt_small", "named size (zoo.models.GPT_CONFIGS; byte-level vocabulary of 256)", section="model")
+    dropout: float = setting(0.0, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout)
+    layout: str = setting("data", LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto", section="parallel",
+                          choices=choices.TRANSFORMER_JOB_LAYOUTS + (choices.AUTO,))  # fmt: skip
+    mesh: str | None = _mesh()
+    context_attention: str = _context_attention()
+    balance: str | None = setting(None, "layout context: causal load balancing of the sequence order", section="parallel", choices=choices.BALANCES)
+    dataset: str = setting("python_docs", "a language-modelling dataset (zoo data list)", section="data")
+    data_dir: str | None = _data_dir()
+    sequence_length: int = setting(128, "tokens per example (T)", section="train", parse=types.sequence_length)
+    batch_size: int = setting(32, "global batch: examples per step over all devices (divides by the data axis)", section="train", parse=types.positive_int)
+    epochs: int = setting(2, "passes over the training split", section="train", parse=types.positive_int)
+    steps_per_epoch: int | None = setting(None, "epochs over the first N batches' windows; default: the whole split", section="train", parse=types.positive_int)
+    learning_rate: float = setting(2e-3, "AdamW peak, cosine-decayed to 10% over the run", section="train", parse=types.positive_float)
+    weight_decay: float = setting(0.01, "AdamW weight decay", section="train", parse=types.non_negative_float)
+    precision: str = setting("float32", "mixed_bfloat16: bf16 compute, float32 weights and optimizer", section="train", choices=choices.PRECISIONS)
+    remat: str = setting("none", "what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more compute), "
+                         "dots_saveable (matmul outputs); --remat alone means full", section="train", choices=choices.REMATS, const="full")  # fmt: skip
+    gradient_accumulation_steps: int = setting(1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int)
+    seed: int = _seed()
+    output: str = setting("runs/gpt/gpt.keras", "where the trained model is saved (.keras); metrics.csv goes beside it", section="train")
+    report_every: int = setting(50, "print step time, tokens/s and MFU every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
+    peak_tflops: float | None = setting(None, "device peak dense TFLOP/s for MFU; default: looked up from the device kind (none on CPU)",
+                                        section="logging", parse=types.positive_float)  # fmt: skip
+    profile_dir: str | None = setting(None, "write a jax.profiler trace of a few steps here", section="logging", metavar="DIR")
+    profile_steps: int = setting(3, "steps the trace covers (from step 2, after compilation)", section="logging", parse=types.positive_int)
+
+
+@dataclasses.dataclass
+class ClassifierTrainConfig(_Checked):
+    """Settings shared by ``zoo train encoder`` and ``zoo train vit``."""
+
+    model = None  # "encoder" | "vit": set by the subclass
+    config_name: str | None = setting(None, "named size (zoo.models.*_CONFIGS); default: <model>_tiny", section="model")
+    dropout: float = setting(0.1, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout)
+    layout: str = setting("data", LAYOUT_HELP, section="parallel", choices=choices.TRANSFORMER_JOB_LAYOUTS)
+    mesh: str | None = _mesh()
+    context_attention: str = _context_attention()
+    dataset: str | None = setting(None, "dataset (zoo data list); default python_docs_topics (encoder), shapes (vit)", section="data")
+    data_dir: str | None = _data_dir()
+    batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
+    epochs: int = setting(5, "passes over the training split", section="train", parse=types.positive_int)
+    learning_rate: float = setting(1e-3, "AdamW learning rate", section="train", parse=types.positive_float)
+    seed: int = _seed()
+    output: str | None = setting(None, "where the trained model is saved (.keras); default runs/<model>/<model>.keras", section="train")
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.config_name = self.config_name or f"{self.model}_tiny"
+        self.dataset = self.dataset or ("python_docs_topics" if self.model == "encoder" else "shapes")
+        self.output = self.output or f"runs/{self.model}/{self.model}.keras"
+
+
+@dataclasses.dataclass
+class EncoderTrainConfig(ClassifierTrainConfig):
+    """Settings of ``zoo train encoder`` (text classification)."""
+
+    model = "encoder"
+    sequence_length: int = setting(128, "tokens per example", section="train", parse=types.sequence_length)
+
+
+@dataclasses.dataclass
+class ViTTrainConfig(ClassifierTrainConfig):
+    """Settings of ``zoo train vit`` (image classification)."""
+
+    model = "vit"
+    image_size: int | None = setting(None, "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)", section="data", parse=types.image_size)
+
+
+@dataclasses.dataclass
+class FinetuneConfig(CheckpointSettings, _Checked):
+    """Settings of ``zoo finetune`` (recipe job ``finetune``)."""
+
+    preset: str = setting("small_cnn_shapes", "a shipped preset's name (e.g. small_cnn_shapes) or a preset folder (a path with '/')",
+                          section="model", positional=True)  # fmt: skip
+    method: str = setting("lora", "what trains: frozen (the head), lora (head + LoRA factors), full (everything)", section="finetune", choices=choices.METHODS)
+    lora_rank: int = setting(4, "rank r of the LoRA factors", section="finetune", parse=types.positive_int)
+    lora_alpha: float | None = setting(None, "LoRA scale alpha (the update is scaled by alpha / r); default alpha = r", section="finetune", parse=types.positive_float)
+    layout: str = setting("single", LAYOUT_HELP + "; model uses the preset's layout map, fsdp/tp the Transformer presets'", section="parallel",
+                          choices=("single", "data", "model", "fsdp", "tp"))  # fmt: skip
+    mesh: str | None = _mesh()
+    dataset: str = setting("digits", "a classification dataset (zoo data list)", section="data")
+    data_dir: str | None = _data_dir()
+    train_examples: int | None = setting(None, "use only the first N training examples; default: the whole split", section="data", parse=types.positive_int)
+    test_examples: int | None = setting(None, "evaluate on the first N test examples; default: the whole split", section="data", parse=types.positive_int)
+    epochs: int = setting(3, "passes over the training examples", section="train", parse=types.positive_int)
+    batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
+    learning_rate: float | None = setting(None, "Adam learning rate; default per method (frozen, lora 1e-2; full 3e-3)", section="train", parse=types.positive_float)
+    seed: int = _seed("LoRA factors' initialisation and shuffling")
+    output: str | None = setting(None, "save the fine-tuned model here as a preset (LoRA merged; adapter in lora.weights.h5; metrics.csv beside)",
+                                 section="train")  # fmt: skip
+    report_every: int = setting(50, "print step time and examples/s every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
+
+
+@dataclasses.dataclass
+class GenerateConfig(_Checked):
+    """Settings of ``zoo generate``."""
+
+    model: str = setting("runs/gpt/gpt.keras", "a .keras file saved by zoo train gpt", section="generate")
+    prompt: str = setting("def ", "UTF-8 text, at least one character", section="generate", parse=types.text)
+    max_new_tokens: int = setting(200, "tokens generated after the prompt", section="generate", parse=types.positive_int)
+    sampler: str = setting("top_k", "greedy (argmax), top_k or top_p sampling", section="generate", choices=choices.SAMPLERS)
+    temperature: float = setting(0.8, "divides the logits before sampling", section="generate", parse=types.positive_float)
+    top_k: int = setting(10, "top_k sampler: sample among the k most likely tokens", section="generate", parse=types.positive_int)
+    top_p: float = setting(0.9, "top_p sampler: the smallest set holding this probability, in (0, 1]", section="generate", parse=types.probability)
+    seed: int = setting(0, "sampling is reproducible for a seed", section="generate", parse=types.non_negative_int)
+
+
+TRAIN_CONFIGS = {"cnn": CNNTrainConfig, "gpt": GPTTrainConfig, "encoder": EncoderTrainConfig, "vit": ViTTrainConfig}
