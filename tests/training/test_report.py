@@ -1,5 +1,7 @@
-"""Step reports (time, throughput, MFU; process 0 only), config and mesh printouts, profiler traces."""
+"""Step reports (time, throughput, MFU; process 0 only; into the Keras logs), the run's
+metrics.csv / steps.csv, config and mesh printouts, profiler traces."""
 
+import csv
 import dataclasses
 import types
 
@@ -9,18 +11,43 @@ import pytest
 
 from zoo.distribution import make_mesh
 from zoo.training import report as report_module
+from zoo.training import run_logs
+from zoo.training.callbacks import Throughput
 from zoo.training.profile import ProfileSteps
-from zoo.training.report import StepReport, StepStats, format_config, format_mesh, format_stats, print_mesh
+from zoo.training.report import (
+    StepReport,
+    StepStats,
+    format_config,
+    format_mesh,
+    format_stats,
+    print_mesh,
+)
 
 BATCH, STEPS, FEATURES = 8, 5, 4
 
 
-def _fit(callbacks, steps=STEPS):
+def _fit(callbacks, steps=STEPS, epochs=1, initial_epoch=0, validation=False):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, name="hidden"), keras.layers.Dense(1, name="out")])
     model.compile(optimizer="sgd", loss="mse")
     x = np.random.default_rng(0).normal(size=(steps * BATCH, FEATURES)).astype("float32")
-    model.fit(x, x[:, :1], batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    validation_data = (x[:BATCH], x[:BATCH, :1]) if validation else None
+    return model.fit(x, x[:, :1], batch_size=BATCH, epochs=epochs, initial_epoch=initial_epoch, shuffle=False, verbose=0,
+                     callbacks=callbacks, validation_data=validation_data)  # fmt: skip
+
+
+class _Logs(keras.callbacks.Callback):
+    """What a logger placed after the reporting callbacks (CSVLogger, TensorBoard) is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.epochs = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append(dict(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(dict(logs))
 
 
 def test_step_report_numbers_follow_the_formulas():
@@ -38,6 +65,100 @@ def test_step_report_numbers_follow_the_formulas():
     assert lines[0].startswith("step 1: ") and lines[0].endswith("s (XLA compilation + first step)")
     assert lines[1:] == [format_stats(s, "examples") for s in callback.stats]
     assert "MFU" in lines[1]
+
+
+def test_step_report_writes_its_figures_into_the_logs_of_later_callbacks():
+    flops = 6 * (FEATURES * 8 + 8 * 1) * BATCH
+    callback, seen = StepReport(BATCH, unit="tokens", flops_per_step=flops, peak_flops_per_device=1e9, num_devices=2, every=2, report=lambda line: None), _Logs()
+    history = _fit([callback, seen])
+    reported = [index + 1 for index, logs in enumerate(seen.steps) if "tokens_per_second" in logs]
+    assert reported == [s.step for s in callback.stats] == [3, 5]
+    for stats in callback.stats:
+        logs = seen.steps[stats.step - 1]
+        assert (logs["tokens_per_second"], logs["step_time_s"], logs["mfu"]) == (stats.items_per_s, stats.step_time_s, stats.mfu)
+    (epoch,) = seen.epochs  # the epoch's mean over its steps after the first (steps 2-5)
+    assert epoch["step_time_s"] == pytest.approx(sum(s.step_time_s * s.steps for s in callback.stats) / 4)
+    assert epoch["tokens_per_second"] == pytest.approx(BATCH / epoch["step_time_s"])
+    assert epoch["mfu"] == pytest.approx(flops / epoch["step_time_s"] / 2e9)
+    assert history.history["tokens_per_second"] == [epoch["tokens_per_second"]]  # History sees them too
+
+
+def test_step_report_starts_its_line_after_a_progress_bar():
+    callback = StepReport(BATCH, every=1)
+    callback.set_params({"verbose": 1})
+    assert report_module.own_line(callback, "step 3") == "\nstep 3"
+    callback.set_params({"verbose": 2})
+    assert report_module.own_line(callback, "step 3") == "step 3"
+
+
+def test_throughput_logs_each_epoch_and_prints_after_kerass_line():
+    lines, seen = [], _Logs()
+    throughput = Throughput(BATCH, lines.append)
+
+    class Marker(keras.callbacks.Callback):  # stands in for Keras' own epoch line, printed after every callback
+        def on_epoch_end(self, epoch, logs=None):
+            lines.append(f"keras epoch {epoch + 1}")
+
+    _fit([throughput, seen, Marker()], epochs=2)
+    assert [e["images_per_second"] for e in seen.epochs] == throughput.per_epoch and all(r > 0 for r in throughput.per_epoch)
+    assert lines[0] == "keras epoch 1" and lines[1].startswith("epoch 1: ") and lines[1].endswith("(includes compilation)")
+    assert lines[2] == "keras epoch 2" and lines[3].startswith("epoch 2: ") and len(lines) == 4
+
+
+def _csv(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_run_logs_write_every_epoch_and_the_reported_steps_and_append_on_resume(tmp_path):
+    report = StepReport(BATCH, unit="tokens", every=2, report=lambda line: None)
+    _fit([report, *run_logs.run_log_callbacks(tmp_path)], epochs=2, validation=True)
+    epochs, steps = _csv(tmp_path / "metrics.csv"), _csv(tmp_path / "steps.csv")
+    assert [(r["epoch"], r["step"]) for r in epochs] == [("1", "5"), ("2", "10")]
+    assert list(epochs[0]) == ["epoch", "step", "loss", "step_time_s", "tokens_per_second", "val_loss"]
+    assert all(float(r["val_loss"]) > 0 and float(r["tokens_per_second"]) > 0 for r in epochs)
+    # StepReport reports steps 3 and 5 of epoch 1 (step 1 is compilation), 8 and 10 of epoch 2 (the window restarts)
+    assert [(r["epoch"], r["step"]) for r in steps] == [("1", "3"), ("1", "5"), ("2", "8"), ("2", "10")]
+    assert [float(r["tokens_per_second"]) for r in steps] == [s.items_per_s for s in report.stats]
+
+    # resumed from the checkpoint of step 5: epoch 2 again; its first run's rows go, the rest stay
+    _fit([StepReport(BATCH, every=2, report=lambda line: None), *run_logs.run_log_callbacks(tmp_path, resume=True, initial_step=5)],
+         epochs=2, initial_epoch=1)  # fmt: skip
+    resumed = _csv(tmp_path / "metrics.csv")
+    assert [(r["epoch"], r["step"]) for r in resumed] == [("1", "5"), ("2", "10")]
+    assert resumed[0] == epochs[0] and resumed[1]["val_loss"] == "" and float(resumed[1]["loss"]) > 0
+    assert [(r["epoch"], r["step"]) for r in _csv(tmp_path / "steps.csv")] == [("1", "3"), ("1", "5"), ("2", "8"), ("2", "10")]
+
+    _fit(run_logs.run_log_callbacks(tmp_path))  # a fresh run starts the files afresh
+    assert [(r["epoch"], r["step"]) for r in _csv(tmp_path / "metrics.csv")] == [("1", "5")]
+
+
+def test_run_logs_write_tensorboard_scalars_when_a_writer_is_importable(tmp_path, monkeypatch):
+    written = []
+
+    class Writer:  # the part of tensorboardX.SummaryWriter the logger uses
+        def __init__(self, logdir):
+            written.append(("open", str(logdir)))
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            written.append(("close",))
+
+    monkeypatch.setattr(run_logs, "tensorboard_writer_class", lambda: Writer)
+    _fit([StepReport(BATCH, every=4, report=lambda line: None), *run_logs.run_log_callbacks(tmp_path)])
+    assert written[0] == ("open", str(tmp_path / "tensorboard")) and written[-1] == ("close",)
+    assert set(written[1:-1]) == {("step/loss", 5), ("step/tokens_per_second", 5), ("step/step_time_s", 5),
+                                  ("epoch/loss", 5), ("epoch/tokens_per_second", 5), ("epoch/step_time_s", 5)}  # fmt: skip
+
+
+def test_run_logs_only_on_process_zero(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_logs, "is_primary", lambda: False)
+    assert run_logs.run_log_callbacks(tmp_path) == []
 
 
 def test_step_report_prints_only_on_process_zero(monkeypatch):

@@ -5,6 +5,7 @@ import time
 import keras
 
 from zoo.training._data_position import TrainingPosition
+from zoo.training.report import rate_name
 
 
 class Throughput(keras.callbacks.Callback):
@@ -12,7 +13,11 @@ class Throughput(keras.callbacks.Callback):
     (validation excluded).
 
     The clock runs from the start of the epoch to the end of its last training batch;
-    epoch 1 includes XLA compilation.
+    epoch 1 includes XLA compilation. The rate goes into the epoch's ``logs`` as
+    ``<unit>_per_second`` (``images_per_second``: ``CSVLogger``, ``History`` and
+    ``zoo.training.run_logs`` after this callback see it) and is printed on its own
+    line once Keras has printed the epoch's (at the next epoch's start, or the end of
+    training), not glued onto its progress bar.
     """
 
     def __init__(self, global_batch_size, report=print, unit="images"):
@@ -21,8 +26,10 @@ class Throughput(keras.callbacks.Callback):
         self.report = report
         self.unit = unit
         self.per_epoch = []  # examples/s, one entry per epoch
+        self._pending = None  # the last epoch's line, printed after Keras' own
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._flush()
         self._start = time.perf_counter()
         self._end = self._start
         self._examples = 0
@@ -34,8 +41,18 @@ class Throughput(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         rate = self._examples / max(self._end - self._start, 1e-9)
         self.per_epoch.append(rate)
+        if logs is not None:
+            logs[rate_name(self.unit)] = rate
         note = " (includes compilation)" if epoch == 0 else ""
-        self.report(f"epoch {epoch + 1}: {rate:,.1f} {self.unit}/s over {self._examples} {self.unit}{note}")
+        self._pending = f"epoch {epoch + 1}: {rate:,.1f} {self.unit}/s over {self._examples} {self.unit}{note}"
+
+    def on_train_end(self, logs=None):
+        self._flush()
+
+    def _flush(self):
+        if self._pending is not None:
+            self.report(self._pending)
+            self._pending = None
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):

@@ -1,5 +1,11 @@
 """What a training run prints: its config and mesh at the start, step time / throughput /
 MFU as it goes. Only process 0 prints (every process measures, so all do the same work).
+
+The figures also go into the ``logs`` dict Keras hands to the callbacks after this one
+(``CSVLogger``, TensorBoard, ``History``, ``zoo.training.run_logs``) under the names of
+``log_names``: ``<unit>_per_second`` (``tokens_per_second``, ``images_per_second``,
+``examples_per_second``), ``step_time_s`` and, when known, ``mfu`` (a fraction). A
+callback sees them only if it comes after the one that writes them in ``callbacks=[...]``.
 """
 
 import dataclasses
@@ -12,6 +18,26 @@ import numpy as np
 from zoo.distribution.mesh import describe_mesh
 from zoo.distribution.multihost import is_primary
 from zoo.training.mfu import mfu
+
+STEP_TIME = "step_time_s"  # seconds per optimizer step (wall clock, averaged)
+MFU = "mfu"  # model FLOPs utilisation, a fraction
+
+
+def rate_name(unit):
+    """The logs key of a throughput in ``unit``: ``tokens`` -> ``tokens_per_second``."""
+    return f"{unit}_per_second"
+
+
+def log_names(unit):
+    """Every logs key ``StepReport`` may write for ``unit``."""
+    return (rate_name(unit), STEP_TIME, MFU)
+
+
+def own_line(callback, line):
+    """``line`` so that it prints on a line of its own while Keras' progress bar
+    (``fit(verbose=1)``) sits unfinished on the current one: with a newline in front."""
+    verbose = (getattr(callback, "params", None) or {}).get("verbose")
+    return "\n" + line if verbose == 1 else line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +60,10 @@ class StepReport(keras.callbacks.Callback):
     the device; any ``jax.Array`` left in them is blocked on), so JAX's asynchronous
     dispatch cannot make a step look faster than it is. The first step (XLA
     compilation) is reported on its own and left out of the averages.
+
+    Each reported step also writes ``<unit>_per_second``, ``step_time_s`` and ``mfu``
+    (when known) into that batch's ``logs``; each epoch's ``logs`` get the same figures
+    averaged over the epoch's steps after its first (none for a one-step epoch).
 
     Args:
         items_per_step: tokens (or images) in one global batch, e.g. B * T.
@@ -78,13 +108,18 @@ class StepReport(keras.callbacks.Callback):
         self._primary = is_primary()
         self._done = self._step = 0  # steps finished before the current epoch, and in all
         self._window = None  # (steps done, time) at the start of the current window
+        self._epoch_start = None  # (steps done, time) at the end of the epoch's first step
+        self._last = None  # (steps done, time) at the end of the latest step
         self._begin = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._window = None  # epoch boundaries (validation, callbacks) are not step time
+        self._window = self._epoch_start = None  # epoch boundaries (validation, callbacks) are not step time
 
     def on_epoch_end(self, epoch, logs=None):
         self._done = self._step
+        if logs is not None and self._epoch_start is not None and self._last[0] > self._epoch_start[0]:
+            steps = self._last[0] - self._epoch_start[0]
+            logs.update(self._figures((self._last[1] - self._epoch_start[1]) / steps))
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._begin is None:
@@ -97,27 +132,41 @@ class StepReport(keras.callbacks.Callback):
         if self.first_step_s is None:
             self.first_step_s = now - self._begin
             self._say(f"step {self._step}: {self.first_step_s:.3f} s (XLA compilation + first step)")
+        self._last = (self._step, now)
+        if self._epoch_start is None:
+            self._epoch_start = self._last
         if self._window is None:
             self._window = (self._step, now)
             return
         steps = self._step - self._window[0]
         if steps >= self.every:
-            self._record(steps, now - self._window[1])
+            stats = self._record(steps, now - self._window[1])
+            if logs is not None:
+                logs.update(self._figures(stats.step_time_s))
             self._window = (self._step, now)
+
+    def _mfu(self, step_time):
+        if self.flops_per_step and self.peak_flops_per_device:
+            return mfu(self.flops_per_step, step_time, self._devices, self.peak_flops_per_device)
+        return None
+
+    def _figures(self, step_time):
+        """``{<unit>_per_second, step_time_s[, mfu]}`` for a mean step time: what goes into logs."""
+        figures = {rate_name(self.unit): self.items_per_step / step_time, STEP_TIME: step_time}
+        utilisation = self._mfu(step_time)
+        return figures if utilisation is None else {**figures, MFU: utilisation}
 
     def _record(self, steps, seconds):
         step_time = seconds / steps
         rate = self.items_per_step / step_time
-        utilisation = None
-        if self.flops_per_step and self.peak_flops_per_device:
-            utilisation = mfu(self.flops_per_step, step_time, self._devices, self.peak_flops_per_device)
-        stats = StepStats(self._step, steps, step_time, rate, rate / self._devices, utilisation)
+        stats = StepStats(self._step, steps, step_time, rate, rate / self._devices, self._mfu(step_time))
         self.stats.append(stats)
         self._say(format_stats(stats, self.unit))
+        return stats
 
     def _say(self, line):
         if self._primary:
-            self.report(line)
+            self.report(own_line(self, line))
 
 
 def format_stats(stats, unit="tokens"):
@@ -155,8 +204,10 @@ def format_mesh(mesh):
     processes = np.vectorize(lambda d: d.process_index, otypes=[int])(devices)
     kinds = sorted({d.device_kind for d in devices.flat})
     lines = [
-        f"mesh: {describe_mesh(mesh)} over {devices.size} x {'/'.join(kinds)} ({devices.flat[0].platform}), "
-        f"{len(np.unique(processes))} process(es)"
+        (
+            f"mesh: {describe_mesh(mesh)} over {devices.size} x {'/'.join(kinds)} ({devices.flat[0].platform}), "
+            f"{len(np.unique(processes))} process(es)"
+        )
     ]
     for index, (name, size) in enumerate(zip(mesh.axis_names, mesh.shape)):
         crosses = bool(np.any(np.diff(processes, axis=index))) if size > 1 else False
