@@ -1,31 +1,35 @@
 """What the GPT parity tests share (``test_gpt_parity.py``, ``test_gpt_remat.py``): the
-tiny model, its strategies' distributions, the optimizer and the data."""
+tiny model, its layouts' distributions, the optimizer and the data."""
 
 import keras
 import numpy as np
 
 from zoo.distribution import CheckedModelParallel, distribution_for, make_mesh
-from zoo.models.gpt import GPT_CONFIGS, GPTCausalLM
+from zoo.models._transformer_layouts import layout_overrides
+from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM
 
 LENGTH, BATCH, STEPS = 16, 8, 3  # T = 16 splits 4 ways over 'seq' under context parallelism
 TRAIN_LAYERS = 1  # each compile of a block's forward and backward costs seconds on CPU
 # gpt_tiny with 8 query / 4 KV heads (head_dim 4) so heads split over a model axis of 4
-CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(num_heads=8, num_kv_heads=4, dropout=0.1, seed=11, tie_embeddings=True)
+CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(num_query_heads=8, num_key_value_heads=4, dropout=0.1, seed=11, tie_word_embeddings=True)
 
 
-def model_config(strategy, **overrides):
-    if strategy.startswith("context"):  # the model is unchanged: the distribution picks the attention kernel
-        strategy = "data"
-    return GPTCausalLM.config_for_strategy(strategy, CONFIG | overrides)
+def model_config(layout, **overrides):
+    """``GPTBackbone`` arguments for ``layout``: ``CONFIG``, ``overrides`` and what the layout needs."""
+    return CONFIG | overrides | layout_overrides(layout)  # context: the distribution picks the attention kernel
 
 
-def strategy_distribution(strategy, mesh, config):
-    if strategy.startswith("context"):  # "context-<kernel>": inputs split on batch and sequence
-        return distribution_for(GPTCausalLM, "context", mesh, attention=strategy.split("-")[1])
+def build_lm(config):
+    return GPTCausalLM(backbone=GPTBackbone(**config))
+
+
+def layout_distribution(layout, mesh, config):
+    if layout.startswith("context"):  # "context-<kernel>": inputs split on batch and sequence
+        return distribution_for(GPTCausalLM, "context", mesh, context_attention=layout.split("-")[1])
     mesh = make_mesh(mesh)
-    if strategy == "data":
+    if layout == "data":
         return keras.distribution.DataParallel(device_mesh=mesh)
-    layout_map = GPTCausalLM.get_layout_map(mesh, strategy, config=config)
+    layout_map = GPTCausalLM.get_layout_map(mesh, layout, config=config)
     return CheckedModelParallel(layout_map=layout_map, batch_dim_name="data")
 
 

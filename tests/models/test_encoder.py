@@ -3,8 +3,14 @@ import numpy as np
 import pytest
 
 from zoo.data import load
-from zoo.distribution import CheckedModelParallel, LayoutError, build_distributed, make_mesh
+from zoo.distribution import (
+    CheckedModelParallel,
+    LayoutError,
+    build_distributed,
+    make_mesh,
+)
 from zoo.distribution.parity import check_parity
+from zoo.models._transformer_layouts import layout_overrides
 from zoo.models.encoder import ENCODER_CONFIGS, TransformerEncoderClassifier
 
 LENGTH = 16  # tokens per example
@@ -21,9 +27,9 @@ def _compile_sgd(model):
     )
 
 
-def _tp(mesh_spec="data=2,model=4", strategy="tp", config=None):
+def _tp(mesh_spec="data=2,model=4", layout="tp", config=None):
     mesh = make_mesh(mesh_spec)
-    return CheckedModelParallel(layout_map=TransformerEncoderClassifier.get_layout_map(mesh, strategy, config), batch_dim_name="data")
+    return CheckedModelParallel(layout_map=TransformerEncoderClassifier.get_layout_map(mesh, layout, config), batch_dim_name="data")
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +94,13 @@ def test_padding_does_not_change_the_logits(overrides):
 
 
 def test_config_and_keras_file_round_trip(tmp_path):
-    model = _tiny(num_kv_heads=2, mlp="swiglu", norm="rms", position_embedding="rotary", pooling="cls", dropout=0.1, seed=5)
+    model = _tiny(num_key_value_heads=2, mlp="swiglu", norm="rms", position_embedding="rotary", pooling="cls", dropout=0.1, seed=5)
     config = model.get_config()
     assert config == TransformerEncoderClassifier.from_config(config).get_config()
-    assert config["num_kv_heads"] == 2 and config["pooling"] == "cls" and config["tp_sequence_parallel"] is False
+    assert config["num_key_value_heads"] == 2 and config["pooling"] == "cls" and config["megatron_sp"] is False
+    old = {k: v for k, v in config.items() if k not in ("num_query_heads", "megatron_sp")}  # keys saved before issue 16
+    old.update(num_heads=4, tp_sequence_parallel=True)
+    assert TransformerEncoderClassifier.from_config(old).get_config() == config | {"megatron_sp": True}
     ids = np.random.default_rng(0).integers(0, 256, (2, LENGTH)).astype("int32")
     expected = model.predict(ids, verbose=0)
     model.save(tmp_path / "encoder.keras")
@@ -103,7 +112,7 @@ def test_config_and_keras_file_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(hidden_dim=30), "hidden_dim=30 is not divisible by num_heads=4"),
+        (dict(hidden_dim=30), "hidden_dim=30 is not divisible by num_query_heads=4"),
         (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
         (dict(pooling="max"), "pooling must be one of ['cls', 'mean'], got 'max'"),
         (dict(position_embedding="sinusoid"), "position_embedding must be one of ['learned', 'rotary']"),
@@ -129,28 +138,28 @@ def test_unknown_config_name_lists_the_names():
 
 
 @pytest.mark.parametrize(
-    "strategy, overrides, message",
+    "layout, overrides, message",
     [
-        ("tp", dict(num_heads=2, hidden_dim=32), "num_heads=2 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp", dict(num_query_heads=2, hidden_dim=32), "num_query_heads=2 is not divisible by the 'model' mesh axis of size 4"),
         ("tp", dict(vocabulary_size=258), "vocabulary_size=258 is not divisible by the 'model' mesh axis of size 4"),
-        ("fsdp", dict(hidden_dim=36, num_heads=4), "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8"),
+        ("fsdp", dict(hidden_dim=36, num_query_heads=4), "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8"),
         ("fsdp", dict(vocabulary_size=260), "vocabulary_size=260 is not divisible by the 'data' mesh axis of size 8"),
-        ("tp+sp", {}, "needs the model built with tp_sequence_parallel=True"),
+        ("tp+sp", {}, "needs the model built with megatron_sp=True"),
     ],
 )
-def test_layout_map_checks_the_config_up_front(strategy, overrides, message):
-    mesh = make_mesh("data=8" if strategy == "fsdp" else "data=2,model=4")
+def test_layout_map_checks_the_config_up_front(layout, overrides, message):
+    mesh = make_mesh("data=8" if layout == "fsdp" else "data=2,model=4")
     config = {**ENCODER_CONFIGS["encoder_tiny"], **overrides}
     with pytest.raises((LayoutError, ValueError)) as error:
-        TransformerEncoderClassifier.get_layout_map(mesh, strategy, config)
+        TransformerEncoderClassifier.get_layout_map(mesh, layout, config)
     assert message in str(error.value)
 
 
 def test_layout_map_rules_per_strategy():
     mesh = make_mesh("data=2,model=4")
 
-    def rules(strategy, config=None):
-        layout_map = TransformerEncoderClassifier.get_layout_map(mesh, strategy, config)
+    def rules(layout, config=None):
+        layout_map = TransformerEncoderClassifier.get_layout_map(mesh, layout, config)
         return {key: layout_map[key].axes for key in layout_map}
 
     assert rules("data") == {}
@@ -163,12 +172,12 @@ def test_layout_map_rules_per_strategy():
     assert fsdp_tp[r".*token_embedding/embeddings"] == ("model", "data")
     assert fsdp_tp[r".*position_embedding/embeddings"] == (None, "data")
     assert fsdp_tp[r".*classifier_head/kernel"] == ("data", "model")
-    rotary = TransformerEncoderClassifier.config_for_strategy("tp+sp", {**ENCODER_CONFIGS["encoder_tiny"], "position_embedding": "rotary"})
+    rotary = {**ENCODER_CONFIGS["encoder_tiny"], "position_embedding": "rotary", **layout_overrides("tp+sp")}
     assert not any("position_embedding" in key for key in rules("tp+sp", rotary))
     assert rules("tp+sp", rotary) == rules("tp", rotary)  # same weight layouts as tp
 
 
-def test_from_config_name_applies_the_strategy():
-    model = TransformerEncoderClassifier.from_config_name("encoder_tiny", strategy="tp+sp", num_layers=1)
-    assert model.tp_sequence_parallel and model.num_layers == 1
-    assert model.get_layer("block_0").tp_sequence_parallel
+def test_from_config_name_applies_the_layout():
+    model = TransformerEncoderClassifier.from_config_name("encoder_tiny", layout="tp+sp", num_layers=1)
+    assert model.megatron_sp and model.num_layers == 1
+    assert model.get_layer("block_0").megatron_sp

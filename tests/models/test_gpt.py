@@ -8,10 +8,20 @@ import keras
 import numpy as np
 import pytest
 
-from zoo.distribution import CheckedModelParallel, LayoutError, build_distributed, make_mesh
+from zoo.distribution import (
+    CheckedModelParallel,
+    LayoutError,
+    build_distributed,
+    make_mesh,
+)
+from zoo.models._transformer_layouts import layout_overrides
 from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM, count_parameters
 
 TINY = dict(GPT_CONFIGS["gpt_tiny"])
+
+
+def _lm(config):
+    return GPTCausalLM(backbone=GPTBackbone(**config))
 
 
 def _tokens(batch=2, length=12, seed=0):
@@ -20,14 +30,17 @@ def _tokens(batch=2, length=12, seed=0):
 
 def test_config_keeps_every_argument_and_round_trips():
     model = GPTCausalLM.from_config_name(
-        "gpt_tiny", dropout=0.1, seed=3, rotary_base=500.0, norm="layer", sequence_parallel="ring", remat="dots_saveable"
-    )
+        "gpt_tiny", dropout=0.1, seed=3, rope_max_wavelength=500.0, norm="layer", context_attention="ring",
+        remat="dots_saveable",
+    )  # fmt: skip
     config = model.get_config()
     arguments = set(inspect.signature(GPTCausalLM.__init__).parameters) - {"self", "kwargs"}
     assert arguments <= set(config), arguments - set(config)
-    assert config["head_dim"] == 8 and config["num_kv_heads"] == 2 and config["rotary_base"] == 500.0  # defaults resolved
-    assert config["sequence_parallel"] == "ring" and model.backbone.blocks[1].attention.sequence_parallel == "ring"
-    assert config["remat"] == "dots_saveable" and model.backbone.blocks[1].remat == "dots_saveable"
+    assert config["backbone"]["registered_name"] == "zoo>GPTBackbone"  # nested as keras-hub does
+    backbone = config["backbone"]["config"]
+    assert backbone["head_dim"] == 8 and backbone["num_key_value_heads"] == 2 and backbone["rope_max_wavelength"] == 500.0
+    assert backbone["context_attention"] == "ring" and model.backbone.blocks[1].attention.context_attention == "ring"
+    assert backbone["remat"] == "dots_saveable" and model.backbone.blocks[1].remat == "dots_saveable"
     assert model.backbone.blocks[1].mlp_dropout.seed == 3 + 1 + 2 + 1  # block i: seed + 1 + 2i (and + 1)
     clone = GPTCausalLM.from_config(config)
     assert clone.get_config() == config
@@ -36,9 +49,28 @@ def test_config_keeps_every_argument_and_round_trips():
     assert backbone_arguments <= set(model.backbone.get_config())
 
 
+def test_configs_saved_with_the_old_keys_load_into_the_new_names():
+    """A .keras file or preset written before issue 16: GPTCausalLM's config flat, old keys."""
+    old = {
+        "name": "lm", "trainable": True, "vocabulary_size": 256, "num_layers": 1, "num_heads": 4, "num_kv_heads": 2,
+        "hidden_dim": 32, "intermediate_dim": 64, "norm_epsilon": 1e-6, "rotary_base": 500.0, "tie_embeddings": True,
+        "tp_sequence_parallel": True, "sequence_parallel": "ring",
+    }  # fmt: skip
+    model = GPTCausalLM.from_config(old)
+    backbone = model.backbone
+    assert model.name == "lm" and backbone.name == "gpt_backbone"
+    assert (backbone.num_query_heads, backbone.num_key_value_heads, backbone.layer_norm_epsilon) == (4, 2, 1e-6)
+    assert (backbone.rope_max_wavelength, backbone.tie_word_embeddings, backbone.megatron_sp) == (500.0, True, True)
+    assert backbone.context_attention == "ring" and backbone.blocks[0].megatron_sp is True
+    assert GPTBackbone.from_config({**old, "name": "gpt_backbone"}).get_config() == backbone.get_config()
+    assert count_parameters(old) == model.count_params()
+    with pytest.raises(ValueError, match="config has both 'num_heads' .* and 'num_query_heads'"):
+        GPTBackbone.from_config(TINY | {"num_heads": 4})
+
+
 @pytest.mark.parametrize(
     "overrides",
-    [dict(tie_embeddings=True), dict(mlp="gelu", norm="layer", dropout=0.2, seed=1, remat="full")],
+    [dict(tie_word_embeddings=True), dict(mlp="gelu", norm="layer", dropout=0.2, seed=1, remat="full")],
     ids=["tied", "gelu-layernorm-remat"],
 )
 def test_keras_file_round_trip_reproduces_outputs(overrides, tmp_path):
@@ -54,7 +86,7 @@ def test_keras_file_round_trip_reproduces_outputs(overrides, tmp_path):
 
 
 def test_backbone_takes_any_sequence_length():
-    backbone = GPTBackbone(**{k: v for k, v in TINY.items() if k != "tie_embeddings"})
+    backbone = GPTBackbone(**TINY)
     assert tuple(backbone.input.shape) == (None, None) and tuple(backbone.output.shape) == (None, None, 32)
     tokens = _tokens(2, 12)
     hidden = np.asarray(backbone.predict_on_batch(tokens))
@@ -72,17 +104,18 @@ def test_variable_paths_are_stable():
         + ["block_0/attention_norm/scale", "block_0/mlp_norm/scale", "final_norm/scale", "lm_head/kernel"]
     )
     assert [v.path for v in model.weights] == expected
-    tied = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, tie_embeddings=True)
+    tied = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, tie_word_embeddings=True)
     assert [v.path for v in tied.weights] == expected[:-1]
 
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(tie_embeddings=True), dict(mlp="gelu", norm="layer", num_kv_heads=4, head_dim=4)],
+    [{}, dict(tie_word_embeddings=True), dict(mlp="gelu", norm="layer", num_key_value_heads=4, head_dim=4)],
 )
 def test_parameter_count_formula_matches_the_model(overrides):
     config = TINY | overrides
-    assert GPTCausalLM(**config).count_params() == count_parameters(config)
+    model = _lm(config)
+    assert model.count_params() == count_parameters(config) == count_parameters(model.get_config())
 
 
 def test_named_configs_and_their_sizes():
@@ -91,24 +124,23 @@ def test_named_configs_and_their_sizes():
     assert 120 < millions["gpt_125m"] < 130 and 340 < millions["gpt_350m"] < 370 and 1000 < millions["gpt_1b"] < 1200
     with pytest.raises(ValueError) as error:
         GPTCausalLM.from_config_name("gpt_huge")
-    assert "unknown GPT config name 'gpt_huge'" in str(error.value)
-    assert str(sorted(GPT_CONFIGS)) in str(error.value)
+    assert "unknown GPTBackbone config 'gpt_huge'" in str(error.value)  # the named sizes are the backbone's
+    assert str(list(GPT_CONFIGS)) in str(error.value)
 
 
-def test_strategy_config_entries():
-    assert GPTCausalLM.from_config_name("gpt_tiny", strategy="tp+sp").tp_sequence_parallel is True
-    assert GPTCausalLM.config_for_strategy("tp", {"tp_sequence_parallel": True, "num_layers": 3}) == {
-        "tp_sequence_parallel": False, "num_layers": 3
-    }
-    with pytest.raises(ValueError, match="unknown layout strategy 'zero3'"):
-        GPTCausalLM.config_for_strategy("zero3", TINY)
+def test_layout_config_entries():
+    assert GPTCausalLM.from_config_name("gpt_tiny", layout="tp+sp").backbone.megatron_sp is True
+    assert GPTCausalLM.from_config_name("gpt_tiny", layout="tp").backbone.megatron_sp is False
+    assert layout_overrides("tp+sp") == {"megatron_sp": True} and layout_overrides("tp") == {}
+    with pytest.raises(ValueError, match="unknown layout 'zero3'"):
+        GPTCausalLM.get_layout_map(make_mesh("data=8"), "zero3")
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(hidden_dim=30), "hidden_dim 30 is not divisible by num_heads 4; pass head_dim explicitly"),
-        (dict(num_kv_heads=3), "num_kv_heads 3 does not divide num_heads 4"),
+        (dict(hidden_dim=30), "hidden_dim 30 is not divisible by num_query_heads 4; pass head_dim explicitly"),
+        (dict(num_key_value_heads=3), "num_key_value_heads 3 does not divide num_query_heads 4"),
         (dict(head_dim=5), "rotary embedding needs an even head_dim, got head_dim 5"),
         (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
         (dict(vocabulary_size=2.5), "vocabulary_size must be a positive integer, got 2.5"),
@@ -120,7 +152,7 @@ def test_strategy_config_entries():
 )
 def test_bad_config_names_the_numbers(overrides, message):
     with pytest.raises(ValueError) as error:
-        GPTCausalLM(**(TINY | overrides))
+        _lm(TINY | overrides)
     assert message in str(error.value)
 
 
@@ -129,12 +161,12 @@ def test_bad_config_names_the_numbers(overrides, message):
 
 def test_kv_heads_and_model_axis_that_do_not_divide_each_other_are_refused_up_front():
     mesh = make_mesh("data=2,model=4")
-    odd = TINY | dict(num_heads=12, num_kv_heads=3, hidden_dim=48)  # 3 KV heads on a model axis of 4
-    for strategy in ("tp", "tp+sp", "fsdp+tp"):
+    odd = TINY | dict(num_query_heads=12, num_key_value_heads=3, hidden_dim=48)  # 3 KV heads on a model axis of 4
+    for layout in ("tp", "tp+sp", "fsdp+tp"):
         with pytest.raises(LayoutError) as error:
-            GPTCausalLM.get_layout_map(mesh, strategy, config=GPTCausalLM.config_for_strategy(strategy, odd))
-        assert "num_kv_heads=3 and the 'model' mesh axis of size 4 (mesh data=2,model=4) do not divide each other" in str(error.value)
-        GPTCausalLM.get_layout_map(mesh, strategy, config=GPTCausalLM.config_for_strategy(strategy, TINY))  # 2 KV heads: replicated
+            GPTCausalLM.get_layout_map(mesh, layout, config=odd | layout_overrides(layout))
+        assert "num_key_value_heads=3 and the 'model' mesh axis of size 4 (mesh data=2,model=4) do not divide each other" in str(error.value)
+        GPTCausalLM.get_layout_map(mesh, layout, config=TINY | layout_overrides(layout))  # 2 KV heads: replicated
     GPTCausalLM.get_layout_map(mesh, "fsdp", config=odd | {"hidden_dim": 48})  # heads are not split by fsdp
 
 
@@ -143,28 +175,28 @@ def test_kv_heads_fewer_than_the_model_axis_are_replicated_and_others_refused_at
     when the attention is built, even without a config given to the layout map."""
     mesh = make_mesh("data=2,model=4")
     distribution = CheckedModelParallel(layout_map=GPTCausalLM.get_layout_map(mesh, "tp"), batch_dim_name="data")
-    model = build_distributed(lambda: GPTCausalLM(**TINY), distribution)
+    model = build_distributed(lambda: _lm(TINY), distribution)
     specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
     assert all(entry is None for entry in specs["block_0/attention/key/kernel"]), specs["block_0/attention/key/kernel"]
     assert specs["block_0/attention/query/kernel"][1] == "model"
     with pytest.raises(ValueError, match=r"num_kv_heads 3 and the 'model' mesh axis of size 4 do not divide each other"):
-        build_distributed(lambda: GPTCausalLM(**(TINY | dict(num_heads=12, num_kv_heads=3, hidden_dim=48))), distribution)
+        build_distributed(lambda: _lm(TINY | dict(num_query_heads=12, num_key_value_heads=3, hidden_dim=48)), distribution)
 
 
 @pytest.mark.parametrize(
-    "strategy, mesh, overrides, message",
+    "layout, mesh, overrides, message",
     [
         ("fsdp", "data=8", dict(hidden_dim=36, head_dim=8), "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8"),
         ("fsdp", "data=8", dict(vocabulary_size=260), "vocabulary_size=260 is not divisible by the 'data' mesh axis of size 8"),
-        ("tp", "data=2,model=4", dict(num_heads=6, num_kv_heads=6, hidden_dim=48), "num_heads=6 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp", "data=2,model=4", dict(num_kv_heads=4, intermediate_dim=66), "intermediate_dim=66 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp", "data=2,model=4", dict(num_kv_heads=4, vocabulary_size=254), "vocabulary_size=254 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp+sp", "data=2,model=4", dict(num_kv_heads=4), "needs a model built with tp_sequence_parallel=True"),
+        ("tp", "data=2,model=4", dict(num_query_heads=6, num_key_value_heads=6, hidden_dim=48), "num_query_heads=6 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp", "data=2,model=4", dict(num_key_value_heads=4, intermediate_dim=66), "intermediate_dim=66 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp", "data=2,model=4", dict(num_key_value_heads=4, vocabulary_size=254), "vocabulary_size=254 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp+sp", "data=2,model=4", dict(num_key_value_heads=4), "needs a model built with megatron_sp=True"),
     ],
 )
-def test_layout_config_errors_name_the_numbers(strategy, mesh, overrides, message):
+def test_layout_config_errors_name_the_numbers(layout, mesh, overrides, message):
     with pytest.raises(ValueError) as error:
-        GPTCausalLM.get_layout_map(make_mesh(mesh), strategy, config=TINY | overrides)
+        GPTCausalLM.get_layout_map(make_mesh(mesh), layout, config=TINY | overrides)
     assert message in str(error.value)
 
 
@@ -174,8 +206,8 @@ def test_layout_rules_per_strategy():
     tp = GPTCausalLM.get_layout_map(mesh, "tp")
     assert tp[r".*token_embedding/embeddings"].axes == ("model", None)
     assert tp[r".*lm_head/kernel"].axes == (None, "model")
-    tied = GPTCausalLM.get_layout_map(mesh, "tp", config=TINY | dict(num_kv_heads=4, tie_embeddings=True))
-    assert r".*lm_head/kernel" not in list(tied)
+    tied = _lm(TINY | dict(num_key_value_heads=4, tie_word_embeddings=True))
+    assert r".*lm_head/kernel" not in list(GPTCausalLM.get_layout_map(mesh, "tp", config=tied.get_config()))
     assert r".*lm_head/kernel" not in list(GPTBackbone.get_layout_map(mesh, "fsdp+tp"))
     with pytest.raises(ValueError, match="needs mesh axes"):
-        GPTCausalLM.get_layout_map(make_mesh("data=8"), "tp")
+        GPTCausalLM.get_layout_map(make_mesh("data=8"), layout="tp")

@@ -50,7 +50,7 @@ def test_greedy_cached_generation_equals_full_recomputation(model, prompts):
 
 def test_tied_layernorm_model_from_one_token_prompts():
     keras.utils.set_random_seed(4)
-    model = GPTCausalLM.from_config_name("gpt_tiny", tie_embeddings=True, mlp="gelu", norm="layer", num_layers=1, max_sequence_length=8)
+    model = GPTCausalLM.from_config_name("gpt_tiny", tie_word_embeddings=True, mlp="gelu", norm="layer", num_layers=1, max_sequence_length=8)
     prompts = [[7], [200]]  # a list of equal-length lists, P = 1
     generated = model.generate(prompts, 4)
     np.testing.assert_array_equal(generated, _greedy_by_recomputation(model, np.array(prompts, "int32"), 4))

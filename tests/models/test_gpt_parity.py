@@ -1,12 +1,12 @@
-"""GPTCausalLM trains to the single-device numbers under every layout strategy, and its
+"""GPTCausalLM trains to the single-device numbers under every layout, and its
 weights (and optimizer state) are really placed as ``get_layout_map`` says.
 
 8 simulated devices; a tiny model (1 block for training, 2 for placement; C=32, 8 heads
-/ 4 KV heads, F=64, V=256, tied embeddings), T=16, batch 8, 3 SGD-with-momentum steps with dropout on. Each strategy's
+/ 4 KV heads, F=64, V=256, tied embeddings), T=16, batch 8, 3 SGD-with-momentum steps with dropout on. Each layout's
 run is compared by ``zoo.distribution.parity.check_parity`` with the single-device run
 on per-step losses, first-batch gradients, outputs after training and final weights; the
-single-device run is done once for all strategies (``reference=``; the same model:
-``tp_sequence_parallel`` changes nothing on one device), which saves a third of the
+single-device run is done once for all layouts (``reference=``; the same model:
+``megatron_sp`` changes nothing on one device), which saves a third of the
 compile time. One more model, 8 query / 2 KV heads, trains under ``tp`` on model=4:
 fewer KV heads than the model axis, replicated (Megatron's rule).
 """
@@ -14,35 +14,43 @@ fewer KV heads than the model axis, replicated (Megatron's rule).
 import keras
 import pytest
 
-from tests.models._gpt_parity import BATCH, STEPS, TRAIN_LAYERS, compile_sgd, language_data, model_config, strategy_distribution
+from tests.models._gpt_parity import (
+    BATCH,
+    STEPS,
+    TRAIN_LAYERS,
+    build_lm,
+    compile_sgd,
+    language_data,
+    layout_distribution,
+    model_config,
+)
 from zoo.distribution import build_distributed, parity
-from zoo.models.gpt import GPTCausalLM
 
 
 @pytest.fixture(scope="module")
 def reference():
-    """The single-device run, shared by the strategies (``check_parity(reference=...)``)."""
+    """The single-device run, shared by the layouts (``check_parity(reference=...)``)."""
     config = model_config("data", num_layers=TRAIN_LAYERS)
-    return parity.reference_run(lambda: GPTCausalLM(**config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
+    return parity.reference_run(lambda: build_lm(config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
 
 
 @pytest.fixture(scope="module")
 def reference_kv2():
     """The single-device run of the 8 query / 2 KV head model."""
-    config = model_config("data", num_layers=TRAIN_LAYERS, num_kv_heads=2)
-    return parity.reference_run(lambda: GPTCausalLM(**config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
+    config = model_config("data", num_layers=TRAIN_LAYERS, num_key_value_heads=2)
+    return parity.reference_run(lambda: build_lm(config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
 
 
-def _parity_report(strategy, mesh, reference, **overrides):
-    config = model_config(strategy, num_layers=TRAIN_LAYERS, **overrides)
-    distribution = strategy_distribution(strategy, mesh, config)
+def _parity_report(layout, mesh, reference, **overrides):
+    config = model_config(layout, num_layers=TRAIN_LAYERS, **overrides)
+    distribution = layout_distribution(layout, mesh, config)
     return parity.check_parity(
-        lambda: GPTCausalLM(**config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=reference
+        lambda: build_lm(config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=reference
     )
 
 
 @pytest.mark.parametrize(
-    "strategy, mesh",
+    "layout, mesh",
     [
         ("data", "data=8"),
         ("fsdp", "data=8"),
@@ -52,8 +60,8 @@ def _parity_report(strategy, mesh, reference, **overrides):
         ("context-ring", "data=2,seq=4"),  # gather and Ulysses under fit: tests/distribution/test_context_parallel.py, tests/layers
     ],
 )
-def test_three_steps_of_fit_match_one_device(strategy, mesh, reference):
-    report = _parity_report(strategy, mesh, reference)
+def test_three_steps_of_fit_match_one_device(layout, mesh, reference):
+    report = _parity_report(layout, mesh, reference)
     assert report.passed, "\n".join(report.format())
     assert len(report.reference_losses) == STEPS
     assert report.reference_losses[2] < report.reference_losses[0]  # not vacuous: it trained
@@ -62,11 +70,11 @@ def test_three_steps_of_fit_match_one_device(strategy, mesh, reference):
 def test_fewer_kv_heads_than_the_model_axis_match_one_device(reference_kv2):
     """2 KV heads on model=4: key/value kernels replicated, each device uses one KV head
     (under tp+sp too: tests/layers/test_multi_head_attention_parallel.py)."""
-    report = _parity_report("tp", "data=2,model=4", reference_kv2, num_kv_heads=2)
+    report = _parity_report("tp", "data=2,model=4", reference_kv2, num_key_value_heads=2)
     assert report.passed, "\n".join(report.format())
 
 
-# path -> expected PartitionSpec per strategy (None entries written out)
+# path -> expected PartitionSpec per layout (None entries written out)
 EXPECTED_SPECS = {
     "fsdp": {
         "token_embedding/embeddings": ("data", None),
@@ -99,21 +107,21 @@ EXPECTED_SPECS["tp+sp"] = EXPECTED_SPECS["tp"]
 MESHES = {"fsdp": "data=8", "tp": "data=2,model=4", "tp+sp": "data=2,model=4", "fsdp+tp": "data=2,model=4"}
 
 
-@pytest.mark.parametrize("strategy", sorted(EXPECTED_SPECS))
-def test_weights_are_really_sharded(strategy):
-    config = model_config(strategy, tie_embeddings=False)
-    model = build_distributed(lambda: GPTCausalLM(**config), strategy_distribution(strategy, MESHES[strategy], config))
+@pytest.mark.parametrize("layout", sorted(EXPECTED_SPECS))
+def test_weights_are_really_sharded(layout):
+    config = model_config(layout, tie_word_embeddings=False)
+    model = build_distributed(lambda: build_lm(config), layout_distribution(layout, MESHES[layout], config))
     specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
-    for path, spec in EXPECTED_SPECS[strategy].items():
+    for path, spec in EXPECTED_SPECS[layout].items():
         assert specs[path] + (None,) * (len(spec) - len(specs[path])) == spec, (path, specs[path])
     for path in ("final_norm/scale", "block_0/attention_norm/scale"):
         assert all(entry is None for entry in specs[path]), (path, specs[path])
-    assert model.tp_sequence_parallel == (strategy == "tp+sp")
+    assert model.backbone.megatron_sp == (layout == "tp+sp")
 
 
 def test_fsdp_shards_the_optimizer_state_too():
-    config = model_config("fsdp", num_kv_heads=2)  # GQA 8/2: fsdp does not split heads
-    model = build_distributed(lambda: GPTCausalLM(**config), strategy_distribution("fsdp", "data=8", config))
+    config = model_config("fsdp", num_key_value_heads=2)  # GQA 8/2: fsdp does not split heads
+    model = build_distributed(lambda: build_lm(config), layout_distribution("fsdp", "data=8", config))
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     slots = {v.path: v for v in optimizer.variables}

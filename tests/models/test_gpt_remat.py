@@ -2,8 +2,8 @@
 
 Fit parity: a GPT with ``remat="full"`` or ``"dots_saveable"`` trains 3 steps with dropout
 on to the numbers of the one single-device run *without* remat (the shared ``reference``),
-under every layout strategy; the set-up (model, data, optimizer, meshes) is
-``test_gpt_parity``'s, whose own cases check the strategies without remat.
+under every layout layout; the set-up (model, data, optimizer, meshes) is
+``test_gpt_parity``'s, whose own cases check the layouts without remat.
 
 Memory: what ``jax.checkpoint`` decides is checked on every JAX: the residuals the
 forward pass hands to the backward pass (the leaves of ``jax.vjp``'s function, shapes
@@ -17,10 +17,18 @@ import jax.numpy as jnp
 import keras
 import pytest
 
-from tests.models._gpt_parity import BATCH, STEPS, TRAIN_LAYERS, compile_sgd, language_data, model_config, strategy_distribution
+from tests.models._gpt_parity import (
+    BATCH,
+    STEPS,
+    TRAIN_LAYERS,
+    build_lm,
+    compile_sgd,
+    language_data,
+    layout_distribution,
+    model_config,
+)
 from zoo.distribution import parity
 from zoo.layers import TransformerBlock
-from zoo.models.gpt import GPTCausalLM
 from zoo.training.compiled_step import memory_analysis_reflects_remat
 
 
@@ -28,11 +36,11 @@ from zoo.training.compiled_step import memory_analysis_reflects_remat
 def reference():
     """The single-device run without remat, shared by every case below."""
     config = model_config("data", num_layers=TRAIN_LAYERS)
-    return parity.reference_run(lambda: GPTCausalLM(**config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
+    return parity.reference_run(lambda: build_lm(config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
 
 
 @pytest.mark.parametrize(
-    "strategy, mesh, remat",
+    "layout, mesh, remat",
     [
         ("single", None, "full"),  # data parallelism adds nothing to remat that fsdp's GSPMD case below does not
         ("fsdp", "data=8", "dots_saveable"),
@@ -41,13 +49,13 @@ def reference():
         ("context-ring", "data=2,seq=4", "full"),  # shard_map and the ring's custom VJP under jax.checkpoint
     ],
 )
-def test_fit_with_remat_matches_one_device_without(strategy, mesh, remat, reference):
-    config = model_config("data" if strategy == "single" else strategy, num_layers=TRAIN_LAYERS, remat=remat)
-    distribution = None if strategy == "single" else strategy_distribution(strategy, mesh, config)
+def test_fit_with_remat_matches_one_device_without(layout, mesh, remat, reference):
+    config = model_config("data" if layout == "single" else layout, num_layers=TRAIN_LAYERS, remat=remat)
+    distribution = None if layout == "single" else layout_distribution(layout, mesh, config)
     # One device: the same program, recomputed; the numbers are bitwise the same.
-    tolerances = dict(rtol=0.0, atol=0.0) if strategy == "single" else {}
+    tolerances = dict(rtol=0.0, atol=0.0) if layout == "single" else {}
     report = parity.check_parity(
-        lambda: GPTCausalLM(**config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=reference,
+        lambda: build_lm(config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=reference,
         **tolerances,
     )  # fmt: skip
     assert report.passed, "\n".join(report.format())

@@ -38,12 +38,12 @@ def sgd_reference(shapes):
 
 
 @pytest.mark.parametrize(
-    "strategy, mesh",
+    "layout, mesh",
     [("data", "data=8"), ("model", "data=2,model=4"), ("model", "data=1,model=8")],
 )
-def test_three_steps_of_fit_match_one_device(strategy, mesh, shapes, sgd_reference):
+def test_three_steps_of_fit_match_one_device(layout, mesh, shapes, sgd_reference):
     x, y = shapes
-    distribution = distribution_for(SmallCNN, strategy, mesh)
+    distribution = distribution_for(SmallCNN, layout, mesh)
     report = check_parity(_build, _compile_sgd, distribution, x, y, steps=3, reference=sgd_reference)
     assert report.passed, "\n".join(report.format())
     np.testing.assert_allclose(report.distributed_losses, report.reference_losses, rtol=1e-5)

@@ -72,8 +72,8 @@ def test_fsdp_splits_the_embeddings_over_data():
 
 def test_config_and_keras_file_round_trip(tmp_path, shapes):
     model = ViTClassifier(
-        image_size=(16, 8), patch_size=(4, 2), num_classes=3, num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, num_kv_heads=1, mlp="geglu", norm="rms", pooling="mean", dropout=0.1, seed=2,
+        image_size=(16, 8), patch_size=(4, 2), num_classes=3, num_layers=1, num_query_heads=2, hidden_dim=16,
+        intermediate_dim=32, num_key_value_heads=1, mlp="geglu", norm="rms", pooling="mean", dropout=0.1, seed=2,
     )
     config = model.get_config()
     assert config == ViTClassifier.from_config(config).get_config()
@@ -91,7 +91,7 @@ def test_config_and_keras_file_round_trip(tmp_path, shapes):
     [
         (dict(image_size=18), "image height 18 is not divisible by patch height 4"),
         (dict(image_size=(16, 10)), "image width 10 is not divisible by patch width 4"),
-        (dict(hidden_dim=30), "hidden_dim=30 is not divisible by num_heads=4"),
+        (dict(hidden_dim=30), "hidden_dim=30 is not divisible by num_query_heads=4"),
         (dict(patch_size=0), "patch_size must be a positive int or (height, width) of positive ints, got 0"),
         (dict(pooling="max"), "pooling must be one of ['cls', 'mean'], got 'max'"),
         (dict(num_classes=0), "num_classes must be a positive integer, got 0"),
@@ -110,21 +110,21 @@ def test_unknown_config_name_lists_the_names():
 
 
 @pytest.mark.parametrize(
-    "strategy, config, message",
+    "layout, config, message",
     [
-        ("tp", "vit_small", "num_heads=6 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp+sp", {**VIT_CONFIGS["vit_tiny"], "tp_sequence_parallel": True},
+        ("tp", "vit_small", "num_query_heads=6 is not divisible by the 'model' mesh axis of size 4"),
+        ("tp+sp", {**VIT_CONFIGS["vit_tiny"], "megatron_sp": True},
          "token count (patches + class token)=17 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp+sp", VIT_CONFIGS["vit_tiny"], "needs the model built with tp_sequence_parallel=True"),
+        ("tp+sp", VIT_CONFIGS["vit_tiny"], "needs the model built with megatron_sp=True"),
     ],
 )
-def test_layout_map_checks_the_config_up_front(strategy, config, message):
+def test_layout_map_checks_the_config_up_front(layout, config, message):
     with pytest.raises((LayoutError, ValueError)) as error:
-        ViTClassifier.get_layout_map(make_mesh("data=2,model=4"), strategy, config)
+        ViTClassifier.get_layout_map(make_mesh("data=2,model=4"), layout, config)
     assert message in str(error.value)
 
 
 def test_mean_pooling_fits_sequence_parallel_layout():
-    config = {**VIT_CONFIGS["vit_tiny"], "pooling": "mean", "tp_sequence_parallel": True}
+    config = {**VIT_CONFIGS["vit_tiny"], "pooling": "mean", "megatron_sp": True}
     layout_map = ViTClassifier.get_layout_map(make_mesh("data=2,model=4"), "tp+sp", config)
     assert layout_map[r".*attention/(query|key|value)/kernel"] is None  # MultiHeadAttention places its own weights

@@ -10,7 +10,14 @@ import pytest
 
 from tests.presets._helpers import file_hashes, fixed_images, fixed_text
 from zoo.data import ByteTokenizer
-from zoo.models import SmallCNN
+from zoo.models import (
+    GPTBackbone,
+    GPTCausalLM,
+    SmallCNN,
+    TransformerEncoderClassifier,
+    ViTClassifier,
+    ZooModel,
+)
 from zoo.presets import (
     FORMAT_VERSION,
     PRESETS,
@@ -148,14 +155,16 @@ def test_saving_refuses_what_is_not_a_zoo_model_or_a_preset_folder(tmp_path):
 
 
 def test_model_classes_get_from_preset():
+    """``from_preset`` is the zoo base class's own classmethod (zoo.models, no patching by
+    zoo.presets); it refuses a preset of another class before building anything."""
+    for cls in (SmallCNN, GPTBackbone, GPTCausalLM, TransformerEncoderClassifier, ViTClassifier):
+        assert "from_preset" not in vars(cls) and cls.from_preset.__func__ is vars(ZooModel)["from_preset"].__func__
     model = SmallCNN.from_preset("small_cnn_shapes")
     assert isinstance(model, SmallCNN) and model.image_size == (32, 32)
-
-    class OtherModel(keras.Model):
-        pass
-
-    with pytest.raises(PresetError, match="holds a SmallCNN, not a OtherModel"):
-        SmallCNN.from_preset.__func__(OtherModel, "small_cnn_shapes")
+    with pytest.raises(PresetError, match="holds a SmallCNN, not a GPTCausalLM; load it with SmallCNN.from_preset"):
+        GPTCausalLM.from_preset("small_cnn_shapes")
+    with pytest.raises(PresetError, match="holds a GPTCausalLM, not a GPTBackbone"):
+        GPTBackbone.from_preset("gpt_tiny_python_docs")
 
 
 def test_preset_directory_is_inside_the_assets():

@@ -9,8 +9,8 @@ from zoo.training import mfu
 EXAMPLE = {
     "num_layers": 2,  # L
     "hidden_dim": 64,  # C
-    "num_heads": 4,  # H
-    "num_kv_heads": 2,  # K
+    "num_query_heads": 4,  # H
+    "num_key_value_heads": 2,  # K
     "head_dim": 16,  # D
     "intermediate_dim": 128,  # F (swiglu: 3 matrices)
     "vocabulary_size": 256,  # V
@@ -41,6 +41,11 @@ def test_gpt_config_matches_the_explicit_arguments():
     assert mfu.gpt_flops_per_token(config, T) == 638_976
     plain = {**config, "mlp": "gelu"}  # 2 MLP matrices: 2 layers * 64*128 fewer weights, times 6
     assert mfu.gpt_flops_per_token(plain, T) == 638_976 - 6 * 2 * 64 * 128
+    nested = {"name": "gpt_causal_lm", "backbone": {"class_name": "GPTBackbone", "config": config}}  # GPTCausalLM.get_config()
+    assert mfu.gpt_flops_per_token(nested, T) == 638_976
+    old = {**EXAMPLE, "num_heads": 4, "num_kv_heads": 2, "mlp": "swiglu"}  # keys saved before issue 16
+    del old["num_query_heads"], old["num_key_value_heads"]
+    assert mfu.gpt_flops_per_token(old, T) == 638_976
 
 
 def test_mfu_by_hand():

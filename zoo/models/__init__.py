@@ -1,17 +1,19 @@
-"""Zoo models; each family ships its own ``get_layout_map``."""
+"""Zoo models; each family ships its own ``get_layout_map``; every class has ``from_preset``."""
 
 from zoo.models.cnn import SmallCNN
 from zoo.models.encoder import ENCODER_CONFIGS, TransformerEncoderClassifier
 from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM
 from zoo.models.vit import VIT_CONFIGS, ViTClassifier
+from zoo.models.zoo_model import ZooModel
 
 __all__ = [
     "ENCODER_CONFIGS",
     "GPT_CONFIGS",
+    "VIT_CONFIGS",
     "GPTBackbone",
     "GPTCausalLM",
     "SmallCNN",
     "TransformerEncoderClassifier",
-    "VIT_CONFIGS",
     "ViTClassifier",
+    "ZooModel",
 ]

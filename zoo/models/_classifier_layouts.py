@@ -1,7 +1,7 @@
 """Layout rules for the encoder-style classifiers' own weights (not the blocks').
 
 ``TransformerEncoderClassifier`` and ``ViTClassifier`` combine these with
-``_transformer_layouts.block_rules``. The choices, per strategy (``-`` = not split):
+``_transformer_layouts.block_rules``. The choices, per layout (``-`` = not split):
 
 ===============================  ==========  ==========  ================  ==========
 path                             shape       fsdp        tp / tp+sp        fsdp+tp
@@ -36,52 +36,52 @@ from zoo.models._transformer_layouts import (
 )
 
 
-def split_axes(strategy):
-    """(data axis or None, model axis or None): the axes ``strategy`` splits weights over."""
-    return (DATA if uses_data_axis_for_weights(strategy) else None, MODEL if uses_model_axis(strategy) else None)
+def split_axes(layout):
+    """(data axis or None, model axis or None): the axes ``layout`` splits weights over."""
+    return (DATA if uses_data_axis_for_weights(layout) else None, MODEL if uses_model_axis(layout) else None)
 
 
-def token_embedding_rules(strategy):
+def token_embedding_rules(layout):
     """As the GPT models: vocabulary over model (tp), else the vocabulary over data (fsdp)."""
-    d, m = split_axes(strategy)
+    d, m = split_axes(layout)
     return {r".*token_embedding/embeddings": (m, d) if m else (d, None)}  # (V, C)
 
 
-def position_embedding_rules(strategy):
-    d, _ = split_axes(strategy)
+def position_embedding_rules(layout):
+    d, _ = split_axes(layout)
     return {r".*position_embedding/embeddings": (None, d)}  # (L, C)
 
 
-def patch_embedding_rules(strategy):
-    d, _ = split_axes(strategy)
+def patch_embedding_rules(layout):
+    d, _ = split_axes(layout)
     return {r".*patch_embedding/kernel": (None, None, None, d)}  # (p, p, Ch, C)
 
 
-def head_rules(strategy, mesh, num_classes):
+def head_rules(layout, mesh, num_classes):
     """The head's classes split over model only when ``num_classes`` is known and divides."""
-    d, m = split_axes(strategy)
+    d, m = split_axes(layout)
     if m is not None and (num_classes is None or num_classes % mesh_axis_size(mesh, m)):
         m = None
     return {r".*classifier_head/kernel": (d, m), r".*classifier_head/bias": (m,)}  # (C, N), (N,)
 
 
-def check_sizes(mesh, strategy, config, extra_sizes=None):
+def check_sizes(mesh, layout, config, extra_sizes=None):
     """Raise ``LayoutError`` naming the numbers unless ``config``'s sizes split evenly."""
-    if strategy == "tp+sp" and not config["tp_sequence_parallel"]:
+    if layout == "tp+sp" and not config["megatron_sp"]:
         raise LayoutError(
-            "layout strategy 'tp+sp' needs the model built with tp_sequence_parallel=True "
-            "(see _transformer_layouts.config_overrides('tp+sp')), but the config has tp_sequence_parallel=False"
+            "layout 'tp+sp' needs the model built with megatron_sp=True "
+            "(see _transformer_layouts.layout_overrides('tp+sp')), but the config has megatron_sp=False"
         )
     sizes = {
-        "num_heads": config["num_heads"],
+        "num_query_heads": config["num_query_heads"],
         "intermediate_dim": config["intermediate_dim"],
         ("hidden_dim", DATA): config["hidden_dim"],
         **(extra_sizes or {}),
     }
-    check_divisible(mesh, strategy, sizes)
-    check_kv_heads(mesh, strategy, config["num_kv_heads"] or config["num_heads"])
+    check_divisible(mesh, layout, sizes)
+    check_kv_heads(mesh, layout, config["num_key_value_heads"] or config["num_query_heads"])
 
 
-def classifier_layout_map(mesh, strategy, own_rules):
+def classifier_layout_map(mesh, layout, own_rules):
     """``build_layout_map`` of the block rules plus the model's ``own_rules``."""
-    return build_layout_map(mesh, strategy, {**block_rules(strategy, mesh=mesh), **own_rules})
+    return build_layout_map(mesh, layout, {**block_rules(layout, mesh=mesh), **own_rules})

@@ -2,7 +2,8 @@
 
 import inspect
 
-from zoo.models._transformer_layouts import config_overrides
+from zoo.models._renamed_keys import renamed_keys
+from zoo.models._transformer_layouts import layout_overrides
 
 
 def lookup_config(configs, name, family):
@@ -12,18 +13,18 @@ def lookup_config(configs, name, family):
     return dict(configs[name])
 
 
-def named_config(configs, name, family, strategy=None, overrides=None):
-    """``configs[name]`` updated with ``overrides``, then with the entries ``strategy`` needs
-    (``"tp+sp"`` sets ``tp_sequence_parallel=True``; see ``config_overrides``)."""
+def named_config(configs, name, family, layout=None, overrides=None):
+    """``configs[name]`` updated with ``overrides``, then with the entries ``layout`` needs
+    (``"tp+sp"`` sets ``megatron_sp=True``; see ``layout_overrides``)."""
     config = {**lookup_config(configs, name, family), **(overrides or {})}
-    return config if strategy is None else {**config, **config_overrides(strategy)}
+    return config if layout is None else {**config, **layout_overrides(layout)}
 
 
 def complete_config(model_class, configs, config, family):
-    """``config`` (a name in ``configs`` or a dict of ``__init__`` arguments) with every
-    ``__init__`` argument present, defaults filled in; raises naming missing arguments."""
-    if isinstance(config, str):
-        config = lookup_config(configs, config, family)
+    """``config`` (a name in ``configs`` or a dict of ``__init__`` arguments, old keys
+    renamed) with every ``__init__`` argument present, defaults filled in; raises naming
+    missing arguments."""
+    config = lookup_config(configs, config, family) if isinstance(config, str) else renamed_keys(config)
     parameters = [
         p for p in inspect.signature(model_class.__init__).parameters.values()
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)

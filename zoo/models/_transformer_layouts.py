@@ -1,8 +1,8 @@
-"""Layout strategies shared by the Transformer models (GPT, encoder classifier, ViT).
+"""Layouts shared by the Transformer models (GPT, encoder classifier, ViT).
 
-Each model's ``get_layout_map(mesh, strategy=..., config=None)`` is built here from the
+Each model's ``get_layout_map(mesh, layout=..., config=None)`` is built here from the
 rules every ``zoo.layers.TransformerBlock`` needs plus the model's own rules (its
-embeddings and head). Strategies:
+embeddings and head). Layouts:
 
 ========  ================================================================================
 data      no rules: every weight replicated (use with ``DataParallel``)
@@ -13,7 +13,7 @@ tp        Megatron tensor parallelism over the model axis. The block's layers pl
           their own weights (no block rule appears here): ``MultiHeadAttention`` splits
           the heads (query/key/value column-parallel, output row-parallel, one
           ``shard_map``), ``ParallelMLP`` the hidden features (column up/gate, row down).
-tp+sp     as ``tp``, and the model is built with ``tp_sequence_parallel=True``: the
+tp+sp     as ``tp``, and the model is built with ``megatron_sp=True``: the
           residual stream, norms and dropout run split on the sequence over the model
           axis (Megatron sequence parallelism). Same weight layouts as ``tp``.
 fsdp+tp   ``tp`` on the model axis, and every large weight also split over the data
@@ -47,48 +47,47 @@ KV head its query heads use.
 
 import keras
 
+from zoo.config.choices import WEIGHT_LAYOUTS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
 
-LAYOUT_STRATEGIES = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp")
+
+def check_layout(layout):
+    if layout not in WEIGHT_LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {list(WEIGHT_LAYOUTS)}")
 
 
-def check_strategy(strategy):
-    if strategy not in LAYOUT_STRATEGIES:
-        raise ValueError(f"unknown layout strategy {strategy!r}; choose one of {list(LAYOUT_STRATEGIES)}")
+def uses_model_axis(layout):
+    return layout in ("tp", "tp+sp", "fsdp+tp")
 
 
-def uses_model_axis(strategy):
-    return strategy in ("tp", "tp+sp", "fsdp+tp")
+def uses_data_axis_for_weights(layout):
+    return layout in ("fsdp", "fsdp+tp")
 
 
-def uses_data_axis_for_weights(strategy):
-    return strategy in ("fsdp", "fsdp+tp")
+def layout_overrides(layout):
+    """Model-config entries ``layout`` needs: ``{"megatron_sp": True}`` for ``"tp+sp"``
+    (the blocks run Megatron sequence-parallel), ``{}`` for any other layout name."""
+    return {"megatron_sp": True} if layout == "tp+sp" else {}
 
 
-def config_overrides(strategy):
-    """Model-config entries a strategy needs (``tp+sp`` builds the blocks sequence-parallel)."""
-    check_strategy(strategy)
-    return {"tp_sequence_parallel": strategy == "tp+sp"}
-
-
-def layers_place_weights(strategy, mesh=None, *, model_axis=MODEL):
-    """True when the block's tensor-parallel layers place their own weights: the strategy
+def layers_place_weights(layout, mesh=None, *, model_axis=MODEL):
+    """True when the block's tensor-parallel layers place their own weights: the layout
     splits over the model axis and the mesh's model axis (assumed if ``mesh`` is None)
     has size > 1."""
-    if not uses_model_axis(strategy):
+    if not uses_model_axis(layout):
         return False
     return mesh is None or (model_axis in mesh.axis_names and mesh_axis_size(mesh, model_axis) > 1)
 
 
-def block_rules(strategy, *, mesh=None, data_axis=DATA, model_axis=MODEL):
-    """{regex: layout axes} for every ``TransformerBlock`` weight the strategy splits
+def block_rules(layout, *, mesh=None, data_axis=DATA, model_axis=MODEL):
+    """{regex: layout axes} for every ``TransformerBlock`` weight the layout splits
     that the block's layers do not place themselves (see ``layers_place_weights``)."""
-    check_strategy(strategy)
-    if layers_place_weights(strategy, mesh, model_axis=model_axis):
+    check_layout(layout)
+    if layers_place_weights(layout, mesh, model_axis=model_axis):
         return {}
-    d = data_axis if uses_data_axis_for_weights(strategy) else None
+    d = data_axis if uses_data_axis_for_weights(layout) else None
     if d is None:
         return {}
     return {
@@ -99,54 +98,54 @@ def block_rules(strategy, *, mesh=None, data_axis=DATA, model_axis=MODEL):
     }
 
 
-def build_layout_map(mesh, strategy, rules, *, data_axis=DATA, model_axis=MODEL):
+def build_layout_map(mesh, layout, rules, *, data_axis=DATA, model_axis=MODEL):
     """A ``LayoutMap`` on ``mesh`` holding ``rules``, after checking the mesh has the
-    axes the strategy uses. Rules whose axes are all None are left out."""
-    check_strategy(strategy)
-    needed = ([data_axis] if uses_data_axis_for_weights(strategy) else []) + (
-        [model_axis] if uses_model_axis(strategy) else []
+    axes the layout uses. Rules whose axes are all None are left out."""
+    check_layout(layout)
+    needed = ([data_axis] if uses_data_axis_for_weights(layout) else []) + (
+        [model_axis] if uses_model_axis(layout) else []
     )
-    require_axes(mesh, needed, f"layout strategy {strategy!r}")
+    require_axes(mesh, needed, f"layout {layout!r}")
     layout_map = keras.distribution.LayoutMap(mesh)
     for pattern, axes in rules.items():
         if any(axis is not None for axis in axes):
             layout_map[pattern] = axes
-    if strategy == "fsdp+tp":  # the tensor-parallel layers split their own weights over data too
+    if layout == "fsdp+tp":  # the tensor-parallel layers split their own weights over data too
         mark_weight_shard_axis(layout_map, data_axis)
     return layout_map
 
 
-def check_divisible(mesh, strategy, sizes, *, data_axis=DATA, model_axis=MODEL):
+def check_divisible(mesh, layout, sizes, *, data_axis=DATA, model_axis=MODEL):
     """Raise ``LayoutError`` naming the numbers unless every size splits evenly.
 
-    ``sizes``: {"num_heads": 8, ...} for the model axis, or {("hidden_dim", "data"): 256}
-    for another axis. Only axes the strategy uses are checked.
+    ``sizes``: {"num_query_heads": 8, ...} for the model axis, or {("hidden_dim", "data"): 256}
+    for another axis. Only axes the layout uses are checked.
     """
     for key, size in sizes.items():
         name, axis = key if isinstance(key, tuple) else (key, model_axis)
-        if axis == model_axis and not uses_model_axis(strategy):
+        if axis == model_axis and not uses_model_axis(layout):
             continue
-        if axis == data_axis and not uses_data_axis_for_weights(strategy):
+        if axis == data_axis and not uses_data_axis_for_weights(layout):
             continue
         split = mesh_axis_size(mesh, axis) if axis in mesh.axis_names else 1
         if size % split:
             raise LayoutError(
-                f"layout strategy {strategy!r}: {name}={size} is not divisible by the {axis!r} mesh "
+                f"layout {layout!r}: {name}={size} is not divisible by the {axis!r} mesh "
                 f"axis of size {split} (mesh {describe_mesh(mesh)}); choose a mesh whose {axis!r} "
                 f"axis divides {size}"
             )
 
 
-def check_kv_heads(mesh, strategy, num_kv_heads, *, model_axis=MODEL):
+def check_kv_heads(mesh, layout, num_key_value_heads, *, model_axis=MODEL):
     """Raise ``LayoutError`` unless the KV heads split over the model axis or the model
     axis splits them: K % M == 0 (each device holds K/M KV heads) or M % K == 0 (fewer KV
     heads than devices: replicated, Megatron's rule; each device uses one)."""
-    if not uses_model_axis(strategy) or model_axis not in mesh.axis_names:
+    if not uses_model_axis(layout) or model_axis not in mesh.axis_names:
         return
     split = mesh_axis_size(mesh, model_axis)
-    if num_kv_heads % split and split % num_kv_heads:
+    if num_key_value_heads % split and split % num_key_value_heads:
         raise LayoutError(
-            f"layout strategy {strategy!r}: num_kv_heads={num_kv_heads} and the {model_axis!r} mesh axis of size "
+            f"layout {layout!r}: num_key_value_heads={num_key_value_heads} and the {model_axis!r} mesh axis of size "
             f"{split} (mesh {describe_mesh(mesh)}) do not divide each other; tensor parallelism splits the KV heads "
             f"over the axis when it divides them, or replicates them when their number divides it"
         )

@@ -3,16 +3,28 @@
 ``from_preset("small_cnn_shapes")`` loads a shipped preset (``list_presets()``), or
 ``from_preset(pathlib.Path("my_preset"))`` one saved with ``save_to_preset``. Under a
 ``keras.distribution`` the model is built sharded and each weight is loaded straight
-into its shards. Importing this package also gives every zoo model class a
-``from_preset`` classmethod (``SmallCNN.from_preset(...)``).
+into its shards. Every zoo model class has ``from_preset`` too
+(``SmallCNN.from_preset(...)``, from ``zoo.models.ZooModel``), which also checks the
+preset holds that class.
+
+This package sits below ``zoo.models`` (which imports it) and imports no model.
 """
 
-import keras
-
 from zoo.presets._format import FORMAT_VERSION, PresetError
-from zoo.presets._safety import registered_zoo_names
-from zoo.presets.load import from_preset, load_preset_config, load_preset_metadata, load_tokenizer, resolve_preset
-from zoo.presets.registry import PRESETS, PresetSpec, list_presets, preset_directory, preset_metadata
+from zoo.presets.load import (
+    from_preset,
+    load_preset_config,
+    load_preset_metadata,
+    load_tokenizer,
+    resolve_preset,
+)
+from zoo.presets.registry import (
+    PRESETS,
+    PresetSpec,
+    list_presets,
+    preset_directory,
+    preset_metadata,
+)
 from zoo.presets.save import save_to_preset
 
 __all__ = [
@@ -31,22 +43,3 @@ __all__ = [
     "save_to_preset",
 ]
 
-
-def _class_from_preset(cls, name_or_dir, **kwargs):
-    """``zoo.presets.from_preset``, checking the preset holds a ``cls``."""
-    model = from_preset(name_or_dir, **kwargs)
-    if not isinstance(model, cls):
-        raise PresetError(f"preset {name_or_dir!r} holds a {type(model).__name__}, not a {cls.__name__}")
-    return model
-
-
-def _attach_from_preset():
-    """Give each zoo model class ``from_preset`` (models may not import presets, so the
-    classmethod is attached from here)."""
-    for registered in registered_zoo_names():
-        cls = keras.saving.get_registered_object(registered)
-        if isinstance(cls, type) and issubclass(cls, keras.Model) and not hasattr(cls, "from_preset"):
-            cls.from_preset = classmethod(_class_from_preset)
-
-
-_attach_from_preset()

@@ -6,11 +6,13 @@ elsewhere, so before Keras sees a config we walk it and refuse any serialised ob
 whose module is outside ``keras`` and ``zoo``, any ``zoo`` class that is not
 registered (``@keras.saving.register_keras_serializable(package="zoo")``), and a
 top-level object that is not a zoo ``keras.Model``.
+
+The zoo's classes are registered by ``zoo/__init__.py``, which runs before any ``zoo``
+module; this package imports no model (``zoo.models`` imports it: ``ZooModel.from_preset``).
 """
 
 import keras
 
-import zoo.models  # noqa: F401  (registers the zoo's models)
 from zoo.presets._format import CONFIG_FILE, PresetError
 
 ZOO_PACKAGE = "zoo"

@@ -22,8 +22,8 @@ from zoo.presets._format import (
     read_json,
 )
 from zoo.presets._safety import check_model_config, zoo_class
-from zoo.presets.sharded_weights import load_weights_sharded
 from zoo.presets.registry import preset_directory
+from zoo.presets.sharded_weights import load_weights_sharded
 
 
 def resolve_preset(name_or_dir):
@@ -79,23 +79,40 @@ def from_preset(name_or_dir, *, load_weights=True, skip_layers=(), **config_over
         skip_layers: names of layers whose weights are not loaded (they keep their fresh
             initialisation): a new classification head, say.
         **config_overrides: replace entries of the model's config (``num_classes=10``,
-            ``dropout=0.1``, ``tp_sequence_parallel=True``, ...).
+            ``dropout=0.1``, ``megatron_sp=True``, ...).
 
     Raises ``PresetError`` for an unknown name, a path-like name, a newer format
     version, a missing, corrupt or changed file (naming it), and a config naming a
     class that is not zoo-registered or not from Keras.
+
+    ``SmallCNN.from_preset(...)`` (every zoo model class has it) also checks the class.
     """
+    return load_model(keras.Model, name_or_dir, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
+
+
+def load_model(model_class, name_or_dir, *, load_weights=True, skip_layers=(), **config_overrides):
+    """``from_preset``, refusing (``PresetError``) a preset that holds no ``model_class``
+    before building anything; ``ZooModel.from_preset`` calls it with its own class."""
     directory = resolve_preset(name_or_dir)
     metadata = read_json(directory, METADATA_FILE)
     check_version(directory, metadata)
     check_files(directory, metadata)
     config = read_json(directory, CONFIG_FILE)
-    check_model_config(directory, config)
+    check_class(directory, check_model_config(directory, config), model_class)
     model = _build(directory, config, config_overrides)
     if load_weights:
         skip = [_layer(model, name, directory) for name in skip_layers]
         _load_weights(model, directory, skip)
     return model
+
+
+def check_class(directory, found, model_class):
+    """Raise ``PresetError`` unless the preset's class ``found`` is a ``model_class``."""
+    if not issubclass(found, model_class):
+        raise PresetError(
+            f"preset {directory!r} holds a {found.__name__}, not a {model_class.__name__}; "
+            f"load it with {found.__name__}.from_preset (or zoo.presets.from_preset)"
+        )
 
 
 def _build(directory, config, overrides):

@@ -79,17 +79,17 @@ DEVICE_KINDS = (
     (r"^tpu v6( lite|e)$", "TPU v6e"),
 )
 
-GATED_MLPS = ("swiglu", "geglu")
-
-
 class UnknownDeviceError(ValueError):
     """No peak FLOP/s is known for this device kind."""
 
 
-def transformer_matmul_params(*, num_layers, hidden_dim, num_heads, head_dim, intermediate_dim, vocabulary_size=0, num_kv_heads=None, gated_mlp=True):
+def transformer_matmul_params(
+    *, num_layers, hidden_dim, num_query_heads, head_dim, intermediate_dim, vocabulary_size=0, num_key_value_heads=None,
+    gated_mlp=True,
+):  # fmt: skip
     """N_matmul: the weights every token is multiplied by (see the module docstring)."""
-    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    attention = hidden_dim * head_dim * (2 * num_heads + 2 * kv_heads)  # query + output, key + value
+    kv_heads = num_query_heads if num_key_value_heads is None else num_key_value_heads
+    attention = hidden_dim * head_dim * (2 * num_query_heads + 2 * kv_heads)  # query + output, key + value
     mlp = (3 if gated_mlp else 2) * hidden_dim * intermediate_dim
     return num_layers * (attention + mlp) + hidden_dim * vocabulary_size
 
@@ -98,12 +98,12 @@ def transformer_flops_per_token(
     *,
     num_layers,
     hidden_dim,
-    num_heads,
+    num_query_heads,
     head_dim,
     intermediate_dim,
     sequence_length,
     vocabulary_size=0,
-    num_kv_heads=None,
+    num_key_value_heads=None,
     gated_mlp=True,
     causal=True,
     training=True,
@@ -113,26 +113,34 @@ def transformer_flops_per_token(
 
     ``vocabulary_size`` is the width of a per-token head (an LM head); 0 for none.
     """
-    for name, value in (("num_layers", num_layers), ("hidden_dim", hidden_dim), ("num_heads", num_heads), ("head_dim", head_dim), ("sequence_length", sequence_length)):
+    for name, value in (("num_layers", num_layers), ("hidden_dim", hidden_dim), ("num_query_heads", num_query_heads), ("head_dim", head_dim), ("sequence_length", sequence_length)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     passes = 3 if training else 1  # forward, plus backward at twice the forward
     weights = transformer_matmul_params(
-        num_layers=num_layers, hidden_dim=hidden_dim, num_heads=num_heads, head_dim=head_dim,
-        intermediate_dim=intermediate_dim, vocabulary_size=vocabulary_size, num_kv_heads=num_kv_heads, gated_mlp=gated_mlp,
+        num_layers=num_layers, hidden_dim=hidden_dim, num_query_heads=num_query_heads, head_dim=head_dim,
+        intermediate_dim=intermediate_dim, vocabulary_size=vocabulary_size, num_key_value_heads=num_key_value_heads,
+        gated_mlp=gated_mlp,
     )  # fmt: skip
-    attention = 4 * num_layers * sequence_length * num_heads * head_dim // (2 if causal else 1)  # even: exact
+    attention = 4 * num_layers * sequence_length * num_query_heads * head_dim // (2 if causal else 1)  # even: exact
     return passes * (2 * weights + attention)
 
 
 def gpt_flops_per_token(config, sequence_length, training=True):
-    """``transformer_flops_per_token`` for a ``GPTCausalLM`` ``get_config()`` (or a
-    ``GPT_CONFIGS`` entry): causal, with the LM head."""
-    head_dim = config.get("head_dim") or config["hidden_dim"] // config["num_heads"]
+    """``transformer_flops_per_token`` for a ``GPTCausalLM`` or ``GPTBackbone``
+    ``get_config()`` or a ``GPT_CONFIGS`` entry (``gpt_configs.backbone_config``): causal,
+    with the LM head."""
+    from zoo.models.gpt.gpt_configs import (  # zoo.models imports Keras: only when asked
+        GATED_MLPS,
+        backbone_config,
+    )
+
+    config = backbone_config(config)
+    head_dim = config.get("head_dim") or config["hidden_dim"] // config["num_query_heads"]
     return transformer_flops_per_token(
-        num_layers=config["num_layers"], hidden_dim=config["hidden_dim"], num_heads=config["num_heads"],
+        num_layers=config["num_layers"], hidden_dim=config["hidden_dim"], num_query_heads=config["num_query_heads"],
         head_dim=head_dim, intermediate_dim=config["intermediate_dim"], sequence_length=sequence_length,
-        vocabulary_size=config["vocabulary_size"], num_kv_heads=config.get("num_kv_heads"),
+        vocabulary_size=config["vocabulary_size"], num_key_value_heads=config.get("num_key_value_heads"),
         gated_mlp=config.get("mlp", "swiglu") in GATED_MLPS, causal=True, training=training,
     )  # fmt: skip
 

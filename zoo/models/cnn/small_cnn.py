@@ -4,12 +4,13 @@ import keras
 from keras import layers
 
 from zoo.distribution.axes import MODEL
+from zoo.models.zoo_model import ZooModel
 
 MIN_IMAGE_SIZE = 8  # three 2x2 poolings need at least 8 pixels per side
 
 
 @keras.saving.register_keras_serializable(package="zoo")
-class SmallCNN(keras.Model):
+class SmallCNN(ZooModel):
     """Image classifier: 3 x (conv 3x3, batch norm, ReLU, max-pool 2x2), dense, dense.
 
     Channels widen block by block (``filters``); the head is a ReLU dense layer of
@@ -58,23 +59,6 @@ class SmallCNN(keras.Model):
         self.hidden_units = hidden_units
         self.dropout = dropout
         self.seed = seed
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "num_classes": self.num_classes,
-            "image_size": list(self.image_size),
-            "channels": self.channels,
-            "filters": list(self.filters),
-            "hidden_units": self.hidden_units,
-            "dropout": self.dropout,
-            "seed": self.seed,
-        }
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
 
     @staticmethod
     def get_layout_map(mesh, model_axis=MODEL):

@@ -1,6 +1,6 @@
 """Named ``TransformerEncoderClassifier`` configs (``from_config_name(name, **overrides)``).
 
-C = hidden_dim, F = intermediate_dim; head_dim = C / num_heads. Parameter counts are
+C = hidden_dim, F = intermediate_dim; head_dim = C / num_query_heads. Parameter counts are
 for the config as written (biases on, learned positions, mean pooling).
 """
 
@@ -11,7 +11,7 @@ ENCODER_CONFIGS = {
         num_classes=4,  # python_docs_topics
         max_sequence_length=64,  # positions in the learned table
         num_layers=2,  # TransformerBlocks
-        num_heads=4,  # divisible by a model axis of 1, 2 or 4
+        num_query_heads=4,  # divisible by a model axis of 1, 2 or 4
         hidden_dim=32,  # C
         intermediate_dim=64,  # F
     ),
@@ -21,7 +21,7 @@ ENCODER_CONFIGS = {
         num_classes=4,
         max_sequence_length=512,
         num_layers=6,
-        num_heads=8,
+        num_query_heads=8,
         hidden_dim=256,
         intermediate_dim=1024,
     ),
@@ -32,7 +32,7 @@ ENCODER_CONFIGS = {
         num_classes=2,
         max_sequence_length=512,
         num_layers=12,
-        num_heads=12,
+        num_query_heads=12,
         hidden_dim=768,
         intermediate_dim=3072,
     ),

@@ -7,17 +7,15 @@ from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._class_token import ClassToken
 from zoo.models._classifier_checks import check_common
-from zoo.models._encoder_stack import classifier_head, encoder_stack, layer_seed
+from zoo.models._encoder_stack import EncoderClassifier, classify
 from zoo.models._learned_position_embedding import LearnedPositionEmbedding
-from zoo.models._named_configs import complete_config, named_config
-from zoo.models._transformer_layouts import config_overrides
 from zoo.models.encoder.encoder_configs import ENCODER_CONFIGS
 
 POSITION_EMBEDDINGS = ("learned", "rotary")
 
 
 @keras.saving.register_keras_serializable(package="zoo")
-class TransformerEncoderClassifier(keras.Model):
+class TransformerEncoderClassifier(EncoderClassifier):
     """Sequence classifier: embeddings, N non-causal ``TransformerBlock``s, pooling, head.
 
     ```
@@ -37,16 +35,16 @@ class TransformerEncoderClassifier(keras.Model):
     Args:
         vocabulary_size: V, token ids are in [0, V).
         num_classes: output logits.
-        max_sequence_length: longest input (tokens, not counting the class token); the
-            learned position table has this many rows (one more with pooling="cls").
         num_layers: N, Transformer blocks.
-        num_heads: H, attention heads; must divide ``hidden_dim``.
-        num_kv_heads: K, key/value heads (GQA); None means H.
+        num_query_heads: H, attention heads; must divide ``hidden_dim``.
         hidden_dim: C, the model width.
         intermediate_dim: F, the MLP's hidden features.
+        max_sequence_length: longest input (tokens, not counting the class token); the
+            learned position table has this many rows (one more with pooling="cls").
+        num_key_value_heads: K, key/value heads (GQA); None means H.
         mlp: ``"gelu"``, ``"relu"``, ``"geglu"`` or ``"swiglu"`` (``TransformerBlock``).
         norm: ``"layer"`` or ``"rms"``; also the final norm.
-        norm_epsilon: the norms' epsilon.
+        layer_norm_epsilon: the norms' epsilon.
         position_embedding: ``"learned"`` (a table added to the embeddings) or
             ``"rotary"`` (RoPE inside attention; no table).
         pooling: ``"mean"`` (masked mean over non-padding tokens) or ``"cls"`` (a
@@ -55,173 +53,107 @@ class TransformerEncoderClassifier(keras.Model):
         use_bias: biases on the blocks' projections.
         pad_id: the padding token id (``zoo.data.ByteTokenizer`` pads with 0).
         seed: seeds the dropout layers' random streams (each layer its own).
-        tp_sequence_parallel: build the blocks Megatron sequence-parallel (layout
-            strategy ``"tp+sp"``).
+        megatron_sp: build the blocks Megatron sequence-parallel (layout ``"tp+sp"``).
         remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
             ``"dots_saveable"`` (``TransformerBlock``); memory and compute change, not the numbers.
 
     Outputs logits: compile with ``SparseCategoricalCrossentropy(from_logits=True)``.
+    Named sizes: ``from_config_name("encoder_tiny")`` (``ENCODER_CONFIGS``).
+
+    Layouts (``get_layout_map``): V vocabulary, L = max_sequence_length (+1 with
+    pooling="cls"), C hidden_dim, N num_classes; blocks ``block_<i>/...`` as in
+    ``_transformer_layouts``; ``-`` = not split. A rotary model has no position table:
+    pass its config under fsdp or fsdp+tp.
+
+    =============================  ======  =========  ==============  =============
+    path                           shape   fsdp       tp / tp+sp      fsdp+tp
+    =============================  ======  =========  ==============  =============
+    token_embedding/embeddings     (V, C)  (data, -)  (model, -)      (model, data)
+    class_token/token              (1,1,C) replicated replicated      replicated
+    position_embedding/embeddings  (L, C)  (-, data)  replicated      (-, data)
+    final_norm/gamma, beta         (C,)    replicated replicated      replicated
+    classifier_head/kernel         (C, N)  (data, -)  (-, model) [1]  (data, model) [1]
+    classifier_head/bias           (N,)    replicated (model,) [1]    (model,) [1]
+    =============================  ======  =========  ==============  =============
+
+    [1] with ``config`` given and N divisible by the model axis; else not split
+    over model. ``"data"`` has no rules: every weight replicated.
     """
+
+    CONFIGS = ENCODER_CONFIGS
 
     def __init__(
         self,
         vocabulary_size,
         num_classes,
         num_layers,
-        num_heads,
+        num_query_heads,
         hidden_dim,
         intermediate_dim,
         max_sequence_length=512,
-        num_kv_heads=None,
+        num_key_value_heads=None,
         mlp="gelu",
         norm="layer",
-        norm_epsilon=1e-5,
+        layer_norm_epsilon=1e-5,
         position_embedding="learned",
         pooling="mean",
         dropout=0.0,
         use_bias=True,
         pad_id=0,
         seed=None,
-        tp_sequence_parallel=False,
+        megatron_sp=False,
         remat="none",
         name="transformer_encoder_classifier",
         **kwargs,
     ):
         sizes = dict(
             vocabulary_size=vocabulary_size, num_classes=num_classes, max_sequence_length=max_sequence_length,
-            num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim, intermediate_dim=intermediate_dim,
-        )
+            num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+        )  # fmt: skip
         _check_config(sizes, position_embedding, pooling, dropout, pad_id)
+        remat, megatron_sp = check_remat(remat), bool(megatron_sp)
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
         x, key_mask = _embed(token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id)
-        x = keras.layers.Dropout(dropout, seed=layer_seed(seed, 0), name="embedding_dropout")(x)  # (B, T', C)
-        x = encoder_stack(
-            x,
-            key_mask=key_mask,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-            rotary=position_embedding == "rotary",
-            mlp=mlp,
-            norm=norm,
-            norm_epsilon=norm_epsilon,
-            dropout=dropout,
-            use_bias=use_bias,
-            tp_sequence_parallel=tp_sequence_parallel,
-            seed=layer_seed(seed, 1),
-            remat=check_remat(remat),
-        )  # (B, T', C), after final_norm
-        logits = classifier_head(x, key_mask, pooling, dropout, num_classes, layer_seed(seed, 2 * num_layers + 1))
+        logits = classify(
+            x, key_mask=key_mask, rotary=position_embedding == "rotary", pooling=pooling, num_classes=num_classes,
+            num_layers=num_layers, num_query_heads=num_query_heads, num_key_value_heads=num_key_value_heads,
+            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, mlp=mlp, norm=norm,
+            layer_norm_epsilon=layer_norm_epsilon, dropout=dropout, use_bias=use_bias, megatron_sp=megatron_sp,
+            seed=seed, remat=remat,
+        )  # fmt: skip  (B, num_classes)
         super().__init__(inputs=token_ids, outputs=logits, name=name, **kwargs)
 
         self.vocabulary_size = vocabulary_size
         self.num_classes = num_classes
         self.num_layers = num_layers
-        self.num_heads = num_heads
+        self.num_query_heads = num_query_heads
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
         self.max_sequence_length = max_sequence_length
-        self.num_kv_heads = num_kv_heads
+        self.num_key_value_heads = num_key_value_heads
         self.mlp = mlp
         self.norm = norm
-        self.norm_epsilon = norm_epsilon
+        self.layer_norm_epsilon = layer_norm_epsilon
         self.position_embedding = position_embedding
         self.pooling = pooling
         self.dropout = dropout
         self.use_bias = use_bias
         self.pad_id = pad_id
         self.seed = seed
-        self.tp_sequence_parallel = bool(tp_sequence_parallel)
-        self.remat = check_remat(remat)
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "vocabulary_size": self.vocabulary_size,
-            "num_classes": self.num_classes,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "hidden_dim": self.hidden_dim,
-            "intermediate_dim": self.intermediate_dim,
-            "max_sequence_length": self.max_sequence_length,
-            "num_kv_heads": self.num_kv_heads,
-            "mlp": self.mlp,
-            "norm": self.norm,
-            "norm_epsilon": self.norm_epsilon,
-            "position_embedding": self.position_embedding,
-            "pooling": self.pooling,
-            "dropout": self.dropout,
-            "use_bias": self.use_bias,
-            "pad_id": self.pad_id,
-            "seed": self.seed,
-            "tp_sequence_parallel": self.tp_sequence_parallel,
-            "remat": self.remat,
-        }
+        self.megatron_sp = megatron_sp
+        self.remat = remat
 
     @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
-    @classmethod
-    def from_config_name(cls, name, strategy=None, **overrides):
-        """The model of ``ENCODER_CONFIGS[name]`` with ``overrides`` replacing entries; with a
-        layout ``strategy``, also the entries it needs (``"tp+sp"``: ``tp_sequence_parallel``).
-        An unknown name raises, listing the names there are."""
-        return cls(**named_config(ENCODER_CONFIGS, name, "encoder", strategy, overrides))
-
-    @staticmethod
-    def config_for_strategy(strategy, config):
-        """A copy of ``config`` with the entries ``strategy`` needs (see ``config_overrides``)."""
-        return {**config, **config_overrides(strategy)}
-
-    @classmethod
-    def get_layout_map(cls, mesh, strategy="tp", config=None):
-        """A ``LayoutMap`` for ``strategy`` (see ``zoo.models._transformer_layouts``).
-
-        Args:
-            mesh: the ``keras.distribution.DeviceMesh``; needs the ``data`` axis for
-                fsdp, the ``model`` axis for tp, tp+sp and fsdp+tp.
-            strategy: ``"data"``, ``"fsdp"``, ``"tp"``, ``"tp+sp"`` or ``"fsdp+tp"``.
-            config: None, a name in ``ENCODER_CONFIGS`` or a dict of ``__init__``
-                arguments (``model.get_config()``). When given, every size is checked
-                against the mesh up front (``LayoutError`` naming the numbers), the
-                head is split over the model axis when ``num_classes`` divides, and a
-                rotary model gets no position-embedding rule. Without it, pass the
-                config for a rotary model under fsdp or fsdp+tp.
-
-        Variable paths (V vocabulary, L = max_sequence_length (+1 with pooling="cls"),
-        C hidden_dim, N num_classes; blocks ``block_<i>/...`` as in
-        ``_transformer_layouts``; ``-`` = not split):
-
-        =============================  ======  =========  ==============  =============
-        path                           shape   fsdp       tp / tp+sp      fsdp+tp
-        =============================  ======  =========  ==============  =============
-        token_embedding/embeddings     (V, C)  (data, -)  (model, -)      (model, data)
-        class_token/token              (1,1,C) replicated replicated      replicated
-        position_embedding/embeddings  (L, C)  (-, data)  replicated      (-, data)
-        final_norm/gamma, beta         (C,)    replicated replicated      replicated
-        classifier_head/kernel         (C, N)  (data, -)  (-, model) [1]  (data, model) [1]
-        classifier_head/bias           (N,)    replicated (model,) [1]    (model,) [1]
-        =============================  ======  =========  ==============  =============
-
-        [1] with ``config`` given and N divisible by the model axis; else not split
-        over model. ``"data"`` has no rules: every weight replicated.
-        """
-        config = None if config is None else complete_config(cls, ENCODER_CONFIGS, config, "encoder")
-        if config is not None:
-            vocabulary = config["vocabulary_size"]  # over model (tp), or over data (fsdp alone)
-            extra = {("vocabulary_size", DATA if strategy == "fsdp" else MODEL): vocabulary}
-            layouts.check_sizes(mesh, strategy, config, extra)
-        rules = {
-            **layouts.token_embedding_rules(strategy),
-            **layouts.head_rules(strategy, mesh, None if config is None else config["num_classes"]),
-        }
+    def own_layout_rules(cls, layout, config):
+        rules = layouts.token_embedding_rules(layout)
         if config is None or config["position_embedding"] == "learned":
-            rules.update(layouts.position_embedding_rules(strategy))
-        return layouts.classifier_layout_map(mesh, strategy, rules)
+            rules.update(layouts.position_embedding_rules(layout))
+        return rules
+
+    @classmethod
+    def extra_layout_sizes(cls, layout, config):
+        return {("vocabulary_size", DATA if layout == "fsdp" else MODEL): config["vocabulary_size"]}  # over model (tp) or data (fsdp)
 
 
 def _embed(token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id):
@@ -236,7 +168,6 @@ def _embed(token_ids, vocabulary_size, hidden_dim, max_sequence_length, position
     if position_embedding == "learned":
         x = LearnedPositionEmbedding(positions, name="position_embedding")(x)  # (B, T', C)
     return x, key_mask
-
 
 
 def _check_config(sizes, position_embedding, pooling, dropout, pad_id):

@@ -7,7 +7,7 @@ the chosen ids i32[B]. The same key gives the same tokens; ties go to the lower 
 import jax
 import jax.numpy as jnp
 
-SAMPLERS = ("greedy", "top_k", "top_p")
+from zoo.config.choices import SAMPLERS
 
 
 def check_sampler(sampler, *, temperature, top_k, top_p, vocabulary_size):

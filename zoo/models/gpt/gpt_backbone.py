@@ -2,82 +2,89 @@
 
 import keras
 
+from zoo.config.choices import MLPS, NORMS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers import TransformerBlock
 from zoo.layers.transformer_block import check_remat
 from zoo.models.gpt import _gpt_layouts
-
-MLPS = ("swiglu", "geglu", "gelu", "relu")
-NORMS = ("rms", "layer")
+from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config
+from zoo.models.zoo_model import ZooModel
 
 
 @keras.saving.register_keras_serializable(package="zoo")
-class GPTBackbone(keras.Model):
+class GPTBackbone(ZooModel):
     """Token embedding, ``num_layers`` causal pre-norm ``TransformerBlock``s, final norm.
 
     ``token_ids (B, T) int32 -> hidden states (B, T, C)``; T may vary between calls (the
     functional graph has a None sequence length). Attention is causal with rotary
     position embedding (no learned positions) and grouped-query heads when
-    ``num_kv_heads < num_heads``.
+    ``num_key_value_heads < num_query_heads``. Argument names are keras-hub's
+    ``LlamaBackbone``'s where the idea is the same.
 
     Args:
         vocabulary_size: V, rows of the token embedding.
         num_layers: L, Transformer blocks ``block_0`` .. ``block_{L-1}``.
-        num_heads: H, query heads.
+        num_query_heads: H, query heads.
         hidden_dim: C, the residual stream's width.
         intermediate_dim: F, the MLP's hidden width.
-        num_kv_heads: K, key/value heads (divides H); None means H.
+        num_key_value_heads: K, key/value heads (divides H); None means H.
         head_dim: D; None means C // H (then H must divide C).
         mlp: ``"swiglu"``, ``"geglu"`` (gated), ``"gelu"`` or ``"relu"``.
         norm: ``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm), for the blocks and the final norm.
-        norm_epsilon: the norms' epsilon.
+        layer_norm_epsilon: the norms' epsilon.
         dropout: rate after the embedding and on each block's two residual branches.
         max_sequence_length: the longest sequence ``generate`` accepts (prompt plus new
             tokens); rotary positions need no table, so training is not limited by it.
-        rotary_base: RoPE's base wavelength.
+        rope_max_wavelength: RoPE's base wavelength.
+        tie_word_embeddings: the causal LM's head is the token embedding used in reverse
+            (``x @ E^T``) instead of its own ``lm_head``; the backbone's weights are the same.
         seed: seeds the dropout streams (embedding: seed, block i: seed + 1 + 2i and + 2i + 2).
-        tp_sequence_parallel: Megatron sequence parallelism in every block (layout
-            strategy ``"tp+sp"``).
-        sequence_parallel: every attention's ``sequence_parallel`` (None, ``"gather"``,
+        megatron_sp: Megatron sequence parallelism in every block (layout ``"tp+sp"``).
+        context_attention: every attention's sequence-parallel kernel (None, ``"gather"``,
             ``"ring"``, ``"ulysses"``); None lets a context-parallel distribution choose.
         remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
             ``"dots_saveable"`` (see ``TransformerBlock``); the numbers are the same,
             only memory and compute change.
+
+    Named sizes: ``GPTBackbone.from_config_name("gpt_tiny")`` (``gpt_configs.GPT_CONFIGS``).
 
     Variable paths (see ``get_layout_map`` for layouts): ``token_embedding/embeddings``
     (V, C), ``block_<i>/...`` (``TransformerBlock``), ``final_norm/scale`` (C,) for RMS
     or ``final_norm/gamma``, ``final_norm/beta`` for LayerNorm.
     """
 
+    CONFIGS = GPT_CONFIGS
+
     def __init__(
         self,
         vocabulary_size,
         num_layers,
-        num_heads,
+        num_query_heads,
         hidden_dim,
         intermediate_dim,
-        num_kv_heads=None,
+        num_key_value_heads=None,
         head_dim=None,
         mlp="swiglu",
         norm="rms",
-        norm_epsilon=1e-5,
+        layer_norm_epsilon=1e-5,
         dropout=0.0,
         max_sequence_length=1024,
-        rotary_base=10000.0,
+        rope_max_wavelength=10000.0,
+        tie_word_embeddings=False,
         seed=None,
-        tp_sequence_parallel=False,
-        sequence_parallel=None,
+        megatron_sp=False,
+        context_attention=None,
         remat="none",
         name="gpt_backbone",
         **kwargs,
     ):
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        head_dim = _default_head_dim(hidden_dim, num_heads) if head_dim is None else head_dim
+        num_key_value_heads = num_query_heads if num_key_value_heads is None else num_key_value_heads
+        head_dim = _default_head_dim(hidden_dim, num_query_heads) if head_dim is None else head_dim
         remat = check_remat(remat)
         check_config(
-            vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim, num_kv_heads=num_kv_heads, head_dim=head_dim, mlp=mlp, norm=norm,
-            dropout=dropout, max_sequence_length=max_sequence_length,
+            vocabulary_size=vocabulary_size, num_layers=num_layers, num_query_heads=num_query_heads,
+            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim, mlp=mlp, norm=norm, dropout=dropout, max_sequence_length=max_sequence_length,
         )  # fmt: skip
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
         embedding = keras.layers.ReversibleEmbedding(
@@ -87,42 +94,43 @@ class GPTBackbone(keras.Model):
         x = keras.layers.Dropout(dropout, seed=seed, name="embedding_dropout")(x)
         for index in range(num_layers):
             x = TransformerBlock(
-                num_heads=num_heads,
+                num_heads=num_query_heads,
                 head_dim=head_dim,
                 hidden_dim=intermediate_dim,
-                num_kv_heads=num_kv_heads,
+                num_kv_heads=num_key_value_heads,
                 causal=True,
                 rotary=True,
-                rotary_base=rotary_base,
+                rotary_base=rope_max_wavelength,
                 mlp=mlp,
                 norm=norm,
-                norm_epsilon=norm_epsilon,
+                norm_epsilon=layer_norm_epsilon,
                 dropout=dropout,
-                sequence_parallel=sequence_parallel,
-                tp_sequence_parallel=tp_sequence_parallel,
+                context_attention=context_attention,
+                megatron_sp=megatron_sp,
                 seed=None if seed is None else seed + 1 + 2 * index,
                 remat=remat,
                 name=f"block_{index}",
             )(x)  # (B, T, C)
-        x = _norm(norm, norm_epsilon, "final_norm")(x)  # (B, T, C)
+        x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
         super().__init__(inputs=token_ids, outputs=x, name=name, **kwargs)
 
         self.vocabulary_size = vocabulary_size
         self.num_layers = num_layers
-        self.num_heads = num_heads
+        self.num_query_heads = num_query_heads
         self.hidden_dim = hidden_dim
         self.intermediate_dim = intermediate_dim
-        self.num_kv_heads = num_kv_heads
+        self.num_key_value_heads = num_key_value_heads
         self.head_dim = head_dim
         self.mlp = mlp
         self.norm = norm
-        self.norm_epsilon = norm_epsilon
+        self.layer_norm_epsilon = layer_norm_epsilon
         self.dropout = dropout
         self.max_sequence_length = max_sequence_length
-        self.rotary_base = rotary_base
+        self.rope_max_wavelength = rope_max_wavelength
+        self.tie_word_embeddings = bool(tie_word_embeddings)
         self.seed = seed
-        self.tp_sequence_parallel = bool(tp_sequence_parallel)
-        self.sequence_parallel = sequence_parallel
+        self.megatron_sp = bool(megatron_sp)
+        self.context_attention = context_attention
         self.remat = remat
 
     # --- sublayers by their stable names ---------------------------------------------
@@ -160,52 +168,25 @@ class GPTBackbone(keras.Model):
 
     # --- config and layouts ----------------------------------------------------------
 
-    def get_config(self):
-        return {
-            "name": self.name,
-            "trainable": self.trainable,
-            "vocabulary_size": self.vocabulary_size,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "hidden_dim": self.hidden_dim,
-            "intermediate_dim": self.intermediate_dim,
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "mlp": self.mlp,
-            "norm": self.norm,
-            "norm_epsilon": self.norm_epsilon,
-            "dropout": self.dropout,
-            "max_sequence_length": self.max_sequence_length,
-            "rotary_base": self.rotary_base,
-            "seed": self.seed,
-            "tp_sequence_parallel": self.tp_sequence_parallel,
-            "sequence_parallel": self.sequence_parallel,
-            "remat": self.remat,
-        }
-
     @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
-    @classmethod
-    def get_layout_map(cls, mesh, strategy="tp", config=None, *, data_axis=DATA, model_axis=MODEL):
-        """``LayoutMap`` for a layout strategy (``data``, ``fsdp``, ``tp``, ``tp+sp``, ``fsdp+tp``).
+    def get_layout_map(cls, mesh, layout="tp", config=None, *, data_axis=DATA, model_axis=MODEL):
+        """``LayoutMap`` for a layout (``data``, ``fsdp``, ``tp``, ``tp+sp``, ``fsdp+tp``).
 
         The block rules of ``zoo.models._transformer_layouts`` plus the token embedding;
-        ``GPTCausalLM.get_layout_map`` documents the full table. With ``config`` (a
-        ``get_config()``-like dict) the sizes are checked against the mesh first and a
-        ``LayoutError`` names e.g. ``num_kv_heads=2`` and the ``model`` axis of size 4.
+        ``GPTCausalLM.get_layout_map`` documents the full table. With ``config`` (any
+        config ``gpt_configs.backbone_config`` reads) the sizes are checked against the
+        mesh first and a ``LayoutError`` names e.g. ``num_key_value_heads=2`` and the
+        ``model`` axis of size 4.
         """
-        return _gpt_layouts.layout_map(
-            mesh, strategy, config, with_head=False, data_axis=data_axis, model_axis=model_axis
-        )
+        config = None if config is None else backbone_config(config)
+        return _gpt_layouts.layout_map(mesh, layout, config, with_head=False, data_axis=data_axis, model_axis=model_axis)
 
 
-def _default_head_dim(hidden_dim, num_heads):
-    if isinstance(hidden_dim, int) and isinstance(num_heads, int) and num_heads > 0 and hidden_dim % num_heads == 0:
-        return hidden_dim // num_heads
+def _default_head_dim(hidden_dim, num_query_heads):
+    if isinstance(hidden_dim, int) and isinstance(num_query_heads, int) and num_query_heads > 0 and hidden_dim % num_query_heads == 0:
+        return hidden_dim // num_query_heads
     raise ValueError(
-        f"hidden_dim {hidden_dim} is not divisible by num_heads {num_heads}; pass head_dim explicitly"
+        f"hidden_dim {hidden_dim} is not divisible by num_query_heads {num_query_heads}; pass head_dim explicitly"
     )
 
 
@@ -215,16 +196,16 @@ def _norm(kind, epsilon, name):
     return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
 
 
-def check_config(*, mlp, norm, dropout, num_heads, num_kv_heads, head_dim, **sizes):
+def check_config(*, mlp, norm, dropout, num_query_heads, num_key_value_heads, head_dim, **sizes):
     """Raise ``ValueError`` naming the offending numbers for a bad GPT configuration."""
-    sizes.update(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    sizes.update(num_query_heads=num_query_heads, num_key_value_heads=num_key_value_heads, head_dim=head_dim)
     for key, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    if num_heads % num_kv_heads:
+    if num_query_heads % num_key_value_heads:
         raise ValueError(
-            f"num_kv_heads {num_kv_heads} does not divide num_heads {num_heads}: each KV head serves a "
-            f"whole group of query heads"
+            f"num_key_value_heads {num_key_value_heads} does not divide num_query_heads {num_query_heads}: "
+            f"each KV head serves a whole group of query heads"
         )
     if head_dim % 2:
         raise ValueError(f"rotary embedding needs an even head_dim, got head_dim {head_dim}")

@@ -1,80 +1,83 @@
 """Named GPT sizes: ``GPTCausalLM.from_config_name(name, **overrides)`` builds one.
 
-Every entry is a complete set of ``GPTCausalLM`` arguments; a comment says where each
-size comes from. ``gpt_tiny`` and ``gpt_small`` are byte-level (``zoo.data.ByteTokenizer``,
-vocabulary 256, pad id 0) and train on a CPU; the larger ones size real runs.
+Every entry is a complete set of ``GPTBackbone`` arguments (the causal LM adds no
+size of its own); a comment says where each size comes from. ``gpt_tiny`` and
+``gpt_small`` are byte-level (``zoo.data.ByteTokenizer``, vocabulary 256, pad id 0) and
+train on a CPU; the larger ones size real runs.
 """
+
+from zoo.models._renamed_keys import renamed_keys
 
 GPT_CONFIGS = {
     # Unit tests and docs: trains on a CPU in seconds. GQA (2 KV heads for 4 query heads).
     "gpt_tiny": {
         "vocabulary_size": 256,  # bytes
         "num_layers": 2,
-        "num_heads": 4,
-        "num_kv_heads": 2,
+        "num_query_heads": 4,
+        "num_key_value_heads": 2,
         "hidden_dim": 32,  # C
         "intermediate_dim": 64,  # F
         "mlp": "swiglu",
         "norm": "rms",
         "max_sequence_length": 128,
-        "tie_embeddings": False,
+        "tie_word_embeddings": False,
     },
     # Byte-level model for CPU/single-GPU experiments on the embedded text data set.
     "gpt_small": {
         "vocabulary_size": 256,
         "num_layers": 4,
-        "num_heads": 8,
-        "num_kv_heads": 4,
+        "num_query_heads": 8,
+        "num_key_value_heads": 4,
         "hidden_dim": 256,
         "intermediate_dim": 768,
         "mlp": "swiglu",
         "norm": "rms",
         "max_sequence_length": 512,
-        "tie_embeddings": False,
+        "tie_word_embeddings": False,
     },
     # GPT-2 small (124M) shape: LayerNorm, GELU MLP, tied embeddings; rotary instead of
     # learned positions; vocabulary 50304 = GPT-2's 50257 padded to a multiple of 128.
     "gpt_125m": {
         "vocabulary_size": 50304,
         "num_layers": 12,
-        "num_heads": 12,
-        "num_kv_heads": 12,
+        "num_query_heads": 12,
+        "num_key_value_heads": 12,
         "hidden_dim": 768,
         "intermediate_dim": 3072,
         "mlp": "gelu",
         "norm": "layer",
         "max_sequence_length": 1024,
-        "tie_embeddings": True,
+        "tie_word_embeddings": True,
     },
     # GPT-2 medium (350M) shape, same conventions as gpt_125m.
     "gpt_350m": {
         "vocabulary_size": 50304,
         "num_layers": 24,
-        "num_heads": 16,
-        "num_kv_heads": 16,
+        "num_query_heads": 16,
+        "num_key_value_heads": 16,
         "hidden_dim": 1024,
         "intermediate_dim": 4096,
         "mlp": "gelu",
         "norm": "layer",
         "max_sequence_length": 1024,
-        "tie_embeddings": True,
+        "tie_word_embeddings": True,
     },
     # TinyLlama-1.1B shape: RMSNorm, SwiGLU, GQA 32/4, untied head, LLaMA vocabulary.
     "gpt_1b": {
         "vocabulary_size": 32000,
         "num_layers": 22,
-        "num_heads": 32,
-        "num_kv_heads": 4,
+        "num_query_heads": 32,
+        "num_key_value_heads": 4,
         "hidden_dim": 2048,
         "intermediate_dim": 5632,
         "mlp": "swiglu",
         "norm": "rms",
         "max_sequence_length": 2048,
-        "tie_embeddings": False,
+        "tie_word_embeddings": False,
     },
 }
 
-GATED_MLPS = ("swiglu", "geglu")
+GATED_MLPS = ("swiglu", "geglu")  # the MLPS (zoo.config.choices) with a gate: three weight matrices
 
 
 def config_by_name(name):
@@ -84,17 +87,32 @@ def config_by_name(name):
     return dict(GPT_CONFIGS[name])
 
 
+def backbone_config(config):
+    """The ``GPTBackbone`` arguments in ``config``, old keys renamed (``_renamed_keys``).
+
+    ``config``: a ``GPT_CONFIGS`` entry or ``GPTBackbone.get_config()``; a
+    ``GPTCausalLM.get_config()`` (its ``backbone`` nested as Keras serialises it); or a
+    serialised model (``{"class_name": ..., "config": ...}``, as in a preset's config.json).
+    """
+    if "class_name" in config and isinstance(config.get("config"), dict):
+        config = config["config"]
+    if isinstance(config.get("backbone"), dict):
+        config = config["backbone"].get("config", config["backbone"])
+    return renamed_keys(config)
+
+
 def count_parameters(config):
-    """Trainable parameters of ``GPTCausalLM(**config)``, from the config alone.
+    """Trainable parameters of the ``GPTCausalLM`` of ``config`` (see ``backbone_config``).
 
     V vocabulary, C hidden, H/K heads/KV heads, D head_dim, F intermediate, L layers.
     """
+    config = backbone_config(config)
     vocab, width, layers = config["vocabulary_size"], config["hidden_dim"], config["num_layers"]
-    heads = config["num_heads"]
-    kv_heads = config.get("num_kv_heads") or heads
+    heads = config["num_query_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or width // heads
     norm = (2 if config.get("norm", "rms") == "layer" else 1) * width  # LayerNorm: gamma and beta
     attention = width * head_dim * (2 * heads + 2 * kv_heads)  # query, output (H); key, value (K)
     mlp = (3 if config.get("mlp", "swiglu") in GATED_MLPS else 2) * width * config["intermediate_dim"]
-    head = 0 if config.get("tie_embeddings", False) else width * vocab
+    head = 0 if config.get("tie_word_embeddings", False) else width * vocab
     return vocab * width + layers * (attention + mlp + 2 * norm) + norm + head
