@@ -8,33 +8,36 @@ import dataclasses
 
 import pytest
 
+from tests.plotting._png import png_size
 from zoo.bench import attention_memory as bench
-from zoo.bench.attention_memory import BenchConfig, run_benchmark
-from zoo.cli import bench_attention
+from zoo.bench.attention_memory import run_benchmark
+from zoo.cli import bench as bench_cli
+from zoo.config.bench_settings import AttentionBenchConfig
 
-# One T for the memory table, the timings and the goal: 8 compiled programs (4 strategies
+# One T for the memory table, the timings and the goal: 8 compiled programs (4 kernels
 # x N = 4, 8), all timed from the same dict. Ring tiles at T=128, block 16: the zig-zag
 # halves of a shard are 16 rows at N=4 (tile = block) and 8 at N=8 (tile cut to 8).
-TINY = dict(
-    lengths=(128,), devices=(4, 8), head_dim=8, block_size=16, time_lengths=(128,),
-    goal_length=128, goal_heads=8, repeats=1,
-)
+TINY = {
+    "lengths": (128,), "devices": (4, 8), "head_dim": 8, "block_size": 16, "time_lengths": (128,),
+    "goal_length": 128, "goal_heads": 8, "repeats": 1,
+}
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    output = tmp_path_factory.mktemp("bench") / "attention.md"
+    folder = tmp_path_factory.mktemp("bench")
+    output, chart = folder / "attention.md", folder / "attention.png"
     lines = []
-    result = run_benchmark(BenchConfig(**TINY, output=str(output)), report=lines.append)
-    return result, lines, output.read_text()
+    result = run_benchmark(AttentionBenchConfig(**TINY, output=str(output), plot=str(chart)), report=lines.append)
+    return result, lines, output.read_text(), chart
 
 
-def test_memory_table_has_every_strategy_and_the_kernels_beat_the_reference(tiny):
-    result, _, _ = tiny
+def test_memory_table_has_every_kernel_and_the_kernels_beat_the_reference(tiny):
+    result, _, _, _ = tiny
     assert [(r["length"], r["devices"]) for r in result["memory"]] == [(128, 4), (128, 8)]
     for row in result["memory"]:
         temp = row["temp"]
-        assert set(temp) == set(bench.STRATEGIES) and all(b > 0 for b in temp.values()), row
+        assert set(temp) == set(bench.KERNELS) and all(b > 0 for b in temp.values()), row
         # the reference materialises f32 scores; every kernel walks tiles (all-gather and
         # Ulysses with the blockwise kernel on their local step) and needs less
         assert max(temp["gather"], temp["ring"], temp["ulysses"]) < temp["reference"], row
@@ -46,20 +49,24 @@ def test_memory_table_has_every_strategy_and_the_kernels_beat_the_reference(tiny
 
 
 def test_time_rows_and_goals(tiny):
-    result, lines, text = tiny
+    result, lines, text, _ = tiny
     timed = [(r["length"], r["heads"], r["devices"]) for r in result["time"]]
     assert timed == [(128, 8, 4), (128, 8, 8), (128, 8, 8)]
     for row in result["time"][:2]:
-        assert set(row["wall"]) == set(bench.STRATEGIES) and all(t > 0 for t in row["wall"].values())
+        assert set(row["wall"]) == set(bench.KERNELS) and all(t > 0 for t in row["wall"].values())
     assert set(result["time"][2]["wall"]) == {"gather", "ring"}
     assert [g.status in ("PASS", "MISS") for g in result["goals"]] == [True, True, True]
     assert "| T | N | GSPMD reference | all-gather | ring | Ulysses |" in text
     assert "Goals:" in text and text.strip() == lines[-1].strip()
 
 
+def test_plot_draws_memory_against_sequence_length(tiny):
+    assert png_size(tiny[3]) == (1100, 420)  # one 5.5 x 4.2 inch panel per N (4, 8) at 100 dpi
+
+
 def test_timing_over_the_memory_limit_is_skipped_and_the_goal_says_so():
     # the fixture's T and N: the programs come from the compilation cache
-    config = BenchConfig(**{**TINY, "devices": (8,), "memory_limit_gib": 1e-9})
+    config = AttentionBenchConfig(**{**TINY, "devices": (8,), "memory_limit_gib": 1e-9})
     result = run_benchmark(config, report=lambda line: None)
     assert all(not row["wall"] for row in result["time"])
     assert "host memory" in result["time"][0]["skipped"]["ring"]
@@ -67,7 +74,7 @@ def test_timing_over_the_memory_limit_is_skipped_and_the_goal_says_so():
 
 
 def test_goal_logic_on_given_numbers():
-    config = BenchConfig(lengths=(100,), devices=(4, 8))
+    config = AttentionBenchConfig(lengths=(100,), devices=(4, 8))
     memory = [
         {"length": 100, "devices": 4, "temp": {"reference": 1000, "ring": 100}},
         {"length": 100, "devices": 8, "temp": {"reference": 500, "ring": 70}},
@@ -91,17 +98,20 @@ def test_goal_logic_on_given_numbers():
 )
 def test_bad_settings_are_rejected_before_any_work(change, message):
     with pytest.raises(ValueError, match=message):
-        run_benchmark(BenchConfig(**{**TINY, **change}), report=lambda line: None)
+        run_benchmark(AttentionBenchConfig(**{**TINY, **change}), report=lambda line: None)
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    return parser.parse_args(["attention", *argv])
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
-    parser = argparse.ArgumentParser()
-    bench_attention.add_arguments(parser)
-    assert bench_attention.config_from_args(parser.parse_args([])) == BenchConfig()
-    args = parser.parse_args(["--lengths", "64,128", "--devices", "8", "--balance", "none", "--non-causal", "--repeats", "1"])
-    config = bench_attention.config_from_args(args)
-    assert (config.lengths, config.devices, config.balance, config.causal, config.repeats) == ((64, 128), (8,), None, False, 1)
-    flags = {action.dest for action in parser._actions} - {"help"}
-    assert flags == {f.name for f in dataclasses.fields(BenchConfig)}
+    assert bench_cli.settings_from_args("attention", _parse([])) == AttentionBenchConfig()
+    args = _parse(["--lengths", "64,128", "--devices", "8", "--balance", "none", "--no-causal", "--repeats", "1", "--plot", "m.png"])
+    config = bench_cli.settings_from_args("attention", args)
+    assert (config.lengths, config.devices, config.balance, config.causal, config.repeats, config.plot) == ((64, 128), (8,), None, False, 1, "m.png")
+    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {f.name for f in dataclasses.fields(AttentionBenchConfig)}
     with pytest.raises(SystemExit):
-        parser.parse_args(["--lengths", "4k"])
+        _parse(["--lengths", "4k"])

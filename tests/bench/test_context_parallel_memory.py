@@ -9,15 +9,16 @@ import dataclasses
 import pytest
 
 from zoo.bench import context_parallel_memory as bench
-from zoo.bench.context_parallel_memory import BenchConfig, Run, run_benchmark
-from zoo.cli import bench_context
+from zoo.bench.context_parallel_memory import Run, run_benchmark
+from zoo.cli import bench as bench_cli
+from zoo.config.bench_settings import ContextBenchConfig
 
-TINY = dict(length=128, layers=1, width=16, heads=2, head_dim=8, hidden_dim=32, vocab=16)
+TINY = {"sequence_length": 128, "layers": 1, "width": 16, "heads": 2, "head_dim": 8, "hidden_dim": 32, "vocab": 16}
 
 
 def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(tmp_path):
     output = tmp_path / "context.md"
-    config = BenchConfig(**TINY, runs=("data=8:8", "data=1,seq=8:1"), output=str(output))
+    config = ContextBenchConfig(**TINY, runs=("data=8:8", "data=1,seq=8:1"), output=str(output))
     lines = []
     result = run_benchmark(config, report=lines.append)
     data, context = result["runs"]
@@ -43,7 +44,7 @@ def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(
 
 
 def test_goal_logic_on_given_numbers():
-    config = BenchConfig(length=100)
+    config = ContextBenchConfig(sequence_length=100)
     base = Run("data=8", 8, "data-parallel", tokens_per_device=100, temp=800)
     runs = [base, Run("data=1,seq=8", 1, "context-parallel", tokens_per_device=25, temp=150)]
     assert bench.evaluate_goal(runs, config)[0] == "PASS"  # 150/800 <= 1/4
@@ -65,17 +66,20 @@ def test_goal_logic_on_given_numbers():
 )
 def test_bad_runs_are_rejected_before_any_work(run, message):
     with pytest.raises(ValueError, match=message):
-        run_benchmark(BenchConfig(**TINY, runs=(run,)), report=lambda line: None)
+        run_benchmark(ContextBenchConfig(**TINY, runs=(run,)), report=lambda line: None)
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    return parser.parse_args(["context", *argv])
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
-    parser = argparse.ArgumentParser()
-    bench_context.add_arguments(parser)
-    assert bench_context.config_from_args(parser.parse_args([])) == BenchConfig()
-    args = parser.parse_args(["--length", "64", "--runs", "data=8:8; data=2,seq=4:2", "--balance", "none", "--attention", "gather"])
-    config = bench_context.config_from_args(args)
-    assert (config.length, config.runs, config.balance, config.attention) == (64, ("data=8:8", "data=2,seq=4:2"), None, "gather")
-    flags = {action.dest for action in parser._actions} - {"help"}
-    assert flags == {f.name for f in dataclasses.fields(BenchConfig)}
+    assert bench_cli.settings_from_args("context", _parse([])) == ContextBenchConfig()
+    args = _parse(["--sequence-length", "64", "--runs", "data=8:8; data=2,seq=4:2", "--balance", "none", "--context-attention", "gather"])
+    config = bench_cli.settings_from_args("context", args)
+    assert (config.sequence_length, config.runs, config.balance, config.context_attention) == (64, ("data=8:8", "data=2,seq=4:2"), None, "gather")
+    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {f.name for f in dataclasses.fields(ContextBenchConfig)}
     with pytest.raises(SystemExit):
-        parser.parse_args(["--runs", "data=8"])
+        _parse(["--runs", "data=8"])

@@ -6,13 +6,14 @@ import keras
 import pytest
 
 from zoo.bench._fit_vs_jit import LOSS_ATOL, LOSS_RTOL
-from zoo.bench.gpt_fit import GPTBenchConfig, run_benchmark
+from zoo.bench.gpt_fit import run_benchmark
+from zoo.config.bench_settings import GPTBenchConfig
 
 
 def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_path):
     output = tmp_path / "gpt.md"
     config = GPTBenchConfig(config_name="gpt_tiny", sequence_length=16, batch_size=8, steps=2, repeats=1,
-                            output=str(output), strategies=("context",))  # fmt: skip
+                            output=str(output), layouts=("context",))  # fmt: skip
     rows = run_benchmark(config, report=lambda line: None)
 
     (row,) = rows
@@ -27,4 +28,4 @@ def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_
 
 def test_unknown_layout_is_named():
     with pytest.raises(ValueError, match=r"unknown layout\(s\) \['pipeline'\]"):
-        run_benchmark(GPTBenchConfig(config_name="gpt_tiny", sequence_length=16, batch_size=8, steps=1, repeats=1, strategies=("pipeline",)))
+        run_benchmark(GPTBenchConfig(config_name="gpt_tiny", sequence_length=16, batch_size=8, steps=1, repeats=1, layouts=("pipeline",)))

@@ -1,6 +1,7 @@
 """``zoo bench plan`` (zoo.bench.plan): one recipe planned (in this process: it has the recipe's 8 devices), the table."""
 
-from zoo.bench.plan import PlanBenchConfig, run_benchmark
+from zoo.bench.plan import run_benchmark
+from zoo.config.bench_settings import PlanBenchConfig
 
 
 def test_a_recipe_row_is_planned_and_tabled(tmp_path):

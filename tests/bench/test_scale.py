@@ -10,21 +10,22 @@ import argparse
 import pytest
 
 from zoo.bench import scale
-from zoo.cli import bench_scale
+from zoo.cli import bench as bench_cli
+from zoo.config.bench_settings import ScaleBenchConfig
 
 # T = 256: activations, not the (V = 256) embedding and head weights, dominate what
 # moves, as at real size (at T = 64 GSPMD's gathers of those weights under tp+sp exceed
 # the activations' bytes)
-TINY_TP = dict(tp_mesh="data=2,model=4", tp_layers=1, tp_width=64, tp_length=256, tp_batch=4)
+TINY_TP = {"tp_mesh": "data=2,model=4", "tp_layers": 1, "tp_width": 64, "tp_length": 256, "tp_batch": 4}
 
 
-@pytest.mark.parametrize("strategy", ["tp", "tp+sp"])
-def test_gpt_step_sends_megatrons_minimum_over_model(strategy):
-    row = scale.tp_bytes_row({"kind": "tp", "strategy": strategy, **TINY_TP})
+@pytest.mark.parametrize("layout", ["tp", "tp+sp"])
+def test_gpt_step_sends_megatrons_minimum_over_model(layout):
+    row = scale.tp_bytes_row({"kind": "tp", "layout": layout, **TINY_TP})
     # (4L + 2) all-reduces of (B/dp, T, C) f32, 2 (M-1)/M of each sent: 6 x 1.5 x 2 x 256 x 64 x 4
     assert row["minimum"] == 6 * 1.5 * 2 * 256 * 64 * 4
     assert row["sent"] <= 1.05 * row["minimum"], row
-    if strategy == "tp":
+    if layout == "tp":
         assert set(row["collectives"]) == {"all-reduce"}, row  # no all-gather of activations or weights
     else:
         assert {"all-gather", "reduce-scatter"} <= set(row["collectives"]), row
@@ -39,25 +40,26 @@ def test_fsdp_tp_weights_are_split_over_every_device():
 def test_report_has_a_table_per_section_and_names_errors():
     rows = [
         {"kind": "fsdp+tp", "mesh": "data=2,model=4", "devices": 8, "weights": 110, "analytic": 100},
-        {"kind": "tp", "strategy": "tp", "mesh": "data=2,model=4", "sent": 216, "minimum": 216, "collectives": {"all-reduce": 21}, "layers": 4},
+        {"kind": "tp", "layout": "tp", "mesh": "data=2,model=4", "sent": 216, "minimum": 216, "collectives": {"all-reduce": 21}, "layers": 4},
         {"kind": "recipe", "task": {"kind": "recipe", "path": "x.toml"}, "error": "boom"},
     ]
-    text = "\n".join(scale.format_report(rows, scale.ScaleConfig(sections=("fsdp+tp", "tp"))))
+    text = "\n".join(scale.format_report(rows, ScaleBenchConfig(sections=("fsdp+tp", "tp"))))
     assert "| data=2,model=4 | 8 | 0.0 | 0.0 | 1.10x |" in text
     assert "| tp | 21 all-reduce | 0.0 | 0.0 | 1.00x |" in text
     assert "error in {'kind': 'recipe', 'path': 'x.toml'}: boom" in text and "### Recipes" not in text
 
 
 def test_tasks_run_each_measurement_on_its_device_count():
-    config = scale.ScaleConfig(recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml"))
+    config = ScaleBenchConfig(recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml"))
     devices = [(count, task["kind"]) for count, task in scale.tasks(config)]
     assert devices == [(8, "recipe"), (64, "recipe"), (4, "attention"), (64, "fsdp+tp"), (256, "fsdp+tp"), (8, "tp"), (8, "tp")]
 
 
 def test_flags():
     parser = argparse.ArgumentParser()
-    bench_scale.add_arguments(parser)
-    args = parser.parse_args(["--sections", "tp,fsdp+tp", "--fsdp-tp-meshes", "data=2,model=4;data=4,model=2"])
+    bench_cli.add_arguments(parser)
+    args = parser.parse_args(["scale", "--sections", "tp,fsdp+tp", "--fsdp-tp-meshes", "data=2,model=4;data=4,model=2"])
     assert args.sections == ("tp", "fsdp+tp") and args.fsdp_tp_meshes == ("data=2,model=4", "data=4,model=2")
+    assert bench_cli.settings_from_args("scale", parser.parse_args(["scale"])) == ScaleBenchConfig()
     with pytest.raises(SystemExit):
-        parser.parse_args(["--sections", "speed"])
+        parser.parse_args(["scale", "--sections", "speed"])

@@ -11,29 +11,33 @@ import math
 import keras
 import pytest
 
-from zoo.bench.tensor_parallel import BenchConfig, minimum_sent_bytes, run_benchmark
-from zoo.cli import bench_tp
+from tests.plotting._png import png_size
+from zoo.bench.tensor_parallel import minimum_sent_bytes, run_benchmark
+from zoo.cli import bench as bench_cli
+from zoo.config.bench_settings import TPBenchConfig
 
-TINY = ["--batch-size", "4", "--seq-len", "16", "--dim", "8", "--hidden", "32", "--steps", "1", "--repeats", "1", "--fast-compile"]
+TINY = ["--batch-size", "4", "--sequence-length", "16", "--dim", "8", "--hidden", "32", "--steps", "1", "--repeats", "1", "--fast-compile"]
 
 
 def _parse(argv):
     parser = argparse.ArgumentParser()
-    bench_tp.add_arguments(parser)
-    return parser.parse_args(argv)
+    bench_cli.add_arguments(parser)
+    return parser.parse_args(["tp", *argv])
 
 
 def test_every_config_field_is_a_flag_with_the_same_default():
     args = vars(_parse([]))
-    defaults = dataclasses.asdict(BenchConfig())
+    defaults = dataclasses.asdict(TPBenchConfig())
     assert {k: args[k] for k in defaults} == defaults
 
 
 def test_tiny_benchmark_table(tmp_path, capsys):
-    output = tmp_path / "tp.md"
-    assert bench_tp.run(_parse([*TINY, "--variants", "gated,sp", "--output", str(output)])) == 0
+    output, chart = tmp_path / "tp.md", tmp_path / "tp.png"
+    args = _parse([*TINY, "--variants", "gated,sp", "--output", str(output), "--plot", str(chart)])
+    assert args.func(args) == 0
+    assert png_size(chart) == (700, 420)  # bytes per implementation, one group per variant
     table = output.read_text()
-    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| gated MLP |") or line.startswith("| MLP, sequence-parallel |")]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith(("| gated MLP |", "| MLP, sequence-parallel |"))]
     got = {(r[0].strip("| "), r[1]): r for r in rows}
     assert list(got) == [
         ("gated MLP", "explicit"), ("gated MLP", "GSPMD"), ("gated MLP", "minimum (Megatron)"),
@@ -41,7 +45,7 @@ def test_tiny_benchmark_table(tmp_path, capsys):
         ("MLP, sequence-parallel", "GSPMD"), ("MLP, sequence-parallel", "minimum (Megatron)"),
     ]  # fmt: skip
     # B/dp T D x 4 bytes = 2 x 16 x 8 x 4 = 1 KiB; two all-reduces over 4 devices: 2 x 2 x 3/4 KiB
-    assert minimum_sent_bytes(BenchConfig(batch_size=4, seq_len=16, dim=8, hidden=32)) == 3072
+    assert minimum_sent_bytes(TPBenchConfig(batch_size=4, sequence_length=16, dim=8, hidden=32)) == 3072
     for key in [("gated MLP", "explicit"), ("MLP, sequence-parallel", "explicit"), ("MLP, sequence-parallel", "explicit, collective matmul")]:
         assert got[key][3] == "3.0" and got[key][4] == "1.00", got[key]  # explicit TP equals the minimum
     assert got[("gated MLP", "explicit")][2] == "2 all-reduce"
@@ -62,7 +66,7 @@ def test_tiny_benchmark_table(tmp_path, capsys):
     "changes, message",
     [
         ({"batch_size": 3}, "batch size 3 is not divisible by the 'data' mesh axis of size 2"),
-        ({"seq_len": 10}, "sequence length 10 is not divisible by the 'model' mesh axis of size 4"),
+        ({"sequence_length": 10}, "sequence length 10 is not divisible by the 'model' mesh axis of size 4"),
         ({"variants": ("moe",)}, "variants must be some of"),
         ({"mesh": "data=8"}, "needs mesh axes"),
         ({"steps": 0}, "steps must be a positive integer, got 0"),
@@ -70,4 +74,4 @@ def test_tiny_benchmark_table(tmp_path, capsys):
 )
 def test_bad_settings_are_rejected_before_any_work(changes, message):
     with pytest.raises(ValueError, match=message):
-        run_benchmark(dataclasses.replace(BenchConfig(), **changes))
+        run_benchmark(dataclasses.replace(TPBenchConfig(), **changes))

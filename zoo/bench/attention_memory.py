@@ -16,7 +16,7 @@ carrying their shardings (nothing is allocated, so T = 64k compiles on a laptop)
 ``compiled.memory_analysis()`` gives per-device temporary, argument and output bytes.
 
 Time: programs at the sizes in ``time_lengths`` (and the goal size) are run on real
-arrays, strategies alternating, ``repeats`` times after one warm-up run each; the
+arrays, kernels alternating, ``repeats`` times after one warm-up run each; the
 median wall and process-CPU seconds are reported as ratios against the reference
 (or against all-gather) measured in the same run. A timing whose N devices together
 would need more than ``memory_limit_gib`` of host memory (from the memory analysis)
@@ -40,34 +40,16 @@ from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
 from zoo.bench._output import write_text
+from zoo.config.bench_settings import AttentionBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh
+from zoo.distribution.axes import SEQ
 from zoo.layers import _sequence_parallel
 
-AXIS = "seq"
-STRATEGIES = ("reference", "gather", "ring", "ulysses")
+AXIS = SEQ
+KERNELS = ("reference", *CONTEXT_ATTENTIONS)  # the materialising reference, then the context_attention kernels
 LABELS = {"reference": "GSPMD reference", "gather": "all-gather", "ring": "ring", "ulysses": "Ulysses"}
 MIB = 2**20
-
-
-@dataclasses.dataclass
-class BenchConfig:
-    """Settings of ``zoo bench attention``; every default is the CLI's default."""
-
-    lengths: tuple = (4096, 16384, 65536)  # T of the memory table (compiled only, never run)
-    devices: tuple = (4, 8)  # N, sizes of the 'seq' mesh axis
-    heads: int = 8  # H = K (MHA), as issue 4 asks
-    head_dim: int = 64  # D
-    batch: int = 1  # B
-    causal: bool = True  # causal masking (the ring then skips invisible tiles)
-    block_size: int = 512  # ring tile edge (MultiHeadAttention's default ring_block_size)
-    balance: str | None = "zigzag"  # ring's load balancing (None, "zigzag", "striped")
-    time_lengths: tuple = (4096,)  # T timed for every strategy and N, at `heads` heads
-    goal_length: int = 16384  # T of the goal "ring time <= all-gather time"
-    goal_heads: int = 1  # heads of that timing: all-gather at 8 heads needs ~40 GiB of host RAM
-    goal_devices: int = 8  # N of that timing
-    repeats: int = 3  # timed runs per strategy (after one warm-up); the median is kept
-    memory_limit_gib: float = 8.0  # skip a timing whose N devices together need more host memory
-    output: str | None = None  # also write the report (markdown) to this file
 
 
 @dataclasses.dataclass
@@ -78,15 +60,17 @@ class Goal:
 
 
 def run_benchmark(config, report=print):
-    """Compile every program, time the small ones, check the goals; report markdown.
+    """Compile every program, time the small ones, check the goals; report markdown
+    (``config``: ``zoo.config.bench_settings.AttentionBenchConfig``; ``config.plot``: also
+    the memory-vs-T chart).
 
     Returns ``{"memory": [rows], "time": [rows], "goals": [Goal]}``.
     """
     check_config(config)
-    programs = {}  # (strategy, T, H, N) -> (compiled, input sharding, memory)
+    programs = {}  # (kernel, T, H, N) -> (compiled, input sharding, memory)
     memory = [memory_row(config, t, n, programs, report) for t in config.lengths for n in config.devices]
     timings = [
-        time_row(config, t, config.heads, n, STRATEGIES, programs, report)
+        time_row(config, t, config.heads, n, KERNELS, programs, report)
         for t in config.time_lengths
         for n in config.devices
     ]
@@ -97,7 +81,16 @@ def run_benchmark(config, report=print):
     report(text)
     if config.output:
         write_text(config.output, text)
+    if config.plot:
+        from zoo.plotting import plot_attention_memory
+
+        plot_attention_memory(memory, config.plot, labels=LABELS, title=_plot_title(config))
     return {"memory": memory, "time": timings + [goal_timing], "goals": goals}
+
+
+def _plot_title(config):
+    return (f"Attention forward + backward, per-device temporary memory (B={config.batch}, H={config.heads}, "
+            f"D={config.head_dim}, f32, {'causal' if config.causal else 'non-causal'})")  # fmt: skip
 
 
 def check_config(config):
@@ -122,15 +115,15 @@ def check_config(config):
                 raise ValueError(f"sequence length {length} is not divisible by {multiple} x N = {multiple * n} devices")
 
 
-def attention_fn(strategy, mesh, config):
-    """(q, k, v) -> out on global [B, T, H, D] arrays, as the layer runs it on ``mesh``."""
+def attention_fn(kernel, mesh, config):
+    """(q, k, v) -> out on global [B, T, H, D] arrays, as the layer runs ``kernel`` on ``mesh``."""
 
     def attention(q, k, v):
-        if strategy == "reference":  # the materialising reference: the baseline the kernels are measured against
+        if kernel == "reference":  # the materialising reference: the baseline the kernels are measured against
             return kernels.attention_reference(q, k, v, causal=config.causal)
         return _sequence_parallel.sharded_attention(
-            q, k, v, mesh=mesh, key_mask=None, strategy=strategy, causal=config.causal,
-            balance=config.balance if strategy == "ring" else None, rotary_base=None,
+            q, k, v, mesh=mesh, key_mask=None, context_attention=kernel, causal=config.causal,
+            balance=config.balance if kernel == "ring" else None, rotary_base=None,
             sequence_axis=AXIS, batch_axis=None, ring_block_size=config.block_size,
         )
 
@@ -147,14 +140,14 @@ def forward_backward(attention):
     return step
 
 
-def compile_program(config, strategy, length, heads, n, programs):
+def compile_program(config, kernel, length, heads, n, programs):
     """The compiled forward + backward program (cached in ``programs``) and its memory."""
-    key = (strategy, length, heads, n)
+    key = (kernel, length, heads, n)
     if key not in programs:
         mesh = make_mesh(f"{AXIS}={n}", devices=jax.devices()[:n])
         sharding = NamedSharding(mesh.backend_mesh, P(None, AXIS))  # [B, T, H, D] split along T
         spec = jax.ShapeDtypeStruct((config.batch, length, heads, config.head_dim), jnp.float32, sharding=sharding)
-        step = forward_backward(attention_fn(strategy, mesh, config))
+        step = forward_backward(attention_fn(kernel, mesh, config))
         compiled = jax.jit(step, out_shardings=(sharding,) * 3).lower(spec, spec, spec, spec).compile()
         analysis = compiled.memory_analysis()
         memory = {
@@ -167,42 +160,42 @@ def compile_program(config, strategy, length, heads, n, programs):
 
 
 def memory_row(config, length, n, programs, report):
-    """Per-device temporary bytes of each strategy at (T, N); Ulysses None if H % N."""
+    """Per-device temporary bytes of each kernel at (T, N); Ulysses None if H % N."""
     row = {"length": length, "devices": n, "temp": {}, "argument": {}}
-    for strategy in STRATEGIES:
-        if strategy == "ulysses" and config.heads % n:
-            row["temp"][strategy] = None
+    for kernel in KERNELS:
+        if kernel == "ulysses" and config.heads % n:
+            row["temp"][kernel] = None
             continue
-        _, _, memory = compile_program(config, strategy, length, config.heads, n, programs)
-        row["temp"][strategy] = memory["temp"]
-        row["argument"][strategy] = memory["argument"]
+        _, _, memory = compile_program(config, kernel, length, config.heads, n, programs)
+        row["temp"][kernel] = memory["temp"]
+        row["argument"][kernel] = memory["argument"]
     cells = ", ".join(f"{s} {_mib(b)}" for s, b in row["temp"].items())
     report(f"memory T={length} N={n}: {cells}")
     return row
 
 
-def time_row(config, length, heads, n, strategies, programs, report):
-    """Median wall and CPU seconds per strategy at (T, H, N); skipped ones carry a reason."""
+def time_row(config, length, heads, n, timed, programs, report):
+    """Median wall and CPU seconds per kernel of ``timed`` at (T, H, N); skipped ones carry a reason."""
     row = {"length": length, "heads": heads, "devices": n, "wall": {}, "cpu": {}, "skipped": {}}
     runnable = {}
-    for strategy in strategies:
-        reason = _skip_reason(config, strategy, length, heads, n, programs)
+    for kernel in timed:
+        reason = _skip_reason(config, kernel, length, heads, n, programs)
         if reason:
-            row["skipped"][strategy] = reason
+            row["skipped"][kernel] = reason
         else:
-            runnable[strategy] = programs[(strategy, length, heads, n)]
+            runnable[kernel] = programs[(kernel, length, heads, n)]
     if runnable:
         report(f"timing T={length} H={heads} N={n}: {', '.join(runnable)} ({config.repeats} runs each) ...")
         row["wall"], row["cpu"] = _time_programs(runnable, config, length, heads, n)
-    for strategy, reason in row["skipped"].items():
-        report(f"  {strategy} not timed: {reason}")
+    for kernel, reason in row["skipped"].items():
+        report(f"  {kernel} not timed: {reason}")
     return row
 
 
-def _skip_reason(config, strategy, length, heads, n, programs):
-    if strategy == "ulysses" and heads % n:
+def _skip_reason(config, kernel, length, heads, n, programs):
+    if kernel == "ulysses" and heads % n:
         return f"{heads} heads do not split over N = {n}"
-    _, _, memory = compile_program(config, strategy, length, heads, n, programs)
+    _, _, memory = compile_program(config, kernel, length, heads, n, programs)
     host = n * (2 * memory["argument"] + memory["temp"])  # inputs, same-sized grads, temporaries
     if host > config.memory_limit_gib * 2**30:
         return f"needs {host / 2**30:.1f} GiB of host memory for N = {n} devices > limit {config.memory_limit_gib:g} GiB"
@@ -216,14 +209,14 @@ def _time_programs(runnable, config, length, heads, n):
     arrays = [jax.device_put(rng.standard_normal(shape, dtype=np.float32), sharding) for _ in range(4)]
     wall = {s: [] for s in runnable}
     cpu = {s: [] for s in runnable}
-    for strategy, (compiled, _, _) in runnable.items():  # warm-up
+    for kernel, (compiled, _, _) in runnable.items():  # warm-up
         jax.block_until_ready(compiled(*arrays))
     for _ in range(config.repeats):  # alternate, so drifts in machine load hit all alike
-        for strategy, (compiled, _, _) in runnable.items():
+        for kernel, (compiled, _, _) in runnable.items():
             start_wall, start_cpu = time.perf_counter(), time.process_time()
             jax.block_until_ready(compiled(*arrays))  # one program in flight at a time
-            wall[strategy].append(time.perf_counter() - start_wall)
-            cpu[strategy].append(time.process_time() - start_cpu)
+            wall[kernel].append(time.perf_counter() - start_wall)
+            cpu[kernel].append(time.process_time() - start_cpu)
     return {s: statistics.median(v) for s, v in wall.items()}, {s: statistics.median(v) for s, v in cpu.items()}
 
 
@@ -280,9 +273,9 @@ def _seconds(value):
 def format_report(config, memory, timings, goals):
     """Header, memory table, time table and goals, as markdown."""
     lines = [
-        f"devices: {describe_devices()}; B={config.batch}, H=K={config.heads}, D={config.head_dim}, float32, "
+        (f"devices: {describe_devices()}; B={config.batch}, H=K={config.heads}, D={config.head_dim}, float32, "
         f"{'causal' if config.causal else 'non-causal'}, forward + backward; ring block {config.block_size}, "
-        f"balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}",
+        f"balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"),
         "",
         "Per-device temporary memory (compiled memory analysis):",
         "",
@@ -292,30 +285,30 @@ def format_report(config, memory, timings, goals):
     base = {row["length"]: row["temp"]["ring"] for row in memory if row["devices"] == min(config.devices)}
     for row in memory:
         temp = row["temp"]
-        cells = " | ".join(_mib(temp[s]) for s in STRATEGIES)
+        cells = " | ".join(_mib(temp[s]) for s in KERNELS)
         lines.append(
             f"| {row['length']:,} | {row['devices']} | {cells} | {temp['ring'] / temp['reference']:.4f} | "
             f"{temp['ring'] / base[row['length']]:.3f} |"
         )
     lines += [
         "",
-        f"Time, forward + backward, median of {config.repeats}: wall seconds, ratio to the GSPMD reference "
-        "(to all-gather where the reference was not run), CPU-time ratio in brackets:",
+        (f"Time, forward + backward, median of {config.repeats}: wall seconds, ratio to the GSPMD reference "
+        "(to all-gather where the reference was not run), CPU-time ratio in brackets:"),
         "",
-        "| T | H | N | " + " | ".join(LABELS[s] for s in STRATEGIES) + " |",
-        "| ---: | ---: | ---: |" + " ---: |" * len(STRATEGIES),
+        "| T | H | N | " + " | ".join(LABELS[s] for s in KERNELS) + " |",
+        "| ---: | ---: | ---: |" + " ---: |" * len(KERNELS),
     ]
     for row in timings:
-        cells = " | ".join(_time_cell(row, s) for s in STRATEGIES)
+        cells = " | ".join(_time_cell(row, s) for s in KERNELS)
         lines.append(f"| {row['length']:,} | {row['heads']} | {row['devices']} | {cells} |")
     lines += ["", "Goals:", ""] + [f"- {g.status}: {g.name}: {g.detail}" for g in goals]
     return "\n".join(lines)
 
 
-def _time_cell(row, strategy):
+def _time_cell(row, kernel):
     wall, cpu = row["wall"], row["cpu"]
-    if strategy not in wall:
-        return "not run" if strategy in row["skipped"] else "-"
+    if kernel not in wall:
+        return "not run" if kernel in row["skipped"] else "-"
     base = "reference" if "reference" in wall else "gather"
-    return f"{_seconds(wall[strategy])}, {wall[strategy] / wall[base]:.2f} x ({cpu[strategy] / cpu[base]:.2f} x)"
+    return f"{_seconds(wall[kernel])}, {wall[kernel] / wall[base]:.2f} x ({cpu[kernel] / cpu[base]:.2f} x)"
 

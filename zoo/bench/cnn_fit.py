@@ -22,8 +22,6 @@ Before timing, one hand-written step and one ``fit`` step from the same weights 
 give the same loss, so the two loops provably do the same maths.
 """
 
-import dataclasses
-
 import jax
 import keras
 
@@ -42,30 +40,21 @@ from zoo.bench._fit_vs_jit import (  # noqa: F401  (re-exported: the benchmark's
     mesh_name,
 )
 from zoo.bench._output import write_text
+from zoo.config.bench_settings import CNNBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.data import load_shapes
 from zoo.models import SmallCNN
 from zoo.training.cnn import build_cnn, compile_cnn
 
-# (label, strategy): the mesh is each strategy's default, "data=<all devices>" for
-# "data" and "data=2,model=<rest>" for "model" (see zoo.distribution.strategies).
+# (label, layout): the mesh is each layout's default, "data=<all devices>" for
+# "data" and "data=2,model=<rest>" for "model" (see zoo.distribution.distribution_for).
 LAYOUTS = (("single device", "single"), ("DataParallel", "data"), ("ModelParallel", "model"))
 
 SEED = 0  # data, weights and dropout stream; fixed so runs are comparable
 
 
-@dataclasses.dataclass
-class BenchConfig:
-    """Settings of ``zoo bench cnn``; every default is the CLI's default."""
-
-    image_size: int = 64  # square images, as `zoo train cnn` uses by default
-    batch_size: int = 64  # global batch; must divide by the data axis (8 and 2 here)
-    steps: int = 20  # timed optimizer steps per measurement (= one fit epoch)
-    repeats: int = 3  # alternating fit / jit measurements; the median of each is reported
-    output: str | None = None  # also write the markdown table to this file
-
-
 def run_benchmark(config, report=print):
-    """Measure every layout, report the markdown table, return one dict per layout."""
+    """Measure every layout of ``config`` (``zoo.config.bench_settings.CNNBenchConfig``),
+    report the markdown table, return one dict per layout."""
     _check_config(config)
     x, y = load_shapes("train", image_size=config.image_size, num_examples=config.steps * config.batch_size, seed=SEED)
     rows = []
@@ -90,7 +79,7 @@ def _check_config(config):
 
 def make_layouts(batch_size):
     """``[(label, distribution or None)]`` in table order; checks the batch splits evenly."""
-    layouts = [(label, None if s == "single" else zd.distribution_for(SmallCNN, s)) for label, s in LAYOUTS]
+    layouts = [(label, zd.distribution_for(SmallCNN, layout)) for label, layout in LAYOUTS]  # None for "single"
     for label, distribution in layouts:
         replicas = zd.data_parallel_size(distribution)
         if batch_size % replicas:

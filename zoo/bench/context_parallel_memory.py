@@ -37,29 +37,15 @@ import keras
 import numpy as np
 
 from zoo.bench._output import write_text
+from zoo.config.bench_settings import ContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh, parse_mesh_spec
+from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, comms_report, train_step
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.layers import TransformerBlock
 
 MIB = 2**20
-
-
-@dataclasses.dataclass
-class BenchConfig:
-    """Settings of ``zoo bench context``; every default is the CLI's default."""
-
-    length: int = 16384  # T, tokens per sequence
-    runs: tuple = ("data=8:8", "data=1,seq=8:1", "data=2,seq=4:2", "data=1,seq=8:8")  # "<mesh>:<global batch B>"
-    layers: int = 2  # L, TransformerBlocks
-    width: int = 256  # C, model width
-    heads: int = 8  # H = K (MHA)
-    head_dim: int = 32  # D
-    hidden_dim: int = 1024  # F, MLP hidden features (4C)
-    vocab: int = 256  # V (byte-level)
-    attention: str = "ring"  # ContextParallel's kernel: ring, gather or ulysses
-    balance: str | None = "zigzag"  # causal load balancing of the context-parallel runs
-    output: str | None = None  # also write the report (markdown) to this file
 
 
 @dataclasses.dataclass
@@ -79,7 +65,8 @@ class Run:
 
 
 def run_benchmark(config, report=print):
-    """Compile every run's training step; report markdown. Returns ``{"runs": [Run], "goal": (status, text)}``."""
+    """Compile every run's training step; report markdown (``config``:
+    ``zoo.config.bench_settings.ContextBenchConfig``; ``config.plot``: also the chart). Returns ``{"runs": [Run], "goal": (status, text)}``."""
     check_config(config)
     runs = [parse_run(text, config) for text in config.runs]
     for run in runs:
@@ -90,16 +77,20 @@ def run_benchmark(config, report=print):
     report(text)
     if config.output:
         write_text(config.output, text)
+    if config.plot:
+        from zoo.plotting import plot_context_memory
+
+        plot_context_memory(runs, config.plot, title=f"GPT-like training step, T={config.sequence_length:,}: per device, by layout")
     return {"runs": runs, "goal": goal}
 
 
 def check_config(config):
-    for name in ("length", "layers", "width", "heads", "head_dim", "hidden_dim", "vocab"):
+    for name in ("sequence_length", "layers", "width", "heads", "head_dim", "hidden_dim", "vocab"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if config.attention not in ("gather", "ring", "ulysses"):
-        raise ValueError(f"attention must be 'gather', 'ring' or 'ulysses', got {config.attention!r}")
+    if config.context_attention not in CONTEXT_ATTENTIONS:
+        raise ValueError(f"context_attention must be one of {', '.join(CONTEXT_ATTENTIONS)}, got {config.context_attention!r}")
     if not config.runs:
         raise ValueError("runs must name at least one '<mesh>:<global batch>' layout")
 
@@ -110,27 +101,27 @@ def parse_run(text, config):
     if not sep or not batch.strip().isdigit() or int(batch) < 1:
         raise ValueError(f"run {text!r} must be '<mesh>:<global batch>', e.g. 'data=2,seq=4:2'")
     axes = dict(parse_mesh_spec(mesh))
-    unknown = sorted(set(axes) - {"data", "seq"})
-    if unknown or "data" not in axes:
+    unknown = sorted(set(axes) - {DATA, SEQ})
+    if unknown or DATA not in axes:
         raise ValueError(f"run {text!r}: the mesh needs a 'data' axis and may have 'seq', got axes {list(axes)}")
-    run = Run(mesh, int(batch), "context-parallel" if "seq" in axes else "data-parallel")
-    data, seq = axes["data"], axes.get("seq", 1)
+    run = Run(mesh, int(batch), "context-parallel" if SEQ in axes else "data-parallel")
+    data, seq = axes[DATA], axes.get(SEQ, 1)
     if run.batch % data:
         raise ValueError(f"run {text!r}: batch {run.batch} is not divisible by the 'data' axis of size {data}")
-    multiple = 2 * seq if config.balance == "zigzag" and "seq" in axes else seq
-    if config.length % multiple:
-        raise ValueError(f"run {text!r}: sequence length {config.length} is not divisible by {multiple}")
+    multiple = 2 * seq if config.balance == "zigzag" and SEQ in axes else seq
+    if config.sequence_length % multiple:
+        raise ValueError(f"run {text!r}: sequence length {config.sequence_length} is not divisible by {multiple}")
     if data * seq > len(jax.devices()):
         raise ValueError(
             f"run {text!r} needs {data * seq} devices but JAX has {len(jax.devices())}; run with --simulate-devices {data * seq}"
         )
-    run.tokens_per_device = run.batch // data * config.length // seq
+    run.tokens_per_device = run.batch // data * config.sequence_length // seq
     return run
 
 
 def build_model(config):
     """The GPT-like causal LM: (B, T) token ids -> (B, T, V) logits."""
-    tokens = keras.Input((config.length,), dtype="int32", name="tokens")  # (B, T)
+    tokens = keras.Input((config.sequence_length,), dtype="int32", name="tokens")  # (B, T)
     x = keras.layers.Embedding(config.vocab, config.width, name="token_embedding")(tokens)  # (B, T, C)
     for index in range(config.layers):
         x = TransformerBlock(
@@ -144,22 +135,23 @@ def build_model(config):
     return model
 
 
-def distribution_for(run, config):
+def run_distribution(run, config):
+    """DataParallel or ContextParallel on the run's mesh."""
     mesh = make_mesh(run.mesh, devices=jax.devices()[: _device_count(run.mesh)])
     if run.kind == "data-parallel":
         return keras.distribution.DataParallel(device_mesh=mesh)
-    return ContextParallel(mesh, attention=config.attention, balance=config.balance)
+    return ContextParallel(mesh, context_attention=config.context_attention, balance=config.balance)
 
 
 def measure(run, config):
     """Fill ``run``'s memory and communication from its compiled training step."""
-    distribution = distribution_for(run, config)
+    distribution = run_distribution(run, config)
     keras.backend.clear_session()
     keras.distribution.set_distribution(distribution)
     try:
         keras.utils.set_random_seed(0)
         model = build_model(config)
-        tokens = np.random.default_rng(0).integers(0, config.vocab, size=(run.batch, config.length), dtype=np.int32)
+        tokens = np.random.default_rng(0).integers(0, config.vocab, size=(run.batch, config.sequence_length), dtype=np.int32)
         step, args = train_step(model, tokens, np.roll(tokens, -1, axis=1))
         report = comms_report(step, *args, mesh=distribution.device_mesh, compiler_options=FAST_COMPILE)
     finally:
@@ -177,13 +169,13 @@ def measure(run, config):
 def evaluate_goal(runs, config):
     """PASS if every context-parallel run holding 1/N of a sequence per device (N >= 2)
     needs <= 1/N of the temporary memory of the data-parallel run holding one sequence."""
-    base = next((r for r in runs if r.kind == "data-parallel" and r.tokens_per_device == config.length), None)
-    split = [r for r in runs if r.kind == "context-parallel" and r.tokens_per_device < config.length]
+    base = next((r for r in runs if r.kind == "data-parallel" and r.tokens_per_device == config.sequence_length), None)
+    split = [r for r in runs if r.kind == "context-parallel" and r.tokens_per_device < config.sequence_length]
     if base is None or not split:
         return "NOT MEASURED", "needs a data-parallel run with one sequence per device and a context-parallel run with less"
     details, ok = [], True
     for run in split:
-        n = config.length // run.tokens_per_device
+        n = config.sequence_length // run.tokens_per_device
         ratio = run.temp / base.temp
         ok &= ratio <= 1 / n
         details.append(f"{run.mesh} B={run.batch}: {ratio:.4f} x (1/{n} = {1 / n:.4f})")
@@ -193,10 +185,10 @@ def evaluate_goal(runs, config):
 def format_report(config, runs, goal):
     base = next((r for r in runs if r.kind == "data-parallel"), runs[0])
     lines = [
-        f"devices: {describe_devices()}; GPT-like LM: L={config.layers} blocks, C={config.width}, H=K={config.heads}, "
-        f"D={config.head_dim}, F={config.hidden_dim}, V={config.vocab}, T={config.length:,}, float32, causal + rotary; "
+        (f"devices: {describe_devices()}; GPT-like LM: L={config.layers} blocks, C={config.width}, H=K={config.heads}, "
+        f"D={config.head_dim}, F={config.hidden_dim}, V={config.vocab}, T={config.sequence_length:,}, float32, causal + rotary; "
         f"one training step (forward + backward + SGD), compiled, not run; context-parallel attention "
-        f"{config.attention}, balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}",
+        f"{config.context_attention}, balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"),
         "",
         "Per device (compiled memory analysis; sends and collectives executed per step, from the compiled step):",
         "",

@@ -20,30 +20,21 @@ import glob
 import time
 
 from zoo.bench._output import write_text
+from zoo.config.bench_settings import PLAN_SECTIONS, PlanBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.planning.plan import GIB, PlanRequest, make_plan
 
-SECTIONS = ("recipes", "scale", "auto", "depth")
+SECTIONS = PLAN_SECTIONS
 SCALE = (("fsdp", "data=64", 64, 256), ("fsdp", "data=256", 256, 1024), ("fsdp+tp", "data=64,model=4", 256, 1024))  # layout, mesh, devices, global batch
 SCENARIOS = (
-    ("gpt_1b on 8 x 16 GiB", dict(config_name="gpt_1b", batch_size=32, sequence_length=2048), "tpu-v5e"),
-    ("gpt_1b at T=32k", dict(config_name="gpt_1b", batch_size=8, sequence_length=32768), "h100"),
-    ("gpt_350m, batch 1024", dict(config_name="gpt_350m", batch_size=1024, sequence_length=1024), "h100"),
+    ("gpt_1b on 8 x 16 GiB", {"config_name": "gpt_1b", "batch_size": 32, "sequence_length": 2048}, "tpu-v5e"),
+    ("gpt_1b at T=32k", {"config_name": "gpt_1b", "batch_size": 8, "sequence_length": 32768}, "h100"),
+    ("gpt_350m, batch 1024", {"config_name": "gpt_350m", "batch_size": 1024, "sequence_length": 1024}, "h100"),
 )
 DEPTH_RECIPE = "recipes/gpu-8/pretrain_gpt.toml"
 
 
-@dataclasses.dataclass
-class PlanBenchConfig:
-    """Settings of ``zoo bench plan``; every default is the CLI's default."""
-
-    sections: tuple = SECTIONS
-    recipes: str = "recipes/*/*.toml"  # glob of the recipe files planned
-    top: int = 3  # auto: candidates compiled per scenario
-    output: str | None = None  # also write the markdown report here
-
-
 def _gpt(config_name, **settings):
-    base = dict(config_name=config_name, strategy="data", mesh=None, precision="mixed_bfloat16", remat="none", gradient_accumulation_steps=1)
+    base = {"config_name": config_name, "layout": "data", "mesh": None, "precision": "mixed_bfloat16", "remat": "none", "gradient_accumulation_steps": 1}
     return {**base, **settings}
 
 
@@ -73,9 +64,9 @@ def recipe_rows(config, report):
 
 def scale_rows(config, report):
     rows = []
-    for strategy, mesh, devices, batch in SCALE:
-        request = PlanRequest("pretrain_gpt", _gpt("gpt_1b", strategy=strategy, mesh=mesh, batch_size=batch, sequence_length=2048, remat="full"),
-                              devices=devices, device="h100", label=f"gpt_1b {strategy} {mesh}")  # fmt: skip
+    for layout, mesh, devices, batch in SCALE:
+        request = PlanRequest("pretrain_gpt", _gpt("gpt_1b", layout=layout, mesh=mesh, batch_size=batch, sequence_length=2048, remat="full"),
+                              devices=devices, device="h100", label=f"gpt_1b {layout} {mesh}")  # fmt: skip
         report(f"planning {request.label} on {devices} simulated devices ...")
         plan, seconds = _timed(request)
         rows.append({"label": request.label, "plan": plan, "seconds": seconds})
@@ -143,7 +134,7 @@ def _recipes_table(rows):
             lines.append(f"| {row['label']} | error: {row['error']} | | | | | | | |")
             continue
         plan = row["plan"]
-        layout = f"{plan.request.config.get('strategy') or plan.request.config.get('distribution')} {plan.step.mesh or ''}".strip()
+        layout = f"{plan.request.config.get('layout')} {plan.step.mesh or ''}".strip()
         depth = "whole" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]}+{plan.compiled_depths[1]} blocks"
         lines.append(f"| {row['label']} | {layout} | {plan.request.devices} x {plan.spec.name} | {_plan_cells(plan)} | {depth} | {row['seconds']:.0f} |")
     header = ["recipe", "layout", "devices", "peak / memory (GiB):", "fits", "est. step (ms):", "MFU:", "compiled", "wall (s):"]

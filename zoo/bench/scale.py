@@ -22,7 +22,6 @@ fixes the count at start-up), read with ``memory_analysis()`` and
    embedding's output forward and the LM head's input gradient backward.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -30,33 +29,12 @@ import subprocess
 import sys
 
 from zoo.bench._output import write_text
+from zoo.config.bench_settings import ScaleBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.choices import CONTEXT_ATTENTIONS
+from zoo.distribution.axes import DATA, MODEL, SEQ
 
 GIB, MIB = 2**30, 2**20
-RECIPES = (
-    "recipes/gpu-1/pretrain_gpt.toml",
-    "recipes/gpu-8/pretrain_gpt.toml",
-    "recipes/gpu-multihost/pretrain_gpt.toml",
-    "recipes/tpu-v4-8/pretrain_gpt.toml",
-    "recipes/tpu-v5e-8/pretrain_gpt.toml",
-    "recipes/tpu-multihost/pretrain_gpt.toml",
-)
 ROW = "ROW "  # prefix of a worker's result lines on stdout
-
-
-@dataclasses.dataclass
-class ScaleConfig:
-    """Settings of ``zoo bench scale``; every default is the CLI's default."""
-
-    recipes: tuple = RECIPES  # recipe files whose step is compiled at full depth
-    fsdp_tp_meshes: tuple = ("data=16,model=4", "data=64,model=4")  # gpt_1b under fsdp+tp
-    attention_seq: int = 4  # 'seq' axis size of the sequence-parallel attention rows
-    tp_mesh: str = "data=2,model=4"  # the tensor-parallel bytes table
-    tp_layers: int = 4  # L
-    tp_width: int = 512  # C
-    tp_length: int = 1024  # T
-    tp_batch: int = 8  # global B
-    sections: tuple = ("recipes", "attention", "fsdp+tp", "tp")
-    output: str | None = None  # also write the markdown report here
 
 
 # --- the parent: one worker process per device count ------------------------------------
@@ -75,7 +53,7 @@ def tasks(config):
         work += [(_devices(mesh), {"kind": "fsdp+tp", "mesh": mesh}) for mesh in config.fsdp_tp_meshes]
     if "tp" in config.sections:
         settings = {k: getattr(config, k) for k in ("tp_mesh", "tp_layers", "tp_width", "tp_length", "tp_batch")}
-        work += [(_devices(config.tp_mesh), {"kind": "tp", "strategy": s, **settings}) for s in ("tp", "tp+sp")]
+        work += [(_devices(config.tp_mesh), {"kind": "tp", "layout": layout, **settings}) for layout in ("tp", "tp+sp")]
     return work
 
 
@@ -87,7 +65,7 @@ def run_worker_process(devices, task):
     """Runs ``task`` in a fresh process with ``devices`` simulated CPU devices; its rows."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
     command = [sys.executable, "-m", "zoo.bench.scale", json.dumps(task)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     rows = [json.loads(line[len(ROW):]) for line in done.stdout.splitlines() if line.startswith(ROW)]
     if done.returncode or not rows:
         tail = [line[:300] for line in (done.stderr or done.stdout).strip().splitlines()[-3:]]
@@ -96,7 +74,8 @@ def run_worker_process(devices, task):
 
 
 def run_benchmark(config, report=print):
-    """Every table of the benchmark; returns the rows (also written to ``config.output``)."""
+    """Every table of the benchmark (``config``: ``zoo.config.bench_settings.ScaleBenchConfig``);
+    returns the rows (also written to ``config.output``)."""
     rows = []
     for devices, task in tasks(config):
         report(f"compiling {task} on {devices} simulated device(s) ...")
@@ -135,7 +114,7 @@ def recipe_row(path):
     config = recipe.job_config()
     memory = step.memory
     return {
-        "kind": "recipe", "path": path, "strategy": config.strategy, "mesh": step.mesh or "one device",
+        "kind": "recipe", "path": path, "layout": config.layout, "mesh": step.mesh or "one device",
         "precision": config.precision, "remat": str(config.remat), "batch_per_device": _batch_per_device(step, config),
         "weights": memory.weights, "gradients": memory.gradients, "optimizer": memory.optimizer, "temp": memory.temp,
         "peak": memory.peak, "target": int(recipe.target.device_memory_gib * GIB),
@@ -145,8 +124,8 @@ def recipe_row(path):
 def _batch_per_device(step, config):
     if not step.mesh:
         return step.global_batch
-    sizes = dict((part.split("=")[0], int(part.split("=")[1])) for part in step.mesh.split(","))
-    return step.global_batch // sizes.get("data", 1)
+    sizes = {part.split("=")[0]: int(part.split("=")[1]) for part in step.mesh.split(",")}
+    return step.global_batch // sizes.get(DATA, 1)
 
 
 def attention_rows(seq):
@@ -173,30 +152,27 @@ def attention_rows(seq):
         compiled = jax.jit(step).lower(q, kv, kv, q).compile()
         return int(compiled.memory_analysis().temp_size_in_bytes)
 
-    plain = dict(key_mask=None, causal=True, balance=None, rotary_base=None, axis_size=1, axis_name="seq")
+    plain = {"key_mask": None, "causal": True, "balance": None, "rotary_base": None, "axis_size": 1, "axis_name": SEQ}
     rows.append({"kind": "attention", "path": "reference (materialised scores), one device", "temp": temp(lambda q, k, v: kernels.attention_reference(q, k, v, causal=True))})
     rows.append({"kind": "attention", "path": f"plain path ({_describe(_sequence_parallel, None, 1)}), one device", "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain))})
-    mesh = make_mesh(f"seq={seq}", devices=jax.devices()[:seq])
-    sharding = NamedSharding(mesh.backend_mesh, P(None, "seq"))
-    for strategy in ("gather", "ring", "ulysses"):
-        fn = _sharded(_sequence_parallel, mesh, strategy)
-        rows.append({"kind": "attention", "path": f"{strategy}, T split over seq={seq}", "temp": temp(fn, sharding)})
+    mesh = make_mesh(f"{SEQ}={seq}", devices=jax.devices()[:seq])
+    sharding = NamedSharding(mesh.backend_mesh, P(None, SEQ))
+    for kernel in CONTEXT_ATTENTIONS:
+        fn = _sharded(_sequence_parallel, mesh, kernel)
+        rows.append({"kind": "attention", "path": f"{kernel}, T split over seq={seq}", "temp": temp(fn, sharding)})
     return rows
 
 
-def _describe(module, strategy, size):
+def _describe(module, kernel, size):
     """The attention implementation the layer would choose on this host, in words."""
-    describe = getattr(module, "describe_attention", None)
-    if describe is None:  # before the blockwise kernel
-        return "reference"
-    return describe(seq_len=2048, head_dim=64, dtype="bfloat16", causal=True, strategy=strategy)
+    return module.describe_attention(seq_len=2048, head_dim=64, dtype="bfloat16", causal=True, context_attention=kernel)
 
 
-def _sharded(module, mesh, strategy):
+def _sharded(module, mesh, kernel):
     def fn(q, k, v):
         return module.sharded_attention(
-            q, k, v, mesh=mesh, key_mask=None, strategy=strategy, causal=True, balance=None, rotary_base=None,
-            sequence_axis="seq", batch_axis=None, ring_block_size=512,
+            q, k, v, mesh=mesh, key_mask=None, context_attention=kernel, causal=True, balance=None, rotary_base=None,
+            sequence_axis=SEQ, batch_axis=None, ring_block_size=512,
         )  # fmt: skip
 
     return fn
@@ -206,17 +182,22 @@ def fsdp_tp_row(mesh):
     """gpt_1b's weights per device under fsdp+tp on ``mesh``, from the variables' shardings."""
     import keras
 
+    from zoo import distribution as zd
     from zoo.models import GPTCausalLM
-    from zoo.training.compiled_step import abstract_build, analytic_weight_bytes, state_bytes, state_shardings
+    from zoo.training.compiled_step import (
+        abstract_build,
+        analytic_weight_bytes,
+        state_bytes,
+        state_shardings,
+    )
     from zoo.training.gpt import compile_gpt
-    from zoo.training.transformer_setup import resolve_transformer_distribution, strategy_overrides
 
-    distribution = resolve_transformer_distribution(GPTCausalLM, "fsdp+tp", mesh)
+    distribution = zd.distribution_for(GPTCausalLM, "fsdp+tp", mesh)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_bfloat16")  # as the recipes train it: float32 weights
     try:
         model = abstract_build(
-            lambda: GPTCausalLM.from_config_name("gpt_1b", **strategy_overrides("fsdp+tp")),
+            lambda: GPTCausalLM.from_config_name("gpt_1b", "fsdp+tp"),
             lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1), distribution,
         )  # fmt: skip
     finally:
@@ -233,29 +214,31 @@ def tp_bytes_row(task):
     from zoo import distribution as zd
     from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
     from zoo.distribution.mesh import mesh_axis_size
-    from zoo.models import GPTCausalLM
+    from zoo.models import GPTBackbone, GPTCausalLM
     from zoo.training.compiled_step import abstract_build, compile_fit_step
+    from zoo.training.job_setup import layout_overrides
 
-    strategy, mesh = task["strategy"], task["tp_mesh"]
-    config = GPTCausalLM.config_for_strategy(strategy, dict(
-        vocabulary_size=256, num_layers=task["tp_layers"], num_heads=8, hidden_dim=task["tp_width"],
-        intermediate_dim=4 * task["tp_width"], max_sequence_length=task["tp_length"], tie_embeddings=False,
-    ))  # fmt: skip
-    distribution = zd.distribution_for(GPTCausalLM, strategy, mesh, config=config)
+    layout, mesh = task["layout"], task["tp_mesh"]
+    config = dict(
+        vocabulary_size=256, num_layers=task["tp_layers"], num_query_heads=8, hidden_dim=task["tp_width"],
+        intermediate_dim=4 * task["tp_width"], max_sequence_length=task["tp_length"], tie_word_embeddings=False,
+        **layout_overrides(layout),
+    )  # fmt: skip
+    distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=config)
     model = abstract_build(
-        lambda: GPTCausalLM(**config),
+        lambda: GPTCausalLM(backbone=GPTBackbone(**config)),
         lambda m: m.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
         distribution,
     )  # fmt: skip
     tokens = ((task["tp_batch"], task["tp_length"]), "int32")
     compiled, _ = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     report = compiled_report(compiled, distribution.device_mesh)
-    model_size, data_size = (mesh_axis_size(distribution.device_mesh, axis) for axis in ("model", "data"))
+    model_size, data_size = (mesh_axis_size(distribution.device_mesh, axis) for axis in (MODEL, DATA))
     activation = task["tp_batch"] // data_size * task["tp_length"] * task["tp_width"] * 4
     minimum = (4 * task["tp_layers"] + 2) * 2 * (model_size - 1) / model_size * activation
-    sent = report.sent_bytes(axes="model")  # loop trip counts included
-    return {"kind": "tp", "strategy": strategy, "mesh": mesh, "sent": sent, "minimum": minimum,
-            "collectives": _count_over(report, "model"), "layers": task["tp_layers"]}  # fmt: skip
+    sent = report.sent_bytes(axes=MODEL)  # loop trip counts included
+    return {"kind": "tp", "layout": layout, "mesh": mesh, "sent": sent, "minimum": minimum,
+            "collectives": _count_over(report, MODEL), "layers": task["tp_layers"]}  # fmt: skip
 
 
 def _count_over(report, axis):
@@ -285,11 +268,11 @@ _KINDS = {"recipes": "recipe", "attention": "attention", "fsdp+tp": "fsdp+tp", "
 
 def _recipe_table(rows, config):
     lines = ["### Recipes: the gpt_1b training step per device (GiB), compiled at full depth", ""]
-    lines += ["| recipe | strategy, mesh | precision, remat | batch/device | weights | gradients | optimizer | temp | peak | target | fits |",
+    lines += ["| recipe | layout, mesh | precision, remat | batch/device | weights | gradients | optimizer | temp | peak | target | fits |",
               "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for row in rows:
         lines.append(
-            f"| {row['path']} | {row['strategy']}, {row['mesh']} | {row['precision']}, {row['remat']} | {row['batch_per_device']} | "
+            f"| {row['path']} | {row['layout']}, {row['mesh']} | {row['precision']}, {row['remat']} | {row['batch_per_device']} | "
             f"{_gib(row['weights'])} | {_gib(row['gradients'])} | {_gib(row['optimizer'])} | {_gib(row['temp'])} | "
             f"{_gib(row['peak'])} | {_gib(row['target'])} | {'yes' if row['peak'] <= row['target'] else 'NO'} |"
         )
@@ -311,10 +294,10 @@ def _fsdp_tp_table(rows, config):
 
 def _tp_table(rows, config):
     title = f"### Bytes sent over 'model' per GPT training step ({config.tp_layers} layers, C={config.tp_width}, T={config.tp_length}, B={config.tp_batch}, {config.tp_mesh}, f32)"
-    lines = [title, "", "| strategy | model-axis collectives | sent (MiB) | Megatron minimum (MiB) | ratio |", "| --- | --- | ---: | ---: | ---: |"]
+    lines = [title, "", "| layout | model-axis collectives | sent (MiB) | Megatron minimum (MiB) | ratio |", "| --- | --- | ---: | ---: | ---: |"]
     for row in rows:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(row["collectives"].items()))
-        lines.append(f"| {row['strategy']} | {kinds} | {row['sent'] / MIB:,.1f} | {row['minimum'] / MIB:,.1f} | {row['sent'] / row['minimum']:.2f}x |")
+        lines.append(f"| {row['layout']} | {kinds} | {row['sent'] / MIB:,.1f} | {row['minimum'] / MIB:,.1f} | {row['sent'] / row['minimum']:.2f}x |")
     return lines
 
 

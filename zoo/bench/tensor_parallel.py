@@ -23,8 +23,6 @@ both timed alternately in the same run (median of ``repeats``). No biases: the b
 concerns activations; bias gradients would add a few D-sized sums.
 """
 
-import dataclasses
-import os
 import statistics
 import time
 
@@ -35,59 +33,48 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zoo import distribution as zd
+from zoo.bench._output import write_text
+from zoo.config.bench_settings import TP_VARIANTS, TPBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, MODEL
 from zoo.distribution.comms_report import FAST_COMPILE, comms_report, layer_step
 from zoo.distribution.mesh import require_axes
 from zoo.layers.parallel_mlp import ParallelMLP
 
-# name -> (label, gated, sequence_parallel): the groups of rows of the table, in order.
+# name (TP_VARIANTS) -> (label, gated, megatron_sp): the groups of rows of the table, in order.
 VARIANTS = {
     "mlp": ("MLP", False, False),
     "gated": ("gated MLP", True, False),
     "sp": ("MLP, sequence-parallel", False, True),
     "gated-sp": ("gated MLP, sequence-parallel", True, True),
 }
+assert tuple(VARIANTS) == TP_VARIANTS
 SEED = 0
 
 
-@dataclasses.dataclass
-class BenchConfig:
-    """Settings of ``zoo bench tp``; every default is the CLI's default."""
-
-    mesh: str = "data=2,model=4"  # needs axes data and model; model > 1
-    batch_size: int = 8  # global batch B; divides by the data axis
-    seq_len: int = 256  # T; divides by the model axis (sequence parallelism)
-    dim: int = 256  # model width D (MLP input and output)
-    hidden: int = 1024  # hidden features F; divides by the model axis
-    steps: int = 5  # forward + backward passes per timed measurement
-    repeats: int = 3  # alternating explicit / GSPMD measurements; the median of each
-    variants: tuple = tuple(VARIANTS)  # which MLPs (keys of VARIANTS), in table order
-    fast_compile: bool = False  # skip LLVM optimisation: same collectives and memory, times meaningless (tests)
-    output: str | None = None  # also write the markdown table to this file
-
-
 def run_benchmark(config, report=print):
-    """Compile and time every variant; report the markdown table; return one dict per row."""
+    """Compile and time every variant; report the markdown table; return one dict per row
+    (``config``: ``zoo.config.bench_settings.TPBenchConfig``; ``config.plot``: also the chart)."""
     check_config(config)
     rows = []
     try:
-        for label, gated, sequence_parallel in (VARIANTS[name] for name in config.variants):
+        for label, gated, megatron_sp in (VARIANTS[name] for name in config.variants):
             report(f"{label}: compiling ...")
-            rows += bench_variant(label, gated, sequence_parallel, config)
+            rows += bench_variant(label, gated, megatron_sp, config)
     finally:
         keras.distribution.set_distribution(None)
     table = format_table(rows, config)
     report(table)
     if config.output:
-        directory = os.path.dirname(os.path.abspath(config.output))
-        os.makedirs(directory, exist_ok=True)
-        with open(config.output, "w") as handle:
-            handle.write(table + "\n")
+        write_text(config.output, table)
+    if config.plot:
+        from zoo.plotting import plot_tp_bytes
+
+        plot_tp_bytes(rows, config.plot, title=f"Tensor-parallel MLP, forward + backward, mesh {config.mesh}: bytes per device over 'model'")
     return rows
 
 
 def check_config(config):
-    for name in ("batch_size", "seq_len", "dim", "hidden", "steps", "repeats"):
+    for name in ("batch_size", "sequence_length", "dim", "hidden", "steps", "repeats"):
         value = getattr(config, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -99,7 +86,7 @@ def check_config(config):
     data, model = zd.mesh_axis_size(mesh, DATA), zd.mesh_axis_size(mesh, MODEL)
     for what, size, axis, count in (
         ("batch size", config.batch_size, DATA, data),
-        ("sequence length", config.seq_len, MODEL, model),
+        ("sequence length", config.sequence_length, MODEL, model),
         ("hidden", config.hidden, MODEL, model),
     ):
         if size % count:
@@ -110,22 +97,22 @@ def minimum_sent_bytes(config, dtype_bytes=4):
     """Megatron's bound for one MLP forward + backward: bytes each device sends over the model axis."""
     mesh = zd.make_mesh(config.mesh)
     data, model = zd.mesh_axis_size(mesh, DATA), zd.mesh_axis_size(mesh, MODEL)
-    activation = config.batch_size // data * config.seq_len * config.dim * dtype_bytes  # (B/dp, T, D)
+    activation = config.batch_size // data * config.sequence_length * config.dim * dtype_bytes  # (B/dp, T, D)
     return 2 * 2 * (model - 1) / model * activation  # two all-reduces (or 2 AG + 2 RS)
 
 
-def explicit_model(config, gated, sequence_parallel, collective=False):
+def explicit_model(config, gated, megatron_sp, collective=False):
     """(distribution, model) with ``ParallelMLP``; the layers place their own weights."""
     mesh = zd.make_mesh(config.mesh)
     distribution = zd.CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name=DATA)
     mlp = ParallelMLP(
-        config.hidden, activation="gelu", gated=gated, use_bias=False, sequence_parallel=sequence_parallel,
+        config.hidden, activation="gelu", gated=gated, use_bias=False, megatron_sp=megatron_sp,
         collective_matmul=collective, name="mlp",
     )  # fmt: skip
     return distribution, zd.build_distributed(lambda: _functional(config, mlp), distribution)
 
 
-def gspmd_model(config, gated, sequence_parallel):
+def gspmd_model(config, gated, megatron_sp):
     """(distribution, model): plain Dense layers, placed by a layout map, partitioned by GSPMD.
 
     Layout rules (D = dim, F = hidden):
@@ -146,16 +133,16 @@ def gspmd_model(config, gated, sequence_parallel):
     names = ("gate", "up") if gated else ("up",)
     for name in names:
         layout_map[f".*{name}/kernel"] = (None, MODEL)
-        if sequence_parallel:
+        if megatron_sp:
             layout_map[f".*{name}/output"] = (DATA, None, MODEL)
     layout_map[".*down/kernel"] = (MODEL, None)
-    if sequence_parallel:
+    if megatron_sp:
         layout_map[".*down/output"] = (DATA, MODEL, None)
     distribution = zd.CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA)
 
     def build():
-        x = keras.Input((config.seq_len, config.dim), name="x")  # (B, T, D)
-        dense = lambda units, name, activation=None: keras.layers.Dense(units, activation=activation, use_bias=False, name=name)  # noqa: E731
+        x = keras.Input((config.sequence_length, config.dim), name="x")  # (B, T, D)
+        dense = lambda units, name, activation=None: keras.layers.Dense(units, activation=activation, use_bias=False, name=name)
         up = dense(config.hidden, "up", None if gated else "gelu")(x)  # (B, T, F)
         h = keras.layers.Multiply(name="glu")([dense(config.hidden, "gate", "gelu")(x), up]) if gated else up
         return keras.Model(x, dense(config.dim, "down")(h), name="gspmd_mlp")  # (B, T, D)
@@ -172,31 +159,31 @@ def build_checked(build, distribution):
 
 
 def _functional(config, layer):
-    x = keras.Input((config.seq_len, config.dim), name="x")  # (B, T, D)
+    x = keras.Input((config.sequence_length, config.dim), name="x")  # (B, T, D)
     return keras.Model(x, layer(x), name="explicit_mlp")
 
 
-def example_input(config, sequence_parallel):
+def example_input(config, megatron_sp):
     """x (B, T, D) placed as the layer before the MLP would leave it: batch over data,
     and the sequence over model in sequence-parallel mode."""
     distribution = keras.distribution.distribution()
-    x = np.random.default_rng(SEED).standard_normal((config.batch_size, config.seq_len, config.dim)).astype("float32")
-    spec = P(DATA, MODEL, None) if sequence_parallel else P(DATA, None, None)
+    x = np.random.default_rng(SEED).standard_normal((config.batch_size, config.sequence_length, config.dim)).astype("float32")
+    spec = P(DATA, MODEL, None) if megatron_sp else P(DATA, None, None)
     return jax.device_put(x, NamedSharding(distribution.device_mesh.backend_mesh, spec))
 
 
-def bench_variant(label, gated, sequence_parallel, config):
+def bench_variant(label, gated, megatron_sp, config):
     """Rows for one variant: explicit (and collective), GSPMD, minimum."""
-    implementations = [("explicit", lambda: explicit_model(config, gated, sequence_parallel))]
-    if sequence_parallel:
+    implementations = [("explicit", lambda: explicit_model(config, gated, megatron_sp))]
+    if megatron_sp:
         implementations.append(("explicit, collective matmul", lambda: explicit_model(config, gated, True, collective=True)))
-    implementations.append(("GSPMD", lambda: gspmd_model(config, gated, sequence_parallel)))
+    implementations.append(("GSPMD", lambda: gspmd_model(config, gated, megatron_sp)))
     steps = {}
     rows = []
     for name, make in implementations:
         keras.utils.set_random_seed(SEED)
         distribution, model = make()
-        step, args = layer_step(model, example_input(config, sequence_parallel), backward=True)
+        step, args = layer_step(model, example_input(config, megatron_sp), backward=True)
         options = FAST_COMPILE if config.fast_compile else None
         report = comms_report(step, *args, mesh=distribution.device_mesh, compiler_options=options)
         steps[name] = (report.compiled, args)
@@ -206,7 +193,7 @@ def bench_variant(label, gated, sequence_parallel, config):
         row["time_vs_gspmd"] = times[row["implementation"]] / times["GSPMD"]
         row["seconds_per_step"] = times[row["implementation"]]
     minimum = minimum_sent_bytes(config)
-    rows.append({"variant": label, "implementation": "minimum (Megatron)", "model_collectives": "2 all-reduce" if not sequence_parallel else "2 all-gather + 2 reduce-scatter",
+    rows.append({"variant": label, "implementation": "minimum (Megatron)", "model_collectives": "2 all-reduce" if not megatron_sp else "2 all-gather + 2 reduce-scatter",
                  "model_sent_bytes": minimum, "vs_minimum": 1.0, "data_sent_bytes": None, "peak_bytes": None, "time_vs_gspmd": None})  # fmt: skip
     return rows
 
@@ -252,15 +239,15 @@ def _kib(count):
 def format_table(rows, config):
     """A header line and a markdown table, one row per (variant, implementation)."""
     header = (
-        f"devices: {zd.describe_devices()}; mesh {config.mesh}; B={config.batch_size} T={config.seq_len} "
+        f"devices: {zd.describe_devices()}; mesh {config.mesh}; B={config.batch_size} T={config.sequence_length} "
         f"D={config.dim} F={config.hidden}, float32, no biases; forward + backward; time: median of "
         f"{config.repeats} x {config.steps} steps; jax {jax.__version__}, keras {keras.__version__}"
     )
     lines = [
         header,
         "",
-        "| layer | implementation | model-axis collectives | sent over model (KiB/device) | vs minimum | "
-        "sent over data (KiB/device) | peak memory (KiB/device) | time vs GSPMD |",
+        ("| layer | implementation | model-axis collectives | sent over model (KiB/device) | vs minimum | "
+        "sent over data (KiB/device) | peak memory (KiB/device) | time vs GSPMD |"),
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:

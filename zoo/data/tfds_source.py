@@ -18,7 +18,10 @@ Data prepared as TFRECORD (e.g. by ``tfds build`` with TensorFlow) are read thro
 ``builder.as_dataset`` when TensorFlow is installed, else the error says what to do.
 """
 
+import contextlib
 import importlib.util
+import io
+import logging
 import os
 import shlex
 import socket
@@ -230,12 +233,14 @@ def _connect(address, timeout):
 
 def _download_and_prepare(name, builder):
     """Prepare as array_record; returns a builder for the prepared data."""
+    quiet = _quiet_tfds() if is_embedded(name) else contextlib.nullcontext()
     try:
-        builder.download_and_prepare(
-            file_format=ARRAY_RECORD,
-            # GCS-hosted copies are TFRECORD only; we want array_record, built locally.
-            download_config=tfds.download.DownloadConfig(try_download_gcs=False),
-        )
+        with quiet:
+            builder.download_and_prepare(
+                file_format=ARRAY_RECORD,
+                # GCS-hosted copies are TFRECORD only; we want array_record, built locally.
+                download_config=tfds.download.DownloadConfig(try_download_gcs=False),
+            )
     except OSError:
         # Another process (e.g. a second host on a shared data dir) may have won the
         # race: TFDS writes to a temporary folder and renames it, which then fails.
@@ -244,6 +249,30 @@ def _download_and_prepare(name, builder):
             raise
         return fresh
     return builder
+
+
+@contextlib.contextmanager
+def _quiet_tfds():
+    """No TFDS chatter while an embedded (offline) dataset is prepared: TFDS prints
+    "Downloading and preparing dataset ..." and "... downloaded and prepared" to stdout,
+    draws progress bars and logs INFO lines, none of which means anything for data
+    that ship with keras-zoo. Scoped to the call: stdout captured (and replayed if the
+    preparation fails), progress bars off (back on after: TFDS's default), the
+    ``absl`` logger TFDS logs through at WARNING."""
+    captured = io.StringIO()
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    tfds.display_progress_bar(False)
+    try:
+        with contextlib.redirect_stdout(captured):
+            yield
+    except BaseException:
+        print(captured.getvalue(), end="")
+        raise
+    finally:
+        tfds.display_progress_bar(True)
+        logger.setLevel(level)
 
 
 def _not_prepared(name, builder):

@@ -1,0 +1,103 @@
+"""``zoo bench X``: every benchmark's flags and how it runs, in one module.
+
+``add_arguments(parser)`` adds one subcommand per benchmark to the ``zoo bench`` parser,
+its flags generated from its settings (``zoo.config.bench_settings``), and sets
+``func`` to run it; the benchmark itself (``zoo.bench.<module>.run_benchmark``) is
+imported only then, so ``zoo bench X --help`` loads neither JAX nor Keras.
+``python -m zoo.cli.bench X ...`` does the same on its own.
+"""
+
+import dataclasses
+import importlib
+import sys
+
+from zoo.config import bench_settings, schema, types
+
+SIMULATE_HELP = "split the CPU into N devices (default on a CPU-only host: 8)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """One ``zoo bench`` subcommand."""
+
+    help: str
+    settings: type  # its settings dataclass (zoo.config.bench_settings)
+    module: str  # zoo.bench.<module>: run_benchmark(settings) -> results
+    simulate: bool = True  # takes --simulate-devices (the others start their own processes)
+
+
+BENCHES = {
+    "cnn": Bench("images/s of model.fit vs a hand-written jax.jit step (SmallCNN)", bench_settings.CNNBenchConfig, "cnn_fit"),
+    "gpt": Bench("tokens/s of model.fit vs a hand-written jax.jit step (GPT)", bench_settings.GPTBenchConfig, "gpt_fit"),
+    "attention": Bench("per-device memory and time of sequence-parallel attention", bench_settings.AttentionBenchConfig, "attention_memory"),
+    "tp": Bench("bytes moved and memory of tensor-parallel MLPs: explicit kernels vs GSPMD", bench_settings.TPBenchConfig, "tensor_parallel"),
+    "context": Bench("per-device memory of a GPT training step: data- vs context-parallel", bench_settings.ContextBenchConfig, "context_parallel_memory"),
+    "scale": Bench("gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes", bench_settings.ScaleBenchConfig, "scale",
+                   simulate=False),
+    "plan": Bench("zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios", bench_settings.PlanBenchConfig, "plan",
+                  simulate=False),
+}  # fmt: skip
+
+
+def add_arguments(parser):
+    """One subparser per benchmark on ``parser`` (the ``zoo bench`` parser), each with
+    ``func`` set to run it."""
+    benches = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for name, bench in BENCHES.items():
+        sub = benches.add_parser(name, help=bench.help, description=bench.settings.__doc__.splitlines()[0])
+        schema.add_flags(sub, bench.settings)
+        if bench.simulate:
+            sub.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help=SIMULATE_HELP)
+        sub.set_defaults(func=_runner(name))
+
+
+def _runner(name):
+    def run(args):
+        return run_bench(name, args)
+
+    run.__name__ = f"run_{name}"
+    return run
+
+
+def settings_from_args(name, args):
+    """The benchmark's settings from parsed flags."""
+    return schema.from_args(BENCHES[name].settings, args)
+
+
+def run_bench(name, args):
+    """Runs benchmark ``name`` from parsed flags; returns the exit status (1: some
+    measurement failed; a goal missed is still 0, the report says so)."""
+    module = importlib.import_module(f"zoo.bench.{BENCHES[name].module}")
+    results = module.run_benchmark(settings_from_args(name, args))
+    return 1 if _has_errors(results) else 0
+
+
+def _has_errors(results):
+    """Rows carrying an ``error`` (scale: a list of rows; plan: a dict of lists of rows)."""
+    groups = results.values() if isinstance(results, dict) else [results]
+    return any(isinstance(row, dict) and "error" in row for rows in groups if isinstance(rows, list) for row in rows)
+
+
+def main(argv=None):
+    """``python -m zoo.cli.bench X ...``: the same commands, devices prepared as ``zoo``
+    prepares them, the same error contract; returns the exit status."""
+    from zoo.cli._errors import ArgumentParser, parse, run_guarded
+
+    parser = ArgumentParser(prog="python -m zoo.cli.bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, status = parse(parser, argv)
+    return status if args is None else run_guarded(lambda: _prepare_and_run(args), ["python -m zoo.cli.bench", *argv])
+
+
+def _prepare_and_run(args):
+    from zoo.cli.devices import prepare_devices
+
+    message = prepare_devices(getattr(args, "simulate_devices", None))
+    if message:
+        print(message, flush=True)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The settings of every ``zoo bench`` command: one dataclass each (``zoo.config.schema``).
+
+Each field is the flag of the same name (``head_dim`` -> ``--head-dim``) with the same
+default, range and help; ``zoo.bench.<module>.run_benchmark(settings)`` takes the
+instance. Pure Python (no JAX, no Keras): ``zoo bench X --help`` builds from here.
+"""
+
+import argparse
+import dataclasses
+
+from zoo.config import choices, types
+from zoo.config.schema import setting
+
+# The benchmarks' own closed sets (defined here once; zoo.bench imports them).
+GPT_BENCH_LAYOUTS = ("data", "tp", "context")  # zoo bench gpt: the layouts it measures
+TP_VARIANTS = ("mlp", "gated", "sp", "gated-sp")  # zoo bench tp: MLPs; "sp" = Megatron sequence parallelism (megatron_sp)
+SCALE_SECTIONS = ("recipes", "attention", "fsdp+tp", "tp")  # zoo bench scale: its tables
+PLAN_SECTIONS = ("recipes", "scale", "auto", "depth")  # zoo bench plan: its tables
+SCALE_RECIPES = (
+    "recipes/gpu-1/pretrain_gpt.toml",
+    "recipes/gpu-8/pretrain_gpt.toml",
+    "recipes/gpu-multihost/pretrain_gpt.toml",
+    "recipes/tpu-v4-8/pretrain_gpt.toml",
+    "recipes/tpu-v5e-8/pretrain_gpt.toml",
+    "recipes/tpu-multihost/pretrain_gpt.toml",
+)
+
+OUTPUT_HELP = "also write the markdown report to this file"
+PLOT_HELP = 'also draw {what} to this PNG (matplotlib: pip install "keras-zoo[plot]")'
+
+
+def _count(default, help):
+    return setting(default, help, section="bench", parse=types.positive_int)
+
+
+def _output():
+    return setting(None, OUTPUT_HELP, section="bench", metavar="FILE")
+
+
+def _plot(what):
+    return setting(None, PLOT_HELP.format(what=what), section="bench", metavar="PNG")
+
+
+def _separated(separator, what, example):
+    """``"a;b"`` -> ``("a", "b")``: non-empty parts, stripped."""
+
+    def parse(text):
+        parts = tuple(part.strip() for part in text.split(separator) if part.strip())
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected {what} such as {example!r}, got {text!r}")
+        return parts
+
+    parse.__name__ = what
+    return parse
+
+
+def context_runs(text):
+    """``"data=8:8;data=1,seq=8:1"`` -> ``("data=8:8", "data=1,seq=8:1")``: ``<mesh>:<global batch>`` runs."""
+    runs = tuple(part.strip() for part in text.split(";") if part.strip())
+    if not runs or any(":" not in run for run in runs):
+        raise argparse.ArgumentTypeError(
+            f"expected ';'-separated '<mesh>:<global batch>' runs such as 'data=8:8;data=1,seq=8:1', got {text!r}"
+        )
+    return runs
+
+
+@dataclasses.dataclass
+class CNNBenchConfig:
+    """Settings of ``zoo bench cnn``: images/s of ``model.fit`` vs a hand-written ``jax.jit`` step."""
+
+    image_size: int = setting(64, "square images drawn in memory, any size >= 16", section="bench", parse=types.generated_image_size)
+    batch_size: int = _count(64, "global batch; divides by the data axis (8 and 2 here)")
+    steps: int = _count(20, "timed optimizer steps per measurement (= one fit epoch)")
+    repeats: int = _count(3, "alternating fit / jit measurements; the median of each is reported")
+    output: str | None = _output()
+
+
+@dataclasses.dataclass
+class GPTBenchConfig:
+    """Settings of ``zoo bench gpt``: tokens/s of ``model.fit`` vs a hand-written ``jax.jit`` step."""
+
+    config_name: str = setting("gpt_small", "named size (zoo.models.GPT_CONFIGS)", section="bench")
+    sequence_length: int = setting(128, "tokens per example (T); divides by the seq axis", section="bench", parse=types.sequence_length)
+    batch_size: int = _count(32, "global batch; divides by the data axis")
+    steps: int = _count(10, "timed optimizer steps per measurement (= one fit epoch)")
+    repeats: int = _count(3, "alternating fit / jit measurements; the median of each is reported")
+    layouts: tuple = setting(GPT_BENCH_LAYOUTS, f"comma-separated layouts measured, of {','.join(GPT_BENCH_LAYOUTS)}", section="bench",
+                             parse=types.comma_separated(GPT_BENCH_LAYOUTS, "layout"), metavar="LAYOUTS")  # fmt: skip
+    output: str | None = _output()
+
+
+@dataclasses.dataclass
+class AttentionBenchConfig:
+    """Settings of ``zoo bench attention``: per-device memory and time of sequence-parallel attention."""
+
+    lengths: tuple = setting((4096, 16384, 65536), "comma-separated sequence lengths T of the memory table (compiled only, never run)",
+                             section="bench", parse=types.positive_ints, metavar="T,T")  # fmt: skip
+    devices: tuple = setting((4, 8), "comma-separated sizes N of the 'seq' mesh axis", section="bench", parse=types.positive_ints, metavar="N,N")
+    heads: int = _count(8, "attention heads H = K (MHA)")
+    head_dim: int = _count(64, "head dim D")
+    batch: int = _count(1, "batch size B")
+    causal: bool = setting(True, "causal attention (--no-causal: full; the ring then visits every tile)", section="bench")
+    block_size: int = _count(512, "ring tile edge (MultiHeadAttention's ring_block_size)")
+    balance: str | None = setting("zigzag", "ring's causal load balancing", section="bench", choices=choices.BALANCES)
+    time_lengths: tuple = setting((4096,), "comma-separated T timed for every kernel and N, at --heads heads", section="bench",
+                                  parse=types.positive_ints, metavar="T,T")  # fmt: skip
+    goal_length: int = _count(16384, "T of the goal 'ring time <= all-gather time'")
+    goal_heads: int = _count(1, "heads of that timing (all-gather at 8 heads needs ~40 GiB of host memory)")
+    goal_devices: int = _count(8, "N of that timing")
+    repeats: int = _count(3, "timed runs per kernel after one warm-up; the median is kept")
+    memory_limit_gib: float = setting(8.0, "skip a timing whose N devices together need more host memory (GiB)", section="bench",
+                                      parse=types.positive_float)  # fmt: skip
+    output: str | None = _output()
+    plot: str | None = _plot("per-device memory against T, one line per kernel and N")
+
+
+@dataclasses.dataclass
+class ContextBenchConfig:
+    """Settings of ``zoo bench context``: per-device memory of a GPT training step, data- vs context-parallel."""
+
+    sequence_length: int = setting(16384, "tokens per sequence (T)", section="bench", parse=types.sequence_length)
+    runs: tuple = setting(("data=8:8", "data=1,seq=8:1", "data=2,seq=4:2", "data=1,seq=8:8"),
+                          "';'-separated '<mesh>:<global batch>' runs; a mesh with a 'seq' axis is context-parallel", section="bench",
+                          parse=context_runs, metavar="RUNS")  # fmt: skip
+    layers: int = _count(2, "Transformer blocks L")
+    width: int = _count(256, "model width C")
+    heads: int = _count(8, "attention heads H = K (MHA)")
+    head_dim: int = _count(32, "head dim D")
+    hidden_dim: int = _count(1024, "MLP hidden features F (4C)")
+    vocab: int = _count(256, "vocabulary size V (byte-level)")
+    context_attention: str = setting("ring", "the context-parallel runs' attention kernel", section="bench", choices=choices.CONTEXT_ATTENTIONS)
+    balance: str | None = setting("zigzag", "causal load balancing of the context-parallel runs", section="bench", choices=choices.BALANCES)
+    output: str | None = _output()
+    plot: str | None = _plot("per-device temporary memory and bytes sent per run (layout)")
+
+
+@dataclasses.dataclass
+class TPBenchConfig:
+    """Settings of ``zoo bench tp``: bytes moved by the explicit tensor-parallel MLP vs GSPMD vs Megatron's minimum."""
+
+    mesh: str = setting("data=2,model=4", "mesh with axes data and model (model > 1)", section="bench")
+    batch_size: int = _count(8, "global batch B; divides by the data axis")
+    sequence_length: int = _count(256, "T; divides by the model axis (Megatron sequence parallelism)")
+    dim: int = _count(256, "model width D (MLP input and output)")
+    hidden: int = _count(1024, "hidden features F; divides by the model axis")
+    steps: int = _count(5, "forward + backward passes per timed measurement")
+    repeats: int = _count(3, "alternating explicit / GSPMD measurements; the median of each")
+    variants: tuple = setting(TP_VARIANTS, f"comma-separated MLPs, of {','.join(TP_VARIANTS)} (sp: Megatron sequence parallelism)",
+                              section="bench", parse=types.comma_separated(TP_VARIANTS, "variant"), metavar="VARIANTS")  # fmt: skip
+    fast_compile: bool = setting(False, "skip LLVM optimisation: same bytes and memory, times meaningless", section="bench")
+    output: str | None = _output()
+    plot: str | None = _plot("bytes each device sends over 'model' per implementation, against Megatron's minimum")
+
+
+@dataclasses.dataclass
+class ScaleBenchConfig:
+    """Settings of ``zoo bench scale``: gpt_1b at real size, compile-only (one process per device count)."""
+
+    recipes: tuple = setting(SCALE_RECIPES, "comma-separated recipe files whose step is compiled at full depth", section="bench",
+                             parse=_separated(",", "comma-separated recipe files", "recipes/gpu-8/pretrain_gpt.toml"), metavar="FILES")  # fmt: skip
+    fsdp_tp_meshes: tuple = setting(("data=16,model=4", "data=64,model=4"), "';'-separated meshes of the fsdp+tp weights table", section="bench",
+                                    parse=_separated(";", "';'-separated meshes", "data=16,model=4;data=64,model=4"), metavar="MESHES")  # fmt: skip
+    attention_seq: int = _count(4, "'seq' axis size of the sequence-parallel attention rows")
+    tp_mesh: str = setting("data=2,model=4", "mesh of the tensor-parallel bytes table", section="bench")
+    tp_layers: int = _count(4, "tensor-parallel bytes table: Transformer blocks L")
+    tp_width: int = _count(512, "tensor-parallel bytes table: model width C")
+    tp_length: int = _count(1024, "tensor-parallel bytes table: sequence length T")
+    tp_batch: int = _count(8, "tensor-parallel bytes table: global batch B")
+    sections: tuple = setting(SCALE_SECTIONS, f"comma-separated tables, of {','.join(SCALE_SECTIONS)}", section="bench",
+                              parse=types.comma_separated(SCALE_SECTIONS, "section"), metavar="SECTIONS")  # fmt: skip
+    output: str | None = _output()
+
+
+@dataclasses.dataclass
+class PlanBenchConfig:
+    """Settings of ``zoo bench plan``: zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's scenarios."""
+
+    sections: tuple = setting(PLAN_SECTIONS, f"comma-separated tables, of {','.join(PLAN_SECTIONS)}", section="bench",
+                              parse=types.comma_separated(PLAN_SECTIONS, "section"), metavar="SECTIONS")  # fmt: skip
+    recipes: str = setting("recipes/*/*.toml", "glob of the recipe files planned", section="bench")
+    top: int = _count(3, "auto: candidates compiled per scenario")
+    output: str | None = _output()
