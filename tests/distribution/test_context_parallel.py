@@ -6,8 +6,9 @@ mask from token 0) -> Dense head; per-token sparse cross-entropy from logits) is
 for 3 SGD steps on one device (once, shared) and under ``ContextParallel`` on the mesh
 data=2,seq=4: per-step losses, final weights (they carry every gradient) and
 predictions must agree at float32 tolerances. The layers are never told about the
-sequence split: the distribution's data layout splits the inputs and its ``attention``
-picks each attention layer's kernel.
+sequence split: the distribution's data layout splits the inputs and its
+``context_attention`` picks each attention layer's kernel (which the layer records in its
+config). ``describe(model)`` says, per layer, what runs.
 """
 
 import jax
@@ -15,15 +16,21 @@ import keras
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from zoo.distribution.strategies import distribution_for
 
 from zoo.distribution import MeshError, make_distribution, make_mesh
 from zoo.distribution.comms_report import FAST_COMPILE, train_step_comms_report
 from zoo.distribution.context_parallel import ContextParallel
+from zoo.distribution.describe import describe
 from zoo.distribution.parity import StepLosses, compare
-from zoo.distribution.strategies import distribution_for
 from zoo.kernels import reorder
-from zoo.layers import MultiHeadAttention, ParallelMLP, TransformerBlock
-from zoo.layers import _sequence_parallel, _tensor_parallel
+from zoo.layers import (
+    MultiHeadAttention,
+    ParallelMLP,
+    TransformerBlock,
+    _parallel_plan,
+    _tensor_parallel,
+)
 from zoo.models import _transformer_layouts as layouts
 
 VOCAB, LENGTH, WIDTH, HEADS, STEPS, BATCH = 16, 32, 16, 4, 3, 8
@@ -39,13 +46,13 @@ def _tokens(count=BATCH * STEPS, seed=0):
     return tokens, np.roll(tokens, -1, axis=1)
 
 
-def build_model(tp_sequence_parallel=False):
+def build_model(megatron_sp=False):
     tokens = keras.Input((LENGTH,), dtype="int32", name="tokens")  # (B, T)
     key_mask = keras.ops.not_equal(tokens, 0)  # bool (B, T)
     x = keras.layers.Embedding(VOCAB, WIDTH, name="embed")(tokens)  # (B, T, C)
     x = TransformerBlock(
         num_heads=HEADS, head_dim=4, hidden_dim=32, causal=True, rotary=True,
-        tp_sequence_parallel=tp_sequence_parallel, name="block",
+        megatron_sp=megatron_sp, name="block",
     )(x, key_mask=key_mask)  # (B, T, C)
     return keras.Model(tokens, keras.layers.Dense(VOCAB, name="head")(x))  # (B, T, V)
 
@@ -103,16 +110,18 @@ def token_cross_entropy(logits, labels):
 # --- model.fit parity ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("attention", ["gather", "ring", "ulysses"])
-def test_fit_matches_one_device(reference, attention):
+@pytest.mark.parametrize("context_attention", ["gather", "ring", "ulysses"])
+def test_fit_matches_one_device(reference, context_attention):
     """Losses and final weights; the ring run also predicts (the others' forward is in
     every step's loss)."""
-    distribution = ContextParallel("data=2,seq=4", attention=attention)
+    distribution = ContextParallel("data=2,seq=4", context_attention=context_attention)
     tokens, labels = reference["tokens"], reference["labels"]
-    predict_x = tokens[:BATCH] if attention == "ring" else None
+    predict_x = tokens[:BATCH] if context_attention == "ring" else None
     model, losses, weights, logits = train(distribution, reference["initial"], (tokens, labels), predict_x)
     assert_matches(reference, losses, weights, logits)
-    if attention != "ring":
+    # the kernel that ran is saved with the model: the block was built with context_attention=None
+    assert model.get_layer("block").get_config()["context_attention"] == context_attention
+    if context_attention != "ring":
         return
     # The compiled step runs the ring: K/V hops are collective-permutes over 'seq', and
     # nothing all-gathers the sequence (an MLP or norm on gathered tokens would): what is
@@ -162,7 +171,7 @@ def test_zigzag_pipeline_trains_predicts_and_evaluates_to_the_natural_order_numb
     A per-token mean loss is unchanged by the permutation; causality and RoPE follow the
     global positions the attention layer reads from the distribution's balance.
     """
-    distribution = ContextParallel("data=2,seq=4", attention="ring", balance="zigzag")
+    distribution = ContextParallel("data=2,seq=4", context_attention="ring", balance="zigzag")
     tokens, labels = reference["tokens"], reference["labels"]
     np.testing.assert_array_equal(distribution.prepare(tokens), reorder(tokens, num_shards=4, balance="zigzag"))
     batches = _Batches(tokens, labels)
@@ -193,9 +202,9 @@ def test_tensor_parallel_rules_on_a_data_seq_model_mesh(reference):
     inside each seq shard, dim 1 split over ('seq', 'model')); same numbers."""
     mesh = make_mesh("data=2,seq=2,model=2")
     layout_map = layouts.build_layout_map(mesh, "tp", layouts.block_rules("tp"))
-    distribution = ContextParallel(mesh, layout_map, attention="ring")
+    distribution = ContextParallel(mesh, layout_map, context_attention="ring")
     tokens, labels = reference["tokens"], reference["labels"]
-    build = lambda: build_model(tp_sequence_parallel=True)  # noqa: E731
+    build = lambda: build_model(megatron_sp=True)  # noqa: E731
     model, losses, weights, logits = train(distribution, reference["initial"], (tokens, labels), tokens[:BATCH], build)
     assert_matches(reference, losses, weights, logits)
     by_path = {v.path: v.value.sharding.spec for v in model.weights}
@@ -208,28 +217,36 @@ def test_tensor_parallel_rules_on_a_data_seq_model_mesh(reference):
 
 def test_tensor_parallel_activation_specs_keep_the_sequence_split():
     keras.distribution.set_distribution(ContextParallel("data=2,seq=2,model=2"))
-    plan = _tensor_parallel.current_plan("model")
+    plan = _tensor_parallel.tensor_parallel_plan("model")
     assert (plan.sequence_axis, plan.sequence_size) == ("seq", 2)
     assert _tensor_parallel.activation_spec(plan, 3) == P("data", "seq", None)
     assert _tensor_parallel.activation_spec(plan, 3, features=True) == P("data", "seq", "model")
     assert _tensor_parallel.activation_spec(plan, 3, sequence=True) == P("data", ("seq", "model"), None)
     assert _tensor_parallel.activation_spec(plan, 2, features=True) == P("data", "model")  # (B, C): no sequence
-    mlp = ParallelMLP(32, sequence_parallel=True, name="mlp")
+    mlp = ParallelMLP(32, megatron_sp=True, name="mlp")
     with pytest.raises(ValueError, match=r"ParallelMLP 'mlp': sequence length 6 is not divisible by the 'seq' x 'model' mesh axes of size 2 x 2 = 4"):
         _tensor_parallel.check_input(mlp, plan, (2, 6, 8), sequence=True)
     with pytest.raises(ValueError, match=r"ParallelMLP 'mlp': sequence length 5 is not divisible by the 'seq' mesh axis of size 2"):
         _tensor_parallel.check_input(mlp, plan, (2, 5, 8), sequence=False)
     mesh = make_mesh("data=2,model=4")
     keras.distribution.set_distribution(make_distribution("model", mesh, keras.distribution.LayoutMap(mesh)))
-    assert _tensor_parallel.activation_spec(_tensor_parallel.current_plan("model"), 3, sequence=True) == P("data", "model", None)
+    assert _tensor_parallel.activation_spec(_tensor_parallel.tensor_parallel_plan("model"), 3, sequence=True) == P("data", "model", None)
 
 
 # --- how attention layers follow the distribution -----------------------------------------
 
 
+def _resolve(context_attention, balance, sequence_axis, batch_axis):
+    """(kernel, balance, sequence axis, batch axis) of the plan an attention layer with these settings gets."""
+    plan = _parallel_plan.resolve_plan(
+        context_attention=context_attention, balance=balance, sequence_axis=sequence_axis, batch_axis=batch_axis
+    )
+    return plan.context_attention, plan.balance, plan.sequence_axis, plan.batch_axis
+
+
 def test_attention_layers_take_kernel_axes_and_balance_from_the_distribution():
-    resolve = _sequence_parallel.context_settings
-    keras.distribution.set_distribution(ContextParallel("batch=2,context=4", batch_dim_name="batch", sequence_dim_name="context", attention="ulysses", balance="striped"))
+    resolve = _resolve
+    keras.distribution.set_distribution(ContextParallel("batch=2,context=4", batch_dim_name="batch", sequence_dim_name="context", context_attention="ulysses", balance="striped"))
     assert resolve(None, None, "seq", "data") == ("ulysses", "striped", "context", "batch")
     assert resolve("gather", "striped", "context", "batch") == ("gather", "striped", "context", "batch")  # explicit kernel wins
     with pytest.raises(ValueError, match=r"balance='zigzag' conflicts with the ContextParallel distribution's balance='striped'"):
@@ -239,7 +256,7 @@ def test_attention_layers_take_kernel_axes_and_balance_from_the_distribution():
     with pytest.raises(ValueError, match=r"batch_axis='rows' conflicts with .* batch_dim_name='batch'"):
         resolve(None, None, "seq", "rows")
     keras.distribution.set_distribution(None)
-    assert resolve(None, "zigzag", "tokens", "rows") == (None, "zigzag", "tokens", "rows")  # no ContextParallel: unchanged
+    assert resolve("ring", "zigzag", "tokens", "rows") == (None, "zigzag", None, None)  # no mesh: nothing split, plain attention
 
 
 def test_a_layer_with_a_conflicting_balance_fails_when_traced():
@@ -248,6 +265,31 @@ def test_a_layer_with_a_conflicting_balance_fails_when_traced():
     layer.build((2, 16, 8))
     with pytest.raises(ValueError, match="balance='striped' conflicts"):
         jax.eval_shape(layer, jax.ShapeDtypeStruct((2, 16, 8), "float32"))  # traced, nothing compiled
+
+
+def test_describe_says_what_each_layer_runs():
+    """Kernel, axes and collectives per layer; a recorded kernel keeps running under another
+    ContextParallel, and runs plain attention where the mesh has no sequence axis."""
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=4", context_attention="gather"))
+    gather = build_model()
+    assert describe(gather) == [
+        "block/attention: gather attention over seq (4), K/V all-gather per call",
+        "block/mlp: plain MLP, GSPMD (no 'model' axis to split over)",
+    ]
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=4", context_attention="ring", balance="zigzag"))
+    assert describe(build_model())[0] == "block/attention: ring attention over seq (4), K/V ppermute x3 per call, zigzag order"
+    assert describe(gather)[0] == "block/attention: gather attention over seq (4), K/V all-gather per call, zigzag order"
+    mesh = make_mesh("data=2,model=4")
+    keras.distribution.set_distribution(make_distribution("model", mesh, keras.distribution.LayoutMap(mesh)))
+    megatron = "one all-gather and one reduce-scatter over the sequence per call"
+    assert describe(build_model(megatron_sp=True)) == [
+        f"block/attention: tensor-parallel attention over model (4), 1 of 4 heads per device, {megatron}",
+        f"block/mlp: tensor-parallel MLP over model (4), 8 of 32 hidden features per device, {megatron}",
+    ]
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    assert describe(gather)[0] == (
+        "block/attention: plain attention, no collective (context_attention 'gather' runs only over a 'seq' mesh axis of size > 1)"
+    )
 
 
 # --- errors --------------------------------------------------------------------------------
@@ -271,8 +313,8 @@ def test_bad_meshes_and_options_are_rejected():
         ContextParallel("data=8")
     with pytest.raises(MeshError, match=r"strategy 'context' needs mesh axes \['data', 'seq'\], but the mesh data=2,model=4 has no \['seq'\]"):
         make_distribution("context", "data=2,model=4")
-    with pytest.raises(ValueError, match=r"attention must be one of \('gather', 'ring', 'ulysses'\), got 'flash'"):
-        ContextParallel("data=2,seq=4", attention="flash")
+    with pytest.raises(ValueError, match=r"context_attention must be one of \('gather', 'ring', 'ulysses'\), got 'flash'"):
+        ContextParallel("data=2,seq=4", context_attention="flash")
     with pytest.raises(ValueError, match=r"balance must be one of"):
         ContextParallel("data=2,seq=4", balance="spiral")
     with pytest.raises(ValueError, match="layout map was built for mesh data=2,seq=4, not for the mesh data=4,seq=2"):
@@ -301,11 +343,11 @@ class _Cnn:
 
 def test_context_strategy_and_the_transformer_strategies():
     context = make_distribution("context", balance="zigzag")
-    assert isinstance(context, ContextParallel) and context.balance == "zigzag" and context.attention == "ring"
+    assert isinstance(context, ContextParallel) and context.balance == "zigzag" and context.context_attention == "ring"
     assert dict(zip(context.device_mesh.axis_names, context.device_mesh.shape)) == {"data": 2, "seq": len(jax.devices()) // 2}
     _Transformer.calls.clear()
-    with_tp = distribution_for(_Transformer, "context", "data=2,seq=2,model=2", attention="ulysses")
-    assert with_tp.attention == "ulysses" and "model" in with_tp.device_mesh.axis_names
+    with_tp = distribution_for(_Transformer, "context", "data=2,seq=2,model=2", context_attention="ulysses")
+    assert with_tp.context_attention == "ulysses" and "model" in with_tp.device_mesh.axis_names
     assert distribution_for(_Transformer, "context", "data=2,seq=4").layout_map.keys() == set()
     fsdp = distribution_for(_Transformer, "fsdp", "data=8")
     assert fsdp.layout_map[r".*attention/output/kernel"].axes == (None, None, "data") and fsdp.weight_shard_axis is None

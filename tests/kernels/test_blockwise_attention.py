@@ -150,11 +150,11 @@ def test_describe_attention_names_the_kernel():
     distribution = CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="data")
     keras.distribution.set_distribution(distribution)
     try:
-        assert describe_attention(**sizes, strategy="ring", balance="zigzag") == "ring over 'seq' (N=4, tile 256)"
-        assert describe_attention(**sizes, strategy="gather", block_size=128) == (
+        assert describe_attention(**sizes, context_attention="ring", balance="zigzag") == "ring over 'seq' (N=4, tile 256)"
+        assert describe_attention(**sizes, context_attention="gather", block_size=128) == (
             "all-gather over 'seq' (N=4), then blockwise (tile 128)"
         )
-        assert describe_attention(**sizes, strategy="ulysses", dtype="bfloat16", platform="gpu") == (
+        assert describe_attention(**sizes, context_attention="ulysses", dtype="bfloat16", platform="gpu") == (
             "Ulysses over 'seq' (N=4), then cudnn"
         )
     finally:

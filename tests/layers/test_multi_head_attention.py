@@ -6,7 +6,6 @@ import pytest
 
 from tests.layers import _attention as a
 from tests.layers.harness import check_layer_contract
-from zoo.distribution import MeshError
 from zoo.kernels import attention_reference
 from zoo.layers import MultiHeadAttention
 
@@ -17,7 +16,7 @@ B, T, C = 4, 16, 16
     "init_kwargs, num_weights, with_mask",
     [
         (dict(num_heads=4, head_dim=8, num_kv_heads=2, causal=True, rotary=True), 4, True),
-        (dict(num_heads=2, head_dim=6, use_bias=True, sequence_parallel="ring", balance="striped"), 8, False),
+        (dict(num_heads=2, head_dim=6, use_bias=True, context_attention="ring", balance="striped"), 8, False),
     ],
     ids=["gqa-causal-rope-mask", "bias-ring"],
 )
@@ -55,7 +54,7 @@ def test_variable_paths_are_stable():
 def test_config_keeps_every_argument():
     kwargs = dict(
         num_heads=8, head_dim=16, num_kv_heads=2, causal=True, rotary=True, rotary_base=500.0, use_bias=True,
-        sequence_parallel="ulysses", sequence_axis="context", batch_axis="batch", balance="zigzag",
+        context_attention="ulysses", sequence_axis="context", batch_axis="batch", balance="zigzag",
         ring_block_size=128, kernel_initializer="he_normal", bias_initializer="ones",
     )
     config = MultiHeadAttention(**kwargs).get_config()
@@ -83,40 +82,34 @@ def _call(options, mesh, x=None, mask=None):
 @pytest.mark.parametrize(
     "options, mesh, x_shape, message",
     [
-        ({"sequence_parallel": "ring"}, "data=2,seq=4", (2, 30, C), "sequence length 30 is not divisible by the 'seq' mesh axis of size 4"),
+        ({"context_attention": "ring"}, "data=2,seq=4", (2, 30, C), "sequence length 30 is not divisible by the 'seq' mesh axis of size 4"),
         (
-            {"sequence_parallel": "ring", "balance": "zigzag"}, "data=2,seq=4", (2, 36, C),
+            {"context_attention": "ring", "balance": "zigzag"}, "data=2,seq=4", (2, 36, C),
             r"sequence length 36 is not divisible by 2 x the 'seq' mesh axis of size 4 = 8",
         ),
         ({"balance": "striped"}, "data=2,seq=4", (2, 30, C), "sequence length 30 is not divisible by the 'seq' mesh axis of size 4"),
         (
-            {"sequence_parallel": "ulysses", "num_heads": 6, "num_kv_heads": 2}, "data=2,seq=4", (2, 32, C),
+            {"context_attention": "ulysses", "num_heads": 6, "num_kv_heads": 2}, "data=2,seq=4", (2, 32, C),
             "number of heads 6 is not divisible by the 'seq' mesh axis of size 4",
         ),
-        ({"sequence_parallel": "gather"}, "data=2,seq=4", (3, 32, C), "batch size 3 is not divisible by the 'data' mesh axis of size 2"),
+        ({"context_attention": "gather"}, "data=2,seq=4", (3, 32, C), "batch size 3 is not divisible by the 'data' mesh axis of size 2"),
         (
-            {"sequence_parallel": "ring", "sequence_axis": "context"}, "data=2,seq=4", (2, 32, C),
-            r"mesh axis 'context', but the distribution's mesh data=2,seq=4 has axes \['data', 'seq'\]",
+            {"batch_axis": "rows"}, "data=2,seq=4", (2, 32, C),
+            r"batch_axis='rows' conflicts with the distribution's batch_dim_name='data'",
         ),
-        ({"sequence_parallel": "ring"}, "data=8", (8, 32, C), r"mesh data=8 has axes \['data'\]"),
     ],
-    ids=["seq", "seq-zigzag", "seq-plain-balanced", "ulysses-heads", "batch", "axis-name", "no-seq-axis"],
+    ids=["seq", "seq-zigzag", "seq-plain-balanced", "ulysses-heads", "batch", "batch-axis"],
 )
 def test_errors_name_the_numbers(options, mesh, x_shape, message):
     with pytest.raises(ValueError, match=message):
         _call(options, mesh, np.zeros(x_shape, "float32"))
 
 
-def test_mesh_lacking_the_axis_is_a_mesh_error():
-    with pytest.raises(MeshError):
-        _call({"sequence_parallel": "gather"}, "data=8", np.zeros((8, 32, C), "float32"))
-
-
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(num_heads=8, head_dim=4, num_kv_heads=3), "num_kv_heads 3 does not divide num_heads 8"),
-        (dict(num_heads=4, head_dim=4, sequence_parallel="flash"), r"sequence_parallel must be one of \(None, 'gather', 'ring', 'ulysses'\), got 'flash'"),
+        (dict(num_heads=4, head_dim=4, context_attention="flash"), r"context_attention must be one of \(None, 'gather', 'ring', 'ulysses'\), got 'flash'"),
         (dict(num_heads=4, head_dim=4, balance="spiral"), "balance must be one of .* got 'spiral'"),
         (dict(num_heads=4, head_dim=5, rotary=True), "rotary embedding needs an even head_dim, got head_dim 5"),
         (dict(num_heads=0, head_dim=4), "num_heads must be a positive integer, got 0"),

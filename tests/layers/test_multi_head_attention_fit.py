@@ -54,7 +54,7 @@ def _compile(model):
 )
 def test_fit_matches_one_device(strategy, mesh, causal):
     tokens, labels = _tokens()
-    build = _builder(sequence_parallel=strategy, causal=causal, rotary=True)
+    build = _builder(context_attention=strategy, causal=causal, rotary=True)
     report = check_parity(build, _compile, a.distribution(mesh), tokens, labels, steps=STEPS, batch_size=8)
     assert report.passed, "\n".join(report.format())
     assert len(report.distributed_losses) == STEPS
@@ -82,7 +82,7 @@ def test_fit_on_zigzag_ordered_data_matches_one_device_on_natural_order():
     and RoPE follow the global positions the layer derives from the zig-zag order.
     """
     tokens, labels = _tokens(count=8 * STEPS)
-    build = _builder(sequence_parallel="ring", causal=True, rotary=True, balance="zigzag")
+    build = _builder(context_attention="ring", causal=True, rotary=True, balance="zigzag")
     keras.utils.set_random_seed(0)
     initial = build().get_weights()
     ref_losses, ref_weights, ref_logits = _train(build, None, tokens, labels, initial)

@@ -21,7 +21,10 @@ import pytest
 from tests.layers import _attention as a
 from zoo.distribution import CheckedModelParallel
 from zoo.distribution.comms_report import layer_comms_report
+from zoo.distribution.context_parallel import ContextParallel
 from zoo.kernels import reorder, restore
+from zoo.layers import MultiHeadAttention
+from zoo.layers._parallel_plan import program_cache_info
 
 # (strategy, mesh, causal, heads, kv_heads, masked, rotary, balance). Striped balance is
 # checked with gather, non-causal attention with gather and ring (Ulysses runs plain
@@ -53,7 +56,7 @@ def _options(case):
     strategy, _, causal, heads, kv_heads, _, rotary, balance = case
     return dict(
         num_heads=heads, num_kv_heads=kv_heads, causal=causal, rotary=rotary,
-        sequence_parallel=strategy, balance=balance,
+        context_attention=strategy, balance=balance,
     )
 
 
@@ -107,28 +110,68 @@ def _jaxpr_text(options, dist, x):
 
 @pytest.mark.parametrize(
     "mesh, strategy",
-    [("data=8", None), ("data=8,seq=1", "ring"), ("data=2,seq=4", None), (None, "ulysses")],
+    [("data=8", "ring"), ("data=8,seq=1", "ring"), ("data=2,seq=4", None), (None, "ulysses")],
     ids=["no-seq-axis", "seq-size-1", "no-strategy", "no-distribution"],
 )
 def test_plain_path_gives_the_plain_numbers(mesh, strategy):
-    """No distribution, no strategy, or a sequence axis of size 1: no shard_map, same numbers."""
+    """No distribution, no kernel, or no sequence axis of size > 1 (a kernel named anyway
+    runs plain attention): no shard_map, same numbers."""
     options = dict(causal=True, rotary=True, num_kv_heads=2)
     weights, expected = _reference(True, 4, 2, True, True)
     x, mask, cotangent = a.inputs(True)
     dist = None if mesh is None else a.distribution(mesh)
-    assert "shard_map" not in _jaxpr_text(options | {"sequence_parallel": strategy}, dist, x)
-    got = a.output_and_grads(options | {"sequence_parallel": strategy}, weights, x, mask, cotangent, dist)
+    assert "shard_map" not in _jaxpr_text(options | {"context_attention": strategy}, dist, x)
+    got = a.output_and_grads(options | {"context_attention": strategy}, weights, x, mask, cotangent, dist)
     a.assert_same(got, expected)
 
 
 def test_sharded_path_does_use_shard_map():
-    text = _jaxpr_text({"sequence_parallel": "ring"}, a.distribution("data=2,seq=4"), a.inputs(False)[0])
+    text = _jaxpr_text({"context_attention": "ring"}, a.distribution("data=2,seq=4"), a.inputs(False)[0])
     assert "shard_map" in text and "ppermute" in text
+
+
+def test_a_second_call_reuses_the_cached_shard_map():
+    """The jitted shard_map is kept per (kernel, mesh, specs, settings): a second trace hits it."""
+    keras.distribution.set_distribution(a.distribution("data=2,seq=4"))
+    try:
+        layer = a.make_layer(context_attention="ring")
+        values, x = [v.value for v in layer.trainable_variables], a.inputs(False)[0]
+        trace = lambda: jax.make_jaxpr(lambda v, x: layer.stateless_call(v, [], x)[0])(values, x)  # noqa: E731
+        trace()
+        before = program_cache_info()
+        trace()
+        after = program_cache_info()
+        assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
+def test_the_kernel_in_use_is_saved_and_the_saved_layer_gives_the_plain_numbers():
+    """Built with context_attention=None under ContextParallel(context_attention="ring"), the
+    layer's config says "ring"; rebuilt from it on one device it is the plain layer. Configs
+    saved with the old keys still load."""
+    options = dict(num_heads=4, num_kv_heads=2, causal=True, rotary=True)
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=4", context_attention="ring"))
+    try:
+        config = a.make_layer(**options).get_config()
+    finally:
+        keras.distribution.set_distribution(None)
+    assert config["context_attention"] == "ring"
+    restored = MultiHeadAttention.from_config(config).get_config()
+    assert restored["context_attention"] == "ring" and "sequence_parallel" not in restored
+    old = {k: v for k, v in config.items() if k not in ("context_attention", "megatron_sp")}
+    old |= {"sequence_parallel": "ulysses", "tp_sequence_parallel": True}  # written before issue 16
+    renamed = MultiHeadAttention.from_config(old)
+    assert (renamed.context_attention, renamed.megatron_sp) == ("ulysses", True)
+    weights, expected = _reference(True, 4, 2, True, True)
+    x, mask, cotangent = a.inputs(True)
+    saved = {k: restored[k] for k in (*options, "context_attention")}
+    a.assert_same(a.output_and_grads(saved, weights, x, mask, cotangent), expected)
 
 
 # --- tensor parallelism: the whole layer in one shard_map over 'model' ------------------------
 
-# (mesh, heads, kv_heads, tp_sequence_parallel, fsdp, use_bias): KV heads split (K % M == 0)
+# (mesh, heads, kv_heads, megatron_sp, fsdp, use_bias): KV heads split (K % M == 0)
 # or replicated (M % K == 0, Megatron's rule), Megatron SP, FSDP inside TP, biases.
 TP_CASES = [
     ("data=2,model=4", 4, 4, False, False, True),
@@ -160,10 +203,10 @@ def _tp_reference(heads, kv_heads, use_bias):
 
 @pytest.mark.parametrize("case", TP_CASES, ids=lambda c: f"{c[0].replace(',', '_')}-h{c[1]}k{c[2]}" + "-sp" * c[3] + "-fsdp" * c[4] + "-bias" * c[5])
 def test_tensor_parallel_output_and_gradients_match_plain_layer(case):
-    mesh, heads, kv_heads, sequence_parallel, fsdp, use_bias = case
+    mesh, heads, kv_heads, megatron_sp, fsdp, use_bias = case
     weights, expected = _tp_reference(heads, kv_heads, use_bias)
     x, mask, cotangent = a.inputs(True)
-    options = _tp_options(heads, kv_heads, use_bias) | {"tp_sequence_parallel": sequence_parallel}
+    options = _tp_options(heads, kv_heads, use_bias) | {"megatron_sp": megatron_sp}
     a.assert_same(a.output_and_grads(options, weights, x, mask, cotangent, _tp_distribution(mesh, fsdp)), expected)
 
 
@@ -209,7 +252,7 @@ def test_tensor_parallel_attention_is_megatrons_two_all_reduces():
     model_ops = report.select(axes="model")  # XLA may combine the two into one op of two buffers
     assert {op.kind for op in model_ops} == {"all-reduce"}, "\n".join(report.format())
     assert report.buffers(axes="model") == 2 and sum(op.elements for op in model_ops) == 2 * local
-    sp = _tp_report("data=2,model=4", tp_sequence_parallel=True)
+    sp = _tp_report("data=2,model=4", megatron_sp=True)
     for kind in ("all-gather", "reduce-scatter"):
         assert sp.buffers(kind, "model") == 2 and sum(op.elements for op in sp.select(kind, "model")) == 2 * local, "\n".join(sp.format())
     assert sp.buffers(axes="model") == 4

@@ -17,6 +17,7 @@ from tests.layers.harness import check_layer_contract
 from zoo.distribution import CheckedModelParallel, LayoutError, make_mesh
 from zoo.distribution.comms_report import FAST_COMPILE, layer_comms_report
 from zoo.distribution.parity import check_parity
+from zoo.layers._parallel_plan import program_cache_info
 from zoo.layers.column_parallel_dense import ColumnParallelDense
 from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.layers.row_parallel_dense import RowParallelDense
@@ -76,15 +77,15 @@ def assert_same(got, expected, names):
 
 LAYERS = {
     "column": (lambda: ColumnParallelDense(F, activation="relu", name="up"), (B, T, D)),
-    "column-sp": (lambda: ColumnParallelDense(F, sequence_parallel=True, name="up"), (B, T, D)),
+    "column-sp": (lambda: ColumnParallelDense(F, megatron_sp=True, name="up"), (B, T, D)),
     # Exact GELU (erf): JAX 0.12 cannot differentiate it inside a shard_map body.
     "column-gelu": (lambda: ColumnParallelDense(F, activation="gelu", name="up"), (B, T, D)),
     "row": (lambda: RowParallelDense(D, activation="tanh", name="down"), (B, T, F)),
-    "row-sp": (lambda: RowParallelDense(D, sequence_parallel=True, name="down"), (B, T, F)),
+    "row-sp": (lambda: RowParallelDense(D, megatron_sp=True, name="down"), (B, T, F)),
     "mlp": (lambda: ParallelMLP(F, name="mlp"), (B, T, D)),
     "gated-mlp": (lambda: ParallelMLP(F, gated=True, activation="silu", name="mlp"), (B, T, D)),
-    "gated-mlp-sp": (lambda: ParallelMLP(F, gated=True, sequence_parallel=True, name="mlp"), (B, T, D)),
-    "mlp-sp-collective": (lambda: ParallelMLP(F, sequence_parallel=True, collective_matmul=True, name="mlp"), (B, T, D)),
+    "gated-mlp-sp": (lambda: ParallelMLP(F, gated=True, megatron_sp=True, name="mlp"), (B, T, D)),
+    "mlp-sp-collective": (lambda: ParallelMLP(F, megatron_sp=True, collective_matmul=True, name="mlp"), (B, T, D)),
 }
 
 
@@ -158,6 +159,18 @@ def test_model_axis_of_size_one_is_plain_dense():
     assert np.asarray(layer(x)).shape == (8, T, D)
 
 
+def test_a_second_call_reuses_the_cached_shard_maps():
+    """The jitted shard_maps are kept per (body, mesh, specs, settings): a second trace hits both."""
+    layer = build(lambda: ParallelMLP(F, name="mlp"), (B, T, D), tensor_parallel("data=2,model=4"))
+    values, x = [v.value for v in layer.trainable_variables], inputs((B, T, D), 3)
+    trace = lambda: jax.make_jaxpr(lambda v, x: layer.stateless_call(v, [], x)[0])(values, x)  # noqa: E731
+    trace()
+    before = program_cache_info()
+    trace()
+    after = program_cache_info()
+    assert (after.hits, after.misses) == (before.hits + 2, before.misses)  # the up and the down shard_map
+
+
 # --- FSDP inside tensor parallelism (fsdp+tp) --------------------------------------------
 
 FSDP_KINDS = ["column", "row-sp", "gated-mlp", "mlp-sp-collective"]
@@ -213,7 +226,7 @@ def test_features_that_do_not_split_are_rejected_at_build(make_layer, shape, mes
 
 
 def test_inputs_that_do_not_split_are_rejected_at_call():
-    layer = build(lambda: ParallelMLP(F, sequence_parallel=True, name="mlp"), (B, 10, D), tensor_parallel("data=2,model=4"))
+    layer = build(lambda: ParallelMLP(F, megatron_sp=True, name="mlp"), (B, 10, D), tensor_parallel("data=2,model=4"))
     with pytest.raises(ValueError, match="ParallelMLP 'mlp': sequence length 10 is not divisible by the 'model' mesh axis of size 4"):
         layer(inputs((B, 10, D), 6))
     with pytest.raises(ValueError, match="ParallelMLP 'mlp': batch size 3 is not divisible by the 'data' mesh axis of size 2"):
@@ -221,9 +234,9 @@ def test_inputs_that_do_not_split_are_rejected_at_call():
 
 
 def test_bad_options_are_rejected():
-    with pytest.raises(ValueError, match="collective_matmul .* needs sequence_parallel=True"):
+    with pytest.raises(ValueError, match="collective_matmul .* needs megatron_sp=True"):
         ColumnParallelDense(F, collective_matmul=True)
-    with pytest.raises(ValueError, match="collective_matmul needs sequence_parallel=True"):
+    with pytest.raises(ValueError, match="collective_matmul needs megatron_sp=True"):
         ParallelMLP(F, collective_matmul=True)
     layer = ColumnParallelDense(F)
     layer.build((B, D))
@@ -259,12 +272,12 @@ def test_mlp_backward_adds_only_the_transpose_and_the_data_parallel_gradient_sum
     assert report.count() == report.count(axes="model") + report.count(axes="data")
 
 
-def test_sequence_parallel_mlp_is_one_all_gather_and_one_reduce_scatter():
-    forward = _mlp_report("data=2,model=4", sequence_parallel=True)
+def test_megatron_sp_mlp_is_one_all_gather_and_one_reduce_scatter():
+    forward = _mlp_report("data=2,model=4", megatron_sp=True)
     local = B // 2 * T * D
     rows = sorted((op.kind, op.axes, op.buffers, op.elements) for op in forward.collectives)
     assert rows == [("all-gather", ("model",), 1, local), ("reduce-scatter", ("model",), 1, local)], "\n".join(forward.format())
-    both = _mlp_report("data=2,model=4", backward=True, sequence_parallel=True)
+    both = _mlp_report("data=2,model=4", backward=True, megatron_sp=True)
     assert both.buffers("all-gather", "model") == 2 and both.buffers("reduce-scatter", "model") == 2
     assert both.total_bytes(axes="model") == 4 * 4 * local
     assert both.count("all-reduce", "model") == 0
@@ -273,12 +286,12 @@ def test_sequence_parallel_mlp_is_one_all_gather_and_one_reduce_scatter():
 
 
 def test_collective_matmul_replaces_the_gather_and_scatter_by_ring_hops():
-    report = _mlp_report("data=2,model=4", sequence_parallel=True, collective_matmul=True)
+    report = _mlp_report("data=2,model=4", megatron_sp=True, collective_matmul=True)
     hop = B // 2 * T // 4 * D
     assert report.count("collective-permute", "model") == 2 * 3 and report.count() == 6, "\n".join(report.format())
     assert {op.elements for op in report.collectives} == {hop}
     # the same bytes leave each device as with all-gather + reduce-scatter
-    assert report.sent_bytes() == pytest.approx(_mlp_report("data=2,model=4", sequence_parallel=True).sent_bytes())
+    assert report.sent_bytes() == pytest.approx(_mlp_report("data=2,model=4", megatron_sp=True).sent_bytes())
 
 
 # --- LoRA -------------------------------------------------------------------------------
@@ -355,9 +368,9 @@ def test_greedy_layout_rules_cannot_capture_lora_factors():
 
 
 HARNESS_CASES = [
-    (ColumnParallelDense, {"units": F, "activation": "relu", "sequence_parallel": True, "model_axis": "model"}, (B, T, D), (B, T, F), 2),
-    (RowParallelDense, {"units": D, "use_bias": False, "sequence_parallel": True, "collective_matmul": True}, (B, T, F), (B, T, D), 1),
-    (ParallelMLP, {"hidden_dim": F, "output_dim": 4, "gated": True, "activation": "silu", "sequence_parallel": True}, (B, T, D), (B, T, 4), 6),
+    (ColumnParallelDense, {"units": F, "activation": "relu", "megatron_sp": True, "model_axis": "model"}, (B, T, D), (B, T, F), 2),
+    (RowParallelDense, {"units": D, "use_bias": False, "megatron_sp": True, "collective_matmul": True}, (B, T, F), (B, T, D), 1),
+    (ParallelMLP, {"hidden_dim": F, "output_dim": 4, "gated": True, "activation": "silu", "megatron_sp": True}, (B, T, D), (B, T, 4), 6),
 ]
 
 
@@ -396,7 +409,7 @@ def test_two_fit_steps_match_one_device():
     x, y = rng.standard_normal((16, T, D)).astype("float32"), rng.standard_normal((16, T, D)).astype("float32")
 
     def build_model():
-        return keras.Sequential([keras.Input((T, D)), ParallelMLP(F, gated=True, sequence_parallel=True, name="mlp")], name="tp")
+        return keras.Sequential([keras.Input((T, D)), ParallelMLP(F, gated=True, megatron_sp=True, name="mlp")], name="tp")
 
     def compile_model(model):
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError())

@@ -5,7 +5,9 @@ only. ``ContextParallel`` also splits dimension 1, the sequence, over a ``seq`` 
 axis, so ``model.fit`` / ``evaluate`` / ``predict`` hand every device a
 [B/Nd, T/Ns, ...] block of each batch (Keras places each batch with
 ``get_data_layout(shape)``). The zoo's attention layers see the distribution and run
-their ``shard_map`` kernel (ring, all-gather K/V or Ulysses) over the ``seq`` axis;
+their ``shard_map`` kernel (``context_attention``: ring, all-gather K/V or Ulysses)
+over the ``seq`` axis (a layer built with ``context_attention=None`` records the
+distribution's kernel in its config);
 everything per-token (embeddings, norms, MLPs, the head, a per-token loss) stays GSPMD
 on sequence-split arrays.
 
@@ -38,12 +40,10 @@ import numpy as np
 
 from zoo import kernels
 from zoo._compat import variable_layout
+from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS
 from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.layouts import CheckedModelParallel, LayoutError
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size
-
-ATTENTIONS = ("gather", "ring", "ulysses")
-BALANCES = (None, "zigzag", "striped")
 
 
 class ContextParallel(CheckedModelParallel):
@@ -58,8 +58,9 @@ class ContextParallel(CheckedModelParallel):
             but for the FSDP split of ``shard_weights``).
         batch_dim_name: the mesh axis the batch is split over.
         sequence_dim_name: the mesh axis the sequence is split over.
-        attention: the kernel every zoo attention layer whose ``sequence_parallel`` is
-            None runs: ``"ring"``, ``"gather"`` or ``"ulysses"``.
+        context_attention: the kernel every zoo attention layer whose own
+            ``context_attention`` is None runs (and records in its config): ``"ring"``,
+            ``"gather"`` or ``"ulysses"``.
         balance: None, ``"zigzag"`` or ``"striped"``: the order ``prepare`` /
             ``dataset`` put the sequence in, which the attention layers follow.
         shard_weights: split every weight of rank >= 2 over the sequence axis as
@@ -79,17 +80,17 @@ class ContextParallel(CheckedModelParallel):
         *,
         batch_dim_name=DATA,
         sequence_dim_name=SEQ,
-        attention="ring",
+        context_attention="ring",
         balance=None,
         shard_weights=True,
         auto_shard_dataset=True,
     ):
-        _check_options(attention, balance, batch_dim_name, sequence_dim_name)
+        _check_options(context_attention, balance, batch_dim_name, sequence_dim_name)
         layout_map = _layout_map_on(device_mesh, layout_map)
         _require_axes(layout_map.device_mesh, batch_dim_name, sequence_dim_name)
         super().__init__(layout_map=layout_map, batch_dim_name=batch_dim_name, auto_shard_dataset=auto_shard_dataset)
         self._sequence_dim_name = sequence_dim_name
-        self._attention = attention
+        self._context_attention = context_attention
         self._balance = balance
         self._shard_weights = bool(shard_weights)
 
@@ -98,8 +99,9 @@ class ContextParallel(CheckedModelParallel):
         return self._sequence_dim_name
 
     @property
-    def attention(self):
-        return self._attention
+    def context_attention(self):
+        """The sequence-parallel attention kernel: ``"ring"``, ``"gather"`` or ``"ulysses"``."""
+        return self._context_attention
 
     @property
     def balance(self):
@@ -123,7 +125,7 @@ class ContextParallel(CheckedModelParallel):
     def __repr__(self):
         return (
             f"ContextParallel(mesh={describe_mesh(self.device_mesh)}, batch_dim_name={self.batch_dim_name!r}, "
-            f"sequence_dim_name={self._sequence_dim_name!r}, attention={self._attention!r}, balance={self._balance!r}, "
+            f"sequence_dim_name={self._sequence_dim_name!r}, context_attention={self._context_attention!r}, balance={self._balance!r}, "
             f"shard_weights={self._shard_weights!r})"
         )
 
@@ -264,9 +266,9 @@ class ReorderedPyDataset(keras.utils.PyDataset):
         self.source.on_epoch_end()
 
 
-def _check_options(attention, balance, batch_dim_name, sequence_dim_name):
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+def _check_options(context_attention, balance, batch_dim_name, sequence_dim_name):
+    if context_attention not in CONTEXT_ATTENTIONS:
+        raise ValueError(f"context_attention must be one of {CONTEXT_ATTENTIONS}, got {context_attention!r}")
     if balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
     if batch_dim_name == sequence_dim_name:

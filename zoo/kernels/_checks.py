@@ -8,7 +8,7 @@ with the sizes they reconstruct inside (``local length x axis size``).
 
 import math
 
-BALANCES = (None, "zigzag", "striped")
+from zoo.config.choices import BALANCES
 
 
 def check_balance(balance):

@@ -1,33 +1,31 @@
 """Where attention runs: the plain single-program path, or a ``shard_map`` kernel.
 
-The layer hands its projected q, k, v here. This module fetches the mesh from the
-global Keras distribution (``keras.distribution.distribution()``: Keras does not enter
-the distribution as a context during ``fit``, so the global one is what is in force),
-decides the path, checks sizes on the *global* shapes before any tracing of a kernel,
-and runs ``zoo.kernels`` under ``jax.shard_map``.
+The layer hands its projected q, k, v here with its ``ParallelPlan``
+(``zoo.layers._parallel_plan``: resolved once per call from the global Keras
+distribution), which names the kernel, the axes and the balance. This module decides the
+path, checks sizes on the *global* shapes before any tracing of a kernel, and runs
+``zoo.kernels`` under ``jax.shard_map``.
 
 Paths:
 
 - plain: ``kernels.local_attention`` on whole arrays: the tiled online-softmax kernel
   (``blockwise_attention``, memory O(T x tile)), or cuDNN's fused attention on a GPU
   where it applies (``kernels.attention_implementation``). GSPMD partitions it if the
-  arrays are sharded (batch or heads). Taken when ``strategy`` is None, when no
-  distribution is set, or when the distribution's ``sequence_axis`` has size 1 (same
-  numbers as one device). Also callable inside a ``shard_map`` body on local arrays.
+  arrays are sharded (batch or heads). Taken when the plan has no ``context_attention``:
+  the layer names no kernel and no ``ContextParallel`` is active, no distribution is
+  set, or the mesh has no sequence axis of size > 1 (one device, ``DataParallel``,
+  tensor parallelism alone: a kernel named by the layer, or recorded in its saved
+  config, then runs plain attention with the same numbers). Also callable inside a
+  ``shard_map`` body on local arrays.
 - sharded: ``shard_map`` over the whole mesh with q, k, v in
   ``P(batch_axis, sequence_axis, None, None)`` and the key mask in
-  ``P(batch_axis, sequence_axis)``; ``batch_axis`` is dropped (None) when the mesh has
-  no such axis. Other mesh axes (e.g. ``model``) see replicated inputs.
+  ``P(batch_axis, sequence_axis)``; ``batch_axis`` is None when the mesh does not
+  split the batch. Other mesh axes (e.g. ``model``) see replicated inputs.
 
-A distribution whose mesh lacks ``sequence_axis`` while a strategy is set is an
-error naming the mesh's axes (not a silent fallback to the plain path).
-
-Under a ``zoo.distribution.ContextParallel`` distribution the layer's settings are
-completed from it (``context_settings``): a layer with ``strategy`` None runs the
-distribution's ``attention`` kernel (an explicit strategy wins), and the sequence
-axis, batch axis and ``balance`` are the distribution's. A layer that names a
-different sequence axis, batch axis or balance is an error: the distribution decides
-how the inputs are split and ordered.
+Under a ``zoo.distribution.ContextParallel`` distribution the plan takes its sequence
+axis, batch axis and balance, and its ``context_attention`` for a layer whose own is
+None (an explicit kernel wins); a layer that names a different sequence axis, batch axis
+or balance is an error: the distribution decides how the inputs are split and ordered.
 
 Positions: with ``balance`` the inputs are already in the load-balanced order of the
 sequence axis' size N (``zoo.kernels.reorder``). Each token's global position is then
@@ -40,17 +38,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import keras
 from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
-from zoo.distribution.axes import DATA, SEQ
-from zoo.distribution.context_parallel import ContextParallel
-from zoo.distribution.mesh import MeshError, describe_mesh, mesh_axis_size
+from zoo.distribution.axes import SEQ
+from zoo.distribution.mesh import mesh_axis_size
+from zoo.layers._parallel_plan import ParallelPlan, resolve_plan, run_sharded
 from zoo.layers.rotary_embedding import apply_rotary_embedding
-
-STRATEGIES = (None, "gather", "ring", "ulysses")
-BALANCES = (None, "zigzag", "striped")
 
 _KERNELS = {
     "gather": kernels.gather_kv_attention,
@@ -59,107 +53,35 @@ _KERNELS = {
 }
 
 
-def check_strategy(strategy, balance=None):
-    """Raises unless ``strategy`` is in ``STRATEGIES`` and ``balance`` in ``BALANCES``."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"sequence_parallel must be one of {STRATEGIES}, got {strategy!r}")
-    if balance not in BALANCES:
-        raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
-
-
-def context_settings(strategy, balance, sequence_axis, batch_axis):
-    """``(strategy, balance, sequence_axis, batch_axis)`` in force for a layer's settings.
-
-    Unchanged unless the global distribution is a ``ContextParallel``; then its
-    ``attention`` fills a None strategy and its axes and balance are used. The layer's
-    defaults (``"seq"``, ``"data"``, None) defer to the distribution; other values
-    that differ from it raise ``ValueError`` naming both.
-    """
-    distribution = keras.distribution.distribution()
-    if not isinstance(distribution, ContextParallel):
-        return strategy, balance, sequence_axis, batch_axis
-    _check_agrees("sequence_axis", sequence_axis, SEQ, "sequence_dim_name", distribution.sequence_dim_name)
-    _check_agrees("batch_axis", batch_axis, DATA, "batch_dim_name", distribution.batch_dim_name)
-    _check_agrees("balance", balance, None, "balance", distribution.balance)
-    strategy = distribution.attention if strategy is None else strategy
-    return strategy, distribution.balance, distribution.sequence_dim_name, distribution.batch_dim_name
-
-
-def _check_agrees(name, value, default, distribution_name, distribution_value):
-    if value != default and value != distribution_value:
-        raise ValueError(
-            f"attention layer {name}={value!r} conflicts with the ContextParallel distribution's "
-            f"{distribution_name}={distribution_value!r}, which decides how inputs are split and ordered; "
-            f"leave {name} at its default {default!r} to follow the distribution"
-        )
-
-
-def sequence_mesh(strategy, sequence_axis):
-    """The distribution's ``DeviceMesh`` if it has ``sequence_axis``, else None.
-
-    Raises ``MeshError`` if a strategy is set and the distribution's mesh lacks the axis.
-    """
-    distribution = keras.distribution.distribution()
-    if distribution is None:
-        return None
-    mesh = distribution.device_mesh
-    if sequence_axis in mesh.axis_names:
-        return mesh
-    if strategy is None:
-        return None
-    raise MeshError(
-        f"sequence_parallel={strategy!r} splits the sequence over mesh axis "
-        f"{sequence_axis!r}, but the distribution's mesh {describe_mesh(mesh)} has axes "
-        f"{list(mesh.axis_names)}; add a {sequence_axis!r} axis to the mesh (size 1 is "
-        f"allowed), set sequence_axis to one of its axes, or use sequence_parallel=None"
-    )
-
-
-def attention(
-    q,
-    k,
-    v,
-    *,
-    key_mask=None,
-    strategy=None,
-    causal=False,
-    balance=None,
-    rotary_base=None,
-    sequence_axis="seq",
-    batch_axis="data",
-    ring_block_size=512,
-):
+def attention(q, k, v, *, plan, key_mask=None, causal=False, rotary_base=None, ring_block_size=512):
     """Self-attention of q [B, T, H, D] over k, v [B, T, K, D]; returns [B, T, H, D].
 
-    key_mask: bool[B, T] or None (True keeps the key). rotary_base: None for no rotary
-    embedding, else RoPE's base (applied to q and k at their global positions).
-    ring_block_size: tile edge of every tiled kernel (plain path, ring, and the local
-    step of gather and Ulysses). ``describe_attention`` says in words what runs.
+    plan: the layer's ``ParallelPlan``. key_mask: bool[B, T] or None (True keeps the
+    key). rotary_base: None for no rotary embedding, else RoPE's base (applied to q and k
+    at their global positions). ring_block_size: tile edge of every tiled kernel (plain
+    path, ring, and the local step of gather and Ulysses).
     """
-    strategy, balance, sequence_axis, batch_axis, mesh, axis_size = resolve(strategy, balance, sequence_axis, batch_axis)
-    if strategy is None or axis_size == 1:
+    if plan.context_attention is None:
         return plain_attention(
-            q, k, v, key_mask=key_mask, causal=causal, balance=balance, rotary_base=rotary_base,
-            axis_size=axis_size, axis_name=sequence_axis, block_size=ring_block_size,
+            q, k, v, key_mask=key_mask, causal=causal, balance=plan.balance, rotary_base=rotary_base,
+            axis_size=plan.sequence_size, axis_name=plan.sequence_axis, block_size=ring_block_size,
         )
-    return sharded_attention(
-        q, k, v, mesh=mesh, key_mask=key_mask, strategy=strategy, causal=causal,
-        balance=balance, rotary_base=rotary_base, sequence_axis=sequence_axis,
-        batch_axis=batch_axis, ring_block_size=ring_block_size,
-    )
+    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rotary_base=rotary_base, ring_block_size=ring_block_size)
 
 
-def resolve(strategy, balance, sequence_axis, batch_axis):
-    """``(strategy, balance, sequence_axis, batch_axis, mesh, N)`` in force for a layer's settings.
-
-    Checks the settings, completes them from a ``ContextParallel`` distribution, and
-    finds the mesh (None without a distribution) and the size N of its sequence axis.
-    """
-    check_strategy(strategy, balance)
-    strategy, balance, sequence_axis, batch_axis = context_settings(strategy, balance, sequence_axis, batch_axis)
-    mesh = sequence_mesh(strategy, sequence_axis)
-    axis_size = 1 if mesh is None else mesh_axis_size(mesh, sequence_axis)
-    return strategy, balance, sequence_axis, batch_axis, mesh, axis_size
+def describe_plan(plan):
+    """The kernel and collectives ``attention`` runs under ``plan``, in words, e.g.
+    ``"ring attention over seq (4), K/V ppermute x3 per call"``."""
+    n, axis = plan.sequence_size, plan.sequence_axis
+    if plan.context_attention is None:
+        return "plain attention, no collective" + (f" (sequence split over {axis} ({n}) by GSPMD)" if axis else "")
+    collectives = {
+        "ring": f"K/V ppermute x{n - 1} per call",
+        "gather": "K/V all-gather per call",
+        "ulysses": "4 all-to-alls (q, k, v in, output back) per call",
+    }[plan.context_attention]
+    balance = "" if plan.balance is None else f", {plan.balance} order"
+    return f"{plan.context_attention} attention over {axis} ({n}), {collectives}{balance}"
 
 
 def describe_attention(
@@ -169,10 +91,10 @@ def describe_attention(
     dtype="float32",
     causal=False,
     masked=False,
-    strategy=None,
+    context_attention=None,
     balance=None,
-    sequence_axis="seq",
-    batch_axis="data",
+    sequence_axis=SEQ,
+    batch_axis=None,
     block_size=512,
     platform=None,
 ):
@@ -186,17 +108,26 @@ def describe_attention(
     defaults to ``jax.default_backend()``. Raises as ``attention``
     would on settings it refuses (not on sizes).
     """
-    strategy, balance, sequence_axis, _, _, n = resolve(strategy, balance, sequence_axis, batch_axis)
+    plan = resolve_plan(
+        sequence_axis=sequence_axis, batch_axis=batch_axis, context_attention=context_attention, balance=balance
+    )
+    return describe_local(plan, seq_len=seq_len, head_dim=head_dim, dtype=dtype, causal=causal, masked=masked,
+                          block_size=block_size, platform=platform)  # fmt: skip
+
+
+def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size, platform=None):
+    """``describe_attention`` for a resolved plan."""
+    n, balance, kernel = plan.sequence_size, plan.balance, plan.context_attention
     local = functools.partial(
         kernels.describe_local_attention, platform=jax.default_backend() if platform is None else platform,
         dtype=dtype, head_dim=head_dim, causal=causal, masked=masked, block_size=block_size,
     )
-    if strategy is None or n == 1:  # plain; on a split axis GSPMD may split T: tiles (see plain_attention)
+    if kernel is None:  # plain; on a split axis GSPMD may split T: tiles (see plain_attention)
         return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, cudnn=n == 1)
-    over = f"over {sequence_axis!r} (N={n}"
-    if strategy == "ring":
+    over = f"over {plan.sequence_axis!r} (N={n}"
+    if kernel == "ring":
         return f"ring {over}, tile {kernels.block_size_for(seq_len // n, block_size, balance)})"
-    if strategy == "gather":  # local queries are one shard: not in natural order when N > 1
+    if kernel == "gather":  # local queries are one shard: not in natural order when N > 1
         return f"all-gather {over}), then {local(q_len=seq_len // n, kv_len=seq_len, natural_order=False)}"
     return f"Ulysses {over}), then {local(q_len=seq_len, kv_len=seq_len, natural_order=balance is None)}"
 
@@ -230,41 +161,41 @@ def plain_attention(
 
 
 def sharded_attention(
-    q, k, v, *, mesh, key_mask, strategy, causal, balance, rotary_base, sequence_axis, batch_axis, ring_block_size
+    q, k, v, *, mesh, key_mask, context_attention, causal, balance, rotary_base, sequence_axis, batch_axis, ring_block_size
 ):
-    """Runs the ``strategy`` kernel under ``jax.shard_map`` on ``mesh`` (a Keras DeviceMesh)."""
+    """Runs the ``context_attention`` kernel under ``jax.shard_map`` on ``mesh`` (a Keras
+    DeviceMesh) with no distribution needed (benchmarks); layers go through ``attention``."""
+    axis_size = lambda axis: mesh_axis_size(mesh, axis) if axis in mesh.axis_names else 1  # noqa: E731
+    plan = ParallelPlan(
+        keras_mesh=mesh, mesh=mesh.backend_mesh, sequence_axis=sequence_axis, sequence_size=axis_size(sequence_axis),
+        batch_axis=batch_axis if axis_size(batch_axis) > 1 else None, batch_size=axis_size(batch_axis),
+        context_attention=context_attention, balance=balance,
+    )
+    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rotary_base=rotary_base, ring_block_size=ring_block_size)
+
+
+def _sharded(q, k, v, *, plan, key_mask, causal, rotary_base, ring_block_size):
+    """Runs the plan's kernel under ``jax.shard_map`` on its mesh (one cached program per setting)."""
     batch, seq_len, num_heads, _ = q.shape
-    axis_size = mesh_axis_size(mesh, sequence_axis)
     kernels.check_sequence_parallel(
-        strategy, seq_len=seq_len, num_heads=num_heads, num_kv_heads=k.shape[2],
-        axis_size=axis_size, axis_name=sequence_axis, balance=balance,
+        plan.context_attention, seq_len=seq_len, num_heads=num_heads, num_kv_heads=k.shape[2],
+        axis_size=plan.sequence_size, axis_name=plan.sequence_axis, balance=plan.balance,
     )
-    batch_axis = batch_axis if batch_axis in mesh.axis_names else None
-    if batch_axis is not None and batch % mesh_axis_size(mesh, batch_axis):
+    if plan.batch_axis is not None and batch % plan.batch_size:
         raise ValueError(
-            f"batch size {batch} is not divisible by the {batch_axis!r} mesh axis of size "
-            f"{mesh_axis_size(mesh, batch_axis)} (sequence-parallel attention splits the batch over it)"
+            f"batch size {batch} is not divisible by the {plan.batch_axis!r} mesh axis of size "
+            f"{plan.batch_size} (sequence-parallel attention splits the batch over it)"
         )
-    run = _sharded_program(
-        mesh.backend_mesh, batch_axis, key_mask is not None, strategy=strategy, axis_name=sequence_axis,
-        causal=causal, balance=balance, rotary_base=rotary_base, ring_block_size=ring_block_size,
+    spec = P(plan.batch_axis, plan.sequence_axis, None, None)  # q, k, v, out: [B, T, heads, D]
+    mask_spec = None if key_mask is None else P(plan.batch_axis, plan.sequence_axis)  # bool[B, T]
+    return run_sharded(
+        plan, _shard_body, (q, k, v, key_mask), (spec, spec, spec, mask_spec), spec,
+        context_attention=plan.context_attention, axis_name=plan.sequence_axis, causal=causal, balance=plan.balance,
+        rotary_base=rotary_base, ring_block_size=ring_block_size,
     )
-    return run(q, k, v, key_mask)
 
 
-@functools.lru_cache(maxsize=64)
-def _sharded_program(jax_mesh, batch_axis, masked, **settings):
-    """``jax.jit(shard_map(...))``, one per setting: eager calls reuse its compilation
-    (a fresh ``shard_map`` per call would recompile every time); inside an outer
-    ``jit`` it is simply inlined."""
-    axis_name = settings["axis_name"]
-    spec = P(batch_axis, axis_name, None, None)  # q, k, v, out: [B, T, heads, D]
-    mask_spec = P(batch_axis, axis_name) if masked else None  # bool[B, T]
-    body = functools.partial(_shard_body, **settings)
-    return jax.jit(jax.shard_map(body, mesh=jax_mesh, in_specs=(spec, spec, spec, mask_spec), out_specs=spec))
-
-
-def _shard_body(q, k, v, key_mask, *, strategy, axis_name, causal, balance, rotary_base, ring_block_size):
+def _shard_body(q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rotary_base, ring_block_size):
     """One device's share. Nb = batch-axis size (1 if none), N = sequence-axis size.
 
     q: [B/Nb, T/N, H, D], k/v: [B/Nb, T/N, K, D], key_mask: bool[B/Nb, T/N] or None;
@@ -277,7 +208,7 @@ def _shard_body(q, k, v, key_mask, *, strategy, axis_name, causal, balance, rota
             num_shards=jax.lax.axis_size(axis_name), balance=balance,
         )
         q, k = (apply_rotary_embedding(x, positions, base=rotary_base) for x in (q, k))
-    return _KERNELS[strategy](
+    return _KERNELS[context_attention](
         q, k, v, axis_name=axis_name, causal=causal, key_mask=key_mask, balance=balance,
         block_size=ring_block_size,
     )

@@ -31,109 +31,19 @@ Mesh axes of size 1 are left out of the plan (batch, sequence, weight-shard axis
 no shard_map here names one and no collective runs over one.
 """
 
-import dataclasses
-import functools
-
 import jax
 import keras
 from jax.sharding import PartitionSpec as P
 
 from zoo._compat import add_weight_with_layout
+from zoo.config.choices import LORA_WEIGHTS
 from zoo.distribution.axes import MODEL
-from zoo.distribution.context_parallel import ContextParallel
-from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import check_divisible
+from zoo.layers._parallel_plan import resolve_plan, run_sharded
+from zoo.layers._saved_names import renamed_keys
 
-LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")
 SHARD = "shard"  # placeholder in layout axes for the plan's weight-shard axis (FSDP inside TP)
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Where a tensor-parallel layer runs: the mesh and the axes it splits over."""
-
-    keras_mesh: object  # keras.distribution.DeviceMesh
-    mesh: jax.sharding.Mesh  # the same mesh, as JAX sees it
-    model_axis: str  # features (and, sequence-parallel, the sequence) split over this
-    model_size: int
-    batch_axis: str | None  # the distribution's batch axis, if the mesh has it (with size > 1)
-    batch_size: int  # its size (1 without one)
-    sequence_axis: str | None = None  # ContextParallel's sequence axis: dim 1 of (B, T, ...) stays split over it
-    sequence_size: int = 1  # its size (1 without one)
-    weight_shard_axis: str | None = None  # weights also split over this axis (FSDP inside TP), all-gathered in the body
-    weight_shard_size: int = 1  # its size (1 without one)
-
-    def layout(self, axes):
-        """A ``TensorLayout``; a ``NamedSharding`` when a dimension is split over several
-        axes (``("seq", "model")``), which ``TensorLayout`` cannot name and Keras'
-        ``distribute_tensor`` takes as it is on JAX."""
-        if any(isinstance(axis, tuple) for axis in axes):
-            return jax.sharding.NamedSharding(self.mesh, P(*axes))
-        return keras.distribution.TensorLayout(axes, self.keras_mesh)
-
-
-def current_plan(model_axis):
-    """The ``Plan`` under the global distribution, or None when nothing is split."""
-    distribution = keras.distribution.distribution()
-    if distribution is None:
-        return None
-    keras_mesh = distribution.device_mesh
-    model_size = mesh_axis_size(keras_mesh, model_axis)
-    if model_size == 1:
-        return None
-    batch_axis = getattr(distribution, "batch_dim_name", None)
-    if batch_axis == model_axis:
-        raise ValueError(
-            f"the distribution splits the batch over mesh axis {batch_axis!r}, the axis tensor "
-            f"parallelism splits features over; use another model_axis or batch axis"
-        )
-    batch_axis = _split_axis(keras_mesh, batch_axis)
-    sequence_axis = _split_axis(keras_mesh, _context_sequence_axis(distribution, model_axis))
-    weight_shard_axis = _split_axis(keras_mesh, _weight_shard_axis(distribution, model_axis))
-    return Plan(
-        keras_mesh,
-        keras_mesh.backend_mesh,
-        model_axis,
-        model_size,
-        batch_axis,
-        mesh_axis_size(keras_mesh, batch_axis) if batch_axis else 1,
-        sequence_axis,
-        mesh_axis_size(keras_mesh, sequence_axis) if sequence_axis else 1,
-        weight_shard_axis,
-        mesh_axis_size(keras_mesh, weight_shard_axis) if weight_shard_axis else 1,
-    )
-
-
-def _split_axis(keras_mesh, axis):
-    """``axis`` if the mesh has it with size > 1, else None: a size-1 axis splits nothing,
-    and naming it in a shard_map spec would only add collectives over one device."""
-    if axis is None or axis not in keras_mesh.axis_names or mesh_axis_size(keras_mesh, axis) == 1:
-        return None
-    return axis
-
-
-def _weight_shard_axis(distribution, model_axis):
-    """The axis the distribution also splits weights over (``weight_shard_axis``), else None."""
-    axis = getattr(distribution, "weight_shard_axis", None)
-    if axis == model_axis:
-        raise ValueError(
-            f"the distribution splits weights FSDP-style over mesh axis {axis!r}, the axis tensor "
-            f"parallelism splits features over; use another weight_shard_axis or model_axis"
-        )
-    return axis
-
-
-def _context_sequence_axis(distribution, model_axis):
-    """The sequence axis of a ``ContextParallel`` distribution, else None."""
-    if not isinstance(distribution, ContextParallel):
-        return None
-    if distribution.sequence_dim_name == model_axis:
-        raise ValueError(
-            f"the ContextParallel distribution splits the sequence over mesh axis {model_axis!r}, the axis "
-            f"tensor parallelism splits features over; use another model_axis or sequence axis"
-        )
-    return distribution.sequence_dim_name
 
 
 def activation_spec(plan, rank, *, sequence=False, features=False):
@@ -180,9 +90,11 @@ def check_input(layer, plan, shape, *, sequence):
         )
 
 
-def shard_map(plan, body, args, in_specs, out_specs):
-    """``jax.shard_map(body)(*args)`` over the plan's mesh."""
-    return jax.shard_map(body, mesh=plan.mesh, in_specs=in_specs, out_specs=out_specs)(*args)
+def tensor_parallel_plan(model_axis):
+    """The ``ParallelPlan`` of a tensor-parallel layer splitting over ``model_axis``, or
+    None when that axis splits nothing (the layers are then plain Keras layers)."""
+    plan = resolve_plan(model_axis=model_axis)
+    return plan if plan.tensor_parallel else None
 
 
 def resolve_axes(axes, plan):
@@ -190,6 +102,22 @@ def resolve_axes(axes, plan):
     ``"shard"`` -> its weight-shard axis (None without one)."""
     names = {MODEL: plan.model_axis, SHARD: plan.weight_shard_axis}
     return tuple(names.get(axis, axis) if axis is not None else None for axis in axes)
+
+
+def describe_split(kind, plan, collectives):
+    """``"<kind> over model (4), <collectives>"``, and what else the plan splits, in words."""
+    parts = [f"{kind} over {plan.model_axis} ({plan.model_size})", collectives]
+    if plan.sequence_axis is not None:
+        parts.append(f"sequence stays split over {plan.sequence_axis} ({plan.sequence_size})")
+    if plan.weight_shard_axis is not None:
+        parts.append(f"kernels all-gathered over {plan.weight_shard_axis} ({plan.weight_shard_size}) per call")
+    return ", ".join(parts)
+
+
+def sequence_collective(kind, collective_matmul):
+    """``"all-gather of the input over the sequence per call"`` (Megatron SP), in words."""
+    overlap = " overlapped with the matmul" if collective_matmul else ""
+    return f"{kind} over the sequence per call{overlap}"
 
 
 def gather_weight(value, axes, plan):
@@ -220,7 +148,7 @@ class WeightsPlacedAtCreation:
         options = dict(shape=shape, initializer=initializer, dtype=dtype, trainable=trainable, autocast=autocast,
                        regularizer=regularizer, constraint=constraint, aggregation=aggregation,
                        overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
-        plan = current_plan(self.model_axis)
+        plan = tensor_parallel_plan(self.model_axis)
         axes = None if plan is None or args or shape is None else self.creation_axes(name, shape, plan)
         if axes is None:
             return super().add_weight(*args, **options)
@@ -239,22 +167,23 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
 
     WEIGHT_AXES = {}
     SPLIT = None  # "units" (output features) or "input features"
+    KIND = None  # in words, for describe_parallelism
 
-    def __init__(self, units, *, sequence_parallel=False, collective_matmul=False, model_axis=MODEL, **kwargs):
+    def __init__(self, units, *, megatron_sp=False, collective_matmul=False, model_axis=MODEL, **kwargs):
         super().__init__(units, **kwargs)
-        if collective_matmul and not sequence_parallel:
+        if collective_matmul and not megatron_sp:
             raise ValueError(
                 f"{type(self).__name__} {self.name!r}: collective_matmul overlaps the sequence "
-                f"all-gather/reduce-scatter, so it needs sequence_parallel=True"
+                f"all-gather/reduce-scatter, so it needs megatron_sp=True"
             )
-        self.sequence_parallel = bool(sequence_parallel)
+        self.megatron_sp = bool(megatron_sp)
         self.collective_matmul = bool(collective_matmul)
         self.model_axis = model_axis
 
     # --- weights, placed at creation -----------------------------------------------
 
     def build(self, input_shape):
-        plan = current_plan(self.model_axis)
+        plan = tensor_parallel_plan(self.model_axis)
         if plan is not None:
             self.check_features(input_shape[-1], plan)
         super().build(input_shape)
@@ -293,14 +222,14 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
         return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
 
     def call(self, inputs, training=None):
-        plan = current_plan(self.model_axis)
+        plan = tensor_parallel_plan(self.model_axis)
         if plan is None:
             return super().call(inputs)
-        check_input(self, plan, inputs.shape, sequence=self.sequence_parallel)
+        check_input(self, plan, inputs.shape, sequence=self.megatron_sp)
         self.check_features(inputs.shape[-1], plan)
         weights, specs = self.sharded_weights(plan)
         in_spec, out_spec = self.activation_specs(plan, len(inputs.shape))
-        y = shard_map(plan, functools.partial(self._local_call, plan=plan), (inputs, weights), (in_spec, specs), out_spec)
+        y = run_sharded(plan, self._local_call, (inputs, weights), (in_spec, specs), out_spec, plan=plan)
         # The activation is elementwise: applied outside the shard_map it moves nothing,
         # and JAX 0.12 cannot differentiate the erf family (exact GELU) inside one
         # (``zoo.kernels.tensor_parallel.mlp_activation``).
@@ -325,9 +254,20 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
     def get_config(self):
         config = super().get_config()
         config.update(
-            sequence_parallel=self.sequence_parallel, collective_matmul=self.collective_matmul, model_axis=self.model_axis
+            megatron_sp=self.megatron_sp, collective_matmul=self.collective_matmul, model_axis=self.model_axis
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(renamed_keys(config, {"sequence_parallel": "megatron_sp"}))
+
+    def describe_parallelism(self):
+        """What a call runs under the current distribution, in words (``zoo.distribution.describe``)."""
+        plan = tensor_parallel_plan(self.model_axis)
+        if plan is None:
+            return f"plain Dense, GSPMD (no {self.model_axis!r} axis to split over)"
+        return describe_split(self.KIND, plan, self.collectives())
 
 
 def kernel_variable(layer):

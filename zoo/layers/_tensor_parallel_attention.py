@@ -1,9 +1,9 @@
 """Megatron tensor-parallel self-attention: one ``shard_map`` from x to the attention output.
 
-``MultiHeadAttention`` takes this path when the global distribution's mesh has its
-model axis with size M > 1 and the sequence is not split (no ``ContextParallel``
-sequence axis of size > 1, no sequence axis for the layer's own ``sequence_parallel``
-kernel); otherwise its projections run as ordinary ``EinsumDense`` layers (GSPMD).
+``MultiHeadAttention`` takes this path when its plan (``zoo.layers._parallel_plan``)
+splits its model axis over M > 1 devices and has no sequence axis (no ``ContextParallel``
+sequence axis of size > 1, no axis of size > 1 named by the layer's ``sequence_axis``);
+otherwise its projections run as ordinary ``EinsumDense`` layers (GSPMD).
 
 One device, letters as in ``docs/tensor_parallel.md`` (B batch, T sequence, C
 channels, H query heads, K KV heads, D head_dim, Nd the batch axis' size):
@@ -38,26 +38,23 @@ output kernels (model, -, -); under a ``weight_shard_axis`` (``fsdp+tp``: data) 
 split on C over it, all-gathered inside the ``shard_map`` just in time.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import keras
 from jax.sharding import PartitionSpec as P
 
+from zoo.config.choices import LORA_WEIGHTS
 from zoo.distribution.axes import MODEL
-from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.collective_matmul import vary_over
 from zoo.layers import _sequence_parallel
+from zoo.layers._parallel_plan import run_sharded
 from zoo.layers._tensor_parallel import (
-    LORA_WEIGHTS,
     WeightsPlacedAtCreation,
     activation_spec,
     check_input,
-    current_plan,
+    describe_split,
     gather_weight,
     kernel_variable,
-    shard_map,
 )
 
 # Which dimension of each weight holds the heads (split over model), and which holds C
@@ -148,34 +145,38 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
         return kernel
 
 
-def tensor_parallel_plan(layer):
-    """The plan under which ``layer`` (a ``MultiHeadAttention``) takes this path, or None."""
-    plan = current_plan(layer.model_axis)
-    if plan is None or plan.sequence_axis is not None:  # no model split, or a ContextParallel split sequence
-        return None
-    mesh = plan.keras_mesh
-    if layer.sequence_axis in mesh.axis_names:
-        return plan if mesh_axis_size(mesh, layer.sequence_axis) == 1 else None
-    # a layer kernel with no sequence axis on the mesh: the plain path names the error
-    return plan if layer.sequence_parallel is None else None
+def takes_this_path(plan):
+    """Whether an attention layer with this plan runs as one tensor-parallel ``shard_map``:
+    a model axis splits, and no sequence axis (the layer's or a ``ContextParallel``'s)."""
+    return plan.tensor_parallel and plan.sequence_axis is None
+
+
+def describe(layer, plan):
+    """What this path runs for ``layer`` under ``plan``, in words."""
+    heads = f"{layer.num_heads // plan.model_size} of {layer.num_heads} heads per device"
+    if layer.megatron_sp:
+        collectives = "one all-gather and one reduce-scatter over the sequence per call"
+    else:
+        collectives = "one all-reduce of the output per call (one of d(x) backward)"
+    return describe_split("tensor-parallel attention", plan, f"{heads}, {collectives}")
 
 
 def attention(layer, plan, x, key_mask):
     """``layer``'s attention output (B, T, C) for x (B, T, C) (Megatron SP: both split on T)."""
-    sequence = layer.tp_sequence_parallel
+    sequence = layer.megatron_sp
     check_input(layer, plan, x.shape, sequence=sequence)
     projections = (layer.query, layer.key, layer.value, layer.output_dense)
     weights, specs = zip(*(p.sharded_weights(plan) for p in projections))
     x_spec = activation_spec(plan, 3, sequence=sequence)  # (B/Nd, T[/M], C)
     mask_spec = None if key_mask is None else P(plan.batch_axis, None)  # bool (B/Nd, T)
-    body = functools.partial(_local_attention, layer=layer, plan=plan)
-    return shard_map(plan, body, (x, key_mask, list(weights)), (x_spec, mask_spec, list(specs)), x_spec)
+    args, in_specs = (x, key_mask, list(weights)), (x_spec, mask_spec, list(specs))
+    return run_sharded(plan, _local_attention, args, in_specs, x_spec, layer=layer, plan=plan)
 
 
 def _local_attention(x, key_mask, weights, *, layer, plan):
     """One device: x f32[B/Nd, T, C] (Megatron SP: f32[B/Nd, T/M, C]) -> the same shape."""
     axis = plan.model_axis
-    if layer.tp_sequence_parallel:
+    if layer.megatron_sp:
         x = jax.lax.all_gather(x, axis, axis=1, tiled=True)  # f32[B/Nd, T, C]; backward: one reduce-scatter
     else:
         x = vary_over(x, axis)  # one cast: the backward sums d(x) of q, k, v here, then all-reduces once
@@ -185,12 +186,12 @@ def _local_attention(x, key_mask, weights, *, layer, plan):
     v = _project(layer.value, x, value, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
     out = _sequence_parallel.plain_attention(
         q, k, v, key_mask=key_mask, causal=layer.causal, balance=None,
-        rotary_base=layer.rotary_base if layer.rotary else None, axis_size=1, axis_name=layer.sequence_axis,
+        rotary_base=layer.rotary_base if layer.rotary else None, axis_size=1, axis_name=None,
         block_size=layer.ring_block_size,
     )  # f32[B/Nd, T, H/M, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]
     partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share
-    if layer.tp_sequence_parallel:
+    if layer.megatron_sp:
         y = jax.lax.psum_scatter(partial, axis, scatter_dimension=1, tiled=True)  # f32[B/Nd, T/M, C]
     else:
         y = jax.lax.psum(partial, axis)  # f32[B/Nd, T, C]

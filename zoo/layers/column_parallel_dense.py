@@ -2,8 +2,15 @@
 
 import keras
 
-from zoo.kernels.tensor_parallel import column_parallel_matmul, sequence_parallel_column_matmul
-from zoo.layers._tensor_parallel import _TensorParallelDense, activation_spec
+from zoo.kernels.tensor_parallel import (
+    column_parallel_matmul,
+    sequence_parallel_column_matmul,
+)
+from zoo.layers._tensor_parallel import (
+    _TensorParallelDense,
+    activation_spec,
+    sequence_collective,
+)
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -17,16 +24,16 @@ class ColumnParallelDense(_TensorParallelDense):
     no distribution, or no such axis, or M = 1, it is a ``Dense`` with the same numbers.
 
     Shapes (global): inputs (B, ..., D) -> outputs (B, ..., units), split over the
-    model axis on the last dimension. With ``sequence_parallel=True``, inputs arrive
+    model axis on the last dimension. With ``megatron_sp=True``, inputs arrive
     split on the sequence (dim 1) instead and are all-gathered first:
     (B, T/M, D) per device -> (B, T, units/M).
 
     Args:
         units: output features; must divide by the model-axis size.
-        sequence_parallel: inputs are split over the model axis on the sequence
+        megatron_sp: inputs are split over the model axis on the sequence
             (Megatron sequence parallelism; needs inputs (B, T, ..., D)).
         collective_matmul: overlap the sequence all-gather with the matmul in M chunks
-            (``zoo.kernels.all_gather_matmul``); needs ``sequence_parallel``.
+            (``zoo.kernels.all_gather_matmul``); needs ``megatron_sp``.
         model_axis: the mesh axis the kernel is split over.
         **kwargs: everything ``keras.layers.Dense`` takes (activation, use_bias,
             initializers, regularizers, constraints, lora_rank, lora_alpha, name, ...).
@@ -56,15 +63,22 @@ class ColumnParallelDense(_TensorParallelDense):
         "lora_kernel_b": (None, "model"),
     }
     SPLIT = "units"
+    KIND = "column-parallel Dense"
 
     def activation_specs(self, plan, rank):
-        inputs = activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., D)
+        inputs = activation_spec(plan, rank, sequence=self.megatron_sp)  # (B, T[/M], ..., D)
         return inputs, activation_spec(plan, rank, features=True)  # (B, T, ..., units/M)
 
     def _local_call(self, x, weights, plan):
         kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [D, units/M], [units/M]
-        if self.sequence_parallel:
+        if self.megatron_sp:
             return sequence_parallel_column_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
             )  # [B, T, units/M]
         return column_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units/M]
+
+    def collectives(self):
+        """The collectives a call runs over the model axis, in words."""
+        if self.megatron_sp:
+            return sequence_collective("all-gather of the input", self.collective_matmul)
+        return "no collective forward, all-reduce of d(input) backward"

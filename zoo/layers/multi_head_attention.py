@@ -4,10 +4,15 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from zoo.distribution.axes import MODEL
+from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.kernels import attention_reference, check_kv_heads
 from zoo.layers import _sequence_parallel, _tensor_parallel_attention
-from zoo.layers._tensor_parallel import current_plan
+from zoo.layers._parallel_plan import (
+    check_choices,
+    distribution_context_attention,
+    resolve_plan,
+)
+from zoo.layers._saved_names import renamed_keys
 from zoo.layers.rotary_embedding import apply_rotary_embedding, check_rotary_head_dim
 
 
@@ -17,10 +22,18 @@ class MultiHeadAttention(keras.layers.Layer):
 
     Projections ``query`` (C -> H x D), ``key`` and ``value`` (C -> K x D) and
     ``output`` (H x D -> C), softmax attention in float32, causal or not, with an
-    optional key padding mask. With ``sequence_parallel`` set and a Keras distribution
-    whose mesh splits ``sequence_axis`` over N > 1 devices, attention runs as a
-    ``jax.shard_map`` kernel on [B, T/N, ...] shards (see ``docs/sequence_parallel.md``);
-    with no distribution, or N = 1, it runs on whole arrays and gives the same numbers.
+    optional key padding mask. With a ``context_attention`` kernel (the layer's, or a
+    ``ContextParallel`` distribution's) and a mesh that splits the sequence axis over
+    N > 1 devices, attention runs as a ``jax.shard_map`` kernel on [B, T/N, ...] shards
+    (see ``docs/sequence_parallel.md``); with no distribution, or no sequence axis of size
+    > 1 (one device, ``DataParallel``, tensor parallelism alone), it runs plain attention
+    on whole arrays and gives the same numbers, whatever the kernel.
+
+    The kernel in use is saved: a layer built with ``context_attention=None`` under a
+    ``ContextParallel`` records the distribution's kernel (``get_config`` returns it), so
+    a model trained with ring attention saves ``context_attention: "ring"`` and, loaded
+    under another ``ContextParallel``, keeps running ring (an explicit kernel wins).
+    ``zoo.distribution.describe(model)`` says what each layer runs.
 
     Tensor parallelism: under a distribution whose mesh has ``model_axis`` with size
     M > 1, and no split sequence, the whole layer is one ``shard_map`` (Megatron): each
@@ -40,19 +53,22 @@ class MultiHeadAttention(keras.layers.Layer):
             token's global position. Needs an even ``head_dim``.
         rotary_base: RoPE's base wavelength.
         use_bias: add biases to the four projections.
-        sequence_parallel: None (plain attention, GSPMD partitions it), ``"gather"``
-            (all-gather K/V), ``"ring"`` (K/V travel around a ring, O(T/N) memory) or
-            ``"ulysses"`` (all-to-all to a head split; H must divide by N).
-        sequence_axis: mesh axis the sequence is split over.
-        batch_axis: mesh axis the batch is split over inside ``shard_map`` (ignored if
-            the mesh has no such axis).
+        context_attention: None (plain attention, GSPMD partitions it; under a
+            ``ContextParallel`` its kernel), ``"gather"`` (all-gather K/V), ``"ring"``
+            (K/V travel around a ring, O(T/N) memory) or ``"ulysses"`` (all-to-all to a
+            head split; H must divide by N).
+        sequence_axis: mesh axis the sequence is split over (a ``ContextParallel``'s
+            ``sequence_dim_name`` decides under one).
+        batch_axis: mesh axis the batch is split over inside ``shard_map``: the
+            distribution's ``batch_dim_name`` (a different value is an error; ignored
+            if the mesh has no such axis).
         balance: None, ``"zigzag"`` or ``"striped"``: the inputs are already in that
             load-balanced order for the ``sequence_axis`` size N
             (``zoo.kernels.reorder``); positions for causality and RoPE follow it.
             With no sequence axis (N = 1) the order is the natural one.
         ring_block_size: tile edge of ring attention's inner blocking (and of the
             blockwise kernel on the plain and tensor-parallel paths).
-        tp_sequence_parallel: Megatron sequence parallelism on the tensor-parallel
+        megatron_sp: Megatron sequence parallelism on the tensor-parallel
             path: x arrives and the output leaves split on the sequence over
             ``model_axis`` (one all-gather and one reduce-scatter instead of one
             all-reduce). Ignored elsewhere (no model axis: x is whole).
@@ -69,7 +85,7 @@ class MultiHeadAttention(keras.layers.Layer):
     and values are written into the cache there, rotary embedding uses those absolute
     positions, and the queries attend to the cache's filled keys 0..i+T-1 (causally if
     ``causal``). Returns ``(output (B, T, C), new cache)``. This path always runs plain
-    attention on whole arrays in natural token order (no ``sequence_parallel`` kernel,
+    attention on whole arrays in natural token order (no ``context_attention`` kernel,
     no ``balance``) and takes no key_mask.
 
     Variable paths: ``<name>/query/kernel`` (C, H, D), ``<name>/key/kernel`` and
@@ -90,12 +106,12 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary=False,
         rotary_base=10000.0,
         use_bias=False,
-        sequence_parallel=None,
-        sequence_axis="seq",
-        batch_axis="data",
+        context_attention=None,
+        sequence_axis=SEQ,
+        batch_axis=DATA,
         balance=None,
         ring_block_size=512,
-        tp_sequence_parallel=False,
+        megatron_sp=False,
         model_axis=MODEL,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
@@ -104,7 +120,7 @@ class MultiHeadAttention(keras.layers.Layer):
         super().__init__(**kwargs)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size)
-        _sequence_parallel.check_strategy(sequence_parallel, balance)
+        check_choices(context_attention, balance)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = num_kv_heads
@@ -112,12 +128,12 @@ class MultiHeadAttention(keras.layers.Layer):
         self.rotary = rotary
         self.rotary_base = rotary_base
         self.use_bias = use_bias
-        self.sequence_parallel = sequence_parallel
+        self.context_attention = context_attention
         self.sequence_axis = sequence_axis
         self.batch_axis = batch_axis
         self.balance = balance
         self.ring_block_size = ring_block_size
-        self.tp_sequence_parallel = bool(tp_sequence_parallel)
+        self.megatron_sp = bool(megatron_sp)
         self.model_axis = model_axis
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -130,8 +146,9 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         channels = input_shape[-1]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        plan = current_plan(self.model_axis)
-        if plan is not None:  # the projections are created split over the model axis
+        self._record_context_attention()
+        plan = resolve_plan(model_axis=self.model_axis)  # the attention settings are checked per call
+        if plan.tensor_parallel:  # the projections are created split over the model axis
             _tensor_parallel_attention.check_heads(
                 f"MultiHeadAttention {self.name!r}", plan, num_heads=heads, num_kv_heads=kv_heads, channels=channels
             )
@@ -171,39 +188,55 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"{(batch, length)} of x {tuple(x.shape)}"
                 )
             key_mask = keras.ops.cast(key_mask, "bool")
-        plan = _tensor_parallel_attention.tensor_parallel_plan(self)
-        if plan is not None:  # Megatron: the whole layer in one shard_map over the model axis
+        self._record_context_attention()
+        plan = self.parallel_plan()
+        if _tensor_parallel_attention.takes_this_path(plan):  # Megatron: the whole layer in one shard_map over the model axis
             return _tensor_parallel_attention.attention(self, plan, x, key_mask)  # (B, T, C)
         q = self.query(x)  # (B, T, H, D)
         k = self.key(x)  # (B, T, K, D)
         v = self.value(x)  # (B, T, K, D)
         out = _sequence_parallel.attention(
-            q,
-            k,
-            v,
-            key_mask=key_mask,
-            strategy=self.sequence_parallel,
-            causal=self.causal,
-            balance=self.balance,
-            rotary_base=self.rotary_base if self.rotary else None,
-            sequence_axis=self.sequence_axis,
-            batch_axis=self.batch_axis,
-            ring_block_size=self.ring_block_size,
+            q, k, v, plan=plan, key_mask=key_mask, causal=self.causal,
+            rotary_base=self.rotary_base if self.rotary else None, ring_block_size=self.ring_block_size,
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
+
+    def parallel_plan(self):
+        """This layer's ``ParallelPlan`` under the current distribution (resolved now)."""
+        return resolve_plan(
+            model_axis=self.model_axis, sequence_axis=self.sequence_axis, batch_axis=self.batch_axis,
+            context_attention=self.context_attention, balance=self.balance,
+        )
+
+    def _record_context_attention(self):
+        """A layer with no kernel of its own takes the active ``ContextParallel``'s, for
+        good: it is then saved in the config, and wins as an explicit kernel would."""
+        if self.context_attention is None:
+            self.context_attention = distribution_context_attention()
+
+    def describe_parallelism(self):
+        """What a call runs under the current distribution, in words, e.g. ``"ring attention
+        over seq (4), K/V ppermute x3 per call"`` (``zoo.distribution.describe``)."""
+        plan = self.parallel_plan()
+        if _tensor_parallel_attention.takes_this_path(plan):
+            return _tensor_parallel_attention.describe(self, plan)
+        text = _sequence_parallel.describe_plan(plan)
+        kernel = self.context_attention or distribution_context_attention()
+        if kernel is not None and plan.context_attention is None:
+            text += f" (context_attention {kernel!r} runs only over a {self.sequence_axis!r} mesh axis of size > 1)"
+        return text
 
     def describe_implementation(self, seq_len):
         """What a training call on ``seq_len`` tokens runs under the current distribution,
         in words, e.g. ``"blockwise (tile 512)"``, ``"cudnn"``, ``"ring over 'seq' (N=4,
         tile 256)"``, or, tensor-parallel, ``"one shard_map over 'model' (M=4: 8 of 32
         heads per device), then blockwise (tile 512)"``."""
-        plan = _tensor_parallel_attention.tensor_parallel_plan(self)
-        local = _sequence_parallel.describe_attention(
-            seq_len=seq_len, head_dim=self.head_dim, dtype=self.compute_dtype, causal=self.causal,
-            strategy=self.sequence_parallel, balance=self.balance, sequence_axis=self.sequence_axis,
-            batch_axis=self.batch_axis, block_size=self.ring_block_size,
+        plan = self.parallel_plan()
+        local = _sequence_parallel.describe_local(
+            plan, seq_len=seq_len, head_dim=self.head_dim, dtype=self.compute_dtype, causal=self.causal,
+            masked=False, block_size=self.ring_block_size,
         )  # fmt: skip
-        if plan is None:
+        if not _tensor_parallel_attention.takes_this_path(plan):
             return local
         per_device = self.num_heads // plan.model_size
         return f"one shard_map over {plan.model_axis!r} (M={plan.model_size}: {per_device} of {self.num_heads} heads per device), then {local}"
@@ -267,18 +300,25 @@ class MultiHeadAttention(keras.layers.Layer):
                 "rotary": self.rotary,
                 "rotary_base": self.rotary_base,
                 "use_bias": self.use_bias,
-                "sequence_parallel": self.sequence_parallel,
+                "context_attention": self.context_attention,
                 "sequence_axis": self.sequence_axis,
                 "batch_axis": self.batch_axis,
                 "balance": self.balance,
                 "ring_block_size": self.ring_block_size,
-                "tp_sequence_parallel": self.tp_sequence_parallel,
+                "megatron_sp": self.megatron_sp,
                 "model_axis": self.model_axis,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(renamed_keys(config, RENAMED))
+
+
+RENAMED = {"sequence_parallel": "context_attention", "tp_sequence_parallel": "megatron_sp"}  # saved before issue 16
 
 
 def _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size):

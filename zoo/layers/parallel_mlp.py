@@ -1,12 +1,22 @@
 """``ParallelMLP``: Megatron's MLP block, column-parallel up (and gate), row-parallel down."""
 
-import functools
-
 import keras
 
 from zoo.distribution.axes import MODEL
-from zoo.kernels.tensor_parallel import mlp_activation, mlp_down_projection, mlp_up_projections
-from zoo.layers._tensor_parallel import activation_spec, check_input, current_plan, shard_map
+from zoo.kernels.tensor_parallel import (
+    mlp_activation,
+    mlp_down_projection,
+    mlp_up_projections,
+)
+from zoo.layers._parallel_plan import run_sharded
+from zoo.layers._saved_names import renamed_keys
+from zoo.layers._tensor_parallel import (
+    activation_spec,
+    check_input,
+    describe_split,
+    sequence_collective,
+    tensor_parallel_plan,
+)
 from zoo.layers.column_parallel_dense import ColumnParallelDense
 from zoo.layers.row_parallel_dense import RowParallelDense
 
@@ -22,7 +32,7 @@ class ParallelMLP(keras.layers.Layer):
     the up projection to the down projection (``zoo.kernels.tensor_parallel_mlp``, in
     two ``shard_map``s with the elementwise activation between them, where it moves
     nothing): one all-reduce of the (B, T, D) output forward, one of d(input)
-    backward. With ``sequence_parallel=True`` the input and output are split over the
+    backward. With ``megatron_sp=True`` the input and output are split over the
     sequence instead: one all-gather and one reduce-scatter
     (the same bytes), overlapped with the matmuls when ``collective_matmul=True``.
     Without a distribution, or M = 1, it is the same maths with plain Dense layers.
@@ -34,7 +44,7 @@ class ParallelMLP(keras.layers.Layer):
         gated: add a gate projection (GLU variants).
         use_bias: biases on every projection.
         kernel_initializer, bias_initializer: for every projection.
-        sequence_parallel, collective_matmul, model_axis: as in ``ColumnParallelDense``.
+        megatron_sp, collective_matmul, model_axis: as in ``ColumnParallelDense``.
         lora_rank, lora_alpha: enable Keras LoRA on every projection when built.
 
     Shapes: (B, T, D) -> (B, T, output_dim) (or any (B, ..., D) without sequence
@@ -66,7 +76,7 @@ class ParallelMLP(keras.layers.Layer):
         use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
-        sequence_parallel=False,
+        megatron_sp=False,
         collective_matmul=False,
         model_axis=MODEL,
         lora_rank=None,
@@ -76,8 +86,8 @@ class ParallelMLP(keras.layers.Layer):
         super().__init__(**kwargs)
         if not isinstance(hidden_dim, int) or hidden_dim < 1:
             raise ValueError(f"hidden_dim must be a positive integer, got {hidden_dim!r}")
-        if collective_matmul and not sequence_parallel:
-            raise ValueError(f"ParallelMLP {self.name!r}: collective_matmul needs sequence_parallel=True")
+        if collective_matmul and not megatron_sp:
+            raise ValueError(f"ParallelMLP {self.name!r}: collective_matmul needs megatron_sp=True")
         self.hidden_dim = hidden_dim
         self.output_dim = output_dim
         self.activation = keras.activations.get(activation)
@@ -85,7 +95,7 @@ class ParallelMLP(keras.layers.Layer):
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.sequence_parallel = bool(sequence_parallel)
+        self.megatron_sp = bool(megatron_sp)
         self.collective_matmul = bool(collective_matmul)
         self.model_axis = model_axis
         self.lora_rank = lora_rank
@@ -97,7 +107,7 @@ class ParallelMLP(keras.layers.Layer):
             use_bias=self.use_bias,
             kernel_initializer=self.kernel_initializer,
             bias_initializer=self.bias_initializer,
-            sequence_parallel=self.sequence_parallel,
+            megatron_sp=self.megatron_sp,
             collective_matmul=self.collective_matmul,
             model_axis=self.model_axis,
             dtype=self.dtype_policy,
@@ -128,27 +138,25 @@ class ParallelMLP(keras.layers.Layer):
         return keras.KerasTensor(self.compute_output_shape(inputs.shape), dtype=self.compute_dtype)
 
     def call(self, inputs, training=None):
-        plan = current_plan(self.model_axis)
+        plan = tensor_parallel_plan(self.model_axis)
         if plan is None:
             hidden = self.up(inputs) if self.gate is None else self.gate(inputs) * self.up(inputs)  # (B, T, F)
             return self.down(hidden)  # (B, T, D_out)
-        check_input(self, plan, inputs.shape, sequence=self.sequence_parallel)
+        check_input(self, plan, inputs.shape, sequence=self.megatron_sp)
         for layer in self.projections:
             layer.check_features(inputs.shape[-1] if layer is not self.down else self.hidden_dim, plan)
         weights, specs = zip(*(layer.sharded_weights(plan) for layer in self.projections))
         rank = len(inputs.shape)
-        spec = activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., D)
+        spec = activation_spec(plan, rank, sequence=self.megatron_sp)  # (B, T[/M], ..., D)
         hidden_spec = activation_spec(plan, rank, features=True)  # (B, T, ..., F/M)
         ups = len(self.projections) - 1
-        hidden = shard_map(
-            plan, functools.partial(self._local_up, plan=plan), (inputs, list(weights[:ups])), (spec, list(specs[:ups])),
-            [hidden_spec] * ups,
+        hidden = run_sharded(
+            plan, self._local_up, (inputs, list(weights[:ups])), (spec, list(specs[:ups])), [hidden_spec] * ups, plan=plan
         )  # [gate,] up: (B, T, F) each, split over the model axis on F
         # Elementwise, outside the shard_maps: the sharding carries through with no
         # collective, and any activation differentiates (see ``mlp_activation``).
         h = mlp_activation(hidden, activation=self.activation)  # (B, T, F)
-        down = functools.partial(self._local_down, plan=plan)
-        return shard_map(plan, down, (h, weights[ups]), (hidden_spec, specs[ups]), spec)
+        return run_sharded(plan, self._local_down, (h, weights[ups]), (hidden_spec, specs[ups]), spec, plan=plan)
 
     def _local_up(self, x, weights, plan):
         """One shard: x [B, T, D] (or [B, T/M, D]) -> [[gate,] up], each [B, T, F/M]."""
@@ -161,7 +169,7 @@ class ParallelMLP(keras.layers.Layer):
             up_bias=named["up"].get("bias"),
             gate_bias=named["gate"].get("bias") if "gate" in named else None,
             axis_name=self.model_axis,
-            sequence_parallel=self.sequence_parallel,
+            sequence_parallel=self.megatron_sp,
             collective=self.collective_matmul,
         )
 
@@ -172,7 +180,7 @@ class ParallelMLP(keras.layers.Layer):
             down_kernel=self.down.local_kernel(weights, plan),  # [F/M, D_out]
             down_bias=weights.get("bias"),
             axis_name=self.model_axis,
-            sequence_parallel=self.sequence_parallel,
+            sequence_parallel=self.megatron_sp,
             collective=self.collective_matmul,
         )
 
@@ -186,10 +194,26 @@ class ParallelMLP(keras.layers.Layer):
             use_bias=self.use_bias,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             bias_initializer=keras.initializers.serialize(self.bias_initializer),
-            sequence_parallel=self.sequence_parallel,
+            megatron_sp=self.megatron_sp,
             collective_matmul=self.collective_matmul,
             model_axis=self.model_axis,
             lora_rank=self.lora_rank,
             lora_alpha=self.lora_alpha,
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(renamed_keys(config, {"sequence_parallel": "megatron_sp"}))
+
+    def describe_parallelism(self):
+        """What a call runs under the current distribution, in words (``zoo.distribution.describe``)."""
+        plan = tensor_parallel_plan(self.model_axis)
+        if plan is None:
+            return f"plain MLP, GSPMD (no {self.model_axis!r} axis to split over)"
+        hidden = f"{self.hidden_dim // plan.model_size} of {self.hidden_dim} hidden features per device"
+        if self.megatron_sp:
+            collectives = sequence_collective("one all-gather and one reduce-scatter", self.collective_matmul)
+        else:
+            collectives = "one all-reduce of the output per call (one of d(input) backward)"
+        return describe_split("tensor-parallel MLP", plan, f"{hidden}, {collectives}")

@@ -2,8 +2,15 @@
 
 import keras
 
-from zoo.kernels.tensor_parallel import row_parallel_matmul, sequence_parallel_row_matmul
-from zoo.layers._tensor_parallel import _TensorParallelDense, activation_spec
+from zoo.kernels.tensor_parallel import (
+    row_parallel_matmul,
+    sequence_parallel_row_matmul,
+)
+from zoo.layers._tensor_parallel import (
+    _TensorParallelDense,
+    activation_spec,
+    sequence_collective,
+)
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -19,15 +26,15 @@ class RowParallelDense(_TensorParallelDense):
 
     Shapes (global): inputs (B, ..., D_in), split over the model axis on the last
     dimension (a replicated input is sliced locally, no communication) -> outputs
-    (B, ..., units), replicated over the model axis. With ``sequence_parallel=True``
+    (B, ..., units), replicated over the model axis. With ``megatron_sp=True``
     the sum is reduce-scattered over the sequence instead: (B, T, D_in/M) per device
     -> (B, T/M, units).
 
     Args:
         units: output features.
-        sequence_parallel: reduce-scatter the output over the sequence (dim 1).
+        megatron_sp: reduce-scatter the output over the sequence (dim 1).
         collective_matmul: overlap that reduce-scatter with the matmul in M chunks
-            (``zoo.kernels.matmul_reduce_scatter``); needs ``sequence_parallel``.
+            (``zoo.kernels.matmul_reduce_scatter``); needs ``megatron_sp``.
         model_axis: the mesh axis the kernel is split over.
         **kwargs: everything ``keras.layers.Dense`` takes.
 
@@ -54,15 +61,22 @@ class RowParallelDense(_TensorParallelDense):
         "lora_kernel_b": (None, None),
     }
     SPLIT = "input features"
+    KIND = "row-parallel Dense"
 
     def activation_specs(self, plan, rank):
         inputs = activation_spec(plan, rank, features=True)  # (B, T, ..., D_in/M)
-        return inputs, activation_spec(plan, rank, sequence=self.sequence_parallel)  # (B, T[/M], ..., units)
+        return inputs, activation_spec(plan, rank, sequence=self.megatron_sp)  # (B, T[/M], ..., units)
 
     def _local_call(self, x, weights, plan):
         kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [D_in/M, units], [units]
-        if self.sequence_parallel:
+        if self.megatron_sp:
             return sequence_parallel_row_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
             )  # [B, T/M, units]
         return row_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units]
+
+    def collectives(self):
+        """The collectives a call runs over the model axis, in words."""
+        if self.megatron_sp:
+            return sequence_collective("reduce-scatter of the output", self.collective_matmul)
+        return "all-reduce of the output per call"

@@ -3,14 +3,15 @@
 import jax
 import keras
 
+from zoo.config.choices import MLPS, NORMS, REMATS
 from zoo.distribution.axes import MODEL
-from zoo.layers._tensor_parallel import activation_spec, current_plan
-from zoo.layers.multi_head_attention import MultiHeadAttention
+from zoo.layers._saved_names import renamed_keys
+from zoo.layers._tensor_parallel import activation_spec, tensor_parallel_plan
+from zoo.layers.multi_head_attention import RENAMED, MultiHeadAttention
 from zoo.layers.parallel_mlp import ParallelMLP
 
-NORMS = ("layer", "rms")
-MLPS = {
-    # name: (activation, gated)
+MLP_ACTIVATIONS = {
+    # mlp name (one of MLPS): (activation, gated)
     "gelu": ("gelu", False),
     "relu": ("relu", False),
     "geglu": ("gelu", True),
@@ -25,7 +26,8 @@ REMAT_POLICIES = {
     # shape 2,864 MiB per block, more than the 1,874 MiB of no remat; this policy 560 MiB).
     "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-REMATS = ("none", *REMAT_POLICIES)  # "none": no rematerialisation, every activation is kept
+assert set(MLP_ACTIVATIONS) == set(MLPS), "every choice of MLPS needs its activation"
+assert REMATS == ("none", *REMAT_POLICIES), "remat 'none' (every activation kept) and one jax policy per other choice"
 
 
 def check_remat(remat):
@@ -57,9 +59,10 @@ class TransformerBlock(keras.layers.Layer):
         dropout: rate applied to the attention and the MLP outputs before each
             residual add (0 disables it).
         use_bias: biases on the attention projections and the MLP.
-        sequence_parallel: the attention's ``sequence_parallel`` (None, ``"gather"``,
-            ``"ring"``, ``"ulysses"``); None lets a context-parallel distribution choose.
-        tp_sequence_parallel: Megatron sequence parallelism for tensor parallelism: the
+        context_attention: the attention's ``context_attention`` (None, ``"gather"``,
+            ``"ring"``, ``"ulysses"``); None lets a ``ContextParallel`` distribution
+            choose (and the block's config then records its kernel).
+        megatron_sp: Megatron sequence parallelism for tensor parallelism: the
             MLP takes and returns activations split on the sequence over ``model_axis``
             (one all-gather and one reduce-scatter instead of one all-reduce), so the
             norms and dropout run on 1/M of the tokens.
@@ -85,7 +88,7 @@ class TransformerBlock(keras.layers.Layer):
     Cached call (decoding): ``block(x, cache=cache, cache_index=i)`` with the
     attention's cache (B, 2, S, K, D) (``attention.empty_cache(B, S)``) returns
     ``(y (B, T, C), new cache)``; see ``MultiHeadAttention``. Under a mesh whose model
-    axis splits (size > 1) it needs ``tp_sequence_parallel=False``: a decode step's
+    axis splits (size > 1) it needs ``megatron_sp=False``: a decode step's
     T = 1 token cannot split over the sequence.
 
     Sublayers (variable paths under ``<name>/``, C = channels, H/K heads/KV heads,
@@ -118,8 +121,8 @@ class TransformerBlock(keras.layers.Layer):
         norm_epsilon=1e-5,
         dropout=0.0,
         use_bias=False,
-        sequence_parallel=None,
-        tp_sequence_parallel=False,
+        context_attention=None,
+        megatron_sp=False,
         model_axis=MODEL,
         kernel_initializer="glorot_uniform",
         seed=None,
@@ -146,8 +149,7 @@ class TransformerBlock(keras.layers.Layer):
         self.norm_epsilon = norm_epsilon
         self.dropout = dropout
         self.use_bias = use_bias
-        self.sequence_parallel = sequence_parallel
-        self.tp_sequence_parallel = bool(tp_sequence_parallel)
+        self.megatron_sp = bool(megatron_sp)
         self.model_axis = model_axis
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
@@ -159,20 +161,20 @@ class TransformerBlock(keras.layers.Layer):
             rotary=rotary,
             rotary_base=rotary_base,
             use_bias=use_bias,
-            sequence_parallel=sequence_parallel,
-            tp_sequence_parallel=self.tp_sequence_parallel,
+            context_attention=context_attention,
+            megatron_sp=self.megatron_sp,
             model_axis=model_axis,
             kernel_initializer=self._initializer(),
             dtype=self.dtype_policy,
             name="attention",
         )
-        activation, gated = MLPS[mlp]
+        activation, gated = MLP_ACTIVATIONS[mlp]
         self.mlp = ParallelMLP(
             hidden_dim,
             activation=activation,
             gated=gated,
             use_bias=use_bias,
-            sequence_parallel=self.tp_sequence_parallel,
+            megatron_sp=self.megatron_sp,
             model_axis=model_axis,
             kernel_initializer=self._initializer(),
             dtype=self.dtype_policy,
@@ -216,7 +218,7 @@ class TransformerBlock(keras.layers.Layer):
         """The block on x (B, T, C) with dropout seeds ``(attention, mlp)`` or None (no
         dropout). Assigns no variable: safe to run under ``jax.checkpoint``."""
         attention_seed, mlp_seed = (None, None) if seeds is None else seeds
-        x = self._split_sequence(x)  # (B, T, C), T split over the model axis with tp_sequence_parallel
+        x = self._split_sequence(x)  # (B, T, C), T split over the model axis with megatron_sp
         attended = self.attention(self.attention_norm(x), key_mask=key_mask)  # (B, T, C)
         x = self._split_sequence(x + self._dropout(attended, attention_seed))  # (B, T, C)
         transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
@@ -237,12 +239,12 @@ class TransformerBlock(keras.layers.Layer):
 
     def _call_with_cache(self, x, cache, cache_index, training):
         """x (B, T, C) at positions cache_index.. -> ((B, T, C), cache (B, 2, S, K, D))."""
-        plan = current_plan(self.model_axis) if self.tp_sequence_parallel else None
+        plan = tensor_parallel_plan(self.model_axis) if self.megatron_sp else None
         if plan is not None:
             raise ValueError(
                 f"TransformerBlock {self.name!r}: a cached (decoding) call cannot split its {x.shape[1]} "
                 f"token(s) over the {plan.model_axis!r} mesh axis of size {plan.model_size}; build the "
-                f"block with tp_sequence_parallel=False for decoding (the weights are the same)"
+                f"block with megatron_sp=False for decoding (the weights are the same)"
             )
         attended, cache = self.attention(self.attention_norm(x), cache=cache, cache_index=cache_index)  # (B, T, C)
         x = x + self.attention_dropout(attended, training=training)  # (B, T, C)
@@ -250,11 +252,11 @@ class TransformerBlock(keras.layers.Layer):
         return x + self.mlp_dropout(transformed, training=training), cache  # (B, T, C)
 
     def _split_sequence(self, x):
-        """With ``tp_sequence_parallel`` under a model axis of size M > 1, lay the residual
+        """With ``megatron_sp`` under a model axis of size M > 1, lay the residual
         stream out as (B/data, T/M, C): the norms, dropout and residual adds then run on
         1/M of the tokens, and GSPMD turns the attention output's all-reduce into a
         reduce-scatter (Megatron sequence parallelism). Otherwise x is returned as is."""
-        plan = current_plan(self.model_axis) if self.tp_sequence_parallel else None
+        plan = tensor_parallel_plan(self.model_axis) if self.megatron_sp else None
         if plan is None:
             return x
         layout = plan.layout(tuple(activation_spec(plan, 3, sequence=True)))
@@ -286,11 +288,20 @@ class TransformerBlock(keras.layers.Layer):
             norm_epsilon=self.norm_epsilon,
             dropout=self.dropout,
             use_bias=self.use_bias,
-            sequence_parallel=self.sequence_parallel,
-            tp_sequence_parallel=self.tp_sequence_parallel,
+            context_attention=self.context_attention,
+            megatron_sp=self.megatron_sp,
             model_axis=self.model_axis,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             seed=self.seed,
             remat=self.remat,
         )
         return config
+
+    @property
+    def context_attention(self):
+        """The attention's kernel: the one given, or the ``ContextParallel``'s it recorded."""
+        return self.attention.context_attention
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(renamed_keys(config, RENAMED))
