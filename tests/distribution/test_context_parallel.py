@@ -16,9 +16,8 @@ import keras
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from zoo.distribution.strategies import distribution_for
 
-from zoo.distribution import MeshError, make_distribution, make_mesh
+from zoo.distribution import MeshError, distribution_for, make_distribution, make_mesh
 from zoo.distribution.comms_report import FAST_COMPILE, train_step_comms_report
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.describe import describe
