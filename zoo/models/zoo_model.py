@@ -19,7 +19,7 @@ class ZooModel(keras.Model):
     """A ``keras.Model`` whose ``__init__`` arguments are its config.
 
     Every ``__init__`` argument is kept as an attribute of the same name (DESIGN.md,
-    convention 2), so ``get_config`` is those attributes (tuples as lists, as JSON keeps
+    convention 2; ``keep_arguments`` checks none is missed), so ``get_config`` is those attributes (tuples as lists, as JSON keeps
     them) and ``from_config`` calls the class with them, after renaming the keys an
     older keras-zoo saved (``_renamed_keys.RENAMED_KEYS``).
 
@@ -28,6 +28,15 @@ class ZooModel(keras.Model):
     """
 
     CONFIGS: ClassVar[dict] = {}  # named sizes: {name: __init__ arguments}
+
+    def keep_arguments(self, **arguments):
+        """Keep each ``__init__`` argument (as normalised) as an attribute of the same name;
+        raises naming any argument left out, since ``get_config`` reads them back."""
+        missing = [key for key in init_arguments(type(self)) if key not in arguments]
+        if missing:
+            raise TypeError(f"{type(self).__name__} does not keep its __init__ argument(s) {missing}")
+        for key, value in arguments.items():
+            setattr(self, key, value)
 
     def get_config(self):
         config = {"name": self.name, "trainable": self.trainable}

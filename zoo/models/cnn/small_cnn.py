@@ -51,14 +51,10 @@ class SmallCNN(ZooModel):
         x = layers.Dropout(dropout, seed=seed, name="dropout")(x)
         logits = layers.Dense(num_classes, name="logits")(x)  # (B, num_classes)
         super().__init__(inputs=images, outputs=logits, name=name, **kwargs)
-
-        self.num_classes = num_classes
-        self.image_size = image_size
-        self.channels = channels
-        self.filters = tuple(filters)
-        self.hidden_units = hidden_units
-        self.dropout = dropout
-        self.seed = seed
+        self.keep_arguments(
+            num_classes=num_classes, image_size=image_size, channels=channels, filters=tuple(filters),
+            hidden_units=hidden_units, dropout=dropout, seed=seed,
+        )  # fmt: skip
 
     @staticmethod
     def get_layout_map(mesh, model_axis=MODEL):

@@ -112,37 +112,20 @@ class TransformerEncoderClassifier(EncoderClassifier):
             intermediate_dim=intermediate_dim,
         )  # fmt: skip
         _check_config(sizes, position_embedding, pooling, dropout, pad_id)
-        remat, megatron_sp = check_remat(remat), bool(megatron_sp)
+        stack = dict(
+            num_classes=num_classes, num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads, mlp=mlp, norm=norm,
+            layer_norm_epsilon=layer_norm_epsilon, pooling=pooling, dropout=dropout, use_bias=use_bias, seed=seed,
+            megatron_sp=bool(megatron_sp), remat=check_remat(remat),
+        )  # fmt: skip  (what ``classify`` builds)
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
         x, key_mask = _embed(token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id)
-        logits = classify(
-            x, key_mask=key_mask, rotary=position_embedding == "rotary", pooling=pooling, num_classes=num_classes,
-            num_layers=num_layers, num_query_heads=num_query_heads, num_key_value_heads=num_key_value_heads,
-            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, mlp=mlp, norm=norm,
-            layer_norm_epsilon=layer_norm_epsilon, dropout=dropout, use_bias=use_bias, megatron_sp=megatron_sp,
-            seed=seed, remat=remat,
-        )  # fmt: skip  (B, num_classes)
+        logits = classify(x, key_mask=key_mask, rotary=position_embedding == "rotary", **stack)  # (B, num_classes)
         super().__init__(inputs=token_ids, outputs=logits, name=name, **kwargs)
-
-        self.vocabulary_size = vocabulary_size
-        self.num_classes = num_classes
-        self.num_layers = num_layers
-        self.num_query_heads = num_query_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.max_sequence_length = max_sequence_length
-        self.num_key_value_heads = num_key_value_heads
-        self.mlp = mlp
-        self.norm = norm
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.position_embedding = position_embedding
-        self.pooling = pooling
-        self.dropout = dropout
-        self.use_bias = use_bias
-        self.pad_id = pad_id
-        self.seed = seed
-        self.megatron_sp = megatron_sp
-        self.remat = remat
+        self.keep_arguments(
+            vocabulary_size=vocabulary_size, max_sequence_length=max_sequence_length,
+            position_embedding=position_embedding, pad_id=pad_id, **stack,
+        )  # fmt: skip
 
     @classmethod
     def own_layout_rules(cls, layout, config):

@@ -113,25 +113,14 @@ class GPTBackbone(ZooModel):
             )(x)  # (B, T, C)
         x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
         super().__init__(inputs=token_ids, outputs=x, name=name, **kwargs)
-
-        self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.num_query_heads = num_query_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.mlp = mlp
-        self.norm = norm
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.dropout = dropout
-        self.max_sequence_length = max_sequence_length
-        self.rope_max_wavelength = rope_max_wavelength
-        self.tie_word_embeddings = bool(tie_word_embeddings)
-        self.seed = seed
-        self.megatron_sp = bool(megatron_sp)
-        self.context_attention = context_attention
-        self.remat = remat
+        self.keep_arguments(
+            vocabulary_size=vocabulary_size, num_layers=num_layers, num_query_heads=num_query_heads,
+            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim, mlp=mlp, norm=norm, layer_norm_epsilon=layer_norm_epsilon, dropout=dropout,
+            max_sequence_length=max_sequence_length, rope_max_wavelength=rope_max_wavelength,
+            tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
+            context_attention=context_attention, remat=remat,
+        )  # fmt: skip
 
     # --- sublayers by their stable names ---------------------------------------------
 

@@ -105,37 +105,18 @@ class ViTClassifier(EncoderClassifier):
             intermediate_dim=intermediate_dim, channels=channels,
         )
         check_common(sizes, pooling, dropout)
-        remat, megatron_sp = check_remat(remat), bool(megatron_sp)
+        stack = dict(
+            num_classes=num_classes, num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads, mlp=mlp, norm=norm,
+            layer_norm_epsilon=layer_norm_epsilon, pooling=pooling, dropout=dropout, use_bias=use_bias, seed=seed,
+            megatron_sp=bool(megatron_sp), remat=check_remat(remat),
+        )  # fmt: skip  (what ``classify`` builds)
         grid = _patch_grid(image_size, patch_size)
         images = keras.Input(shape=(*image_size, channels), name="images")  # (B, H, W, Ch)
         x = _embed(images, hidden_dim, patch_size, grid, pooling)  # (B, P (+1), C)
-        logits = classify(
-            x, key_mask=None, rotary=False, pooling=pooling, num_classes=num_classes,
-            num_layers=num_layers, num_query_heads=num_query_heads, num_key_value_heads=num_key_value_heads,
-            hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, mlp=mlp, norm=norm,
-            layer_norm_epsilon=layer_norm_epsilon, dropout=dropout, use_bias=use_bias, megatron_sp=megatron_sp,
-            seed=seed, remat=remat,
-        )  # fmt: skip  (B, num_classes)
+        logits = classify(x, key_mask=None, rotary=False, **stack)  # (B, num_classes)
         super().__init__(inputs=images, outputs=logits, name=name, **kwargs)
-
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.num_classes = num_classes
-        self.num_layers = num_layers
-        self.num_query_heads = num_query_heads
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.channels = channels
-        self.num_key_value_heads = num_key_value_heads
-        self.mlp = mlp
-        self.norm = norm
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.pooling = pooling
-        self.dropout = dropout
-        self.use_bias = use_bias
-        self.seed = seed
-        self.megatron_sp = megatron_sp
-        self.remat = remat
+        self.keep_arguments(image_size=image_size, patch_size=patch_size, channels=channels, **stack)
 
     @property
     def num_patches(self):
