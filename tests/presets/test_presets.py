@@ -165,6 +165,8 @@ def test_model_classes_get_from_preset():
         GPTCausalLM.from_preset("small_cnn_shapes")
     with pytest.raises(PresetError, match="holds a GPTCausalLM, not a GPTBackbone"):
         GPTBackbone.from_preset("gpt_tiny_python_docs")
+    lm = GPTCausalLM.from_preset("gpt_tiny_python_docs", load_weights=False, dropout=0.25)  # overrides reach the backbone
+    assert lm.backbone.dropout == 0.25 and lm.name == "gpt_causal_lm"
 
 
 def test_preset_directory_is_inside_the_assets():

@@ -118,7 +118,7 @@ def check_class(directory, found, model_class):
 def _build(directory, config, overrides):
     config = copy.deepcopy(config)
     config.pop("compile_config", None)  # a preset is weights, not a training set-up
-    config["config"].update(overrides)
+    _override(config["config"], overrides)
     try:
         return keras.saving.deserialize_keras_object(config, safe_mode=True)
     except (TypeError, ValueError) as error:
@@ -127,6 +127,18 @@ def _build(directory, config, overrides):
             + (f" with overrides {overrides}" if overrides else "")
             + f": {error}"
         ) from error
+
+
+def _override(config, overrides):
+    """Put ``overrides`` into a model's config. A task nests its backbone (keras-hub's shape:
+    ``GPTCausalLM``): a key the task's own config lacks goes to the backbone's config."""
+    backbone = config.get("backbone")
+    nested = backbone.get("config") if isinstance(backbone, dict) else None
+    for key, value in overrides.items():
+        if key not in config and isinstance(nested, dict):
+            nested[key] = value
+        else:
+            config[key] = value
 
 
 def _layer(model, name, directory):
