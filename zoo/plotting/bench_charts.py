@@ -46,7 +46,12 @@ def plot_context_memory(runs, output, *, title=None):
         colors = ["tab:red" if _get(run, "kind") == "data-parallel" else "tab:blue" for run in runs]
         bars = axis.barh(range(len(runs)), values, color=colors)
         axis.bar_label(bars, [f"{v:,.1f}" for v in values], fontsize=8, padding=2)
-        axis.set_xscale("log")
+        low, high = min(v for v in values if v > 0), max(values)
+        if high / low > 50:  # orders of magnitude apart (a materialising baseline): log scale, every bar visible
+            axis.set_xscale("log")
+            axis.set_xlim(low / 3, high * 4)
+        else:
+            axis.set_xlim(0, high * 1.2)
         axis.set_xlabel(what)
         axis.grid(alpha=0.3, axis="x", which="both")
     axes[0].set_yticks(range(len(runs)), names, fontsize=8)
@@ -62,7 +67,9 @@ def plot_tp_bytes(rows, output, *, title=None):
     ``zoo bench tp``; returns ``output``. ``rows``: the benchmark's rows (``variant``,
     ``implementation``, ``model_sent_bytes``)."""
     variants = list(dict.fromkeys(row["variant"] for row in rows))
-    implementations = list(dict.fromkeys(row["implementation"] for row in rows))
+    seen = list(dict.fromkeys(row["implementation"] for row in rows))
+    last = [name for name in seen if name == "GSPMD" or name.startswith("minimum")]  # the baselines, right of the kernels
+    implementations = [name for name in seen if name not in last] + last
     width = 0.8 / len(implementations)
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(max(7, 2.4 * len(variants)), 4.2))
