@@ -112,12 +112,12 @@ class TransformerEncoderClassifier(EncoderClassifier):
             intermediate_dim=intermediate_dim,
         )  # fmt: skip
         _check_config(sizes, position_embedding, pooling, dropout, pad_id)
-        stack = dict(
-            num_classes=num_classes, num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads, mlp=mlp, norm=norm,
-            layer_norm_epsilon=layer_norm_epsilon, pooling=pooling, dropout=dropout, use_bias=use_bias, seed=seed,
-            megatron_sp=bool(megatron_sp), remat=check_remat(remat),
-        )  # fmt: skip  (what ``classify`` builds)
+        stack = {
+            "num_classes": num_classes, "num_layers": num_layers, "num_query_heads": num_query_heads,
+            "hidden_dim": hidden_dim, "intermediate_dim": intermediate_dim, "num_key_value_heads": num_key_value_heads,
+            "mlp": mlp, "norm": norm, "layer_norm_epsilon": layer_norm_epsilon, "pooling": pooling, "dropout": dropout,
+            "use_bias": use_bias, "seed": seed, "megatron_sp": bool(megatron_sp), "remat": check_remat(remat),
+        }  # fmt: skip  (what ``classify`` builds)
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
         x, key_mask = _embed(token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id)
         logits = classify(x, key_mask=key_mask, rotary=position_embedding == "rotary", **stack)  # (B, num_classes)

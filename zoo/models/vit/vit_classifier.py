@@ -105,12 +105,12 @@ class ViTClassifier(EncoderClassifier):
             intermediate_dim=intermediate_dim, channels=channels,
         )
         check_common(sizes, pooling, dropout)
-        stack = dict(
-            num_classes=num_classes, num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads, mlp=mlp, norm=norm,
-            layer_norm_epsilon=layer_norm_epsilon, pooling=pooling, dropout=dropout, use_bias=use_bias, seed=seed,
-            megatron_sp=bool(megatron_sp), remat=check_remat(remat),
-        )  # fmt: skip  (what ``classify`` builds)
+        stack = {
+            "num_classes": num_classes, "num_layers": num_layers, "num_query_heads": num_query_heads,
+            "hidden_dim": hidden_dim, "intermediate_dim": intermediate_dim, "num_key_value_heads": num_key_value_heads,
+            "mlp": mlp, "norm": norm, "layer_norm_epsilon": layer_norm_epsilon, "pooling": pooling, "dropout": dropout,
+            "use_bias": use_bias, "seed": seed, "megatron_sp": bool(megatron_sp), "remat": check_remat(remat),
+        }  # fmt: skip  (what ``classify`` builds)
         grid = _patch_grid(image_size, patch_size)
         images = keras.Input(shape=(*image_size, channels), name="images")  # (B, H, W, Ch)
         x = _embed(images, hidden_dim, patch_size, grid, pooling)  # (B, P (+1), C)
