@@ -143,7 +143,7 @@ def _recipes_table(rows):
 
 def _scale_table(rows):
     lines = [
-        f"| {row['label']} | {row['plan'].request.devices} | {row['plan'].step.global_batch} | {_plan_cells(row['plan'])} | "
+        f"| {row['label']} | {row['plan'].request.devices} | {row['plan'].step.batch_size} | {_plan_cells(row['plan'])} | "
         f"{row['plan'].step.compile_s:.0f} | {row['seconds']:.0f} |"
         for row in rows
     ]

@@ -123,9 +123,9 @@ def recipe_row(path):
 
 def _batch_per_device(step, config):
     if not step.mesh:
-        return step.global_batch
+        return step.batch_size
     sizes = {part.split("=")[0]: int(part.split("=")[1]) for part in step.mesh.split(",")}
-    return step.global_batch // sizes.get(DATA, 1)
+    return step.batch_size // sizes.get(DATA, 1)
 
 
 def attention_rows(seq):

@@ -109,7 +109,7 @@ def run_guarded(work, words, debug=False):
 def standalone_main(prog, description, add_arguments, run, argv=None):
     """``python -m zoo.cli.<module>``: its own parser (plus ``--simulate-devices``), the
     devices prepared as ``zoo`` prepares them, and this error contract; returns the exit status."""
-    from zoo.cli import _types as types
+    from zoo.config import types
 
     parser = ArgumentParser(prog=prog, description=description)
     parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")

@@ -2,7 +2,7 @@
 
     zoo comms mlp --mesh data=2,model=4 --sequence-parallel
     zoo comms mlp --implementation gspmd --gated --step backward
-    zoo comms cnn --distribution model
+    zoo comms cnn --layout model
 
 Wire into ``zoo.cli.main`` with ``add_arguments(subparser)`` and ``run(args)``; this
 module adds its own ``model`` positional and ``--simulate-devices`` (``main`` reads
@@ -11,10 +11,8 @@ module adds its own ``model`` positional and ``--simulate-devices`` (``main`` re
 
 import dataclasses
 
-import keras
-import numpy as np
-
-from zoo.cli import _types as types
+from zoo.config import types
+from zoo.config.choices import CNN_LAYOUTS
 
 COMMS_MODELS = ("mlp", "cnn")
 STEPS = ("forward", "backward", "train")
@@ -25,15 +23,15 @@ class CommsConfig:
     """Settings of ``zoo comms``; every default is the CLI's default."""
 
     model: str = "mlp"  # mlp: a tensor-parallel MLP block; cnn: zoo.models.SmallCNN
-    distribution: str = "model"  # cnn: single | data | model; mlp: always model (tensor parallel)
+    layout: str = "model"  # cnn: single | data | model; mlp: always model (tensor parallel)
     mesh: str | None = None  # e.g. data=2,model=4; None: the strategy's default (data=2,model=-1)
     step: str = "train"  # forward | backward (forward + gradients) | train (one SGD step)
     implementation: str = "explicit"  # mlp: explicit (zoo ParallelMLP) | gspmd (Dense + layout map)
-    sequence_parallel: bool = False  # mlp: input and output split over the sequence
+    megatron_sp: bool = False  # mlp: input and output split over the sequence (Megatron sequence parallelism)
     collective_matmul: bool = False  # mlp, explicit, sequence-parallel: ring matmuls
     gated: bool = False  # mlp: gated (GLU) MLP
     batch_size: int = 8  # global batch; divides by the data axis
-    seq_len: int = 128  # mlp: T
+    sequence_length: int = 128  # mlp: T
     dim: int = 256  # mlp: model width D
     hidden: int = 1024  # mlp: hidden features F
     image_size: int = 32  # cnn: square images
@@ -45,15 +43,15 @@ def add_arguments(parser):
     defaults = CommsConfig()
     parser.add_argument("model", choices=COMMS_MODELS, help="mlp: tensor-parallel MLP block; cnn: SmallCNN")
     parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
-    parser.add_argument("--distribution", choices=["single", "data", "model"], default=defaults.distribution, help="cnn layout strategy (mlp: always model)")
+    parser.add_argument("--layout", choices=CNN_LAYOUTS, default=defaults.layout, help="cnn: how weights and inputs are split (mlp: always model)")
     parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default per strategy")
     parser.add_argument("--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)")
     parser.add_argument("--implementation", choices=["explicit", "gspmd"], default=defaults.implementation, help="mlp: zoo ParallelMLP or Dense layers + layout map")
-    parser.add_argument("--sequence-parallel", action="store_true", help="mlp: split input/output over the sequence")
+    parser.add_argument("--megatron-sp", action="store_true", help="mlp: Megatron sequence parallelism (input/output split over the sequence)")
     parser.add_argument("--collective-matmul", action="store_true", help="mlp: overlap the sequence collectives with the matmuls")
     parser.add_argument("--gated", action="store_true", help="mlp: gated (GLU) MLP")
     parser.add_argument("--batch-size", type=types.positive_int, default=defaults.batch_size)
-    parser.add_argument("--seq-len", type=types.positive_int, default=defaults.seq_len)
+    parser.add_argument("--sequence-length", type=types.positive_int, default=defaults.sequence_length)
     parser.add_argument("--dim", type=types.positive_int, default=defaults.dim)
     parser.add_argument("--hidden", type=types.positive_int, default=defaults.hidden)
     parser.add_argument("--image-size", type=types.at_least(8), default=defaults.image_size, help="cnn: random images, any size >= 8")
@@ -71,7 +69,12 @@ def run(args):
 
 def comms_for(config, say=print):
     """Build, compile and report the step ``config`` describes (a ``CommsReport``)."""
-    from zoo.distribution.comms_report import FAST_COMPILE, comms_report, layer_step, train_step
+    from zoo.distribution.comms_report import (
+        FAST_COMPILE,
+        comms_report,
+        layer_step,
+        train_step,
+    )
 
     if config.step not in STEPS:
         raise ValueError(f"step must be one of {list(STEPS)}, got {config.step!r}")
@@ -90,6 +93,8 @@ def comms_for(config, say=print):
             step, args = layer_step(model, x, backward=config.step == "backward")
         return comms_report(step, *args, mesh=mesh, compiler_options=FAST_COMPILE if config.fast_compile else None)
     finally:
+        import keras
+
         keras.distribution.set_distribution(None)
 
 
@@ -98,12 +103,12 @@ def _describe(config, distribution):
 
     mesh = "one device" if distribution is None else f"mesh {describe_mesh(distribution.device_mesh)}"
     if config.model == "cnn":
-        what = f"SmallCNN, distribution {config.distribution}, images {config.image_size}x{config.image_size}"
+        what = f"SmallCNN, layout {config.layout}, images {config.image_size}x{config.image_size}"
     else:
-        mode = "sequence-parallel" + (", collective matmul" if config.collective_matmul else "") if config.sequence_parallel else "tensor-parallel"
+        mode = "sequence-parallel" + (", collective matmul" if config.collective_matmul else "") if config.megatron_sp else "tensor-parallel"
         what = (
             f"{'gated ' if config.gated else ''}MLP ({config.implementation}, {mode}), "
-            f"T={config.seq_len} D={config.dim} F={config.hidden}, no biases"
+            f"T={config.sequence_length} D={config.dim} F={config.hidden}, no biases"
         )
     return f"zoo comms {config.model}: {what}; {mesh}; global batch {config.batch_size}; step {config.step}"
 
@@ -111,20 +116,28 @@ def _describe(config, distribution):
 def _mlp(config):
     import jax
 
-    from zoo.bench.tensor_parallel import BenchConfig, check_config, example_input, explicit_model, gspmd_model
+    from zoo.config.bench_settings import TPBenchConfig
+    from zoo.bench.tensor_parallel import (
+        check_config,
+        example_input,
+        explicit_model,
+        gspmd_model,
+    )
     from zoo.distribution import default_mesh_spec
 
     if config.collective_matmul and config.implementation != "explicit":
         raise ValueError("--collective-matmul is a feature of the explicit implementation")
     mesh = config.mesh or default_mesh_spec("model", len(jax.devices()))
-    shapes = BenchConfig(mesh=mesh, batch_size=config.batch_size, seq_len=config.seq_len, dim=config.dim, hidden=config.hidden)
+    shapes = TPBenchConfig(mesh=mesh, batch_size=config.batch_size, sequence_length=config.sequence_length, dim=config.dim, hidden=config.hidden)
     check_config(shapes)
     if config.implementation == "explicit":
-        distribution, model = explicit_model(shapes, config.gated, config.sequence_parallel, collective=config.collective_matmul)
+        distribution, model = explicit_model(shapes, config.gated, config.megatron_sp, collective=config.collective_matmul)
     else:
-        distribution, model = gspmd_model(shapes, config.gated, config.sequence_parallel)
+        distribution, model = gspmd_model(shapes, config.gated, config.megatron_sp)
+    import keras
+
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.MeanSquaredError())
-    x = example_input(shapes, config.sequence_parallel)  # (B, T, D)
+    x = example_input(shapes, config.megatron_sp)  # (B, T, D)
     return distribution, model, x, x  # y: any target of the output's shape and layout
 
 
@@ -133,9 +146,11 @@ def _cnn(config):
     from zoo.models import SmallCNN
     from zoo.training.cnn import build_cnn, compile_cnn
 
-    distribution = zd.distribution_for(SmallCNN, config.distribution, config.mesh)
+    distribution = zd.distribution_for(SmallCNN, config.layout, config.mesh)
     model = zd.build_distributed(lambda: build_cnn(config.image_size, seed=0), distribution)
     compile_cnn(model, optimizer="sgd")
+    import numpy as np
+
     rng = np.random.default_rng(0)
     x = rng.random((config.batch_size, config.image_size, config.image_size, 3), dtype=np.float32)  # (B, S, S, 3)
     y = rng.integers(0, model.num_classes, size=config.batch_size)  # (B,)

@@ -1,8 +1,8 @@
 """``zoo plan``: size a training step for a target by compiling it (docs/planning.md).
 
     zoo plan recipes/gpu-8/pretrain_gpt.toml                      # a recipe, on its target
-    zoo plan --config gpt_1b --devices 256 --device h100 --strategy fsdp --batch-size 256
-    zoo plan --auto --config gpt_1b --devices 8 --device h100 --batch-size 256 --sequence-length 4096
+    zoo plan --config-name gpt_1b --devices 256 --device h100 --layout fsdp --batch-size 256
+    zoo plan --auto --config-name gpt_1b --devices 8 --device h100 --batch-size 256 --sequence-length 4096
 
 Prints the plan's table; exits 1 with one line on stderr when the step does not fit,
 2 on bad input. The logic is in ``zoo.planning``; this module only parses flags.
@@ -10,7 +10,7 @@ Prints the plan's table; exits 1 with one line on stderr when the step does not 
 
 import sys
 
-from zoo.cli import _types as types
+from zoo.config import types
 
 DEPTH_HELP = "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
 
@@ -18,14 +18,18 @@ DEPTH_HELP = "auto (deep models: compile 1 and 2 blocks, extrapolate per block),
 def _gpt_flags():
     """The GPT flags: ``(flag, argparse keywords, default)``. Left out, they take the
     default; with a recipe they are refused (the recipe says them; --set changes one)."""
-    from zoo.layers.transformer_block import REMATS
-    from zoo.training.gpt import PRECISIONS
+    from zoo.config.choices import (
+        CONTEXT_ATTENTIONS,
+        PRECISIONS,
+        REMATS,
+        TRANSFORMER_JOB_LAYOUTS,
+    )
 
     return (
-        ("--config", dict(dest="config_name", help="GPT size (zoo.models.GPT_CONFIGS; default gpt_1b)"), "gpt_1b"),
-        ("--strategy", dict(help="layout: single data fsdp tp tp+sp fsdp+tp context (default data)"), "data"),
-        ("--mesh", dict(help="mesh spec such as data=2,model=4 (default per strategy)"), None),
-        ("--attention", dict(choices=["gather", "ring", "ulysses"], help="context strategy: the kernel (default ring)"), "ring"),
+        ("--config-name", dict(help="GPT size (zoo.models.GPT_CONFIGS; default gpt_1b)"), "gpt_1b"),
+        ("--layout", dict(choices=TRANSFORMER_JOB_LAYOUTS, help="how weights and inputs are split (default data)"), "data"),
+        ("--mesh", dict(help="mesh spec such as data=2,model=4 (default: the layout's)"), None),
+        ("--context-attention", dict(choices=CONTEXT_ATTENTIONS, help="layout context: the attention kernel (default ring)"), "ring"),
         ("--batch-size", dict(type=types.positive_int, help="global batch per step (--auto: per optimizer update; default 32)"), 32),
         ("--sequence-length", dict(type=types.sequence_length, help="tokens per example (default: the config's max_sequence_length)"), None),
         ("--precision", dict(choices=PRECISIONS, help="default mixed_bfloat16"), "mixed_bfloat16"),

@@ -10,9 +10,14 @@ command. The logic is in ``zoo.training.recipe``; this module only parses flags.
 import sys
 import traceback
 
-from zoo.cli import _types as types
-from zoo.cli._errors import ArgumentParser, debug_requested, one_line, parse, run_guarded
-from zoo.training.recipe import RecipeError, UnsupportedKeyError, check_recipe, load_recipe, parse_override, run_recipe
+from zoo.cli._errors import (
+    ArgumentParser,
+    debug_requested,
+    one_line,
+    parse,
+    run_guarded,
+)
+from zoo.config import types
 
 
 def add_arguments(parser):
@@ -49,6 +54,8 @@ def add_arguments(parser):
 
 def run(args):
     """Run a parsed ``zoo recipe`` command; returns the exit code."""
+    from zoo.training.recipe import load_recipe, parse_override, run_recipe
+
     overrides = dict(parse_override(text) for text in args.overrides)
     if args.action == "check":
         debug = debug_requested(getattr(args, "debug", False))
@@ -64,6 +71,13 @@ def _check(paths, overrides, devices, compile_depth="auto", debug=False):
     verdict of its compiled step (``zoo plan``); a file's error is one line on stderr
     (after its traceback with ``debug``). Every file is checked; the exit status is 2 if
     any recipe is invalid, else 1 if any step does not fit its target (as ``zoo plan``)."""
+    from zoo.training.recipe import (
+        RecipeError,
+        UnsupportedKeyError,
+        check_recipe,
+        load_recipe,
+    )
+
     invalid, too_big, printed = 0, 0, False
     for path in paths:
         lines, error, fits = [], None, True

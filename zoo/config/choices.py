@@ -29,7 +29,10 @@ REMATS = ("none", "full", "dots_saveable")
 
 # Transformer architecture.
 MLPS = ("swiglu", "geglu", "gelu", "relu")
+GATED_MLPS = ("swiglu", "geglu")  # the MLPS with a gate: three weight matrices
 NORMS = ("rms", "layer")
+POOLINGS = ("cls", "mean")  # how a classifier reduces its tokens to one vector
+POSITION_EMBEDDINGS = ("learned", "rotary")  # the encoder classifier's positions
 
 # generation
 SAMPLERS = ("greedy", "top_k", "top_p")

@@ -14,8 +14,6 @@ Pure Python: the command line builds every parser from here without importing JA
 import argparse
 import dataclasses
 
-from zoo.config import types
-
 SECTIONS = ("model", "parallel", "data", "train", "checkpoint", "logging", "finetune", "generate", "verify", "bench")
 NONE_WORD = "none"  # the flag value of None in a choice that allows it (--balance none)
 
@@ -24,7 +22,7 @@ class SettingError(ValueError):
     """A value a setting does not allow; names the setting, the value and what is allowed."""
 
 
-def setting(default, help, *, section, parse=None, choices=(), positional=False, metavar=None, store_true=False, const=None):  # noqa: A002 (argparse's word)
+def setting(default, help, *, section, parse=None, choices=(), positional=False, metavar=None, store_true=False, const=None, booleans=None):
     """A settings field.
 
     Args:
@@ -38,12 +36,14 @@ def setting(default, help, *, section, parse=None, choices=(), positional=False,
         positional: a positional argument on the command line (``zoo finetune PRESET``).
         store_true: a bool flag without a value (``--resume``).
         const: the value of the flag given alone (``--remat`` means ``--remat full``).
+        booleans: ``{True: value, False: value}``: a recipe may write true / false for a
+            choice (``remat = true`` is ``remat = "full"``).
     """
     if section not in SECTIONS:
         raise ValueError(f"unknown section {section!r}; one of {SECTIONS}")
     kind = bool if store_true or isinstance(default, bool) else getattr(parse, "kind", str)
     metadata = {"help": help, "section": section, "parse": parse, "choices": tuple(choices), "kind": kind,
-                "positional": positional, "metavar": metavar, "const": const}  # fmt: skip
+                "positional": positional, "metavar": metavar, "const": const, "booleans": booleans}  # fmt: skip
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -104,6 +104,8 @@ def _help_text(meta, default):
 
 
 def _word(value):
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))  # as a comma-separated flag takes it
     return NONE_WORD if value is None else str(value)
 
 
@@ -112,7 +114,7 @@ def _choice_parser(field):
 
     def parse(text):
         if text not in words:
-            raise argparse.ArgumentTypeError(f"invalid choice {text!r} (choose from {', '.join(words)})")
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(map(repr, words))})")
         return words[text]
 
     parse.__name__ = field.name
@@ -134,6 +136,8 @@ def check_value(field, value, where):
     (an int where a float is wanted); raises ``SettingError`` naming ``where``."""
     meta = field.metadata
     kind = meta["kind"]
+    if meta["booleans"] and isinstance(value, bool):
+        value = meta["booleans"][value]
     if value is None:
         if meta["choices"] and None not in meta["choices"] and field.default is not None:
             raise SettingError(f"{where}: expected {describe(field)}, got None")
@@ -156,7 +160,8 @@ def describe(field):
     """What a value of ``field`` must be, in words (error messages, the recipe reference)."""
     meta = field.metadata
     if meta["choices"]:
-        return "one of " + ", ".join(_word(choice) for choice in meta["choices"])
+        also = "".join(f", or {str(flag).lower()} (= {value!r})" for flag, value in (meta["booleans"] or {}).items())
+        return "one of " + ", ".join(_word(choice) for choice in meta["choices"]) + also
     if meta["kind"] is bool:
         return "true or false"
     return getattr(meta["parse"], "expected", "a string")

@@ -32,7 +32,7 @@ def _data_dir():
     return setting(None, DATA_DIR_HELP, section="data", metavar="DIR")
 
 
-def _seed(help="weight initialisation, dropout and shuffling"):  # noqa: A002
+def _seed(help="weight initialisation, dropout and shuffling"):
     return setting(0, help, section="train", parse=types.non_negative_int)
 
 
@@ -107,7 +107,8 @@ class GPTTrainConfig(CheckpointSettings, _Checked):
     weight_decay: float = setting(0.01, "AdamW weight decay", section="train", parse=types.non_negative_float)
     precision: str = setting("float32", "mixed_bfloat16: bf16 compute, float32 weights and optimizer", section="train", choices=choices.PRECISIONS)
     remat: str = setting("none", "what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more compute), "
-                         "dots_saveable (matmul outputs); --remat alone means full", section="train", choices=choices.REMATS, const="full")  # fmt: skip
+                         "dots_saveable (matmul outputs); --remat alone means full", section="train", choices=choices.REMATS, const="full",
+                         booleans={True: "full", False: "none"})  # fmt: skip
     gradient_accumulation_steps: int = setting(1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int)
     seed: int = _seed()
     output: str = setting("runs/gpt/gpt.keras", "where the trained model is saved (.keras); metrics.csv goes beside it", section="train")

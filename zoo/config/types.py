@@ -118,17 +118,3 @@ def positive_ints(value):
     if not numbers or min(numbers) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as 4096,16384, got {value!r}")
     return numbers
-
-
-def check_image_size(args):
-    """``--image-size`` against the dataset's prepared sizes (shapes: 16, 32, 64, 128), after
-    parsing (the dataset is another flag); other datasets take their native size or a
-    multiple of it, checked when they are loaded. Raises ``ValueError`` naming the flag."""
-    size = getattr(args, "image_size", None)
-    if size is None or not hasattr(args, "dataset"):
-        return
-    from zoo.data.load import prepared_image_sizes
-
-    sizes = prepared_image_sizes(args.dataset or "shapes")
-    if sizes and size not in sizes:
-        raise ValueError(f"argument --image-size: {args.dataset or 'shapes'} is prepared at image sizes {', '.join(map(str, sizes))}, got {size}")

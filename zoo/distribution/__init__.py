@@ -1,19 +1,13 @@
 """Meshes, layouts and distributions (no model-specific code here)."""
 
 from zoo.distribution.context_parallel import ContextParallel
-from zoo.distribution.devices import DeviceCountError, describe_devices, simulate_cpu_devices
-from zoo.distribution.layouts import (
-    CheckedModelParallel,
-    LayoutError,
-    check_layout_map,
-    format_sharding_summary,
-    sharding_summary,
+from zoo.distribution.describe import describe, print_description
+from zoo.distribution.devices import (
+    DeviceCountError,
+    describe_devices,
+    simulate_cpu_devices,
 )
-from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size, parse_mesh_spec
-from zoo.distribution.strategies import (
-    BASIC_STRATEGIES,
-    STRATEGIES,
-    TRANSFORMER_STRATEGIES,
+from zoo.distribution.distributions import (
     build_distributed,
     data_parallel_size,
     default_mesh_spec,
@@ -21,11 +15,22 @@ from zoo.distribution.strategies import (
     make_distribution,
     place_batch,
 )
+from zoo.distribution.layouts import (
+    CheckedModelParallel,
+    LayoutError,
+    check_layout_map,
+    format_sharding_summary,
+    sharding_summary,
+)
+from zoo.distribution.mesh import (
+    MeshError,
+    describe_mesh,
+    make_mesh,
+    mesh_axis_size,
+    parse_mesh_spec,
+)
 
 __all__ = [
-    "BASIC_STRATEGIES",
-    "STRATEGIES",
-    "TRANSFORMER_STRATEGIES",
     "ContextParallel",
     "CheckedModelParallel",
     "DeviceCountError",
@@ -35,6 +40,7 @@ __all__ = [
     "check_layout_map",
     "data_parallel_size",
     "default_mesh_spec",
+    "describe",
     "describe_devices",
     "describe_mesh",
     "distribution_for",
@@ -44,6 +50,7 @@ __all__ = [
     "mesh_axis_size",
     "parse_mesh_spec",
     "place_batch",
+    "print_description",
     "sharding_summary",
     "simulate_cpu_devices",
 ]

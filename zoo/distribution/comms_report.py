@@ -42,7 +42,7 @@ import jax
 import keras
 import numpy as np
 
-from zoo.distribution.strategies import place_batch
+from zoo.distribution.distributions import place_batch
 
 __all__ = [
     "COLLECTIVE_KINDS",

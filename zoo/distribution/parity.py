@@ -13,7 +13,7 @@ import jax
 import keras
 import numpy as np
 
-from zoo.distribution.strategies import build_distributed, data_parallel_size, place_batch
+from zoo.distribution.distributions import build_distributed, data_parallel_size, place_batch
 
 # float32 tolerances: reductions split across devices are summed in another order.
 DEFAULT_RTOL = 1e-4

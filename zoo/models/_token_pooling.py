@@ -2,7 +2,7 @@
 
 import keras
 
-POOLINGS = ("cls", "mean")
+from zoo.config.choices import POOLINGS
 
 
 @keras.saving.register_keras_serializable(package="zoo")

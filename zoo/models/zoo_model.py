@@ -68,7 +68,7 @@ class ZooModel(keras.Model):
         building it. ``load_weights``, ``skip_layers`` and ``config_overrides`` as
         ``zoo.presets.from_preset``.
         """
-        return preset_loading.load_model(
+        return preset_loading.load_preset_model(
             cls, name_or_dir, load_weights=load_weights, skip_layers=skip_layers, **config_overrides
         )
 

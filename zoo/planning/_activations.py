@@ -2,7 +2,7 @@
 one formula the planner's analytic model (``search.estimate``) and the remat correction
 (``plan.remat_saved_per_block``) share."""
 
-from zoo.models.gpt.gpt_configs import GATED_MLPS
+from zoo.config.choices import GATED_MLPS
 
 __all__ = ["remat_elements_per_token"]
 
@@ -14,9 +14,9 @@ def remat_elements_per_token(remat, model, tp_divisor):
     ~16C + 2mF (m = 3 matrices of a gated MLP, else 2); dots_saveable the matmul outputs
     (H*D + 2K*D + m'F + 2C, m' = 2 gated, else 1); full only the block's input (C).
     Head and MLP terms are split over the model axis (``tp_divisor``)."""
-    width, heads = model["hidden_dim"], model["num_heads"]
+    width, heads = model["hidden_dim"], model["num_query_heads"]
     head_dim = model.get("head_dim") or width // heads
-    kv_heads = model.get("num_kv_heads") or heads
+    kv_heads = model.get("num_key_value_heads") or heads
     gated = model["mlp"] in GATED_MLPS
     ffn = model["intermediate_dim"]
     if remat == "full":

@@ -116,7 +116,7 @@ _KINDS = (
 
 def local_device():
     """``(DEVICES name, memory GiB or None)`` of this process' first device: what a plan
-    made for a run here (``zoo train gpt --strategy auto``) is sized for. The memory is
+    made for a run here (``zoo train gpt --layout auto``) is sized for. The memory is
     what JAX may use (its ``bytes_limit``: on a GPU, 75% of the HBM unless
     ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise), where the backend reports it."""
     import jax

@@ -36,7 +36,7 @@ class StepMeasure:
 
     num_layers: int | None  # blocks compiled (None: a model without a depth setting)
     mesh: str | None  # the mesh compiled on, e.g. "data=2,model=4"
-    global_batch: int
+    batch_size: int
     memory: dict  # MEMORY_FIELDS -> bytes (StepMemory's fields)
     flops: float  # per device, loop trip counts included
     bytes_accessed: float  # per device (loops counted once: XLA's figure)
@@ -79,7 +79,7 @@ def measure_step(job, config, *, target_devices, label, num_layers=None, compile
     times, _ = loop_multiplicities(text)
     flops, accessed = _cost(step.compiled)
     return StepMeasure(
-        num_layers=step.num_layers, mesh=step.mesh, global_batch=step.global_batch,
+        num_layers=step.num_layers, mesh=step.mesh, batch_size=step.batch_size,
         memory={name: int(getattr(step.memory, name)) for name in MEMORY_FIELDS},
         flops=flops + loop_dot_flops(text, times), bytes_accessed=accessed,
         collectives=report.per_axis(), collectives_exact=report.exact, compile_s=time.perf_counter() - start,

@@ -247,10 +247,10 @@ def remat_saved_per_block(config, step):
     from zoo.models.gpt.gpt_configs import config_by_name
 
     sizes = step.axis_sizes
-    model_axis = sizes.get("model", 1) if config.strategy in ("tp", "tp+sp", "fsdp+tp") else 1
-    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.strategy, 1)  # the sequence's split
-    tokens = step.global_batch // sizes.get("data", 1) * config.sequence_length // split
-    divisor = model_axis if config.strategy in ("tp", "fsdp+tp") else 1  # heads and MLP split over model
+    model_axis = sizes.get("model", 1) if config.layout in ("tp", "tp+sp", "fsdp+tp") else 1
+    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.layout, 1)  # the sequence's split
+    tokens = step.batch_size // sizes.get("data", 1) * config.sequence_length // split
+    divisor = model_axis if config.layout in ("tp", "fsdp+tp") else 1  # heads and MLP split over model
     itemsize = 2 if config.precision == "mixed_bfloat16" else 4
     return int(tokens * remat_elements_per_token(config.remat, config_by_name(config.config_name), divisor) * itemsize)
 
@@ -264,9 +264,9 @@ def _remat_correction(steps, config, full_depth, step):
     low, high = steps
     per_block = high.memory["temp"] - low.memory["temp"]
     kept = remat_saved_per_block(config, step) + high.memory["gradients"] - low.memory["gradients"]
-    if config.strategy in ("fsdp", "fsdp+tp", "context"):
+    if config.layout in ("fsdp", "fsdp+tp", "context"):
         sizes = step.axis_sizes
-        gathered = sizes.get("seq", 1) if config.strategy == "context" else sizes.get("data", 1)
+        gathered = sizes.get("seq", 1) if config.layout == "context" else sizes.get("data", 1)
         itemsize = 2 if config.precision == "mixed_bfloat16" else 4
         kept += (high.memory["weights"] - low.memory["weights"]) * gathered * itemsize // 4
     return -(full_depth - 1) * max(per_block - kept, 0)

@@ -30,7 +30,7 @@ def format_plan(plan):
     depth = "whole model" if len(plan.compiled_depths) < 2 else f"extrapolated from {plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks"
     lines = [
         f"plan: {request.label or request.job} on {request.devices} x {spec.name} ({spec.description})",
-        f"compiled: the fit step on {step.mesh or 'one device'}, global batch {step.global_batch}, "
+        f"compiled: the fit step on {step.mesh or 'one device'}, global batch {step.batch_size}, "
         f"{plan.full_depth or '-'} blocks ({depth}), {step.compile_s:.1f} s to compile",
         "| per device | bytes |",
         "| --- | ---: |",
@@ -75,7 +75,7 @@ def largest_part(plan):
 def advice(plan):
     """The change that would help most, for the largest part of the peak."""
     config = plan.request.config
-    part, strategy = largest_part(plan), config.get("strategy") or config.get("distribution")
+    part, layout = largest_part(plan), config.get("layout")
     if part == "activations and workspace":
         if config.get("remat") == "none":
             return "rematerialise the blocks (remat full)"
@@ -84,9 +84,9 @@ def advice(plan):
             return f"halve the batch per step ({batch // 2}, with {2 * config['gradient_accumulation_steps']} accumulation steps per update)"
         if batch % 2 == 0:
             return f"halve the batch per step ({batch // 2})"
-        return "split the sequence over devices (strategy context)" if "sequence_length" in config else "use more devices"
-    if strategy in ("single", "data", "tp", "tp+sp", "model"):
-        return "split weights, gradients and optimizer state over the data axis (strategy fsdp, or fsdp+tp)"
+        return "split the sequence over devices (layout context)" if "sequence_length" in config else "use more devices"
+    if layout in ("single", "data", "tp", "tp+sp", "model"):
+        return "split weights, gradients and optimizer state over the data axis (layout fsdp, or fsdp+tp)"
     return "use more devices, or a smaller model"
 
 

@@ -17,17 +17,23 @@
 
 import dataclasses
 
+from zoo.config.choices import PLANNED_LAYOUTS, REMATS
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.planning._activations import remat_elements_per_token
-from zoo.planning.plan import GIB, PlanRequest, make_plan, plans_in_subprocess, target_spec
+from zoo.planning.plan import (
+    GIB,
+    PlanRequest,
+    make_plan,
+    plans_in_subprocess,
+    target_spec,
+)
 from zoo.planning.report import size_text
 from zoo.planning.roofline import axes_bandwidth
 
 __all__ = ["Candidate", "Ranking", "candidates", "choose_layout", "estimate", "format_ranking", "search"]
 
-LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context")
-REMATS = ("none", "dots_saveable", "full")
 RECOMPUTE = {"none": 1.0, "dots_saveable": 1.1, "full": 4 / 3}  # hardware / model FLOPs: full remat re-runs the forward
+REMATS_CHEAPEST_FIRST = sorted(REMATS, key=RECOMPUTE.__getitem__)  # none, dots_saveable, full
 ANALYTIC_HEADROOM = 0.9  # a candidate fits the analytic model below this share of device memory
 
 
@@ -35,14 +41,14 @@ ANALYTIC_HEADROOM = 0.9  # a candidate fits the analytic model below this share 
 class Candidate:
     """One point of the search: a layout, its mesh, remat and the batch split."""
 
-    strategy: str
+    layout: str
     mesh: str | None  # "data=2,model=4"; None: one device
     remat: str
     micro_batch: int  # global batch per fit step
     accumulation: int  # fit steps per optimizer update
 
     def describe(self):
-        return f"{self.strategy} {self.mesh or '(one device)'} remat={self.remat} batch {self.micro_batch}x{self.accumulation}"
+        return f"{self.layout} {self.mesh or '(one device)'} remat={self.remat} batch {self.micro_batch}x{self.accumulation}"
 
 
 @dataclasses.dataclass
@@ -84,9 +90,9 @@ class Ranking:
         """The ``zoo train gpt`` command line that runs ``row`` (default the best)."""
         row = row or self.best
         c, config = row.candidate, self.request.config
-        parts = ["zoo train gpt", f"--config {config['config_name']}", f"--strategy {c.strategy}"]
+        parts = ["zoo train gpt", f"--config-name {config['config_name']}", f"--layout {c.layout}"]
         parts += [f"--mesh {c.mesh}"] if c.mesh else []
-        parts += [f"--attention {config.get('attention', 'ring')}"] if c.strategy == "context" else []
+        parts += [f"--context-attention {config.get('context_attention', 'ring')}"] if c.layout == "context" else []
         parts += [f"--remat {c.remat}", f"--batch-size {c.micro_batch}", f"--gradient-accumulation-steps {c.accumulation}"]
         parts += [f"--sequence-length {config['sequence_length']}", f"--precision {config.get('precision', 'float32')}"]
         return " ".join(parts)
@@ -102,18 +108,18 @@ def _model(request):
     return config_by_name(request.config["config_name"])
 
 
-def _meshes(strategy, devices, model, length, spec):
-    """Mesh specs ``strategy`` can use on ``devices`` devices for this model and length."""
-    if strategy == "single":
+def _meshes(layout, devices, model, length, spec):
+    """Mesh specs ``layout`` can use on ``devices`` devices for this model and length."""
+    if layout == "single":
         return [None] if devices == 1 else []
-    if strategy in ("data", "fsdp"):
+    if layout in ("data", "fsdp"):
         return [f"data={devices}"]
     domain = spec.link_domain or devices
-    if strategy == "context":
+    if layout == "context":
         return [f"data={devices // s},seq={s}" for s in _divisors(devices) if s > 1 and length % s == 0]
-    widths = (model["num_heads"], model["hidden_dim"], model["intermediate_dim"], model["vocabulary_size"])
+    widths = (model["num_query_heads"], model["hidden_dim"], model["intermediate_dim"], model["vocabulary_size"])
     sizes = [m for m in _divisors(devices) if 1 < m <= domain and all(w % m == 0 for w in widths)]
-    if strategy == "tp+sp":
+    if layout == "tp+sp":
         sizes = [m for m in sizes if length % m == 0]
     return [f"data={devices // m},model={m}" for m in sizes]
 
@@ -128,14 +134,14 @@ def candidates(request):
     model, spec = _model(request), target_spec(request)
     length = config["sequence_length"]
     per_update = config["batch_size"] * config.get("gradient_accumulation_steps", 1)
-    layouts = ("single",) if devices == 1 else LAYOUTS
+    layouts = ("single",) if devices == 1 else PLANNED_LAYOUTS
     found = []
-    for strategy in layouts:
-        for mesh in _meshes(strategy, devices, model, length, spec):
+    for layout in layouts:
+        for mesh in _meshes(layout, devices, model, length, spec):
             data = _axis_sizes(mesh).get("data", 1)
             for accumulation in (a for a in _divisors(per_update) if (per_update // a) % data == 0):
-                for remat in REMATS:
-                    found.append(Candidate(strategy, mesh, remat, per_update // accumulation, accumulation))
+                for remat in REMATS_CHEAPEST_FIRST:
+                    found.append(Candidate(layout, mesh, remat, per_update // accumulation, accumulation))
     return found
 
 
@@ -152,10 +158,10 @@ def estimate(candidate, request):
     data, tp, seq = sizes.get("data", 1), sizes.get("model", 1), sizes.get("seq", 1)
     params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
     itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
-    state_split = {"fsdp": data, "fsdp+tp": data * tp, "tp": tp, "tp+sp": tp, "context": seq}.get(candidate.strategy, 1)
+    state_split = {"fsdp": data, "fsdp+tp": data * tp, "tp": tp, "tp+sp": tp, "context": seq}.get(candidate.layout, 1)
     state = params * 4 * (4 + (candidate.accumulation > 1)) / state_split  # weights, gradients, 2 Adam slots (+ accumulators)
-    tokens = candidate.micro_batch // data * length // (seq * (tp if candidate.strategy == "tp+sp" else 1))
-    divisor = tp if candidate.strategy in ("tp", "fsdp+tp") else 1
+    tokens = candidate.micro_batch // data * length // (seq * (tp if candidate.layout == "tp+sp" else 1))
+    divisor = tp if candidate.layout in ("tp", "fsdp+tp") else 1
     per_block = tokens * remat_elements_per_token(candidate.remat, model, divisor) * itemsize
     workspace = 0 if candidate.remat == "none" else tokens * remat_elements_per_token("none", model, divisor) * itemsize
     logits = candidate.micro_batch // data * length // seq * model["vocabulary_size"] // max(tp, 1) * 4 * 3
@@ -176,7 +182,7 @@ def _communication_s(candidate, request, params, itemsize, tokens):
         n = sizes.get(axis, 1)
         return 0.0 if n == 1 else sent * (n - 1) / n / axes_bandwidth((axis,), axes, spec)
 
-    s = candidate.strategy
+    s = candidate.layout
     shard = params * 4 / (sizes.get("model", 1) if s == "fsdp+tp" else 1)
     if s in ("data", "tp", "tp+sp"):
         time += over("data", 2 * 4 * params / sizes.get("model", 1))  # all-reduce of the gradients
@@ -186,7 +192,7 @@ def _communication_s(candidate, request, params, itemsize, tokens):
         activation = candidate.micro_batch // sizes.get("data", 1) * request.config["sequence_length"] * model["hidden_dim"] * itemsize
         time += over("model", (4 * model["num_layers"] + 2) * 2 * activation)  # Megatron: 4 all-reduces per block
     if s == "context":
-        kv = tokens * 2 * (model.get("num_kv_heads") or model["num_heads"]) * (model["hidden_dim"] // model["num_heads"]) * itemsize
+        kv = tokens * 2 * (model.get("num_key_value_heads") or model["num_query_heads"]) * (model["hidden_dim"] // model["num_query_heads"]) * itemsize
         time += over("seq", 3 * model["num_layers"] * kv * sizes["seq"]) + over("seq", 3 * params * 4)  # ring hops, FSDP over seq
     return time
 
@@ -195,7 +201,7 @@ def _communication_s(candidate, request, params, itemsize, tokens):
 
 
 def _request_for(request, candidate):
-    config = {**request.config, "strategy": candidate.strategy, "mesh": candidate.mesh, "remat": candidate.remat,
+    config = {**request.config, "layout": candidate.layout, "mesh": candidate.mesh, "remat": candidate.remat,
               "batch_size": candidate.micro_batch, "gradient_accumulation_steps": candidate.accumulation}  # fmt: skip
     return dataclasses.replace(request, config=config, label=f"{request.label or config['config_name']}: {candidate.describe()}")
 
@@ -205,7 +211,7 @@ def _rank_key(row, order):
 
 
 def search(request, *, top=3, report=None):
-    """``Ranking`` of the best candidates for a GPT ``request`` (its strategy, mesh, remat
+    """``Ranking`` of the best candidates for a GPT ``request`` (its layout, mesh, remat
     and batch split are searched; its batch_size x gradient_accumulation_steps is kept)."""
     if request.job != "pretrain_gpt":
         raise ValueError(f"zoo plan --auto searches GPT layouts (job pretrain_gpt), not {request.job!r}")
@@ -255,7 +261,7 @@ def format_ranking(ranking):
         sent = ", ".join(f"{axes} {size_text(sent)}" for axes, sent in plan.sent_per_axis().items()) or "-"
         mfu = f"{100 * plan.mfu:.1f}%" if plan.mfu is not None else "-"
         lines.append(
-            f"| {rank} | {c.strategy} | {c.mesh or '-'} | {c.remat} | {c.micro_batch} x {c.accumulation} | {'yes' if plan.fits else 'NO'} | "
+            f"| {rank} | {c.layout} | {c.mesh or '-'} | {c.remat} | {c.micro_batch} x {c.accumulation} | {'yes' if plan.fits else 'NO'} | "
             f"{size_text(plan.peak)} | {row.compiled_update_s * 1e3:,.1f} ms | {mfu} | {sent} |"
         )
     if ranking.best is not None and ranking.best.fits:
@@ -264,7 +270,7 @@ def format_ranking(ranking):
 
 
 def choose_layout(config, *, top=3, report=print):
-    """``config`` (a ``GPTTrainConfig`` with ``strategy="auto"``) with the best fitting
+    """``config`` (a ``GPTTrainConfig`` with ``layout="auto"``) with the best fitting
     layout, mesh, remat and batch split for this process' devices; raises ``ValueError``
     naming the smallest peak when none fits. The batch per optimizer update
     (``batch_size x gradient_accumulation_steps``) is kept."""
@@ -274,14 +280,14 @@ def choose_layout(config, *, top=3, report=print):
 
     name, memory_gib = local_device()
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    request = PlanRequest("pretrain_gpt", {**fields, "strategy": "data", "mesh": None}, devices=len(jax.devices()), device=name,
+    request = PlanRequest("pretrain_gpt", {**fields, "layout": "data", "mesh": None}, devices=len(jax.devices()), device=name,
                           device_memory_gib=memory_gib, label=config.config_name)  # fmt: skip
     ranking = search(request, top=top, report=report)
     if ranking.best is None or not ranking.best.fits:
-        raise ValueError(f"--strategy auto: no layout fits: {ranking.why_none()}")
+        raise ValueError(f"--layout auto: no layout fits: {ranking.why_none()}")
     for line in format_ranking(ranking)[:-1]:
         report(line)
     best = ranking.best.candidate
-    chosen = dict(strategy=best.strategy, mesh=best.mesh, remat=best.remat, batch_size=best.micro_batch, gradient_accumulation_steps=best.accumulation)
+    chosen = dict(layout=best.layout, mesh=best.mesh, remat=best.remat, batch_size=best.micro_batch, gradient_accumulation_steps=best.accumulation)
     report(f"layout auto: {best.describe()} (peak {size_text(ranking.best.plan.peak)} per device)")
     return dataclasses.replace(config, **chosen)

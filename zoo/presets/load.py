@@ -87,10 +87,10 @@ def from_preset(name_or_dir, *, load_weights=True, skip_layers=(), **config_over
 
     ``SmallCNN.from_preset(...)`` (every zoo model class has it) also checks the class.
     """
-    return load_model(keras.Model, name_or_dir, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
+    return load_preset_model(keras.Model, name_or_dir, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
 
 
-def load_model(model_class, name_or_dir, *, load_weights=True, skip_layers=(), **config_overrides):
+def load_preset_model(model_class, name_or_dir, *, load_weights=True, skip_layers=(), **config_overrides):
     """``from_preset``, refusing (``PresetError``) a preset that holds no ``model_class``
     before building anything; ``ZooModel.from_preset`` calls it with its own class."""
     directory = resolve_preset(name_or_dir)

@@ -7,8 +7,15 @@ data position refers to, so a resume under other data is refused).
 
 from zoo.training._checkpoint_lock import describe_holder
 from zoo.training.callbacks import PeriodicCheckpoint
-from zoo.training.checkpoints import CheckpointError, Checkpoints, ResumableBatches, TrainingPosition, fit_from
+from zoo.training.checkpoints import (
+    CheckpointError,
+    Checkpoints,
+    ResumableBatches,
+    TrainingPosition,
+    fit_from,
+)
 from zoo.training.interrupts import StopAtSignal, stop_on_signals
+from zoo.training.run_logs import run_log_callbacks
 
 
 def check_checkpoint_options(config):
@@ -49,9 +56,11 @@ def open_checkpoints(config, data, model, report):
     return checkpoints, position
 
 
-def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data, callbacks, report, verbose=1):
+def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data, callbacks, report, verbose=1, run_dir=None):
     """Fit ``train_data`` (a ``DivisibleBatches``) for ``epochs``, saving and resuming
-    checkpoints as the config says; returns the history dict.
+    checkpoints as the config says; returns the history dict. With ``run_dir`` the run's
+    metrics go to ``run_dir/metrics.csv`` and ``steps.csv`` (``zoo.training.run_logs``),
+    continued on resume.
 
     SIGINT and SIGTERM stop training at the next step boundary: a checkpoint is written
     (when the run checkpoints) and ``TrainingInterrupted`` is raised (``zoo.training.interrupts``).
@@ -67,7 +76,9 @@ def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data
     try:
         with stop_on_signals() as signals:
             stopper = StopAtSignal(signals, saver)
-            callbacks = [*callbacks, *([saver] if saver else []), stopper]  # the saver's position first, then the stop
+            # the figures (StepReport, Throughput) first, then the files that log them; the saver's position, then the stop
+            logs = run_log_callbacks(run_dir, resume=start.step > 0, initial_step=start.step) if run_dir else []
+            callbacks = [*callbacks, *logs, *([saver] if saver else []), stopper]
             history = fit_from(model, resumable, epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
             stopper.stop_if_signalled()  # a signal during the last step
         if saver is not None and saver.save():

@@ -22,9 +22,9 @@ import math
 import keras
 
 from zoo._compat import distribution_layout_map, sublayers
+from zoo.config.choices import LORA_WEIGHTS
 from zoo.layers._tensor_parallel import kernel_variable
 
-LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")
 LORA_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)  # zoo's TP layers are Dense subclasses
 
 

@@ -1,12 +1,12 @@
 """A recipe's training step compiled (never run) for its target's devices, and whether it fits.
 
 ``compile_job_step(job, config, ...)`` (``compile_recipe_step(recipe)`` for a recipe) builds the model abstractly with the job's own
-builder (precision, remat, strategy overrides) under the job's own distribution on a
+builder (precision, remat, layout overrides) under the job's own distribution on a
 real mesh of this process' devices (simulated CPU devices work), compiles the step
 ``fit`` runs for one global batch (``compiled_step.compile_fit_step``) and returns the
 per-device memory next to the target's.
 
-Fewer devices than the target: a strategy that splits no weight over the data axis
+Fewer devices than the target: a layout that splits no weight over the data axis
 (``data``, ``tp``, ``tp+sp``) holds the same per device on a mesh with a smaller data
 axis and a proportionally smaller global batch, so the step is compiled there (the
 data axis shrinks by the factor the device count falls short). Strategies that split
@@ -36,7 +36,7 @@ class RecipeStep:
 
     path: str
     mesh: str | None  # the mesh compiled on, e.g. "data=2,model=4"
-    global_batch: int  # the global batch compiled (scaled with a shrunk data axis)
+    batch_size: int  # the global batch compiled (scaled with a shrunk data axis)
     num_layers: int  # Transformer blocks compiled
     memory: StepMemory
     compiled: object = dataclasses.field(repr=False, default=None)
@@ -76,16 +76,16 @@ class RecipeFit:
 
 def _mesh_axes(job, config, target_devices, devices, label):
     """``([(axis, size)] or None, global batch)`` for compiling on ``devices`` devices."""
-    strategy = job.strategy(config)
-    axes = plans.resolve_axes(job.mesh_spec(config), strategy, target_devices)
+    layout = job.layout(config)
+    axes = plans.resolve_axes(job.mesh_spec(config), layout, target_devices)
     batch = config.batch_size
     if axes is None or devices >= target_devices:
         return axes, batch
     shrink = target_devices // devices
     sizes = dict(axes)
-    if strategy in WEIGHTS_SPLIT_OVER_DATA or target_devices % devices or sizes.get("data", 1) % shrink:
+    if layout in WEIGHTS_SPLIT_OVER_DATA or target_devices % devices or sizes.get("data", 1) % shrink:
         raise ValueError(
-            f"{label}: strategy {strategy!r} on mesh {plans.describe_axes(axes)} needs its "
+            f"{label}: layout {layout!r} on mesh {plans.describe_axes(axes)} needs its "
             f"{target_devices} devices to be compiled faithfully; this process has {devices}"
         )
     return [(name, size // shrink if name == "data" else size) for name, size in axes], batch // shrink

@@ -1,53 +1,18 @@
-"""The jobs a recipe can drive: where each lives, how recipe keys map onto its config
-dataclass, and how to build its distribution and model for an abstract check.
+"""The jobs a recipe can drive: each a registered object holding its settings class and
+its job module, and how to build its distribution and model for an abstract check.
 
 Nothing here re-implements a job: every adapter calls the job module's own functions
-(``resolve_transformer_distribution``, ``build_gpt``/``build_for_training``,
-``compile_gpt``, ``zoo.training.cnn.build_cnn``, ...). A recipe key maps onto a job
-config field by name; a key whose field the job's config lacks is reported, never
-dropped (``UnsupportedKeyError``).
+(``resolve_distribution``, ``build_gpt``/``build_for_training``, ``compile_gpt``,
+``zoo.training.cnn.build_cnn``, ...). A recipe key is the settings field of the same
+name (``[train] batch_size`` -> ``batch_size``); a key another job has but this job's
+settings lack is reported, never dropped (``UnsupportedKeyError``).
 """
 
-import dataclasses
-import importlib
 
-from zoo.training._recipe_schema import SECTIONS, RecipeError
+from zoo.config.schema import recipe_fields
+from zoo.training._recipe_schema import JOB_SETTINGS, SECTIONS, RecipeError
 
 RECIPE_ONLY_SECTIONS = ("recipe", "target", "multihost")  # read by the recipe runner, not by the job
-
-# "section.key" -> job config field, for every job unless a job renames or drops the key.
-COMMON_FIELDS = {
-    "model.name": "config_name",
-    "model.dropout": "dropout",
-    "parallel.strategy": "strategy",
-    "parallel.mesh": "mesh",
-    "parallel.attention": "attention",
-    "parallel.balance": "balance",
-    "data.dataset": "dataset",
-    "data.data_dir": "data_dir",
-    "data.image_size": "image_size",
-    "data.train_examples": "train_examples",
-    "data.test_examples": "test_examples",
-    "train.global_batch": "batch_size",
-    "train.sequence_length": "sequence_length",
-    "train.precision": "precision",
-    "train.remat": "remat",
-    "train.gradient_accumulation_steps": "gradient_accumulation_steps",
-    "train.epochs": "epochs",
-    "train.steps_per_epoch": "steps_per_epoch",
-    "train.learning_rate": "learning_rate",
-    "train.weight_decay": "weight_decay",
-    "train.seed": "seed",
-    "train.output": "output",
-    "checkpoint.dir": "checkpoint_dir",
-    "checkpoint.every": "checkpoint_every",
-    "checkpoint.keep": "keep",
-    "checkpoint.resume": "resume",
-    "logging.every_steps": "report_every",
-    "logging.profile_dir": "profile_dir",
-    "logging.profile_steps": "profile_steps",
-    "logging.peak_tflops": "peak_tflops",
-}
 
 
 def _schema_order(dotted):
@@ -56,11 +21,11 @@ def _schema_order(dotted):
 
 
 class JobUnavailableError(RecipeError):
-    """The job's module, config class or function cannot be found (yet)."""
+    """The job's module cannot be imported here."""
 
 
 class UnsupportedKeyError(RecipeError):
-    """The recipe sets keys its job's config has no field for.
+    """The recipe sets keys its job's settings have no field for (another job's keys).
 
     ``keys``: the offending ``"section.key"`` names; ``plan``: the abstract plan when
     ``check_recipe`` got that far (the other checks passed), else None.
@@ -72,48 +37,45 @@ class UnsupportedKeyError(RecipeError):
 
 
 class Job:
-    """A job function and its config dataclass, named by module and attribute."""
+    """A recipe job: its name, its settings class and its job module (``module()``)."""
 
-    name = module_name = config_class_name = function_name = None
-    renames = {}  # "section.key" -> this job's field name, where it differs from COMMON_FIELDS
-    fixed = {}  # "section.key" -> the only value allowed; checked, not passed to the job
+    name = None
 
-    def fields(self):
-        """``{"section.key": job config field}`` for this job."""
-        fields = {**COMMON_FIELDS, **self.renames}
-        return {k: v for k, v in fields.items() if k not in self.fixed}
+    @property
+    def settings_class(self):
+        return JOB_SETTINGS[self.name]
+
+    def module(self):
+        """The job module (imported when first needed: it brings Keras)."""
+        raise NotImplementedError
 
     def load(self):
-        """``(module, config class, job function)``; ``JobUnavailableError`` names what is missing."""
+        """``(module, settings class, job function)``; ``JobUnavailableError`` if the module cannot be imported."""
         try:
-            module = importlib.import_module(self.module_name)
+            module = self.module()
         except ImportError as error:
-            raise JobUnavailableError(f"job {self.name!r} needs {self.module_name}, which cannot be imported: {error}") from None
-        missing = [n for n in (self.config_class_name, self.function_name) if not hasattr(module, n)]
-        if missing:
-            raise JobUnavailableError(f"job {self.name!r}: {self.module_name} has no {' or '.join(missing)}")
-        return module, getattr(module, self.config_class_name), getattr(module, self.function_name)
+            raise JobUnavailableError(f"job {self.name!r} cannot be imported: {error}") from None
+        return module, self.settings_class, self.function(module)
 
-    def config_values(self, given, values, config_class):
+    def function(self, module):
+        return module.train
+
+    def fields(self):
+        """``{"section.key": settings field}`` for this job: each key is the field's own name."""
+        return {f"{section}.{name}": name for section, fields in recipe_fields(self.settings_class).items() for name in fields}
+
+    def config_values(self, given, values, config_class=None):
         """``({field: value}, [problems])`` for the given keys; ``values``: {"section.key": value}."""
         fields = self.fields()
-        known = {f.name for f in dataclasses.fields(config_class)}
         passed, problems = {}, []
         for dotted in sorted(given, key=_schema_order):
             section, _, key = dotted.partition(".")
             if section in RECIPE_ONLY_SECTIONS:
                 continue
-            if dotted in self.fixed:
-                if values[dotted] != self.fixed[dotted]:
-                    raise RecipeError(f"[{section}] {key}: job {self.name!r} has only {self.fixed[dotted]!r}, got {values[dotted]!r}")
-                continue
-            field = fields.get(dotted)
-            if field is None:
-                problems.append((dotted, f"{key} (not a setting of this job)"))
-            elif field not in known:
-                problems.append((dotted, f"{key} (no field {field!r})"))
+            if dotted in fields:
+                passed[fields[dotted]] = values[dotted]
             else:
-                passed[field] = values[dotted]
+                problems.append((dotted, f"{key} (not a setting of this job)"))
         return passed, problems
 
     # --- the abstract plan: overridden per job ---------------------------------------
@@ -121,8 +83,8 @@ class Job:
     def describe_model(self, config):
         return str(getattr(config, "config_name", "?"))
 
-    def strategy(self, config):
-        return config.strategy
+    def layout(self, config):
+        return config.layout
 
     def mesh_spec(self, config):
         return config.mesh
@@ -135,11 +97,11 @@ class Job:
 
     def flops_per_step(self, config, model):
         """Model FLOPs of one training step, or None where zoo.training.mfu has no formula."""
-        return None
+        return
 
     def num_layers(self, module, config):
         """The model's depth where it can be compiled at reduced depth (None: it cannot)."""
-        return None
+        return
 
     def batch_shapes(self, module, config, model, batch):
         """``((x shape, dtype), (y shape, dtype))`` of one global batch of ``batch`` examples."""
@@ -147,13 +109,18 @@ class Job:
 
 
 class PretrainGPT(Job):
-    name, module_name, config_class_name, function_name = "pretrain_gpt", "zoo.training.gpt", "GPTTrainConfig", "train"
+    name = "pretrain_gpt"
+
+    def module(self):
+        from zoo.training import gpt
+
+        return gpt
 
     def distribution(self, module, config, mesh):
         return module.resolve_distribution(config, mesh)
 
     def build(self, module, config, **model_overrides):
-        # The job's own builder: precision policy, rematerialisation, strategy overrides;
+        # The job's own builder: precision policy, rematerialisation, layout overrides;
         # model_overrides (e.g. num_layers) for compile-only checks at reduced depth.
         return module.build_for_training(config, **model_overrides)
 
@@ -176,27 +143,27 @@ class PretrainGPT(Job):
         return gpt_flops_per_token(model.get_config(), config.sequence_length) * config.batch_size * config.sequence_length
 
     def check_inputs(self, config, model):
-        if config.sequence_length > model.max_sequence_length:
+        if config.sequence_length > model.backbone.max_sequence_length:
             raise RecipeError(
                 f"[train] sequence_length {config.sequence_length} exceeds the max_sequence_length "
-                f"{model.max_sequence_length} of {config.config_name}"
+                f"{model.backbone.max_sequence_length} of {config.config_name}"
             )
 
 
 class TrainCNN(Job):
-    name, module_name, config_class_name, function_name = "train_cnn", "zoo.training.cnn", "TrainConfig", "train"
-    renames = {"parallel.strategy": "distribution"}
-    fixed = {"model.name": "small_cnn"}
+    name = "train_cnn"
     INPUT_CHANNELS = 3  # the abstract build assumes RGB: the channel count is known only once data loads
+
+    def module(self):
+        from zoo.training import cnn
+
+        return cnn
 
     def describe_model(self, config):
         return "small_cnn"
 
-    def strategy(self, config):
-        return config.distribution
-
     def distribution(self, module, config, mesh):
-        return module.resolve_distribution(config.distribution, mesh)
+        return module.resolve_distribution(config, mesh)
 
     def build(self, module, config):
         from zoo.data import get_spec
@@ -221,20 +188,18 @@ class TrainCNN(Job):
 class Finetune(Job):
     """``zoo.training.finetune.finetune``: a classifier preset, trained frozen / LoRA / full."""
 
-    name, module_name, config_class_name, function_name = "finetune", "zoo.training.finetune", "FinetuneConfig", "finetune"
-    renames = {
-        "model.name": "preset",
-        "parallel.strategy": "distribution",
-        "finetune.method": "strategy",
-        "finetune.lora_rank": "lora_rank",
-        "finetune.lora_alpha": "lora_alpha",
-    }
+    name = "finetune"
+
+    def module(self):
+        from zoo.training import finetune
+
+        return finetune
+
+    def function(self, module):
+        return module.finetune
 
     def describe_model(self, config):
         return f"preset {config.preset}"
-
-    def strategy(self, config):
-        return config.distribution
 
     def _class_name(self, config):
         from zoo.presets import load_preset_metadata
@@ -243,7 +208,7 @@ class Finetune(Job):
 
     def distribution(self, module, config, mesh):
         # The job's own resolver, handed the abstract mesh in place of the spec string.
-        return module._distribution(self._class_name(config), dataclasses.replace(config, mesh=mesh))
+        return module.resolve_distribution(self._class_name(config), config, mesh)
 
     def build(self, module, config):
         """The preset's architecture with the dataset's head and the method applied
@@ -253,7 +218,7 @@ class Finetune(Job):
 
         head, size_key = module.head_of(self._class_name(config))
         model = from_preset(config.preset, load_weights=False, **{size_key: len(get_spec(config.dataset).classes)})
-        module.prepare_finetuning(model, config.strategy, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
+        module.prepare_finetuning(model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
         return model
 
     def compile(self, module, model, config):

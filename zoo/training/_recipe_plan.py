@@ -48,7 +48,7 @@ class Plan:
     job: str
     description: str | None
     model: str
-    strategy: str
+    layout: str
     mesh: str | None  # resolved, e.g. "data=8,model=4"; None for one device
     platform: str
     hosts: int
@@ -59,7 +59,7 @@ class Plan:
     gradient_bytes: int  # per device: one gradient per trainable weight, same layout
     optimizer_bytes: int  # per device: optimizer slots, each laid out like its weight
     device_memory_bytes: int | None
-    global_batch: int
+    batch_size: int
     data_shards: int  # the batch is split this many ways
     sequence_length: int | None  # None: not a token model
     sequence_shards: int  # the sequence is split this many ways
@@ -74,7 +74,7 @@ class Plan:
 
     @property
     def tokens_per_step(self):
-        return None if self.sequence_length is None else self.global_batch * self.sequence_length
+        return None if self.sequence_length is None else self.batch_size * self.sequence_length
 
     def format(self):
         """The plan as text lines (``zoo recipe check`` prints them)."""
@@ -82,9 +82,9 @@ class Plan:
         lines.append(f"target: {self.platform}, {self.hosts} host(s) x {self.devices // self.hosts} device(s) = {self.devices}")
         trainable = f" ({self.trainable_parameters:,} trainable)" if self.trainable_parameters != self.parameters else ""
         lines.append(f"model: {self.model}, {self.parameters:,} parameters{trainable}")
-        lines.append(f"layout: strategy {self.strategy}" + (f" on mesh {self.mesh}" if self.mesh else " (one device)"))
-        per = self.global_batch // self.data_shards
-        lines.append(f"batch: {self.global_batch} per step = {per} per data shard x {self.data_shards}; {self.accumulation} step(s) per update")
+        lines.append(f"layout: {self.layout}" + (f" on mesh {self.mesh}" if self.mesh else " (one device)"))
+        per = self.batch_size // self.data_shards
+        lines.append(f"batch: {self.batch_size} per step = {per} per data shard x {self.data_shards}; {self.accumulation} step(s) per update")
         if self.sequence_length is not None:
             lines.append(
                 f"tokens: {self.tokens_per_step:,} per step, {self.tokens_per_step * self.accumulation:,} per update; "
@@ -119,14 +119,14 @@ def _gib(count):
     return f"{count} B"
 
 
-def resolve_axes(spec, strategy, devices):
-    """``[(axis, size)]`` of the mesh for ``strategy`` on ``devices`` (``-1`` filled in);
-    None for the single-device strategy. Raises ``MeshError`` naming the numbers."""
-    if strategy == "single":
+def resolve_axes(spec, layout, devices):
+    """``[(axis, size)]`` of the mesh for ``layout`` on ``devices`` (``-1`` filled in);
+    None for the single-device layout. Raises ``MeshError`` naming the numbers."""
+    if layout == "single":
         if devices != 1:
-            raise zd.MeshError(f"strategy 'single' runs on one device but the target has {devices}; choose a parallel strategy")
+            raise zd.MeshError(f"layout 'single' runs on one device but the target has {devices}; choose a parallel layout")
         return None
-    spec = spec or zd.default_mesh_spec(strategy, devices)
+    spec = spec or zd.default_mesh_spec(layout, devices)
     return resolve_mesh_shape(zd.parse_mesh_spec(spec), devices)
 
 
@@ -134,22 +134,22 @@ def describe_axes(axes):
     return None if axes is None else ",".join(f"{name}={size}" for name, size in axes)
 
 
-def check_batch(distribution, axes, strategy, global_batch, sequence_length, hosts):
+def check_batch(distribution, axes, layout, batch_size, sequence_length, hosts):
     """``(data shards, sequence shards)``; raises ``ValueError`` naming the numbers unless
     the batch splits over the data axis and the processes, and the sequence over its axes."""
     sizes = dict(axes or [])
     data = zd.data_parallel_size(distribution)
-    if global_batch % data:
-        raise ValueError(f"[train] global_batch {global_batch} is not divisible by the {distribution.batch_dim_name!r} mesh axis of size {data}")
-    if global_batch % hosts:
-        raise ValueError(f"[train] global_batch {global_batch} is not divisible by the {hosts} hosts (each process feeds an equal share)")
-    split = {SEQ: sizes.get(SEQ, 1) if strategy == "context" else 1, MODEL: sizes.get(MODEL, 1) if strategy == "tp+sp" else 1}
+    if batch_size % data:
+        raise ValueError(f"[train] batch_size {batch_size} is not divisible by the {distribution.batch_dim_name!r} mesh axis of size {data}")
+    if batch_size % hosts:
+        raise ValueError(f"[train] batch_size {batch_size} is not divisible by the {hosts} hosts (each process feeds an equal share)")
+    split = {SEQ: sizes.get(SEQ, 1) if layout == "context" else 1, MODEL: sizes.get(MODEL, 1) if layout == "tp+sp" else 1}
     shards = math.prod(split.values())
     if sequence_length is not None and sequence_length % shards:
         named = " x ".join(f"{axis!r} ({size})" for axis, size in split.items() if size > 1)
         raise ValueError(f"[train] sequence_length {sequence_length} is not divisible by the mesh axes it is split over: {named} = {shards}")
     if sequence_length is not None and hasattr(distribution, "check_data_shape"):
-        distribution.check_data_shape((global_batch, sequence_length))  # e.g. causal load balancing needs 2 x seq
+        distribution.check_data_shape((batch_size, sequence_length))  # e.g. causal load balancing needs 2 x seq
     return data, shards
 
 
@@ -211,12 +211,12 @@ def notes_for(axes, target, state_bytes):
     return notes
 
 
-def check_memory(target, state_bytes, strategy, mesh):
+def check_memory(target, state_bytes, layout, mesh):
     """Raise ``ValueError`` if the training state alone cannot fit a device."""
     memory = (target.device_memory_gib or 0) * GIB
     if memory and state_bytes > memory:
         raise ValueError(
-            f"weights, gradients and optimizer state need {_gib(state_bytes)} per device under strategy {strategy!r} "
+            f"weights, gradients and optimizer state need {_gib(state_bytes)} per device under layout {layout!r} "
             f"on mesh {mesh} but [target] device_memory_gib is {target.device_memory_gib:g}: split the weights "
             f"more (fsdp over more devices, a larger model axis) or choose a smaller model"
         )

@@ -1,11 +1,14 @@
-"""The recipe file schema: one dataclass per TOML section, and checked parsing into them.
+"""The recipe file schema: the recipe-only sections, and the job sections generated from
+the job settings (``zoo.config.settings``), and checked parsing into them.
 
-A recipe is a TOML file whose sections and keys are exactly the fields below. Every
-field's ``metadata`` says what a value must be (``kind``, ``choices``, ``minimum``,
-``required``); ``parse_sections`` refuses anything else, naming the file, the section,
-the key, the value and what is allowed. A key left out of the file is ``None`` here,
-which means "the job's own default" (the job config dataclass is the one source of
-defaults); the few recipe-only keys (``[target]``, ``[multihost]``) carry their own.
+A recipe is a TOML file. ``[recipe]``, ``[target]`` and ``[multihost]`` are the
+recipe's own (one dataclass each below); every other section and key is a field of a
+job's settings dataclass under the same name (``[train] batch_size`` is
+``GPTTrainConfig.batch_size`` and ``--batch-size``): the section dataclasses below are
+generated from them (``job_sections``). ``parse_sections`` refuses anything else, naming
+the file, the section, the key, the value and what is allowed; a key that was renamed
+gets its new name (``RENAMED_KEYS``). A key left out of the file is ``None`` here, which
+means "the job's own default" (the settings dataclass is the one source of defaults).
 """
 
 import dataclasses
@@ -13,14 +16,23 @@ import difflib
 import os
 import tomllib
 
-from zoo.distribution.context_parallel import ATTENTIONS, BALANCES
-from zoo.distribution.strategies import STRATEGIES
-from zoo.layers.transformer_block import REMATS
+from zoo.config import choices, settings
+from zoo.config.schema import SettingError, recipe_fields
+from zoo.config.schema import check_value as check_setting
 
 JOBS = ("train_cnn", "pretrain_gpt", "finetune")
-PLATFORMS = ("cpu", "gpu", "tpu")
-PRECISIONS = ("float32", "mixed_bfloat16")  # Keras dtype policies the jobs train under
-FINETUNE_METHODS = ("frozen", "lora", "full")
+# recipe job -> its settings (zoo.training._recipe_jobs runs them)
+JOB_SETTINGS = {"train_cnn": settings.CNNTrainConfig, "pretrain_gpt": settings.GPTTrainConfig, "finetune": settings.FinetuneConfig}
+# "section.key" of an earlier release -> the key that replaced it (docs/architecture.md, Vocabulary)
+RENAMED_KEYS = {
+    "model.name": "[model] config_name (GPT), [model] preset (finetune)",
+    "parallel.strategy": "[parallel] layout",
+    "parallel.attention": "[parallel] context_attention",
+    "train.global_batch": "[train] batch_size",
+    "checkpoint.dir": "[checkpoint] checkpoint_dir",
+    "checkpoint.every": "[checkpoint] checkpoint_every",
+    "logging.every_steps": "[logging] report_every",
+}
 
 
 class RecipeError(ValueError):
@@ -49,7 +61,7 @@ class RecipeSection:
 class TargetSection:
     """[target]: the machines the recipe is sized for."""
 
-    platform: str = key(str, choices=PLATFORMS, required=True)  # the device kind JAX must find at run time
+    platform: str = key(str, choices=choices.PLATFORMS, required=True)  # the device kind JAX must find at run time
     hosts: int = key(int, default=1, minimum=1)  # JAX processes, one per host
     devices_per_host: int = key(int, required=True, minimum=1)  # accelerators (or simulated CPU devices) per host
     device_memory_gib: float | None = key(float, minimum=0.001)  # memory per device; None: not checked
@@ -68,93 +80,26 @@ class MultihostSection:
     timeout_s: float = key(float, default=300.0, minimum=1)  # wait for the coordinator this long, then fail
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSection:
-    """[model]: which model."""
-
-    name: str | None = key(str)  # GPT: a GPT_CONFIGS name; CNN: small_cnn; finetune: the preset
-    dropout: float | None = key(float, minimum=0.0)  # overrides the model config's dropout
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelSection:
-    """[parallel]: how the model and batch are laid out over the devices."""
-
-    strategy: str | None = key(str, choices=STRATEGIES)  # see docs/models.md and zoo.distribution.strategies
-    mesh: str | None = key(str)  # "data=2,model=4"; one axis may be -1; None: the strategy's default
-    attention: str | None = key(str, choices=ATTENTIONS)  # context strategy: the sequence-parallel kernel
-    balance: str | None = key(str, choices=[b for b in BALANCES if b is not None])  # context strategy: causal load balancing; None: none
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSection:
-    """[data]: the training data."""
-
-    dataset: str | None = key(str)  # a zoo.data dataset name (zoo data list)
-    data_dir: str | None = key(str)  # TFDS folder; None: $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets
-    image_size: int | None = key(int, minimum=1)  # images: side length; None: the dataset's own
-    train_examples: int | None = key(int, minimum=1)  # use only the first N training examples
-    test_examples: int | None = key(int, minimum=1)  # fine-tuning: evaluate on the first N test examples
+def job_sections():
+    """``{section: frozen dataclass}`` with every key any recipe job's settings have in that
+    section (default None: the job's own); generated, so a new settings field is a new
+    recipe key under the same name."""
+    merged = {}  # section -> {key: metadata}
+    for settings_class in JOB_SETTINGS.values():
+        for section, fields in recipe_fields(settings_class).items():
+            for name, field in fields.items():
+                known = merged.setdefault(section, {}).setdefault(name, dict(field.metadata))
+                known["choices"] = tuple(dict.fromkeys(known["choices"] + field.metadata["choices"]))  # each job checks its own
+    return {
+        section: dataclasses.make_dataclass(
+            f"{section.title()}Section", [(name, object, dataclasses.field(default=None, metadata=meta)) for name, meta in keys.items()],
+            frozen=True,
+        )
+        for section, keys in merged.items()
+    }  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainSection:
-    """[train]: the optimisation."""
-
-    global_batch: int | None = key(int, minimum=1)  # examples per step over all devices
-    sequence_length: int | None = key(int, minimum=1)  # tokens per example
-    precision: str | None = key(str, choices=PRECISIONS)  # compute dtype policy
-    remat: str | None = key(str, choices=REMATS, booleans={True: "full", False: "none"})  # recompute block activations in the backward pass: none | full | dots_saveable (true = full)
-    gradient_accumulation_steps: int | None = key(int, minimum=1)  # steps per optimizer update
-    epochs: int | None = key(int, minimum=1)  # passes over the training data
-    steps_per_epoch: int | None = key(int, minimum=1)  # None: the whole split
-    learning_rate: float | None = key(float, minimum=0.0)  # peak learning rate
-    weight_decay: float | None = key(float, minimum=0.0)  # AdamW weight decay
-    seed: int | None = key(int, minimum=0)  # initialisation, dropout and shuffling
-    output: str | None = key(str)  # where the trained model is saved (.keras)
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointSection:
-    """[checkpoint]: saving and resuming (zoo.training.checkpoints)."""
-
-    dir: str | None = key(str)  # checkpoint directory; None: no checkpoints
-    every: int | None = key(int, minimum=1)  # save every N optimizer steps
-    keep: int | None = key(int, minimum=1)  # keep the newest N complete checkpoints
-    resume: bool | None = key(bool)  # continue from the newest complete checkpoint in dir
-
-
-@dataclasses.dataclass(frozen=True)
-class LoggingSection:
-    """[logging]: throughput/MFU reports and profiling."""
-
-    every_steps: int | None = key(int, minimum=1)  # report throughput and MFU every N steps
-    profile_dir: str | None = key(str)  # write a JAX profiler trace here; None: no trace
-    profile_steps: int | None = key(int, minimum=1)  # how many steps the trace covers (from step 2, after compilation)
-    peak_tflops: float | None = key(float, minimum=0.001)  # peak dense TFLOP/s per device for MFU
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneSection:
-    """[finetune]: what a fine-tune trains."""
-
-    method: str | None = key(str, choices=FINETUNE_METHODS)  # frozen backbone, LoRA adapters or everything
-    lora_rank: int | None = key(int, minimum=1)  # LoRA rank r
-    lora_alpha: float | None = key(float, minimum=0.001)  # LoRA scale alpha (update scaled by alpha / r)
-
-
-SECTIONS = {
-    "recipe": RecipeSection,
-    "target": TargetSection,
-    "multihost": MultihostSection,
-    "model": ModelSection,
-    "parallel": ParallelSection,
-    "data": DataSection,
-    "train": TrainSection,
-    "checkpoint": CheckpointSection,
-    "logging": LoggingSection,
-    "finetune": FinetuneSection,
-}
+SECTIONS = {"recipe": RecipeSection, "target": TargetSection, "multihost": MultihostSection, **job_sections()}
 
 
 def read_toml(path):
@@ -224,7 +169,7 @@ def parse_sections(document, path):
 def _parse_section(section_class, name, values, path):
     fields = {field.name: field for field in dataclasses.fields(section_class)}
     _check_names(values, fields, path, "key", f" in [{name}]")
-    missing = [f for f in fields.values() if f.metadata["required"] and f.name not in values]
+    missing = [f for f in fields.values() if f.metadata.get("required") and f.name not in values]
     if missing:
         raise RecipeError(f"{path}: [{name}] needs the key {missing[0].name!r} ({_describe(missing[0].metadata)})")
     checked = {key_name: check_value(fields[key_name], value, f"{path}: [{name}] {key_name}") for key_name, value in values.items()}
@@ -233,6 +178,10 @@ def _parse_section(section_class, name, values, path):
 
 def _check_names(values, allowed, path, what, where):
     for name in values:
+        section = where.strip()[4:-1] if where else name
+        renamed = RENAMED_KEYS.get(f"{section}.{name}") if where else None
+        if renamed:
+            raise RecipeError(f"{path}: {what} {name!r}{where} was renamed: write {renamed} (docs/recipes.md)")
         if name not in allowed:
             close = difflib.get_close_matches(name, list(allowed), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -241,6 +190,11 @@ def _check_names(values, allowed, path, what, where):
 
 def check_value(field, value, where):
     """``value`` converted to the field's kind; raises ``RecipeError`` naming ``where``."""
+    if "section" in field.metadata:  # a job setting: the settings schema's own check
+        try:
+            return check_setting(field, value, where)
+        except SettingError as error:
+            raise RecipeError(str(error)) from None
     meta = field.metadata
     kind = meta["kind"]
     if meta["booleans"] and isinstance(value, bool):

@@ -1,52 +1,34 @@
 """The jobs behind ``zoo train encoder`` (text classification) and ``zoo train vit`` (images)."""
 
-import dataclasses
-
 import keras
 
 from zoo import distribution as zd
+from zoo.config.settings import (  # noqa: F401 (the settings of these jobs)
+    ClassifierTrainConfig,
+    EncoderTrainConfig,
+    ViTTrainConfig,
+)
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 from zoo.models import TransformerEncoderClassifier, ViTClassifier
 from zoo.training.callbacks import Throughput
-from zoo.training.cnn import evaluate_accuracy
 from zoo.training.interrupts import StopAtSignal, stop_on_signals
+from zoo.training.job_setup import (
+    evaluate_accuracy,
+    job_distribution,
+    layout_overrides,
+    report_setup,
+    run_dir_of,
+    train_validation_test_splits,
+)
 from zoo.training.paths import check_job_paths, save_model_atomically
-from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
+from zoo.training.run_logs import run_log_callbacks
 
 # model name -> (class, task its dataset must have, unit of throughput)
 MODELS = {
     "encoder": (TransformerEncoderClassifier, TEXT_CLASSIFICATION, "tokens"),
     "vit": (ViTClassifier, IMAGE_CLASSIFICATION, "images"),
 }
-
-
-@dataclasses.dataclass
-class ClassifierTrainConfig:
-    """Settings of ``zoo train encoder`` and ``zoo train vit``; defaults per model below."""
-
-    model: str = "encoder"  # encoder | vit
-    config_name: str | None = None  # None: encoder_tiny / vit_tiny (zoo.models.*_CONFIGS)
-    strategy: str = "data"  # single | data | fsdp | tp | tp+sp | context (encoder only)
-    mesh: str | None = None  # e.g. "data=2,model=4"; None: the strategy's default mesh
-    attention: str = "ring"  # context strategy only: gather | ring | ulysses
-    dataset: str | None = None  # None: python_docs_topics (encoder) / shapes (vit)
-    sequence_length: int = 128  # encoder: tokens per example
-    image_size: int | None = None  # vit: None is the dataset's default size
-    batch_size: int = 32  # global batch, split over the data axis
-    epochs: int = 5
-    learning_rate: float = 1e-3  # AdamW
-    dropout: float = 0.1  # overrides the config's dropout
-    data_dir: str | None = None  # TFDS data folder
-    seed: int = 0
-    output: str | None = None  # None: runs/<model>/<model>.keras
-
-    def __post_init__(self):
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}; choose one of {sorted(MODELS)}")
-        self.config_name = self.config_name or f"{self.model}_tiny"
-        self.dataset = self.dataset or ("python_docs_topics" if self.model == "encoder" else "shapes")
-        self.output = self.output or f"runs/{self.model}/{self.model}.keras"
 
 
 def train(config, report=print):
@@ -56,10 +38,10 @@ def train(config, report=print):
     spec = get_spec(config.dataset)
     if spec.task != task:
         raise ValueError(f"zoo train {config.model} needs {task} data; {config.dataset!r} is {spec.task}")
-    distribution = resolve_transformer_distribution(model_class, config.strategy, config.mesh, attention=config.attention)
+    distribution = job_distribution(model_class, config)
     report_setup(distribution, report)
     replicas = zd.data_parallel_size(distribution)
-    (x, y), (xv, yv), (xt, yt) = (_load(config, split) for split in _splits(spec))
+    (x, y), (xv, yv), (xt, yt) = (_load(config, split) for split in train_validation_test_splits(spec))
     report(f"dataset: {spec.name}: {len(x)} training examples of shape {x.shape[1:]}, {len(spec.classes)} classes")
     keras.utils.set_random_seed(config.seed)
     model = zd.build_distributed(lambda: _build(config, model_class, spec, x.shape[1:], distribution), distribution)
@@ -77,19 +59,13 @@ def train(config, report=print):
         history = model.fit(
             DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed),
             validation_data=DivisibleBatches(xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad"),
-            epochs=config.epochs, shuffle=False, callbacks=[throughput, StopAtSignal(signals)], verbose=2,
+            epochs=config.epochs, shuffle=False, callbacks=[throughput, *run_log_callbacks(run_dir_of(config.output)), StopAtSignal(signals)], verbose=2,
         )  # fmt: skip
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
     report(f"held-out test accuracy: {accuracy:.4f} ({len(yt)} examples, chance {1 / len(spec.classes):.4f})")
     save_model_atomically(model, config.output)
     report(f"saved model to {config.output}")
     return {"history": history.history, "test_accuracy": accuracy, "model": model}
-
-
-def _splits(spec):
-    if "validation" in spec.splits:
-        return "train", "validation", "test"
-    return "train[:90%]", "train[90%:]", "test"
 
 
 def _load(config, split):
@@ -99,7 +75,7 @@ def _load(config, split):
 
 
 def _build(config, model_class, spec, example_shape, distribution):
-    overrides = dict(strategy_overrides(config.strategy), num_classes=len(spec.classes), dropout=config.dropout, seed=config.seed)
+    overrides = dict(layout_overrides(config.layout), num_classes=len(spec.classes), dropout=config.dropout, seed=config.seed)
     if config.model == "encoder":
         overrides["max_sequence_length"] = example_shape[0]
     else:

@@ -32,7 +32,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from zoo._compat import build_compile_state, forgetting_deferred_variables, variable_layout
+from zoo._compat import (
+    build_compile_state,
+    forgetting_deferred_variables,
+    variable_layout,
+)
 from zoo.distribution.layouts import raise_if_unmatched
 
 __all__ = ["StepMemory", "abstract_build", "analytic_weight_bytes", "compile_fit_step", "memory_analysis_reflects_remat", "state_bytes", "state_shardings"]
@@ -127,7 +131,7 @@ def state_shardings(model, distribution):
         groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
         return tuple([single] * len(group) for group in groups)
     mesh = distribution.device_mesh.backend_mesh
-    shard = lambda v: _variable_sharding(v, distribution, mesh)  # noqa: E731
+    shard = lambda v: _variable_sharding(v, distribution, mesh)
     trainable = [shard(v) for v in model.trainable_variables]
     non_trainable = [shard(v) for v in model.non_trainable_variables]
     by_id = {id(v): s for v, s in zip(model.trainable_variables, trainable)}

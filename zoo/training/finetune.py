@@ -1,6 +1,6 @@
-"""Fine-tune a preset on another dataset: ``zoo finetune PRESET --dataset NAME --strategy ...``.
+"""Fine-tune a preset on another dataset: ``zoo finetune PRESET --dataset NAME --method ...``.
 
-Strategies (what the optimizer updates):
+Methods (what the optimizer updates):
 
 ======  =========================================================================
 frozen  the classification head only; the backbone is frozen (batch norm in
@@ -12,11 +12,10 @@ full    every weight
 
 When the dataset has a different number of classes from the preset, the head layer
 (``HEADS``) is rebuilt with the new size and freshly initialised, everything else comes
-from the preset. Under ``--distribution model`` the preset's layout map splits the
+from the preset. Under ``--layout model`` the preset's layout map splits the
 weights, LoRA factors included (laid out like their kernels, see ``_lora``).
 """
 
-import dataclasses
 import os
 
 import keras
@@ -24,19 +23,25 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo._compat import sublayers
+from zoo.config.choices import METHODS
+from zoo.config.settings import FinetuneConfig
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
-from zoo.presets import from_preset, load_preset_config, load_preset_metadata, load_tokenizer, save_to_preset
+from zoo.presets import (
+    from_preset,
+    load_preset_config,
+    load_preset_metadata,
+    load_tokenizer,
+    save_to_preset,
+)
 from zoo.presets.save import check_preset_destination
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
 from zoo.training._lora_files import load_lora, save_lora
+from zoo.training.job_setup import evaluate_accuracy, job_distribution, run_dir_of
 from zoo.training.paths import check_job_paths, write_or_rescue
-from zoo.training.cnn import evaluate_accuracy
 from zoo.training.report import StepReport
 
-STRATEGIES = ("frozen", "lora", "full")
-DISTRIBUTIONS = ("single", "data", "model", "fsdp", "tp")  # fsdp, tp: the Transformer presets
 # model class -> (head layer, config entry giving its output size)
 HEADS = {
     "SmallCNN": ("logits", "num_classes"),
@@ -49,43 +54,18 @@ LEARNING_RATES = {"frozen": 1e-2, "lora": 1e-2, "full": 3e-3}
 LORA_FILE = "lora.weights.h5"  # the adapter, written beside the merged preset
 
 __all__ = [
-    "FinetuneConfig", "finetune", "needs_new_head", "load_for_finetuning", "prepare_finetuning", "enable_lora", "merge_lora",
-    "save_lora", "load_lora", "lora_parameter_count", "trainable_parameter_count",
+    "FinetuneConfig",
+    "enable_lora",
+    "finetune",
+    "load_for_finetuning",
+    "load_lora",
+    "lora_parameter_count",
+    "merge_lora",
+    "needs_new_head",
+    "prepare_finetuning",
+    "save_lora",
+    "trainable_parameter_count",
 ]  # fmt: skip
-
-
-@dataclasses.dataclass
-class FinetuneConfig:
-    """Settings of ``zoo finetune``; every default is the CLI's default."""
-
-    preset: str = "small_cnn_shapes"  # a shipped preset's name, or a preset directory
-    dataset: str = "digits"  # a classification dataset of zoo.data (zoo data list)
-    strategy: str = "lora"  # frozen | lora | full
-    lora_rank: int = 4  # r of the LoRA factors (lora only)
-    lora_alpha: float | None = None  # LoRA scale alpha / r; None: alpha = r
-    distribution: str = "single"  # single | data | model (| fsdp | tp for Transformer presets)
-    mesh: str | None = None  # e.g. "data=2,model=4"; None: the strategy's default mesh
-    epochs: int = 3  # passes over the training examples
-    batch_size: int = 32  # global batch, split over the data axis
-    learning_rate: float | None = None  # Adam; None: LEARNING_RATES[strategy]
-    train_examples: int | None = None  # None: the whole training split
-    test_examples: int | None = None  # None: the whole test split
-    data_dir: str | None = None  # TFDS data folder (default $ZOO_DATA_DIR, ...)
-    seed: int = 0  # LoRA factors' initialisation, shuffling
-    output: str | None = None  # preset directory for the result (LoRA merged; adapter in lora.weights.h5)
-    checkpoint_dir: str | None = None  # Orbax checkpoints during fit go here (docs/checkpoints.md); None: none
-    checkpoint_every: int = 100  # optimizer steps between checkpoints (one more is saved at the end)
-    keep: int = 3  # the newest complete checkpoints kept
-    resume: bool = False  # continue from the newest usable checkpoint in checkpoint_dir
-    report_every: int = 50  # print step time and images/s every N steps
-
-    def __post_init__(self):
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown fine-tuning strategy {self.strategy!r}; choose one of {list(STRATEGIES)}")
-        if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(f"unknown distribution {self.distribution!r}; choose one of {list(DISTRIBUTIONS)}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError(f"epochs and batch_size must be positive, got {self.epochs} and {self.batch_size}")
 
 
 def head_of(class_name):
@@ -115,19 +95,19 @@ def load_for_finetuning(preset, num_classes=None):
     return model
 
 
-def prepare_finetuning(model, strategy, *, head, lora_rank=4, lora_alpha=None):
-    """Set which weights train under ``strategy`` (see the module doc); call once, on a
+def prepare_finetuning(model, method, *, head, lora_rank=4, lora_alpha=None):
+    """Set which weights train under ``method`` (see the module doc); call once, on a
     freshly loaded model, under the distribution it was built with. Returns the
-    LoRA-adapted layers (empty unless ``strategy == "lora"``)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown fine-tuning strategy {strategy!r}; choose one of {list(STRATEGIES)}")
+    LoRA-adapted layers (empty unless ``method == "lora"``)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown fine-tuning method {method!r}; choose one of {list(METHODS)}")
     head_layer = model.get_layer(head)
     trainable_by_design = list(model.trainable_weights)  # not batch-norm statistics, say
-    adapted = enable_lora(model, lora_rank, alpha=lora_alpha, exclude=[head_layer]) if strategy == "lora" else []
+    adapted = enable_lora(model, lora_rank, alpha=lora_alpha, exclude=[head_layer]) if method == "lora" else []
     head_variables = {id(v) for v in head_layer.weights}
     for variable in trainable_by_design:
-        variable.trainable = strategy == "full" or id(variable) in head_variables
-    if strategy != "full":
+        variable.trainable = method == "full" or id(variable) in head_variables
+    if method != "full":
         _freeze_idle_layers(model, head_layer)
     return adapted
 
@@ -151,7 +131,7 @@ def finetune(config, report=print):
     if config.output:
         check_preset_destination(os.path.abspath(config.output))  # refused now, not after training
     metadata, spec, head = _check_job(config)
-    distribution = _distribution(metadata["class_name"], config)
+    distribution = resolve_distribution(metadata["class_name"], config)
     replicas = zd.data_parallel_size(distribution)
     model = zd.build_distributed(lambda: load_for_finetuning(config.preset, len(spec.classes)), distribution)
     new_head = needs_new_head(config.preset, len(spec.classes))
@@ -160,9 +140,9 @@ def finetune(config, report=print):
     input_shape = example_shape(model, metadata)
     (x, y), (xt, yt) = (_load_adapted(config, spec, input_shape, split) for split in ("train", "test"))
     keras.utils.set_random_seed(config.seed)
-    adapted = prepare_finetuning(model, config.strategy, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
+    adapted = prepare_finetuning(model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
     trainable = trainable_parameter_count(model)
-    report(f"strategy {config.strategy}: {trainable:,} trainable parameters"
+    report(f"method {config.method}: {trainable:,} trainable parameters"
            + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})" if adapted else ""))  # fmt: skip
     _compile(model, config)
     # Evaluated after compile() so one predict function serves both evaluations; LoRA's
@@ -174,7 +154,8 @@ def finetune(config, report=print):
             "batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": len(batches)}  # fmt: skip
     progress = StepReport(config.batch_size, unit="examples", every=config.report_every, report=report)
     history = checkpointed_fit(model, batches, config=config, data=data, epochs=config.epochs, validation_data=None,
-                               callbacks=[progress], report=report, verbose=0)  # fmt: skip
+                               callbacks=[progress], report=report, verbose=0,
+                               run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune"))  # fmt: skip
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
     report(f"fine-tuned test accuracy: {accuracy:.4f} ({len(yt)} examples; zero-shot {zero_shot:.4f})")
     result = {"zero_shot_accuracy": zero_shot, "test_accuracy": accuracy, "trainable_parameters": trainable,
@@ -203,18 +184,16 @@ def _check_job(config):
 
 def _compile(model, config):
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate or LEARNING_RATES[config.strategy]),
+        optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate or LEARNING_RATES[config.method]),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"],
     )
 
 
-def _distribution(class_name, config):
-    if config.distribution == "single":
-        if config.mesh:
-            raise zd.MeshError(f"--distribution single runs on one device; drop --mesh {config.mesh!r}")
-        return None
-    return zd.distribution_for(keras.saving.get_registered_object(f"zoo>{class_name}"), config.distribution, config.mesh)
+def resolve_distribution(class_name, config, mesh=None):
+    """The distribution of ``config.layout`` with the preset class's layout map; ``mesh``
+    replaces ``config.mesh`` (an abstract mesh for a compile-only check)."""
+    return job_distribution(keras.saving.get_registered_object(f"zoo>{class_name}"), config, mesh)
 
 
 def example_shape(model, metadata):
@@ -258,11 +237,11 @@ def _save(config, spec, model, input_shape, adapted, result, report):
         "input_shape": list(input_shape),
         "test_accuracy": round(result["test_accuracy"], 4),
         "finetuned_from": str(config.preset),
-        "training": {"strategy": config.strategy, "epochs": config.epochs,
-                     "learning_rate": config.learning_rate or LEARNING_RATES[config.strategy],
+        "training": {"method": config.method, "epochs": config.epochs,
+                     "learning_rate": config.learning_rate or LEARNING_RATES[config.method],
                      "lora_rank": config.lora_rank if adapted else None, "seed": config.seed},
     }  # fmt: skip
-    save = lambda target: save_to_preset(final, target, tokenizer=load_tokenizer(config.preset), metadata=metadata)  # noqa: E731
+    save = lambda target: save_to_preset(final, target, tokenizer=load_tokenizer(config.preset), metadata=metadata)
     directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
     report(f"saved the fine-tuned preset to {directory}" + (" (LoRA merged)" if adapted else ""))
     if adapted:

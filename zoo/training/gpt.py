@@ -1,82 +1,40 @@
 """The GPT jobs behind ``zoo train gpt`` and ``zoo generate``."""
 
-import dataclasses
-
 import keras
 import numpy as np
 
 from zoo import distribution as zd
-from zoo.data import ByteTokenizer, DivisibleBatches, load, local_batching, process_rows, unigram_entropy
+from zoo.config.settings import GenerateConfig, GPTTrainConfig  # noqa: F401 (the settings of these jobs)
+from zoo.data import (
+    ByteTokenizer,
+    DivisibleBatches,
+    load,
+    local_batching,
+    process_rows,
+    unigram_entropy,
+)
 from zoo.distribution import multihost
-from zoo.layers.transformer_block import REMATS
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import config_by_name
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
+from zoo.training.job_setup import (
+    job_distribution,
+    layout_overrides,
+    report_setup,
+    run_dir_of,
+)
 from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.profile import ProfileSteps
 from zoo.training.report import StepReport
 from zoo.training.saving import load_zoo_model
-from zoo.training.transformer_setup import report_setup, resolve_transformer_distribution, strategy_overrides
-
-
-@dataclasses.dataclass
-class GPTTrainConfig:
-    """Settings of ``zoo train gpt``; every default is the CLI's default."""
-
-    config_name: str = "gpt_small"  # a name of zoo.models.gpt.GPT_CONFIGS (byte-level vocabulary of 256)
-    strategy: str = "data"  # single | data | fsdp | tp | tp+sp | context (see docs/models.md)
-    mesh: str | None = None  # e.g. "data=2,model=4" or "data=2,seq=4"; None: the strategy's default mesh
-    attention: str = "ring"  # context strategy only: gather | ring | ulysses
-    balance: str | None = None  # context strategy only: None | zigzag | striped (causal load balancing)
-    dataset: str = "python_docs"  # a language-modelling dataset of zoo.data (zoo data list)
-    sequence_length: int = 128  # tokens per example (T)
-    batch_size: int = 32  # global batch, split over the data axis; must divide by its size
-    epochs: int = 2  # passes over the training split (gpt_small: validation ~0.55x the unigram entropy)
-    steps_per_epoch: int | None = None  # None: the whole split each epoch; N: epochs over the first N batches' windows
-    learning_rate: float = 2e-3  # AdamW peak, cosine-decayed to 10% over the run
-    weight_decay: float = 0.01  # AdamW
-    dropout: float = 0.0  # overrides the config's dropout
-    data_dir: str | None = None  # TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)
-    seed: int = 0  # weight initialisation, dropout and shuffling
-    output: str = "runs/gpt/gpt.keras"  # where the trained model is saved (.keras)
-    precision: str = "float32"  # float32 | mixed_bfloat16 (bf16 compute, float32 weights and optimizer)
-    remat: str = "none"  # none | full | dots_saveable: what each Transformer block keeps for the backward pass (full: only its input; ~1/3 more compute)
-    gradient_accumulation_steps: int = 1  # optimizer update every N batches (global batch x N per update)
-    report_every: int = 50  # print step time, tokens/s and MFU every N steps
-    peak_tflops: float | None = None  # device peak for MFU; None: looked up from the device kind (none on CPU)
-    profile_dir: str | None = None  # write a jax.profiler trace of a few steps here
-    profile_steps: int = 3  # how many steps the trace covers (from step 2, after compilation)
-    checkpoint_dir: str | None = None  # Orbax checkpoints during fit go here (docs/checkpoints.md); None: none
-    checkpoint_every: int = 100  # optimizer steps between checkpoints (one more is saved at the end)
-    keep: int = 3  # the newest complete checkpoints kept; older ones are deleted
-    resume: bool = False  # continue from the newest usable checkpoint in checkpoint_dir (none there: start)
-
-
-PRECISIONS = ("float32", "mixed_bfloat16")
-
-
-@dataclasses.dataclass
-class GenerateConfig:
-    """Settings of ``zoo generate``."""
-
-    model: str = "runs/gpt/gpt.keras"  # a .keras file saved by zoo train gpt
-    prompt: str = "def "  # text; encoded as UTF-8 bytes
-    max_new_tokens: int = 200
-    sampler: str = "top_k"  # greedy | top_k | top_p
-    temperature: float = 0.8
-    top_k: int = 10  # top_k sampler only
-    top_p: float = 0.9  # top_p sampler only
-    seed: int = 0  # sampling is reproducible for a seed
 
 
 def resolve_distribution(config, mesh=None):
     """The job's distribution for ``config`` (on ``mesh``, default ``config.mesh``), its
     layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings)."""
-    return resolve_transformer_distribution(
-        GPTCausalLM, config.strategy, config.mesh if mesh is None else mesh, attention=config.attention, balance=config.balance,
-        config={**config_by_name(config.config_name), **strategy_overrides(config.strategy)},
-    )  # fmt: skip
+    model_config = {**config_by_name(config.config_name), **layout_overrides(config.layout)}
+    return job_distribution(GPTCausalLM, config, mesh, config=model_config)
 
 
 def build_gpt(config, overrides=None):
@@ -90,13 +48,7 @@ def build_for_training(config, **model_overrides):
     """The GPT under the job's precision policy, with its blocks rematerialised as
     ``config.remat`` says (``TransformerBlock``'s ``remat``). ``model_overrides``
     replace config entries (e.g. ``num_layers=2`` for a compile-only memory check)."""
-    if config.precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {config.precision!r}")
-    if config.gradient_accumulation_steps < 1:
-        raise ValueError(f"gradient_accumulation_steps must be >= 1, got {config.gradient_accumulation_steps}")
-    if config.remat not in REMATS:
-        raise ValueError(f"remat must be one of {list(REMATS)}, got {config.remat!r}")
-    overrides = {**strategy_overrides(config.strategy), **model_overrides}
+    overrides = {**layout_overrides(config.layout), **model_overrides}
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
@@ -147,7 +99,8 @@ def train(config, report=print):
     data = {"dataset": config.dataset, "sequence_length": config.sequence_length, "windows": len(x),
             "batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": len(train_data)}  # fmt: skip
     history = checkpointed_fit(model, train_data, config=config, data=data, epochs=config.epochs,
-                               validation_data=validation_data, callbacks=callbacks, report=report, verbose=verbose)  # fmt: skip
+                               validation_data=validation_data, callbacks=callbacks, report=report, verbose=verbose,
+                               run_dir=run_dir_of(config.output))  # fmt: skip
     if multihost.is_primary():
         save_model_atomically(model, config.output, fallback_folders=[config.checkpoint_dir])
         report(f"saved model to {config.output}")

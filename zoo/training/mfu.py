@@ -31,6 +31,8 @@ update are O(C) per token and are left out.
 
 import re
 
+from zoo.config.choices import GATED_MLPS
+
 # Dense (no sparsity) bf16 peak FLOP/s per JAX device, from the vendors' datasheets
 # (where a datasheet gives only the 2:4-sparsity figure, it is halved).
 PEAK_FLOPS = {
@@ -130,9 +132,8 @@ def gpt_flops_per_token(config, sequence_length, training=True):
     """``transformer_flops_per_token`` for a ``GPTCausalLM`` or ``GPTBackbone``
     ``get_config()`` or a ``GPT_CONFIGS`` entry (``gpt_configs.backbone_config``): causal,
     with the LM head."""
-    from zoo.models.gpt.gpt_configs import (  # zoo.models imports Keras: only when asked
-        GATED_MLPS,
-        backbone_config,
+    from zoo.models.gpt.gpt_configs import (
+        backbone_config,  # zoo.models imports Keras: only when asked
     )
 
     config = backbone_config(config)

@@ -19,17 +19,11 @@ from zoo.training import _recipe_plan as plans
 from zoo.training._recipe_jobs import JOBS, JobUnavailableError, UnsupportedKeyError
 from zoo.training._recipe_plan import Plan
 from zoo.training._recipe_schema import (
-    CheckpointSection,
-    DataSection,
-    FinetuneSection,
-    LoggingSection,
-    ModelSection,
+    SECTIONS,
     MultihostSection,
-    ParallelSection,
     RecipeError,
     RecipeSection,
     TargetSection,
-    TrainSection,
     apply_overrides,
     parse_override,
     parse_sections,
@@ -58,14 +52,15 @@ class Recipe:
     recipe: RecipeSection
     target: TargetSection
     multihost: MultihostSection
-    model: ModelSection
-    parallel: ParallelSection
-    data: DataSection
-    train: TrainSection
-    checkpoint: CheckpointSection
-    logging: LoggingSection
-    finetune: FinetuneSection
+    sections: dict  # job section name -> its generated dataclass (zoo.training._recipe_schema.job_sections)
     given: frozenset
+
+    def __getattr__(self, name):
+        """``recipe.train``, ``recipe.parallel``, ...: the job sections by name."""
+        sections = self.__dict__.get("sections", {})
+        if name in sections:
+            return sections[name]
+        raise AttributeError(f"Recipe has no section or attribute {name!r}")
 
     @property
     def job(self):
@@ -93,12 +88,12 @@ class Recipe:
         """``(job module, config from the supported keys, [("section.key", why)])``."""
         with _named(self, f"job {self.job.name!r}"):
             module, config_class, _ = self.job.load()
-            values, problems = self.job.config_values(self.given, self.values(), config_class)
+            values, problems = self.job.config_values(self.given, self.values())
             return module, config_class(**values), problems
 
     def fingerprint_data(self):
         """Everything but the path, for checking that every process runs the same recipe."""
-        return {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in ("path", "given")}
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
 
 def load_recipe(path, overrides=None):
@@ -115,7 +110,8 @@ def load_recipe(path, overrides=None):
     path = str(path)
     document = apply_overrides(read_toml(path), dict(overrides or {}), path)
     sections, given = parse_sections(document, path)
-    return Recipe(path=path, given=given, **sections)
+    own = {name: sections.pop(name) for name in ("recipe", "target", "multihost")}
+    return Recipe(path=path, given=given, sections=sections, **own)
 
 
 def check_recipe(recipe, device_count=None):
@@ -142,27 +138,27 @@ def check_recipe(recipe, device_count=None):
 
 def _plan(recipe, module, config, devices):
     job, target = recipe.job, recipe.target
-    strategy, spec = job.strategy(config), job.mesh_spec(config)
-    with _named(recipe, f"[parallel] mesh {spec!r} (strategy {strategy!r}) on {_devices_text(recipe, devices)}"):
-        axes = plans.resolve_axes(spec, strategy, devices)
+    layout, spec = job.layout(config), job.mesh_spec(config)
+    with _named(recipe, f"[parallel] mesh {spec!r} (layout {layout!r}) on {_devices_text(recipe, devices)}"):
+        axes = plans.resolve_axes(spec, layout, devices)
     mesh = None if axes is None else plans.AbstractDeviceMesh(axes)
-    context = f"strategy {strategy!r} on mesh {plans.describe_axes(axes)}, model {job.describe_model(config)}"
+    context = f"layout {layout!r} on mesh {plans.describe_axes(axes)}, model {job.describe_model(config)}"
     with _named(recipe, context):
         distribution = job.distribution(module, config, mesh)
         batch, sequence = config.batch_size, job.sequence_length(config)
-        data_shards, sequence_shards = plans.check_batch(distribution, axes, strategy, batch, sequence, target.hosts)
+        data_shards, sequence_shards = plans.check_batch(distribution, axes, layout, batch, sequence, target.hosts)
         model, slots, layout_axes = plans.build_abstract(job, module, config, distribution)
         job.check_inputs(config, model)
         weights, gradients, optimizer = plans.memory_per_device(model, slots, layout_axes, dict(axes or []))
-        plans.check_memory(target, weights + gradients + optimizer, strategy, plans.describe_axes(axes))
+        plans.check_memory(target, weights + gradients + optimizer, layout, plans.describe_axes(axes))
     return Plan(
         path=recipe.path, job=job.name, description=recipe.recipe.description, model=job.describe_model(config),
-        strategy=strategy, mesh=plans.describe_axes(axes), platform=target.platform, hosts=target.hosts,
+        layout=layout, mesh=plans.describe_axes(axes), platform=target.platform, hosts=target.hosts,
         devices=devices, parameters=model.count_params(),
         trainable_parameters=int(sum(math.prod(v.shape) for v in model.trainable_variables)), weight_bytes=weights, gradient_bytes=gradients,
         optimizer_bytes=optimizer,
         device_memory_bytes=int(target.device_memory_gib * plans.GIB) if target.device_memory_gib else None,
-        global_batch=batch, data_shards=data_shards, sequence_length=sequence, sequence_shards=sequence_shards,
+        batch_size=batch, data_shards=data_shards, sequence_length=sequence, sequence_shards=sequence_shards,
         accumulation=job.accumulation(config), flops_per_step=job.flops_per_step(config, model),
         peak_flops_per_device=recipe.logging.peak_tflops * 1e12 if recipe.logging.peak_tflops else None, notes=tuple(plans.notes_for(axes, target, weights + gradients + optimizer)),
     )  # fmt: skip
@@ -180,9 +176,10 @@ def _unsupported(recipe, problems, plan=None):
     for dotted, why in problems:
         sections.setdefault(dotted.split(".")[0], []).append(why)
     listed = "; ".join(f"[{section}] " + ", ".join(whys) for section, whys in sections.items())
+    settings = job.settings_class.__name__
     return UnsupportedKeyError(
-        f"{recipe.path}: job {job.name!r} ({job.module_name}.{job.config_class_name}) does not support {listed}: "
-        f"remove these keys, or add the fields to {job.config_class_name}",
+        f"{recipe.path}: job {job.name!r} (zoo.config.settings.{settings}) does not support {listed}: "
+        f"remove these keys, or add the fields to {settings}",
         [dotted for dotted, _ in problems],
         plan,
     )

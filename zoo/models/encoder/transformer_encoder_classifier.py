@@ -2,6 +2,7 @@
 
 import keras
 
+from zoo.config.choices import POSITION_EMBEDDINGS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
@@ -10,8 +11,6 @@ from zoo.models._classifier_checks import check_common
 from zoo.models._encoder_stack import EncoderClassifier, classify
 from zoo.models._learned_position_embedding import LearnedPositionEmbedding
 from zoo.models.encoder.encoder_configs import ENCODER_CONFIGS
-
-POSITION_EMBEDDINGS = ("learned", "rotary")
 
 
 @keras.saving.register_keras_serializable(package="zoo")

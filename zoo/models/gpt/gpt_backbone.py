@@ -122,6 +122,14 @@ class GPTBackbone(ZooModel):
             context_attention=context_attention, remat=remat,
         )  # fmt: skip
 
+    def get_config(self):
+        """The ``__init__`` arguments, with ``context_attention`` the kernel the blocks use:
+        one recorded under a ``ContextParallel`` (``ring``, say) is saved, not ``None``."""
+        config = super().get_config()
+        if self.num_layers:
+            config["context_attention"] = self.blocks[0].context_attention
+        return config
+
     # --- sublayers by their stable names ---------------------------------------------
 
     @property

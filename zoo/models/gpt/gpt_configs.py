@@ -6,6 +6,7 @@ size of its own); a comment says where each size comes from. ``gpt_tiny`` and
 train on a CPU; the larger ones size real runs.
 """
 
+from zoo.config.choices import GATED_MLPS
 from zoo.models._renamed_keys import renamed_keys
 
 GPT_CONFIGS = {
@@ -77,7 +78,6 @@ GPT_CONFIGS = {
     },
 }
 
-GATED_MLPS = ("swiglu", "geglu")  # the MLPS (zoo.config.choices) with a gate: three weight matrices
 
 
 def config_by_name(name):

@@ -1,0 +1,267 @@
+"""Turn (model, layout, mesh) into a ``keras.distribution.Distribution``.
+
+=========  ==========================  ==================================================
+layout     mesh axes                   what is split
+=========  ==========================  ==================================================
+single     (none)                      nothing: one device, no distribution
+data       ``data``                    the batch; every weight replicated
+model      ``data`` and ``model``      the batch over ``data``; weights by the model's own
+                                       layout map over ``model``
+fsdp       ``data``                    the batch, and every large weight over ``data``
+                                       (the Transformer models' ``layout="fsdp"`` rules)
+tp         ``data`` and ``model``      the batch over ``data``; attention heads and MLP
+                                       features over ``model`` (Megatron, ``"tp"`` rules)
+tp+sp      ``data`` and ``model``      as ``tp``; build the model with
+                                       ``megatron_sp=True`` (Megatron sequence
+                                       parallelism; same weight layouts)
+fsdp+tp    ``data`` and ``model``      ``tp``, plus attention and embedding weights split
+                                       over ``data`` on their other dimension
+context    ``data`` and ``seq``        the batch over ``data`` and the sequence over
+           (optionally ``model``)      ``seq`` (``ContextParallel``); attention runs its
+                                       ring / all-gather / Ulysses kernel
+                                       (``context_attention``); weights FSDP over ``seq``
+                                       (``shard_weights=False``: not); with a ``model``
+                                       axis also the ``"tp"`` layouts
+=========  ==========================  ==================================================
+
+``distribution_for(model_class, layout, mesh)`` is the one entry from a model, a layout
+and a mesh: ``fsdp``, ``tp``, ``tp+sp``, ``fsdp+tp`` (and ``context`` with a ``model``
+axis) take the layout map from ``model_class.get_layout_map(mesh, layout=...)``: the
+Transformer models (GPT, encoder, ViT) ship one. ``make_distribution(layout, mesh,
+layout_map)`` is the same for a layout map you wrote yourself; ``context`` needs none:
+``make_distribution("context", "data=2,seq=4")`` works for any model whose inputs are
+(B, T, ...) token arrays.
+"""
+
+import inspect
+
+import keras
+import numpy as np
+
+from zoo.config.choices import BASIC_LAYOUTS, LAYOUTS, TRANSFORMER_LAYOUTS
+from zoo.distribution.axes import DATA, MODEL, SEQ
+from zoo.distribution.context_parallel import ContextParallel
+from zoo.distribution.layouts import (
+    CheckedModelParallel,
+    LayoutError,
+    raise_if_unmatched,
+)
+from zoo.distribution.mesh import (
+    MeshError,
+    describe_mesh,
+    make_mesh,
+    mesh_axis_size,
+    require_axes,
+)
+
+MODEL_PARALLEL_AXES = (DATA, MODEL)
+CONTEXT_AXES = (DATA, SEQ)
+
+# Mesh each layout uses when the user names none (resolved against the device count).
+DEFAULT_MESH_SPECS = {
+    "data": "data=-1",
+    "model": "data=2,model=-1",
+    "fsdp": "data=-1",
+    "tp": "data=2,model=-1",
+    "tp+sp": "data=2,model=-1",
+    "fsdp+tp": "data=2,model=-1",
+    "context": "data=2,seq=-1",
+}
+# Axes each layout's mesh must have.
+REQUIRED_AXES = {
+    "model": MODEL_PARALLEL_AXES,
+    "fsdp": (DATA,),
+    "tp": MODEL_PARALLEL_AXES,
+    "tp+sp": MODEL_PARALLEL_AXES,
+    "fsdp+tp": MODEL_PARALLEL_AXES,
+    "context": CONTEXT_AXES,
+}
+
+
+def default_mesh_spec(layout, device_count):
+    """The mesh spec a layout uses by default on ``device_count`` devices."""
+    _check_layout(layout)
+    spec = DEFAULT_MESH_SPECS.get(layout)
+    if spec is not None and spec.startswith("data=2,") and device_count % 2:
+        return spec.replace("data=2,", "data=1,")
+    return spec
+
+
+def make_distribution(layout, mesh=None, layout_map=None, *, context_attention=None, balance=None, shard_weights=None):
+    """The distribution for ``layout`` on ``mesh`` with a given layout map (None for ``"single"``).
+
+    Args:
+        layout: one of ``zoo.config.choices.LAYOUTS``.
+        mesh: a ``keras.distribution.DeviceMesh`` or a spec string such as
+            ``"data=2,model=4"``; defaults to ``default_mesh_spec(layout, ...)``.
+        layout_map: a ``keras.distribution.LayoutMap`` (required for ``"model"``,
+            ``"fsdp"``, ``"tp"``, ``"tp+sp"``, ``"fsdp+tp"``; optional for ``"context"``), usually from
+            the model class's ``get_layout_map(mesh, ...)``.
+        context_attention, balance, shard_weights: ``"context"`` only: the attention
+            kernel (default ``"ring"``), causal load balancing, and whether weights are
+            also split over ``seq`` (default True; False keeps them as the layout map
+            places them), see ``ContextParallel``.
+    """
+    _check_layout(layout)
+    _check_context_options(layout, context_attention, balance, shard_weights)
+    if layout == "single":
+        return _single_device(mesh)
+    mesh = _as_mesh(layout, mesh)
+    if layout == "data":
+        return _data_parallel(mesh)
+    if layout == "context":
+        return _context_parallel(mesh, layout_map, context_attention, balance, shard_weights)
+    return _model_parallel(mesh, layout_map, layout)
+
+
+def distribution_for(model_class, layout, mesh=None, *, context_attention=None, balance=None, shard_weights=None, config=None):
+    """The distribution for ``layout`` with the layout map that ``model_class`` ships
+    (None for ``"single"``): the one entry from (model, layout, mesh).
+
+    ``"model"`` calls ``model_class.get_layout_map(mesh)``; ``"fsdp"``, ``"tp"``,
+    ``"tp+sp"``, ``"fsdp+tp"`` call it with ``layout=`` that layout, and ``"context"``
+    with ``layout="tp"`` when the mesh has a ``model`` axis (without one every weight is
+    replicated but for the FSDP split over ``seq``, and ``model_class`` is not
+    consulted). ``config``: the model's config dict when known: the layout map checks
+    its sizes against the mesh and fits it (no ``lm_head`` rule for tied embeddings).
+    ``context_attention``, ``balance``, ``shard_weights``: as in ``make_distribution``.
+    """
+    _check_layout(layout)
+    _check_context_options(layout, context_attention, balance, shard_weights)
+    if layout in ("single", "data"):
+        return make_distribution(layout, mesh)
+    mesh = _as_mesh(layout, mesh)
+    _require_layout_axes(mesh, layout)
+    fitted = {} if config is None else {"config": config}
+    if layout == "model":
+        return _model_parallel(mesh, model_class.get_layout_map(mesh), layout)
+    if layout == "context":
+        layout_map = _layout_map_for(model_class, mesh, "tp", fitted) if MODEL in mesh.axis_names else None
+        return _context_parallel(mesh, layout_map, context_attention, balance, shard_weights)
+    return _model_parallel(mesh, _layout_map_for(model_class, mesh, layout, fitted), layout)
+
+
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"unknown layout {layout!r}; choose one of {list(BASIC_LAYOUTS)} or, for the "
+            f"Transformer models and token inputs, {list(TRANSFORMER_LAYOUTS)}"
+        )
+
+
+def _check_context_options(layout, context_attention, balance, shard_weights=None):
+    if layout != "context" and (context_attention is not None or balance is not None or shard_weights is not None):
+        raise ValueError(
+            f"context_attention={context_attention!r}, balance={balance!r} and shard_weights={shard_weights!r} are "
+            f"options of layout 'context' (they reorder or split the sequence), not of {layout!r}"
+        )
+
+
+def _single_device(mesh):
+    if mesh:
+        raise MeshError(f"layout 'single' runs on one device; drop the mesh {mesh if isinstance(mesh, str) else describe_mesh(mesh)!r}")
+
+
+def _as_mesh(layout, mesh):
+    if mesh is None:
+        import jax
+
+        mesh = default_mesh_spec(layout, len(jax.devices()))
+    return make_mesh(mesh) if isinstance(mesh, str) else mesh
+
+
+def _require_layout_axes(mesh, layout):
+    if layout in REQUIRED_AXES:
+        require_axes(mesh, REQUIRED_AXES[layout], f"layout {layout!r}")
+
+
+def _layout_map_for(model_class, mesh, layout, fitted):
+    """``model_class.get_layout_map(mesh, layout=layout, **fitted)``, or a clear error."""
+    get_layout_map = getattr(model_class, "get_layout_map", None)
+    name = getattr(model_class, "__name__", repr(model_class))
+    if get_layout_map is None or "layout" not in inspect.signature(get_layout_map).parameters:
+        raise ValueError(
+            f"layout {layout!r} needs {name}.get_layout_map(mesh, layout=...), which {name} does not "
+            f"have; it is for the Transformer models (GPT, encoder, ViT). Use layout 'data' or 'model'"
+        )
+    return get_layout_map(mesh, layout=layout, **fitted)
+
+
+def _data_parallel(mesh):
+    require_axes(mesh, [DATA], "layout 'data'")
+    if len(mesh.axis_names) != 1:
+        raise MeshError(
+            f"layout 'data' replicates every weight and needs a 1-D mesh with axis "
+            f"{DATA!r}, got {describe_mesh(mesh)}; use layout 'model' for a 2-D mesh"
+        )
+    return keras.distribution.DataParallel(device_mesh=mesh)
+
+
+def _context_parallel(mesh, layout_map, context_attention, balance, shard_weights=None):
+    _require_layout_axes(mesh, "context")
+    _check_layout_map_mesh(layout_map, mesh)
+    return ContextParallel(
+        mesh, layout_map, batch_dim_name=DATA, sequence_dim_name=SEQ, context_attention=context_attention or "ring",
+        balance=balance, shard_weights=True if shard_weights is None else shard_weights,
+    )  # fmt: skip
+
+
+def _model_parallel(mesh, layout_map, layout="model"):
+    _require_layout_axes(mesh, layout)
+    if layout_map is None:
+        raise LayoutError(f"layout {layout!r} needs a layout_map (e.g. from the model's get_layout_map(mesh))")
+    _check_layout_map_mesh(layout_map, mesh)
+    # fsdp+tp: the tensor-parallel layers also split their weights over data (FSDP inside TP)
+    weight_shard_axis = DATA if layout == "fsdp+tp" else None
+    return CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA, weight_shard_axis=weight_shard_axis)
+
+
+def _check_layout_map_mesh(layout_map, mesh):
+    if layout_map is not None and layout_map.device_mesh is not mesh:
+        raise LayoutError(
+            f"the layout map was built for mesh {describe_mesh(layout_map.device_mesh)}, "
+            f"not for the mesh {describe_mesh(mesh)} given"
+        )
+
+
+def data_parallel_size(distribution):
+    """How many ways the batch is split (1 without a distribution).
+
+    Every batch fed to ``fit``/``evaluate``/``predict`` must divide by this.
+    """
+    if distribution is None:
+        return 1
+    return mesh_axis_size(distribution.device_mesh, distribution.batch_dim_name)
+
+
+def build_distributed(build_model, distribution):
+    """Set ``distribution`` globally, build the model under it, and check its layout.
+
+    Keras places each variable as it is created, from the distribution in force, and
+    ``model.fit`` reads the global distribution, so it stays set on return (pass
+    ``None`` to build on one device). Raises ``LayoutError`` if a layout rule matched
+    no variable of the model.
+    """
+    keras.distribution.set_distribution(distribution)
+    model = build_model()
+    if isinstance(distribution, CheckedModelParallel):
+        raise_if_unmatched(distribution.unmatched_rules(), model)
+    return model
+
+
+def place_batch(distribution, *arrays):
+    """Host arrays onto ``distribution``'s data layout (batch split), as ``fit`` places them.
+
+    Without a distribution, or for a ``jax.Array`` already placed (a sequence-split input,
+    say), the array is only converted. Returns a list in the order given.
+    """
+    import jax
+
+    placed = []
+    for array in arrays:
+        if distribution is None or isinstance(array, jax.Array):
+            placed.append(jax.numpy.asarray(array))
+        else:
+            layout = distribution.get_data_layout(array.shape)
+            placed.append(keras.distribution.distribute_tensor(np.asarray(array), layout))
+    return placed

@@ -1,0 +1,59 @@
+"""What every training job shares: settings -> distribution, the opening report lines,
+data splits and held-out accuracy (helpers used by every job live here, not in one job)."""
+
+import os
+
+import numpy as np
+
+from zoo import distribution as zd
+from zoo.config.choices import WEIGHT_LAYOUTS
+from zoo.data import DivisibleBatches
+from zoo.models._transformer_layouts import layout_overrides as _model_layout_overrides
+
+
+def job_distribution(model_class, settings, mesh=None, *, config=None):
+    """The distribution of a job's ``settings`` (``layout``, ``mesh``, and under the context
+    layout ``context_attention`` and ``balance``) for ``model_class``; ``mesh`` replaces
+    ``settings.mesh`` (an abstract mesh for a compile-only check). None for ``single``."""
+    context = {}
+    if settings.layout == "context":
+        context = {"context_attention": getattr(settings, "context_attention", None), "balance": getattr(settings, "balance", None)}
+    elif getattr(settings, "balance", None) is not None:
+        raise ValueError(f"balance={settings.balance!r} reorders the sequence for the context layout; layout {settings.layout!r} does not split it")
+    fitted = None if settings.layout in ("single", "data") else config
+    return zd.distribution_for(model_class, settings.layout, settings.mesh if mesh is None else mesh, config=fitted, **context)
+
+
+def layout_overrides(layout):
+    """Model-config entries a layout needs: ``tp+sp`` builds Megatron sequence-parallel
+    blocks (``megatron_sp=True``); the others leave the model as it is."""
+    return _model_layout_overrides(layout) if layout in WEIGHT_LAYOUTS else {"megatron_sp": False}
+
+
+def report_setup(distribution, report):
+    """Print the devices and the distribution (every training job starts with these lines)."""
+    report(f"devices: {zd.describe_devices()}")
+    if distribution is None:
+        report("distribution: single device")
+    else:
+        report(f"distribution: {type(distribution).__name__} on mesh {zd.describe_mesh(distribution.device_mesh)}")
+
+
+def run_dir_of(output, fallback="runs"):
+    """The folder a run's metrics.csv goes to: the folder of its saved model (or preset)."""
+    return os.path.dirname(os.path.abspath(output)) if output else fallback
+
+
+def train_validation_test_splits(spec):
+    """A dataset's train, validation and test split names; without a validation split the
+    last 10% of train is held out."""
+    if "validation" in spec.splits:
+        return "train", "validation", "test"
+    return "train[:90%]", "train[90%:]", "test"
+
+
+def evaluate_accuracy(model, x, y, *, batch_size, replicas):
+    """Top-1 accuracy from ``predict`` over every example (padding trimmed)."""
+    batches = DivisibleBatches(x, batch_size=batch_size, multiple_of=replicas, remainder="pad")
+    logits = batches.trim(model.predict(batches, verbose=0))
+    return float(np.mean(np.argmax(logits, axis=-1) == y))
