@@ -13,6 +13,7 @@ import time
 import keras
 import pytest
 
+import zoo.cli.devices
 from zoo.cli import main as cli
 from zoo.training.interrupts import TrainingInterrupted
 
@@ -36,7 +37,7 @@ CASES = [
     (["train", "cnn", "--seed", "-3"], USAGE, "argument --seed: expected an integer >= 0, got '-3'"),
     (["train", "cnn", "--keep", "0"], USAGE, "argument --keep: expected an integer >= 1, got '0'"),
     (["train", "cnn", "--simulate-devices", "0"], USAGE, "argument --simulate-devices: expected an integer >= 1, got '0'"),
-    (["train", "cnn", "--distribution", "bogus"], USAGE, "argument --distribution: invalid choice: 'bogus'"),
+    (["train", "cnn", "--layout", "bogus"], USAGE, "argument --layout: invalid choice: 'bogus'"),
     (["train", "cnn", "--output", "model.h5"], USAGE, "'model.h5': a model path must end in .keras"),
     (["train", "cnn", "--output", "{file}/m.keras"], USAGE, "{file} is a file, not a folder"),
     (["train", "cnn", "--output", "/sys/m.keras"], USAGE, "--output '/sys/m.keras': cannot be written"),
@@ -55,7 +56,7 @@ CASES = [
     (["train", "gpt", "--steps-per-epoch", "0"], USAGE, "argument --steps-per-epoch: expected an integer >= 1, got '0'"),
     (["train", "gpt", "--checkpoint-dir", "{file}/ckpt"], USAGE, "--checkpoint-dir '{file}/ckpt': cannot be written"),
     (["train", "gpt", "--sequence-length", "100000"], USAGE, "bytes; the sequence length must be below that, got 100,000"),
-    (["train", "gpt", "--strategy", "everything"], USAGE, "argument --strategy/--distribution: invalid choice: 'everything'"),
+    (["train", "gpt", "--layout", "everything"], USAGE, "argument --layout: invalid choice: 'everything'"),
     (["train", "encoder", "--sequence-length", "0"], USAGE, "argument --sequence-length: expected an integer >= 2, got '0'"),
     (["train", "vit", "--image-size", "12"], USAGE, "argument --image-size: shapes is prepared at image sizes 16, 32, 64, 128, got 12"),
     (["train", "vit", "--epochs", "many"], USAGE, "argument --epochs: expected an integer >= 1, got 'many'"),
@@ -81,7 +82,7 @@ CASES = [
     (["finetune", "small_cnn_shapes", "--dataset", "python_docs"], USAGE, "fine-tuning needs a classification dataset; 'python_docs' is language modelling"),
     (["finetune", "no_such_preset"], USAGE, "unknown preset 'no_such_preset'"),
     (["finetune", "small_cnn_shapes", "--lora-rank", "0"], USAGE, "argument --lora-rank: expected an integer >= 1, got '0'"),
-    (["finetune", "small_cnn_shapes", "--strategy", "half"], USAGE, "argument --strategy: invalid choice: 'half'"),
+    (["finetune", "small_cnn_shapes", "--method", "half"], USAGE, "argument --method: invalid choice: 'half'"),
     (["finetune", "small_cnn_shapes", "--output", "{file}"], USAGE, "--output '{file}': cannot be written"),
     (["finetune", "small_cnn_shapes", "--output", "{folder}"], USAGE, "refusing to replace '{folder}': it is not empty and holds no metadata.json"),
     # zoo recipe check / run
@@ -97,20 +98,20 @@ CASES = [
     (["plan", "--batch-size", "0"], USAGE, "argument --batch-size: expected an integer >= 1, got '0'"),
     (["plan", "--depth", "0"], USAGE, "argument --depth: expected auto, full or an integer >= 1, got '0'"),
     (["plan", "--device-memory-gib", "-2"], USAGE, "argument --device-memory-gib: expected a finite number > 0, got '-2'"),
-    (["plan", "--config", "gpt_tiny", "--device", "h300"], USAGE, "unknown device 'h300'"),
+    (["plan", "--config-name", "gpt_tiny", "--device", "h300"], USAGE, "unknown device 'h300'"),
     (["plan", "{latin1}"], USAGE, "{latin1}: not UTF-8 text"),
     # zoo bench *
     (["bench", "cnn", "--repeats", "0"], USAGE, "argument --repeats: expected an integer >= 1, got '0'"),
-    (["bench", "gpt", "--strategies", "data,bogus"], USAGE, "argument --strategies: unknown strategy(s) ['bogus']; choose from data,tp,context"),
+    (["bench", "gpt", "--layouts", "data,bogus"], USAGE, "argument --layouts: unknown layout(s) ['bogus']; choose from data,tp,context"),
     (["bench", "attention", "--lengths", "4096,-1"], USAGE, "argument --lengths: expected comma-separated integers >= 1"),
     (["bench", "tp", "--variants", "mlp,huge"], USAGE, "argument --variants: unknown variant(s) ['huge']"),
-    (["bench", "context", "--length", "1"], USAGE, "argument --length: expected an integer >= 2, got '1'"),
+    (["bench", "context", "--sequence-length", "1"], USAGE, "argument --sequence-length: expected an integer >= 2, got '1'"),
     (["bench", "scale", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']"),
     (["bench", "plan", "--top", "0"], USAGE, "argument --top: expected an integer >= 1, got '0'"),
     # zoo comms
     (["comms", "mlp", "--dim", "0"], USAGE, "argument --dim: expected an integer >= 1, got '0'"),
     (["comms", "cnn", "--image-size", "4"], USAGE, "argument --image-size: expected an integer >= 8, got '4'"),
-    (["comms", "cnn", "--distribution", "model", "--mesh", "data=3,model=4"], USAGE, "mesh data=3,model=4 has 12 devices"),
+    (["comms", "cnn", "--layout", "model", "--mesh", "data=3,model=4"], USAGE, "mesh data=3,model=4 has 12 devices"),
     # zoo data list / show / prepare
     (["data", "list", "--data-dir", "{file}"], USAGE, "--data-dir '{file}': cannot be a data folder: {file} is a file"),
     (["data", "show", "digits", "--count", "-1"], USAGE, "argument --count: expected an integer >= 1, got '-1'"),
@@ -264,7 +265,7 @@ def test_a_default_mesh_that_does_not_fit_simulated_devices_hints_at_mesh(paths,
     import jax
 
     three = jax.devices()[:3]
-    monkeypatch.setattr(cli, "prepare_devices", lambda count: None)
+    monkeypatch.setattr(zoo.cli.devices, "prepare_devices", lambda count: None)
     monkeypatch.setattr(jax, "devices", lambda *args, **kwargs: three)
     code, out, err = _run(["comms", "cnn", "--simulate-devices", "3"], capsys)
     _assert_one_error_line(code, out, err, USAGE, "not divisible by mesh axis 'model' of size 3; the default mesh for 3 devices was used: give --mesh SPEC, or --simulate-devices 8")

@@ -14,7 +14,7 @@ SMALL_TRAIN = ["--image-size", "16", "--epochs", "2", "--train-examples", "256",
 
 def test_train_end_to_end_in_process(tmp_path, capsys):
     output = tmp_path / "model" / "cnn.keras"
-    assert main(["train", "cnn", "--distribution", "model", "--mesh", "data=2,model=4", *SMALL_TRAIN, "--output", str(output)]) == 0
+    assert main(["train", "cnn", "--layout", "model", "--mesh", "data=2,model=4", *SMALL_TRAIN, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "Using 8 simulated CPU devices from XLA_FLAGS."
     assert "distribution: CheckedModelParallel on mesh data=2,model=4" in out
@@ -33,12 +33,12 @@ def test_train_gpt_with_remat_in_process(tmp_path, capsys):
     attention runs in one shard_map (gpt_tiny's 2 KV heads replicated over model=4); the
     job names the attention implementation it runs."""
     output = tmp_path / "gpt.keras"
-    tiny = ["--config", "gpt_tiny", "--epochs", "1", "--steps-per-epoch", "1", "--sequence-length", "16", "--batch-size", "64"]
-    assert main(["train", "gpt", "--strategy", "tp", "--remat", "--dropout", "0.1", *tiny, "--output", str(output)]) == 0
+    tiny = ["--config-name", "gpt_tiny", "--epochs", "1", "--steps-per-epoch", "1", "--sequence-length", "16", "--batch-size", "64"]
+    assert main(["train", "gpt", "--layout", "tp", "--remat", "--dropout", "0.1", *tiny, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     assert "model: gpt_tiny, 34,976 parameters, remat full" in out and "epoch 1: validation loss" in out
     assert "attention: one shard_map over 'model' (M=4: 1 of 4 heads per device), then blockwise (tile 16)" in out
-    assert keras.saving.load_model(output, safe_mode=True).remat == "full"
+    assert keras.saving.load_model(output, safe_mode=True).backbone.remat == "full"
 
 
 def test_remat_flag_values():
@@ -50,7 +50,7 @@ def test_remat_flag_values():
 
 
 def test_verify_passes_and_fails_by_tolerance(capsys):
-    args = ["verify", "cnn", "--distribution", "data", "--mesh", "data=8", "--image-size", "16", "--batch-size", "16", "--steps", "2"]
+    args = ["verify", "cnn", "--layout", "data", "--mesh", "data=8", "--image-size", "16", "--batch-size", "16", "--steps", "2"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "per-step loss, distributed:" in out
@@ -62,9 +62,9 @@ def test_verify_passes_and_fails_by_tolerance(capsys):
     "args, message",
     [
         (["train", "cnn", "--mesh", "data=3,model=4"], "mesh data=3,model=4 has 12 devices (product of axis sizes) but 8 devices are available"),
-        (["train", "cnn", "--distribution", "single", "--mesh", "data=8"], "--distribution single runs on one device"),
-        (["train", "cnn", "--distribution", "model", "--mesh", "data=8"], "has no ['model']"),
-        (["verify", "cnn", "--distribution", "data", "--mesh", "data=8", "--batch-size", "12"], "batch size 12 is not divisible by the data-parallel size 8"),
+        (["train", "cnn", "--layout", "single", "--mesh", "data=8"], "layout 'single' runs on one device"),
+        (["train", "cnn", "--layout", "model", "--mesh", "data=8"], "has no ['model']"),
+        (["verify", "cnn", "--layout", "data", "--mesh", "data=8", "--batch-size", "12"], "batch size 12 is not divisible by the data-parallel size 8"),
         (["train", "cnn", "--output", "model.h5"], "model path must end in .keras"),
     ],
 )
@@ -91,7 +91,7 @@ def test_command_line_simulates_8_devices_on_a_cpu_host(tmp_path):
     """The installed entry point, in a fresh process with no XLA_FLAGS: first line says so."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "KERAS_BACKEND")}
     env["JAX_PLATFORMS"] = "cpu"
-    command = [sys.executable, "-m", "zoo", "train", "cnn", "--distribution", "data", *SMALL_TRAIN, "--epochs", "1", "--output", str(tmp_path / "m.keras")]
+    command = [sys.executable, "-m", "zoo", "train", "cnn", "--layout", "data", *SMALL_TRAIN, "--epochs", "1", "--output", str(tmp_path / "m.keras")]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()

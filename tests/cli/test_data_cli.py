@@ -37,7 +37,7 @@ def test_unprepared_public_dataset_says_how_to_prepare(tmp_path, capsys):
 
 def test_train_on_mocked_mnist(tmp_path, capsys):
     with tfds.testing.mock_data(num_examples=64):
-        args = ["train", "cnn", "--dataset", "mnist", "--distribution", "data", "--epochs", "1", "--data-dir", str(tmp_path)]
+        args = ["train", "cnn", "--dataset", "mnist", "--layout", "data", "--epochs", "1", "--data-dir", str(tmp_path)]
         assert main(args + ["--output", str(tmp_path / "m.keras")]) == 0
     out = capsys.readouterr().out
     # (the mock ignores split slicing, so train[:90%] also has 64 rows)

@@ -14,13 +14,14 @@ import argparse
 import json
 import sys
 
-import zoo  # noqa: F401  (selects the JAX backend before keras is imported)
 import keras
 import numpy as np
 
+import zoo  # noqa: F401  (selects the JAX backend before keras is imported)
+
 # The model: swap the builder and layout-map lines to test another causal LM.
 MODEL = {
-    "vocabulary_size": 32, "num_layers": 1, "num_heads": 4, "num_kv_heads": 4, "head_dim": 4,
+    "vocabulary_size": 32, "num_layers": 1, "num_query_heads": 4, "num_key_value_heads": 4, "head_dim": 4,
     "hidden_dim": 16, "intermediate_dim": 32, "max_sequence_length": 8,
 }  # fmt: skip
 SEQUENCE_LENGTH = 8  # T
@@ -33,9 +34,9 @@ LAYOUTS = {"data": "data=8", "tp": "data=2,model=4"}
 
 
 def build_model():
-    from zoo.models.gpt import GPTCausalLM
+    from zoo.models.gpt import GPTBackbone, GPTCausalLM
 
-    return GPTCausalLM(**MODEL)
+    return GPTCausalLM(backbone=GPTBackbone(**MODEL))
 
 
 def tensor_parallel_layout_map(mesh):

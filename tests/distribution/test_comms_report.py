@@ -199,8 +199,8 @@ def _run(argv, capsys):
 
 
 def test_zoo_comms_mlp_sequence_parallel(capsys):
-    small = ["--batch-size", "4", "--seq-len", "16", "--dim", "8", "--hidden", "32"]
-    out = _run(["mlp", "--mesh", "data=2,model=4", "--sequence-parallel", "--step", "forward", "--fast-compile", *small], capsys)
+    small = ["--batch-size", "4", "--sequence-length", "16", "--dim", "8", "--hidden", "32"]
+    out = _run(["mlp", "--mesh", "data=2,model=4", "--megatron-sp", "--step", "forward", "--fast-compile", *small], capsys)
     assert "MLP (explicit, sequence-parallel)" in out and "mesh data=2,model=4" in out
     assert "| all-gather | model | 1 | f32[2,16,8] | 1.0 KiB | 768 B | {0,1,2,3},{4,5,6,7} |" in out
     assert "| reduce-scatter | model | 1 | f32[2,4,8] | 1.0 KiB | 768 B |" in out
@@ -209,12 +209,12 @@ def test_zoo_comms_mlp_sequence_parallel(capsys):
 
 
 def test_zoo_comms_cnn_model_parallel_train_step(capsys):
-    out = _run(["cnn", "--distribution", "model", "--mesh", "data=2,model=4", "--image-size", "8", "--fast-compile"], capsys)
-    assert "SmallCNN, distribution model" in out and "step train" in out
+    out = _run(["cnn", "--layout", "model", "--mesh", "data=2,model=4", "--image-size", "8", "--fast-compile"], capsys)
+    assert "SmallCNN, layout model" in out and "step train" in out
     assert "| all-reduce | data |" in out  # gradients of the data-parallel replicas
     assert "total over model:" in out and "memory per device: arguments" in out
 
 
 def test_zoo_comms_rejects_contradictory_options():
     with pytest.raises(ValueError, match="--collective-matmul is a feature of the explicit implementation"):
-        comms.comms_for(comms.CommsConfig(implementation="gspmd", sequence_parallel=True, collective_matmul=True))
+        comms.comms_for(comms.CommsConfig(implementation="gspmd", megatron_sp=True, collective_matmul=True))

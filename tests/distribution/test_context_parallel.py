@@ -310,7 +310,7 @@ def test_shapes_that_do_not_split_are_rejected_at_data_layout_time(options, shap
 def test_bad_meshes_and_options_are_rejected():
     with pytest.raises(MeshError, match=r"mesh data=8 has axes \['data'\] \(missing \['seq'\]\)"):
         ContextParallel("data=8")
-    with pytest.raises(MeshError, match=r"strategy 'context' needs mesh axes \['data', 'seq'\], but the mesh data=2,model=4 has no \['seq'\]"):
+    with pytest.raises(MeshError, match=r"layout 'context' needs mesh axes \['data', 'seq'\], but the mesh data=2,model=4 has no \['seq'\]"):
         make_distribution("context", "data=2,model=4")
     with pytest.raises(ValueError, match=r"context_attention must be one of \('gather', 'ring', 'ulysses'\), got 'flash'"):
         ContextParallel("data=2,seq=4", context_attention="flash")
@@ -324,14 +324,14 @@ def test_bad_meshes_and_options_are_rejected():
 
 
 class _Transformer:
-    """Stands in for a Transformer model class: ``get_layout_map(mesh, strategy=...)``."""
+    """Stands in for a Transformer model class: ``get_layout_map(mesh, layout=...)``."""
 
     calls = []
 
     @classmethod
-    def get_layout_map(cls, mesh, strategy="tp", config=None):
-        cls.calls.append(strategy)
-        return layouts.build_layout_map(mesh, strategy, layouts.block_rules(strategy, mesh=mesh))
+    def get_layout_map(cls, mesh, layout="tp", config=None):
+        cls.calls.append(layout)
+        return layouts.build_layout_map(mesh, layout, layouts.block_rules(layout, mesh=mesh))
 
 
 class _Cnn:
@@ -340,7 +340,7 @@ class _Cnn:
         return keras.distribution.LayoutMap(mesh)
 
 
-def test_context_strategy_and_the_transformer_strategies():
+def test_context_layout_and_the_transformer_layouts():
     context = make_distribution("context", balance="zigzag")
     assert isinstance(context, ContextParallel) and context.balance == "zigzag" and context.context_attention == "ring"
     assert dict(zip(context.device_mesh.axis_names, context.device_mesh.shape)) == {"data": 2, "seq": len(jax.devices()) // 2}
@@ -350,14 +350,14 @@ def test_context_strategy_and_the_transformer_strategies():
     assert distribution_for(_Transformer, "context", "data=2,seq=4").layout_map.keys() == set()
     fsdp = distribution_for(_Transformer, "fsdp", "data=8")
     assert fsdp.layout_map[r".*attention/output/kernel"].axes == (None, None, "data") and fsdp.weight_shard_axis is None
-    for strategy in ("tp", "tp+sp", "fsdp+tp"):  # the blocks' layers place their own weights: no block rule
-        distribution = distribution_for(_Transformer, strategy, "data=2,model=4")
+    for layout in ("tp", "tp+sp", "fsdp+tp"):  # the blocks' layers place their own weights: no block rule
+        distribution = distribution_for(_Transformer, layout, "data=2,model=4")
         assert distribution.layout_map[r".*attention/output/kernel"] is None
-        assert distribution.weight_shard_axis == ("data" if strategy == "fsdp+tp" else None)
+        assert distribution.weight_shard_axis == ("data" if layout == "fsdp+tp" else None)
     assert _Transformer.calls == ["tp", "fsdp", "tp", "tp+sp", "fsdp+tp"]
-    with pytest.raises(ValueError, match=r"strategy 'tp' needs _Cnn.get_layout_map\(mesh, strategy=...\)"):
+    with pytest.raises(ValueError, match=r"layout 'tp' needs _Cnn.get_layout_map\(mesh, layout=...\)"):
         distribution_for(_Cnn, "tp", "data=2,model=4")
-    with pytest.raises(ValueError, match="are options of strategy 'context', not 'data'"):
+    with pytest.raises(ValueError, match="are options of layout 'context' .*, not of 'data'"):
         make_distribution("data", "data=8", balance="zigzag")
     with pytest.raises(ValueError, match=r"choose one of \['single', 'data', 'model'\] or, .* \['fsdp', 'tp', 'tp\+sp', 'fsdp\+tp', 'context'\]"):
         make_distribution("pipeline")

@@ -1,7 +1,13 @@
 import jax
 import pytest
 
-from zoo.distribution import MeshError, describe_mesh, make_distribution, make_mesh, parse_mesh_spec
+from zoo.distribution import (
+    MeshError,
+    describe_mesh,
+    make_distribution,
+    make_mesh,
+    parse_mesh_spec,
+)
 from zoo.distribution.mesh import resolve_mesh_shape
 
 
@@ -43,15 +49,15 @@ def test_bad_specs_name_the_numbers(spec, message):
 
 
 def test_strategy_needs_its_axes():
-    with pytest.raises(MeshError, match=r"strategy 'model' needs mesh axes \['data', 'model'\].*has no \['model'\]"):
+    with pytest.raises(MeshError, match=r"layout 'model' needs mesh axes \['data', 'model'\].*has no \['model'\]"):
         make_distribution("model", "data=8", layout_map=None)
-    with pytest.raises(MeshError, match=r"strategy 'data' needs mesh axes \['data'\].*has no \['data'\]"):
+    with pytest.raises(MeshError, match=r"layout 'data' needs mesh axes \['data'\].*has no \['data'\]"):
         make_distribution("data", "batch=8")
     with pytest.raises(MeshError, match="needs a 1-D mesh with axis 'data', got data=2,model=4"):
         make_distribution("data", "data=2,model=4")
 
 
 def test_unknown_strategy():
-    with pytest.raises(ValueError, match=r"unknown strategy 'pipeline'; choose one of \['single', 'data', 'model'\]"):
+    with pytest.raises(ValueError, match=r"unknown layout 'pipeline'; choose one of \['single', 'data', 'model'\]"):
         make_distribution("pipeline", "data=8")
     assert make_distribution("single") is None

@@ -16,9 +16,15 @@ import dataclasses
 import keras
 import pytest
 
-from tests.models._gpt_parity import STEPS, TRAIN_LAYERS, language_data, model_config, strategy_distribution
+from tests.models._gpt_parity import (
+    STEPS,
+    TRAIN_LAYERS,
+    build_lm,
+    language_data,
+    layout_distribution,
+    model_config,
+)
 from zoo.distribution import parity
-from zoo.models.gpt import GPTCausalLM
 from zoo.planning import PlanRequest, make_plan
 from zoo.planning.plan import plan_in_process, plans_in_subprocess
 from zoo.planning.recipes import request_from_recipe
@@ -27,7 +33,7 @@ from zoo.training.recipe import load_recipe
 
 pytestmark = pytest.mark.realsize
 
-BASE = dict(strategy="data", mesh="data=8", precision="mixed_bfloat16", remat="none", gradient_accumulation_steps=1)
+BASE = dict(layout="data", mesh="data=8", precision="mixed_bfloat16", remat="none", gradient_accumulation_steps=1)
 SCENARIOS = {
     "gpt_1b on 8 x 16 GiB": (dict(config_name="gpt_1b", batch_size=32, sequence_length=2048), "tpu-v5e"),
     "gpt_1b at T=32k": (dict(config_name="gpt_1b", batch_size=8, sequence_length=32768), "h100"),
@@ -53,23 +59,23 @@ def test_the_planner_fits_what_data_parallelism_does_not_and_its_choice_trains(n
 
 
 def _check_trains_like_one_device(choice):
-    config = model_config(choice.strategy, num_layers=TRAIN_LAYERS, remat=choice.remat)
-    strategy = "context-ring" if choice.strategy == "context" else choice.strategy
-    distribution = strategy_distribution(strategy, choice.mesh, config)
+    config = model_config(choice.layout, num_layers=TRAIN_LAYERS, remat=choice.remat)
+    strategy = "context-ring" if choice.layout == "context" else choice.layout
+    distribution = layout_distribution(strategy, choice.mesh, config)
     accumulation = choice.accumulation if choice.accumulation > 1 else None
 
     def compile_model(model):
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9, gradient_accumulation_steps=accumulation),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
 
-    report = parity.check_parity(lambda: GPTCausalLM(**config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
+    report = parity.check_parity(lambda: build_lm(config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
     assert report.passed, "\n".join(report.format())
 
 
 def test_extrapolated_plan_matches_the_whole_model_compiled():
     """gpt_small (4 blocks) compiled at 1 and 2 blocks and extrapolated vs compiled whole:
     peak, FLOPs and bytes sent per axis within 5%."""
-    small = dict(config_name="gpt_small", strategy="tp", mesh="data=2,model=4", batch_size=8, sequence_length=32, precision="float32", remat="none")
+    small = dict(config_name="gpt_small", layout="tp", mesh="data=2,model=4", batch_size=8, sequence_length=32, precision="float32", remat="none")
     request = PlanRequest("pretrain_gpt", small, devices=8, device="h100")
     whole = plan_in_process(dataclasses.replace(request, depth="full"))
     extrapolated = plan_in_process(dataclasses.replace(request, depth=2))
@@ -89,6 +95,6 @@ def test_the_gpu8_recipe_plan_is_within_5_percent_of_the_whole_step():
 
 @pytest.mark.parametrize("devices, mesh, batch", [(64, "data=64", 256), (256, "data=256", 1024)])
 def test_gpt_1b_plans_at_64_and_256_devices(devices, mesh, batch):
-    config = {**BASE, "config_name": "gpt_1b", "strategy": "fsdp", "mesh": mesh, "batch_size": batch, "sequence_length": 2048, "remat": "full"}
+    config = {**BASE, "config_name": "gpt_1b", "layout": "fsdp", "mesh": mesh, "batch_size": batch, "sequence_length": 2048, "remat": "full"}
     (plan,) = plans_in_subprocess([PlanRequest("pretrain_gpt", config, devices=devices, device="h100")])
-    assert plan.fits and plan.step.mesh == mesh and plan.step.global_batch == batch
+    assert plan.fits and plan.step.mesh == mesh and plan.step.batch_size == batch

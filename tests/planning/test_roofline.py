@@ -73,7 +73,7 @@ def test_dot_products_in_loops_are_counted_for_every_trip():
 
 def _measure(layers, scale):
     return StepMeasure(
-        num_layers=layers, mesh="data=8", global_batch=8,
+        num_layers=layers, mesh="data=8", batch_size=8,
         memory={"weights": 10 * scale, "gradients": 10 * scale, "optimizer": 20 * scale, "temp": 100 * scale + 7, "argument": 30 * scale,
                 "output": 30 * scale, "alias": 30 * scale},
         flops=1e9 * scale, bytes_accessed=1e6 * scale,

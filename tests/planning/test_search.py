@@ -11,13 +11,19 @@ import math
 import keras
 import pytest
 
-from tests.models._gpt_parity import STEPS, TRAIN_LAYERS, language_data, model_config, strategy_distribution
+from tests.models._gpt_parity import (
+    STEPS,
+    TRAIN_LAYERS,
+    build_lm,
+    language_data,
+    layout_distribution,
+    model_config,
+)
 from zoo.distribution import parity
-from zoo.models.gpt import GPTCausalLM
 from zoo.planning import PlanRequest, make_plan
 from zoo.planning.search import Ranking, _rank_key, candidates, search
 
-SCENARIO = dict(config_name="gpt_tiny", strategy="data", mesh="data=8", batch_size=16, sequence_length=64, precision="float32", remat="none")
+SCENARIO = dict(config_name="gpt_tiny", layout="data", mesh="data=8", batch_size=16, sequence_length=64, precision="float32", remat="none")
 MEMORY_GIB = 1.5 / 1024  # 1.5 MiB per device: data=8 needs ~1.9 MiB (compiled)
 
 
@@ -33,7 +39,7 @@ def test_every_candidate_divides_the_devices_the_model_and_the_batch():
         sizes = dict((p.split("=")[0], int(p.split("=")[1])) for p in c.mesh.split(","))
         assert math.prod(sizes.values()) == 8 and c.micro_batch * c.accumulation == 32 and c.micro_batch % sizes["data"] == 0
         assert 32 % sizes.get("model", 1) == 0 and 2048 % sizes.get("seq", 1) == 0  # 32 heads, T
-    assert {c.strategy for c in found} == {"data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context"}
+    assert {c.layout for c in found} == {"data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context"}
     assert {c.remat for c in found} == {"none", "dots_saveable", "full"}
 
 
@@ -56,21 +62,21 @@ def test_the_planner_picks_a_layout_that_fits_and_ranks_deterministically(rankin
     keys = [_rank_key(row, order) for row in ranking.rows]
     assert keys == sorted(keys)  # fitting first, then time per update
     command = ranking.command()
-    assert command.startswith(f"zoo train gpt --config gpt_tiny --strategy {best.candidate.strategy}") and f"--remat {best.candidate.remat}" in command
+    assert command.startswith(f"zoo train gpt --config-name gpt_tiny --layout {best.candidate.layout}") and f"--remat {best.candidate.remat}" in command
 
 
 def test_the_top_choice_trains_like_one_device(ranking):
     """The chosen layout (strategy, mesh, remat, gradient accumulation) on the parity
     model at one block: 3 fit steps with dropout against one device."""
     choice = ranking.best.candidate
-    config = model_config(choice.strategy, num_layers=TRAIN_LAYERS, remat=choice.remat)
-    distribution = strategy_distribution(choice.strategy if choice.strategy != "context" else "context-ring", choice.mesh, config)
+    config = model_config(choice.layout, num_layers=TRAIN_LAYERS, remat=choice.remat)
+    distribution = layout_distribution(choice.layout if choice.layout != "context" else "context-ring", choice.mesh, config)
 
     def compile_model(model):
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9, gradient_accumulation_steps=choice.accumulation if choice.accumulation > 1 else None),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
 
-    report = parity.check_parity(lambda: GPTCausalLM(**config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
+    report = parity.check_parity(lambda: build_lm(config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
     assert report.passed, "\n".join(report.format())
     assert report.reference_losses[-1] < report.reference_losses[0]
 
@@ -80,7 +86,7 @@ def test_when_nothing_fits_analytically_the_message_says_so():
 
 
 def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, capsys):
-    """``zoo train gpt --strategy auto`` on these 8 devices (taken as 1.5 MiB each): the
+    """``zoo train gpt --layout auto`` on these 8 devices (taken as 1.5 MiB each): the
     planner is asked about this job on them, and the job is called with the first row
     (the planner's search is the fixture's, checked above; the job under each layout is
     tested elsewhere)."""
@@ -93,13 +99,13 @@ def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, 
     monkeypatch.setattr(planner, "search", lambda request, **_: asked.append(request) or ranking)
     monkeypatch.setattr(devices, "local_device", lambda: ("cpu", MEMORY_GIB))
     monkeypatch.setattr(gpt, "train", trained.append)
-    code = cli.main(["train", "gpt", "--config", "gpt_tiny", "--strategy", "auto", "--sequence-length", "64", "--batch-size", "16",
+    code = cli.main(["train", "gpt", "--config-name", "gpt_tiny", "--layout", "auto", "--sequence-length", "64", "--batch-size", "16",
                      "--precision", "float32"])  # fmt: skip
     out = capsys.readouterr().out
     ((request,), (config,)) = asked, trained
     assert (request.devices, request.device, request.device_memory_gib) == (8, "cpu", MEMORY_GIB)
-    assert {k: request.config[k] for k in SCENARIO if k not in ("strategy", "mesh")} == {k: v for k, v in SCENARIO.items() if k not in ("strategy", "mesh")}
+    assert {k: request.config[k] for k in SCENARIO if k not in ("layout", "mesh")} == {k: v for k, v in SCENARIO.items() if k not in ("layout", "mesh")}
     best = ranking.best.candidate
-    assert code == 0 and (config.strategy, config.mesh, config.remat) == (best.strategy, best.mesh, best.remat)
+    assert code == 0 and (config.layout, config.mesh, config.remat) == (best.layout, best.mesh, best.remat)
     assert (config.batch_size, config.gradient_accumulation_steps) == (best.micro_batch, best.accumulation)
-    assert f"layout auto: {best.describe()}" in out and f"| 1 | {best.strategy} | {best.mesh} | {best.remat} |" in out
+    assert f"layout auto: {best.describe()}" in out and f"| 1 | {best.layout} | {best.mesh} | {best.remat} |" in out

@@ -5,7 +5,12 @@ import pathlib
 
 import pytest
 
-from zoo.training.recipe import JobUnavailableError, UnsupportedKeyError, check_recipe, load_recipe
+from zoo.training.recipe import (
+    JobUnavailableError,
+    UnsupportedKeyError,
+    check_recipe,
+    load_recipe,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
@@ -55,11 +60,9 @@ job = "train_cnn"
 platform = "cpu"
 hosts = 1
 devices_per_host = 8
-[model]
-name = "small_cnn"
 [parallel]
-strategy = "model"
+layout = "model"
 mesh = "data=2,model=4"
 [train]
-global_batch = 32
+batch_size = 32
 """

@@ -10,12 +10,13 @@ import pytest
 from tests.recipes._recipes import CNN, RECIPES, ROOT, write
 from zoo.cli import recipe as cli
 from zoo.distribution import DeviceCountError
+from zoo.training.recipe import load_recipe
 
 
 def test_check_prints_the_plan(tmp_path, capsys):
-    assert cli.main(["check", str(write(tmp_path, CNN)), "--set", "train.global_batch=64"]) == 0
+    assert cli.main(["check", str(write(tmp_path, CNN)), "--set", "train.batch_size=64"]) == 0
     out = capsys.readouterr().out
-    assert "layout: strategy model on mesh data=2,model=4" in out and "batch: 64 per step = 32 per data shard x 2" in out
+    assert "layout: model on mesh data=2,model=4" in out and "batch: 64 per step = 32 per data shard x 2" in out
     assert "memory per device (compiled step, whole model): fits: peak " in out  # zoo plan's verdict
 
 
@@ -23,12 +24,12 @@ def test_a_step_that_does_not_fit_once_compiled_is_an_error(tmp_path, capsys):
     """The state fits 1 MiB, the compiled step (activations of 256 images) does not;
     --no-compile checks the state only."""
     small = write(tmp_path, CNN.replace("devices_per_host = 8", "devices_per_host = 8\ndevice_memory_gib = 0.001"))
-    assert cli.main(["check", str(small), "--set", "train.global_batch=256"]) == 1  # does not fit: 1, as zoo plan (2 is for an invalid recipe)
+    assert cli.main(["check", str(small), "--set", "train.batch_size=256"]) == 1  # does not fit: 1, as zoo plan (2 is for an invalid recipe)
     out, err = capsys.readouterr()
-    assert "layout: strategy model" in out  # the plan on stdout, the verdict on stderr
+    assert "layout: model" in out  # the plan on stdout, the verdict on stderr
     assert err.startswith("zoo: error: memory per device (compiled step, whole model): does not fit: peak ") and len(err.splitlines()) == 1
     assert "> 1.02 MiB per device" in err and "halve the batch per step (128)" in err
-    assert cli.main(["check", str(small), "--set", "train.global_batch=256", "--no-compile"]) == 0
+    assert cli.main(["check", str(small), "--set", "train.batch_size=256", "--no-compile"]) == 0
     assert "compiled step" not in capsys.readouterr().out
 
 
@@ -36,11 +37,11 @@ def test_check_reports_every_failing_file_and_exits_2(tmp_path, capsys):
     good, bad = write(tmp_path, CNN), write(tmp_path, CNN.replace("data=2,model=4", "data=3,model=4"), "bad.toml")
     assert cli.main(["check", str(bad), str(good), "--devices", "8", "--no-compile"]) == 2
     out, err = capsys.readouterr()
-    assert err.startswith(f"zoo: error: {bad}: [parallel] mesh 'data=3,model=4'") and "layout: strategy model" in out  # errors on stderr
+    assert err.startswith(f"zoo: error: {bad}: [parallel] mesh 'data=3,model=4'") and "layout: model" in out  # errors on stderr
     unsupported = write(tmp_path, CNN + "sequence_length = 64\n", "unsupported.toml")
     assert cli.main(["check", str(unsupported)]) == 2
     out, err = capsys.readouterr()
-    assert "layout: strategy model" in out and "does not support [train] sequence_length" in err  # the plan, then the error
+    assert "layout: model" in out and "does not support [train] sequence_length" in err  # the plan, then the error
 
 
 def test_bad_override_is_an_error_not_a_traceback(tmp_path, capsys):
@@ -49,10 +50,10 @@ def test_bad_override_is_an_error_not_a_traceback(tmp_path, capsys):
 
 
 def test_run_simulates_the_recipes_cpu_devices_or_says_why_not():
-    recipe = cli.load_recipe(RECIPES / "cpu-sim-8" / "train_cnn.toml")
+    recipe = load_recipe(RECIPES / "cpu-sim-8" / "train_cnn.toml")
     cli._prepare_devices(recipe)  # JAX already runs 8 simulated devices: nothing to do
     with pytest.raises(DeviceCountError, match=r"JAX already started with 8 CPU device\(s\); cannot switch to 4"):
-        cli._prepare_devices(cli.load_recipe(RECIPES / "cpu-sim-8" / "train_cnn.toml", {"target.devices_per_host": 4}))
+        cli._prepare_devices(load_recipe(RECIPES / "cpu-sim-8" / "train_cnn.toml", {"target.devices_per_host": 4}))
 
 
 def test_add_arguments_builds_the_zoo_recipe_parser():
@@ -72,7 +73,7 @@ def test_zoo_recipe_is_wired_into_the_zoo_command(tmp_path, capsys):
     if "recipe" not in subcommands:
         pytest.skip("zoo/cli/main.py does not wire `zoo recipe` to zoo.cli.recipe yet")
     assert main.main(["recipe", "check", str(write(tmp_path, CNN)), "--no-compile"]) == 0
-    assert "layout: strategy model" in capsys.readouterr().out
+    assert "layout: model" in capsys.readouterr().out
 
 
 def test_recipes_run_py_checks_from_a_checkout(tmp_path):

@@ -57,5 +57,5 @@ def test_a_step_that_cannot_fit_is_reported():
 
 
 def test_a_recipe_needing_all_its_devices_is_refused_on_fewer():
-    with pytest.raises(ValueError, match=r"strategy 'fsdp' on mesh data=8 needs its 8 devices .* this process has 4"):
+    with pytest.raises(ValueError, match=r"layout 'fsdp' on mesh data=8 needs its 8 devices .* this process has 4"):
         compile_recipe_step(load_recipe(RECIPES / "gpu-8" / "pretrain_gpt.toml"), num_layers=1, devices=4)

@@ -28,21 +28,21 @@ def test_the_index_lists_every_recipe():
 def test_accelerator_recipes_pretrain_a_large_gpt_in_bfloat16():
     for target in ("gpu-1", "gpu-8", "gpu-multihost", "tpu-v4-8", "tpu-v5e-8", "tpu-multihost"):
         recipe = load_recipe(RECIPES / target / "pretrain_gpt.toml")
-        assert (recipe.model.name, recipe.train.precision) == ("gpt_1b", "mixed_bfloat16"), target
+        assert (recipe.model.config_name, recipe.train.precision) == ("gpt_1b", "mixed_bfloat16"), target
 
 
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"train.global_batchsize": 8}, r"unknown key 'global_batchsize' in \[train\] \(did you mean 'global_batch'\?\); allowed: global_batch,"),
+        ({"train.global_batchsize": 8}, r"unknown key 'global_batchsize' in \[train\] \(did you mean 'batch_size'\?\); allowed: epochs, batch_size,"),
         ({"trian.epochs": 1}, r"unknown section 'trian' \(did you mean 'train'\?\); allowed: recipe, target,"),
-        ({"parallel.strategy": "zero3"}, r"\[parallel\] strategy: 'zero3' is not one of the allowed values \['single', 'data', 'model', 'fsdp'"),
+        ({"parallel.layout": "zero3"}, r"\[parallel\] layout: 'zero3' is not one of the allowed values \['single', 'data', 'model', 'fsdp'"),
         ({"train.precision": "bfloat16"}, r"\[train\] precision: 'bfloat16' is not one of the allowed values \['float32', 'mixed_bfloat16'\]"),
-        ({"train.global_batch": "32"}, r"\[train\] global_batch: expected an integer >= 1, got '32' \(str\)"),
-        ({"train.global_batch": 0}, r"\[train\] global_batch: expected an integer >= 1, got 0"),
+        ({"train.batch_size": "32"}, r"\[train\] batch_size: expected an integer >= 1, got '32' \(str\)"),
+        ({"train.batch_size": 0}, r"\[train\] batch_size: expected an integer >= 1, got 0"),
         ({"train.epochs": True}, r"\[train\] epochs: expected an integer >= 1, got True \(bool\)"),
-        ({"train.remat": 1}, r"\[train\] remat: expected a string, one of \['none', 'full', 'dots_saveable'\], or true \(= 'full'\), or false \(= 'none'\), got 1 \(int\)"),
-        ({"train.remat": "save_dots"}, r"\[train\] remat: 'save_dots' is not one of the allowed values \['none', 'full', 'dots_saveable'\] \(or true, false\)"),
+        ({"train.remat": 1}, r"\[train\] remat: expected one of none, full, dots_saveable, or true \(= 'full'\), or false \(= 'none'\), got 1 \(int\)"),
+        ({"train.remat": "save_dots"}, r"\[train\] remat: 'save_dots' is not one of the allowed values \['none', 'full', 'dots_saveable'\]"),
         ({"multihost.process_id": 3}, r"unknown key 'process_id' in \[multihost\]; allowed: coordinator_address, timeout_s"),
     ],
 )

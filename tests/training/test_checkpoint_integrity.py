@@ -16,11 +16,24 @@ import sys
 import numpy as np
 import pytest
 
-from tests.training._tiny import BATCH, EXAMPLES, assert_bitwise_equal, batches, build, values
+from tests.training._tiny import (
+    BATCH,
+    EXAMPLES,
+    assert_bitwise_equal,
+    batches,
+    build,
+    values,
+)
 from zoo.training._checkpointed_fit import open_checkpoints
 from zoo.training.callbacks import PeriodicCheckpoint
-from zoo.training.checkpoints import CheckpointError, Checkpoints, ResumableBatches, TrainingPosition, fit_from
-from zoo.training.cnn import TrainConfig, train
+from zoo.training.checkpoints import (
+    CheckpointError,
+    Checkpoints,
+    ResumableBatches,
+    TrainingPosition,
+    fit_from,
+)
+from zoo.training.cnn import CNNTrainConfig, train
 from zoo.training.paths import ModelSaveError, PathError, save_model_atomically
 
 DATA = {"examples": EXAMPLES, "batch_size": BATCH, "seed": 0}
@@ -178,7 +191,7 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_damages_nothing(run, tmp
     holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(folder / "zoo.lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
-        config = TrainConfig(checkpoint_dir=str(folder), resume=True, keep=1)
+        config = CNNTrainConfig(checkpoint_dir=str(folder), resume=True, keep=1)
         with pytest.raises(CheckpointError, match=rf"{folder}: is in use by another run \(process {holder.pid} on .* since now\); wait for it"):
             open_checkpoints(config, DATA, model, report=print)
     finally:
@@ -197,12 +210,12 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_damages_nothing(run, tmp
 def test_an_unwritable_output_is_refused_before_any_work(tmp_path):
     (tmp_path / "a-file").write_text("")
     cases = [
-        (TrainConfig(output=str(tmp_path / "a-file" / "m.keras")), rf"--output '{tmp_path}/a-file/m.keras': cannot be written: {tmp_path}/a-file is a file, not a folder"),
-        (TrainConfig(output=str(tmp_path / "m.keras"), checkpoint_dir=str(tmp_path / "a-file" / "c")), r"--checkpoint-dir .*a-file is a file, not a folder"),
-        (TrainConfig(output=str(tmp_path / "m.keras"), data_dir=str(tmp_path / "a-file")), r"--data-dir .*a-file is a file, not a folder"),
+        (CNNTrainConfig(output=str(tmp_path / "a-file" / "m.keras")), rf"--output '{tmp_path}/a-file/m.keras': cannot be written: {tmp_path}/a-file is a file, not a folder"),
+        (CNNTrainConfig(output=str(tmp_path / "m.keras"), checkpoint_dir=str(tmp_path / "a-file" / "c")), r"--checkpoint-dir .*a-file is a file, not a folder"),
+        (CNNTrainConfig(output=str(tmp_path / "m.keras"), data_dir=str(tmp_path / "a-file")), r"--data-dir .*a-file is a file, not a folder"),
     ]
     if _unwritable("/sys"):  # a read-only folder even for root (chmod does not stop root)
-        cases.append((TrainConfig(output="/sys/m.keras"), r"--output '/sys/m.keras': cannot be written: /sys is not writable"))
+        cases.append((CNNTrainConfig(output="/sys/m.keras"), r"--output '/sys/m.keras': cannot be written: /sys is not writable"))
     for config, message in cases:
         lines = []
         with pytest.raises(PathError, match=message):

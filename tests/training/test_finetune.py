@@ -1,9 +1,7 @@
-"""Fine-tuning small_cnn_shapes on digits (new 10-class head): every strategy under
+"""Fine-tuning small_cnn_shapes on digits (new 10-class head): every method under
 DataParallel and ModelParallel beats the zero-shot head; LoRA's parameter count and
 factor layouts (a greedy layout rule, FSDP, tensor parallelism on encoder_tiny_topics)
 against one device; adapters saved, loaded and merged."""
-
-import argparse
 
 import keras
 import numpy as np
@@ -11,7 +9,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from zoo import distribution as zd
-from zoo.cli import finetune as finetune_cli
+from zoo.cli.main import build_parser, run
+from zoo.config import schema
 from zoo.data import load
 from zoo.distribution import LayoutError
 from zoo.models import SmallCNN
@@ -44,22 +43,22 @@ def digits(count, offset=0):
     return np.repeat(x[offset:], 3, axis=-1), y[offset:]  # grey -> RGB, as finetune does
 
 
-@pytest.mark.parametrize("strategy", ["frozen", "lora", "full"])
-@pytest.mark.parametrize("distribution", ["data", "model"])
-def test_finetuning_beats_the_zero_shot_head(strategy, distribution, tmp_path):
+@pytest.mark.parametrize("method", ["frozen", "lora", "full"])
+@pytest.mark.parametrize("layout", ["data", "model"])
+def test_finetuning_beats_the_zero_shot_head(method, layout, tmp_path):
     lines = []
-    output = tmp_path / "tuned" if (strategy, distribution) == ("lora", "model") else None
+    output = tmp_path / "tuned" if (method, layout) == ("lora", "model") else None
     config = FinetuneConfig(
-        preset="small_cnn_shapes", dataset="digits", strategy=strategy, distribution=distribution,
-        mesh=MESHES[distribution], epochs=4, train_examples=192, output=str(output) if output else None,
+        preset="small_cnn_shapes", dataset="digits", method=method, layout=layout,
+        mesh=MESHES[layout], epochs=4, train_examples=192, output=str(output) if output else None,
     )  # fmt: skip
     result = finetune(config, report=lines.append)
     assert result["zero_shot_accuracy"] < 0.2, lines  # a zero head: one class for everything
     assert result["test_accuracy"] > result["zero_shot_accuracy"] + 0.2, lines
-    expected = {"frozen": HEAD, "lora": HEAD + lora_count(4), "full": ALL_TRAINABLE}[strategy]
+    expected = {"frozen": HEAD, "lora": HEAD + lora_count(4), "full": ALL_TRAINABLE}[method]
     assert result["trainable_parameters"] == expected
     model = result["model"]
-    if distribution == "model":
+    if layout == "model":
         assert model.get_layer("hidden_dense")._kernel.value.sharding.spec == P(None, "model")
     if output:
         _check_saved(result, output)
@@ -192,20 +191,19 @@ def test_lora_save_load_and_merge_under_model_parallel(tmp_path):
 
 
 def test_cli_arguments_and_errors(capsys):
-    parser = argparse.ArgumentParser()
-    finetune_cli.add_arguments(parser)
-    args = parser.parse_args(["small_cnn_shapes", "--dataset", "digits", "--strategy", "frozen", "--lora-rank", "8", "--mesh", "data=8"])
-    config = finetune_cli.config_from(args)
-    assert (config.preset, config.strategy, config.lora_rank, config.mesh, config.learning_rate) == ("small_cnn_shapes", "frozen", 8, "data=8", None)
+    parser = build_parser()
+    args = parser.parse_args(["finetune", "small_cnn_shapes", "--dataset", "digits", "--method", "frozen", "--lora-rank", "8", "--mesh", "data=8"])
+    config = schema.from_args(FinetuneConfig, args)
+    assert (config.preset, config.method, config.lora_rank, config.mesh, config.learning_rate) == ("small_cnn_shapes", "frozen", 8, "data=8", None)
     with pytest.raises(ValueError, match="fine-tuning needs a classification dataset; 'python_docs' is language modelling"):
         finetune(FinetuneConfig(dataset="python_docs"))
-    with pytest.raises(ValueError, match="unknown fine-tuning strategy 'half'; choose one of"):
-        FinetuneConfig(strategy="half")
+    with pytest.raises(ValueError, match=r"FinetuneConfig.method: 'half' is not one of the allowed values \['frozen', 'lora', 'full'\]"):
+        FinetuneConfig(method="half")
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
-        finetune_cli.run(parser.parse_args(["nope"]))
+        run(parser.parse_args(["finetune", "nope"]))
 
 
-# block_0's LoRA factor layouts (lora_kernel_a, lora_kernel_b) per Transformer strategy
+# block_0's LoRA factor layouts (lora_kernel_a, lora_kernel_b) per Transformer layout
 ENCODER_FACTOR_SPECS = {
     "tp": {  # attention heads split; ParallelMLP's layers place their own factors
         "attention/query/kernel": (P(None, "model", None), P(None, None)),  # kernel (C, H/M, D)
@@ -226,8 +224,8 @@ ENCODER_FACTOR_SPECS = {
 }
 
 
-@pytest.mark.parametrize("strategy, mesh", [("tp", MESHES["model"]), ("fsdp", "data=8")])
-def test_lora_on_transformer_layers_matches_one_device(strategy, mesh, tmp_path):
+@pytest.mark.parametrize("layout, mesh", [("tp", MESHES["model"]), ("fsdp", "data=8")])
+def test_lora_on_transformer_layers_matches_one_device(layout, mesh, tmp_path):
     """encoder_tiny_topics: LoRA on the EinsumDense attention projections and on
     ParallelMLP's column/row-parallel layers, under tensor parallelism and FSDP, computes
     what one device computes, with each factor laid out like its kernel."""
@@ -240,7 +238,7 @@ def test_lora_on_transformer_layers_matches_one_device(strategy, mesh, tmp_path)
     expected = single.predict(tokens, batch_size=8, verbose=0)
     save_lora(single, tmp_path / "adapter.h5")
 
-    distribution = zd.distribution_for(TransformerEncoderClassifier, strategy, mesh)
+    distribution = zd.distribution_for(TransformerEncoderClassifier, layout, mesh)
     model = zd.build_distributed(lambda: from_preset("encoder_tiny_topics"), distribution)
     adapted = prepare_finetuning(model, "lora", head="classifier_head", lora_rank=2)
     c, h, d, f, r = 32, 4, 8, 64, 2  # encoder_tiny: width, heads, head dim, MLP width; the rank
@@ -249,7 +247,7 @@ def test_lora_on_transformer_layers_matches_one_device(strategy, mesh, tmp_path)
     assert len(load_lora(model, tmp_path / "adapter.h5")) == len(adapted) == 12  # 6 per block
     specs = {layer._kernel.path.split("/", 1)[1]: (layer.lora_kernel_a.value.sharding.spec, layer.lora_kernel_b.value.sharding.spec)
              for layer in adapted if layer._kernel.path.startswith("block_0/")}  # fmt: skip
-    assert specs == ENCODER_FACTOR_SPECS[strategy]
+    assert specs == ENCODER_FACTOR_SPECS[layout]
     np.testing.assert_allclose(model.predict(tokens, batch_size=8, verbose=0), expected, rtol=1e-5, atol=1e-5)
     merged = merge_lora(model)
     np.testing.assert_allclose(merged.predict(tokens, batch_size=8, verbose=0), expected, rtol=1e-5, atol=1e-5)

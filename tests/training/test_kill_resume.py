@@ -60,11 +60,11 @@ def _reference(tmp_path, **options):
     """The uninterrupted run, checkpointing every step: ``{step: values}`` and its saved model.
 
     Run in this process (8 simulated devices too, the same programs): a subprocess less."""
-    from zoo.training.cnn import TrainConfig, train
+    from zoo.training.cnn import CNNTrainConfig, train
 
     directory = tmp_path / "reference"
     config = {**RUN, **options, "checkpoint_dir": str(directory), "checkpoint_every": 1, "keep": 100, "output": str(tmp_path / "reference.keras")}
-    train(TrainConfig(**config), report=lambda line: None)
+    train(CNNTrainConfig(**config), report=lambda line: None)
     keras.distribution.set_distribution(None)  # train leaves its distribution set, as fit needs it
     checkpoints = Checkpoints(str(directory))
     return {step: checkpoints.read(os.path.join(directory, str(step)))[1] for step in checkpoints.steps()}
@@ -108,9 +108,9 @@ def test_data_parallel_run_interrupted_killed_and_preempted_resumes_bitwise(tmp_
     uninterrupted run."""
     rng = np.random.default_rng()
     sigint_step, sigterm_step = int(rng.choice([5, 6, 7])), int(rng.choice([9, 10, 11]))
-    reference = _reference(tmp_path, distribution="data", epochs=4)  # 12 steps
+    reference = _reference(tmp_path, layout="data", epochs=4)  # 12 steps
     directory = tmp_path / "checkpoints"
-    config = {**RUN, "distribution": "data", "epochs": 4, "checkpoint_dir": str(directory), "checkpoint_every": 2, "keep": 2, "resume": True, "output": str(tmp_path / "resumed.keras")}
+    config = {**RUN, "layout": "data", "epochs": 4, "checkpoint_dir": str(directory), "checkpoint_every": 2, "keep": 2, "resume": True, "output": str(tmp_path / "resumed.keras")}
 
     # 1. Ctrl-C after a random step of epochs 2-3: exit 130 and a checkpoint of that step
     out = _interrupted(_run(config, 8, "--signal-after-step", str(sigint_step), "--signal", "INT"), signal.SIGINT, sigint_step, directory)
@@ -141,12 +141,12 @@ def test_data_parallel_run_interrupted_killed_and_preempted_resumes_bitwise(tmp_
 
 
 def test_a_new_run_refuses_a_directory_that_holds_checkpoints(tmp_path):
-    from zoo.training.cnn import TrainConfig, train
     from zoo.training.checkpoints import CheckpointError
+    from zoo.training.cnn import CNNTrainConfig, train
 
     os.makedirs(tmp_path / "7")
-    config = TrainConfig(**RUN, distribution="single", checkpoint_dir=str(tmp_path), output=str(tmp_path / "m.keras"))
+    config = CNNTrainConfig(**RUN, layout="single", checkpoint_dir=str(tmp_path), output=str(tmp_path / "m.keras"))
     with pytest.raises(CheckpointError, match=r"already holds checkpoints \(steps 7\); pass --resume"):
         train(config, report=lambda line: None)
     with pytest.raises(ValueError, match="resume continues from checkpoint_dir: give --checkpoint-dir"):
-        train(TrainConfig(resume=True), report=lambda line: None)
+        train(CNNTrainConfig(resume=True), report=lambda line: None)
