@@ -7,7 +7,7 @@ devices=8          # simulated CPU devices
 epochs=5           # ~90% held-out accuracy on the shapes dataset at 32x32
 for layout in "data data=8" "model data=2,model=4" "model data=1,model=8"; do
   set -- $layout
-  zoo train cnn --simulate-devices "$devices" --distribution "$1" --mesh "$2" \
+  zoo train cnn --simulate-devices "$devices" --layout "$1" --mesh "$2" \
     --epochs "$epochs" --output "$out/cnn-$1-${2//[=,]/_}.keras"
-  zoo verify cnn --simulate-devices "$devices" --distribution "$1" --mesh "$2"
+  zoo verify cnn --simulate-devices "$devices" --layout "$1" --mesh "$2"
 done
