@@ -6,6 +6,7 @@ import jax
 import keras
 import pytest
 
+from tests.plotting._png import png_size
 from zoo.cli.main import build_parser, main
 from zoo.models import SmallCNN
 
@@ -25,6 +26,10 @@ def test_train_end_to_end_in_process(tmp_path, capsys):
     loaded = keras.saving.load_model(output, safe_mode=True)
     assert isinstance(loaded, SmallCNN) and loaded.image_size == (16, 16)
     assert not [p for p in os.listdir(output.parent) if p.startswith(".partial-")]
+    metrics = (output.parent / "metrics.csv").read_text().splitlines()  # the run's epochs, as Keras' logs had them
+    assert len(metrics) == 3 and {"epoch", "step", "loss", "val_accuracy", "images_per_second"} <= set(metrics[0].split(","))
+    assert main(["plot", str(output.parent)]) == 0  # zoo plot on the finished run
+    assert png_size(output.parent / "metrics.png")[0] > 0
 
 
 def test_train_gpt_with_remat_in_process(tmp_path, capsys):

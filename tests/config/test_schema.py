@@ -2,6 +2,7 @@
 under the same names; every field has help, a type and a default; an old recipe key is
 refused naming its new one; the parser answers ``--help`` and bad flags without JAX."""
 
+import argparse
 import dataclasses
 import os
 import pathlib
@@ -114,3 +115,15 @@ def test_docs_hold_the_generated_settings_reference():
 
     generated = "\n".join(reference_lines())
     assert generated in (ROOT / "docs" / "recipes.md").read_text(), "docs/recipes.md: paste the output of python -m zoo.config.reference"
+
+
+def test_every_flag_of_every_command_has_help():
+    def missing(parser, path):
+        for action in parser._actions:  # argparse keeps no public list of a parser's arguments
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from missing(sub, [*path, name])
+            elif not action.help:
+                yield f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}"
+
+    assert not list(missing(build_parser(), ["zoo"]))

@@ -211,3 +211,22 @@ def test_layout_rules_per_strategy():
     assert r".*lm_head/kernel" not in list(GPTBackbone.get_layout_map(mesh, "fsdp+tp"))
     with pytest.raises(ValueError, match="needs mesh axes"):
         GPTCausalLM.get_layout_map(make_mesh("data=8"), layout="tp")
+
+
+def test_a_gpt_built_under_ring_context_parallelism_saves_ring_and_reloads_on_one_device():
+    """The kernel in use is in the config (not None): a model built under
+    ContextParallel(ring) saves ``context_attention: "ring"``; on one device the same
+    config runs plain attention, and ``describe`` says so."""
+    from zoo import distribution as zd
+
+    distribution = zd.make_distribution("context", "data=2,seq=4", context_attention="ring")
+    try:
+        model = zd.build_distributed(lambda: GPTCausalLM.from_config_name("gpt_tiny", num_layers=1), distribution)
+        assert zd.describe(model)[0].startswith("block_0/attention: ring attention over seq (4)")
+    finally:
+        keras.distribution.set_distribution(None)
+    config = model.get_config()
+    assert config["backbone"]["config"]["context_attention"] == "ring"
+    alone = GPTCausalLM.from_config(config)
+    assert alone.backbone.blocks[0].attention.context_attention == "ring"
+    assert zd.describe(alone)[0] == "block_0/attention: plain attention, no collective (context_attention 'ring' runs only over a 'seq' mesh axis of size > 1)"
