@@ -37,11 +37,11 @@ from jax.sharding import PartitionSpec as P
 
 from zoo._compat import add_weight_with_layout
 from zoo.config.choices import LORA_WEIGHTS
+from zoo.config.renamed import TENSOR_PARALLEL_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import check_divisible
 from zoo.layers._parallel_plan import resolve_plan, run_sharded
-from zoo.layers._saved_names import renamed_keys
 
 SHARD = "shard"  # placeholder in layout axes for the plan's weight-shard axis (FSDP inside TP)
 
@@ -260,7 +260,7 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
 
     @classmethod
     def from_config(cls, config):
-        return super().from_config(renamed_keys(config, {"sequence_parallel": "megatron_sp"}))
+        return super().from_config(renamed_keys(config, TENSOR_PARALLEL_KEYS))
 
     def describe_parallelism(self):
         """What a call runs under the current distribution, in words (``zoo.distribution.describe``)."""

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
+from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.kernels import attention_reference, check_kv_heads
 from zoo.layers import _sequence_parallel, _tensor_parallel_attention
@@ -12,7 +13,6 @@ from zoo.layers._parallel_plan import (
     distribution_context_attention,
     resolve_plan,
 )
-from zoo.layers._saved_names import renamed_keys
 from zoo.layers.rotary_embedding import apply_rotary_embedding, check_rotary_head_dim
 
 
@@ -315,10 +315,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        return super().from_config(renamed_keys(config, RENAMED))
+        return super().from_config(renamed_keys(config, ATTENTION_KEYS))
 
 
-RENAMED = {"sequence_parallel": "context_attention", "tp_sequence_parallel": "megatron_sp"}  # saved before issue 16
 
 
 def _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size):

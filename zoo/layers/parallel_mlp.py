@@ -2,6 +2,7 @@
 
 import keras
 
+from zoo.config.renamed import TENSOR_PARALLEL_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.kernels.tensor_parallel import (
     mlp_activation,
@@ -9,7 +10,6 @@ from zoo.kernels.tensor_parallel import (
     mlp_up_projections,
 )
 from zoo.layers._parallel_plan import run_sharded
-from zoo.layers._saved_names import renamed_keys
 from zoo.layers._tensor_parallel import (
     activation_spec,
     check_input,
@@ -204,7 +204,7 @@ class ParallelMLP(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        return super().from_config(renamed_keys(config, {"sequence_parallel": "megatron_sp"}))
+        return super().from_config(renamed_keys(config, TENSOR_PARALLEL_KEYS))
 
     def describe_parallelism(self):
         """What a call runs under the current distribution, in words (``zoo.distribution.describe``)."""

@@ -4,10 +4,10 @@ import jax
 import keras
 
 from zoo.config.choices import MLPS, NORMS, REMATS
+from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
-from zoo.layers._saved_names import renamed_keys
 from zoo.layers._tensor_parallel import activation_spec, tensor_parallel_plan
-from zoo.layers.multi_head_attention import RENAMED, MultiHeadAttention
+from zoo.layers.multi_head_attention import MultiHeadAttention
 from zoo.layers.parallel_mlp import ParallelMLP
 
 MLP_ACTIVATIONS = {
@@ -304,4 +304,4 @@ class TransformerBlock(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        return super().from_config(renamed_keys(config, RENAMED))
+        return super().from_config(renamed_keys(config, ATTENTION_KEYS))

@@ -2,7 +2,7 @@
 
 import inspect
 
-from zoo.models._renamed_keys import renamed_keys
+from zoo.config.renamed import MODEL_KEYS, renamed_keys
 from zoo.models._transformer_layouts import layout_overrides
 
 
@@ -24,7 +24,7 @@ def complete_config(model_class, configs, config, family):
     """``config`` (a name in ``configs`` or a dict of ``__init__`` arguments, old keys
     renamed) with every ``__init__`` argument present, defaults filled in; raises naming
     missing arguments."""
-    config = lookup_config(configs, config, family) if isinstance(config, str) else renamed_keys(config)
+    config = lookup_config(configs, config, family) if isinstance(config, str) else renamed_keys(config, MODEL_KEYS)
     parameters = [
         p for p in inspect.signature(model_class.__init__).parameters.values()
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)

@@ -10,8 +10,8 @@ from typing import ClassVar
 
 import keras
 
+from zoo.config.renamed import MODEL_KEYS, renamed_keys
 from zoo.models._named_configs import named_config
-from zoo.models._renamed_keys import renamed_keys
 from zoo.presets import load as preset_loading
 
 
@@ -21,7 +21,7 @@ class ZooModel(keras.Model):
     Every ``__init__`` argument is kept as an attribute of the same name (DESIGN.md,
     convention 2; ``keep_arguments`` checks none is missed), so ``get_config`` is those attributes (tuples as lists, as JSON keeps
     them) and ``from_config`` calls the class with them, after renaming the keys an
-    older keras-zoo saved (``_renamed_keys.RENAMED_KEYS``).
+    older keras-zoo saved (``zoo.config.renamed.MODEL_KEYS``).
 
     Subclasses with named sizes set ``CONFIGS`` ({name: arguments}) for
     ``from_config_name``.
@@ -45,7 +45,7 @@ class ZooModel(keras.Model):
 
     @classmethod
     def from_config(cls, config):
-        return cls(**renamed_keys(config))
+        return cls(**renamed_keys(config, MODEL_KEYS))
 
     @classmethod
     def from_config_name(cls, name, layout=None, **overrides):

@@ -7,7 +7,7 @@ train on a CPU; the larger ones size real runs.
 """
 
 from zoo.config.choices import GATED_MLPS
-from zoo.models._renamed_keys import renamed_keys
+from zoo.config.renamed import MODEL_KEYS, renamed_keys
 
 GPT_CONFIGS = {
     # Unit tests and docs: trains on a CPU in seconds. GQA (2 KV heads for 4 query heads).
@@ -88,7 +88,7 @@ def config_by_name(name):
 
 
 def backbone_config(config):
-    """The ``GPTBackbone`` arguments in ``config``, old keys renamed (``_renamed_keys``).
+    """The ``GPTBackbone`` arguments in ``config``, old keys renamed (``zoo.config.renamed``).
 
     ``config``: a ``GPT_CONFIGS`` entry or ``GPTBackbone.get_config()``; a
     ``GPTCausalLM.get_config()`` (its ``backbone`` nested as Keras serialises it); or a
@@ -98,7 +98,7 @@ def backbone_config(config):
         config = config["config"]
     if isinstance(config.get("backbone"), dict):
         config = config["backbone"].get("config", config["backbone"])
-    return renamed_keys(config)
+    return renamed_keys(config, MODEL_KEYS)
 
 
 def count_parameters(config):
