@@ -127,8 +127,9 @@ def test_mock_data_serves_tfds_data_source_without_tensorflow(tmp_path):
 # array_record data and then rewrite the "fileFormat" field of dataset_info.json.
 
 
-def test_tfrecord_without_tensorflow_says_what_to_install(monkeypatch, tmp_path):
+def test_tfrecord_without_tensorflow_says_what_to_install(monkeypatch, tmp_path, capsys):
     builder = tfds_source.prepare("zoo_digits", tmp_path)
+    assert capsys.readouterr().out == ""  # embedded data: no "Downloading and preparing dataset" lines
     _set_file_format(builder, "tfrecord")
     monkeypatch.setattr(tfds_source, "_tensorflow_available", lambda: False)
     assert tfds_source.prepared_file_format("zoo_digits", tmp_path) == "tfrecord"
