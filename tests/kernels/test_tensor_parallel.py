@@ -121,7 +121,7 @@ def test_mlp_matches_one_device(mode, gated, mesh_name):
 
     def body(x, w):
         return tensor_parallel_mlp(
-            x, **w, activation=jax.nn.gelu, axis_name="model", sequence_parallel=sequence_parallel, collective=collective
+            x, **w, activation=jax.nn.gelu, axis_name="model", megatron_sp=sequence_parallel, collective=collective
         )
 
     got = output_and_grads(sharded(body, mesh_name, (x_spec, specs), x_spec), (x, weights), cotangent)
@@ -182,5 +182,5 @@ def test_kernel_shard_that_does_not_fit_the_input_is_named():
 
 
 def test_collective_needs_sequence_parallel():
-    with pytest.raises(ValueError, match="needs sequence_parallel=True"):
+    with pytest.raises(ValueError, match="needs megatron_sp=True"):
         tensor_parallel_mlp(jnp.ones((B, T, D)), up_kernel=None, down_kernel=None, activation=jax.nn.gelu, axis_name="model", collective=True)

@@ -167,7 +167,7 @@ def tensor_parallel_mlp(
     up_bias=None,
     gate_bias=None,
     down_bias=None,
-    sequence_parallel=False,
+    megatron_sp=False,
     collective=False,
     sequence_axis=1,
 ):
@@ -178,8 +178,8 @@ def tensor_parallel_mlp(
     One device holds up/gate [D, F/N] (+ bias [F/N]), down [F/N, D] (+ bias [D]) and
     the hidden activation [B, T, F/N]: it never moves.
 
-    - ``sequence_parallel=False``: x [B, T, D] -> [B, T, D]; one all-reduce forward.
-    - ``sequence_parallel=True``: x [B, T/N, D] -> [B, T/N, D]; one all-gather of x
+    - ``megatron_sp=False``: x [B, T, D] -> [B, T, D]; one all-reduce forward.
+    - ``megatron_sp=True``: x [B, T/N, D] -> [B, T/N, D]; one all-gather of x
       (shared by up and gate) and one reduce-scatter forward. With ``collective``
       both are overlapped with the matmuls (``collective_matmul``).
 
@@ -196,7 +196,7 @@ def tensor_parallel_mlp(
         up_bias=up_bias,
         gate_bias=gate_bias,
         axis_name=axis_name,
-        sequence_parallel=sequence_parallel,
+        megatron_sp=megatron_sp,
         collective=collective,
         sequence_axis=sequence_axis,
     )  # [B, T, F/N] each
@@ -206,7 +206,7 @@ def tensor_parallel_mlp(
         down_kernel=down_kernel,
         down_bias=down_bias,
         axis_name=axis_name,
-        sequence_parallel=sequence_parallel,
+        megatron_sp=megatron_sp,
         collective=collective,
         sequence_axis=sequence_axis,
     )  # [B, T/N, D] or [B, T, D]
@@ -220,7 +220,7 @@ def mlp_up_projections(
     gate_kernel=None,
     up_bias=None,
     gate_bias=None,
-    sequence_parallel=False,
+    megatron_sp=False,
     collective=False,
     sequence_axis=1,
 ):
@@ -230,11 +230,11 @@ def mlp_up_projections(
     device's hidden features; the projections share one all-gather of x (sequence
     parallel) or one varying cast of x (one all-reduce of d(x) in the backward).
     """
-    if collective and not sequence_parallel:
-        raise ValueError("collective matmul overlaps the sequence all-gather: it needs sequence_parallel=True")
+    if collective and not megatron_sp:
+        raise ValueError("collective matmul overlaps the sequence all-gather: it needs megatron_sp=True")
     kernels = [up_kernel] if gate_kernel is None else [gate_kernel, up_kernel]
     biases = [up_bias] if gate_kernel is None else [gate_bias, up_bias]
-    return _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective, sequence_axis)
+    return _up_projections(x, kernels, biases, axis_name, megatron_sp, collective, sequence_axis)
 
 
 def mlp_activation(hidden, *, activation):
@@ -254,25 +254,25 @@ def mlp_activation(hidden, *, activation):
 
 
 def mlp_down_projection(
-    h, *, down_kernel, axis_name, down_bias=None, sequence_parallel=False, collective=False, sequence_axis=1
+    h, *, down_kernel, axis_name, down_bias=None, megatron_sp=False, collective=False, sequence_axis=1
 ):
     """The row-parallel half of ``tensor_parallel_mlp`` on one shard.
 
     h [B, T, F/N] -> [B, T, D] (one all-reduce) or, sequence-parallel, [B, T/N, D]
     (one reduce-scatter, overlapped with the matmul when ``collective``).
     """
-    if sequence_parallel:
+    if megatron_sp:
         return sequence_parallel_row_matmul(
             h, down_kernel, axis_name=axis_name, sequence_axis=sequence_axis, bias=down_bias, collective=collective
         )  # [B, T/N, D]
     if collective:
-        raise ValueError("collective matmul overlaps the sequence reduce-scatter: it needs sequence_parallel=True")
+        raise ValueError("collective matmul overlaps the sequence reduce-scatter: it needs megatron_sp=True")
     return row_parallel_matmul(h, down_kernel, axis_name=axis_name, bias=down_bias)  # [B, T, D]
 
 
-def _up_projections(x, kernels, biases, axis_name, sequence_parallel, collective, sequence_axis):
+def _up_projections(x, kernels, biases, axis_name, megatron_sp, collective, sequence_axis):
     """x @ each kernel, all sharing one all-gather of x in sequence-parallel mode."""
-    if not sequence_parallel:
+    if not megatron_sp:
         if not _single_device(axis_name):  # over one device the cast's transpose would be a psum of one
             x = vary_over(x, axis_name)  # one cast: the backward all-reduces d(x) once, not per kernel
         return [column_parallel_matmul(x, k, axis_name=axis_name, bias=b) for k, b in zip(kernels, biases)]

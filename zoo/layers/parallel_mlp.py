@@ -169,7 +169,7 @@ class ParallelMLP(keras.layers.Layer):
             up_bias=named["up"].get("bias"),
             gate_bias=named["gate"].get("bias") if "gate" in named else None,
             axis_name=self.model_axis,
-            sequence_parallel=self.megatron_sp,
+            megatron_sp=self.megatron_sp,
             collective=self.collective_matmul,
         )
 
@@ -180,7 +180,7 @@ class ParallelMLP(keras.layers.Layer):
             down_kernel=self.down.local_kernel(weights, plan),  # [F/M, D_out]
             down_bias=weights.get("bias"),
             axis_name=self.model_axis,
-            sequence_parallel=self.megatron_sp,
+            megatron_sp=self.megatron_sp,
             collective=self.collective_matmul,
         )
 
