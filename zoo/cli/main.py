@@ -20,7 +20,6 @@ from zoo.config import schema, settings
 from zoo.config import types as _types
 
 SIMULATE_HELP = "split the CPU into N devices (default on a CPU-only host: 8)"
-DATA_DIR_HELP = settings.DATA_DIR_HELP
 
 
 def build_parser():
@@ -98,7 +97,7 @@ def _add_recipe(parser):
 def _add_data(parser):
     actions = parser.add_subparsers(dest="action", required=True)
     data_dir = ArgumentParser(add_help=False)
-    data_dir.add_argument("--data-dir", default=None, metavar="DIR", help=DATA_DIR_HELP)
+    data_dir.add_argument("--data-dir", default=None, metavar="DIR", help=settings.DATA_DIR_HELP)
     actions.add_parser("list", parents=[data_dir], help="every dataset, its splits and whether it is prepared")
     show = actions.add_parser("show", parents=[data_dir], help="a few examples; images also as a PNG grid")
     show.add_argument("name", help="a dataset name (zoo data list)")

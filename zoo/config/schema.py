@@ -14,7 +14,8 @@ Pure Python: the command line builds every parser from here without importing JA
 import argparse
 import dataclasses
 
-SECTIONS = ("model", "parallel", "data", "train", "checkpoint", "logging", "finetune", "generate", "verify", "bench")
+RECIPE_SECTIONS = ("recipe", "target", "multihost")  # a recipe file's own sections (zoo.training._recipe_schema)
+SECTIONS = (*RECIPE_SECTIONS, "model", "parallel", "data", "train", "checkpoint", "logging", "finetune", "generate", "verify", "bench")
 NONE_WORD = "none"  # the flag value of None in a choice that allows it (--balance none)
 
 
@@ -22,7 +23,7 @@ class SettingError(ValueError):
     """A value a setting does not allow; names the setting, the value and what is allowed."""
 
 
-def setting(default, help, *, section, parse=None, choices=(), positional=False, metavar=None, store_true=False, const=None, booleans=None):
+def setting(default, help, *, section, parse=None, choices=(), positional=False, metavar=None, store_true=False, const=None, booleans=None, required=False):
     """A settings field.
 
     Args:
@@ -38,12 +39,13 @@ def setting(default, help, *, section, parse=None, choices=(), positional=False,
         const: the value of the flag given alone (``--remat`` means ``--remat full``).
         booleans: ``{True: value, False: value}``: a recipe may write true / false for a
             choice (``remat = true`` is ``remat = "full"``).
+        required: a recipe must give it (``[target] platform``); its default is unused.
     """
     if section not in SECTIONS:
         raise ValueError(f"unknown section {section!r}; one of {SECTIONS}")
     kind = bool if store_true or isinstance(default, bool) else getattr(parse, "kind", str)
     metadata = {"help": help, "section": section, "parse": parse, "choices": tuple(choices), "kind": kind,
-                "positional": positional, "metavar": metavar, "const": const, "booleans": booleans}  # fmt: skip
+                "positional": positional, "metavar": metavar, "const": const, "booleans": booleans, "required": required}  # fmt: skip
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -68,6 +68,7 @@ def _float_in(test, expected):
 
 
 positive_float = _float_in(lambda v: v > 0, "a finite number > 0")
+at_least_one_second = _float_in(lambda v: v >= 1, "a finite number >= 1")
 non_negative_float = _float_in(lambda v: v >= 0, "a finite number >= 0")
 dropout = _float_in(lambda v: 0 <= v < 1, "a number in [0, 1)")
 probability = _float_in(lambda v: 0 < v <= 1, "a number in (0, 1]")

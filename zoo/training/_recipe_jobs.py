@@ -64,7 +64,7 @@ class Job:
         """``{"section.key": settings field}`` for this job: each key is the field's own name."""
         return {f"{section}.{name}": name for section, fields in recipe_fields(self.settings_class).items() for name in fields}
 
-    def config_values(self, given, values, config_class=None):
+    def config_values(self, given, values):
         """``({field: value}, [problems])`` for the given keys; ``values``: {"section.key": value}."""
         fields = self.fields()
         passed, problems = {}, []

@@ -16,8 +16,8 @@ import difflib
 import os
 import tomllib
 
-from zoo.config import choices, settings
-from zoo.config.schema import SettingError, recipe_fields
+from zoo.config import choices, settings, types
+from zoo.config.schema import SettingError, describe, recipe_fields, setting
 from zoo.config.schema import check_value as check_setting
 
 JOBS = ("train_cnn", "pretrain_gpt", "finetune")
@@ -39,33 +39,24 @@ class RecipeError(ValueError):
     """A recipe that cannot be read, or does not fit its target or job; names file and values."""
 
 
-def key(kind, *, default=None, choices=(), minimum=None, required=False, booleans=None):
-    """A schema field: ``kind`` (int, float, bool or str) and its constraints.
-
-    ``booleans``: ``{True: value, False: value}`` for a str field that also takes true
-    and false, read as those values (``remat = true`` is ``remat = "full"``).
-    """
-    metadata = {"kind": kind, "choices": tuple(choices), "minimum": minimum, "required": required, "booleans": booleans}
-    return dataclasses.field(default=default, metadata=metadata)
-
-
 @dataclasses.dataclass(frozen=True)
 class RecipeSection:
     """[recipe]: what runs."""
 
-    job: str = key(str, choices=JOBS, required=True)  # which job function the recipe drives
-    description: str | None = key(str)  # one line shown by ``zoo recipe check``
+    job: str = setting(None, "which job the recipe drives", section="recipe", choices=JOBS, required=True)
+    description: str | None = setting(None, "one line shown by zoo recipe check", section="recipe")
 
 
 @dataclasses.dataclass(frozen=True)
 class TargetSection:
     """[target]: the machines the recipe is sized for."""
 
-    platform: str = key(str, choices=choices.PLATFORMS, required=True)  # the device kind JAX must find at run time
-    hosts: int = key(int, default=1, minimum=1)  # JAX processes, one per host
-    devices_per_host: int = key(int, required=True, minimum=1)  # accelerators (or simulated CPU devices) per host
-    device_memory_gib: float | None = key(float, minimum=0.001)  # memory per device; None: not checked
-    device: str | None = key(str)  # accelerator kind zoo plan times the step on (zoo.planning.DEVICES: h100, tpu-v5e, ...); None: by platform
+    platform: str = setting(None, "the device kind JAX must find at run time", section="target", choices=choices.PLATFORMS, required=True)
+    hosts: int = setting(1, "JAX processes, one per host", section="target", parse=types.positive_int)
+    devices_per_host: int = setting(None, "accelerators (or simulated CPU devices) per host", section="target", parse=types.positive_int, required=True)
+    device_memory_gib: float | None = setting(None, "memory per device; unset: not checked", section="target", parse=types.positive_float)
+    device: str | None = setting(None, "accelerator kind zoo plan times the step on (zoo.planning.DEVICES: h100, tpu-v5e, ...); unset: by platform",
+                                 section="target")  # fmt: skip
 
     @property
     def devices(self):
@@ -76,8 +67,8 @@ class TargetSection:
 class MultihostSection:
     """[multihost]: joining the processes (``zoo.distribution.multihost.initialize``)."""
 
-    coordinator_address: str | None = key(str)  # "host:port" of process 0; None: environment or cluster
-    timeout_s: float = key(float, default=300.0, minimum=1)  # wait for the coordinator this long, then fail
+    coordinator_address: str | None = setting(None, '"host:port" of process 0; unset: the environment or the cluster', section="multihost")
+    timeout_s: float = setting(300.0, "wait for the coordinator this long, then fail", section="multihost", parse=types.at_least_one_second)
 
 
 def job_sections():
@@ -171,7 +162,7 @@ def _parse_section(section_class, name, values, path):
     _check_names(values, fields, path, "key", f" in [{name}]")
     missing = [f for f in fields.values() if f.metadata.get("required") and f.name not in values]
     if missing:
-        raise RecipeError(f"{path}: [{name}] needs the key {missing[0].name!r} ({_describe(missing[0].metadata)})")
+        raise RecipeError(f"{path}: [{name}] needs the key {missing[0].name!r} ({describe(missing[0])})")
     checked = {key_name: check_value(fields[key_name], value, f"{path}: [{name}] {key_name}") for key_name, value in values.items()}
     return section_class(**checked)
 
@@ -189,35 +180,9 @@ def _check_names(values, allowed, path, what, where):
 
 
 def check_value(field, value, where):
-    """``value`` converted to the field's kind; raises ``RecipeError`` naming ``where``."""
-    if "section" in field.metadata:  # a job setting: the settings schema's own check
-        try:
-            return check_setting(field, value, where)
-        except SettingError as error:
-            raise RecipeError(str(error)) from None
-    meta = field.metadata
-    kind = meta["kind"]
-    if meta["booleans"] and isinstance(value, bool):
-        value = meta["booleans"][value]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise RecipeError(f"{where}: expected {_describe(meta)}, got {value!r} ({type(value).__name__})")
-    if meta["choices"] and value not in meta["choices"]:
-        also = " (or true, false)" if meta["booleans"] else ""
-        raise RecipeError(f"{where}: {value!r} is not one of the allowed values {list(meta['choices'])}{also}")
-    if kind in (int, float) and meta["minimum"] is not None and value < meta["minimum"]:
-        raise RecipeError(f"{where}: expected {_describe(meta)}, got {value!r}")
-    return value
-
-
-def _describe(meta):
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    text = names[meta["kind"]]
-    if meta["choices"]:
-        text += f", one of {list(meta['choices'])}"
-    if meta["minimum"] is not None and meta["kind"] in (int, float):
-        text += f" >= {meta['minimum']}"
-    if meta["booleans"]:
-        text += ", " + ", ".join(f"or {str(flag).lower()} (= {value!r})" for flag, value in meta["booleans"].items())
-    return text
+    """``value`` checked and converted as the settings schema says (``zoo.config.schema``);
+    raises ``RecipeError`` naming ``where``."""
+    try:
+        return check_setting(field, value, where)
+    except SettingError as error:
+        raise RecipeError(str(error)) from None
