@@ -109,10 +109,10 @@ def run_guarded(work, words, debug=False):
 def standalone_main(prog, description, add_arguments, run, argv=None):
     """``python -m zoo.cli.<module>``: its own parser (plus ``--simulate-devices``), the
     devices prepared as ``zoo`` prepares them, and this error contract; returns the exit status."""
-    from zoo.config import types
+    from zoo.cli.devices import add_simulate_flag
 
     parser = ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    add_simulate_flag(parser)
     add_arguments(parser)
     argv = sys.argv[1:] if argv is None else list(argv)
     args, status = parse(parser, argv)

@@ -11,9 +11,8 @@ import dataclasses
 import importlib
 import sys
 
-from zoo.config import bench_settings, schema, types
-
-SIMULATE_HELP = "split the CPU into N devices (default on a CPU-only host: 8)"
+from zoo.cli.devices import add_simulate_flag
+from zoo.config import bench_settings, schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +46,7 @@ def add_arguments(parser):
         sub = benches.add_parser(name, help=bench.help, description=bench.settings.__doc__.splitlines()[0])
         schema.add_flags(sub, bench.settings)
         if bench.simulate:
-            sub.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help=SIMULATE_HELP)
+            add_simulate_flag(sub)
         sub.set_defaults(func=_runner(name))
 
 

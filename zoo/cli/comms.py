@@ -11,6 +11,7 @@ module adds its own ``model`` positional and ``--simulate-devices`` (``main`` re
 
 import dataclasses
 
+from zoo.cli.devices import add_simulate_flag
 from zoo.config import types
 from zoo.config.choices import CNN_LAYOUTS
 
@@ -42,7 +43,7 @@ def add_arguments(parser):
     """The ``zoo comms`` flags, on an ``argparse`` (sub)parser."""
     defaults = CommsConfig()
     parser.add_argument("model", choices=COMMS_MODELS, help="mlp: tensor-parallel MLP block; cnn: SmallCNN")
-    parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help="split the CPU into N devices (default on a CPU-only host: 8)")
+    add_simulate_flag(parser)
     parser.add_argument("--layout", choices=CNN_LAYOUTS, default=defaults.layout, help="cnn: how weights and inputs are split (mlp: always model)")
     parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default per strategy")
     parser.add_argument("--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)")
@@ -116,13 +117,13 @@ def _describe(config, distribution):
 def _mlp(config):
     import jax
 
-    from zoo.config.bench_settings import TPBenchConfig
     from zoo.bench.tensor_parallel import (
         check_config,
         example_input,
         explicit_model,
         gspmd_model,
     )
+    from zoo.config.bench_settings import TPBenchConfig
     from zoo.distribution import default_mesh_spec
 
     if config.collective_matmul and config.implementation != "explicit":

@@ -1,11 +1,23 @@
-"""Device set-up for the command line, run before JAX starts."""
+"""Device set-up for the command line, run before JAX starts: the ``--simulate-devices``
+flag (added while parsing, so nothing heavy is imported here at module level) and
+``prepare_devices``."""
 
+import argparse
 import os
 import re
 
-from zoo.distribution.devices import accelerator_plugin_installed, backends_started, simulate_cpu_devices
+from zoo.config import types
 
 DEFAULT_SIMULATED_DEVICES = 8
+SIMULATE_HELP = "split the CPU into N devices (default on a CPU-only host: 8)"
+
+
+def add_simulate_flag(parser):
+    """``--simulate-devices N`` (read before JAX starts); a parser that has it keeps it."""
+    try:
+        parser.add_argument("--simulate-devices", type=types.positive_int, default=None, metavar="N", help=SIMULATE_HELP)
+    except argparse.ArgumentError:  # already there
+        pass
 
 
 def prepare_devices(requested):
@@ -14,6 +26,12 @@ def prepare_devices(requested):
     Args:
         requested: the ``--simulate-devices`` value, or None.
     """
+    from zoo.distribution.devices import (
+        accelerator_plugin_installed,
+        backends_started,
+        simulate_cpu_devices,
+    )
+
     if requested is not None:
         simulate_cpu_devices(requested)
         return f"Simulating {requested} CPU devices (--simulate-devices {requested})."

@@ -9,17 +9,15 @@ imports what it runs. Numbers are range-checked as they are parsed; failures fol
 error contract of ``zoo.cli._errors`` (exit 2 usage, 1 runtime, one line on stderr).
 """
 
-import argparse
 import os
 import sys
 
 import zoo
 from zoo.cli import bench, plot
 from zoo.cli._errors import ArgumentParser, debug_requested, parse, run_guarded
+from zoo.cli.devices import add_simulate_flag
 from zoo.config import schema, settings
 from zoo.config import types as _types
-
-SIMULATE_HELP = "split the CPU into N devices (default on a CPU-only host: 8)"
 
 
 def build_parser():
@@ -41,14 +39,6 @@ def build_parser():
     plot.add_arguments(plot_parser)
     plot_parser.set_defaults(func=plot.run, simulate_devices=None, uses_devices=False)
     return parser
-
-
-def add_simulate_flag(parser):
-    """``--simulate-devices N`` (read before JAX starts); a parser that has it keeps it."""
-    try:
-        parser.add_argument("--simulate-devices", type=_types.positive_int, default=None, metavar="N", help=SIMULATE_HELP)
-    except argparse.ArgumentError:  # already there (added by the command's own module)
-        pass
 
 
 def _add_job(parser, settings_class, func, *, model_choices=None, defaults=None):
