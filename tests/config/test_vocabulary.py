@@ -16,13 +16,13 @@ def _sources():
 
 
 def _string_tuples(tree):
-    """``(name, {strings})`` of each assignment of a literal tuple/list/set of two or more strings."""
+    """``(line, {strings})`` of each literal tuple/list/set of two or more strings,
+    assigned to a name or written inline (``if x not in ("gather", "ring", "ulysses")``)."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List, ast.Set)):
-            items = node.value.elts
-            strings = [item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)]
-            if len(strings) >= 2 and len(strings) == len(items):
-                yield ast.unparse(node.targets[0]), frozenset(strings)
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            strings = [item.value for item in node.elts if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+            if len(strings) >= 2 and len(strings) == len(node.elts):
+                yield f"line {node.lineno}", frozenset(strings)
 
 
 def test_every_choice_tuple_is_defined_once():

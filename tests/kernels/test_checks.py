@@ -52,25 +52,25 @@ def test_key_mask_shape_is_checked():
 
 
 @pytest.mark.parametrize(
-    "strategy, kwargs, message",
+    "context_attention, kwargs, message",
     [
         ("ring", dict(seq_len=1001), "sequence length 1001 is not divisible by the 'seq' mesh axis of size 8"),
         ("gather", dict(seq_len=1000, balance="zigzag"), "sequence length 1000 is not divisible by 2 x"),
         ("ulysses", dict(num_heads=12), "number of heads 12 is not divisible by the 'seq' mesh axis of size 8"),
         ("ring", dict(num_kv_heads=3), "num_kv_heads 3 does not divide num_heads 8"),
         ("ring", dict(balance="spiral"), "balance must be one of"),
-        ("flash", {}, "strategy must be 'gather', 'ring' or 'ulysses', got 'flash'"),
+        ("flash", {}, r"context_attention must be one of \['gather', 'ring', 'ulysses'\], got 'flash'"),
     ],
 )
-def test_check_sequence_parallel_on_global_shapes(strategy, kwargs, message):
+def test_check_sequence_parallel_on_global_shapes(context_attention, kwargs, message):
     sizes = dict(seq_len=1024, num_heads=8, num_kv_heads=2, axis_size=8, axis_name="seq") | kwargs
     with pytest.raises(ValueError, match=message):
-        check_sequence_parallel(strategy, **sizes)
+        check_sequence_parallel(context_attention, **sizes)
 
 
 def test_valid_sizes_pass():
-    for strategy in ("gather", "ring", "ulysses"):
-        check_sequence_parallel(strategy, seq_len=1024, num_heads=8, num_kv_heads=1, axis_size=8, balance="zigzag")
+    for context_attention in ("gather", "ring", "ulysses"):
+        check_sequence_parallel(context_attention, seq_len=1024, num_heads=8, num_kv_heads=1, axis_size=8, balance="zigzag")
 
 
 def _trace_sharded(kernel, *, length, heads, kv_heads, n=8, **options):

@@ -25,7 +25,7 @@ class CommsConfig:
 
     model: str = "mlp"  # mlp: a tensor-parallel MLP block; cnn: zoo.models.SmallCNN
     layout: str = "model"  # cnn: single | data | model; mlp: always model (tensor parallel)
-    mesh: str | None = None  # e.g. data=2,model=4; None: the strategy's default (data=2,model=-1)
+    mesh: str | None = None  # e.g. data=2,model=4; None: the layout's default (data=2,model=-1)
     step: str = "train"  # forward | backward (forward + gradients) | train (one SGD step)
     implementation: str = "explicit"  # mlp: explicit (zoo ParallelMLP) | gspmd (Dense + layout map)
     megatron_sp: bool = False  # mlp: input and output split over the sequence (Megatron sequence parallelism)
@@ -45,7 +45,7 @@ def add_arguments(parser):
     parser.add_argument("model", choices=COMMS_MODELS, help="mlp: tensor-parallel MLP block; cnn: SmallCNN")
     add_simulate_flag(parser)
     parser.add_argument("--layout", choices=CNN_LAYOUTS, default=defaults.layout, help="cnn: how weights and inputs are split (mlp: always model)")
-    parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default per strategy")
+    parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default: the layout's")
     parser.add_argument("--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)")
     parser.add_argument("--implementation", choices=["explicit", "gspmd"], default=defaults.implementation, help="mlp: zoo ParallelMLP or Dense layers + layout map")
     parser.add_argument("--megatron-sp", action="store_true", help="mlp: Megatron sequence parallelism (input/output split over the sequence)")

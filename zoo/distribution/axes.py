@@ -5,7 +5,7 @@ axes name what a tensor dimension *means*; rule tables (per model family) map th
 to mesh axes, so a layout can be changed without touching model code.
 """
 
-# Mesh axis names used by the built-in strategies.
+# Mesh axis names used by the built-in layouts.
 DATA = "data"  # splits the batch: data parallelism
 MODEL = "model"  # splits features / channels / heads: model (tensor) parallelism
 SEQ = "seq"  # splits the sequence: context parallelism

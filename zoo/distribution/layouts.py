@@ -57,7 +57,7 @@ def _split_count(axis, sizes):
 
 
 def mark_weight_shard_axis(layout_map, axis):
-    """Record on ``layout_map`` that its strategy also splits weights over mesh axis
+    """Record on ``layout_map`` that its layout also splits weights over mesh axis
     ``axis`` (FSDP), e.g. ``"data"`` for ``fsdp+tp``; returns ``layout_map``.
 
     Rules place the weights that layout rules place. The zoo's tensor-parallel layers
@@ -83,7 +83,7 @@ class CheckedModelParallel(keras.distribution.ModelParallel):
     variable's layout it raises ``LayoutError`` if the rule does not fit the variable,
     and it records which rules matched (see ``unmatched_rules``).
 
-    ``weight_shard_axis``: a mesh axis the strategy also splits weights over (FSDP),
+    ``weight_shard_axis``: a mesh axis the layout also splits weights over (FSDP),
     e.g. ``"data"`` under ``fsdp+tp``; None (the default) takes the one the layout map
     is marked with (``mark_weight_shard_axis``; the Transformer models' ``fsdp+tp``
     maps are). The zoo's tensor-parallel layers, which place their own weights, read it.

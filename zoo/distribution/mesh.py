@@ -14,7 +14,7 @@ _AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class MeshError(ValueError):
-    """A mesh spec or mesh that cannot be used with the devices or strategy at hand."""
+    """A mesh spec or mesh that cannot be used with the devices or layout at hand."""
 
 
 def parse_mesh_spec(spec):

@@ -8,7 +8,7 @@ with the sizes they reconstruct inside (``local length x axis size``).
 
 import math
 
-from zoo.config.choices import BALANCES
+from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS
 
 
 def check_balance(balance):
@@ -81,22 +81,22 @@ def check_shapes(q_shape, k_shape, v_shape, key_mask_shape=None):
 
 
 def check_sequence_parallel(
-    strategy, *, seq_len, num_heads, num_kv_heads, axis_size, axis_name="seq", balance=None
+    context_attention, *, seq_len, num_heads, num_kv_heads, axis_size, axis_name="seq", balance=None
 ):
-    """All checks for one sequence-parallel strategy, on global sizes (call before shard_map).
+    """All checks for one sequence-parallel attention kernel, on global sizes (call before shard_map).
 
     Args:
-        strategy: ``"gather"``, ``"ring"`` or ``"ulysses"``.
+        context_attention: ``"gather"``, ``"ring"`` or ``"ulysses"`` (``CONTEXT_ATTENTIONS``).
         seq_len: global sequence length T.
         num_heads, num_kv_heads: H and K.
         axis_size, axis_name: the mesh axis the sequence is split over.
         balance: ``None``, ``"zigzag"`` or ``"striped"`` reordering of the sequence.
     """
-    if strategy not in ("gather", "ring", "ulysses"):
-        raise ValueError(f"strategy must be 'gather', 'ring' or 'ulysses', got {strategy!r}")
+    if context_attention not in CONTEXT_ATTENTIONS:
+        raise ValueError(f"context_attention must be one of {list(CONTEXT_ATTENTIONS)}, got {context_attention!r}")
     check_kv_heads(num_heads, num_kv_heads)
     check_sequence_divisible(seq_len, axis_size=axis_size, axis_name=axis_name, balance=balance)
-    if strategy == "ulysses":
+    if context_attention == "ulysses":
         check_heads_divisible(num_heads, axis_size=axis_size, axis_name=axis_name)
 
 

@@ -9,7 +9,7 @@ per-device memory next to the target's.
 Fewer devices than the target: a layout that splits no weight over the data axis
 (``data``, ``tp``, ``tp+sp``) holds the same per device on a mesh with a smaller data
 axis and a proportionally smaller global batch, so the step is compiled there (the
-data axis shrinks by the factor the device count falls short). Strategies that split
+data axis shrinks by the factor the device count falls short). Layouts that split
 weights over the data axis (``fsdp``, ``fsdp+tp``, ``context``) need the full count.
 
 Reduced depth (``num_layers``): the per-block cost is the difference of the steps
