@@ -214,9 +214,8 @@ def tp_bytes_row(task):
     from zoo import distribution as zd
     from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
     from zoo.distribution.mesh import mesh_axis_size
-    from zoo.models import GPTBackbone, GPTCausalLM
+    from zoo.models import GPTBackbone, GPTCausalLM, layout_overrides
     from zoo.training.compiled_step import abstract_build, compile_fit_step
-    from zoo.training.job_setup import layout_overrides
 
     layout, mesh = task["layout"], task["tp_mesh"]
     config = dict(

@@ -1,5 +1,6 @@
 """Zoo models; each family ships its own ``get_layout_map``; every class has ``from_preset``."""
 
+from zoo.models._transformer_layouts import layout_overrides
 from zoo.models.cnn import SmallCNN
 from zoo.models.encoder import ENCODER_CONFIGS, TransformerEncoderClassifier
 from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM
@@ -16,4 +17,5 @@ __all__ = [
     "TransformerEncoderClassifier",
     "ViTClassifier",
     "ZooModel",
+    "layout_overrides",
 ]

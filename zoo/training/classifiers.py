@@ -16,7 +16,6 @@ from zoo.training.interrupts import StopAtSignal, stop_on_signals
 from zoo.training.job_setup import (
     evaluate_accuracy,
     job_distribution,
-    layout_overrides,
     report_setup,
     run_dir_of,
     train_validation_test_splits,
@@ -75,10 +74,10 @@ def _load(config, split):
 
 
 def _build(config, model_class, spec, example_shape, distribution):
-    overrides = dict(layout_overrides(config.layout), num_classes=len(spec.classes), dropout=config.dropout, seed=config.seed)
+    overrides = dict(num_classes=len(spec.classes), dropout=config.dropout, seed=config.seed)
     if config.model == "encoder":
         overrides["max_sequence_length"] = example_shape[0]
     else:
         overrides["image_size"] = example_shape[0]
         overrides["channels"] = example_shape[2]
-    return model_class.from_config_name(config.config_name, **overrides)
+    return model_class.from_config_name(config.config_name, config.layout, **overrides)

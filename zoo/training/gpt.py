@@ -15,12 +15,10 @@ from zoo.data import (
 )
 from zoo.distribution import multihost
 from zoo.models import GPTCausalLM
-from zoo.models.gpt.gpt_configs import config_by_name
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
     job_distribution,
-    layout_overrides,
     report_setup,
     run_dir_of,
 )
@@ -33,14 +31,15 @@ from zoo.training.saving import load_zoo_model
 def resolve_distribution(config, mesh=None):
     """The job's distribution for ``config`` (on ``mesh``, default ``config.mesh``), its
     layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings)."""
-    model_config = {**config_by_name(config.config_name), **layout_overrides(config.layout)}
+    model_config = GPTCausalLM.named_config(config.config_name, config.layout)
     return job_distribution(GPTCausalLM, config, mesh, config=model_config)
 
 
 def build_gpt(config, overrides=None):
-    """``GPTCausalLM`` from a named config with the job's overrides (dropout, seed, remat)."""
+    """``GPTCausalLM`` from a named config with the job's overrides (dropout, seed, remat)
+    and what its layout needs (``tp+sp``: ``megatron_sp=True``)."""
     return GPTCausalLM.from_config_name(
-        config.config_name, dropout=config.dropout, seed=config.seed, remat=config.remat, **(overrides or {})
+        config.config_name, config.layout, dropout=config.dropout, seed=config.seed, remat=config.remat, **(overrides or {})
     )
 
 
@@ -48,11 +47,10 @@ def build_for_training(config, **model_overrides):
     """The GPT under the job's precision policy, with its blocks rematerialised as
     ``config.remat`` says (``TransformerBlock``'s ``remat``). ``model_overrides``
     replace config entries (e.g. ``num_layers=2`` for a compile-only memory check)."""
-    overrides = {**layout_overrides(config.layout), **model_overrides}
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
-        return build_gpt(config, overrides)
+        return build_gpt(config, model_overrides)
     finally:
         keras.config.set_dtype_policy(previous)
 

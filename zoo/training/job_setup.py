@@ -6,9 +6,7 @@ import os
 import numpy as np
 
 from zoo import distribution as zd
-from zoo.config.choices import WEIGHT_LAYOUTS
 from zoo.data import DivisibleBatches
-from zoo.models._transformer_layouts import layout_overrides as _model_layout_overrides
 
 
 def job_distribution(model_class, settings, mesh=None, *, config=None):
@@ -22,12 +20,6 @@ def job_distribution(model_class, settings, mesh=None, *, config=None):
         raise ValueError(f"balance={settings.balance!r} reorders the sequence for the context layout; layout {settings.layout!r} does not split it")
     fitted = None if settings.layout in ("single", "data") else config
     return zd.distribution_for(model_class, settings.layout, settings.mesh if mesh is None else mesh, config=fitted, **context)
-
-
-def layout_overrides(layout):
-    """Model-config entries a layout needs: ``tp+sp`` builds Megatron sequence-parallel
-    blocks (``megatron_sp=True``); the others leave the model as it is."""
-    return _model_layout_overrides(layout) if layout in WEIGHT_LAYOUTS else {"megatron_sp": False}
 
 
 def report_setup(distribution, report):
