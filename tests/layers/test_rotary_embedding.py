@@ -56,3 +56,40 @@ def test_per_example_positions_and_dtype():
 def test_odd_head_dim_is_rejected():
     with pytest.raises(ValueError, match="rotary embedding needs an even head_dim, got head_dim 5"):
         apply_rotary_embedding(_x((1, 2, 1, 5)), jnp.arange(2))
+
+
+# --- Llama 3 rope_scaling --------------------------------------------------------------
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def test_llama3_scaling_keeps_short_stretches_long_and_blends_the_band():
+    from zoo.layers.rotary_embedding import inverse_frequency
+
+    plain = inverse_frequency(16, 500000.0)  # wavelengths 2*pi/f: 6.3, 32.4, 167, ... positions
+    scaled = inverse_frequency(16, 500000.0, LLAMA3)
+    wavelength = 2 * np.pi / plain
+    short, band, long = wavelength < 16, (wavelength >= 16) & (wavelength <= 64), wavelength > 64
+    assert short.any() and band.any() and long.any()
+    np.testing.assert_array_equal(scaled[short], plain[short])
+    np.testing.assert_allclose(scaled[long], plain[long] / 8.0, rtol=1e-6)
+    smooth = (64 / wavelength[band] - 1.0) / 3.0  # between the two wavelengths: a blend of both
+    np.testing.assert_allclose(scaled[band], (1 - smooth) * plain[band] / 8 + smooth * plain[band], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "named"),
+    [
+        ({"rope_type": "linear", "factor": 2.0}, "rope_type 'linear' is not supported"),
+        ({"type": "dynamic", "factor": 2.0}, "rope_type 'dynamic' is not supported"),
+        ({**LLAMA3, "factor": 0}, "factor must be a positive number"),
+        ({k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}, "missing ['low_freq_factor']"),
+        ({**LLAMA3, "beta": 1.0}, "unknown ['beta']"),
+    ],
+)
+def test_other_rope_scalings_are_refused_by_name(scaling, named):
+    from zoo.layers.rotary_embedding import check_rope_scaling
+
+    with pytest.raises(ValueError) as error:
+        check_rope_scaling(scaling)
+    assert named in str(error.value)

@@ -123,7 +123,7 @@ def attention_fn(kernel, mesh, config):
             return kernels.attention_reference(q, k, v, causal=config.causal)
         return _sequence_parallel.sharded_attention(
             q, k, v, mesh=mesh, key_mask=None, context_attention=kernel, causal=config.causal,
-            balance=config.balance if kernel == "ring" else None, rotary_base=None,
+            balance=config.balance if kernel == "ring" else None, rope=None,
             sequence_axis=AXIS, batch_axis=None, ring_block_size=config.block_size,
         )
 

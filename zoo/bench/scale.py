@@ -152,7 +152,7 @@ def attention_rows(seq):
         compiled = jax.jit(step).lower(q, kv, kv, q).compile()
         return int(compiled.memory_analysis().temp_size_in_bytes)
 
-    plain = {"key_mask": None, "causal": True, "balance": None, "rotary_base": None, "axis_size": 1, "axis_name": SEQ}
+    plain = {"key_mask": None, "causal": True, "balance": None, "rope": None, "axis_size": 1, "axis_name": SEQ}
     rows.append({"kind": "attention", "path": "reference (materialised scores), one device", "temp": temp(lambda q, k, v: kernels.attention_reference(q, k, v, causal=True))})
     rows.append({"kind": "attention", "path": f"plain path ({_describe(_sequence_parallel, None, 1)}), one device", "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain))})
     mesh = make_mesh(f"{SEQ}={seq}", devices=jax.devices()[:seq])
@@ -171,7 +171,7 @@ def _describe(module, kernel, size):
 def _sharded(module, mesh, kernel):
     def fn(q, k, v):
         return module.sharded_attention(
-            q, k, v, mesh=mesh, key_mask=None, context_attention=kernel, causal=True, balance=None, rotary_base=None,
+            q, k, v, mesh=mesh, key_mask=None, context_attention=kernel, causal=True, balance=None, rope=None,
             sequence_axis=SEQ, batch_axis=None, ring_block_size=512,
         )  # fmt: skip
 

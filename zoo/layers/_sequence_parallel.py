@@ -44,7 +44,6 @@ from zoo import kernels
 from zoo.distribution.axes import SEQ
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.layers._parallel_plan import ParallelPlan, resolve_plan, run_sharded
-from zoo.layers.rotary_embedding import apply_rotary_embedding
 
 _KERNELS = {
     "gather": kernels.gather_kv_attention,
@@ -53,20 +52,20 @@ _KERNELS = {
 }
 
 
-def attention(q, k, v, *, plan, key_mask=None, causal=False, rotary_base=None, ring_block_size=512):
+def attention(q, k, v, *, plan, key_mask=None, causal=False, rope=None, ring_block_size=512):
     """Self-attention of q [B, T, H, D] over k, v [B, T, K, D]; returns [B, T, H, D].
 
     plan: the layer's ``ParallelPlan``. key_mask: bool[B, T] or None (True keeps the
-    key). rotary_base: None for no rotary embedding, else RoPE's base (applied to q and k
-    at their global positions). ring_block_size: tile edge of every tiled kernel (plain
+    key). rope: None for no rotary embedding, else the layer's ``Rope`` (applied to q and
+    k at their global positions). ring_block_size: tile edge of every tiled kernel (plain
     path, ring, and the local step of gather and Ulysses).
     """
     if plan.context_attention is None:
         return plain_attention(
-            q, k, v, key_mask=key_mask, causal=causal, balance=plan.balance, rotary_base=rotary_base,
+            q, k, v, key_mask=key_mask, causal=causal, balance=plan.balance, rope=rope,
             axis_size=plan.sequence_size, axis_name=plan.sequence_axis, block_size=ring_block_size,
         )
-    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rotary_base=rotary_base, ring_block_size=ring_block_size)
+    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size)
 
 
 def describe_plan(plan):
@@ -141,7 +140,7 @@ def global_positions(seq_len, *, axis_size, axis_name, balance):
 
 
 def plain_attention(
-    q, k, v, *, key_mask, causal, balance, rotary_base, axis_size, axis_name, block_size=512
+    q, k, v, *, key_mask, causal, balance, rope, axis_size, axis_name, block_size=512
 ):
     """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
 
@@ -149,9 +148,9 @@ def plain_attention(
     ``block_size`` is the tile edge of the blockwise kernel (the layer's ``ring_block_size``).
     """
     positions = global_positions(q.shape[1], axis_size=axis_size, axis_name=axis_name, balance=balance)
-    if rotary_base is not None:
+    if rope is not None:
         rotary_positions = jnp.arange(q.shape[1], dtype=jnp.int32) if positions is None else positions
-        q, k = (apply_rotary_embedding(x, rotary_positions, base=rotary_base) for x in (q, k))
+        q, k = (rope.apply(x, rotary_positions) for x in (q, k))
     # On a split sequence axis GSPMD may shard T, which cuDNN's partitioner refuses: tiles.
     kernel = kernels.local_attention if axis_size == 1 else kernels.blockwise_attention
     return kernel(
@@ -161,7 +160,7 @@ def plain_attention(
 
 
 def sharded_attention(
-    q, k, v, *, mesh, key_mask, context_attention, causal, balance, rotary_base, sequence_axis, batch_axis, ring_block_size
+    q, k, v, *, mesh, key_mask, context_attention, causal, balance, rope, sequence_axis, batch_axis, ring_block_size
 ):
     """Runs the ``context_attention`` kernel under ``jax.shard_map`` on ``mesh`` (a Keras
     DeviceMesh) with no distribution needed (benchmarks); layers go through ``attention``."""
@@ -171,10 +170,10 @@ def sharded_attention(
         batch_axis=batch_axis if axis_size(batch_axis) > 1 else None, batch_size=axis_size(batch_axis),
         context_attention=context_attention, balance=balance,
     )
-    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rotary_base=rotary_base, ring_block_size=ring_block_size)
+    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size)
 
 
-def _sharded(q, k, v, *, plan, key_mask, causal, rotary_base, ring_block_size):
+def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size):
     """Runs the plan's kernel under ``jax.shard_map`` on its mesh (one cached program per setting)."""
     batch, seq_len, num_heads, _ = q.shape
     kernels.check_sequence_parallel(
@@ -191,23 +190,23 @@ def _sharded(q, k, v, *, plan, key_mask, causal, rotary_base, ring_block_size):
     return run_sharded(
         plan, _shard_body, (q, k, v, key_mask), (spec, spec, spec, mask_spec), spec,
         context_attention=plan.context_attention, axis_name=plan.sequence_axis, causal=causal, balance=plan.balance,
-        rotary_base=rotary_base, ring_block_size=ring_block_size,
+        rope=rope, ring_block_size=ring_block_size,
     )
 
 
-def _shard_body(q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rotary_base, ring_block_size):
+def _shard_body(q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rope, ring_block_size):
     """One device's share. Nb = batch-axis size (1 if none), N = sequence-axis size.
 
     q: [B/Nb, T/N, H, D], k/v: [B/Nb, T/N, K, D], key_mask: bool[B/Nb, T/N] or None;
     returns [B/Nb, T/N, H, D].
     """
-    if rotary_base is not None:
+    if rope is not None:
         # i32[T/N]: global positions of this shard's tokens (balanced order aware)
         positions = kernels.shard_positions(
             q.shape[1], shard_index=jax.lax.axis_index(axis_name),
             num_shards=jax.lax.axis_size(axis_name), balance=balance,
         )
-        q, k = (apply_rotary_embedding(x, positions, base=rotary_base) for x in (q, k))
+        q, k = (rope.apply(x, positions) for x in (q, k))
     return _KERNELS[context_attention](
         q, k, v, axis_name=axis_name, causal=causal, key_mask=key_mask, balance=balance,
         block_size=ring_block_size,

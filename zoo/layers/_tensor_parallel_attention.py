@@ -186,7 +186,7 @@ def _local_attention(x, key_mask, weights, *, layer, plan):
     v = _project(layer.value, x, value, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
     out = _sequence_parallel.plain_attention(
         q, k, v, key_mask=key_mask, causal=layer.causal, balance=None,
-        rotary_base=layer.rotary_base if layer.rotary else None, axis_size=1, axis_name=None,
+        rope=layer.rope, axis_size=1, axis_name=None,
         block_size=layer.ring_block_size,
     )  # f32[B/Nd, T, H/M, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]

@@ -13,7 +13,7 @@ from zoo.layers._parallel_plan import (
     distribution_context_attention,
     resolve_plan,
 )
-from zoo.layers.rotary_embedding import apply_rotary_embedding, check_rotary_head_dim
+from zoo.layers.rotary_embedding import Rope, check_rope_scaling, check_rotary_head_dim
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -52,7 +52,11 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary: apply rotary position embedding (RoPE) to queries and keys, at each
             token's global position. Needs an even ``head_dim``.
         rotary_base: RoPE's base wavelength.
+        rope_scaling: None, or Llama 3's ``rope_scaling`` dict (``rope_type`` ``"llama3"``,
+            see ``zoo.layers.rotary_embedding.check_rope_scaling``).
         use_bias: add biases to the four projections.
+        qkv_bias: add biases to ``query``, ``key`` and ``value`` only (Qwen2's attention);
+            ``use_bias`` wins when both are set.
         context_attention: None (plain attention, GSPMD partitions it; under a
             ``ContextParallel`` its kernel), ``"gather"`` (all-gather K/V), ``"ring"``
             (K/V travel around a ring, O(T/N) memory) or ``"ulysses"`` (all-to-all to a
@@ -78,20 +82,23 @@ class MultiHeadAttention(keras.layers.Layer):
     Call: ``layer(x, key_mask=None)``; x (B, T, C); key_mask bool (B, T), True keeps
     the key (padding = False). Returns (B, T, C).
 
-    Cached call (autoregressive decoding): ``layer(x, cache=cache, cache_index=i)``
-    with cache (B, 2, S, K, D) holding the rotated keys and the values of positions
+    Cached call (autoregressive decoding): ``layer(x, cache=cache, cache_index=i,
+    start_positions=None)`` with cache (B, 2, S, K, D) holding the rotated keys and the values of positions
     0..S-1 (``cache[:, 0]`` keys, ``cache[:, 1]`` values; ``empty_cache`` makes one).
     The T tokens of x sit at positions i..i+T-1 (i may be a traced scalar): their keys
     and values are written into the cache there, rotary embedding uses those absolute
     positions, and the queries attend to the cache's filled keys 0..i+T-1 (causally if
-    ``causal``). Returns ``(output (B, T, C), new cache)``. This path always runs plain
+    ``causal``). Returns ``(output (B, T, C), new cache)``. ``start_positions`` i32[B]
+    (None: zeros) is each row's first real cache position, for left-padded prompts of
+    different lengths: keys before it are masked and RoPE counts positions from it, so a
+    padded row computes what the same prompt alone would. This path always runs plain
     attention on whole arrays in natural token order (no ``context_attention`` kernel,
     no ``balance``) and takes no key_mask.
 
     Variable paths: ``<name>/query/kernel`` (C, H, D), ``<name>/key/kernel`` and
     ``<name>/value/kernel`` (C, K, D), ``<name>/output/kernel`` (H, D, C); with
     ``use_bias`` also ``query/bias`` (H, D), ``key/bias``, ``value/bias`` (K, D) and
-    ``output/bias`` (C,).
+    ``output/bias`` (C,); with ``qkv_bias`` the first three only.
 
     Dropout on the attention weights is not offered: it would need the same random
     stream on every sequence shard to match the single-device layer.
@@ -105,7 +112,9 @@ class MultiHeadAttention(keras.layers.Layer):
         causal=False,
         rotary=False,
         rotary_base=10000.0,
+        rope_scaling=None,
         use_bias=False,
+        qkv_bias=False,
         context_attention=None,
         sequence_axis=SEQ,
         batch_axis=DATA,
@@ -127,7 +136,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.causal = causal
         self.rotary = rotary
         self.rotary_base = rotary_base
+        self.rope_scaling = check_rope_scaling(rope_scaling)
         self.use_bias = use_bias
+        self.qkv_bias = bool(qkv_bias)
         self.context_attention = context_attention
         self.sequence_axis = sequence_axis
         self.batch_axis = batch_axis
@@ -153,33 +164,42 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"MultiHeadAttention {self.name!r}", plan, num_heads=heads, num_kv_heads=kv_heads, channels=channels
             )
         # (B, T, C) -> (B, T, H, D) and (B, T, K, D)
-        self.query = self._projection("btc,chd->bthd", (None, heads, head_dim), "hd", "query", "heads_out")
-        self.key = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "key", "heads_out")
-        self.value = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "value", "heads_out")
+        qkv_bias = self.use_bias or self.qkv_bias
+        self.query = self._projection("btc,chd->bthd", (None, heads, head_dim), "hd", "query", "heads_out", qkv_bias)
+        self.key = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "key", "heads_out", qkv_bias)
+        self.value = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "value", "heads_out", qkv_bias)
         # (B, T, H, D) -> (B, T, C); "output" is Layer.output's name, hence the attribute
-        self.output_dense = self._projection("bthd,hdc->btc", (None, channels), "c", "output", "heads_in")
+        self.output_dense = self._projection("bthd,hdc->btc", (None, channels), "c", "output", "heads_in", self.use_bias)
         for projection in (self.query, self.key, self.value):
             projection.build(input_shape)
         self.output_dense.build((input_shape[0], input_shape[1], heads, head_dim))
 
-    def _projection(self, equation, output_shape, bias_axes, name, role):
+    def _projection(self, equation, output_shape, bias_axes, name, role, use_bias):
         return _tensor_parallel_attention.AttentionProjection(
             equation,
             role=role,
             model_axis=self.model_axis,
             output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
+            bias_axes=bias_axes if use_bias else None,
             kernel_initializer=keras.initializers.get(keras.initializers.serialize(self.kernel_initializer)),
             bias_initializer=keras.initializers.get(keras.initializers.serialize(self.bias_initializer)),
             dtype=self.dtype_policy,
             name=name,
         )
 
-    def call(self, x, key_mask=None, cache=None, cache_index=None):
+    @property
+    def rope(self):
+        """The rotary settings (a hashable ``Rope``), or None without rotary embedding."""
+        return Rope.of(self.rotary_base, self.rope_scaling) if self.rotary else None
+
+    def call(self, x, key_mask=None, cache=None, cache_index=None, start_positions=None):
         if cache is not None:
             if key_mask is not None:
-                raise ValueError(f"MultiHeadAttention {self.name!r}: key_mask is not supported together with cache")
-            return self._call_with_cache(x, cache, 0 if cache_index is None else cache_index)
+                raise ValueError(
+                    f"MultiHeadAttention {self.name!r}: key_mask is not supported together with cache "
+                    f"(left padding is given as start_positions)"
+                )
+            return self._call_with_cache(x, cache, 0 if cache_index is None else cache_index, start_positions)
         batch, length = x.shape[0], x.shape[1]
         if key_mask is not None:
             if tuple(key_mask.shape) != (batch, length):
@@ -197,7 +217,7 @@ class MultiHeadAttention(keras.layers.Layer):
         v = self.value(x)  # (B, T, K, D)
         out = _sequence_parallel.attention(
             q, k, v, plan=plan, key_mask=key_mask, causal=self.causal,
-            rotary_base=self.rotary_base if self.rotary else None, ring_block_size=self.ring_block_size,
+            rope=self.rope, ring_block_size=self.ring_block_size,
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
 
@@ -246,20 +266,25 @@ class MultiHeadAttention(keras.layers.Layer):
         shape = (batch_size, 2, cache_length, self.num_kv_heads, self.head_dim)
         return jnp.zeros(shape, dtype or self.compute_dtype)
 
-    def _call_with_cache(self, x, cache, cache_index):
-        """x (B, T, C) at positions cache_index..cache_index+T-1 -> ((B, T, C), cache (B, 2, S, K, D))."""
+    def _call_with_cache(self, x, cache, cache_index, start_positions=None):
+        """x (B, T, C) at positions cache_index..cache_index+T-1 -> ((B, T, C), cache (B, 2, S, K, D)).
+
+        start_positions: i32[B] first real cache position of each row (left padding
+        before it), or None for 0."""
         self._check_cache(x.shape, cache.shape)
-        length, cache_length = x.shape[1], cache.shape[2]
-        positions = cache_index + jnp.arange(length, dtype=jnp.int32)  # i32[T]
+        batch, length, cache_length = x.shape[0], x.shape[1], cache.shape[2]
+        positions = cache_index + jnp.arange(length, dtype=jnp.int32)  # i32[T], cache positions
+        start = jnp.zeros((batch,), jnp.int32) if start_positions is None else jnp.asarray(start_positions, jnp.int32)
         q = self.query(x)  # (B, T, H, D)
         k = self.key(x)  # (B, T, K, D)
         v = self.value(x)  # (B, T, K, D)
         if self.rotary:
-            q, k = (apply_rotary_embedding(t, positions, base=self.rotary_base) for t in (q, k))
+            token_positions = positions[None, :] - start[:, None]  # i32[B, T]: positions within each row's own text
+            q, k = (self.rope.apply(t, token_positions) for t in (q, k))
         new = jnp.stack([k, v], axis=1).astype(cache.dtype)  # (B, 2, T, K, D)
         cache = jax.lax.dynamic_update_slice(cache, new, (0, 0, cache_index, 0, 0))  # (B, 2, S, K, D)
         key_positions = jnp.arange(cache_length, dtype=jnp.int32)  # i32[S]
-        filled = jnp.broadcast_to(key_positions < cache_index + length, (x.shape[0], cache_length))  # bool[B, S]
+        filled = (key_positions[None, :] < cache_index + length) & (key_positions[None, :] >= start[:, None])  # bool[B, S]
         out = attention_reference(
             q, cache[:, 0].astype(q.dtype), cache[:, 1].astype(q.dtype), causal=self.causal,
             key_mask=filled, q_positions=positions, k_positions=key_positions,
@@ -281,7 +306,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
-    def compute_output_spec(self, x, key_mask=None, cache=None, cache_index=None):
+    def compute_output_spec(self, x, key_mask=None, cache=None, cache_index=None, start_positions=None):
         """(B, T, C) in the compute dtype; with ``cache``, ``(that, cache (B, 2, S, K, D)
         in the cache's dtype)``, as the cached call returns."""
         output = keras.KerasTensor(self.compute_output_shape(x.shape), dtype=self.compute_dtype)  # (B, T, C)
@@ -299,7 +324,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 "causal": self.causal,
                 "rotary": self.rotary,
                 "rotary_base": self.rotary_base,
+                "rope_scaling": self.rope_scaling,
                 "use_bias": self.use_bias,
+                "qkv_bias": self.qkv_bias,
                 "context_attention": self.context_attention,
                 "sequence_axis": self.sequence_axis,
                 "batch_axis": self.batch_axis,

@@ -49,8 +49,8 @@ class TransformerBlock(keras.layers.Layer):
     ``model`` axis, plain Dense layers otherwise).
 
     Args:
-        num_heads, head_dim, num_kv_heads, causal, rotary, rotary_base: as in
-            ``MultiHeadAttention``.
+        num_heads, head_dim, num_kv_heads, causal, rotary, rotary_base, rope_scaling,
+            qkv_bias: as in ``MultiHeadAttention``.
         hidden_dim: F, the MLP's hidden features.
         mlp: ``"gelu"``, ``"relu"`` (two matrices) or ``"geglu"``, ``"swiglu"`` (gated,
             three matrices).
@@ -116,11 +116,13 @@ class TransformerBlock(keras.layers.Layer):
         causal=False,
         rotary=False,
         rotary_base=10000.0,
+        rope_scaling=None,
         mlp="gelu",
         norm="layer",
         norm_epsilon=1e-5,
         dropout=0.0,
         use_bias=False,
+        qkv_bias=False,
         context_attention=None,
         megatron_sp=False,
         model_axis=MODEL,
@@ -160,7 +162,9 @@ class TransformerBlock(keras.layers.Layer):
             causal=causal,
             rotary=rotary,
             rotary_base=rotary_base,
+            rope_scaling=rope_scaling,
             use_bias=use_bias,
+            qkv_bias=qkv_bias,
             context_attention=context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=model_axis,
@@ -205,9 +209,9 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.attention_norm, self.attention, self.mlp_norm, self.mlp):
             layer.build(input_shape)
 
-    def call(self, x, key_mask=None, training=None, cache=None, cache_index=None):
+    def call(self, x, key_mask=None, training=None, cache=None, cache_index=None, start_positions=None):
         if cache is not None:
-            return self._call_with_cache(x, cache, cache_index, training)
+            return self._call_with_cache(x, cache, cache_index, start_positions, training)
         seeds = self._dropout_seeds(training)  # u32[2] each, or None: drawn here, outside any jax.checkpoint
         forward = self._forward
         if training and self.remat != "none":
@@ -237,8 +241,9 @@ class TransformerBlock(keras.layers.Layer):
             return x
         return keras.random.dropout(x, self.dropout, seed=seed)
 
-    def _call_with_cache(self, x, cache, cache_index, training):
-        """x (B, T, C) at positions cache_index.. -> ((B, T, C), cache (B, 2, S, K, D))."""
+    def _call_with_cache(self, x, cache, cache_index, start_positions, training):
+        """x (B, T, C) at positions cache_index.. -> ((B, T, C), cache (B, 2, S, K, D));
+        start_positions i32[B] or None as ``MultiHeadAttention``'s cached call takes it."""
         plan = tensor_parallel_plan(self.model_axis) if self.megatron_sp else None
         if plan is not None:
             raise ValueError(
@@ -246,7 +251,9 @@ class TransformerBlock(keras.layers.Layer):
                 f"token(s) over the {plan.model_axis!r} mesh axis of size {plan.model_size}; build the "
                 f"block with megatron_sp=False for decoding (the weights are the same)"
             )
-        attended, cache = self.attention(self.attention_norm(x), cache=cache, cache_index=cache_index)  # (B, T, C)
+        attended, cache = self.attention(
+            self.attention_norm(x), cache=cache, cache_index=cache_index, start_positions=start_positions
+        )  # (B, T, C)
         x = x + self.attention_dropout(attended, training=training)  # (B, T, C)
         transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
         return x + self.mlp_dropout(transformed, training=training), cache  # (B, T, C)
@@ -265,7 +272,7 @@ class TransformerBlock(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
-    def compute_output_spec(self, x, key_mask=None, training=None, cache=None, cache_index=None):
+    def compute_output_spec(self, x, key_mask=None, training=None, cache=None, cache_index=None, start_positions=None):
         """(B, T, C) in the compute dtype; with ``cache``, ``(that, the cache's spec)`` as
         the cached call returns."""
         output = keras.KerasTensor(tuple(x.shape), dtype=self.compute_dtype)  # (B, T, C)
@@ -283,11 +290,13 @@ class TransformerBlock(keras.layers.Layer):
             causal=self.causal,
             rotary=self.rotary,
             rotary_base=self.rotary_base,
+            rope_scaling=self.rope_scaling,
             mlp=self.mlp_kind,
             norm=self.norm,
             norm_epsilon=self.norm_epsilon,
             dropout=self.dropout,
             use_bias=self.use_bias,
+            qkv_bias=self.qkv_bias,
             context_attention=self.context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=self.model_axis,
@@ -296,6 +305,15 @@ class TransformerBlock(keras.layers.Layer):
             remat=self.remat,
         )
         return config
+
+    @property
+    def rope_scaling(self):
+        """The attention's checked Llama 3 ``rope_scaling`` dict, or None."""
+        return self.attention.rope_scaling
+
+    @property
+    def qkv_bias(self):
+        return self.attention.qkv_bias
 
     @property
     def context_attention(self):

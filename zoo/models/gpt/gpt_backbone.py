@@ -5,6 +5,7 @@ import keras
 from zoo.config.choices import MLPS, NORMS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers import TransformerBlock
+from zoo.layers.rotary_embedding import check_rope_scaling
 from zoo.layers.transformer_block import check_remat
 from zoo.models.gpt import _gpt_layouts
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config
@@ -36,6 +37,11 @@ class GPTBackbone(ZooModel):
         max_sequence_length: the longest sequence ``generate`` accepts (prompt plus new
             tokens); rotary positions need no table, so training is not limited by it.
         rope_max_wavelength: RoPE's base wavelength.
+        rope_scaling: None, or Llama 3's frequency scaling (Llama 3.1 / 3.2 checkpoints):
+            ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+            "original_max_position_embeddings"}``; other types are refused.
+        qkv_bias: biases on the query, key and value projections (Qwen2), none on the
+            attention output or the MLP.
         tie_word_embeddings: the causal LM's head is the token embedding used in reverse
             (``x @ E^T``) instead of its own ``lm_head``; the backbone's weights are the same.
         seed: seeds the dropout streams (embedding: seed, block i: seed + 1 + 2i and + 2i + 2).
@@ -70,6 +76,8 @@ class GPTBackbone(ZooModel):
         dropout=0.0,
         max_sequence_length=1024,
         rope_max_wavelength=10000.0,
+        rope_scaling=None,
+        qkv_bias=False,
         tie_word_embeddings=False,
         seed=None,
         megatron_sp=False,
@@ -101,6 +109,8 @@ class GPTBackbone(ZooModel):
                 causal=True,
                 rotary=True,
                 rotary_base=rope_max_wavelength,
+                rope_scaling=rope_scaling,
+                qkv_bias=qkv_bias,
                 mlp=mlp,
                 norm=norm,
                 norm_epsilon=layer_norm_epsilon,
@@ -118,7 +128,7 @@ class GPTBackbone(ZooModel):
             hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads,
             head_dim=head_dim, mlp=mlp, norm=norm, layer_norm_epsilon=layer_norm_epsilon, dropout=dropout,
             max_sequence_length=max_sequence_length, rope_max_wavelength=rope_max_wavelength,
-            tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
+            rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
             context_attention=context_attention, remat=remat,
         )  # fmt: skip
 
@@ -150,16 +160,17 @@ class GPTBackbone(ZooModel):
         """One zero cache (B, 2, S, K, D) per block, S = ``cache_length``."""
         return [block.attention.empty_cache(batch_size, cache_length) for block in self.blocks]
 
-    def call_with_cache(self, token_ids, caches, cache_index):
+    def call_with_cache(self, token_ids, caches, cache_index, start_positions=None):
         """Inference forward pass of T new tokens at positions cache_index..cache_index+T-1.
 
-        token_ids (B, T) int32; caches: ``empty_caches`` or a previous call's; returns
-        ``(hidden (B, T, C), new caches)``. Dropout is off.
+        token_ids (B, T) int32; caches: ``empty_caches`` or a previous call's;
+        start_positions: i32[B] first real position of each left-padded row (None: 0);
+        returns ``(hidden (B, T, C), new caches)``. Dropout is off.
         """
         x = self.token_embedding(token_ids)  # (B, T, C)
         updated = []
         for block, cache in zip(self.blocks, caches):
-            x, cache = block(x, cache=cache, cache_index=cache_index)  # (B, T, C), (B, 2, S, K, D)
+            x, cache = block(x, cache=cache, cache_index=cache_index, start_positions=start_positions)  # (B, T, C), (B, 2, S, K, D)
             updated.append(cache)
         return self.final_norm(x), updated  # (B, T, C)
 

@@ -51,9 +51,9 @@ class GPTCausalLM(ZooModel):
             logits = self.get_layer("lm_head")(hidden)
         return self.get_layer("logits")(logits)
 
-    def call_with_cache(self, token_ids, caches, cache_index):
+    def call_with_cache(self, token_ids, caches, cache_index, start_positions=None):
         """``GPTBackbone.call_with_cache`` and the head: ``(logits (B, T, V), new caches)``."""
-        hidden, caches = self.backbone.call_with_cache(token_ids, caches, cache_index)  # (B, T, C)
+        hidden, caches = self.backbone.call_with_cache(token_ids, caches, cache_index, start_positions)  # (B, T, C)
         return self.logits(hidden), caches
 
     def generate(self, prompts, max_new_tokens, sampler="greedy", temperature=1.0, top_k=None, top_p=None, seed=None):
