@@ -1,4 +1,5 @@
-"""Imports run one way: config -> kernels -> distribution -> layers -> models -> data/training -> planning -> cli/bench."""
+"""Imports run one way: config -> kernels -> distribution -> layers -> models -> data/training -> planning -> cli/bench;
+config -> tokenizers -> models, data (the tokenizers are a side branch that needs none of the parallel code)."""
 
 import ast
 import pathlib
@@ -11,10 +12,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "zoo"
 # package -> zoo packages it must not import
 FORBIDDEN = {
     # the vocabulary and the settings schema: pure Python, imported before JAX by the zoo command
-    "config": {"kernels", "distribution", "layers", "models", "presets", "data", "training", "planning", "cli", "bench", "plotting"},
-    "kernels": {"distribution", "layers", "models", "data", "training", "planning", "cli", "bench"},
-    "distribution": {"layers", "models", "data", "training", "planning", "cli", "bench"},
-    "layers": {"models", "data", "training", "planning", "cli", "bench"},
+    "config": {"kernels", "distribution", "layers", "models", "presets", "data", "training", "planning", "cli", "bench", "plotting", "tokenizers"},
+    "kernels": {"distribution", "layers", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
+    "distribution": {"layers", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
+    "layers": {"models", "data", "training", "planning", "cli", "bench", "tokenizers"},
+    # text <-> ids (keras, numpy, the `tokenizers` library): models and data import it; it imports
+    # no zoo package but zoo.config (every other package, present or future)
+    "tokenizers": {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"config", "tokenizers"},
     "models": {"kernels", "data", "training", "planning", "cli", "bench"},
     "data": {"models", "layers", "training", "planning", "cli", "bench", "presets"},
     # presets (the file format, reading and writing) sits below models: ZooModel.from_preset imports it

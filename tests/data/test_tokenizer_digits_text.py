@@ -1,6 +1,5 @@
 import zlib
 
-import keras
 import numpy as np
 import pytest
 
@@ -8,27 +7,6 @@ from zoo.data import ByteTokenizer, DIGIT_CLASSES, TOPIC_CLASSES, load_digits, l
 from zoo.data.digits import read_digits, split_rows
 from zoo.data.png import image_grid, write_png
 from zoo.data.python_docs import load_python_docs_lm, load_python_docs_topics, python_docs_text, python_docs_topics
-
-
-def test_byte_tokenizer_round_trip_and_serialisation():
-    tokenizer = ByteTokenizer(sequence_length=12)
-    ids = tokenizer.encode("héllo")  # é is two bytes
-    assert ids.dtype == np.int32 and ids.shape == (12,)
-    assert list(ids[:6]) == [104, 195, 169, 108, 108, 111] and not ids[6:].any()
-    assert tokenizer.decode(ids) == "héllo"
-    assert tokenizer.encode(["ab", "c" * 20]).shape == (2, 12)
-    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(tokenizer))
-    assert isinstance(clone, ByteTokenizer) and clone.sequence_length == 12
-    assert ByteTokenizer().decode(ByteTokenizer().encode("x" * 500)) == "x" * 500
-
-
-def test_byte_tokenizer_errors():
-    with pytest.raises(ValueError, match=r"token ids must be in \[0, 256\), got range \[0, 300\]"):
-        ByteTokenizer().decode([0, 300])
-    with pytest.raises(ValueError, match="needs sequence_length"):
-        ByteTokenizer().encode(["a", "bb"])
-    with pytest.raises(ValueError, match="sequence_length must be positive, got 0"):
-        ByteTokenizer(0)
 
 
 def test_digits_are_the_shipped_uci_data():

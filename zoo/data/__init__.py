@@ -1,6 +1,6 @@
-"""Datasets: one ``load`` for embedded and TFDS datasets, tokenizer, divisible batching."""
+"""Datasets: one ``load`` for embedded and TFDS datasets, divisible batching, and ``ByteTokenizer``
+(whose home is ``zoo.tokenizers``; kept here for ``zoo.data`` users)."""
 
-from zoo.data.byte_tokenizer import ByteTokenizer
 from zoo.data.catalog import DATASETS, DatasetSpec, get_spec
 from zoo.data.digits import DIGIT_CLASSES, load_digits
 from zoo.data.divisible_batches import DivisibleBatches
@@ -8,6 +8,7 @@ from zoo.data.load import load
 from zoo.data.process_shard import current_process, local_batching, process_rows
 from zoo.data.python_docs import TOPIC_CLASSES, unigram_entropy
 from zoo.data.shapes import SHAPE_CLASSES, load_shapes
+from zoo.tokenizers import ByteTokenizer
 
 __all__ = [
     "DATASETS",

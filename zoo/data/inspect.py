@@ -3,9 +3,9 @@
 import numpy as np
 
 from zoo.data import catalog, tfds_source
-from zoo.data.byte_tokenizer import ByteTokenizer
 from zoo.data.load import load
 from zoo.data.png import image_grid, write_png
+from zoo.tokenizers import ByteTokenizer
 
 
 VIEW_SIZE = 64  # pixels per image side in PNG grids, at least

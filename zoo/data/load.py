@@ -11,9 +11,9 @@ import numpy as np
 
 from zoo.data import catalog, tfds_source
 from zoo.data._windows import check_sequence_length, next_token_windows
-from zoo.data.byte_tokenizer import ByteTokenizer
 from zoo.data.process_shard import process_rows
 from zoo.data.python_docs import topic_windows
+from zoo.tokenizers import ByteTokenizer
 
 DEFAULT_SEQUENCE_LENGTH = 128
 

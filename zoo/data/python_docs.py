@@ -16,7 +16,7 @@ test, so no split sees another's sentences.
 import numpy as np
 
 from zoo.data._windows import check_sequence_length, chunk_windows, next_token_windows
-from zoo.data.byte_tokenizer import ByteTokenizer
+from zoo.tokenizers import ByteTokenizer
 
 SPLIT_FRACTIONS = {"train": (0.0, 0.9), "validation": (0.9, 0.95), "test": (0.95, 1.0)}
 

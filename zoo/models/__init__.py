@@ -3,7 +3,7 @@
 from zoo.models._transformer_layouts import layout_overrides
 from zoo.models.cnn import SmallCNN
 from zoo.models.encoder import ENCODER_CONFIGS, TransformerEncoderClassifier
-from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM
+from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.models.vit import VIT_CONFIGS, ViTClassifier
 from zoo.models.zoo_model import ZooModel
 
@@ -13,6 +13,7 @@ __all__ = [
     "VIT_CONFIGS",
     "GPTBackbone",
     "GPTCausalLM",
+    "GPTCausalLMPreprocessor",
     "SmallCNN",
     "TransformerEncoderClassifier",
     "ViTClassifier",

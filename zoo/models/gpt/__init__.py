@@ -1,7 +1,8 @@
-"""GPT-style decoder language models: backbone, causal LM with KV-cache generation, named sizes."""
+"""GPT-style decoder language models: backbone, causal LM with KV-cache generation, its preprocessor, named sizes."""
 
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_causal_lm import GPTCausalLM
+from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, count_parameters
 
-__all__ = ["GPT_CONFIGS", "GPTBackbone", "GPTCausalLM", "count_parameters"]
+__all__ = ["GPT_CONFIGS", "GPTBackbone", "GPTCausalLM", "GPTCausalLMPreprocessor", "count_parameters"]
