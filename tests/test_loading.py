@@ -153,6 +153,8 @@ def test_import_zoo_alone_lets_plain_keras_load_every_saved_zoo_model_and_preset
     # every initialiser the fresh process runs is compiled once, here, and read from the
     # session's compilation cache there (tiny models of other sizes would compile twice).
     cnn, gpt = by_class["SmallCNN"], by_class["GPTCausalLM"]
+    fixture = pathlib.Path(__file__).parent / "fixtures" / "hf" / "llama_mha_tied"  # a Hugging Face tokenizer.json
+    gpt.preprocessor = zoo.models.GPTCausalLMPreprocessor(zoo.tokenizers.HFTokenizer.from_directory(fixture), sequence_length=16)
     to_save = {name: by_class[name] for name in FAMILIES}
     to_save.update(GPTBackbone=gpt.backbone, zoo_layers=_layers_model())
     files = {}

@@ -156,9 +156,11 @@ def test_saving_refuses_what_is_not_a_zoo_model_or_a_preset_folder(tmp_path):
 
 def test_model_classes_get_from_preset():
     """``from_preset`` is the zoo base class's own classmethod (zoo.models, no patching by
-    zoo.presets); it refuses a preset of another class before building anything."""
-    for cls in (SmallCNN, GPTBackbone, GPTCausalLM, TransformerEncoderClassifier, ViTClassifier):
+    zoo.presets); it refuses a preset of another class before building anything.
+    GPTCausalLM extends it in its own class body (Hugging Face folders, then the base's)."""
+    for cls in (SmallCNN, GPTBackbone, TransformerEncoderClassifier, ViTClassifier):
         assert "from_preset" not in vars(cls) and cls.from_preset.__func__ is vars(ZooModel)["from_preset"].__func__
+    assert vars(GPTCausalLM)["from_preset"].__func__.__module__ == GPTCausalLM.__module__
     model = SmallCNN.from_preset("small_cnn_shapes")
     assert isinstance(model, SmallCNN) and model.image_size == (32, 32)
     with pytest.raises(PresetError, match="holds a SmallCNN, not a GPTCausalLM; load it with SmallCNN.from_preset"):

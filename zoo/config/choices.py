@@ -33,6 +33,8 @@ GATED_MLPS = ("swiglu", "geglu")  # the MLPS with a gate: three weight matrices
 NORMS = ("rms", "layer")
 POOLINGS = ("cls", "mean")  # how a classifier reduces its tokens to one vector
 POSITION_EMBEDDINGS = ("learned", "rotary")  # the encoder classifier's positions
+# Hugging Face config.json model_types the zoo GPT loads and exports (docs/checkpoints-hf.md)
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 # generation
 SAMPLERS = ("greedy", "top_k", "top_p")

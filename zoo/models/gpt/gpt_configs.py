@@ -8,6 +8,7 @@ train on a CPU; the larger ones size real runs.
 
 from zoo.config.choices import GATED_MLPS
 from zoo.config.renamed import MODEL_KEYS, renamed_keys
+from zoo.models.gpt._hf_config import backbone_arguments, is_hf_config
 
 GPT_CONFIGS = {
     # Unit tests and docs: trains on a CPU in seconds. GQA (2 KV heads for 4 query heads).
@@ -91,9 +92,13 @@ def backbone_config(config):
     """The ``GPTBackbone`` arguments in ``config``, old keys renamed (``zoo.config.renamed``).
 
     ``config``: a ``GPT_CONFIGS`` entry or ``GPTBackbone.get_config()``; a
-    ``GPTCausalLM.get_config()`` (its ``backbone`` nested as Keras serialises it); or a
-    serialised model (``{"class_name": ..., "config": ...}``, as in a preset's config.json).
+    ``GPTCausalLM.get_config()`` (its ``backbone`` nested as Keras serialises it); a
+    serialised model (``{"class_name": ..., "config": ...}``, as in a preset's config.json);
+    or a Hugging Face ``config.json`` (``model_type`` llama, mistral, qwen2), mapped and
+    checked by ``_hf_config.backbone_arguments``.
     """
+    if is_hf_config(config):
+        return backbone_arguments(config)
     if "class_name" in config and isinstance(config.get("config"), dict):
         config = config["config"]
     if isinstance(config.get("backbone"), dict):

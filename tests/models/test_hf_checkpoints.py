@@ -1,0 +1,191 @@
+"""Hugging Face Llama-family folders in and out of GPTCausalLM.
+
+The fixtures under tests/fixtures/hf were written by transformers 4.57.6
+(tests/fixtures/hf/make_fixtures.py; torch and transformers are not test dependencies),
+with the logits transformers computed in float32.
+"""
+
+import collections
+import json
+import math
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from zoo import distribution as zd
+from zoo.models import GPTCausalLM
+from zoo.models.gpt import hf_checkpoints
+from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments
+from zoo.presets.safetensors_weights import CheckpointError
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2")
+
+
+def expected(name):
+    data = np.load(FIXTURES / name / "expected.npz")
+    return data["token_ids"], data["logits"]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return {name: GPTCausalLM.from_preset(FIXTURES / name) for name in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_equal_transformers(loaded, name):
+    token_ids, logits = expected(name)
+    np.testing.assert_allclose(np.asarray(loaded[name](token_ids)), logits, atol=1e-4, rtol=0)
+
+
+def test_the_config_is_mapped(loaded):
+    gqa = loaded["llama_gqa_rope_scaling"].backbone
+    assert (gqa.num_query_heads, gqa.num_key_value_heads, gqa.head_dim, gqa.hidden_dim) == (4, 2, 16, 32)
+    assert gqa.rope_scaling["rope_type"] == "llama3" and gqa.rope_max_wavelength == 500000.0
+    assert not gqa.tie_word_embeddings and gqa.layer_norm_epsilon == 1e-5
+    assert loaded["llama_mha_tied"].backbone.tie_word_embeddings
+    assert loaded["qwen2"].backbone.qkv_bias and not loaded["llama_mha_tied"].backbone.qkv_bias
+    tokenizer = loaded["llama_gqa_rope_scaling"].preprocessor.tokenizer
+    assert tokenizer.stop_token_ids == (1, 2)  # generation_config.json's eos list
+
+
+def test_save_to_hf_round_trips_bitwise(loaded, tmp_path):
+    model = loaded["qwen2"]
+    model.save_to_hf(tmp_path / "out", max_file_bytes=60_000)  # several files and an index
+    assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["tie_word_embeddings"] is True
+    again = GPTCausalLM.from_preset(tmp_path / "out")
+    for before, after in zip(model.weights, again.weights, strict=True):
+        assert before.path == after.path
+        np.testing.assert_array_equal(np.asarray(before.value), np.asarray(after.value))
+    assert again.preprocessor.tokenizer.encode("def f(x):").tolist() == model.preprocessor.tokenizer.encode("def f(x):").tolist()
+    with pytest.raises(FileExistsError, match="not empty"):
+        model.save_to_hf(tmp_path / "out")
+
+
+def test_lora_is_merged_on_export(tmp_path):
+    from zoo.training._lora import enable_lora
+
+    model = GPTCausalLM.from_preset(FIXTURES / "llama_mha_tied")
+    layers = enable_lora(model, 2)
+    rng = np.random.default_rng(0)
+    for layer in layers:  # b starts at zero: make the adapters change the logits
+        layer.lora_kernel_b.assign(rng.normal(0, 0.3, layer.lora_kernel_b.shape).astype("float32"))
+    token_ids, reference = expected("llama_mha_tied")
+    adapted = np.asarray(model(token_ids))
+    assert np.abs(adapted - reference).max() > 1e-2
+    model.save_to_hf(tmp_path / "merged")
+    reloaded = GPTCausalLM.from_preset(tmp_path / "merged")
+    assert not any("lora" in w.path for w in reloaded.weights)
+    np.testing.assert_allclose(np.asarray(reloaded(token_ids)), adapted, atol=1e-5, rtol=0)
+
+
+# --- what is refused ------------------------------------------------------------------
+
+
+def llama_config():
+    return json.loads((FIXTURES / "llama_gqa_rope_scaling" / "config.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"model_type": "gemma"}, "model_type 'gemma' is not supported"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+        ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window = 4096"),
+        ({"attention_bias": True}, "attention_bias = True"),
+        ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+        ({"num_local_experts": 8}, "key 'num_local_experts'"),
+        ({"quantization_config": {"bits": 4}}, "key 'quantization_config'"),
+    ],
+)
+def test_unsupported_configs_are_refused_naming_the_key(change, named):
+    with pytest.raises(UnsupportedCheckpoint) as error:
+        backbone_arguments({**llama_config(), **change})
+    assert named in str(error.value)
+
+
+def test_a_refused_folder_names_its_file_before_building(tmp_path):
+    folder = tmp_path / "moe"
+    shutil.copytree(FIXTURES / "llama_mha_tied", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_experts_per_tok": 2}))
+    with pytest.raises(UnsupportedCheckpoint, match=r"moe/config.json: key 'num_experts_per_tok'"):
+        GPTCausalLM.from_preset(folder)
+
+
+def test_a_tensor_the_model_lacks_is_refused(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "extra"
+    shutil.copytree(FIXTURES / "llama_mha_tied", folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(32, np.float32)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(UnsupportedCheckpoint, match=r"o_proj.bias"):
+        GPTCausalLM.from_preset(folder)
+
+
+# --- loading under a layout: each device reads its own shard ---------------------------
+
+SHARDED_CONFIG = dict(
+    vocabulary_size=256, num_layers=4, num_query_heads=8, num_key_value_heads=4, hidden_dim=64,
+    intermediate_dim=128, max_sequence_length=64, tie_word_embeddings=False,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_file_checkpoint(tmp_path_factory):
+    """A zoo GPT saved as two safetensors files, and its logits on one device."""
+    from zoo.models import GPTBackbone
+
+    model = GPTCausalLM(backbone=GPTBackbone(**SHARDED_CONFIG, seed=0))
+    folder = tmp_path_factory.mktemp("hf") / "two_files"
+    total = sum(w.value.nbytes for w in model.weights)
+    model.save_to_hf(folder, max_file_bytes=total * 2 // 3)
+    assert len(list(folder.glob("*.safetensors"))) == 2
+    token_ids = np.random.default_rng(0).integers(0, 256, (2, 16)).astype("int32")
+    return folder, token_ids, np.asarray(model(token_ids))
+
+
+def live_bytes_per_device():
+    """Bytes of every live jax.Array on each device, from shard shapes (reading
+    ``shard.data`` would itself create arrays)."""
+    totals = collections.Counter()
+    for array in jax.live_arrays():
+        nbytes = math.prod(array.sharding.shard_shape(array.shape)) * array.dtype.itemsize
+        for device in array.sharding.device_set:
+            totals[device] += nbytes
+    return totals
+
+
+@pytest.mark.parametrize(("layout", "mesh"), [("fsdp", "data=8"), ("tp", "data=2,model=4")])
+def test_sharded_load_reads_only_shards(two_file_checkpoint, monkeypatch, layout, mesh):
+    folder, token_ids, reference = two_file_checkpoint
+    config = json.loads((folder / "config.json").read_text())
+    distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=config)
+    baseline = live_bytes_per_device()
+    model = zd.build_distributed(lambda: GPTCausalLM.from_preset(folder, load_weights=False), distribution)
+    sizes = dict(zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape))
+    split = lambda v: math.prod(sizes[a] for a in v.value.sharding.spec if a is not None)  # noqa: E731
+    sharded = sum(v.value.nbytes // split(v) for v in model.weights)
+    assert sharded < 0.3 * sum(v.value.nbytes for v in model.weights)
+
+    reads, peak = [], collections.Counter()
+    original = hf_checkpoints.load_into
+
+    def watched(variable, files, view, on_read=None):
+        original(variable, files, view, on_read=lambda block: reads.append((variable.path, block.nbytes, variable.value.nbytes // split(variable))))
+        for device, nbytes in (live_bytes_per_device() - baseline).items():
+            peak[device] = max(peak[device], nbytes)
+
+    monkeypatch.setattr(hf_checkpoints, "load_into", watched)
+    hf_checkpoints.load_hf_weights(model, str(folder))
+    assert reads and all(nbytes == shard for _, nbytes, shard in reads), "a device read more than its shard"
+    assert max(peak.values()) <= 1.1 * sharded, (dict(peak), sharded)
+    with distribution.scope():
+        np.testing.assert_allclose(np.asarray(model(token_ids)), reference, atol=1e-5, rtol=0)

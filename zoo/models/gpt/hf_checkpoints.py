@@ -1,0 +1,243 @@
+"""Hugging Face Llama-family checkpoints into and out of ``GPTCausalLM``.
+
+``GPTCausalLM.from_preset(directory)`` reads a folder holding ``config.json`` (a
+``model_type`` in ``zoo.config.choices.HF_MODEL_TYPES``; ``_hf_config`` maps and checks
+it), ``model.safetensors`` or its sharded index, and optionally ``tokenizer.json``. The
+model is built under the distribution in force and every weight is read from the file
+straight into its shards (``zoo.presets.safetensors_weights``). ``save_to_hf`` writes
+the same format back (LoRA merged), loadable by ``transformers``.
+
+The weight table (L layers; H query heads, K KV heads, D head dim, C hidden, F
+intermediate, V vocabulary; ``transpose`` as numpy's axes from the file's shape, the
+file's (H*D, C) read as (H, D, C) first):
+
+=======================================  ====================================  ============  ==================
+zoo path (``block_<i>/`` per layer)      Hugging Face name                     file shape    to the zoo's
+=======================================  ====================================  ============  ==================
+token_embedding/embeddings (V, C)        model.embed_tokens.weight             (V, C)        as is
+attention/query/kernel (C, H, D)         model.layers.<i>.self_attn.q_proj     (H*D, C)      (H, D, C) -> (2,0,1)
+attention/key/kernel (C, K, D)           ...self_attn.k_proj.weight            (K*D, C)      (K, D, C) -> (2,0,1)
+attention/value/kernel (C, K, D)         ...self_attn.v_proj.weight            (K*D, C)      (K, D, C) -> (2,0,1)
+attention/output/kernel (H, D, C)        ...self_attn.o_proj.weight            (C, H*D)      (C, H, D) -> (1,2,0)
+attention/{query,key,value}/bias [1]     ...self_attn.{q,k,v}_proj.bias        (H*D,)        (H, D)
+mlp/gate/kernel, mlp/up/kernel (C, F)    ...mlp.gate_proj.weight, up_proj      (F, C)        (1,0)
+mlp/down/kernel (F, C)                   ...mlp.down_proj.weight               (C, F)        (1,0)
+attention_norm/scale (C,)                ...input_layernorm.weight             (C,)          as is
+mlp_norm/scale (C,)                      ...post_attention_layernorm.weight    (C,)          as is
+final_norm/scale (C,)                    model.norm.weight                     (C,)          as is
+lm_head/kernel (C, V) [2]                lm_head.weight                        (V, C)        (1,0)
+=======================================  ====================================  ============  ==================
+
+[1] qwen2 only. [2] untied only (``tie_word_embeddings`` false).
+"""
+
+import json
+import os
+import shutil
+
+from zoo._compat import sublayers
+from zoo.config.choices import LORA_WEIGHTS
+from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config
+from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from zoo.presets.safetensors_weights import (
+    CheckpointError,
+    SafetensorsFiles,
+    TensorView,
+    has_safetensors,
+    load_into,
+    write_safetensors,
+)
+from zoo.tokenizers import HFTokenizer
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+TOKENIZER_FILE = "tokenizer.json"
+# tensors some checkpoints carry that are not weights (older Llama saves RoPE's table)
+NOT_WEIGHTS = ("rotary_emb.inv_freq",)
+PREPROCESSOR_LENGTH = 1024  # the preprocessor's default sequence_length (keras-hub's), at most max_sequence_length
+
+__all__ = ["UnsupportedCheckpoint", "is_hf_directory", "load_causal_lm", "load_hf_weights", "read_config", "save_to_hf", "weight_views"]
+
+
+def is_hf_directory(directory):
+    """A folder with a Hugging Face ``config.json`` (it has ``model_type``) and safetensors weights."""
+    if not os.path.isdir(directory) or not has_safetensors(directory):
+        return False
+    try:
+        return "model_type" in read_config(directory)
+    except (OSError, ValueError):
+        return False
+
+
+def read_config(directory):
+    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as file:
+        return json.load(file)
+
+
+def weight_views(arguments):
+    """``{zoo variable path: TensorView}`` for ``GPTBackbone`` arguments (the table above)."""
+    heads, width = arguments["num_query_heads"], arguments["hidden_dim"]
+    kv_heads = arguments.get("num_key_value_heads") or heads
+    head_dim = arguments.get("head_dim") or width // heads
+    views = {"token_embedding/embeddings": TensorView("model.embed_tokens.weight"), "final_norm/scale": TensorView("model.norm.weight")}
+    if not arguments.get("tie_word_embeddings", False):
+        views["lm_head/kernel"] = TensorView("lm_head.weight", axes=(1, 0))
+    for index in range(arguments["num_layers"]):
+        hf, zoo = f"model.layers.{index}.", f"block_{index}/"
+        for name, count in (("query", heads), ("key", kv_heads), ("value", kv_heads)):
+            projection = f"{hf}self_attn.{name[0]}_proj"
+            views[f"{zoo}attention/{name}/kernel"] = TensorView(f"{projection}.weight", split=(count, head_dim, width), axes=(2, 0, 1))
+            if arguments.get("qkv_bias"):
+                views[f"{zoo}attention/{name}/bias"] = TensorView(f"{projection}.bias", split=(count, head_dim))
+        views[f"{zoo}attention/output/kernel"] = TensorView(
+            f"{hf}self_attn.o_proj.weight", split=(width, heads, head_dim), split_dim=1, axes=(1, 2, 0)
+        )
+        for name in ("gate", "up", "down"):
+            views[f"{zoo}mlp/{name}/kernel"] = TensorView(f"{hf}mlp.{name}_proj.weight", axes=(1, 0))
+        views[f"{zoo}attention_norm/scale"] = TensorView(f"{hf}input_layernorm.weight")
+        views[f"{zoo}mlp_norm/scale"] = TensorView(f"{hf}post_attention_layernorm.weight")
+    return views
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def load_causal_lm(model_class, directory, *, load_weights=True, **overrides):
+    """``model_class`` (``GPTCausalLM``) of the Hugging Face folder, built under the current
+    distribution, with its weights (each device reading its own shard) and, when the
+    folder has ``tokenizer.json``, a ``GPTCausalLMPreprocessor`` on an ``HFTokenizer``.
+
+    overrides: ``GPTBackbone`` arguments replacing the mapped ones (``dropout=0.1``,
+    ``remat="full"``, ``max_sequence_length=4096``, ``megatron_sp=True``).
+    """
+    from zoo.models.gpt.gpt_backbone import GPTBackbone
+
+    arguments = {**backbone_arguments(read_config(directory), where=os.path.join(directory, CONFIG_FILE)), **overrides}
+    backbone = GPTBackbone(**arguments)
+    model = model_class(backbone=backbone, preprocessor=_preprocessor(directory, backbone.max_sequence_length))
+    if load_weights:
+        load_hf_weights(model, directory)
+    return model
+
+
+def _preprocessor(directory, max_sequence_length):
+    if not os.path.isfile(os.path.join(directory, TOKENIZER_FILE)):
+        return None
+    return GPTCausalLMPreprocessor(HFTokenizer.from_directory(directory), sequence_length=min(PREPROCESSOR_LENGTH, max_sequence_length))
+
+
+def load_hf_weights(model, directory, on_read=None):
+    """Every weight of ``model`` (a ``GPTCausalLM``) from the folder's safetensors, each
+    device's shard read from disk by itself (``on_read`` sees each slice, for tests).
+
+    Raises ``CheckpointError`` naming a tensor the model lacks, a weight the file lacks,
+    or a shape that differs. LoRA factors, if any, keep their values.
+    """
+    views = weight_views(model.backbone.get_config())
+    variables = {variable.path: variable for variable in model.weights}
+    with SafetensorsFiles(directory) as files:
+        _check_names(directory, files.names(), views, variables)
+        for path, view in views.items():
+            load_into(variables[path], files, view, on_read)
+
+
+def _check_names(directory, names, views, variables):
+    wanted = {view.name for view in views.values()}
+    tied = "lm_head/kernel" not in views
+    extra = [n for n in names if n not in wanted and not n.endswith(NOT_WEIGHTS) and not (tied and n == "lm_head.weight")]
+    if extra:
+        raise UnsupportedCheckpoint(
+            f"checkpoint {directory!r} holds {len(extra)} tensor(s) the zoo GPT has no weight for, e.g. {extra[:3]} "
+            f"(biases, experts or layers beyond its config.json)"
+        )
+    missing = sorted(wanted - set(names))
+    if missing:
+        raise CheckpointError(f"checkpoint {directory!r} lacks {len(missing)} tensor(s) its config.json implies, e.g. {missing[:3]}")
+    unmapped = sorted(path for path in variables if path not in views and not path.endswith(LORA_WEIGHTS))
+    if unmapped:
+        raise CheckpointError(f"the model has weights no Hugging Face tensor maps to: {unmapped[:3]}")
+
+
+# --- saving ----------------------------------------------------------------------------
+
+
+def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None):
+    """Write ``model`` (a ``GPTCausalLM``) as a Hugging Face folder ``transformers`` loads.
+
+    ``config.json`` (model_type ``llama``, or ``qwen2`` with q/k/v biases),
+    ``generation_config.json``, the weights as safetensors (one file, or files of at most
+    ``max_file_bytes`` with an index), and the tokenizer when the preprocessor's has
+    ``save_to_directory`` (``HFTokenizer``). LoRA factors are merged into their kernels
+    (the model is not changed). ``dtype``: e.g. ``"bfloat16"`` to store a smaller copy;
+    default the weights' own. The folder is written beside ``directory`` and moved into
+    place at the end, so a failure leaves no half-written folder; an existing
+    non-empty ``directory`` is refused. Returns ``directory``.
+    """
+    directory = os.fspath(directory)
+    if os.path.isdir(directory) and os.listdir(directory):
+        raise FileExistsError(f"{directory!r} exists and is not empty; save_to_hf writes a new folder")
+    arguments = model.backbone.get_config()
+    tokenizer = getattr(model.preprocessor, "tokenizer", None)
+    config = hf_config(arguments, special_ids=_special_ids(tokenizer))
+    if dtype is not None:
+        config["torch_dtype"] = str(dtype)
+    tensors = _file_tensors(model, weight_views(arguments), dtype)
+    partial = directory.rstrip(os.sep) + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    write_safetensors(tensors, partial, max_file_bytes=max_file_bytes)
+    _write_json(partial, CONFIG_FILE, config)
+    _write_json(partial, GENERATION_CONFIG_FILE, _generation_config(tokenizer))
+    if hasattr(tokenizer, "save_to_directory"):
+        tokenizer.save_to_directory(partial)
+    if os.path.isdir(directory):
+        os.rmdir(directory)  # empty, checked above
+    os.replace(partial, directory)
+    return directory
+
+
+def _file_tensors(model, views, dtype):
+    """``{Hugging Face name: numpy array}`` of every weight, LoRA merged."""
+    import numpy as np
+
+    values = {variable.path: variable for variable in model.weights}
+    values.update(_merged_kernels(model))
+    tensors = {}
+    for path, view in views.items():
+        array = np.asarray(values[path])
+        tensors[view.name] = view.to_file(array if dtype is None else array.astype(dtype))
+    return tensors
+
+
+def _merged_kernels(model):
+    """``{kernel path: kernel + (alpha / r) a @ b}`` of every layer with LoRA enabled
+    (Keras' ``kernel`` property of a LoRA layer is that sum)."""
+    merged = {}
+    for layer in sublayers(model):
+        if getattr(layer, "lora_enabled", False):
+            path = next(w.path for w in layer.weights if w.path.endswith("/kernel"))
+            merged[path] = layer.kernel
+    return merged
+
+
+def _special_ids(tokenizer):
+    if tokenizer is None:
+        return {}
+    return {"bos_token_id": tokenizer.start_token_id, "eos_token_id": tokenizer.end_token_id, "pad_token_id": tokenizer.pad_token_id}
+
+
+def _generation_config(tokenizer):
+    config = {"_from_model_config": True}
+    if tokenizer is not None:
+        stops = list(tokenizer.stop_token_ids)
+        config.update(
+            {key: value for key, value in _special_ids(tokenizer).items() if value is not None},
+            **({"eos_token_id": stops[0] if len(stops) == 1 else stops} if stops else {}),
+        )
+    return config
+
+
+def _write_json(directory, name, value):
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as file:
+        json.dump(value, file, indent=2, sort_keys=True)
+        file.write("\n")
