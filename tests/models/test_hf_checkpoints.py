@@ -189,3 +189,13 @@ def test_sharded_load_reads_only_shards(two_file_checkpoint, monkeypatch, layout
     assert max(peak.values()) <= 1.1 * sharded, (dict(peak), sharded)
     with distribution.scope():
         np.testing.assert_allclose(np.asarray(model(token_ids)), reference, atol=1e-5, rtol=0)
+
+
+def test_zoo_export_writes_bfloat16_that_reloads(tmp_path):
+    from zoo.cli.main import build_parser, run
+
+    assert run(build_parser().parse_args(["export", str(FIXTURES / "qwen2"), str(tmp_path / "bf16"), "--dtype", "bfloat16"])) == 0
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    source, exported = (GPTCausalLM.from_preset(path) for path in (FIXTURES / "qwen2", tmp_path / "bf16"))
+    for before, after in zip(source.weights, exported.weights, strict=True):  # float32 weights rounded to bfloat16 once
+        np.testing.assert_array_equal(np.asarray(after.value), np.asarray(before.value).astype("bfloat16").astype("float32"))

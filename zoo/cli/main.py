@@ -30,6 +30,7 @@ def build_parser():
              model_choices=("cnn",))  # fmt: skip
     _add_job(commands.add_parser("generate", help="continue a prompt with a GPT saved by zoo train gpt"), settings.GenerateConfig, _run_generate)
     _add_job(commands.add_parser("finetune", help="fine-tune a preset: frozen backbone, LoRA or full"), settings.FinetuneConfig, _run_finetune)
+    _add_job(commands.add_parser("export", help="write a GPT causal LM as a Hugging Face folder (LoRA merged)"), settings.ExportConfig, _run_export)
     bench.add_arguments(commands.add_parser("bench", help="benchmarks; results go to docs/performance.md"))  # each with --simulate-devices
     _add_comms(commands.add_parser("comms", help="collectives and memory of a compiled step"))
     _add_plan(commands.add_parser("plan", help="will a training step fit a target, how fast: compiled, never run (--auto: pick the layout)"))
@@ -133,6 +134,13 @@ def _run_generate(args):
     from zoo.training.gpt import generate
 
     generate(schema.from_args(settings.GenerateConfig, args))
+    return 0
+
+
+def _run_export(args):
+    from zoo.training.export import export
+
+    export(schema.from_args(settings.ExportConfig, args))
     return 0
 
 

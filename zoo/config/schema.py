@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 
 RECIPE_SECTIONS = ("recipe", "target", "multihost")  # a recipe file's own sections (zoo.training._recipe_schema)
-SECTIONS = (*RECIPE_SECTIONS, "model", "parallel", "data", "train", "checkpoint", "logging", "finetune", "generate", "verify", "bench")
+SECTIONS = (*RECIPE_SECTIONS, "model", "parallel", "data", "train", "checkpoint", "logging", "finetune", "generate", "export", "verify", "bench")
 NONE_WORD = "none"  # the flag value of None in a choice that allows it (--balance none)
 
 
