@@ -200,3 +200,17 @@ class GenerateConfig(_Checked):
 
 
 TRAIN_CONFIGS = {"cnn": CNNTrainConfig, "gpt": GPTTrainConfig, "encoder": EncoderTrainConfig, "vit": ViTTrainConfig}
+@dataclasses.dataclass
+class ExportConfig(_Checked):
+    """Settings of ``zoo export``."""
+
+    model: str = setting("runs/gpt/gpt.keras", "a .keras file, a zoo preset or a Hugging Face folder holding a GPTCausalLM",
+                         section="export", positional=True)  # fmt: skip
+    output: str = setting("runs/gpt/hf", "the new Hugging Face folder (config.json, safetensors, tokenizer); must not exist or be empty",
+                          section="export", positional=True)  # fmt: skip
+    lora: str | None = setting(None, "a LoRA adapter (.h5 from zoo finetune) to merge into the exported weights", section="export")
+    dtype: str | None = setting(None, "store the weights as this dtype; default: as the model holds them", section="export", choices=choices.EXPORT_DTYPES)
+    max_file_size_mb: float | None = setting(None, "cut the weights into files of at most this many MiB, with an index (transformers' max_shard_size)",
+                                             section="export", parse=types.positive_float)  # fmt: skip
+
+
