@@ -27,6 +27,7 @@ PAGES = [
     "docs/checkpoints.md",
     "docs/presets.md",
     "docs/finetuning.md",
+    "docs/checkpoints-hf.md",
     "docs/planning.md",
 ]
 
