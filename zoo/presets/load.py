@@ -23,6 +23,7 @@ from zoo.presets._format import (
 )
 from zoo.presets._safety import check_model_config, zoo_class
 from zoo.presets.registry import preset_directory
+from zoo.presets.safetensors_weights import has_safetensors
 from zoo.presets.sharded_weights import load_weights_sharded
 
 
@@ -94,6 +95,7 @@ def load_preset_model(model_class, name_or_dir, *, load_weights=True, skip_layer
     """``from_preset``, refusing (``PresetError``) a preset that holds no ``model_class``
     before building anything; ``ZooModel.from_preset`` calls it with its own class."""
     directory = resolve_preset(name_or_dir)
+    _refuse_hugging_face_folder(directory)
     metadata = read_json(directory, METADATA_FILE)
     check_version(directory, metadata)
     check_files(directory, metadata)
@@ -104,6 +106,15 @@ def load_preset_model(model_class, name_or_dir, *, load_weights=True, skip_layer
         skip = [_layer(model, name, directory) for name in skip_layers]
         _load_weights(model, directory, skip)
     return model
+
+
+def _refuse_hugging_face_folder(directory):
+    """A Hugging Face folder (safetensors, no metadata.json) is a ``GPTCausalLM``'s to read."""
+    if not os.path.isfile(os.path.join(directory, METADATA_FILE)) and has_safetensors(directory):
+        raise PresetError(
+            f"{directory!r} is a Hugging Face folder (config.json + safetensors), not a zoo preset; "
+            f"load it with GPTCausalLM.from_preset({directory!r}) (docs/checkpoints-hf.md)"
+        )
 
 
 def check_class(directory, found, model_class):
