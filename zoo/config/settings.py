@@ -189,7 +189,8 @@ class FinetuneConfig(CheckpointSettings, _Checked):
 class GenerateConfig(_Checked):
     """Settings of ``zoo generate``."""
 
-    model: str = setting("runs/gpt/gpt.keras", "a .keras file saved by zoo train gpt", section="generate")
+    model: str = setting("runs/gpt/gpt.keras", "a .keras file saved by zoo train gpt, a shipped preset's name, a preset folder, "
+                         "or a Hugging Face folder or hf://org/name", section="generate")  # fmt: skip
     prompt: str = setting("def ", "UTF-8 text, at least one character", section="generate", parse=types.text)
     max_new_tokens: int = setting(200, "tokens generated after the prompt", section="generate", parse=types.positive_int)
     sampler: str = setting("top_k", "greedy (argmax), top_k or top_p sampling", section="generate", choices=choices.SAMPLERS)
@@ -197,6 +198,25 @@ class GenerateConfig(_Checked):
     top_k: int = setting(10, "top_k sampler: sample among the k most likely tokens", section="generate", parse=types.positive_int)
     top_p: float = setting(0.9, "top_p sampler: the smallest set holding this probability, in (0, 1]", section="generate", parse=types.probability)
     seed: int = setting(0, "sampling is reproducible for a seed", section="generate", parse=types.non_negative_int)
+    stop_token_ids: str | None = setting(None, "comma-separated token ids that end generation, e.g. 2,32000 ('' for none); "
+                                         "default: the tokenizer's stop tokens", section="generate", metavar="ID,ID")  # fmt: skip
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.stop_ids()  # a malformed list is refused here, as the other settings are
+
+    def stop_ids(self):
+        """``stop_token_ids`` as ``GPTCausalLM.generate`` takes it: a tuple of ints, or None
+        (the tokenizer's stop tokens); ``""`` is ``()``, no stop token."""
+        if self.stop_token_ids is None:
+            return None
+        parts = [part.strip() for part in self.stop_token_ids.split(",") if part.strip()]
+        if not all(part.isdigit() for part in parts):
+            raise ValueError(
+                f"GenerateConfig.stop_token_ids: expected comma-separated token ids >= 0 such as 2,32000 (or '' for none), "
+                f"got {self.stop_token_ids!r}"
+            )
+        return tuple(int(part) for part in parts)
 
 
 TRAIN_CONFIGS = {"cnn": CNNTrainConfig, "gpt": GPTTrainConfig, "encoder": EncoderTrainConfig, "vit": ViTTrainConfig}

@@ -1,5 +1,7 @@
 """The GPT jobs behind ``zoo train gpt`` and ``zoo generate``."""
 
+import os
+
 import keras
 import numpy as np
 
@@ -14,7 +16,8 @@ from zoo.data import (
     unigram_entropy,
 )
 from zoo.distribution import multihost
-from zoo.models import GPTCausalLM
+from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
+from zoo.presets import PresetError, load_tokenizer
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
@@ -180,18 +183,39 @@ class _ValidationVsEntropy(keras.callbacks.Callback):
 
 
 def generate(config, report=print):
-    """Continue ``config.prompt`` with a saved GPT; returns the generated text."""
-    model = load_zoo_model(config.model)
-    if not isinstance(model, GPTCausalLM):
-        raise ValueError(f"{config.model} holds a {type(model).__name__}, not a GPTCausalLM")
-    tokenizer = ByteTokenizer()
-    prompt = np.asarray([tokenizer.encode(config.prompt)], dtype="int32")  # (1, P)
-    if prompt.shape[1] == 0:
-        raise ValueError("the prompt is empty: give at least one character")
-    tokens = model.generate(
-        prompt, config.max_new_tokens, sampler=config.sampler, temperature=config.temperature,
-        top_k=config.top_k, top_p=config.top_p, seed=config.seed,
+    """Continue ``config.prompt`` with a saved GPT, printing the text as it is generated;
+    returns it (prompt + continuation).
+
+    ``config.model``: a ``.keras`` file, a shipped preset's name, a preset folder, or a
+    Hugging Face folder / ``hf://org/name`` (``GPTCausalLM.from_preset``). The text goes
+    through the model's preprocessor; a model without one gets a ``GPTCausalLMPreprocessor``
+    on the preset's tokenizer, else on bytes (``ByteTokenizer``, what ``zoo train gpt``
+    trains on). ``report`` is print-like: it takes ``end=`` and ``flush=``.
+    """
+    if config.model.endswith(".keras") or os.path.isfile(config.model):
+        model, tokenizer = load_zoo_model(config.model), None
+        if not isinstance(model, GPTCausalLM):
+            raise ValueError(f"{config.model} holds a {type(model).__name__}, not a GPTCausalLM")
+    else:
+        model, tokenizer = GPTCausalLM.from_preset(config.model), None
+        if model.preprocessor is None:
+            try:
+                tokenizer = load_tokenizer(config.model)  # a zoo preset's tokenizer.json, or None
+            except PresetError:
+                pass  # not a zoo preset: a Hugging Face folder without tokenizer.json
+    if model.preprocessor is None:
+        tokenizer = tokenizer or ByteTokenizer()
+        if tokenizer.vocabulary_size != model.backbone.vocabulary_size:
+            raise ValueError(
+                f"{config.model} has no tokenizer for its vocabulary of {model.backbone.vocabulary_size} "
+                f"(bytes are {tokenizer.vocabulary_size}): give a folder with its tokenizer"
+            )
+        model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=model.backbone.max_sequence_length)
+    report(config.prompt, end="", flush=True)
+    text = model.generate(
+        config.prompt, config.max_new_tokens, sampler=config.sampler, temperature=config.temperature,
+        top_k=config.top_k, top_p=config.top_p, seed=config.seed, stop_token_ids=config.stop_ids(),
+        stream=lambda pieces: report(pieces[0], end="", flush=True),
     )  # fmt: skip
-    text = tokenizer.decode(np.asarray(tokens)[0])
-    report(text)
+    report("")
     return text

@@ -56,12 +56,16 @@ class GPTCausalLM(ZooModel):
         hidden, caches = self.backbone.call_with_cache(token_ids, caches, cache_index, start_positions)  # (B, T, C)
         return self.logits(hidden), caches
 
-    def generate(self, prompts, max_new_tokens, sampler="greedy", temperature=1.0, top_k=None, top_p=None, seed=None):
-        """Extend each prompt by ``max_new_tokens`` tokens using a KV cache.
+    def generate(
+        self, prompts, max_new_tokens, sampler="greedy", temperature=1.0, top_k=None, top_p=None, seed=None,
+        stop_token_ids=None, stream=None, return_padding_mask=False,
+    ):  # fmt: skip
+        """Continue each prompt by up to ``max_new_tokens`` tokens, using a KV cache.
 
         Args:
-            prompts: token ids (B, P), an int array or a list of equal-length lists (all
-                prompts share one length P: there is no padding mask).
+            prompts: token ids: an int array (B, P) or a list of B token-id lists of any
+                lengths >= 1, left-padded to the longest (P); or, when the model has a
+                ``preprocessor``, text: a string or a list of strings.
             max_new_tokens: N >= 1; P + N must not exceed ``max_sequence_length``.
             sampler: ``"greedy"`` (argmax), ``"top_k"`` (sample among the ``top_k``
                 likeliest) or ``"top_p"`` (nucleus: the likeliest tokens holding ``top_p``
@@ -69,22 +73,81 @@ class GPTCausalLM(ZooModel):
             temperature: divides the logits before top-k/top-p sampling (> 0).
             seed: seeds ``jax.random``: the same seed gives the same tokens. None draws
                 one from NumPy's global generator (``keras.utils.set_random_seed`` fixes it).
+            stop_token_ids: ids that end a row: the row keeps its stop token and holds the
+                pad id after it; the loop ends once every row has stopped. None: the
+                preprocessor's ``tokenizer.stop_token_ids`` (none without a preprocessor);
+                ``()``: never stop early.
+            stream: called as tokens come out. With token-id prompts ``stream(new_ids)``
+                once per step: one list per row, the id it just produced (empty once the
+                row has stopped). With text prompts ``stream(pieces)`` whenever a row has
+                new text: one string per row, the text added since the last call (a
+                character waits until all its bytes are out; the tokenizer's stop tokens
+                are not shown), so the pieces add up to the returned continuation. An
+                exception it raises ends generation and is raised here.
+            return_padding_mask: token-id prompts only; also return the padding mask.
 
         Returns:
-            int32 numpy array (B, P + N): the prompts, then the generated tokens.
+            Token-id prompts: int32 numpy array (B, P + N): each row's prompt, left-padded,
+            its new tokens, then the pad id after a stop token (the pad id: the
+            preprocessor tokenizer's ``pad_token_id``, else 0). With
+            ``return_padding_mask``, ``(token_ids, padding_mask)``: bool (B, P + N), True
+            on each row's prompt and new tokens (its stop token included), so row b is
+            ``token_ids[b][padding_mask[b]]`` and ``padding_mask[:, P:].sum(1)`` counts the
+            new tokens. Text prompts: prompt + continuation as keras-hub's ``generate``
+            returns it (``preprocessor.generate_postprocess``: tokenizer stop tokens and
+            padding dropped): a string for a string, a list for a list.
 
-        One ``jax.jit`` per (B, P, N, sampler) runs the prefill of the P prompt
-        tokens into per-block caches of length P + N and a ``fori_loop`` of N - 1 decode
-        steps; the model's variables are its arguments, so it sees the current weights.
+        One ``jax.jit`` per (B, P, N, sampler, streaming or not) runs the prefill of the P
+        prompt columns into per-block caches of length P + N (``start_positions``: each
+        row's padding masked, its rotary positions counted from its first token, so a
+        padded row computes what its prompt alone computes), then a ``while_loop`` of at
+        most N - 1 decode steps; the model's variables are its arguments, so it sees the
+        current weights. Streaming is an ordered host callback
+        (``jax.experimental.io_callback``) inside that same loop rather than a Python
+        loop over a jitted step: one code path, and a program without ``stream`` holds no
+        callback, so it runs as fast as before; with one, each step waits for the host.
         """
         vocabulary_size = self.backbone.vocabulary_size
         _sampling.check_sampler(sampler, temperature=temperature, top_k=top_k, top_p=top_p, vocabulary_size=vocabulary_size)
-        prompts = _generation.as_prompts(prompts, vocabulary_size)  # (B, P)
-        _generation.check_lengths(prompts.shape[1], max_new_tokens, self.backbone.max_sequence_length)
-        return _generation.generate(
-            self, prompts, max_new_tokens=int(max_new_tokens), sampler=sampler, temperature=temperature,
-            top_k=top_k, top_p=top_p, seed=seed,
+        tokenizer = getattr(self.preprocessor, "tokenizer", None)
+        if stop_token_ids is None:
+            stop_token_ids = () if tokenizer is None else tokenizer.stop_token_ids
+        stop_ids = _generation.stop_mask(stop_token_ids, vocabulary_size)  # bool[V]
+        pad_id = 0 if getattr(tokenizer, "pad_token_id", None) is None else tokenizer.pad_token_id
+        text = _generation.is_text(prompts)
+        if text and return_padding_mask:
+            raise ValueError("return_padding_mask is for token-id prompts; text prompts return text")
+        if text:
+            token_ids, starts = self._tokenize_prompts(prompts)  # (B, P), (B,)
+        else:
+            token_ids, starts = _generation.as_prompts(prompts, vocabulary_size, pad_id)  # (B, P), (B,)
+        batch, prompt_length = token_ids.shape
+        _generation.check_lengths(prompt_length, max_new_tokens, self.backbone.max_sequence_length)
+        if stream is not None and not callable(stream):
+            raise ValueError(f"stream must be callable, got {type(stream).__name__}")
+        host_stream = None if stream is None else _generation.TextStream(tokenizer, batch, stream) if text else _generation.token_stream(stream)
+        tokens, lengths = _generation.generate(
+            self, token_ids, starts, max_new_tokens=int(max_new_tokens), sampler=sampler, temperature=temperature,
+            top_k=top_k, top_p=top_p, seed=seed, stop_ids=stop_ids, pad_id=pad_id, stream=host_stream,
         )  # fmt: skip
+        if text:
+            if stream is not None:
+                host_stream.flush()
+            texts = [self.preprocessor.generate_postprocess(row[: prompt_length + n], prompt_length) for row, n in zip(tokens, lengths)]
+            return texts[0] if isinstance(prompts, str) else texts
+        if return_padding_mask:
+            return tokens, _generation.padding_mask(starts, lengths, prompt_length, tokens.shape[1])
+        return tokens
+
+    def _tokenize_prompts(self, prompts):
+        """Text prompts -> ``(token_ids (B, P), start_positions (B,))`` through the preprocessor."""
+        if not hasattr(self.preprocessor, "generate_preprocess"):
+            held = "no preprocessor" if self.preprocessor is None else f"a {type(self.preprocessor).__name__} preprocessor"
+            raise ValueError(
+                f"prompts are text, but this {type(self).__name__} has {held} to tokenize them: attach one "
+                f"(model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=...)) or pass token ids"
+            )
+        return _generation.from_padding_mask(*self.preprocessor.generate_preprocess(prompts))  # (B, P) left-padded
 
     # --- config, named sizes, layouts --------------------------------------------------
 
