@@ -1,12 +1,15 @@
 """``GPTCausalLM``: a ``GPTBackbone`` with a language-model head, and KV-cache generation."""
 
+import os
+
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
-from zoo.models.gpt import _generation, _gpt_layouts, _sampling
+from zoo.models.gpt import _generation, _gpt_layouts, _sampling, hf_checkpoints
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config
 from zoo.models.zoo_model import ZooModel
+from zoo.presets import hf_hub
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -148,6 +151,30 @@ class GPTCausalLM(ZooModel):
                 f"(model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=...)) or pass token ids"
             )
         return _generation.from_padding_mask(*self.preprocessor.generate_preprocess(prompts))  # (B, P) left-padded
+
+    # --- Hugging Face checkpoints -------------------------------------------------------
+
+    @classmethod
+    def from_preset(cls, name_or_dir, *, load_weights=True, skip_layers=(), **config_overrides):
+        """A zoo preset (``ZooModel.from_preset``), or a Hugging Face Llama-family folder
+        (``config.json`` with ``model_type`` llama, mistral or qwen2, safetensors, and
+        optionally ``tokenizer.json``), or ``"hf://org/name"`` (downloaded once through
+        ``huggingface-hub``, the ``[hf]`` extra, then cached). Built under the current
+        distribution; each device reads only its shard of every weight from the files.
+        ``config_overrides`` are ``GPTBackbone`` arguments (``dropout=0.1``, ...).
+        See ``zoo.models.gpt.hf_checkpoints`` and docs/checkpoints-hf.md.
+        """
+        directory = hf_hub.local_directory(name_or_dir) if hf_hub.is_hub_name(name_or_dir) else name_or_dir
+        if isinstance(directory, (str, os.PathLike)) and hf_checkpoints.is_hf_directory(os.fspath(directory)):
+            if skip_layers:
+                raise ValueError(f"skip_layers is not supported for a Hugging Face folder, got {list(skip_layers)}")
+            return hf_checkpoints.load_causal_lm(cls, os.fspath(directory), load_weights=load_weights, **config_overrides)
+        return super().from_preset(directory, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
+
+    def save_to_hf(self, directory, *, max_file_bytes=None, dtype=None):
+        """Write this model as a Hugging Face folder (``hf_checkpoints.save_to_hf``):
+        config.json, safetensors (LoRA merged), generation_config.json, the tokenizer."""
+        return hf_checkpoints.save_to_hf(self, directory, max_file_bytes=max_file_bytes, dtype=dtype)
 
     # --- config, named sizes, layouts --------------------------------------------------
 
