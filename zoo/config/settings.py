@@ -164,24 +164,38 @@ class ViTTrainConfig(ClassifierTrainConfig):
 class FinetuneConfig(CheckpointSettings, _Checked):
     """Settings of ``zoo finetune`` (recipe job ``finetune``)."""
 
-    preset: str = setting("small_cnn_shapes", "a shipped preset's name (e.g. small_cnn_shapes) or a preset folder (a path with '/')",
-                          section="model", positional=True)  # fmt: skip
-    method: str = setting("lora", "what trains: frozen (the head), lora (head + LoRA factors), full (everything)", section="finetune", choices=choices.METHODS)
+    preset: str = setting("small_cnn_shapes", "a shipped preset's name (e.g. small_cnn_shapes, gpt_tiny_python_docs), a preset folder (a path with '/'), "
+                          "or for a causal LM a Hugging Face folder or hf://org/name", section="model", positional=True)  # fmt: skip
+    method: str = setting("lora", "what trains: frozen (a classifier's head), lora (LoRA factors, and a classifier's head), full (everything); "
+                          "a causal LM takes lora or full", section="finetune", choices=choices.METHODS)  # fmt: skip
     lora_rank: int = setting(4, "rank r of the LoRA factors", section="finetune", parse=types.positive_int)
     lora_alpha: float | None = setting(None, "LoRA scale alpha (the update is scaled by alpha / r); default alpha = r", section="finetune", parse=types.positive_float)
-    layout: str = setting("single", LAYOUT_HELP + "; model uses the preset's layout map, fsdp/tp the Transformer presets'", section="parallel",
-                          choices=("single", "data", "model", "fsdp", "tp"))  # fmt: skip
+    layout: str = setting("single", LAYOUT_HELP + "; model uses the preset's layout map, the others the Transformer presets'; "
+                          "tp+sp, fsdp+tp and context are for causal LMs", section="parallel", choices=choices.LAYOUTS)  # fmt: skip
     mesh: str | None = _mesh()
-    dataset: str = setting("digits", "a classification dataset (zoo data list)", section="data")
+    context_attention: str = _context_attention()
+    balance: str | None = setting(None, "layout context: causal load balancing of the sequence order", section="parallel", choices=choices.BALANCES)
+    dataset: str = setting("digits", "a classification dataset (zoo data list); a causal LM without --data-file: a language-modelling one", section="data")
     data_dir: str | None = _data_dir()
+    data_file: str | None = setting(None, 'causal LMs: train on this file: .jsonl with {"prompt", "completion"} a line (loss on the completion) '
+                                    'or {"text"} a line (packed), or plain text (packed); docs/finetuning.md', section="data", metavar="FILE")  # fmt: skip
+    validation_file: str | None = setting(None, "causal LMs: the held-out examples, a file like --data-file; default: the last "
+                                          "--validation-fraction of --data-file", section="data", metavar="FILE")  # fmt: skip
+    validation_fraction: float = setting(0.1, "causal LMs without --validation-file: the share of --data-file's examples held out (the last), "
+                                         "in [0, 1)", section="data", parse=types.dropout)  # fmt: skip
     train_examples: int | None = setting(None, "use only the first N training examples; default: the whole split", section="data", parse=types.positive_int)
-    test_examples: int | None = setting(None, "evaluate on the first N test examples; default: the whole split", section="data", parse=types.positive_int)
+    test_examples: int | None = setting(None, "evaluate on the first N test (held-out) examples; default: all", section="data", parse=types.positive_int)
+    sequence_length: int | None = setting(None, "causal LMs: tokens per example T; default: the model's preprocessor's, else "
+                                          "min(1024, max_sequence_length)", section="train", parse=types.sequence_length)  # fmt: skip
     epochs: int = setting(3, "passes over the training examples", section="train", parse=types.positive_int)
     batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
-    learning_rate: float | None = setting(None, "Adam learning rate; default per method (frozen, lora 1e-2; full 3e-3)", section="train", parse=types.positive_float)
+    optimizer: str = setting("adam", "adam, or sgd (w -= lr * gradient: steps that are the gradients, to compare layouts; needs --learning-rate)",
+                             section="train", choices=choices.OPTIMIZERS)  # fmt: skip
+    learning_rate: float | None = setting(None, "learning rate; default for adam per method: classifiers frozen, lora 1e-2, full 3e-3; "
+                                          "causal LMs lora 2e-4, full 2e-5", section="train", parse=types.positive_float)  # fmt: skip
     seed: int = _seed("LoRA factors' initialisation and shuffling")
-    output: str | None = setting(None, "save the fine-tuned model here as a preset (LoRA merged; adapter in lora.weights.h5; metrics.csv beside)",
-                                 section="train")  # fmt: skip
+    output: str | None = setting(None, "save the fine-tuned model here (LoRA merged; adapter in lora.weights.h5; metrics.csv beside): "
+                                 "a preset, or a Hugging Face folder when the model came from one", section="train")  # fmt: skip
     report_every: int = setting(50, "print step time and examples/s every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
 
 

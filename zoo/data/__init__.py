@@ -8,6 +8,7 @@ from zoo.data.load import load
 from zoo.data.process_shard import current_process, local_batching, process_rows
 from zoo.data.python_docs import TOPIC_CLASSES, unigram_entropy
 from zoo.data.shapes import SHAPE_CLASSES, load_shapes
+from zoo.data.text_files import LMExamples, load_text_file, split_held_out
 from zoo.tokenizers import ByteTokenizer
 
 __all__ = [
@@ -18,12 +19,15 @@ __all__ = [
     "ByteTokenizer",
     "DatasetSpec",
     "DivisibleBatches",
+    "LMExamples",
     "current_process",
     "get_spec",
     "load",
     "load_digits",
     "load_shapes",
+    "load_text_file",
     "local_batching",
     "process_rows",
+    "split_held_out",
     "unigram_entropy",
 ]

@@ -1,5 +1,9 @@
 """Fine-tune a preset on another dataset: ``zoo finetune PRESET --dataset NAME --method ...``.
 
+A causal language model (a zoo ``GPTCausalLM`` preset, a Hugging Face folder, ``hf://``)
+is fine-tuned on text instead: ``zoo finetune PATH --data-file train.jsonl``, see
+``zoo.training.lm_finetune``. What follows is about the classifier presets.
+
 Methods (what the optimizer updates):
 
 ======  =========================================================================
@@ -39,6 +43,7 @@ from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
 from zoo.training._lora_files import load_lora, save_lora
 from zoo.training.job_setup import evaluate_accuracy, job_distribution, run_dir_of
+from zoo.training.lm_finetune import finetune_causal_lm, finetune_lm, is_causal_lm
 from zoo.training.paths import check_job_paths, write_or_rescue
 from zoo.training.report import StepReport
 
@@ -57,6 +62,7 @@ __all__ = [
     "FinetuneConfig",
     "enable_lora",
     "finetune",
+    "finetune_causal_lm",
     "load_for_finetuning",
     "load_lora",
     "lora_parameter_count",
@@ -126,7 +132,11 @@ def trainable_parameter_count(model):
 
 
 def finetune(config, report=print):
-    """Fine-tune ``config.preset`` on ``config.dataset``; returns a dict of results."""
+    """Fine-tune ``config.preset``: a classifier on ``config.dataset``, or a causal LM on
+    ``config.data_file`` (``lm_finetune.finetune_lm``); returns a dict of results."""
+    if is_causal_lm(config.preset):
+        return finetune_lm(config, report)
+    _check_classifier_options(config)
     check_job_paths(config, output_is_folder=True)
     if config.output:
         check_preset_destination(os.path.abspath(config.output))  # refused now, not after training
@@ -165,6 +175,16 @@ def finetune(config, report=print):
     return result
 
 
+def _check_classifier_options(config):
+    """Settings only a causal LM takes, refused for a classifier rather than ignored."""
+    given = [flag for flag, value in (("--data-file", config.data_file), ("--validation-file", config.validation_file),
+                                      ("--sequence-length", config.sequence_length)) if value is not None]  # fmt: skip
+    if given:
+        raise ValueError(f"{', '.join(given)}: for causal LMs; preset {config.preset!r} is a classifier, fine-tuned on --dataset")
+    if config.optimizer == "sgd" and config.learning_rate is None:
+        raise ValueError("--optimizer sgd has no default learning rate; give --learning-rate")
+
+
 def _check_job(config):
     """``(preset metadata, dataset spec, head layer name)``, or a clear error."""
     metadata = load_preset_metadata(config.preset)
@@ -183,8 +203,12 @@ def _check_job(config):
 
 
 def _compile(model, config):
+    if config.optimizer == "sgd":
+        optimizer = keras.optimizers.SGD(learning_rate=config.learning_rate)
+    else:
+        optimizer = keras.optimizers.Adam(learning_rate=config.learning_rate or LEARNING_RATES[config.method])
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate or LEARNING_RATES[config.method]),
+        optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"],
     )
@@ -237,7 +261,7 @@ def _save(config, spec, model, input_shape, adapted, result, report):
         "input_shape": list(input_shape),
         "test_accuracy": round(result["test_accuracy"], 4),
         "finetuned_from": str(config.preset),
-        "training": {"method": config.method, "epochs": config.epochs,
+        "training": {"method": config.method, "epochs": config.epochs, "optimizer": config.optimizer,
                      "learning_rate": config.learning_rate or LEARNING_RATES[config.method],
                      "lora_rank": config.lora_rank if adapted else None, "seed": config.seed},
     }  # fmt: skip

@@ -1,0 +1,396 @@
+"""Fine-tune a causal language model (``GPTCausalLM``) with LoRA or fully, under any layout.
+
+The model: a zoo preset holding a ``GPTCausalLM`` (``gpt_tiny_python_docs``), a Hugging
+Face Llama-family folder, or ``hf://org/name``. The data: ``zoo.data.text_files``
+(``{"prompt", "completion"}`` JSONL with the loss on the completion only, ``{"text"}``
+JSONL or plain text packed into sequences) or a language-modelling dataset's text.
+
+Methods (what the optimizer updates):
+
+======  =========================================================================
+lora    rank-r LoRA factors on every Dense / EinsumDense of the backbone (attention
+        query, key, value, output; MLP gate, up, down); everything else frozen,
+        embeddings and LM head included
+full    every weight
+frozen  refused: it trains a classifier's new head, and a causal LM has none
+======  =========================================================================
+
+Python::
+
+    from zoo import distribution as zd
+    from zoo.data.text_files import load_text_file, split_held_out
+    from zoo.models import GPTCausalLM
+    from zoo.training.lm_finetune import causal_lm_config, finetune_causal_lm, load_causal_lm, lm_preprocessor
+
+    path = "Llama-3.2-1B"  # a Hugging Face folder
+    distribution = zd.distribution_for(GPTCausalLM, "context", "data=2,seq=4", context_attention="ring",
+                                       config=causal_lm_config(path, "context"))
+    model = zd.build_distributed(lambda: load_causal_lm(path, "context"), distribution)
+    examples = load_text_file("train.jsonl", lm_preprocessor(model, sequence_length=8192))
+    train, held_out = split_held_out(examples, 0.1)
+    result = finetune_causal_lm(model, train, held_out, method="lora", batch_size=2, epochs=1)
+    model.save_to_hf("tuned")  # LoRA merged
+
+The loss is the token mean of the next-token cross-entropy over the labels whose weight
+is 1 (``reduction="mean_with_sample_weight"``), in nats; the held-out loss is that mean
+over every held-out label that counts.
+"""
+
+import functools
+import os
+
+import keras
+import numpy as np
+
+from zoo import distribution as zd
+from zoo.config.choices import METHODS
+from zoo.data import DivisibleBatches, get_spec
+from zoo.data.catalog import LANGUAGE_MODELING
+from zoo.data.text_files import LMExamples, dataset_text, load_text_file, pack_texts, split_held_out
+from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
+from zoo.models.gpt import hf_checkpoints
+from zoo.models.gpt.gpt_configs import backbone_config
+from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, load_tokenizer, save_to_preset
+from zoo.presets.save import check_preset_destination
+from zoo.tokenizers import Tokenizer
+from zoo.training._checkpointed_fit import checkpointed_fit
+from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
+from zoo.training._lora_files import save_lora
+from zoo.training.job_setup import job_distribution, report_setup, run_dir_of
+from zoo.training.paths import PathError, check_job_paths, write_or_rescue
+from zoo.training.report import StepReport
+
+# Adam learning rates per method: the usual ones for Llama-family checkpoints (LoRA as in
+# QLoRA, Dettmers et al. 2023; full fine-tuning an order of magnitude below pre-training).
+LM_LEARNING_RATES = {"lora": 2e-4, "full": 2e-5}
+LORA_FILE = "lora.weights.h5"  # the adapter, written beside the merged model
+FROZEN_REFUSED = (
+    "method 'frozen' trains only a classifier's new head, and a causal LM has none; "
+    "choose lora (LoRA factors on the attention and MLP layers) or full"
+)
+
+__all__ = [
+    "LMExamples",
+    "causal_lm_config",
+    "compile_causal_lm",
+    "finetune_causal_lm",
+    "finetune_lm",
+    "heldout_loss",
+    "is_causal_lm",
+    "lm_preprocessor",
+    "load_causal_lm",
+    "make_optimizer",
+    "prepare_causal_lm",
+    "token_batches",
+]  # fmt: skip
+
+
+# --- the model -------------------------------------------------------------------------
+
+
+def local_preset(preset):
+    """The local folder or shipped name of ``preset``: ``hf://org/name`` is downloaded
+    (once, into the Hugging Face cache); anything else is returned as given."""
+    return hf_hub.local_directory(preset) if hf_hub.is_hub_name(preset) else preset
+
+
+def is_hf_folder(preset):
+    return isinstance(preset, (str, os.PathLike)) and hf_checkpoints.is_hf_directory(os.fspath(preset))
+
+
+def is_causal_lm(preset):
+    """Whether ``preset`` holds a causal LM: ``hf://...``, a Hugging Face folder, or a zoo
+    preset of a ``GPTCausalLM``. An unknown preset raises (``zoo.presets.PresetError``)."""
+    if hf_hub.is_hub_name(preset) or is_hf_folder(preset):
+        return True
+    return load_preset_metadata(preset)["class_name"] == GPTCausalLM.__name__
+
+
+def causal_lm_config(preset, layout=None):
+    """The ``GPTBackbone`` arguments of a local ``preset`` (zoo preset or Hugging Face
+    folder), read without building the model, with what ``layout`` needs (``tp+sp``:
+    ``megatron_sp``): what ``get_layout_map`` checks against the mesh (``config=``)."""
+    config = hf_checkpoints.read_config(os.fspath(preset)) if is_hf_folder(preset) else load_preset_config(preset)
+    return {**backbone_config(config), **layout_overrides(layout)}
+
+
+def load_causal_lm(preset, layout=None, **overrides):
+    """``GPTCausalLM.from_preset(preset)`` under the current distribution, with what
+    ``layout`` needs and ``overrides`` (``GPTBackbone`` arguments). A zoo preset whose
+    model has no preprocessor but ships a tokenizer gets a ``GPTCausalLMPreprocessor`` on
+    it, as a Hugging Face folder's model has one on its ``tokenizer.json``."""
+    preset = local_preset(preset)
+    model = GPTCausalLM.from_preset(preset, **layout_overrides(layout), **overrides)
+    if model.preprocessor is None and not is_hf_folder(preset):
+        tokenizer = load_tokenizer(preset)
+        if tokenizer is not None:
+            length = min(hf_checkpoints.PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
+            model.preprocessor = GPTCausalLMPreprocessor(tokenizer, length)
+    return model
+
+
+def lm_preprocessor(model, sequence_length=None, tokenizer=None):
+    """A ``GPTCausalLMPreprocessor`` of ``sequence_length`` tokens (default: the model's
+    preprocessor's, else ``min(1024, max_sequence_length)``) on ``tokenizer`` (default:
+    the model's preprocessor's)."""
+    own = model.preprocessor
+    tokenizer = tokenizer or (own if isinstance(own, Tokenizer) else getattr(own, "tokenizer", None))
+    if tokenizer is None:
+        raise ValueError(f"model {model.name!r} has no tokenizer (its preprocessor is None); pass tokenizer=")
+    limit = model.backbone.max_sequence_length
+    if sequence_length is None:
+        sequence_length = getattr(own, "sequence_length", None) or min(hf_checkpoints.PREPROCESSOR_LENGTH, limit)
+    if sequence_length > limit:
+        raise ValueError(f"sequence length {sequence_length} is above the model's max_sequence_length {limit}")
+    if tokenizer.vocabulary_size > model.backbone.vocabulary_size:
+        raise ValueError(f"the tokenizer's {tokenizer.vocabulary_size} ids do not fit the model's vocabulary of {model.backbone.vocabulary_size}")
+    return GPTCausalLMPreprocessor(tokenizer, sequence_length)
+
+
+def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None):
+    """Set which weights train under ``method`` (the module doc's table); call once, on a
+    freshly loaded model, under its distribution. Returns the LoRA layers (empty for ``full``)."""
+    if method == "frozen":
+        raise ValueError(FROZEN_REFUSED)
+    if method not in METHODS:
+        raise ValueError(f"unknown fine-tuning method {method!r}; choose lora or full")
+    if method == "full":
+        return []
+    trainable = list(model.trainable_weights)
+    adapted = enable_lora(model.backbone, lora_rank, alpha=lora_alpha)  # the backbone's layers: not lm_head
+    for variable in trainable:
+        variable.trainable = False
+    return adapted
+
+
+def make_optimizer(name="adam", learning_rate=None, method="lora"):
+    """``adam`` (default learning rate per method, ``LM_LEARNING_RATES``) or ``sgd``
+    (plain ``w -= lr * g``: its steps are the gradients; needs ``learning_rate``)."""
+    if name == "sgd":
+        if learning_rate is None:
+            raise ValueError("optimizer sgd has no default learning rate; give one (--learning-rate)")
+        return keras.optimizers.SGD(learning_rate)
+    if name != "adam":
+        raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
+    return keras.optimizers.Adam(learning_rate or LM_LEARNING_RATES[method])
+
+
+def compile_causal_lm(model, optimizer):
+    """Next-token cross-entropy, the mean over the labels that count (sample weight 1)."""
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
+    model.compile(optimizer=optimizer, loss=loss)
+
+
+# --- batches and the held-out loss ----------------------------------------------------------
+
+
+class _TokenBatches(DivisibleBatches):
+    """Full batches ``(token_ids, labels, sample_weight)``, each ``(B, T)``."""
+
+    def __getitem__(self, index):
+        token_ids, (labels, sample_weight) = super().__getitem__(index)
+        return token_ids, labels, sample_weight
+
+
+def token_batches(examples, *, batch_size, distribution=None, shuffle=False, seed=0):
+    """``LMExamples`` as full batches of ``batch_size`` for ``fit`` under ``distribution``
+    (default: the current one): checked against its data layout (the batch axis, and under
+    the context layout the sequence axis) and in its sequence order (load balancing)."""
+    distribution = keras.distribution.distribution() if distribution is None else distribution
+    replicas = zd.data_parallel_size(distribution)
+    if hasattr(distribution, "check_data_shape"):
+        distribution.check_data_shape((batch_size, examples.sequence_length))
+    if len(examples) < batch_size:
+        raise ValueError(f"{len(examples)} training example(s) do not fill one batch of {batch_size}; lower the batch size or give more data")
+    arrays = examples.arrays()
+    if getattr(distribution, "prepare", None) is not None:
+        arrays = [np.asarray(array) for array in distribution.prepare(*arrays)]
+    token_ids, labels, sample_weight = arrays
+    return _TokenBatches(token_ids, (labels, sample_weight), batch_size=batch_size, multiple_of=replicas, remainder="drop", shuffle=shuffle, seed=seed)
+
+
+def heldout_loss(model, examples, *, batch_size, distribution=None):
+    """The compiled loss over ``examples``: the mean over every label that counts, in
+    nats (batches padded with weight-0 rows to one shape, each batch's mean weighted by
+    its count of labels in the loss)."""
+    batches = token_batches(examples.padded_to(batch_size), batch_size=batch_size, distribution=distribution)
+    total, count = 0.0, 0.0
+    for index in range(len(batches)):
+        token_ids, labels, sample_weight = batches[index]
+        tokens = float(sample_weight.sum())
+        if tokens:
+            total += tokens * float(model.test_on_batch(token_ids, labels, sample_weight=sample_weight))
+            count += tokens
+    if not count:
+        raise ValueError("the held-out examples have no label in the loss")
+    return total / count
+
+
+# --- fine-tuning -----------------------------------------------------------------------
+
+
+def _plain_fit(model, batches, *, epochs, callbacks):
+    return model.fit(batches, epochs=epochs, callbacks=list(callbacks), verbose=0).history
+
+
+def finetune_causal_lm(
+    model,
+    train,
+    held_out=None,
+    *,
+    method="lora",
+    lora_rank=4,
+    lora_alpha=None,
+    optimizer=None,
+    epochs=1,
+    batch_size=8,
+    seed=0,
+    callbacks=(),
+    report=print,
+    fit=None,
+):
+    """Fine-tune a freshly loaded ``GPTCausalLM`` on ``train`` (``LMExamples``) under the
+    distribution it was built with; returns a dict of results.
+
+    Args:
+        model: a ``GPTCausalLM`` (``load_causal_lm`` under ``zd.build_distributed``), not
+            yet prepared or compiled.
+        train, held_out: ``LMExamples`` (``zoo.data.text_files``); ``held_out`` None skips
+            the held-out loss.
+        method: ``"lora"`` or ``"full"`` (``prepare_causal_lm``).
+        lora_rank, lora_alpha: the LoRA factors' rank r and scale alpha (default r).
+        optimizer: a Keras optimizer; default Adam at ``LM_LEARNING_RATES[method]``.
+        epochs, batch_size: passes over ``train`` (reshuffled each, from ``seed``) and the
+            global batch (divisible by the data axis; the last partial batch is dropped).
+        seed: seeds the LoRA factors' initialisation and the shuffling.
+        callbacks: Keras callbacks for ``fit``.
+        fit: ``fit(model, batches, epochs=, callbacks=) -> history dict``; default
+            ``model.fit`` (the ``zoo finetune`` job passes its checkpointed fit).
+
+    Returns ``{"heldout_loss_before", "heldout_loss", "history", "trainable_parameters",
+    "adapted_layers", "model"}`` (held-out losses None without ``held_out``).
+    """
+    keras.utils.set_random_seed(seed)
+    adapted = prepare_causal_lm(model, method, lora_rank=lora_rank, lora_alpha=lora_alpha)
+    trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
+    report(f"method {method}: {trainable:,} trainable parameters"
+           + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layers)" if adapted else ""))  # fmt: skip
+    compile_causal_lm(model, optimizer or make_optimizer("adam", method=method))
+    batches = token_batches(train, batch_size=batch_size, shuffle=True, seed=seed)
+    measure = functools.partial(heldout_loss, model, held_out, batch_size=batch_size) if held_out is not None else (lambda: None)
+    before = measure()  # LoRA's b factors start at zero: the loaded model's loss
+    if before is not None:
+        report(f"held-out loss before: {before:.4f} nats/token ({held_out.loss_tokens:,} tokens)")
+    history = (fit or _plain_fit)(model, batches, epochs=epochs, callbacks=callbacks)
+    after = measure()
+    if after is not None:
+        report(f"held-out loss after: {after:.4f} nats/token (before {before:.4f})")
+    return {"heldout_loss_before": before, "heldout_loss": after, "history": history, "trainable_parameters": trainable,
+            "adapted_layers": adapted, "model": model}  # fmt: skip
+
+
+# --- the zoo finetune job ------------------------------------------------------------------
+
+
+def finetune_lm(config, report=print):
+    """``zoo finetune`` for a causal LM (``config``: ``FinetuneConfig``); returns
+    ``finetune_causal_lm``'s dict, plus ``"output"`` (where the model went, or None)."""
+    _check_options(config)
+    check_job_paths(config, output_is_folder=True)
+    preset = local_preset(config.preset)
+    hf = is_hf_folder(preset)
+    _check_output(config.output, hf)
+    distribution = job_distribution(GPTCausalLM, config, config=causal_lm_config(preset, config.layout))
+    report_setup(distribution, report)
+    model = zd.build_distributed(lambda: load_causal_lm(preset, config.layout), distribution)
+    preprocessor = lm_preprocessor(model, config.sequence_length)
+    report(f"model {config.preset!r}: {model.count_params():,} parameters; sequence length {preprocessor.sequence_length}")
+    train, held_out = lm_data(config, preprocessor, report)
+    steps = len(train) // config.batch_size
+    data = {"preset": str(config.preset), "data": _data_source(config), "examples": len(train), "batch_size": config.batch_size,
+            "sequence_length": preprocessor.sequence_length, "seed": config.seed, "steps_per_epoch": steps}  # fmt: skip
+    fit = functools.partial(_checkpointed, config=config, data=data, report=report)
+    progress = StepReport(config.batch_size * preprocessor.sequence_length, unit="tokens", every=config.report_every, report=report)
+    result = finetune_causal_lm(
+        model, train, held_out, method=config.method, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
+        optimizer=make_optimizer(config.optimizer, config.learning_rate, config.method), epochs=config.epochs,
+        batch_size=config.batch_size, seed=config.seed, callbacks=[progress], report=report, fit=fit,
+    )  # fmt: skip
+    result["output"] = _save(config, result, hf, preprocessor, report) if config.output else None
+    return result
+
+
+def _check_options(config):
+    if config.method == "frozen":
+        raise ValueError(FROZEN_REFUSED)
+    if config.optimizer == "sgd" and config.learning_rate is None:
+        raise ValueError("--optimizer sgd has no default learning rate; give --learning-rate")
+    if config.validation_file and not config.data_file:
+        raise ValueError("--validation-file holds the held-out part of --data-file; give --data-file too")
+    if not config.data_file:
+        spec = get_spec(config.dataset)
+        if spec.task != LANGUAGE_MODELING:
+            raise ValueError(f"a causal LM fine-tunes on --data-file FILE (JSONL or text) or a {LANGUAGE_MODELING} --dataset; "
+                             f"{spec.name!r} is {spec.task} data")  # fmt: skip
+
+
+def _check_output(output, hf):
+    """Refuse, before training, an output folder the model cannot be saved into."""
+    if not output:
+        return
+    directory = os.path.abspath(output)
+    if not hf:
+        check_preset_destination(directory)
+    elif os.path.isdir(directory) and os.listdir(directory):
+        raise PathError("--output", output, "exists and is not empty; the fine-tuned Hugging Face folder is written into a new one")
+
+
+def _checkpointed(model, batches, *, epochs, callbacks, config, data, report):
+    return checkpointed_fit(model, batches, config=config, data=data, epochs=epochs, validation_data=None, callbacks=callbacks,
+                            report=report, verbose=0, run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune"))  # fmt: skip
+
+
+def lm_data(config, preprocessor, report=print):
+    """``(train, held_out)`` ``LMExamples`` from ``config.data_file`` (and
+    ``validation_file``, else its last ``validation_fraction``) or from the
+    language-modelling ``config.dataset`` (its validation split); ``train_examples`` /
+    ``test_examples`` keep the first N of each."""
+    if config.data_file:
+        examples = load_text_file(config.data_file, preprocessor)
+        if config.validation_file:
+            train, held_out = examples, load_text_file(config.validation_file, preprocessor)
+        else:
+            train, held_out = split_held_out(examples, config.validation_fraction)
+    else:
+        text = dataset_text(config.dataset, "train", data_dir=config.data_dir)  # refuses a classification dataset
+        train = pack_texts([text], preprocessor)
+        held_out = pack_texts([dataset_text(config.dataset, "validation", data_dir=config.data_dir)], preprocessor)
+    train, held_out = train[: config.train_examples], held_out[: config.test_examples]
+    report(f"data {_data_source(config)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
+           f"{len(held_out)} held out ({held_out.loss_tokens:,})")  # fmt: skip
+    return train, (held_out if len(held_out) else None)
+
+
+def _data_source(config):
+    return config.data_file or config.dataset
+
+
+def _save(config, result, hf, preprocessor, report):
+    """The model with LoRA merged (a Hugging Face folder when the base was one, else a zoo
+    preset) at ``config.output``, and the LoRA adapter alone in it (``lora.weights.h5``)."""
+    model, adapted = result["model"], result["adapted_layers"]
+    if hf:  # save_to_hf merges the LoRA factors into the kernels it writes
+        directory = write_or_rescue(model.save_to_hf, config.output, fallback_folders=[config.checkpoint_dir])
+    else:
+        final = merge_lora(model) if adapted else model
+        metadata = {"dataset": _data_source(config), "task": LANGUAGE_MODELING, "input_shape": [preprocessor.sequence_length],
+                    "finetuned_from": str(config.preset), "heldout_loss": result["heldout_loss"],
+                    "training": {"method": config.method, "epochs": config.epochs, "optimizer": config.optimizer,
+                                 "learning_rate": config.learning_rate or LM_LEARNING_RATES[config.method],
+                                 "lora_rank": config.lora_rank if adapted else None, "seed": config.seed}}  # fmt: skip
+        save = lambda target: save_to_preset(final, target, tokenizer=preprocessor.tokenizer, metadata=metadata)
+        directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
+    report(f"saved the fine-tuned model to {directory}" + (" (LoRA merged)" if adapted else ""))
+    if adapted:
+        report(f"saved the LoRA adapter alone to {save_lora(model, os.path.join(directory, LORA_FILE))}")
+    return directory
