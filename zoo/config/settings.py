@@ -233,7 +233,6 @@ class GenerateConfig(_Checked):
         return tuple(int(part) for part in parts)
 
 
-TRAIN_CONFIGS = {"cnn": CNNTrainConfig, "gpt": GPTTrainConfig, "encoder": EncoderTrainConfig, "vit": ViTTrainConfig}
 @dataclasses.dataclass
 class ExportConfig(_Checked):
     """Settings of ``zoo export``."""
@@ -248,3 +247,4 @@ class ExportConfig(_Checked):
                                              section="export", parse=types.positive_float)  # fmt: skip
 
 
+TRAIN_CONFIGS = {"cnn": CNNTrainConfig, "gpt": GPTTrainConfig, "encoder": EncoderTrainConfig, "vit": ViTTrainConfig}
