@@ -106,6 +106,7 @@ CASES = [
     (["bench", "attention", "--lengths", "4096,-1"], USAGE, "argument --lengths: expected comma-separated integers >= 1"),
     (["bench", "tp", "--variants", "mlp,huge"], USAGE, "argument --variants: unknown variant(s) ['huge']"),
     (["bench", "context", "--sequence-length", "1"], USAGE, "argument --sequence-length: expected an integer >= 2, got '1'"),
+    (["bench", "lora-context", "--remats", "full,some"], USAGE, "argument --remats: unknown remat(s) ['some']"),
     (["bench", "scale", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']"),
     (["bench", "plan", "--top", "0"], USAGE, "argument --top: expected an integer >= 1, got '0'"),
     # zoo comms

@@ -31,6 +31,8 @@ BENCHES = {
     "attention": Bench("per-device memory and time of sequence-parallel attention", bench_settings.AttentionBenchConfig, "attention_memory"),
     "tp": Bench("bytes moved and memory of tensor-parallel MLPs: explicit kernels vs GSPMD", bench_settings.TPBenchConfig, "tensor_parallel"),
     "context": Bench("per-device memory of a GPT training step: data- vs context-parallel", bench_settings.ContextBenchConfig, "context_parallel_memory"),
+    "lora-context": Bench("per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized GPT at 8k-128k: context vs fsdp, compile-only",
+                          bench_settings.LoraContextBenchConfig, "lora_context_memory"),
     "scale": Bench("gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes", bench_settings.ScaleBenchConfig, "scale",
                    simulate=False),
     "plan": Bench("zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios", bench_settings.PlanBenchConfig, "plan",

@@ -180,3 +180,31 @@ class PlanBenchConfig:
     recipes: str = setting("recipes/*/*.toml", "glob of the recipe files planned", section="bench")
     top: int = _count(3, "auto: candidates compiled per scenario")
     output: str | None = _output()
+
+
+@dataclasses.dataclass
+class LoraContextBenchConfig:
+    """Settings of ``zoo bench lora-context``: per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized GPT at long context, compile-only."""
+
+    sequence_lengths: tuple = setting((8192, 32768, 131072), "comma-separated sequence lengths T; each divides by 2 x the seq axis (zigzag)",
+                                      section="bench", parse=types.positive_ints, metavar="T,T")  # fmt: skip
+    layouts: tuple = setting(("context", "fsdp"), "comma-separated layouts compared: context (mesh data=1,seq=N, batch 1) and fsdp "
+                             "(mesh data=N, batch N: one sequence per device)", section="bench",
+                             parse=types.comma_separated(choices.LAYOUTS, "layout"), metavar="LAYOUTS")  # fmt: skip
+    devices: int = _count(8, "devices N the step is compiled for (simulated CPU devices)")
+    remats: tuple = setting(("full", "none"), f"comma-separated remat policies of the blocks, of {','.join(choices.REMATS)}", section="bench",
+                            parse=types.comma_separated(choices.REMATS, "remat"), metavar="REMATS")  # fmt: skip
+    precision: str = setting("mixed_bfloat16", "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights)", section="bench",
+                             choices=choices.PRECISIONS)  # fmt: skip
+    lora_rank: int = _count(16, "LoRA rank r on every Dense / EinsumDense (only the LoRA factors train)")
+    context_attention: str = setting("ring", "layout context: the sequence-parallel attention kernel", section="bench", choices=choices.CONTEXT_ATTENTIONS)
+    balance: str | None = setting("zigzag", "layout context: causal load balancing of the sequence order", section="bench", choices=choices.BALANCES)
+    # The model: Llama-3.2-1B's sizes (its config.json) on gpt_1b's shape; RoPE and tied embeddings fixed in the benchmark.
+    vocabulary_size: int = _count(128256, "vocabulary V (Llama 3)")
+    num_layers: int = _count(16, "Transformer blocks L")
+    hidden_dim: int = _count(2048, "model width C")
+    num_query_heads: int = _count(32, "query heads H")
+    num_key_value_heads: int = _count(8, "key/value heads K (GQA)")
+    head_dim: int = _count(64, "head dim D")
+    intermediate_dim: int = _count(8192, "SwiGLU hidden features F")
+    output: str | None = _output()

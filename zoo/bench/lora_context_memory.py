@@ -1,0 +1,262 @@
+"""``zoo bench lora-context``: per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized
+GPT at long context, ``context`` vs ``fsdp``, compiled, never run.
+
+The model is ``GPTCausalLM`` with gpt_1b's shape (RMSNorm, SwiGLU, GQA, rotary) and
+Llama-3.2-1B's sizes (``LLAMA_3_2_1B``: its Hugging Face config.json: V = 128,256,
+C = 2048, L = 16, H = 32, K = 8, D = 64, F = 8192, tied embeddings, RoPE base 500,000
+with Llama 3 scaling). LoRA of rank r on every Dense / EinsumDense
+(``zoo.training._lora.enable_lora``); every other weight frozen, so only the factors
+have gradients and AdamW slots. The optimizer is the GPT job's (``compile_gpt``: AdamW,
+cosine schedule, global-norm clipping).
+
+Each row is built and compiled as ``zoo plan`` does it (``compiled_step.abstract_build``:
+no weight allocated; ``compiled_step.compile_fit_step``: Keras' own ``train_step``, the
+function ``fit`` jits, state donated, batch laid out by the distribution) for N
+simulated devices under one layout:
+
+- ``context``: ``ContextParallel`` on ``data=1,seq=N``, global batch 1 (T/N tokens per
+  device), the ``context_attention`` kernel (ring) with ``balance`` (zigzag), weights
+  split over ``seq``;
+- ``fsdp``: ``ModelParallel`` with the GPT's fsdp layout map on ``data=N``, global
+  batch N (one whole sequence per device), plain attention (the blockwise kernel).
+
+Per device: ``memory_analysis()``'s temporaries, arguments, outputs and aliased
+(donated) bytes; total = arguments + outputs - aliased + temporaries
+(``StepMemory.peak``). Collectives from the compiled HLO (``comms_report``), each
+counted as often as the loops around it run.
+
+LoRA factors in an abstract build: ``enable_lora`` lays the factors out like their
+kernels from the kernel's *value*, which an abstract build does not have, and its exact
+layout-map keys are gone before the deferred layouts are read, so under ``fsdp`` the
+factors would be compiled replicated where ``fit`` splits them over ``data``.
+``pin_factor_layouts`` gives the layout map the same keys from the kernels' layouts
+under the distribution, and leaves them there (tests/bench/test_lora_context_memory.py
+checks the compiled gradients' bytes against the split a concrete build gives).
+"""
+
+import collections
+import dataclasses
+import time
+
+import jax
+import keras
+
+from zoo import distribution as zd
+from zoo._compat import distribution_layout_map
+from zoo.bench._output import write_text
+from zoo.config.bench_settings import LoraContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.choices import LORA_WEIGHTS
+from zoo.distribution.axes import DATA, SEQ
+from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
+from zoo.layers._tensor_parallel import kernel_variable
+from zoo.models import GPTCausalLM
+from zoo.models.gpt.gpt_backbone import GPTBackbone
+from zoo.planning.devices import device_spec
+from zoo.training._lora import enable_lora, is_lora_variable, layer_prefix
+from zoo.training.compiled_step import (
+    abstract_build,
+    compile_fit_step,
+    layout_under,
+    memory_analysis_reflects_remat,
+)
+
+GIB, MIB = 2**30, 2**20
+TARGETS = ("h100", "h200")  # the "fits" columns: zoo.planning.devices kinds (80 and 141 GiB)
+LLAMA_3_2_1B = {  # GPTBackbone arguments fixed here; the sizes are settings (LoraContextBenchConfig)
+    "mlp": "swiglu",
+    "norm": "rms",
+    "layer_norm_epsilon": 1e-5,
+    "rope_max_wavelength": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    "tie_word_embeddings": True,
+    "max_sequence_length": 131072,  # max_position_embeddings
+}
+SIZES = ("vocabulary_size", "num_layers", "hidden_dim", "num_query_heads", "num_key_value_heads", "head_dim", "intermediate_dim")
+
+
+def layout_mesh(layout, devices):
+    """``(mesh spec, global batch)`` of a layout: the smallest batch it can hold on ``devices``."""
+    if layout == "context":
+        return f"{DATA}=1,{SEQ}={devices}", 1
+    if layout == "fsdp":
+        return f"{DATA}={devices}", devices
+    raise ValueError(f"layout {layout!r} is not measured here; choose context or fsdp")
+
+
+@dataclasses.dataclass
+class Row:
+    """One compiled step: its layout, sizes and what it needs per device (bytes)."""
+
+    layout: str
+    mesh: str
+    sequence_length: int
+    batch: int
+    remat: str
+    tokens_per_device: int = 0
+    memory: object = None  # compiled_step.StepMemory
+    collectives: dict = dataclasses.field(default_factory=dict)  # kind -> executions per step
+    sent: float = 0.0  # bytes each device sends per step, loop trip counts included
+    exact: bool = True  # False: some loop had no known trip count (counts are lower bounds)
+    compile_s: float = 0.0  # seconds to build and compile
+    compiled: object = dataclasses.field(default=None, repr=False)
+
+    @property
+    def total(self):
+        return self.memory.peak
+
+
+def run_benchmark(config, report=print):
+    """Compile every (remat, T, layout) row; report the markdown table (also to
+    ``config.output``). Returns ``{"rows": [Row]}``."""
+    check_config(config)
+    rows = []
+    for remat in config.remats:
+        for length in config.sequence_lengths:
+            for layout in config.layouts:
+                row = measure(config, layout, length, remat)
+                report(f"{layout} {row.mesh} T={length:,} B={row.batch} remat={remat}: total {_size(row.total)} "
+                       f"(temp {_size(row.memory.temp)}), compiled in {row.compile_s:.0f} s")  # fmt: skip
+                rows.append(row)
+    text = format_report(config, rows)
+    report(text)
+    if config.output:
+        write_text(config.output, text)
+    return {"rows": rows}
+
+
+def check_config(config):
+    """Refuse, before compiling anything, sizes the devices or the layouts cannot take."""
+    if config.devices > len(jax.devices()):
+        raise ValueError(f"{config.devices} devices asked for but JAX has {len(jax.devices())}; run with --simulate-devices {config.devices}")
+    if not config.layouts or not config.remats or not config.sequence_lengths:
+        raise ValueError("layouts, remats and sequence_lengths must each name at least one value")
+    for layout in config.layouts:
+        layout_mesh(layout, config.devices)
+    multiple = 2 * config.devices if config.balance == "zigzag" else config.devices
+    for length in config.sequence_lengths:
+        if "context" in config.layouts and length % multiple:
+            raise ValueError(f"sequence length {length} is not divisible by {multiple} (the seq axis of size {config.devices}, balance {config.balance})")
+
+
+def model_config(config, remat):
+    """The ``GPTBackbone`` arguments of one row."""
+    longest = max(LLAMA_3_2_1B["max_sequence_length"], *config.sequence_lengths)
+    return {**LLAMA_3_2_1B, **{name: getattr(config, name) for name in SIZES}, "max_sequence_length": longest, "remat": remat}
+
+
+def row_distribution(config, layout, mesh, arguments):
+    context = {"context_attention": config.context_attention, "balance": config.balance} if layout == "context" else {}
+    devices = jax.devices()[: config.devices]
+    return zd.distribution_for(GPTCausalLM, layout, zd.make_mesh(mesh, devices=devices), config=arguments, **context)
+
+
+def build_lora_model(arguments, config):
+    """``GPTCausalLM`` of ``arguments`` under the precision policy, LoRA on every Dense /
+    EinsumDense, only the factors trainable; call under the row's distribution."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(config.precision)
+    try:
+        model = GPTCausalLM(backbone=GPTBackbone(**arguments))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    layers = enable_lora(model, config.lora_rank)
+    for variable in model.weights:
+        variable.trainable = is_lora_variable(variable)
+    pin_factor_layouts(layers, keras.distribution.distribution())
+    return model
+
+
+def pin_factor_layouts(layers, distribution):
+    """Exact layout-map keys laying each LoRA factor out like its kernel under
+    ``distribution`` (``a``: the kernel's axes but the last, rank unsplit; ``b``: the
+    last), the layouts ``enable_lora`` gives a concrete build (module docstring)."""
+    layout_map = distribution_layout_map(distribution)
+    if layout_map is None:
+        return
+    for layer in layers:
+        kernel = kernel_variable(layer)
+        layout = layout_under(kernel, distribution)
+        axes = tuple(getattr(layout, "axes", None) or ())
+        axes += (None,) * (len(kernel.shape) - len(axes))
+        a, b = LORA_WEIGHTS
+        layout_map[f"{layer_prefix(layer)}/{a}"] = axes[:-1] + (None,)
+        layout_map[f"{layer_prefix(layer)}/{b}"] = (None, axes[-1])
+
+
+def compile_model(model):
+    from zoo.training.gpt import compile_gpt
+
+    compile_gpt(model, learning_rate=1e-4, total_steps=1)
+
+
+def measure(config, layout, length, remat):
+    """One ``Row``: the LoRA fine-tuning step compiled for ``layout`` at T = ``length``."""
+    mesh, batch = layout_mesh(layout, config.devices)
+    row = Row(layout, mesh, length, batch, remat)
+    row.tokens_per_device = length if layout == "fsdp" else length // config.devices
+    start = time.perf_counter()
+    arguments = model_config(config, remat)
+    distribution = row_distribution(config, layout, mesh, arguments)
+    keras.backend.clear_session()
+    model = abstract_build(lambda: build_lora_model(arguments, config), compile_model, distribution)
+    tokens = ((batch, length), "int32")  # next-token targets: the same shape
+    row.compiled, row.memory = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
+    comms = compiled_report(row.compiled, distribution.device_mesh)
+    row.compile_s = time.perf_counter() - start
+    counts = collections.Counter()
+    for op in comms.collectives:
+        counts[op.kind] += op.executions
+    row.collectives, row.sent, row.exact = dict(counts), comms.sent_bytes(), comms.exact
+    return row
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+def _size(nbytes):
+    """Bytes as GiB (MiB below 1 GiB, KiB below 1 MiB)."""
+    if nbytes >= GIB:
+        return f"{nbytes / GIB:,.2f} GiB"
+    if nbytes >= MIB:
+        return f"{nbytes / MIB:,.1f} MiB"
+    return f"{nbytes / 1024:,.1f} KiB"
+
+
+def _fits(total):
+    return " / ".join("yes" if total <= device_spec(name).memory_bytes else "no" for name in TARGETS)
+
+
+def format_row(row):
+    m = row.memory
+    collectives = ", ".join(f"{count:,} {kind}" for kind, count in sorted(row.collectives.items())) or "none"
+    sent = f"{'' if row.exact else '>= '}{_size(row.sent)}"
+    return (f"| {row.layout} | {row.mesh} | {row.remat} | {row.sequence_length:,} | {row.batch} | {row.tokens_per_device:,} | "
+            f"{_size(m.temp)} | {_size(m.argument)} | {_size(m.gradients + m.optimizer)} | **{_size(row.total)}** | {_fits(row.total)} | "
+            f"{sent} | {collectives} | {row.compile_s:.0f} |")  # fmt: skip
+
+
+def format_report(config, rows):
+    sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in SIZES)
+    remat_note = "" if config.remats == ("none",) or memory_analysis_reflects_remat() else (
+        " WARNING: this XLA's CPU memory analysis does not show remat (JAX 0.10; compiled_step.memory_analysis_reflects_remat):"
+        " the remat rows' temporaries are those of remat none; use JAX >= 0.12."
+    )  # fmt: skip
+    lines = [
+        (f"devices: {config.devices} x {jax.devices()[0].platform} (simulated), compiled, not run; GPTCausalLM {sizes}, tied embeddings, "
+         f"RoPE 500,000 + llama3 scaling; LoRA r={config.lora_rank} on every Dense/EinsumDense, all else frozen; AdamW; "
+         f"{config.precision}; context: {config.context_attention} attention, balance {config.balance}; "
+         f"jax {jax.__version__}, keras {keras.__version__}.{remat_note}"),
+        "",
+        ("Per device (memory_analysis; total = arguments + outputs - donated + temporaries; LoRA state = its gradients + AdamW slots, "
+         "inside temp and arguments; fits = total <= 80 GiB H100 / 141 GiB H200; sent and collectives per step, loop trips included):"),
+        "",
+        "| layout | mesh | remat | T | global batch | tokens / device | temp | arguments | LoRA state | total | fits H100 / H200 | sent | collectives | compile (s) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: |",
+    ]  # fmt: skip
+    return "\n".join(lines + [format_row(row) for row in rows])
