@@ -76,27 +76,31 @@ def check_rope_scaling(rope_scaling):
 
 
 def inverse_frequency(head_dim, base=10000.0, scaling=None):
-    """f32[D/2] numpy: the rotation speed of each feature pair (radians per position)."""
+    """f32[D/2]: the rotation speed of each feature pair (radians per position).
+
+    Computed with jnp operations from Python numbers, not held as an array constant: a
+    rematerialised block (``jax.checkpoint``) then recomputes it instead of saving it.
+    """
     check_rotary_head_dim(head_dim)
-    frequency = float(base) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # f64[D/2]
+    frequency = jnp.asarray(base, F32) ** (-jnp.arange(0, head_dim, 2, dtype=F32) / head_dim)  # f32[D/2]
     scaling = check_rope_scaling(scaling)
     if scaling is not None:
         frequency = llama3_inverse_frequency(frequency, **{key: scaling[key] for key in LLAMA3_SCALING_KEYS})
-    return frequency.astype(np.float32)
+    return frequency
 
 
 def llama3_inverse_frequency(frequency, *, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
     """Llama 3's frequency stretch: wavelengths longer than ``original / low_freq_factor``
     are slowed by ``factor``, shorter than ``original / high_freq_factor`` kept, and the
-    band between interpolated smoothly (Meta's ``apply_scaling``; f64[D/2] -> f64[D/2])."""
+    band between interpolated smoothly (Meta's ``apply_scaling``; f32[D/2] -> f32[D/2])."""
     wavelength = 2 * math.pi / frequency
     long_wavelength = original_max_position_embeddings / low_freq_factor
     short_wavelength = original_max_position_embeddings / high_freq_factor
     smooth = (original_max_position_embeddings / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
     interpolated = (1 - smooth) * frequency / factor + smooth * frequency
-    scaled = np.where(wavelength > long_wavelength, frequency / factor, frequency)
+    scaled = jnp.where(wavelength > long_wavelength, frequency / factor, frequency)
     in_band = (wavelength >= short_wavelength) & (wavelength <= long_wavelength)
-    return np.where(in_band, interpolated, scaled)
+    return jnp.where(in_band, interpolated, scaled)
 
 
 def rotary_angles(positions, *, head_dim, base=10000.0, scaling=None):
@@ -104,7 +108,7 @@ def rotary_angles(positions, *, head_dim, base=10000.0, scaling=None):
 
     positions: i32[T] or i32[B, T], global token positions.
     """
-    frequency = jnp.asarray(inverse_frequency(head_dim, base, scaling))  # f32[D/2]
+    frequency = inverse_frequency(head_dim, base, scaling)  # f32[D/2]
     return jnp.asarray(positions, F32)[..., None] * frequency
 
 
