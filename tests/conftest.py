@@ -87,9 +87,12 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 15's final code
     "tests/models/test_encoder.py",  # 18
     "tests/models/test_vit.py",  # 17
     "tests/planning/test_search.py",  # 15
+    "tests/training/test_lm_finetune.py",  # 13
     "tests/models/test_small_cnn.py",  # 14
     "tests/training/test_checkpoints.py",  # 14
     "tests/bench/test_cnn_fit.py",  # 13
+    "tests/models/test_gpt_generate.py",  # 9
+    "tests/models/test_hf_checkpoints.py",  # 8
     "tests/planning/test_plan.py",  # 11
 )
 

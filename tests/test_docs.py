@@ -1,15 +1,14 @@
 """Every Python example in the README and docs that starts with an import runs as written.
 
 The examples run in this test process (8 simulated devices already started; an example's
-``simulate_cpu_devices(8)`` then only checks the count), except those in ``FRESH_PROCESS``,
-which run as a user runs them: a new Python process, JAX not yet started.
+``simulate_cpu_devices(8)`` then only checks the count). What the README's first example
+needs of a new process is checked there, cheaply: ``import zoo`` choosing JAX with no
+KERAS_BACKEND (tests/test_loading.py) and ``simulate_cpu_devices`` before JAX starts
+(tests/distribution/test_devices.py).
 """
 
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import keras
 import pytest
@@ -31,11 +30,6 @@ PAGES = [
     "docs/planning.md",
 ]
 
-# The README's example: a new user's first run, whose simulate_cpu_devices(8) must work
-# before JAX starts (as in every other page's example, which would run the same way).
-FRESH_PROCESS = {"README.md#0"}
-
-
 def _examples():
     for page in PAGES:
         blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), flags=re.S)
@@ -46,18 +40,7 @@ def _examples():
 
 @pytest.mark.parametrize("code", list(_examples()))
 def test_example_runs(code, request, tmp_path, monkeypatch):
-    name = request.node.callspec.id
-    if name in FRESH_PROCESS:
-        _check_runs_in_a_new_process(code, tmp_path)
-    else:
-        _check_runs_in_this_process(code, name, tmp_path, monkeypatch)
-
-
-def _check_runs_in_a_new_process(code, folder):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "KERAS_BACKEND")}
-    env["JAX_PLATFORMS"] = "cpu"
-    result = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    _check_runs_in_this_process(code, request.node.callspec.id, tmp_path, monkeypatch)
 
 
 def _check_runs_in_this_process(code, name, folder, monkeypatch):
