@@ -109,6 +109,13 @@ def test_unsupported_configs_are_refused_naming_the_key(change, named):
     assert named in str(error.value)
 
 
+def test_mistral_without_a_sliding_window_maps_as_llama():
+    mistral = {**llama_config(), "model_type": "mistral", "sliding_window": None, "architectures": ["MistralForCausalLM"]}
+    for key in ("attention_bias", "mlp_bias", "pretraining_tp"):  # MistralConfig has none of these
+        mistral.pop(key)
+    assert backbone_arguments(mistral) == backbone_arguments(llama_config())
+
+
 def test_a_refused_folder_names_its_file_before_building(tmp_path):
     folder = tmp_path / "moe"
     shutil.copytree(FIXTURES / "llama_mha_tied", folder)
