@@ -107,6 +107,7 @@ CASES = [
     (["bench", "tp", "--variants", "mlp,huge"], USAGE, "argument --variants: unknown variant(s) ['huge']"),
     (["bench", "context", "--sequence-length", "1"], USAGE, "argument --sequence-length: expected an integer >= 2, got '1'"),
     (["bench", "lora-context", "--remats", "full,some"], USAGE, "argument --remats: unknown remat(s) ['some']"),
+    (["bench", "hf-load", "--runs", "fsdp"], USAGE, "argument --runs: expected ';'-separated '<layout>:<mesh>' runs"),
     (["bench", "scale", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']"),
     (["bench", "plan", "--top", "0"], USAGE, "argument --top: expected an integer >= 1, got '0'"),
     # zoo comms

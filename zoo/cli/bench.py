@@ -33,6 +33,8 @@ BENCHES = {
     "context": Bench("per-device memory of a GPT training step: data- vs context-parallel", bench_settings.ContextBenchConfig, "context_parallel_memory"),
     "lora-context": Bench("per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized GPT at 8k-128k: context vs fsdp, compile-only",
                           bench_settings.LoraContextBenchConfig, "lora_context_memory"),
+    "hf-load": Bench("per-device and host memory while a Llama-3.2-1B-sized Hugging Face checkpoint loads under fsdp / tp",
+                     bench_settings.HFLoadBenchConfig, "hf_load"),
     "scale": Bench("gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes", bench_settings.ScaleBenchConfig, "scale",
                    simulate=False),
     "plan": Bench("zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios", bench_settings.PlanBenchConfig, "plan",

@@ -64,6 +64,19 @@ def context_runs(text):
     return runs
 
 
+def layout_runs(text):
+    """``"fsdp:data=8;tp:data=2,model=4"`` -> ``("fsdp:data=8", "tp:data=2,model=4")``:
+    ``<layout>:<mesh>`` runs, each layout one a Transformer's layout map describes."""
+    runs = tuple(part.strip() for part in text.split(";") if part.strip())
+    layouts = [run.split(":", 1)[0] for run in runs]
+    if not runs or any(":" not in run or layout not in choices.WEIGHT_LAYOUTS for run, layout in zip(runs, layouts)):
+        raise argparse.ArgumentTypeError(
+            f"expected ';'-separated '<layout>:<mesh>' runs such as 'fsdp:data=8;tp:data=2,model=4', each layout one of "
+            f"{','.join(choices.WEIGHT_LAYOUTS)}, got {text!r}"
+        )
+    return runs
+
+
 @dataclasses.dataclass
 class CNNBenchConfig:
     """Settings of ``zoo bench cnn``: images/s of ``model.fit`` vs a hand-written ``jax.jit`` step."""
@@ -200,6 +213,30 @@ class LoraContextBenchConfig:
     context_attention: str = setting("ring", "layout context: the sequence-parallel attention kernel", section="bench", choices=choices.CONTEXT_ATTENTIONS)
     balance: str | None = setting("zigzag", "layout context: causal load balancing of the sequence order", section="bench", choices=choices.BALANCES)
     # The model: Llama-3.2-1B's sizes (its config.json) on gpt_1b's shape; RoPE and tied embeddings fixed in the benchmark.
+    vocabulary_size: int = _count(128256, "vocabulary V (Llama 3)")
+    num_layers: int = _count(16, "Transformer blocks L")
+    hidden_dim: int = _count(2048, "model width C")
+    num_query_heads: int = _count(32, "query heads H")
+    num_key_value_heads: int = _count(8, "key/value heads K (GQA)")
+    head_dim: int = _count(64, "head dim D")
+    intermediate_dim: int = _count(8192, "SwiGLU hidden features F")
+    output: str | None = _output()
+
+
+@dataclasses.dataclass
+class HFLoadBenchConfig:
+    """Settings of ``zoo bench hf-load``: per-device and host memory while a Llama-3.2-1B-sized Hugging Face checkpoint loads under a layout."""
+
+    runs: tuple = setting(("fsdp:data=8", "tp:data=2,model=4"), "';'-separated '<layout>:<mesh>' runs, each loading the checkpoint once",
+                          section="bench", parse=layout_runs, metavar="RUNS")  # fmt: skip
+    checkpoint: str | None = setting(None, "a Hugging Face folder to load (a downloaded Llama-3.2-1B, say); default: write a synthetic one "
+                                     "of the sizes below (random bfloat16) into a temporary folder, deleted after", section="bench",
+                                     metavar="DIR")  # fmt: skip
+    max_file_size_mb: float = setting(1024.0, "the synthetic checkpoint: files of at most this many MiB, with an index (zoo export's flag)",
+                                      section="bench", parse=types.positive_float)  # fmt: skip
+    dtype: str | None = setting(None, "the dtype the model holds its weights in (Keras dtype policy); default Keras' float32",
+                                section="bench", choices=choices.EXPORT_DTYPES)  # fmt: skip
+    # The synthetic checkpoint: Llama-3.2-1B's sizes (its config.json); tied embeddings and llama3 RoPE fixed in the benchmark.
     vocabulary_size: int = _count(128256, "vocabulary V (Llama 3)")
     num_layers: int = _count(16, "Transformer blocks L")
     hidden_dim: int = _count(2048, "model width C")
