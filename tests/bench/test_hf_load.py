@@ -25,10 +25,10 @@ def test_fsdp_load_reports_shards_peak_and_reads(tmp_path):
     assert (row.parameters, row.sharded, row.largest_shard) == (3632, 1984, 512)
     w = row.watch
     assert w.after_tensor == 1984  # after each assign only the weights are alive
-    assert w.before_assign == 1984 + 512 and row.peak == 2496  # + the embedding's new shard before its old one goes
+    assert w.before_assign == 1984 and row.peak == 1984  # load_into frees each old value before the new shard arrives
     assert (w.largest_slice, w.oversize, w.slices, row.read_ratio) == (512, 0, 8 * 8 + 3, 1.0)  # 8 split weights x 8 devices + 3 norms read once
     scratch = lines[0].split(" to ")[1].split(" in ")[0]
     assert "synthetic (random), 2 safetensors file(s), 7.1 KiB of BF16" in lines[-1] and not os.path.exists(scratch)  # removed
     line = output.read_text().splitlines()[-1]
     assert line == bench.format_row(row)
-    assert line.startswith("| fsdp | data=8 | 3,632 | 1.9 KiB | 1.9 KiB | 2.4 KiB | **1.258x** | **no** | 0.5 KiB / 0.5 KiB | 0 of 67 | 1.00x | ")
+    assert line.startswith("| fsdp | data=8 | 3,632 | 1.9 KiB | 1.9 KiB | 1.9 KiB | **1.000x** | yes | 0.5 KiB / 0.5 KiB | 0 of 67 | 1.00x | ")

@@ -162,6 +162,13 @@ def load_into(variable, files, view, on_read=None):
     """Assign ``variable`` from ``files`` through ``view``, each device's shard read from
     disk by itself and placed on its device (``jax.make_array_from_callback``).
 
+    The variable's current value (a fresh model's initialisation) is freed first, so a
+    device never holds both it and the file's shard: per-device memory stays at the
+    sharded size through the whole load (``zoo bench hf-load``: 1.21x for Llama-3.2-1B
+    under fsdp and tp while both were alive, the embedding being 21% of the weights).
+    A read that fails midway leaves that variable without a value: load into a model
+    built for it (``from_preset`` does).
+
     on_read: optional ``callback(device_slice_array)`` seeing each slice as read (tests
     count the bytes each device receives). Raises ``CheckpointError`` on a shape mismatch.
     """
@@ -171,7 +178,8 @@ def load_into(variable, files, view, on_read=None):
             f"tensor {view.name!r} gives shape {shape} but the model's {variable.path!r} is {tuple(variable.shape)}"
         )
     current = variable.value
-    dtype = np.dtype(current.dtype)
+    dtype, sharding = np.dtype(current.dtype), current.sharding
+    current.delete()
 
     def read_slice(index):
         block = view.read(files, index).astype(dtype, copy=False)
@@ -179,7 +187,7 @@ def load_into(variable, files, view, on_read=None):
             on_read(block)
         return block
 
-    variable.assign(jax.make_array_from_callback(shape, current.sharding, read_slice))
+    variable.assign(jax.make_array_from_callback(shape, sharding, read_slice))
 
 
 def write_safetensors(tensors, directory, *, max_file_bytes=None, metadata=None):
