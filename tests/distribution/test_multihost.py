@@ -258,7 +258,9 @@ def _worker_env(device_count):
         JAX_PLATFORMS="cpu",
         JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={device_count} --xla_cpu_collective_timeout_seconds=120",
+        # the session's XLA flags (fast compiles, collective timeouts) with this worker's device count
+        XLA_FLAGS=" ".join([f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+                           + [f"--xla_force_host_platform_device_count={device_count}"]),
     )
     return env
 
