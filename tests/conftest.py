@@ -11,7 +11,6 @@ _OWN_XLA_FLAGS = (
     "--xla_cpu_collective",
     "--xla_backend_optimization_level",
     "--xla_llvm_disable_expensive_passes",
-    "--xla_cpu_multi_thread_eigen",
 )
 # Set here, not through zoo, so no zoo import happens before the flags are in place.
 os.environ["XLA_FLAGS"] = " ".join(
@@ -27,9 +26,6 @@ os.environ["XLA_FLAGS"] = " ".join(
         # compile with the same flags.
         "--xla_backend_optimization_level=0",
         "--xla_llvm_disable_expensive_passes=true",
-        # Two xdist workers already keep both cores busy: one Eigen thread per op rather
-        # than a pool per process contending for them (358 s vs 368 s for the suite, issue 17).
-        "--xla_cpu_multi_thread_eigen=false",
     ]
 )
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
