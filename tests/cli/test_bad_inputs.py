@@ -83,6 +83,8 @@ CASES = [
     (["finetune", "no_such_preset"], USAGE, "unknown preset 'no_such_preset'"),
     (["finetune", "small_cnn_shapes", "--lora-rank", "0"], USAGE, "argument --lora-rank: expected an integer >= 1, got '0'"),
     (["finetune", "small_cnn_shapes", "--method", "half"], USAGE, "argument --method: invalid choice: 'half'"),
+    (["finetune", "encoder_tiny_topics", "--dataset", "python_docs_topics", "--layout", "context"], USAGE,
+     "--layout context: a classifier preset fine-tunes under single, data, model, fsdp, tp; context is for causal LMs"),
     (["finetune", "small_cnn_shapes", "--output", "{file}"], USAGE, "--output '{file}': cannot be written"),
     (["finetune", "small_cnn_shapes", "--output", "{folder}"], USAGE, "refusing to replace '{folder}': it is not empty and holds no metadata.json"),
     # zoo recipe check / run

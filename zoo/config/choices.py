@@ -10,6 +10,7 @@ LAYOUTS = BASIC_LAYOUTS + TRANSFORMER_LAYOUTS
 CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
 TRANSFORMER_JOB_LAYOUTS = ("single", "data") + TRANSFORMER_LAYOUTS  # zoo train gpt | encoder | vit
 WEIGHT_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp")  # layouts a Transformer's layout map describes
+CLASSIFIER_FINETUNE_LAYOUTS = ("single", "data", "model", "fsdp", "tp")  # zoo finetune of a classifier preset
 PLANNED_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context")  # what zoo plan --auto searches
 AUTO = "auto"  # zoo train gpt --layout auto: the planner's choice
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo._compat import sublayers
-from zoo.config.choices import METHODS
+from zoo.config.choices import CLASSIFIER_FINETUNE_LAYOUTS, METHODS
 from zoo.config.settings import FinetuneConfig
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
@@ -181,6 +181,11 @@ def _check_classifier_options(config):
                                       ("--sequence-length", config.sequence_length)) if value is not None]  # fmt: skip
     if given:
         raise ValueError(f"{', '.join(given)}: for causal LMs; preset {config.preset!r} is a classifier, fine-tuned on --dataset")
+    if config.layout not in CLASSIFIER_FINETUNE_LAYOUTS:
+        raise ValueError(
+            f"--layout {config.layout}: a classifier preset fine-tunes under {', '.join(CLASSIFIER_FINETUNE_LAYOUTS)}; "
+            f"{config.layout} is for causal LMs (zoo train encoder|vit trains a classifier under it)"
+        )
     if config.optimizer == "sgd" and config.learning_rate is None:
         raise ValueError("--optimizer sgd has no default learning rate; give --learning-rate")
 
