@@ -11,15 +11,14 @@ import math
 import pathlib
 import shutil
 
-import jax
 import numpy as np
 import pytest
 
 from zoo import distribution as zd
+from zoo.bench.hf_load import live_bytes_per_device  # per device, from shard shapes (never shard.data)
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments
-from zoo.presets.safetensors_weights import CheckpointError
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2")
@@ -156,17 +155,6 @@ def two_file_checkpoint(tmp_path_factory):
     model.save_to_hf(folder, max_file_bytes=total * 2 // 3)
     assert len(list(folder.glob("*.safetensors"))) == 2
     return folder, {w.path: np.asarray(w.value) for w in model.weights}
-
-
-def live_bytes_per_device():
-    """Bytes of every live jax.Array on each device, from shard shapes (reading
-    ``shard.data`` would itself create arrays)."""
-    totals = collections.Counter()
-    for array in jax.live_arrays():
-        nbytes = math.prod(array.sharding.shard_shape(array.shape)) * array.dtype.itemsize
-        for device in array.sharding.device_set:
-            totals[device] += nbytes
-    return totals
 
 
 @pytest.mark.parametrize(("layout", "mesh"), [("fsdp", "data=8"), ("tp", "data=2,model=4")])

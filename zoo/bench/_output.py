@@ -1,4 +1,4 @@
-"""Where a benchmark's markdown report goes besides stdout."""
+"""Where a benchmark's markdown report goes besides stdout, and how its tables write sizes."""
 
 import os
 
@@ -9,3 +9,12 @@ def write_text(path, text):
     os.makedirs(directory, exist_ok=True)
     with open(path, "w") as handle:
         handle.write(text + "\n")
+
+
+def size_text(nbytes):
+    """Bytes as ``"5.24 GiB"`` (two decimals), ``"589.5 MiB"`` below 1 GiB, ``"1.9 KiB"`` below 1 MiB."""
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:,.2f} GiB"
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:,.1f} MiB"
+    return f"{nbytes / 1024:,.1f} KiB"

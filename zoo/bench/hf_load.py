@@ -49,7 +49,7 @@ import ml_dtypes
 import numpy as np
 
 from zoo import distribution as zd
-from zoo.bench._output import write_text
+from zoo.bench._output import size_text, write_text
 from zoo.config.bench_settings import HFLoadBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
@@ -204,7 +204,8 @@ def _safetensors_header(path):
 
 
 def live_bytes_per_device():
-    """Bytes of every live jax.Array on each device, from shard shapes (as the unit test)."""
+    """Bytes of every live jax.Array on each device, from shard shapes: reading
+    ``shard.data`` would itself create arrays (tests/models/test_hf_checkpoints.py uses it too)."""
     totals = collections.Counter()
     for array in jax.live_arrays():
         nbytes = math.prod(array.sharding.shard_shape(array.shape)) * array.dtype.itemsize
@@ -424,11 +425,11 @@ def run_benchmark(config, report=print):
     with checkpoint_folder(config, report) as folder:
         files, nbytes, elements, dtypes = describe_checkpoint(folder)
         source = config.checkpoint or "synthetic (random)"
-        checkpoint = f"{source}, {files} safetensors file(s), {_size(nbytes)} of {'/'.join(dtypes)}"
+        checkpoint = f"{source}, {files} safetensors file(s), {size_text(nbytes)} of {'/'.join(dtypes)}"
         for run in config.runs:
             layout, mesh = run.split(":", 1)
             row = measure(folder, layout, mesh, config, elements)
-            report(f"{layout} {mesh}: peak {_size(row.peak)} per device for {_size(row.sharded)} sharded ({row.ratio:.3f}x); "
+            report(f"{layout} {mesh}: peak {size_text(row.peak)} per device for {size_text(row.sharded)} sharded ({row.ratio:.3f}x); "
                    f"built in {row.build_s:.0f} s, loaded in {row.load_s:.1f} s")  # fmt: skip
             rows.append(row)
     text = format_report(config, checkpoint, rows)
@@ -442,15 +443,6 @@ def run_benchmark(config, report=print):
 # --- the report ---------------------------------------------------------------------------
 
 
-def _size(nbytes):
-    """Bytes as GiB (MiB below 1 GiB, KiB below 1 MiB)."""
-    if nbytes >= GIB:
-        return f"{nbytes / GIB:,.2f} GiB"
-    if nbytes >= MIB:
-        return f"{nbytes / MIB:,.1f} MiB"
-    return f"{nbytes / 1024:,.1f} KiB"
-
-
 def _host_memory():
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -461,17 +453,17 @@ def _host_memory():
 def format_row(row):
     w = row.watch
     within = "yes" if row.ratio <= GOAL else "**no**"
-    rss = f"{_size(row.rss_before)} / {_size(row.rss_peak)}{'' if row.rss_reset else ' (since start)'}"
+    rss = f"{size_text(row.rss_before)} / {size_text(row.rss_peak)}{'' if row.rss_reset else ' (since start)'}"
     check = f"{row.compared - row.mismatches} / {row.compared}"
-    return (f"| {row.layout} | {row.mesh} | {row.parameters:,} | {_size(row.sharded)} | {_size(w.after_tensor)} | {_size(w.before_assign)} | "
-            f"**{row.ratio:.3f}x** | {within} | {_size(w.largest_slice)} / {_size(row.largest_shard)} | {w.oversize} of {w.slices:,} | "
+    return (f"| {row.layout} | {row.mesh} | {row.parameters:,} | {size_text(row.sharded)} | {size_text(w.after_tensor)} | {size_text(w.before_assign)} | "
+            f"**{row.ratio:.3f}x** | {within} | {size_text(w.largest_slice)} / {size_text(row.largest_shard)} | {w.oversize} of {w.slices:,} | "
             f"{row.read_ratio:.2f}x | {rss} | {row.build_s:.0f} | {row.load_s:.1f} | {check} |")  # fmt: skip
 
 
 def format_report(config, checkpoint, rows):
     dtype = config.dtype or keras.config.dtype_policy().name
     lines = [
-        (f"devices: {len(jax.devices())} x {jax.devices()[0].platform}; host: {os.cpu_count()} cores, {_size(_host_memory())}; "
+        (f"devices: {len(jax.devices())} x {jax.devices()[0].platform}; host: {os.cpu_count()} cores, {size_text(_host_memory())}; "
          f"checkpoint: {checkpoint}; model weights held as {dtype}; jax {jax.__version__}, keras {keras.__version__}."),
         "",
         ("Per device, above what was live before the build (jax.live_arrays, shard shapes): the model's weights (sharded), the peak "

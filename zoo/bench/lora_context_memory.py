@@ -43,7 +43,7 @@ import keras
 
 from zoo import distribution as zd
 from zoo._compat import distribution_layout_map
-from zoo.bench._output import write_text
+from zoo.bench._output import size_text, write_text
 from zoo.config.bench_settings import LoraContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.distribution.axes import DATA, SEQ
@@ -120,8 +120,8 @@ def run_benchmark(config, report=print):
         for length in config.sequence_lengths:
             for layout in config.layouts:
                 row = measure(config, layout, length, remat)
-                report(f"{layout} {row.mesh} T={length:,} B={row.batch} remat={remat}: total {_size(row.total)} "
-                       f"(temp {_size(row.memory.temp)}), compiled in {row.compile_s:.0f} s")  # fmt: skip
+                report(f"{layout} {row.mesh} T={length:,} B={row.batch} remat={remat}: total {size_text(row.total)} "
+                       f"(temp {size_text(row.memory.temp)}), compiled in {row.compile_s:.0f} s")  # fmt: skip
                 rows.append(row)
     text = format_report(config, rows)
     report(text)
@@ -219,15 +219,6 @@ def measure(config, layout, length, remat):
 # --- the report ---------------------------------------------------------------------------
 
 
-def _size(nbytes):
-    """Bytes as GiB (MiB below 1 GiB, KiB below 1 MiB)."""
-    if nbytes >= GIB:
-        return f"{nbytes / GIB:,.2f} GiB"
-    if nbytes >= MIB:
-        return f"{nbytes / MIB:,.1f} MiB"
-    return f"{nbytes / 1024:,.1f} KiB"
-
-
 def _fits(total):
     return " / ".join("yes" if total <= device_spec(name).memory_bytes else "no" for name in TARGETS)
 
@@ -235,9 +226,9 @@ def _fits(total):
 def format_row(row):
     m = row.memory
     collectives = ", ".join(f"{count:,} {kind}" for kind, count in sorted(row.collectives.items())) or "none"
-    sent = f"{'' if row.exact else '>= '}{_size(row.sent)}"
+    sent = f"{'' if row.exact else '>= '}{size_text(row.sent)}"
     return (f"| {row.layout} | {row.mesh} | {row.remat} | {row.sequence_length:,} | {row.batch} | {row.tokens_per_device:,} | "
-            f"{_size(m.temp)} | {_size(m.argument)} | {_size(m.gradients + m.optimizer)} | **{_size(row.total)}** | {_fits(row.total)} | "
+            f"{size_text(m.temp)} | {size_text(m.argument)} | {size_text(m.gradients + m.optimizer)} | **{size_text(row.total)}** | {_fits(row.total)} | "
             f"{sent} | {collectives} | {row.compile_s:.0f} |")  # fmt: skip
 
 

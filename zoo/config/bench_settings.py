@@ -196,7 +196,22 @@ class PlanBenchConfig:
 
 
 @dataclasses.dataclass
-class LoraContextBenchConfig:
+class Llama32Sizes:
+    """Llama-3.2-1B's sizes (its config.json), the model of the long-context and loading
+    benchmarks; tied embeddings and llama3 RoPE are fixed in the benchmarks."""
+
+    vocabulary_size: int = _count(128256, "vocabulary V (Llama 3)")
+    num_layers: int = _count(16, "Transformer blocks L")
+    hidden_dim: int = _count(2048, "model width C")
+    num_query_heads: int = _count(32, "query heads H")
+    num_key_value_heads: int = _count(8, "key/value heads K (GQA)")
+    head_dim: int = _count(64, "head dim D")
+    intermediate_dim: int = _count(8192, "SwiGLU hidden features F")
+    output: str | None = _output()
+
+
+@dataclasses.dataclass
+class LoraContextBenchConfig(Llama32Sizes):
     """Settings of ``zoo bench lora-context``: per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized GPT at long context, compile-only."""
 
     sequence_lengths: tuple = setting((8192, 32768, 131072), "comma-separated sequence lengths T; each divides by 2 x the seq axis (zigzag)",
@@ -212,19 +227,10 @@ class LoraContextBenchConfig:
     lora_rank: int = _count(16, "LoRA rank r on every Dense / EinsumDense (only the LoRA factors train)")
     context_attention: str = setting("ring", "layout context: the sequence-parallel attention kernel", section="bench", choices=choices.CONTEXT_ATTENTIONS)
     balance: str | None = setting("zigzag", "layout context: causal load balancing of the sequence order", section="bench", choices=choices.BALANCES)
-    # The model: Llama-3.2-1B's sizes (its config.json) on gpt_1b's shape; RoPE and tied embeddings fixed in the benchmark.
-    vocabulary_size: int = _count(128256, "vocabulary V (Llama 3)")
-    num_layers: int = _count(16, "Transformer blocks L")
-    hidden_dim: int = _count(2048, "model width C")
-    num_query_heads: int = _count(32, "query heads H")
-    num_key_value_heads: int = _count(8, "key/value heads K (GQA)")
-    head_dim: int = _count(64, "head dim D")
-    intermediate_dim: int = _count(8192, "SwiGLU hidden features F")
-    output: str | None = _output()
 
 
 @dataclasses.dataclass
-class HFLoadBenchConfig:
+class HFLoadBenchConfig(Llama32Sizes):
     """Settings of ``zoo bench hf-load``: per-device and host memory while a Llama-3.2-1B-sized Hugging Face checkpoint loads under a layout."""
 
     runs: tuple = setting(("fsdp:data=8", "tp:data=2,model=4"), "';'-separated '<layout>:<mesh>' runs, each loading the checkpoint once",
@@ -236,12 +242,3 @@ class HFLoadBenchConfig:
                                       section="bench", parse=types.positive_float)  # fmt: skip
     dtype: str | None = setting(None, "the dtype the model holds its weights in (Keras dtype policy); default Keras' float32",
                                 section="bench", choices=choices.EXPORT_DTYPES)  # fmt: skip
-    # The synthetic checkpoint: Llama-3.2-1B's sizes (its config.json); tied embeddings and llama3 RoPE fixed in the benchmark.
-    vocabulary_size: int = _count(128256, "vocabulary V (Llama 3)")
-    num_layers: int = _count(16, "Transformer blocks L")
-    hidden_dim: int = _count(2048, "model width C")
-    num_query_heads: int = _count(32, "query heads H")
-    num_key_value_heads: int = _count(8, "key/value heads K (GQA)")
-    head_dim: int = _count(64, "head dim D")
-    intermediate_dim: int = _count(8192, "SwiGLU hidden features F")
-    output: str | None = _output()
