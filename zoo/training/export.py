@@ -6,18 +6,8 @@ MODEL is a ``.keras`` file (``zoo train gpt``), a zoo preset or a Hugging Face f
 """
 
 from zoo.config.settings import ExportConfig  # noqa: F401 (the settings of this job)
-from zoo.models import GPTCausalLM
 from zoo.training._lora_files import load_lora
-from zoo.training.saving import load_zoo_model
-
-
-def load_causal_lm(source):
-    """A ``GPTCausalLM`` from a ``.keras`` file, a zoo preset (name or folder) or a
-    Hugging Face folder / ``hf://org/name``; anything else raises naming ``source``."""
-    model = load_zoo_model(source) if str(source).endswith(".keras") else GPTCausalLM.from_preset(source)
-    if not isinstance(model, GPTCausalLM):
-        raise ValueError(f"{source} holds a {type(model).__name__}; only a GPTCausalLM exports to the Hugging Face format")
-    return model
+from zoo.training.saving import load_causal_lm
 
 
 def export(config, report=print):

@@ -1,7 +1,5 @@
 """The GPT jobs behind ``zoo train gpt`` and ``zoo generate``."""
 
-import os
-
 import keras
 import numpy as np
 
@@ -17,7 +15,6 @@ from zoo.data import (
 )
 from zoo.distribution import multihost
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
-from zoo.presets import PresetError, load_tokenizer
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
@@ -28,7 +25,7 @@ from zoo.training.job_setup import (
 from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.profile import ProfileSteps
 from zoo.training.report import StepReport
-from zoo.training.saving import load_zoo_model
+from zoo.training.saving import load_causal_lm
 
 
 def resolve_distribution(config, mesh=None):
@@ -192,19 +189,9 @@ def generate(config, report=print):
     on the preset's tokenizer, else on bytes (``ByteTokenizer``, what ``zoo train gpt``
     trains on). ``report`` is print-like: it takes ``end=`` and ``flush=``.
     """
-    if config.model.endswith(".keras") or os.path.isfile(config.model):
-        model, tokenizer = load_zoo_model(config.model), None
-        if not isinstance(model, GPTCausalLM):
-            raise ValueError(f"{config.model} holds a {type(model).__name__}, not a GPTCausalLM")
-    else:
-        model, tokenizer = GPTCausalLM.from_preset(config.model), None
-        if model.preprocessor is None:
-            try:
-                tokenizer = load_tokenizer(config.model)  # a zoo preset's tokenizer.json, or None
-            except PresetError:
-                pass  # not a zoo preset: a Hugging Face folder without tokenizer.json
+    model = load_causal_lm(config.model)  # with its preset's tokenizer when it has one
     if model.preprocessor is None:
-        tokenizer = tokenizer or ByteTokenizer()
+        tokenizer = ByteTokenizer()
         if tokenizer.vocabulary_size != model.backbone.vocabulary_size:
             raise ValueError(
                 f"{config.model} has no tokenizer for its vocabulary of {model.backbone.vocabulary_size} "

@@ -50,7 +50,7 @@ from zoo.data.text_files import LMExamples, dataset_text, load_text_file, pack_t
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt.gpt_configs import backbone_config
-from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, load_tokenizer, save_to_preset
+from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, save_to_preset
 from zoo.presets.save import check_preset_destination
 from zoo.tokenizers import Tokenizer
 from zoo.training._checkpointed_fit import checkpointed_fit
@@ -59,6 +59,7 @@ from zoo.training._lora_files import save_lora
 from zoo.training.job_setup import job_distribution, report_setup, run_dir_of
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
 from zoo.training.report import StepReport
+from zoo.training.saving import load_causal_lm
 
 # Adam learning rates per method: the usual ones for Llama-family checkpoints (LoRA as in
 # QLoRA, Dettmers et al. 2023; full fine-tuning an order of magnitude below pre-training).
@@ -112,21 +113,6 @@ def causal_lm_config(preset, layout=None):
     ``megatron_sp``): what ``get_layout_map`` checks against the mesh (``config=``)."""
     config = hf_checkpoints.read_config(os.fspath(preset)) if is_hf_folder(preset) else load_preset_config(preset)
     return {**backbone_config(config), **layout_overrides(layout)}
-
-
-def load_causal_lm(preset, layout=None, **overrides):
-    """``GPTCausalLM.from_preset(preset)`` under the current distribution, with what
-    ``layout`` needs and ``overrides`` (``GPTBackbone`` arguments). A zoo preset whose
-    model has no preprocessor but ships a tokenizer gets a ``GPTCausalLMPreprocessor`` on
-    it, as a Hugging Face folder's model has one on its ``tokenizer.json``."""
-    preset = local_preset(preset)
-    model = GPTCausalLM.from_preset(preset, **layout_overrides(layout), **overrides)
-    if model.preprocessor is None and not is_hf_folder(preset):
-        tokenizer = load_tokenizer(preset)
-        if tokenizer is not None:
-            length = min(hf_checkpoints.PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
-            model.preprocessor = GPTCausalLMPreprocessor(tokenizer, length)
-    return model
 
 
 def lm_preprocessor(model, sequence_length=None, tokenizer=None):

@@ -1,4 +1,5 @@
-"""Loading saved zoo models: ``.keras`` files, always in Keras' safe mode."""
+"""Loading saved zoo models: ``.keras`` files, always in Keras' safe mode, and causal LMs
+from any of the places one is kept (``load_causal_lm``)."""
 
 import json
 import os
@@ -8,6 +9,9 @@ import zlib
 import keras
 
 import zoo.models  # noqa: F401  (registers the zoo's serialisable classes)
+from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
+from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
+from zoo.presets import PresetError, load_tokenizer
 
 KERAS_CONFIG = "config.json"  # the member every .keras archive holds (Keras' saving_lib)
 
@@ -52,3 +56,41 @@ def _check_keras_archive(path):
 
 def _not_valid(path, why):
     return ValueError(f"{path!r} is not a valid .keras file: {why}; save it again (zoo train ... --output {path})")
+
+
+def load_causal_lm(source, layout=None, **overrides):
+    """A ``GPTCausalLM`` from a ``.keras`` file, a zoo preset (name or folder), a Hugging
+    Face folder or ``hf://org/name``, under the current distribution; the one loader of
+    ``zoo generate``, ``zoo finetune`` and ``zoo export``.
+
+    ``layout`` adds what it needs (``tp+sp``: ``megatron_sp``) and ``overrides`` replace
+    ``GPTBackbone`` arguments (presets and Hugging Face folders only). A model saved
+    without a preprocessor whose preset ships a tokenizer gets a
+    ``GPTCausalLMPreprocessor`` on it. Anything but a causal LM raises naming ``source``.
+    """
+    source = os.fspath(source)
+    changes = {**layout_overrides(layout), **overrides}
+    if source.endswith(".keras") or os.path.isfile(source):  # load_zoo_model names a file that is no .keras
+        if changes:
+            raise ValueError(f"{source}: a .keras file is loaded as saved; it cannot take {sorted(changes)}")
+        model = load_zoo_model(source)
+    else:
+        model = GPTCausalLM.from_preset(source, **changes)
+    if not isinstance(model, GPTCausalLM):
+        raise ValueError(f"{source} holds a {type(model).__name__}, not a GPTCausalLM")
+    if model.preprocessor is None:
+        tokenizer = _preset_tokenizer(source)
+        if tokenizer is not None:
+            model.preprocessor = GPTCausalLMPreprocessor(tokenizer, min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length))
+    return model
+
+
+def _preset_tokenizer(source):
+    """A zoo preset's ``tokenizer.json``, or None (no preset: a ``.keras`` file or a
+    Hugging Face folder without one)."""
+    if os.path.isfile(source):
+        return None
+    try:
+        return load_tokenizer(source)
+    except PresetError:
+        return None
