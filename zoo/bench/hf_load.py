@@ -203,11 +203,14 @@ def _safetensors_header(path):
 # --- measuring ----------------------------------------------------------------------------
 
 
-def live_bytes_per_device():
+def live_bytes_per_device(exclude=frozenset()):
     """Bytes of every live jax.Array on each device, from shard shapes: reading
-    ``shard.data`` would itself create arrays (tests/models/test_hf_checkpoints.py uses it too)."""
+    ``shard.data`` would itself create arrays (tests/models/test_hf_checkpoints.py uses it too).
+    ``exclude``: ids of arrays not to count (ones the caller holds from before)."""
     totals = collections.Counter()
     for array in jax.live_arrays():
+        if id(array) in exclude:
+            continue
         nbytes = math.prod(array.sharding.shard_shape(array.shape)) * array.dtype.itemsize
         for device in array.sharding.device_set:
             totals[device] += nbytes
