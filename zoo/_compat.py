@@ -249,3 +249,16 @@ def jax_distributed_client():
         return distributed.global_state.client
     except (ImportError, AttributeError) as error:
         raise _missing("jax._src.distributed.global_state.client", error) from None
+
+
+def deferred_initializer(variable):
+    """The initializer of a variable created in ``StatelessScope(initialize_variables=False)``
+    and not initialised yet (None once it has a value).
+
+    Private: ``Variable._initializer``. Checked on Keras 3.15.1 (JAX 0.10.2 and 0.12.0.1).
+    Public replacement: an ``initializer`` property of ``keras.Variable``, which Keras lacks.
+    """
+    try:
+        return variable._initializer
+    except AttributeError as error:
+        raise _missing("keras.Variable._initializer", error) from None

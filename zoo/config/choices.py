@@ -5,7 +5,8 @@ Code, command-line flags, recipe keys and docs all take their choices from here.
 
 # layout: how the weights and the inputs are split over the devices (zoo.distribution).
 BASIC_LAYOUTS = ("single", "data", "model")  # every model; "model" uses its own layout map
-TRANSFORMER_LAYOUTS = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context")  # get_layout_map(mesh, layout=...)
+# get_layout_map(mesh, layout=...); "pipeline" is the GPT's only (PipelinedBlocks over a "stage" axis)
+TRANSFORMER_LAYOUTS = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline")
 LAYOUTS = BASIC_LAYOUTS + TRANSFORMER_LAYOUTS
 CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
 TRANSFORMER_JOB_LAYOUTS = ("single", "data") + TRANSFORMER_LAYOUTS  # zoo train gpt | encoder | vit
@@ -27,6 +28,8 @@ LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds
 PRECISIONS = ("float32", "mixed_bfloat16")
 # remat: what each Transformer block keeps for the backward pass.
 REMATS = ("none", "full", "dots_saveable")
+# schedule: how a pipeline (layout "pipeline") orders its micro-batches over the stages.
+SCHEDULES = ("gpipe", "circular")
 
 # Transformer architecture.
 MLPS = ("swiglu", "geglu", "gelu", "relu")

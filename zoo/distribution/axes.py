@@ -9,6 +9,7 @@ to mesh axes, so a layout can be changed without touching model code.
 DATA = "data"  # splits the batch: data parallelism
 MODEL = "model"  # splits features / channels / heads: model (tensor) parallelism
 SEQ = "seq"  # splits the sequence: context parallelism
+STAGE = "stage"  # splits the stack of blocks: pipeline parallelism
 
 # Logical axis names for tensor dimensions.
 BATCH = "batch"

@@ -16,6 +16,11 @@ tp+sp      ``data`` and ``model``      as ``tp``; build the model with
                                        parallelism; same weight layouts)
 fsdp+tp    ``data`` and ``model``      ``tp``, plus attention and embedding weights split
                                        over ``data`` on their other dimension
+pipeline   ``data`` and ``stage``      the batch over ``data``; the GPT's stacked blocks
+           (optionally ``model``)      over ``stage`` (``PipelinedBlocks``, micro-batches
+                                       passed stage to stage); with a ``model`` axis
+                                       Megatron inside each stage. A mesh spec without
+                                       ``data`` gets ``data=1``
 context    ``data`` and ``seq``        the batch over ``data`` and the sequence over
            (optionally ``model``)      ``seq`` (``ContextParallel``); attention runs its
                                        ring / all-gather / Ulysses kernel
@@ -39,7 +44,7 @@ import keras
 import numpy as np
 
 from zoo.config.choices import BASIC_LAYOUTS, LAYOUTS, TRANSFORMER_LAYOUTS
-from zoo.distribution.axes import DATA, MODEL, SEQ
+from zoo.distribution.axes import DATA, MODEL, SEQ, STAGE
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.layouts import (
     CheckedModelParallel,
@@ -66,6 +71,7 @@ DEFAULT_MESH_SPECS = {
     "tp+sp": "data=2,model=-1",
     "fsdp+tp": "data=2,model=-1",
     "context": "data=2,seq=-1",
+    "pipeline": "data=2,stage=-1",
 }
 # Axes each layout's mesh must have.
 REQUIRED_AXES = {
@@ -75,6 +81,7 @@ REQUIRED_AXES = {
     "tp+sp": MODEL_PARALLEL_AXES,
     "fsdp+tp": MODEL_PARALLEL_AXES,
     "context": CONTEXT_AXES,
+    "pipeline": (DATA, STAGE),
 }
 
 
@@ -167,7 +174,13 @@ def _as_mesh(layout, mesh):
         import jax
 
         mesh = default_mesh_spec(layout, len(jax.devices()))
+    if layout == "pipeline" and isinstance(mesh, str) and DATA not in _spec_axes(mesh):
+        mesh = f"{DATA}=1,{mesh}"  # "stage=2,model=4": the batch is not split
     return make_mesh(mesh) if isinstance(mesh, str) else mesh
+
+
+def _spec_axes(spec):
+    return [part.split("=")[0].strip() for part in spec.split(",") if part.strip()]
 
 
 def _require_layout_axes(mesh, layout):

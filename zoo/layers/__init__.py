@@ -6,11 +6,13 @@ from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.layers.rotary_embedding import apply_rotary_embedding, rotary_angles
 from zoo.layers.row_parallel_dense import RowParallelDense
 from zoo.layers.transformer_block import TransformerBlock
+from zoo.layers.pipelined_blocks import PipelinedBlocks
 
 __all__ = [
     "ColumnParallelDense",
     "MultiHeadAttention",
     "ParallelMLP",
+    "PipelinedBlocks",
     "RowParallelDense",
     "TransformerBlock",
     "apply_rotary_embedding",

@@ -236,9 +236,13 @@ class TransformerBlock(keras.layers.Layer):
         return self.attention_dropout.seed_generator.next(), self.mlp_dropout.seed_generator.next()
 
     def _dropout(self, x, seed):
-        """``keras.layers.Dropout``'s computation with a given seed (None: identity)."""
+        """``keras.layers.Dropout``'s computation with a given seed u32[2] (None: identity),
+        or with one seed per row of x, u32[B, 2] (``PipelinedBlocks``: masks that do not
+        depend on how the batch is cut into micro-batches)."""
         if seed is None:
             return x
+        if seed.ndim == 2:
+            return jax.vmap(lambda row, row_seed: keras.random.dropout(row, self.dropout, seed=row_seed))(x, seed)
         return keras.random.dropout(x, self.dropout, seed=seed)
 
     def _call_with_cache(self, x, cache, cache_index, start_positions, training):

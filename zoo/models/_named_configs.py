@@ -17,7 +17,10 @@ def named_config(configs, name, family, layout=None, overrides=None):
     """``configs[name]`` updated with ``overrides``, then with the entries ``layout`` needs
     (``"tp+sp"`` sets ``megatron_sp=True``; see ``layout_overrides``)."""
     config = {**lookup_config(configs, name, family), **(overrides or {})}
-    return config if layout is None else {**config, **layout_overrides(layout)}
+    if layout is None:
+        return config
+    needed = {key: value for key, value in layout_overrides(layout).items() if not (key == "schedule" and config.get(key))}
+    return {**config, **needed}
 
 
 def complete_config(model_class, configs, config, family):

@@ -68,8 +68,10 @@ def uses_data_axis_for_weights(layout):
 
 def layout_overrides(layout):
     """Model-config entries ``layout`` needs: ``{"megatron_sp": True}`` for ``"tp+sp"``
-    (the blocks run Megatron sequence-parallel), ``{}`` for any other layout name."""
-    return {"megatron_sp": True} if layout == "tp+sp" else {}
+    (the blocks run Megatron sequence-parallel), ``{"schedule": "gpipe"}`` for
+    ``"pipeline"`` (a GPT whose blocks are one ``PipelinedBlocks``; a schedule already
+    in the config is kept, see ``named_config``), ``{}`` for any other layout name."""
+    return {"tp+sp": {"megatron_sp": True}, "pipeline": {"schedule": "gpipe"}}.get(layout, {})
 
 
 def layers_place_weights(layout, mesh=None, *, model_axis=MODEL):

@@ -9,7 +9,15 @@ data      replicated          replicated
 fsdp      (data, -)           (data, -)
 tp, tp+sp (model, -)          (-, model)
 fsdp+tp   (model, data)       (data, model)
+pipeline  (model, -) [1]      (-, model) [1]
 ========  ==================  ==================
+
+[1] only on a mesh with a ``model`` axis; replicated without one.
+
+Layout ``pipeline`` (a backbone built with a ``schedule``: one ``PipelinedBlocks``
+named ``blocks``, every block weight stacked (R, L/R, ...)): dimension 1 (the blocks of
+a repeat) over ``stage``, and with a ``model`` axis Megatron's split of the rest
+(``_pipeline_block_rules``); the batch over ``data``.
 
 Tensor parallelism splits the *vocabulary* of both (Megatron's vocab-parallel
 embedding and column-parallel output layer): each device holds V/M rows of the table,
@@ -22,7 +30,11 @@ are vocab-split the same way. FSDP splits the first dimension over ``data``; GSP
 all-gathers the table where it is used.
 """
 
-from zoo.distribution.axes import DATA, MODEL
+import keras
+
+from zoo.distribution.axes import DATA, MODEL, STAGE
+from zoo.distribution.layouts import LayoutError
+from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
 from zoo.models import _transformer_layouts as shared
 
 EMBEDDING = r".*token_embedding/embeddings"  # (V, C)
@@ -71,8 +83,76 @@ def check_config(mesh, layout, config, *, data_axis=DATA, model_axis=MODEL):
 
 def layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MODEL):
     """The ``LayoutMap`` for ``layout`` on ``mesh``, after checking ``config`` if given."""
+    if layout == "pipeline":
+        return pipeline_layout_map(mesh, config, with_head=with_head, model_axis=model_axis)
     shared.check_layout(layout)
     if config is not None:
         check_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)
     rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
     return shared.build_layout_map(mesh, layout, rules, data_axis=data_axis, model_axis=model_axis)
+
+
+def _pipeline_block_rules(model_axis, kv_split, qkv_bias):
+    """{regex: axes} for the stacked (R, L/R, ...) weights of ``PipelinedBlocks`` named
+    ``blocks``: dimension 1 over ``stage``; with ``model_axis`` the heads and the MLP's
+    hidden features over it (the key/value heads only if ``kv_split``)."""
+    m, kv = model_axis, model_axis if kv_split else None
+    lead = (None, STAGE)
+    biases = {
+        r".*blocks/attention/query/bias": (*lead, m, None),  # (R, L/R, H, D)
+        r".*blocks/attention/(key|value)/bias": (*lead, kv, None),  # (R, L/R, K, D)
+    }
+    return (biases if qkv_bias else {}) | {
+        r".*blocks/attention/query/kernel": (*lead, None, m, None),  # (R, L/R, C, H, D)
+        r".*blocks/attention/(key|value)/kernel": (*lead, None, kv, None),  # (R, L/R, C, K, D)
+        r".*blocks/attention/output/kernel": (*lead, m, None, None),  # (R, L/R, H, D, C)
+        r".*blocks/mlp/(gate|up)/kernel": (*lead, None, m),  # (R, L/R, C, F)
+        r".*blocks/mlp/down/kernel": (*lead, m, None),  # (R, L/R, F, C)
+        r".*blocks/(attention|mlp)_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
+    }
+
+
+def check_pipeline_config(mesh, config, *, model_axis=MODEL):
+    """Raise naming the numbers unless ``config`` (a pipelined backbone's) fits ``mesh``."""
+    if config.get("schedule") is None:
+        raise LayoutError(
+            "layout 'pipeline' needs a backbone built with a schedule ('gpipe' or 'circular'): its blocks are one "
+            "PipelinedBlocks with stacked weights; build it with from_config_name(name, layout='pipeline') or schedule=..."
+        )
+    stages, repeats, layers = mesh_axis_size(mesh, STAGE), config.get("repeats", 1), config["num_layers"]
+    if layers % (stages * repeats):
+        raise LayoutError(
+            f"layout 'pipeline': num_layers={layers} does not split into {repeats} repeat(s) x {stages} stages "
+            f"(mesh {describe_mesh(mesh)}); choose a stage count and repeats whose product divides {layers}"
+        )
+    model = mesh_axis_size(mesh, model_axis) if model_axis in mesh.axis_names else 1
+    sizes = {"num_query_heads": config["num_query_heads"], "intermediate_dim": config["intermediate_dim"],
+             "vocabulary_size": config["vocabulary_size"]}  # fmt: skip
+    for name, size in sizes.items():
+        if size % model:
+            raise LayoutError(
+                f"layout 'pipeline': {name}={size} is not divisible by the {model_axis!r} mesh axis of size {model} "
+                f"(mesh {describe_mesh(mesh)})"
+            )
+    shared.check_kv_heads(mesh, "tp", config.get("num_key_value_heads") or config["num_query_heads"], model_axis=model_axis)
+
+
+def pipeline_layout_map(mesh, config, *, with_head, model_axis=MODEL):
+    """The ``LayoutMap`` of layout ``pipeline``: the mesh needs ``data`` and ``stage``
+    (``model`` optional: Megatron inside each stage)."""
+    require_axes(mesh, [DATA, STAGE], "layout 'pipeline'")
+    if config is not None:
+        check_pipeline_config(mesh, config, model_axis=model_axis)
+    model = mesh_axis_size(mesh, model_axis) if model_axis in mesh.axis_names else 1
+    m = model_axis if model > 1 else None
+    kv_heads = None if config is None else (config.get("num_key_value_heads") or config["num_query_heads"])
+    qkv_bias = config is not None and config.get("qkv_bias", False)
+    rules = _pipeline_block_rules(m, kv_split=m is not None and (kv_heads is None or kv_heads % model == 0), qkv_bias=qkv_bias)
+    if m is not None:
+        rules[EMBEDDING] = (m, None)  # (V/M, C)
+        if with_head:
+            rules[LM_HEAD] = (None, m)  # (C, V/M)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for pattern, axes in rules.items():
+        layout_map[pattern] = axes
+    return layout_map

@@ -4,7 +4,7 @@ import keras
 
 from zoo.config.choices import MLPS, NORMS
 from zoo.distribution.axes import DATA, MODEL
-from zoo.layers import TransformerBlock
+from zoo.layers import PipelinedBlocks, TransformerBlock
 from zoo.layers.rotary_embedding import check_rope_scaling
 from zoo.layers.transformer_block import check_remat
 from zoo.models.gpt import _gpt_layouts
@@ -51,6 +51,12 @@ class GPTBackbone(ZooModel):
         remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
             ``"dots_saveable"`` (see ``TransformerBlock``); the numbers are the same,
             only memory and compute change.
+        schedule: None (blocks ``block_0`` .. ``block_{L-1}``), or ``"gpipe"`` /
+            ``"circular"``: the L blocks are one ``PipelinedBlocks`` named ``blocks``
+            (weights stacked, layout ``"pipeline"`` splits them over a ``stage`` mesh
+            axis); see docs/pipeline_parallel.md.
+        micro_batches: M, the pieces a pipelined batch is cut into.
+        repeats: R, how often a micro-batch goes round the stages (``"circular"``: >= 2).
 
     Named sizes: ``GPTBackbone.from_config_name("gpt_tiny")`` (``gpt_configs.GPT_CONFIGS``).
 
@@ -83,6 +89,9 @@ class GPTBackbone(ZooModel):
         megatron_sp=False,
         context_attention=None,
         remat="none",
+        schedule=None,
+        micro_batches=1,
+        repeats=1,
         name="gpt_backbone",
         **kwargs,
     ):
@@ -100,27 +109,20 @@ class GPTBackbone(ZooModel):
         )  # a plain Embedding forwards; reverse=True gives x @ E^T for a tied LM head
         x = embedding(token_ids)  # (B, T, C)
         x = keras.layers.Dropout(dropout, seed=seed, name="embedding_dropout")(x)
-        for index in range(num_layers):
-            x = TransformerBlock(
-                num_heads=num_query_heads,
-                head_dim=head_dim,
-                hidden_dim=intermediate_dim,
-                num_kv_heads=num_key_value_heads,
-                causal=True,
-                rotary=True,
-                rotary_base=rope_max_wavelength,
-                rope_scaling=rope_scaling,
-                qkv_bias=qkv_bias,
-                mlp=mlp,
-                norm=norm,
-                norm_epsilon=layer_norm_epsilon,
-                dropout=dropout,
-                context_attention=context_attention,
-                megatron_sp=megatron_sp,
-                seed=None if seed is None else seed + 1 + 2 * index,
-                remat=remat,
-                name=f"block_{index}",
+        block = dict(
+            num_heads=num_query_heads, head_dim=head_dim, hidden_dim=intermediate_dim, num_kv_heads=num_key_value_heads,
+            causal=True, rotary=True, rotary_base=rope_max_wavelength, rope_scaling=rope_scaling, qkv_bias=qkv_bias,
+            mlp=mlp, norm=norm, norm_epsilon=layer_norm_epsilon, dropout=dropout, context_attention=context_attention,
+            megatron_sp=megatron_sp, remat=remat,
+        )  # fmt: skip
+        if schedule is not None:
+            _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention)
+            x = PipelinedBlocks(
+                num_layers, block, schedule=schedule, micro_batches=micro_batches, repeats=repeats,
+                seed=None if seed is None else seed + 1, name="blocks",
             )(x)  # (B, T, C)
+        for index in range(0 if schedule is not None else num_layers):
+            x = TransformerBlock(**block, seed=None if seed is None else seed + 1 + 2 * index, name=f"block_{index}")(x)  # (B, T, C)
         x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
         super().__init__(inputs=token_ids, outputs=x, name=name, **kwargs)
         self.keep_arguments(
@@ -129,14 +131,15 @@ class GPTBackbone(ZooModel):
             head_dim=head_dim, mlp=mlp, norm=norm, layer_norm_epsilon=layer_norm_epsilon, dropout=dropout,
             max_sequence_length=max_sequence_length, rope_max_wavelength=rope_max_wavelength,
             rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
-            context_attention=context_attention, remat=remat,
+            context_attention=context_attention, remat=remat, schedule=schedule, micro_batches=micro_batches,
+            repeats=repeats,
         )  # fmt: skip
 
     def get_config(self):
         """The ``__init__`` arguments, with ``context_attention`` the kernel the blocks use:
         one recorded under a ``ContextParallel`` (``ring``, say) is saved, not ``None``."""
         config = super().get_config()
-        if self.num_layers:
+        if self.num_layers and self.schedule is None:
             config["context_attention"] = self.blocks[0].context_attention
         return config
 
@@ -148,7 +151,19 @@ class GPTBackbone(ZooModel):
 
     @property
     def blocks(self):
+        """The ``TransformerBlock``s ``block_0`` .. (a pipelined backbone has one
+        ``PipelinedBlocks`` instead: ``pipelined_blocks``)."""
+        if self.schedule is not None:
+            raise ValueError(
+                f"{self.name} is pipelined (schedule={self.schedule!r}): its {self.num_layers} blocks are one "
+                f"PipelinedBlocks layer with stacked weights, backbone.pipelined_blocks"
+            )
         return [self.get_layer(f"block_{index}") for index in range(self.num_layers)]
+
+    @property
+    def pipelined_blocks(self):
+        """The ``PipelinedBlocks`` of a backbone built with a ``schedule``."""
+        return self.get_layer("blocks")
 
     @property
     def final_norm(self):
@@ -202,6 +217,15 @@ def _norm(kind, epsilon, name):
     if kind == "rms":
         return keras.layers.RMSNormalization(epsilon=epsilon, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
+
+
+def _check_pipeline(*, megatron_sp, context_attention):
+    if megatron_sp or context_attention is not None:
+        raise ValueError(
+            f"a pipelined GPTBackbone (schedule set) runs its blocks as plain layers inside the pipeline: "
+            f"megatron_sp={megatron_sp!r} and context_attention={context_attention!r} must be False and None "
+            f"(tensor parallelism inside a pipeline comes from the 'pipeline' layout on a mesh with a 'model' axis)"
+        )
 
 
 def check_config(*, mlp, norm, dropout, num_query_heads, num_key_value_heads, head_dim, **sizes):

@@ -1,0 +1,283 @@
+"""``PipelinedBlocks``: L identical ``TransformerBlock``s with stacked weights, run as a
+pipeline over the mesh's ``stage`` axis (``zoo.kernels.pipeline``)."""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import keras
+from jax.sharding import PartitionSpec as P
+
+from zoo._compat import deferred_initializer, forgetting_deferred_variables
+from zoo.config.choices import SCHEDULES
+from zoo.distribution.axes import STAGE
+from zoo.distribution.mesh import mesh_axis_size
+from zoo.kernels.pipeline import check_schedule, pipeline
+from zoo.layers.transformer_block import REMAT_POLICIES, TransformerBlock
+
+TEMPLATE = "pipelined_block_template"  # the name of the block whose computation runs on each slice
+SEED_GENERATOR = "seed_generator"  # the dropout layers' seed state: not stacked (one seed for the stack)
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class PipelinedBlocks(keras.layers.Layer):
+    """``num_blocks`` ``TransformerBlock``s applied in order, their weights stacked.
+
+    Every weight of a ``TransformerBlock`` (``attention/query/kernel`` (C, H, D), ...)
+    becomes one variable of shape (R, L/R, C, H, D) at the same path under this layer
+    (``<name>/attention/query/kernel``): block l is entry ``[l // (L/R), l % (L/R)]``,
+    the natural order of the blocks read row by row. The shape depends on
+    ``repeats`` (R) but not on the number of stages, so weights saved under one mesh
+    load under any other and on one device (and ``load_own_variables`` reshapes weights
+    saved with another R).
+
+    Under a distribution whose mesh has a ``stage`` axis of size S > 1, the blocks run
+    as a pipeline (``zoo.kernels.pipeline``): the layout map splits dimension 1 over
+    ``stage`` (stage s holds blocks ``[r, s*L/(S*R) : (s+1)*L/(S*R)]`` of every repeat r),
+    the batch is cut into ``micro_batches`` micro-batches (rows m, m + M, m + 2M, ...,
+    so a batch split over ``data`` stays where it is) and activations move stage to
+    stage with ``ppermute``. Without a stage axis the same loop runs on each device, one
+    stage: the single-device reference, with the same numbers. The ``data`` and
+    ``model`` axes stay GSPMD's: the blocks inside run as plain layers on weights split
+    by the layout map (Megatron's split over ``model``).
+
+    Args:
+        num_blocks: L.
+        block: the ``TransformerBlock`` arguments of every block (a dict; no ``name``,
+            ``seed``); its ``remat`` is applied to each block in the loop.
+        schedule: ``"gpipe"`` (``repeats`` 1) or ``"circular"`` (``repeats`` >= 2: stage s
+            holds R non-adjacent groups of blocks, the bubble shrinks R times).
+        micro_batches: M, how many pieces the batch is cut into (it must divide the batch,
+            and the rows per data shard). The circular schedule needs M >= S.
+        repeats: R, how many times each micro-batch goes round the stages; divides L.
+        stage_axis: the mesh axis of the stages.
+        seed: seed of the dropout stream. Dropout masks depend on (block, row of the
+            batch) only, so they are the same whatever M, S or data split.
+
+    Call: ``blocks(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
+    """
+
+    def __init__(self, num_blocks, block, schedule="gpipe", micro_batches=1, repeats=1, stage_axis=STAGE, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        _check_arguments(num_blocks, block, schedule, micro_batches, repeats)
+        self.num_blocks = num_blocks
+        self.block = dict(block)
+        self.schedule = schedule
+        self.micro_batches = micro_batches
+        self.repeats = repeats
+        self.stage_axis = stage_axis
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator")
+        self._template = None  # (TransformerBlock, {relative path: its variable}), made in build
+        self.stacked = {}  # relative path -> variable (R, L/R, *block shape)
+
+    # --- weights ----------------------------------------------------------------------
+
+    def build(self, input_shape):
+        template, variables = _template_block(self.block, input_shape, self.dtype_policy)
+        self._template = _Untracked((template, variables))
+        per_repeat = self.num_blocks // self.repeats
+        for path, variable in variables.items():
+            self.stacked[path] = self._stacked_weight(path, variable, per_repeat)
+
+    def _stacked_weight(self, path, variable, per_repeat):
+        """A variable (R, L/R, *variable.shape) at ``<name>/<path>``, each block's slice
+        initialised as the block's own variable would be."""
+        *scopes, name = path.split("/")
+        initializer = _StackedInitializer(deferred_initializer(variable), (self.repeats, per_repeat))
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(keras.name_scope(self.name, caller=self))
+            for scope in scopes:
+                stack.enter_context(keras.name_scope(scope))
+            weight = keras.Variable(
+                initializer=initializer, shape=(self.repeats, per_repeat, *variable.shape), dtype=variable.dtype,
+                trainable=variable.trainable, name=name,
+            )  # fmt: skip
+        return weight
+
+    def load_own_variables(self, store):
+        """Keras' loading, with weights saved under another ``repeats`` reshaped (same
+        blocks in the same order)."""
+        variables = self.trainable_weights + self.non_trainable_weights  # the order Keras saves them in
+        saved = {key: store[key][...] for key in store.keys()}
+        for index, variable in enumerate(variables):
+            value = saved.get(str(index))
+            if value is not None and tuple(value.shape) != tuple(variable.shape) and value.size == variable.size:
+                saved[str(index)] = value.reshape(variable.shape)
+        super().load_own_variables(saved)
+
+    # --- the forward pass -------------------------------------------------------------
+
+    def call(self, x, key_mask=None, training=None):
+        batch = x.shape[0]
+        stages = self._num_stages()
+        check_schedule(num_stages=stages, micro_batches=self.micro_batches, repeats=self.repeats)
+        seed = self.seed_generator.next() if training and self.block.get("dropout", 0.0) > 0 else None
+        micro = _to_micro_batches(x, self.micro_batches, self.name)  # (M, B/M, T, C)
+        extras = {"rows": _to_micro_batches(jnp.arange(batch, dtype=jnp.int32), self.micro_batches, self.name)}
+        if key_mask is not None:
+            extras["key_mask"] = _to_micro_batches(key_mask, self.micro_batches, self.name)  # (M, B/M, T)
+        if seed is not None:  # the same u32[2] for every micro-batch
+            extras["seed"] = jnp.broadcast_to(seed, (self.micro_batches, *seed.shape))
+        params = {path: variable.value for path, variable in self.stacked.items()}
+        stage_fn = _StageFunction(self, bool(training))
+        if stages == 1:
+            y, _ = pipeline(stage_fn, params, micro, extras, repeats=self.repeats)
+        else:
+            y = self._run_on_stages(stage_fn, params, micro, extras)
+        return _from_micro_batches(y)  # (B, T, C)
+
+    def _run_on_stages(self, stage_fn, params, micro, extras):
+        mesh = keras.distribution.distribution().device_mesh.backend_mesh
+        stacked_spec = jax.tree.map(lambda _: P(None, self.stage_axis), params)
+        extras_spec = jax.tree.map(lambda _: P(), extras)
+
+        def body(params, micro, extras):
+            y, useful = pipeline(stage_fn, params, micro, extras, axis_name=self.stage_axis, repeats=self.repeats)
+            return y, useful[None]
+
+        run = jax.shard_map(
+            body, mesh=mesh, in_specs=(stacked_spec, P(), extras_spec), out_specs=(P(), P(self.stage_axis)),
+            axis_names={self.stage_axis},
+        )  # fmt: skip
+        return run(params, micro, extras)[0]
+
+    def _num_stages(self):
+        """S: the size of the current distribution's stage axis (1 without one)."""
+        distribution = keras.distribution.distribution()
+        mesh = getattr(distribution, "device_mesh", None)
+        if mesh is None or self.stage_axis not in mesh.axis_names:
+            return 1
+        stages = mesh_axis_size(mesh, self.stage_axis)
+        groups = stages * self.repeats
+        if self.num_blocks % groups:
+            raise ValueError(
+                f"{self.name}: {self.num_blocks} blocks do not split into {self.repeats} repeat(s) x {stages} "
+                f"stages ({groups} equal groups); use a stage count and repeats whose product divides {self.num_blocks}"
+            )
+        return stages
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_blocks=self.num_blocks, block=dict(self.block), schedule=self.schedule, micro_batches=self.micro_batches,
+            repeats=self.repeats, stage_axis=self.stage_axis, seed=self.seed,
+        )  # fmt: skip
+        return config
+
+
+class _StageFunction:
+    """``stage_fn`` of ``zoo.kernels.pipeline``: a group of blocks on one micro-batch.
+
+    Hashable by identity; runs the template ``TransformerBlock`` on each block's slice
+    of the stacked weights (``keras.StatelessScope``), under no distribution (the
+    data and model axes are GSPMD's inside the pipeline's shard_map)."""
+
+    def __init__(self, layer, training):
+        self.layer, self.training = layer, training
+
+    def __call__(self, group_params, x, extras, group):
+        layer, seed = self.layer, extras.get("seed")  # extras: this micro-batch's rows, key_mask, seed
+        template, variables = layer._template.value
+        per_group = jax.tree.leaves(group_params)[0].shape[0]  # Lg
+
+        def one_block(h, params_and_index):
+            params, index = params_and_index  # leaves of one block; i32 block index within the group
+            block_index = group * per_group + index  # the block's place in the whole stack
+            seeds = None if seed is None else _dropout_seeds(seed, block_index, extras["rows"])
+            with keras.StatelessScope(state_mapping=[(variables[path], value) for path, value in params.items()]):
+                return forward(h, extras.get("key_mask"), seeds), None
+
+        forward = template._forward
+        if self.training and template.remat != "none":
+            forward = jax.checkpoint(forward, policy=REMAT_POLICIES[template.remat])
+        with _no_distribution():
+            y, _ = jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
+        return y
+
+
+def _dropout_seeds(seed, block_index, rows):
+    """(attention, mlp) seeds u32[b, 2]: one per row of the micro-batch, from the layer's
+    seed, the block and the row's index in the whole batch."""
+    block_seed = jax.random.fold_in(seed, block_index)
+    branch = [jax.random.fold_in(block_seed, j) for j in (0, 1)]
+    return tuple(jax.vmap(lambda row, key=key: jax.random.fold_in(key, row))(rows) for key in branch)
+
+
+def _to_micro_batches(x, micro_batches, name):
+    """(B, ...) -> (M, B/M, ...), micro-batch m = rows m, m + M, ...: a reshape that keeps
+    a batch split over ``data`` on its devices (B/M rows divide over the data axis)."""
+    batch = x.shape[0]
+    if batch % micro_batches:
+        raise ValueError(f"{name}: batch size {batch} is not divisible by micro_batches={micro_batches}")
+    return jnp.swapaxes(x.reshape(batch // micro_batches, micro_batches, *x.shape[1:]), 0, 1)
+
+
+def _from_micro_batches(y):
+    """(M, B/M, ...) -> (B, ...), the inverse of ``_to_micro_batches``."""
+    return jnp.swapaxes(y, 0, 1).reshape(-1, *y.shape[2:])
+
+
+class _StackedInitializer:
+    """Initialises a stacked variable (*lead, *shape) block by block with ``initializer``."""
+
+    def __init__(self, initializer, lead):
+        self.initializer, self.lead = initializer, tuple(lead)
+
+    def __call__(self, shape, dtype=None):
+        count = self.lead[0] * self.lead[1]
+        blocks = [self.initializer(tuple(shape[2:]), dtype=dtype) for _ in range(count)]
+        return jnp.stack(blocks).reshape(shape)
+
+
+class _Untracked:
+    """A holder Keras does not look into (the template block's variables are not the layer's)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _template_block(block, input_shape, dtype_policy):
+    """A ``TransformerBlock`` built abstractly (no weight allocated, under no distribution)
+    and {path relative to the block: variable} of its weights (seed states left out)."""
+    with _no_distribution(), forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
+        template = TransformerBlock(**block, dtype=dtype_policy, name=TEMPLATE)
+        template.build(tuple(input_shape))
+    prefix = template.name + "/"
+    variables = {}
+    for variable in template.weights:
+        path = variable.path.split(prefix, 1)[-1]
+        if SEED_GENERATOR not in path:
+            variables[path] = variable
+    return template, variables
+
+
+@contextlib.contextmanager
+def _no_distribution():
+    """No global Keras distribution inside (restored on exit)."""
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def _check_arguments(num_blocks, block, schedule, micro_batches, repeats):
+    if not isinstance(num_blocks, int) or num_blocks < 1:
+        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    check_schedule(num_stages=1, micro_batches=micro_batches, repeats=repeats)
+    if schedule == "gpipe" and repeats != 1:
+        raise ValueError(f"schedule 'gpipe' runs each stage's blocks once: repeats must be 1, got {repeats}; use schedule 'circular'")
+    if schedule == "circular" and repeats < 2:
+        raise ValueError(f"schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got {repeats}")
+    if num_blocks % repeats:
+        raise ValueError(f"repeats={repeats} does not divide num_blocks={num_blocks}")
+    for key in ("name", "seed"):
+        if key in block:
+            raise ValueError(f"block arguments must not set {key!r} (PipelinedBlocks sets it), got {key}={block[key]!r}")
