@@ -107,3 +107,24 @@ def test_command_line_simulates_8_devices_on_a_cpu_host(tmp_path):
     assert "devices: 8 x cpu (cpu)" in lines[1]
     assert "distribution: DataParallel on mesh data=8" in result.stdout
     assert (tmp_path / "m.keras").exists()
+
+
+def test_train_gpt_pipeline_flags_reach_the_model(tmp_path, capsys, monkeypatch):
+    """``zoo train gpt --layout pipeline`` wires --micro-batches, --schedule, --repeats and
+    --num-layers into the model and its layout, and reports the schedule, without compiling
+    a step (fit is stubbed: the pipelined fit is run end to end in tests/models/test_gpt_pipeline.py
+    and by hand in docs/cli.md; one here would cost ~15 s of compiling on two cores)."""
+    from zoo.training import gpt
+
+    fitted = []
+    monkeypatch.setattr(gpt, "checkpointed_fit", lambda model, *args, **kwargs: fitted.append(model))
+    flags = ["--config-name", "gpt_tiny", "--num-layers", "8", "--layout", "pipeline", "--mesh", "data=2,stage=4", "--micro-batches", "8",
+             "--schedule", "circular", "--repeats", "2", "--batch-size", "16", "--sequence-length", "16", "--epochs", "1", "--steps-per-epoch", "1"]  # fmt: skip
+    assert main(["train", "gpt", *flags, "--output", str(tmp_path / "gpt.keras")]) == 0
+    out = capsys.readouterr().out
+    backbone = fitted[0].backbone
+    assert (backbone.schedule, backbone.micro_batches, backbone.repeats, backbone.num_layers) == ("circular", 8, 2, 8)
+    kernel = backbone.pipelined_blocks.stacked["attention/query/kernel"]
+    assert kernel.shape == (2, 4, 32, 4, 8) and tuple(kernel.value.sharding.spec) == (None, "stage", None, None, None)
+    assert "distribution: CheckedModelParallel on mesh data=2,stage=4" in out
+    assert "pipeline: schedule circular, 4 stages x 2 repeat(s) of 1 block(s), 8 micro-batches of 1 row(s) per data shard; 19 ticks, useful 16/19 = 84%" in out

@@ -9,11 +9,13 @@ Python API refuses what the command line refuses, in the same words.
 import dataclasses
 
 from zoo.config import choices, types
-from zoo.config.schema import check_settings, setting
+from zoo.config.schema import SettingError, check_settings, setting
 
 DATA_DIR_HELP = "TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)"
 MESH_HELP = "mesh spec such as data=2,model=4 or data=2,seq=4 (one axis may be -1); default: the layout's"
 LAYOUT_HELP = "how weights and inputs are split over the devices (docs/distribution.md)"
+# layout pipeline's settings and their defaults (micro_batches None: as many as stages, resolved with the mesh)
+PIPELINE_DEFAULTS = {"micro_batches": None, "schedule": "gpipe", "repeats": 1}
 
 
 class _Checked:
@@ -91,12 +93,21 @@ class GPTTrainConfig(CheckpointSettings, _Checked):
     """Settings of ``zoo train gpt`` (recipe job ``pretrain_gpt``)."""
 
     config_name: str = setting("gpt_small", "named size (zoo.models.GPT_CONFIGS; byte-level vocabulary of 256)", section="model")
+    num_layers: int | None = setting(None, "overrides the named config's depth L (e.g. a multiple of stages x repeats for layout pipeline); "
+                                     "default: the config's", section="model", parse=types.positive_int)  # fmt: skip
     dropout: float = setting(0.0, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout)
     layout: str = setting("data", LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto", section="parallel",
                           choices=choices.TRANSFORMER_JOB_LAYOUTS + (choices.AUTO,))  # fmt: skip
     mesh: str | None = _mesh()
     context_attention: str = _context_attention()
     balance: str | None = setting(None, "layout context: causal load balancing of the sequence order", section="parallel", choices=choices.BALANCES)
+    micro_batches: int | None = setting(None, "layout pipeline: M, the micro-batches each batch is cut into (M divides the batch per data "
+                                        "shard); default: as many as the mesh has stages", section="parallel", parse=types.positive_int)  # fmt: skip
+    schedule: str = setting(PIPELINE_DEFAULTS["schedule"], "layout pipeline: gpipe (each stage runs its blocks once per micro-batch) or "
+                            "circular (each stage holds --repeats non-adjacent groups of blocks: the bubble shrinks that many times)",
+                            section="parallel", choices=choices.SCHEDULES)  # fmt: skip
+    repeats: int = setting(PIPELINE_DEFAULTS["repeats"], "layout pipeline: R, the times a micro-batch goes round the stages "
+                           "(gpipe: 1, circular: >= 2; stages x R divides the layers)", section="parallel", parse=types.positive_int)  # fmt: skip
     dataset: str = setting("python_docs", "a language-modelling dataset (zoo data list)", section="data")
     data_dir: str | None = _data_dir()
     sequence_length: int = setting(128, "tokens per example (T)", section="train", parse=types.sequence_length)
@@ -117,6 +128,33 @@ class GPTTrainConfig(CheckpointSettings, _Checked):
                                         section="logging", parse=types.positive_float)  # fmt: skip
     profile_dir: str | None = setting(None, "write a jax.profiler trace of a few steps here", section="logging", metavar="DIR")
     profile_steps: int = setting(3, "steps the trace covers (from step 2, after compilation)", section="logging", parse=types.positive_int)
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_pipeline_settings(self)
+
+
+def check_pipeline_settings(config):
+    """Raise ``SettingError`` naming the values unless ``micro_batches``, ``schedule`` and
+    ``repeats`` fit ``config.layout``: left at their defaults for any layout but
+    ``pipeline``; ``gpipe`` with repeats 1, ``circular`` with repeats >= 2. (Whether M
+    divides the batch per data shard, and stages x repeats the layers, is checked once
+    the mesh is known: ``zoo.training.gpt``.)"""
+    name = type(config).__name__
+    if config.layout != "pipeline":
+        for key, default in PIPELINE_DEFAULTS.items():
+            value = getattr(config, key)
+            if value != default:
+                raise SettingError(
+                    f"{name}.{key} (--{key.replace('_', '-')}) = {value!r} is a setting of layout 'pipeline', not of layout "
+                    f"{config.layout!r}: leave it out, or use layout pipeline"
+                )
+        return
+    if config.schedule == "gpipe" and config.repeats != 1:
+        raise SettingError(f"{name}: schedule 'gpipe' runs each stage's blocks once per micro-batch, so repeats must be 1, got "
+                           f"repeats={config.repeats}; use schedule 'circular' for repeats >= 2")  # fmt: skip
+    if config.schedule == "circular" and config.repeats < 2:
+        raise SettingError(f"{name}: schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got repeats={config.repeats}")
 
 
 @dataclasses.dataclass

@@ -125,10 +125,10 @@ class PretrainGPT(Job):
         return module.build_for_training(config, **model_overrides)
 
     def num_layers(self, module, config):
-        """The depth of the recipe's model (its named config's ``num_layers``)."""
+        """The depth of the recipe's model (``[model] num_layers``, else its named config's)."""
         from zoo.models.gpt.gpt_configs import config_by_name
 
-        return config_by_name(config.config_name)["num_layers"]
+        return config.num_layers or config_by_name(config.config_name)["num_layers"]
 
     def batch_shapes(self, module, config, model, batch):
         tokens = (batch, config.sequence_length)  # next-token targets: same shape as the inputs

@@ -14,6 +14,9 @@ from zoo.data import (
     unigram_entropy,
 )
 from zoo.distribution import multihost
+from zoo.distribution.axes import STAGE
+from zoo.distribution.mesh import resolve_mesh_shape
+from zoo.kernels.pipeline import check_schedule, num_ticks
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
@@ -30,16 +33,82 @@ from zoo.training.saving import load_causal_lm
 
 def resolve_distribution(config, mesh=None):
     """The job's distribution for ``config`` (on ``mesh``, default ``config.mesh``), its
-    layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings)."""
-    model_config = GPTCausalLM.named_config(config.config_name, config.layout)
-    return job_distribution(GPTCausalLM, config, mesh, config=model_config)
+    layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings).
+    Layout ``pipeline``: the layers must split into stages x repeats groups, and the
+    batch per data shard into the micro-batches (``ValueError`` naming the flags)."""
+    mesh = config.mesh if mesh is None else mesh
+    if config.layout == "pipeline":
+        _check_pipeline_depth(config, _stage_count(mesh))
+    model_config = GPTCausalLM.named_config(config.config_name, config.layout, **_model_overrides(config))
+    distribution = job_distribution(GPTCausalLM, config, mesh, config=model_config)
+    if config.layout == "pipeline":
+        check_pipeline_batch(config, distribution)
+    return distribution
+
+
+def _model_overrides(config, distribution=None):
+    """The named config's entries the job replaces: depth, and layout pipeline's schedule,
+    repeats and (once the mesh is known) micro-batches."""
+    overrides = {} if config.num_layers is None else {"num_layers": config.num_layers}
+    if config.layout == "pipeline":
+        overrides.update(schedule=config.schedule, repeats=config.repeats)
+        if distribution is not None:
+            overrides["micro_batches"] = micro_batches_of(config, distribution)
+    return overrides
+
+
+def _stage_count(mesh):
+    """S: the ``stage`` axis of ``mesh`` (a spec, None for the layout's default, or a mesh)."""
+    import jax
+
+    if mesh is None or isinstance(mesh, str):
+        spec = mesh or zd.default_mesh_spec("pipeline", len(jax.devices()))
+        return dict(resolve_mesh_shape(zd.parse_mesh_spec(spec), len(jax.devices()))).get(STAGE, 1)
+    return zd.mesh_axis_size(mesh, STAGE) if STAGE in mesh.axis_names else 1
+
+
+def micro_batches_of(config, distribution):
+    """M: ``config.micro_batches``, or as many as the distribution's mesh has stages."""
+    if config.micro_batches is not None:
+        return config.micro_batches
+    mesh = getattr(distribution, "device_mesh", None)
+    return _stage_count(mesh) if mesh is not None else 1
+
+
+def _check_pipeline_depth(config, stages):
+    layers = config.num_layers or GPTCausalLM.named_config(config.config_name)["num_layers"]
+    groups = stages * config.repeats
+    if layers % groups:
+        given = f"--num-layers {layers}" if config.num_layers else f"--config-name {config.config_name} has {layers} layers, which"
+        raise ValueError(
+            f"layout pipeline: {given} do not split into --repeats {config.repeats} x {stages} stages = {groups} equal groups of blocks; "
+            f"give --num-layers a multiple of {groups}, or fewer stages (--mesh) or repeats"
+        )
+
+
+def check_pipeline_batch(config, distribution, batch_size=None):
+    """Raise ``ValueError`` naming the numbers unless the batch per data shard
+    (``batch_size``, default ``config.batch_size``, over the data axis) divides into the
+    micro-batches, and the schedule can run (``zoo.kernels.pipeline.check_schedule``)."""
+    batch_size = config.batch_size if batch_size is None else batch_size
+    data, micro = zd.data_parallel_size(distribution), micro_batches_of(config, distribution)
+    stages = _stage_count(distribution.device_mesh)
+    check_schedule(num_stages=stages, micro_batches=micro, repeats=config.repeats)
+    per_shard = batch_size // data
+    if batch_size % data or per_shard % micro:
+        raise ValueError(
+            f"layout pipeline: --batch-size {batch_size} is {batch_size / data:g} rows per data shard ({data} data shards), which do "
+            f"not divide into --micro-batches {micro}; use a batch that is a multiple of {data * micro}, or fewer micro-batches"
+        )
 
 
 def build_gpt(config, overrides=None):
-    """``GPTCausalLM`` from a named config with the job's overrides (dropout, seed, remat)
-    and what its layout needs (``tp+sp``: ``megatron_sp=True``)."""
+    """``GPTCausalLM`` from a named config with the job's overrides (depth, dropout, seed,
+    remat) and what its layout needs (``tp+sp``: ``megatron_sp=True``; ``pipeline``: the
+    schedule, repeats and micro-batches, M defaulting to the current distribution's stages)."""
+    pipeline = _model_overrides(config, keras.distribution.distribution())
     return GPTCausalLM.from_config_name(
-        config.config_name, config.layout, dropout=config.dropout, seed=config.seed, remat=config.remat, **(overrides or {})
+        config.config_name, config.layout, dropout=config.dropout, seed=config.seed, remat=config.remat, **{**pipeline, **(overrides or {})}
     )
 
 
@@ -91,7 +160,7 @@ def train(config, report=print):
     report(f"model: {config.config_name}, {model.count_params():,} parameters, remat {config.remat}")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
-    report(f"attention: {model.backbone.blocks[0].attention.describe_implementation(config.sequence_length)}")
+    report(_blocks_line(config, model, distribution))
     callbacks = _callbacks(config, model, entropy, report)
     verbose = 2 if multihost.is_primary() else 0
     data = {"dataset": config.dataset, "sequence_length": config.sequence_length, "windows": len(x),
@@ -103,6 +172,22 @@ def train(config, report=print):
         save_model_atomically(model, config.output, fallback_folders=[config.checkpoint_dir])
         report(f"saved model to {config.output}")
     return {"history": history, "unigram_entropy": entropy, "model": model}
+
+
+def _blocks_line(config, model, distribution):
+    """How the blocks run: the attention kernel, or under layout pipeline the schedule,
+    its micro-batches and the share of stage-ticks that do work, R*M / (R*M + S - 1)."""
+    backbone = model.backbone
+    if backbone.schedule is None:
+        return f"attention: {backbone.blocks[0].attention.describe_implementation(config.sequence_length)}"
+    stages, micro, repeats = _stage_count(distribution.device_mesh), backbone.micro_batches, backbone.repeats
+    ticks = num_ticks(num_stages=stages, micro_batches=micro, repeats=repeats)
+    rows = config.batch_size // zd.data_parallel_size(distribution) // micro
+    return (
+        f"pipeline: schedule {backbone.schedule}, {stages} stages x {repeats} repeat(s) of {backbone.num_layers // (stages * repeats)} "
+        f"block(s), {micro} micro-batches of {rows} row(s) per data shard; {ticks} ticks, useful {repeats * micro}/{ticks} "
+        f"= {100 * repeats * micro / ticks:.0f}%"
+    )
 
 
 def _check_dataset(name):
@@ -128,7 +213,10 @@ def _load_corpus(config):
 def _batches(config, distribution, x, y, xv, yv):
     """Training (shuffled, last partial batch dropped) and validation (padded) batches of
     this process's share of the global batch, in the distribution's sequence order."""
-    batch_size, multiple_of = local_batching(config.batch_size, zd.data_parallel_size(distribution))
+    multiple = zd.data_parallel_size(distribution)
+    if config.layout == "pipeline":  # a padded last batch still divides into the micro-batches on every data shard
+        multiple *= micro_batches_of(config, distribution)
+    batch_size, multiple_of = local_batching(config.batch_size, multiple)
     if config.steps_per_epoch is not None:  # a fixed subset, so an epoch (and a resumable data position) is N steps
         x, y = x[: config.steps_per_epoch * batch_size], y[: config.steps_per_epoch * batch_size]
     x, y, xv, yv = _prepare_for(distribution, x, y, xv, yv)
