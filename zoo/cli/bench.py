@@ -35,6 +35,8 @@ BENCHES = {
                           bench_settings.LoraContextBenchConfig, "lora_context_memory"),
     "hf-load": Bench("per-device and host memory while a Llama-3.2-1B-sized Hugging Face checkpoint loads under fsdp / tp",
                      bench_settings.HFLoadBenchConfig, "hf_load"),
+    "pipeline": Bench("the pipeline's bubble measured through the kernel (S=4, M=4..32, GPipe and circular) and per-device memory of a "
+                      "pipelined Llama-3.2-1B-sized GPT, compile-only", bench_settings.PipelineBenchConfig, "pipeline"),
     "scale": Bench("gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes", bench_settings.ScaleBenchConfig, "scale",
                    simulate=False),
     "plan": Bench("zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios", bench_settings.PlanBenchConfig, "plan",

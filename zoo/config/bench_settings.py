@@ -16,6 +16,7 @@ GPT_BENCH_LAYOUTS = ("data", "tp", "context")  # zoo bench gpt: the layouts it m
 TP_VARIANTS = ("mlp", "gated", "sp", "gated-sp")  # zoo bench tp: MLPs; "sp" = Megatron sequence parallelism (megatron_sp)
 SCALE_SECTIONS = ("recipes", "attention", "fsdp+tp", "tp")  # zoo bench scale: its tables
 PLAN_SECTIONS = ("recipes", "scale", "auto", "depth")  # zoo bench plan: its tables
+PIPELINE_SECTIONS = ("bubble", "memory")  # zoo bench pipeline: its tables
 SCALE_RECIPES = (
     "recipes/gpu-1/pretrain_gpt.toml",
     "recipes/gpu-8/pretrain_gpt.toml",
@@ -242,3 +243,36 @@ class HFLoadBenchConfig(Llama32Sizes):
                                       section="bench", parse=types.positive_float)  # fmt: skip
     dtype: str | None = setting(None, "the dtype the model holds its weights in (Keras dtype policy); default Keras' float32",
                                 section="bench", choices=choices.EXPORT_DTYPES)  # fmt: skip
+
+
+@dataclasses.dataclass
+class PipelineBenchConfig(Llama32Sizes):
+    """Settings of ``zoo bench pipeline``: the pipeline's bubble measured through the kernel, and the per-device memory of a pipelined Llama-3.2-1B-sized GPT, compile-only."""
+
+    sections: tuple = setting(PIPELINE_SECTIONS, f"comma-separated tables, of {','.join(PIPELINE_SECTIONS)}", section="bench",
+                              parse=types.comma_separated(PIPELINE_SECTIONS, "section"), metavar="SECTIONS")  # fmt: skip
+    # bubble: the issue's table is S = 4, M = 4..32; R = 4 costs nothing here (a tiny array)
+    stages: int = _count(4, "bubble: stages S (a 'stage' mesh axis of S simulated devices)")
+    micro_batches: tuple = setting((4, 8, 16, 32), "bubble: comma-separated micro-batch counts M (circular: M >= S)", section="bench",
+                                   parse=types.positive_ints, metavar="M,M")  # fmt: skip
+    repeats: tuple = setting((1, 2, 4), "bubble: comma-separated repeats R (1: GPipe, >= 2: circular)", section="bench",
+                             parse=types.positive_ints, metavar="R,R")  # fmt: skip
+    # memory: the mesh the issue names; 8 simulated devices
+    mesh: str = setting("data=2,stage=4", "memory: mesh of the pipelined rows (axes data and stage)", section="bench")
+    # data=2: the pipelined rows' data axis, so each device holds the same rows (B/2) with all L blocks instead of L/S
+    reference_mesh: str = setting("data=2", "memory: mesh of the unpipelined reference (layout data: every weight on every device)",
+                                  section="bench")  # fmt: skip
+    memory_micro_batches: tuple = setting((4, 8, 16, 32), "memory: comma-separated micro-batch counts M; each divides the rows per data shard",
+                                          section="bench", parse=types.positive_ints, metavar="M,M")  # fmt: skip
+    memory_repeats: tuple = setting((1, 2), "memory: comma-separated repeats R (1: GPipe, 2: circular); S x R divides num_layers",
+                                    section="bench", parse=types.positive_ints, metavar="R,R")  # fmt: skip
+    # 64 = 32 rows per data shard (data=2): M = 32 still gives each micro-batch a row per shard
+    batch_size: int = _count(64, "memory: global batch B; B / data divides by every M")
+    # T = 1024: a modest training context; the logits (B/2 x T x V) are already the largest activation
+    sequence_length: int = setting(1024, "memory: tokens per example T", section="bench", parse=types.sequence_length)
+    # none: JAX 0.10's XLA:CPU memory analysis does not show remat (compiled_step.memory_analysis_reflects_remat)
+    remats: tuple = setting(("none",), f"memory: comma-separated remat policies of the blocks, of {','.join(choices.REMATS)}",
+                            section="bench", parse=types.comma_separated(choices.REMATS, "remat"), metavar="REMATS")  # fmt: skip
+    # float32: under mixed_bfloat16 XLA:CPU (JAX 0.10.2) aborts compiling the pipelined step ("Invalid binary instruction opcode copy")
+    precision: str = setting("float32", "memory: Keras dtype policy of the model (float32 weights and AdamW slots either way)",
+                             section="bench", choices=choices.PRECISIONS)  # fmt: skip
