@@ -9,7 +9,7 @@ import pytest
 
 import zoo
 from tests.layers.harness import MIXED_POLICIES, check_dtype_policies, check_keras_layer_test
-from zoo.layers import ColumnParallelDense, MultiHeadAttention, ParallelMLP, RowParallelDense, TransformerBlock
+from zoo.layers import ColumnParallelDense, MultiHeadAttention, ParallelMLP, PipelinedBlocks, RowParallelDense, TransformerBlock
 from zoo.models._class_token import ClassToken
 from zoo.models._learned_position_embedding import LearnedPositionEmbedding
 from zoo.models._token_pooling import TokenPooling
@@ -22,6 +22,8 @@ ATTENTION = dict(num_heads=1, head_dim=C)
 BLOCK = dict(ATTENTION, hidden_dim=C, dropout=0.5, seed=0)
 CACHE = np.zeros((B, 2, T + 1, 1, C), "float32")  # (B, 2, S, K, D)
 KEY_MASK = np.array([[True, True, False], [True, False, False]])  # (B, T)
+# two blocks, circular (its buffer of returning micro-batches), one micro-batch per row
+PIPELINE = dict(num_blocks=2, block={k: v for k, v in BLOCK.items() if k != "seed"}, schedule="circular", repeats=2, micro_batches=B, seed=0)
 
 # case -> (layer class, init kwargs, tensor call arguments, other call arguments)
 CASES = {
@@ -32,6 +34,7 @@ CASES = {
     "MultiHeadAttention cached": (MultiHeadAttention, ATTENTION, {"cache": CACHE}, {"cache_index": 1}),
     "TransformerBlock training": (TransformerBlock, BLOCK, {}, {"training": True}),
     "TransformerBlock cached": (TransformerBlock, BLOCK, {"cache": CACHE}, {"cache_index": 1}),
+    "PipelinedBlocks training": (PipelinedBlocks, PIPELINE, {}, {"training": True}),
     "ClassToken": (ClassToken, {}, {}, {}),
     "LearnedPositionEmbedding": (LearnedPositionEmbedding, {"sequence_length": T}, {}, {}),
     "TokenPooling": (TokenPooling, {"mode": "mean"}, {"key_mask": KEY_MASK}, {}),
@@ -49,6 +52,7 @@ KERAS_HARNESS = [case for case in CASES if "cached" not in case and CASES[case][
 POLICIES = {case: MIXED_POLICIES[:2] for case in CASES}
 POLICIES["TransformerBlock training"] = MIXED_POLICIES
 POLICIES["MultiHeadAttention cached"] = POLICIES["TransformerBlock cached"] = MIXED_POLICIES[:1]
+POLICIES["PipelinedBlocks training"] = MIXED_POLICIES[1:2]  # mixed_bfloat16: the block's casts are tested above
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -12,7 +12,7 @@ CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
 TRANSFORMER_JOB_LAYOUTS = ("single", "data") + TRANSFORMER_LAYOUTS  # zoo train gpt | encoder | vit
 WEIGHT_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp")  # layouts a Transformer's layout map describes
 CLASSIFIER_FINETUNE_LAYOUTS = ("single", "data", "model", "fsdp", "tp")  # zoo finetune of a classifier preset
-PLANNED_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context")  # what zoo plan --auto searches
+PLANNED_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline")  # what zoo plan --auto searches
 AUTO = "auto"  # zoo train gpt --layout auto: the planner's choice
 
 # context_attention: the sequence-parallel attention kernel under the context layout.

@@ -6,6 +6,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from zoo._compat import deferred_initializer, forgetting_deferred_variables
@@ -74,6 +75,7 @@ class PipelinedBlocks(keras.layers.Layer):
     # --- weights ----------------------------------------------------------------------
 
     def build(self, input_shape):
+        self._num_stages()  # blocks that do not split over the stages are named before any weight is made
         template, variables = _template_block(self.block, input_shape, self.dtype_policy)
         self._template = _Untracked((template, variables))
         per_repeat = self.num_blocks // self.repeats
@@ -102,7 +104,7 @@ class PipelinedBlocks(keras.layers.Layer):
         saved = {key: store[key][...] for key in store.keys()}
         for index, variable in enumerate(variables):
             value = saved.get(str(index))
-            if value is not None and tuple(value.shape) != tuple(variable.shape) and value.size == variable.size:
+            if value is not None and tuple(value.shape) != tuple(variable.shape) and value.size == np.prod(variable.shape):
                 saved[str(index)] = value.reshape(variable.shape)
         super().load_own_variables(saved)
 
@@ -112,6 +114,7 @@ class PipelinedBlocks(keras.layers.Layer):
         batch = x.shape[0]
         stages = self._num_stages()
         check_schedule(num_stages=stages, micro_batches=self.micro_batches, repeats=self.repeats)
+        self._check_rows_split(batch)
         seed = self.seed_generator.next() if training and self.block.get("dropout", 0.0) > 0 else None
         micro = _to_micro_batches(x, self.micro_batches, self.name)  # (M, B/M, T, C)
         extras = {"rows": _to_micro_batches(jnp.arange(batch, dtype=jnp.int32), self.micro_batches, self.name)}
@@ -141,6 +144,21 @@ class PipelinedBlocks(keras.layers.Layer):
             axis_names={self.stage_axis},
         )  # fmt: skip
         return run(params, micro, extras)[0]
+
+    def _check_rows_split(self, batch):
+        """Each micro-batch's B/M rows must divide over the distribution's batch axis."""
+        distribution = keras.distribution.distribution()
+        axis = getattr(distribution, "batch_dim_name", None)
+        if axis is None or batch % self.micro_batches:
+            return  # no batch axis; an indivisible batch is named by _to_micro_batches
+        split = mesh_axis_size(distribution.device_mesh, axis)
+        rows = batch // self.micro_batches
+        if rows % split:
+            raise ValueError(
+                f"{self.name}: batch size {batch} in micro_batches={self.micro_batches} gives {rows} rows per "
+                f"micro-batch, which do not divide over the {axis!r} mesh axis of size {split}; use a batch "
+                f"divisible by {self.micro_batches * split}"
+            )
 
     def _num_stages(self):
         """S: the size of the current distribution's stage axis (1 without one)."""
