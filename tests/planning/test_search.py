@@ -6,6 +6,7 @@ dropout, one block) to the single-device numbers. The real-size scenarios (gpt_1
 (``pytest -m realsize``) and ``zoo bench plan``.
 """
 
+import dataclasses
 import math
 
 import keras
@@ -21,7 +22,7 @@ from tests.models._gpt_parity import (
 )
 from zoo.distribution import parity
 from zoo.planning import PlanRequest, make_plan
-from zoo.planning.search import Ranking, _rank_key, candidates, search
+from zoo.planning.search import Candidate, Ranking, _rank_key, candidates, search
 
 SCENARIO = dict(config_name="gpt_tiny", layout="data", mesh="data=8", batch_size=16, sequence_length=64, precision="float32", remat="none")
 MEMORY_GIB = 1.5 / 1024  # 1.5 MiB per device: data=8 needs ~1.9 MiB (compiled)
@@ -39,7 +40,7 @@ def test_every_candidate_divides_the_devices_the_model_and_the_batch():
         sizes = dict((p.split("=")[0], int(p.split("=")[1])) for p in c.mesh.split(","))
         assert math.prod(sizes.values()) == 8 and c.micro_batch * c.accumulation == 32 and c.micro_batch % sizes["data"] == 0
         assert 32 % sizes.get("model", 1) == 0 and 2048 % sizes.get("seq", 1) == 0  # 32 heads, T
-    assert {c.layout for c in found} == {"data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context"}
+    assert {c.layout for c in found} == {"data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline"}
     assert {c.remat for c in found} == {"none", "dots_saveable", "full"}
 
 
@@ -109,3 +110,47 @@ def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, 
     assert code == 0 and (config.layout, config.mesh, config.remat) == (best.layout, best.mesh, best.remat)
     assert (config.batch_size, config.gradient_accumulation_steps) == (best.micro_batch, best.accumulation)
     assert f"layout auto: {best.describe()}" in out and f"| 1 | {best.layout} | {best.mesh} | {best.remat} |" in out
+
+
+def test_pipeline_candidates_split_layers_and_batch_and_price_the_bubble():
+    """Layout pipeline: meshes data=N/S,stage=S with S dividing the layers; M = S, 2S, 4S
+    dividing the rows per data shard; circular (R=2) where 2S divides the layers. More
+    stages hold less state; more micro-batches shrink the bubble; the command carries the
+    pipeline's flags. Not under mixed_bfloat16 (XLA:CPU cannot compile it yet)."""
+    from zoo.planning.search import estimate
+
+    request = _request(num_layers=8, batch_size=32)
+    pipelined = [c for c in candidates(request) if c.layout == "pipeline" and c.accumulation == 1 and c.remat == "none"]
+    assert {(c.mesh, c.micro_batches, c.repeats) for c in pipelined} == {
+        ("data=4,stage=2", 2, 1), ("data=4,stage=2", 2, 2), ("data=4,stage=2", 4, 1), ("data=4,stage=2", 4, 2),
+        ("data=4,stage=2", 8, 1), ("data=4,stage=2", 8, 2),
+        ("data=2,stage=4", 4, 1), ("data=2,stage=4", 4, 2), ("data=2,stage=4", 8, 1), ("data=2,stage=4", 8, 2), ("data=2,stage=4", 16, 1),
+        ("data=2,stage=4", 16, 2), ("data=1,stage=8", 8, 1), ("data=1,stage=8", 16, 1), ("data=1,stage=8", 32, 1),
+    }  # fmt: skip
+    by = {(c.mesh, c.micro_batches, c.repeats): c for c in pipelined}
+    big = _request(config_name="gpt_350m", batch_size=32)  # 24 layers: the weights dominate
+    two = estimate(Candidate("pipeline", "data=4,stage=2", "none", 8, 1, micro_batches=2), big)
+    four = estimate(Candidate("pipeline", "data=2,stage=4", "none", 8, 1, micro_batches=4), big)
+    assert four[0] < 0.75 * two[0]  # the blocks' state split 4 ways, not 2 (the embedding on every stage)
+    few, many = (estimate(Candidate("pipeline", "data=2,stage=4", "none", 32, 1, micro_batches=m), big) for m in (4, 16))
+    assert many[1] < 0.7 * few[1]  # compute-bound: useful 16/19 of the ticks, not 4/7
+    ranking = Ranking(request, [], 0, 0)
+    command = ranking.command(type("Row", (), {"candidate": by[("data=2,stage=4", 8, 2)]})())
+    assert "--layout pipeline --mesh data=2,stage=4 --micro-batches 8 --schedule circular --repeats 2" in command
+    assert not [c for c in candidates(_request(num_layers=8, precision="mixed_bfloat16")) if c.layout == "pipeline"]
+
+
+def test_a_pipelined_plan_compiles_depths_in_steps_of_stages_x_repeats():
+    from zoo.planning.measure import StepMeasure, extrapolate
+    from zoo.planning.plan import _depths
+
+    auto = PlanRequest("pretrain_gpt", {}, devices=8)
+    assert _depths(auto, 24, False, unit=4) == (4, 8) and _depths(auto, 8, False, unit=4) == (8,) and _depths(auto, 22, False) == (1, 2)
+    with pytest.raises(ValueError, match="compile at 8..24 blocks a multiple of 4"):
+        _depths(dataclasses.replace(auto, depth=6), 24, False, unit=4)
+    memory = {name: 0 for name in ("weights", "gradients", "optimizer", "argument", "output", "alias")}
+
+    def step(layers, temp):
+        return StepMeasure(layers, "data=2,stage=4", 16, {**memory, "temp": temp}, 0.0, 0.0, [], True, 0.0)
+
+    assert extrapolate(step(4, 100), step(8, 180), 24).memory["temp"] == 180 + 4 * 80  # 20 bytes per block

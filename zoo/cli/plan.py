@@ -2,6 +2,7 @@
 
     zoo plan recipes/gpu-8/pretrain_gpt.toml                      # a recipe, on its target
     zoo plan --config-name gpt_1b --devices 256 --device h100 --layout fsdp --batch-size 256
+    zoo plan --config-name gpt_350m --layout pipeline --mesh data=2,stage=4 --micro-batches 8
     zoo plan --auto --config-name gpt_1b --devices 8 --device h100 --batch-size 256 --sequence-length 4096
 
 Prints the plan's table; exits 1 with one line on stderr when the step does not fit,
@@ -22,14 +23,19 @@ def _gpt_flags():
         CONTEXT_ATTENTIONS,
         PRECISIONS,
         REMATS,
+        SCHEDULES,
         TRANSFORMER_JOB_LAYOUTS,
     )
 
     return (
         ("--config-name", dict(help="GPT size (zoo.models.GPT_CONFIGS; default gpt_1b)"), "gpt_1b"),
+        ("--num-layers", dict(type=types.positive_int, help="override the config's depth L (default: the config's)"), None),
         ("--layout", dict(choices=TRANSFORMER_JOB_LAYOUTS, help="how weights and inputs are split (default data)"), "data"),
         ("--mesh", dict(help="mesh spec such as data=2,model=4 (default: the layout's)"), None),
         ("--context-attention", dict(choices=CONTEXT_ATTENTIONS, help="layout context: the attention kernel (default ring)"), "ring"),
+        ("--micro-batches", dict(type=types.positive_int, help="layout pipeline: M micro-batches (default: as many as stages)"), None),
+        ("--schedule", dict(choices=SCHEDULES, help="layout pipeline: gpipe or circular (default gpipe)"), "gpipe"),
+        ("--repeats", dict(type=types.positive_int, help="layout pipeline: R, rounds of the stages (gpipe 1, circular >= 2; default 1)"), 1),
         ("--batch-size", dict(type=types.positive_int, help="global batch per step (--auto: per optimizer update; default 32)"), 32),
         ("--sequence-length", dict(type=types.sequence_length, help="tokens per example (default: the config's max_sequence_length)"), None),
         ("--precision", dict(choices=PRECISIONS, help="default mixed_bfloat16"), "mixed_bfloat16"),

@@ -11,10 +11,11 @@ abstractly) and reads the compiled program:
 - collectives per mesh axis and kind, loop trip counts included
   (``comms_report.CommsReport.per_axis``).
 
-``extrapolate`` takes two steps compiled at depths n - 1 and n and returns the step at
-depth L: every figure (state, temporaries, FLOPs, bytes, collectives) grows by the
-same amount per Transformer block, so ``value(L) = value(n) + (L - n) x (value(n) -
-value(n - 1))``.
+``extrapolate`` takes two steps compiled at depths n - g and n (g = 1, or under layout
+pipeline g = stages x repeats, the smallest step the layers split into) and returns the
+step at depth L: every figure (state, temporaries, FLOPs, bytes, collectives) grows by
+the same amount per Transformer block, so ``value(L) = value(n) + (L - n) / g x
+(value(n) - value(n - g))``.
 """
 
 import dataclasses
@@ -139,11 +140,12 @@ def _linear(low, high, steps):
 
 
 def extrapolate(low, high, num_layers):
-    """The step at ``num_layers`` blocks from steps at ``high.num_layers - 1`` (``low``)
-    and ``high.num_layers`` blocks (every figure linear in the depth)."""
-    if high.num_layers - low.num_layers != 1:
-        raise ValueError(f"extrapolation needs steps one block apart, got {low.num_layers} and {high.num_layers}")
-    steps = num_layers - high.num_layers
+    """The step at ``num_layers`` blocks from steps at ``low.num_layers`` and
+    ``high.num_layers`` blocks (every figure linear in the depth)."""
+    gap = high.num_layers - low.num_layers
+    if gap < 1:
+        raise ValueError(f"extrapolation needs a deeper second step, got {low.num_layers} and {high.num_layers} blocks")
+    steps = (num_layers - high.num_layers) / gap
     memory = {name: int(_linear(low.memory[name], high.memory[name], steps)) for name in MEMORY_FIELDS}
     rows = {(tuple(r["axes"]), r["kind"]): r for r in high.collectives}
     lows = {(tuple(r["axes"]), r["kind"]): r for r in low.collectives}

@@ -1,14 +1,22 @@
 """``zoo plan --auto``: search layouts x meshes x remat x micro-batch, compile the best few, rank.
 
 1. **Candidates** for a GPT job on N devices with a global batch G per optimizer update:
-   every layout (data, fsdp, tp, tp+sp, fsdp+tp, context; single on one device) on every
-   mesh that factorises N and divides the model (heads, widths) and the sequence; remat
-   none, dots_saveable, full; G split into a micro-batch b and a accumulation steps
-   (b x a = G, b a multiple of the data axis).
+   every layout (data, fsdp, tp, tp+sp, fsdp+tp, context, pipeline; single on one device)
+   on every mesh that factorises N and divides the model (heads, widths, layers) and the
+   sequence; remat none, dots_saveable, full; G split into a micro-batch b and a
+   accumulation steps (b x a = G, b a multiple of the data axis); under pipeline
+   (``data=N/S,stage=S``) also M micro-batches (S, 2S, 4S dividing the rows per data
+   shard) and the schedule: GPipe (R = 1) and circular (R = 2 where S x 2 divides L);
+   not under mixed_bfloat16, which XLA:CPU cannot compile pipelined yet.
 2. **Pruning** with an analytic model (``estimate``): state bytes from the parameter
    count and how the layout splits it; activations per block from the remat policy
    (``remat_elements_per_token``); step time from model FLOPs (plus recomputation) and
    each layout's collectives (bytes per axis over that axis' links, as the roofline does).
+   Pipeline: the blocks' state split S ways, the activations of every micro-batch the
+   loop runs (R*M + S - 1 ticks of L/(S*R) blocks on B/(D*M) rows, the bubble's ticks
+   included: autodiff keeps them all), compute divided by the useful fraction
+   R*M / (R*M + S - 1), and the ppermute of one micro-batch's activations per tick,
+   forward and backward.
 3. **Compiling** the ``top`` candidates that fit by that model, fastest first (one
    subprocess: one device count), and ranking them by the compiled plans: fits first,
    then estimated time per optimizer update, then peak memory, then candidate order
@@ -46,9 +54,26 @@ class Candidate:
     remat: str
     micro_batch: int  # global batch per fit step
     accumulation: int  # fit steps per optimizer update
+    micro_batches: int | None = None  # layout pipeline: M
+    repeats: int = 1  # layout pipeline: R (1: gpipe, >= 2: circular)
+
+    @property
+    def schedule(self):
+        """Layout pipeline's schedule (None for the other layouts)."""
+        if self.layout != "pipeline":
+            return None
+        return "gpipe" if self.repeats == 1 else "circular"
+
+    def settings(self):
+        """The job settings this candidate sets (``GPTTrainConfig`` fields)."""
+        chosen = dict(layout=self.layout, mesh=self.mesh, remat=self.remat, batch_size=self.micro_batch, gradient_accumulation_steps=self.accumulation)
+        if self.layout == "pipeline":
+            chosen.update(micro_batches=self.micro_batches, schedule=self.schedule, repeats=self.repeats)
+        return chosen
 
     def describe(self):
-        return f"{self.layout} {self.mesh or '(one device)'} remat={self.remat} batch {self.micro_batch}x{self.accumulation}"
+        pipeline = f" M={self.micro_batches} {self.schedule}" + (f" R={self.repeats}" if self.repeats > 1 else "") if self.layout == "pipeline" else ""
+        return f"{self.layout} {self.mesh or '(one device)'}{pipeline} remat={self.remat} batch {self.micro_batch}x{self.accumulation}"
 
 
 @dataclasses.dataclass
@@ -93,6 +118,8 @@ class Ranking:
         parts = ["zoo train gpt", f"--config-name {config['config_name']}", f"--layout {c.layout}"]
         parts += [f"--mesh {c.mesh}"] if c.mesh else []
         parts += [f"--context-attention {config.get('context_attention', 'ring')}"] if c.layout == "context" else []
+        if c.layout == "pipeline":
+            parts += [f"--micro-batches {c.micro_batches}", f"--schedule {c.schedule}"] + ([f"--repeats {c.repeats}"] if c.repeats > 1 else [])
         parts += [f"--remat {c.remat}", f"--batch-size {c.micro_batch}", f"--gradient-accumulation-steps {c.accumulation}"]
         parts += [f"--sequence-length {config['sequence_length']}", f"--precision {config.get('precision', 'float32')}"]
         return " ".join(parts)
@@ -103,9 +130,11 @@ def _divisors(n):
 
 
 def _model(request):
+    """The named GPT config of ``request``, its depth replaced by ``num_layers`` if set."""
     from zoo.models.gpt.gpt_configs import config_by_name
 
-    return config_by_name(request.config["config_name"])
+    model = config_by_name(request.config["config_name"])
+    return {**model, "num_layers": request.config.get("num_layers") or model["num_layers"]}
 
 
 def _meshes(layout, devices, model, length, spec):
@@ -117,6 +146,8 @@ def _meshes(layout, devices, model, length, spec):
     domain = spec.link_domain or devices
     if layout == "context":
         return [f"data={devices // s},seq={s}" for s in _divisors(devices) if s > 1 and length % s == 0]
+    if layout == "pipeline":
+        return [f"data={devices // s},stage={s}" for s in _divisors(devices) if s > 1 and model["num_layers"] % s == 0]
     widths = (model["num_query_heads"], model["hidden_dim"], model["intermediate_dim"], model["vocabulary_size"])
     sizes = [m for m in _divisors(devices) if 1 < m <= domain and all(w % m == 0 for w in widths)]
     if layout == "tp+sp":
@@ -141,8 +172,22 @@ def candidates(request):
             data = _axis_sizes(mesh).get("data", 1)
             for accumulation in (a for a in _divisors(per_update) if (per_update // a) % data == 0):
                 for remat in REMATS_CHEAPEST_FIRST:
-                    found.append(Candidate(layout, mesh, remat, per_update // accumulation, accumulation))
+                    for pipeline in _pipelines(layout, mesh, per_update // accumulation // data, model["num_layers"], config.get("precision")):
+                        found.append(Candidate(layout, mesh, remat, per_update // accumulation, accumulation, **pipeline))
     return found
+
+
+def _pipelines(layout, mesh, rows, layers, precision):
+    """The ``{micro_batches, repeats}`` to try under layout pipeline ([{}] for the others):
+    M = S, 2S, 4S dividing the ``rows`` per data shard; R = 1 (gpipe), and 2 (circular)
+    where 2S divides the ``layers``."""
+    if layout != "pipeline":
+        return [{}]
+    if precision == "mixed_bfloat16":  # XLA:CPU cannot compile it yet (zoo.training.gpt._refuse_bf16_pipeline_on_cpu)
+        return []
+    stages = _axis_sizes(mesh)["stage"]
+    repeats = [1] + ([2] if layers % (2 * stages) == 0 else [])
+    return [{"micro_batches": m, "repeats": r} for m in (stages, 2 * stages, 4 * stages) if rows % m == 0 for r in repeats]
 
 
 # --- the analytic model ------------------------------------------------------------------
@@ -154,6 +199,8 @@ def estimate(candidate, request):
     from zoo.training.mfu import gpt_flops_per_token
 
     model, spec, config = _model(request), target_spec(request), request.config
+    if candidate.layout == "pipeline":
+        return _estimate_pipeline(candidate, request)
     sizes = _axis_sizes(candidate.mesh)
     data, tp, seq = sizes.get("data", 1), sizes.get("model", 1), sizes.get("seq", 1)
     params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
@@ -169,6 +216,58 @@ def estimate(candidate, request):
     flops = gpt_flops_per_token({**model}, length) * candidate.micro_batch * length * RECOMPUTE[candidate.remat]
     step = flops / (request.devices * spec.peak_flops) + _communication_s(candidate, request, params, itemsize, tokens)
     return peak, step * candidate.accumulation
+
+
+def pipeline_figures(candidate, request):
+    """``{ticks, useful, sent}`` of a pipeline candidate: the loop's R*M + S - 1 ticks, the
+    useful fraction R*M / (R*M + S - 1), and the bytes each device sends over ``stage``
+    per fit step (one micro-batch's activations (B/(D*M), T, C) per tick, forward and
+    backward)."""
+    model, config = _model(request), request.config
+    sizes = _axis_sizes(candidate.mesh)
+    stages, m, r = sizes["stage"], candidate.micro_batches, candidate.repeats
+    ticks = r * m + stages - 1
+    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    micro_bytes = candidate.micro_batch // sizes.get("data", 1) // m * config["sequence_length"] * model["hidden_dim"] * itemsize
+    return {"ticks": ticks, "useful": r * m / ticks, "sent": 2 * ticks * micro_bytes}
+
+
+def _estimate_pipeline(candidate, request):
+    """``(peak bytes, seconds per update)`` of a pipeline candidate (module docstring)."""
+    from zoo.models.gpt.gpt_configs import count_parameters
+    from zoo.training.mfu import gpt_flops_per_token
+
+    model, spec, config = _model(request), target_spec(request), request.config
+    sizes = _axis_sizes(candidate.mesh)
+    data, stages = sizes.get("data", 1), sizes["stage"]
+    layers, length, m = model["num_layers"], config["sequence_length"], candidate.micro_batches
+    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    params = count_parameters(model)
+    outside = count_parameters({**model, "num_layers": 0})  # embedding, head, final norm: on every stage
+    per_device = outside + (params - outside) / stages
+    state = per_device * 4 * (4 + (candidate.accumulation > 1))  # weights, gradients, 2 Adam slots (+ accumulators)
+    figures = pipeline_figures(candidate, request)
+    rows = candidate.micro_batch // data  # per data shard
+    micro_tokens = rows // m * length
+    # every tick runs (and keeps for the backward pass) L/(S*R) blocks on one micro-batch
+    blocks_run = figures["ticks"] * layers // (stages * candidate.repeats)
+    per_block = micro_tokens * remat_elements_per_token(candidate.remat, model, 1) * itemsize
+    workspace = 0 if candidate.remat == "none" else micro_tokens * remat_elements_per_token("none", model, 1) * itemsize
+    buffers = (2 + (candidate.repeats > 1)) * rows * length * model["hidden_dim"] * itemsize  # inputs, outputs (+ returning)
+    logits = rows * length * model["vocabulary_size"] * 4 * 3
+    peak = state + blocks_run * per_block + workspace + buffers + logits
+    flops = gpt_flops_per_token({**model}, length) * candidate.micro_batch * length * RECOMPUTE[candidate.remat]
+    compute = flops / (request.devices * spec.peak_flops) / figures["useful"]  # the bubble's ticks idle (or compute zeros)
+    axes = list(sizes.items())
+
+    def over(axis, sent):
+        n = sizes.get(axis, 1)
+        return 0.0 if n == 1 else sent * (n - 1) / n / axes_bandwidth((axis,), axes, spec)
+
+    stage_s = figures["sent"] / axes_bandwidth(("stage",), axes, spec) + 2 * figures["ticks"] * spec.collective_latency_s
+    stage_s += over("stage", 2 * 2 * rows * length * model["hidden_dim"] * itemsize)  # the outputs' psum, and its transpose
+    data_s = over("data", 2 * 4 * per_device)  # all-reduce of this stage's gradients
+    return peak, (compute + stage_s + data_s) * candidate.accumulation
 
 
 def _communication_s(candidate, request, params, itemsize, tokens):
@@ -201,8 +300,8 @@ def _communication_s(candidate, request, params, itemsize, tokens):
 
 
 def _request_for(request, candidate):
-    config = {**request.config, "layout": candidate.layout, "mesh": candidate.mesh, "remat": candidate.remat,
-              "batch_size": candidate.micro_batch, "gradient_accumulation_steps": candidate.accumulation}  # fmt: skip
+    defaults = {"micro_batches": None, "schedule": "gpipe", "repeats": 1}  # GPTTrainConfig's: left as they are away from pipeline
+    config = {**request.config, **defaults, **candidate.settings()}
     return dataclasses.replace(request, config=config, label=f"{request.label or config['config_name']}: {candidate.describe()}")
 
 
@@ -261,12 +360,18 @@ def format_ranking(ranking):
         sent = ", ".join(f"{axes} {size_text(sent)}" for axes, sent in plan.sent_per_axis().items()) or "-"
         mfu = f"{100 * plan.mfu:.1f}%" if plan.mfu is not None else "-"
         lines.append(
-            f"| {rank} | {c.layout} | {c.mesh or '-'} | {c.remat} | {c.micro_batch} x {c.accumulation} | {'yes' if plan.fits else 'NO'} | "
+            f"| {rank} | {c.layout} | {c.mesh or '-'}{_pipeline_text(c)} | {c.remat} | {c.micro_batch} x {c.accumulation} | {'yes' if plan.fits else 'NO'} | "
             f"{size_text(plan.peak)} | {row.compiled_update_s * 1e3:,.1f} ms | {mfu} | {sent} |"
         )
     if ranking.best is not None and ranking.best.fits:
         lines.append(f"run the best: {ranking.command()}")
     return lines
+
+
+def _pipeline_text(candidate):
+    if candidate.layout != "pipeline":
+        return ""
+    return f" M={candidate.micro_batches} {candidate.schedule}" + (f" R={candidate.repeats}" if candidate.repeats > 1 else "")
 
 
 def choose_layout(config, *, top=3, report=print):
@@ -288,6 +393,5 @@ def choose_layout(config, *, top=3, report=print):
     for line in format_ranking(ranking)[:-1]:
         report(line)
     best = ranking.best.candidate
-    chosen = dict(layout=best.layout, mesh=best.mesh, remat=best.remat, batch_size=best.micro_batch, gradient_accumulation_steps=best.accumulation)
     report(f"layout auto: {best.describe()} (peak {size_text(ranking.best.plan.peak)} per device)")
-    return dataclasses.replace(config, **chosen)
+    return dataclasses.replace(config, **best.settings())
