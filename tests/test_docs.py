@@ -28,6 +28,7 @@ PAGES = [
     "docs/finetuning.md",
     "docs/checkpoints-hf.md",
     "docs/planning.md",
+    "docs/pipeline_parallel.md",
 ]
 
 def _examples():
