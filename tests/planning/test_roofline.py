@@ -87,8 +87,10 @@ def test_extrapolation_is_linear_in_the_depth():
     assert step.num_layers == 22 and step.flops == pytest.approx(23e9)
     assert step.memory["temp"] == 2307 and step.memory["weights"] == 230
     assert step.collectives == [{"axes": ("data",), "kind": "all-gather", "count": 46, "bytes": 1472, "sent_bytes": 1288.0}]
-    with pytest.raises(ValueError, match="one block apart, got 1 and 3"):
-        extrapolate(_measure(1, 2), dataclasses.replace(_measure(2, 3), num_layers=3), 22)
+    wider = extrapolate(_measure(1, 2), dataclasses.replace(_measure(2, 3), num_layers=3), 21)  # 2 blocks apart (a pipeline's stages)
+    assert wider.memory["temp"] == 307 + 9 * 100 and wider.collectives[0]["count"] == 6 + 9 * 2  # +100, +2 every 2 blocks
+    with pytest.raises(ValueError, match="needs a deeper second step, got 2 and 1 blocks"):
+        extrapolate(_measure(2, 3), _measure(1, 2), 22)
 
 
 def test_a_gpu_link_domain_is_at_most_one_host_of_the_target():

@@ -146,6 +146,7 @@ def extrapolate(low, high, num_layers):
     if gap < 1:
         raise ValueError(f"extrapolation needs a deeper second step, got {low.num_layers} and {high.num_layers} blocks")
     steps = (num_layers - high.num_layers) / gap
+    steps = int(steps) if steps == int(steps) else steps  # whole steps keep counts integers
     memory = {name: int(_linear(low.memory[name], high.memory[name], steps)) for name in MEMORY_FIELDS}
     rows = {(tuple(r["axes"]), r["kind"]): r for r in high.collectives}
     lows = {(tuple(r["axes"]), r["kind"]): r for r in low.collectives}
