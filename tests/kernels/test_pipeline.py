@@ -53,7 +53,7 @@ def pipelined(weights, x, offsets, *, stages, repeats):
 
 @pytest.mark.parametrize(
     "stages, micro_batches, repeats",
-    [(4, 3, 1), (2, 3, 2), (4, 5, 2)],  # GPipe with M < S; circular with M not a multiple of S
+    [(4, 3, 1), (2, 3, 2)],  # GPipe with M < S; circular with M not a multiple of S (S = 4: tests/layers)
 )
 def test_outputs_gradients_and_useful_ticks_match(stages, micro_batches, repeats):
     blocks = stages * repeats * BLOCKS_PER_GROUP

@@ -26,7 +26,7 @@ Shapes: M micro-batches, b rows each, S stages, R repeats, Lg = L / (S*R) blocks
 import jax
 import jax.numpy as jnp
 
-from zoo.kernels.collective_matmul import vary_over
+from zoo.kernels.collective_matmul import _varying_axes, vary_over
 
 
 def check_schedule(*, num_stages, micro_batches, repeats):
@@ -61,6 +61,10 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
     axis_name: the stage mesh axis (None: one stage, the whole loop on this device,
         which is also the single-device reference).
 
+    Other manual axes (a batch split over ``data``) may be in force: x then varies over
+    them and the weights are cast to vary over them once, so their gradients are summed
+    once per step, after the loop.
+
     Returns (y [M, b, ...] on every stage, useful i32: ticks this stage did work).
     """
     num_stages = 1 if axis_name is None else jax.lax.axis_size(axis_name)
@@ -68,8 +72,9 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
     micro_batches = x.shape[0]
     check_schedule(num_stages=num_stages, micro_batches=micro_batches, repeats=repeats)
     work = repeats * micro_batches  # units of work per stage
-    if axis_name is not None:  # cast once: one psum of each cotangent, not one per tick
-        x, extras = jax.tree.map(lambda a: vary_over(a, axis_name), (x, extras))
+    dtype = x.dtype
+    if axis_name is not None:
+        x, extras, params = _vary_once(x, extras, params, axis_name)
     zeros = jnp.zeros_like(x[0])  # [b, ...]
     ring = [(s, (s + 1) % num_stages) for s in range(num_stages)]
 
@@ -99,6 +104,21 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
     state = (zeros, returning, jnp.zeros_like(x), useful)
     ticks = num_ticks(num_stages=num_stages, micro_batches=micro_batches, repeats=repeats)
     _, _, outputs, useful = jax.lax.fori_loop(0, ticks, tick, state)
-    if axis_name is not None and num_stages > 1:
-        outputs = jax.lax.psum(outputs, axis_name)  # only the last stage's are nonzero
-    return outputs, useful
+    if axis_name is not None and num_stages > 1:  # only the last stage's are nonzero; summed in float32
+        outputs = jax.lax.psum(outputs.astype(jnp.promote_types(dtype, jnp.float32)), axis_name)
+    return outputs.astype(dtype), useful
+
+
+def _vary_once(x, extras, params, axis_name):
+    """Cast the inputs to varying over the stage axis, and the weights over every axis the
+    inputs vary over (a manual batch axis), once, before the loop: the backward then sums
+    each cotangent once after the loop (one psum of the weight gradients over the batch
+    axis per step), not once per tick. Floating inputs are cast in float32 (their
+    cotangents' psum: XLA:CPU cannot all-reduce bfloat16 here) and returned to ``x``'s dtype."""
+    dtype = x.dtype
+    wide = jnp.promote_types(dtype, jnp.float32)
+    x = vary_over(x.astype(wide), axis_name).astype(dtype)
+    extras = jax.tree.map(lambda a: vary_over(a, axis_name), extras)
+    batch_axes = _varying_axes(x) - {axis_name}
+    params = jax.tree.map(lambda p: vary_over(p, batch_axes) if batch_axes else p, params)
+    return x, extras, params

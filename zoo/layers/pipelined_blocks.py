@@ -131,17 +131,23 @@ class PipelinedBlocks(keras.layers.Layer):
         return _from_micro_batches(y)  # (B, T, C)
 
     def _run_on_stages(self, stage_fn, params, micro, extras):
-        mesh = keras.distribution.distribution().device_mesh.backend_mesh
+        """The pipeline in a ``shard_map`` manual over the stage axis and the batch axis
+        (each device runs its rows: the weight gradients are summed over the batch axis
+        once per step); a ``model`` axis stays GSPMD's."""
+        distribution = keras.distribution.distribution()
+        mesh = distribution.device_mesh.backend_mesh
+        batch = _split_axis(distribution.device_mesh, getattr(distribution, "batch_dim_name", None))
+        rows = P(None, batch)  # (M, B/M, ...): the micro-batches' rows over the batch axis
         stacked_spec = jax.tree.map(lambda _: P(None, self.stage_axis), params)
-        extras_spec = jax.tree.map(lambda _: P(), extras)
+        extras_spec = {key: P() if key == "seed" else rows for key in extras}
 
         def body(params, micro, extras):
             y, useful = pipeline(stage_fn, params, micro, extras, axis_name=self.stage_axis, repeats=self.repeats)
             return y, useful[None]
 
         run = jax.shard_map(
-            body, mesh=mesh, in_specs=(stacked_spec, P(), extras_spec), out_specs=(P(), P(self.stage_axis)),
-            axis_names={self.stage_axis},
+            body, mesh=mesh, in_specs=(stacked_spec, rows, extras_spec), out_specs=(rows, P(self.stage_axis)),
+            axis_names={self.stage_axis} | ({batch} if batch else set()),
         )  # fmt: skip
         return run(params, micro, extras)[0]
 
@@ -215,6 +221,13 @@ class _StageFunction:
         with _no_distribution():
             y, _ = jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
         return y
+
+
+def _split_axis(keras_mesh, axis):
+    """``axis`` if the mesh has it with size > 1, else None."""
+    if axis is None or axis not in keras_mesh.axis_names or mesh_axis_size(keras_mesh, axis) == 1:
+        return None
+    return axis
 
 
 def _dropout_seeds(seed, block_index, rows):

@@ -6,8 +6,7 @@
    sequence; remat none, dots_saveable, full; G split into a micro-batch b and a
    accumulation steps (b x a = G, b a multiple of the data axis); under pipeline
    (``data=N/S,stage=S``) also M micro-batches (S, 2S, 4S dividing the rows per data
-   shard) and the schedule: GPipe (R = 1) and circular (R = 2 where S x 2 divides L);
-   not under mixed_bfloat16, which XLA:CPU cannot compile pipelined yet.
+   shard) and the schedule: GPipe (R = 1) and circular (R = 2 where S x 2 divides L).
 2. **Pruning** with an analytic model (``estimate``): state bytes from the parameter
    count and how the layout splits it; activations per block from the remat policy
    (``remat_elements_per_token``); step time from model FLOPs (plus recomputation) and
@@ -183,8 +182,6 @@ def _pipelines(layout, mesh, rows, layers, precision):
     where 2S divides the ``layers``."""
     if layout != "pipeline":
         return [{}]
-    if precision == "mixed_bfloat16":  # XLA:CPU cannot compile it yet (zoo.training.gpt._refuse_bf16_pipeline_on_cpu)
-        return []
     stages = _axis_sizes(mesh)["stage"]
     repeats = [1] + ([2] if layers % (2 * stages) == 0 else [])
     return [{"micro_batches": m, "repeats": r} for m in (stages, 2 * stages, 4 * stages) if rows % m == 0 for r in repeats]

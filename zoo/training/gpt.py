@@ -39,7 +39,6 @@ def resolve_distribution(config, mesh=None):
     mesh = config.mesh if mesh is None else mesh
     if config.layout == "pipeline":
         _check_pipeline_depth(config, _stage_count(mesh))
-        _refuse_bf16_pipeline_on_cpu(config)
     model_config = GPTCausalLM.named_config(config.config_name, config.layout, **_model_overrides(config))
     distribution = job_distribution(GPTCausalLM, config, mesh, config=model_config)
     if config.layout == "pipeline":
@@ -74,20 +73,6 @@ def micro_batches_of(config, distribution):
         return config.micro_batches
     mesh = getattr(distribution, "device_mesh", None)
     return _stage_count(mesh) if mesh is not None else 1
-
-
-def _refuse_bf16_pipeline_on_cpu(config):
-    """XLA:CPU (JAX 0.10.2) aborts the process compiling a pipelined step under
-    mixed_bfloat16: its all-reduce promotion pass meets a bf16 ``psum_invariant`` whose
-    reduction ends in a copy ("Invalid binary instruction opcode copy"). Refused here,
-    as a one-line error, until zoo.kernels.pipeline avoids it (issue 18)."""
-    import jax
-
-    if config.precision == "mixed_bfloat16" and jax.devices()[0].platform == "cpu":
-        raise ValueError(
-            "layout pipeline under --precision mixed_bfloat16 does not compile on XLA:CPU (the compiler aborts on the "
-            "pipeline's bf16 all-reduce); use --precision float32 on CPU"
-        )
 
 
 def _check_pipeline_depth(config, stages):
