@@ -14,7 +14,7 @@ TINY = {"vocabulary_size": 32, "num_layers": 2, "hidden_dim": 8, "num_query_head
         "intermediate_dim": 16, "sequence_length": 8, "batch_size": 2, "mesh": "data=1,stage=2", "reference_mesh": "data=1"}  # fmt: skip
 
 
-@pytest.mark.parametrize("stages, repeats, micro_batches", [(2, 1, 3), (4, 1, 2), (4, 2, 4)])
+@pytest.mark.parametrize("stages, repeats, micro_batches", [(2, 1, 3), (4, 2, 4)])  # M not a multiple of S; circular
 def test_bubble_rows_are_the_kernels_count_and_equal_the_formula(stages, repeats, micro_batches):
     row = bench.measure_bubble(stages, repeats, micro_batches)
     assert row.useful == (repeats * micro_batches,) * stages and row.ticks == repeats * micro_batches + stages - 1

@@ -26,8 +26,9 @@ allocated) and compiled (``compiled_step.compile_fit_step``) on the simulated de
 Per device (``memory_analysis()``): arguments (weights + AdamW slots + the batch),
 temporaries (activations kept for the backward pass, gradients, workspace); the
 weights split by the variables' shardings into the blocks' and the rest (token
-embedding, final norm: not split by stage). Collective-permutes over ``stage`` from
-the compiled HLO (``comms_report``), each counted as often as its loop runs.
+embedding, final norm: not split by stage). Collective-permutes over ``stage`` and
+all-reduces over ``data`` (the weights' gradients) from the compiled HLO
+(``comms_report``), each counted as often as its loop runs.
 """
 
 import collections
@@ -180,6 +181,8 @@ class MemoryRow:
     model_block_weights: int = 0  # bytes of the blocks' weights, unsplit
     permutes: int = 0  # collective-permutes over stage per step (loop trips included)
     permute_bytes: float = 0.0  # bytes each device sends in them
+    data_reduces: int = 0  # all-reduces over data per step (the weights' gradients; loop trips included)
+    data_reduce_bytes: float = 0.0  # bytes each device sends in them
     collectives: dict = dataclasses.field(default_factory=dict)  # kind -> executions per step
     exact: bool = True  # False: some loop had no known trip count (counts are lower bounds)
     compile_s: float = 0.0
@@ -239,6 +242,8 @@ def measure_memory(config, remat, repeats=None, micro_batches=None):
     row.collectives, row.exact = dict(counts), comms.exact
     row.permutes = comms.count("collective-permute", STAGE) if pipelined else 0
     row.permute_bytes = comms.sent_bytes("collective-permute", STAGE) if pipelined else 0.0
+    row.data_reduces = comms.count("all-reduce", DATA)
+    row.data_reduce_bytes = comms.sent_bytes("all-reduce", DATA)
     row.compile_s = time.perf_counter() - start
     return row
 
@@ -284,20 +289,25 @@ def format_memory(config, rows):
         (f"Per device (memory_analysis): arguments = weights + AdamW slots + batch; temp = activations kept for the backward pass, "
          f"gradients, workspace; total = arguments + outputs - donated + temp. Weights split into the blocks' (split by stage: "
          f"x S = {stages} should give the model's) and the rest (embedding, final norm: on every stage). Permutes: "
-         f"collective-permutes over stage per step, loop trips included (forward + backward: 2 (R*M+S-1))."),
+         f"collective-permutes over stage per step, loop trips included (forward + backward: 2 (R*M+S-1)); all-reduces over data "
+         f"(the weights' gradients) likewise; bytes = what one device sends."),
         "",
-        "| schedule | layout | mesh | remat | R | M | weights / device | of which blocks | blocks / device x S / model's blocks | arguments | temp | total | permutes (sent) | other collectives | compile (s) |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        "| schedule | layout | mesh | remat | R | M | weights / device | of which blocks | blocks / device x S / model's blocks | arguments | temp | total | permutes (sent) | all-reduces over data (sent) | other collectives | compile (s) |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]  # fmt: skip
     for row in rows:
         m = row.memory
         ratio = f"{row.block_weights * (stages if row.repeats else 1) / row.model_block_weights:.3f}"
-        others = ", ".join(f"{count:,} {kind}" for kind, count in sorted(row.collectives.items()) if kind != "collective-permute") or "none"
+        counts = dict(row.collectives)
+        counts.pop("collective-permute", None)
+        counts["all-reduce"] = counts.get("all-reduce", 0) - row.data_reduces
+        others = ", ".join(f"{count:,} {kind}" for kind, count in sorted(counts.items()) if count) or "none"
         bound = "" if row.exact else ">= "
         permutes = "-" if row.repeats is None else f"{bound}{row.permutes:,} ({size_text(row.permute_bytes)})"
+        reduces = f"{bound}{row.data_reduces:,} ({size_text(row.data_reduce_bytes)})"
         lines.append(f"| {row.schedule} | {row.layout} | {row.mesh} | {row.remat} | {_dash(row.repeats)} | {_dash(row.micro_batches)} | "
                      f"{size_text(m.weights)} | {size_text(row.block_weights)} | {ratio} | {size_text(m.argument)} | {size_text(m.temp)} | "
-                     f"**{size_text(m.peak)}** | {permutes} | {others} | {row.compile_s:.0f} |")  # fmt: skip
+                     f"**{size_text(m.peak)}** | {permutes} | {reduces} | {others} | {row.compile_s:.0f} |")  # fmt: skip
     return lines
 
 
