@@ -273,6 +273,6 @@ class PipelineBenchConfig(Llama32Sizes):
     # none: JAX 0.10's XLA:CPU memory analysis does not show remat (compiled_step.memory_analysis_reflects_remat)
     remats: tuple = setting(("none",), f"memory: comma-separated remat policies of the blocks, of {','.join(choices.REMATS)}",
                             section="bench", parse=types.comma_separated(choices.REMATS, "remat"), metavar="REMATS")  # fmt: skip
-    # float32: under mixed_bfloat16 XLA:CPU (JAX 0.10.2) aborts compiling the pipelined step ("Invalid binary instruction opcode copy")
+    # float32: under mixed_bfloat16 the pipelined step carries its micro-batches in float32 and the reference does not (docs/performance.md)
     precision: str = setting("float32", "memory: Keras dtype policy of the model (float32 weights and AdamW slots either way)",
                              section="bench", choices=choices.PRECISIONS)  # fmt: skip
