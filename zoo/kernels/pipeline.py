@@ -77,6 +77,7 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
         x, extras, params = _vary_once(x, extras, params, axis_name)
     zeros = jnp.zeros_like(x[0])  # [b, ...]
     ring = [(s, (s + 1) % num_stages) for s in range(num_stages)]
+    run_group = _group_runner(stage_fn, repeats)
 
     def tick(t, state):
         carry, returning, outputs, useful = state  # [b, ...], [M, b, ...] or None, [M, b, ...], i32
@@ -85,9 +86,8 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
         repeat, m = jnp.clip(k, 0, work - 1) // micro_batches, jnp.clip(k, 0, work - 1) % micro_batches
         first_input = x[m] if returning is None else jnp.where(repeat == 0, x[m], returning[m])  # [b, ...]
         x_in = jnp.where(stage == 0, first_input, carry)  # [b, ...]
-        group_params = jax.tree.map(lambda p: p[repeat], params)  # leaves [Lg, ...]
         extras_m = jax.tree.map(lambda e: e[m], extras)
-        y = stage_fn(group_params, x_in, extras_m, repeat * num_stages + stage)  # [b, ...]
+        y = run_group(params, repeat, x_in, extras_m, repeat * num_stages + stage)  # [b, ...]
         y = jnp.where(valid, y, zeros)  # the bubble's results are dropped
         done = valid & (stage == num_stages - 1) & (repeat == repeats - 1)
         outputs = outputs.at[m].set(jnp.where(done, y, outputs[m]))
@@ -107,6 +107,24 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
     if axis_name is not None and num_stages > 1:  # only the last stage's are nonzero; summed in float32
         outputs = jax.lax.psum(outputs.astype(jnp.promote_types(dtype, jnp.float32)), axis_name)
     return outputs.astype(dtype), useful
+
+
+def _group_runner(stage_fn, repeats):
+    """``(params, repeat, x, extras, group) -> stage_fn(params[repeat], ...)``.
+
+    The backward pass needs each tick's group weights. With one repeat they are the
+    same every tick (``params[0]``, a loop invariant: kept once). With R > 1 the slice
+    depends on the tick, and autodiff would keep a copy of the group's weights for
+    every one of the R*M + S - 1 ticks; the slice and the elementwise work are
+    recomputed in the backward instead (``jax.checkpoint``, keeping the weight matmuls'
+    outputs: ``dots_with_no_batch_dims_saveable``)."""
+
+    def run(params, repeat, x, extras, group):
+        return stage_fn(jax.tree.map(lambda p: p[repeat], params), x, extras, group)
+
+    if repeats == 1:
+        return lambda params, repeat, x, extras, group: stage_fn(jax.tree.map(lambda p: p[0], params), x, extras, group)
+    return jax.checkpoint(run, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
 def _vary_once(x, extras, params, axis_name):
