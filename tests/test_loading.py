@@ -69,6 +69,7 @@ def _layers_model():
     y = LearnedPositionEmbedding(65, name="position_embedding")(y)
     y = zoo.layers.MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=2, rotary=True, name="attention")(y)
     y = zoo.layers.TransformerBlock(num_heads=4, head_dim=8, hidden_dim=64, name="block")(y)
+    y = zoo.layers.PipelinedBlocks(1, dict(num_heads=4, head_dim=8, hidden_dim=64), name="pipelined")(y)
     y = zoo.layers.ParallelMLP(64, gated=True, name="mlp")(y)
     y = zoo.layers.ColumnParallelDense(64, name="column")(y)  # (B, 1 + T, F)
     y = zoo.layers.RowParallelDense(32, name="row")(y)  # (B, 1 + T, C)

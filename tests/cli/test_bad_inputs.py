@@ -122,6 +122,7 @@ CASES = [
     (["bench", "lora-context", "--remats", "full,some"], USAGE, "argument --remats: unknown remat(s) ['some']"),
     (["bench", "hf-load", "--runs", "fsdp"], USAGE, "argument --runs: expected ';'-separated '<layout>:<mesh>' runs"),
     (["bench", "scale", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']"),
+    (["bench", "pipeline", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']; choose from bubble,memory"),
     (["bench", "plan", "--top", "0"], USAGE, "argument --top: expected an integer >= 1, got '0'"),
     # zoo comms
     (["comms", "mlp", "--dim", "0"], USAGE, "argument --dim: expected an integer >= 1, got '0'"),

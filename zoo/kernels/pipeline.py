@@ -47,7 +47,7 @@ def num_ticks(*, num_stages, micro_batches, repeats=1):
     return repeats * micro_batches + num_stages - 1
 
 
-def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
+def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1, scatter_dimension=None):
     """Run ``stage_fn`` over the micro-batches ``x`` through the pipeline on ``axis_name``.
 
     stage_fn(group_params, x_m, extras_m, group) -> y_m: runs one group of blocks
@@ -60,6 +60,10 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
     extras: pytree of [M, ...] arrays (or None).
     axis_name: the stage mesh axis (None: one stage, the whole loop on this device,
         which is also the single-device reference).
+    scatter_dimension: None (every stage gets all of y: a psum over the stages), or a
+        dimension of y (e.g. 2, the sequence of [M, b, T, C]) that the stages split
+        instead (a reduce-scatter: stage s gets the s-th 1/S of it, so whatever follows
+        the pipeline, the LM head say, runs on 1/S of it per stage, not S times).
 
     Other manual axes (a batch split over ``data``) may be in force: x then varies over
     them and the weights are cast to vary over them once, so their gradients are summed
@@ -105,7 +109,11 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1):
     ticks = num_ticks(num_stages=num_stages, micro_batches=micro_batches, repeats=repeats)
     _, _, outputs, useful = jax.lax.fori_loop(0, ticks, tick, state)
     if axis_name is not None and num_stages > 1:  # only the last stage's are nonzero; summed in float32
-        outputs = jax.lax.psum(outputs.astype(jnp.promote_types(dtype, jnp.float32)), axis_name)
+        wide = outputs.astype(jnp.promote_types(dtype, jnp.float32))
+        if scatter_dimension is None:
+            outputs = jax.lax.psum(wide, axis_name)
+        else:
+            outputs = jax.lax.psum_scatter(wide, axis_name, scatter_dimension=scatter_dimension, tiled=True)
     return outputs.astype(dtype), useful
 
 

@@ -97,6 +97,13 @@ class PipelinedBlocks(keras.layers.Layer):
             )  # fmt: skip
         return weight
 
+    @property
+    def template(self):
+        """``(TransformerBlock, {path under the block: its variable})``: the block whose
+        computation runs on each block's slice (built abstractly, its variables never
+        initialised; not the layer's weights)."""
+        return self._template.value
+
     def load_own_variables(self, store):
         """Keras' loading, with weights saved under another ``repeats`` reshaped (same
         blocks in the same order)."""
@@ -140,13 +147,22 @@ class PipelinedBlocks(keras.layers.Layer):
         rows = P(None, batch)  # (M, B/M, ...): the micro-batches' rows over the batch axis
         stacked_spec = jax.tree.map(lambda _: P(None, self.stage_axis), params)
         extras_spec = {key: P() if key == "seed" else rows for key in extras}
+        # The outputs split on the sequence over the stages when it divides (what follows,
+        # the final norm and the LM head, then runs on T/S tokens per stage instead of all
+        # T on every stage); else every stage gets them whole.
+        stages = mesh_axis_size(distribution.device_mesh, self.stage_axis)
+        split_sequence = micro.ndim >= 3 and micro.shape[2] % stages == 0
+        outputs = P(None, batch, self.stage_axis) if split_sequence else rows
 
         def body(params, micro, extras):
-            y, useful = pipeline(stage_fn, params, micro, extras, axis_name=self.stage_axis, repeats=self.repeats)
+            y, useful = pipeline(
+                stage_fn, params, micro, extras, axis_name=self.stage_axis, repeats=self.repeats,
+                scatter_dimension=2 if split_sequence else None,
+            )  # fmt: skip
             return y, useful[None]
 
         run = jax.shard_map(
-            body, mesh=mesh, in_specs=(stacked_spec, rows, extras_spec), out_specs=(rows, P(self.stage_axis)),
+            body, mesh=mesh, in_specs=(stacked_spec, rows, extras_spec), out_specs=(outputs, P(self.stage_axis)),
             axis_names={self.stage_axis} | ({batch} if batch else set()),
         )  # fmt: skip
         return run(params, micro, extras)[0]
@@ -205,7 +221,7 @@ class _StageFunction:
 
     def __call__(self, group_params, x, extras, group):
         layer, seed = self.layer, extras.get("seed")  # extras: this micro-batch's rows, key_mask, seed
-        template, variables = layer._template.value
+        template, variables = layer.template
         per_group = jax.tree.leaves(group_params)[0].shape[0]  # Lg
 
         def one_block(h, params_and_index):
@@ -215,7 +231,7 @@ class _StageFunction:
             with keras.StatelessScope(state_mapping=[(variables[path], value) for path, value in params.items()]):
                 return forward(h, extras.get("key_mask"), seeds), None
 
-        forward = template._forward
+        forward = template.forward
         if self.training and template.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[template.remat])
         with _no_distribution():

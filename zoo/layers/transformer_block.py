@@ -213,14 +213,16 @@ class TransformerBlock(keras.layers.Layer):
         if cache is not None:
             return self._call_with_cache(x, cache, cache_index, start_positions, training)
         seeds = self._dropout_seeds(training)  # u32[2] each, or None: drawn here, outside any jax.checkpoint
-        forward = self._forward
+        forward = self.forward
         if training and self.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[self.remat])
         return forward(x, key_mask, seeds)  # (B, T, C)
 
-    def _forward(self, x, key_mask, seeds):
-        """The block on x (B, T, C) with dropout seeds ``(attention, mlp)`` or None (no
-        dropout). Assigns no variable: safe to run under ``jax.checkpoint``."""
+    def forward(self, x, key_mask, seeds):
+        """The block on x (B, T, C) with dropout seeds ``(attention, mlp)`` (u32[2] each,
+        or u32[B, 2]: one per row) or None (no dropout). Assigns no variable: safe to run
+        under ``jax.checkpoint``, or on other weights in a ``keras.StatelessScope``
+        (``PipelinedBlocks`` runs it on each block's slice of its stacked weights)."""
         attention_seed, mlp_seed = (None, None) if seeds is None else seeds
         x = self._split_sequence(x)  # (B, T, C), T split over the model axis with megatron_sp
         attended = self.attention(self.attention_norm(x), key_mask=key_mask)  # (B, T, C)
