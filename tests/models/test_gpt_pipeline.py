@@ -1,15 +1,15 @@
 """The pipelined GPT (layout ``pipeline``) trains to the single-device numbers, and its
 weights do not depend on the stage count.
 
-8 simulated devices; the tiny GPT of ``_gpt_parity`` with 8 blocks (one
-``PipelinedBlocks``), batch 12, T = 16, 3 SGD-with-momentum steps with dropout on, M = 3
+8 simulated devices; the tiny GPT of ``_gpt_parity`` with 4 blocks (one
+``PipelinedBlocks``: one block per stage and repeat), batch 12, T = 16, 3 SGD-with-momentum steps with dropout on, M = 3
 micro-batches (fewer than 4 stages; not a multiple of 2). ``check_parity`` compares
 each run with the one-device run (losses per step, first-batch gradients, outputs after
 training, final weights): GPipe on ``data=2,stage=4``, the circular schedule (2 repeats)
 on ``data=2,stage=2,model=2`` (tensor parallelism inside each stage). Both schedules
 compute the same numbers on one device (the blocks in order, the same per-row dropout
-masks), so one reference run serves both, its stacked arrays reshaped from (1, 8, ...)
-to (2, 4, ...). The layer-level checks of the other meshes and schedules:
+masks), so one reference run serves both, its stacked arrays reshaped from (1, 4, ...)
+to (2, 2, ...). The layer-level checks of the other meshes and schedules:
 tests/layers/test_pipelined_blocks.py.
 """
 
@@ -23,7 +23,7 @@ from tests.models._gpt_parity import CONFIG, STEPS, build_lm, compile_sgd, langu
 from zoo.distribution import distribution_for, parity
 from zoo.models.gpt import GPTBackbone, GPTCausalLM
 
-BATCH, MICRO_BATCHES, LAYERS = 12, 3, 8  # rows per micro-batch (4) divide over data=2; S*R = 4 divides L
+BATCH, MICRO_BATCHES, LAYERS = 12, 3, 4  # rows per micro-batch (4) divide over data=2; S*R = 4 divides L
 
 
 def pipelined_config(schedule="gpipe", repeats=1, **overrides):
@@ -87,7 +87,7 @@ def test_saved_on_four_stages_loads_on_two_and_on_one_device_with_the_same_logit
     np.testing.assert_allclose(logits["data=4,stage=2"], logits["data=2,stage=4"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(logits[None], logits["data=2,stage=4"], rtol=1e-6, atol=1e-6)
 
-    plain = build_lm(CONFIG | dict(num_layers=LAYERS, dropout=0.0))  # block_0 .. block_7
+    plain = build_lm(CONFIG | dict(num_layers=LAYERS, dropout=0.0))  # block_0 .. block_3
     stacked = model.backbone.pipelined_blocks.stacked
     for index, block in enumerate(plain.backbone.blocks):
         for variable in block.weights:
@@ -99,7 +99,7 @@ def test_saved_on_four_stages_loads_on_two_and_on_one_device_with_the_same_logit
 
 def test_a_pipelined_backbone_names_what_it_cannot_do():
     backbone = GPTBackbone(**pipelined_config())
-    with pytest.raises(ValueError, match=r"is pipelined \(schedule='gpipe'\): its 8 blocks are one PipelinedBlocks"):
+    with pytest.raises(ValueError, match=r"is pipelined \(schedule='gpipe'\): its 4 blocks are one PipelinedBlocks"):
         backbone.empty_caches(1, 4)  # KV-cache decoding walks the blocks one by one
     with pytest.raises(ValueError, match=r"megatron_sp=True and context_attention=None must be False and None"):
         GPTBackbone(**pipelined_config(megatron_sp=True))

@@ -9,6 +9,7 @@ from zoo.distribution.devices import (
 )
 from zoo.distribution.distributions import (
     build_distributed,
+    global_distribution,
     data_parallel_size,
     default_mesh_spec,
     distribution_for,
@@ -37,6 +38,7 @@ __all__ = [
     "LayoutError",
     "MeshError",
     "build_distributed",
+    "global_distribution",
     "check_layout_map",
     "data_parallel_size",
     "default_mesh_spec",

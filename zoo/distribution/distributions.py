@@ -38,6 +38,7 @@ layout_map)`` is the same for a layout map you wrote yourself; ``context`` needs
 (B, T, ...) token arrays.
 """
 
+import contextlib
 import inspect
 
 import keras
@@ -245,6 +246,18 @@ def data_parallel_size(distribution):
     if distribution is None:
         return 1
     return mesh_axis_size(distribution.device_mesh, distribution.batch_dim_name)
+
+
+@contextlib.contextmanager
+def global_distribution(distribution):
+    """``distribution`` (None: none) as Keras' global distribution inside the ``with``,
+    the previous one restored on exit (``keras.distribution.set_distribution`` for a block)."""
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(distribution)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
 
 
 def build_distributed(build_model, distribution):

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from zoo._compat import deferred_initializer, forgetting_deferred_variables
 from zoo.config.choices import SCHEDULES
 from zoo.distribution.axes import STAGE
+from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
 from zoo.layers.transformer_block import REMAT_POLICIES, TransformerBlock
@@ -234,7 +235,7 @@ class _StageFunction:
         forward = template.forward
         if self.training and template.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[template.remat])
-        with _no_distribution():
+        with global_distribution(None):
             y, _ = jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
         return y
 
@@ -290,7 +291,7 @@ class _Untracked:
 def _template_block(block, input_shape, dtype_policy):
     """A ``TransformerBlock`` built abstractly (no weight allocated, under no distribution)
     and {path relative to the block: variable} of its weights (seed states left out)."""
-    with _no_distribution(), forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
+    with global_distribution(None), forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
         template = TransformerBlock(**block, dtype=dtype_policy, name=TEMPLATE)
         template.build(tuple(input_shape))
     prefix = template.name + "/"
@@ -300,17 +301,6 @@ def _template_block(block, input_shape, dtype_policy):
         if SEED_GENERATOR not in path:
             variables[path] = variable
     return template, variables
-
-
-@contextlib.contextmanager
-def _no_distribution():
-    """No global Keras distribution inside (restored on exit)."""
-    previous = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        yield
-    finally:
-        keras.distribution.set_distribution(previous)
 
 
 def _check_arguments(num_blocks, block, schedule, micro_batches, repeats):

@@ -20,7 +20,6 @@ temporary bytes are an estimate of theirs (docs/performance.md says by how much 
 a device was available to measure).
 """
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -37,6 +36,7 @@ from zoo._compat import (
     forgetting_deferred_variables,
     variable_layout,
 )
+from zoo.distribution.distributions import global_distribution
 from zoo.distribution.layouts import raise_if_unmatched
 
 __all__ = ["StepMemory", "abstract_build", "analytic_weight_bytes", "compile_fit_step", "memory_analysis_reflects_remat", "state_bytes", "state_shardings"]
@@ -65,28 +65,18 @@ class StepMemory:
         return self.argument + self.output - self.alias + self.temp
 
 
-@contextlib.contextmanager
-def _distribution(distribution):
-    previous = keras.distribution.distribution()
-    keras.distribution.set_distribution(distribution)
-    try:
-        yield
-    finally:
-        keras.distribution.set_distribution(previous)
-
-
 def abstract_build(build, compile_model, distribution):
     """``build()`` and ``compile_model(model)`` under ``distribution`` with no weight or
     optimizer slot allocated; returns the compiled model (variables uninitialised).
     Raises ``LayoutError`` if a rule of the distribution's layout map matched no variable."""
-    with forgetting_deferred_variables(), _distribution(distribution):  # else the next symbolic call allocates it all
+    with forgetting_deferred_variables(), global_distribution(distribution):  # else the next symbolic call allocates it all
         with keras.StatelessScope(initialize_variables=False):
             model = build()
         if hasattr(distribution, "unmatched_rules"):  # a layout rule that matched no variable is an error
             for variable in model.variables:  # deferred: nothing has asked for the layouts yet
                 layout_under(variable, distribution)
             raise_if_unmatched(distribution.unmatched_rules(), model)
-        with _distribution(None):  # the optimizer's scalars are created for real, on the default device
+        with global_distribution(None):  # the optimizer's scalars are created for real, on the default device
             compile_model(model)
         with keras.StatelessScope(initialize_variables=False):
             model.optimizer.build(model.trainable_variables)
@@ -179,14 +169,14 @@ def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
     ``x``, ``y`` are ``(shape, dtype)`` of one global batch. The step is jitted as
     ``fit`` jits it: the state donated, its outputs laid out like its inputs.
     """
-    with _distribution(None):  # the metrics' variables are scalars, replicated
+    with global_distribution(None):  # the metrics' variables are scalars, replicated
         build_compile_state(model, x, y)  # compiled metrics' variables (e.g. accuracy), as fit's first batch makes them
     shardings = state_shardings(model, distribution)
     groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
     state = tuple([_abstract(v, s) for v, s in zip(group, group_shardings)] for group, group_shardings in zip(groups, shardings))
     data = (_batch_struct(*x, distribution), _batch_struct(*y, distribution))
     out_shardings = None if distribution is None else (None, shardings)
-    with _distribution(distribution):
+    with global_distribution(distribution):
         step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)
         compiled = step.lower(state, data).compile(compiler_options)
     analysis = compiled.memory_analysis()
