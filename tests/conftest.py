@@ -76,6 +76,7 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 15's final code
     "tests/layers/test_multi_head_attention_parallel.py",  # 38 (less two cases since)
     "tests/models/test_gpt_parity.py",  # 37
     "tests/training/test_kill_resume.py",  # 34
+    "tests/models/test_gpt_pipeline.py",  # 30 (issue 18)
     "tests/training/test_finetune.py",  # 29
     "tests/cli/test_cli.py",  # 27
     "tests/models/test_gpt_remat.py",  # 26
@@ -86,6 +87,7 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 15's final code
     "tests/distribution/test_context_parallel.py",  # 18
     "tests/models/test_encoder.py",  # 18
     "tests/models/test_vit.py",  # 17
+    "tests/layers/test_pipelined_blocks.py",  # 17 (issue 18)
     "tests/planning/test_search.py",  # 15
     "tests/training/test_lm_finetune.py",  # 13
     "tests/models/test_small_cnn.py",  # 14
