@@ -85,7 +85,7 @@ def test_one_stage_is_the_sequential_loop():
     weights = jax.random.normal(jax.random.key(0), (2, WIDTH, WIDTH)) / np.sqrt(WIDTH)
     x, offsets = jax.random.normal(jax.random.key(1), (3, ROWS, WIDTH)), jnp.zeros((3, 1, 1))
     y, useful = jax.jit(lambda w, x: pipeline(stage_fn, w, x, offsets, repeats=2))(weights.reshape(2, 1, WIDTH, WIDTH), x)
-    np.testing.assert_allclose(y, reference(weights, x, offsets), rtol=1e-6)
+    np.testing.assert_allclose(y, reference(weights, x, offsets), rtol=1e-6, atol=1e-6)
     assert int(useful) == num_ticks(num_stages=1, micro_batches=3, repeats=2) == 6
 
 
