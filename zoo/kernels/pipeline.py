@@ -87,7 +87,8 @@ def pipeline(stage_fn, params, x, extras=None, *, axis_name=None, repeats=1, sca
         carry, returning, outputs, useful = state  # [b, ...], [M, b, ...] or None, [M, b, ...], i32
         k = t - stage  # this stage's unit of work at tick t
         valid = (k >= 0) & (k < work)
-        repeat, m = jnp.clip(k, 0, work - 1) // micro_batches, jnp.clip(k, 0, work - 1) % micro_batches
+        unit = jnp.clip(k, 0, work - 1)  # (bubble ticks compute on a valid index; their results are dropped)
+        repeat, m = unit // micro_batches, unit % micro_batches
         first_input = x[m] if returning is None else jnp.where(repeat == 0, x[m], returning[m])  # [b, ...]
         x_in = jnp.where(stage == 0, first_input, carry)  # [b, ...]
         extras_m = jax.tree.map(lambda e: e[m], extras)

@@ -1,6 +1,6 @@
 """The one bridge from the active Keras distribution to the zoo's parallel layers.
 
-Every parallel layer (``MultiHeadAttention``, ``ColumnParallelDense``,
+Every parallel layer (``MultiHeadAttention``, ``ColumnParallelDense``, ``PipelinedBlocks``,
 ``RowParallelDense``, ``ParallelMLP``, ``TransformerBlock``) asks ``resolve_plan`` once
 per call (and once when it builds) what the global distribution
 (``keras.distribution.distribution()``: Keras does not enter the distribution as a

@@ -15,6 +15,7 @@ from zoo.distribution.axes import STAGE
 from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
+from zoo.layers._parallel_plan import resolve_plan
 from zoo.layers.transformer_block import REMAT_POLICIES, TransformerBlock
 
 TEMPLATE = "pipelined_block_template"  # the name of the block whose computation runs on each slice
@@ -120,9 +121,10 @@ class PipelinedBlocks(keras.layers.Layer):
 
     def call(self, x, key_mask=None, training=None):
         batch = x.shape[0]
-        stages = self._num_stages()
+        plan = resolve_plan(model_axis=None)  # the mesh and its batch axis (a model axis stays GSPMD's)
+        stages = self._num_stages(plan)
         check_schedule(num_stages=stages, micro_batches=self.micro_batches, repeats=self.repeats)
-        self._check_rows_split(batch)
+        self._check_rows_split(batch, plan)
         seed = self.seed_generator.next() if training and self.block.get("dropout", 0.0) > 0 else None
         micro = _to_micro_batches(x, self.micro_batches, self.name)  # (M, B/M, T, C)
         extras = {"rows": _to_micro_batches(jnp.arange(batch, dtype=jnp.int32), self.micro_batches, self.name)}
@@ -135,23 +137,20 @@ class PipelinedBlocks(keras.layers.Layer):
         if stages == 1:
             y, _ = pipeline(stage_fn, params, micro, extras, repeats=self.repeats)
         else:
-            y = self._run_on_stages(stage_fn, params, micro, extras)
+            y = self._run_on_stages(stage_fn, params, micro, extras, plan, stages)
         return _from_micro_batches(y)  # (B, T, C)
 
-    def _run_on_stages(self, stage_fn, params, micro, extras):
+    def _run_on_stages(self, stage_fn, params, micro, extras, plan, stages):
         """The pipeline in a ``shard_map`` manual over the stage axis and the batch axis
         (each device runs its rows: the weight gradients are summed over the batch axis
         once per step); a ``model`` axis stays GSPMD's."""
-        distribution = keras.distribution.distribution()
-        mesh = distribution.device_mesh.backend_mesh
-        batch = _split_axis(distribution.device_mesh, getattr(distribution, "batch_dim_name", None))
+        batch = plan.batch_axis
         rows = P(None, batch)  # (M, B/M, ...): the micro-batches' rows over the batch axis
         stacked_spec = jax.tree.map(lambda _: P(None, self.stage_axis), params)
         extras_spec = {key: P() if key == "seed" else rows for key in extras}
         # The outputs split on the sequence over the stages when it divides (what follows,
         # the final norm and the LM head, then runs on T/S tokens per stage instead of all
         # T on every stage); else every stage gets them whole.
-        stages = mesh_axis_size(distribution.device_mesh, self.stage_axis)
         split_sequence = micro.ndim >= 3 and micro.shape[2] % stages == 0
         outputs = P(None, batch, self.stage_axis) if split_sequence else rows
 
@@ -163,18 +162,16 @@ class PipelinedBlocks(keras.layers.Layer):
             return y, useful[None]
 
         run = jax.shard_map(
-            body, mesh=mesh, in_specs=(stacked_spec, rows, extras_spec), out_specs=(outputs, P(self.stage_axis)),
+            body, mesh=plan.mesh, in_specs=(stacked_spec, rows, extras_spec), out_specs=(outputs, P(self.stage_axis)),
             axis_names={self.stage_axis} | ({batch} if batch else set()),
         )  # fmt: skip
         return run(params, micro, extras)[0]
 
-    def _check_rows_split(self, batch):
-        """Each micro-batch's B/M rows must divide over the distribution's batch axis."""
-        distribution = keras.distribution.distribution()
-        axis = getattr(distribution, "batch_dim_name", None)
+    def _check_rows_split(self, batch, plan):
+        """Each micro-batch's B/M rows must divide over the plan's batch axis."""
+        axis, split = plan.batch_axis, plan.batch_size
         if axis is None or batch % self.micro_batches:
             return  # no batch axis; an indivisible batch is named by _to_micro_batches
-        split = mesh_axis_size(distribution.device_mesh, axis)
         rows = batch // self.micro_batches
         if rows % split:
             raise ValueError(
@@ -183,10 +180,9 @@ class PipelinedBlocks(keras.layers.Layer):
                 f"divisible by {self.micro_batches * split}"
             )
 
-    def _num_stages(self):
-        """S: the size of the current distribution's stage axis (1 without one)."""
-        distribution = keras.distribution.distribution()
-        mesh = getattr(distribution, "device_mesh", None)
+    def _num_stages(self, plan=None):
+        """S: the size of the plan's stage axis (1 without one)."""
+        mesh = (plan or resolve_plan(model_axis=None)).keras_mesh
         if mesh is None or self.stage_axis not in mesh.axis_names:
             return 1
         stages = mesh_axis_size(mesh, self.stage_axis)
@@ -238,13 +234,6 @@ class _StageFunction:
         with global_distribution(None):
             y, _ = jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
         return y
-
-
-def _split_axis(keras_mesh, axis):
-    """``axis`` if the mesh has it with size > 1, else None."""
-    if axis is None or axis not in keras_mesh.axis_names or mesh_axis_size(keras_mesh, axis) == 1:
-        return None
-    return axis
 
 
 def _dropout_seeds(seed, block_index, rows):
