@@ -18,3 +18,16 @@ def size_text(nbytes):
     if nbytes >= 2**20:
         return f"{nbytes / 2**20:,.1f} MiB"
     return f"{nbytes / 1024:,.1f} KiB"
+
+
+def remat_warning(remats):
+    """A warning for a memory table with remat rows when this XLA's CPU memory analysis
+    does not show remat (JAX 0.10), else ""."""
+    from zoo.training.compiled_step import memory_analysis_reflects_remat
+
+    if tuple(remats) == ("none",) or memory_analysis_reflects_remat():
+        return ""
+    return (
+        " WARNING: this XLA's CPU memory analysis does not show remat (JAX 0.10; compiled_step.memory_analysis_reflects_remat):"
+        " the remat rows' temporaries are those of remat none; use JAX >= 0.12."
+    )

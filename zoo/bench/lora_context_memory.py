@@ -43,7 +43,7 @@ import keras
 
 from zoo import distribution as zd
 from zoo._compat import distribution_layout_map
-from zoo.bench._output import size_text, write_text
+from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.config.bench_settings import LoraContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.distribution.axes import DATA, SEQ
@@ -57,7 +57,6 @@ from zoo.training.compiled_step import (
     abstract_build,
     compile_fit_step,
     layout_under,
-    memory_analysis_reflects_remat,
 )
 
 GIB, MIB = 2**30, 2**20
@@ -234,10 +233,7 @@ def format_row(row):
 
 def format_report(config, rows):
     sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in SIZES)
-    remat_note = "" if config.remats == ("none",) or memory_analysis_reflects_remat() else (
-        " WARNING: this XLA's CPU memory analysis does not show remat (JAX 0.10; compiled_step.memory_analysis_reflects_remat):"
-        " the remat rows' temporaries are those of remat none; use JAX >= 0.12."
-    )  # fmt: skip
+    remat_note = remat_warning(config.remats)
     lines = [
         (f"devices: {config.devices} x {jax.devices()[0].platform} (simulated), compiled, not run; GPTCausalLM {sizes}, tied embeddings, "
          f"RoPE 500,000 + llama3 scaling; LoRA r={config.lora_rank} on every Dense/EinsumDense, all else frozen; AdamW; "

@@ -42,7 +42,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from zoo import distribution as zd
-from zoo.bench._output import size_text, write_text
+from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.bench.lora_context_memory import LLAMA_3_2_1B, SIZES, compile_model
 from zoo.config.bench_settings import PIPELINE_SECTIONS, PipelineBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, STAGE
@@ -53,7 +53,6 @@ from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.training.compiled_step import (
     abstract_build,
     compile_fit_step,
-    memory_analysis_reflects_remat,
     shard_bytes,
     state_shardings,
 )
@@ -276,10 +275,7 @@ def _dash(value, text=str):
 
 def format_memory(config, rows):
     sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in SIZES)
-    remat_note = "" if config.remats == ("none",) or memory_analysis_reflects_remat() else (
-        " WARNING: this XLA's CPU memory analysis does not show remat (JAX 0.10; compiled_step.memory_analysis_reflects_remat):"
-        " the remat rows' temporaries are those of remat none."
-    )  # fmt: skip
+    remat_note = remat_warning(config.remats)
     stages = dict(zd.parse_mesh_spec(config.mesh)).get(STAGE, 1)
     lines = [
         (f"Memory: the fit step of GPTCausalLM ({sizes}; gpt_1b's shape, Llama-3.2-1B's sizes, tied embeddings), AdamW on every "
