@@ -10,6 +10,7 @@ DATA = "data"  # splits the batch: data parallelism
 MODEL = "model"  # splits features / channels / heads: model (tensor) parallelism
 SEQ = "seq"  # splits the sequence: context parallelism
 STAGE = "stage"  # splits the stack of blocks: pipeline parallelism
+EXPERT = "expert"  # splits the experts of Mixture-of-Experts layers (and the batch): expert parallelism
 
 # Logical axis names for tensor dimensions.
 BATCH = "batch"

@@ -45,8 +45,10 @@ import keras
 import numpy as np
 
 from zoo.config.choices import BASIC_LAYOUTS, LAYOUTS, TRANSFORMER_LAYOUTS
-from zoo.distribution.axes import DATA, MODEL, SEQ, STAGE
+from zoo.config.choices import EXPERT_LAYOUTS
+from zoo.distribution.axes import DATA, EXPERT, MODEL, SEQ, STAGE
 from zoo.distribution.context_parallel import ContextParallel
+from zoo.distribution.expert_parallel import ExpertParallel
 from zoo.distribution.layouts import (
     CheckedModelParallel,
     LayoutError,
@@ -73,6 +75,9 @@ DEFAULT_MESH_SPECS = {
     "fsdp+tp": "data=2,model=-1",
     "context": "data=2,seq=-1",
     "pipeline": "data=2,stage=-1",
+    "expert": "data=1,expert=-1",
+    "fsdp+expert": "data=2,expert=-1",
+    "expert+tp": "data=1,expert=2,model=-1",
 }
 # Axes each layout's mesh must have.
 REQUIRED_AXES = {
@@ -83,6 +88,9 @@ REQUIRED_AXES = {
     "fsdp+tp": MODEL_PARALLEL_AXES,
     "context": CONTEXT_AXES,
     "pipeline": (DATA, STAGE),
+    "expert": (DATA, EXPERT),
+    "fsdp+expert": (DATA, EXPERT),
+    "expert+tp": (DATA, EXPERT, MODEL),
 }
 
 
@@ -175,8 +183,8 @@ def _as_mesh(layout, mesh):
         import jax
 
         mesh = default_mesh_spec(layout, len(jax.devices()))
-    if layout == "pipeline" and isinstance(mesh, str) and DATA not in _spec_axes(mesh):
-        mesh = f"{DATA}=1,{mesh}"  # "stage=2,model=4": the batch is not split
+    if (layout == "pipeline" or layout in EXPERT_LAYOUTS) and isinstance(mesh, str) and DATA not in _spec_axes(mesh):
+        mesh = f"{DATA}=1,{mesh}"  # "stage=2,model=4", "expert=8": no data axis of its own
     return make_mesh(mesh) if isinstance(mesh, str) else mesh
 
 
@@ -225,6 +233,8 @@ def _model_parallel(mesh, layout_map, layout="model"):
     if layout_map is None:
         raise LayoutError(f"layout {layout!r} needs a layout_map (e.g. from the model's get_layout_map(mesh))")
     _check_layout_map_mesh(layout_map, mesh)
+    if layout in EXPERT_LAYOUTS:  # the batch over data x expert; fsdp+expert's map is marked for data
+        return ExpertParallel(layout_map=layout_map, batch_dim_name=DATA, expert_dim_name=EXPERT)
     # fsdp+tp: the tensor-parallel layers also split their weights over data (FSDP inside TP)
     weight_shard_axis = DATA if layout == "fsdp+tp" else None
     return CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA, weight_shard_axis=weight_shard_axis)
@@ -245,6 +255,8 @@ def data_parallel_size(distribution):
     """
     if distribution is None:
         return 1
+    if isinstance(distribution, ExpertParallel):  # the batch over data and expert
+        return distribution.batch_split
     return mesh_axis_size(distribution.device_mesh, distribution.batch_dim_name)
 
 

@@ -22,6 +22,9 @@ ModelParallel       batch over its ``batch_dim_name``; model over the layer's ``
 ContextParallel     as ModelParallel, and the sequence over ``sequence_dim_name`` (every
                     (B, T, ...) input arrives split on T); its ``context_attention`` for a
                     layer whose kernel is None, and its ``balance``
+ExpertParallel      as ModelParallel, with the batch over both ``batch_axes`` (``data`` and
+                    ``expert``: ``batch_axis`` is then a tuple of the two where both split)
+                    and the experts of MoE layers over ``expert_dim_name``
 ==================  =========================================================================
 
 An axis the mesh lacks, or has with size 1, is None in the plan (size 1): it splits
@@ -49,6 +52,7 @@ from jax.sharding import PartitionSpec as P
 from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.distribution.context_parallel import ContextParallel
+from zoo.distribution.expert_parallel import ExpertParallel
 from zoo.distribution.mesh import mesh_axis_size
 
 KERNEL_CHOICES = (None, *CONTEXT_ATTENTIONS)  # a layer's context_attention (None: plain, or the distribution's)
@@ -61,7 +65,7 @@ class ParallelPlan:
 
     keras_mesh: object = None  # keras.distribution.DeviceMesh; None without a distribution
     mesh: jax.sharding.Mesh | None = None  # the same mesh, as JAX sees it
-    batch_axis: str | None = None  # the batch (dim 0) is split over this
+    batch_axis: str | tuple | None = None  # the batch (dim 0) is split over this (ExpertParallel: (data, expert))
     batch_size: int = 1
     sequence_axis: str | None = None  # the sequence (dim 1) is split over this (attention; ContextParallel: every input)
     sequence_size: int = 1  # N, also the number of shards a balanced order is cut for
@@ -72,6 +76,8 @@ class ParallelPlan:
     context_attention: str | None = None  # the kernel that runs: None when the sequence is not split
     balance: str | None = None  # the load-balanced order the inputs are in (None: natural)
     context_parallel: bool = False  # a ContextParallel distribution: (B, T, ...) inputs arrive split on T
+    expert_axis: str | None = None  # MoE layers split their experts over this (ExpertParallel)
+    expert_size: int = 1
 
     @property
     def tensor_parallel(self):
@@ -123,11 +129,16 @@ def resolve_plan(*, model_axis=MODEL, sequence_axis=None, batch_axis=None, conte
     if model is not None:
         _check_distinct(model, batch=split(batch_axis), sequence=sequence if context else None, weight_shard=weight_shard)
     size = functools.partial(mesh_axis_size, keras_mesh)
+    batch, batch_size = split(batch_axis), size(batch_axis) if split(batch_axis) else 1
+    expert = split(distribution.expert_dim_name) if isinstance(distribution, ExpertParallel) else None
+    if expert is not None:  # the batch over (data, expert): the axes of size > 1, a tuple when both
+        batch = distribution.batch_axes if len(distribution.batch_axes) > 1 else distribution.batch_axes[0]
+        batch_size = distribution.batch_split
     return ParallelPlan(
         keras_mesh=keras_mesh,
         mesh=keras_mesh.backend_mesh,
-        batch_axis=split(batch_axis),
-        batch_size=size(batch_axis) if split(batch_axis) else 1,
+        batch_axis=batch,
+        batch_size=batch_size,
         sequence_axis=sequence,
         sequence_size=size(sequence) if sequence else 1,
         model_axis=model,
@@ -137,6 +148,8 @@ def resolve_plan(*, model_axis=MODEL, sequence_axis=None, batch_axis=None, conte
         context_attention=context_attention if sequence else None,
         balance=balance,
         context_parallel=context,
+        expert_axis=expert,
+        expert_size=size(expert) if expert else 1,
     )
 
 

@@ -7,6 +7,7 @@ from zoo.config.choices import MLPS, NORMS, REMATS
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.layers._tensor_parallel import activation_spec, tensor_parallel_plan
+from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.layers.multi_head_attention import MultiHeadAttention
 from zoo.layers.parallel_mlp import ParallelMLP
 
@@ -129,6 +130,14 @@ class TransformerBlock(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         seed=None,
         remat="none",
+        num_experts=0,
+        num_experts_per_token=2,
+        moe_intermediate_dim=None,
+        shared_expert_dim=0,
+        normalize_router_weights=True,
+        router_aux_loss_coefficient=0.01,
+        router_z_loss_coefficient=0.0,
+        capacity_factor=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -172,18 +181,33 @@ class TransformerBlock(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="attention",
         )
+        self.num_experts = num_experts or 0
+        self.moe = dict(
+            num_experts_per_token=num_experts_per_token, moe_intermediate_dim=moe_intermediate_dim,
+            shared_expert_dim=shared_expert_dim or 0, normalize_router_weights=bool(normalize_router_weights),
+            router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
+            capacity_factor=capacity_factor,
+        )  # fmt: skip
         activation, gated = MLP_ACTIVATIONS[mlp]
-        self.mlp = ParallelMLP(
-            hidden_dim,
-            activation=activation,
-            gated=gated,
-            use_bias=use_bias,
-            megatron_sp=self.megatron_sp,
-            model_axis=model_axis,
-            kernel_initializer=self._initializer(),
-            dtype=self.dtype_policy,
-            name="mlp",
-        )
+        if self.num_experts:
+            self._check_moe_mlp(mlp, megatron_sp)
+            options = {key: value for key, value in self.moe.items() if key != "moe_intermediate_dim"}
+            self.mlp = MoEFeedForward(
+                self.num_experts, intermediate_dim=moe_intermediate_dim or hidden_dim, model_axis=model_axis,
+                kernel_initializer=self._initializer(), dtype=self.dtype_policy, name="mlp", **options,
+            )  # fmt: skip
+        else:
+            self.mlp = ParallelMLP(
+                hidden_dim,
+                activation=activation,
+                gated=gated,
+                use_bias=use_bias,
+                megatron_sp=self.megatron_sp,
+                model_axis=model_axis,
+                kernel_initializer=self._initializer(),
+                dtype=self.dtype_policy,
+                name="mlp",
+            )
         self.attention_norm = self._norm("attention_norm")
         self.mlp_norm = self._norm("mlp_norm")
         # The block's dtype policy, as every sublayer: a float32 Dropout would cast the
@@ -195,6 +219,13 @@ class TransformerBlock(keras.layers.Layer):
 
     def _initializer(self):
         return keras.initializers.get(keras.initializers.serialize(self.kernel_initializer))
+
+    def _check_moe_mlp(self, mlp, megatron_sp):
+        if mlp != "swiglu" or megatron_sp:
+            raise ValueError(
+                f"TransformerBlock {self.name!r}: a Mixture-of-Experts block (num_experts={self.num_experts}) has "
+                f"SwiGLU experts and no Megatron sequence parallelism; got mlp={mlp!r}, megatron_sp={megatron_sp!r}"
+            )
 
     def _norm(self, name):
         if self.norm == "rms":
@@ -213,22 +244,33 @@ class TransformerBlock(keras.layers.Layer):
         if cache is not None:
             return self._call_with_cache(x, cache, cache_index, start_positions, training)
         seeds = self._dropout_seeds(training)  # u32[2] each, or None: drawn here, outside any jax.checkpoint
-        forward = self.forward
+        forward = self.forward_with_aux
         if training and self.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[self.remat])
-        return forward(x, key_mask, seeds)  # (B, T, C)
+        y, aux = forward(x, key_mask, seeds)  # (B, T, C), the MoE's losses and statistics (None: dense)
+        if training and aux is not None:  # outside jax.checkpoint: adds losses, assigns the statistics
+            self.mlp.record(aux)
+        return y
 
     def forward(self, x, key_mask, seeds):
         """The block on x (B, T, C) with dropout seeds ``(attention, mlp)`` (u32[2] each,
         or u32[B, 2]: one per row) or None (no dropout). Assigns no variable: safe to run
         under ``jax.checkpoint``, or on other weights in a ``keras.StatelessScope``
         (``PipelinedBlocks`` runs it on each block's slice of its stacked weights)."""
+        return self.forward_with_aux(x, key_mask, seeds)[0]
+
+    def forward_with_aux(self, x, key_mask, seeds):
+        """``forward``, and the MoE feed-forward's aux (losses and router statistics; None
+        for a dense block), which ``MoEFeedForward.record`` adds once outside."""
         attention_seed, mlp_seed = (None, None) if seeds is None else seeds
         x = self._split_sequence(x)  # (B, T, C), T split over the model axis with megatron_sp
         attended = self.attention(self.attention_norm(x), key_mask=key_mask)  # (B, T, C)
         x = self._split_sequence(x + self._dropout(attended, attention_seed))  # (B, T, C)
-        transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
-        return x + self._dropout(transformed, mlp_seed)  # (B, T, C)
+        if self.num_experts:
+            transformed, aux = self.mlp.forward(self.mlp_norm(x))  # (B, T, C), MoE aux
+        else:
+            transformed, aux = self.mlp(self.mlp_norm(x)), None  # (B, T, C)
+        return x + self._dropout(transformed, mlp_seed), aux  # (B, T, C)
 
     def _dropout_seeds(self, training):
         """``(attention seed, mlp seed)`` from the dropout layers' seed generators (one
@@ -309,6 +351,8 @@ class TransformerBlock(keras.layers.Layer):
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
             seed=self.seed,
             remat=self.remat,
+            num_experts=self.num_experts,
+            **self.moe,
         )
         return config
 

@@ -32,23 +32,34 @@ all-gathers the table where it is used.
 
 import keras
 
-from zoo.distribution.axes import DATA, MODEL, STAGE
-from zoo.distribution.layouts import LayoutError
+from zoo.config.choices import EXPERT_LAYOUTS
+from zoo.distribution.axes import DATA, EXPERT, MODEL, STAGE
+from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
 from zoo.models import _transformer_layouts as shared
 
 EMBEDDING = r".*token_embedding/embeddings"  # (V, C)
 LM_HEAD = r".*lm_head/kernel"  # (C, V)
+EXPERT_IN = r".*mlp/expert_(gate|up)"  # (E, C, F)
+EXPERT_OUT = r".*mlp/expert_down"  # (E, F, C)
+# expert layout -> the layout whose rules the dense weights take
+EXPERT_BASE_LAYOUTS = {"expert": "data", "fsdp+expert": "fsdp", "expert+tp": "tp"}
 
 
-def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL):
+def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL, moe=False, expert_axis=None):
     """{regex: layout axes} for a GPT backbone (and its untied LM head if ``with_head``).
 
     The blocks' rules are ``_transformer_layouts.block_rules`` (none where the blocks'
-    tensor-parallel layers place their weights themselves, on ``mesh``)."""
+    tensor-parallel layers place their weights themselves, on ``mesh``); with ``moe``
+    the experts' (E, C, F) weights too: E over ``expert_axis`` (None: whole), F over
+    the model axis and C over data as the layout splits the dense MLP's."""
     rules = shared.block_rules(layout, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
     d = data_axis if shared.uses_data_axis_for_weights(layout) else None
     m = model_axis if shared.uses_model_axis(layout) else None
+    if moe:  # the experts as MoEFeedForward's shard_map takes them (its weight_shard_axis only under fsdp+tp)
+        weight_shard = data_axis if layout == "fsdp+tp" else None
+        rules[EXPERT_IN] = (expert_axis, weight_shard if m else d, m)  # (E[/N_e], C[/data], F[/model])
+        rules[EXPERT_OUT] = (expert_axis, m, weight_shard if m else d)  # (E[/N_e], F[/model], C[/data])
     if m is not None:
         rules[EMBEDDING] = (m, d)  # (V/M, C[/data])
         if with_head:
@@ -85,11 +96,61 @@ def layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MO
     """The ``LayoutMap`` for ``layout`` on ``mesh``, after checking ``config`` if given."""
     if layout == "pipeline":
         return pipeline_layout_map(mesh, config, with_head=with_head, model_axis=model_axis)
+    if layout in EXPERT_LAYOUTS:
+        return expert_layout_map(mesh, layout, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
     shared.check_layout(layout)
     if config is not None:
         check_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)
-    rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
+    moe = config is None or bool(config.get("num_experts"))
+    rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis, moe=moe)
+    if config is None:  # no config: the expert rules only where a model has experts to match
+        rules = {key: axes for key, axes in rules.items() if key not in (EXPERT_IN, EXPERT_OUT)}
     return shared.build_layout_map(mesh, layout, rules, data_axis=data_axis, model_axis=model_axis)
+
+
+def check_expert_config(mesh, layout, config, *, data_axis=DATA, model_axis=MODEL):
+    """Raise ``LayoutError`` naming the numbers unless a MoE ``config`` splits on ``mesh``."""
+    experts = config.get("num_experts") or 0
+    if not experts:
+        raise LayoutError(
+            f"layout {layout!r} splits the experts of a Mixture-of-Experts model over {EXPERT!r}, but the config has "
+            f"num_experts={experts}; build a MoE GPT (num_experts > 0, e.g. from_config_name('gpt_tiny_moe'))"
+        )
+    split = mesh_axis_size(mesh, EXPERT)
+    if experts % split:
+        raise LayoutError(
+            f"layout {layout!r}: num_experts={experts} is not divisible by the {EXPERT!r} mesh axis of size {split} "
+            f"(mesh {describe_mesh(mesh)}); choose an expert axis that divides {experts}"
+        )
+    base = EXPERT_BASE_LAYOUTS[layout]
+    check_config(mesh, base, config, data_axis=data_axis, model_axis=model_axis)
+    moe_width = config.get("moe_intermediate_dim") or config["intermediate_dim"]
+    shared.check_divisible(mesh, base, {"moe_intermediate_dim": moe_width}, data_axis=data_axis, model_axis=model_axis)
+
+
+def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MODEL):
+    """The ``LayoutMap`` of an expert layout: ``expert`` (dense weights replicated),
+    ``fsdp+expert`` (dense weights FSDP over data, the experts' C too, gathered inside
+    the MoE layer) or ``expert+tp`` (Megatron over model, the experts' F too). The mesh
+    needs ``data`` and ``expert`` (and ``model`` for ``expert+tp``); use the distribution
+    from ``zoo.distribution.distribution_for`` (``ExpertParallel``: the batch over
+    data x expert)."""
+    base = EXPERT_BASE_LAYOUTS[layout]
+    require_axes(mesh, [data_axis, EXPERT] + ([model_axis] if base == "tp" else []), f"layout {layout!r}")
+    if config is not None:
+        check_expert_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)
+    if base == "data":  # dense weights replicated, the experts split on E
+        rules = {EXPERT_IN: (EXPERT, None, None), EXPERT_OUT: (EXPERT, None, None)}
+    else:  # fsdp: the experts' C over data too (gathered in the MoE layer); tp: their F over model
+        rules = gpt_rules(base, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis, moe=True,
+                          expert_axis=EXPERT)  # fmt: skip
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for pattern, axes in rules.items():
+        if any(axis is not None for axis in axes):
+            layout_map[pattern] = axes
+    if base == "fsdp":
+        mark_weight_shard_axis(layout_map, data_axis)
+    return layout_map
 
 
 def _pipeline_block_rules(model_axis, kv_split, qkv_bias):

@@ -57,6 +57,20 @@ class GPTBackbone(ZooModel):
             axis); see docs/pipeline_parallel.md.
         micro_batches: M, the pieces a pipelined batch is cut into.
         repeats: R, how often a micro-batch goes round the stages (``"circular"``: >= 2).
+        num_experts: E; > 0 makes the blocks' MLPs sparse Mixture-of-Experts layers
+            (``zoo.layers.MoEFeedForward``: SwiGLU experts, top-k routing, expert
+            parallelism under the ``expert`` layouts; docs/moe.md). 0: dense.
+        num_experts_per_token: k, experts each token is routed to.
+        moe_intermediate_dim: each expert's hidden width (None: ``intermediate_dim``).
+        shared_expert_dim: width of a shared SwiGLU expert every token also runs,
+            gated by a sigmoid (Qwen2-MoE); 0: none.
+        moe_layers: the indices of the sparse blocks (None: every block when
+            ``num_experts`` > 0); the others keep a dense MLP of ``intermediate_dim``.
+        normalize_router_weights: renormalise the k routing weights to sum 1 (Mixtral).
+        router_aux_loss_coefficient, router_z_loss_coefficient: weights of the
+            load-balancing loss and router z-loss added in training.
+        capacity_factor: None (dropless) or the expert exchange's capacity
+            (``zoo.kernels.moe``; dropped assignments are counted in ``logs``).
 
     Named sizes: ``GPTBackbone.from_config_name("gpt_tiny")`` (``gpt_configs.GPT_CONFIGS``).
 
@@ -92,6 +106,15 @@ class GPTBackbone(ZooModel):
         schedule=None,
         micro_batches=1,
         repeats=1,
+        num_experts=0,
+        num_experts_per_token=2,
+        moe_intermediate_dim=None,
+        shared_expert_dim=0,
+        moe_layers=None,
+        normalize_router_weights=True,
+        router_aux_loss_coefficient=0.01,
+        router_z_loss_coefficient=0.0,
+        capacity_factor=None,
         name="gpt_backbone",
         **kwargs,
     ):
@@ -115,14 +138,24 @@ class GPTBackbone(ZooModel):
             mlp=mlp, norm=norm, norm_epsilon=layer_norm_epsilon, dropout=dropout, context_attention=context_attention,
             megatron_sp=megatron_sp, remat=remat,
         )  # fmt: skip
+        moe_layers = _check_moe_layers(moe_layers, num_layers, num_experts)
+        moe = dict(
+            num_experts_per_token=num_experts_per_token, moe_intermediate_dim=moe_intermediate_dim,
+            shared_expert_dim=shared_expert_dim, normalize_router_weights=normalize_router_weights,
+            router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
+            capacity_factor=capacity_factor,
+        )  # fmt: skip
         if schedule is not None:
-            _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention)
+            _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts)
             x = PipelinedBlocks(
                 num_layers, block, schedule=schedule, micro_batches=micro_batches, repeats=repeats,
                 seed=None if seed is None else seed + 1, name="blocks",
             )(x)  # (B, T, C)
         for index in range(0 if schedule is not None else num_layers):
-            x = TransformerBlock(**block, seed=None if seed is None else seed + 1 + 2 * index, name=f"block_{index}")(x)  # (B, T, C)
+            sparse = dict(num_experts=num_experts if index in moe_layers else 0, **moe) if num_experts else {}
+            x = TransformerBlock(
+                **block, **sparse, seed=None if seed is None else seed + 1 + 2 * index, name=f"block_{index}"
+            )(x)  # (B, T, C)
         x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
         super().__init__(inputs=token_ids, outputs=x, name=name, **kwargs)
         self.keep_arguments(
@@ -132,7 +165,8 @@ class GPTBackbone(ZooModel):
             max_sequence_length=max_sequence_length, rope_max_wavelength=rope_max_wavelength,
             rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
             context_attention=context_attention, remat=remat, schedule=schedule, micro_batches=micro_batches,
-            repeats=repeats,
+            repeats=repeats, num_experts=num_experts or 0, moe_layers=None if moe_layers is None or len(moe_layers) == num_layers else sorted(moe_layers),
+            **{**moe, "shared_expert_dim": shared_expert_dim or 0, "normalize_router_weights": bool(normalize_router_weights)},
         )  # fmt: skip
 
     def get_config(self):
@@ -219,7 +253,26 @@ def _norm(kind, epsilon, name):
     return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
 
 
-def _check_pipeline(*, megatron_sp, context_attention):
+def _check_moe_layers(moe_layers, num_layers, num_experts):
+    """The sparse blocks' indices as a set (every block for None); raises naming a bad one."""
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 0:
+        raise ValueError(f"num_experts must be a non-negative integer (0: dense), got {num_experts!r}")
+    if moe_layers is None:
+        return set(range(num_layers))
+    bad = [index for index in moe_layers if not isinstance(index, int) or not 0 <= index < num_layers]
+    if bad:
+        raise ValueError(f"moe_layers {list(moe_layers)} names block(s) {bad} outside 0..{num_layers - 1}")
+    if not num_experts:
+        raise ValueError(f"moe_layers {list(moe_layers)} needs num_experts > 0")
+    return set(moe_layers)
+
+
+def _check_pipeline(*, megatron_sp, context_attention, num_experts=0):
+    if num_experts:
+        raise ValueError(
+            f"a pipelined GPTBackbone (schedule set) has dense blocks only; num_experts={num_experts} (MoE blocks "
+            f"run under the 'expert' layouts, not in a pipeline)"
+        )
     if megatron_sp or context_attention is not None:
         raise ValueError(
             f"a pipelined GPTBackbone (schedule set) runs its blocks as plain layers inside the pipeline: "

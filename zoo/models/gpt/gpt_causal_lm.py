@@ -46,6 +46,19 @@ class GPTCausalLM(ZooModel):
         self.backbone = backbone
         self.preprocessor = preprocessor
 
+    def train_step(self, state, data):
+        """Keras' JAX ``train_step``, and for a Mixture-of-Experts model the step's router
+        statistics in ``logs``: ``router_max_load`` (the busiest expert's share of the
+        assignments over the mean share, averaged over the sparse blocks; 1.0 is
+        balanced) and ``router_dropped_fraction`` (assignments the capacity dropped)."""
+        logs, state = super().train_step(state, data)
+        statistics = [index for index, variable in enumerate(self.non_trainable_variables)
+                      if variable.path.endswith("/router_statistics")]  # fmt: skip
+        if statistics:
+            values = sum(state[1][index] for index in statistics) / len(statistics)  # f32[2]
+            logs = {**logs, "router_max_load": values[0], "router_dropped_fraction": values[1]}
+        return logs, state
+
     def logits(self, hidden):
         """The LM head on hidden states (B, T, C) -> float32 logits (B, T, V)."""
         if self.backbone.tie_word_embeddings:

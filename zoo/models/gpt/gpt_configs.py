@@ -77,6 +77,71 @@ GPT_CONFIGS = {
         "max_sequence_length": 2048,
         "tie_word_embeddings": False,
     },
+    # Mixture-of-Experts (docs/moe.md). Unit tests and docs: gpt_tiny with 4 SwiGLU experts
+    # of width 32, top 2 (renormalised, as Mixtral), one shared expert of width 32.
+    "gpt_tiny_moe": {
+        "vocabulary_size": 256,
+        "num_layers": 2,
+        "num_query_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_dim": 32,
+        "intermediate_dim": 64,  # the dense MLP's width (blocks outside moe_layers)
+        "mlp": "swiglu",
+        "norm": "rms",
+        "max_sequence_length": 128,
+        "tie_word_embeddings": False,
+        "num_experts": 4,  # E
+        "num_experts_per_token": 2,  # k
+        "moe_intermediate_dim": 32,  # F of each expert
+        "shared_expert_dim": 32,
+        "normalize_router_weights": True,
+    },
+    # Mixtral-8x7B-v0.1's config.json (46.7B parameters, 12.9B active): 32 layers, 8 experts
+    # of width 14336, top 2 renormalised, GQA 32/8, rope_theta 1e6, untied 32000 vocabulary.
+    "mixtral_8x7b": {
+        "vocabulary_size": 32000,
+        "num_layers": 32,
+        "num_query_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_dim": 4096,
+        "intermediate_dim": 14336,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "layer_norm_epsilon": 1e-5,
+        "max_sequence_length": 32768,
+        "rope_max_wavelength": 1e6,
+        "tie_word_embeddings": False,
+        "num_experts": 8,
+        "num_experts_per_token": 2,
+        "moe_intermediate_dim": 14336,
+        "normalize_router_weights": True,
+        "router_aux_loss_coefficient": 0.02,
+    },
+    # Qwen1.5-MoE-A2.7B's config.json (14.3B parameters, 2.7B active): 24 layers, 60 experts
+    # of width 1408, top 4 not renormalised (norm_topk_prob false), a shared expert of
+    # width 5632 behind a sigmoid gate, q/k/v biases, MHA 16 heads, 151936 vocabulary.
+    # The zoo needs E divisible by the expert axis: 60 splits over 2, 3, 4, 5, 6, 10, 12, ...
+    "qwen2_moe_a2.7b": {
+        "vocabulary_size": 151936,
+        "num_layers": 24,
+        "num_query_heads": 16,
+        "num_key_value_heads": 16,
+        "hidden_dim": 2048,
+        "intermediate_dim": 5632,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "layer_norm_epsilon": 1e-6,
+        "max_sequence_length": 8192,
+        "rope_max_wavelength": 1e6,
+        "qkv_bias": True,
+        "tie_word_embeddings": False,
+        "num_experts": 60,
+        "num_experts_per_token": 4,
+        "moe_intermediate_dim": 1408,
+        "shared_expert_dim": 5632,
+        "normalize_router_weights": False,
+        "router_aux_loss_coefficient": 0.001,
+    },
 }
 
 
@@ -120,4 +185,23 @@ def count_parameters(config):
     attention = width * head_dim * (2 * heads + 2 * kv_heads)  # query, output (H); key, value (K)
     mlp = (3 if config.get("mlp", "swiglu") in GATED_MLPS else 2) * width * config["intermediate_dim"]
     head = 0 if config.get("tie_word_embeddings", False) else width * vocab
-    return vocab * width + layers * (attention + mlp + 2 * norm) + norm + head
+    biases = (heads + 2 * kv_heads) * head_dim if config.get("qkv_bias") else 0
+    sparse = _sparse_layers(config)
+    moe = _moe_parameters(config, width) if sparse else 0
+    return vocab * width + layers * (attention + biases + 2 * norm) + (layers - sparse) * mlp + sparse * moe + norm + head
+
+
+def _sparse_layers(config):
+    """How many blocks are Mixture-of-Experts blocks."""
+    if not config.get("num_experts"):
+        return 0
+    moe_layers = config.get("moe_layers")
+    return config["num_layers"] if moe_layers is None else len(moe_layers)
+
+
+def _moe_parameters(config, width):
+    """One MoE feed-forward's parameters: router (C, E), E SwiGLU experts, the shared
+    expert and its gate (C, 1)."""
+    experts, shared = config["num_experts"], config.get("shared_expert_dim") or 0
+    expert_width = config.get("moe_intermediate_dim") or config["intermediate_dim"]
+    return width * experts + experts * 3 * width * expert_width + (3 * width * shared + width if shared else 0)
