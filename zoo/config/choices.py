@@ -6,7 +6,9 @@ Code, command-line flags, recipe keys and docs all take their choices from here.
 # layout: how the weights and the inputs are split over the devices (zoo.distribution).
 BASIC_LAYOUTS = ("single", "data", "model")  # every model; "model" uses its own layout map
 # get_layout_map(mesh, layout=...); "pipeline" is the GPT's only (PipelinedBlocks over a "stage" axis)
-TRANSFORMER_LAYOUTS = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline")
+TRANSFORMER_LAYOUTS = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline", "expert", "fsdp+expert", "expert+tp")
+# the GPT's Mixture-of-Experts layouts: experts over an "expert" mesh axis, the batch over data x expert
+EXPERT_LAYOUTS = ("expert", "fsdp+expert", "expert+tp")
 LAYOUTS = BASIC_LAYOUTS + TRANSFORMER_LAYOUTS
 CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
 TRANSFORMER_JOB_LAYOUTS = ("single", "data") + TRANSFORMER_LAYOUTS  # zoo train gpt | encoder | vit
