@@ -75,6 +75,7 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 15's final code
     "tests/distribution/test_multihost.py",  # 40
     "tests/layers/test_multi_head_attention_parallel.py",  # 38 (less two cases since)
     "tests/models/test_gpt_parity.py",  # 37
+    "tests/models/test_gpt_moe.py",  # 45 (issue 26, one process)
     "tests/training/test_kill_resume.py",  # 34
     "tests/models/test_gpt_pipeline.py",  # 30 (issue 18)
     "tests/training/test_finetune.py",  # 29
@@ -82,6 +83,7 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 15's final code
     "tests/models/test_gpt_remat.py",  # 26
     "tests/recipes/test_run_cpu.py",  # 25
     "tests/kernels/test_sequence_parallel.py",  # 23
+    "tests/kernels/test_moe.py",  # 14 (issue 26)
     "tests/layers/test_tensor_parallel_layers.py",  # 19
     "tests/layers/test_multi_head_attention_fit.py",  # 19
     "tests/distribution/test_context_parallel.py",  # 18

@@ -64,6 +64,7 @@ __all__ = [
     "grouped_matmul_implementation",
     "load_balance_loss",
     "minimum_exchange_bytes",
+    "dense_moe",
     "moe_reference",
     "route",
     "router_z_loss",
@@ -110,12 +111,19 @@ def router_z_loss(router_logits):
 
 
 def moe_reference(x, *, router_kernel, expert_gate, expert_up, expert_down, num_experts_per_token, normalize):
-    """Every expert on every token, weighted by the router (zero for the unselected):
+    """Route, then every expert on every token weighted by the router (``dense_moe``):
     x [N, C], router_kernel [C, E], expert_gate / expert_up [E, C, F], expert_down
     [E, F, C] -> [N, C]. What keras-hub's Qwen3-MoE computes; the tests' oracle."""
     logits = jnp.einsum("nc,ce->ne", x.astype(jnp.float32), router_kernel.astype(jnp.float32))
     weights, expert_ids, _ = route(logits, num_experts_per_token=num_experts_per_token, normalize=normalize)
-    num_experts = router_kernel.shape[-1]
+    return dense_moe(x, weights, expert_ids, expert_gate=expert_gate, expert_up=expert_up, expert_down=expert_down)
+
+
+def dense_moe(x, weights, expert_ids, *, expert_gate, expert_up, expert_down):
+    """Every expert on every token, each output weighted by the token's routing weight
+    for that expert (zero for the unselected): x [N, C], weights f32[N, k], expert_ids
+    i32[N, k], expert weights [E, ...] -> [N, C]. E times the work of ``sparse_moe``."""
+    num_experts = expert_gate.shape[0]
     combine = jnp.sum(jax.nn.one_hot(expert_ids, num_experts) * weights[..., None], axis=1)  # [N, E]
     hidden = jax.nn.silu(jnp.einsum("nc,ecf->enf", x, expert_gate)) * jnp.einsum("nc,ecf->enf", x, expert_up)  # [E, N, F]
     outputs = jnp.einsum("enf,efc->enc", hidden, expert_down)  # [E, N, C]

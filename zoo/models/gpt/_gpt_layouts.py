@@ -57,6 +57,7 @@ def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL,
     d = data_axis if shared.uses_data_axis_for_weights(layout) else None
     m = model_axis if shared.uses_model_axis(layout) else None
     if moe:  # the experts as MoEFeedForward's shard_map takes them (its weight_shard_axis only under fsdp+tp)
+        _moe_block_rules(rules, moe if isinstance(moe, dict) else {})
         weight_shard = data_axis if layout == "fsdp+tp" else None
         rules[EXPERT_IN] = (expert_axis, weight_shard if m else d, m)  # (E[/N_e], C[/data], F[/model])
         rules[EXPERT_OUT] = (expert_axis, m, weight_shard if m else d)  # (E[/N_e], F[/model], C[/data])
@@ -69,6 +70,22 @@ def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL,
         if with_head:
             rules[LM_HEAD] = (d, None)  # (C/data, V)
     return rules
+
+
+DENSE_MLP_RULES = (r".*mlp/(gate|up)/kernel", r".*mlp/down/kernel")
+
+
+def _moe_block_rules(rules, config):
+    """The dense MLP's rules also for a shared expert (``mlp/shared_expert/...``), and
+    left out when ``config`` (a MoE config) has no dense block to match."""
+    every_block_sparse = config.get("moe_layers") is None or len(config["moe_layers"]) == config.get("num_layers")
+    for pattern in DENSE_MLP_RULES:
+        if pattern not in rules:
+            continue
+        if config.get("shared_expert_dim"):
+            rules[pattern.replace("mlp/", "mlp/shared_expert/")] = rules[pattern]
+        if config and every_block_sparse:
+            del rules[pattern]
 
 
 def check_config(mesh, layout, config, *, data_axis=DATA, model_axis=MODEL):
@@ -101,7 +118,7 @@ def layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MO
     shared.check_layout(layout)
     if config is not None:
         check_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)
-    moe = config is None or bool(config.get("num_experts"))
+    moe = config if config is not None and config.get("num_experts") else config is None
     rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis, moe=moe)
     if config is None:  # no config: the expert rules only where a model has experts to match
         rules = {key: axes for key, axes in rules.items() if key not in (EXPERT_IN, EXPERT_OUT)}
@@ -142,8 +159,8 @@ def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_
     if base == "data":  # dense weights replicated, the experts split on E
         rules = {EXPERT_IN: (EXPERT, None, None), EXPERT_OUT: (EXPERT, None, None)}
     else:  # fsdp: the experts' C over data too (gathered in the MoE layer); tp: their F over model
-        rules = gpt_rules(base, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis, moe=True,
-                          expert_axis=EXPERT)  # fmt: skip
+        rules = gpt_rules(base, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis,
+                          moe=config or True, expert_axis=EXPERT)  # fmt: skip
     layout_map = keras.distribution.LayoutMap(mesh)
     for pattern, axes in rules.items():
         if any(axis is not None for axis in axes):

@@ -1,0 +1,130 @@
+"""zoo.kernels.moe against the dense computation (every expert on every token, weighted
+by the router): outputs and gradients, on one device and expert-parallel over 2 and 4
+shards, for k = 1 and 2, a random and an unbalanced routing (every token to expert 0);
+the capacity path's drops against a count made by hand; the router's losses."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from zoo.kernels import moe
+
+E, C, F, N = 4, 8, 12, 16  # experts, width, expert width, tokens (split over the shards)
+AXIS = "expert"
+
+
+@functools.lru_cache(maxsize=None)
+def experts():
+    keys = jax.random.split(jax.random.key(0), 3)
+    gate, up = (jax.random.normal(key, (E, C, F)) * 0.4 for key in keys[:2])
+    return {"expert_gate": gate, "expert_up": up, "expert_down": jax.random.normal(keys[2], (E, F, C)) * 0.4}
+
+
+def routing(k, unbalanced):
+    """(x [N, C], weights f32[N, k], expert_ids i32[N, k]) from a seeded router; unbalanced:
+    every token's first choice is expert 0."""
+    x = jax.random.normal(jax.random.key(1), (N, C))
+    logits = jax.random.normal(jax.random.key(2), (N, E))
+    if unbalanced:
+        logits = logits.at[:, 0].add(100.0)
+    weights, ids, _ = moe.route(logits, num_experts_per_token=k, normalize=True)
+    return x, weights, ids
+
+
+def expert_parallel(n, **options):
+    """expert_parallel_moe over n shards as a function of global arrays (tokens and experts split)."""
+    mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
+
+    def body(x, weights, ids, weights_of_experts):
+        y, dropped = moe.expert_parallel_moe(
+            x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=n, num_experts=E, **options
+        )
+        return y, dropped[None]
+
+    spec = P(AXIS)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=(spec, spec)))
+
+
+def loss_of(run):
+    """A scalar of the outputs that weights every entry differently, so gradients check every entry."""
+    probe = jnp.arange(N * C, dtype=jnp.float32).reshape(N, C) / (N * C)
+    return lambda x, w, params: jnp.sum(run(x, w, params) * probe)
+
+
+def check_against_dense(run, k, unbalanced):
+    x, weights, ids = routing(k, unbalanced)
+    dense = lambda x, w, params: moe.dense_moe(x, w, ids, **params)  # noqa: E731
+    sparse = lambda x, w, params: run(x, w, ids, params)  # noqa: E731
+    np.testing.assert_allclose(sparse(x, weights, experts()), dense(x, weights, experts()), rtol=1e-5, atol=1e-5)
+    got = jax.grad(loss_of(sparse), argnums=(0, 1, 2))(x, weights, experts())
+    want = jax.grad(loss_of(dense), argnums=(0, 1, 2))(x, weights, experts())
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", moe.GROUPED_MATMULS)
+@pytest.mark.parametrize("unbalanced", [False, True])
+def test_sparse_moe_equals_dense(implementation, unbalanced):
+    run = lambda x, w, ids, params: moe.sparse_moe(x, w, ids, **params, implementation=implementation)  # noqa: E731
+    check_against_dense(jax.jit(run), k=2, unbalanced=unbalanced)
+
+
+@pytest.mark.parametrize("n, k", [(2, 1), (4, 2)])
+@pytest.mark.parametrize("unbalanced", [False, True])
+def test_expert_parallel_dropless_equals_dense(n, k, unbalanced):
+    kernel = expert_parallel(n)
+    dropped = []
+
+    def run(x, w, ids, params):
+        y, count = kernel(x, w, ids, params)
+        dropped.append(count)
+        return y
+
+    check_against_dense(run, k=k, unbalanced=unbalanced)
+    assert all(int(jnp.sum(count)) == 0 for count in dropped)  # dropless drops nothing
+
+
+def test_capacity_drops_the_count_made_by_hand():
+    """2 shards of 8 tokens, k = 1, every token to expert 0 (on shard 0): capacity factor
+    1.0 lets each shard send ceil(8 * 1 / 2) = 4 rows to each device, so 4 of each
+    shard's 8 assignments are dropped (its tokens 4..7, in sorted order), 8 in all; the
+    kept tokens get their expert's output, the dropped ones 0."""
+    x, _, _ = routing(1, False)
+    ids = jnp.zeros((N, 1), jnp.int32)
+    weights = jnp.ones((N, 1), jnp.float32)
+    y, dropped = expert_parallel(2, capacity_factor=1.0)(x, weights, ids, experts())
+    assert dropped.tolist() == [4, 4]
+    assert int(moe.dropped_assignments(ids[:8], num_experts=E, axis_size=2, capacity=4)) == 4
+    kept = np.repeat([[True] * 4 + [False] * 4], 2, axis=0).reshape(N)
+    want = np.where(kept[:, None], moe.dense_moe(x, weights, ids, **experts()), 0.0)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+def test_capacity_and_minimum_bytes():
+    assert moe.capacity(8, num_experts_per_token=2, axis_size=4, experts_per_device=2, capacity_factor=None) == 16
+    assert moe.capacity(8, num_experts_per_token=2, axis_size=4, experts_per_device=2, capacity_factor=1.0) == 4
+    assert moe.capacity(8, num_experts_per_token=2, axis_size=4, experts_per_device=2, capacity_factor=1.25) == 5
+    assert moe.minimum_exchange_bytes(8, num_experts_per_token=2, width=4, itemsize=4, axis_size=4) == 8 * 2 * 4 * 4 * 3 / 4
+    with pytest.raises(ValueError, match="num_experts 6 is not divisible by the 'expert' mesh axis of size 4"):
+        moe.check_experts(6, axis_size=4)
+
+
+def test_routing_and_router_losses():
+    logits = jnp.array([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 3.0, 0.0]])
+    weights, ids, probabilities = moe.route(logits, num_experts_per_token=2, normalize=False)
+    np.testing.assert_array_equal(ids, [[0, 1], [2, 0]])
+    np.testing.assert_allclose(weights, np.take_along_axis(np.asarray(jax.nn.softmax(logits)), np.asarray(ids), 1), rtol=1e-6)
+    normalized, _, _ = moe.route(logits, num_experts_per_token=2, normalize=True)
+    np.testing.assert_allclose(normalized.sum(-1), [1.0, 1.0], rtol=1e-6)
+    # a uniform router spreading the assignments evenly: the loss is k
+    uniform = jnp.full((4, E), 1.0 / E)
+    even = jnp.array([[0, 1], [2, 3], [0, 1], [2, 3]])
+    assert float(moe.load_balance_loss(uniform, even, num_experts=E)) == pytest.approx(2.0)
+    assert float(moe.load_balance_loss(probabilities, ids, num_experts=E)) > 0
+    lse = np.log(np.exp(np.asarray(logits)).sum(-1))
+    assert float(moe.router_z_loss(logits)) == pytest.approx(float(np.mean(lse**2)), rel=1e-6)

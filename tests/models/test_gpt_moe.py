@@ -1,0 +1,108 @@
+"""A Mixture-of-Experts GPTCausalLM trains to the single-device numbers under the expert
+layouts, its experts are placed 1/E_p per device, and it generates with a KV cache.
+
+One block (the MoE block; every shape reaches every branch), C=32, 8 query / 4 KV heads,
+E=4 experts of width 16, T=16, batch 8, 3 SGD steps with dropout, the router's
+load-balancing loss (0.05) and z-loss (0.01) in the loss. Two models, each with its one
+single-device reference run shared by its layouts: k=2 with a shared expert
+(renormalised, Mixtral + Qwen2-MoE), k=1 without one (not renormalised). Between them
+the layouts cover E_p = 2 and 4, k = 1 and 2, shared experts on and off, expert alone,
+data x expert, fsdp x expert and expert x model.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from tests.models._gpt_parity import BATCH, STEPS, build_lm, compile_sgd, language_data, model_config
+from zoo.distribution import distribution_for, parity
+from zoo.models.gpt import GPTCausalLM
+
+MOE = dict(
+    num_layers=1, num_experts=4, moe_intermediate_dim=16, router_aux_loss_coefficient=0.05, router_z_loss_coefficient=0.01
+)
+MODELS = {
+    "k2_shared": MOE | dict(num_experts_per_token=2, shared_expert_dim=24, normalize_router_weights=True),
+    "k1": MOE | dict(num_experts_per_token=1, shared_expert_dim=0, normalize_router_weights=False),
+}
+
+
+@pytest.fixture(scope="module")
+def references():
+    """One single-device run per model, computed when a test first asks for it."""
+    runs = {}
+
+    def reference(name):
+        if name not in runs:
+            config = model_config("data", **MODELS[name])
+            runs[name] = parity.reference_run(lambda: build_lm(config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
+        return runs[name]
+
+    return reference
+
+
+@pytest.mark.parametrize(
+    "name, layout, mesh",
+    [
+        ("k2_shared", "expert", "data=2,expert=4"),  # E_p = 4, batch over data x expert
+        ("k2_shared", "fsdp+expert", "data=2,expert=4"),  # dense weights and the experts' C over data
+        ("k2_shared", "expert+tp", "data=2,expert=2,model=2"),  # E_p = 2, F over model
+        ("k1", "expert", "data=4,expert=2"),  # k = 1, no shared expert
+    ],
+)
+def test_three_steps_of_fit_match_one_device(name, layout, mesh, references):
+    config = model_config("data", **MODELS[name])
+    distribution = distribution_for(GPTCausalLM, layout, mesh, config=config)
+    report = parity.check_parity(
+        lambda: build_lm(config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=references(name)
+    )
+    assert report.passed, "\n".join(report.format())
+    assert report.reference_losses[2] < report.reference_losses[0]  # not vacuous: it trained
+
+
+def test_experts_are_split_and_the_router_statistics_reach_the_logs():
+    """E_p = 4: each device holds 1 of the 4 experts of every expert weight; fit's logs
+    carry the router statistics (dropless: nothing dropped)."""
+    config = model_config("data", **MODELS["k2_shared"])
+    distribution = distribution_for(GPTCausalLM, "expert", "data=2,expert=4", config=config)
+    keras.distribution.set_distribution(distribution)
+    model = build_lm(config)
+    experts = [v for v in model.weights if "/expert_" in v.path]
+    assert len(experts) == 3
+    for variable in experts:
+        shard = variable.value.addressable_shards[0].data
+        assert tuple(variable.value.sharding.spec)[0] == "expert"
+        assert shard.shape[0] == 1 and shard.size * 4 == variable.value.size  # exactly 1/E_p per device
+    compile_sgd(model)
+    x, y = language_data()
+    history = model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0).history
+    assert history["router_dropped_fraction"] == [0.0]
+    assert 1.0 <= history["router_max_load"][0] <= 4.0 / 2  # at most every assignment on k of E experts
+
+
+def test_bad_meshes_are_named():
+    config = model_config("data", **MODELS["k2_shared"])
+    with pytest.raises(ValueError, match="num_experts=4 is not divisible by the 'expert' mesh axis of size 8"):
+        distribution_for(GPTCausalLM, "expert", "expert=8", config=config)
+    with pytest.raises(ValueError, match="num_experts=0"):
+        distribution_for(GPTCausalLM, "expert", "data=2,expert=4", config=model_config("data", num_layers=1))
+    with pytest.raises(ValueError, match="expert"):
+        distribution_for(GPTCausalLM, "expert", "data=8", config=config)
+
+
+@pytest.mark.parametrize("layout, mesh", [("single", None), ("expert", "data=2,expert=4")])
+def test_cached_generation_equals_recomputation(layout, mesh):
+    """Greedy KV-cache decoding of an MoE model equals argmax of full forward passes, on
+    one device and with its experts split over 'expert' (batch 8 = data x expert)."""
+    config = model_config("data", **(MODELS["k2_shared"] | dict(dropout=0.0)))
+    distribution = None if layout == "single" else distribution_for(GPTCausalLM, layout, mesh, config=config)
+    keras.distribution.set_distribution(distribution)
+    keras.utils.set_random_seed(5)
+    model = build_lm(config)
+    prompts = language_data(count=BATCH)[0][:, :4]
+    generated = np.asarray(model.generate(prompts, 3))
+    tokens = prompts
+    for _ in range(3):
+        logits = np.asarray(model.predict(tokens, batch_size=BATCH, verbose=0))
+        tokens = np.concatenate([tokens, logits[:, -1].argmax(-1)[:, None].astype("int32")], axis=1)
+    np.testing.assert_array_equal(generated, tokens)
