@@ -2,6 +2,7 @@
 
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.describe import describe, print_description
+from zoo.distribution.expert_parallel import ExpertParallel
 from zoo.distribution.devices import (
     DeviceCountError,
     describe_devices,
@@ -35,6 +36,7 @@ __all__ = [
     "ContextParallel",
     "CheckedModelParallel",
     "DeviceCountError",
+    "ExpertParallel",
     "LayoutError",
     "MeshError",
     "build_distributed",

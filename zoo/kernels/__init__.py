@@ -85,3 +85,31 @@ __all__ += [
     "sequence_parallel_row_matmul",
     "tensor_parallel_mlp",
 ]
+
+# Mixture of Experts (routing, grouped expert MLPs, the expert-parallel exchange). Shapes
+# there: N tokens on the shard, C width, E experts, k per token, F expert width.
+from zoo.kernels.moe import (  # noqa: E402
+    capacity,
+    dense_moe,
+    expert_mlp,
+    expert_parallel_moe,
+    load_balance_loss,
+    minimum_exchange_bytes,
+    moe_reference,
+    route,
+    router_z_loss,
+    sparse_moe,
+)
+
+__all__ += [
+    "capacity",
+    "dense_moe",
+    "expert_mlp",
+    "expert_parallel_moe",
+    "load_balance_loss",
+    "minimum_exchange_bytes",
+    "moe_reference",
+    "route",
+    "router_z_loss",
+    "sparse_moe",
+]

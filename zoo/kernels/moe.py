@@ -38,10 +38,11 @@ capacity Q is ``ceil(capacity_factor * A / N_e)`` with a ``capacity_factor``; pa
 shard's assignments to one device are dropped (the token keeps its other experts; the
 shared expert and the residual still carry it), counted in the statistics, never silent.
 ``capacity_factor=None`` is dropless: Q = N * min(k, E_l), enough for every assignment
-even when every token picks one device, which on XLA:CPU (no ``ragged_all_to_all``:
-"HLO opcode ragged-all-to-all is not supported by XLA:CPU") costs N_e / k times the
-minimum bytes (k <= E_l). On GPU and TPU ``exchange="ragged"`` sends exactly the routed
-rows (``jax.lax.ragged_all_to_all``), dropless at the minimum.
+even when every token picks one device, at N_e * min(k, E_l) / k times the minimum bytes.
+A ragged exchange (``jax.lax.ragged_all_to_all``: exactly the routed rows, dropless at
+the minimum) is not used: XLA:CPU cannot run it ("HLO opcode ragged-all-to-all is not
+supported by XLA:CPU"), so nothing here could check it against the reference; it is the
+next step where a GPU or TPU is at hand (docs/moe.md, limits).
 
 Custom VJP: none. Autodiff's transpose of each ``all_to_all`` is the inverse
 ``all_to_all`` (the backward sends the same bytes again), of the gathers by sorted order
@@ -54,7 +55,6 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
-    "EXCHANGES",
     "GROUPED_MATMULS",
     "capacity",
     "check_experts",
@@ -72,7 +72,6 @@ __all__ = [
 ]
 
 GROUPED_MATMULS = ("ragged_dot", "blocks")  # how the expert MLPs run over the token groups
-EXCHANGES = ("capacity", "ragged")  # how the tokens travel over the expert axis
 MAX_BLOCK_ROWS = 128  # rows per block of the "blocks" grouped matmul
 
 

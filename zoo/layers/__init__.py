@@ -1,6 +1,7 @@
 """Keras layers; the only package that calls ``shard_map``."""
 
 from zoo.layers.column_parallel_dense import ColumnParallelDense
+from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.layers.multi_head_attention import MultiHeadAttention
 from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.layers.rotary_embedding import apply_rotary_embedding, rotary_angles
@@ -10,6 +11,7 @@ from zoo.layers.pipelined_blocks import PipelinedBlocks
 
 __all__ = [
     "ColumnParallelDense",
+    "MoEFeedForward",
     "MultiHeadAttention",
     "ParallelMLP",
     "PipelinedBlocks",

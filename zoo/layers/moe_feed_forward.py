@@ -228,13 +228,15 @@ class MoEFeedForward(keras.layers.Layer):
         """What a call runs under the current distribution, in words (``zoo.distribution.describe``)."""
         plan = resolve_plan(model_axis=self.model_axis)
         drops = "dropless" if self.capacity_factor is None else f"capacity factor {self.capacity_factor}"
+        split = (f", {self.intermediate_dim // plan.model_size} of {self.intermediate_dim} expert features per device "
+                 f"over {plan.model_axis!r} (an all-reduce of the output)") if plan.model_axis else ""  # fmt: skip
         if plan.expert_axis is None:
             where = "every expert on every device" if plan.mesh is not None else "one device"
-            return f"sparse MoE ({self.num_experts} experts, top {self.num_experts_per_token}), {where}"
+            return f"sparse MoE ({self.num_experts} experts, top {self.num_experts_per_token}), {where}{split}"
         local = self.num_experts // plan.expert_size
         return (
             f"expert-parallel MoE: {local} of {self.num_experts} experts per device over {plan.expert_axis!r} "
-            f"(size {plan.expert_size}), top {self.num_experts_per_token}, two all-to-alls per call, {drops}"
+            f"(size {plan.expert_size}), top {self.num_experts_per_token}, two all-to-alls per call, {drops}{split}"
         )
 
 

@@ -78,6 +78,13 @@ class TransformerBlock(keras.layers.Layer):
             attention and dropout masks: ``dots_with_no_batch_dims_saveable``, which
             leaves the attention kernel's O(T^2) score tiles out).
             Inference calls are never rematerialised (there is no backward pass).
+        num_experts: E > 0 replaces the MLP by a ``MoEFeedForward`` named ``mlp`` (SwiGLU
+            experts; ``mlp`` must be ``"swiglu"``, no ``megatron_sp``); 0: the dense MLP.
+        num_experts_per_token, moe_intermediate_dim (None: ``hidden_dim``),
+            shared_expert_dim, normalize_router_weights, router_aux_loss_coefficient,
+            router_z_loss_coefficient, capacity_factor: the ``MoEFeedForward``'s
+            (its ``intermediate_dim`` is ``moe_intermediate_dim``). Its losses and
+            router statistics are recorded after the (possibly rematerialised) block.
 
     Call: ``block(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
 
