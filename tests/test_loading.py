@@ -71,6 +71,7 @@ def _layers_model():
     y = zoo.layers.TransformerBlock(num_heads=4, head_dim=8, hidden_dim=64, name="block")(y)
     y = zoo.layers.PipelinedBlocks(1, dict(num_heads=4, head_dim=8, hidden_dim=64), name="pipelined")(y)
     y = zoo.layers.ParallelMLP(64, gated=True, name="mlp")(y)
+    y = zoo.layers.MoEFeedForward(2, 1, 16, shared_expert_dim=16, name="moe")(y)
     y = zoo.layers.ColumnParallelDense(64, name="column")(y)  # (B, 1 + T, F)
     y = zoo.layers.RowParallelDense(32, name="row")(y)  # (B, 1 + T, C)
     y = TokenPooling("mean", name="pooling")(y)  # (B, C)

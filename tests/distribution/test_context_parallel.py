@@ -359,5 +359,5 @@ def test_context_layout_and_the_transformer_layouts():
         distribution_for(_Cnn, "tp", "data=2,model=4")
     with pytest.raises(ValueError, match="are options of layout 'context' .*, not of 'data'"):
         make_distribution("data", "data=8", balance="zigzag")
-    with pytest.raises(ValueError, match=r"choose one of \['single', 'data', 'model'\] or, .* \['fsdp', 'tp', 'tp\+sp', 'fsdp\+tp', 'context', 'pipeline'\]"):
-        make_distribution("expert")
+    with pytest.raises(ValueError, match=r"choose one of \['single', 'data', 'model'\] or, .* \['fsdp', 'tp', 'tp\+sp', 'fsdp\+tp', 'context', 'pipeline', 'expert', 'fsdp\+expert', 'expert\+tp'\]"):
+        make_distribution("zero")

@@ -58,6 +58,6 @@ def test_strategy_needs_its_axes():
 
 
 def test_unknown_strategy():
-    with pytest.raises(ValueError, match=r"unknown layout 'expert'; choose one of \['single', 'data', 'model'\]"):
-        make_distribution("expert", "data=8")
+    with pytest.raises(ValueError, match=r"unknown layout 'zero'; choose one of \['single', 'data', 'model'\]"):
+        make_distribution("zero", "data=8")
     assert make_distribution("single") is None

@@ -9,7 +9,15 @@ import pytest
 
 import zoo
 from tests.layers.harness import MIXED_POLICIES, check_dtype_policies, check_keras_layer_test
-from zoo.layers import ColumnParallelDense, MultiHeadAttention, ParallelMLP, PipelinedBlocks, RowParallelDense, TransformerBlock
+from zoo.layers import (
+    ColumnParallelDense,
+    MoEFeedForward,
+    MultiHeadAttention,
+    ParallelMLP,
+    PipelinedBlocks,
+    RowParallelDense,
+    TransformerBlock,
+)
 from zoo.models._class_token import ClassToken
 from zoo.models._learned_position_embedding import LearnedPositionEmbedding
 from zoo.models._token_pooling import TokenPooling
@@ -20,6 +28,7 @@ B, T, C = 2, 3, 4  # batch, tokens, channels: the smallest shapes every layer ta
 # leave the output dtype to the output projection, so they are left out.
 ATTENTION = dict(num_heads=1, head_dim=C)
 BLOCK = dict(ATTENTION, hidden_dim=C, dropout=0.5, seed=0)
+MOE = dict(num_experts=2, num_experts_per_token=1, intermediate_dim=C, shared_expert_dim=C, router_aux_loss_coefficient=0.1)
 CACHE = np.zeros((B, 2, T + 1, 1, C), "float32")  # (B, 2, S, K, D)
 KEY_MASK = np.array([[True, True, False], [True, False, False]])  # (B, T)
 # two blocks, circular (its buffer of returning micro-batches), one micro-batch per row
@@ -30,6 +39,7 @@ CASES = {
     "ColumnParallelDense": (ColumnParallelDense, {"units": 4}, {}, {}),
     "RowParallelDense": (RowParallelDense, {"units": 4}, {}, {}),
     "ParallelMLP": (ParallelMLP, {"hidden_dim": C}, {}, {}),
+    "MoEFeedForward": (MoEFeedForward, MOE, {}, {"training": True}),
     "MultiHeadAttention": (MultiHeadAttention, ATTENTION, {}, {}),
     "MultiHeadAttention cached": (MultiHeadAttention, ATTENTION, {"cache": CACHE}, {"cache_index": 1}),
     "TransformerBlock training": (TransformerBlock, BLOCK, {}, {"training": True}),
