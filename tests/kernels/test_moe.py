@@ -128,3 +128,36 @@ def test_routing_and_router_losses():
     assert float(moe.load_balance_loss(probabilities, ids, num_experts=E)) > 0
     lse = np.log(np.exp(np.asarray(logits)).sum(-1))
     assert float(moe.router_z_loss(logits)) == pytest.approx(float(np.mean(lse**2)), rel=1e-6)
+
+
+@pytest.mark.parametrize("n, k", [(2, 1), (4, 2)])
+@pytest.mark.parametrize("unbalanced", [False, True])
+def test_ragged_exchange_equals_dense(n, k, unbalanced):
+    """The ragged exchange's offsets and sizes, run through the emulated collective
+    (XLA:CPU has no ragged-all-to-all): the dense numbers, outputs and gradients."""
+    mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
+
+    def body(x, weights, ids, weights_of_experts):
+        y, _ = moe.ragged_expert_parallel_moe(
+            x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=n, num_experts=E,
+            ragged_all_to_all=moe.emulated_ragged_all_to_all,
+        )  # fmt: skip
+        return y
+
+    spec = P(AXIS)
+    kernel = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec, spec, spec), out_specs=spec))
+    check_against_dense(kernel, k=k, unbalanced=unbalanced)
+
+
+def test_the_ragged_exchange_lowers_to_the_collective():
+    """With jax.lax.ragged_all_to_all itself the program lowers (shapes and types check);
+    XLA:CPU cannot compile it, so it runs on GPU/TPU only."""
+    mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
+    x, weights, ids = routing(2, False)
+
+    def body(x, weights, ids, weights_of_experts):
+        return moe.ragged_expert_parallel_moe(x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E)[0]
+
+    spec = P(AXIS)
+    lowered = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)).lower(x, weights, ids, experts())
+    assert lowered.as_text().count("ragged_all_to_all") == 2  # dispatch and combine

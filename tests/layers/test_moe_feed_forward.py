@@ -66,6 +66,8 @@ def test_outputs_losses_and_statistics_equal_the_dense_reference():
         (dict(num_experts=0), "num_experts must be a positive integer, got 0"),
         (dict(router_aux_loss_coefficient=-1.0), "router_aux_loss_coefficient must be a non-negative number"),
         (dict(grouped_matmul="dense"), "grouped_matmul must be None or one of"),
+        (dict(expert_exchange="fast"), "expert_exchange must be one of"),
+        (dict(expert_exchange="ragged", capacity_factor=1.0), "expert_exchange 'ragged' sends exactly the routed rows"),
     ],
 )
 def test_bad_settings_are_named(change, named):

@@ -88,6 +88,10 @@ def test_bad_meshes_are_named():
         distribution_for(GPTCausalLM, "expert", "data=2,expert=4", config=model_config("data", num_layers=1))
     with pytest.raises(ValueError, match="expert"):
         distribution_for(GPTCausalLM, "expert", "data=8", config=config)
+    keras.distribution.set_distribution(distribution_for(GPTCausalLM, "expert", "data=2,expert=4", config=config))
+    model = build_lm(config | dict(expert_exchange="ragged"))
+    with pytest.raises(ValueError, match="expert_exchange 'ragged' needs jax.lax.ragged_all_to_all, which XLA:CPU cannot run"):
+        model.predict(language_data(count=BATCH)[0], batch_size=BATCH, verbose=0)
 
 
 @pytest.mark.parametrize("layout, mesh", [("single", None), ("expert", "data=2,expert=4")])

@@ -39,10 +39,14 @@ shard's assignments to one device are dropped (the token keeps its other experts
 shared expert and the residual still carry it), counted in the statistics, never silent.
 ``capacity_factor=None`` is dropless: Q = N * min(k, E_l), enough for every assignment
 even when every token picks one device, at N_e * min(k, E_l) / k times the minimum bytes.
-A ragged exchange (``jax.lax.ragged_all_to_all``: exactly the routed rows, dropless at
-the minimum) is not used: XLA:CPU cannot run it ("HLO opcode ragged-all-to-all is not
-supported by XLA:CPU"), so nothing here could check it against the reference; it is the
-next step where a GPU or TPU is at hand (docs/moe.md, limits).
+
+``exchange="ragged"`` (``ragged_expert_parallel_moe``) sends exactly the routed rows
+with ``jax.lax.ragged_all_to_all``: dropless at the minimum bytes, the receive buffer
+sized for the worst case (N_e * N * min(k, E_l) rows) but only the routed rows moved.
+XLA:CPU cannot run it ("HLO opcode ragged-all-to-all is not supported by XLA:CPU"): on
+CPU the tests run the same code with ``emulated_ragged_all_to_all`` (the op's
+semantics from an all-gather), which checks every offset and size against the dense
+reference; the op itself is GPU/TPU's, not run here (docs/moe.md, limits).
 
 Custom VJP: none. Autodiff's transpose of each ``all_to_all`` is the inverse
 ``all_to_all`` (the backward sends the same bytes again), of the gathers by sorted order
@@ -55,7 +59,10 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
+    "EXCHANGES",
     "GROUPED_MATMULS",
+    "emulated_ragged_all_to_all",
+    "ragged_expert_parallel_moe",
     "capacity",
     "check_experts",
     "dropped_assignments",
@@ -72,6 +79,7 @@ __all__ = [
 ]
 
 GROUPED_MATMULS = ("ragged_dot", "blocks")  # how the expert MLPs run over the token groups
+EXCHANGES = ("all_to_all", "ragged")  # how tokens travel over the expert axis: padded buffers, or exactly the routed rows
 MAX_BLOCK_ROWS = 128  # rows per block of the "blocks" grouped matmul
 
 
@@ -311,3 +319,77 @@ def _local_experts(received, received_counts, *, expert_gate, expert_up, expert_
     )  # [N_e * Q, C], padding rows 0 fmt: skip
     outputs = jnp.zeros_like(grouped).at[order].set(grouped)  # back to arrival order
     return outputs.reshape(sources, rows, -1)
+
+
+# --- the ragged exchange --------------------------------------------------------------------
+
+
+def ragged_expert_parallel_moe(
+    x, weights, expert_ids, *, expert_gate, expert_up, expert_down, axis_name, axis_size, num_experts,
+    implementation=None, ragged_all_to_all=None,
+):  # fmt: skip
+    """``expert_parallel_moe`` with exactly the routed rows sent (dropless, no capacity).
+
+    The A sorted assignments go to their devices in one ``ragged_all_to_all``; each
+    device's rows land after those of the lower sources (offsets from the all-gathered
+    [N_e, N_e] send counts) with the [N_e, E_l] counts per expert beside them; the
+    outputs return by the inverse ragged exchange to their senders' sorted places.
+    ``ragged_all_to_all``: the collective (default ``jax.lax.ragged_all_to_all``;
+    ``emulated_ragged_all_to_all`` on CPU). Returns (y [N, C], dropped = 0).
+    """
+    check_experts(num_experts, axis_size=axis_size, axis_name=axis_name)
+    exchange = ragged_all_to_all or jax.lax.ragged_all_to_all
+    num_tokens, k = expert_ids.shape
+    local = num_experts // axis_size
+    order, token, expert = _sorted_assignments(expert_ids)  # i32[A] each
+    per_device = jnp.bincount(expert // local, length=axis_size).astype(jnp.int32)  # i32[N_e]: rows to each device
+    sent = jax.lax.all_gather(per_device, axis_name)  # i32[N_e (source), N_e (destination)]
+    me = jax.lax.axis_index(axis_name)
+    send_offsets = jnp.cumsum(per_device) - per_device  # where each destination's rows start here
+    land_offsets = (jnp.cumsum(sent, axis=0) - sent)[me]  # where my rows start on each destination
+    receive_sizes = sent[:, me]  # i32[N_e]: rows from each source
+    receive_offsets = jnp.cumsum(receive_sizes) - receive_sizes
+    counts = jnp.bincount(expert, length=num_experts).reshape(axis_size, local).astype(jnp.int32)  # i32[N_e, E_l]
+    received_counts = jax.lax.all_to_all(counts, axis_name, 0, 0, tiled=True)  # i32[N_e, E_l] by source
+
+    rows = axis_size * num_tokens * min(k, local)  # the worst case any device receives
+    received = exchange(
+        x[token], jnp.zeros((rows, x.shape[-1]), x.dtype), send_offsets, per_device, land_offsets, receive_sizes,
+        axis_name=axis_name,
+    )  # [rows, C]: source 0's rows, then source 1's, ...; the rest zeros fmt: skip
+    # each received row's local expert (E_l for the unused rows), from its source's counts
+    row = jnp.arange(rows, dtype=jnp.int32)
+    source = jnp.searchsorted(receive_offsets + receive_sizes, row, side="right").astype(jnp.int32)  # N_e past the end
+    within = row - receive_offsets[jnp.minimum(source, axis_size - 1)]
+    ends = jnp.cumsum(received_counts, axis=1)  # [N_e, E_l]
+    local_expert = jax.vmap(lambda r, s: jnp.searchsorted(ends[s], r, side="right"))(within, jnp.minimum(source, axis_size - 1))
+    local_expert = jnp.where(source < axis_size, local_expert, local).astype(jnp.int32)
+    by_expert = jnp.argsort(local_expert, stable=True)
+    group_sizes = jnp.sum(received_counts, axis=0).astype(jnp.int32)  # i32[E_l]
+    grouped = expert_mlp(
+        received[by_expert], group_sizes, expert_gate=expert_gate, expert_up=expert_up, expert_down=expert_down,
+        implementation=implementation,
+    )  # fmt: skip
+    outputs = jnp.zeros_like(grouped).at[by_expert].set(grouped)  # [rows, C] in arrival order
+    # back: source s's rows (at receive_offsets[s]) to its sorted places (its send offset for me)
+    return_offsets = (jnp.cumsum(sent, axis=1) - sent)[:, me]  # i32[N_e]
+    returned = exchange(
+        outputs, jnp.zeros((expert.shape[0], x.shape[-1]), x.dtype), receive_offsets, receive_sizes, return_offsets,
+        per_device, axis_name=axis_name,
+    )  # [A, C] in this shard's sorted order fmt: skip
+    weighted = returned * weights.reshape(-1)[order][:, None].astype(returned.dtype)
+    return jnp.zeros_like(x).at[token].add(weighted), jnp.int32(0)
+
+
+def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name):
+    """``jax.lax.ragged_all_to_all``'s result computed from an all-gather (any backend;
+    N_e times its bytes): device d writes rows ``input_offsets[j] .. + send_sizes[j]`` of
+    its operand at ``output_offsets[j]`` of device j's output. ``recv_sizes`` is implied."""
+    del recv_sizes
+    me = jax.lax.axis_index(axis_name)
+    operands = jax.lax.all_gather(operand, axis_name)  # [N_e, R_in, C]
+    starts, sizes, targets = (jax.lax.all_gather(a, axis_name)[:, me] for a in (input_offsets, send_sizes, output_offsets))
+    row = jnp.arange(operand.shape[0])
+    inside = (row[None, :] >= starts[:, None]) & (row[None, :] < (starts + sizes)[:, None])  # [N_e, R_in]
+    destination = jnp.where(inside, targets[:, None] + row[None, :] - starts[:, None], output.shape[0])
+    return output.at[destination.reshape(-1)].set(operands.reshape(-1, operand.shape[-1]), mode="drop")

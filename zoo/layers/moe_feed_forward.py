@@ -50,6 +50,9 @@ class MoEFeedForward(keras.layers.Layer):
         router_aux_loss_coefficient, router_z_loss_coefficient: the losses' weights.
         capacity_factor: None (dropless) or the capacity of the exchange per device
             pair, as a multiple of the balanced load (see ``zoo.kernels.moe``).
+        expert_exchange: ``"all_to_all"`` (padded buffers, any backend) or ``"ragged"``
+            (``jax.lax.ragged_all_to_all``: exactly the routed rows, dropless; GPU and
+            TPU only: XLA:CPU cannot run it).
         grouped_matmul: None (``"ragged_dot"`` on GPU/TPU, ``"blocks"`` on CPU) or one
             of ``zoo.kernels.moe.GROUPED_MATMULS``.
         model_axis: the mesh axis tensor parallelism splits F (and the shared expert) over.
@@ -79,6 +82,7 @@ class MoEFeedForward(keras.layers.Layer):
         router_aux_loss_coefficient=0.0,
         router_z_loss_coefficient=0.0,
         capacity_factor=None,
+        expert_exchange="all_to_all",
         grouped_matmul=None,
         model_axis=MODEL,
         kernel_initializer="glorot_uniform",
@@ -90,6 +94,13 @@ class MoEFeedForward(keras.layers.Layer):
             shared_expert_dim=shared_expert_dim, capacity_factor=capacity_factor,
             router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
         )  # fmt: skip
+        if expert_exchange not in moe.EXCHANGES:
+            raise ValueError(f"expert_exchange must be one of {moe.EXCHANGES}, got {expert_exchange!r}")
+        if expert_exchange == "ragged" and capacity_factor is not None:
+            raise ValueError(
+                f"expert_exchange 'ragged' sends exactly the routed rows and drops none; capacity_factor="
+                f"{capacity_factor!r} is for the 'all_to_all' exchange (leave it None)"
+            )
         if grouped_matmul not in (None, *moe.GROUPED_MATMULS):
             raise ValueError(f"grouped_matmul must be None or one of {moe.GROUPED_MATMULS}, got {grouped_matmul!r}")
         self.num_experts = num_experts
@@ -100,6 +111,7 @@ class MoEFeedForward(keras.layers.Layer):
         self.router_aux_loss_coefficient = float(router_aux_loss_coefficient)
         self.router_z_loss_coefficient = float(router_z_loss_coefficient)
         self.capacity_factor = capacity_factor
+        self.expert_exchange = expert_exchange
         self.grouped_matmul = grouped_matmul
         self.model_axis = model_axis
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -142,6 +154,11 @@ class MoEFeedForward(keras.layers.Layer):
         (``TransformerBlock`` runs it under ``jax.checkpoint``); ``record(aux)`` adds the
         losses and statistics afterwards."""
         plan = resolve_plan(model_axis=self.model_axis)
+        if plan.expert_axis is not None and self.expert_exchange == "ragged" and jax.default_backend() == "cpu":
+            raise ValueError(
+                f"MoEFeedForward {self.name!r}: expert_exchange 'ragged' needs jax.lax.ragged_all_to_all, which XLA:CPU "
+                f"cannot run; use expert_exchange 'all_to_all' on CPU"
+            )
         weights = {"router": self.router.kernel, **{name: getattr(self, name) for name in EXPERT_WEIGHTS}}
         weights = {name: keras.ops.convert_to_tensor(value) for name, value in weights.items()}  # arrays, not Variables
         if plan.mesh is None:
@@ -169,7 +186,12 @@ class MoEFeedForward(keras.layers.Layer):
         )  # f32[N, k], i32[N, k], f32[N, E]
         experts = {name: self._gathered(weights[name], plan, axis=1 if name != "expert_down" else 2) for name in EXPERT_WEIGHTS}
         experts = {name: value.astype(x.dtype) for name, value in experts.items()}
-        if plan.expert_axis is not None:
+        if plan.expert_axis is not None and self.expert_exchange == "ragged":
+            y, dropped = moe.ragged_expert_parallel_moe(
+                tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
+                num_experts=self.num_experts, implementation=self.grouped_matmul,
+            )  # fmt: skip
+        elif plan.expert_axis is not None:
             y, dropped = moe.expert_parallel_moe(
                 tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
                 num_experts=self.num_experts, capacity_factor=self.capacity_factor, implementation=self.grouped_matmul,
@@ -218,6 +240,7 @@ class MoEFeedForward(keras.layers.Layer):
             router_aux_loss_coefficient=self.router_aux_loss_coefficient,
             router_z_loss_coefficient=self.router_z_loss_coefficient,
             capacity_factor=self.capacity_factor,
+            expert_exchange=self.expert_exchange,
             grouped_matmul=self.grouped_matmul,
             model_axis=self.model_axis,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
@@ -228,6 +251,7 @@ class MoEFeedForward(keras.layers.Layer):
         """What a call runs under the current distribution, in words (``zoo.distribution.describe``)."""
         plan = resolve_plan(model_axis=self.model_axis)
         drops = "dropless" if self.capacity_factor is None else f"capacity factor {self.capacity_factor}"
+        drops += ", ragged exchange" if self.expert_exchange == "ragged" else ""
         split = (f", {self.intermediate_dim // plan.model_size} of {self.intermediate_dim} expert features per device "
                  f"over {plan.model_axis!r} (an all-reduce of the output)") if plan.model_axis else ""  # fmt: skip
         if plan.expert_axis is None:

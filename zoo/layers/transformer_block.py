@@ -82,7 +82,7 @@ class TransformerBlock(keras.layers.Layer):
             experts; ``mlp`` must be ``"swiglu"``, no ``megatron_sp``); 0: the dense MLP.
         num_experts_per_token, moe_intermediate_dim (None: ``hidden_dim``),
             shared_expert_dim, normalize_router_weights, router_aux_loss_coefficient,
-            router_z_loss_coefficient, capacity_factor: the ``MoEFeedForward``'s
+            router_z_loss_coefficient, capacity_factor, expert_exchange: the ``MoEFeedForward``'s
             (its ``intermediate_dim`` is ``moe_intermediate_dim``). Its losses and
             router statistics are recorded after the (possibly rematerialised) block.
 
@@ -145,6 +145,7 @@ class TransformerBlock(keras.layers.Layer):
         router_aux_loss_coefficient=0.01,
         router_z_loss_coefficient=0.0,
         capacity_factor=None,
+        expert_exchange="all_to_all",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -193,7 +194,7 @@ class TransformerBlock(keras.layers.Layer):
             num_experts_per_token=num_experts_per_token, moe_intermediate_dim=moe_intermediate_dim,
             shared_expert_dim=shared_expert_dim or 0, normalize_router_weights=bool(normalize_router_weights),
             router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
-            capacity_factor=capacity_factor,
+            capacity_factor=capacity_factor, expert_exchange=expert_exchange,
         )  # fmt: skip
         activation, gated = MLP_ACTIVATIONS[mlp]
         if self.num_experts:

@@ -71,6 +71,7 @@ class GPTBackbone(ZooModel):
             load-balancing loss and router z-loss added in training.
         capacity_factor: None (dropless) or the expert exchange's capacity
             (``zoo.kernels.moe``; dropped assignments are counted in ``logs``).
+        expert_exchange: ``"all_to_all"`` or ``"ragged"`` (GPU/TPU; see ``MoEFeedForward``).
 
     Named sizes: ``GPTBackbone.from_config_name("gpt_tiny")`` (``gpt_configs.GPT_CONFIGS``).
 
@@ -115,6 +116,7 @@ class GPTBackbone(ZooModel):
         router_aux_loss_coefficient=0.01,
         router_z_loss_coefficient=0.0,
         capacity_factor=None,
+        expert_exchange="all_to_all",
         name="gpt_backbone",
         **kwargs,
     ):
@@ -143,7 +145,7 @@ class GPTBackbone(ZooModel):
             num_experts_per_token=num_experts_per_token, moe_intermediate_dim=moe_intermediate_dim,
             shared_expert_dim=shared_expert_dim, normalize_router_weights=normalize_router_weights,
             router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
-            capacity_factor=capacity_factor,
+            capacity_factor=capacity_factor, expert_exchange=expert_exchange,
         )  # fmt: skip
         if schedule is not None:
             _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts)
