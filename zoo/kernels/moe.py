@@ -63,6 +63,7 @@ __all__ = [
     "GROUPED_MATMULS",
     "emulated_ragged_all_to_all",
     "ragged_expert_parallel_moe",
+    "replicated_expert_parallel_moe",
     "capacity",
     "check_experts",
     "dropped_assignments",
@@ -393,3 +394,21 @@ def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, outpu
     inside = (row[None, :] >= starts[:, None]) & (row[None, :] < (starts + sizes)[:, None])  # [N_e, R_in]
     destination = jnp.where(inside, targets[:, None] + row[None, :] - starts[:, None], output.shape[0])
     return output.at[destination.reshape(-1)].set(operands.reshape(-1, operand.shape[-1]), mode="drop")
+
+
+def replicated_expert_parallel_moe(
+    x, weights, expert_ids, *, expert_gate, expert_up, expert_down, axis_name, axis_size, num_experts, implementation=None
+):  # fmt: skip
+    """Expert parallelism for tokens every device of the axis holds (a decoding batch
+    that does not split over it): each device runs only its own E_l experts'
+    assignments, the others weighted 0, and the outputs are summed over the axis (one
+    all-reduce of [N, C], no exchange). x [N, C] the same on every device -> [N, C]."""
+    check_experts(num_experts, axis_size=axis_size, axis_name=axis_name)
+    local = num_experts // axis_size
+    first = jax.lax.axis_index(axis_name) * local
+    mine = (expert_ids >= first) & (expert_ids < first + local)  # bool[N, k]
+    y = sparse_moe(
+        x, jnp.where(mine, weights, 0.0), jnp.clip(expert_ids - first, 0, local - 1), expert_gate=expert_gate,
+        expert_up=expert_up, expert_down=expert_down, implementation=implementation,
+    )  # fmt: skip
+    return jax.lax.psum(y, axis_name)

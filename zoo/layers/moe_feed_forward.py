@@ -162,12 +162,17 @@ class MoEFeedForward(keras.layers.Layer):
         weights = {"router": self.router.kernel, **{name: getattr(self, name) for name in EXPERT_WEIGHTS}}
         weights = {name: keras.ops.convert_to_tensor(value) for name, value in weights.items()}  # arrays, not Variables
         if plan.mesh is None:
-            y, aux = self._local(x, weights, plan=plan)
+            y, aux = self._local(x, weights, plan=plan, replicated=False)
         else:
-            token_spec = P(plan.batch_axis, plan.sequence_axis if len(x.shape) >= 3 else None)  # (B, T, C) over the batch
+            # (B, T, C) split as the batch is; a batch that does not split (decoding a few
+            # prompts) stays whole on every device and each runs its own experts on it
+            replicated = x.shape[0] is not None and x.shape[0] % plan.batch_size != 0
+            batch = None if replicated else plan.batch_axis
+            token_spec = P(batch, plan.sequence_axis if len(x.shape) >= 3 else None)
             y, aux = run_sharded(
-                plan, self._local, (x, weights), (token_spec, self._weight_specs(plan)), (token_spec, P()), plan=plan
-            )
+                plan, self._local, (x, weights), (token_spec, self._weight_specs(plan)), (token_spec, P()), plan=plan,
+                replicated=replicated,
+            )  # fmt: skip
         if self.shared_expert is not None:
             gate = jax.nn.sigmoid(self.shared_expert_gate(x))  # (B, T, 1)
             y = y + gate * self.shared_expert(x)  # (B, T, C)
@@ -177,8 +182,9 @@ class MoEFeedForward(keras.layers.Layer):
         e, m, d = plan.expert_axis, plan.model_axis, plan.weight_shard_axis
         return {"router": P(), "expert_gate": P(e, d, m), "expert_up": P(e, d, m), "expert_down": P(e, m, d)}
 
-    def _local(self, x, weights, plan):
-        """One shard: x [B_l, T_l, C] -> ([B_l, T_l, C], aux of replicated statistics)."""
+    def _local(self, x, weights, plan, replicated):
+        """One shard: x [B_l, T_l, C] -> ([B_l, T_l, C], aux of replicated statistics);
+        ``replicated``: every device holds the whole batch."""
         tokens = x.reshape(-1, x.shape[-1])  # [N, C]
         logits = tokens.astype(jnp.float32) @ weights["router"].astype(jnp.float32)  # f32[N, E]
         routing, expert_ids, probabilities = moe.route(
@@ -186,7 +192,13 @@ class MoEFeedForward(keras.layers.Layer):
         )  # f32[N, k], i32[N, k], f32[N, E]
         experts = {name: self._gathered(weights[name], plan, axis=1 if name != "expert_down" else 2) for name in EXPERT_WEIGHTS}
         experts = {name: value.astype(x.dtype) for name, value in experts.items()}
-        if plan.expert_axis is not None and self.expert_exchange == "ragged":
+        if plan.expert_axis is not None and replicated:
+            y = moe.replicated_expert_parallel_moe(
+                tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
+                num_experts=self.num_experts, implementation=self.grouped_matmul,
+            )  # fmt: skip
+            dropped = jnp.int32(0)
+        elif plan.expert_axis is not None and self.expert_exchange == "ragged":
             y, dropped = moe.ragged_expert_parallel_moe(
                 tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
                 num_experts=self.num_experts, implementation=self.grouped_matmul,
@@ -201,7 +213,7 @@ class MoEFeedForward(keras.layers.Layer):
         if plan.model_axis is not None:  # the experts' F split over model: partial sums
             y = jax.lax.psum(y, plan.model_axis)
         aux = _statistics(logits, probabilities, expert_ids, dropped, num_experts=self.num_experts)
-        return y.reshape(x.shape), _mean_over(aux, _token_axes(plan))
+        return y.reshape(x.shape), _mean_over(aux, () if replicated else _token_axes(plan))
 
     def _gathered(self, weight, plan, *, axis):
         """An expert weight whole on its C dimension: all-gathered over the FSDP axis."""
