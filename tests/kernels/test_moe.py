@@ -161,3 +161,15 @@ def test_the_ragged_exchange_lowers_to_the_collective():
     spec = P(AXIS)
     lowered = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)).lower(x, weights, ids, experts())
     assert lowered.as_text().count("ragged_all_to_all") == 2  # dispatch and combine
+
+
+def test_replicated_tokens_equal_dense():
+    """Every device holding every token (decoding), its own experts only, summed over the
+    axis: the dense numbers, outputs and gradients."""
+    mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
+
+    def body(x, weights, ids, weights_of_experts):
+        return moe.replicated_expert_parallel_moe(x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E)
+
+    kernel = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS)), out_specs=P()))
+    check_against_dense(kernel, k=2, unbalanced=False)
