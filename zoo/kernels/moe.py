@@ -58,6 +58,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from zoo.kernels.collective_matmul import vary_over
+
 __all__ = [
     "EXCHANGES",
     "GROUPED_MATMULS",
@@ -404,6 +406,10 @@ def replicated_expert_parallel_moe(
     assignments, the others weighted 0, and the outputs are summed over the axis (one
     all-reduce of [N, C], no exchange). x [N, C] the same on every device -> [N, C]."""
     check_experts(num_experts, axis_size=axis_size, axis_name=axis_name)
+    # Cast once to varying: the backward then sums the devices' partial cotangents. Left
+    # to the gather by (varying) sorted order, JAX 0.10 gives each device its own partial
+    # d(x) as if it were the whole (gradients off by the other devices' experts).
+    x, weights = vary_over(x, axis_name), vary_over(weights, axis_name)
     local = num_experts // axis_size
     first = jax.lax.axis_index(axis_name) * local
     mine = (expert_ids >= first) & (expert_ids < first + local)  # bool[N, k]
