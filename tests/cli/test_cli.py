@@ -128,3 +128,8 @@ def test_train_gpt_pipeline_flags_reach_the_model(tmp_path, capsys, monkeypatch)
     assert kernel.shape == (2, 4, 32, 4, 8) and tuple(kernel.value.sharding.spec) == (None, "stage", None, None, None)
     assert "distribution: CheckedModelParallel on mesh data=2,stage=4" in out
     assert "pipeline: schedule circular, 4 stages x 2 repeat(s) of 1 block(s), 8 micro-batches of 1 row(s) per data shard; 19 ticks, useful 16/19 = 84%" in out
+
+
+def test_moe_settings_on_a_dense_config_are_refused_naming_them(capsys):
+    assert main(["train", "gpt", "--config-name", "gpt_tiny", "--capacity-factor", "1.25", "--epochs", "1"]) == 2
+    assert "--capacity-factor 1.25: settings of a Mixture-of-Experts model, but --config-name gpt_tiny has no experts" in capsys.readouterr().err

@@ -153,3 +153,26 @@ def test_a_pipelined_plan_compiles_depths_in_steps_of_stages_x_repeats():
         return StepMeasure(layers, "data=2,stage=4", 16, {**memory, "temp": temp}, 0.0, 0.0, [], True, 0.0)
 
     assert extrapolate(step(4, 100), step(8, 180), 24).memory["temp"] == 180 + 4 * 80  # 20 bytes per block
+
+
+def test_a_mixture_of_experts_model_gets_the_expert_layouts_priced_by_their_exchange():
+    """gpt_tiny_moe (E = 4, k = 2) on 8 devices: the expert layouts on meshes whose expert
+    axis divides the experts, the batch split over data x expert; no tp+sp or pipeline (an
+    MoE block refuses them); each device sends 4 exchanges per sparse block of its tokens
+    x k x C x itemsize x (E_p - 1) / E_p; fsdp+expert holds less state than expert."""
+    from zoo.planning.search import estimate, expert_figures
+
+    request = _request(config_name="gpt_tiny_moe", batch_size=16, precision="mixed_bfloat16", capacity_factor=1.25)
+    found = candidates(request)
+    assert {c.layout for c in found} == {"data", "fsdp", "tp", "fsdp+tp", "context", "expert", "fsdp+expert", "expert+tp"}
+    assert {c.mesh for c in found if c.layout == "expert"} == {"data=4,expert=2", "data=2,expert=4"}  # 8 does not divide E
+    assert {c.mesh for c in found if c.layout == "expert+tp"} == {"data=2,expert=2,model=2", "data=1,expert=4,model=2", "data=1,expert=2,model=4"}
+    for c in found:
+        sizes = dict((p.split("=")[0], int(p.split("=")[1])) for p in c.mesh.split(","))
+        assert c.micro_batch % (sizes["data"] * (sizes.get("expert", 1) if "expert" in c.layout else 1)) == 0
+    expert = Candidate("expert", "data=2,expert=4", "none", 16, 1)
+    figures = expert_figures(expert, request)
+    assert figures["tokens"] == 16 // 8 * 64 and figures["sent"] == 4 * 2 * figures["tokens"] * 2 * 32 * 2 * 3 / 4
+    assert estimate(Candidate("fsdp+expert", "data=2,expert=4", "none", 16, 1), request)[0] < estimate(expert, request)[0]
+    command = Ranking(request, [], 0, 0).command(type("Row", (), {"candidate": expert})())
+    assert "--layout expert --mesh data=2,expert=4" in command and command.endswith("--capacity-factor 1.25")

@@ -252,3 +252,15 @@ def test_refused_options(data, tmp_path):
     twelve = LMExamples(*(array[:, :12] for array in data.train.arrays()))  # 12 tokens: not 2 x 4 zigzag chunks
     with pytest.raises(ValueError, match="sequence length.*12"):
         token_batches(twelve, batch_size=BATCH, distribution=distribution)
+
+
+def test_lora_on_a_mixture_of_experts_leaves_the_routers_and_experts_frozen():
+    """LoRA adapts attention, the shared expert and its gate; never a router (the MoE layer
+    reads its kernel itself, and the routing stays as pretrained) nor the stacked experts."""
+    model = GPTCausalLM.from_config_name("gpt_tiny_moe")
+    adapted = prepare_causal_lm(model, "lora", lora_rank=2)
+    names = {layer_prefix(layer) for layer in adapted}
+    assert not [name for name in names if name.endswith("/router")]
+    assert {"block_0/attention/query", "block_0/mlp/shared_expert/gate", "block_0/mlp/shared_expert_gate"} <= names
+    trainable = {v.path.rsplit("/", 1)[-1] for v in model.trainable_weights}
+    assert trainable == {"lora_kernel_a", "lora_kernel_b"}

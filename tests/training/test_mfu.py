@@ -111,3 +111,16 @@ def test_explicit_peak_wins_over_detection():
 def test_compiled_flops_of_a_matmul():
     # (8 x 16) @ (16 x 32): 8 * 32 outputs, 16 multiply-adds each = 2 * 8 * 16 * 32 FLOPs
     assert mfu.compiled_flops(jnp.matmul, jnp.ones((8, 16)), jnp.ones((16, 32))) == 2 * 8 * 16 * 32
+
+
+def test_a_mixture_of_experts_counts_the_weights_a_token_meets():
+    """Mixtral-8x7B: 46.7B parameters, 12.9B active (its model card); the FLOPs per token
+    are the dense formula's with k = 2 of the 8 experts' MLP weights, plus the router."""
+    from zoo.models.gpt.gpt_configs import config_by_name, count_parameters
+
+    mixtral = config_by_name("mixtral_8x7b")
+    c, layers, f, e = mixtral["hidden_dim"], mixtral["num_layers"], mixtral["moe_intermediate_dim"], mixtral["num_experts"]
+    inactive = layers * (e - 2) * 3 * c * f
+    assert round(count_parameters(mixtral) / 1e9, 1) == 46.7 and round((count_parameters(mixtral) - inactive) / 1e9, 1) == 12.9
+    dense_twin = {**mixtral, "num_experts": 0, "intermediate_dim": 2 * f}  # the same matmuls as k = 2 experts, no router
+    assert mfu.gpt_flops_per_token(mixtral, 4096) - mfu.gpt_flops_per_token(dense_twin, 4096) == 6 * layers * c * e

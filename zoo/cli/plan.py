@@ -4,6 +4,7 @@
     zoo plan --config-name gpt_1b --devices 256 --device h100 --layout fsdp --batch-size 256
     zoo plan --config-name gpt_350m --layout pipeline --mesh data=2,stage=4 --micro-batches 8
     zoo plan --auto --config-name gpt_1b --devices 8 --device h100 --batch-size 256 --sequence-length 4096
+    zoo plan --config-name mixtral_8x7b --devices 64 --layout fsdp+expert --mesh data=8,expert=8 --batch-size 64 --remat
 
 Prints the plan's table; exits 1 with one line on stderr when the step does not fit,
 2 on bad input. The logic is in ``zoo.planning``; this module only parses flags.
@@ -21,6 +22,7 @@ def _gpt_flags():
     default; with a recipe they are refused (the recipe says them; --set changes one)."""
     from zoo.config.choices import (
         CONTEXT_ATTENTIONS,
+        EXPERT_EXCHANGES,
         PRECISIONS,
         REMATS,
         SCHEDULES,
@@ -36,6 +38,8 @@ def _gpt_flags():
         ("--micro-batches", dict(type=types.positive_int, help="layout pipeline: M micro-batches (default: as many as stages)"), None),
         ("--schedule", dict(choices=SCHEDULES, help="layout pipeline: gpipe or circular (default gpipe)"), "gpipe"),
         ("--repeats", dict(type=types.positive_int, help="layout pipeline: R, rounds of the stages (gpipe 1, circular >= 2; default 1)"), 1),
+        ("--capacity-factor", dict(type=types.positive_float, help="MoE configs: expert capacity factor (default: dropless)"), None),
+        ("--expert-exchange", dict(choices=EXPERT_EXCHANGES, help="MoE configs under an expert layout: all_to_all or ragged (default all_to_all)"), None),
         ("--batch-size", dict(type=types.positive_int, help="global batch per step (--auto: per optimizer update; default 32)"), 32),
         ("--sequence-length", dict(type=types.sequence_length, help="tokens per example (default: the config's max_sequence_length)"), None),
         ("--precision", dict(choices=PRECISIONS, help="default mixed_bfloat16"), "mixed_bfloat16"),

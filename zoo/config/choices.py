@@ -9,6 +9,11 @@ BASIC_LAYOUTS = ("single", "data", "model")  # every model; "model" uses its own
 TRANSFORMER_LAYOUTS = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline", "expert", "fsdp+expert", "expert+tp")
 # the GPT's Mixture-of-Experts layouts: experts over an "expert" mesh axis, the batch over data x expert
 EXPERT_LAYOUTS = ("expert", "fsdp+expert", "expert+tp")
+# expert_exchange: how an MoE layer's tokens travel over the expert axis: padded all_to_all
+# buffers (any backend), or exactly the routed rows (ragged_all_to_all: GPU/TPU, dropless)
+EXPERT_EXCHANGES = ("all_to_all", "ragged")
+# grouped_matmul: how the expert MLPs run over their token groups (blocks: a loop over row blocks, for XLA:CPU)
+GROUPED_MATMULS = ("ragged_dot", "blocks")
 LAYOUTS = BASIC_LAYOUTS + TRANSFORMER_LAYOUTS
 CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
 TRANSFORMER_JOB_LAYOUTS = ("single", "data") + TRANSFORMER_LAYOUTS  # zoo train gpt | encoder | vit

@@ -96,6 +96,16 @@ class GPTTrainConfig(CheckpointSettings, _Checked):
     num_layers: int | None = setting(None, "overrides the named config's depth L (e.g. a multiple of stages x repeats for layout pipeline); "
                                      "default: the config's", section="model", parse=types.positive_int)  # fmt: skip
     dropout: float = setting(0.0, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout)
+    capacity_factor: float | None = setting(None, "MoE configs: each expert takes at most capacity_factor x tokens x k / E rows, the rest "
+                                            "are dropped and counted (router_dropped_fraction in the logs); default: dropless",
+                                            section="model", parse=types.positive_float)  # fmt: skip
+    expert_exchange: str | None = setting(None, "MoE configs under an expert layout: all_to_all (fixed-size buffers, any backend) or ragged "
+                                          "(exactly the routed rows; GPU/TPU, dropless); default all_to_all", section="model",
+                                          choices=choices.EXPERT_EXCHANGES)  # fmt: skip
+    router_aux_loss_coefficient: float | None = setting(None, "MoE configs: weight of the load-balancing loss added to the LM loss; "
+                                                        "default: the config's (0.01)", section="model", parse=types.non_negative_float)  # fmt: skip
+    router_z_loss_coefficient: float | None = setting(None, "MoE configs: weight of the router z-loss; default: the config's (0)",
+                                                      section="model", parse=types.non_negative_float)  # fmt: skip
     layout: str = setting("data", LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto", section="parallel",
                           choices=choices.TRANSFORMER_JOB_LAYOUTS + (choices.AUTO,))  # fmt: skip
     mesh: str | None = _mesh()

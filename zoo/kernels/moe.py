@@ -58,6 +58,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from zoo.config.choices import EXPERT_EXCHANGES, GROUPED_MATMULS
 from zoo.kernels.collective_matmul import vary_over
 
 __all__ = [
@@ -81,8 +82,7 @@ __all__ = [
     "sparse_moe",
 ]
 
-GROUPED_MATMULS = ("ragged_dot", "blocks")  # how the expert MLPs run over the token groups
-EXCHANGES = ("all_to_all", "ragged")  # how tokens travel over the expert axis: padded buffers, or exactly the routed rows
+EXCHANGES = EXPERT_EXCHANGES  # how tokens travel over the expert axis: padded buffers, or exactly the routed rows
 MAX_BLOCK_ROWS = 128  # rows per block of the "blocks" grouped matmul
 
 

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 
+from zoo.config.choices import EXPERT_LAYOUTS
 from zoo.planning import roofline
 from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.devices import device_spec, host_cpu_spec
@@ -264,10 +265,11 @@ def remat_saved_per_block(config, step):
     from zoo.models.gpt.gpt_configs import config_by_name
 
     sizes = step.axis_sizes
-    model_axis = sizes.get("model", 1) if config.layout in ("tp", "tp+sp", "fsdp+tp") else 1
+    model_axis = sizes.get("model", 1) if config.layout in ("tp", "tp+sp", "fsdp+tp", "expert+tp") else 1
     split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.layout, 1)  # the sequence's split
-    tokens = step.batch_size // sizes.get("data", 1) * config.sequence_length // split
-    divisor = model_axis if config.layout in ("tp", "fsdp+tp") else 1  # heads and MLP split over model
+    batch_split = sizes.get("data", 1) * (sizes.get("expert", 1) if config.layout in EXPERT_LAYOUTS else 1)
+    tokens = step.batch_size // batch_split * config.sequence_length // split
+    divisor = model_axis if config.layout in ("tp", "fsdp+tp", "expert+tp") else 1  # heads and MLP split over model
     itemsize = 2 if config.precision == "mixed_bfloat16" else 4
     return int(tokens * remat_elements_per_token(config.remat, config_by_name(config.config_name), divisor) * itemsize)
 
@@ -281,7 +283,7 @@ def _remat_correction(steps, config, full_depth, step):
     low, high = steps
     per_block = high.memory["temp"] - low.memory["temp"]
     kept = remat_saved_per_block(config, step) + high.memory["gradients"] - low.memory["gradients"]
-    if config.layout in ("fsdp", "fsdp+tp", "context"):
+    if config.layout in ("fsdp", "fsdp+tp", "fsdp+expert", "context"):
         sizes = step.axis_sizes
         gathered = sizes.get("seq", 1) if config.layout == "context" else sizes.get("data", 1)
         itemsize = 2 if config.precision == "mixed_bfloat16" else 4

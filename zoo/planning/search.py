@@ -7,6 +7,10 @@
    accumulation steps (b x a = G, b a multiple of the data axis); under pipeline
    (``data=N/S,stage=S``) also M micro-batches (S, 2S, 4S dividing the rows per data
    shard) and the schedule: GPipe (R = 1) and circular (R = 2 where S x 2 divides L).
+   A Mixture-of-Experts model (``num_experts``) also gets the expert layouts (expert,
+   fsdp+expert, expert+tp) on ``data=D,expert=E_p[,model=M]`` with E_p dividing the
+   experts, the batch split over data x expert; not tp+sp or pipeline, which its
+   blocks refuse.
 2. **Pruning** with an analytic model (``estimate``): state bytes from the parameter
    count and how the layout splits it; activations per block from the remat policy
    (``remat_elements_per_token``); step time from model FLOPs (plus recomputation) and
@@ -15,7 +19,10 @@
    loop runs (R*M + S - 1 ticks of L/(S*R) blocks on B/(D*M) rows, the bubble's ticks
    included: autodiff keeps them all), compute divided by the useful fraction
    R*M / (R*M + S - 1), and the ppermute of one micro-batch's activations per tick,
-   forward and backward.
+   forward and backward. Expert layouts (``expert_figures``): the experts' state split
+   E_p ways (and over data or model as the layout says), four all-to-alls per sparse
+   block of tokens x k x C each, the other weights' gradients all-reduced over data
+   and expert.
 3. **Compiling** the ``top`` candidates that fit by that model, fastest first (one
    subprocess: one device count), and ranking them by the compiled plans: fits first,
    then estimated time per optimizer update, then peak memory, then candidate order
@@ -24,7 +31,7 @@
 
 import dataclasses
 
-from zoo.config.choices import PLANNED_LAYOUTS, REMATS
+from zoo.config.choices import EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.plan import (
@@ -37,7 +44,7 @@ from zoo.planning.plan import (
 from zoo.planning.report import size_text
 from zoo.planning.roofline import axes_bandwidth
 
-__all__ = ["Candidate", "Ranking", "candidates", "choose_layout", "estimate", "format_ranking", "search"]
+__all__ = ["Candidate", "Ranking", "candidates", "choose_layout", "estimate", "expert_figures", "format_ranking", "planned_layouts", "search"]
 
 RECOMPUTE = {"none": 1.0, "dots_saveable": 1.1, "full": 4 / 3}  # hardware / model FLOPs: full remat re-runs the forward
 REMATS_CHEAPEST_FIRST = sorted(REMATS, key=RECOMPUTE.__getitem__)  # none, dots_saveable, full
@@ -121,6 +128,7 @@ class Ranking:
             parts += [f"--micro-batches {c.micro_batches}", f"--schedule {c.schedule}"] + ([f"--repeats {c.repeats}"] if c.repeats > 1 else [])
         parts += [f"--remat {c.remat}", f"--batch-size {c.micro_batch}", f"--gradient-accumulation-steps {c.accumulation}"]
         parts += [f"--sequence-length {config['sequence_length']}", f"--precision {config.get('precision', 'float32')}"]
+        parts += [f"--{key.replace('_', '-')} {config[key]}" for key in ("capacity_factor", "expert_exchange") if config.get(key) is not None]
         return " ".join(parts)
 
 
@@ -147,11 +155,42 @@ def _meshes(layout, devices, model, length, spec):
         return [f"data={devices // s},seq={s}" for s in _divisors(devices) if s > 1 and length % s == 0]
     if layout == "pipeline":
         return [f"data={devices // s},stage={s}" for s in _divisors(devices) if s > 1 and model["num_layers"] % s == 0]
-    widths = (model["num_query_heads"], model["hidden_dim"], model["intermediate_dim"], model["vocabulary_size"])
-    sizes = [m for m in _divisors(devices) if 1 < m <= domain and all(w % m == 0 for w in widths)]
+    if layout in EXPERT_LAYOUTS:
+        return _expert_meshes(layout, devices, model, domain)
+    sizes = _model_axis_sizes(devices, model, domain)
     if layout == "tp+sp":
         sizes = [m for m in sizes if length % m == 0]
     return [f"data={devices // m},model={m}" for m in sizes]
+
+
+def _model_axis_sizes(devices, model, domain):
+    """Sizes M > 1 of a ``model`` axis within the fast-link domain that divide the heads and widths."""
+    widths = (model["num_query_heads"], model["hidden_dim"], model["intermediate_dim"], model["vocabulary_size"])
+    widths += (model.get("moe_intermediate_dim") or model["intermediate_dim"],) if model.get("num_experts") else ()
+    return [m for m in _divisors(devices) if 1 < m <= domain and all(w % m == 0 for w in widths)]
+
+
+def _expert_meshes(layout, devices, model, domain):
+    """``data=D,expert=E_p`` (``expert+tp``: ``,model=M``) with E_p > 1 dividing the experts."""
+    meshes = []
+    for tp in [1] if layout != "expert+tp" else _model_axis_sizes(devices, model, domain):
+        rest = devices // tp
+        for e in (e for e in _divisors(rest) if e > 1 and model["num_experts"] % e == 0):
+            meshes.append(f"data={rest // e},expert={e}" + (f",model={tp}" if tp > 1 else ""))
+    return meshes
+
+
+def _batch_split(layout, sizes):
+    """How many ways the batch is split: data, and data x expert under an expert layout."""
+    return sizes.get("data", 1) * (sizes.get("expert", 1) if layout in EXPERT_LAYOUTS else 1)
+
+
+def planned_layouts(model):
+    """The layouts ``--auto`` tries for ``model``: a Mixture-of-Experts model also the
+    expert layouts, and not tp+sp or pipeline (which an MoE block refuses)."""
+    if not model.get("num_experts"):
+        return PLANNED_LAYOUTS
+    return tuple(layout for layout in PLANNED_LAYOUTS if layout not in ("tp+sp", "pipeline")) + EXPERT_LAYOUTS
 
 
 def _axis_sizes(mesh):
@@ -164,11 +203,11 @@ def candidates(request):
     model, spec = _model(request), target_spec(request)
     length = config["sequence_length"]
     per_update = config["batch_size"] * config.get("gradient_accumulation_steps", 1)
-    layouts = ("single",) if devices == 1 else PLANNED_LAYOUTS
+    layouts = ("single",) if devices == 1 else planned_layouts(model)
     found = []
     for layout in layouts:
         for mesh in _meshes(layout, devices, model, length, spec):
-            data = _axis_sizes(mesh).get("data", 1)
+            data = _batch_split(layout, _axis_sizes(mesh))
             for accumulation in (a for a in _divisors(per_update) if (per_update // a) % data == 0):
                 for remat in REMATS_CHEAPEST_FIRST:
                     for pipeline in _pipelines(layout, mesh, per_update // accumulation // data, model["num_layers"], config.get("precision")):
@@ -198,6 +237,8 @@ def estimate(candidate, request):
     model, spec, config = _model(request), target_spec(request), request.config
     if candidate.layout == "pipeline":
         return _estimate_pipeline(candidate, request)
+    if candidate.layout in EXPERT_LAYOUTS:
+        return _estimate_expert(candidate, request)
     sizes = _axis_sizes(candidate.mesh)
     data, tp, seq = sizes.get("data", 1), sizes.get("model", 1), sizes.get("seq", 1)
     params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
@@ -265,6 +306,60 @@ def _estimate_pipeline(candidate, request):
     stage_s += over("stage", 2 * 2 * rows * length * model["hidden_dim"] * itemsize)  # the outputs' psum, and its transpose
     data_s = over("data", 2 * 4 * per_device)  # all-reduce of this stage's gradients
     return peak, (compute + stage_s + data_s) * candidate.accumulation
+
+
+def expert_figures(candidate, request):
+    """``{expert_params, state, tokens, sent}`` of an expert-layout candidate, per device:
+    the experts' parameters and the state bytes (the experts split over ``expert``, and
+    over ``data`` under ``fsdp+expert``, their F over ``model`` under ``expert+tp``; the
+    rest replicated, FSDP over data, or Megatron over model), the tokens of this device's
+    share of the batch (over data x expert), and the all-to-all bytes each device sends
+    per fit step: four exchanges per sparse block (dispatch and combine, forward and
+    backward), each of tokens x k x C x itemsize x (E_p - 1) / E_p (docs/moe.md)."""
+    from zoo.models.gpt.gpt_configs import count_parameters, sparse_layer_count
+
+    model, config = _model(request), request.config
+    sizes = _axis_sizes(candidate.mesh)
+    data, e_p, tp = sizes.get("data", 1), sizes["expert"], sizes.get("model", 1)
+    width, experts = model["hidden_dim"], model["num_experts"]
+    expert_width = model.get("moe_intermediate_dim") or model["intermediate_dim"]
+    expert_params = sparse_layer_count(model) * experts * 3 * width * expert_width
+    other = count_parameters(model) - expert_params
+    expert_split = e_p * tp * (data if candidate.layout == "fsdp+expert" else 1)
+    other_split = {"expert": 1, "fsdp+expert": data, "expert+tp": tp}[candidate.layout]
+    slots = 4 + (candidate.accumulation > 1)  # weights, gradients, 2 Adam slots (+ accumulators), f32
+    state = 4 * slots * (expert_params / expert_split + other / other_split)
+    tokens = candidate.micro_batch // (data * e_p) * config["sequence_length"]
+    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    k = model.get("num_experts_per_token") or 2
+    sent = 4 * sparse_layer_count(model) * tokens * k * width * itemsize * (e_p - 1) / e_p
+    return {"expert_params": expert_params, "other_params": other, "state": state, "tokens": tokens, "sent": sent}
+
+
+def _estimate_expert(candidate, request):
+    """``(peak bytes, seconds per update)`` of an expert-layout candidate (``expert_figures``)."""
+    from zoo.training.mfu import gpt_flops_per_token
+
+    model, spec, config = _model(request), target_spec(request), request.config
+    sizes = _axis_sizes(candidate.mesh)
+    figures = expert_figures(candidate, request)
+    tp, length, tokens = sizes.get("model", 1), config["sequence_length"], figures["tokens"]
+    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    per_block = tokens * remat_elements_per_token(candidate.remat, model, tp) * itemsize
+    workspace = 0 if candidate.remat == "none" else tokens * remat_elements_per_token("none", model, tp) * itemsize
+    logits = tokens * model["vocabulary_size"] // tp * 4 * 3
+    peak = figures["state"] + model["num_layers"] * per_block + workspace + logits
+    flops = gpt_flops_per_token({**model}, length) * candidate.micro_batch * length * RECOMPUTE[candidate.remat]
+    axes = list(sizes.items())
+
+    def over(axis, sent):
+        n = sizes.get(axis, 1)
+        return 0.0 if n == 1 else sent * (n - 1) / n / axes_bandwidth((axis,), axes, spec)
+
+    exchange = 0.0 if sizes["expert"] == 1 else figures["sent"] / axes_bandwidth(("expert",), axes, spec)
+    other = figures["other_params"] / (tp if candidate.layout == "expert+tp" else 1)
+    gradients = over("data", (3 if candidate.layout == "fsdp+expert" else 2) * 4 * other) + over("expert", 2 * 4 * other)
+    return peak, (flops / (request.devices * spec.peak_flops) + exchange + gradients) * candidate.accumulation
 
 
 def _communication_s(candidate, request, params, itemsize, tokens):

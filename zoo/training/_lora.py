@@ -23,6 +23,7 @@ import keras
 
 from zoo._compat import distribution_layout_map, sublayers
 from zoo.config.choices import LORA_WEIGHTS
+from zoo.layers import MoEFeedForward
 from zoo.layers._tensor_parallel import kernel_variable
 
 LORA_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)  # zoo's TP layers are Dense subclasses
@@ -34,13 +35,21 @@ def is_lora_variable(variable):
 
 def lora_target_layers(model, exclude=()):
     """Every Dense / EinsumDense layer inside ``model`` (zoo TP layers too), in model
-    order, except the layer objects in ``exclude`` (a classification head, say)."""
-    excluded = {id(layer) for layer in exclude}
+    order, except the layer objects in ``exclude`` (a classification head, say) and the
+    routers of Mixture-of-Experts layers: ``MoEFeedForward`` reads its router's kernel
+    itself (a LoRA update there would be ignored) and the routing stays as pretrained, as
+    PEFT's usual targets leave it. The stacked expert weights are not Dense layers: they
+    stay frozen under LoRA; the shared expert and its gate are adapted."""
+    excluded = {id(layer) for layer in exclude} | {id(router) for router in _routers(model)}
     return [
         layer
         for layer in sublayers(model)
         if isinstance(layer, LORA_LAYER_TYPES) and id(layer) not in excluded
     ]
+
+
+def _routers(model):
+    return [layer.router for layer in sublayers(model) if isinstance(layer, MoEFeedForward)]
 
 
 def lora_layers(model):

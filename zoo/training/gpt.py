@@ -50,11 +50,26 @@ def _model_overrides(config, distribution=None):
     """The named config's entries the job replaces: depth, and layout pipeline's schedule,
     repeats and (once the mesh is known) micro-batches."""
     overrides = {} if config.num_layers is None else {"num_layers": config.num_layers}
+    overrides.update(moe_overrides(config))
     if config.layout == "pipeline":
         overrides.update(schedule=config.schedule, repeats=config.repeats)
         if distribution is not None:
             overrides["micro_batches"] = micro_batches_of(config, distribution)
     return overrides
+
+
+MOE_SETTINGS = ("capacity_factor", "expert_exchange", "router_aux_loss_coefficient", "router_z_loss_coefficient")
+
+
+def moe_overrides(config):
+    """The Mixture-of-Experts settings ``config`` gives (``MOE_SETTINGS`` not None), as
+    model overrides; ``ValueError`` naming them when the named config has no experts."""
+    given = {key: getattr(config, key) for key in MOE_SETTINGS if getattr(config, key, None) is not None}
+    if given and not GPTCausalLM.named_config(config.config_name).get("num_experts"):
+        flags = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in given.items())
+        raise ValueError(f"{flags}: settings of a Mixture-of-Experts model, but --config-name {config.config_name} has no experts; "
+                         f"leave them out or use an MoE config (e.g. gpt_tiny_moe)")  # fmt: skip
+    return given
 
 
 def _stage_count(mesh):

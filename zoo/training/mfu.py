@@ -131,14 +131,21 @@ def transformer_flops_per_token(
 def gpt_flops_per_token(config, sequence_length, training=True):
     """``transformer_flops_per_token`` for a ``GPTCausalLM`` or ``GPTBackbone``
     ``get_config()`` or a ``GPT_CONFIGS`` entry (``gpt_configs.backbone_config``): causal,
-    with the LM head."""
-    from zoo.models.gpt.gpt_configs import (
-        backbone_config,  # zoo.models imports Keras: only when asked
+    with the LM head. A Mixture-of-Experts block counts the weights a token is multiplied
+    by (``active_moe_parameters``: the router, its k experts, the shared expert), not all E."""
+    from zoo.models.gpt.gpt_configs import (  # zoo.models imports Keras: only when asked
+        active_moe_parameters,
+        backbone_config,
+        dense_mlp_parameters,
+        sparse_layer_count,
     )
 
     config = backbone_config(config)
     head_dim = config.get("head_dim") or config["hidden_dim"] // config["num_query_heads"]
-    return transformer_flops_per_token(
+    passes = 3 if training else 1
+    sparse = sparse_layer_count(config)
+    sparse_extra = passes * 2 * sparse * (active_moe_parameters(config) - dense_mlp_parameters(config)) if sparse else 0
+    return sparse_extra + transformer_flops_per_token(
         num_layers=config["num_layers"], hidden_dim=config["hidden_dim"], num_query_heads=config["num_query_heads"],
         head_dim=head_dim, intermediate_dim=config["intermediate_dim"], sequence_length=sequence_length,
         vocabulary_size=config["vocabulary_size"], num_key_value_heads=config.get("num_key_value_heads"),

@@ -183,15 +183,20 @@ def count_parameters(config):
     head_dim = config.get("head_dim") or width // heads
     norm = (2 if config.get("norm", "rms") == "layer" else 1) * width  # LayerNorm: gamma and beta
     attention = width * head_dim * (2 * heads + 2 * kv_heads)  # query, output (H); key, value (K)
-    mlp = (3 if config.get("mlp", "swiglu") in GATED_MLPS else 2) * width * config["intermediate_dim"]
+    mlp = dense_mlp_parameters(config)
     head = 0 if config.get("tie_word_embeddings", False) else width * vocab
     biases = (heads + 2 * kv_heads) * head_dim if config.get("qkv_bias") else 0
-    sparse = _sparse_layers(config)
-    moe = _moe_parameters(config, width) if sparse else 0
+    sparse = sparse_layer_count(config)
+    moe = moe_parameters(config) if sparse else 0
     return vocab * width + layers * (attention + biases + 2 * norm) + (layers - sparse) * mlp + sparse * moe + norm + head
 
 
-def _sparse_layers(config):
+def dense_mlp_parameters(config):
+    """One dense MLP's weights: (2 or 3) x C x F."""
+    return (3 if config.get("mlp", "swiglu") in GATED_MLPS else 2) * config["hidden_dim"] * config["intermediate_dim"]
+
+
+def sparse_layer_count(config):
     """How many blocks are Mixture-of-Experts blocks."""
     if not config.get("num_experts"):
         return 0
@@ -199,9 +204,21 @@ def _sparse_layers(config):
     return config["num_layers"] if moe_layers is None else len(moe_layers)
 
 
-def _moe_parameters(config, width):
+def _moe_widths(config):
+    """(E, k, F of each expert, F of the shared expert or 0)."""
+    expert_width = config.get("moe_intermediate_dim") or config["intermediate_dim"]
+    return config["num_experts"], config.get("num_experts_per_token") or 2, expert_width, config.get("shared_expert_dim") or 0
+
+
+def moe_parameters(config):
     """One MoE feed-forward's parameters: router (C, E), E SwiGLU experts, the shared
     expert and its gate (C, 1)."""
-    experts, shared = config["num_experts"], config.get("shared_expert_dim") or 0
-    expert_width = config.get("moe_intermediate_dim") or config["intermediate_dim"]
+    width, (experts, _, expert_width, shared) = config["hidden_dim"], _moe_widths(config)
     return width * experts + experts * 3 * width * expert_width + (3 * width * shared + width if shared else 0)
+
+
+def active_moe_parameters(config):
+    """The weights of one MoE feed-forward a token is multiplied by: the router, k of
+    the E experts, the shared expert and its gate."""
+    width, (experts, k, expert_width, shared) = config["hidden_dim"], _moe_widths(config)
+    return width * experts + k * 3 * width * expert_width + (3 * width * shared + width if shared else 0)
