@@ -29,6 +29,7 @@ PAGES = [
     "docs/checkpoints-hf.md",
     "docs/planning.md",
     "docs/pipeline_parallel.md",
+    "docs/moe.md",
 ]
 
 def _examples():

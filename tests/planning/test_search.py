@@ -158,8 +158,9 @@ def test_a_pipelined_plan_compiles_depths_in_steps_of_stages_x_repeats():
 def test_a_mixture_of_experts_model_gets_the_expert_layouts_priced_by_their_exchange():
     """gpt_tiny_moe (E = 4, k = 2) on 8 devices: the expert layouts on meshes whose expert
     axis divides the experts, the batch split over data x expert; no tp+sp or pipeline (an
-    MoE block refuses them); each device sends 4 exchanges per sparse block of its tokens
-    x k x C x itemsize x (E_p - 1) / E_p; fsdp+expert holds less state than expert."""
+    MoE block refuses them); each device sends 4 exchanges per sparse block of Q =
+    ceil(1.25 x tokens x k / E_p) rows of C to each other device (the kernel's buffers);
+    fsdp+expert holds less state than expert."""
     from zoo.planning.search import estimate, expert_figures
 
     request = _request(config_name="gpt_tiny_moe", batch_size=16, precision="mixed_bfloat16", capacity_factor=1.25)
@@ -172,7 +173,7 @@ def test_a_mixture_of_experts_model_gets_the_expert_layouts_priced_by_their_exch
         assert c.micro_batch % (sizes["data"] * (sizes.get("expert", 1) if "expert" in c.layout else 1)) == 0
     expert = Candidate("expert", "data=2,expert=4", "none", 16, 1)
     figures = expert_figures(expert, request)
-    assert figures["tokens"] == 16 // 8 * 64 and figures["sent"] == 4 * 2 * figures["tokens"] * 2 * 32 * 2 * 3 / 4
+    assert figures["tokens"] == 16 // 8 * 64 and figures["sent"] == 4 * 2 * 80 * 32 * 2 * 3  # Q = ceil(1.25 * 128 * 2 / 4) = 80
     assert estimate(Candidate("fsdp+expert", "data=2,expert=4", "none", 16, 1), request)[0] < estimate(expert, request)[0]
     command = Ranking(request, [], 0, 0).command(type("Row", (), {"candidate": expert})())
     assert "--layout expert --mesh data=2,expert=4" in command and command.endswith("--capacity-factor 1.25")

@@ -21,8 +21,8 @@
    R*M / (R*M + S - 1), and the ppermute of one micro-batch's activations per tick,
    forward and backward. Expert layouts (``expert_figures``): the experts' state split
    E_p ways (and over data or model as the layout says), four all-to-alls per sparse
-   block of tokens x k x C each, the other weights' gradients all-reduced over data
-   and expert.
+   block of the kernel's fixed-size buffers, the other weights' gradients all-reduced
+   over data and expert.
 3. **Compiling** the ``top`` candidates that fit by that model, fastest first (one
    subprocess: one device count), and ranking them by the compiled plans: fits first,
    then estimated time per optimizer update, then peak memory, then candidate order
@@ -33,6 +33,7 @@ import dataclasses
 
 from zoo.config.choices import EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
 from zoo.distribution.mesh import parse_mesh_spec
+from zoo.kernels.moe import capacity
 from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.plan import (
     GIB,
@@ -315,7 +316,9 @@ def expert_figures(candidate, request):
     rest replicated, FSDP over data, or Megatron over model), the tokens of this device's
     share of the batch (over data x expert), and the all-to-all bytes each device sends
     per fit step: four exchanges per sparse block (dispatch and combine, forward and
-    backward), each of tokens x k x C x itemsize x (E_p - 1) / E_p (docs/moe.md)."""
+    backward), each of Q rows of C to each of the E_p - 1 other devices, Q the kernel's
+    capacity (``zoo.kernels.moe.capacity``: capacity_factor x tokens x k / E_p, or
+    dropless tokens x min(k, E / E_p)) (docs/moe.md)."""
     from zoo.models.gpt.gpt_configs import count_parameters, sparse_layer_count
 
     model, config = _model(request), request.config
@@ -332,7 +335,8 @@ def expert_figures(candidate, request):
     tokens = candidate.micro_batch // (data * e_p) * config["sequence_length"]
     itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
     k = model.get("num_experts_per_token") or 2
-    sent = 4 * sparse_layer_count(model) * tokens * k * width * itemsize * (e_p - 1) / e_p
+    rows = capacity(tokens, num_experts_per_token=k, axis_size=e_p, experts_per_device=experts // e_p, capacity_factor=config.get("capacity_factor"))
+    sent = 4 * sparse_layer_count(model) * rows * width * itemsize * (e_p - 1)  # Q rows to each of the E_p - 1 others
     return {"expert_params": expert_params, "other_params": other, "state": state, "tokens": tokens, "sent": sent}
 
 
