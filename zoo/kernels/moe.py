@@ -53,6 +53,7 @@ Custom VJP: none. Autodiff's transpose of each ``all_to_all`` is the inverse
 scatters, of the block loop a loop; none is wasteful.
 """
 
+import contextlib
 import math
 
 import jax
@@ -68,6 +69,7 @@ __all__ = [
     "ragged_expert_parallel_moe",
     "replicated_expert_parallel_moe",
     "capacity",
+    "compile_for",
     "check_experts",
     "dropped_assignments",
     "expert_mlp",
@@ -143,10 +145,26 @@ def dense_moe(x, weights, expert_ids, *, expert_gate, expert_up, expert_down):
 # --- the grouped expert MLP -------------------------------------------------------------
 
 
+_COMPILING_FOR = []  # the platforms compile_for() says the programs being traced are for (innermost last)
+
+
 def grouped_matmul_implementation(platform=None):
-    """``"ragged_dot"`` on GPU and TPU, ``"blocks"`` on CPU (whose ragged_dot is dense)."""
-    platform = platform or jax.default_backend()
+    """``"ragged_dot"`` on GPU and TPU, ``"blocks"`` on CPU (whose ragged_dot is dense).
+    The platform: ``platform``, else the one ``compile_for`` names, else JAX's backend."""
+    platform = platform or (_COMPILING_FOR[-1] if _COMPILING_FOR else jax.default_backend())
     return "blocks" if platform == "cpu" else "ragged_dot"
+
+
+@contextlib.contextmanager
+def compile_for(platform):
+    """Trace MoE layers for ``platform`` ("gpu", "tpu", "cpu") whatever runs the compile:
+    a compile-only plan on CPU of a GPU step gets the GPU's grouped matmul
+    (``ragged_dot``), not the CPU's loop over row blocks."""
+    _COMPILING_FOR.append(platform)
+    try:
+        yield
+    finally:
+        _COMPILING_FOR.pop()
 
 
 def expert_mlp(rows, group_sizes, *, expert_gate, expert_up, expert_down, implementation=None):
@@ -192,6 +210,7 @@ def _blocked_expert_mlp(rows, group_sizes, expert_gate, expert_up, expert_down):
     block_group = jnp.searchsorted(jnp.cumsum(padded_sizes) // block, jnp.arange(num_blocks), side="right")
     block_group = jnp.minimum(block_group, num_groups - 1).astype(jnp.int32)  # trailing empty blocks: any group
 
+    @jax.checkpoint  # the backward keeps each block's rows, not its expert's sliced [C, F] weights (3 x C x F a block)
     def one_block(_, block_input):
         x, g = block_input  # [b, C], scalar
         hidden = jax.nn.silu(x @ expert_gate[g]) * (x @ expert_up[g])  # [b, F]
