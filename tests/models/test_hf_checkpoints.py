@@ -1,4 +1,4 @@
-"""Hugging Face Llama-family folders in and out of GPTCausalLM.
+"""Hugging Face Llama-family folders (dense and Mixture-of-Experts) in and out of GPTCausalLM.
 
 The fixtures under tests/fixtures/hf were written by transformers 4.57.6
 (tests/fixtures/hf/make_fixtures.py; torch and transformers are not test dependencies),
@@ -9,6 +9,7 @@ import collections
 import json
 import math
 import pathlib
+import re
 import shutil
 
 import jax
@@ -22,7 +23,8 @@ from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2")
+MOE_NAMES = ("mixtral", "qwen2_moe")
+NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES)
 
 
 def expected(name):
@@ -50,6 +52,41 @@ def test_the_config_is_mapped(loaded):
     assert loaded["qwen2"].backbone.qkv_bias and not loaded["llama_mha_tied"].backbone.qkv_bias
     tokenizer = loaded["llama_gqa_rope_scaling"].preprocessor.tokenizer
     assert tokenizer.stop_token_ids == (1, 2)  # generation_config.json's eos list
+    mixtral, qwen = loaded["mixtral"].backbone, loaded["qwen2_moe"].backbone
+    moe = ("num_experts", "num_experts_per_token", "moe_intermediate_dim", "shared_expert_dim", "normalize_router_weights",
+           "moe_layers", "capacity_factor", "qkv_bias", "tie_word_embeddings")  # fmt: skip
+    assert [getattr(mixtral, key) for key in moe] == [4, 2, 16, 0, True, None, None, False, False]
+    assert [getattr(qwen, key) for key in moe] == [4, 2, 8, 24, False, None, None, True, True]  # norm_topk_prob false
+    assert (mixtral.router_aux_loss_coefficient, qwen.router_aux_loss_coefficient) == (0.02, 0.001)
+
+
+@pytest.mark.parametrize("name", MOE_NAMES)
+def test_greedy_equals_transformers(loaded, name):
+    data = np.load(FIXTURES / name / "expected.npz")
+    np.testing.assert_array_equal(loaded[name].generate(data["greedy_prompts"], max_new_tokens=8), data["greedy"])
+
+
+@pytest.mark.parametrize("name", MOE_NAMES)
+def test_moe_save_to_hf_writes_per_expert_tensors_and_round_trips(loaded, tmp_path, name):
+    from safetensors import safe_open
+
+    model = loaded[name]
+    model.save_to_hf(tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    source = json.loads((FIXTURES / name / "config.json").read_text())
+    for key in ("model_type", "architectures", "num_experts_per_tok", "intermediate_size", "num_local_experts", "num_experts",
+                "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers",
+                "decoder_sparse_step", "router_aux_loss_coef", "qkv_bias", "tie_word_embeddings"):  # fmt: skip
+        assert written.get(key) == source.get(key), key
+    with safe_open(tmp_path / "out" / "model.safetensors", framework="numpy") as file:
+        names = set(file.keys())  # noqa: SIM118 (safe_open has no __iter__)
+    with hf_checkpoints.SafetensorsFiles(FIXTURES / name) as files:
+        assert names == set(files.names())  # the published per-expert names, nothing more or less
+    again = GPTCausalLM.from_preset(tmp_path / "out")
+    assert again.backbone.get_config() == model.backbone.get_config()
+    for before, after in zip(model.weights, again.weights, strict=True):
+        assert before.path == after.path
+        np.testing.assert_array_equal(np.asarray(before.value), np.asarray(after.value))
 
 
 def test_save_to_hf_round_trips_bitwise(loaded, tmp_path):
@@ -107,6 +144,53 @@ def test_unsupported_configs_are_refused_naming_the_key(change, named):
     with pytest.raises(UnsupportedCheckpoint) as error:
         backbone_arguments({**llama_config(), **change})
     assert named in str(error.value)
+
+
+def fixture_config(name):
+    return json.loads((FIXTURES / name / "config.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "named"),
+    [
+        ("qwen2_moe", {"use_sliding_window": True}, "use_sliding_window = True with sliding_window = 8 and max_window_layers = 1: layers 1..1 of 2"),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0}, "layers 0..1 of 2"),
+        ("mixtral", {"sliding_window": 4096}, "sliding_window = 4096"),
+        ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise = 0.1"),
+        ("qwen2_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step = 0"),
+        ("qwen2_moe", {"mlp_only_layers": [0, 5]}, "mlp_only_layers = [0, 5] must list block indices in 0..1"),
+        ("qwen2_moe", {"decoder_sparse_step": 3}, "decoder_sparse_step = 3 and mlp_only_layers = [] leave none of the 2"),
+        ("qwen2_moe", {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size = 0"),
+        ("qwen2_moe", {"num_local_experts": 4}, "key 'num_local_experts'"),  # Mixtral's key in a Qwen2-MoE config
+        ("qwen2", {"num_experts": 4}, "key 'num_experts'"),  # a MoE key in a dense model_type
+    ],
+)
+def test_moe_and_window_configs_are_refused_naming_the_values(name, change, named):
+    with pytest.raises(UnsupportedCheckpoint) as error:
+        backbone_arguments({**fixture_config(name), **change})
+    assert named in str(error.value)
+
+
+def test_an_inert_window_and_qwen_sparse_patterns_are_mapped():
+    qwen2 = fixture_config("qwen2")
+    published = {**qwen2, "sliding_window": 131072, "max_window_layers": 28}  # Qwen2.5-7B's, use_sliding_window false
+    assert backbone_arguments(published) == backbone_arguments(qwen2)
+    reaches_no_layer = {**qwen2, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}
+    assert backbone_arguments(reaches_no_layer) == backbone_arguments(qwen2)
+    moe = fixture_config("qwen2_moe")
+    assert backbone_arguments({**moe, "decoder_sparse_step": 2})["moe_layers"] == [1]  # (i + 1) % 2 == 0
+    assert backbone_arguments({**moe, "mlp_only_layers": [0]})["moe_layers"] == [1]
+    assert backbone_arguments({key: value for key, value in moe.items() if key != "qkv_bias"})["qkv_bias"]  # Qwen1.5-MoE has no key
+
+
+def test_a_moe_gpt_no_hugging_face_model_computes_is_refused_on_export():
+    from zoo.models.gpt._hf_config import hf_config
+
+    mixtral_like = {**backbone_arguments(fixture_config("mixtral")), "moe_layers": [1], "normalize_router_weights": False}
+    with pytest.raises(UnsupportedCheckpoint, match=r"normalize_router_weights=False, moe_layers=\[1\] \(Qwen2-MoE"):
+        hf_config(mixtral_like)
+    qwen = {**backbone_arguments(fixture_config("qwen2_moe")), "moe_layers": [1]}
+    assert hf_config(qwen)["mlp_only_layers"] == [0]  # a dense block 0 of intermediate_size
 
 
 def test_mistral_without_a_sliding_window_maps_as_llama():
@@ -202,6 +286,53 @@ def test_sharded_load_reads_only_shards(two_file_checkpoint, monkeypatch, layout
     assert max(peak.values()) <= sharded, (dict(peak), sharded)  # never the old value and the new shard at once (<= 1.1x asked)
     for variable in model.weights:  # the values are the file's, bit for bit, in the layout's shards
         np.testing.assert_array_equal(np.asarray(variable.value), reference[variable.path], err_msg=variable.path)
+
+
+def test_the_expert_layout_reads_only_each_devices_experts(loaded, monkeypatch):
+    """Mixtral under ``expert`` (data=2, expert=4): a device holding expert j of a
+    stacked (E, C, F) weight reads expert j's tensor alone, and the values are the file's."""
+    folder = FIXTURES / "mixtral"
+    distribution = zd.distribution_for(GPTCausalLM, "expert", "data=2,expert=4", config=fixture_config("mixtral"))
+    model = zd.build_distributed(lambda: GPTCausalLM.from_preset(folder, load_weights=False), distribution)
+    reads, pending = [], []  # reads: (variable path, slice shape, tensors read for that slice)
+    original = hf_checkpoints.load_into
+
+    class Counted:
+        """The checkpoint's files, noting every tensor a read touches."""
+
+        def __init__(self, files):
+            self.files = files
+
+        def shape(self, name):
+            return self.files.shape(name)
+
+        def read(self, name, index=()):
+            pending.append(name)
+            return self.files.read(name, index)
+
+    def watched(variable, files, view, on_read=None):
+        def done(block):  # one device's slice, read
+            reads.append((variable.path, block.shape, tuple(pending)))
+            pending.clear()
+
+        original(variable, Counted(files), view, on_read=done)
+
+    monkeypatch.setattr(hf_checkpoints, "load_into", watched)
+    hf_checkpoints.load_hf_weights(model, str(folder))
+    experts = [(path, shape, names) for path, shape, names in reads if re.search(r"mlp/expert_(gate|up|down)$", path)]
+    assert len(experts) >= 2 * 3 * 4  # 2 blocks x 3 weights x 4 expert slices
+    for path, shape, names in experts:
+        assert shape[0] == 1 and len(names) == 1 and ".experts." in names[0], (path, shape, names)  # one expert of 4
+    read = collections.defaultdict(set)
+    for path, _, names in experts:
+        read[path].add(int(re.search(r"\.experts\.(\d+)\.", names[0]).group(1)))
+    assert all(ids == {0, 1, 2, 3} for ids in read.values()) and len(read) == 6
+    reference = {w.path: np.asarray(w.value) for w in loaded["mixtral"].weights}
+    for variable in model.weights:  # each device's shard is its own experts' (all distinct random values)
+        if variable.path in read:
+            assert variable.value.sharding.spec[0] == "expert"
+            for shard in variable.value.addressable_shards:
+                np.testing.assert_array_equal(np.asarray(shard.data), reference[variable.path][shard.index], err_msg=variable.path)
 
 
 def test_zoo_export_writes_bfloat16_that_reloads(tmp_path):

@@ -79,3 +79,38 @@ def test_keras_load_weights_alone_converts_whole_arrays_first(host_conversions):
     model.load_weights(f"{preset_directory('small_cnn_shapes')}/model.weights.h5")
     assert tuple(model.get_layer("hidden_dense").kernel.shape) in host_conversions
     keras.distribution.set_distribution(None)
+
+
+# --- safetensors: a stacked-expert view reads only the experts asked for ----------------
+
+
+class CountedFiles:
+    """A ``SafetensorsFiles`` noting each (tensor name, index) read."""
+
+    def __init__(self, files):
+        self.files, self.reads = files, []
+
+    def shape(self, name):
+        return self.files.shape(name)
+
+    def read(self, name, index=()):
+        self.reads.append((name, index))
+        return self.files.read(name, index)
+
+
+def test_stacked_view_reads_only_the_experts_and_rows_of_its_slice(tmp_path):
+    from zoo.presets.safetensors_weights import SafetensorsFiles, StackedView, TensorView, write_safetensors
+
+    weight = np.random.default_rng(0).normal(size=(4, 6, 10)).astype("float32")  # (E, C, F)
+    view = StackedView(tuple(TensorView(f"experts.{j}.w1.weight", axes=(1, 0)) for j in range(4)))  # each (F, C)
+    tensors = view.file_tensors(weight)
+    assert list(tensors) == [f"experts.{j}.w1.weight" for j in range(4)] and tensors["experts.2.w1.weight"].shape == (10, 6)
+    write_safetensors(tensors, tmp_path, max_file_bytes=2 * 10 * 6 * 4)  # experts 0-1 and 2-3 in two files
+    with SafetensorsFiles(tmp_path) as opened:
+        files = CountedFiles(opened)
+        assert view.shape_in(files) == (4, 6, 10)
+        block = view.read(files, (slice(2, 3), slice(0, 3), slice(5, 10)))  # expert 2, C rows 0-2, F 5-9
+        np.testing.assert_array_equal(block, weight[2:3, 0:3, 5:10])
+        assert files.reads == [("experts.2.w1.weight", (slice(5, 10), slice(0, 3)))]  # one tensor, its (F, C) part
+        np.testing.assert_array_equal(view.read(files, ()), weight)
+        np.testing.assert_array_equal(view.to_weight([opened.read(name) for name in view.names]), weight)

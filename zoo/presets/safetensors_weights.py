@@ -9,7 +9,9 @@ query kernel as (C, H, D)): a ``TensorView`` says how, and turns each device's s
 the zoo weight into the slice of the file's tensor that holds it. So
 ``load_into(variable, files, view)`` gives every device exactly its shard
 (``jax.make_array_from_callback``), and no device, nor the host, ever holds a whole
-split tensor.
+split tensor. A Mixture-of-Experts weight (E, C, F) is E file tensors, one per expert
+(Mixtral's ``experts.<j>.w1.weight``): a ``StackedView`` stacks them, and a device
+holding experts j0..j1 (the ``expert`` layout) opens only those experts' tensors.
 
 Why not ``keras.Model.load_weights``: it reads only Keras' own formats and puts each whole
 array on one device first (keras-team/keras#21634; ``sharded_weights``).
@@ -114,6 +116,19 @@ class TensorView:
     split_dim: int = 0
     axes: tuple | None = None
 
+    @property
+    def names(self):
+        """The file tensors this weight is made of."""
+        return (self.name,)
+
+    def shape_in(self, files):
+        """The weight's shape, from the file's tensor."""
+        return self.weight_shape(files.shape(self.name))
+
+    def file_tensors(self, weight):
+        """``{file tensor name: array}`` of the whole weight."""
+        return {self.name: self.to_file(weight)}
+
     def weight_shape(self, file_shape):
         if self.split is not None and math.prod(self.split) != math.prod(file_shape):
             raise CheckpointError(f"tensor {self.name!r} has shape {tuple(file_shape)}, which does not split into {self.split}")
@@ -152,6 +167,53 @@ class TensorView:
         return np.transpose(block, self.axes) if self.axes else block
 
 
+@dataclasses.dataclass(frozen=True)
+class StackedView:
+    """A weight (E, ...) whose row j is file tensor ``parts[j]`` seen through that
+    ``TensorView``: the experts of a Mixture-of-Experts layer, which Hugging Face
+    checkpoints keep one tensor per expert (``...experts.<j>.w1.weight`` (F, C) ->
+    ``expert_gate[j]`` (C, F)).
+
+    ``read`` of a slice opens only the experts' tensors in its E range, and only the
+    part of each that the rest of the slice covers.
+    """
+
+    parts: tuple  # E TensorViews, expert j's in place j
+
+    @property
+    def name(self):
+        """Both ends of the stack, for messages: ``'a.experts.0.w1.weight' .. 'a.experts.3.w1.weight'``."""
+        return f"{self.parts[0].name} .. {self.parts[-1].name}"
+
+    @property
+    def names(self):
+        return tuple(part.name for part in self.parts)
+
+    def shape_in(self, files):
+        """(E, *each expert's weight shape); the E tensors must agree."""
+        shapes = {part.name: part.shape_in(files) for part in self.parts}
+        if len(set(shapes.values())) != 1:
+            raise CheckpointError(f"the stacked tensors {self.name} differ in shape: {shapes}")
+        return (len(self.parts), *next(iter(shapes.values())))
+
+    def file_tensors(self, weight):
+        """``{expert j's tensor name: its array}`` of the whole stacked weight (E, ...)."""
+        if len(weight) != len(self.parts):
+            raise CheckpointError(f"a stacked weight of {len(weight)} rows for the {len(self.parts)} tensors {self.name}")
+        return {part.name: part.to_file(row) for part, row in zip(self.parts, weight)}
+
+    def to_weight(self, arrays):
+        """The whole weight (E, ...) from the E whole file tensors (in ``parts`` order)."""
+        return np.stack([part.to_weight(array) for part, array in zip(self.parts, arrays)])
+
+    def read(self, files, weight_index):
+        """``weight[weight_index]``: experts ``weight_index[0]`` only, each read by its
+        TensorView for the rest of the index."""
+        index = tuple(weight_index) or (slice(None),)
+        start, stop = index[0].indices(len(self.parts))[:2]
+        return np.stack([self.parts[j].read(files, index[1:]) for j in range(start, stop)])
+
+
 def _full_index(index, shape):
     """``index`` (tuple of slices, possibly shorter than ``shape``) with explicit bounds."""
     index = tuple(index) + (slice(None),) * (len(shape) - len(index))
@@ -159,8 +221,9 @@ def _full_index(index, shape):
 
 
 def load_into(variable, files, view, on_read=None):
-    """Assign ``variable`` from ``files`` through ``view``, each device's shard read from
-    disk by itself and placed on its device (``jax.make_array_from_callback``).
+    """Assign ``variable`` from ``files`` through ``view`` (a ``TensorView`` or
+    ``StackedView``), each device's shard read from disk by itself and placed on its
+    device (``jax.make_array_from_callback``).
 
     The variable's current value (a fresh model's initialisation) is freed first, so a
     device never holds both it and the file's shard: per-device memory stays at the
@@ -172,7 +235,7 @@ def load_into(variable, files, view, on_read=None):
     on_read: optional ``callback(device_slice_array)`` seeing each slice as read (tests
     count the bytes each device receives). Raises ``CheckpointError`` on a shape mismatch.
     """
-    shape = view.weight_shape(files.shape(view.name))
+    shape = view.shape_in(files)
     if shape != tuple(variable.shape):
         raise CheckpointError(
             f"tensor {view.name!r} gives shape {shape} but the model's {variable.path!r} is {tuple(variable.shape)}"

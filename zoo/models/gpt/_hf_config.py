@@ -1,20 +1,25 @@
 """Hugging Face ``config.json`` <-> ``GPTBackbone`` arguments, for Llama-family models.
 
 Supported ``model_type``s (``zoo.config.choices.HF_MODEL_TYPES``): ``llama`` (Llama 1-3.2,
-TinyLlama, ...), ``mistral`` without a sliding window, ``qwen2`` (biases on q/k/v). They
-are the zoo GPT exactly: RMSNorm, SwiGLU MLP, grouped-query attention, rotate-half RoPE
-(with Llama 3's ``rope_scaling``), tied or untied head.
+TinyLlama, ...), ``mistral`` without a sliding window, ``qwen2`` (biases on q/k/v), and
+the Mixture-of-Experts ``mixtral`` (every block sparse, top-k renormalised) and
+``qwen2_moe`` (a sigmoid-gated shared expert, top-k as ``norm_topk_prob`` says, dense
+blocks where ``decoder_sparse_step`` / ``mlp_only_layers`` put them). They are the zoo
+GPT exactly: RMSNorm, SwiGLU MLP or SwiGLU experts, grouped-query attention, rotate-half
+RoPE (with Llama 3's ``rope_scaling``), tied or untied head.
 
 Every key of the file is either mapped, or known to change nothing the zoo computes
-(token ids, dtype, bookkeeping), or refused: a key or value that would change the
-numbers the zoo cannot reproduce (another ``rope_scaling``, a sliding window, biases the
-zoo has no weights for, mixture-of-experts, quantization, another activation) raises
-``UnsupportedCheckpoint`` naming it, before anything is built.
+(token ids, dtype, bookkeeping, training-only switches), or read together with others
+(a sliding window is inert unless ``use_sliding_window`` and ``max_window_layers`` make
+some layer use it), or refused: a key or value that would change the numbers the zoo
+cannot reproduce (another ``rope_scaling``, a window that slides, biases the zoo has no
+weights for, quantization, another activation) raises ``UnsupportedCheckpoint`` naming
+it and its value, before anything is built.
 """
 
 from zoo.config.choices import HF_MODEL_TYPES
 
-# config.json key -> GPTBackbone argument
+# config.json key -> GPTBackbone argument (every model type)
 MAPPED = {
     "vocab_size": "vocabulary_size",
     "num_hidden_layers": "num_layers",
@@ -34,7 +39,7 @@ MAPPED = {
 IGNORED = {
     "architectures", "model_type", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
     "transformers_version", "use_cache", "initializer_range", "attention_dropout", "_name_or_path",
-    "max_window_layers", "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
+    "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
 }  # fmt: skip
 # key -> the values the zoo computes exactly; any other value is refused
 ALLOWED_VALUES = {
@@ -42,10 +47,38 @@ ALLOWED_VALUES = {
     "attention_bias": (False,),  # Llama's biases on all four projections: the zoo GPT has none on the output
     "mlp_bias": (False,),
     "pretraining_tp": (1,),  # >1 changes the matmul order only in Meta's training code, not the model
-    "sliding_window": (None,),  # mistral and qwen2: full attention only
-    "use_sliding_window": (False,),
 }
+# read together by _check_sliding_window (and layer_types by _check_keys)
+SLIDING_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
+QWEN_TYPES = ("qwen2", "qwen2_moe")  # a window only with use_sliding_window, from layer max_window_layers on
+QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen2MoeConfig's default
+MOE_TYPES = ("mixtral", "qwen2_moe")
+# model type -> its Mixture-of-Experts keys (refused in any other type): mapped by
+# _moe_arguments, or training-only (output_router_logits: whether transformers' forward
+# returns the router logits and adds the aux loss; the zoo adds router_aux_loss_coefficient
+# times it in training either way)
+MOE_KEYS = {
+    "mixtral": {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise"},
+    "qwen2_moe": {
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
+        "router_aux_loss_coef", "output_router_logits", "decoder_sparse_step", "mlp_only_layers", "qkv_bias",
+    },
+}  # fmt: skip
+MOE_ALLOWED_VALUES = {"router_jitter_noise": (0.0,)}  # Mixtral's training-time noise on the router input
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+}  # fmt: skip
 DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 2048}
+# transformers' MixtralConfig / Qwen2MoeConfig defaults, for keys a config leaves out
+MOE_DEFAULTS = {
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001},
+    "qwen2_moe": {
+        "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+        "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "qkv_bias": True,
+    },
+}  # fmt: skip
 
 
 class UnsupportedCheckpoint(ValueError):
@@ -54,6 +87,9 @@ class UnsupportedCheckpoint(ValueError):
 
 def is_hf_config(config):
     return isinstance(config, dict) and "model_type" in config and "class_name" not in config
+
+
+# --- config.json -> GPTBackbone ---------------------------------------------------------
 
 
 def backbone_arguments(config, where="config.json"):
@@ -66,23 +102,29 @@ def backbone_arguments(config, where="config.json"):
             f"(docs/checkpoints-hf.md says why others are refused)"
         )
     _check_keys(config, where)
+    _check_sliding_window(config, where)
     arguments = {MAPPED[key]: config[key] for key in MAPPED if config.get(key) is not None}
     for key, value in DEFAULTS.items():
         arguments.setdefault(MAPPED[key], value)
-    arguments.update(mlp="swiglu", norm="rms", qkv_bias=model_type == "qwen2")
+    arguments.update(mlp="swiglu", norm="rms", qkv_bias=model_type in QWEN_TYPES)
+    if model_type in MOE_TYPES:
+        arguments.update(_moe_arguments({**MOE_DEFAULTS[model_type], **config}, where))
     return arguments
 
 
 def _check_keys(config, where):
+    moe_keys = MOE_KEYS.get(config.get("model_type"), set())
+    allowed = {**ALLOWED_VALUES, **{key: values for key, values in MOE_ALLOWED_VALUES.items() if key in moe_keys}}
     for key, value in config.items():
-        if key in ALLOWED_VALUES and value not in ALLOWED_VALUES[key]:
-            raise UnsupportedCheckpoint(f"{where}: {key} = {value!r} is not supported (the zoo GPT computes {key} = {ALLOWED_VALUES[key][0]!r})")
+        if key in allowed and value not in allowed[key]:
+            raise UnsupportedCheckpoint(f"{where}: {key} = {value!r} is not supported (the zoo GPT computes {key} = {allowed[key][0]!r})")
         if key == "layer_types" and any(kind != "full_attention" for kind in value):
             raise UnsupportedCheckpoint(f"{where}: layer_types {sorted(set(value))} is not supported: full attention only")
-        if key not in MAPPED and key not in IGNORED and key not in ALLOWED_VALUES and key != "layer_types":
+        if key not in MAPPED and key not in IGNORED and key not in allowed and key not in SLIDING_WINDOW_KEYS and key not in moe_keys:
             raise UnsupportedCheckpoint(
-                f"{where}: key {key!r} (= {value!r}) is not one the zoo GPT knows; it may change the model "
-                f"(mixture-of-experts, quantization, another attention), so it is refused"
+                f"{where}: key {key!r} (= {value!r}) is not one the zoo GPT knows for model_type "
+                f"{config.get('model_type')!r}; it may change the model (mixture-of-experts, quantization, another "
+                f"attention), so it is refused"
             )
     scaling = config.get("rope_scaling")
     if scaling is not None:
@@ -91,26 +133,160 @@ def _check_keys(config, where):
             raise UnsupportedCheckpoint(f"{where}: rope_scaling {scaling!r} is not supported: only rope_type 'llama3'")
 
 
+def _check_sliding_window(config, where):
+    """Refuse a window some layer would use, naming the keys that make it slide.
+
+    Llama, Mistral, Mixtral: any ``sliding_window`` slides. Qwen2 and Qwen2-MoE (as
+    transformers reads them): layer i uses ``sliding_window`` only when
+    ``use_sliding_window`` is true and i >= ``max_window_layers``; published Qwen configs
+    carry a window with ``use_sliding_window: false``, which is full attention.
+    """
+    window, use = config.get("sliding_window"), config.get("use_sliding_window", False)
+    if config.get("model_type") not in QWEN_TYPES:
+        if window is not None:
+            raise UnsupportedCheckpoint(
+                f"{where}: sliding_window = {window!r} is not supported: every layer would attend to a {window}-token "
+                f"window; the zoo's attention kernels are full causal attention (sliding_window null is)"
+            )
+        if use:
+            raise UnsupportedCheckpoint(f"{where}: use_sliding_window = {use!r} is not supported: full attention only")
+        return
+    layers = config.get("num_hidden_layers")
+    first = config.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+    if use and window is not None and isinstance(layers, int) and first < layers:
+        raise UnsupportedCheckpoint(
+            f"{where}: use_sliding_window = {use!r} with sliding_window = {window!r} and max_window_layers = {first!r}: "
+            f"layers {first}..{layers - 1} of {layers} would attend to a {window}-token window; the zoo's attention is "
+            f"full causal only (use_sliding_window false, or max_window_layers >= num_hidden_layers, is)"
+        )
+
+
+def _moe_arguments(config, where):
+    """The MoE ``GPTBackbone`` arguments of a ``mixtral`` / ``qwen2_moe`` config (its
+    defaults filled in): dropless (``capacity_factor`` None), so the logits are exact."""
+    if config["model_type"] == "mixtral":  # intermediate_size is each expert's; MixtralSparseMoeBlock always renormalises
+        return dict(
+            num_experts=config["num_local_experts"], num_experts_per_token=config["num_experts_per_tok"],
+            moe_intermediate_dim=config["intermediate_size"], shared_expert_dim=0, normalize_router_weights=True,
+            router_aux_loss_coefficient=config["router_aux_loss_coef"], capacity_factor=None,
+        )  # fmt: skip
+    shared = config["shared_expert_intermediate_size"]
+    if not isinstance(shared, int) or shared < 1:
+        raise UnsupportedCheckpoint(
+            f"{where}: shared_expert_intermediate_size = {shared!r}: the zoo maps qwen2_moe's shared expert onto "
+            f"shared_expert_dim, which must be a positive width"
+        )
+    return dict(
+        num_experts=config["num_experts"], num_experts_per_token=config["num_experts_per_tok"],
+        moe_intermediate_dim=config["moe_intermediate_size"], shared_expert_dim=shared,
+        normalize_router_weights=bool(config["norm_topk_prob"]), router_aux_loss_coefficient=config["router_aux_loss_coef"],
+        qkv_bias=bool(config["qkv_bias"]), moe_layers=_qwen_moe_layers(config, where), capacity_factor=None,
+    )  # fmt: skip
+
+
+def _qwen_moe_layers(config, where):
+    """``moe_layers`` of a qwen2_moe config: block i is sparse when it is not in
+    ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0 (None: every block)."""
+    layers, step = config["num_hidden_layers"], config["decoder_sparse_step"]
+    only = [] if config["mlp_only_layers"] is None else config["mlp_only_layers"]  # Qwen2MoeConfig reads null as []
+    experts = config["num_experts"]
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts < 1:
+        raise UnsupportedCheckpoint(f"{where}: num_experts = {experts!r}: a qwen2_moe model needs at least one expert")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise UnsupportedCheckpoint(
+            f"{where}: decoder_sparse_step = {step!r} is not a positive integer (block i is sparse when (i + 1) % "
+            f"decoder_sparse_step == 0)"
+        )
+    if not isinstance(only, list) or any(not isinstance(i, int) or not 0 <= i < layers for i in only):
+        raise UnsupportedCheckpoint(f"{where}: mlp_only_layers = {only!r} must list block indices in 0..{layers - 1}")
+    sparse = [i for i in range(layers) if i not in only and (i + 1) % step == 0]
+    if not sparse:
+        raise UnsupportedCheckpoint(
+            f"{where}: decoder_sparse_step = {step} and mlp_only_layers = {only} leave none of the {layers} blocks "
+            f"sparse: the zoo's moe_layers needs at least one (a dense model is model_type qwen2)"
+        )
+    return None if len(sparse) == layers else sparse
+
+
+# --- GPTBackbone -> config.json ---------------------------------------------------------
+
+
+def sparse_layers(arguments):
+    """The indices of the Mixture-of-Experts blocks of ``GPTBackbone`` arguments."""
+    if not arguments.get("num_experts"):
+        return []
+    moe_layers = arguments.get("moe_layers")
+    return list(range(arguments["num_layers"])) if moe_layers is None else sorted(moe_layers)
+
+
+def hf_model_type(arguments):
+    """The Hugging Face ``model_type`` that computes what a ``GPTBackbone`` of
+    ``arguments`` computes: ``llama``, ``qwen2`` (q/k/v biases), ``qwen2_moe`` (experts
+    and a shared expert) or ``mixtral`` (experts alone: every block sparse, top k
+    renormalised, no biases); ``UnsupportedCheckpoint`` naming what none has."""
+    qkv_bias = bool(arguments.get("qkv_bias"))
+    if not arguments.get("num_experts"):
+        return "qwen2" if qkv_bias else "llama"
+    if arguments.get("shared_expert_dim"):
+        return "qwen2_moe"
+    moe_layers = arguments.get("moe_layers")
+    problems = [
+        *(["qkv_bias=True"] if qkv_bias else []),
+        *([] if arguments.get("normalize_router_weights", True) else ["normalize_router_weights=False"]),
+        *([f"moe_layers={moe_layers}"] if moe_layers is not None and len(moe_layers) != arguments["num_layers"] else []),
+    ]
+    if problems:
+        raise UnsupportedCheckpoint(
+            f"a MoE GPT without a shared expert is written as Mixtral, which has every block sparse, top-k weights "
+            f"renormalised and no biases; this one has {', '.join(problems)} (Qwen2-MoE has those, with a shared expert: "
+            f"shared_expert_dim > 0)"
+        )
+    return "mixtral"
+
+
 def hf_config(backbone_config, *, special_ids=None):
-    """The ``config.json`` of a ``GPTBackbone`` config, as ``qwen2`` when it has q/k/v
-    biases, else ``llama``; ``UnsupportedCheckpoint`` for a zoo GPT no Llama-family
-    model reproduces (LayerNorm or a GELU MLP: gpt_125m, say)."""
+    """The ``config.json`` of a ``GPTBackbone`` config, of the ``hf_model_type`` that
+    computes the same; ``UnsupportedCheckpoint`` for a zoo GPT no Llama-family model
+    reproduces (LayerNorm or a GELU MLP: gpt_125m, say)."""
     if backbone_config.get("norm", "rms") != "rms" or backbone_config.get("mlp", "swiglu") != "swiglu":
         raise UnsupportedCheckpoint(
             f"a GPT with norm {backbone_config.get('norm')!r} and mlp {backbone_config.get('mlp')!r} has no Hugging Face "
             f"Llama-family equivalent (it needs norm 'rms' and mlp 'swiglu')"
         )
-    qwen = bool(backbone_config.get("qkv_bias"))
+    model_type = hf_model_type(backbone_config)
     config = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
+        "architectures": [ARCHITECTURES[model_type]],
+        "model_type": model_type,
         "hidden_act": "silu",
         "torch_dtype": "float32",
         **{key: backbone_config[argument] for key, argument in MAPPED.items() if argument in backbone_config},
     }
-    if qwen:
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=config["num_hidden_layers"])
-    else:
+    layers = config["num_hidden_layers"]
+    if model_type in QWEN_TYPES:
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=layers)
+    elif model_type == "llama":
         config.update(attention_bias=False, mlp_bias=False)
+    else:  # mixtral
+        config.update(sliding_window=None)
+    if model_type in MOE_TYPES:
+        config.update(_moe_config(backbone_config, model_type))
     config.update({key: value for key, value in (special_ids or {}).items() if value is not None})
     return config
+
+
+def _moe_config(arguments, model_type):
+    """The Mixture-of-Experts keys of a ``mixtral`` / ``qwen2_moe`` config.json."""
+    expert_width = arguments.get("moe_intermediate_dim") or arguments["intermediate_dim"]
+    common = dict(
+        num_experts_per_tok=arguments["num_experts_per_token"], output_router_logits=False,
+        router_aux_loss_coef=arguments.get("router_aux_loss_coefficient", 0.0),
+    )  # fmt: skip
+    if model_type == "mixtral":  # one width: the experts' (every block is sparse)
+        return dict(common, num_local_experts=arguments["num_experts"], intermediate_size=expert_width, router_jitter_noise=0.0)
+    sparse = set(sparse_layers(arguments))
+    return dict(
+        common, num_experts=arguments["num_experts"], moe_intermediate_size=expert_width,
+        shared_expert_intermediate_size=arguments["shared_expert_dim"],
+        norm_topk_prob=bool(arguments.get("normalize_router_weights", True)), decoder_sparse_step=1,
+        mlp_only_layers=[i for i in range(arguments["num_layers"]) if i not in sparse], qkv_bias=bool(arguments.get("qkv_bias")),
+    )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Hugging Face Llama-family checkpoints into and out of ``GPTCausalLM``.
+"""Hugging Face Llama-family checkpoints (dense and Mixture-of-Experts) into and out of ``GPTCausalLM``.
 
 ``GPTCausalLM.from_preset(directory)`` reads a folder holding ``config.json`` (a
 ``model_type`` in ``zoo.config.choices.HF_MODEL_TYPES``; ``_hf_config`` maps and checks
@@ -28,7 +28,27 @@ final_norm/scale (C,)                    model.norm.weight                     (
 lm_head/kernel (C, V) [2]                lm_head.weight                        (V, C)        (1,0)
 =======================================  ====================================  ============  ==================
 
-[1] qwen2 only. [2] untied only (``tie_word_embeddings`` false).
+[1] qwen2 and qwen2_moe. [2] untied only (``tie_word_embeddings`` false).
+
+A Mixture-of-Experts block (``mixtral``, ``qwen2_moe``; E experts of width F) has, in
+place of ``mlp/{gate,up,down}/kernel``, the weights of ``MoEFeedForward`` ``mlp``; each
+expert is its own tensor in the file, stacked on E by a ``StackedView`` (a device under
+the ``expert`` layout reads only its experts' tensors). ``<moe>`` is
+``block_sparse_moe.`` (mixtral) or ``mlp.`` (qwen2_moe):
+
+=======================================  ==========================================  ============  ==================
+zoo path (``block_<i>/mlp/``)            Hugging Face name (``model.layers.<i>.``)   file shape    to the zoo's
+=======================================  ==========================================  ============  ==================
+router/kernel (C, E)                     <moe>gate.weight                            (E, C)        (1,0)
+expert_gate (E, C, F)                    <moe>experts.<j>.w1.weight / gate_proj [3]  E x (F, C)    stack of (1,0)
+expert_up (E, C, F)                      <moe>experts.<j>.w3.weight / up_proj        E x (F, C)    stack of (1,0)
+expert_down (E, F, C)                    <moe>experts.<j>.w2.weight / down_proj      E x (C, F)    stack of (1,0)
+shared_expert/{gate,up,down}/kernel [4]  mlp.shared_expert.{gate,up,down}_proj       as mlp/...    (1,0)
+shared_expert_gate/kernel (C, 1) [4]     mlp.shared_expert_gate.weight               (1, C)        (1,0)
+=======================================  ==========================================  ============  ==================
+
+[3] mixtral's name / qwen2_moe's. [4] qwen2_moe only. The layer's ``router_statistics``
+(what the last training step routed) is state, not a weight: neither read nor written.
 """
 
 import json
@@ -37,11 +57,12 @@ import shutil
 
 from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
-from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config
+from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from zoo.presets.safetensors_weights import (
     CheckpointError,
     SafetensorsFiles,
+    StackedView,
     TensorView,
     has_safetensors,
     load_into,
@@ -54,6 +75,13 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
 # tensors some checkpoints carry that are not weights (older Llama saves RoPE's table)
 NOT_WEIGHTS = ("rotary_emb.inv_freq",)
+# zoo variables that are state, not checkpoint weights (MoEFeedForward's last routing statistics)
+STATE_VARIABLES = ("router_statistics",)
+# MoE model type -> (the block's prefix, {zoo expert weight: each expert's projection})
+EXPERT_NAMES = {
+    "mixtral": ("block_sparse_moe.", {"expert_gate": "w1", "expert_up": "w3", "expert_down": "w2"}),
+    "qwen2_moe": ("mlp.", {"expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj"}),
+}
 PREPROCESSOR_LENGTH = 1024  # the preprocessor's default sequence_length (keras-hub's), at most max_sequence_length
 
 __all__ = ["UnsupportedCheckpoint", "is_hf_directory", "load_causal_lm", "load_hf_weights", "read_config", "save_to_hf", "weight_views"]
@@ -75,10 +103,13 @@ def read_config(directory):
 
 
 def weight_views(arguments):
-    """``{zoo variable path: TensorView}`` for ``GPTBackbone`` arguments (the table above)."""
+    """``{zoo variable path: TensorView or StackedView}`` for ``GPTBackbone`` arguments
+    (the tables above)."""
     heads, width = arguments["num_query_heads"], arguments["hidden_dim"]
     kv_heads = arguments.get("num_key_value_heads") or heads
     head_dim = arguments.get("head_dim") or width // heads
+    sparse = set(sparse_layers(arguments))
+    model_type = hf_model_type(arguments) if sparse else None
     views = {"token_embedding/embeddings": TensorView("model.embed_tokens.weight"), "final_norm/scale": TensorView("model.norm.weight")}
     if not arguments.get("tie_word_embeddings", False):
         views["lm_head/kernel"] = TensorView("lm_head.weight", axes=(1, 0))
@@ -92,10 +123,32 @@ def weight_views(arguments):
         views[f"{zoo}attention/output/kernel"] = TensorView(
             f"{hf}self_attn.o_proj.weight", split=(width, heads, head_dim), split_dim=1, axes=(1, 2, 0)
         )
-        for name in ("gate", "up", "down"):
-            views[f"{zoo}mlp/{name}/kernel"] = TensorView(f"{hf}mlp.{name}_proj.weight", axes=(1, 0))
+        if index in sparse:
+            views.update(_expert_views(arguments, hf, f"{zoo}mlp/", model_type))
+        else:
+            views.update(_mlp_views(f"{hf}mlp.", f"{zoo}mlp/"))
         views[f"{zoo}attention_norm/scale"] = TensorView(f"{hf}input_layernorm.weight")
         views[f"{zoo}mlp_norm/scale"] = TensorView(f"{hf}post_attention_layernorm.weight")
+    return views
+
+
+def _mlp_views(hf, zoo):
+    """A SwiGLU MLP's three kernels: ``<hf>{gate,up,down}_proj.weight`` (out, in) -> ``<zoo>{gate,up,down}/kernel`` (in, out)."""
+    return {f"{zoo}{name}/kernel": TensorView(f"{hf}{name}_proj.weight", axes=(1, 0)) for name in ("gate", "up", "down")}
+
+
+def _expert_views(arguments, hf, zoo, model_type):
+    """The views of one ``MoEFeedForward`` (``zoo`` = ``block_<i>/mlp/``) of a
+    ``mixtral`` or ``qwen2_moe`` checkpoint (``hf`` = ``model.layers.<i>.``)."""
+    block, projections = EXPERT_NAMES[model_type]
+    prefix = f"{hf}{block}"
+    views = {f"{zoo}router/kernel": TensorView(f"{prefix}gate.weight", axes=(1, 0))}  # (E, C) -> (C, E)
+    experts = range(arguments["num_experts"])
+    for weight, projection in projections.items():  # E x (F, C) -> (E, C, F); down: E x (C, F) -> (E, F, C)
+        views[f"{zoo}{weight}"] = StackedView(tuple(TensorView(f"{prefix}experts.{j}.{projection}.weight", axes=(1, 0)) for j in experts))
+    if arguments.get("shared_expert_dim"):
+        views.update(_mlp_views(f"{prefix}shared_expert.", f"{zoo}shared_expert/"))
+        views[f"{zoo}shared_expert_gate/kernel"] = TensorView(f"{prefix}shared_expert_gate.weight", axes=(1, 0))  # (1, C) -> (C, 1)
     return views
 
 
@@ -142,7 +195,7 @@ def load_hf_weights(model, directory, on_read=None):
 
 
 def _check_names(directory, names, views, variables):
-    wanted = {view.name for view in views.values()}
+    wanted = {name for view in views.values() for name in view.names}
     tied = "lm_head/kernel" not in views
     extra = [n for n in names if n not in wanted and not n.endswith(NOT_WEIGHTS) and not (tied and n == "lm_head.weight")]
     if extra:
@@ -153,7 +206,7 @@ def _check_names(directory, names, views, variables):
     missing = sorted(wanted - set(names))
     if missing:
         raise CheckpointError(f"checkpoint {directory!r} lacks {len(missing)} tensor(s) its config.json implies, e.g. {missing[:3]}")
-    unmapped = sorted(path for path in variables if path not in views and not path.endswith(LORA_WEIGHTS))
+    unmapped = sorted(path for path in variables if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES)))
     if unmapped:
         raise CheckpointError(f"the model has weights no Hugging Face tensor maps to: {unmapped[:3]}")
 
@@ -164,7 +217,8 @@ def _check_names(directory, names, views, variables):
 def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None):
     """Write ``model`` (a ``GPTCausalLM``) as a Hugging Face folder ``transformers`` loads.
 
-    ``config.json`` (model_type ``llama``, or ``qwen2`` with q/k/v biases),
+    ``config.json`` (model_type ``llama``, ``qwen2`` with q/k/v biases, ``mixtral`` for
+    experts alone, ``qwen2_moe`` for experts and a shared expert: ``_hf_config.hf_model_type``),
     ``generation_config.json``, the weights as safetensors (one file, or files of at most
     ``max_file_bytes`` with an index), and the tokenizer when the preprocessor's has
     ``save_to_directory`` (``HFTokenizer``). LoRA factors are merged into their kernels
@@ -205,7 +259,7 @@ def _file_tensors(model, views, dtype):
     tensors = {}
     for path, view in views.items():
         array = np.asarray(values[path])
-        tensors[view.name] = view.to_file(array if dtype is None else array.astype(dtype))
+        tensors.update(view.file_tensors(array if dtype is None else array.astype(dtype)))
     return tensors
 
 
