@@ -170,7 +170,7 @@ class GPTCausalLM(ZooModel):
     @classmethod
     def from_preset(cls, name_or_dir, *, load_weights=True, skip_layers=(), **config_overrides):
         """A zoo preset (``ZooModel.from_preset``), or a Hugging Face Llama-family folder
-        (``config.json`` with ``model_type`` llama, mistral or qwen2, safetensors, and
+        (``config.json`` with ``model_type`` llama, mistral, qwen2, mixtral or qwen2_moe, safetensors, and
         optionally ``tokenizer.json``), or ``"hf://org/name"`` (downloaded once through
         ``huggingface-hub``, the ``[hf]`` extra, then cached). Built under the current
         distribution; each device reads only its shard of every weight from the files.

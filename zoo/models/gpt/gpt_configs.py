@@ -159,7 +159,7 @@ def backbone_config(config):
     ``config``: a ``GPT_CONFIGS`` entry or ``GPTBackbone.get_config()``; a
     ``GPTCausalLM.get_config()`` (its ``backbone`` nested as Keras serialises it); a
     serialised model (``{"class_name": ..., "config": ...}``, as in a preset's config.json);
-    or a Hugging Face ``config.json`` (``model_type`` llama, mistral, qwen2), mapped and
+    or a Hugging Face ``config.json`` (``model_type`` llama, mistral, qwen2, mixtral, qwen2_moe), mapped and
     checked by ``_hf_config.backbone_arguments``.
     """
     if is_hf_config(config):
