@@ -198,3 +198,20 @@ def test_a_step_is_never_saved_over(tmp_path):
 def test_resume_from_an_empty_directory_starts_fresh(tmp_path):
     assert Checkpoints(str(tmp_path / "none"), data=DATA).resume(build(), report=lambda line: None) is None
     assert not os.path.exists(tmp_path / "none")  # reading creates nothing
+
+
+def test_how_a_run_computes_does_not_make_a_checkpoint_another_model():
+    """A GPT written under one layout resumes under another: the attention kernel the
+    distribution chose (context_attention), Megatron SP and remat are not compared;
+    a width still is."""
+    from zoo.models import GPTCausalLM
+    from zoo.training._checkpoint_state import describe, differences
+
+    def described(**overrides):
+        model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, **overrides)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        return describe(model)
+
+    written = described()
+    assert differences(written, described(context_attention="ring", remat="full")) == []
+    assert differences(written, described(hidden_dim=64, intermediate_dim=64)) != []

@@ -83,9 +83,28 @@ def describe(model):
     }
 
 
+# Model-config keys that say how a run computes, not what its weights are: the kernel the
+# distribution chose (context_attention), Megatron SP (megatron_sp, set by layout tp+sp),
+# remat, and an MoE layer's capacity, exchange and grouped matmul. A checkpoint written
+# under one value resumes under another (a layout change), so they are not compared.
+RUN_KEYS = ("context_attention", "megatron_sp", "remat", "capacity_factor", "expert_exchange", "grouped_matmul")
+
+
+def without_run_keys(config):
+    """``config`` (nested dicts and lists) without the ``RUN_KEYS`` at any depth."""
+    if isinstance(config, dict):
+        return {key: without_run_keys(value) for key, value in config.items() if key not in RUN_KEYS}
+    if isinstance(config, list):
+        return [without_run_keys(value) for value in config]
+    return config
+
+
 def differences(saved, current, limit=3):
-    """Human-readable differences between a saved and a current description (at most ``limit``)."""
+    """Human-readable differences between a saved and a current description (at most
+    ``limit``); the model configs compared without their ``RUN_KEYS``."""
     found = []
+    saved = {**saved, "model_config": without_run_keys(saved.get("model_config"))}
+    current = {**current, "model_config": without_run_keys(current["model_config"])}
     for key, label in (("model_class", "model class"), ("model_config", "model config"), ("optimizer", "optimizer")):
         _diff(saved.get(key), current[key], label, found)
     for group in GROUPS:
