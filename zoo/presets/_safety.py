@@ -1,4 +1,5 @@
-"""What a preset may contain: only zoo-registered models built from Keras and zoo classes.
+"""What a preset may contain: only zoo-registered models built from Keras and zoo classes,
+and only files inside its own folder.
 
 Keras' ``deserialize_keras_object`` imports the ``module`` a config names when the class
 is not registered; ``safe_mode=True`` only refuses lambdas. A preset is data from
@@ -9,7 +10,14 @@ top-level object that is not a zoo ``keras.Model``.
 
 The zoo's classes are registered by ``zoo/__init__.py``, which runs before any ``zoo``
 module; this package imports no model (``zoo.models`` imports it: ``ZooModel.from_preset``).
+
+A folder is data from elsewhere too: a file it names (a safetensors index's
+``weight_map``) or holds (a symlink) may point anywhere. ``inside_folder`` refuses a
+name that is absolute, climbs out with ``..`` or resolves outside the folder, before
+anything is opened.
 """
+
+import os
 
 import keras
 
@@ -84,3 +92,39 @@ def _check_object(directory, path, item):
             f"{where}: refusing class {class_name!r} from module {module!r}; presets may hold Keras "
             f"classes and zoo-registered classes only"
         )
+
+
+# --- every file a loader opens stays inside its folder ---------------------------------
+
+HUB_SNAPSHOTS = "snapshots"  # huggingface_hub's cache: models--org--name/snapshots/<revision>/<file>
+HUB_REPOSITORY_PREFIX = "models--"  # ... whose files are symlinks to ../../blobs/<hash>
+
+
+def containment_root(directory):
+    """The folder every file of ``directory`` must resolve inside (symlinks followed): the
+    folder itself, or for a Hugging Face cache snapshot (``.../models--org--name/snapshots/
+    <revision>``, whose files link to ``../../blobs/<hash>``), its repository folder."""
+    real = os.path.realpath(directory)
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) == HUB_SNAPSHOTS and os.path.basename(os.path.dirname(parent)).startswith(HUB_REPOSITORY_PREFIX):
+        return os.path.dirname(parent)
+    return real
+
+
+def inside_folder(directory, name, *, listed_in, error=PresetError):
+    """``os.path.join(directory, name)`` after checking that it names a file inside
+    ``directory``: a relative path without ``..``, and no symlink on the way leading
+    out (``containment_root``). Nothing is opened. ``listed_in``: where ``name`` came
+    from, for the message (``"model.safetensors.index.json"``); raises ``error``."""
+    where = f"{directory!r}: {listed_in}"
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise error(f"{where} names the file {name!r}, which is not a file name")
+    if os.path.isabs(name) or os.path.splitdrive(name)[0]:
+        raise error(f"{where} names the absolute path {name!r}; the files of a folder are named relative to it")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise error(f"{where} names {name!r}, which climbs out of the folder with '..'")
+    path = os.path.join(directory, name)
+    root, real = containment_root(directory), os.path.realpath(path)
+    if os.path.commonpath([root, real]) != root:
+        raise error(f"{where} names {name!r}, a symlink to {real!r} outside the folder; copy the file into the folder instead")
+    return path

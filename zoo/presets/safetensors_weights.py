@@ -13,6 +13,13 @@ split tensor. A Mixture-of-Experts weight (E, C, F) is E file tensors, one per e
 (Mixtral's ``experts.<j>.w1.weight``): a ``StackedView`` stacks them, and a device
 holding experts j0..j1 (the ``expert`` layout) opens only those experts' tensors.
 
+The folder is data from elsewhere: ``SafetensorsFiles`` opens only files inside it
+(``zoo.presets._safety.inside_folder``; the whole index is checked before any file is
+opened), refuses a header safetensors finds invalid (a truncated file, shapes that say
+more bytes than the file has), a tensor stored as an integer or bool, and, slice by
+slice as each device's shard is read (no tensor is gathered to check it), a NaN or an
+infinity: the finiteness the zoo's own checkpoints require of their weights.
+
 Why not ``keras.Model.load_weights``: it reads only Keras' own formats and puts each whole
 array on one device first (keras-team/keras#21634; ``sharded_weights``).
 """
@@ -25,13 +32,20 @@ import os
 import jax
 import numpy as np
 
+from zoo.presets._safety import inside_folder
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# safetensors dtype -> numpy: the floating types a weight may be stored as (cast to the
+# variable's dtype on reading); integers and bool are quantized or damaged checkpoints,
+# F8 types come with scales the zoo does not apply (and quantization_config is refused)
+FLOAT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
 
 
-class CheckpointError(ValueError):
-    """A safetensors checkpoint that cannot be read or does not fit the model; the message
-    names the file, tensor or value."""
+class CheckpointError(RuntimeError):
+    """A safetensors checkpoint that cannot be read, cannot be trusted or does not fit the
+    model; the message names the file, tensor or value. A ``RuntimeError``: on the command
+    line a checkpoint that cannot be used exits 1 (docs/cli.md)."""
 
 
 def has_safetensors(directory):
@@ -40,21 +54,42 @@ def has_safetensors(directory):
 
 
 class SafetensorsFiles:
-    """The tensors of a single-file or sharded safetensors checkpoint, opened lazily.
+    """The tensors of a single-file or sharded safetensors checkpoint, checked on opening.
+
+    Opening checks, before any tensor is read: every file named (the index's
+    ``weight_map``) resolves inside ``directory`` and exists, the whole index first;
+    every file's header is valid safetensors (its tensors cover the file exactly: a
+    truncated file or a shape that says more bytes than the file has is refused); each
+    tensor the index lists is in its file and stored as a floating type
+    (``FLOAT_DTYPES``). Each ``read`` checks that the slice it read is finite. Errors are
+    ``CheckpointError`` naming the file and tensor.
 
     Use as a context manager (``with SafetensorsFiles(directory) as files:``); the open
     files are closed on exit.
     """
 
     def __init__(self, directory):
-        self.directory = directory
-        self.weight_map = _weight_map(directory)  # tensor name -> file name
+        self.directory = os.fspath(directory)
+        index = _read_index(self.directory)  # None: one model.safetensors
+        filenames = sorted(set(index.values())) if index is not None else [SINGLE_FILE]
+        self._paths = {filename: _weight_file(self.directory, filename) for filename in filenames}
         self._open = {}
+        try:
+            for filename, path in self._paths.items():
+                self._open[filename] = _open_safetensors(path)
+            self.weight_map = index if index is not None else {name: SINGLE_FILE for name in self._open[SINGLE_FILE].keys()}  # noqa: SIM118
+            self._check_tensors()
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
         for handle in self._open.values():
             handle.__exit__(None, None, None)
         self._open.clear()
@@ -62,42 +97,93 @@ class SafetensorsFiles:
     def names(self):
         return sorted(self.weight_map)
 
+    def path_of(self, name):
+        """The file that holds tensor ``name``."""
+        return self._paths[self.weight_map[name]]
+
+    def _check_tensors(self):
+        keys = {filename: set(handle.keys()) for filename, handle in self._open.items()}
+        for name, filename in self.weight_map.items():
+            if name not in keys[filename]:
+                raise CheckpointError(f"{self.path_of(name)!r} has no tensor {name!r}, which {INDEX_FILE} places there")
+            stored = self._open[filename].get_slice(name).get_dtype()
+            if stored not in FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"tensor {name!r} in {self.path_of(name)!r} is stored as {stored}; the model's weights are floating "
+                    f"point, read from {sorted(FLOAT_DTYPES)} only (an integer or bool tensor is a quantized or damaged checkpoint)"
+                )
+
     def _slice(self, name):
         if name not in self.weight_map:
             raise CheckpointError(f"checkpoint {self.directory!r} has no tensor {name!r}")
-        filename = self.weight_map[name]
-        if filename not in self._open:
-            from safetensors import safe_open
-
-            path = os.path.join(self.directory, filename)
-            if not os.path.isfile(path):
-                raise CheckpointError(f"checkpoint {self.directory!r}: {INDEX_FILE} lists {filename!r}, which is missing")
-            handle = safe_open(path, framework="numpy")
-            self._open[filename] = handle.__enter__()
-        return self._open[filename].get_slice(name)
+        return self._open[self.weight_map[name]].get_slice(name)
 
     def shape(self, name):
         return tuple(self._slice(name).get_shape())
 
     def read(self, name, index=()):
-        """The numpy array of ``name[index]`` (index: a tuple of slices), read from disk."""
-        return self._slice(name)[index] if index else self._slice(name)[:]
+        """The numpy array of ``name[index]`` (index: a tuple of slices), read from disk;
+        ``CheckpointError`` if it holds a NaN or an infinity."""
+        block = self._slice(name)[index] if index else self._slice(name)[:]
+        bad = np.size(block) - np.count_nonzero(np.isfinite(block))
+        if bad:
+            raise CheckpointError(
+                f"tensor {name!r} in {self.path_of(name)!r} holds {bad} NaN or infinite value(s) (in the slice "
+                f"{_index_text(index)} of shape {tuple(self.shape(name))}): a model from it computes NaN"
+            )
+        return block
 
 
-def _weight_map(directory):
+def _index_text(index):
+    return "[" + ", ".join(f"{s.start or 0}:{'' if s.stop is None else s.stop}" for s in index) + "]" if index else "[:]"
+
+
+def _read_index(directory):
+    """The index's ``weight_map`` ({tensor name: file name}), every file checked to be
+    inside ``directory`` and present before any is opened; None when there is no index
+    and ``model.safetensors`` is the checkpoint."""
     index_path = os.path.join(directory, INDEX_FILE)
-    if os.path.isfile(index_path):
+    if not os.path.lexists(index_path):
+        if not os.path.lexists(os.path.join(directory, SINGLE_FILE)):
+            raise CheckpointError(f"{directory!r} holds no {SINGLE_FILE} and no {INDEX_FILE}")
+        return None
+    inside_folder(directory, INDEX_FILE, listed_in="the folder", error=CheckpointError)
+    try:
         with open(index_path, encoding="utf-8") as file:
-            weight_map = json.load(file).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index_path!r} has no 'weight_map' of tensor names to files")
-        return weight_map
-    if os.path.isfile(os.path.join(directory, SINGLE_FILE)):
-        from safetensors import safe_open
+            index = json.load(file)
+    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
+        raise CheckpointError(f"{index_path!r} cannot be read as JSON ({error})") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path!r} has no 'weight_map' of tensor names to files")
+    first_tensor = {}  # each file once (an index lists hundreds of tensors in a few files)
+    for name, filename in weight_map.items():
+        first_tensor.setdefault(filename if isinstance(filename, str) else repr(filename), (name, filename))
+    for name, filename in first_tensor.values():
+        path = inside_folder(directory, filename, listed_in=f"{INDEX_FILE} (tensor {name!r})", error=CheckpointError)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{index_path!r} places tensor {name!r} in {filename!r}, which is missing")
+    return weight_map
 
-        with safe_open(os.path.join(directory, SINGLE_FILE), framework="numpy") as file:
-            return {name: SINGLE_FILE for name in file.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-    raise CheckpointError(f"{directory!r} holds no {SINGLE_FILE} and no {INDEX_FILE}")
+
+def _weight_file(directory, filename):
+    path = inside_folder(directory, filename, listed_in=INDEX_FILE if filename != SINGLE_FILE else "the folder", error=CheckpointError)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path!r} is missing")
+    return path
+
+
+def _open_safetensors(path):
+    """``safe_open(path)`` entered; ``CheckpointError`` naming ``path`` when its header is
+    not valid safetensors (safetensors checks that the tensors cover the file exactly)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(path, framework="numpy").__enter__()
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(
+            f"{path!r} is not a readable safetensors file ({os.path.getsize(path):,} bytes; {error}): truncated, damaged or another format"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,12 +331,22 @@ def load_into(variable, files, view, on_read=None):
     current.delete()
 
     def read_slice(index):
-        block = view.read(files, index).astype(dtype, copy=False)
+        block = _cast(view, view.read(files, index), dtype)
         if on_read is not None:
             on_read(block)
         return block
 
     variable.assign(jax.make_array_from_callback(shape, sharding, read_slice))
+
+
+def _cast(view, block, dtype):
+    """``block`` (finite, as read) as the variable's ``dtype``; ``CheckpointError`` when a
+    value is beyond that dtype's range (a float64 1e300 into float32 becomes infinite)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = block.astype(dtype, copy=False)
+    if cast is not block and not np.isfinite(cast).all():
+        raise CheckpointError(f"tensor {view.name!r} holds values beyond the range of the model's {dtype} (stored as {block.dtype})")
+    return cast
 
 
 def write_safetensors(tensors, directory, *, max_file_bytes=None, metadata=None):

@@ -14,10 +14,16 @@ Every key of the file is either mapped, or known to change nothing the zoo compu
 some layer use it), or refused: a key or value that would change the numbers the zoo
 cannot reproduce (another ``rope_scaling``, a window that slides, biases the zoo has no
 weights for, quantization, another activation) raises ``UnsupportedCheckpoint`` naming
-it and its value, before anything is built.
+it and its value, before anything is built. A number out of range (a size that is not a
+positive integer, heads that do not divide, ``rope_theta`` or ``rms_norm_eps`` not finite
+and positive) is a damaged file rather than another model: ``CheckpointError``, naming
+the key and its value.
 """
 
+import math
+
 from zoo.config.choices import HF_MODEL_TYPES
+from zoo.presets.safetensors_weights import CheckpointError
 
 # config.json key -> GPTBackbone argument (every model type)
 MAPPED = {
@@ -81,6 +87,19 @@ MOE_DEFAULTS = {
 }  # fmt: skip
 
 
+# the numbers a config must hold in range (_check_numbers): a damaged or hostile file, not an
+# unsupported model, so CheckpointError, naming the key and its value
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")  # null or absent: the default
+POSITIVE_NUMBERS = ("rope_theta", "rms_norm_eps")  # finite and > 0 (null or absent: DEFAULTS)
+MOE_SIZES = {
+    "mixtral": ("num_local_experts", "num_experts_per_tok"),
+    "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+}
+MOE_EXPERT_COUNT = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts"}
+LLAMA3_FACTORS = ("factor", "low_freq_factor", "high_freq_factor")  # rope_scaling's numbers, with original_max_position_embeddings
+
+
 class UnsupportedCheckpoint(ValueError):
     """A Hugging Face config the zoo GPT cannot reproduce; the message names the key."""
 
@@ -103,6 +122,7 @@ def backbone_arguments(config, where="config.json"):
         )
     _check_keys(config, where)
     _check_sliding_window(config, where)
+    _check_numbers(config, where)
     arguments = {MAPPED[key]: config[key] for key in MAPPED if config.get(key) is not None}
     for key, value in DEFAULTS.items():
         arguments.setdefault(MAPPED[key], value)
@@ -131,6 +151,78 @@ def _check_keys(config, where):
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
         if kind != "llama3":
             raise UnsupportedCheckpoint(f"{where}: rope_scaling {scaling!r} is not supported: only rope_type 'llama3'")
+
+
+def _check_numbers(config, where):
+    """``CheckpointError`` naming the first number out of range: sizes positive integers,
+    heads dividing, ``rope_theta`` and ``rms_norm_eps`` finite and > 0, the MoE counts
+    and Llama 3's ``rope_scaling`` factors likewise (MoE defaults filled in first)."""
+    model_type = config["model_type"]
+    full = {**MOE_DEFAULTS.get(model_type, {}), **config}
+    for key in REQUIRED_SIZES + MOE_SIZES.get(model_type, ()):
+        if full.get(key) is None:
+            raise CheckpointError(f"{where}: {key} is missing; the zoo GPT needs it (a positive integer)")
+    for key in REQUIRED_SIZES + OPTIONAL_SIZES + MOE_SIZES.get(model_type, ()):
+        _positive_int(full, key, where)
+    for key in POSITIVE_NUMBERS:
+        _positive_number(full, key, where)
+    if full.get("router_aux_loss_coef") is not None and not _finite(full["router_aux_loss_coef"], minimum=0.0):
+        raise CheckpointError(f"{where}: router_aux_loss_coef = {full['router_aux_loss_coef']!r} must be a finite number >= 0")
+    if not isinstance(full.get("tie_word_embeddings", False), bool):
+        raise CheckpointError(f"{where}: tie_word_embeddings = {full['tie_word_embeddings']!r} must be true or false")
+    _check_heads(full, where)
+    if model_type in MOE_EXPERT_COUNT and full["num_experts_per_tok"] > full[MOE_EXPERT_COUNT[model_type]]:
+        count = MOE_EXPERT_COUNT[model_type]
+        raise CheckpointError(
+            f"{where}: num_experts_per_tok = {full['num_experts_per_tok']} is more than the {full[count]} experts ({count})"
+        )
+    if isinstance(full.get("rope_scaling"), dict):
+        _check_llama3_scaling(full["rope_scaling"], where)
+
+
+def _check_heads(config, where):
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    if heads % kv_heads:
+        raise CheckpointError(f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
+    head_dim = config.get("head_dim")
+    if head_dim is None and config["hidden_size"] % heads:
+        raise CheckpointError(
+            f"{where}: hidden_size = {config['hidden_size']} is not divisible by num_attention_heads = {heads} (and no head_dim is given)"
+        )
+    head_dim = head_dim or config["hidden_size"] // heads
+    if head_dim % 2:
+        raise CheckpointError(f"{where}: the head dimension {head_dim} is odd; rotary embeddings rotate pairs of features")
+
+
+def _check_llama3_scaling(scaling, where):
+    for key in LLAMA3_FACTORS:
+        if not _finite(scaling.get(key), minimum=0.0) or not scaling[key] > 0:
+            raise CheckpointError(f"{where}: rope_scaling {key} = {scaling.get(key)!r} must be a finite number > 0")
+    _positive_int(scaling, "original_max_position_embeddings", f"{where}: rope_scaling", required=True)
+    if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise CheckpointError(
+            f"{where}: rope_scaling high_freq_factor = {scaling['high_freq_factor']!r} must exceed "
+            f"low_freq_factor = {scaling['low_freq_factor']!r}"
+        )
+
+
+def _positive_int(config, key, where, required=False):
+    value = config.get(key)
+    if value is None and not required:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CheckpointError(f"{where}: {key} = {value!r} must be a positive integer")
+
+
+def _positive_number(config, key, where):
+    value = config.get(key)
+    if value is not None and not (_finite(value, minimum=0.0) and value > 0):
+        raise CheckpointError(f"{where}: {key} = {value!r} must be a finite number > 0")
+
+
+def _finite(value, minimum):
+    """``value`` is a JSON number (not a bool), finite and >= ``minimum``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
 
 
 def _check_sliding_window(config, where):
@@ -189,9 +281,6 @@ def _qwen_moe_layers(config, where):
     ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0 (None: every block)."""
     layers, step = config["num_hidden_layers"], config["decoder_sparse_step"]
     only = [] if config["mlp_only_layers"] is None else config["mlp_only_layers"]  # Qwen2MoeConfig reads null as []
-    experts = config["num_experts"]
-    if not isinstance(experts, int) or isinstance(experts, bool) or experts < 1:
-        raise UnsupportedCheckpoint(f"{where}: num_experts = {experts!r}: a qwen2_moe model needs at least one expert")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise UnsupportedCheckpoint(
             f"{where}: decoder_sparse_step = {step!r} is not a positive integer (block i is sparse when (i + 1) % "

@@ -59,6 +59,7 @@ from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from zoo.presets._safety import inside_folder
 from zoo.presets.safetensors_weights import (
     CheckpointError,
     SafetensorsFiles,
@@ -73,6 +74,7 @@ from zoo.tokenizers import HFTokenizer
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", GENERATION_CONFIG_FILE)  # what HFTokenizer.from_directory reads
 # tensors some checkpoints carry that are not weights (older Llama saves RoPE's table)
 NOT_WEIGHTS = ("rotary_emb.inv_freq",)
 # zoo variables that are state, not checkpoint weights (MoEFeedForward's last routing statistics)
@@ -88,7 +90,8 @@ __all__ = ["UnsupportedCheckpoint", "is_hf_directory", "load_causal_lm", "load_h
 
 
 def is_hf_directory(directory):
-    """A folder with a Hugging Face ``config.json`` (it has ``model_type``) and safetensors weights."""
+    """A folder with a Hugging Face ``config.json`` (it has ``model_type``) and safetensors
+    weights; ``CheckpointError`` when its ``config.json`` resolves outside the folder."""
     if not os.path.isdir(directory) or not has_safetensors(directory):
         return False
     try:
@@ -98,7 +101,8 @@ def is_hf_directory(directory):
 
 
 def read_config(directory):
-    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as file:
+    """The folder's ``config.json`` (refused when it resolves outside the folder)."""
+    with open(inside_folder(directory, CONFIG_FILE, listed_in="the folder", error=CheckpointError), encoding="utf-8") as file:
         return json.load(file)
 
 
@@ -160,41 +164,80 @@ def load_causal_lm(model_class, directory, *, load_weights=True, **overrides):
     distribution, with its weights (each device reading its own shard) and, when the
     folder has ``tokenizer.json``, a ``GPTCausalLMPreprocessor`` on an ``HFTokenizer``.
 
+    Everything that can be checked without the model is checked before it is built: the
+    config's keys and numbers, the tokenizer's ids against ``vocab_size``, the files
+    (inside the folder, valid safetensors, floating-point tensors) and the tensor names.
+
     overrides: ``GPTBackbone`` arguments replacing the mapped ones (``dropout=0.1``,
     ``remat="full"``, ``max_sequence_length=4096``, ``megatron_sp=True``).
     """
-    from zoo.models.gpt.gpt_backbone import GPTBackbone
-
-    arguments = {**backbone_arguments(read_config(directory), where=os.path.join(directory, CONFIG_FILE)), **overrides}
-    backbone = GPTBackbone(**arguments)
-    model = model_class(backbone=backbone, preprocessor=_preprocessor(directory, backbone.max_sequence_length))
-    if load_weights:
-        load_hf_weights(model, directory)
+    where = os.path.join(directory, CONFIG_FILE)
+    arguments = {**backbone_arguments(read_config(directory), where=where), **overrides}
+    tokenizer = _tokenizer(directory)
+    if tokenizer is not None:
+        _check_vocabulary(where, arguments["vocabulary_size"], tokenizer)
+    if not load_weights:
+        return _build(model_class, arguments, tokenizer)
+    with SafetensorsFiles(directory) as files:
+        _check_tensor_names(directory, files.names(), weight_views(arguments))
+        model = _build(model_class, arguments, tokenizer)
+        _load_from(model, directory, files)
     return model
 
 
-def _preprocessor(directory, max_sequence_length):
-    if not os.path.isfile(os.path.join(directory, TOKENIZER_FILE)):
+def _build(model_class, arguments, tokenizer):
+    from zoo.models.gpt.gpt_backbone import GPTBackbone
+
+    backbone = GPTBackbone(**arguments)
+    length = min(PREPROCESSOR_LENGTH, backbone.max_sequence_length)
+    preprocessor = None if tokenizer is None else GPTCausalLMPreprocessor(tokenizer, sequence_length=length)
+    return model_class(backbone=backbone, preprocessor=preprocessor)
+
+
+def _tokenizer(directory):
+    """The folder's ``HFTokenizer``, or None without ``tokenizer.json``; each file it reads
+    must be inside the folder."""
+    if not os.path.lexists(os.path.join(directory, TOKENIZER_FILE)):
         return None
-    return GPTCausalLMPreprocessor(HFTokenizer.from_directory(directory), sequence_length=min(PREPROCESSOR_LENGTH, max_sequence_length))
+    for name in TOKENIZER_FILES:
+        if os.path.lexists(os.path.join(directory, name)):
+            inside_folder(directory, name, listed_in="the folder", error=CheckpointError)
+    return HFTokenizer.from_directory(directory)
+
+
+def _check_vocabulary(where, vocabulary_size, tokenizer):
+    """The embedding has a row for every id the tokenizer can produce."""
+    ids = max(tokenizer.library.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    if ids > vocabulary_size:
+        raise CheckpointError(
+            f"{where}: vocab_size = {vocabulary_size} is smaller than the {ids} token ids of {TOKENIZER_FILE} "
+            f"(ids {vocabulary_size}..{ids - 1} would have no embedding row)"
+        )
 
 
 def load_hf_weights(model, directory, on_read=None):
     """Every weight of ``model`` (a ``GPTCausalLM``) from the folder's safetensors, each
     device's shard read from disk by itself (``on_read`` sees each slice, for tests).
 
-    Raises ``CheckpointError`` naming a tensor the model lacks, a weight the file lacks,
-    or a shape that differs. LoRA factors, if any, keep their values.
+    Raises ``CheckpointError`` naming a file that cannot be used, a weight the file
+    lacks, a shape that differs or a value that is not finite, and
+    ``UnsupportedCheckpoint`` naming a tensor the model lacks. LoRA factors, if any,
+    keep their values.
     """
+    with SafetensorsFiles(directory) as files:
+        _load_from(model, directory, files, on_read)
+
+
+def _load_from(model, directory, files, on_read=None):
     views = weight_views(model.backbone.get_config())
     variables = {variable.path: variable for variable in model.weights}
-    with SafetensorsFiles(directory) as files:
-        _check_names(directory, files.names(), views, variables)
-        for path, view in views.items():
-            load_into(variables[path], files, view, on_read)
+    _check_tensor_names(directory, files.names(), views)
+    _check_variables(views, variables)
+    for path, view in views.items():
+        load_into(variables[path], files, view, on_read)
 
 
-def _check_names(directory, names, views, variables):
+def _check_tensor_names(directory, names, views):
     wanted = {name for view in views.values() for name in view.names}
     tied = "lm_head/kernel" not in views
     extra = [n for n in names if n not in wanted and not n.endswith(NOT_WEIGHTS) and not (tied and n == "lm_head.weight")]
@@ -206,6 +249,9 @@ def _check_names(directory, names, views, variables):
     missing = sorted(wanted - set(names))
     if missing:
         raise CheckpointError(f"checkpoint {directory!r} lacks {len(missing)} tensor(s) its config.json implies, e.g. {missing[:3]}")
+
+
+def _check_variables(views, variables):
     unmapped = sorted(path for path in variables if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES)))
     if unmapped:
         raise CheckpointError(f"the model has weights no Hugging Face tensor maps to: {unmapped[:3]}")
