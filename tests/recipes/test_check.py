@@ -138,3 +138,19 @@ def test_estimate_equals_what_each_device_holds(name):
     assert plan.weight_bytes == _real_bytes_per_device(model.variables)
     assert plan.gradient_bytes == _real_bytes_per_device(model.trainable_variables)
     assert plan.optimizer_bytes == _real_bytes_per_device(model.optimizer.variables)
+
+
+def test_numbers_past_their_range_and_a_non_keras_output_are_refused_before_anything_runs(tmp_path):
+    """Recipe numbers are range-checked like flags: counts up to 2**31 - 1, devices up to
+    4096 (before XLA sees them); a job that saves a .keras file refuses another suffix."""
+    path = write(tmp_path, CNN)
+    with pytest.raises(RecipeError, match=r"\[train\] epochs: expected an integer <= 2,147,483,647, got 100000000000000000000"):
+        load_recipe(path, {"train.epochs": 10**20})
+    with pytest.raises(RecipeError, match=r"\[target\] devices_per_host: expected an integer <= 4,096, got 1000000"):
+        load_recipe(path, {"target.devices_per_host": 10**6})
+    with pytest.raises(RecipeError, match=r"\[train\] output = 'model.h5': the job saves a .keras file"):
+        check_recipe(load_recipe(path, {"train.output": "model.h5"}))
+    from zoo.distribution import simulate_cpu_devices
+
+    with pytest.raises(ValueError, match=r"simulated device count 1,000,000 is above the 4,096"):
+        simulate_cpu_devices(10**6)

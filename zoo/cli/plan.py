@@ -51,7 +51,7 @@ def _gpt_flags():
 def add_arguments(parser):
     parser.add_argument("recipe", nargs="?", metavar="RECIPE", help="a recipe .toml file to plan on its [target] (else the GPT flags)")
     parser.add_argument("--auto", action="store_true", help="search layouts x meshes x remat x micro-batch and rank the best few, compiled")
-    parser.add_argument("--devices", type=types.positive_int, default=None, metavar="N", help="target device count (default: the recipe's, else 8)")
+    parser.add_argument("--devices", type=types.device_count, default=None, metavar="N", help="target device count (default: the recipe's, else 8)")
     parser.add_argument("--device", default=None, help="device kind: h100 h200 a100 b200 tpu-v4 tpu-v5e tpu-v5p tpu-v6e cpu (default: the recipe's, else h100)")
     parser.add_argument("--device-memory-gib", type=types.positive_float, default=None, metavar="GIB", help="memory per device (default: the device kind's)")
     for flag, keywords, _ in _gpt_flags():

@@ -26,7 +26,7 @@ def add_arguments(parser):
     check = actions.add_parser("check", help="parse, build mesh and model abstractly, print the plan (no devices needed)")
     check.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe .toml file(s)")
     check.add_argument(
-        "--devices", type=types.positive_int, default=None, metavar="N",
+        "--devices", type=types.device_count, default=None, metavar="N",
         help="check against N devices instead of the file's [target] hosts x devices_per_host",
     )  # fmt: skip
     check.add_argument(

@@ -154,7 +154,9 @@ def check_value(field, value, where):
         try:
             meta["parse"](repr(value))
         except argparse.ArgumentTypeError:
-            raise SettingError(f"{where}: expected {describe(field)}, got {value!r}") from None
+            maximum = getattr(meta["parse"], "maximum", None)
+            expected = f"an integer <= {maximum:,}" if maximum is not None and value > maximum else describe(field)
+            raise SettingError(f"{where}: expected {expected}, got {value!r}") from None
     return value
 
 

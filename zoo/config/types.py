@@ -5,7 +5,8 @@ A value out of range is a usage error named by its flag and value, before any wo
 (docs/cli.md lists them):
 
 ==============================  ====================================================
-``positive_int``                counts, sizes, steps, epochs, batch sizes, devices: >= 1
+``positive_int``                counts, sizes, steps, epochs, batch sizes: 1 .. 2**31 - 1
+``device_count``                simulated and planned devices: 1 .. 4096
 ``non_negative_int``            seeds, process ids: >= 0
 ``sequence_length``             tokens per example: >= 2
 ``image_size``                  >= 1; for shapes one of the prepared sizes (``check_image_size``)
@@ -23,24 +24,32 @@ import argparse
 import math
 
 
-def at_least(minimum):
-    """An integer ``>= minimum``."""
+MAX_INTEGER = 2**31 - 1  # every count is an int32 somewhere (XLA shapes, loop bounds, step counters)
+MAX_DEVICES = 4096  # simulated CPU devices and planned targets: XLA:CPU starts 4096, and no pod is larger per mesh here
+
+
+def at_least(minimum, maximum=MAX_INTEGER):
+    """An integer in ``[minimum, maximum]``."""
 
     def parse(text):
         try:
             value = int(text)
-        except ValueError:
+        except (TypeError, ValueError, OverflowError):
             value = None
         if value is None or value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected an integer <= {maximum:,}, got {text!r}")
         return value
 
     parse.__name__ = f"integer >= {minimum}"
-    parse.kind, parse.expected = int, f"an integer >= {minimum}"
+    parse.kind, parse.maximum = int, maximum
+    parse.expected = f"an integer >= {minimum}" if maximum == MAX_INTEGER else f"an integer in [{minimum}, {maximum:,}]"
     return parse
 
 
 positive_int = at_least(1)
+device_count = at_least(1, MAX_DEVICES)
 non_negative_int = at_least(0)
 sequence_length = at_least(2)
 generated_image_size = at_least(16)  # zoo.data.shapes.MIN_IMAGE_SIZE: below it the thin shapes vanish

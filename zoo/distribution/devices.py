@@ -11,6 +11,7 @@ import os
 import jax
 
 from zoo._compat import jax_backends_initialized
+from zoo.config.types import MAX_DEVICES
 
 # Python packages that bring a non-CPU JAX backend with them.
 ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "libtpu")
@@ -37,6 +38,8 @@ def simulate_cpu_devices(count):
     """
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"simulated device count must be a positive integer, got {count!r}")
+    if count > MAX_DEVICES:
+        raise ValueError(f"simulated device count {count:,} is above the {MAX_DEVICES:,} this zoo simulates (zoo.config.types.MAX_DEVICES)")
     if backends_started():
         _check_running_cpu_count(count)
         return

@@ -53,7 +53,7 @@ class TargetSection:
 
     platform: str = setting(None, "the device kind JAX must find at run time", section="target", choices=choices.PLATFORMS, required=True)
     hosts: int = setting(1, "JAX processes, one per host", section="target", parse=types.positive_int)
-    devices_per_host: int = setting(None, "accelerators (or simulated CPU devices) per host", section="target", parse=types.positive_int, required=True)
+    devices_per_host: int = setting(None, "accelerators (or simulated CPU devices) per host", section="target", parse=types.device_count, required=True)
     device_memory_gib: float | None = setting(None, "memory per device; unset: not checked", section="target", parse=types.positive_float)
     device: str | None = setting(None, "accelerator kind zoo plan times the step on (zoo.planning.DEVICES: h100, tpu-v5e, ...); unset: by platform",
                                  section="target")  # fmt: skip

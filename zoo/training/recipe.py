@@ -130,10 +130,20 @@ def check_recipe(recipe, device_count=None):
             ``JobUnavailableError`` when the job's module cannot be imported.
     """
     module, config, problems = recipe._job_config()
+    _check_output(recipe, config)
     plan = _plan(recipe, module, config, device_count or recipe.target.devices)
     if problems:
         raise _unsupported(recipe, problems, plan)
     return plan
+
+
+def _check_output(recipe, config):
+    """A job that saves one ``.keras`` file (its default output is one) needs an output
+    path ending in .keras: refused here, before the job runs, naming the key."""
+    default = getattr(type(config)(), "output", None) if dataclasses.is_dataclass(config) else None
+    output = getattr(config, "output", None)
+    if isinstance(default, str) and default.endswith(".keras") and output is not None and not str(output).endswith(".keras"):
+        raise RecipeError(f"{recipe.path}: [train] output = {output!r}: the job saves a .keras file; give a path ending in .keras")
 
 
 def _plan(recipe, module, config, devices):
