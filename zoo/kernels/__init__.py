@@ -1,7 +1,8 @@
 """Pure JAX kernels that run on one shard inside ``jax.shard_map`` (no Keras here).
 
 Shapes use B batch, T global sequence length, N size of the mesh axis the sequence is
-split over, H query heads, K KV heads, D head dim. Sharded kernels see [B, T/N, H, D].
+split over, H query heads, K KV heads, D head dim, W attention window (``sliding_window``).
+Sharded kernels see [B, T/N, H, D].
 """
 
 from zoo.kernels._checks import (
@@ -9,12 +10,14 @@ from zoo.kernels._checks import (
     check_kv_heads,
     check_sequence_divisible,
     check_sequence_parallel,
+    check_sliding_window,
 )
 from zoo.kernels.attention_reference import attention_reference
 from zoo.kernels._blocking import block_size_for, tile_plan
 from zoo.kernels.blockwise_attention import (
     attention_implementation,
     blockwise_attention,
+    blockwise_tiles,
     describe_local_attention,
     local_attention,
 )
@@ -24,6 +27,7 @@ from zoo.kernels.load_balance import (
     permutation,
     reorder,
     restore,
+    ring_steps,
     shard_positions,
 )
 from zoo.kernels.ring_attention import ring_attention, ring_attention_tiles
@@ -34,11 +38,13 @@ __all__ = [
     "attention_reference",
     "block_size_for",
     "blockwise_attention",
+    "blockwise_tiles",
     "causal_block_work",
     "check_heads_divisible",
     "check_kv_heads",
     "check_sequence_divisible",
     "check_sequence_parallel",
+    "check_sliding_window",
     "describe_local_attention",
     "gather_kv_attention",
     "local_attention",
@@ -47,6 +53,7 @@ __all__ = [
     "restore",
     "ring_attention",
     "ring_attention_tiles",
+    "ring_steps",
     "shard_positions",
     "tile_plan",
     "ulysses_attention",

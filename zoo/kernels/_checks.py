@@ -8,6 +8,8 @@ with the sizes they reconstruct inside (``local length x axis size``).
 
 import math
 
+import numpy as np
+
 from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS
 
 
@@ -15,6 +17,30 @@ def check_balance(balance):
     """Raises if ``balance`` is not one of ``None``, ``"zigzag"``, ``"striped"``."""
     if balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+
+
+def check_sliding_window(sliding_window, *, causal):
+    """``sliding_window`` as an int W >= 1 (or None); raises on anything else, or without causal.
+
+    With window W a query at position p sees the keys at positions k with
+    p - W < k <= p: the W most recent keys, itself included (Mistral's and transformers'
+    sliding window). The window is defined for causal attention only.
+    """
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, (int, np.integer)):
+        raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
+    if sliding_window < 1:
+        raise ValueError(
+            f"sliding_window must be >= 1 (the number of keys each query sees, itself included), "
+            f"got {sliding_window}"
+        )
+    if not causal:
+        raise ValueError(
+            f"sliding_window={sliding_window} needs causal=True: a window is the W most recent keys "
+            f"up to the query's own position, which non-causal attention does not have"
+        )
+    return int(sliding_window)
 
 
 def sequence_multiple(axis_size, balance=None):

@@ -9,7 +9,11 @@ Both passes walk (query block x key block) tiles with ``lax.fori_loop``, so the 
 score array alive is f32[B, K, G, bq, bk], never the shard's full [T/N, T/N]. Under
 causal attention each tile is guarded by ``lax.cond``: a tile in which no query may see
 any key (max query position < min key position) runs the identity branch and costs
-nothing. Padding masks are applied inside tiles, never skipped (they are data).
+nothing. With a sliding window W the loops do not even visit such tiles: each query
+tile walks only the key tiles ``_blocking.tile_work`` keeps (and each key tile, in the
+backward pass, only those query tiles), listed from the positions by
+``_blocking.listed_tiles``, so the steps are O(T x W / tile^2), not O(T^2 / tile^2).
+Padding masks are applied inside tiles, never skipped (they are data).
 
 Letters: B batch, Tq/Tk local query/key length, bq/bk tile sizes, K KV heads, G query
 heads per KV head, D head dim.
@@ -20,7 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from zoo.kernels._blocking import block_has_work
+from zoo.kernels._blocking import block_has_work, listed_tiles, tile_work
 from zoo.kernels._masking import apply_mask, attention_mask
 from zoo.kernels._online_softmax import (
     F32,
@@ -41,6 +45,7 @@ class TileConfig(NamedTuple):
     scale: float
     block_q: int
     block_k: int
+    window: object = None  # None, or the sliding window W (an int; implies causal)
 
 
 def start_forward(q, kv_heads):
@@ -79,16 +84,44 @@ def _tile_mask(key_mask, index, size):
     return None if key_mask is None else _tile(key_mask, index, size, axis=1)
 
 
-def _if_visible(cfg, q_pos, k_pos, compute, carry):
-    """Runs ``compute(carry)`` unless causality hides the whole tile (then returns carry)."""
-    if not cfg.causal:
+def _if_visible(cfg, listed, q_pos, k_pos, compute, carry):
+    """Runs ``compute(carry)`` unless causality hides the whole tile (then returns carry).
+
+    A listed walk (``listed`` not None) visits only tiles with work: no test needed.
+    """
+    if not cfg.causal or listed is not None:
         return compute(carry)
     return jax.lax.cond(block_has_work(q_pos, k_pos), compute, lambda c: c, carry)
 
 
+def _listed(cfg, q_pos, k_pos, *, by_keys=False):
+    """None (walk every tile), or with a window (count, columns) per query tile (per key tile).
+
+    Computed from the positions at run time (they may be traced: ``axis_index``, the ring
+    step), so every device and ring step lists its own tiles.
+    """
+    if cfg.window is None:
+        return None
+    # bool[Tq/bq, Tk/bk]
+    work = tile_work(
+        q_pos, k_pos, block_q=cfg.block_q, block_k=cfg.block_k, causal=cfg.causal, sliding_window=cfg.window
+    )
+    return listed_tiles(work.T if by_keys else work)
+
+
+def _inner_loop(listed, outer, length, step, carry):
+    """``step(j, carry)`` over the inner tiles j of outer tile ``outer``: all ``length``, or the listed ones."""
+    if listed is None:
+        return jax.lax.fori_loop(0, length, step, carry)
+    counts, columns = listed  # i32[R], i32[R, C]
+    return jax.lax.fori_loop(0, counts[outer], lambda t, c: step(columns[outer, t], c), carry)
+
+
 def _masked_scores(cfg, q_blk, k_blk, q_pos, k_pos, key_mask):
     # f32[B, K, G, bq, bk], hidden pairs -inf
-    mask = attention_mask(q_positions=q_pos, k_positions=k_pos, key_mask=key_mask, causal=cfg.causal)
+    mask = attention_mask(
+        q_positions=q_pos, k_positions=k_pos, key_mask=key_mask, causal=cfg.causal, sliding_window=cfg.window
+    )
     return apply_mask(block_scores(q_blk, k_blk, scale=cfg.scale), mask)
 
 
@@ -106,6 +139,7 @@ def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
         (state, count) updated.
     """
     bq, bk = cfg.block_q, cfg.block_k
+    listed = _listed(cfg, q_pos, k_pos)  # None, or the key tiles each query tile visits
 
     def q_step(i, carry):
         state, count = carry
@@ -120,9 +154,9 @@ def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
                 scores = _masked_scores(cfg, q_blk, _tile(k, j, bk, 1), qp, kp, _tile_mask(key_mask, j, bk))
                 return update(stats, scores, _tile(v, j, bk, 1)), count + 1
 
-            return _if_visible(cfg, qp, kp, compute, carry)
+            return _if_visible(cfg, listed, qp, kp, compute, carry)
 
-        stats, count = jax.lax.fori_loop(0, k.shape[1] // bk, k_step, (stats, count))
+        stats, count = _inner_loop(listed, i, k.shape[1] // bk, k_step, (stats, count))
         state = SoftmaxState(*(_put(x, s, i, bq, 3) for x, s in zip(state, stats)))
         return state, count
 
@@ -156,6 +190,7 @@ def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cf
         (dq, dk, dv) updated.
     """
     bq, bk = cfg.block_q, cfg.block_k
+    listed = _listed(cfg, q_pos, k_pos, by_keys=True)  # None, or the query tiles each key tile visits
 
     def k_step(j, grads):
         dq, dk, dv = grads
@@ -176,10 +211,10 @@ def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cf
                 dq = _put(dq, _tile(dq, i, bq, 1) + dq_t, i, bq, 1)
                 return dq, dk_blk + dk_t, dv_blk + dv_t
 
-            return _if_visible(cfg, qp, kp, compute, carry)
+            return _if_visible(cfg, listed, qp, kp, compute, carry)
 
         carry = (dq, _tile(dk, j, bk, 1), _tile(dv, j, bk, 1))
-        dq, dk_blk, dv_blk = jax.lax.fori_loop(0, q.shape[1] // bq, q_step, carry)
+        dq, dk_blk, dv_blk = _inner_loop(listed, j, q.shape[1] // bq, q_step, carry)
         return dq, _put(dk, dk_blk, j, bk, 1), _put(dv, dv_blk, j, bk, 1)
 
     return jax.lax.fori_loop(0, k.shape[1] // bk, k_step, grads)

@@ -11,7 +11,8 @@ __all__ = ["attention_reference"]
 
 
 def attention_reference(
-    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None
+    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None,
+    sliding_window=None,
 ):
     """Softmax attention over the whole sequence on one device.
 
@@ -28,12 +29,15 @@ def attention_reference(
     Args:
         causal: a query at position p attends keys at positions <= p.
         scale: multiplies q.k; defaults to 1 / sqrt(D).
+        sliding_window: None, or W >= 1 with ``causal``: a query at position p attends
+            keys at positions p - W < k <= p (W keys, itself included; Mistral's window).
 
     Returns:
         [B, T, H, D] in q's dtype. Scores, softmax and the weighted sum are float32 for
         any input dtype. A query that can see no key (all masked) gets 0, not NaN.
     """
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    sliding_window = _checks.check_sliding_window(sliding_window, causal=causal)
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, num_kv_heads = k.shape[1], k.shape[2]
     scale = head_dim**-0.5 if scale is None else scale
@@ -42,7 +46,8 @@ def attention_reference(
 
     # f32[B, K, G, T, S], masked entries -inf
     mask = attention_mask(
-        q_positions=q_positions, k_positions=k_positions, key_mask=key_mask, causal=causal
+        q_positions=q_positions, k_positions=k_positions, key_mask=key_mask, causal=causal,
+        sliding_window=sliding_window,
     )
     scores = apply_mask(block_scores(group_heads(q, num_kv_heads), k, scale=scale), mask)
     probs = _softmax_or_zero(scores)

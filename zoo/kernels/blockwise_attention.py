@@ -5,7 +5,9 @@ queries and keys are walked in tiles of at most ``block_size`` rows, each tile's
 folded into a float32 running (max, sum, weighted values) per query. A custom VJP saves
 only q, k, v, the key mask, the positions, the output and the log-sum-exp, and the
 backward pass recomputes each tile's probabilities as exp(score - lse) (flash-attention
-style). Under causal masking tiles that no query may see are skipped.
+style). Under causal masking tiles that no query may see are skipped; with a sliding
+window W (``sliding_window=``) the loops visit only the tiles the window touches, so the
+work is O(T x W), and ``blockwise_tiles`` says which tiles those are, in plain numpy.
 
 ``local_attention`` picks, per call, between this kernel and cuDNN's fused attention
 (``jax.nn.dot_product_attention(implementation="cudnn")``) on a CUDA GPU;
@@ -18,9 +20,10 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from zoo.kernels import _checks
-from zoo.kernels._blocking import tile_plan
+from zoo.kernels._blocking import tile_plan, tile_work
 from zoo.kernels._masking import default_positions
 from zoo.kernels._ring_blocks import (
     TileConfig,
@@ -31,7 +34,13 @@ from zoo.kernels._ring_blocks import (
     start_forward,
 )
 
-__all__ = ["attention_implementation", "blockwise_attention", "describe_local_attention", "local_attention"]
+__all__ = [
+    "attention_implementation",
+    "blockwise_attention",
+    "blockwise_tiles",
+    "describe_local_attention",
+    "local_attention",
+]
 
 # cuDNN's fused attention (flash attention) as jax.nn.dot_product_attention runs it:
 # fp16/bf16 inputs, head dim a multiple of 8 and <= 128 (<= 256 from Hopper on; 128 is
@@ -42,7 +51,8 @@ CUDNN_PLATFORMS = ("gpu", "cuda")
 
 
 def blockwise_attention(
-    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512
+    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512,
+    sliding_window=None,
 ):
     """Softmax attention of q over k, v in tiles; same arguments and result as ``attention_reference``.
 
@@ -59,18 +69,22 @@ def blockwise_attention(
             of T (S) that is <= block_size; a length with no divisor of at least half
             that is padded up instead (``_blocking.tile_plan``). The largest score array
             alive is f32[B, K, H/K, tile, tile].
+        sliding_window: None, or W >= 1 with ``causal``: a query at position p sees keys
+            at p - W < k <= p. Only the tiles the window touches are visited (about
+            T/tile x (W/tile + 1) of them; ``blockwise_tiles`` lists them).
 
     Returns:
         [B, T, H, D] in q's dtype; float32 softmax inside; a query that sees no key gives 0.
     """
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    window = _checks.check_sliding_window(sliding_window, causal=causal)
     q_len, kv_len = q.shape[1], k.shape[1]
     q_positions = _positions(q_positions, q_len, "q_positions")
     k_positions = _positions(k_positions, kv_len, "k_positions")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q_tile, q_padded = tile_plan(q_len, int(block_size))
     k_tile, k_padded = tile_plan(kv_len, int(block_size))
-    tiles = TileConfig(bool(causal), scale, q_tile, k_tile)
+    tiles = TileConfig(bool(causal), scale, q_tile, k_tile, window)
     if k_padded > kv_len:  # padding keys are hidden by the mask
         keep = jnp.broadcast_to(jnp.arange(k_padded) < kv_len, (k.shape[0], k_padded))  # bool[B, S']
         key_mask = keep if key_mask is None else keep & _pad(key_mask, k_padded)
@@ -78,6 +92,30 @@ def blockwise_attention(
     q, q_positions = _pad(q, q_padded), _pad(q_positions, q_padded, axis=0)
     out = _blockwise(q, k, v, key_mask, q_positions, k_positions, tiles)  # [B, T', H, D]
     return out[:, :q_len]
+
+
+def blockwise_tiles(
+    q_len, kv_len=None, *, block_size=512, causal=False, sliding_window=None, q_positions=None, k_positions=None
+):
+    """bool[Tq/tq, S/tk]: the (query tile, key tile) score tiles ``blockwise_attention`` computes.
+
+    Plain numpy, no compile: the kernel's own tile sizes, padding and skip test
+    (``_blocking.tile_work``) on the same arguments (``kv_len`` defaults to ``q_len``;
+    positions numpy i32[T] / i32[S] or None for 0..T-1). The kernel's tile count (its
+    forward pass) is ``blockwise_tiles(...).sum()``; backward visits the same tiles.
+    """
+    kv_len = q_len if kv_len is None else kv_len
+    window = _checks.check_sliding_window(sliding_window, causal=causal)
+    (q_tile, q_padded), (k_tile, k_padded) = tile_plan(q_len, int(block_size)), tile_plan(kv_len, int(block_size))
+    q_pos = _numpy_positions(q_positions, q_len, q_padded)  # i32[T']
+    k_pos = _numpy_positions(k_positions, kv_len, k_padded)  # i32[S']
+    return tile_work(q_pos, k_pos, block_q=q_tile, block_k=k_tile, causal=bool(causal), sliding_window=window)
+
+
+def _numpy_positions(positions, length, padded):
+    """i32[padded]: the positions (0..length-1 if None), the last one repeated as ``_pad`` does."""
+    positions = np.arange(length, dtype=np.int32) if positions is None else np.asarray(positions, np.int32)
+    return np.pad(positions, (0, padded - length), mode="edge")
 
 
 def _positions(positions, length, name):
@@ -165,12 +203,14 @@ def describe_local_attention(*, q_len, kv_len, block_size=512, cudnn=True, **cho
 
 
 def local_attention(
-    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512
+    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512,
+    sliding_window=None,
 ):
     """Attention on one device's arrays: cuDNN where ``attention_implementation`` allows, else tiled.
 
     Same arguments, shapes and result as ``blockwise_attention``. Positions given as
-    None mean natural order; they only matter under causal masking.
+    None mean natural order; they only matter under causal masking. A sliding window W
+    reaches cuDNN as ``local_window_size=(W - 1, 0)`` (keys p - W + 1 .. p, causal).
     """
     choice = attention_implementation(
         platform=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1], causal=causal,
@@ -179,8 +219,12 @@ def local_attention(
     )
     if choice == "cudnn":
         _checks.check_shapes(q.shape, k.shape, v.shape)
-        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, implementation="cudnn")
+        window = _checks.check_sliding_window(sliding_window, causal=causal)
+        local_window = None if window is None else (window - 1, 0)
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=causal, local_window_size=local_window, implementation="cudnn"
+        )
     return blockwise_attention(
         q, k, v, causal=causal, key_mask=key_mask, scale=scale, q_positions=q_positions,
-        k_positions=k_positions, block_size=block_size,
+        k_positions=k_positions, block_size=block_size, sliding_window=sliding_window,
     )

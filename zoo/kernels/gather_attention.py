@@ -15,7 +15,8 @@ __all__ = ["gather_kv_attention"]
 
 
 def gather_kv_attention(
-    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512
+    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512,
+    sliding_window=None,
 ):
     """Sequence-parallel attention by all-gathering K/V; call inside ``jax.shard_map``.
 
@@ -35,11 +36,16 @@ def gather_kv_attention(
         balance: None, "zigzag" or "striped": how the sequence was laid out
             (``load_balance.reorder``); it sets the positions causality uses.
         block_size: tile edge of the local step (``blockwise_attention``).
+        sliding_window: None, or W >= 1 with ``causal``: a query at position p sees keys
+            at p - W < k <= p; the local step visits only the tiles windows touch.
+            The all-gather still brings every K/V shard (see ``ring_attention`` for
+            a kernel whose communication falls with the window).
 
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
     """
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    window = _checks.check_sliding_window(sliding_window, causal=causal)
     n = jax.lax.axis_size(axis_name)
     q_len, kv_len = q.shape[1], k.shape[1]
     _checks.check_shard_lengths(q_len, kv_len, axis_size=n, axis_name=axis_name, balance=balance)
@@ -56,6 +62,7 @@ def gather_kv_attention(
     return local_attention(
         q, k_all, v_all, causal=causal, key_mask=mask_all, scale=scale,
         q_positions=q_positions, k_positions=k_positions, block_size=block_size,
+        sliding_window=window,
     )
 
 

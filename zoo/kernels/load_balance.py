@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from zoo.kernels import _checks
-from zoo.kernels._blocking import block_has_work, block_size_for
+from zoo.kernels._blocking import block_has_work, block_size_for, tile_work
 
-__all__ = ["causal_block_work", "permutation", "reorder", "restore", "shard_positions"]
+__all__ = ["causal_block_work", "permutation", "reorder", "restore", "ring_steps", "shard_positions"]
 
 
 def shard_positions(local_len, *, shard_index, num_shards, balance=None):
@@ -79,14 +79,17 @@ def _take(x, indices, axis):
     return jnp.take(x, indices, axis=axis)
 
 
-def causal_block_work(seq_len, *, num_shards, block_size, balance=None):
+def causal_block_work(seq_len, *, num_shards, block_size, balance=None, sliding_window=None):
     """Score blocks each device computes in causal ring attention: i64[num_shards].
 
     Replays the ring schedule (at step s device i holds the K/V of shard (i - s) mod N)
     with the kernel's own block size, positions and skip test, in plain numpy. With
     balancing every device gets the same count; without it device i's grows with i.
+    ``sliding_window`` W also skips the blocks no query's window reaches (the steps
+    ``ring_steps`` leaves out have none).
     """
     _checks.check_sequence_divisible(seq_len, axis_size=num_shards, balance=balance)
+    window = _checks.check_sliding_window(sliding_window, causal=True)
     local_len = seq_len // num_shards
     size = block_size_for(local_len, block_size, balance)
     work = np.zeros(num_shards, dtype=np.int64)
@@ -95,8 +98,46 @@ def causal_block_work(seq_len, *, num_shards, block_size, balance=None):
         for step in range(num_shards):
             source = (device - step) % num_shards
             k_blocks = _blocks(source, local_len, size, num_shards, balance)
-            work[device] += sum(block_has_work(qb, kb) for qb in q_blocks for kb in k_blocks)
+            work[device] += sum(block_has_work(qb, kb, window) for qb in q_blocks for kb in k_blocks)
     return work
+
+
+def ring_steps(seq_len, *, num_shards, block_size=512, balance=None, causal=True, sliding_window=None):
+    """The ring steps ring attention runs: a tuple of s in 0..N-1 (at step s device i holds shard i - s).
+
+    Without a window every step. With a sliding window W, only the steps at which some
+    device's queries can reach some key of the shard it would hold, by the kernel's own
+    tiles and skip test; the others are never computed and their K/V never sent. From
+    the static position layout (``balance``), in plain numpy. Contiguous shards of
+    L = T/N tokens need the steps 0 .. min(N - 1, ceil((W - 1) / L)); zig-zag ones the
+    steps near 0 and near N (its second chunks meet their neighbours' in reverse).
+    """
+    _checks.check_sequence_divisible(seq_len, axis_size=num_shards, balance=balance)
+    window = _checks.check_sliding_window(sliding_window, causal=causal)
+    local_len = seq_len // num_shards
+    size = block_size_for(local_len, block_size, balance)
+    return needed_steps(
+        local_len, local_len, num_shards=num_shards, block_q=size, block_k=size, balance=balance, window=window
+    )
+
+
+def needed_steps(q_len, kv_len, *, num_shards, block_q, block_k, balance=None, window=None):
+    """``ring_steps`` for shards of ``q_len`` queries and ``kv_len`` keys cut into the given tiles."""
+    if window is None:
+        return tuple(range(num_shards))
+    q_pos, k_pos = (_all_shard_positions(length, num_shards, balance) for length in (q_len, kv_len))  # i32[N, L]
+    steps = [0]  # a device's own shard: its diagonal always has work
+    for step in range(1, num_shards):
+        held = np.roll(k_pos, step, axis=0)  # i32[N, Tk]: row i is shard (i - step) mod N
+        if tile_work(q_pos, held, block_q=block_q, block_k=block_k, sliding_window=window).any():
+            steps.append(step)
+    return tuple(steps)
+
+
+def _all_shard_positions(local_len, num_shards, balance):
+    """i32[N, local_len]: row i holds the positions of shard i."""
+    shards = (shard_positions(local_len, shard_index=i, num_shards=num_shards, balance=balance) for i in range(num_shards))
+    return np.stack(list(shards))
 
 
 def _blocks(shard, local_len, size, num_shards, balance):

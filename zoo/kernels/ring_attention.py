@@ -15,6 +15,13 @@ Probabilities are recomputed per tile as exp(score - lse), flash-attention style
 Causal tiles that no query may see are skipped with ``lax.cond`` (see ``_ring_blocks``);
 with ``balance="zigzag"`` or ``"striped"`` (see ``load_balance``) every device skips the
 same number.
+
+Sliding window W: tiles outside every query's window are not visited, and whole ring
+steps are dropped: ``load_balance.ring_steps`` says, from the static position layout,
+at which steps any device's queries can reach the keys it would hold. The K/V go
+straight from one kept step to the next (one ``ppermute`` by the difference of the
+steps), and the dK/dV accumulators come home with one ``ppermute`` after the last. With
+contiguous shards of L = T/N tokens that is ceil((W - 1) / L) hops instead of N - 1.
 """
 
 import functools
@@ -34,7 +41,7 @@ from zoo.kernels._ring_blocks import (
     start_backward,
     start_forward,
 )
-from zoo.kernels.load_balance import shard_positions
+from zoo.kernels.load_balance import needed_steps, shard_positions
 
 __all__ = ["ring_attention", "ring_attention_tiles"]
 
@@ -47,10 +54,12 @@ class _RingConfig(NamedTuple):
     scale: float
     block_size: int
     balance: object  # None, "zigzag" or "striped"
+    window: object = None  # None or the sliding window W (an int)
 
 
 def ring_attention(
-    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, block_size=512, balance=None
+    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, block_size=512, balance=None,
+    sliding_window=None,
 ):
     """Attention over a sequence split along ``axis_name``; call inside ``jax.shard_map``.
 
@@ -68,6 +77,9 @@ def ring_attention(
             largest score array alive is f32[B, K, H/K, tile, tile].
         balance: None (contiguous shards), "zigzag" or "striped": how the caller laid
             the sequence out (``load_balance.reorder``); sets each token's position.
+        sliding_window: None, or W >= 1 with ``causal``: a query at position p sees keys
+            at p - W < k <= p. Ring steps whose keys no query can reach are skipped,
+            compute and ``ppermute`` alike (``load_balance.ring_steps``).
 
     Returns:
         [B, T/N, H, D] in q's dtype: this shard's rows of the global attention output.
@@ -78,8 +90,9 @@ def ring_attention(
     """
     _checks.check_balance(balance)
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    window = _checks.check_sliding_window(sliding_window, causal=causal)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    cfg = _RingConfig(axis_name, bool(causal), scale, int(block_size), balance)
+    cfg = _RingConfig(axis_name, bool(causal), scale, int(block_size), balance, window)
     return _ring(q, k, v, key_mask, cfg)
 
 
@@ -90,7 +103,7 @@ def _ring(q, k, v, key_mask, cfg):
 
 
 def _layout(q, k, cfg):
-    """Checks the reconstructed global shapes; returns (N, my index, tiles, q positions)."""
+    """Checks the reconstructed global shapes; returns (N, my index, tiles, q positions, hop segments)."""
     n = jax.lax.axis_size(cfg.axis_name)
     _checks.check_shard_lengths(q.shape[1], k.shape[1], axis_size=n, axis_name=cfg.axis_name, balance=cfg.balance)
     me = jax.lax.axis_index(cfg.axis_name)
@@ -99,19 +112,42 @@ def _layout(q, k, cfg):
         cfg.scale,
         block_size_for(q.shape[1], cfg.block_size, cfg.balance),
         block_size_for(k.shape[1], cfg.block_size, cfg.balance),
+        cfg.window,
     )
     q_pos = shard_positions(q.shape[1], shard_index=me, num_shards=n, balance=cfg.balance)
-    return n, me, tiles, q_pos
+    steps = needed_steps(
+        q.shape[1], k.shape[1], num_shards=n, block_q=tiles.block_q, block_k=tiles.block_k,
+        balance=cfg.balance, window=cfg.window,
+    )
+    return n, me, tiles, q_pos, _hop_segments(steps)
 
 
-def _rotate(tree, axis_name, n):
-    """Sends every array in ``tree`` to the next device on the ring (i -> i + 1).
+def _hop_segments(steps):
+    """Runs of equal hops between the ring steps visited: ``((start, shift, hops), ...)``.
 
-    On a ring of one device that is itself: returned as is, so no collective is emitted.
+    Steps (0, 1, 2, ..., N-1), every step without a window, give the one loop
+    ((0, 1, N-1)): N - 1 hops of one device. A window that drops steps makes fewer, or
+    longer hops: (0, 1, 2, 7) on N = 8 gives ((0, 1, 2), (2, 5, 1)).
     """
-    if n == 1:
+    segments = []
+    for before, after in zip(steps, steps[1:]):
+        shift = after - before
+        if segments and segments[-1][1] == shift:
+            start, _, hops = segments[-1]
+            segments[-1] = (start, shift, hops + 1)
+        else:
+            segments.append((before, shift, 1))
+    return tuple(segments)
+
+
+def _rotate(tree, axis_name, n, shift=1):
+    """Sends every array in ``tree`` ``shift`` devices on along the ring (i -> i + shift mod N).
+
+    A shift of 0 mod N (a ring of one device) is the array itself: no collective is emitted.
+    """
+    if shift % n == 0:
         return tree
-    perm = [(i, (i + 1) % n) for i in range(n)]
+    perm = [(i, (i + shift) % n) for i in range(n)]
     return jax.tree.map(lambda x: jax.lax.ppermute(x, axis_name, perm), tree)
 
 
@@ -122,7 +158,7 @@ def _key_positions(step, me, n, length, cfg):
 
 def ring_forward(q, k, v, key_mask, cfg):
     """Forward ring; returns (out [B, T/N, H, D], lse f32[B, K, G, T/N], tiles computed i32)."""
-    n, me, tiles, q_pos = _layout(q, k, cfg)
+    n, me, tiles, q_pos, segments = _layout(q, k, cfg)
     kv_len = k.shape[1]
     qg, state, count = start_forward(q, k.shape[2])  # [B, T/N, K, G, D], state over T/N queries
 
@@ -130,16 +166,21 @@ def ring_forward(q, k, v, key_mask, cfg):
         k_pos = _key_positions(step, me, n, kv_len, cfg)
         return forward_shard(qg, *kv, q_pos, k_pos, *carry, tiles)
 
-    def body(step, carry):
-        kv, acc = carry
-        incoming = _rotate(kv, cfg.axis_name, n)  # no data dependence: overlaps compute
-        return incoming, visit(step, kv, acc)
+    def segment(start, shift):
+        def body(hop, carry):
+            kv, acc = carry
+            incoming = _rotate(kv, cfg.axis_name, n, shift)  # no data dependence: overlaps compute
+            return incoming, visit(start + shift * hop, kv, acc)
 
-    # carry: k, v [B, T/N, K, D] + mask bool[B, T/N] (travelling); state over T/N queries
-    kv, carry = (k, v, key_mask), (state, count)
-    if n > 1:  # on one device there is nothing to rotate: no collective at all
-        kv, carry = jax.lax.fori_loop(0, n - 1, body, (kv, carry))
-    state, count = visit(n - 1, kv, carry)
+        return body
+
+    # carry: k, v [B, T/N, K, D] + mask bool[B, T/N] (travelling); state over T/N queries.
+    # On one device (or a window that keeps only step 0) nothing rotates: no collective.
+    kv, carry, step = (k, v, key_mask), (state, count), 0
+    for start, shift, hops in segments:
+        kv, carry = jax.lax.fori_loop(0, hops, segment(start, shift), (kv, carry))
+        step = start + shift * hops
+    state, count = visit(step, kv, carry)
     out, lse = finish_forward(state, q.dtype)
     return out, lse, count
 
@@ -151,7 +192,7 @@ def _ring_fwd(q, k, v, key_mask, cfg):
 
 def _ring_bwd(cfg, residuals, d_out):
     q, k, v, key_mask, out, lse = residuals
-    n, me, tiles, q_pos = _layout(q, k, cfg)
+    n, me, tiles, q_pos, segments = _layout(q, k, cfg)
     kv_len = k.shape[1]
     # [B, T/N, K, G, D] grouped q and d_out, delta f32[B, K, G, T/N], dq f32 (stays home)
     qg, dog, delta, dq = start_backward(q, out, d_out, k.shape[2])
@@ -161,17 +202,23 @@ def _ring_bwd(cfg, residuals, d_out):
         k_pos = _key_positions(step, me, n, kv_len, cfg)
         return backward_shard(qg, dog, lse, delta, *kv, q_pos, k_pos, (dq, *dkv), tiles)
 
-    def body(step, carry):
-        kv, dkv, dq = carry
-        incoming = _rotate(kv, cfg.axis_name, n)
-        dq, dk, dv = visit(step, kv, dq, dkv)
-        return incoming, _rotate((dk, dv), cfg.axis_name, n), dq
+    def segment(start, shift):
+        def body(hop, carry):
+            kv, dkv, dq = carry
+            incoming = _rotate(kv, cfg.axis_name, n, shift)
+            dq, dk, dv = visit(start + shift * hop, kv, dq, dkv)
+            return incoming, _rotate((dk, dv), cfg.axis_name, n, shift), dq
 
-    kv = (k, v, key_mask)
-    if n > 1:
-        kv, dkv, dq = jax.lax.fori_loop(0, n - 1, body, (kv, dkv, dq))
-    dq, dk, dv = visit(n - 1, kv, dq, dkv)
-    dk, dv = _rotate((dk, dv), cfg.axis_name, n)  # N-th hop: home to their owner
+        return body
+
+    kv, step = (k, v, key_mask), 0
+    for start, shift, hops in segments:
+        kv, dkv, dq = jax.lax.fori_loop(0, hops, segment(start, shift), (kv, dkv, dq))
+        step = start + shift * hops
+    dq, dk, dv = visit(step, kv, dq, dkv)
+    # Home to their owner: the shard held at the last step is (me - step); without a
+    # window that is the N-th hop of one device.
+    dk, dv = _rotate((dk, dv), cfg.axis_name, n, -step)
     dq = dq.reshape(q.shape)  # f32[B, T/N, K, G, D] -> [B, T/N, H, D]
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
@@ -180,12 +227,14 @@ _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
 def ring_attention_tiles(
-    q, k, v, *, axis_name, causal=False, key_mask=None, block_size=512, balance=None
+    q, k, v, *, axis_name, causal=False, key_mask=None, block_size=512, balance=None, sliding_window=None
 ):
     """i32 count of score tiles this device computes in ``ring_attention``'s forward pass.
 
-    Same code path as the kernel (the count is carried through its ``lax.cond``), so a
-    test or benchmark can read the real per-device work; same arguments and shapes.
+    Same code path as the kernel (the count is carried through its ``lax.cond``, or its
+    windowed tile lists), so a test or benchmark can read the real per-device work;
+    same arguments and shapes.
     """
-    cfg = _RingConfig(axis_name, bool(causal), q.shape[-1] ** -0.5, int(block_size), balance)
+    window = _checks.check_sliding_window(sliding_window, causal=causal)
+    cfg = _RingConfig(axis_name, bool(causal), q.shape[-1] ** -0.5, int(block_size), balance, window)
     return ring_forward(q, k, v, key_mask, cfg)[2]

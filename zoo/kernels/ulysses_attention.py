@@ -11,7 +11,8 @@ __all__ = ["ulysses_attention"]
 
 
 def ulysses_attention(
-    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512
+    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512,
+    sliding_window=None,
 ):
     """Sequence-parallel attention by re-sharding heads; call inside ``jax.shard_map``.
 
@@ -38,11 +39,15 @@ def ulysses_attention(
         balance: None, "zigzag" or "striped": how the sequence was laid out
             (``load_balance.reorder``); it sets the positions causality uses.
         block_size: tile edge of the local step (``blockwise_attention``).
+        sliding_window: None, or W >= 1 with ``causal``: a query at position p sees keys
+            at p - W < k <= p; the local step visits only the tiles windows touch.
+            The all-to-alls are unchanged: every device needs all T tokens of its heads.
 
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
     """
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    window = _checks.check_sliding_window(sliding_window, causal=causal)
     n = jax.lax.axis_size(axis_name)
     num_heads, num_kv_heads = q.shape[2], k.shape[2]
     _checks.check_heads_divisible(num_heads, axis_size=n, axis_name=axis_name)
@@ -61,6 +66,7 @@ def ulysses_attention(
     out = local_attention(
         q_h, k_h, v_h, causal=causal, key_mask=mask, scale=scale,
         q_positions=positions, k_positions=positions, block_size=block_size,
+        sliding_window=window,
     )
     # [B, T, H/N, D] -> [B, T/N, H, D]
     return out if n == 1 else jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)
