@@ -52,3 +52,27 @@ def test_shipped_presets_still_load_their_tokenizer():
     gpt, encoder = load_tokenizer("gpt_tiny_python_docs"), load_tokenizer("encoder_tiny_topics")
     assert type(gpt) is ByteTokenizer and gpt.sequence_length is None and gpt.decode(gpt.encode("def f():")) == "def f():"
     assert type(encoder) is ByteTokenizer and encoder.encode(["if x:"]).shape == (1, 64)
+
+
+def test_its_hugging_face_files_give_the_same_ids(tmp_path):
+    """save_to_directory's byte-level tokenizer.json, read by the `tokenizers` library
+    (HFTokenizer, as transformers' PreTrainedTokenizerFast reads it): byte b = id b, id 0
+    the pad token, decoding as the ByteTokenizer decodes (padding dropped, bad UTF-8 -> U+FFFD)."""
+    pytest.importorskip("tokenizers")
+    import json
+
+    from zoo.tokenizers import HFTokenizer
+
+    ByteTokenizer().save_to_directory(tmp_path)
+    hf, byte = HFTokenizer.from_directory(tmp_path), ByteTokenizer()
+    assert (hf.vocabulary_size, hf.pad_token_id, hf.start_token_id, hf.end_token_id, hf.stop_token_ids) == (256, 0, None, None, ())
+    texts = ["def f(x):\n    return x ** 2\n", "  two  spaces\t\r\n", "café 日本語 🙂", "\x00NUL\x00", "Ā is byte 0's stand-in",
+             "".join(map(chr, range(1, 600)))]  # fmt: skip
+    for text in texts:
+        assert hf.encode(text).tolist() == byte.encode(text).tolist() == list(text.encode()), text
+    rng = np.random.default_rng(0)
+    for ids in [[104, 0, 105, 0], [226, 130], [0xE6, 0x97, 65], [255, 192, 128, 0xF0, 0x9F], *rng.integers(0, 256, (300, 6))]:
+        assert hf.decode(ids) == byte.decode(ids), ids
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["pad_token"] == "\x00"
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]  # a Llama takes no token_type_ids

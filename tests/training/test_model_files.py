@@ -1,9 +1,12 @@
 """``.keras`` safety: files are loaded in safe mode (a Lambda's bytecode is refused, never
-run), and a save that fails leaves the previous file untouched."""
+run), and a save that fails leaves the previous file untouched; an export killed part-way
+leaves no folder, and the next one removes what it left."""
 
 import ast
 import os
 import pathlib
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -84,3 +87,43 @@ def test_a_failing_save_leaves_the_previous_file_intact(tmp_path):
     assert os.listdir(tmp_path) == ["model.keras"]  # no partial file left behind
     restored = load_zoo_model(path)
     np.testing.assert_array_equal(restored.get_layer("dense").kernel.numpy(), good.get_layer("dense").kernel.numpy())
+
+
+# ``zoo export`` in a process that SIGKILLs itself once the weights are written, as it
+# starts the config.json: the moment a kill 1-2 s into a big export hits.
+_KILLED_EXPORT = """
+import os, signal, sys
+from zoo.config.settings import ExportConfig
+from zoo.models.gpt import hf_checkpoints
+from zoo.training.export import export
+hf_checkpoints._write_json = lambda *arguments: os.kill(os.getpid(), signal.SIGKILL)
+export(ExportConfig(model=sys.argv[1], output=sys.argv[2]))
+"""
+
+
+def test_a_killed_export_leaves_no_folder_and_the_next_removes_its_partial(tmp_path):
+    from zoo.config.settings import ExportConfig
+    from zoo.models import GPTCausalLM
+    from zoo.tokenizers import ByteTokenizer
+    from zoo.training.export import export
+
+    keras.utils.set_random_seed(0)
+    model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1)  # as zoo train gpt saves it: no preprocessor
+    source, target = tmp_path / "gpt.keras", tmp_path / "hf"
+    model.save(source)
+    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(source), str(target)], cwd=ZOO.parent, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not target.exists()
+    [partial] = tmp_path.glob("hf.partial-*")
+    assert (partial / "model.safetensors").is_file() and not (partial / "config.json").exists()
+
+    lines = []
+    export(ExportConfig(model=str(source), output=str(target)), report=lines.append)
+    assert any(line.startswith(f"removed {partial}") for line in lines), lines
+    assert list(tmp_path.glob("hf.partial*")) == []
+    files = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert set(os.listdir(target)) == files  # the byte tokenizer it was trained on, as tokenizer.json
+    exported = GPTCausalLM.from_preset(target)
+    token_ids = ByteTokenizer().encode("def f(x):")[None]  # (1, T)
+    np.testing.assert_array_equal(np.asarray(exported(token_ids)), np.asarray(model(token_ids)))
+    assert exported.preprocessor.tokenizer.encode("héllo").tolist() == ByteTokenizer().encode("héllo").tolist()

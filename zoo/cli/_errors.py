@@ -21,6 +21,8 @@ import traceback
 USAGE = 2
 RUNTIME = 1
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+# the note JAX adds to an exception raised while tracing (jit): about a traceback the line does not show
+JAX_TRACEBACK_NOTE = "JAX has removed its internal frames"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -52,14 +54,16 @@ def exit_status(error):
 
 
 def one_line(error):
-    """The error's message as one line, its notes (``add_note``) appended."""
+    """The error's message as one line, its notes (``add_note``) appended, but for JAX's
+    note on its filtered traceback."""
     if isinstance(error, UnicodeDecodeError):
         message = f"cannot read text that is not UTF-8 ({error.reason} at byte {error.start}: {error.object[error.start:error.end]!r}); save it as UTF-8"
     else:
         message = str(error) or type(error).__name__
         if not isinstance(error, (ValueError, OSError, RuntimeError, ImportError)):  # a bug, most likely
             message = f"{type(error).__name__}: {message} (zoo --debug ... shows the traceback)"
-    parts = [message, *getattr(error, "__notes__", ())]
+    notes = [note for note in getattr(error, "__notes__", ()) if JAX_TRACEBACK_NOTE not in note]
+    parts = [message, *notes]
     return "; ".join(" ".join(line.strip() for line in part.splitlines() if line.strip()) for part in parts)
 
 

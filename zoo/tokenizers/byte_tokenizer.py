@@ -1,8 +1,11 @@
 """``ByteTokenizer``: UTF-8 bytes are the tokens. Keras-serialisable (``"zoo>ByteTokenizer"``)."""
 
+import os
+
 import keras
 import numpy as np
 
+from zoo.tokenizers import _byte_level_json
 from zoo.tokenizers.tokenizer import Tokenizer
 
 VOCABULARY_SIZE = 256
@@ -18,6 +21,8 @@ class ByteTokenizer(Tokenizer):
     multi-byte character cut by a sequence boundary) with U+FFFD. A token is the
     one-character string ``chr(id)`` (Latin-1: byte 0xE9 is ``"é"``), so
     ``token_to_id``/``id_to_token`` invert each other over all 256 ids.
+    ``save_to_directory`` writes it as a Hugging Face byte-level ``tokenizer.json`` with
+    the same ids (``zoo.tokenizers._byte_level_json``).
 
     Args:
         sequence_length: when set, ``encode`` pads or truncates to this length, and a list
@@ -42,6 +47,12 @@ class ByteTokenizer(Tokenizer):
 
     def get_config(self):
         return {"sequence_length": self.sequence_length}
+
+    def save_to_directory(self, path):
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` (``transformers``'
+        ``PreTrainedTokenizerFast``; ``HFTokenizer.from_directory`` reads them back):
+        byte b is id b, id 0 the pad token, as here. No library is needed to write them."""
+        _byte_level_json.write_files(os.fspath(path))
 
     def _encode_one(self, text):
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)

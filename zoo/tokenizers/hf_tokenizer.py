@@ -16,6 +16,7 @@ from zoo.tokenizers.tokenizer import Tokenizer
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 GENERATION_FILE = "generation_config.json"
+MODEL_INPUTS = ["input_ids", "attention_mask"]  # transformers' model_input_names: a causal LM takes no token_type_ids
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -114,14 +115,16 @@ class HFTokenizer(Tokenizer):
 
     def save_to_directory(self, path):
         """Write ``tokenizer.json`` and ``tokenizer_config.json`` (``transformers``'
-        ``PreTrainedTokenizerFast``); with stop tokens besides the end token, also
+        ``PreTrainedTokenizerFast``, whose encodings then hold ``input_ids`` and
+        ``attention_mask``, what a causal LM takes); with stop tokens besides the end token, also
         ``generation_config.json``'s ``eos_token_id`` (a list; other keys of an existing
         file are kept)."""
         path = os.fspath(path)
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, TOKENIZER_FILE), "w", encoding="utf-8") as f:
             f.write(self.tokenizer_json)
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
+                  "model_input_names": MODEL_INPUTS}  # fmt: skip
         for key, token in (("bos_token", self.start_token), ("eos_token", self.end_token), ("pad_token", self.pad_token)):
             if token is not None:
                 config[key] = token

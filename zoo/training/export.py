@@ -1,11 +1,18 @@
 """``zoo export MODEL OUTPUT``: a causal LM as a Hugging Face folder ``transformers`` loads.
 
-MODEL is a ``.keras`` file (``zoo train gpt``), a zoo preset or a Hugging Face folder;
-``--lora ADAPTER`` first applies a LoRA adapter written by ``zoo finetune`` (or
-``save_lora``), which is merged into the exported weights. See docs/checkpoints-hf.md.
+MODEL is a ``.keras`` file (``zoo train gpt``, pipelined or not), a zoo preset or a Hugging
+Face folder; ``--lora ADAPTER`` first applies a LoRA adapter written by ``zoo finetune``
+(or ``save_lora``), which is merged into the exported weights. A model saved without a
+tokenizer whose vocabulary is the 256 bytes (what ``zoo train gpt`` trains on, what
+``zoo generate`` assumes) is exported with the ``ByteTokenizer`` as a byte-level
+``tokenizer.json``. The folder appears whole or not at all (``save_to_hf``); what a
+killed export left beside it is removed and named. See docs/checkpoints-hf.md.
 """
 
 from zoo.config.settings import ExportConfig  # noqa: F401 (the settings of this job)
+from zoo.models import GPTCausalLMPreprocessor
+from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
+from zoo.tokenizers import ByteTokenizer
 from zoo.training._lora_files import load_lora
 from zoo.training.saving import load_causal_lm
 
@@ -16,8 +23,26 @@ def export(config, report=print):
     if config.lora:
         adapted = load_lora(model, config.lora)
         report(f"LoRA adapter {config.lora}: {len(adapted)} layers, merged on export")
+    _attach_tokenizer(model, config.model, report)
     max_file_bytes = None if config.max_file_size_mb is None else int(config.max_file_size_mb * 2**20)
-    directory = model.save_to_hf(config.output, max_file_bytes=max_file_bytes, dtype=config.dtype)
+    directory = model.save_to_hf(config.output, max_file_bytes=max_file_bytes, dtype=config.dtype, report=report)
     report(f"wrote {config.output}: {type(model).__name__}, {model.count_params():,} parameters"
-           + (f", {config.dtype}" if config.dtype else ""))  # fmt: skip
+           + (f", {config.dtype}" if config.dtype else "")
+           + (f", {model.backbone.num_layers} pipelined blocks as layers" if model.backbone.schedule else ""))  # fmt: skip
     return directory
+
+
+def _attach_tokenizer(model, source, report):
+    """A model without a preprocessor gets the ``ByteTokenizer``'s when its vocabulary is
+    the 256 bytes (``zoo train gpt``'s); another vocabulary is exported without tokenizer
+    files, and the report says so."""
+    if model.preprocessor is not None:
+        return
+    vocabulary = model.backbone.vocabulary_size
+    if vocabulary != ByteTokenizer.vocabulary_size:
+        report(f"{source} has no tokenizer and a vocabulary of {vocabulary} (not the 256 bytes): the folder gets no "
+               f"tokenizer files; add the tokenizer's tokenizer.json and tokenizer_config.json to it yourself")  # fmt: skip
+        return
+    length = min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
+    model.preprocessor = GPTCausalLMPreprocessor(ByteTokenizer(), sequence_length=length)
+    report(f"{source} has no tokenizer: exporting the byte tokenizer it was trained on (byte b = id b, pad id 0) as tokenizer.json")

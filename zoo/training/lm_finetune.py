@@ -363,10 +363,13 @@ def _data_source(config):
 
 def _save(config, result, hf, preprocessor, report):
     """The model with LoRA merged (a Hugging Face folder when the base was one, else a zoo
-    preset) at ``config.output``, and the LoRA adapter alone in it (``lora.weights.h5``)."""
+    preset) at ``config.output``, and the LoRA adapter alone in it (``lora.weights.h5``).
+    A Hugging Face folder is written whole, adapter included, or not at all (``save_to_hf``)."""
     model, adapted = result["model"], result["adapted_layers"]
+    adapter = (lambda folder: save_lora(model, os.path.join(folder, LORA_FILE))) if adapted else None
     if hf:  # save_to_hf merges the LoRA factors into the kernels it writes
-        directory = write_or_rescue(model.save_to_hf, config.output, fallback_folders=[config.checkpoint_dir])
+        save = lambda target: model.save_to_hf(target, extra_files=adapter, report=report)
+        directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
     else:
         final = merge_lora(model) if adapted else model
         metadata = {"dataset": _data_source(config), "task": LANGUAGE_MODELING, "input_shape": [preprocessor.sequence_length],
@@ -377,6 +380,8 @@ def _save(config, result, hf, preprocessor, report):
         save = lambda target: save_to_preset(final, target, tokenizer=preprocessor.tokenizer, metadata=metadata)
         directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
     report(f"saved the fine-tuned model to {directory}" + (" (LoRA merged)" if adapted else ""))
+    if adapted and not hf:  # beside the preset's files, once they are in place
+        adapter(directory)
     if adapted:
-        report(f"saved the LoRA adapter alone to {save_lora(model, os.path.join(directory, LORA_FILE))}")
+        report(f"saved the LoRA adapter alone to {os.path.join(directory, LORA_FILE)}")
     return directory

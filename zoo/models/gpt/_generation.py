@@ -5,13 +5,16 @@ the cached call as ``start_positions``: its padding is masked and its rotary pos
 from its first token, so a row computes what its prompt alone computes. One ``jax.jit``
 runs a prefill pass over the P prompt columns, then a ``while_loop`` of decode steps that
 ends when every row has emitted a stop token or all N tokens are out. The model's variables
-are the program's arguments, so it always sees the current weights.
+are the program's arguments, so it always sees the current weights. A pipelined model
+(``PipelinedBlocks``, which has no KV cache) decodes through ``LayerByLayer``, a twin
+with one block per layer whose weights are slices of the stacked ones.
 
 Letters: B batch, P longest prompt, N new tokens, S = P + N cache length, V vocabulary.
 """
 
 import contextlib
 import itertools
+import re
 import weakref
 
 import jax
@@ -20,10 +23,14 @@ import keras
 import numpy as np
 from jax.experimental import io_callback
 
+from zoo._compat import forgetting_deferred_variables
+from zoo.distribution.distributions import global_distribution
 from zoo.models.gpt import _sampling
 
 # model -> {static settings: jitted program}; dropped with the model.
 _PROGRAMS = weakref.WeakKeyDictionary()
+# pipelined model -> its LayerByLayer twin (built once, abstractly); dropped with the model.
+_TWINS = weakref.WeakKeyDictionary()
 # call id -> the host side of one streaming call; the program passes the id to the callback.
 _LISTENERS = {}
 _CALL_IDS = itertools.count()
@@ -145,6 +152,7 @@ def _program(model, batch, prompt_length, max_new_tokens, sampler, streaming):
 
 def _decode_fn(model, batch, prompt_length, max_new_tokens, sampler, streaming):
     total = prompt_length + max_new_tokens  # S: cache length and output length
+    decoder = decoding_model(model)  # the model, or a pipelined one's layer-by-layer twin
 
     def choose(logits, key, position, settings):
         """Token at ``position`` from the previous position's logits f32[B, V]."""
@@ -157,9 +165,9 @@ def _decode_fn(model, batch, prompt_length, max_new_tokens, sampler, streaming):
         return io_callback(_on_host, jax.ShapeDtypeStruct((), jnp.bool_), call_id, chosen, active, ordered=True)
 
     def run(values, prompts, starts, key, settings, is_stop, pad, call_id):
-        with keras.StatelessScope(state_mapping=list(zip(model.variables, values))):
-            caches = model.backbone.empty_caches(batch, total)  # L x (B, 2, S, K, D)
-            logits, caches = model.call_with_cache(prompts, caches, 0, starts)  # prefill: (B, P, V)
+        with keras.StatelessScope(state_mapping=decoder.state_mapping(values)):
+            caches = decoder.model.backbone.empty_caches(batch, total)  # L x (B, 2, S, K, D)
+            logits, caches = decoder.model.call_with_cache(prompts, caches, 0, starts)  # prefill: (B, P, V)
             tokens = jnp.full((batch, total), pad, jnp.int32).at[:, :prompt_length].set(prompts)  # (B, S)
             first = choose(logits[:, -1], key, prompt_length, settings)  # (B,)
             tokens = tokens.at[:, prompt_length].set(first)
@@ -174,7 +182,7 @@ def _decode_fn(model, batch, prompt_length, max_new_tokens, sampler, streaming):
                 """Feed the token at ``index``, write the one at ``index + 1`` (pad in done rows)."""
                 index, tokens, caches, done, lengths, _ = state
                 last = jax.lax.dynamic_slice_in_dim(tokens, index, 1, axis=1)  # (B, 1)
-                logits, caches = model.call_with_cache(last, caches, index, starts)  # (B, 1, V)
+                logits, caches = decoder.model.call_with_cache(last, caches, index, starts)  # (B, 1, V)
                 chosen = jnp.where(done, pad, choose(logits[:, -1], key, index + 1, settings))  # (B,)
                 tokens = jax.lax.dynamic_update_slice_in_dim(tokens, chosen[:, None], index + 1, axis=1)
                 halt = emit(call_id, chosen, ~done)
@@ -184,6 +192,90 @@ def _decode_fn(model, batch, prompt_length, max_new_tokens, sampler, streaming):
         return tokens, lengths
 
     return run
+
+
+# --- which model decodes: a pipelined one through its blocks one by one -----------------------
+
+
+def decoding_model(model):
+    """What runs the KV-cache loop for ``model``: ``_Itself`` (its own variables), or for a
+    pipelined backbone (``schedule`` set) its ``LayerByLayer`` twin."""
+    if model.backbone.schedule is None:
+        return _Itself(model)
+    if model not in _TWINS:
+        _TWINS[model] = LayerByLayer(model)
+    return _TWINS[model]
+
+
+class _Itself:
+    def __init__(self, model):
+        self.model = model
+
+    def state_mapping(self, values):
+        return list(zip(self.model.variables, values))
+
+
+class LayerByLayer:
+    """A pipelined ``GPTCausalLM``'s twin with blocks ``block_0`` .. ``block_{L-1}``
+    (``schedule`` None), which has the KV-cache path a ``PipelinedBlocks`` lacks.
+
+    Built once, abstractly (no weight of its own is allocated: ``StatelessScope`` without
+    initialisation, under no distribution), in the pipelined model's dtype policy. Its
+    weights are computed from the pipelined model's inside the program
+    (``state_mapping``): block i's are row i of each stacked (R, L/R, ...) weight
+    reshaped to (L, ...), ``PipelinedBlocks``' order for every schedule; the embedding,
+    final norm and head are the same variables; the per-block dropout seeds, which
+    inference never reads, are zeros.
+    """
+
+    BLOCK = re.compile(r"block_(\d+)/(.+)")
+
+    def __init__(self, model):
+        backbone = model.backbone
+        config = {**backbone.get_config(), "schedule": None, "micro_batches": 1, "repeats": 1}
+        with _dtype_policy(backbone.token_embedding.dtype_policy), global_distribution(None):
+            with forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
+                self.model = type(model)(backbone=type(backbone).from_config(config))
+        own = {variable.path: index for index, variable in enumerate(model.variables)}
+        blocks = backbone.pipelined_blocks
+        stacked = {path: own[variable.path] for path, variable in blocks.stacked.items()}
+        self.sources = [self._source(variable, own, stacked) for variable in self.model.variables]
+
+    def _source(self, variable, own, stacked):
+        """How the twin's ``variable`` gets its value: ("same", index), ("block", index,
+        layer) or ("zeros", shape, dtype)."""
+        match = self.BLOCK.fullmatch(variable.path)
+        if match and match.group(2) in stacked:
+            return ("block", stacked[match.group(2)], int(match.group(1)))
+        if variable.path in own:
+            return ("same", own[variable.path], None)
+        if "seed_generator" in variable.path:
+            return ("zeros", variable.shape, variable.dtype)
+        raise ValueError(f"the layer-by-layer twin of a pipelined GPT has a weight {variable.path!r} the pipelined model lacks")
+
+    def state_mapping(self, values):
+        """[(twin variable, value)] from the pipelined model's ``values`` (its ``variables``' order)."""
+        mapping = []
+        for variable, (kind, first, second) in zip(self.model.variables, self.sources):
+            if kind == "block":
+                stack = values[first]  # (R, L/R, *block shape)
+                value = jnp.reshape(stack, (-1, *stack.shape[2:]))[second]  # layer i of (L, *block shape)
+            elif kind == "same":
+                value = values[first]
+            else:
+                value = jnp.zeros(first, second)
+            mapping.append((variable, value))
+        return mapping
+
+
+@contextlib.contextmanager
+def _dtype_policy(policy):
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 # --- streaming: the host side ---------------------------------------------------------------

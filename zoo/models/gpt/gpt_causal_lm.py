@@ -118,7 +118,8 @@ class GPTCausalLM(ZooModel):
         row's padding masked, its rotary positions counted from its first token, so a
         padded row computes what its prompt alone computes), then a ``while_loop`` of at
         most N - 1 decode steps; the model's variables are its arguments, so it sees the
-        current weights. Streaming is an ordered host callback
+        current weights (a pipelined backbone's stacked blocks are sliced into layers
+        inside the program: ``_generation.LayerByLayer``). Streaming is an ordered host callback
         (``jax.experimental.io_callback``) inside that same loop rather than a Python
         loop over a jitted step: one code path, and a program without ``stream`` holds no
         callback, so it runs as fast as before; with one, each step waits for the host.
@@ -184,10 +185,11 @@ class GPTCausalLM(ZooModel):
             return hf_checkpoints.load_causal_lm(cls, os.fspath(directory), load_weights=load_weights, **config_overrides)
         return super().from_preset(directory, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
 
-    def save_to_hf(self, directory, *, max_file_bytes=None, dtype=None):
-        """Write this model as a Hugging Face folder (``hf_checkpoints.save_to_hf``):
-        config.json, safetensors (LoRA merged), generation_config.json, the tokenizer."""
-        return hf_checkpoints.save_to_hf(self, directory, max_file_bytes=max_file_bytes, dtype=dtype)
+    def save_to_hf(self, directory, *, max_file_bytes=None, dtype=None, extra_files=None, report=print):
+        """Write this model as a Hugging Face folder (``hf_checkpoints.save_to_hf``), whole
+        or not at all: config.json, safetensors (LoRA merged, pipelined blocks unstacked),
+        generation_config.json, the tokenizer, and what ``extra_files(folder)`` writes."""
+        return hf_checkpoints.save_to_hf(self, directory, max_file_bytes=max_file_bytes, dtype=dtype, extra_files=extra_files, report=report)
 
     # --- config, named sizes, layouts --------------------------------------------------
 

@@ -5,7 +5,9 @@
 it), ``model.safetensors`` or its sharded index, and optionally ``tokenizer.json``. The
 model is built under the distribution in force and every weight is read from the file
 straight into its shards (``zoo.presets.safetensors_weights``). ``save_to_hf`` writes
-the same format back (LoRA merged), loadable by ``transformers``.
+the same format back (LoRA merged, a pipelined backbone's stacked blocks as its L
+layers), loadable by ``transformers``, as a whole folder or not at all
+(``zoo.presets._atomic_folder``).
 
 The weight table (L layers; H query heads, K KV heads, D head dim, C hidden, F
 intermediate, V vocabulary; ``transpose`` as numpy's axes from the file's shape, the
@@ -53,12 +55,12 @@ shared_expert_gate/kernel (C, 1) [4]     mlp.shared_expert_gate.weight          
 
 import json
 import os
-import shutil
 
 from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from zoo.presets._atomic_folder import write_folder_atomically
 from zoo.presets._safety import inside_folder
 from zoo.presets.safetensors_weights import (
     CheckpointError,
@@ -260,53 +262,91 @@ def _check_variables(views, variables):
 # --- saving ----------------------------------------------------------------------------
 
 
-def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None):
+def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None, extra_files=None, report=print):
     """Write ``model`` (a ``GPTCausalLM``) as a Hugging Face folder ``transformers`` loads.
 
     ``config.json`` (model_type ``llama``, ``qwen2`` with q/k/v biases, ``mixtral`` for
     experts alone, ``qwen2_moe`` for experts and a shared expert: ``_hf_config.hf_model_type``),
     ``generation_config.json``, the weights as safetensors (one file, or files of at most
     ``max_file_bytes`` with an index), and the tokenizer when the preprocessor's has
-    ``save_to_directory`` (``HFTokenizer``). LoRA factors are merged into their kernels
-    (the model is not changed). ``dtype``: e.g. ``"bfloat16"`` to store a smaller copy;
-    default the weights' own. The folder is written beside ``directory`` and moved into
-    place at the end, so a failure leaves no half-written folder; an existing
-    non-empty ``directory`` is refused. Returns ``directory``.
+    ``save_to_directory`` (``HFTokenizer``; ``ByteTokenizer`` as a byte-level
+    ``tokenizer.json``). LoRA factors are merged into their kernels (the model is not
+    changed); a pipelined backbone's stacked (R, L/R, ...) weights are written as the L
+    layers they hold (``_unstacked_blocks``). ``dtype``: e.g. ``"bfloat16"`` to store a
+    smaller copy; default the weights' own. ``extra_files(folder)``, when given, writes
+    more files into the folder before it is moved into place (``zoo finetune``'s adapter).
+
+    Atomic (``write_folder_atomically``): the whole folder is built beside ``directory``
+    and renamed into place in one step, so ``directory`` is either absent or complete;
+    a save killed part-way leaves only ``<directory>.partial-*``, which the next save to
+    the same ``directory`` removes, naming it through ``report``. An existing non-empty
+    ``directory`` is refused. Returns ``directory``.
     """
     directory = os.fspath(directory)
-    if os.path.isdir(directory) and os.listdir(directory):
-        raise FileExistsError(f"{directory!r} exists and is not empty; save_to_hf writes a new folder")
+    _check_new_folder(directory)
     arguments = model.backbone.get_config()
     tokenizer = getattr(model.preprocessor, "tokenizer", None)
     config = hf_config(arguments, special_ids=_special_ids(tokenizer))
     if dtype is not None:
         config["torch_dtype"] = str(dtype)
     tensors = _file_tensors(model, weight_views(arguments), dtype)
-    partial = directory.rstrip(os.sep) + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    write_safetensors(tensors, partial, max_file_bytes=max_file_bytes)
-    _write_json(partial, CONFIG_FILE, config)
-    _write_json(partial, GENERATION_CONFIG_FILE, _generation_config(tokenizer))
-    if hasattr(tokenizer, "save_to_directory"):
-        tokenizer.save_to_directory(partial)
-    if os.path.isdir(directory):
-        os.rmdir(directory)  # empty, checked above
-    os.replace(partial, directory)
+
+    def write(folder):
+        write_safetensors(tensors, folder, max_file_bytes=max_file_bytes)
+        _write_json(folder, CONFIG_FILE, config)
+        _write_json(folder, GENERATION_CONFIG_FILE, _generation_config(tokenizer))
+        if hasattr(tokenizer, "save_to_directory"):
+            tokenizer.save_to_directory(folder)
+        if extra_files is not None:
+            extra_files(folder)
+
+    write_folder_atomically(directory, write, report=report)
     return directory
 
 
+def _check_new_folder(directory):
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise FileExistsError(f"{directory!r} is a file; save_to_hf writes a new folder")
+    if os.path.isdir(directory) and os.listdir(directory):
+        raise FileExistsError(f"{directory!r} exists and is not empty; save_to_hf writes a new folder")
+
+
 def _file_tensors(model, views, dtype):
-    """``{Hugging Face name: numpy array}`` of every weight, LoRA merged."""
+    """``{Hugging Face name: numpy array}`` of every weight, LoRA merged, a pipelined
+    backbone's blocks unstacked."""
     import numpy as np
 
     values = {variable.path: variable for variable in model.weights}
+    values.update(_unstacked_blocks(model))
     values.update(_merged_kernels(model))
+    missing = [path for path in views if path not in values]
+    if missing:
+        raise UnsupportedCheckpoint(
+            f"{model.name} has no weight for {len(missing)} Hugging Face tensor(s), e.g. {missing[:3]} "
+            f"(its weights: {sorted(values)[:4]} ...)"
+        )
     tensors = {}
     for path, view in views.items():
         array = np.asarray(values[path])
         tensors.update(view.file_tensors(array if dtype is None else array.astype(dtype)))
     return tensors
+
+
+def _unstacked_blocks(model):
+    """``{block_<i>/<path>: array}`` of a pipelined backbone (``schedule`` set; {} for
+    another): ``PipelinedBlocks`` keeps block i at ``[i // (L/R), i % (L/R)]`` of each
+    (R, L/R, ...) weight whatever the schedule (gpipe R = 1, circular R >= 2) or the
+    stage count, so row i of its (L, ...) reshape is layer i."""
+    import numpy as np
+
+    if model.backbone.schedule is None:
+        return {}
+    blocks = {}
+    for path, variable in model.backbone.pipelined_blocks.stacked.items():
+        stacked = np.asarray(variable.value)  # (R, L/R, *block shape)
+        for index, value in enumerate(stacked.reshape(-1, *stacked.shape[2:])):  # (L, *block shape)
+            blocks[f"block_{index}/{path}"] = value
+    return blocks
 
 
 def _merged_kernels(model):
