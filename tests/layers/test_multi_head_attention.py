@@ -129,3 +129,31 @@ def test_key_mask_shape_is_checked():
 def test_inputs_must_be_rank_3():
     with pytest.raises(ValueError, match=r"expects inputs \(batch, length, channels\).*\(2, 32\)"):
         MultiHeadAttention(num_heads=2, head_dim=4).build((2, 32))
+
+
+def test_a_sliding_window_is_reference_attention_with_the_window_and_round_trips():
+    layer = a.make_layer(num_kv_heads=2, causal=True, sliding_window=5)
+    assert MultiHeadAttention.from_config(layer.get_config()).sliding_window == 5
+    x, mask, _ = a.inputs(True)
+    wq, wk, wv, wo = layer.get_weights()
+    q, k, v = (np.einsum("btc,chd->bthd", x, w) for w in (wq, wk, wv))
+    windowed = attention_reference(q, k, v, causal=True, key_mask=mask, sliding_window=5)
+    expected = np.einsum("bthd,hdc->btc", np.asarray(windowed), wo)
+    np.testing.assert_allclose(np.asarray(layer(x, key_mask=mask)), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="sliding_window=5 needs causal=True"):
+        MultiHeadAttention(num_heads=4, head_dim=8, sliding_window=5)
+
+
+@pytest.mark.parametrize(
+    "options, mesh",
+    [({}, "data=2,model=4"), ({"context_attention": "ulysses"}, "data=2,seq=4")],
+    ids=["tensor-parallel", "ulysses"],
+)
+def test_a_sliding_window_matches_one_device_when_split(options, mesh):
+    """Output and gradients of a windowed layer (W = 6 < T = 32, padding mask) split over
+    heads (Megatron) or the sequence (Ulysses) equal the single-device layer's."""
+    layer_options = {"causal": True, "rotary": True, "sliding_window": 6} | options
+    weights = a.reference_weights(layer_options)
+    x, mask, cotangent = a.inputs(True)
+    expected = a.output_and_grads(layer_options, weights, x, mask, cotangent)
+    a.assert_same(a.output_and_grads(layer_options, weights, x, mask, cotangent, a.distribution(mesh)), expected)

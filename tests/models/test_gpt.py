@@ -230,3 +230,68 @@ def test_a_gpt_built_under_ring_context_parallelism_saves_ring_and_reloads_on_on
     alone = GPTCausalLM.from_config(config)
     assert alone.backbone.blocks[0].attention.context_attention == "ring"
     assert zd.describe(alone)[0] == "block_0/attention: plain attention, no collective (context_attention 'ring' runs only over a 'seq' mesh axis of size > 1)"
+
+
+# --- sliding window -------------------------------------------------------------------
+
+
+def test_a_sliding_window_round_trips_and_applies_to_its_layers_only(tmp_path):
+    model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=3, sliding_window=4, sliding_window_layers=[1, 2])
+    assert [block.sliding_window for block in model.backbone.blocks] == [None, 4, 4]
+    x = _tokens(2, 12)
+    expected = np.asarray(model(x))
+    model.save(tmp_path / "gpt.keras")
+    loaded = keras.saving.load_model(tmp_path / "gpt.keras", safe_mode=True)
+    assert loaded.backbone.get_config()["sliding_window_layers"] == [1, 2] and loaded.get_config() == model.get_config()
+    np.testing.assert_allclose(np.asarray(loaded(x)), expected, rtol=1e-6, atol=1e-6)
+    full = GPTCausalLM.from_config_name("gpt_tiny", num_layers=3)
+    full.set_weights(model.get_weights())
+    logits = np.asarray(full(x))
+    np.testing.assert_allclose(logits[:, :4], expected[:, :4], rtol=1e-5, atol=1e-5)  # within the window: the same
+    assert np.abs(logits[:, 4:] - expected[:, 4:]).max() > 1e-3  # beyond it: the window matters
+    every = GPTBackbone(**TINY, sliding_window=4, sliding_window_layers=[0, 1])
+    assert every.sliding_window_layers is None  # every block: saved as None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(sliding_window=0), "sliding_window must be >= 1"),
+        (dict(sliding_window_layers=[0]), r"sliding_window_layers \[0\] needs sliding_window"),
+        (dict(sliding_window=4, sliding_window_layers=[5]), r"must list block indices in 0..1 .*not \[5\]"),
+        (dict(sliding_window=4, sliding_window_layers=[1], schedule="gpipe"), r"sliding_window_layers=\[1\] of 2"),
+    ],
+)
+def test_bad_sliding_windows_name_the_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        GPTBackbone(**TINY | overrides)
+
+
+def test_decoding_with_a_window_matches_the_full_forward_pass():
+    """A cached decode at position p attends only to cache positions p - W < k <= p: the
+    cached logits of every step equal the uncached forward pass's (which windows too)."""
+    model = GPTCausalLM.from_config_name("gpt_tiny", sliding_window=3)
+    tokens = _tokens(2, 7)
+    expected = np.asarray(model(tokens))  # (B, T, V)
+    caches = model.backbone.empty_caches(2, 7)
+    logits, caches = model.call_with_cache(tokens[:, :4], caches, 0)  # prefill 4 (> W) tokens
+    steps = [logits]
+    for index in range(4, 7):  # then one token at a time, past the window
+        logits, caches = model.call_with_cache(tokens[:, index : index + 1], caches, index)
+        steps.append(logits)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_windowed_gpt_trains_under_ring_context_parallelism_as_on_one_device():
+    """W = 5 > T/N = 4 tokens per shard (data=2,seq=4, ring): a query's window reaches
+    into the previous shard and not beyond; 3 steps of fit, losses, gradients, outputs."""
+    from tests.models._gpt_parity import BATCH, STEPS, build_lm, compile_sgd, language_data, layout_distribution, model_config
+    from zoo.distribution import parity
+
+    config = model_config("context-ring", num_layers=1, sliding_window=5)
+    report = parity.check_parity(
+        lambda: build_lm(config), compile_sgd, layout_distribution("context-ring", "data=2,seq=4", config),
+        *language_data(), steps=STEPS, batch_size=BATCH,
+    )  # fmt: skip
+    assert report.passed, "\n".join(report.format())
+    assert report.reference_losses[2] < report.reference_losses[0]

@@ -24,7 +24,8 @@ from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 MOE_NAMES = ("mixtral", "qwen2_moe")
-NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES)
+WINDOW_NAMES = ("mistral_window",)  # sliding_window 8 < the 16 tokens of expected.npz, the 14 of greedy
+NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES, *WINDOW_NAMES)
 
 
 def expected(name):
@@ -60,7 +61,7 @@ def test_the_config_is_mapped(loaded):
     assert (mixtral.router_aux_loss_coefficient, qwen.router_aux_loss_coefficient) == (0.02, 0.001)
 
 
-@pytest.mark.parametrize("name", MOE_NAMES)
+@pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES)
 def test_greedy_equals_transformers(loaded, name):
     data = np.load(FIXTURES / name / "expected.npz")
     np.testing.assert_array_equal(loaded[name].generate(data["greedy_prompts"], max_new_tokens=8), data["greedy"])
@@ -104,6 +105,18 @@ def test_save_to_hf_round_trips_bitwise(loaded, tmp_path):
         model.save_to_hf(tmp_path / "out")
 
 
+def test_a_windowed_mistral_exports_as_mistral_and_round_trips(loaded, tmp_path):
+    model = loaded["mistral_window"]
+    assert (model.backbone.sliding_window, model.backbone.sliding_window_layers) == (8, None)
+    model.save_to_hf(tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["model_type"], written["architectures"], written["sliding_window"]) == ("mistral", ["MistralForCausalLM"], 8)
+    again = GPTCausalLM.from_preset(tmp_path / "out")
+    assert again.backbone.get_config() == model.backbone.get_config()
+    for before, after in zip(model.weights, again.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(before.value), np.asarray(after.value))
+
+
 def test_lora_is_merged_on_export(tmp_path):
     from zoo.training._lora import enable_lora
 
@@ -133,7 +146,8 @@ def llama_config():
     [
         ({"model_type": "gemma"}, "model_type 'gemma' is not supported"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
-        ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window = 4096"),
+        ({"sliding_window": 4096}, "sliding_window = 4096 is not supported for model_type 'llama'"),
+        ({"use_sliding_window": True}, "use_sliding_window = True is not supported for model_type 'llama'"),
         ({"attention_bias": True}, "attention_bias = True"),
         ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
         ({"num_local_experts": 8}, "key 'num_local_experts'"),
@@ -153,9 +167,8 @@ def fixture_config(name):
 @pytest.mark.parametrize(
     ("name", "change", "named"),
     [
-        ("qwen2_moe", {"use_sliding_window": True}, "use_sliding_window = True with sliding_window = 8 and max_window_layers = 1: layers 1..1 of 2"),
-        ("qwen2", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0}, "layers 0..1 of 2"),
-        ("mixtral", {"sliding_window": 4096}, "sliding_window = 4096"),
+        ("qwen2", {"use_sliding_window": True, "layer_types": ["full_attention", "chunked_attention"]}, "layer_types = ['full_attention', 'chunked_attention'] must list one of"),
+        ("mistral_window", {"layer_types": ["sliding_attention"] * 2}, "layer_types ['sliding_attention'] is not supported for model_type 'mistral'"),
         ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise = 0.1"),
         ("qwen2_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step = 0"),
         ("qwen2_moe", {"mlp_only_layers": [0, 5]}, "mlp_only_layers = [0, 5] must list block indices in 0..1"),
@@ -191,6 +204,48 @@ def test_a_moe_gpt_no_hugging_face_model_computes_is_refused_on_export():
         hf_config(mixtral_like)
     qwen = {**backbone_arguments(fixture_config("qwen2_moe")), "moe_layers": [1]}
     assert hf_config(qwen)["mlp_only_layers"] == [0]  # a dense block 0 of intermediate_size
+
+
+def test_window_keys_map_as_transformers_reads_them():
+    qwen2 = {**fixture_config("qwen2"), "num_hidden_layers": 4, "sliding_window": 64, "layer_types": None}
+    windowed = backbone_arguments({**qwen2, "use_sliding_window": True, "max_window_layers": 1})
+    assert (windowed["sliding_window"], windowed["sliding_window_layers"]) == (64, [1, 2, 3])  # layers >= max_window_layers
+    every = backbone_arguments({**qwen2, "use_sliding_window": True, "max_window_layers": 0})
+    assert (every["sliding_window"], every["sliding_window_layers"]) == (64, None)
+    types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]  # layer_types wins
+    assert backbone_arguments({**qwen2, "use_sliding_window": True, "layer_types": types})["sliding_window_layers"] == [0, 2]
+    assert "sliding_window" not in backbone_arguments({**qwen2, "layer_types": types})  # use_sliding_window false: none
+    unset = {key: value for key, value in qwen2.items() if key not in ("sliding_window", "max_window_layers")}
+    defaults = backbone_arguments({**unset, "use_sliding_window": True, "num_hidden_layers": 30})
+    assert (defaults["sliding_window"], defaults["sliding_window_layers"]) == (4096, [28, 29])  # Qwen2Config's defaults
+    moe = backbone_arguments({**fixture_config("qwen2_moe"), "use_sliding_window": True, "max_window_layers": 0})
+    assert (moe["sliding_window"], moe["sliding_window_layers"]) == (8, None)  # every layer: transformers' paths agree
+    with pytest.raises(UnsupportedCheckpoint, match=r"max_window_layers = 1 of 2 layers is ambiguous"):
+        backbone_arguments({**fixture_config("qwen2_moe"), "use_sliding_window": True})  # eager windows all, flash layer 1 on
+    mixtral = backbone_arguments({**fixture_config("mixtral"), "sliding_window": 4096})
+    assert (mixtral["sliding_window"], mixtral["sliding_window_layers"]) == (4096, None)
+    mistral = fixture_config("mistral_window")
+    v03 = backbone_arguments({**mistral, "sliding_window": None})  # Mistral-7B-v0.3's `sliding_window: null`
+    assert "sliding_window" not in v03  # full attention
+    absent = backbone_arguments({key: value for key, value in mistral.items() if key != "sliding_window"})
+    assert absent["sliding_window"] == 4096  # MistralConfig's default
+    with pytest.raises(hf_checkpoints.CheckpointError, match="sliding_window = 0 must be a positive integer"):
+        backbone_arguments({**mistral, "sliding_window": 0})
+
+
+def test_window_patterns_are_written_back_or_refused_naming_them():
+    from zoo.models.gpt._hf_config import hf_config
+
+    qwen2 = {**backbone_arguments(fixture_config("qwen2")), "num_layers": 4, "sliding_window": 16, "sliding_window_layers": [2, 3]}
+    written = hf_config(qwen2)
+    assert (written["use_sliding_window"], written["sliding_window"], written["max_window_layers"]) == (True, 16, 2)
+    assert backbone_arguments(written)["sliding_window_layers"] == [2, 3]
+    with pytest.raises(UnsupportedCheckpoint, match=r"sliding_window_layers=\[1, 3\] of 4 cannot be written as qwen2"):
+        hf_config({**qwen2, "sliding_window_layers": [1, 3]})
+    mistral = backbone_arguments(fixture_config("mistral_window"))
+    with pytest.raises(UnsupportedCheckpoint, match=r"sliding_window_layers=\[1\] of 2: mistral windows every layer"):
+        hf_config({**mistral, "sliding_window_layers": [1]})
+    assert hf_config({**mistral, "sliding_window": None})["model_type"] == "llama"
 
 
 def test_mistral_without_a_sliding_window_maps_as_llama():

@@ -52,20 +52,25 @@ _KERNELS = {
 }
 
 
-def attention(q, k, v, *, plan, key_mask=None, causal=False, rope=None, ring_block_size=512):
+def attention(q, k, v, *, plan, key_mask=None, causal=False, rope=None, ring_block_size=512, sliding_window=None):
     """Self-attention of q [B, T, H, D] over k, v [B, T, K, D]; returns [B, T, H, D].
 
     plan: the layer's ``ParallelPlan``. key_mask: bool[B, T] or None (True keeps the
     key). rope: None for no rotary embedding, else the layer's ``Rope`` (applied to q and
     k at their global positions). ring_block_size: tile edge of every tiled kernel (plain
-    path, ring, and the local step of gather and Ulysses).
+    path, ring, and the local step of gather and Ulysses). sliding_window: None, or W
+    (causal): a query at global position p sees keys p - W < k <= p, on every path.
     """
     if plan.context_attention is None:
         return plain_attention(
             q, k, v, key_mask=key_mask, causal=causal, balance=plan.balance, rope=rope,
             axis_size=plan.sequence_size, axis_name=plan.sequence_axis, block_size=ring_block_size,
+            sliding_window=sliding_window,
         )
-    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size)
+    return _sharded(
+        q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size,
+        sliding_window=sliding_window,
+    )
 
 
 def describe_plan(plan):
@@ -140,7 +145,7 @@ def global_positions(seq_len, *, axis_size, axis_name, balance):
 
 
 def plain_attention(
-    q, k, v, *, key_mask, causal, balance, rope, axis_size, axis_name, block_size=512
+    q, k, v, *, key_mask, causal, balance, rope, axis_size, axis_name, block_size=512, sliding_window=None
 ):
     """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
 
@@ -155,12 +160,13 @@ def plain_attention(
     kernel = kernels.local_attention if axis_size == 1 else kernels.blockwise_attention
     return kernel(
         q, k, v, causal=causal, key_mask=key_mask, q_positions=positions, k_positions=positions,
-        block_size=block_size,
+        block_size=block_size, sliding_window=sliding_window,
     )
 
 
 def sharded_attention(
-    q, k, v, *, mesh, key_mask, context_attention, causal, balance, rope, sequence_axis, batch_axis, ring_block_size
+    q, k, v, *, mesh, key_mask, context_attention, causal, balance, rope, sequence_axis, batch_axis, ring_block_size,
+    sliding_window=None,
 ):
     """Runs the ``context_attention`` kernel under ``jax.shard_map`` on ``mesh`` (a Keras
     DeviceMesh) with no distribution needed (benchmarks); layers go through ``attention``."""
@@ -170,10 +176,13 @@ def sharded_attention(
         batch_axis=batch_axis if axis_size(batch_axis) > 1 else None, batch_size=axis_size(batch_axis),
         context_attention=context_attention, balance=balance,
     )
-    return _sharded(q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size)
+    return _sharded(
+        q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size,
+        sliding_window=sliding_window,
+    )
 
 
-def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size):
+def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_window=None):
     """Runs the plan's kernel under ``jax.shard_map`` on its mesh (one cached program per setting)."""
     batch, seq_len, num_heads, _ = q.shape
     kernels.check_sequence_parallel(
@@ -190,11 +199,13 @@ def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size):
     return run_sharded(
         plan, _shard_body, (q, k, v, key_mask), (spec, spec, spec, mask_spec), spec,
         context_attention=plan.context_attention, axis_name=plan.sequence_axis, causal=causal, balance=plan.balance,
-        rope=rope, ring_block_size=ring_block_size,
+        rope=rope, ring_block_size=ring_block_size, sliding_window=sliding_window,
     )
 
 
-def _shard_body(q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rope, ring_block_size):
+def _shard_body(
+    q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rope, ring_block_size, sliding_window=None
+):
     """One device's share. Nb = batch-axis size (1 if none), N = sequence-axis size.
 
     q: [B/Nb, T/N, H, D], k/v: [B/Nb, T/N, K, D], key_mask: bool[B/Nb, T/N] or None;
@@ -209,5 +220,5 @@ def _shard_body(q, k, v, key_mask, *, context_attention, axis_name, causal, bala
         q, k = (rope.apply(x, positions) for x in (q, k))
     return _KERNELS[context_attention](
         q, k, v, axis_name=axis_name, causal=causal, key_mask=key_mask, balance=balance,
-        block_size=ring_block_size,
+        block_size=ring_block_size, sliding_window=sliding_window,
     )

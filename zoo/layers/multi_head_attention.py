@@ -6,7 +6,7 @@ import keras
 
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import DATA, MODEL, SEQ
-from zoo.kernels import attention_reference, check_kv_heads
+from zoo.kernels import attention_reference, check_kv_heads, check_sliding_window
 from zoo.layers import _sequence_parallel, _tensor_parallel_attention
 from zoo.layers._parallel_plan import (
     check_choices,
@@ -49,6 +49,10 @@ class MultiHeadAttention(keras.layers.Layer):
         head_dim: D, features per head.
         num_kv_heads: K, key/value heads; must divide H. None means H (MHA); 1 is MQA.
         causal: a token attends only to tokens at global positions <= its own.
+        sliding_window: None (full attention), or W >= 1 with ``causal``: a query at
+            global position p attends only to keys p - W < k <= p (Mistral's and
+            transformers' window), on every path (plain, tensor-parallel, the
+            sequence-parallel kernels, and the cached call over the cache's positions).
         rotary: apply rotary position embedding (RoPE) to queries and keys, at each
             token's global position. Needs an even ``head_dim``.
         rotary_base: RoPE's base wavelength.
@@ -88,7 +92,9 @@ class MultiHeadAttention(keras.layers.Layer):
     The T tokens of x sit at positions i..i+T-1 (i may be a traced scalar): their keys
     and values are written into the cache there, rotary embedding uses those absolute
     positions, and the queries attend to the cache's filled keys 0..i+T-1 (causally if
-    ``causal``). Returns ``(output (B, T, C), new cache)``. ``start_positions`` i32[B]
+    ``causal``; with ``sliding_window`` W only keys p - W < k <= p of a query at cache
+    position p: a mask over the whole cache, which keeps all S positions). Returns
+    ``(output (B, T, C), new cache)``. ``start_positions`` i32[B]
     (None: zeros) is each row's first real cache position, for left-padded prompts of
     different lengths: keys before it are masked and RoPE counts positions from it, so a
     padded row computes what the same prompt alone would. This path always runs plain
@@ -114,6 +120,7 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary_base=10000.0,
         rope_scaling=None,
         use_bias=False,
+        sliding_window=None,
         qkv_bias=False,
         context_attention=None,
         sequence_axis=SEQ,
@@ -134,6 +141,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.head_dim = head_dim
         self.num_kv_heads = num_kv_heads
         self.causal = causal
+        self.sliding_window = check_sliding_window(sliding_window, causal=causal)
         self.rotary = rotary
         self.rotary_base = rotary_base
         self.rope_scaling = check_rope_scaling(rope_scaling)
@@ -217,7 +225,7 @@ class MultiHeadAttention(keras.layers.Layer):
         v = self.value(x)  # (B, T, K, D)
         out = _sequence_parallel.attention(
             q, k, v, plan=plan, key_mask=key_mask, causal=self.causal,
-            rope=self.rope, ring_block_size=self.ring_block_size,
+            rope=self.rope, ring_block_size=self.ring_block_size, sliding_window=self.sliding_window,
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
 
@@ -287,8 +295,8 @@ class MultiHeadAttention(keras.layers.Layer):
         filled = (key_positions[None, :] < cache_index + length) & (key_positions[None, :] >= start[:, None])  # bool[B, S]
         out = attention_reference(
             q, cache[:, 0].astype(q.dtype), cache[:, 1].astype(q.dtype), causal=self.causal,
-            key_mask=filled, q_positions=positions, k_positions=key_positions,
-        )  # (B, T, H, D)
+            key_mask=filled, q_positions=positions, k_positions=key_positions, sliding_window=self.sliding_window,
+        )  # window over cache positions: left padding shifts queries and keys alike  # (B, T, H, D)
         return self.output_dense(out), cache  # (B, T, C)
 
     def _check_cache(self, x_shape, cache_shape):
@@ -327,6 +335,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "rope_scaling": self.rope_scaling,
                 "use_bias": self.use_bias,
                 "qkv_bias": self.qkv_bias,
+                "sliding_window": self.sliding_window,
                 "context_attention": self.context_attention,
                 "sequence_axis": self.sequence_axis,
                 "batch_axis": self.batch_axis,

@@ -51,7 +51,8 @@ class TransformerBlock(keras.layers.Layer):
 
     Args:
         num_heads, head_dim, num_kv_heads, causal, rotary, rotary_base, rope_scaling,
-            qkv_bias: as in ``MultiHeadAttention``.
+            qkv_bias, sliding_window: as in ``MultiHeadAttention`` (sliding_window: None,
+            or W with ``causal``: each query sees its W most recent keys, itself included).
         hidden_dim: F, the MLP's hidden features.
         mlp: ``"gelu"``, ``"relu"`` (two matrices) or ``"geglu"``, ``"swiglu"`` (gated,
             three matrices).
@@ -131,6 +132,7 @@ class TransformerBlock(keras.layers.Layer):
         dropout=0.0,
         use_bias=False,
         qkv_bias=False,
+        sliding_window=None,
         context_attention=None,
         megatron_sp=False,
         model_axis=MODEL,
@@ -182,6 +184,7 @@ class TransformerBlock(keras.layers.Layer):
             rope_scaling=rope_scaling,
             use_bias=use_bias,
             qkv_bias=qkv_bias,
+            sliding_window=sliding_window,
             context_attention=context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=model_axis,
@@ -353,6 +356,7 @@ class TransformerBlock(keras.layers.Layer):
             dropout=self.dropout,
             use_bias=self.use_bias,
             qkv_bias=self.qkv_bias,
+            sliding_window=self.sliding_window,
             context_attention=self.context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=self.model_axis,
@@ -372,6 +376,11 @@ class TransformerBlock(keras.layers.Layer):
     @property
     def qkv_bias(self):
         return self.attention.qkv_bias
+
+    @property
+    def sliding_window(self):
+        """The attention's window W (checked), or None for full attention."""
+        return self.attention.sliding_window
 
     @property
     def context_attention(self):

@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` <-> ``GPTBackbone`` arguments, for Llama-family models.
 
 Supported ``model_type``s (``zoo.config.choices.HF_MODEL_TYPES``): ``llama`` (Llama 1-3.2,
-TinyLlama, ...), ``mistral`` without a sliding window, ``qwen2`` (biases on q/k/v), and
+TinyLlama, ...), ``mistral`` (its ``sliding_window`` in every layer), ``qwen2`` (biases on
+q/k/v; a window from layer ``max_window_layers`` on with ``use_sliding_window``), and
 the Mixture-of-Experts ``mixtral`` (every block sparse, top-k renormalised) and
 ``qwen2_moe`` (a sigmoid-gated shared expert, top-k as ``norm_topk_prob`` says, dense
 blocks where ``decoder_sparse_step`` / ``mlp_only_layers`` put them). They are the zoo
@@ -10,9 +11,9 @@ RoPE (with Llama 3's ``rope_scaling``), tied or untied head.
 
 Every key of the file is either mapped, or known to change nothing the zoo computes
 (token ids, dtype, bookkeeping, training-only switches), or read together with others
-(a sliding window is inert unless ``use_sliding_window`` and ``max_window_layers`` make
-some layer use it), or refused: a key or value that would change the numbers the zoo
-cannot reproduce (another ``rope_scaling``, a window that slides, biases the zoo has no
+(``sliding_window``, ``use_sliding_window``, ``max_window_layers``, ``layer_types``:
+``_window_arguments``), or refused: a key or value that would change the numbers the zoo
+cannot reproduce (another ``rope_scaling``, a Llama with a window, biases the zoo has no
 weights for, quantization, another activation) raises ``UnsupportedCheckpoint`` naming
 it and its value, before anything is built. A number out of range (a size that is not a
 positive integer, heads that do not divide, ``rope_theta`` or ``rms_norm_eps`` not finite
@@ -54,10 +55,14 @@ ALLOWED_VALUES = {
     "mlp_bias": (False,),
     "pretraining_tp": (1,),  # >1 changes the matmul order only in Meta's training code, not the model
 }
-# read together by _check_sliding_window (and layer_types by _check_keys)
+# read together by _window_arguments (and layer_types by _check_keys)
 SLIDING_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 QWEN_TYPES = ("qwen2", "qwen2_moe")  # a window only with use_sliding_window, from layer max_window_layers on
 QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen2MoeConfig's default
+WINDOW_TYPES = ("mistral", "mixtral")  # sliding_window (when not null) in every layer
+# transformers' default sliding_window when config.json has no such key
+WINDOW_DEFAULTS = {"mistral": 4096, "mixtral": None, "qwen2": 4096, "qwen2_moe": 4096}
+LAYER_TYPES = ("full_attention", "sliding_attention")  # Qwen2Config.layer_types' values
 MOE_TYPES = ("mixtral", "qwen2_moe")
 # model type -> its Mixture-of-Experts keys (refused in any other type): mapped by
 # _moe_arguments, or training-only (output_router_logits: whether transformers' forward
@@ -121,12 +126,12 @@ def backbone_arguments(config, where="config.json"):
             f"(docs/checkpoints-hf.md says why others are refused)"
         )
     _check_keys(config, where)
-    _check_sliding_window(config, where)
     _check_numbers(config, where)
+    window = _window_arguments(config, where)
     arguments = {MAPPED[key]: config[key] for key in MAPPED if config.get(key) is not None}
     for key, value in DEFAULTS.items():
         arguments.setdefault(MAPPED[key], value)
-    arguments.update(mlp="swiglu", norm="rms", qkv_bias=model_type in QWEN_TYPES)
+    arguments.update(mlp="swiglu", norm="rms", qkv_bias=model_type in QWEN_TYPES, **window)
     if model_type in MOE_TYPES:
         arguments.update(_moe_arguments({**MOE_DEFAULTS[model_type], **config}, where))
     return arguments
@@ -138,8 +143,11 @@ def _check_keys(config, where):
     for key, value in config.items():
         if key in allowed and value not in allowed[key]:
             raise UnsupportedCheckpoint(f"{where}: {key} = {value!r} is not supported (the zoo GPT computes {key} = {allowed[key][0]!r})")
-        if key == "layer_types" and any(kind != "full_attention" for kind in value):
-            raise UnsupportedCheckpoint(f"{where}: layer_types {sorted(set(value))} is not supported: full attention only")
+        if key == "layer_types" and config.get("model_type") != "qwen2" and any(kind != "full_attention" for kind in value):
+            raise UnsupportedCheckpoint(
+                f"{where}: layer_types {sorted(set(value))} is not supported for model_type {config.get('model_type')!r} "
+                f"(transformers reads it for qwen2 only): full attention only"
+            )
         if key not in MAPPED and key not in IGNORED and key not in allowed and key not in SLIDING_WINDOW_KEYS and key not in moe_keys:
             raise UnsupportedCheckpoint(
                 f"{where}: key {key!r} (= {value!r}) is not one the zoo GPT knows for model_type "
@@ -225,32 +233,69 @@ def _finite(value, minimum):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
 
 
-def _check_sliding_window(config, where):
-    """Refuse a window some layer would use, naming the keys that make it slide.
+def _window_arguments(config, where):
+    """``{"sliding_window": W, "sliding_window_layers": ...}`` as transformers reads the
+    window keys (``{}``: no layer slides); refuses a window the zoo cannot reproduce.
 
-    Llama, Mistral, Mixtral: any ``sliding_window`` slides. Qwen2 and Qwen2-MoE (as
-    transformers reads them): layer i uses ``sliding_window`` only when
-    ``use_sliding_window`` is true and i >= ``max_window_layers``; published Qwen configs
-    carry a window with ``use_sliding_window: false``, which is full attention.
+    Mistral, Mixtral: ``sliding_window`` (absent: transformers' default, Mistral's 4096;
+    null: none) in every layer. Qwen2, Qwen2-MoE: the window (absent: 4096) only with
+    ``use_sliding_window`` true, in the layers i >= ``max_window_layers`` (absent: 28),
+    or for Qwen2 the layers its ``layer_types`` names ``"sliding_attention"``; published
+    Qwen configs carry a window with ``use_sliding_window: false``, which is full
+    attention. Llama: any window, or ``use_sliding_window`` true, is refused.
     """
-    window, use = config.get("sliding_window"), config.get("use_sliding_window", False)
-    if config.get("model_type") not in QWEN_TYPES:
-        if window is not None:
-            raise UnsupportedCheckpoint(
-                f"{where}: sliding_window = {window!r} is not supported: every layer would attend to a {window}-token "
-                f"window; the zoo's attention kernels are full causal attention (sliding_window null is)"
-            )
-        if use:
-            raise UnsupportedCheckpoint(f"{where}: use_sliding_window = {use!r} is not supported: full attention only")
-        return
-    layers = config.get("num_hidden_layers")
-    first = config.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
-    if use and window is not None and isinstance(layers, int) and first < layers:
+    model_type = config.get("model_type")
+    use = config.get("use_sliding_window", False)
+    if model_type == "qwen2":
+        _check_layer_types(config, where)
+    if model_type not in QWEN_TYPES and use:
         raise UnsupportedCheckpoint(
-            f"{where}: use_sliding_window = {use!r} with sliding_window = {window!r} and max_window_layers = {first!r}: "
-            f"layers {first}..{layers - 1} of {layers} would attend to a {window}-token window; the zoo's attention is "
-            f"full causal only (use_sliding_window false, or max_window_layers >= num_hidden_layers, is)"
+            f"{where}: use_sliding_window = {use!r} is not supported for model_type {model_type!r} (a Qwen2 key)"
         )
+    window = config.get("sliding_window", WINDOW_DEFAULTS.get(model_type))
+    if model_type in QWEN_TYPES and not use:
+        window = None  # Qwen2Config nulls the window unless use_sliding_window
+    if window is None:
+        return {}
+    if model_type not in WINDOW_TYPES + QWEN_TYPES:
+        raise UnsupportedCheckpoint(
+            f"{where}: sliding_window = {window!r} is not supported for model_type {model_type!r}: transformers' "
+            f"Llama has no window (a windowed model is model_type 'mistral'; sliding_window null is full attention)"
+        )
+    _positive_int({"sliding_window": window}, "sliding_window", where)
+    layers = _windowed_layers(config, where) if model_type in QWEN_TYPES else list(range(config["num_hidden_layers"]))
+    if not layers:
+        return {}
+    return {"sliding_window": window, "sliding_window_layers": None if len(layers) == config["num_hidden_layers"] else layers}
+
+
+def _check_layer_types(config, where):
+    """A Qwen2 ``layer_types`` (null or absent: none) lists a known kind per layer."""
+    layer_types, layers = config.get("layer_types"), config["num_hidden_layers"]
+    if layer_types is None:
+        return
+    if not isinstance(layer_types, list) or len(layer_types) != layers or any(t not in LAYER_TYPES for t in layer_types):
+        raise UnsupportedCheckpoint(
+            f"{where}: layer_types = {layer_types!r} must list one of {list(LAYER_TYPES)} per layer ({layers})"
+        )
+
+
+def _windowed_layers(config, where):
+    """The indices of a Qwen2 / Qwen2-MoE config's windowed layers (use_sliding_window true)."""
+    layers = config["num_hidden_layers"]  # checked by _check_numbers
+    layer_types = config.get("layer_types") if config["model_type"] == "qwen2" else None
+    if layer_types is not None:  # checked by _check_layer_types
+        return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    first = config.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        raise CheckpointError(f"{where}: max_window_layers = {first!r} must be an integer >= 0")
+    if config["model_type"] == "qwen2_moe" and 0 < first < layers:
+        raise UnsupportedCheckpoint(
+            f"{where}: qwen2_moe with use_sliding_window true and max_window_layers = {first} of {layers} layers is "
+            f"ambiguous: transformers 4.57's eager and SDPA paths window every layer, its flash-attention path only "
+            f"layers {first}..{layers - 1}; refused rather than matching one of them"
+        )
+    return list(range(first, layers))
 
 
 def _moe_arguments(config, where):
@@ -310,12 +355,13 @@ def sparse_layers(arguments):
 
 def hf_model_type(arguments):
     """The Hugging Face ``model_type`` that computes what a ``GPTBackbone`` of
-    ``arguments`` computes: ``llama``, ``qwen2`` (q/k/v biases), ``qwen2_moe`` (experts
-    and a shared expert) or ``mixtral`` (experts alone: every block sparse, top k
-    renormalised, no biases); ``UnsupportedCheckpoint`` naming what none has."""
+    ``arguments`` computes: ``llama`` (``mistral`` with a ``sliding_window``), ``qwen2``
+    (q/k/v biases), ``qwen2_moe`` (experts and a shared expert) or ``mixtral`` (experts
+    alone: every block sparse, top k renormalised, no biases); ``UnsupportedCheckpoint``
+    naming what none has."""
     qkv_bias = bool(arguments.get("qkv_bias"))
     if not arguments.get("num_experts"):
-        return "qwen2" if qkv_bias else "llama"
+        return "qwen2" if qkv_bias else ("mistral" if arguments.get("sliding_window") is not None else "llama")
     if arguments.get("shared_expert_dim"):
         return "qwen2_moe"
     moe_layers = arguments.get("moe_layers")
@@ -350,17 +396,38 @@ def hf_config(backbone_config, *, special_ids=None):
         "torch_dtype": "float32",
         **{key: backbone_config[argument] for key, argument in MAPPED.items() if argument in backbone_config},
     }
-    layers = config["num_hidden_layers"]
-    if model_type in QWEN_TYPES:
-        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=layers)
-    elif model_type == "llama":
+    if model_type == "llama":
         config.update(attention_bias=False, mlp_bias=False)
-    else:  # mixtral
-        config.update(sliding_window=None)
+    else:
+        config.update(_window_config(backbone_config, model_type))
     if model_type in MOE_TYPES:
         config.update(_moe_config(backbone_config, model_type))
     config.update({key: value for key, value in (special_ids or {}).items() if value is not None})
     return config
+
+
+def _window_config(arguments, model_type):
+    """The window keys of a mistral / mixtral / qwen2 / qwen2_moe config.json; refuses a
+    ``sliding_window_layers`` pattern the model type cannot write, naming it."""
+    window, layers = arguments.get("sliding_window"), arguments["num_layers"]
+    windowed = list(range(layers)) if arguments.get("sliding_window_layers") is None else sorted(arguments["sliding_window_layers"])
+    if model_type not in QWEN_TYPES:  # mistral, mixtral: the window is every layer's
+        if window is not None and len(windowed) != layers:
+            raise UnsupportedCheckpoint(
+                f"sliding_window_layers={windowed} of {layers}: {model_type} windows every layer; a window in the "
+                f"layers m..L-1 only is written as Qwen2 (qkv_bias=True), any other pattern by no Hugging Face model"
+            )
+        return {"sliding_window": window}
+    if window is None:
+        return {"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers}
+    first = windowed[0]
+    if windowed != list(range(first, layers)) or (model_type == "qwen2_moe" and first != 0):
+        raise UnsupportedCheckpoint(
+            f"sliding_window_layers={windowed} of {layers} cannot be written as {model_type}: its window covers the "
+            f"layers max_window_layers..{layers - 1}"
+            + (" (qwen2_moe: every layer only; transformers' eager Qwen2-MoE windows every layer)" if model_type == "qwen2_moe" else "")
+        )
+    return {"use_sliding_window": True, "sliding_window": window, "max_window_layers": first}
 
 
 def _moe_config(arguments, model_type):

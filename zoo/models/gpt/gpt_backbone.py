@@ -5,6 +5,7 @@ import keras
 from zoo.config.choices import MLPS, NORMS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers import PipelinedBlocks, TransformerBlock
+from zoo.layers.multi_head_attention import check_sliding_window
 from zoo.layers.rotary_embedding import check_rope_scaling
 from zoo.layers.transformer_block import check_remat
 from zoo.models.gpt import _gpt_layouts
@@ -42,6 +43,13 @@ class GPTBackbone(ZooModel):
             "original_max_position_embeddings"}``; other types are refused.
         qkv_bias: biases on the query, key and value projections (Qwen2), none on the
             attention output or the MLP.
+        sliding_window: None (full causal attention), or W >= 1: a token at position p
+            attends only to positions p - W < k <= p (Mistral's window), in training and
+            in KV-cache decoding.
+        sliding_window_layers: which blocks use the window: None (every block, when
+            ``sliding_window`` is set), or a list of block indices (Qwen2's blocks
+            ``max_window_layers``..L-1, say); the others attend fully. Needs
+            ``sliding_window``; a pipelined backbone takes the window in every block only.
         tie_word_embeddings: the causal LM's head is the token embedding used in reverse
             (``x @ E^T``) instead of its own ``lm_head``; the backbone's weights are the same.
         seed: seeds the dropout streams (embedding: seed, block i: seed + 1 + 2i and + 2i + 2).
@@ -99,6 +107,8 @@ class GPTBackbone(ZooModel):
         rope_max_wavelength=10000.0,
         rope_scaling=None,
         qkv_bias=False,
+        sliding_window=None,
+        sliding_window_layers=None,
         tie_word_embeddings=False,
         seed=None,
         megatron_sp=False,
@@ -141,6 +151,7 @@ class GPTBackbone(ZooModel):
             megatron_sp=megatron_sp, remat=remat,
         )  # fmt: skip
         moe_layers = _check_moe_layers(moe_layers, num_layers, num_experts)
+        window_layers = check_sliding_window_layers(sliding_window, sliding_window_layers, num_layers)
         moe = dict(
             num_experts_per_token=num_experts_per_token, moe_intermediate_dim=moe_intermediate_dim,
             shared_expert_dim=shared_expert_dim, normalize_router_weights=normalize_router_weights,
@@ -149,14 +160,17 @@ class GPTBackbone(ZooModel):
         )  # fmt: skip
         if schedule is not None:
             _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts)
+            _check_pipeline_window(sliding_window, window_layers, num_layers)
             x = PipelinedBlocks(
-                num_layers, block, schedule=schedule, micro_batches=micro_batches, repeats=repeats,
+                num_layers, {**block, "sliding_window": sliding_window}, schedule=schedule, micro_batches=micro_batches, repeats=repeats,
                 seed=None if seed is None else seed + 1, name="blocks",
             )(x)  # (B, T, C)
         for index in range(0 if schedule is not None else num_layers):
             sparse = dict(num_experts=num_experts if index in moe_layers else 0, **moe) if num_experts else {}
+            window = sliding_window if index in window_layers else None
             x = TransformerBlock(
-                **block, **sparse, seed=None if seed is None else seed + 1 + 2 * index, name=f"block_{index}"
+                **block, **sparse, sliding_window=window, seed=None if seed is None else seed + 1 + 2 * index,
+                name=f"block_{index}",
             )(x)  # (B, T, C)
         x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
         super().__init__(inputs=token_ids, outputs=x, name=name, **kwargs)
@@ -165,7 +179,9 @@ class GPTBackbone(ZooModel):
             hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads,
             head_dim=head_dim, mlp=mlp, norm=norm, layer_norm_epsilon=layer_norm_epsilon, dropout=dropout,
             max_sequence_length=max_sequence_length, rope_max_wavelength=rope_max_wavelength,
-            rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
+            rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), sliding_window=sliding_window,
+            sliding_window_layers=None if len(window_layers) in (0, num_layers) else sorted(window_layers),
+            tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
             context_attention=context_attention, remat=remat, schedule=schedule, micro_batches=micro_batches,
             repeats=repeats, num_experts=num_experts or 0, moe_layers=None if moe_layers is None or len(moe_layers) == num_layers else sorted(moe_layers),
             **{**moe, "shared_expert_dim": shared_expert_dim or 0, "normalize_router_weights": bool(normalize_router_weights)},
@@ -267,6 +283,33 @@ def _check_moe_layers(moe_layers, num_layers, num_experts):
     if not num_experts:
         raise ValueError(f"moe_layers {list(moe_layers)} needs num_experts > 0")
     return set(moe_layers)
+
+
+def check_sliding_window_layers(sliding_window, sliding_window_layers, num_layers):
+    """The windowed blocks' indices as a set (every block for None, none without a
+    window); raises naming a bad window or index."""
+    check_sliding_window(sliding_window, causal=True)
+    if sliding_window is None:
+        if sliding_window_layers is not None:
+            raise ValueError(f"sliding_window_layers {list(sliding_window_layers)} needs sliding_window (got None)")
+        return set()
+    if sliding_window_layers is None:
+        return set(range(num_layers))
+    bad = [i for i in sliding_window_layers if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers]
+    if bad or not sliding_window_layers:
+        raise ValueError(
+            f"sliding_window_layers {list(sliding_window_layers)} must list block indices in 0..{num_layers - 1} "
+            f"(at least one; None means every block){f', not {bad}' if bad else ''}"
+        )
+    return set(sliding_window_layers)
+
+
+def _check_pipeline_window(sliding_window, window_layers, num_layers):
+    if sliding_window is not None and len(window_layers) != num_layers:
+        raise ValueError(
+            f"a pipelined GPTBackbone (schedule set) stacks identical blocks: sliding_window={sliding_window} must "
+            f"apply to every block, not sliding_window_layers={sorted(window_layers)} of {num_layers}"
+        )
 
 
 def _check_pipeline(*, megatron_sp, context_attention, num_experts=0):

@@ -265,8 +265,10 @@ def _check_variables(views, variables):
 def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None, extra_files=None, report=print):
     """Write ``model`` (a ``GPTCausalLM``) as a Hugging Face folder ``transformers`` loads.
 
-    ``config.json`` (model_type ``llama``, ``qwen2`` with q/k/v biases, ``mixtral`` for
-    experts alone, ``qwen2_moe`` for experts and a shared expert: ``_hf_config.hf_model_type``),
+    ``config.json`` (model_type ``llama``, ``mistral`` with a ``sliding_window`` in every
+    block, ``qwen2`` with q/k/v biases (a window in blocks m..L-1 as ``use_sliding_window``
+    and ``max_window_layers`` m), ``mixtral`` for experts alone, ``qwen2_moe`` for experts
+    and a shared expert: ``_hf_config.hf_model_type``; another window pattern is refused),
     ``generation_config.json``, the weights as safetensors (one file, or files of at most
     ``max_file_bytes`` with an index), and the tokenizer when the preprocessor's has
     ``save_to_directory`` (``HFTokenizer``; ``ByteTokenizer`` as a byte-level
