@@ -37,6 +37,8 @@ BENCHES = {
                      bench_settings.HFLoadBenchConfig, "hf_load"),
     "pipeline": Bench("the pipeline's bubble measured through the kernel (S=4, M=4..32, GPipe and circular) and per-device memory of a "
                       "pipelined Llama-3.2-1B-sized GPT, compile-only", bench_settings.PipelineBenchConfig, "pipeline"),
+    "moe": Bench("Mixture-of-Experts: all-to-all bytes vs the minimum, expert weights per device, tokens dropped, Mixtral-8x7B "
+                 "LoRA / full steps compile-only, sparse vs dense-masked time", bench_settings.MoEBenchConfig, "moe"),
     "scale": Bench("gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes", bench_settings.ScaleBenchConfig, "scale",
                    simulate=False),
     "plan": Bench("zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios", bench_settings.PlanBenchConfig, "plan",

@@ -1,0 +1,54 @@
+"""``zoo bench moe``'s cheapest row: one tiny MoE GPT fit step compiled under layout
+expert on data=2,expert=4 (8 simulated devices) and run once; its all-to-all bytes at
+capacity factor 1.0 are the analytic minimum (within the [N_e, E_l] counts), each
+device holds 1/E_p of every expert weight, nothing gathers an expert weight; and the
+settings refuse what cannot run."""
+
+import argparse
+
+import pytest
+
+from zoo.bench import moe as bench
+from zoo.cli import bench as bench_cli
+from zoo.config.bench_settings import MoEBenchConfig
+from zoo.kernels import moe
+
+TINY = {"num_layers": 1, "hidden_dim": 32, "num_query_heads": 2, "num_key_value_heads": 1, "num_experts": 8, "moe_intermediate_dim": 32,
+        "vocabulary_size": 32, "sequence_length": 16, "batch_size": 8, "sections": ("exchange",)}  # fmt: skip
+
+
+def test_capacity_one_exchange_is_the_minimum_and_experts_are_split_one_per_device_share():
+    config = MoEBenchConfig(**TINY, meshes=("data=2,expert=4",), capacity_factors=(1.0,))
+    row = bench.measure_exchange(config, "data=2,expert=4", 1.0)
+    # N = 8 x 16 / (2 x 4) = 16 tokens per device, A = 32 assignments, Q = ceil(32 / 4) = 8 rows to each device
+    assert (row.expert_size, row.tokens, row.capacity, row.sparse_blocks) == (4, 16, 8, 1)
+    assert (row.token_exchanges, row.count_exchanges, row.moved) == (4, 1, "f32")  # dispatch + combine, forward + backward; the counts once
+    minimum = 4 * moe.minimum_exchange_bytes(16, num_experts_per_token=2, width=32, itemsize=4, axis_size=4)
+    assert row.minimum == minimum == 4 * 16 * 2 * 32 * 4 * 3 / 4
+    assert minimum <= row.sent <= 1.05 * minimum and row.ratio <= 1.05
+    assert row.expert_parts == 4 and row.expert_bytes * 4 == row.model_expert_bytes == 3 * 8 * 32 * 32 * 4
+    assert row.weight_gathers == 0  # no all-gather of an expert-weight-shaped buffer, none over 'expert'
+    assert 0.0 < row.dropped_fraction < 1.0 and row.max_load >= 1.0  # one run: a random router overflows capacity 1.0
+    line = bench.format_exchange(config, [row])[-1]
+    assert line.startswith("| data=2,expert=4 | 4 | 1 | 16 | 8 | 4 (+1) |") and "| 1/4 | 0 |" in line
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    return parser.parse_args(["moe", *argv])
+
+
+def test_settings_parse_and_refuse_bad_numbers(capsys):
+    assert bench_cli.settings_from_args("moe", _parse([])) == MoEBenchConfig()
+    config = bench_cli.settings_from_args("moe", _parse(["--capacity-factors", "1,dropless", "--memory-partial-layers", "none"]))
+    assert config.capacity_factors == (1.0, None) and config.memory_partial_layers == ()
+    with pytest.raises(ValueError, match="num_experts 6 is not divisible by the 'expert' axis of size 4"):
+        bench.run_benchmark(MoEBenchConfig(**(TINY | {"num_experts": 6})), report=lambda line: None)
+    with pytest.raises(ValueError, match="batch_size 4 is not divisible by data x expert = 8"):
+        bench.run_benchmark(MoEBenchConfig(**(TINY | {"batch_size": 4})), report=lambda line: None)
+    with pytest.raises(ValueError, match="the meshes need 64 devices but JAX has 8; run with --simulate-devices 64"):
+        bench.run_benchmark(MoEBenchConfig(sections=("memory",)), report=lambda line: None)
+    with pytest.raises(SystemExit):
+        _parse(["--memory-runs", "frozen:expert:data=1,expert=8"])
+    assert "expected ';'-separated '<method>:<layout>:<mesh>' runs" in capsys.readouterr().err

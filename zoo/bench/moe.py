@@ -1,0 +1,644 @@
+"""``zoo bench moe``: what the expert-parallel MoE moves, holds and costs, read from its own code path.
+
+Exchange (section ``exchange``): a GPT whose every block is a Mixture-of-Experts block
+(``MoEFeedForward``, E experts of width F, top k), built for real and compiled as
+``fit`` compiles it (``compiled_step.compile_fit_step``: Keras' ``train_step``, state
+donated) under layout ``expert`` on each mesh (``data=2,expert=4``, ``data=1,expert=8``)
+and capacity factor (1.0, 1.25, dropless), remat none, FAST_COMPILE (the HLO passes
+run; only LLVM's are skipped). From the compiled HLO (``comms_report``, loop trip
+counts included): the all-to-alls over ``expert`` and the bytes each device sends in
+them, against the analytic minimum ``4 x L x minimum_exchange_bytes`` (dispatch and
+combine, forward and backward, per MoE block: N x k x C x itemsize x (E_p - 1) / E_p
+each, N the tokens per device); the all-gathers of expert weights (any all-gather whose
+buffer has an expert weight's (C, F) or (F, C) trailing dims, and any over ``expert``);
+the all-reduces of expert gradients over ``data``. From the variables' shardings: the
+expert weights each device holds against 1/E_p of the model's. The compiled step is then
+run once on random tokens: the router statistics in its logs give the assignments the
+capacity dropped and the busiest expert's load (the router at its initial weights).
+
+Memory (section ``memory``): ``mixtral_8x7b`` (or another named MoE size) at real size,
+built abstractly (``abstract_build``: nothing allocated) and its fit step compiled for
+each ``<method>:<layout>:<mesh>`` run: ``lora`` (LoRA of rank r on every Dense /
+EinsumDense but the routers: attention, LM head; the experts and the rest frozen) or ``full``
+(every weight trained, AdamW), one sequence of T tokens per device of data x expert,
+remat and precision as set, traced for the target device (``moe.compile_for``: an
+H100's grouped matmul ``ragged_dot``, not XLA:CPU's block loop). Per device
+(``memory_analysis``): arguments, temporaries, total = arguments + outputs - donated +
+temporaries, against 80 GiB (H100); expert weights per device; the exchange's bytes per
+all-to-all against the minimum. Rows of fewer blocks than the model has are flagged
+partial; the whole depth is always compiled (the figure that counts).
+
+Time (section ``time``): on one device, a jitted forward + backward (gradients of every
+weight and of x) of ``MoEFeedForward`` (its own default grouped matmul: ``blocks`` on
+CPU) against the dense-masked computation (``zoo.kernels.moe.dense_moe``: every expert
+on every token, weighted by the same router: keras-hub's way) at the same shapes and
+weights; their outputs must agree (else ``TimingMismatch``). Timed in turns (sparse,
+dense, sparse, dense, ...), ``steps`` calls a turn; the ratio dense / sparse per pair,
+the median of ``repeats`` pairs.
+"""
+
+import collections
+import dataclasses
+import re
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+from zoo import distribution as zd
+from zoo._compat import sublayers, variable_layout
+from zoo.bench._output import remat_warning, size_text, write_text
+from zoo.bench.lora_context_memory import pin_factor_layouts
+from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.distribution.axes import DATA, EXPERT
+from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
+from zoo.distribution.distributions import place_batch
+from zoo.kernels import moe
+from zoo.layers.moe_feed_forward import MoEFeedForward
+from zoo.models import GPTCausalLM
+from zoo.models.gpt.gpt_backbone import GPTBackbone
+from zoo.models.gpt.gpt_configs import config_by_name
+from zoo.planning.devices import device_spec
+from zoo.training._lora import enable_lora, is_lora_variable
+from zoo.training.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_shardings
+
+SEED = 0
+EXCHANGES_PER_BLOCK = 4  # dispatch and combine, forward and backward
+EXPERT_WEIGHT = re.compile(r"/expert_(gate|up|down)$")  # MoEFeedForward's (E, C, F) / (E, F, C) weights
+ARRAY_DIMS = re.compile(r"\[([0-9,]*)\]")  # the dims of each array of a CollectiveOp.shape
+FLOAT_ITEMSIZES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}  # HLO dtype -> bytes: the token exchanges' buffers
+
+
+class TimingMismatch(AssertionError):
+    """The sparse layer and the dense-masked computation gave different outputs."""
+
+
+# --- what every section shares ----------------------------------------------------------
+
+
+def mesh_devices(spec):
+    return int(np.prod([size for _, size in zd.parse_mesh_spec(spec)]))
+
+
+def batch_split(spec):
+    """How many ways layout ``expert`` splits the batch on ``spec``: data x expert."""
+    axes = dict(zd.parse_mesh_spec(spec))
+    return axes.get(DATA, 1) * axes.get(EXPERT, 1)
+
+
+def build_model(arguments, precision):
+    """``GPTCausalLM`` of ``arguments`` under the dtype policy ``precision``."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
+    try:
+        return GPTCausalLM(backbone=GPTBackbone(**arguments))
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def moe_layers(model):
+    return [layer for layer in sublayers(model) if isinstance(layer, MoEFeedForward)]
+
+
+def compile_model(model):
+    from zoo.training.gpt import compile_gpt
+
+    compile_gpt(model, learning_rate=1e-4, total_steps=1)
+
+
+def expert_split(model, distribution):
+    """``(bytes of expert weights per device, the model's expert bytes, parts)``: parts =
+    how many ways every expert weight is split (None if they differ)."""
+    trainable, non_trainable, _, _ = state_shardings(model, distribution)
+    pairs = zip(model.trainable_variables + model.non_trainable_variables, trainable + non_trainable)
+    held, whole, parts = 0, 0, set()
+    for variable, sharding in pairs:
+        if EXPERT_WEIGHT.search(variable.path):
+            mine, total = shard_bytes(variable, sharding), int(np.prod(variable.shape)) * np.dtype(variable.dtype).itemsize
+            held, whole = held + mine, whole + total
+            parts.add(total / mine)
+    return held, whole, parts.pop() if len(parts) == 1 else None
+
+
+def _dims(op):
+    return [tuple(int(x) for x in dims.split(",") if x) for dims in ARRAY_DIMS.findall(op.shape)]
+
+
+def expert_weight_gathers(comms, width, hidden):
+    """All-gathers executed per step whose buffer has an expert weight's (C, F) or (F, C)
+    trailing dims, or that run over an axis that includes ``expert``."""
+    matrices = {(width, hidden), (hidden, width)}
+
+    def gathers_experts(op):
+        return any(len(d) == 3 and d[1:] in matrices for d in _dims(op)) or bool(op.axes and EXPERT in op.axes)
+
+    return sum(op.executions for op in comms.select("all-gather") if gathers_experts(op))
+
+
+def expert_gradient_reduces(comms, width, hidden):
+    """All-reduces over ``data`` executed per step whose buffers are expert-shaped (the
+    experts' gradients: one per MoE block is the minimum, XLA may combine them)."""
+    matrices = {(width, hidden), (hidden, width)}
+    return sum(op.executions for op in comms.select("all-reduce", (DATA,)) if any(len(d) == 3 and d[1:] in matrices for d in _dims(op)))
+
+
+def exchange_totals(comms):
+    """``(token all-to-alls executed, count all-to-alls executed, bytes sent, dtype moved)``
+    over ``expert`` per step: the floating exchanges, the integer [N_e, E_l] counts, the
+    bytes of all of them, and the tokens' dtype as compiled (XLA:CPU widens bf16 to f32)."""
+    ops = comms.select("all-to-all", (EXPERT,))
+    floating = [op for op in ops if _dtype(op) in FLOAT_ITEMSIZES]
+    moved = {_dtype(op) for op in floating}
+    if len(moved) > 1:
+        raise ValueError(f"the token all-to-alls move several dtypes {sorted(moved)}; the minimum needs one")
+    tokens = sum(op.executions for op in floating)
+    return tokens, sum(op.executions for op in ops) - tokens, comms.sent_bytes("all-to-all", (EXPERT,)), moved.pop() if moved else None
+
+
+def _dtype(op):
+    return op.shape.split("[", 1)[0]
+
+
+def compute_dtype(precision):
+    return "bf16" if precision == "mixed_bfloat16" else "f32"
+
+
+# --- exchange -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ExchangeRow:
+    """One compiled (and once run) fit step of the MoE GPT under layout ``expert``."""
+
+    mesh: str
+    capacity_factor: float | None
+    expert_size: int = 0  # E_p
+    tokens: int = 0  # N, tokens per device
+    capacity: int = 0  # Q, rows per destination device
+    sparse_blocks: int = 0
+    token_exchanges: int = 0  # float all-to-alls executed per step
+    count_exchanges: int = 0  # the [N_e, E_l] counts' all-to-alls
+    sent: float = 0.0  # bytes each device sends in all-to-alls over expert per step
+    moved: str = ""  # the tokens' dtype in the compiled all-to-alls
+    compute: str = ""  # the layer's compute dtype (XLA:CPU moves bf16 as f32)
+    minimum: float = 0.0  # the analytic minimum of the same, at the dtype moved
+    expert_bytes: int = 0  # expert weights per device
+    model_expert_bytes: int = 0
+    expert_parts: float | None = None  # how many ways each expert weight is split
+    weight_gathers: int = 0  # all-gathers of expert weights (or over an axis with expert) per step
+    gradient_reduces: int = 0  # all-reduces of expert gradients over data per step
+    assignments: int = 0  # (token, expert) assignments per step, all blocks and devices
+    dropped_fraction: float = 0.0  # assignments the capacity dropped (mean over blocks, one step)
+    max_load: float = 0.0  # the busiest expert's share over the mean
+    exact: bool = True
+    compile_s: float = 0.0
+    compiled: object = dataclasses.field(default=None, repr=False)
+
+    @property
+    def ratio(self):
+        return self.sent / self.minimum
+
+    @property
+    def dropped(self):
+        """Assignments dropped per step, all blocks: the fraction x N x k x devices x blocks."""
+        return self.dropped_fraction * self.assignments
+
+
+def exchange_arguments(config, capacity_factor):
+    """``GPTBackbone`` arguments of the exchange rows: every block sparse, no dropout."""
+    return {
+        "vocabulary_size": config.vocabulary_size, "num_layers": config.num_layers, "hidden_dim": config.hidden_dim,
+        "num_query_heads": config.num_query_heads, "num_key_value_heads": config.num_key_value_heads,
+        "intermediate_dim": config.moe_intermediate_dim, "mlp": "swiglu", "norm": "rms",
+        "max_sequence_length": config.sequence_length, "tie_word_embeddings": False, "num_experts": config.num_experts,
+        "num_experts_per_token": config.num_experts_per_token, "moe_intermediate_dim": config.moe_intermediate_dim,
+        "normalize_router_weights": True, "router_aux_loss_coefficient": 0.01, "capacity_factor": capacity_factor,
+        "remat": "none",
+    }  # fmt: skip
+
+
+def measure_exchange(config, mesh_spec, capacity_factor):
+    """One ``ExchangeRow``: the fit step compiled on ``mesh_spec`` under layout expert, run once."""
+    row = ExchangeRow(mesh_spec, capacity_factor)
+    start = time.perf_counter()
+    arguments = exchange_arguments(config, capacity_factor)
+    mesh = zd.make_mesh(mesh_spec, devices=jax.devices()[: mesh_devices(mesh_spec)])
+    distribution = zd.distribution_for(GPTCausalLM, "expert", mesh, config=arguments)
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(SEED)
+    with zd.global_distribution(distribution):
+        model = build_model(arguments, config.precision)
+        compile_model(model)
+        model.optimizer.build(model.trainable_variables)
+    tokens = ((config.batch_size, config.sequence_length), "int32")  # next-token targets: the same shape
+    row.compiled, _ = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
+    comms = compiled_report(row.compiled, distribution.device_mesh)
+    row.compile_s = time.perf_counter() - start
+    _fill_exchange(row, config, comms, model, distribution)
+    row.max_load, row.dropped_fraction = run_once(row.compiled, model, distribution, config)
+    return row
+
+
+def _fill_exchange(row, config, comms, model, distribution):
+    k, width, hidden = config.num_experts_per_token, config.hidden_dim, config.moe_intermediate_dim
+    row.expert_size = zd.mesh_axis_size(distribution.device_mesh, EXPERT)
+    row.tokens = config.batch_size * config.sequence_length // batch_split(row.mesh)
+    row.capacity = moe.capacity(row.tokens, num_experts_per_token=k, axis_size=row.expert_size,
+                                experts_per_device=config.num_experts // row.expert_size, capacity_factor=row.capacity_factor)  # fmt: skip
+    row.sparse_blocks = len(moe_layers(model))
+    row.assignments = config.batch_size * config.sequence_length * k * row.sparse_blocks
+    row.token_exchanges, row.count_exchanges, row.sent, row.moved = exchange_totals(comms)
+    row.compute = compute_dtype(config.precision)
+    per_exchange = moe.minimum_exchange_bytes(row.tokens, num_experts_per_token=k, width=width, itemsize=FLOAT_ITEMSIZES[row.moved],
+                                              axis_size=row.expert_size)  # fmt: skip
+    row.minimum = EXCHANGES_PER_BLOCK * row.sparse_blocks * per_exchange
+    row.expert_bytes, row.model_expert_bytes, row.expert_parts = expert_split(model, distribution)
+    row.weight_gathers = expert_weight_gathers(comms, width, hidden)
+    row.gradient_reduces = expert_gradient_reduces(comms, width, hidden)
+    row.exact = comms.exact
+
+
+def run_once(compiled, model, distribution, config):
+    """Run the compiled step once on random tokens; ``(max_load, dropped_fraction)`` from its logs."""
+    shardings = state_shardings(model, distribution)
+    groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
+    state = tuple([jax.device_put(v.value, s) for v, s in zip(group, layout)] for group, layout in zip(groups, shardings))
+    rng = np.random.default_rng(SEED)
+    x, y = (rng.integers(0, config.vocabulary_size, (config.batch_size, config.sequence_length), dtype=np.int32) for _ in range(2))
+    logs, _ = compiled(state, tuple(place_batch(distribution, x, y)))
+    return float(logs["router_max_load"]), float(logs["router_dropped_fraction"])
+
+
+def exchange_rows(config, report=print):
+    rows = []
+    for mesh_spec in config.meshes:
+        for capacity_factor in config.capacity_factors:
+            row = measure_exchange(config, mesh_spec, capacity_factor)
+            report(f"exchange {mesh_spec} capacity {_factor(capacity_factor)}: sent {size_text(row.sent)} vs minimum "
+                   f"{size_text(row.minimum)} ({row.ratio:.3f}x), dropped {row.dropped_fraction:.2%}, compiled in {row.compile_s:.0f} s")  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def _factor(capacity_factor):
+    return "dropless" if capacity_factor is None else f"{capacity_factor:g}"
+
+
+def _moved(moved, compute):
+    return moved if moved == compute else f"{moved} ({compute} compute)"
+
+
+def _parts(parts):
+    return "-" if parts is None else f"1/{parts:g}"
+
+
+def format_exchange(config, rows):
+    lines = [
+        (f"Exchange: GPTCausalLM, {config.num_layers} MoE blocks, C={config.hidden_dim}, H={config.num_query_heads}, "
+         f"K={config.num_key_value_heads}, E={config.num_experts} experts of F={config.moe_intermediate_dim}, top "
+         f"{config.num_experts_per_token}, V={config.vocabulary_size}, T={config.sequence_length}, global batch "
+         f"{config.batch_size}, {config.precision}, remat none; layout expert; the fit step compiled for "
+         f"{jax.devices()[0].platform} devices (simulated) and run once on random tokens; jax {jax.__version__}, keras {keras.__version__}."),
+        "",
+        ("Per device and step (all-to-alls over 'expert' from the compiled HLO, loop trips included; minimum = 4 exchanges x "
+         "blocks x N x k x C x itemsize x (E_p-1)/E_p, zoo.kernels.moe.minimum_exchange_bytes, at the itemsize of the dtype "
+         "moved (XLA:CPU widens a bf16 all-to-all to f32; GPU and TPU move bf16); Q = the rows each device sends "
+         "each other, zoo.kernels.moe.capacity; expert weights from the variables' shardings; expert all-gathers: all-gathers "
+         "of an expert-weight-shaped buffer, or over an axis with 'expert'; dropped: assignments past the capacity in one "
+         "run of the step, the router at its initial weights):"),
+        "",
+        ("| mesh | E_p | capacity factor | N tokens / device | Q | token all-to-alls (+ counts) | dtype moved | sent | minimum | sent / minimum | "
+         "expert weights / device | of the experts | expert all-gathers | expert-grad all-reduces over data | assignments dropped | max load | compile (s) |"),
+        "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]  # fmt: skip
+    for row in rows:
+        bound = "" if row.exact else ">= "
+        lines.append(
+            f"| {row.mesh} | {row.expert_size} | {_factor(row.capacity_factor)} | {row.tokens:,} | {row.capacity:,} | "
+            f"{bound}{row.token_exchanges} (+{row.count_exchanges}) | {_moved(row.moved, row.compute)} | {size_text(row.sent)} | {size_text(row.minimum)} | "
+            f"**{row.ratio:.3f}** | {size_text(row.expert_bytes)} | {_parts(row.expert_parts)} | {row.weight_gathers} | "
+            f"{row.gradient_reduces} | {row.dropped_fraction:.2%} ({row.dropped:,.0f}) | {row.max_load:.2f} | {row.compile_s:.0f} |"
+        )
+    return lines
+
+
+# --- memory at real size --------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class MemoryRow:
+    """One fit step of the real-size MoE model, compiled for its mesh, never run."""
+
+    method: str  # lora or full
+    layout: str
+    mesh: str
+    capacity_factor: float | None
+    num_layers: int
+    model_layers: int  # the config's depth: fewer here is a partial build
+    batch: int = 0
+    memory: object = None  # compiled_step.StepMemory
+    expert_bytes: int = 0
+    model_expert_bytes: int = 0
+    expert_parts: float | None = None
+    token_exchanges: int = 0
+    sent: float = 0.0  # bytes per device in all-to-alls over expert per step
+    moved: str = ""  # the tokens' dtype in the compiled all-to-alls
+    compute: str = ""
+    per_exchange_minimum: float = 0.0  # at the dtype moved
+    weight_gathers: int = 0
+    collectives: dict = dataclasses.field(default_factory=dict)  # kind -> executions per step
+    exact: bool = True
+    compile_s: float = 0.0
+    compiled: object = dataclasses.field(default=None, repr=False)
+
+    @property
+    def partial(self):
+        return self.num_layers < self.model_layers
+
+    @property
+    def exchange_ratio(self):
+        """Bytes per token all-to-all over the minimum of one exchange."""
+        return self.sent / max(self.token_exchanges, 1) / self.per_exchange_minimum
+
+
+def target_platform(kind):
+    """The JAX platform of a ``zoo.planning.devices`` kind: "cpu", "tpu" or "gpu"."""
+    name = device_spec(kind).name
+    return "cpu" if name == "cpu" else "tpu" if name.startswith("tpu") else "gpu"
+
+
+def parse_run(run):
+    method, layout, mesh = run.split(":", 2)
+    return method, layout, mesh
+
+
+def memory_arguments(config, num_layers, capacity_factor):
+    """``GPTBackbone`` arguments of a memory row: the named size at ``num_layers`` blocks."""
+    arguments = config_by_name(config.memory_config) | {"num_layers": num_layers, "capacity_factor": capacity_factor,
+                                                        "remat": config.memory_remat, "dropout": 0.0}  # fmt: skip
+    arguments["max_sequence_length"] = max(arguments["max_sequence_length"], config.memory_sequence_length)
+    return arguments
+
+
+def build_for_method(arguments, config, method):
+    """The row's model (call under its distribution): ``lora``: LoRA on every Dense /
+    EinsumDense but the routers (``enable_lora`` skips them), only the factors trainable,
+    laid out like their kernels; ``full``: as built."""
+    model = build_model(arguments, config.memory_precision)
+    if method == "lora":
+        layers = enable_lora(model, config.lora_rank)
+        for variable in model.weights:
+            variable.trainable = is_lora_variable(variable)
+        # the zoo's tensor-parallel layers (expert+tp) place their factors themselves; the others follow the layout map
+        unplaced = [layer for layer in layers if variable_layout(layer.lora_kernel_a) is None]
+        pin_factor_layouts(unplaced, keras.distribution.distribution())
+    return model
+
+
+def measure_memory(config, run, capacity_factor, num_layers):
+    """One ``MemoryRow``: the fit step of ``run`` compiled at ``num_layers`` blocks."""
+    method, layout, mesh_spec = parse_run(run)
+    model_layers = config_by_name(config.memory_config)["num_layers"]
+    row = MemoryRow(method, layout, mesh_spec, capacity_factor, num_layers, model_layers, batch=batch_split(mesh_spec))
+    start = time.perf_counter()
+    arguments = memory_arguments(config, num_layers, capacity_factor)
+    mesh = zd.make_mesh(mesh_spec, devices=jax.devices()[: mesh_devices(mesh_spec)])
+    distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=arguments)
+    keras.backend.clear_session()
+    tokens = ((row.batch, config.memory_sequence_length), "int32")
+    with moe.compile_for(target_platform(config.memory_target)):  # the target's grouped matmul, not XLA:CPU's block loop
+        model = abstract_build(lambda: build_for_method(arguments, config, method), compile_model, distribution)
+        row.compiled, row.memory = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
+    comms = compiled_report(row.compiled, distribution.device_mesh)
+    row.compile_s = time.perf_counter() - start
+    experts = zd.mesh_axis_size(distribution.device_mesh, EXPERT)
+    tokens_per_device = config.memory_sequence_length  # one sequence per device of data x expert
+    row.token_exchanges, _, row.sent, row.moved = exchange_totals(comms)
+    row.compute = compute_dtype(config.memory_precision)
+    row.per_exchange_minimum = moe.minimum_exchange_bytes(
+        tokens_per_device, num_experts_per_token=arguments["num_experts_per_token"], width=arguments["hidden_dim"],
+        itemsize=FLOAT_ITEMSIZES[row.moved], axis_size=experts,
+    )  # fmt: skip
+    row.expert_bytes, row.model_expert_bytes, row.expert_parts = expert_split(model, distribution)
+    hidden = arguments.get("moe_intermediate_dim") or arguments["intermediate_dim"]
+    row.weight_gathers = expert_weight_gathers(comms, arguments["hidden_dim"], hidden)
+    counts = collections.Counter()
+    for op in comms.collectives:
+        counts[op.kind] += op.executions
+    row.collectives, row.exact = dict(counts), comms.exact
+    return row
+
+
+def memory_rows(config, report=print):
+    rows = []
+    depths = sorted(set(config.memory_partial_layers)) + [config_by_name(config.memory_config)["num_layers"]]
+    for run in config.memory_runs:
+        for capacity_factor in config.memory_capacity_factors:
+            for num_layers in depths:
+                row = measure_memory(config, run, capacity_factor, num_layers)
+                m = row.memory
+                report(f"memory {run} capacity {_factor(capacity_factor)} L={num_layers}: total {size_text(m.peak)} (temp "
+                       f"{size_text(m.temp)}, arguments {size_text(m.argument)}), compiled in {row.compile_s:.0f} s")  # fmt: skip
+                rows.append(row)
+    return rows
+
+
+def format_memory(config, rows):
+    fits = device_spec(config.memory_target)
+    lines = [
+        (f"Memory: {config.memory_config} at real size, T={config.memory_sequence_length:,}, one sequence per device of data x "
+         f"expert, {config.memory_precision}, remat {config.memory_remat}, traced for {config.memory_target} (experts' grouped "
+         f"matmul {moe.grouped_matmul_implementation(target_platform(config.memory_target))}); lora: rank {config.lora_rank} on every "
+         f"Dense/EinsumDense but the routers (attention, LM head), everything else frozen; full: every weight trained; AdamW; compiled for {jax.devices()[0].platform} devices "
+         f"(simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_warning((config.memory_remat,))}"),
+        "",
+        (f"Per device (memory_analysis; total = arguments + outputs - donated + temporaries; fits = total <= "
+         f"{fits.memory_bytes / 2**30:.0f} GiB ({config.memory_target}); expert weights from the shardings; all-to-alls over 'expert' "
+         f"per step, bytes per exchange over the minimum N x k x C x itemsize x (E_p-1)/E_p at the dtype moved; remat re-runs "
+         f"the forward's two):"),
+        "",
+        ("| method | layout | mesh | capacity factor | blocks | global batch | weights | arguments | temp | total | fits | "
+         "expert weights / device | of the experts | token all-to-alls | dtype moved | sent / exchange vs minimum | expert all-gathers | collectives | compile (s) | note |"),
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: | --- | ---: | --- |",
+    ]  # fmt: skip
+    for row in rows:
+        m = row.memory
+        note = f"partial build: {row.num_layers} of {row.model_layers} blocks" if row.partial else "whole depth"
+        collectives = ", ".join(f"{count:,} {kind}" for kind, count in sorted(row.collectives.items())) or "none"
+        bound = "" if row.exact else ">= "
+        lines.append(
+            f"| {row.method} | {row.layout} | {row.mesh} | {_factor(row.capacity_factor)} | {row.num_layers} | {row.batch} | "
+            f"{size_text(m.weights)} | {size_text(m.argument)} | {size_text(m.temp)} | **{size_text(m.peak)}** | "
+            f"{'yes' if m.peak <= fits.memory_bytes else 'no'} | {size_text(row.expert_bytes)} | {_parts(row.expert_parts)} | "
+            f"{bound}{row.token_exchanges} | {_moved(row.moved, row.compute)} | {row.exchange_ratio:.3f} | {row.weight_gathers} | {bound}{collectives} | {row.compile_s:.0f} | {note} |"
+        )
+    return lines
+
+
+# --- time on one device -----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TimeRow:
+    tokens: int
+    width: int
+    hidden: int
+    experts: int
+    k: int
+    grouped_matmul: str
+    ratios: tuple = ()  # dense / sparse per pair of turns
+    sparse_s: float = 0.0  # median seconds per forward + backward (this CPU; for the log only)
+    dense_s: float = 0.0
+
+    @property
+    def ratio(self):
+        return statistics.median(self.ratios)
+
+    @property
+    def goal(self):
+        """E / (2k): the issue's bound on dense / sparse."""
+        return self.experts / (2 * self.k)
+
+
+def time_layer(config):
+    """The ``MoEFeedForward`` of the time rows, built on one device, and its input x (1, N, C)."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(SEED)
+    with zd.global_distribution(None):
+        layer = MoEFeedForward(config.time_experts, config.time_experts_per_token, config.time_intermediate_dim, name="moe")
+        layer.build((1, config.time_tokens, config.time_width))
+    x = jax.random.normal(jax.random.key(SEED), (1, config.time_tokens, config.time_width), jnp.float32)
+    return layer, x
+
+
+def dense_masked(layer):
+    """keras-hub's way at the layer's weights: route as the layer does, then every expert on
+    every token weighted by the router (``moe.dense_moe``). (weights, x (1, N, C)) -> (1, N, C)."""
+    names = [variable.path.rsplit("/", 2)[-2] if variable.path.endswith("/kernel") else variable.path.rsplit("/", 1)[-1]
+             for variable in layer.trainable_variables]  # fmt: skip
+
+    def forward(weights, x):
+        named = dict(zip(names, weights))
+        tokens = x.reshape(-1, x.shape[-1])  # [N, C]
+        logits = tokens @ named["router"]  # f32[N, E]
+        routing, expert_ids, _ = moe.route(logits, num_experts_per_token=layer.num_experts_per_token, normalize=layer.normalize_router_weights)
+        y = moe.dense_moe(tokens, routing, expert_ids, expert_gate=named["expert_gate"], expert_up=named["expert_up"],
+                          expert_down=named["expert_down"])  # fmt: skip
+        return y.reshape(x.shape)
+
+    return forward
+
+
+def forward_backward(forward, x):
+    """jit of (weights, x) -> (y, d(weights), d(x)) of sum(y * cotangent), a fixed cotangent."""
+    cotangent = jax.random.normal(jax.random.key(SEED + 1), x.shape, x.dtype)
+
+    def step(weights, x):
+        y, pullback = jax.vjp(forward, weights, x)
+        return y, *pullback(cotangent)
+
+    return jax.jit(step)
+
+
+def measure_time(config):
+    layer, x = time_layer(config)
+    weights = [variable.value for variable in layer.trainable_variables]
+    non_trainable = [variable.value for variable in layer.non_trainable_variables]
+    sparse = forward_backward(lambda w, x: layer.stateless_call(w, non_trainable, x)[0], x)
+    dense = forward_backward(dense_masked(layer), x)
+    outputs = [jax.block_until_ready(step(weights, x)) for step in (sparse, dense)]  # warm up (compiles)
+    for a, b in zip(*(jax.tree.leaves(out) for out in outputs)):
+        if not np.allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-3):
+            raise TimingMismatch(f"sparse and dense-masked results differ by up to {float(jnp.max(jnp.abs(a - b))):.3g} (shape {a.shape})")
+    times = {"sparse": [], "dense": []}
+    for _ in range(config.repeats):
+        for name, step in (("sparse", sparse), ("dense", dense)):
+            start = time.perf_counter()
+            for _ in range(config.steps):
+                jax.block_until_ready(step(weights, x))
+            times[name].append((time.perf_counter() - start) / config.steps)
+    row = TimeRow(config.time_tokens, config.time_width, config.time_intermediate_dim, config.time_experts,
+                  config.time_experts_per_token, layer.grouped_matmul or moe.grouped_matmul_implementation())  # fmt: skip
+    row.ratios = tuple(d / s for s, d in zip(times["sparse"], times["dense"]))
+    row.sparse_s, row.dense_s = statistics.median(times["sparse"]), statistics.median(times["dense"])
+    return row
+
+
+def format_time(config, row):
+    return [
+        (f"Time: one {jax.devices()[0].platform} device, jitted forward + backward (gradients of every weight and of x), float32; "
+         f"sparse = MoEFeedForward (its default grouped matmul on this backend: {row.grouped_matmul}); dense-masked = every "
+         f"expert on every token weighted by the same router (zoo.kernels.moe.dense_moe, keras-hub's way); outputs and "
+         f"gradients checked equal; {config.repeats} pairs of turns of {config.steps} passes, alternating; jax {jax.__version__}."),
+        "",
+        "| N tokens | C | F | E | k | sparse path | dense / sparse (median of pairs) | range | E/k (FLOP ratio) | goal E/(2k) | met |",
+        "| ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | --- |",
+        (f"| {row.tokens:,} | {row.width} | {row.hidden} | {row.experts} | {row.k} | {row.grouped_matmul} | **{row.ratio:.2f}** | "
+         f"{min(row.ratios):.2f} to {max(row.ratios):.2f} | {row.experts / row.k:g} | {row.goal:g} | {'yes' if row.ratio >= row.goal else 'no'} |"),
+    ]  # fmt: skip
+
+
+# --- the command ----------------------------------------------------------------------
+
+
+def check_config(config):
+    """Refuse, before compiling anything, numbers the meshes, the model or the devices cannot take."""
+    if not config.sections or any(section not in MOE_SECTIONS for section in config.sections):
+        raise ValueError(f"sections must name some of {list(MOE_SECTIONS)}, got {config.sections!r}")
+    meshes = []
+    if "exchange" in config.sections:
+        meshes += list(config.meshes)
+        for spec in config.meshes:
+            axes = dict(zd.parse_mesh_spec(spec))
+            if set(axes) != {DATA, EXPERT} or min(axes.values()) < 1 or axes[EXPERT] < 2:
+                raise ValueError(f"mesh {spec!r}: the exchange rows run layout expert on a mesh 'data=D,expert=P' with P >= 2 (sizes given, no -1)")
+            if config.num_experts % axes[EXPERT]:
+                raise ValueError(f"num_experts {config.num_experts} is not divisible by the 'expert' axis of size {axes[EXPERT]} of mesh {spec!r}")
+            if config.batch_size % batch_split(spec):
+                raise ValueError(f"batch_size {config.batch_size} is not divisible by data x expert = {batch_split(spec)} of mesh {spec!r}")
+        if config.num_experts_per_token > config.num_experts:
+            raise ValueError(f"num_experts_per_token {config.num_experts_per_token} exceeds num_experts {config.num_experts}")
+    if "memory" in config.sections:
+        model = config_by_name(config.memory_config)
+        if not model.get("num_experts"):
+            raise ValueError(f"memory_config {config.memory_config!r} has no experts (num_experts={model.get('num_experts')}); name a MoE size")
+        deeper = [n for n in config.memory_partial_layers if n >= model["num_layers"]]
+        if deeper:
+            raise ValueError(f"memory_partial_layers {deeper} are not fewer than the {model['num_layers']} blocks of {config.memory_config!r}")
+        device_spec(config.memory_target)  # an unknown kind raises naming the known ones
+        for run in config.memory_runs:
+            spec = parse_run(run)[2]
+            if dict(zd.parse_mesh_spec(spec)).get(EXPERT, 1) < 2 or min(size for _, size in zd.parse_mesh_spec(spec)) < 1:
+                raise ValueError(f"memory run {run!r}: its mesh needs an 'expert' axis of size >= 2, every size given (no -1)")
+            meshes.append(spec)
+    if "time" in config.sections and config.time_experts_per_token > config.time_experts:
+        raise ValueError(f"time_experts_per_token {config.time_experts_per_token} exceeds time_experts {config.time_experts}")
+    needed = max((mesh_devices(spec) for spec in meshes), default=1)
+    if needed > len(jax.devices()):
+        raise ValueError(f"the meshes need {needed} devices but JAX has {len(jax.devices())}; run with --simulate-devices {needed}")
+
+
+def run_benchmark(config, report=print):
+    """The tables of ``config.sections``, printed as markdown (``report``) and written to
+    ``config.output``. Returns ``{"exchange": [ExchangeRow], "memory": [MemoryRow], "time": [TimeRow]}``."""
+    check_config(config)
+    results, lines = {}, []
+    if "exchange" in config.sections:
+        results["exchange"] = exchange_rows(config, report)
+        lines += format_exchange(config, results["exchange"])
+    if "memory" in config.sections:
+        results["memory"] = memory_rows(config, report)
+        lines += ([""] if lines else []) + format_memory(config, results["memory"])
+    if "time" in config.sections:
+        row = measure_time(config)
+        report(f"time: sparse {row.sparse_s * 1e3:.0f} ms, dense-masked {row.dense_s * 1e3:.0f} ms per forward + backward (medians)")
+        results["time"] = [row]
+        lines += ([""] if lines else []) + format_time(config, row)
+    text = "\n".join(lines)
+    report(text)
+    if config.output:
+        write_text(config.output, text)
+    return results
