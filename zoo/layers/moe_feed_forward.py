@@ -7,6 +7,7 @@ from jax.sharding import PartitionSpec as P
 
 from zoo.distribution.axes import MODEL
 from zoo.kernels import moe
+from zoo.kernels.collective_matmul import vary_over
 from zoo.layers._parallel_plan import resolve_plan, run_sharded
 from zoo.layers.parallel_mlp import ParallelMLP
 
@@ -192,6 +193,8 @@ class MoEFeedForward(keras.layers.Layer):
         )  # f32[N, k], i32[N, k], f32[N, E]
         experts = {name: self._gathered(weights[name], plan, axis=1 if name != "expert_down" else 2) for name in EXPERT_WEIGHTS}
         experts = {name: value.astype(x.dtype) for name, value in experts.items()}
+        if not replicated:  # cast once to vary with the tokens: the backward all-reduces each expert gradient once,
+            experts = {name: vary_over(value, _token_axes(plan)) for name, value in experts.items()}  # not per row block
         if plan.expert_axis is not None and replicated:
             y = moe.replicated_expert_parallel_moe(
                 tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
