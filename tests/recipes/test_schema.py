@@ -54,7 +54,7 @@ def test_bad_values_name_the_file_key_value_and_allowed_values(tmp_path, change,
 
 def test_missing_required_key_and_table_errors(tmp_path):
     path = write(tmp_path, CNN.replace("devices_per_host = 8\n", ""))
-    with pytest.raises(RecipeError, match=r"recipe.toml: \[target\] needs the key 'devices_per_host' \(an integer >= 1\)"):
+    with pytest.raises(RecipeError, match=r"recipe.toml: \[target\] needs the key 'devices_per_host' \(an integer in \[1, 4,096\]\)"):
         load_recipe(path)
     path = write(tmp_path, 'train = 3\n[recipe]\njob = "train_cnn"\n[target]\nplatform = "cpu"\ndevices_per_host = 1\n')
     with pytest.raises(RecipeError, match=r"\[train\] must be a table"):
