@@ -104,34 +104,6 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 26's final code
     "tests/kernels/test_tensor_parallel.py",  # 13
     "tests/layers/test_multi_head_attention.py",  # 12
 )
-    "tests/test_docs.py",  # 92
-    "tests/distribution/test_multihost.py",  # 40
-    "tests/layers/test_multi_head_attention_parallel.py",  # 38 (less two cases since)
-    "tests/models/test_gpt_parity.py",  # 37
-    "tests/models/test_gpt_moe.py",  # 45 (issue 26, one process)
-    "tests/training/test_kill_resume.py",  # 34
-    "tests/models/test_gpt_pipeline.py",  # 30 (issue 18)
-    "tests/training/test_finetune.py",  # 29
-    "tests/cli/test_cli.py",  # 27
-    "tests/models/test_gpt_remat.py",  # 26
-    "tests/recipes/test_run_cpu.py",  # 25
-    "tests/kernels/test_sequence_parallel.py",  # 23
-    "tests/kernels/test_moe.py",  # 14 (issue 26)
-    "tests/layers/test_tensor_parallel_layers.py",  # 19
-    "tests/layers/test_multi_head_attention_fit.py",  # 19
-    "tests/distribution/test_context_parallel.py",  # 18
-    "tests/models/test_encoder.py",  # 18
-    "tests/models/test_vit.py",  # 17
-    "tests/layers/test_pipelined_blocks.py",  # 17 (issue 18)
-    "tests/planning/test_search.py",  # 15
-    "tests/training/test_lm_finetune.py",  # 13
-    "tests/models/test_small_cnn.py",  # 14
-    "tests/training/test_checkpoints.py",  # 14
-    "tests/bench/test_cnn_fit.py",  # 13
-    "tests/models/test_gpt_generate.py",  # 9
-    "tests/models/test_hf_checkpoints.py",  # 8
-    "tests/planning/test_plan.py",  # 11
-)
 
 
 def pytest_collection_modifyitems(config, items):
