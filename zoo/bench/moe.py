@@ -52,6 +52,7 @@ from zoo import distribution as zd
 from zoo._compat import sublayers, variable_layout
 from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.bench.lora_context_memory import pin_factor_layouts
+from zoo.bench.pipeline import build_model
 from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, EXPERT
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
@@ -61,7 +62,7 @@ from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_configs import config_by_name
-from zoo.planning.devices import device_spec
+from zoo.planning.devices import device_spec, platform_of
 from zoo.training._lora import enable_lora, is_lora_variable
 from zoo.training.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_shardings
 
@@ -87,16 +88,6 @@ def batch_split(spec):
     """How many ways layout ``expert`` splits the batch on ``spec``: data x expert."""
     axes = dict(zd.parse_mesh_spec(spec))
     return axes.get(DATA, 1) * axes.get(EXPERT, 1)
-
-
-def build_model(arguments, precision):
-    """``GPTCausalLM`` of ``arguments`` under the dtype policy ``precision``."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(precision)
-    try:
-        return GPTCausalLM(backbone=GPTBackbone(**arguments))
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def moe_layers(model):
@@ -364,12 +355,6 @@ class MemoryRow:
         return self.sent / max(self.token_exchanges, 1) / self.per_exchange_minimum
 
 
-def target_platform(kind):
-    """The JAX platform of a ``zoo.planning.devices`` kind: "cpu", "tpu" or "gpu"."""
-    name = device_spec(kind).name
-    return "cpu" if name == "cpu" else "tpu" if name.startswith("tpu") else "gpu"
-
-
 def parse_run(run):
     method, layout, mesh = run.split(":", 2)
     return method, layout, mesh
@@ -409,7 +394,7 @@ def measure_memory(config, run, capacity_factor, num_layers):
     distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=arguments)
     keras.backend.clear_session()
     tokens = ((row.batch, config.memory_sequence_length), "int32")
-    with moe.compile_for(target_platform(config.memory_target)):  # the target's grouped matmul, not XLA:CPU's block loop
+    with moe.compile_for(platform_of(config.memory_target)):  # the target's grouped matmul, not XLA:CPU's block loop
         model = abstract_build(lambda: build_for_method(arguments, config, method), compile_model, distribution)
         row.compiled, row.memory = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     comms = compiled_report(row.compiled, distribution.device_mesh)
@@ -451,7 +436,7 @@ def format_memory(config, rows):
     lines = [
         (f"Memory: {config.memory_config} at real size, T={config.memory_sequence_length:,}, one sequence per device of data x "
          f"expert, {config.memory_precision}, remat {config.memory_remat}, traced for {config.memory_target} (experts' grouped "
-         f"matmul {moe.grouped_matmul_implementation(target_platform(config.memory_target))}); lora: rank {config.lora_rank} on every "
+         f"matmul {moe.grouped_matmul_implementation(platform_of(config.memory_target))}); lora: rank {config.lora_rank} on every "
          f"Dense/EinsumDense but the routers (attention, LM head), everything else frozen; full: every weight trained; AdamW; compiled for {jax.devices()[0].platform} devices "
          f"(simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_warning((config.memory_remat,))}"),
         "",

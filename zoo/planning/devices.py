@@ -131,3 +131,9 @@ def local_device():
     stats = devices[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     return name, (limit / 2**30 if limit else None)
+
+
+def platform_of(kind):
+    """"cpu", "tpu" or "gpu": the JAX platform of a device kind (a ``DEVICES`` name or cpu)."""
+    name = device_spec(kind).name
+    return "cpu" if name == "cpu" else "tpu" if name.startswith("tpu") else "gpu"

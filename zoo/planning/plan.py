@@ -28,7 +28,7 @@ from zoo.config.choices import EXPERT_LAYOUTS
 from zoo.kernels.moe import compile_for
 from zoo.planning import roofline
 from zoo.planning._activations import remat_elements_per_token
-from zoo.planning.devices import device_spec, host_cpu_spec
+from zoo.planning.devices import device_spec, host_cpu_spec, platform_of
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
 
 __all__ = ["FULL_DEPTH_UP_TO", "Plan", "PlanRequest", "make_plan", "plan_in_process", "remat_saved_per_block"]
@@ -138,12 +138,6 @@ def target_spec(request):
     return spec
 
 
-def target_platform(request):
-    """"cpu", "tpu" or "gpu": the JAX platform of ``request``'s device kind."""
-    name = device_spec(request.device).name
-    return "cpu" if name == "cpu" else "tpu" if name.startswith("tpu") else "gpu"
-
-
 # --- making a plan -----------------------------------------------------------------------
 
 
@@ -233,7 +227,7 @@ def plan_in_process(request, *, compiler_options=None):
     # remat inside a pipeline's loop: the per-block correction below is not calibrated there (a note says so)
     correct_remat = remat != "none" and not memory_analysis_reflects_remat() and unit == 1 and config.layout != "pipeline"
     depths = _depths(request, full_depth, needs_two=correct_remat, unit=unit)
-    with compile_for(target_platform(request)):  # an MoE layer traces the target's grouped matmul, not the CPU's
+    with compile_for(platform_of(request.device)):  # an MoE layer traces the target's grouped matmul, not the CPU's
         steps = [measure_step(job, config, target_devices=request.devices, label=request.label or request.job, num_layers=d,
                               compiler_options=compiler_options) for d in depths]  # fmt: skip
     step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
