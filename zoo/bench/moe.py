@@ -60,7 +60,6 @@ from zoo.distribution.distributions import place_batch
 from zoo.kernels import moe
 from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.models import GPTCausalLM
-from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_configs import config_by_name
 from zoo.planning.devices import device_spec, platform_of
 from zoo.training._lora import enable_lora, is_lora_variable
