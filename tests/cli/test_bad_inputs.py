@@ -286,3 +286,10 @@ def test_a_default_mesh_that_does_not_fit_simulated_devices_hints_at_mesh(paths,
     monkeypatch.setattr(jax, "devices", lambda *args, **kwargs: three)
     code, out, err = _run(["comms", "cnn", "--simulate-devices", "3"], capsys)
     _assert_one_error_line(code, out, err, USAGE, "not divisible by mesh axis 'model' of size 3; the default mesh for 3 devices was used: give --mesh SPEC, or --simulate-devices 8")
+
+
+def test_generate_refuses_a_prompt_that_does_not_fit_before_printing_it(paths, capsys):
+    argv = ["generate", "--model", "gpt_tiny_python_docs", "--prompt", "def read_file(path):", "--max-new-tokens", "100"]
+    code, out, err = _run(argv, capsys)
+    _assert_one_error_line(code, out, err, USAGE, "prompt length 20 + max_new_tokens 100 = 120 exceeds max_sequence_length 64")
+    assert "read_file" not in out  # checked before anything is printed

@@ -301,6 +301,7 @@ def generate(config, report=print):
                 f"(bytes are {tokenizer.vocabulary_size}): give a folder with its tokenizer"
             )
         model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=model.backbone.max_sequence_length)
+    model.check_prompt_length(config.prompt, config.max_new_tokens)  # before the prompt is printed
     report(config.prompt, end="", flush=True)
     text = model.generate(
         config.prompt, config.max_new_tokens, sampler=config.sampler, temperature=config.temperature,

@@ -156,6 +156,15 @@ class GPTCausalLM(ZooModel):
             return tokens, _generation.padding_mask(starts, lengths, prompt_length, tokens.shape[1])
         return tokens
 
+    def check_prompt_length(self, prompts, max_new_tokens):
+        """Raises the ``ValueError`` ``generate`` would when the prompts (text or token ids)
+        and ``max_new_tokens`` do not fit ``max_sequence_length``, without generating."""
+        if _generation.is_text(prompts):
+            prompt_length = self._tokenize_prompts(prompts)[0].shape[1]
+        else:
+            prompt_length = _generation.as_prompts(prompts, self.backbone.vocabulary_size, 0)[0].shape[1]
+        _generation.check_lengths(prompt_length, max_new_tokens, self.backbone.max_sequence_length)
+
     def _tokenize_prompts(self, prompts):
         """Text prompts -> ``(token_ids (B, P), start_positions (B,))`` through the preprocessor."""
         if not hasattr(self.preprocessor, "generate_preprocess"):
