@@ -13,6 +13,7 @@ from zoo.config.settings import ExportConfig  # noqa: F401 (the settings of this
 from zoo.models import GPTCausalLMPreprocessor
 from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
 from zoo.tokenizers import ByteTokenizer
+from zoo.training._lora import lora_layers, lora_parameter_count
 from zoo.training._lora_files import load_lora
 from zoo.training.saving import load_causal_lm
 
@@ -26,10 +27,16 @@ def export(config, report=print):
     _attach_tokenizer(model, config.model, report)
     max_file_bytes = None if config.max_file_size_mb is None else int(config.max_file_size_mb * 2**20)
     directory = model.save_to_hf(config.output, max_file_bytes=max_file_bytes, dtype=config.dtype, report=report)
-    report(f"wrote {config.output}: {type(model).__name__}, {model.count_params():,} parameters"
+    report(f"wrote {config.output}: {type(model).__name__}, {exported_parameter_count(model):,} parameters"
            + (f", {config.dtype}" if config.dtype else "")
            + (f", {model.backbone.num_layers} pipelined blocks as layers" if model.backbone.schedule else ""))  # fmt: skip
     return directory
+
+
+def exported_parameter_count(model):
+    """The parameters the folder holds: the model's, less the LoRA factors (merged into
+    the kernels they adapt, not written)."""
+    return model.count_params() - lora_parameter_count(lora_layers(model))
 
 
 def _attach_tokenizer(model, source, report):
