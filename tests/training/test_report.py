@@ -131,6 +131,7 @@ def test_run_logs_write_every_epoch_and_the_reported_steps_and_append_on_resume(
 
     _fit(run_logs.run_log_callbacks(tmp_path))  # a fresh run starts the files afresh
     assert [(r["epoch"], r["step"]) for r in _csv(tmp_path / "metrics.csv")] == [("1", "5")]
+    assert not (tmp_path / "steps.csv").exists()  # it reported no step: no header-only file, nor the last run's
 
 
 def test_run_logs_write_tensorboard_scalars_when_a_writer_is_importable(tmp_path, monkeypatch):

@@ -55,10 +55,12 @@ def run_log_callbacks(run_dir, *, resume=False, initial_step=0):
 
 
 class CSVTable:
-    """A CSV file of dict rows whose header grows when a row brings a new key."""
+    """A CSV file of dict rows whose header grows when a row brings a new key. The file
+    exists only once it has a row: a run that reports no step leaves no ``steps.csv``."""
 
     def __init__(self, path, *, keep=None):
-        """``keep(row) -> bool``: existing rows kept (None: start the file afresh)."""
+        """``keep(row) -> bool``: existing rows kept (None: start afresh, removing the file
+        an earlier run left)."""
         self.path = path
         self.columns, rows = list(INDEX_COLUMNS), []
         if keep is not None and os.path.exists(path):
@@ -66,11 +68,17 @@ class CSVTable:
                 reader = csv.DictReader(handle)
                 self.columns = _merge(self.columns, reader.fieldnames or [])
                 rows = [row for row in reader if keep(row)]
-        self._rewrite(rows)
+        if rows:
+            self._rewrite(rows)
+        elif os.path.exists(path):
+            os.remove(path)
 
     def append(self, row):
         row = {key: _cell(value) for key, value in row.items()}
-        if any(key not in self.columns for key in row):
+        if not os.path.exists(self.path):
+            self.columns = _merge(self.columns, row)
+            self._rewrite([])
+        elif any(key not in self.columns for key in row):
             self.columns = _merge(self.columns, row)
             self._rewrite(read_rows(self.path))
         with open(self.path, "a", newline="") as handle:
