@@ -3,8 +3,9 @@
 The examples run in this test process (8 simulated devices already started; an example's
 ``simulate_cpu_devices(8)`` then only checks the count). What the README's first example
 needs of a new process is checked there, cheaply: ``import zoo`` choosing JAX with no
-KERAS_BACKEND (tests/test_loading.py) and ``simulate_cpu_devices`` before JAX starts
-(tests/distribution/test_devices.py).
+KERAS_BACKEND (tests/test_loading.py), ``simulate_cpu_devices`` before JAX starts
+(tests/distribution/test_devices.py), and every example importing the zoo before Keras
+(here: an example run on its own that imports Keras first gets the TensorFlow backend).
 """
 
 import pathlib
@@ -54,6 +55,19 @@ def _check_runs_in_this_process(code, name, folder, monkeypatch):
     finally:
         keras.config.set_dtype_policy(policy)
         keras.utils.clear_session()
+
+
+def test_every_example_imports_the_zoo_before_keras():
+    """Run on its own, an example that imports Keras first gets Keras' default backend
+    (TensorFlow), not JAX: ``import zoo`` must come first (it sets KERAS_BACKEND)."""
+    late = []
+    for param in _examples():
+        lines = param.values[0].splitlines()
+        keras_line = next((n for n, line in enumerate(lines) if re.match(r"\s*(import|from) keras\b", line)), None)
+        zoo_line = next((n for n, line in enumerate(lines) if re.match(r"\s*(import|from) zoo\b", line)), len(lines))
+        if keras_line is not None and zoo_line > keras_line:
+            late.append(param.id)
+    assert not late, f"these examples import keras before zoo: {late}"
 
 
 def test_every_page_has_a_runnable_example():
