@@ -162,6 +162,8 @@ def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, referenc
     assert result["heldout_loss_before"] == pytest.approx(reference.result["heldout_loss_before"], rel=1e-5)
     assert {"config.json", "model.safetensors", "tokenizer.json", "lora.weights.h5"} <= {p.name for p in output.iterdir()}
     assert any(line.startswith("held-out loss after:") for line in lines), lines
+    run_folder = data.folder / "tuned.run"  # the run's own files, not data.folder's (the next run's)
+    assert (run_folder / "metrics.csv").read_text().startswith("epoch,step,") and not (data.folder / "metrics.csv").exists()
 
     model = result["model"]
     keras.distribution.set_distribution(None)

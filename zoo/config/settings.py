@@ -242,7 +242,7 @@ class FinetuneConfig(CheckpointSettings, _Checked):
     learning_rate: float | None = setting(None, "learning rate; default for adam per method: classifiers frozen, lora 1e-2, full 3e-3; "
                                           "causal LMs lora 2e-4, full 2e-5", section="train", parse=types.positive_float)  # fmt: skip
     seed: int = _seed("LoRA factors' initialisation and shuffling")
-    output: str | None = setting(None, "save the fine-tuned model here (LoRA merged; adapter in lora.weights.h5; metrics.csv beside): "
+    output: str | None = setting(None, "save the fine-tuned model here (LoRA merged; adapter in lora.weights.h5; metrics.csv in OUTPUT.run): "
                                  "a preset, or a Hugging Face folder when the model came from one", section="train")  # fmt: skip
     report_every: int = setting(50, "print step time and examples/s every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
 

@@ -165,7 +165,7 @@ def finetune(config, report=print):
     progress = StepReport(config.batch_size, unit="examples", every=config.report_every, report=report)
     history = checkpointed_fit(model, batches, config=config, data=data, epochs=config.epochs, validation_data=None,
                                callbacks=[progress], report=report, verbose=0,
-                               run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune"))  # fmt: skip
+                               run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True))  # fmt: skip
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
     report(f"fine-tuned test accuracy: {accuracy:.4f} ({len(yt)} examples; zero-shot {zero_shot:.4f})")
     result = {"zero_shot_accuracy": zero_shot, "test_accuracy": accuracy, "trainable_parameters": trainable,

@@ -31,9 +31,17 @@ def report_setup(distribution, report):
         report(f"distribution: {type(distribution).__name__} on mesh {zd.describe_mesh(distribution.device_mesh)}")
 
 
-def run_dir_of(output, fallback="runs"):
-    """The folder a run's metrics.csv goes to: the folder of its saved model (or preset)."""
-    return os.path.dirname(os.path.abspath(output)) if output else fallback
+RUN_FOLDER_SUFFIX = ".run"  # a folder output's run files: <output>.run beside it
+
+
+def run_dir_of(output, fallback="runs", *, output_is_folder=False):
+    """The folder a run's metrics.csv goes to: the folder of its saved model file; for a
+    saved folder (a preset, a Hugging Face folder), ``<output>.run`` beside it, so the
+    run files neither enter the folder written whole at the end nor meet another run's."""
+    if not output:
+        return fallback
+    output = os.path.abspath(output)
+    return output + RUN_FOLDER_SUFFIX if output_is_folder else os.path.dirname(output)
 
 
 def train_validation_test_splits(spec):

@@ -333,7 +333,7 @@ def _check_output(output, hf):
 
 def _checkpointed(model, batches, *, epochs, callbacks, config, data, report):
     return checkpointed_fit(model, batches, config=config, data=data, epochs=epochs, validation_data=None, callbacks=callbacks,
-                            report=report, verbose=0, run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune"))  # fmt: skip
+                            report=report, verbose=0, run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True))  # fmt: skip
 
 
 def lm_data(config, preprocessor, report=print):
