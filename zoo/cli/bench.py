@@ -39,6 +39,8 @@ BENCHES = {
                       "pipelined Llama-3.2-1B-sized GPT, compile-only", bench_settings.PipelineBenchConfig, "pipeline"),
     "moe": Bench("Mixture-of-Experts: all-to-all bytes vs the minimum, expert weights per device, tokens dropped, Mixtral-8x7B "
                  "LoRA / full steps compile-only, sparse vs dense-masked time", bench_settings.MoEBenchConfig, "moe"),
+    "window": Bench("sliding-window attention: blockwise tiles and memory at T=32k, W=4k; ring hops and bytes, all-gather and Ulysses "
+                    "at T=128k on 8 devices, vs full causal, compile-only", bench_settings.WindowBenchConfig, "sliding_window"),
     "scale": Bench("gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes", bench_settings.ScaleBenchConfig, "scale",
                    simulate=False),
     "plan": Bench("zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios", bench_settings.PlanBenchConfig, "plan",

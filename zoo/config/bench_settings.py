@@ -19,6 +19,8 @@ PLAN_SECTIONS = ("recipes", "scale", "auto", "depth")  # zoo bench plan: its tab
 PIPELINE_SECTIONS = ("bubble", "memory")  # zoo bench pipeline: its tables
 MOE_SECTIONS = ("exchange", "memory", "time")  # zoo bench moe: its tables
 MOE_METHODS = ("lora", "full")  # zoo bench moe --memory-runs: what the real-size step trains
+WINDOW_SECTIONS = ("blockwise", "context")  # zoo bench window: its tables
+WINDOW_DTYPES = ("bfloat16", "float32")  # zoo bench window: q, k, v dtypes compiled
 SCALE_RECIPES = (
     "recipes/gpu-1/pretrain_gpt.toml",
     "recipes/gpu-8/pretrain_gpt.toml",
@@ -98,6 +100,15 @@ def moe_memory_runs(text):
 def block_counts(text):
     """``"2,4"`` -> ``(2, 4)``; ``"none"`` -> ``()``: partial depths compiled besides the whole model."""
     return () if text.strip() == "none" else types.positive_ints(text)
+
+
+def balance_list(text):
+    """``"none,zigzag"`` -> ``(None, "zigzag")``: causal load balancings (``choices.BALANCES``; none: contiguous shards)."""
+    names = tuple(part.strip().lower() for part in text.split(",") if part.strip())  # "None": how --help prints the default
+    known = {"none" if b is None else b: b for b in choices.BALANCES}
+    if not names or any(name not in known for name in names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated balances of {','.join(known)}, such as none,zigzag, got {text!r}")
+    return tuple(known[name] for name in names)
 
 
 def layout_runs(text):
@@ -365,4 +376,35 @@ class MoEBenchConfig:
     time_experts_per_token: int = _count(2, "time: experts per token k")
     steps: int = _count(2, "time: forward + backward passes per timed measurement")
     repeats: int = _count(5, "time: alternating sparse / dense measurements; the median of their ratios")
+    output: str | None = _output()
+
+
+@dataclasses.dataclass
+class WindowBenchConfig:
+    """Settings of ``zoo bench window``: what a sliding window W saves in every attention kernel (tiles, memory, ring hops and bytes), compile-only and counted through the kernels' code paths."""
+
+    sections: tuple = setting(WINDOW_SECTIONS, f"comma-separated tables, of {','.join(WINDOW_SECTIONS)}", section="bench",
+                              parse=types.comma_separated(WINDOW_SECTIONS, "section"), metavar="SECTIONS")  # fmt: skip
+    # W = 4096: Mistral v0.1's window; both tables compare it with full causal attention
+    sliding_window: int = _count(4096, "the window W: a query at p sees keys p - W < k <= p")
+    # one head config for both tables: a shard of 8 heads of 128 (Mistral's head dim), bf16 as trained
+    batch: int = _count(1, "batch size B")
+    heads: int = _count(8, "query heads H; Ulysses needs H divisible by --devices")
+    kv_heads: int = _count(8, "key/value heads K (divides H; K = H: MHA)")
+    head_dim: int = _count(128, "head dim D")
+    dtype: str = setting("bfloat16", "dtype of q, k, v (softmax in float32 either way)", section="bench", choices=WINDOW_DTYPES)
+    # 512: the default block_size of every kernel (blockwise_attention, ring_attention, gather, Ulysses)
+    block_size: int = _count(512, "tile edge of every kernel (their default)")
+    # blockwise: one device, the whole sequence (issue 28: T = 32k, W = 4k)
+    blockwise_length: int = setting(32768, "blockwise: sequence length T on one device", section="bench", parse=types.sequence_length)
+    # context: the sequence split over a seq axis of N simulated devices (issue 28: T = 128k on 8)
+    context_length: int = setting(131072, "context: sequence length T split over --devices; divides by 2N (zigzag)", section="bench",
+                                  parse=types.sequence_length)  # fmt: skip
+    devices: int = _count(8, "context: devices N of the seq mesh axis (simulated CPU devices)")
+    context_attentions: tuple = setting(choices.CONTEXT_ATTENTIONS, f"context: comma-separated kernels, of {','.join(choices.CONTEXT_ATTENTIONS)}",
+                                        section="bench", parse=types.comma_separated(choices.CONTEXT_ATTENTIONS, "kernel"),
+                                        metavar="KERNELS")  # fmt: skip
+    # none and zigzag: the ring's two schedules of issue 28 (contiguous shards; causal load balancing)
+    balances: tuple = setting((None, "zigzag"), "context: comma-separated causal load balancings, of none,zigzag,striped", section="bench",
+                              parse=balance_list, metavar="BALANCES")  # fmt: skip
     output: str | None = _output()
