@@ -125,6 +125,7 @@ CASES = [
     (["bench", "pipeline", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']; choose from bubble,memory"),
     (["bench", "plan", "--top", "0"], USAGE, "argument --top: expected an integer >= 1, got '0'"),
     (["bench", "moe", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']; choose from exchange,memory,time"),
+    (["bench", "window", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']; choose from blockwise,context"),
     # zoo comms
     (["comms", "mlp", "--dim", "0"], USAGE, "argument --dim: expected an integer >= 1, got '0'"),
     (["comms", "cnn", "--image-size", "4"], USAGE, "argument --image-size: expected an integer >= 8, got '4'"),
