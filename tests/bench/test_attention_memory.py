@@ -3,11 +3,11 @@
 No timing thresholds: times on a shared CPU are noise at these sizes.
 """
 
-import argparse
 import dataclasses
 
 import pytest
 
+from tests.bench._cli import parse_bench_args
 from tests.plotting._png import png_size
 from zoo.bench import attention_memory as bench
 from zoo.bench.attention_memory import run_benchmark
@@ -102,9 +102,7 @@ def test_bad_settings_are_rejected_before_any_work(change, message):
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args(["attention", *argv])
+    return parse_bench_args("attention", argv)
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():

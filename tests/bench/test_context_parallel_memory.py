@@ -3,11 +3,11 @@
 Compile only (the benchmark never runs a step), so the numbers are deterministic.
 """
 
-import argparse
 import dataclasses
 
 import pytest
 
+from tests.bench._cli import parse_bench_args
 from zoo.bench import context_parallel_memory as bench
 from zoo.bench.context_parallel_memory import Run, run_benchmark
 from zoo.cli import bench as bench_cli
@@ -70,9 +70,7 @@ def test_bad_runs_are_rejected_before_any_work(run, message):
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args(["context", *argv])
+    return parse_bench_args("context", argv)
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():

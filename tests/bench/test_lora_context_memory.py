@@ -2,11 +2,11 @@
 table against ``memory_analysis``, the LoRA factors split as a concrete build splits
 them, and the flags."""
 
-import argparse
 import dataclasses
 
 import pytest
 
+from tests.bench._cli import parse_bench_args
 from zoo.bench import lora_context_memory as bench
 from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import LoraContextBenchConfig
@@ -39,9 +39,7 @@ def test_fsdp_row_reports_memory_analysis_and_splits_lora_factors_as_fit_does(tm
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args(["lora-context", *argv])
+    return parse_bench_args("lora-context", argv)
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():

@@ -4,10 +4,9 @@ capacity factor 1.0 are the analytic minimum (within the [N_e, E_l] counts), eac
 device holds 1/E_p of every expert weight, nothing gathers an expert weight; and the
 settings refuse what cannot run."""
 
-import argparse
-
 import pytest
 
+from tests.bench._cli import parse_bench_args
 from zoo.bench import moe as bench
 from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import MoEBenchConfig
@@ -34,9 +33,7 @@ def test_capacity_one_exchange_is_the_minimum_and_experts_are_split_one_per_devi
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args(["moe", *argv])
+    return parse_bench_args("moe", argv)
 
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):

@@ -2,10 +2,9 @@
 kernel, one pipelined GPT step compiled (never run) with the blocks' weights split by
 stage, and the settings refusing a schedule that cannot run."""
 
-import argparse
-
 import pytest
 
+from tests.bench._cli import parse_bench_args
 from zoo.bench import pipeline as bench
 from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import PipelineBenchConfig
@@ -37,9 +36,7 @@ def test_pipelined_row_splits_the_blocks_by_stage_and_counts_its_permutes():
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args(["pipeline", *argv])
+    return parse_bench_args("pipeline", argv)
 
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):

@@ -6,11 +6,11 @@ R (R + 1) / 2 = 136 at full causal. Context: T = 512 over the 8 simulated device
 tokens each, zig-zag chunks of 32), float32 so every buffer is sent at its own size.
 """
 
-import argparse
 import dataclasses
 
 import pytest
 
+from tests.bench._cli import parse_bench_args
 from zoo import kernels
 from zoo.bench import sliding_window as bench
 from zoo.cli import bench as bench_cli
@@ -134,9 +134,7 @@ def test_bad_settings_are_refused_before_any_work(change, message):
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args(["window", *argv])
+    return parse_bench_args("window", argv)
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():

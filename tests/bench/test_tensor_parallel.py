@@ -4,25 +4,22 @@ No timing thresholds: times are ratios measured on a shared machine. The bytes a
 exact (read from the compiled programs), so they are asserted.
 """
 
-import argparse
 import dataclasses
 import math
 
 import keras
 import pytest
 
+from tests.bench._cli import parse_bench_args
 from tests.plotting._png import png_size
 from zoo.bench.tensor_parallel import minimum_sent_bytes, run_benchmark
-from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import TPBenchConfig
 
 TINY = ["--batch-size", "4", "--sequence-length", "16", "--dim", "8", "--hidden", "32", "--steps", "1", "--repeats", "1", "--fast-compile"]
 
 
 def _parse(argv):
-    parser = argparse.ArgumentParser()
-    bench_cli.add_arguments(parser)
-    return parser.parse_args(["tp", *argv])
+    return parse_bench_args("tp", argv)
 
 
 def test_every_config_field_is_a_flag_with_the_same_default():

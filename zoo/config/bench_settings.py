@@ -102,15 +102,6 @@ def block_counts(text):
     return () if text.strip() == "none" else types.positive_ints(text)
 
 
-def balance_list(text):
-    """``"none,zigzag"`` -> ``(None, "zigzag")``: causal load balancings (``choices.BALANCES``; none: contiguous shards)."""
-    names = tuple(part.strip().lower() for part in text.split(",") if part.strip())  # "None": how --help prints the default
-    known = {"none" if b is None else b: b for b in choices.BALANCES}
-    if not names or any(name not in known for name in names):
-        raise argparse.ArgumentTypeError(f"expected comma-separated balances of {','.join(known)}, such as none,zigzag, got {text!r}")
-    return tuple(known[name] for name in names)
-
-
 def layout_runs(text):
     """``"fsdp:data=8;tp:data=2,model=4"`` -> ``("fsdp:data=8", "tp:data=2,model=4")``:
     ``<layout>:<mesh>`` runs, each layout one a Transformer's layout map describes."""
@@ -406,5 +397,5 @@ class WindowBenchConfig:
                                         metavar="KERNELS")  # fmt: skip
     # none and zigzag: the ring's two schedules of issue 28 (contiguous shards; causal load balancing)
     balances: tuple = setting((None, "zigzag"), "context: comma-separated causal load balancings, of none,zigzag,striped", section="bench",
-                              parse=balance_list, metavar="BALANCES")  # fmt: skip
+                              parse=types.comma_separated(choices.BALANCES, "balance"), metavar="BALANCES")  # fmt: skip
     output: str | None = _output()

@@ -14,9 +14,10 @@ Pure Python: the command line builds every parser from here without importing JA
 import argparse
 import dataclasses
 
+from zoo.config.types import NONE_WORD
+
 RECIPE_SECTIONS = ("recipe", "target", "multihost")  # a recipe file's own sections (zoo.training._recipe_schema)
 SECTIONS = (*RECIPE_SECTIONS, "model", "parallel", "data", "train", "checkpoint", "logging", "finetune", "generate", "export", "verify", "bench")
-NONE_WORD = "none"  # the flag value of None in a choice that allows it (--balance none)
 
 
 class SettingError(ValueError):
@@ -107,7 +108,7 @@ def _help_text(meta, default):
 
 def _word(value):
     if isinstance(value, (tuple, list)):
-        return ",".join(map(str, value))  # as a comma-separated flag takes it
+        return ",".join(map(_word, value))  # as a comma-separated flag takes it
     return NONE_WORD if value is None else str(value)
 
 

@@ -105,15 +105,23 @@ def text(value):
 text.kind, text.expected = str, "UTF-8 text, at least one character"
 
 
+NONE_WORD = "none"  # the flag value of None in a choice that allows it (--balance none, --balances none,zigzag)
+
+
 def comma_separated(choices, what="name"):
-    """``"a,b"`` -> ``("a", "b")``, each one of ``choices``."""
+    """``"a,b"`` -> ``("a", "b")``, each one of ``choices``; a None choice is written
+    ``none`` (or ``None``, as Python prints it)."""
+    words = {NONE_WORD if choice is None else choice: choice for choice in choices}
+    if None in choices:
+        words[str(None)] = None
 
     def parse(value):
         names = tuple(name.strip() for name in value.split(",") if name.strip())
-        unknown = [name for name in names if name not in choices]
+        unknown = [name for name in names if name not in words]
         if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown {what}(s) {unknown or [value]}; choose from {','.join(choices)}")
-        return names
+            known = ",".join(word for word in words if word != str(None))
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {unknown or [value]}; choose from {known}")
+        return tuple(words[name] for name in names)
 
     parse.__name__ = f"comma-separated {what}s"
     return parse
