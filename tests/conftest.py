@@ -51,6 +51,8 @@ if os.environ["ZOO_TEST_COMPILATION_CACHE"] != "off":
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+from tests import _tiers as tiers  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def no_distribution_leaks():
@@ -106,6 +108,21 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 26's final code
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the matrix marker must be on the items by then
 def pytest_collection_modifyitems(config, items):
+    _mark_the_second_tier(items)
     rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
+def _mark_the_second_tier(items):
+    """The ``matrix`` marker on tests/_tiers.py's ids; a listed id of a collected module
+    that matches no test is an error (a renamed test must take its entry along)."""
+    collected = {item.nodeid for item in items}
+    modules = {tiers.module_of(test_id) for test_id in collected}
+    stale = [test_id for test_id in tiers.MATRIX if tiers.module_of(test_id) in modules and test_id not in collected]
+    if stale and all(tiers.module_of(test_id) in modules for test_id in tiers.MATRIX):  # the whole suite collected
+        raise pytest.UsageError(f"tests/_tiers.py lists tests that do not exist: {stale}")
+    for item in items:
+        if item.nodeid in tiers.MATRIX:
+            item.add_marker(pytest.mark.matrix)

@@ -1,0 +1,112 @@
+"""The suite's second tier: further configurations of properties the first tier checks.
+
+The README's test command (``python -m pytest -q``) runs tier 1: every property of the
+zoo at least once (each parity, oracle and fault check, each kernel, layer, layout and
+model family, the README example). The test ids below carry the ``matrix`` marker
+(tests/conftest.py adds it) and are left out of that command; ``.ci/run`` runs them after
+it (``python -m pytest -q -m matrix``), on the same compilation cache. Each entry names
+the tier-1 test that checks its property on another configuration. docs/testing.md says
+what each tier covers.
+
+A listed id that no longer exists is an error when its module is collected (so the list
+cannot rot silently).
+"""
+
+DOCS = "tests/test_docs.py::test_example_runs"
+GPT_MOE = "tests/models/test_gpt_moe.py::test_three_steps_of_fit_match_one_device"
+GPT_PARITY = "tests/models/test_gpt_parity.py::test_three_steps_of_fit_match_one_device"
+GPT_REMAT = "tests/models/test_gpt_remat.py::test_fit_with_remat_matches_one_device_without"
+MHA_SP = "tests/layers/test_multi_head_attention_parallel.py::test_output_and_gradients_match_plain_layer"
+MHA_TP = "tests/layers/test_multi_head_attention_parallel.py::test_tensor_parallel_output_and_gradients_match_plain_layer"
+SP_KERNELS = "tests/kernels/test_sequence_parallel.py::test_matches_reference"
+WINDOW_KERNELS = "tests/kernels/test_sliding_window.py::test_matches_masked_reference"
+MOE_KERNELS = "tests/kernels/test_moe.py"
+FINETUNE = "tests/training/test_finetune.py"
+
+# test id -> the tier-1 test that checks the same property
+MATRIX = {
+    # GPT fit parity: tier 1 keeps fsdp+tp (fsdp and tp together), tp+sp and context-ring
+    f"{GPT_PARITY}[data-data=8]": "every other case's batch split over data",
+    f"{GPT_PARITY}[fsdp-data=8]": "fsdp+tp-data=2,model=4",
+    f"{GPT_PARITY}[tp-data=2,model=4]": "tp+sp-data=2,model=4, fsdp+tp-data=2,model=4",
+    # MoE GPT fit parity: tier 1 keeps expert+tp (experts split, shared expert, F over model) and k1 context
+    f"{GPT_MOE}[k2_shared-expert-data=2,expert=4]": "k2_shared-expert+tp-data=2,expert=2,model=2",
+    f"{GPT_MOE}[k2_shared-fsdp+expert-data=2,expert=4]": "k2_shared-expert+tp; fsdp in test_gpt_parity",
+    f"{GPT_MOE}[k1-expert-data=4,expert=2]": "k1-context-data=2,seq=4 (k = 1), k2_shared-expert+tp (expert)",
+    # pipelined GPT fit parity: tier 1 keeps gpipe; the circular schedule's outputs and
+    # gradients: tests/layers/test_pipelined_blocks.py (circular-6-2-data=2,stage=4)
+    "tests/models/test_gpt_pipeline.py::test_three_steps_of_fit_match_one_device[circular-2-data=2,stage=2,model=2]": (
+        "tests/layers/test_pipelined_blocks.py circular case"
+    ),
+    # remat under fit: tier 1 keeps context-ring-full and tp+sp-dots_saveable
+    f"{GPT_REMAT}[single-None-full]": "context-ring-data=2,seq=4-full",
+    f"{GPT_REMAT}[fsdp-data=8-dots_saveable]": "tp+sp-data=2,model=4-dots_saveable",
+    f"{GPT_REMAT}[tp-data=2,model=4-full]": "context-ring-data=2,seq=4-full, tp+sp-dots_saveable",
+    # attention layer, sequence parallel: tier 1 keeps one causal and one full case per kernel
+    f"{MHA_SP}[gather-data=2_seq=4-causal-h4k2-mask-rope]": "gather-seq=8-causal-h8k8-mask-rope-striped",
+    f"{MHA_SP}[ring-data=2_seq=4-causal-h4k4-mask]": "ring-data=2_seq=4-causal-h4k2-mask-rope-zigzag",
+    f"{MHA_SP}[ring-seq=8-causal-h8k2-mask-rope]": "ring-data=2_seq=4-causal-h4k2-mask-rope-zigzag",
+    f"{MHA_SP}[ulysses-seq=8-causal-h8k1-mask-rope]": "ulysses-data=2_seq=4-causal-h4k2-mask-rope-zigzag",
+    # attention layer, tensor parallel: tier 1 keeps sp (replicated KV heads), fsdp and data=1,model=8
+    f"{MHA_TP}[data=2_model=4-h4k4-bias]": "data=2_model=4-h4k2-sp-bias",
+    f"{MHA_TP}[data=2_model=4-h8k2]": "data=2_model=4-h4k2-sp-bias (2 KV heads on 4 devices)",
+    # sequence-parallel kernels: tier 1 keeps n8 causal GQA and n4 full per kernel, and every balance
+    f"{SP_KERNELS}[gather-n8-full-h8k8-mask]": "gather-n4-full-h8k2-mask",
+    f"{SP_KERNELS}[gather-n4-causal-h4k4-mask]": "gather-n8-causal-h8k2-mask",
+    f"{SP_KERNELS}[ring-n8-full-h8k8-mask]": "ring-n4-full-h8k2-mask",
+    f"{SP_KERNELS}[ring-n4-causal-h4k4-mask]": "ring-n8-causal-h8k2-mask",
+    f"{SP_KERNELS}[ulysses-n8-full-h8k8-mask]": "ulysses-n4-full-h8k2-mask",
+    f"{SP_KERNELS}[ulysses-n4-causal-h4k4-mask]": "ulysses-n8-causal-h8k2-mask",
+    f"{SP_KERNELS}[ring-striped-n4-causal-h4k4-mask]": "ring-striped-n8-causal-h8k2-mask",
+    f"{SP_KERNELS}[ring-zigzag-n4-causal-h4k4-mask]": "ring-zigzag-n8-causal-h8k2-mask",
+    # sliding-window kernels: tier 1 keeps blockwise, ring-zigzag, gather, ulysses-zigzag
+    f"{WINDOW_KERNELS}[ring]": "ring-zigzag",
+    f"{WINDOW_KERNELS}[ring-striped]": "ring-zigzag; striped balance: tests/kernels/test_sequence_parallel.py",
+    # MoE kernels: tier 1 keeps the renormalised k = 2 cases and the 4-expert split
+    f"{MOE_KERNELS}::test_sparse_moe_equals_dense[False-blocks]": "test_sparse_moe_equals_dense[True-blocks]",
+    f"{MOE_KERNELS}::test_expert_parallel_dropless_equals_dense[False-2-1]": "[True-2-1], [False-4-2]",
+    f"{MOE_KERNELS}::test_expert_parallel_dropless_equals_dense[True-4-2]": "[False-4-2], [True-2-1]",
+    f"{MOE_KERNELS}::test_ragged_exchange_equals_dense[False-2-1]": "[True-2-1], [False-4-2]",
+    f"{MOE_KERNELS}::test_ragged_exchange_equals_dense[True-4-2]": "[False-4-2], [True-2-1]",
+    # models: tier 1 keeps the tp case with dropout (ViT: data=8 with dropout)
+    "tests/models/test_encoder.py::test_three_steps_of_fit_match_one_device[data=8]": "[tp data=2,model=4 dropout]",
+    "tests/models/test_vit.py::test_three_steps_of_fit_match_one_device[tp data=2,model=4]": (
+        "[data=8 dropout]; the ViT's tp layout: tests/models/test_vit.py's sharding checks"
+    ),
+    # fine-tuning: tier 1 keeps lora and full on the model axis, frozen on data
+    f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[data-lora]": "[model-lora]",
+    f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[data-full]": "[model-full]",
+    f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[model-frozen]": "[data-frozen]",
+    f"{FINETUNE}::test_lora_on_transformer_layers_matches_one_device[fsdp-data=8]": (
+        "[tp-data=2,model=4]; test_lora_under_fsdp_trains_like_one_device"
+    ),
+    "tests/training/test_lm_finetune.py::test_lora_finetuning_matches_one_device_and_lowers_the_held_out_loss[tp]": (
+        "[context]; LoRA under tp: tests/training/test_finetune.py [tp-data=2,model=4]"
+    ),
+    # recipes end to end: tier 1 keeps pretrain_gpt; the CNN and fine-tuning jobs: tests/cli, tests/training
+    "tests/recipes/test_run_cpu.py::test_cpu_recipe_runs_end_to_end[cpu-sim-8/train_cnn.toml]": (
+        "[cpu-sim-8/pretrain_gpt.toml]; tests/cli/test_cli.py trains the CNN"
+    ),
+    "tests/recipes/test_run_cpu.py::test_cpu_recipe_runs_end_to_end[cpu-sim-8/finetune.toml]": (
+        "[cpu-sim-8/pretrain_gpt.toml]; tests/training/test_lm_finetune.py"
+    ),
+    "tests/distribution/test_multihost.py::test_disagreeing_processes_get_a_clear_error[device-counts]": "[config]",
+    "tests/data/test_load.py::test_short_fit_on_8_devices[python_docs_topics]": "[python_docs]",
+    "tests/kernels/test_blockwise_attention.py::test_matches_reference[full-mha-8tiles]": "[causal-gqa-4tiles]",
+    # doc examples that train or compile for several seconds: what they run is checked in
+    # tier 1 by the tests of their feature; tier 2 checks the pages say what runs
+    f"{DOCS}[docs/distribution.md#4]": "tests/distribution",
+    f"{DOCS}[docs/sequence_parallel.md#2]": "tests/layers/test_multi_head_attention_fit.py",
+    f"{DOCS}[docs/finetuning.md#2]": "tests/training/test_lm_finetune.py",
+    f"{DOCS}[docs/context_parallel.md#1]": "tests/distribution/test_context_parallel.py",
+    f"{DOCS}[docs/models.md#2]": "tests/models",
+    f"{DOCS}[docs/pipeline_parallel.md#0]": "tests/models/test_gpt_pipeline.py",
+    f"{DOCS}[docs/moe.md#0]": "tests/models/test_gpt_moe.py",
+    f"{DOCS}[docs/checkpoints.md#0]": "tests/training/test_checkpoints.py",
+    f"{DOCS}[docs/planning.md#0]": "tests/planning",
+    f"{DOCS}[docs/finetuning.md#0]": "tests/training/test_finetune.py",
+}
+
+
+def module_of(test_id):
+    return test_id.split("::")[0]
