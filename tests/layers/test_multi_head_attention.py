@@ -15,10 +15,10 @@ B, T, C = 4, 16, 16
 @pytest.mark.parametrize(
     "init_kwargs, num_weights, with_mask",
     [
-        (dict(num_heads=4, head_dim=8, num_kv_heads=2, causal=True, rotary=True), 4, True),
+        (dict(num_heads=4, head_dim=8, num_kv_heads=2, causal=True, rotary=True, qk_norm=True), 6, True),
         (dict(num_heads=2, head_dim=6, use_bias=True, context_attention="ring", balance="striped"), 8, False),
     ],
-    ids=["gqa-causal-rope-mask", "bias-ring"],
+    ids=["gqa-causal-rope-mask-qk_norm", "bias-ring"],
 )
 def test_layer_harness(init_kwargs, num_weights, with_mask, tmp_path):
     heads, kv_heads, d = init_kwargs["num_heads"], init_kwargs.get("num_kv_heads", init_kwargs["num_heads"]), init_kwargs["head_dim"]
@@ -28,6 +28,8 @@ def test_layer_harness(init_kwargs, num_weights, with_mask, tmp_path):
         "value/kernel": (C, kv_heads, d),
         "output/kernel": (heads, d, C),
     }
+    if init_kwargs.get("qk_norm"):
+        shapes |= {"query_norm/scale": (d,), "key_norm/scale": (d,)}
     if init_kwargs.get("use_bias"):
         shapes |= {"query/bias": (heads, d), "key/bias": (kv_heads, d), "value/bias": (kv_heads, d), "output/bias": (C,)}
     mask = np.arange(T)[None, :] < np.array([[T], [T - 3], [T], [5]])  # bool[B, T], right padding
@@ -55,7 +57,7 @@ def test_config_keeps_every_argument():
     kwargs = dict(
         num_heads=8, head_dim=16, num_kv_heads=2, causal=True, rotary=True, rotary_base=500.0, use_bias=True,
         context_attention="ulysses", sequence_axis="context", batch_axis="batch", balance="zigzag",
-        ring_block_size=128, kernel_initializer="he_normal", bias_initializer="ones",
+        ring_block_size=128, kernel_initializer="he_normal", bias_initializer="ones", qk_norm=True, qk_norm_epsilon=1e-5,
     )
     config = MultiHeadAttention(**kwargs).get_config()
     assert {k: config[k] for k in kwargs if "initializer" not in k} == {k: v for k, v in kwargs.items() if "initializer" not in k}

@@ -8,7 +8,7 @@ tolerance. Cases pair the factors (causal or not, MHA / GQA / MQA, padding mask,
 rotary embedding, load balancing) rather than take their full product. Under tensor
 parallelism (a ``model`` axis of size > 1) the same comparison for split and replicated
 KV heads, Megatron sequence parallelism and FSDP inside TP, and the collectives read
-from the compiled program.
+from the compiled program. qk-norm once on each path (ring, tensor-parallel).
 """
 
 import functools
@@ -208,6 +208,28 @@ def test_tensor_parallel_output_and_gradients_match_plain_layer(case):
     x, mask, cotangent = a.inputs(True)
     options = _tp_options(heads, kv_heads, use_bias) | {"megatron_sp": megatron_sp}
     a.assert_same(a.output_and_grads(options, weights, x, mask, cotangent, _tp_distribution(mesh, fsdp)), expected)
+
+
+# qk-norm (Qwen3): one case per parallel path against one plain reference. The norm runs on
+# q, k before the ring's shard_map (on [B, T/N, heads, D] shards) and inside the tensor-parallel
+# one (each device's H/M query heads and its replicated KV head, the (D,) scales replicated).
+QK_NORM = dict(num_heads=4, num_kv_heads=2, causal=True, rotary=True, qk_norm=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _qk_norm_reference():
+    weights = a.reference_weights(QK_NORM)
+    x, mask, cotangent = a.inputs(True)
+    return weights, a.output_and_grads(QK_NORM, weights, x, mask, cotangent)
+
+
+@pytest.mark.parametrize(("mesh", "strategy"), [("data=2,seq=4", "ring"), ("data=2,model=4", None)], ids=["context-ring", "tp"])
+def test_qk_norm_output_and_gradients_match_plain_layer(mesh, strategy):
+    weights, expected = _qk_norm_reference()
+    assert {"mha/query_norm/scale", "mha/key_norm/scale"} <= set(expected[2])  # their gradients are compared too
+    x, mask, cotangent = a.inputs(True)
+    got = a.output_and_grads(QK_NORM | {"context_attention": strategy}, weights, x, mask, cotangent, a.distribution(mesh))
+    a.assert_same(got, expected)
 
 
 def _built(options, dist):

@@ -110,7 +110,7 @@ def test_variable_paths_are_stable():
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(tie_word_embeddings=True), dict(mlp="gelu", norm="layer", num_key_value_heads=4, head_dim=4)],
+    [{}, dict(tie_word_embeddings=True), dict(mlp="gelu", norm="layer", num_key_value_heads=4, head_dim=4), dict(qk_norm=True, head_dim=16)],
 )
 def test_parameter_count_formula_matches_the_model(overrides):
     config = TINY | overrides
@@ -122,6 +122,11 @@ def test_named_configs_and_their_sizes():
     assert GPTCausalLM.from_config_name("gpt_tiny").count_params() == count_parameters(TINY) == 34_976
     millions = {name: count_parameters(config) / 1e6 for name, config in GPT_CONFIGS.items()}
     assert 120 < millions["gpt_125m"] < 130 and 340 < millions["gpt_350m"] < 370 and 1000 < millions["gpt_1b"] < 1200
+    # Qwen3's model cards: 0.6B (0.596B with the tied embedding), 8.2B, 30.5B of which 3.3B active (8 of 128 experts)
+    qwen3_moe = GPT_CONFIGS["qwen3_30b_a3b"]
+    inactive = qwen3_moe["num_layers"] * (128 - 8) * 3 * qwen3_moe["hidden_dim"] * qwen3_moe["moe_intermediate_dim"]
+    assert (round(millions["qwen3_0.6b"]), round(millions["qwen3_8b"] / 10)) == (596, 819)
+    assert round(millions["qwen3_30b_a3b"] / 100) == 305 and 3300 < millions["qwen3_30b_a3b"] - inactive / 1e6 < 3400
     with pytest.raises(ValueError) as error:
         GPTCausalLM.from_config_name("gpt_huge")
     assert "unknown GPTBackbone config 'gpt_huge'" in str(error.value)  # the named sizes are the backbone's
@@ -211,6 +216,9 @@ def test_layout_rules_per_strategy():
     assert r".*lm_head/kernel" not in list(GPTBackbone.get_layout_map(mesh, "fsdp+tp"))
     with pytest.raises(ValueError, match="needs mesh axes"):
         GPTCausalLM.get_layout_map(make_mesh("data=8"), layout="tp")
+    qk_norm = TINY | dict(qk_norm=True, schedule="gpipe")  # Qwen3's (D,) scales, stacked (R, L/R, D) in a pipeline
+    pipelined = GPTCausalLM.get_layout_map(make_mesh("data=4,stage=2"), "pipeline", config=qk_norm)
+    assert pipelined[r".*blocks/attention/(query|key)_norm/scale"].axes == (None, "stage", None)
 
 
 def test_a_gpt_built_under_ring_context_parallelism_saves_ring_and_reloads_on_one_device():

@@ -23,9 +23,10 @@ from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-MOE_NAMES = ("mixtral", "qwen2_moe")
+MOE_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe")
 WINDOW_NAMES = ("mistral_window",)  # sliding_window 8 < the 16 tokens of expected.npz, the 14 of greedy
-NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES, *WINDOW_NAMES)
+QK_NORM_NAMES = ("qwen3",)  # greedy too: qk-norm on the KV-cache path
+NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES, *WINDOW_NAMES, *QK_NORM_NAMES)
 
 
 def expected(name):
@@ -59,9 +60,15 @@ def test_the_config_is_mapped(loaded):
     assert [getattr(mixtral, key) for key in moe] == [4, 2, 16, 0, True, None, None, False, False]
     assert [getattr(qwen, key) for key in moe] == [4, 2, 8, 24, False, None, None, True, True]  # norm_topk_prob false
     assert (mixtral.router_aux_loss_coefficient, qwen.router_aux_loss_coefficient) == (0.02, 0.001)
+    qwen3, qwen3_moe = loaded["qwen3"].backbone, loaded["qwen3_moe"].backbone
+    assert [getattr(qwen3_moe, key) for key in moe] == [4, 2, 8, 0, True, None, None, False, False]  # norm_topk_prob true
+    for backbone in (qwen3, qwen3_moe):  # explicit head_dim 16 != 32 / 4, qk-norm, no biases
+        assert (backbone.qk_norm, backbone.qkv_bias, backbone.head_dim, backbone.sliding_window) == (True, False, 16, None)
+    assert qwen3.tie_word_embeddings and not any(b.qk_norm for b in loaded["qwen2"].backbone.blocks)
+    assert (loaded["mistral_window"].backbone.sliding_window, loaded["mistral_window"].backbone.sliding_window_layers) == (8, None)
 
 
-@pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES)
+@pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES + QK_NORM_NAMES)
 def test_greedy_equals_transformers(loaded, name):
     data = np.load(FIXTURES / name / "expected.npz")
     np.testing.assert_array_equal(loaded[name].generate(data["greedy_prompts"], max_new_tokens=8), data["greedy"])
@@ -105,12 +112,28 @@ def test_save_to_hf_round_trips_bitwise(loaded, tmp_path):
         model.save_to_hf(tmp_path / "out")
 
 
-def test_a_windowed_mistral_exports_as_mistral_and_round_trips(loaded, tmp_path):
-    model = loaded["mistral_window"]
-    assert (model.backbone.sliding_window, model.backbone.sliding_window_layers) == (8, None)
+# config.json keys a dense export must write as the fixture has them (besides model_type, architectures)
+DENSE_EXPORT_KEYS = {
+    "mistral_window": ("sliding_window",),
+    "qwen3": ("head_dim", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "tie_word_embeddings"),
+}
+
+
+@pytest.mark.parametrize("name", DENSE_EXPORT_KEYS)
+def test_a_dense_model_exports_as_its_model_type_and_round_trips(loaded, tmp_path, name):
+    """mistral_window as mistral (its window), qwen3 as qwen3 (qk-norm: q_norm / k_norm tensors)."""
+    from safetensors import safe_open
+
+    model = loaded[name]
     model.save_to_hf(tmp_path / "out")
     written = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert (written["model_type"], written["architectures"], written["sliding_window"]) == ("mistral", ["MistralForCausalLM"], 8)
+    source = fixture_config(name)
+    for key in ("model_type", "architectures", *DENSE_EXPORT_KEYS[name]):
+        assert written[key] == source[key], key
+    with safe_open(tmp_path / "out" / "model.safetensors", framework="numpy") as file:
+        names = set(file.keys())  # noqa: SIM118 (safe_open has no __iter__)
+    with hf_checkpoints.SafetensorsFiles(FIXTURES / name) as files:
+        assert names == set(files.names())
     again = GPTCausalLM.from_preset(tmp_path / "out")
     assert again.backbone.get_config() == model.backbone.get_config()
     for before, after in zip(model.weights, again.weights, strict=True):
@@ -176,6 +199,11 @@ def fixture_config(name):
         ("qwen2_moe", {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size = 0"),
         ("qwen2_moe", {"num_local_experts": 4}, "key 'num_local_experts'"),  # Mixtral's key in a Qwen2-MoE config
         ("qwen2", {"num_experts": 4}, "key 'num_experts'"),  # a MoE key in a dense model_type
+        ("qwen3", {"attention_bias": True}, "attention_bias = True is not supported"),  # o_proj's bias too
+        ("qwen3_moe", {"shared_expert_intermediate_size": 24}, "key 'shared_expert_intermediate_size'"),  # Qwen2-MoE's
+        ("qwen3_moe", {"qkv_bias": True}, "key 'qkv_bias'"),
+        ("qwen3_moe", {"layer_types": ["sliding_attention"] * 2}, "layer_types ['sliding_attention'] is not supported for model_type 'qwen3_moe'"),
+        ("qwen3_moe", {"mlp_only_layers": [0, 1]}, "leave none of the 2 blocks sparse: the zoo's moe_layers needs at least one (a dense model is model_type qwen3)"),
     ],
 )
 def test_moe_and_window_configs_are_refused_naming_the_values(name, change, named):
@@ -194,6 +222,12 @@ def test_an_inert_window_and_qwen_sparse_patterns_are_mapped():
     assert backbone_arguments({**moe, "decoder_sparse_step": 2})["moe_layers"] == [1]  # (i + 1) % 2 == 0
     assert backbone_arguments({**moe, "mlp_only_layers": [0]})["moe_layers"] == [1]
     assert backbone_arguments({key: value for key, value in moe.items() if key != "qkv_bias"})["qkv_bias"]  # Qwen1.5-MoE has no key
+    qwen3, qwen3_moe = fixture_config("qwen3"), fixture_config("qwen3_moe")
+    published = {**qwen3, "max_window_layers": 28, "layer_types": None}  # Qwen3-0.6B's form: no layer_types, 28 layers
+    assert backbone_arguments(published) == backbone_arguments(qwen3) and "sliding_window" not in backbone_arguments(qwen3)
+    assert backbone_arguments({key: value for key, value in qwen3.items() if key != "head_dim"})["head_dim"] == 128  # Qwen3Config's
+    assert "head_dim" not in backbone_arguments({key: value for key, value in qwen3_moe.items() if key != "head_dim"})  # C / H
+    assert backbone_arguments({**qwen3_moe, "mlp_only_layers": [0], "norm_topk_prob": False})["moe_layers"] == [1]
 
 
 def test_a_moe_gpt_no_hugging_face_model_computes_is_refused_on_export():
@@ -204,6 +238,14 @@ def test_a_moe_gpt_no_hugging_face_model_computes_is_refused_on_export():
         hf_config(mixtral_like)
     qwen = {**backbone_arguments(fixture_config("qwen2_moe")), "moe_layers": [1]}
     assert hf_config(qwen)["mlp_only_layers"] == [0]  # a dense block 0 of intermediate_size
+    qwen3_moe = {**backbone_arguments(fixture_config("qwen3_moe")), "moe_layers": [1], "normalize_router_weights": False}
+    written = hf_config(qwen3_moe)
+    assert (written["model_type"], written["mlp_only_layers"], written["norm_topk_prob"]) == ("qwen3_moe", [0], False)
+    assert "shared_expert_intermediate_size" not in written and "qkv_bias" not in written
+    with pytest.raises(UnsupportedCheckpoint, match=r"qk_norm is written as Qwen3 .* this one has shared_expert_dim=8"):
+        hf_config({**qwen3_moe, "shared_expert_dim": 8})
+    with pytest.raises(UnsupportedCheckpoint, match=r"this one has qkv_bias=True"):
+        hf_config({**backbone_arguments(fixture_config("qwen3")), "qkv_bias": True})
 
 
 def test_window_keys_map_as_transformers_reads_them():
@@ -220,6 +262,11 @@ def test_window_keys_map_as_transformers_reads_them():
     assert (defaults["sliding_window"], defaults["sliding_window_layers"]) == (4096, [28, 29])  # Qwen2Config's defaults
     moe = backbone_arguments({**fixture_config("qwen2_moe"), "use_sliding_window": True, "max_window_layers": 0})
     assert (moe["sliding_window"], moe["sliding_window_layers"]) == (8, None)  # every layer: transformers' paths agree
+    qwen3 = {**fixture_config("qwen3"), "layer_types": None, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}
+    qwen3 = backbone_arguments(qwen3)  # layer_types null: from max_window_layers
+    assert (qwen3["sliding_window"], qwen3["sliding_window_layers"]) == (4, [1])  # Qwen3Config: as Qwen2's
+    qwen3_moe = backbone_arguments({**fixture_config("qwen3_moe"), "use_sliding_window": True, "sliding_window": 4})
+    assert (qwen3_moe["sliding_window"], qwen3_moe["sliding_window_layers"]) == (4, None)  # max_window_layers 2 unread
     with pytest.raises(UnsupportedCheckpoint, match=r"max_window_layers = 1 of 2 layers is ambiguous"):
         backbone_arguments({**fixture_config("qwen2_moe"), "use_sliding_window": True})  # eager windows all, flash layer 1 on
     mixtral = backbone_arguments({**fixture_config("mixtral"), "sliding_window": 4096})

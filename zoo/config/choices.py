@@ -45,7 +45,7 @@ NORMS = ("rms", "layer")
 POOLINGS = ("cls", "mean")  # how a classifier reduces its tokens to one vector
 POSITION_EMBEDDINGS = ("learned", "rotary")  # the encoder classifier's positions
 # Hugging Face config.json model_types the zoo GPT loads and exports (docs/checkpoints-hf.md)
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 # zoo export --dtype: how the exported safetensors store the weights (None: as the model holds them)
 EXPORT_DTYPES = (None, "float32", "bfloat16", "float16")
 

@@ -15,6 +15,7 @@ x                                  f32[B/Nd, T, C]            none (replicated)
   (Megatron SP) x                  f32[B/Nd, T/M, C]          all-gather (T/M -> T)
 q = x @ query (column-parallel)    f32[B/Nd, T, H/M, D]       none
 k, v = x @ key, value              f32[B/Nd, T, K/M or 1, D]  none
+  (qk_norm) RMSNorm over D of q, k  the same                   none (scales (D,) replicated)
 attention (``plain_attention``)    f32[B/Nd, T, H/M, D]       none
 out = attention @ output (row)     f32[B/Nd, T, C] partial    psum (all-reduce)
   (Megatron SP) out                f32[B/Nd, T/M, C]          psum_scatter (reduce-scatter)
@@ -169,11 +170,25 @@ def attention(layer, plan, x, key_mask):
     weights, specs = zip(*(p.sharded_weights(plan) for p in projections))
     x_spec = activation_spec(plan, 3, sequence=sequence)  # (B/Nd, T[/M], C)
     mask_spec = None if key_mask is None else P(plan.batch_axis, None)  # bool (B/Nd, T)
-    args, in_specs = (x, key_mask, list(weights)), (x_spec, mask_spec, list(specs))
+    norms = qk_norm_scales(layer)  # {"query": f32[D], "key": f32[D]} or {}: whole on every device
+    args = (x, key_mask, list(weights), norms)
+    in_specs = (x_spec, mask_spec, list(specs), {name: P() for name in norms})
     return run_sharded(plan, _local_attention, args, in_specs, x_spec, layer=layer, plan=plan)
 
 
-def _local_attention(x, key_mask, weights, *, layer, plan):
+def qk_norm_scales(layer):
+    """The qk-norm scales of ``layer`` as arrays (``{}`` without ``qk_norm``)."""
+    if not layer.qk_norm:
+        return {}
+    return {"query": layer.query_norm.scale.value, "key": layer.key_norm.scale.value}
+
+
+def _normalize(layer, x, scale):
+    """qk-norm of one device's heads x f32[B/Nd, T, heads, D], as ``RMSNormalization`` computes it."""
+    return keras.ops.rms_normalization(x, scale=scale.astype(x.dtype), axis=-1, epsilon=layer.qk_norm_epsilon)
+
+
+def _local_attention(x, key_mask, weights, norms, *, layer, plan):
     """One device: x f32[B/Nd, T, C] (Megatron SP: f32[B/Nd, T/M, C]) -> the same shape."""
     axis = plan.model_axis
     if layer.megatron_sp:
@@ -184,6 +199,8 @@ def _local_attention(x, key_mask, weights, *, layer, plan):
     q = _project(layer.query, x, query, plan)  # f32[B/Nd, T, H/M, D]
     k = _project(layer.key, x, key, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
     v = _project(layer.value, x, value, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
+    if norms:  # per head: each device normalises its own heads
+        q, k = _normalize(layer, q, norms["query"]), _normalize(layer, k, norms["key"])
     out = _sequence_parallel.plain_attention(
         q, k, v, key_mask=key_mask, causal=layer.causal, balance=None,
         rope=layer.rope, axis_size=1, axis_name=None,

@@ -61,6 +61,12 @@ class MultiHeadAttention(keras.layers.Layer):
         use_bias: add biases to the four projections.
         qkv_bias: add biases to ``query``, ``key`` and ``value`` only (Qwen2's attention);
             ``use_bias`` wins when both are set.
+        qk_norm: RMSNorm over D of every query head and every key head, after the
+            projections and before rotary embedding (Qwen3's ``q_norm`` / ``k_norm``):
+            one scale (D,) for all query heads, one for all key heads. On every path
+            (the norm is per token and head, so each shard and each tensor-parallel
+            device normalises its own heads with the replicated scales).
+        qk_norm_epsilon: that norm's epsilon (Qwen3: ``rms_norm_eps``).
         context_attention: None (plain attention, GSPMD partitions it; under a
             ``ContextParallel`` its kernel), ``"gather"`` (all-gather K/V), ``"ring"``
             (K/V travel around a ring, O(T/N) memory) or ``"ulysses"`` (all-to-all to a
@@ -104,7 +110,8 @@ class MultiHeadAttention(keras.layers.Layer):
     Variable paths: ``<name>/query/kernel`` (C, H, D), ``<name>/key/kernel`` and
     ``<name>/value/kernel`` (C, K, D), ``<name>/output/kernel`` (H, D, C); with
     ``use_bias`` also ``query/bias`` (H, D), ``key/bias``, ``value/bias`` (K, D) and
-    ``output/bias`` (C,); with ``qkv_bias`` the first three only.
+    ``output/bias`` (C,); with ``qkv_bias`` the first three only; with ``qk_norm``
+    ``<name>/query_norm/scale`` and ``<name>/key_norm/scale`` (D,).
 
     Dropout on the attention weights is not offered: it would need the same random
     stream on every sequence shard to match the single-device layer.
@@ -122,6 +129,8 @@ class MultiHeadAttention(keras.layers.Layer):
         use_bias=False,
         sliding_window=None,
         qkv_bias=False,
+        qk_norm=False,
+        qk_norm_epsilon=1e-6,
         context_attention=None,
         sequence_axis=SEQ,
         batch_axis=DATA,
@@ -147,6 +156,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.rope_scaling = check_rope_scaling(rope_scaling)
         self.use_bias = use_bias
         self.qkv_bias = bool(qkv_bias)
+        self.qk_norm = bool(qk_norm)
+        self.qk_norm_epsilon = qk_norm_epsilon
         self.context_attention = context_attention
         self.sequence_axis = sequence_axis
         self.batch_axis = batch_axis
@@ -181,6 +192,20 @@ class MultiHeadAttention(keras.layers.Layer):
         for projection in (self.query, self.key, self.value):
             projection.build(input_shape)
         self.output_dense.build((input_shape[0], input_shape[1], heads, head_dim))
+        if self.qk_norm:  # scales (D,): replicated under every layout, the norm is per head
+            self.query_norm = self._head_norm("query_norm", (input_shape[0], input_shape[1], heads, head_dim))
+            self.key_norm = self._head_norm("key_norm", (input_shape[0], input_shape[1], kv_heads, head_dim))
+
+    def _head_norm(self, name, shape):
+        norm = keras.layers.RMSNormalization(epsilon=self.qk_norm_epsilon, dtype=self.dtype_policy, name=name)
+        norm.build(shape)
+        return norm
+
+    def normalize_qk(self, q, k):
+        """qk-norm (when ``qk_norm``) of q (B, T, H, D) and k (B, T, K, D): RMSNorm over D."""
+        if not self.qk_norm:
+            return q, k
+        return self.query_norm(q), self.key_norm(k)
 
     def _projection(self, equation, output_shape, bias_axes, name, role, use_bias):
         return _tensor_parallel_attention.AttentionProjection(
@@ -220,8 +245,7 @@ class MultiHeadAttention(keras.layers.Layer):
         plan = self.parallel_plan()
         if _tensor_parallel_attention.takes_this_path(plan):  # Megatron: the whole layer in one shard_map over the model axis
             return _tensor_parallel_attention.attention(self, plan, x, key_mask)  # (B, T, C)
-        q = self.query(x)  # (B, T, H, D)
-        k = self.key(x)  # (B, T, K, D)
+        q, k = self.normalize_qk(self.query(x), self.key(x))  # (B, T, H, D), (B, T, K, D)
         v = self.value(x)  # (B, T, K, D)
         out = _sequence_parallel.attention(
             q, k, v, plan=plan, key_mask=key_mask, causal=self.causal,
@@ -283,8 +307,7 @@ class MultiHeadAttention(keras.layers.Layer):
         batch, length, cache_length = x.shape[0], x.shape[1], cache.shape[2]
         positions = cache_index + jnp.arange(length, dtype=jnp.int32)  # i32[T], cache positions
         start = jnp.zeros((batch,), jnp.int32) if start_positions is None else jnp.asarray(start_positions, jnp.int32)
-        q = self.query(x)  # (B, T, H, D)
-        k = self.key(x)  # (B, T, K, D)
+        q, k = self.normalize_qk(self.query(x), self.key(x))  # (B, T, H, D), (B, T, K, D)
         v = self.value(x)  # (B, T, K, D)
         if self.rotary:
             token_positions = positions[None, :] - start[:, None]  # i32[B, T]: positions within each row's own text
@@ -335,6 +358,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "rope_scaling": self.rope_scaling,
                 "use_bias": self.use_bias,
                 "qkv_bias": self.qkv_bias,
+                "qk_norm": self.qk_norm,
+                "qk_norm_epsilon": self.qk_norm_epsilon,
                 "sliding_window": self.sliding_window,
                 "context_attention": self.context_attention,
                 "sequence_axis": self.sequence_axis,

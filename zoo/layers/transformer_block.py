@@ -53,6 +53,8 @@ class TransformerBlock(keras.layers.Layer):
         num_heads, head_dim, num_kv_heads, causal, rotary, rotary_base, rope_scaling,
             qkv_bias, sliding_window: as in ``MultiHeadAttention`` (sliding_window: None,
             or W with ``causal``: each query sees its W most recent keys, itself included).
+        qk_norm: the attention's qk-norm (Qwen3: RMSNorm over D of each query and key
+            head before rotary embedding), with ``norm_epsilon``.
         hidden_dim: F, the MLP's hidden features.
         mlp: ``"gelu"``, ``"relu"`` (two matrices) or ``"geglu"``, ``"swiglu"`` (gated,
             three matrices).
@@ -110,6 +112,7 @@ class TransformerBlock(keras.layers.Layer):
     attention/query/kernel                 (C, H, D)
     attention/key/kernel, value/kernel     (C, K, D)
     attention/output/kernel                (H, D, C)
+    attention/query_norm/scale, key_norm/  (D,), with ``qk_norm``
     mlp_norm/gamma, beta (or scale)        (C,)
     mlp/gate/kernel, mlp/up/kernel         (C, F)
     mlp/down/kernel                        (F, C)
@@ -133,6 +136,7 @@ class TransformerBlock(keras.layers.Layer):
         use_bias=False,
         qkv_bias=False,
         sliding_window=None,
+        qk_norm=False,
         context_attention=None,
         megatron_sp=False,
         model_axis=MODEL,
@@ -185,6 +189,8 @@ class TransformerBlock(keras.layers.Layer):
             use_bias=use_bias,
             qkv_bias=qkv_bias,
             sliding_window=sliding_window,
+            qk_norm=qk_norm,
+            qk_norm_epsilon=norm_epsilon,
             context_attention=context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=model_axis,
@@ -357,6 +363,7 @@ class TransformerBlock(keras.layers.Layer):
             use_bias=self.use_bias,
             qkv_bias=self.qkv_bias,
             sliding_window=self.sliding_window,
+            qk_norm=self.qk_norm,
             context_attention=self.context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=self.model_axis,
@@ -376,6 +383,10 @@ class TransformerBlock(keras.layers.Layer):
     @property
     def qkv_bias(self):
         return self.attention.qkv_bias
+
+    @property
+    def qk_norm(self):
+        return self.attention.qk_norm
 
     @property
     def sliding_window(self):

@@ -34,6 +34,7 @@ attention/output/kernel                         (H, D, C)   (-,-,data) (model, -
 mlp/gate/kernel, mlp/up/kernel                  (C, F)      (data, -)  (-, model)       (data, model)
 mlp/down/kernel                                 (F, C)      (-, data)  (model, -)       (model, data)
 attention_norm/*, mlp_norm/*                    (C,)        replicated replicated       replicated
+attention/{query,key}_norm/scale (qk_norm)      (D,)        replicated replicated       replicated
 ==============================================  ==========  =========  ===============  ==============
 
 [1] placed by the layers themselves (``MultiHeadAttention``, ``ParallelMLP``) when the

@@ -170,17 +170,19 @@ def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_
     return layout_map
 
 
-def _pipeline_block_rules(model_axis, kv_split, qkv_bias):
+def _pipeline_block_rules(model_axis, kv_split, qkv_bias, qk_norm=False):
     """{regex: axes} for the stacked (R, L/R, ...) weights of ``PipelinedBlocks`` named
     ``blocks``: dimension 1 over ``stage``; with ``model_axis`` the heads and the MLP's
-    hidden features over it (the key/value heads only if ``kv_split``)."""
+    hidden features over it (the key/value heads only if ``kv_split``); the qk-norm
+    scales (``qk_norm``) on the stages only (per head, whole on every device of a stage)."""
     m, kv = model_axis, model_axis if kv_split else None
     lead = (None, STAGE)
     biases = {
         r".*blocks/attention/query/bias": (*lead, m, None),  # (R, L/R, H, D)
         r".*blocks/attention/(key|value)/bias": (*lead, kv, None),  # (R, L/R, K, D)
     }
-    return (biases if qkv_bias else {}) | {
+    norms = {r".*blocks/attention/(query|key)_norm/scale": (*lead, None)}  # (R, L/R, D)
+    return (biases if qkv_bias else {}) | (norms if qk_norm else {}) | {
         r".*blocks/attention/query/kernel": (*lead, None, m, None),  # (R, L/R, C, H, D)
         r".*blocks/attention/(key|value)/kernel": (*lead, None, kv, None),  # (R, L/R, C, K, D)
         r".*blocks/attention/output/kernel": (*lead, m, None, None),  # (R, L/R, H, D, C)
@@ -224,8 +226,9 @@ def pipeline_layout_map(mesh, config, *, with_head, model_axis=MODEL):
     model = mesh_axis_size(mesh, model_axis) if model_axis in mesh.axis_names else 1
     m = model_axis if model > 1 else None
     kv_heads = None if config is None else (config.get("num_key_value_heads") or config["num_query_heads"])
-    qkv_bias = config is not None and config.get("qkv_bias", False)
-    rules = _pipeline_block_rules(m, kv_split=m is not None and (kv_heads is None or kv_heads % model == 0), qkv_bias=qkv_bias)
+    qkv_bias, qk_norm = (config is not None and config.get(key, False) for key in ("qkv_bias", "qk_norm"))
+    kv_split = m is not None and (kv_heads is None or kv_heads % model == 0)
+    rules = _pipeline_block_rules(m, kv_split=kv_split, qkv_bias=qkv_bias, qk_norm=qk_norm)
     if m is not None:
         rules[EMBEDDING] = (m, None)  # (V/M, C)
         if with_head:

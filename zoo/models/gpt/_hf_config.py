@@ -2,19 +2,25 @@
 
 Supported ``model_type``s (``zoo.config.choices.HF_MODEL_TYPES``): ``llama`` (Llama 1-3.2,
 TinyLlama, ...), ``mistral`` (its ``sliding_window`` in every layer), ``qwen2`` (biases on
-q/k/v; a window from layer ``max_window_layers`` on with ``use_sliding_window``), and
-the Mixture-of-Experts ``mixtral`` (every block sparse, top-k renormalised) and
-``qwen2_moe`` (a sigmoid-gated shared expert, top-k as ``norm_topk_prob`` says, dense
-blocks where ``decoder_sparse_step`` / ``mlp_only_layers`` put them). They are the zoo
-GPT exactly: RMSNorm, SwiGLU MLP or SwiGLU experts, grouped-query attention, rotate-half
-RoPE (with Llama 3's ``rope_scaling``), tied or untied head.
+q/k/v; a window from layer ``max_window_layers`` on with ``use_sliding_window``),
+``qwen3`` (no biases, qk-norm: ``GPTBackbone(qk_norm=True)``, an explicit ``head_dim``,
+default 128; its window keys read as qwen2's), and the Mixture-of-Experts ``mixtral``
+(every block sparse, top-k renormalised), ``qwen2_moe`` (a sigmoid-gated shared expert,
+top-k as ``norm_topk_prob`` says, dense blocks where ``decoder_sparse_step`` /
+``mlp_only_layers`` put them) and ``qwen3_moe`` (Qwen2-MoE's routing and sparse pattern
+without the shared expert or biases, with qk-norm; ``use_sliding_window`` windows every
+layer, as transformers 4.57 computes it, which reads no ``max_window_layers`` for it). They
+are the zoo GPT exactly: RMSNorm, SwiGLU MLP or SwiGLU experts, grouped-query attention,
+rotate-half RoPE (with Llama 3's ``rope_scaling``), tied or untied head.
 
 Every key of the file is either mapped, or known to change nothing the zoo computes
 (token ids, dtype, bookkeeping, training-only switches), or read together with others
 (``sliding_window``, ``use_sliding_window``, ``max_window_layers``, ``layer_types``:
 ``_window_arguments``), or refused: a key or value that would change the numbers the zoo
 cannot reproduce (another ``rope_scaling``, a Llama with a window, biases the zoo has no
-weights for, quantization, another activation) raises ``UnsupportedCheckpoint`` naming
+weights for, such as ``attention_bias`` true (Llama's and Qwen3's four, the output's
+included), a Qwen2-MoE shared-expert key in a ``qwen3_moe``, quantization, another
+activation) raises ``UnsupportedCheckpoint`` naming
 it and its value, before anything is built. A number out of range (a size that is not a
 positive integer, heads that do not divide, ``rope_theta`` or ``rms_norm_eps`` not finite
 and positive) is a damaged file rather than another model: ``CheckpointError``, naming
@@ -57,13 +63,20 @@ ALLOWED_VALUES = {
 }
 # read together by _window_arguments (and layer_types by _check_keys)
 SLIDING_WINDOW_KEYS = ("sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
-QWEN_TYPES = ("qwen2", "qwen2_moe")  # a window only with use_sliding_window, from layer max_window_layers on
-QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen2MoeConfig's default
+QWEN_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")  # a window only with use_sliding_window
+QWEN_MAX_WINDOW_LAYERS = 28  # Qwen2Config's, Qwen2MoeConfig's and Qwen3Config's default
 WINDOW_TYPES = ("mistral", "mixtral")  # sliding_window (when not null) in every layer
+EVERY_LAYER_WINDOW_TYPES = ("qwen3_moe",)  # use_sliding_window: every layer (Qwen3MoeConfig reads no max_window_layers)
 # transformers' default sliding_window when config.json has no such key
-WINDOW_DEFAULTS = {"mistral": 4096, "mixtral": None, "qwen2": 4096, "qwen2_moe": 4096}
+WINDOW_DEFAULTS = {"mistral": 4096, "mixtral": None, "qwen2": 4096, "qwen2_moe": 4096, "qwen3": 4096, "qwen3_moe": 4096}
 LAYER_TYPES = ("full_attention", "sliding_attention")  # Qwen2Config.layer_types' values
-MOE_TYPES = ("mixtral", "qwen2_moe")
+LAYER_TYPES_READERS = ("qwen2", "qwen3")  # the configs whose layer_types transformers reads
+QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # biases on q/k/v (qwen2_moe: as its qkv_bias key says)
+QK_NORM_TYPES = ("qwen3", "qwen3_moe")  # RMSNorm over D of each query and key head, before RoPE
+# model type -> its config class' defaults for keys that are not MoE keys (Qwen3Config: head_dim
+# 128, not hidden_size / num_attention_heads; Qwen3MoeConfig keeps no default, so C / H there)
+TYPE_DEFAULTS = {"qwen3": {"head_dim": 128}}
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # model type -> its Mixture-of-Experts keys (refused in any other type): mapped by
 # _moe_arguments, or training-only (output_router_logits: whether transformers' forward
 # returns the router logits and adds the aux loss; the zoo adds router_aux_loss_coefficient
@@ -74,20 +87,29 @@ MOE_KEYS = {
         "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
         "router_aux_loss_coef", "output_router_logits", "decoder_sparse_step", "mlp_only_layers", "qkv_bias",
     },
+    "qwen3_moe": {
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "router_aux_loss_coef",
+        "output_router_logits", "decoder_sparse_step", "mlp_only_layers",
+    },  # no shared expert, no qkv_bias: Qwen2-MoE's keys for them are refused here
 }  # fmt: skip
 MOE_ALLOWED_VALUES = {"router_jitter_noise": (0.0,)}  # Mixtral's training-time noise on the router input
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }  # fmt: skip
 DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 2048}
-# transformers' MixtralConfig / Qwen2MoeConfig defaults, for keys a config leaves out
+# transformers' MixtralConfig / Qwen2MoeConfig / Qwen3MoeConfig defaults, for keys a config leaves out
 MOE_DEFAULTS = {
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001},
     "qwen2_moe": {
         "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
         "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "mlp_only_layers": [],
         "qkv_bias": True,
+    },
+    "qwen3_moe": {
+        "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "mlp_only_layers": [],
     },
 }  # fmt: skip
 
@@ -100,8 +122,10 @@ POSITIVE_NUMBERS = ("rope_theta", "rms_norm_eps")  # finite and > 0 (null or abs
 MOE_SIZES = {
     "mixtral": ("num_local_experts", "num_experts_per_tok"),
     "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
 }
-MOE_EXPERT_COUNT = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts"}
+MOE_EXPERT_COUNT = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"}
+DENSE_TWINS = {"qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}  # the dense model type of a Qwen MoE type
 LLAMA3_FACTORS = ("factor", "low_freq_factor", "high_freq_factor")  # rope_scaling's numbers, with original_max_position_embeddings
 
 
@@ -126,12 +150,15 @@ def backbone_arguments(config, where="config.json"):
             f"(docs/checkpoints-hf.md says why others are refused)"
         )
     _check_keys(config, where)
+    config = {**TYPE_DEFAULTS.get(model_type, {}), **config}
     _check_numbers(config, where)
     window = _window_arguments(config, where)
     arguments = {MAPPED[key]: config[key] for key in MAPPED if config.get(key) is not None}
     for key, value in DEFAULTS.items():
         arguments.setdefault(MAPPED[key], value)
-    arguments.update(mlp="swiglu", norm="rms", qkv_bias=model_type in QWEN_TYPES, **window)
+    arguments.update(
+        mlp="swiglu", norm="rms", qkv_bias=model_type in QKV_BIAS_TYPES, qk_norm=model_type in QK_NORM_TYPES, **window
+    )
     if model_type in MOE_TYPES:
         arguments.update(_moe_arguments({**MOE_DEFAULTS[model_type], **config}, where))
     return arguments
@@ -143,10 +170,10 @@ def _check_keys(config, where):
     for key, value in config.items():
         if key in allowed and value not in allowed[key]:
             raise UnsupportedCheckpoint(f"{where}: {key} = {value!r} is not supported (the zoo GPT computes {key} = {allowed[key][0]!r})")
-        if key == "layer_types" and config.get("model_type") != "qwen2" and any(kind != "full_attention" for kind in value):
+        if key == "layer_types" and config.get("model_type") not in LAYER_TYPES_READERS and any(kind != "full_attention" for kind in value):
             raise UnsupportedCheckpoint(
                 f"{where}: layer_types {sorted(set(value))} is not supported for model_type {config.get('model_type')!r} "
-                f"(transformers reads it for qwen2 only): full attention only"
+                f"(transformers reads it for {' and '.join(LAYER_TYPES_READERS)} only): full attention only"
             )
         if key not in MAPPED and key not in IGNORED and key not in allowed and key not in SLIDING_WINDOW_KEYS and key not in moe_keys:
             raise UnsupportedCheckpoint(
@@ -238,15 +265,17 @@ def _window_arguments(config, where):
     window keys (``{}``: no layer slides); refuses a window the zoo cannot reproduce.
 
     Mistral, Mixtral: ``sliding_window`` (absent: transformers' default, Mistral's 4096;
-    null: none) in every layer. Qwen2, Qwen2-MoE: the window (absent: 4096) only with
-    ``use_sliding_window`` true, in the layers i >= ``max_window_layers`` (absent: 28),
-    or for Qwen2 the layers its ``layer_types`` names ``"sliding_attention"``; published
-    Qwen configs carry a window with ``use_sliding_window: false``, which is full
-    attention. Llama: any window, or ``use_sliding_window`` true, is refused.
+    null: none) in every layer. Qwen2, Qwen2-MoE, Qwen3: the window (absent: 4096) only
+    with ``use_sliding_window`` true, in the layers i >= ``max_window_layers`` (absent:
+    28), or for Qwen2 and Qwen3 the layers their ``layer_types`` names
+    ``"sliding_attention"``; Qwen3-MoE: in every layer (``max_window_layers`` is not read).
+    Published Qwen configs carry a window or ``max_window_layers`` with
+    ``use_sliding_window: false``, which is full attention. Llama: any window, or
+    ``use_sliding_window`` true, is refused.
     """
     model_type = config.get("model_type")
     use = config.get("use_sliding_window", False)
-    if model_type == "qwen2":
+    if model_type in LAYER_TYPES_READERS:
         _check_layer_types(config, where)
     if model_type not in QWEN_TYPES and use:
         raise UnsupportedCheckpoint(
@@ -263,14 +292,15 @@ def _window_arguments(config, where):
             f"Llama has no window (a windowed model is model_type 'mistral'; sliding_window null is full attention)"
         )
     _positive_int({"sliding_window": window}, "sliding_window", where)
-    layers = _windowed_layers(config, where) if model_type in QWEN_TYPES else list(range(config["num_hidden_layers"]))
+    every = model_type not in QWEN_TYPES or model_type in EVERY_LAYER_WINDOW_TYPES
+    layers = list(range(config["num_hidden_layers"])) if every else _windowed_layers(config, where)
     if not layers:
         return {}
     return {"sliding_window": window, "sliding_window_layers": None if len(layers) == config["num_hidden_layers"] else layers}
 
 
 def _check_layer_types(config, where):
-    """A Qwen2 ``layer_types`` (null or absent: none) lists a known kind per layer."""
+    """A Qwen2 / Qwen3 ``layer_types`` (null or absent: none) lists a known kind per layer."""
     layer_types, layers = config.get("layer_types"), config["num_hidden_layers"]
     if layer_types is None:
         return
@@ -281,9 +311,9 @@ def _check_layer_types(config, where):
 
 
 def _windowed_layers(config, where):
-    """The indices of a Qwen2 / Qwen2-MoE config's windowed layers (use_sliding_window true)."""
+    """The indices of a Qwen2 / Qwen2-MoE / Qwen3 config's windowed layers (use_sliding_window true)."""
     layers = config["num_hidden_layers"]  # checked by _check_numbers
-    layer_types = config.get("layer_types") if config["model_type"] == "qwen2" else None
+    layer_types = config.get("layer_types") if config["model_type"] in LAYER_TYPES_READERS else None
     if layer_types is not None:  # checked by _check_layer_types
         return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
     first = config.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
@@ -299,13 +329,20 @@ def _windowed_layers(config, where):
 
 
 def _moe_arguments(config, where):
-    """The MoE ``GPTBackbone`` arguments of a ``mixtral`` / ``qwen2_moe`` config (its
-    defaults filled in): dropless (``capacity_factor`` None), so the logits are exact."""
+    """The MoE ``GPTBackbone`` arguments of a ``mixtral`` / ``qwen2_moe`` / ``qwen3_moe``
+    config (its defaults filled in): dropless (``capacity_factor`` None), so the logits are exact."""
     if config["model_type"] == "mixtral":  # intermediate_size is each expert's; MixtralSparseMoeBlock always renormalises
         return dict(
             num_experts=config["num_local_experts"], num_experts_per_token=config["num_experts_per_tok"],
             moe_intermediate_dim=config["intermediate_size"], shared_expert_dim=0, normalize_router_weights=True,
             router_aux_loss_coefficient=config["router_aux_loss_coef"], capacity_factor=None,
+        )  # fmt: skip
+    if config["model_type"] == "qwen3_moe":  # Qwen3MoeSparseMoeBlock: Qwen2-MoE's routing, no shared expert
+        return dict(
+            num_experts=config["num_experts"], num_experts_per_token=config["num_experts_per_tok"],
+            moe_intermediate_dim=config["moe_intermediate_size"], shared_expert_dim=0,
+            normalize_router_weights=bool(config["norm_topk_prob"]), router_aux_loss_coefficient=config["router_aux_loss_coef"],
+            moe_layers=_qwen_moe_layers(config, where), capacity_factor=None,
         )  # fmt: skip
     shared = config["shared_expert_intermediate_size"]
     if not isinstance(shared, int) or shared < 1:
@@ -322,10 +359,10 @@ def _moe_arguments(config, where):
 
 
 def _qwen_moe_layers(config, where):
-    """``moe_layers`` of a qwen2_moe config: block i is sparse when it is not in
+    """``moe_layers`` of a qwen2_moe / qwen3_moe config: block i is sparse when it is not in
     ``mlp_only_layers`` and (i + 1) % ``decoder_sparse_step`` == 0 (None: every block)."""
     layers, step = config["num_hidden_layers"], config["decoder_sparse_step"]
-    only = [] if config["mlp_only_layers"] is None else config["mlp_only_layers"]  # Qwen2MoeConfig reads null as []
+    only = [] if config["mlp_only_layers"] is None else config["mlp_only_layers"]  # Qwen2/3MoeConfig read null as []
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise UnsupportedCheckpoint(
             f"{where}: decoder_sparse_step = {step!r} is not a positive integer (block i is sparse when (i + 1) % "
@@ -337,7 +374,7 @@ def _qwen_moe_layers(config, where):
     if not sparse:
         raise UnsupportedCheckpoint(
             f"{where}: decoder_sparse_step = {step} and mlp_only_layers = {only} leave none of the {layers} blocks "
-            f"sparse: the zoo's moe_layers needs at least one (a dense model is model_type qwen2)"
+            f"sparse: the zoo's moe_layers needs at least one (a dense model is model_type {DENSE_TWINS[config['model_type']]})"
         )
     return None if len(sparse) == layers else sparse
 
@@ -356,10 +393,13 @@ def sparse_layers(arguments):
 def hf_model_type(arguments):
     """The Hugging Face ``model_type`` that computes what a ``GPTBackbone`` of
     ``arguments`` computes: ``llama`` (``mistral`` with a ``sliding_window``), ``qwen2``
-    (q/k/v biases), ``qwen2_moe`` (experts and a shared expert) or ``mixtral`` (experts
-    alone: every block sparse, top k renormalised, no biases); ``UnsupportedCheckpoint``
-    naming what none has."""
+    (q/k/v biases), ``qwen3`` (qk-norm), ``qwen2_moe`` (experts and a shared expert),
+    ``qwen3_moe`` (qk-norm and experts, no shared expert) or ``mixtral`` (experts alone:
+    every block sparse, top k renormalised, no biases); ``UnsupportedCheckpoint`` naming
+    what none has."""
     qkv_bias = bool(arguments.get("qkv_bias"))
+    if arguments.get("qk_norm"):
+        return _qk_norm_model_type(arguments)
     if not arguments.get("num_experts"):
         return "qwen2" if qkv_bias else ("mistral" if arguments.get("sliding_window") is not None else "llama")
     if arguments.get("shared_expert_dim"):
@@ -377,6 +417,20 @@ def hf_model_type(arguments):
             f"shared_expert_dim > 0)"
         )
     return "mixtral"
+
+
+def _qk_norm_model_type(arguments):
+    """``qwen3`` or ``qwen3_moe`` for a GPT with ``qk_norm``; refuses what neither has."""
+    problems = [
+        *(["qkv_bias=True"] if arguments.get("qkv_bias") else []),
+        *([f"shared_expert_dim={arguments['shared_expert_dim']}"] if arguments.get("num_experts") and arguments.get("shared_expert_dim") else []),
+    ]
+    if problems:
+        raise UnsupportedCheckpoint(
+            f"a GPT with qk_norm is written as Qwen3 (dense) or Qwen3-MoE, which have no biases and no shared expert; "
+            f"this one has {', '.join(problems)}"
+        )
+    return "qwen3_moe" if arguments.get("num_experts") else "qwen3"
 
 
 def hf_config(backbone_config, *, special_ids=None):
@@ -400,6 +454,8 @@ def hf_config(backbone_config, *, special_ids=None):
         config.update(attention_bias=False, mlp_bias=False)
     else:
         config.update(_window_config(backbone_config, model_type))
+    if model_type in QK_NORM_TYPES:
+        config.update(attention_bias=False)
     if model_type in MOE_TYPES:
         config.update(_moe_config(backbone_config, model_type))
     config.update({key: value for key, value in (special_ids or {}).items() if value is not None})
@@ -407,8 +463,8 @@ def hf_config(backbone_config, *, special_ids=None):
 
 
 def _window_config(arguments, model_type):
-    """The window keys of a mistral / mixtral / qwen2 / qwen2_moe config.json; refuses a
-    ``sliding_window_layers`` pattern the model type cannot write, naming it."""
+    """The window keys of a mistral / mixtral / qwen2 / qwen2_moe / qwen3 / qwen3_moe
+    config.json; refuses a ``sliding_window_layers`` pattern the model type cannot write, naming it."""
     window, layers = arguments.get("sliding_window"), arguments["num_layers"]
     windowed = list(range(layers)) if arguments.get("sliding_window_layers") is None else sorted(arguments["sliding_window_layers"])
     if model_type not in QWEN_TYPES:  # mistral, mixtral: the window is every layer's
@@ -421,17 +477,18 @@ def _window_config(arguments, model_type):
     if window is None:
         return {"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers}
     first = windowed[0]
-    if windowed != list(range(first, layers)) or (model_type == "qwen2_moe" and first != 0):
+    every_layer_only = model_type in ("qwen2_moe", *EVERY_LAYER_WINDOW_TYPES)
+    if windowed != list(range(first, layers)) or (every_layer_only and first != 0):
         raise UnsupportedCheckpoint(
             f"sliding_window_layers={windowed} of {layers} cannot be written as {model_type}: its window covers the "
             f"layers max_window_layers..{layers - 1}"
-            + (" (qwen2_moe: every layer only; transformers' eager Qwen2-MoE windows every layer)" if model_type == "qwen2_moe" else "")
+            + (f" ({model_type}: every layer only; transformers' eager {ARCHITECTURES[model_type]} windows every layer)" if every_layer_only else "")
         )
     return {"use_sliding_window": True, "sliding_window": window, "max_window_layers": first}
 
 
 def _moe_config(arguments, model_type):
-    """The Mixture-of-Experts keys of a ``mixtral`` / ``qwen2_moe`` config.json."""
+    """The Mixture-of-Experts keys of a ``mixtral`` / ``qwen2_moe`` / ``qwen3_moe`` config.json."""
     expert_width = arguments.get("moe_intermediate_dim") or arguments["intermediate_dim"]
     common = dict(
         num_experts_per_tok=arguments["num_experts_per_token"], output_router_logits=False,
@@ -440,9 +497,11 @@ def _moe_config(arguments, model_type):
     if model_type == "mixtral":  # one width: the experts' (every block is sparse)
         return dict(common, num_local_experts=arguments["num_experts"], intermediate_size=expert_width, router_jitter_noise=0.0)
     sparse = set(sparse_layers(arguments))
-    return dict(
+    qwen = dict(
         common, num_experts=arguments["num_experts"], moe_intermediate_size=expert_width,
-        shared_expert_intermediate_size=arguments["shared_expert_dim"],
         norm_topk_prob=bool(arguments.get("normalize_router_weights", True)), decoder_sparse_step=1,
-        mlp_only_layers=[i for i in range(arguments["num_layers"]) if i not in sparse], qkv_bias=bool(arguments.get("qkv_bias")),
+        mlp_only_layers=[i for i in range(arguments["num_layers"]) if i not in sparse],
     )  # fmt: skip
+    if model_type == "qwen3_moe":
+        return qwen
+    return dict(qwen, shared_expert_intermediate_size=arguments["shared_expert_dim"], qkv_bias=bool(arguments.get("qkv_bias")))

@@ -43,6 +43,9 @@ class GPTBackbone(ZooModel):
             "original_max_position_embeddings"}``; other types are refused.
         qkv_bias: biases on the query, key and value projections (Qwen2), none on the
             attention output or the MLP.
+        qk_norm: RMSNorm (epsilon ``layer_norm_epsilon``) over D of every query and key
+            head, after the projections and before rotary embedding (Qwen3's ``q_norm`` /
+            ``k_norm``): ``block_<i>/attention/query_norm/scale`` and ``key_norm/scale`` (D,).
         sliding_window: None (full causal attention), or W >= 1: a token at position p
             attends only to positions p - W < k <= p (Mistral's window), in training and
             in KV-cache decoding.
@@ -107,6 +110,7 @@ class GPTBackbone(ZooModel):
         rope_max_wavelength=10000.0,
         rope_scaling=None,
         qkv_bias=False,
+        qk_norm=False,
         sliding_window=None,
         sliding_window_layers=None,
         tie_word_embeddings=False,
@@ -147,7 +151,7 @@ class GPTBackbone(ZooModel):
         block = dict(
             num_heads=num_query_heads, head_dim=head_dim, hidden_dim=intermediate_dim, num_kv_heads=num_key_value_heads,
             causal=True, rotary=True, rotary_base=rope_max_wavelength, rope_scaling=rope_scaling, qkv_bias=qkv_bias,
-            mlp=mlp, norm=norm, norm_epsilon=layer_norm_epsilon, dropout=dropout, context_attention=context_attention,
+            qk_norm=bool(qk_norm), mlp=mlp, norm=norm, norm_epsilon=layer_norm_epsilon, dropout=dropout, context_attention=context_attention,
             megatron_sp=megatron_sp, remat=remat,
         )  # fmt: skip
         moe_layers = _check_moe_layers(moe_layers, num_layers, num_experts)
@@ -179,7 +183,7 @@ class GPTBackbone(ZooModel):
             hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads,
             head_dim=head_dim, mlp=mlp, norm=norm, layer_norm_epsilon=layer_norm_epsilon, dropout=dropout,
             max_sequence_length=max_sequence_length, rope_max_wavelength=rope_max_wavelength,
-            rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), sliding_window=sliding_window,
+            rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), qk_norm=bool(qk_norm), sliding_window=sliding_window,
             sliding_window_layers=None if len(window_layers) in (0, num_layers) else sorted(window_layers),
             tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
             context_attention=context_attention, remat=remat, schedule=schedule, micro_batches=micro_batches,

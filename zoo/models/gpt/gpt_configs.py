@@ -142,6 +142,68 @@ GPT_CONFIGS = {
         "normalize_router_weights": False,
         "router_aux_loss_coefficient": 0.001,
     },
+    # Qwen3 (model_type qwen3 / qwen3_moe): qk-norm (RMSNorm over D of each query and key
+    # head before RoPE), no biases, head_dim 128 whatever C / H is, rope_theta 1e6,
+    # 40960 positions, 151936 vocabulary. For compile-only sizing (zoo plan): the weights
+    # load from a Qwen3 folder with GPTCausalLM.from_preset(folder).
+    # Qwen3-0.6B's config.json (0.596B parameters, embeddings included): tied, GQA 16/8.
+    "qwen3_0.6b": {
+        "vocabulary_size": 151936,
+        "num_layers": 28,
+        "num_query_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,  # 16 x 128 = 2048 > hidden 1024
+        "hidden_dim": 1024,
+        "intermediate_dim": 3072,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "layer_norm_epsilon": 1e-6,
+        "max_sequence_length": 40960,
+        "rope_max_wavelength": 1e6,
+        "qk_norm": True,
+        "tie_word_embeddings": True,
+    },
+    # Qwen3-8B's config.json (8.19B parameters): untied, GQA 32/8.
+    "qwen3_8b": {
+        "vocabulary_size": 151936,
+        "num_layers": 36,
+        "num_query_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_dim": 4096,
+        "intermediate_dim": 12288,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "layer_norm_epsilon": 1e-6,
+        "max_sequence_length": 40960,
+        "rope_max_wavelength": 1e6,
+        "qk_norm": True,
+        "tie_word_embeddings": False,
+    },
+    # Qwen3-30B-A3B's config.json (30.5B parameters, 3.3B active): 48 layers, every block
+    # sparse, 128 experts of width 768, top 8 renormalised (norm_topk_prob true), no shared
+    # expert, GQA 32/4, untied.
+    "qwen3_30b_a3b": {
+        "vocabulary_size": 151936,
+        "num_layers": 48,
+        "num_query_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "hidden_dim": 2048,
+        "intermediate_dim": 6144,  # intermediate_size: a dense block's width (none here: mlp_only_layers [])
+        "mlp": "swiglu",
+        "norm": "rms",
+        "layer_norm_epsilon": 1e-6,
+        "max_sequence_length": 40960,
+        "rope_max_wavelength": 1e6,
+        "qk_norm": True,
+        "tie_word_embeddings": False,
+        "num_experts": 128,
+        "num_experts_per_token": 8,
+        "moe_intermediate_dim": 768,
+        "normalize_router_weights": True,
+        "router_aux_loss_coefficient": 0.001,
+    },
 }
 
 
@@ -159,7 +221,7 @@ def backbone_config(config):
     ``config``: a ``GPT_CONFIGS`` entry or ``GPTBackbone.get_config()``; a
     ``GPTCausalLM.get_config()`` (its ``backbone`` nested as Keras serialises it); a
     serialised model (``{"class_name": ..., "config": ...}``, as in a preset's config.json);
-    or a Hugging Face ``config.json`` (``model_type`` llama, mistral, qwen2, mixtral, qwen2_moe), mapped and
+    or a Hugging Face ``config.json`` (``model_type`` llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe), mapped and
     checked by ``_hf_config.backbone_arguments``.
     """
     if is_hf_config(config):
@@ -186,9 +248,11 @@ def count_parameters(config):
     mlp = dense_mlp_parameters(config)
     head = 0 if config.get("tie_word_embeddings", False) else width * vocab
     biases = (heads + 2 * kv_heads) * head_dim if config.get("qkv_bias") else 0
+    qk_norms = 2 * head_dim if config.get("qk_norm") else 0  # one (D,) scale for the queries, one for the keys
     sparse = sparse_layer_count(config)
     moe = moe_parameters(config) if sparse else 0
-    return vocab * width + layers * (attention + biases + 2 * norm) + (layers - sparse) * mlp + sparse * moe + norm + head
+    per_layer = attention + biases + qk_norms + 2 * norm
+    return vocab * width + layers * per_layer + (layers - sparse) * mlp + sparse * moe + norm + head
 
 
 def dense_mlp_parameters(config):

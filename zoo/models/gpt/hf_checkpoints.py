@@ -22,6 +22,7 @@ attention/key/kernel (C, K, D)           ...self_attn.k_proj.weight            (
 attention/value/kernel (C, K, D)         ...self_attn.v_proj.weight            (K*D, C)      (K, D, C) -> (2,0,1)
 attention/output/kernel (H, D, C)        ...self_attn.o_proj.weight            (C, H*D)      (C, H, D) -> (1,2,0)
 attention/{query,key,value}/bias [1]     ...self_attn.{q,k,v}_proj.bias        (H*D,)        (H, D)
+attention/{query,key}_norm/scale [3]     ...self_attn.{q,k}_norm.weight         (D,)          as is
 mlp/gate/kernel, mlp/up/kernel (C, F)    ...mlp.gate_proj.weight, up_proj      (F, C)        (1,0)
 mlp/down/kernel (F, C)                   ...mlp.down_proj.weight               (C, F)        (1,0)
 attention_norm/scale (C,)                ...input_layernorm.weight             (C,)          as is
@@ -30,13 +31,14 @@ final_norm/scale (C,)                    model.norm.weight                     (
 lm_head/kernel (C, V) [2]                lm_head.weight                        (V, C)        (1,0)
 =======================================  ====================================  ============  ==================
 
-[1] qwen2 and qwen2_moe. [2] untied only (``tie_word_embeddings`` false).
+[1] qwen2 and qwen2_moe. [2] untied only (``tie_word_embeddings`` false). [3] qwen3 and
+qwen3_moe (``qk_norm``): one scale for every query head, one for every key head.
 
-A Mixture-of-Experts block (``mixtral``, ``qwen2_moe``; E experts of width F) has, in
+A Mixture-of-Experts block (``mixtral``, ``qwen2_moe``, ``qwen3_moe``; E experts of width F) has, in
 place of ``mlp/{gate,up,down}/kernel``, the weights of ``MoEFeedForward`` ``mlp``; each
 expert is its own tensor in the file, stacked on E by a ``StackedView`` (a device under
 the ``expert`` layout reads only its experts' tensors). ``<moe>`` is
-``block_sparse_moe.`` (mixtral) or ``mlp.`` (qwen2_moe):
+``block_sparse_moe.`` (mixtral) or ``mlp.`` (qwen2_moe, qwen3_moe):
 
 =======================================  ==========================================  ============  ==================
 zoo path (``block_<i>/mlp/``)            Hugging Face name (``model.layers.<i>.``)   file shape    to the zoo's
@@ -49,7 +51,7 @@ shared_expert/{gate,up,down}/kernel [4]  mlp.shared_expert.{gate,up,down}_proj  
 shared_expert_gate/kernel (C, 1) [4]     mlp.shared_expert_gate.weight               (1, C)        (1,0)
 =======================================  ==========================================  ============  ==================
 
-[3] mixtral's name / qwen2_moe's. [4] qwen2_moe only. The layer's ``router_statistics``
+[3] mixtral's name / qwen2_moe's and qwen3_moe's. [4] qwen2_moe only. The layer's ``router_statistics``
 (what the last training step routed) is state, not a weight: neither read nor written.
 """
 
@@ -86,6 +88,7 @@ EXPERT_NAMES = {
     "mixtral": ("block_sparse_moe.", {"expert_gate": "w1", "expert_up": "w3", "expert_down": "w2"}),
     "qwen2_moe": ("mlp.", {"expert_gate": "gate_proj", "expert_up": "up_proj", "expert_down": "down_proj"}),
 }
+EXPERT_NAMES["qwen3_moe"] = EXPERT_NAMES["qwen2_moe"]  # the same names, without the shared expert
 PREPROCESSOR_LENGTH = 1024  # the preprocessor's default sequence_length (keras-hub's), at most max_sequence_length
 
 __all__ = ["UnsupportedCheckpoint", "is_hf_directory", "load_causal_lm", "load_hf_weights", "read_config", "save_to_hf", "weight_views"]
@@ -126,6 +129,8 @@ def weight_views(arguments):
             views[f"{zoo}attention/{name}/kernel"] = TensorView(f"{projection}.weight", split=(count, head_dim, width), axes=(2, 0, 1))
             if arguments.get("qkv_bias"):
                 views[f"{zoo}attention/{name}/bias"] = TensorView(f"{projection}.bias", split=(count, head_dim))
+        if arguments.get("qk_norm"):  # (D,) as is
+            views.update({f"{zoo}attention/{name}_norm/scale": TensorView(f"{hf}self_attn.{name[0]}_norm.weight") for name in ("query", "key")})
         views[f"{zoo}attention/output/kernel"] = TensorView(
             f"{hf}self_attn.o_proj.weight", split=(width, heads, head_dim), split_dim=1, axes=(1, 2, 0)
         )
@@ -145,7 +150,7 @@ def _mlp_views(hf, zoo):
 
 def _expert_views(arguments, hf, zoo, model_type):
     """The views of one ``MoEFeedForward`` (``zoo`` = ``block_<i>/mlp/``) of a
-    ``mixtral`` or ``qwen2_moe`` checkpoint (``hf`` = ``model.layers.<i>.``)."""
+    ``mixtral``, ``qwen2_moe`` or ``qwen3_moe`` checkpoint (``hf`` = ``model.layers.<i>.``)."""
     block, projections = EXPERT_NAMES[model_type]
     prefix = f"{hf}{block}"
     views = {f"{zoo}router/kernel": TensorView(f"{prefix}gate.weight", axes=(1, 0))}  # (E, C) -> (C, E)
@@ -267,8 +272,9 @@ def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None, extra_files
 
     ``config.json`` (model_type ``llama``, ``mistral`` with a ``sliding_window`` in every
     block, ``qwen2`` with q/k/v biases (a window in blocks m..L-1 as ``use_sliding_window``
-    and ``max_window_layers`` m), ``mixtral`` for experts alone, ``qwen2_moe`` for experts
-    and a shared expert: ``_hf_config.hf_model_type``; another window pattern is refused),
+    and ``max_window_layers`` m), ``qwen3`` with ``qk_norm``, ``mixtral`` for experts alone,
+    ``qwen2_moe`` for experts and a shared expert, ``qwen3_moe`` for ``qk_norm`` and experts:
+    ``_hf_config.hf_model_type``; another window pattern is refused),
     ``generation_config.json``, the weights as safetensors (one file, or files of at most
     ``max_file_bytes`` with an index), and the tokenizer when the preprocessor's has
     ``save_to_directory`` (``HFTokenizer``; ``ByteTokenizer`` as a byte-level
