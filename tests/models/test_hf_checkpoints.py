@@ -142,6 +142,7 @@ def test_a_dense_model_exports_as_its_model_type_and_round_trips(loaded, tmp_pat
 
 def test_lora_is_merged_on_export(tmp_path):
     from zoo.training._lora import enable_lora
+    from zoo.training.export import exported_parameter_count
 
     model = GPTCausalLM.from_preset(FIXTURES / "llama_mha_tied")
     layers = enable_lora(model, 2)
@@ -154,6 +155,7 @@ def test_lora_is_merged_on_export(tmp_path):
     model.save_to_hf(tmp_path / "merged")
     reloaded = GPTCausalLM.from_preset(tmp_path / "merged")
     assert not any("lora" in w.path for w in reloaded.weights)
+    assert exported_parameter_count(model) == reloaded.count_params() < model.count_params()  # factors not counted
     np.testing.assert_allclose(np.asarray(reloaded(token_ids)), adapted, atol=1e-5, rtol=0)
 
 
