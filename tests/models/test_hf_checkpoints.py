@@ -8,6 +8,7 @@ with the logits transformers computed in float32.
 import collections
 import json
 import math
+import os
 import pathlib
 import re
 import shutil
@@ -21,6 +22,7 @@ from zoo.bench.hf_load import live_bytes_per_device  # per device, from shard sh
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments
+from zoo.presets.safetensors_weights import CheckpointError
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 MOE_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe")
@@ -157,6 +159,19 @@ def test_lora_is_merged_on_export(tmp_path):
     assert not any("lora" in w.path for w in reloaded.weights)
     assert exported_parameter_count(model) == reloaded.count_params() < model.count_params()  # factors not counted
     np.testing.assert_allclose(np.asarray(reloaded(token_ids)), adapted, atol=1e-5, rtol=0)
+
+
+def test_a_weight_that_is_not_finite_is_refused_before_anything_is_written(loaded, tmp_path):
+    model = loaded["llama_mha_tied"]
+    weight = model.backbone.get_layer("final_norm").weights[0]
+    original = np.asarray(weight.value)
+    weight.assign(np.where(np.arange(original.size) == 3, np.nan, original).astype(original.dtype))
+    try:
+        with pytest.raises(CheckpointError, match=r"weight '.*final_norm.*' of shape \(32,\) holds 1 NaN or infinite"):
+            model.save_to_hf(tmp_path / "out")
+    finally:
+        weight.assign(original)
+    assert not os.path.exists(tmp_path / "out") and os.listdir(tmp_path) == []  # no folder, no partial
 
 
 # --- what is refused ------------------------------------------------------------------

@@ -336,8 +336,25 @@ def _file_tensors(model, views, dtype):
     tensors = {}
     for path, view in views.items():
         array = np.asarray(values[path])
-        tensors.update(view.file_tensors(array if dtype is None else array.astype(dtype)))
+        stored = array if dtype is None else array.astype(dtype)
+        _check_finite(path, stored, dtype)
+        tensors.update(view.file_tensors(stored))
     return tensors
+
+
+def _check_finite(path, array, dtype):
+    """``CheckpointError`` naming the weight when it holds NaN or infinity (as stored, so
+    also a value that overflows ``dtype``): raised before the folder is written, as the
+    loader refuses such a tensor."""
+    import numpy as np
+
+    bad = np.size(array) - np.count_nonzero(np.isfinite(array))
+    if bad:
+        stored = "" if dtype is None else f" once stored as {dtype}"
+        raise CheckpointError(
+            f"weight {path!r} of shape {tuple(array.shape)} holds {bad} NaN or infinite value(s){stored}: nothing "
+            f"was written (a model from such a folder computes NaN)"
+        )
 
 
 def _unstacked_blocks(model):
