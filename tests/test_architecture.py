@@ -33,6 +33,8 @@ def _zoo_imports(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "zoo" and node.level == 0:
+            names = [f"zoo.{alias.name}" for alias in node.names if _is_zoo_module(alias.name)]  # from zoo import kernels
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         else:
@@ -45,6 +47,11 @@ def _zoo_imports(path):
                 yield "keras", name
 
 
+def _is_zoo_module(name):
+    """Whether ``zoo.<name>`` is a subpackage or module (not a name the package root defines)."""
+    return (ROOT / name / "__init__.py").exists() or (ROOT / f"{name}.py").exists()
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_import_direction(package):
     bad = []
@@ -53,6 +60,53 @@ def test_import_direction(package):
             if target in FORBIDDEN[package] or (package in ("kernels", "config") and target == "keras"):
                 bad.append(f"{path.relative_to(ROOT.parent)} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+# --- the package root is imported by the entry points only (DESIGN.md, convention 14) ---
+
+# The root (zoo/__init__.py) imports every part of the zoo, so a module below the command
+# line that imports it (``import zoo``, ``from zoo import __version__``) sits above
+# everything; ``from zoo import kernels`` names a subpackage and is ``zoo.kernels`` above.
+ROOT_IMPORTERS = ("cli/", "__init__.py", "__main__.py")  # relative to zoo/; cli/ and below
+
+
+def _root_imports(path):
+    """``import zoo`` and ``from zoo import <a name the root defines>`` in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = ["import zoo" for alias in node.names if alias.name == "zoo"]
+        elif isinstance(node, ast.ImportFrom) and node.module == "zoo" and node.level == 0:
+            names = [f"from zoo import {alias.name}" for alias in node.names if not _is_zoo_module(alias.name)]
+        else:
+            continue
+        found += [f"{path.relative_to(ROOT.parent)}:{node.lineno}: {name}" for name in names]
+    return found
+
+
+def _below_the_entry_points():
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if not (relative.startswith(ROOT_IMPORTERS[0]) or relative in ROOT_IMPORTERS[1:]):
+            yield relative, path
+
+
+def test_no_module_below_the_entry_points_imports_the_package_root():
+    bad = [found for relative, path in _below_the_entry_points() for found in _root_imports(path)]
+    assert not bad, "import zoo._version (or the zoo.<part> meant), not the package root:\n" + "\n".join(bad)
+
+
+def test_version_is_single_sourced():
+    """pyproject.toml's static version is zoo/_version.py's (zoo.__version__ re-exports it)."""
+    import tomllib
+
+    import zoo
+    from zoo import _version
+
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"]
+    assert "version" not in project.get("dynamic", ()), "pyproject reads the version dynamically: point it at zoo._version"
+    assert project["version"] == _version.__version__
+    assert zoo.__version__ is _version.__version__
 
 
 # --- private APIs of other libraries live only in zoo/_compat.py (DESIGN.md, convention 12) ---

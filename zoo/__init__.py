@@ -25,7 +25,7 @@ from zoo._backend import BackendError, select_jax_backend
 
 select_jax_backend()  # before anything below imports Keras
 
-__version__ = "0.1.0"  # before the imports below, which may read it
+from zoo._version import __version__  # the one home of the version (zoo/_version.py)
 
 
 def load_all():

@@ -14,6 +14,7 @@ or ``ZOO_DEBUG=1`` prints the traceback before that line.
 
 import argparse
 import os
+import re
 import shlex
 import sys
 import traceback
@@ -25,13 +26,55 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 JAX_TRACEBACK_NOTE = "JAX has removed its internal frames"
 
 
+# flag of an earlier release -> the flags that replaced it, in order of preference: the first
+# this (sub)command has is named (docs/cli.md, "Renamed flags"; the recipe keys' table is
+# zoo.training._recipe_schema.RENAMED_KEYS). --strategy was zoo finetune's "what trains".
+RENAMED_FLAGS = {
+    "--distribution": ("--layout",),
+    "--strategy": ("--method", "--layout"),
+    "--seq-len": ("--sequence-length",),
+    "--sequence-parallel": ("--megatron-sp",),  # zoo comms mlp: Megatron sequence parallelism
+    "--attention": ("--context-attention",),  # the kernel under the context layout
+}
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """``argparse`` whose errors are one line, ``zoo: error: <message> (see <prog> --help)``,
     with exit status 2 (argparse's own prints the usage block first). Subparsers made by
-    ``add_subparsers`` are of this class too."""
+    ``add_subparsers`` are of this class too, so each (sub)command answers a renamed flag
+    (``RENAMED_FLAGS``) with the flag that replaced it, where it has that flag."""
 
     def error(self, message):
         self.exit(USAGE, f"zoo: error: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        # argparse parses a subcommand's words with the subparser's parse_known_args
+        renamed = renamed_flag(self, sys.argv[1:] if args is None else args)
+        if renamed:
+            self.error(renamed)
+        return super().parse_known_args(args, namespace)
+
+
+def renamed_flag(parser, words):
+    """``"--seq-len was renamed --sequence-length"`` for the first old flag in ``words``
+    (before a ``--``) whose new flag ``parser`` has; None if there is none."""
+    options = None
+    for word in words:
+        if word == "--":
+            break
+        old = str(word).split("=", 1)[0]
+        if old not in RENAMED_FLAGS:
+            continue
+        options = options if options is not None else _option_words(parser)
+        new = next((flag for flag in RENAMED_FLAGS[old] if flag in options), None)
+        if new and old not in options:
+            return f"{old} was renamed {new}"
+    return None
+
+
+def _option_words(parser):
+    """The option strings ``parser``'s usage line shows (argparse keeps no public list)."""
+    return set(re.findall(r"(?<![\w-])--?[\w][\w-]*", parser.format_usage()))
 
 
 def parse(parser, argv):

@@ -1,6 +1,6 @@
 """``zoo comms``: every collective a compiled step runs, with its bytes, and the step's memory.
 
-    zoo comms mlp --mesh data=2,model=4 --sequence-parallel
+    zoo comms mlp --mesh data=2,model=4 --megatron-sp
     zoo comms mlp --implementation gspmd --gated --step backward
     zoo comms cnn --layout model
 

@@ -10,6 +10,7 @@ Prints the plan's table; exits 1 with one line on stderr when the step does not 
 2 on bad input. The logic is in ``zoo.planning``; this module only parses flags.
 """
 
+import os
 import sys
 
 from zoo.config import types
@@ -77,6 +78,7 @@ def request_from(args):
 
     depth = int(args.depth) if str(args.depth).isdigit() else args.depth
     if args.recipe:
+        _check_not_a_config_name(args.recipe)
         from zoo.planning.recipes import request_from_recipe
         from zoo.training.recipe import load_recipe, parse_override
 
@@ -95,6 +97,14 @@ def request_from(args):
         "pretrain_gpt", config, devices=args.devices or 8, device=args.device or "h100", device_memory_gib=args.device_memory_gib,
         depth=depth, label=config["config_name"],
     )  # fmt: skip
+
+
+def _check_not_a_config_name(recipe):
+    """``zoo plan gpt_1b``: a GPT config's name where the recipe file goes (and no such file)."""
+    from zoo.models.gpt.gpt_configs import GPT_CONFIGS
+
+    if recipe in GPT_CONFIGS and not os.path.exists(recipe):
+        raise ValueError(f"{recipe} is no recipe file; did you mean --config-name {recipe}?")
 
 
 def run(args):

@@ -20,6 +20,8 @@ import hashlib
 import json
 import os
 
+from zoo._version import __version__
+
 FORMAT_VERSION = 1  # the newest preset format this keras-zoo reads and the one it writes
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
@@ -71,8 +73,6 @@ def check_version(directory, metadata):
             f"it was not written by zoo.presets.save_to_preset"
         )
     if version > FORMAT_VERSION:
-        from zoo import __version__
-
         raise PresetError(
             f"preset {directory!r} has format version {version}, newer than the {FORMAT_VERSION} this "
             f"keras-zoo {__version__} reads (written by keras-zoo {metadata.get('zoo_version', '?')}); "

@@ -13,7 +13,7 @@ import tempfile
 import jax
 import keras
 
-import zoo
+from zoo._version import __version__
 from zoo.presets._format import (
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -83,7 +83,7 @@ def _metadata(model, name, extra):
         "name": name,
         "class_name": type(model).__name__,
         "parameter_count": int(model.count_params()),
-        "zoo_version": zoo.__version__,
+        "zoo_version": __version__,
         "keras_version": keras.__version__,
         "jax_version": jax.__version__,
         **extra,

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-import zoo
+from zoo._version import __version__
 from zoo.training import _checkpoint_files as files
 from zoo.training import _checkpoint_integrity as integrity
 from zoo.training import _checkpoint_state as state
@@ -100,7 +100,7 @@ class Checkpoints:
         tree = state.state_tree(model)
         metadata = files.with_checksum({
             "format": FORMAT,
-            "zoo_version": zoo.__version__,
+            "zoo_version": __version__,
             "position": position.as_dict(),
             "data": self.data,
             "description": state.describe(model),
