@@ -73,6 +73,17 @@ MATRIX = {
     "tests/models/test_vit.py::test_three_steps_of_fit_match_one_device[tp data=2,model=4]": (
         "[data=8 dropout]; the ViT's tp layout: tests/models/test_vit.py's sharding checks"
     ),
+    # the attention layer under fit: tier 1 keeps ring (causal, GQA, key mask); gather and
+    # Ulysses under fit: tests/distribution/test_context_parallel.py's [gather], [ulysses]
+    "tests/layers/test_multi_head_attention_fit.py::test_fit_matches_one_device[gather-data=1,seq=4-False]": (
+        "tests/distribution/test_context_parallel.py::test_fit_matches_one_device[gather]; full attention: " + MHA_SP + " full cases"
+    ),
+    "tests/layers/test_multi_head_attention_fit.py::test_fit_matches_one_device[ulysses-data=2,seq=4-True]": (
+        "tests/distribution/test_context_parallel.py::test_fit_matches_one_device[ulysses]"
+    ),
+    # the CNN under fit: tier 1 keeps data=8 and the model axis at data=2,model=4 (sharded
+    # weights at data=1,model=8: test_weights_are_really_sharded[data=1,model=8])
+    "tests/models/test_small_cnn.py::test_three_steps_of_fit_match_one_device[model-data=1,model=8]": "[model-data=2,model=4]",
     # fine-tuning: tier 1 keeps lora and full on the model axis, frozen on data
     f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[data-lora]": "[model-lora]",
     f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[data-full]": "[model-full]",
