@@ -7,13 +7,16 @@ fail before any model is compiled or trained (``Model.compile`` and ``Model.fit`
 forbidden here), so the whole table runs in about a second.
 """
 
+import pathlib
 import signal
 import time
+import zipfile
 
 import keras
 import pytest
 
 import zoo.cli.devices
+import zoo.presets
 from zoo.cli import main as cli
 from zoo.training.interrupts import TrainingInterrupted
 
@@ -289,8 +292,28 @@ def test_a_default_mesh_that_does_not_fit_simulated_devices_hints_at_mesh(paths,
     _assert_one_error_line(code, out, err, USAGE, "not divisible by mesh axis 'model' of size 3; the default mesh for 3 devices was used: give --mesh SPEC, or --simulate-devices 8")
 
 
-def test_generate_refuses_a_prompt_that_does_not_fit_before_printing_it(paths, capsys):
-    argv = ["generate", "--model", "gpt_tiny_python_docs", "--prompt", "def read_file(path):", "--max-new-tokens", "100"]
+HF_FOLDER = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llama_mha_tied"
+
+
+@pytest.mark.parametrize(
+    "model, max_new_tokens, message",
+    [
+        ("gpt_tiny_python_docs", "100", "prompt length 20 + max_new_tokens 100 = 120 exceeds max_sequence_length 64"),
+        ("{keras_file}", "100", "prompt length 20 + max_new_tokens 100 = 120 exceeds max_sequence_length 64"),
+        (str(HF_FOLDER), "200", "prompt length 19 + max_new_tokens 200 = 219 exceeds max_sequence_length 128"),  # the loaded model's figure
+    ],
+    ids=["preset", "keras-file", "hf-folder"],
+)
+def test_generate_refuses_a_prompt_that_does_not_fit_before_loading_the_model(model, max_new_tokens, message, paths, tmp_path, monkeypatch, capsys):
+    """Told from the saved config and the tokenizer (zoo.training.saving.check_prompt_fits),
+    before the model is built or a weight read: in milliseconds, not after the load."""
+    keras_file = tmp_path / "config_only.keras"  # a .keras archive is read for its config.json alone
+    with zipfile.ZipFile(keras_file, "w") as archive:
+        archive.write(pathlib.Path(zoo.presets.preset_directory("gpt_tiny_python_docs")) / "config.json", "config.json")
+    monkeypatch.setattr("zoo.training.gpt.load_causal_lm", _forbidden)
+    argv = ["generate", "--model", model.format(keras_file=keras_file), "--prompt", "def read_file(path):", "--max-new-tokens", max_new_tokens]
+    start = time.perf_counter()
     code, out, err = _run(argv, capsys)
-    _assert_one_error_line(code, out, err, USAGE, "prompt length 20 + max_new_tokens 100 = 120 exceeds max_sequence_length 64")
+    assert time.perf_counter() - start < 0.5
+    _assert_one_error_line(code, out, err, USAGE, message)
     assert "read_file" not in out  # checked before anything is printed

@@ -1,3 +1,4 @@
+import csv
 import os
 import subprocess
 import sys
@@ -26,10 +27,15 @@ def test_train_end_to_end_in_process(tmp_path, capsys):
     loaded = keras.saving.load_model(output, safe_mode=True)
     assert isinstance(loaded, SmallCNN) and loaded.image_size == (16, 16)
     assert not [p for p in os.listdir(output.parent) if p.startswith(".partial-")]
-    metrics = (output.parent / "metrics.csv").read_text().splitlines()  # the run's epochs, as Keras' logs had them
-    assert len(metrics) == 3 and {"epoch", "step", "loss", "val_accuracy", "images_per_second"} <= set(metrics[0].split(","))
-    assert main(["plot", str(output.parent)]) == 0  # zoo plot on the finished run
-    assert png_size(output.parent / "metrics.png")[0] > 0
+    run_folder = output.parent / "cnn.run"  # the run's own folder, not the output's (another run's output may share it)
+    assert not (output.parent / "metrics.csv").exists()
+    metrics = list(csv.DictReader((run_folder / "metrics.csv").open()))  # the run's epochs, as Keras' logs had them
+    assert len(metrics) == 2 and {"epoch", "step", "loss", "val_accuracy", "images_per_second"} <= set(metrics[0])
+    steps = list(csv.DictReader((run_folder / "steps.csv").open()))  # one row per optimizer step, with its own time
+    assert [int(row["step"]) for row in steps] == list(range(1, int(metrics[-1]["step"]) + 1))
+    assert all(float(row["step_time_s"]) > 0 and float(row["images_per_second"]) > 0 and row["loss"] for row in steps)
+    assert main(["plot", str(output)]) == 0  # zoo plot on the finished run, given the job's --output
+    assert png_size(run_folder / "metrics.png")[0] > 0
 
 
 def test_train_gpt_with_remat_in_process(tmp_path, capsys):
@@ -44,6 +50,7 @@ def test_train_gpt_with_remat_in_process(tmp_path, capsys):
     assert "model: gpt_tiny, 34,976 parameters, remat full" in out and "epoch 1: validation loss" in out
     assert "attention: one shard_map over 'model' (M=4: 1 of 4 heads per device), then blockwise (tile 16)" in out
     assert keras.saving.load_model(output, safe_mode=True).backbone.remat == "full"
+    assert (tmp_path / "gpt.run" / "metrics.csv").is_file() and not (tmp_path / "metrics.csv").exists()  # its own run folder
 
 
 def test_remat_flag_values():

@@ -105,6 +105,38 @@ def test_throughput_logs_each_epoch_and_prints_after_kerass_line():
     assert lines[2] == "keras epoch 2" and lines[3].startswith("epoch 2: ") and len(lines) == 4
 
 
+def test_throughput_with_log_steps_gives_steps_csv_a_row_per_step(tmp_path):
+    """The jobs without a StepReport (zoo train cnn, encoder, vit): every step's own time and rate."""
+    seen = _Logs()
+    throughput = Throughput(BATCH, lambda line: None, log_steps=True)
+    _fit([throughput, seen, *run_logs.run_log_callbacks(tmp_path)], epochs=2)
+    steps = _csv(tmp_path / "steps.csv")
+    assert [(r["epoch"], r["step"]) for r in steps] == [("1", str(n)) for n in range(1, 6)] + [("2", str(n)) for n in range(6, 11)]
+    assert [float(r["step_time_s"]) for r in steps] == [logs["step_time_s"] for logs in seen.steps]
+    assert all(float(r["images_per_second"]) == pytest.approx(BATCH / float(r["step_time_s"])) and r["loss"] for r in steps)
+    assert sum(logs["step_time_s"] for logs in seen.steps[5:]) <= 5 * BATCH / throughput.per_epoch[1] + 1e-9  # within the epoch's clock
+    assert "step_time_s" not in Throughput(BATCH, lambda line: None).__dict__ and not [  # without it: epochs only
+        logs for logs in _fit_logs(Throughput(BATCH, lambda line: None)) if "step_time_s" in logs
+    ]
+
+
+def _fit_logs(callback):
+    seen = _Logs()
+    _fit([callback, seen])
+    return seen.steps
+
+
+def test_every_job_writes_its_run_files_to_its_own_folder_beside_its_output(tmp_path):
+    """OUTPUT.run beside --output, a .keras file's name without .keras: two runs whose outputs
+    share a folder never overwrite one another's metrics.csv (zoo train, zoo finetune)."""
+    from zoo.training.job_setup import run_dir_of
+
+    assert run_dir_of(str(tmp_path / "runs" / "cnn.keras")) == str(tmp_path / "runs" / "cnn.run")
+    assert run_dir_of(str(tmp_path / "runs" / "x"), output_is_folder=True) == str(tmp_path / "runs" / "x.run")
+    assert run_dir_of("a.keras") != run_dir_of("b.keras")
+    assert run_dir_of(None, fallback="runs/finetune") == "runs/finetune"
+
+
 def _csv(path):
     with open(path, newline="") as handle:
         return list(csv.DictReader(handle))

@@ -70,7 +70,7 @@ class CNNTrainConfig(CheckpointSettings, _Checked):
     batch_size: int = setting(32, "global batch: examples per step over all devices", section="train", parse=types.positive_int)
     learning_rate: float = setting(1e-3, "Adam learning rate", section="train", parse=types.positive_float)
     seed: int = _seed("data, weight initialisation and shuffling")
-    output: str = setting("runs/cnn/small_cnn.keras", "where the trained model is saved (.keras); metrics.csv goes beside it", section="train")
+    output: str = setting("runs/cnn/small_cnn.keras", "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras", section="train")
 
 
 @dataclasses.dataclass
@@ -132,7 +132,7 @@ class GPTTrainConfig(CheckpointSettings, _Checked):
                          booleans={True: "full", False: "none"})  # fmt: skip
     gradient_accumulation_steps: int = setting(1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int)
     seed: int = _seed()
-    output: str = setting("runs/gpt/gpt.keras", "where the trained model is saved (.keras); metrics.csv goes beside it", section="train")
+    output: str = setting("runs/gpt/gpt.keras", "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras", section="train")
     report_every: int = setting(50, "print step time, tokens/s and MFU every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
     peak_tflops: float | None = setting(None, "device peak dense TFLOP/s for MFU; default: looked up from the device kind (none on CPU)",
                                         section="logging", parse=types.positive_float)  # fmt: skip

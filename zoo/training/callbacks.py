@@ -2,10 +2,11 @@
 
 import time
 
+import jax
 import keras
 
 from zoo.training._data_position import TrainingPosition
-from zoo.training.report import rate_name
+from zoo.training.report import STEP_TIME, rate_name
 
 
 class Throughput(keras.callbacks.Callback):
@@ -18,13 +19,20 @@ class Throughput(keras.callbacks.Callback):
     ``zoo.training.run_logs`` after this callback see it) and is printed on its own
     line once Keras has printed the epoch's (at the next epoch's start, or the end of
     training), not glued onto its progress bar.
+
+    With ``log_steps=True`` every step's logs also get its own ``step_time_s`` (wall clock
+    from the end of the previous step, or from the epoch's start, to the end of this one,
+    once its results are ready; the first step includes XLA compilation) and
+    ``<unit>_per_second``: ``zoo.training.run_logs`` then writes one ``steps.csv`` row per
+    step. For the jobs that have no ``StepReport`` (``zoo train cnn``, ``encoder``, ``vit``).
     """
 
-    def __init__(self, global_batch_size, report=print, unit="images"):
+    def __init__(self, global_batch_size, report=print, unit="images", log_steps=False):
         super().__init__()
         self.global_batch_size = global_batch_size  # examples per step, in ``unit``
         self.report = report
         self.unit = unit
+        self.log_steps = log_steps  # each step's time and rate into its logs too
         self.per_epoch = []  # examples/s, one entry per epoch
         self._pending = None  # the last epoch's line, printed after Keras' own
 
@@ -35,8 +43,14 @@ class Throughput(keras.callbacks.Callback):
         self._examples = 0
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.log_steps and logs is not None:  # the step's results ready, not just dispatched
+            jax.block_until_ready([v for v in logs.values() if isinstance(v, jax.Array)])
+        now = time.perf_counter()
+        if self.log_steps and logs is not None:
+            seconds = max(now - self._end, 1e-9)
+            logs.update({rate_name(self.unit): self.global_batch_size / seconds, STEP_TIME: seconds})
         self._examples += self.global_batch_size
-        self._end = time.perf_counter()
+        self._end = now
 
     def on_epoch_end(self, epoch, logs=None):
         rate = self._examples / max(self._end - self._start, 1e-9)

@@ -53,7 +53,7 @@ def train(config, report=print):
     for line in zd.format_sharding_summary(model):
         report("  " + line)
     per_example = x.shape[1] if unit == "tokens" else 1
-    throughput = Throughput(config.batch_size * per_example, report, unit=unit)
+    throughput = Throughput(config.batch_size * per_example, report, unit=unit, log_steps=True)  # steps.csv: one row per step
     with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: stop at a step boundary (no checkpoints here)
         history = model.fit(
             DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed),

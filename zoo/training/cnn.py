@@ -66,7 +66,7 @@ def train(config, report=print, callbacks=()):
     for line in zd.format_sharding_summary(model):
         report("  " + line)
 
-    throughput = Throughput(config.batch_size, report)
+    throughput = Throughput(config.batch_size, report, log_steps=True)  # steps.csv: one row per step (no StepReport here)
     data = {  # what the saved data position refers to; a resume under other data is refused
         "dataset": config.dataset,
         "image_shape": list(image_shape),

@@ -28,7 +28,7 @@ from zoo.training.job_setup import (
 from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.profile import ProfileSteps
 from zoo.training.report import StepReport
-from zoo.training.saving import load_causal_lm
+from zoo.training.saving import check_prompt_fits, load_causal_lm
 
 
 def resolve_distribution(config, mesh=None):
@@ -292,6 +292,7 @@ def generate(config, report=print):
     on the preset's tokenizer, else on bytes (``ByteTokenizer``, what ``zoo train gpt``
     trains on). ``report`` is print-like: it takes ``end=`` and ``flush=``.
     """
+    check_prompt_fits(config.model, config.prompt, config.max_new_tokens)  # from the config: before a slow load
     model = load_causal_lm(config.model)  # with its preset's tokenizer when it has one
     if model.preprocessor is None:
         tokenizer = ByteTokenizer()

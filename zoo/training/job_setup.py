@@ -31,17 +31,23 @@ def report_setup(distribution, report):
         report(f"distribution: {type(distribution).__name__} on mesh {zd.describe_mesh(distribution.device_mesh)}")
 
 
-RUN_FOLDER_SUFFIX = ".run"  # a folder output's run files: <output>.run beside it
+RUN_FOLDER_SUFFIX = ".run"  # a run's files (metrics.csv, steps.csv, tensorboard/): OUTPUT.run/ beside its --output
 
 
 def run_dir_of(output, fallback="runs", *, output_is_folder=False):
-    """The folder a run's metrics.csv goes to: the folder of its saved model file; for a
-    saved folder (a preset, a Hugging Face folder), ``<output>.run`` beside it, so the
-    run files neither enter the folder written whole at the end nor meet another run's."""
+    """The run's own folder, where ``metrics.csv``, ``steps.csv`` and ``tensorboard/`` go:
+    ``OUTPUT.run`` beside the job's ``--output``, for a saved model file without its
+    ``.keras`` (``runs/cnn/small_cnn.keras`` -> ``runs/cnn/small_cnn.run``) and for a saved
+    folder (a preset, a Hugging Face folder: ``runs/x`` -> ``runs/x.run``). Every job
+    (``zoo train cnn|gpt|encoder|vit``, ``zoo finetune``) names it so: two runs whose
+    outputs share a folder never write (and overwrite) one another's run files, and a
+    folder written whole at the end does not get them inside. Without an output: ``fallback``."""
     if not output:
         return fallback
     output = os.path.abspath(output)
-    return output + RUN_FOLDER_SUFFIX if output_is_folder else os.path.dirname(output)
+    if not output_is_folder and output.endswith(".keras"):
+        output = output[: -len(".keras")]
+    return output + RUN_FOLDER_SUFFIX
 
 
 def train_validation_test_splits(spec):

@@ -10,8 +10,12 @@ import keras
 
 import zoo.models  # noqa: F401  (registers the zoo's serialisable classes)
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
-from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
-from zoo.presets import PresetError, load_tokenizer
+from zoo.models.gpt._generation import check_lengths
+from zoo.models.gpt._hf_config import backbone_arguments
+from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH, is_hf_directory
+from zoo.models.gpt.hf_checkpoints import read_config as read_hf_config
+from zoo.presets import PresetError, load_preset_config, load_tokenizer
+from zoo.tokenizers import ByteTokenizer, HFTokenizer
 
 KERAS_CONFIG = "config.json"  # the member every .keras archive holds (Keras' saving_lib)
 
@@ -94,3 +98,54 @@ def _preset_tokenizer(source):
         return load_tokenizer(source)
     except PresetError:
         return None
+
+
+def check_prompt_fits(source, prompt, max_new_tokens):
+    """Raise the ``ValueError`` ``GPTCausalLM.generate`` would (``prompt length 20 +
+    max_new_tokens 100 = 120 exceeds max_sequence_length 64``) when ``prompt`` and
+    ``max_new_tokens`` do not fit the causal LM at ``source``, from its config and tokenizer
+    alone: no model is built and no weight read, so ``zoo generate`` refuses in a fraction
+    of a second what it would otherwise refuse after loading. Reads a zoo preset (name or
+    folder), a ``.keras`` file (the config inside the archive) and a Hugging Face folder.
+    Returns whether it could tell; False (``hf://``, a ``.keras`` file saved with its own
+    preprocessor, anything that does not read as a causal LM) leaves the check to the
+    loaded model, and the load names what is wrong."""
+    found = _saved_lm_limits(os.fspath(source))
+    if found is None:
+        return False
+    max_sequence_length, vocabulary_size, tokenizer = found
+    if tokenizer is None:  # what zoo generate gives a model saved without one: bytes, if its vocabulary is
+        if vocabulary_size != ByteTokenizer.vocabulary_size:
+            return False
+        tokenizer = ByteTokenizer()
+    preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=min(PREPROCESSOR_LENGTH, max_sequence_length))
+    token_ids, _ = preprocessor.generate_preprocess(prompt)  # (B, P): the start token and the prompt, as generate has them
+    check_lengths(token_ids.shape[1], max_new_tokens, max_sequence_length)
+    return True
+
+
+def _saved_lm_limits(source):
+    """``(max_sequence_length, vocabulary_size, tokenizer or None)`` of the causal LM at
+    ``source`` as ``load_causal_lm`` would find it, read without building it; None where
+    that cannot be told from the files."""
+    try:
+        if source.endswith(".keras") or os.path.isfile(source):
+            with zipfile.ZipFile(source) as archive:
+                config = json.loads(archive.read(KERAS_CONFIG))
+            return _causal_lm_limits(config, tokenizer=None)
+        if is_hf_directory(source):
+            arguments = backbone_arguments(read_hf_config(source))
+            tokenizer = HFTokenizer.from_directory(source) if os.path.isfile(os.path.join(source, "tokenizer.json")) else None
+            return arguments["max_sequence_length"], arguments["vocabulary_size"], tokenizer
+        return _causal_lm_limits(load_preset_config(source), tokenizer=load_tokenizer(source))
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError, zipfile.BadZipFile):
+        return None  # hf://, no such file, not a causal LM: the load says which, in its own words
+
+
+def _causal_lm_limits(config, tokenizer):
+    """From a serialised ``GPTCausalLM`` config (a preset's ``config.json``, a ``.keras``
+    archive's): None for another class or one saved with a preprocessor (its own settings)."""
+    if config.get("registered_name") != "zoo>GPTCausalLM" or config["config"].get("preprocessor") is not None:
+        return None
+    backbone = config["config"]["backbone"]["config"]
+    return backbone["max_sequence_length"], backbone["vocabulary_size"], tokenizer
