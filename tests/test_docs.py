@@ -31,6 +31,7 @@ PAGES = [
     "docs/planning.md",
     "docs/pipeline_parallel.md",
     "docs/moe.md",
+    "docs/chat.md",
 ]
 
 def _examples():

@@ -28,7 +28,9 @@ FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 MOE_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe")
 WINDOW_NAMES = ("mistral_window",)  # sliding_window 8 < the 16 tokens of expected.npz, the 14 of greedy
 QK_NORM_NAMES = ("qwen3",)  # greedy too: qk-norm on the KV-cache path
-NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES, *WINDOW_NAMES, *QK_NORM_NAMES)
+# Gemma 2 (soft-caps, window on even layers) and Gemma 3 text (qk-norm, local rope base, pattern 3): window 8 < 16
+GEMMA_NAMES = ("gemma2", "gemma3_text")
+NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES, *WINDOW_NAMES, *QK_NORM_NAMES, *GEMMA_NAMES)
 
 
 def expected(name):
@@ -70,7 +72,7 @@ def test_the_config_is_mapped(loaded):
     assert (loaded["mistral_window"].backbone.sliding_window, loaded["mistral_window"].backbone.sliding_window_layers) == (8, None)
 
 
-@pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES + QK_NORM_NAMES)
+@pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES + QK_NORM_NAMES + GEMMA_NAMES)
 def test_greedy_equals_transformers(loaded, name):
     data = np.load(FIXTURES / name / "expected.npz")
     np.testing.assert_array_equal(loaded[name].generate(data["greedy_prompts"], max_new_tokens=8), data["greedy"])
@@ -118,6 +120,8 @@ def test_save_to_hf_round_trips_bitwise(loaded, tmp_path):
 DENSE_EXPORT_KEYS = {
     "mistral_window": ("sliding_window",),
     "qwen3": ("head_dim", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "tie_word_embeddings"),
+    "gemma2": ("head_dim", "query_pre_attn_scalar", "sliding_window", "attn_logit_softcapping", "final_logit_softcapping"),
+    "gemma3_text": ("head_dim", "query_pre_attn_scalar", "sliding_window", "rope_theta", "rope_local_base_freq", "attn_logit_softcapping"),
 }
 
 
@@ -220,6 +224,11 @@ def fixture_config(name):
         ("qwen3_moe", {"shared_expert_intermediate_size": 24}, "key 'shared_expert_intermediate_size'"),  # Qwen2-MoE's
         ("qwen3_moe", {"qkv_bias": True}, "key 'qkv_bias'"),
         ("qwen3_moe", {"layer_types": ["sliding_attention"] * 2}, "layer_types ['sliding_attention'] is not supported for model_type 'qwen3_moe'"),
+        ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation = 'gelu' is not supported for model_type 'gemma2'"),
+        ("gemma2", {"tie_word_embeddings": False}, "tie_word_embeddings = False"),
+        ("gemma3_text", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_scaling = {'rope_type': 'linear', 'factor': 8.0} is not supported"),
+        ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention = True"),
+        ("gemma3_text", {"vision_config": {}}, "key 'vision_config'"),
         ("qwen3_moe", {"mlp_only_layers": [0, 1]}, "leave none of the 2 blocks sparse: the zoo's moe_layers needs at least one (a dense model is model_type qwen3)"),
     ],
 )
@@ -490,3 +499,14 @@ def test_a_pipelined_gpt_exports_its_blocks_in_order_and_generates(tmp_path):
     greedy = pipelined.generate(token_ids[:, :6], max_new_tokens=4, sampler="greedy")
     np.testing.assert_array_equal(greedy, layers.generate(token_ids[:, :6], max_new_tokens=4, sampler="greedy"))
     assert layers.preprocessor.tokenizer.encode("héllo\x00").tolist() == ByteTokenizer().encode("héllo\x00").tolist()
+
+
+@pytest.mark.parametrize("name", GEMMA_NAMES)
+def test_gemma_under_tp_computes_the_same_logits(name):
+    """Gemma's pieces under ``tp`` (data=4, model=2): soft-capped scores and qk-norm (offset
+    scales) inside the tensor-parallel attention's shard_map, post-norms, scaled embeddings."""
+    token_ids, logits = expected(name)
+    distribution = zd.distribution_for(GPTCausalLM, "tp", "data=4,model=2", config=fixture_config(name))
+    model = zd.build_distributed(lambda: GPTCausalLM.from_preset(FIXTURES / name), distribution)
+    rows = np.concatenate([token_ids, token_ids[::-1]])  # (4, 16): a batch the data axis of 4 splits
+    np.testing.assert_allclose(np.asarray(model(rows)), np.concatenate([logits, logits[::-1]]), atol=1e-4, rtol=0)

@@ -39,13 +39,13 @@ REMATS = ("none", "full", "dots_saveable")
 SCHEDULES = ("gpipe", "circular")
 
 # Transformer architecture.
-MLPS = ("swiglu", "geglu", "gelu", "relu")
-GATED_MLPS = ("swiglu", "geglu")  # the MLPS with a gate: three weight matrices
-NORMS = ("rms", "layer")
+MLPS = ("swiglu", "geglu", "geglu_tanh", "gelu", "relu")  # geglu_tanh: tanh-approximate GELU (Gemma)
+GATED_MLPS = ("swiglu", "geglu", "geglu_tanh")  # the MLPS with a gate: three weight matrices
+NORMS = ("rms", "layer", "rms_offset")  # rms_offset: RMSNorm times (1 + weight), Gemma's
 POOLINGS = ("cls", "mean")  # how a classifier reduces its tokens to one vector
 POSITION_EMBEDDINGS = ("learned", "rotary")  # the encoder classifier's positions
 # Hugging Face config.json model_types the zoo GPT loads and exports (docs/checkpoints-hf.md)
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text")
 # zoo export --dtype: how the exported safetensors store the weights (None: as the model holds them)
 EXPORT_DTYPES = (None, "float32", "bfloat16", "float16")
 

@@ -11,6 +11,7 @@ from zoo.kernels._checks import (
     check_sequence_divisible,
     check_sequence_parallel,
     check_sliding_window,
+    check_softcap,
 )
 from zoo.kernels.attention_reference import attention_reference
 from zoo.kernels._blocking import block_size_for, tile_plan
@@ -45,6 +46,7 @@ __all__ = [
     "check_sequence_divisible",
     "check_sequence_parallel",
     "check_sliding_window",
+    "check_softcap",
     "describe_local_attention",
     "gather_kv_attention",
     "local_attention",

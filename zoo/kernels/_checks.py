@@ -129,3 +129,12 @@ def check_sequence_parallel(
 def ulysses_kv_heads(num_kv_heads, axis_size):
     """KV heads after repeating them so they split over the axis: lcm(K, N)."""
     return math.lcm(num_kv_heads, axis_size)
+
+
+def check_softcap(softcap):
+    """``softcap`` as a float > 0, or None (no soft-capping); raises naming a bad one."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0 or softcap == float("inf"):
+        raise ValueError(f"softcap must be None or a finite number > 0 (scores -> softcap * tanh(scores / softcap)), got {softcap!r}")
+    return float(softcap)

@@ -29,9 +29,21 @@ def group_heads(q, num_kv_heads):
     return q.reshape(b, t, num_kv_heads, h // num_kv_heads, d)
 
 
-def block_scores(q, k, *, scale):
-    """f32[B, K, G, T, S] = scale * q.k, with q [B, T, K, G, D] and k [B, S, K, D]."""
-    return jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=F32) * scale
+def block_scores(q, k, *, scale, softcap=None):
+    """f32[B, K, G, T, S] = scale * q.k, with q [B, T, K, G, D] and k [B, S, K, D]; with
+    ``softcap`` c, c * tanh(scale * q.k / c) (Gemma 2's attention-logit soft-capping,
+    applied before the mask)."""
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=F32) * scale
+    return scores if softcap is None else softcap * jnp.tanh(scores / softcap)
+
+
+def softcap_grad(ds, scores, softcap):
+    """d(loss)/d(scale * q.k) from d(loss)/d(capped scores) ``ds``: times 1 - tanh^2, with
+    tanh = capped / c; masked scores (-inf, where ``ds`` is 0) count as 0."""
+    if softcap is None:
+        return ds
+    t = jnp.where(jnp.isneginf(scores), 0.0, scores / softcap)  # f32[..., bq, bk], tanh(raw / c)
+    return ds * (1.0 - t * t)
 
 
 def init_state(like, *, batch, kv_heads, groups, length, head_dim):

@@ -31,6 +31,7 @@ from zoo.kernels._online_softmax import (
     SoftmaxState,
     block_scores,
     finish,
+    softcap_grad,
     group_heads,
     init_state,
     ungroup_heads,
@@ -46,6 +47,7 @@ class TileConfig(NamedTuple):
     block_q: int
     block_k: int
     window: object = None  # None, or the sliding window W (an int; implies causal)
+    softcap: object = None  # None, or c: scores c * tanh(scores / c) before the mask (Gemma 2)
 
 
 def start_forward(q, kv_heads):
@@ -122,7 +124,7 @@ def _masked_scores(cfg, q_blk, k_blk, q_pos, k_pos, key_mask):
     mask = attention_mask(
         q_positions=q_pos, k_positions=k_pos, key_mask=key_mask, causal=cfg.causal, sliding_window=cfg.window
     )
-    return apply_mask(block_scores(q_blk, k_blk, scale=cfg.scale), mask)
+    return apply_mask(block_scores(q_blk, k_blk, scale=cfg.scale, softcap=cfg.softcap), mask)
 
 
 def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
@@ -170,7 +172,7 @@ def _tile_grads(cfg, q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, scores):
     p = jnp.exp(scores - lse_blk[..., None])  # f32[B, K, G, bq, bk], recomputed probs
     dv = jnp.einsum("bkgts,btkgd->bskd", p, do_blk)
     dp = jnp.einsum("btkgd,bskd->bkgts", do_blk, v_blk)
-    ds = p * (dp - delta_blk[..., None]) * cfg.scale  # d(loss)/d(q.k)
+    ds = softcap_grad(p * (dp - delta_blk[..., None]), scores, cfg.softcap) * cfg.scale  # d(loss)/d(q.k)
     dq = jnp.einsum("bkgts,bskd->btkgd", ds, k_blk)
     dk = jnp.einsum("bkgts,btkgd->bskd", ds, q_blk)
     return dq, dk, dv

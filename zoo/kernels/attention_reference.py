@@ -12,7 +12,7 @@ __all__ = ["attention_reference"]
 
 def attention_reference(
     q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None,
-    sliding_window=None,
+    sliding_window=None, softcap=None,
 ):
     """Softmax attention over the whole sequence on one device.
 
@@ -31,6 +31,8 @@ def attention_reference(
         scale: multiplies q.k; defaults to 1 / sqrt(D).
         sliding_window: None, or W >= 1 with ``causal``: a query at position p attends
             keys at positions p - W < k <= p (W keys, itself included; Mistral's window).
+        softcap: None, or c > 0: scores become c * tanh(scale * q.k / c) before the mask
+            (Gemma 2's ``attn_logit_softcapping``).
 
     Returns:
         [B, T, H, D] in q's dtype. Scores, softmax and the weighted sum are float32 for
@@ -38,6 +40,7 @@ def attention_reference(
     """
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
     sliding_window = _checks.check_sliding_window(sliding_window, causal=causal)
+    softcap = _checks.check_softcap(softcap)
     batch, q_len, num_heads, head_dim = q.shape
     kv_len, num_kv_heads = k.shape[1], k.shape[2]
     scale = head_dim**-0.5 if scale is None else scale
@@ -49,7 +52,7 @@ def attention_reference(
         q_positions=q_positions, k_positions=k_positions, key_mask=key_mask, causal=causal,
         sliding_window=sliding_window,
     )
-    scores = apply_mask(block_scores(group_heads(q, num_kv_heads), k, scale=scale), mask)
+    scores = apply_mask(block_scores(group_heads(q, num_kv_heads), k, scale=scale, softcap=softcap), mask)
     probs = _softmax_or_zero(scores)
     # f32[B, T, K, G, D] -> [B, T, H, D]
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(F32))

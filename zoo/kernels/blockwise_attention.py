@@ -52,7 +52,7 @@ CUDNN_PLATFORMS = ("gpu", "cuda")
 
 def blockwise_attention(
     q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512,
-    sliding_window=None,
+    sliding_window=None, softcap=None,
 ):
     """Softmax attention of q over k, v in tiles; same arguments and result as ``attention_reference``.
 
@@ -72,6 +72,8 @@ def blockwise_attention(
         sliding_window: None, or W >= 1 with ``causal``: a query at position p sees keys
             at p - W < k <= p. Only the tiles the window touches are visited (about
             T/tile x (W/tile + 1) of them; ``blockwise_tiles`` lists them).
+        softcap: None, or c > 0: each tile's scores become c * tanh(scores / c) before
+            the mask (Gemma 2); the backward pass multiplies by 1 - tanh^2.
 
     Returns:
         [B, T, H, D] in q's dtype; float32 softmax inside; a query that sees no key gives 0.
@@ -84,7 +86,7 @@ def blockwise_attention(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q_tile, q_padded = tile_plan(q_len, int(block_size))
     k_tile, k_padded = tile_plan(kv_len, int(block_size))
-    tiles = TileConfig(bool(causal), scale, q_tile, k_tile, window)
+    tiles = TileConfig(bool(causal), scale, q_tile, k_tile, window, _checks.check_softcap(softcap))
     if k_padded > kv_len:  # padding keys are hidden by the mask
         keep = jnp.broadcast_to(jnp.arange(k_padded) < kv_len, (k.shape[0], k_padded))  # bool[B, S']
         key_mask = keep if key_mask is None else keep & _pad(key_mask, k_padded)
@@ -168,7 +170,8 @@ _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
 def attention_implementation(
-    *, platform, dtype, head_dim, causal=False, masked=False, natural_order=True, q_len=None, kv_len=None
+    *, platform, dtype, head_dim, causal=False, masked=False, natural_order=True, q_len=None, kv_len=None,
+    softcapped=False,
 ):
     """``"cudnn"`` or ``"blockwise"``: which kernel ``local_attention`` runs (a pure function).
 
@@ -177,7 +180,8 @@ def attention_implementation(
     no key mask (``masked`` False: a boolean mask would cost cuDNN a [T, S] bias), and
     under causal masking the tokens are in natural order (``natural_order``: positions
     0..T-1 for queries and keys) with ``q_len == kv_len`` (cuDNN's causal mask is by
-    array index). Otherwise the tiled kernel.
+    array index), and no soft-capping (``softcapped``: cuDNN's scores have none).
+    Otherwise the tiled kernel.
     """
     ok = (
         platform in CUDNN_PLATFORMS
@@ -185,6 +189,7 @@ def attention_implementation(
         and head_dim % 8 == 0
         and head_dim <= CUDNN_MAX_HEAD_DIM
         and not masked
+        and not softcapped
         and (not causal or (natural_order and q_len == kv_len))
     )
     return "cudnn" if ok else "blockwise"
@@ -204,7 +209,7 @@ def describe_local_attention(*, q_len, kv_len, block_size=512, cudnn=True, **cho
 
 def local_attention(
     q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512,
-    sliding_window=None,
+    sliding_window=None, softcap=None,
 ):
     """Attention on one device's arrays: cuDNN where ``attention_implementation`` allows, else tiled.
 
@@ -215,7 +220,7 @@ def local_attention(
     choice = attention_implementation(
         platform=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1], causal=causal,
         masked=key_mask is not None, natural_order=q_positions is None and k_positions is None,
-        q_len=q.shape[1], kv_len=k.shape[1],
+        q_len=q.shape[1], kv_len=k.shape[1], softcapped=softcap is not None,
     )
     if choice == "cudnn":
         _checks.check_shapes(q.shape, k.shape, v.shape)
@@ -226,5 +231,5 @@ def local_attention(
         )
     return blockwise_attention(
         q, k, v, causal=causal, key_mask=key_mask, scale=scale, q_positions=q_positions,
-        k_positions=k_positions, block_size=block_size, sliding_window=sliding_window,
+        k_positions=k_positions, block_size=block_size, sliding_window=sliding_window, softcap=softcap,
     )

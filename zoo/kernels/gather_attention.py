@@ -16,7 +16,7 @@ __all__ = ["gather_kv_attention"]
 
 def gather_kv_attention(
     q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512,
-    sliding_window=None,
+    sliding_window=None, softcap=None,
 ):
     """Sequence-parallel attention by all-gathering K/V; call inside ``jax.shard_map``.
 
@@ -41,6 +41,8 @@ def gather_kv_attention(
             The all-gather still brings every K/V shard (see ``ring_attention`` for
             a kernel whose communication falls with the window).
 
+        softcap: None, or c > 0: scores c * tanh(scores / c) before the mask (local step).
+
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
     """
@@ -62,7 +64,7 @@ def gather_kv_attention(
     return local_attention(
         q, k_all, v_all, causal=causal, key_mask=mask_all, scale=scale,
         q_positions=q_positions, k_positions=k_positions, block_size=block_size,
-        sliding_window=window,
+        sliding_window=window, softcap=softcap,
     )
 
 

@@ -55,11 +55,12 @@ class _RingConfig(NamedTuple):
     block_size: int
     balance: object  # None, "zigzag" or "striped"
     window: object = None  # None or the sliding window W (an int)
+    softcap: object = None  # None or c: scores c * tanh(scores / c) (Gemma 2)
 
 
 def ring_attention(
     q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, block_size=512, balance=None,
-    sliding_window=None,
+    sliding_window=None, softcap=None,
 ):
     """Attention over a sequence split along ``axis_name``; call inside ``jax.shard_map``.
 
@@ -80,6 +81,7 @@ def ring_attention(
         sliding_window: None, or W >= 1 with ``causal``: a query at position p sees keys
             at p - W < k <= p. Ring steps whose keys no query can reach are skipped,
             compute and ``ppermute`` alike (``load_balance.ring_steps``).
+        softcap: None, or c > 0: every tile's scores c * tanh(scores / c) before the mask.
 
     Returns:
         [B, T/N, H, D] in q's dtype: this shard's rows of the global attention output.
@@ -92,7 +94,7 @@ def ring_attention(
     _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
     window = _checks.check_sliding_window(sliding_window, causal=causal)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    cfg = _RingConfig(axis_name, bool(causal), scale, int(block_size), balance, window)
+    cfg = _RingConfig(axis_name, bool(causal), scale, int(block_size), balance, window, _checks.check_softcap(softcap))
     return _ring(q, k, v, key_mask, cfg)
 
 
@@ -113,6 +115,7 @@ def _layout(q, k, cfg):
         block_size_for(q.shape[1], cfg.block_size, cfg.balance),
         block_size_for(k.shape[1], cfg.block_size, cfg.balance),
         cfg.window,
+        cfg.softcap,
     )
     q_pos = shard_positions(q.shape[1], shard_index=me, num_shards=n, balance=cfg.balance)
     steps = needed_steps(

@@ -12,7 +12,7 @@ __all__ = ["ulysses_attention"]
 
 def ulysses_attention(
     q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512,
-    sliding_window=None,
+    sliding_window=None, softcap=None,
 ):
     """Sequence-parallel attention by re-sharding heads; call inside ``jax.shard_map``.
 
@@ -43,6 +43,8 @@ def ulysses_attention(
             at p - W < k <= p; the local step visits only the tiles windows touch.
             The all-to-alls are unchanged: every device needs all T tokens of its heads.
 
+        softcap: None, or c > 0: scores c * tanh(scores / c) before the mask (local step).
+
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
     """
@@ -66,7 +68,7 @@ def ulysses_attention(
     out = local_attention(
         q_h, k_h, v_h, causal=causal, key_mask=mask, scale=scale,
         q_positions=positions, k_positions=positions, block_size=block_size,
-        sliding_window=window,
+        sliding_window=window, softcap=softcap,
     )
     # [B, T, H/N, D] -> [B, T/N, H, D]
     return out if n == 1 else jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)

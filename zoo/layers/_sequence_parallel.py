@@ -52,7 +52,10 @@ _KERNELS = {
 }
 
 
-def attention(q, k, v, *, plan, key_mask=None, causal=False, rope=None, ring_block_size=512, sliding_window=None):
+def attention(
+    q, k, v, *, plan, key_mask=None, causal=False, rope=None, ring_block_size=512, sliding_window=None, scale=None,
+    softcap=None,
+):
     """Self-attention of q [B, T, H, D] over k, v [B, T, K, D]; returns [B, T, H, D].
 
     plan: the layer's ``ParallelPlan``. key_mask: bool[B, T] or None (True keeps the
@@ -60,16 +63,18 @@ def attention(q, k, v, *, plan, key_mask=None, causal=False, rope=None, ring_blo
     k at their global positions). ring_block_size: tile edge of every tiled kernel (plain
     path, ring, and the local step of gather and Ulysses). sliding_window: None, or W
     (causal): a query at global position p sees keys p - W < k <= p, on every path.
+    scale: multiplies q.k (None: 1 / sqrt(D)); softcap: None, or c: scores c * tanh(scores
+    / c) before the mask (Gemma 2), on every path (every kernel's tiles take both).
     """
     if plan.context_attention is None:
         return plain_attention(
             q, k, v, key_mask=key_mask, causal=causal, balance=plan.balance, rope=rope,
             axis_size=plan.sequence_size, axis_name=plan.sequence_axis, block_size=ring_block_size,
-            sliding_window=sliding_window,
+            sliding_window=sliding_window, scale=scale, softcap=softcap,
         )
     return _sharded(
         q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size,
-        sliding_window=sliding_window,
+        sliding_window=sliding_window, scale=scale, softcap=softcap,
     )
 
 
@@ -145,7 +150,8 @@ def global_positions(seq_len, *, axis_size, axis_name, balance):
 
 
 def plain_attention(
-    q, k, v, *, key_mask, causal, balance, rope, axis_size, axis_name, block_size=512, sliding_window=None
+    q, k, v, *, key_mask, causal, balance, rope, axis_size, axis_name, block_size=512, sliding_window=None,
+    scale=None, softcap=None,
 ):
     """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
 
@@ -160,7 +166,7 @@ def plain_attention(
     kernel = kernels.local_attention if axis_size == 1 else kernels.blockwise_attention
     return kernel(
         q, k, v, causal=causal, key_mask=key_mask, q_positions=positions, k_positions=positions,
-        block_size=block_size, sliding_window=sliding_window,
+        block_size=block_size, sliding_window=sliding_window, scale=scale, softcap=softcap,
     )
 
 
@@ -182,7 +188,7 @@ def sharded_attention(
     )
 
 
-def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_window=None):
+def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_window=None, scale=None, softcap=None):
     """Runs the plan's kernel under ``jax.shard_map`` on its mesh (one cached program per setting)."""
     batch, seq_len, num_heads, _ = q.shape
     kernels.check_sequence_parallel(
@@ -199,12 +205,13 @@ def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_
     return run_sharded(
         plan, _shard_body, (q, k, v, key_mask), (spec, spec, spec, mask_spec), spec,
         context_attention=plan.context_attention, axis_name=plan.sequence_axis, causal=causal, balance=plan.balance,
-        rope=rope, ring_block_size=ring_block_size, sliding_window=sliding_window,
+        rope=rope, ring_block_size=ring_block_size, sliding_window=sliding_window, scale=scale, softcap=softcap,
     )
 
 
 def _shard_body(
-    q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rope, ring_block_size, sliding_window=None
+    q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rope, ring_block_size, sliding_window=None,
+    scale=None, softcap=None,
 ):
     """One device's share. Nb = batch-axis size (1 if none), N = sequence-axis size.
 
@@ -220,5 +227,5 @@ def _shard_body(
         q, k = (rope.apply(x, positions) for x in (q, k))
     return _KERNELS[context_attention](
         q, k, v, axis_name=axis_name, causal=causal, key_mask=key_mask, balance=balance,
-        block_size=ring_block_size, sliding_window=sliding_window,
+        block_size=ring_block_size, sliding_window=sliding_window, scale=scale, softcap=softcap,
     )

@@ -180,11 +180,17 @@ def qk_norm_scales(layer):
     """The qk-norm scales of ``layer`` as arrays (``{}`` without ``qk_norm``)."""
     if not layer.qk_norm:
         return {}
-    return {"query": layer.query_norm.scale.value, "key": layer.key_norm.scale.value}
+    scales = {"query": layer.query_norm.scale.value, "key": layer.key_norm.scale.value}
+    if layer.qk_norm_offset:  # OffsetRMSNormalization: 1 + scale, in float32
+        return {name: 1.0 + scale.astype("float32") for name, scale in scales.items()}
+    return scales
 
 
 def _normalize(layer, x, scale):
     """qk-norm of one device's heads x f32[B/Nd, T, heads, D], as ``RMSNormalization`` computes it."""
+    if layer.qk_norm_offset:  # as OffsetRMSNormalization: in float32, then the compute dtype
+        y = keras.ops.rms_normalization(x.astype("float32"), scale=scale, axis=-1, epsilon=layer.qk_norm_epsilon)
+        return y.astype(x.dtype)
     return keras.ops.rms_normalization(x, scale=scale.astype(x.dtype), axis=-1, epsilon=layer.qk_norm_epsilon)
 
 
@@ -205,6 +211,7 @@ def _local_attention(x, key_mask, weights, norms, *, layer, plan):
         q, k, v, key_mask=key_mask, causal=layer.causal, balance=None,
         rope=layer.rope, axis_size=1, axis_name=None,
         block_size=layer.ring_block_size, sliding_window=layer.sliding_window,
+        scale=layer.attention_scale, softcap=layer.softcap,
     )  # f32[B/Nd, T, H/M, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]
     partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share

@@ -6,13 +6,14 @@ import keras
 
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import DATA, MODEL, SEQ
-from zoo.kernels import attention_reference, check_kv_heads, check_sliding_window
+from zoo.kernels import attention_reference, check_kv_heads, check_sliding_window, check_softcap
 from zoo.layers import _sequence_parallel, _tensor_parallel_attention
 from zoo.layers._parallel_plan import (
     check_choices,
     distribution_context_attention,
     resolve_plan,
 )
+from zoo.layers.offset_rms_normalization import OffsetRMSNormalization
 from zoo.layers.rotary_embedding import Rope, check_rope_scaling, check_rotary_head_dim
 
 
@@ -67,6 +68,13 @@ class MultiHeadAttention(keras.layers.Layer):
             (the norm is per token and head, so each shard and each tensor-parallel
             device normalises its own heads with the replicated scales).
         qk_norm_epsilon: that norm's epsilon (Qwen3: ``rms_norm_eps``).
+        qk_norm_offset: the qk-norm multiplies by ``1 + scale`` (zero-initialised scales,
+            ``OffsetRMSNormalization``: Gemma 3's ``q_norm`` / ``k_norm``).
+        attention_scale: multiplies q.k; None: 1 / sqrt(head_dim) (Gemma:
+            ``query_pre_attn_scalar ** -0.5``).
+        softcap: None, or c > 0: scores become c * tanh(scores / c) before the mask
+            (Gemma 2's ``attn_logit_softcapping``), inside every kernel's tiles, on
+            every path (plain, gather, ring, Ulysses, tensor-parallel, cached).
         context_attention: None (plain attention, GSPMD partitions it; under a
             ``ContextParallel`` its kernel), ``"gather"`` (all-gather K/V), ``"ring"``
             (K/V travel around a ring, O(T/N) memory) or ``"ulysses"`` (all-to-all to a
@@ -131,6 +139,9 @@ class MultiHeadAttention(keras.layers.Layer):
         qkv_bias=False,
         qk_norm=False,
         qk_norm_epsilon=1e-6,
+        qk_norm_offset=False,
+        attention_scale=None,
+        softcap=None,
         context_attention=None,
         sequence_axis=SEQ,
         batch_axis=DATA,
@@ -158,6 +169,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.qkv_bias = bool(qkv_bias)
         self.qk_norm = bool(qk_norm)
         self.qk_norm_epsilon = qk_norm_epsilon
+        self.qk_norm_offset = bool(qk_norm_offset)
+        self.attention_scale = None if attention_scale is None else float(attention_scale)
+        self.softcap = check_softcap(softcap)
         self.context_attention = context_attention
         self.sequence_axis = sequence_axis
         self.batch_axis = batch_axis
@@ -197,7 +211,8 @@ class MultiHeadAttention(keras.layers.Layer):
             self.key_norm = self._head_norm("key_norm", (input_shape[0], input_shape[1], kv_heads, head_dim))
 
     def _head_norm(self, name, shape):
-        norm = keras.layers.RMSNormalization(epsilon=self.qk_norm_epsilon, dtype=self.dtype_policy, name=name)
+        kind = OffsetRMSNormalization if self.qk_norm_offset else keras.layers.RMSNormalization
+        norm = kind(epsilon=self.qk_norm_epsilon, dtype=self.dtype_policy, name=name)
         norm.build(shape)
         return norm
 
@@ -250,6 +265,7 @@ class MultiHeadAttention(keras.layers.Layer):
         out = _sequence_parallel.attention(
             q, k, v, plan=plan, key_mask=key_mask, causal=self.causal,
             rope=self.rope, ring_block_size=self.ring_block_size, sliding_window=self.sliding_window,
+            scale=self.attention_scale, softcap=self.softcap,
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
 
@@ -319,6 +335,7 @@ class MultiHeadAttention(keras.layers.Layer):
         out = attention_reference(
             q, cache[:, 0].astype(q.dtype), cache[:, 1].astype(q.dtype), causal=self.causal,
             key_mask=filled, q_positions=positions, k_positions=key_positions, sliding_window=self.sliding_window,
+            scale=self.attention_scale, softcap=self.softcap,
         )  # window over cache positions: left padding shifts queries and keys alike  # (B, T, H, D)
         return self.output_dense(out), cache  # (B, T, C)
 
@@ -360,6 +377,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 "qkv_bias": self.qkv_bias,
                 "qk_norm": self.qk_norm,
                 "qk_norm_epsilon": self.qk_norm_epsilon,
+                "qk_norm_offset": self.qk_norm_offset,
+                "attention_scale": self.attention_scale,
+                "softcap": self.softcap,
                 "sliding_window": self.sliding_window,
                 "context_attention": self.context_attention,
                 "sequence_axis": self.sequence_axis,

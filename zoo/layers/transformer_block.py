@@ -8,7 +8,9 @@ from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.layers._tensor_parallel import activation_spec, tensor_parallel_plan
 from zoo.layers.moe_feed_forward import MoEFeedForward
+from zoo.layers._activations import gelu_tanh
 from zoo.layers.multi_head_attention import MultiHeadAttention
+from zoo.layers.offset_rms_normalization import OffsetRMSNormalization
 from zoo.layers.parallel_mlp import ParallelMLP
 
 MLP_ACTIVATIONS = {
@@ -16,6 +18,7 @@ MLP_ACTIVATIONS = {
     "gelu": ("gelu", False),
     "relu": ("relu", False),
     "geglu": ("gelu", True),
+    "geglu_tanh": (gelu_tanh, True),  # Gemma's GeGLU: tanh-approximate GELU
     "swiglu": ("silu", True),
 }
 # remat value -> what jax.checkpoint keeps from the forward pass for the backward pass
@@ -58,7 +61,13 @@ class TransformerBlock(keras.layers.Layer):
         hidden_dim: F, the MLP's hidden features.
         mlp: ``"gelu"``, ``"relu"`` (two matrices) or ``"geglu"``, ``"swiglu"`` (gated,
             three matrices).
-        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
+        norm: ``"layer"`` (LayerNorm), ``"rms"`` (RMSNorm) or ``"rms_offset"`` (RMSNorm
+            times 1 + weight, ``OffsetRMSNormalization``: Gemma's; the qk-norm too).
+        post_norms: also normalise each sublayer's output before its residual add
+            (Gemma 2/3: ``x + norm(attention(norm(x)))``): ``attention_post_norm``,
+            ``mlp_post_norm``.
+        attention_scale, attention_softcap: the attention's ``attention_scale`` and
+            ``softcap`` (Gemma's ``query_pre_attn_scalar ** -0.5`` and ``attn_logit_softcapping``).
         norm_epsilon: the norms' epsilon.
         dropout: rate applied to the attention and the MLP outputs before each
             residual add (0 disables it).
@@ -114,6 +123,7 @@ class TransformerBlock(keras.layers.Layer):
     attention/output/kernel                (H, D, C)
     attention/query_norm/scale, key_norm/  (D,), with ``qk_norm``
     mlp_norm/gamma, beta (or scale)        (C,)
+    attention_post_norm/, mlp_post_norm/   (C,), with ``post_norms``
     mlp/gate/kernel, mlp/up/kernel         (C, F)
     mlp/down/kernel                        (F, C)
     =====================================  ===========
@@ -137,6 +147,9 @@ class TransformerBlock(keras.layers.Layer):
         qkv_bias=False,
         sliding_window=None,
         qk_norm=False,
+        post_norms=False,
+        attention_scale=None,
+        attention_softcap=None,
         context_attention=None,
         megatron_sp=False,
         model_axis=MODEL,
@@ -172,6 +185,7 @@ class TransformerBlock(keras.layers.Layer):
         self.mlp_kind = mlp
         self.norm = norm
         self.norm_epsilon = norm_epsilon
+        self.post_norms = bool(post_norms)
         self.dropout = dropout
         self.use_bias = use_bias
         self.megatron_sp = bool(megatron_sp)
@@ -191,6 +205,9 @@ class TransformerBlock(keras.layers.Layer):
             sliding_window=sliding_window,
             qk_norm=qk_norm,
             qk_norm_epsilon=norm_epsilon,
+            qk_norm_offset=norm == "rms_offset",
+            attention_scale=attention_scale,
+            softcap=attention_softcap,
             context_attention=context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=model_axis,
@@ -227,6 +244,8 @@ class TransformerBlock(keras.layers.Layer):
             )
         self.attention_norm = self._norm("attention_norm")
         self.mlp_norm = self._norm("mlp_norm")
+        self.attention_post_norm = self._norm("attention_post_norm") if self.post_norms else None
+        self.mlp_post_norm = self._norm("mlp_post_norm") if self.post_norms else None
         # The block's dtype policy, as every sublayer: a float32 Dropout would cast the
         # cached call's output back to float32 under a mixed policy.
         self.attention_dropout = keras.layers.Dropout(dropout, seed=seed, dtype=self.dtype_policy, name="attention_dropout")
@@ -245,6 +264,8 @@ class TransformerBlock(keras.layers.Layer):
             )
 
     def _norm(self, name):
+        if self.norm == "rms_offset":
+            return OffsetRMSNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
         if self.norm == "rms":
             return keras.layers.RMSNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
         return keras.layers.LayerNormalization(epsilon=self.norm_epsilon, dtype=self.dtype_policy, name=name)
@@ -255,6 +276,8 @@ class TransformerBlock(keras.layers.Layer):
                 f"TransformerBlock expects inputs (batch, length, channels) with channels known, got {tuple(input_shape)}"
             )
         for layer in (self.attention_norm, self.attention, self.mlp_norm, self.mlp):
+            layer.build(input_shape)
+        for layer in (self.attention_post_norm, self.mlp_post_norm) if self.post_norms else ():
             layer.build(input_shape)
 
     def call(self, x, key_mask=None, training=None, cache=None, cache_index=None, start_positions=None):
@@ -281,13 +304,18 @@ class TransformerBlock(keras.layers.Layer):
         for a dense block), which ``MoEFeedForward.record`` adds once outside."""
         attention_seed, mlp_seed = (None, None) if seeds is None else seeds
         x = self._split_sequence(x)  # (B, T, C), T split over the model axis with megatron_sp
-        attended = self.attention(self.attention_norm(x), key_mask=key_mask)  # (B, T, C)
+        attended = self._post_norm(self.attention_post_norm, self.attention(self.attention_norm(x), key_mask=key_mask))  # (B, T, C)
         x = self._split_sequence(x + self._dropout(attended, attention_seed))  # (B, T, C)
         if self.num_experts:
             transformed, aux = self.mlp.forward(self.mlp_norm(x))  # (B, T, C), MoE aux
         else:
             transformed, aux = self.mlp(self.mlp_norm(x)), None  # (B, T, C)
+        transformed = self._post_norm(self.mlp_post_norm, transformed)  # (B, T, C)
         return x + self._dropout(transformed, mlp_seed), aux  # (B, T, C)
+
+    def _post_norm(self, norm, y):
+        """``norm(y)`` with ``post_norms`` (a sublayer's output before the residual add), else y."""
+        return y if norm is None else norm(y)
 
     def _dropout_seeds(self, training):
         """``(attention seed, mlp seed)`` from the dropout layers' seed generators (one
@@ -319,8 +347,8 @@ class TransformerBlock(keras.layers.Layer):
         attended, cache = self.attention(
             self.attention_norm(x), cache=cache, cache_index=cache_index, start_positions=start_positions
         )  # (B, T, C)
-        x = x + self.attention_dropout(attended, training=training)  # (B, T, C)
-        transformed = self.mlp(self.mlp_norm(x))  # (B, T, C)
+        x = x + self.attention_dropout(self._post_norm(self.attention_post_norm, attended), training=training)  # (B, T, C)
+        transformed = self._post_norm(self.mlp_post_norm, self.mlp(self.mlp_norm(x)))  # (B, T, C)
         return x + self.mlp_dropout(transformed, training=training), cache  # (B, T, C)
 
     def _split_sequence(self, x):
@@ -364,6 +392,9 @@ class TransformerBlock(keras.layers.Layer):
             qkv_bias=self.qkv_bias,
             sliding_window=self.sliding_window,
             qk_norm=self.qk_norm,
+            post_norms=self.post_norms,
+            attention_scale=self.attention.attention_scale,
+            attention_softcap=self.attention.softcap,
             context_attention=self.context_attention,
             megatron_sp=self.megatron_sp,
             model_axis=self.model_axis,

@@ -11,6 +11,8 @@ import os
 import keras
 import numpy as np
 
+from zoo.tokenizers import chat
+from zoo.tokenizers.chat_template import ChatTemplate
 from zoo.tokenizers.tokenizer import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -38,6 +40,9 @@ class HFTokenizer(Tokenizer):
         add_special_tokens: whether ``encode`` runs the post-processor.
         clean_up_tokenization_spaces: ``transformers``' decoding clean-up (" ." -> ".",
             " 's" -> "'s", ...), as a ``tokenizer_config.json`` asks for it.
+        chat_template: a ``ChatTemplate`` (or its config, or the text of a template, then
+            rendered with this tokenizer's start / end / pad tokens), or None; used by
+            ``apply_chat_template`` and ``encode_chat`` (``zoo.tokenizers.chat``).
 
     ``HFTokenizer.from_directory(path)`` reads a Hugging Face folder; ``save_to_directory``
     writes one that ``transformers.AutoTokenizer.from_pretrained`` loads.
@@ -52,6 +57,7 @@ class HFTokenizer(Tokenizer):
         stop_tokens=None,
         add_special_tokens=True,
         clean_up_tokenization_spaces=False,
+        chat_template=None,
     ):
         if not isinstance(tokenizer_json, str):
             raise TypeError(f"tokenizer_json is the text of a tokenizer.json, got a {type(tokenizer_json).__name__}")
@@ -71,6 +77,7 @@ class HFTokenizer(Tokenizer):
         self.pad_token_id = self._special_id("pad_token", pad_token)
         stops = [self.end_token_id] + [self._special_id("stop_tokens", token) for token in self.stop_tokens or ()]
         self.stop_token_ids = tuple(dict.fromkeys(i for i in stops if i is not None))
+        self.chat_template = _chat_template(chat_template, self)
 
     @classmethod
     def from_directory(cls, path, **overrides):
@@ -84,7 +91,9 @@ class HFTokenizer(Tokenizer):
         (``eos_token_id``, an id or a list: the stop tokens), each if present. A token
         ``tokenizer_config.json`` lacks is taken from ``generation_config.json``'s
         ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id``. ``overrides`` go to the
-        constructor (``add_special_tokens=False``, say).
+        constructor (``add_special_tokens=False``, say). The chat template, when the folder
+        has one: ``ChatTemplate.from_directory`` (``chat_template.jinja`` or the config's
+        ``"chat_template"``, with the config's special tokens).
         """
         path = os.fspath(path)
         file = os.path.join(path, TOKENIZER_FILE)
@@ -110,6 +119,7 @@ class HFTokenizer(Tokenizer):
             tokens,
             stop_tokens=[token for token in stop_tokens if token != tokens["end_token"]] or None,  # besides the end token
             clean_up_tokenization_spaces=config.get("clean_up_tokenization_spaces", False),
+            chat_template=ChatTemplate.from_directory(path, required=False),
         )
         return cls(tokenizer_json, **{**arguments, **overrides})
 
@@ -118,7 +128,8 @@ class HFTokenizer(Tokenizer):
         ``PreTrainedTokenizerFast``, whose encodings then hold ``input_ids`` and
         ``attention_mask``, what a causal LM takes); with stop tokens besides the end token, also
         ``generation_config.json``'s ``eos_token_id`` (a list; other keys of an existing
-        file are kept)."""
+        file are kept). A chat template goes under ``"chat_template"`` (every transformers
+        version reads it there), with those of its special tokens the config lacks."""
         path = os.fspath(path)
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, TOKENIZER_FILE), "w", encoding="utf-8") as f:
@@ -128,9 +139,23 @@ class HFTokenizer(Tokenizer):
         for key, token in (("bos_token", self.start_token), ("eos_token", self.end_token), ("pad_token", self.pad_token)):
             if token is not None:
                 config[key] = token
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template.template
+            for key, token in self.chat_template.special_tokens.items():
+                config.setdefault(key, token)
         _write_json(path, CONFIG_FILE, config)
         if set(self.stop_token_ids) - {self.end_token_id}:
             _write_json(path, GENERATION_FILE, {**_read_json(path, GENERATION_FILE), "eos_token_id": list(self.stop_token_ids)})
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True, **variables):
+        """``messages`` (``[{"role": ..., "content": ...}, ...]``) through the chat template:
+        the text (``tokenize=False``) or int32 ids ``(L,)``, as ``transformers``'
+        ``apply_chat_template`` gives them (``zoo.tokenizers.chat``)."""
+        return chat.apply_chat_template(self, messages, add_generation_prompt, tokenize, **variables)
+
+    def encode_chat(self, messages, add_generation_prompt=False, **variables):
+        """``(token_ids, loss_mask)``, int32 ``(L,)``: 1 on the assistant turns' tokens."""
+        return chat.encode_chat(self, messages, add_generation_prompt, **variables)
 
     def token_to_id(self, token):
         token_id = self.library.token_to_id(token)
@@ -150,6 +175,7 @@ class HFTokenizer(Tokenizer):
             "stop_tokens": self.stop_tokens,
             "add_special_tokens": self.add_special_tokens,
             "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
+            "chat_template": None if self.chat_template is None else self.chat_template.get_config(),
         }
 
     def _encode_one(self, text):
@@ -171,6 +197,17 @@ class HFTokenizer(Tokenizer):
         if token_id is None:
             raise ValueError(f"{argument}: token {token!r} is not in the vocabulary")
         return token_id
+
+
+def _chat_template(value, tokenizer):
+    """The ``chat_template`` argument as a ``ChatTemplate`` (or None)."""
+    if value is None or isinstance(value, ChatTemplate):
+        return value
+    if isinstance(value, dict):
+        return ChatTemplate.from_config(value)
+    if isinstance(value, str):
+        return ChatTemplate(value, special_tokens=chat.default_special_tokens(tokenizer))
+    raise TypeError(f"chat_template must be a ChatTemplate, its config, the text of a template or None, got a {type(value).__name__}")
 
 
 def _library():

@@ -188,7 +188,7 @@ def _pipeline_block_rules(model_axis, kv_split, qkv_bias, qk_norm=False):
         r".*blocks/attention/output/kernel": (*lead, m, None, None),  # (R, L/R, H, D, C)
         r".*blocks/mlp/(gate|up)/kernel": (*lead, None, m),  # (R, L/R, C, F)
         r".*blocks/mlp/down/kernel": (*lead, m, None),  # (R, L/R, F, C)
-        r".*blocks/(attention|mlp)_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
+        r".*blocks/(attention|mlp)(_post)?_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
     }
 
 

@@ -149,6 +149,10 @@ def backbone_arguments(config, where="config.json"):
             f"{where}: model_type {model_type!r} is not supported; the zoo GPT loads {list(HF_MODEL_TYPES)} "
             f"(docs/checkpoints-hf.md says why others are refused)"
         )
+    if model_type in ("gemma2", "gemma3_text"):  # their own keys: _hf_gemma
+        from zoo.models.gpt import _hf_gemma
+
+        return _hf_gemma.backbone_arguments(config, where)
     _check_keys(config, where)
     config = {**TYPE_DEFAULTS.get(model_type, {}), **config}
     _check_numbers(config, where)
@@ -397,6 +401,10 @@ def hf_model_type(arguments):
     ``qwen3_moe`` (qk-norm and experts, no shared expert) or ``mixtral`` (experts alone:
     every block sparse, top k renormalised, no biases); ``UnsupportedCheckpoint`` naming
     what none has."""
+    from zoo.models.gpt import _hf_gemma
+
+    if _hf_gemma.is_gemma(arguments):
+        return _hf_gemma.hf_model_type(arguments)
     qkv_bias = bool(arguments.get("qkv_bias"))
     if arguments.get("qk_norm"):
         return _qk_norm_model_type(arguments)
@@ -437,6 +445,10 @@ def hf_config(backbone_config, *, special_ids=None):
     """The ``config.json`` of a ``GPTBackbone`` config, of the ``hf_model_type`` that
     computes the same; ``UnsupportedCheckpoint`` for a zoo GPT no Llama-family model
     reproduces (LayerNorm or a GELU MLP: gpt_125m, say)."""
+    from zoo.models.gpt import _hf_gemma
+
+    if _hf_gemma.is_gemma(backbone_config):
+        return _hf_gemma.hf_config(backbone_config, special_ids=special_ids)
     if backbone_config.get("norm", "rms") != "rms" or backbone_config.get("mlp", "swiglu") != "swiglu":
         raise UnsupportedCheckpoint(
             f"a GPT with norm {backbone_config.get('norm')!r} and mlp {backbone_config.get('mlp')!r} has no Hugging Face "

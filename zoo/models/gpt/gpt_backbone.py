@@ -6,6 +6,7 @@ from zoo.config.choices import MLPS, NORMS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers import PipelinedBlocks, TransformerBlock
 from zoo.layers.multi_head_attention import check_sliding_window
+from zoo.layers.offset_rms_normalization import OffsetRMSNormalization
 from zoo.layers.rotary_embedding import check_rope_scaling
 from zoo.layers.transformer_block import check_remat
 from zoo.models.gpt import _gpt_layouts
@@ -32,7 +33,8 @@ class GPTBackbone(ZooModel):
         num_key_value_heads: K, key/value heads (divides H); None means H.
         head_dim: D; None means C // H (then H must divide C).
         mlp: ``"swiglu"``, ``"geglu"`` (gated), ``"gelu"`` or ``"relu"``.
-        norm: ``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm), for the blocks and the final norm.
+        norm: ``"rms"`` (RMSNorm), ``"rms_offset"`` (RMSNorm times 1 + weight, Gemma's) or
+            ``"layer"`` (LayerNorm), for the blocks, the qk-norm and the final norm.
         layer_norm_epsilon: the norms' epsilon.
         dropout: rate after the embedding and on each block's two residual branches.
         max_sequence_length: the longest sequence ``generate`` accepts (prompt plus new
@@ -46,6 +48,19 @@ class GPTBackbone(ZooModel):
         qk_norm: RMSNorm (epsilon ``layer_norm_epsilon``) over D of every query and key
             head, after the projections and before rotary embedding (Qwen3's ``q_norm`` /
             ``k_norm``): ``block_<i>/attention/query_norm/scale`` and ``key_norm/scale`` (D,).
+        post_norms: each block also normalises its attention and MLP outputs before the
+            residual adds (Gemma 2/3; ``TransformerBlock(post_norms=True)``).
+        scale_embeddings: multiply the token embeddings by sqrt(C) in the compute dtype
+            (Gemma), layer ``embedding_scale``; the tied head uses the unscaled table.
+        attention_scale: multiplies q.k (None: 1 / sqrt(D); Gemma: ``query_pre_attn_scalar ** -0.5``).
+        attention_logit_softcap: None, or c: attention scores c * tanh(scores / c)
+            before the mask, in every kernel (Gemma 2's ``attn_logit_softcapping``).
+        final_logit_softcap: None, or c: the causal LM's logits c * tanh(logits / c)
+            (Gemma 2's ``final_logit_softcapping``).
+        local_rope_max_wavelength: None (every block ``rope_max_wavelength`` with
+            ``rope_scaling``), or the RoPE base of the windowed blocks
+            (``sliding_window_layers``), which then take no ``rope_scaling`` (Gemma 3's
+            ``rope_local_base_freq``; the global blocks keep ``rope_max_wavelength``).
         sliding_window: None (full causal attention), or W >= 1: a token at position p
             attends only to positions p - W < k <= p (Mistral's window), in training and
             in KV-cache decoding.
@@ -111,6 +126,12 @@ class GPTBackbone(ZooModel):
         rope_scaling=None,
         qkv_bias=False,
         qk_norm=False,
+        post_norms=False,
+        scale_embeddings=False,
+        attention_scale=None,
+        attention_logit_softcap=None,
+        final_logit_softcap=None,
+        local_rope_max_wavelength=None,
         sliding_window=None,
         sliding_window_layers=None,
         tie_word_embeddings=False,
@@ -147,11 +168,14 @@ class GPTBackbone(ZooModel):
             vocabulary_size, hidden_dim, tie_weights=True, name="token_embedding"
         )  # a plain Embedding forwards; reverse=True gives x @ E^T for a tied LM head
         x = embedding(token_ids)  # (B, T, C)
+        if scale_embeddings:  # sqrt(C) cast to the compute dtype, as transformers' Gemma does
+            x = keras.layers.Rescaling(hidden_dim**0.5, name="embedding_scale")(x)  # (B, T, C)
         x = keras.layers.Dropout(dropout, seed=seed, name="embedding_dropout")(x)
         block = dict(
             num_heads=num_query_heads, head_dim=head_dim, hidden_dim=intermediate_dim, num_kv_heads=num_key_value_heads,
             causal=True, rotary=True, rotary_base=rope_max_wavelength, rope_scaling=rope_scaling, qkv_bias=qkv_bias,
-            qk_norm=bool(qk_norm), mlp=mlp, norm=norm, norm_epsilon=layer_norm_epsilon, dropout=dropout, context_attention=context_attention,
+            qk_norm=bool(qk_norm), post_norms=bool(post_norms), attention_scale=attention_scale,
+            attention_softcap=attention_logit_softcap, mlp=mlp, norm=norm, norm_epsilon=layer_norm_epsilon, dropout=dropout, context_attention=context_attention,
             megatron_sp=megatron_sp, remat=remat,
         )  # fmt: skip
         moe_layers = _check_moe_layers(moe_layers, num_layers, num_experts)
@@ -172,8 +196,10 @@ class GPTBackbone(ZooModel):
         for index in range(0 if schedule is not None else num_layers):
             sparse = dict(num_experts=num_experts if index in moe_layers else 0, **moe) if num_experts else {}
             window = sliding_window if index in window_layers else None
+            local_rope = {} if local_rope_max_wavelength is None or window is None else {
+                "rotary_base": local_rope_max_wavelength, "rope_scaling": None}  # fmt: skip
             x = TransformerBlock(
-                **block, **sparse, sliding_window=window, seed=None if seed is None else seed + 1 + 2 * index,
+                **{**block, **local_rope}, **sparse, sliding_window=window, seed=None if seed is None else seed + 1 + 2 * index,
                 name=f"block_{index}",
             )(x)  # (B, T, C)
         x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
@@ -183,7 +209,12 @@ class GPTBackbone(ZooModel):
             hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads,
             head_dim=head_dim, mlp=mlp, norm=norm, layer_norm_epsilon=layer_norm_epsilon, dropout=dropout,
             max_sequence_length=max_sequence_length, rope_max_wavelength=rope_max_wavelength,
-            rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), qk_norm=bool(qk_norm), sliding_window=sliding_window,
+            rope_scaling=check_rope_scaling(rope_scaling), qkv_bias=bool(qkv_bias), qk_norm=bool(qk_norm),
+            post_norms=bool(post_norms), scale_embeddings=bool(scale_embeddings),
+            attention_scale=None if attention_scale is None else float(attention_scale),
+            attention_logit_softcap=None if attention_logit_softcap is None else float(attention_logit_softcap),
+            final_logit_softcap=None if final_logit_softcap is None else float(final_logit_softcap),
+            local_rope_max_wavelength=local_rope_max_wavelength, sliding_window=sliding_window,
             sliding_window_layers=None if len(window_layers) in (0, num_layers) else sorted(window_layers),
             tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
             context_attention=context_attention, remat=remat, schedule=schedule, micro_batches=micro_batches,
@@ -239,6 +270,8 @@ class GPTBackbone(ZooModel):
         returns ``(hidden (B, T, C), new caches)``. Dropout is off.
         """
         x = self.token_embedding(token_ids)  # (B, T, C)
+        if self.scale_embeddings:
+            x = self.get_layer("embedding_scale")(x)  # (B, T, C)
         updated = []
         for block, cache in zip(self.blocks, caches):
             x, cache = block(x, cache=cache, cache_index=cache_index, start_positions=start_positions)  # (B, T, C), (B, 2, S, K, D)
@@ -270,6 +303,8 @@ def _default_head_dim(hidden_dim, num_query_heads):
 
 
 def _norm(kind, epsilon, name):
+    if kind == "rms_offset":
+        return OffsetRMSNormalization(epsilon=epsilon, name=name)
     if kind == "rms":
         return keras.layers.RMSNormalization(epsilon=epsilon, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, name=name)

@@ -5,6 +5,7 @@ import os
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
+from zoo.models.gpt._logit_softcap import LogitSoftcap
 from zoo.models.gpt import _generation, _gpt_layouts, _sampling, hf_checkpoints
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config
@@ -41,7 +42,7 @@ class GPTCausalLM(ZooModel):
             logits = backbone.token_embedding(hidden, reverse=True)  # (B, T, V)
         else:
             logits = keras.layers.Dense(backbone.vocabulary_size, use_bias=False, name="lm_head")(hidden)  # (B, T, V)
-        logits = _float32_logits()(logits)  # (B, T, V) float32 under any dtype policy
+        logits = _float32_logits(backbone.final_logit_softcap)(logits)  # (B, T, V) float32 under any dtype policy
         super().__init__(inputs=token_ids, outputs=logits, name=name, **kwargs)
         self.backbone = backbone
         self.preprocessor = preprocessor
@@ -271,6 +272,9 @@ class GPTCausalLM(ZooModel):
         return _gpt_layouts.layout_map(mesh, layout, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
 
 
-def _float32_logits():
-    """Identity layer with a float32 policy: casts the head's output to float32."""
+def _float32_logits(softcap=None):
+    """Identity layer with a float32 policy: casts the head's output to float32; with
+    ``softcap`` c (Gemma 2's final-logit soft-capping) c * tanh(logits / c) after the cast."""
+    if softcap is not None:
+        return LogitSoftcap(softcap, dtype="float32", name="logits")
     return keras.layers.Activation("linear", dtype="float32", name="logits")

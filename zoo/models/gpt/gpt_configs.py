@@ -10,6 +10,17 @@ from zoo.config.choices import GATED_MLPS
 from zoo.config.renamed import MODEL_KEYS, renamed_keys
 from zoo.models.gpt._hf_config import backbone_arguments, is_hf_config
 
+# what every Gemma 2 / Gemma 3 config shares (see the gemma entries of GPT_CONFIGS)
+_GEMMA = {
+    "head_dim": 256,
+    "mlp": "geglu_tanh",
+    "norm": "rms_offset",
+    "layer_norm_epsilon": 1e-6,
+    "post_norms": True,
+    "scale_embeddings": True,
+    "attention_scale": 256**-0.5,  # query_pre_attn_scalar 256
+    "tie_word_embeddings": True,
+}
 GPT_CONFIGS = {
     # Unit tests and docs: trains on a CPU in seconds. GQA (2 KV heads for 4 query heads).
     "gpt_tiny": {
@@ -204,6 +215,64 @@ GPT_CONFIGS = {
         "normalize_router_weights": True,
         "router_aux_loss_coefficient": 0.001,
     },
+    # Gemma 2 / Gemma 3 text (model_type gemma2 / gemma3_text): RMSNorm times (1 + weight), a
+    # norm before and after each sublayer, GeGLU with tanh GELU, embeddings times sqrt(C),
+    # head_dim 256, attention scale query_pre_attn_scalar ** -0.5 (256 here), tied. For
+    # compile-only sizing (zoo plan); the weights load from a Gemma folder with
+    # GPTCausalLM.from_preset(folder).
+    # Gemma-2-2B's config.json (2,614,341,888 parameters): GQA 8/4, soft-caps 50 (attention
+    # scores) and 30 (final logits), a 4096 window on the even layers, 8192 positions.
+    "gemma2_2b": {
+        **_GEMMA,
+        "vocabulary_size": 256000,
+        "num_layers": 26,
+        "num_query_heads": 8,
+        "num_key_value_heads": 4,
+        "hidden_dim": 2304,
+        "intermediate_dim": 9216,
+        "max_sequence_length": 8192,
+        "rope_max_wavelength": 10000.0,
+        "attention_logit_softcap": 50.0,
+        "final_logit_softcap": 30.0,
+        "sliding_window": 4096,
+        "sliding_window_layers": [i for i in range(26) if (i + 1) % 2],
+    },
+    # Gemma-3-1B-pt's config.json (999,885,952 parameters): qk-norm, MQA 4/1, a 512 window on
+    # 5 of every 6 layers ((i + 1) % 6 != 0) with RoPE base 1e4 there, 1e6 on the global ones.
+    "gemma3_1b": {
+        **_GEMMA,
+        "vocabulary_size": 262144,
+        "num_layers": 26,
+        "num_query_heads": 4,
+        "num_key_value_heads": 1,
+        "hidden_dim": 1152,
+        "intermediate_dim": 6912,
+        "max_sequence_length": 32768,
+        "rope_max_wavelength": 1e6,
+        "local_rope_max_wavelength": 10000.0,
+        "qk_norm": True,
+        "sliding_window": 512,
+        "sliding_window_layers": [i for i in range(26) if (i + 1) % 6],
+    },
+    # Gemma-3-4B's text model (3,880,263,168 parameters counted here; the published checkpoint adds the
+    # vision tower): GQA 8/4, a 1024 window on 5 of every 6 layers. Its global layers' RoPE is
+    # scaled linearly by 8 (rope_scaling), which the zoo does not compute: sizing only, and
+    # its config.json is refused naming rope_scaling.
+    "gemma3_4b": {
+        **_GEMMA,
+        "vocabulary_size": 262208,
+        "num_layers": 34,
+        "num_query_heads": 8,
+        "num_key_value_heads": 4,
+        "hidden_dim": 2560,
+        "intermediate_dim": 10240,
+        "max_sequence_length": 131072,
+        "rope_max_wavelength": 1e6,
+        "local_rope_max_wavelength": 10000.0,
+        "qk_norm": True,
+        "sliding_window": 1024,
+        "sliding_window_layers": [i for i in range(34) if (i + 1) % 6],
+    },
 }
 
 
@@ -251,7 +320,8 @@ def count_parameters(config):
     qk_norms = 2 * head_dim if config.get("qk_norm") else 0  # one (D,) scale for the queries, one for the keys
     sparse = sparse_layer_count(config)
     moe = moe_parameters(config) if sparse else 0
-    per_layer = attention + biases + qk_norms + 2 * norm
+    block_norms = 4 if config.get("post_norms") else 2  # Gemma: a norm before and after each sublayer
+    per_layer = attention + biases + qk_norms + block_norms * norm
     return vocab * width + layers * per_layer + (layers - sparse) * mlp + sparse * moe + norm + head
 
 

@@ -139,8 +139,21 @@ def weight_views(arguments):
         else:
             views.update(_mlp_views(f"{hf}mlp.", f"{zoo}mlp/"))
         views[f"{zoo}attention_norm/scale"] = TensorView(f"{hf}input_layernorm.weight")
-        views[f"{zoo}mlp_norm/scale"] = TensorView(f"{hf}post_attention_layernorm.weight")
+        views.update(_norm_views(hf, zoo, post_norms=arguments.get("post_norms")))
     return views
+
+
+def _norm_views(hf, zoo, *, post_norms):
+    """The block's norms after ``input_layernorm``: Llama's ``post_attention_layernorm`` is the
+    MLP's pre-norm; Gemma's (``post_norms``) normalises the attention output, and
+    ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm`` wrap the MLP."""
+    if not post_norms:
+        return {f"{zoo}mlp_norm/scale": TensorView(f"{hf}post_attention_layernorm.weight")}
+    return {
+        f"{zoo}attention_post_norm/scale": TensorView(f"{hf}post_attention_layernorm.weight"),
+        f"{zoo}mlp_norm/scale": TensorView(f"{hf}pre_feedforward_layernorm.weight"),
+        f"{zoo}mlp_post_norm/scale": TensorView(f"{hf}post_feedforward_layernorm.weight"),
+    }
 
 
 def _mlp_views(hf, zoo):
