@@ -25,6 +25,7 @@ import numpy as np
 
 import zoo
 from zoo.models._class_token import ClassToken
+from zoo.models.gpt._logit_softcap import LogitSoftcap
 from zoo.models._learned_position_embedding import LearnedPositionEmbedding
 from zoo.models._token_pooling import TokenPooling
 from zoo.presets import from_preset, list_presets, load_tokenizer, preset_directory
@@ -74,7 +75,9 @@ def _layers_model():
     y = zoo.layers.MoEFeedForward(2, 1, 16, shared_expert_dim=16, name="moe")(y)
     y = zoo.layers.ColumnParallelDense(64, name="column")(y)  # (B, 1 + T, F)
     y = zoo.layers.RowParallelDense(32, name="row")(y)  # (B, 1 + T, C)
+    y = zoo.layers.OffsetRMSNormalization(name="offset_norm")(y)
     y = TokenPooling("mean", name="pooling")(y)  # (B, C)
+    y = LogitSoftcap(30.0, name="softcap")(y)  # float32 (B, C)
     return keras.Model(x, y, name="zoo_layers")
 
 

@@ -158,7 +158,7 @@ def check_keras_layer_test(layer_cls, *, init_kwargs, input_shape, call_kwargs=N
     )
 
 
-def check_dtype_policies(layer_cls, *, init_kwargs, input_shape, call_inputs=None, call_kwargs=None, policies=MIXED_POLICIES):
+def check_dtype_policies(layer_cls, *, init_kwargs, input_shape, call_inputs=None, call_kwargs=None, policies=MIXED_POLICIES, output_dtype=None):
     """Under each dtype policy, every output of an eager call is in the policy's compute
     dtype, and a symbolic call on ``KerasTensor``s of the same shapes gives the same
     structure, shapes and dtypes.
@@ -167,13 +167,15 @@ def check_dtype_policies(layer_cls, *, init_kwargs, input_shape, call_inputs=Non
         call_inputs: ``{argument name: numpy array}``, tensor arguments of ``call``
             (symbolic in the symbolic call).
         call_kwargs: other arguments of ``call`` (``training``, ``cache_index``, ...).
+        output_dtype: the dtype every output has whatever the policy (``LogitSoftcap``'s
+            float32 logits), instead of the compute dtype.
     """
     call_inputs, call_kwargs = call_inputs or {}, call_kwargs or {}
     x = random_inputs(input_shape, "float32")
     for policy in policies:
         layer = layer_cls(**init_kwargs, dtype=policy)
         eager = keras.tree.map_structure(np.asarray, layer(x, **call_inputs, **call_kwargs))
-        compute = layer.dtype_policy.compute_dtype
+        compute = output_dtype or layer.dtype_policy.compute_dtype
         got = [str(out.dtype) for out in keras.tree.flatten(eager)]
         assert got == [compute] * len(got), f"{layer_cls.__name__} under {policy!r}: outputs {got}, compute dtype {compute}"
         symbolic_inputs = {name: keras.KerasTensor(a.shape, dtype=str(a.dtype)) for name, a in call_inputs.items()}

@@ -18,7 +18,9 @@ from zoo.layers import (
     RowParallelDense,
     TransformerBlock,
 )
+from zoo.layers import OffsetRMSNormalization
 from zoo.models._class_token import ClassToken
+from zoo.models.gpt._logit_softcap import LogitSoftcap
 from zoo.models._learned_position_embedding import LearnedPositionEmbedding
 from zoo.models._token_pooling import TokenPooling
 
@@ -48,6 +50,8 @@ CASES = {
     "ClassToken": (ClassToken, {}, {}, {}),
     "LearnedPositionEmbedding": (LearnedPositionEmbedding, {"sequence_length": T}, {}, {}),
     "TokenPooling": (TokenPooling, {"mode": "mean"}, {"key_mask": KEY_MASK}, {}),
+    "OffsetRMSNormalization": (OffsetRMSNormalization, {}, {}, {}),
+    "LogitSoftcap": (LogitSoftcap, {"softcap": 30.0}, {}, {}),
 }
 # Keras' harness once per public class of zoo.layers (its checks but the mixed-precision
 # one do not depend on the call mode); the cached calls and the model-level layers (the
@@ -65,6 +69,7 @@ KERAS_HARNESS = [
 # own). The cached calls under mixed_float16 only: another policy would compile the
 # decoding path again to check the same casts.
 POLICIES = {case: MIXED_POLICIES[:2] for case in CASES}
+OUTPUT_DTYPES = {"LogitSoftcap": "float32"}  # the final logits stay float32 under every policy, as the plain head's
 POLICIES["TransformerBlock training"] = MIXED_POLICIES
 POLICIES["MultiHeadAttention cached"] = POLICIES["TransformerBlock cached"] = MIXED_POLICIES[:1]
 POLICIES["PipelinedBlocks training"] = MIXED_POLICIES[1:2]  # mixed_bfloat16: the block's casts are tested above
@@ -77,7 +82,7 @@ def test_layer_under_mixed_precision(case):
         check_keras_layer_test(layer_cls, init_kwargs=init_kwargs, input_shape=(B, T, C), call_kwargs={**call_inputs, **call_kwargs})
     check_dtype_policies(
         layer_cls, init_kwargs=init_kwargs, input_shape=(B, T, C), call_inputs=call_inputs, call_kwargs=call_kwargs,
-        policies=POLICIES[case],
+        policies=POLICIES[case], output_dtype=OUTPUT_DTYPES.get(case),
     )
 
 

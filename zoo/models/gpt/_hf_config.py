@@ -114,7 +114,7 @@ MOE_DEFAULTS = {
 }  # fmt: skip
 
 
-# the numbers a config must hold in range (_check_numbers): a damaged or hostile file, not an
+# the numbers a config must hold in range (check_numbers): a damaged or hostile file, not an
 # unsupported model, so CheckpointError, naming the key and its value
 REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")  # null or absent: the default
@@ -155,7 +155,7 @@ def backbone_arguments(config, where="config.json"):
         return _hf_gemma.backbone_arguments(config, where)
     _check_keys(config, where)
     config = {**TYPE_DEFAULTS.get(model_type, {}), **config}
-    _check_numbers(config, where)
+    check_numbers(config, where)
     window = _window_arguments(config, where)
     arguments = {MAPPED[key]: config[key] for key in MAPPED if config.get(key) is not None}
     for key, value in DEFAULTS.items():
@@ -192,7 +192,7 @@ def _check_keys(config, where):
             raise UnsupportedCheckpoint(f"{where}: rope_scaling {scaling!r} is not supported: only rope_type 'llama3'")
 
 
-def _check_numbers(config, where):
+def check_numbers(config, where):
     """``CheckpointError`` naming the first number out of range: sizes positive integers,
     heads dividing, ``rope_theta`` and ``rms_norm_eps`` finite and > 0, the MoE counts
     and Llama 3's ``rope_scaling`` factors likewise (MoE defaults filled in first)."""
@@ -202,9 +202,9 @@ def _check_numbers(config, where):
         if full.get(key) is None:
             raise CheckpointError(f"{where}: {key} is missing; the zoo GPT needs it (a positive integer)")
     for key in REQUIRED_SIZES + OPTIONAL_SIZES + MOE_SIZES.get(model_type, ()):
-        _positive_int(full, key, where)
+        positive_int(full, key, where)
     for key in POSITIVE_NUMBERS:
-        _positive_number(full, key, where)
+        positive_number(full, key, where)
     if full.get("router_aux_loss_coef") is not None and not _finite(full["router_aux_loss_coef"], minimum=0.0):
         raise CheckpointError(f"{where}: router_aux_loss_coef = {full['router_aux_loss_coef']!r} must be a finite number >= 0")
     if not isinstance(full.get("tie_word_embeddings", False), bool):
@@ -237,7 +237,7 @@ def _check_llama3_scaling(scaling, where):
     for key in LLAMA3_FACTORS:
         if not _finite(scaling.get(key), minimum=0.0) or not scaling[key] > 0:
             raise CheckpointError(f"{where}: rope_scaling {key} = {scaling.get(key)!r} must be a finite number > 0")
-    _positive_int(scaling, "original_max_position_embeddings", f"{where}: rope_scaling", required=True)
+    positive_int(scaling, "original_max_position_embeddings", f"{where}: rope_scaling", required=True)
     if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise CheckpointError(
             f"{where}: rope_scaling high_freq_factor = {scaling['high_freq_factor']!r} must exceed "
@@ -245,7 +245,7 @@ def _check_llama3_scaling(scaling, where):
         )
 
 
-def _positive_int(config, key, where, required=False):
+def positive_int(config, key, where, required=False):
     value = config.get(key)
     if value is None and not required:
         return
@@ -253,7 +253,7 @@ def _positive_int(config, key, where, required=False):
         raise CheckpointError(f"{where}: {key} = {value!r} must be a positive integer")
 
 
-def _positive_number(config, key, where):
+def positive_number(config, key, where):
     value = config.get(key)
     if value is not None and not (_finite(value, minimum=0.0) and value > 0):
         raise CheckpointError(f"{where}: {key} = {value!r} must be a finite number > 0")
@@ -295,7 +295,7 @@ def _window_arguments(config, where):
             f"{where}: sliding_window = {window!r} is not supported for model_type {model_type!r}: transformers' "
             f"Llama has no window (a windowed model is model_type 'mistral'; sliding_window null is full attention)"
         )
-    _positive_int({"sliding_window": window}, "sliding_window", where)
+    positive_int({"sliding_window": window}, "sliding_window", where)
     every = model_type not in QWEN_TYPES or model_type in EVERY_LAYER_WINDOW_TYPES
     layers = list(range(config["num_hidden_layers"])) if every else _windowed_layers(config, where)
     if not layers:
@@ -316,7 +316,7 @@ def _check_layer_types(config, where):
 
 def _windowed_layers(config, where):
     """The indices of a Qwen2 / Qwen2-MoE / Qwen3 config's windowed layers (use_sliding_window true)."""
-    layers = config["num_hidden_layers"]  # checked by _check_numbers
+    layers = config["num_hidden_layers"]  # checked by check_numbers
     layer_types = config.get("layer_types") if config["model_type"] in LAYER_TYPES_READERS else None
     if layer_types is not None:  # checked by _check_layer_types
         return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]

@@ -58,10 +58,10 @@ def backbone_arguments(config, where):
     model_type = config["model_type"]
     _check_keys(config, where)
     config = {**DEFAULTS[model_type], **{key: value for key, value in config.items() if value is not None or key.endswith("softcapping")}}
-    common._check_numbers(config, where)
+    common.check_numbers(config, where)
     for key in ("query_pre_attn_scalar", "rope_local_base_freq", "attn_logit_softcapping", "final_logit_softcapping"):
-        common._positive_number(config, key, where)
-    common._positive_int(config, "sliding_window", where, required=True)
+        common.positive_number(config, key, where)
+    common.positive_int(config, "sliding_window", where, required=True)
     arguments = {argument: config[key] for key, argument in MAPPED.items() if config.get(key) is not None}
     layers = _sliding_layers(config, where)
     arguments.update(
@@ -102,7 +102,7 @@ def _sliding_layers(config, where):
             )
         return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
     pattern = 2 if config["model_type"] == "gemma2" else config["sliding_window_pattern"]
-    common._positive_int({"sliding_window_pattern": pattern}, "sliding_window_pattern", where)
+    common.positive_int({"sliding_window_pattern": pattern}, "sliding_window_pattern", where)
     return [i for i in range(layers) if (i + 1) % pattern]
 
 

@@ -22,5 +22,8 @@ class LogitSoftcap(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
+    def compute_output_spec(self, logits):
+        return keras.KerasTensor(logits.shape, dtype="float32")  # float32 whatever the policy
+
     def get_config(self):
         return {**super().get_config(), "softcap": self.softcap}
