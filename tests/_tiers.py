@@ -116,6 +116,21 @@ MATRIX = {
     f"{DOCS}[docs/checkpoints.md#0]": "tests/training/test_checkpoints.py",
     f"{DOCS}[docs/planning.md#0]": "tests/planning",
     f"{DOCS}[docs/finetuning.md#0]": "tests/training/test_finetune.py",
+    # the examples of 1.2-4.2 s each (about 22 s together): a model built, fit or compiled
+    # on the simulated devices; tier 1 runs what they show in the tests named, and every
+    # page's blocks pass the static import-order check (test_docs.py)
+    f"{DOCS}[docs/models.md#0]": "tests/models",
+    f"{DOCS}[docs/models.md#1]": "tests/models",
+    f"{DOCS}[docs/models.md#4]": "tests/models",
+    f"{DOCS}[docs/checkpoints-hf.md#0]": "tests/models/test_hf_checkpoints.py",
+    f"{DOCS}[docs/data.md#3]": "tests/data",
+    f"{DOCS}[docs/distribution.md#5]": "tests/distribution",
+    f"{DOCS}[docs/tensor_parallel.md#0]": "tests/layers/test_tensor_parallel_layers.py",
+    f"{DOCS}[docs/tensor_parallel.md#1]": "tests/layers/test_tensor_parallel_layers.py",
+    f"{DOCS}[docs/tensor_parallel.md#3]": "tests/layers/test_tensor_parallel_layers.py",
+    f"{DOCS}[docs/sequence_parallel.md#1]": "tests/layers/test_multi_head_attention_parallel.py",
+    f"{DOCS}[docs/presets.md#1]": "tests/presets",
+    f"{DOCS}[docs/context_parallel.md#2]": "tests/distribution/test_context_parallel.py",
 }
 
 
