@@ -24,10 +24,7 @@ import keras
 import numpy as np
 
 import zoo
-from zoo.models._class_token import ClassToken
-from zoo.models.gpt._logit_softcap import LogitSoftcap
-from zoo.models._learned_position_embedding import LearnedPositionEmbedding
-from zoo.models._token_pooling import TokenPooling
+from zoo.layers import ClassToken, LearnedPositionEmbedding, LogitSoftcap, TokenPooling
 from zoo.presets import from_preset, list_presets, load_tokenizer, preset_directory
 
 ZOO = pathlib.Path(zoo.__file__).parent

@@ -262,3 +262,20 @@ def deferred_initializer(variable):
         return variable._initializer
     except AttributeError as error:
         raise _missing("keras.Variable._initializer", error) from None
+
+
+def set_deferred_variable_layout(variable, layout):
+    """Give a variable not initialised yet (``deferred_initializer(variable)`` is not None)
+    the layout it takes when it is initialised (a ``TensorLayout``), whatever the
+    distribution's layout map says then: what ``add_weight_with_layout`` does at creation,
+    for a variable someone else created (Keras' ``enable_lora`` makes the LoRA factors).
+
+    Private: ``Variable._layout``, read by ``JaxVariable._initialize_layout`` and first by
+    ``ModelParallel.get_variable_layout``. Checked on Keras 3.15.1 (JAX 0.10.2). Public
+    replacement: a ``layout=`` argument of ``Layer.add_weight`` (or a settable layout).
+    """
+    if deferred_initializer(variable) is None:
+        raise ValueError(f"variable {variable.path!r} is already initialised; its layout cannot change")
+    if not hasattr(variable, "_layout"):
+        raise _missing("keras.Variable._layout", AttributeError("_layout"))
+    variable._layout = layout

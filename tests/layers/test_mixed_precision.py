@@ -10,19 +10,19 @@ import pytest
 import zoo
 from tests.layers.harness import MIXED_POLICIES, check_dtype_policies, check_keras_layer_test
 from zoo.layers import (
+    ClassToken,
     ColumnParallelDense,
+    LearnedPositionEmbedding,
+    LogitSoftcap,
     MoEFeedForward,
     MultiHeadAttention,
+    OffsetRMSNormalization,
     ParallelMLP,
     PipelinedBlocks,
     RowParallelDense,
+    TokenPooling,
     TransformerBlock,
 )
-from zoo.layers import OffsetRMSNormalization
-from zoo.models._class_token import ClassToken
-from zoo.models.gpt._logit_softcap import LogitSoftcap
-from zoo.models._learned_position_embedding import LearnedPositionEmbedding
-from zoo.models._token_pooling import TokenPooling
 
 B, T, C = 2, 3, 4  # batch, tokens, channels: the smallest shapes every layer takes
 # The cheapest configurations: every distinct (operation, shape, dtype) an eager call
@@ -54,14 +54,14 @@ CASES = {
     "LogitSoftcap": (LogitSoftcap, {"softcap": 30.0}, {}, {}),
 }
 # Keras' harness once per public class of zoo.layers (its checks but the mixed-precision
-# one do not depend on the call mode); the cached calls and the model-level layers (the
-# classes of zoo/models/_*.py, also covered by tests/models/test_classifier_layers.py's
-# contract tests) through check_dtype_policies only.
+# one do not depend on the call mode); the cached calls and the layers whose contract
+# tests/layers/test_classifier_layers.py checks (and LogitSoftcap, a function of its input) through check_dtype_policies only.
 # PipelinedBlocks (its block is TransformerBlock's, which goes through Keras' harness) is
 # checked by the zoo's harness in tests/layers/test_pipelined_blocks.py and here for dtypes.
+CONTRACT_TESTED_ELSEWHERE = {"ClassToken", "LearnedPositionEmbedding", "TokenPooling", "LogitSoftcap"}  # test_classifier_layers.py, test_softcap.py
 KERAS_HARNESS = [
     case for case in CASES
-    if "cached" not in case and case != "PipelinedBlocks training" and CASES[case][0].__module__.startswith("zoo.layers")
+    if "cached" not in case and case != "PipelinedBlocks training" and case not in CONTRACT_TESTED_ELSEWHERE
 ]
 # mixed_float16 (Keras' harness) and mixed_bfloat16 (the zoo's training precision) for
 # every case; bfloat16 (bfloat16 weights too) also for the block, as issue 15 reported it

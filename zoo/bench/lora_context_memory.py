@@ -25,13 +25,12 @@ Per device: ``memory_analysis()``'s temporaries, arguments, outputs and aliased
 (``StepMemory.peak``). Collectives from the compiled HLO (``comms_report``), each
 counted as often as the loops around it run.
 
-LoRA factors in an abstract build: ``enable_lora`` lays the factors out like their
-kernels from the kernel's *value*, which an abstract build does not have, and its exact
-layout-map keys are gone before the deferred layouts are read, so under ``fsdp`` the
-factors would be compiled replicated where ``fit`` splits them over ``data``.
-``pin_factor_layouts`` gives the layout map the same keys from the kernels' layouts
-under the distribution, and leaves them there (tests/bench/test_lora_context_memory.py
-checks the compiled gradients' bytes against the split a concrete build gives).
+LoRA factors in an abstract build: ``enable_lora`` lays each factor out like its kernel
+there too (the kernel's layout under the distribution, the factor's own layout set while
+it is deferred), so under ``fsdp`` the factors are compiled split over ``data`` as ``fit``
+splits them (tests/bench/test_lora_context_memory.py checks the compiled gradients' bytes
+against the split a concrete build gives). The update is computed factored
+(``x @ kernel + (alpha / r) (x @ a) @ b``), so no frozen kernel's (C, F) gradient is formed.
 """
 
 import collections
@@ -42,22 +41,15 @@ import jax
 import keras
 
 from zoo import distribution as zd
-from zoo._compat import distribution_layout_map
 from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.config.bench_settings import LoraContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
-from zoo.config.choices import LORA_WEIGHTS
 from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
-from zoo.layers._tensor_parallel import kernel_variable
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.planning.devices import device_spec
-from zoo.training._lora import enable_lora, is_lora_variable, layer_prefix
-from zoo.training.compiled_step import (
-    abstract_build,
-    compile_fit_step,
-    layout_under,
-)
+from zoo.training._lora import enable_lora, is_lora_variable
+from zoo.training.compiled_step import abstract_build, compile_fit_step
 
 GIB, MIB = 2**30, 2**20
 TARGETS = ("h100", "h200")  # the "fits" columns: zoo.planning.devices kinds (80 and 141 GiB)
@@ -138,6 +130,8 @@ def check_config(config):
     for layout in config.layouts:
         layout_mesh(layout, config.devices)
     multiple = 2 * config.devices if config.balance == "zigzag" else config.devices
+    if config.loss_chunk_size is not None and "context" in config.layouts and config.loss_chunk_size % config.devices:
+        raise ValueError(f"loss_chunk_size {config.loss_chunk_size} is not divisible by the seq axis of size {config.devices} (each chunk split like the sequence)")
     for length in config.sequence_lengths:
         if "context" in config.layouts and length % multiple:
             raise ValueError(f"sequence length {length} is not divisible by {multiple} (the seq axis of size {config.devices}, balance {config.balance})")
@@ -161,31 +155,13 @@ def build_lora_model(arguments, config):
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(config.precision)
     try:
-        model = GPTCausalLM(backbone=GPTBackbone(**arguments))
+        model = GPTCausalLM(backbone=GPTBackbone(**arguments), loss_chunk_size=config.loss_chunk_size)
     finally:
         keras.config.set_dtype_policy(previous)
-    layers = enable_lora(model, config.lora_rank)
+    enable_lora(model, config.lora_rank)  # factors laid out like their kernels, abstract build too
     for variable in model.weights:
         variable.trainable = is_lora_variable(variable)
-    pin_factor_layouts(layers, keras.distribution.distribution())
     return model
-
-
-def pin_factor_layouts(layers, distribution):
-    """Exact layout-map keys laying each LoRA factor out like its kernel under
-    ``distribution`` (``a``: the kernel's axes but the last, rank unsplit; ``b``: the
-    last), the layouts ``enable_lora`` gives a concrete build (module docstring)."""
-    layout_map = distribution_layout_map(distribution)
-    if layout_map is None:
-        return
-    for layer in layers:
-        kernel = kernel_variable(layer)
-        layout = layout_under(kernel, distribution)
-        axes = tuple(getattr(layout, "axes", None) or ())
-        axes += (None,) * (len(kernel.shape) - len(axes))
-        a, b = LORA_WEIGHTS
-        layout_map[f"{layer_prefix(layer)}/{a}"] = axes[:-1] + (None,)
-        layout_map[f"{layer_prefix(layer)}/{b}"] = (None, axes[-1])
 
 
 def compile_model(model):
@@ -238,6 +214,7 @@ def format_report(config, rows):
         (f"devices: {config.devices} x {jax.devices()[0].platform} (simulated), compiled, not run; GPTCausalLM {sizes}, tied embeddings, "
          f"RoPE 500,000 + llama3 scaling; LoRA r={config.lora_rank} on every Dense/EinsumDense, all else frozen; AdamW; "
          f"{config.precision}; context: {config.context_attention} attention, balance {config.balance}; "
+         f"loss {'from the whole logits' if config.loss_chunk_size is None else f'in chunks of {config.loss_chunk_size:,} positions'}; "
          f"jax {jax.__version__}, keras {keras.__version__}.{remat_note}"),
         "",
         ("Per device (memory_analysis; total = arguments + outputs - donated + temporaries; LoRA state = its gradients + AdamW slots, "

@@ -49,9 +49,8 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
-from zoo._compat import sublayers, variable_layout
+from zoo._compat import sublayers
 from zoo.bench._output import remat_warning, size_text, write_text
-from zoo.bench.lora_context_memory import pin_factor_layouts
 from zoo.bench.pipeline import build_model
 from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, EXPERT
@@ -373,12 +372,9 @@ def build_for_method(arguments, config, method):
     laid out like their kernels; ``full``: as built."""
     model = build_model(arguments, config.memory_precision)
     if method == "lora":
-        layers = enable_lora(model, config.lora_rank)
+        enable_lora(model, config.lora_rank)  # factors laid out like their kernels, abstract build too
         for variable in model.weights:
             variable.trainable = is_lora_variable(variable)
-        # the zoo's tensor-parallel layers (expert+tp) place their factors themselves; the others follow the layout map
-        unplaced = [layer for layer in layers if variable_layout(layer.lora_kernel_a) is None]
-        pin_factor_layouts(unplaced, keras.distribution.distribution())
     return model
 
 

@@ -265,6 +265,9 @@ class LoraContextBenchConfig(Llama32Sizes):
     lora_rank: int = _count(16, "LoRA rank r on every Dense / EinsumDense (only the LoRA factors train)")
     context_attention: str = setting("ring", "layout context: the sequence-parallel attention kernel", section="bench", choices=choices.CONTEXT_ATTENTIONS)
     balance: str | None = setting("zigzag", "layout context: causal load balancing of the sequence order", section="bench", choices=choices.BALANCES)
+    loss_chunk_size: int | None = setting(None, "the loss in chunks of t positions per row (GPTCausalLM loss_chunk_size; under context a "
+                                          "multiple of the seq axis); default: from the whole logits", section="bench",
+                                          parse=types.positive_int)  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -29,9 +29,21 @@ its 1/(data x model) of a weight, its gradient or its optimizer slots between st
 
 Mesh axes of size 1 are left out of the plan (batch, sequence, weight-shard axis), so
 no shard_map here names one and no collective runs over one.
+
+LoRA, factored: Keras computes a LoRA layer with the merged kernel ``kernel + (alpha/r)
+a @ b``, so its backward forms the whole (C, F) gradient x^T dy of the merged kernel, as
+costly as the frozen kernel's own weight gradient, before projecting it onto a and b.
+Here a LoRA layer computes ``x @ kernel + (alpha/r) (x @ a) @ b`` instead
+(``lora_update``; EinsumDense: the same equation with the kernel's last dimension replaced
+by r, then r contracted with b), so the backward computes only d(x) through the frozen
+kernel and the factors' rank-r gradients. The tensor-parallel layers do it in their own
+calls; ``factored_lora_call`` is the same for a plain Keras Dense / EinsumDense, which
+``zoo.training._lora.enable_lora`` installs as the layer's ``call``. Saving is Keras'
+(the merged kernel in ``.keras`` files; ``.kernel`` stays the merged kernel).
 """
 
 import jax
+import jax.numpy as jnp
 import keras
 from jax.sharding import PartitionSpec as P
 
@@ -40,7 +52,7 @@ from zoo.config.choices import LORA_WEIGHTS
 from zoo.config.renamed import TENSOR_PARALLEL_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.kernels.collective_matmul import vary_over
-from zoo.kernels.tensor_parallel import check_divisible
+from zoo.kernels.tensor_parallel import check_divisible, sequence_parallel_row_matmul
 from zoo.layers._parallel_plan import resolve_plan, run_sharded
 
 SHARD = "shard"  # placeholder in layout axes for the plan's weight-shard axis (FSDP inside TP)
@@ -224,7 +236,7 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
     def call(self, inputs, training=None):
         plan = tensor_parallel_plan(self.model_axis)
         if plan is None:
-            return super().call(inputs)
+            return factored_lora_call(self, inputs) if self.lora_enabled else super().call(inputs)
         check_input(self, plan, inputs.shape, sequence=self.megatron_sp)
         self.check_features(inputs.shape[-1], plan)
         weights, specs = self.sharded_weights(plan)
@@ -243,13 +255,16 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
         return {n: variables[n].value for n in names}, {n: P(*self.weight_axes(n, plan)) for n in names}
 
     def local_kernel(self, weights, plan):
-        """Inside the shard_map: this shard's kernel, all-gathered over the weight-shard
-        axis if any, with the LoRA update merged as ``Dense.kernel`` merges it."""
-        kernel = gather_weight(weights["kernel"], self.weight_axes("kernel", plan), plan)
-        if "lora_kernel_a" in weights:
-            delta = (self.lora_alpha / self.lora_rank) * (weights["lora_kernel_a"] @ weights["lora_kernel_b"])
-            kernel = (kernel + delta).astype(self.compute_dtype)
-        return kernel
+        """Inside the shard_map: this shard's (frozen, under LoRA) kernel, all-gathered
+        over the weight-shard axis if any. The LoRA update is not merged into it: it is
+        applied factored (``local_lora``, ``column_lora`` / ``row_matmul_with_lora``)."""
+        return gather_weight(weights["kernel"], self.weight_axes("kernel", plan), plan)
+
+    def local_lora(self, weights):
+        """Inside the shard_map: ``(a, b, alpha / r)`` of this shard's LoRA factors, or None."""
+        if "lora_kernel_a" not in weights:
+            return None
+        return weights["lora_kernel_a"], weights["lora_kernel_b"], self.lora_alpha / self.lora_rank
 
     def get_config(self):
         config = super().get_config()
@@ -268,6 +283,97 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
         if plan is None:
             return f"plain Dense, GSPMD (no {self.model_axis!r} axis to split over)"
         return describe_split(self.KIND, plan, self.collectives())
+
+
+# --- LoRA, factored (module docstring) ----------------------------------------------------
+
+
+def lora_update(x, a, b, *, scale):
+    """(alpha / r) (x @ a) @ b for a Dense kernel's factors: x [..., C], a [C, r], b [r, F]
+    -> [..., F], never forming the (C, F) update a @ b nor its gradient."""
+    return keras.ops.matmul(keras.ops.matmul(x, a) * scale, b)  # [..., r] -> [..., F]
+
+
+def einsum_lora_update(equation, x, a, b, *, scale):
+    """The factored LoRA update of an ``EinsumDense`` of ``equation``: the equation with
+    the kernel's last dimension (letter l) of size r, x @ a, then l contracted with b
+    [r, size of l]; e.g. "btc,chd->bthd": (B, T, H, r) @ b (r, D) -> (B, T, H, D).
+    None where l is not an output dimension (the merged kernel is then used)."""
+    contraction = einsum_lora_contraction(equation)
+    if contraction is None:
+        return None
+    low = keras.ops.einsum(equation, x, a) * scale  # the output with l of size r
+    return keras.ops.matmul(low, b) if contraction == "matmul" else keras.ops.einsum(contraction, low, b)
+
+
+def einsum_lora_contraction(equation):
+    """How the factored update contracts r with b for ``equation``: "matmul" (the
+    kernel's last letter is the output's last), an einsum, or None (it is no output letter)."""
+    inputs, output = equation.replace(" ", "").split("->")
+    kernel = inputs.split(",")[1]
+    letter = kernel[-1:]
+    if not letter.isalpha() or letter not in output:
+        return None
+    if output.endswith(letter):
+        return "matmul"
+    free = next(c for c in "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+    return f"{output},{letter}{free}->{output.replace(letter, free)}"
+
+
+def factored_lora_call(layer, inputs, training=None):
+    """``Dense.call`` / ``EinsumDense.call`` of a LoRA layer with the update factored:
+    ``x @ kernel + (alpha / r) (x @ a) @ b`` (module docstring). Keras' own call where
+    the layer is quantized (Keras already factors LoRA there) or its equation does not
+    allow it; the bias and activation as Keras applies them."""
+    kind = keras.layers.EinsumDense if isinstance(layer, keras.layers.EinsumDense) else keras.layers.Dense
+    if not layer.lora_enabled or layer.quantization_mode is not None:
+        return kind.call(layer, inputs, training=training)
+    a, b, scale = layer.lora_kernel_a, layer.lora_kernel_b, layer.lora_alpha / layer.lora_rank
+    kernel = kernel_variable(layer)  # the frozen kernel, not ``layer.kernel`` (merged)
+    if kind is keras.layers.EinsumDense:
+        update = einsum_lora_update(layer.equation, inputs, a, b, scale=scale)
+        if update is None:
+            return kind.call(layer, inputs, training=training)
+        x = keras.ops.einsum(layer.equation, inputs, kernel) + update
+    else:
+        x = keras.ops.matmul(inputs, kernel) + lora_update(inputs, a, b, scale=scale)
+    if layer.bias is not None:
+        x = keras.ops.add(x, layer.bias)
+    return x if layer.activation is None else layer.activation(x)
+
+
+def column_lora(x, lora, *, axis_name, megatron_sp):
+    """Inside a column-parallel shard_map: this shard's factored LoRA update.
+
+    x [B, T, C] (Megatron SP: [B, T/M, C]), a [C, r] whole, b [r, F/M] -> [B, T, F/M].
+    Sequence-parallel, the rank-r (x @ a) [B, T/M, r] is all-gathered over the sequence,
+    not x (the main matmul gathers x itself); its transpose reduce-scatters r-wide."""
+    a, b, scale = lora
+    low = jnp.matmul(x, a) * scale  # [B, T(/M), r]
+    if megatron_sp:
+        low = jax.lax.all_gather(low, axis_name, axis=1, tiled=True)  # [B, T, r]
+    return jnp.matmul(low, b)  # [B, T, F/M]
+
+
+def row_matmul_with_lora(x, kernel, lora, *, axis_name, bias=None, megatron_sp=False, collective=False):
+    """Row-parallel x [B, T, F/M] @ kernel [F/M, C] + (alpha / r) (x @ a) @ b, a [F/M, r]
+    this shard's, b [r, C] whole -> [B, T, C] (Megatron SP: [B, T/M, C]).
+
+    The update is added to this device's partial sum before the one all-reduce (SP:
+    reduce-scatter), so LoRA adds no collective to the forward; with the overlapped
+    ``collective`` kernel, which reduces x @ kernel alone, the rank-r (x @ a) is
+    reduce-scattered by itself (B x T x r)."""
+    a, b, scale = lora
+    low = jnp.matmul(x, a) * scale  # [B, T, r], this shard's share of the sum
+    if megatron_sp and collective:
+        y = sequence_parallel_row_matmul(x, kernel, axis_name=axis_name, bias=bias, collective=True)  # [B, T/M, C]
+        return y + jnp.matmul(jax.lax.psum_scatter(low, axis_name, scatter_dimension=1, tiled=True), b)
+    partial = jnp.matmul(x, kernel) + jnp.matmul(low, b)  # [B, T, C], this device's share of the sum
+    if megatron_sp:
+        y = jax.lax.psum_scatter(partial, axis_name, scatter_dimension=1, tiled=True)  # [B, T/M, C]
+    else:
+        y = jax.lax.psum(partial, axis_name)  # [B, T, C]
+    return y if bias is None else y + bias
 
 
 def kernel_variable(layer):

@@ -136,14 +136,16 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
         return {n: v.value for n, v in variables.items()}, specs
 
     def local_kernel(self, weights, plan):
-        """Inside the shard_map: this device's kernel, gathered over the weight-shard axis
-        if split over it, with the LoRA update merged as ``EinsumDense.kernel`` merges it."""
+        """Inside the shard_map: this device's (frozen, under LoRA) kernel, gathered over the
+        weight-shard axis if split over it; the LoRA update is applied factored (``local_lora``)."""
         kernel = weights["kernel"]
-        kernel = gather_weight(kernel, self.weight_axes("kernel", kernel_variable(self).shape, plan), plan)
-        if "lora_kernel_a" in weights:
-            delta = (self.lora_alpha / self.lora_rank) * jnp.matmul(weights["lora_kernel_a"], weights["lora_kernel_b"])
-            kernel = (kernel + delta).astype(self.compute_dtype)
-        return kernel
+        return gather_weight(kernel, self.weight_axes("kernel", kernel_variable(self).shape, plan), plan)
+
+    def local_lora(self, weights):
+        """Inside the shard_map: ``(a, b, alpha / r)`` of this device's LoRA factors, or None."""
+        if "lora_kernel_a" not in weights:
+            return None
+        return weights["lora_kernel_a"], weights["lora_kernel_b"], self.lora_alpha / self.lora_rank
 
 
 def takes_this_path(plan):
@@ -215,6 +217,10 @@ def _local_attention(x, key_mask, weights, norms, *, layer, plan):
     )  # f32[B/Nd, T, H/M, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]
     partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share
+    lora = layer.output_dense.local_lora(output)  # a f32[H/M, D, r], b f32[r, C]
+    if lora is not None:  # factored, summed with the heads' shares: no extra collective
+        a, b, scale = lora
+        partial = partial + jnp.matmul(jnp.einsum("bthd,hdr->btr", out, a) * scale, b)
     if layer.megatron_sp:
         y = jax.lax.psum_scatter(partial, axis, scatter_dimension=1, tiled=True)  # f32[B/Nd, T/M, C]
     else:
@@ -228,10 +234,16 @@ def _project(projection, x, weights, plan, kv=None):
     ``kv``: the KV head count, for key/value: when replicated over the model axis each
     device slices out the one KV head its query heads use."""
     kernel = projection.local_kernel(weights, plan)  # f32[C, heads, D]
+    lora = projection.local_lora(weights)  # a f32[C, heads, r], b f32[r, D], or None
     bias = weights.get("bias")  # f32[heads, D] or None
     if kv is not None and kv_heads_replicated(kv, plan.model_size):
         index = jax.lax.axis_index(plan.model_axis) // (plan.model_size // kv)  # this device's KV head
         kernel = jax.lax.dynamic_slice_in_dim(kernel, index, 1, axis=1)  # f32[C, 1, D]
         bias = None if bias is None else jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=0)  # f32[1, D]
+        if lora is not None:
+            lora = (jax.lax.dynamic_slice_in_dim(lora[0], index, 1, axis=1), *lora[1:])  # a f32[C, 1, r]
     y = jnp.einsum("btc,chd->bthd", x, kernel)
+    if lora is not None:  # factored: (x a) b, no (C, heads, D) update or gradient
+        a, b, scale = lora
+        y = y + jnp.matmul(jnp.einsum("btc,chr->bthr", x, a) * scale, b)
     return y if bias is None else y + bias

@@ -2,6 +2,7 @@
 
 import keras
 
+from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import (
     column_parallel_matmul,
     sequence_parallel_column_matmul,
@@ -9,6 +10,7 @@ from zoo.kernels.tensor_parallel import (
 from zoo.layers._tensor_parallel import (
     _TensorParallelDense,
     activation_spec,
+    column_lora,
     sequence_collective,
 )
 
@@ -49,7 +51,9 @@ class ColumnParallelDense(_TensorParallelDense):
     lora_kernel_b  (r, units)   (-, model)
     =============  ===========  ==================
 
-    so the LoRA update a @ b is split like the kernel and merges on each device.
+    so the LoRA update is split like the kernel; it is computed factored, x @ kernel +
+    (alpha / r) (x @ a) @ b, with no (D, units) update or gradient formed
+    (``zoo.layers._tensor_parallel``).
 
     [1] (data, model) under ``fsdp+tp`` (the distribution's ``weight_shard_axis``): the
     kernel is also split over ``data`` on D and all-gathered over it inside the
@@ -71,11 +75,18 @@ class ColumnParallelDense(_TensorParallelDense):
 
     def _local_call(self, x, weights, plan):
         kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [D, units/M], [units/M]
+        lora = self.local_lora(weights)  # (a [D, r], b [r, units/M], alpha / r) or None
+        if lora is not None and not self.megatron_sp:
+            x = vary_over(x, self.model_axis)  # one cast: d(x) of both matmuls is all-reduced once
         if self.megatron_sp:
-            return sequence_parallel_column_matmul(
+            y = sequence_parallel_column_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
             )  # [B, T, units/M]
-        return column_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units/M]
+        else:
+            y = column_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units/M]
+        if lora is None:
+            return y
+        return y + column_lora(x, lora, axis_name=self.model_axis, megatron_sp=self.megatron_sp)  # factored
 
     def collectives(self):
         """The collectives a call runs over the model axis, in words."""

@@ -4,6 +4,7 @@ import keras
 
 from zoo.config.renamed import TENSOR_PARALLEL_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
+from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import (
     mlp_activation,
     mlp_down_projection,
@@ -13,7 +14,9 @@ from zoo.layers._parallel_plan import run_sharded
 from zoo.layers._tensor_parallel import (
     activation_spec,
     check_input,
+    column_lora,
     describe_split,
+    row_matmul_with_lora,
     sequence_collective,
     tensor_parallel_plan,
 )
@@ -159,10 +162,14 @@ class ParallelMLP(keras.layers.Layer):
         return run_sharded(plan, self._local_down, (h, weights[ups]), (hidden_spec, specs[ups]), spec, plan=plan)
 
     def _local_up(self, x, weights, plan):
-        """One shard: x [B, T, D] (or [B, T/M, D]) -> [[gate,] up], each [B, T, F/M]."""
+        """One shard: x [B, T, D] (or [B, T/M, D]) -> [[gate,] up], each [B, T, F/M].
+        With LoRA each adds its factored update (``column_lora``)."""
         named = dict(zip([layer.name for layer in self.projections], weights))
         kernels = {name: layer.local_kernel(named[name], plan) for name, layer in zip(named, self.projections)}
-        return mlp_up_projections(
+        loras = [layer.local_lora(named[name]) for name, layer in zip(named, self.projections)]  # [gate,] up
+        if not self.megatron_sp and any(lora is not None for lora in loras):
+            x = vary_over(x, self.model_axis)  # one cast for every matmul of x: one all-reduce of d(x)
+        hidden = mlp_up_projections(
             x,
             up_kernel=kernels["up"],  # [D, F/M]
             gate_kernel=kernels.get("gate"),  # [D, F/M] or None
@@ -172,9 +179,20 @@ class ParallelMLP(keras.layers.Layer):
             megatron_sp=self.megatron_sp,
             collective=self.collective_matmul,
         )
+        return [
+            y if lora is None else y + column_lora(x, lora, axis_name=self.model_axis, megatron_sp=self.megatron_sp)
+            for y, lora in zip(hidden, loras)
+        ]
 
     def _local_down(self, h, weights, plan):
-        """One shard: h [B, T, F/M] -> [B, T, D_out] (or [B, T/M, D_out])."""
+        """One shard: h [B, T, F/M] -> [B, T, D_out] (or [B, T/M, D_out]); with LoRA the
+        factored update joins the partial sums before their one reduction."""
+        lora = self.down.local_lora(weights)
+        if lora is not None:
+            return row_matmul_with_lora(
+                h, self.down.local_kernel(weights, plan), lora, axis_name=self.model_axis, bias=weights.get("bias"),
+                megatron_sp=self.megatron_sp, collective=self.collective_matmul,
+            )  # fmt: skip
         return mlp_down_projection(
             h,
             down_kernel=self.down.local_kernel(weights, plan),  # [F/M, D_out]

@@ -9,6 +9,7 @@ from zoo.kernels.tensor_parallel import (
 from zoo.layers._tensor_parallel import (
     _TensorParallelDense,
     activation_spec,
+    row_matmul_with_lora,
     sequence_collective,
 )
 
@@ -69,6 +70,12 @@ class RowParallelDense(_TensorParallelDense):
 
     def _local_call(self, x, weights, plan):
         kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [D_in/M, units], [units]
+        lora = self.local_lora(weights)  # (a [D_in/M, r], b [r, units], alpha / r) or None
+        if lora is not None:  # factored, summed with the partial products: no extra collective
+            return row_matmul_with_lora(
+                x, kernel, lora, axis_name=self.model_axis, bias=bias,
+                megatron_sp=self.megatron_sp, collective=self.collective_matmul,
+            )  # fmt: skip
         if self.megatron_sp:
             return sequence_parallel_row_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul

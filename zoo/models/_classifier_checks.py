@@ -1,6 +1,6 @@
 """Config checks shared by the encoder-style classifiers; every error names the numbers."""
 
-from zoo.models._token_pooling import POOLINGS
+from zoo.config.choices import POOLINGS
 
 
 def check_common(sizes, pooling, dropout):

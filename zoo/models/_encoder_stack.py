@@ -10,7 +10,7 @@ import keras
 from zoo.layers.transformer_block import TransformerBlock
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._named_configs import complete_config
-from zoo.models._token_pooling import TokenPooling
+from zoo.layers.token_pooling import TokenPooling
 from zoo.models.zoo_model import ZooModel
 
 

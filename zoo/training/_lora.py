@@ -14,17 +14,29 @@ own layout: ``a`` takes the kernel's layout on the input dims, ``b`` on the outp
 and the rank dim is never split. So ``a @ b`` is laid out like the kernel and the merge
 ``kernel + a @ b`` needs no communication. The keys are removed afterwards. The zoo's
 tensor-parallel layers place their factors themselves (``zoo.layers``) and keep doing so.
+In an abstract build (``compiled_step.abstract_build``: variables deferred, no values)
+the kernel's layout is read from the distribution instead of its value, and each factor
+is given its layout as its own, so it is laid out so when it is initialised, after the
+keys are gone.
+
+The update is computed factored, ``x @ kernel + (alpha / r) (x @ a) @ b``, never with the
+merged kernel: its backward forms no (C, F) gradient of the frozen kernel (the costly
+half of Keras' merged-kernel LoRA, ``zoo.layers._tensor_parallel``). The zoo's Dense
+subclasses do it in their own calls; a plain Keras ``Dense`` / ``EinsumDense`` (whose
+class keeps Keras' ``call``) gets ``factored_lora_call`` as its instance's ``call`` here.
+Saving is unchanged: ``.keras`` files hold the merged kernel, as Keras writes them.
 """
 
 import contextlib
 import math
+import types
 
 import keras
 
-from zoo._compat import distribution_layout_map, sublayers
+from zoo._compat import deferred_initializer, distribution_layout_map, set_deferred_variable_layout, sublayers, variable_layout
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.layers import MoEFeedForward
-from zoo.layers._tensor_parallel import kernel_variable
+from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
 
 LORA_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)  # zoo's TP layers are Dense subclasses
 
@@ -64,7 +76,8 @@ def layer_prefix(layer):
 
 def enable_lora(model, rank, *, alpha=None, exclude=(), layers=None):
     """Enable Keras LoRA of ``rank`` on ``layers`` (default: every target layer of
-    ``model`` but ``exclude``), each factor laid out like its kernel. Returns the layers."""
+    ``model`` but ``exclude``), each factor laid out like its kernel, the update computed
+    factored (module docstring). Returns the layers."""
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}")
     layers = lora_target_layers(model, exclude) if layers is None else list(layers)
@@ -76,12 +89,28 @@ def enable_lora(model, rank, *, alpha=None, exclude=(), layers=None):
     for layer in layers:
         with _factor_layouts(layer):
             layer.enable_lora(rank, lora_alpha=alpha)
+        _factor_the_call(layer)
     return layers
 
 
-def factor_axes(kernel):
-    """Layout axes ``{name: axes}`` of the LoRA factors of a kernel laid out as it is."""
-    spec = getattr(getattr(kernel.value, "sharding", None), "spec", None)
+def _factor_the_call(layer):
+    """Give a plain Keras Dense / EinsumDense LoRA layer the factored call. The zoo's
+    Dense subclasses factor in their own ``call``; a class with its own ``call`` keeps it."""
+    for kind in (keras.layers.EinsumDense, keras.layers.Dense):
+        if isinstance(layer, kind) and type(layer).call is kind.call:
+            layer.call = types.MethodType(factored_lora_call, layer)
+            return
+
+
+def factor_axes(kernel, distribution=None):
+    """Layout axes ``{name: axes}`` of the LoRA factors of a kernel laid out as it is: by
+    its value's sharding, or, deferred (an abstract build), by the layout ``distribution``
+    gives it when it is initialised."""
+    if distribution is not None and deferred_initializer(kernel) is not None:
+        layout = variable_layout(kernel) or distribution.get_variable_layout(kernel)
+        spec = getattr(layout, "axes", None) or getattr(layout, "spec", None)
+    else:
+        spec = getattr(getattr(kernel.value, "sharding", None), "spec", None)
     axes = tuple(spec) if spec is not None else ()
     axes = axes + (None,) * (len(kernel.shape) - len(axes))  # (d_0, ..., d_last)
     return {"lora_kernel_a": axes[:-1] + (None,), "lora_kernel_b": (None, axes[-1])}
@@ -89,7 +118,8 @@ def factor_axes(kernel):
 
 @contextlib.contextmanager
 def _factor_layouts(layer):
-    """Exact layout-map keys for ``layer``'s LoRA factors while they are created."""
+    """Exact layout-map keys for ``layer``'s LoRA factors while they are created; in an
+    abstract build, also each deferred factor's own layout (module docstring)."""
     distribution = keras.distribution.distribution()
     layout_map = distribution_layout_map(distribution)
     if layout_map is None:  # no distribution, or DataParallel: Keras replicates them
@@ -97,13 +127,18 @@ def _factor_layouts(layer):
         return
     prefix = layer_prefix(layer)
     added, keys = [], set(iter(layout_map))  # not ``key in layout_map``: its regex lookup says True for any match
+    factors = factor_axes(kernel_variable(layer), distribution)
     try:
-        for name, axes in factor_axes(kernel_variable(layer)).items():
+        for name, axes in factors.items():
             key = f"{prefix}/{name}"
             if key not in keys:  # a user's own exact key stays in charge
                 layout_map[key] = axes
                 added.append(key)
         yield
+        for name in factors:  # deferred and placed by nobody yet: laid out when initialised, keys gone by then
+            factor = getattr(layer, name)
+            if deferred_initializer(factor) is not None and variable_layout(factor) is None:
+                set_deferred_variable_layout(factor, distribution.get_variable_layout(factor))
     finally:
         for key in added:
             del layout_map[key]

@@ -1,12 +1,13 @@
 """``GPTCausalLM``: a ``GPTBackbone`` with a language-model head, and KV-cache generation."""
 
+import contextlib
 import os
 
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
-from zoo.models.gpt._logit_softcap import LogitSoftcap
-from zoo.models.gpt import _generation, _gpt_layouts, _sampling, hf_checkpoints
+from zoo.layers.logit_softcap import LogitSoftcap
+from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _sampling, hf_checkpoints
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config
 from zoo.models.zoo_model import ZooModel
@@ -28,6 +29,13 @@ class GPTCausalLM(ZooModel):
         backbone: a ``GPTBackbone``; every size is its (``model.backbone.num_layers``, ...).
         preprocessor: kept and saved with the model (``zoo.data.ByteTokenizer``, say), or None;
             the model itself takes token ids.
+        loss_chunk_size: None (the loss from the whole logits), or t: ``fit`` and
+            ``evaluate`` compute the compiled cross-entropy from the backbone's hidden
+            states, the head applied to t positions of every row at a time
+            (``_chunked_loss``), so the (B, T, V) float32 logits and their gradient are
+            never whole in memory. ``predict``, ``generate`` and calling the model still
+            give whole logits. Needs ``SparseCategoricalCrossentropy(from_logits=True)``
+            and no compiled metrics.
 
     Named sizes: ``GPTCausalLM.from_config_name("gpt_tiny", num_layers=4)`` builds
     ``GPTCausalLM(backbone=GPTBackbone(**GPT_CONFIGS["gpt_tiny"], num_layers=4))``.
@@ -35,7 +43,7 @@ class GPTCausalLM(ZooModel):
 
     CONFIGS = GPT_CONFIGS
 
-    def __init__(self, backbone, preprocessor=None, name="gpt_causal_lm", **kwargs):
+    def __init__(self, backbone, preprocessor=None, loss_chunk_size=None, name="gpt_causal_lm", **kwargs):
         token_ids = backbone.input  # (B, T)
         hidden = backbone(token_ids)  # (B, T, C)
         if backbone.tie_word_embeddings:
@@ -46,19 +54,88 @@ class GPTCausalLM(ZooModel):
         super().__init__(inputs=token_ids, outputs=logits, name=name, **kwargs)
         self.backbone = backbone
         self.preprocessor = preprocessor
+        self.loss_chunk_size = loss_chunk_size
+        self._loss_from_hidden = False  # True while fit / evaluate trace a step with loss_chunk_size set
 
     def train_step(self, state, data):
         """Keras' JAX ``train_step``, and for a Mixture-of-Experts model the step's router
         statistics in ``logs``: ``router_max_load`` (the busiest expert's share of the
         assignments over the mean share, averaged over the sparse blocks; 1.0 is
         balanced) and ``router_dropped_fraction`` (assignments the capacity dropped)."""
-        logs, state = super().train_step(state, data)
+        with self._chunked_loss_step():
+            logs, state = super().train_step(state, data)
         statistics = [index for index, variable in enumerate(self.non_trainable_variables)
                       if variable.path.endswith("/router_statistics")]  # fmt: skip
         if statistics:
             values = sum(state[1][index] for index in statistics) / len(statistics)  # f32[2]
             logs = {**logs, "router_max_load": values[0], "router_dropped_fraction": values[1]}
         return logs, state
+
+    def test_step(self, state, data):
+        """Keras' JAX ``test_step``; with ``loss_chunk_size`` the loss in chunks, as in ``train_step``."""
+        with self._chunked_loss_step():
+            return super().test_step(state, data)
+
+    # --- the loss in chunks (loss_chunk_size) ----------------------------------------------
+
+    @property
+    def loss_chunk_size(self):
+        """None, or t: ``fit`` and ``evaluate`` compute the loss in chunks of t positions
+        (settable before compiling; checked: a positive int)."""
+        return self._loss_chunk_size
+
+    @loss_chunk_size.setter
+    def loss_chunk_size(self, value):
+        self._loss_chunk_size = _chunked_loss.check_chunk_tokens(value)
+
+    @contextlib.contextmanager
+    def _chunked_loss_step(self):
+        """While fit / evaluate trace a step with ``loss_chunk_size`` set: ``call`` returns
+        the backbone's hidden states and ``compute_loss`` applies the head in chunks."""
+        if self.loss_chunk_size is None:
+            yield
+            return
+        self._chunked_loss_reduction()  # refuse a loss or metrics the chunked path cannot compute, before tracing
+        self._loss_from_hidden = True
+        try:
+            yield
+        finally:
+            self._loss_from_hidden = False
+
+    def _chunked_loss_reduction(self):
+        """The compiled loss' reduction, checked: the chunked path computes only
+        ``SparseCategoricalCrossentropy(from_logits=True)`` and no compiled metrics (they
+        would see hidden states)."""
+        loss = self.loss
+        config = loss.get_config() if isinstance(loss, keras.losses.SparseCategoricalCrossentropy) else {}
+        reduction = config.get("reduction")
+        if not config.get("from_logits") or config.get("ignore_class") is not None or reduction not in _chunked_loss.REDUCTIONS:
+            raise ValueError(
+                f"loss_chunk_size={self.loss_chunk_size} computes SparseCategoricalCrossentropy(from_logits=True, ignore_class=None) "
+                f"with reduction one of {', '.join(_chunked_loss.REDUCTIONS)}; this model is compiled with {loss!r} {config}"
+            )
+        if any(metric.name == "compile_metrics" for metric in self.metrics):
+            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} does not compute compiled metrics (they would need the whole logits); compile without metrics")
+        return reduction
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        if self._loss_from_hidden:
+            return self.backbone(inputs, training=training)  # (B, T, C): compute_loss applies the head
+        return super().call(inputs, training=training, mask=mask, **kwargs)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' ``compute_loss``; inside a chunked step (``loss_chunk_size``) ``y_pred`` is
+        the hidden states (B, T, C) and the compiled cross-entropy is computed from them in
+        chunks of ``loss_chunk_size`` tokens (``_chunked_loss``), plus the model's ``losses``
+        (a Mixture-of-Experts router's auxiliary losses) as Keras adds them."""
+        if not self._loss_from_hidden:
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        total = _chunked_loss.chunked_cross_entropy(
+            y_pred, self.logits, y, sample_weight, chunk_tokens=self.loss_chunk_size, reduction=self._chunked_loss_reduction()
+        )  # fmt: skip
+        for loss in self.losses:
+            total = total + keras.ops.cast(keras.ops.sum(loss), "float32")
+        return total
 
     def logits(self, hidden):
         """The LM head on hidden states (B, T, C) -> float32 logits (B, T, V)."""
@@ -211,6 +288,7 @@ class GPTCausalLM(ZooModel):
             "trainable": self.trainable,
             "backbone": backbone,
             "preprocessor": None if self.preprocessor is None else keras.saving.serialize_keras_object(self.preprocessor),
+            "loss_chunk_size": self.loss_chunk_size,
         }
 
     @classmethod
@@ -225,10 +303,10 @@ class GPTCausalLM(ZooModel):
         return cls(**config)
 
     @classmethod
-    def from_config_name(cls, name, layout=None, **overrides):
-        """``GPTCausalLM(backbone=GPTBackbone.from_config_name(name, layout, **overrides))``:
+    def from_config_name(cls, name, layout=None, *, loss_chunk_size=None, **overrides):
+        """``GPTCausalLM(backbone=GPTBackbone.from_config_name(name, layout, **overrides), loss_chunk_size=...)``:
         ``overrides`` are backbone arguments (``num_layers=2``, ``dropout=0.1``, ``megatron_sp=True``)."""
-        return cls(backbone=GPTBackbone.from_config_name(name, layout, **overrides))
+        return cls(backbone=GPTBackbone.from_config_name(name, layout, **overrides), loss_chunk_size=loss_chunk_size)
 
     @classmethod
     def get_layout_map(cls, mesh, layout="tp", config=None, *, data_axis=DATA, model_axis=MODEL):

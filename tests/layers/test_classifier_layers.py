@@ -4,9 +4,7 @@ import numpy as np
 import pytest
 
 from tests.layers.harness import check_layer_contract
-from zoo.models._class_token import ClassToken
-from zoo.models._learned_position_embedding import LearnedPositionEmbedding
-from zoo.models._token_pooling import TokenPooling
+from zoo.layers import ClassToken, LearnedPositionEmbedding, TokenPooling
 
 
 def test_learned_position_embedding_contract(tmp_path):

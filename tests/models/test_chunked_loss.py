@@ -1,0 +1,139 @@
+"""The loss in chunks (``GPTCausalLM(loss_chunk_size=t)``, ``_chunked_loss``) against the
+plain ``SparseCategoricalCrossentropy(from_logits=True)`` on whole logits: forward and
+gradients, masking, padding, tied and untied heads, the soft-cap, the ``tp`` layout, and
+the compiled step's temporaries."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import pytest
+
+from zoo import distribution as zd
+from zoo.models.gpt import GPTCausalLM
+from zoo.models.gpt._chunked_loss import chunked_cross_entropy
+from zoo.training.compiled_step import compile_fit_step
+from zoo.training.lm_finetune import compile_causal_lm
+
+MEAN = "mean_with_sample_weight"
+
+
+def _plain(hidden, kernel, labels, weights, reduction, softcap=None):
+    logits = (hidden @ kernel).astype("float32")
+    if softcap:
+        logits = softcap * jnp.tanh(logits / softcap)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)(labels, logits, weights)
+
+
+@pytest.mark.parametrize("reduction, weighted, softcap", [(MEAN, True, 3.0), ("sum_over_batch_size", True, None), (MEAN, False, None), ("sum", True, None)])
+def test_the_function_equals_the_plain_loss_and_its_gradients(reduction, weighted, softcap):
+    """T = 10 in chunks of 4 (two padded positions), weights with zeros."""
+    rng = np.random.default_rng(0)
+    hidden = jnp.asarray(rng.normal(size=(2, 10, 8)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(8, 16)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 16, size=(2, 10)), jnp.int32)
+    weights = jnp.asarray(rng.integers(0, 2, size=(2, 10)), jnp.float32) if weighted else None
+
+    def chunked(h, k):
+        head = (lambda x: x @ k) if softcap is None else (lambda x: softcap * jnp.tanh((x @ k) / softcap))
+        return chunked_cross_entropy(h, head, labels, weights, chunk_tokens=4, reduction=reduction)
+
+    value, grads = jax.value_and_grad(chunked, argnums=(0, 1))(hidden, kernel)
+    expected, expected_grads = jax.value_and_grad(lambda h, k: _plain(h, k, labels, weights, reduction, softcap), argnums=(0, 1))(hidden, kernel)
+    np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-6)
+    for grad, expected_grad in zip(grads, expected_grads):
+        np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-6)
+    if weighted:  # all weights zero: 0, as Keras' divide_no_nan gives
+        assert float(chunked_cross_entropy(hidden, lambda x: x @ kernel, labels, jnp.zeros((2, 10)), chunk_tokens=4, reduction=reduction)) == 0.0
+
+
+def _pair(chunk, **overrides):
+    """A plain and a chunked ``GPTCausalLM`` of the same weights, compiled alike
+    (``compile_causal_lm``: the fine-tuning loss, with SGD)."""
+    plain = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, **overrides)
+    chunked = GPTCausalLM.from_config(plain.get_config())
+    chunked.set_weights(plain.get_weights())
+    compile_causal_lm(plain, keras.optimizers.SGD(1.0))
+    compile_causal_lm(chunked, keras.optimizers.SGD(1.0), loss_chunk_size=chunk)
+    return plain, chunked
+
+
+def _batch(batch=2, length=7, vocabulary=256):
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, vocabulary, size=(batch, length + 1)).astype("int32")
+    weights = (rng.random((batch, length)) > 0.3).astype("float32")
+    return tokens[:, :-1], tokens[:, 1:], weights
+
+
+def _check_step(plain, chunked, batch, evaluate=False):
+    """One ``train_on_batch`` (and with ``evaluate`` a ``test_on_batch`` and ``predict``)
+    of each: the same loss, the same update."""
+    x, y, w = batch
+    if evaluate:
+        np.testing.assert_allclose(chunked.test_on_batch(x, y, sample_weight=w), plain.test_on_batch(x, y, sample_weight=w), rtol=1e-5)
+    before = [np.asarray(v) for v in plain.get_weights()]
+    losses = [model.train_on_batch(x, y, sample_weight=w) for model in (plain, chunked)]
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    for start, a, b in zip(before, plain.get_weights(), chunked.get_weights()):  # SGD(1): the update is the gradient
+        np.testing.assert_allclose(b - start, a - start, rtol=1e-4, atol=1e-6)
+    if evaluate:  # predict still gives the whole logits
+        np.testing.assert_allclose(chunked.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+
+
+def test_fit_evaluate_and_predict_tied_softcapped_moe():
+    """T = 7 in chunks of 3 (two padded positions), sample weights with zeros, a tied
+    embedding, the final soft-cap, and a Mixture-of-Experts block whose router adds a
+    load-balancing loss in training (0.5 x about 1: the two steps' losses differ unless
+    the chunked one adds it); predict still gives logits. The untied head: the tp test."""
+    plain, chunked = _pair(3, tie_word_embeddings=True, final_logit_softcap=5.0, num_experts=4, num_experts_per_token=2,
+                           router_aux_loss_coefficient=0.5)  # fmt: skip
+    _check_step(plain, chunked, _batch(), evaluate=True)
+
+
+def test_the_setting_round_trips_and_wrong_uses_are_refused():
+    model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, loss_chunk_size=16)
+    assert GPTCausalLM.from_config(model.get_config()).loss_chunk_size == 16
+    with pytest.raises(ValueError, match="loss_chunk_size must be a positive number of tokens or None, got 0"):
+        GPTCausalLM.from_config({**model.get_config(), "loss_chunk_size": 0})
+    with pytest.raises(ValueError, match="got 2.5"):
+        model.loss_chunk_size = 2.5
+    x, y, _ = _batch()
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy())  # probabilities, not logits
+    with pytest.raises(ValueError, match="from_logits=True"):
+        model.train_on_batch(x, y)
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    with pytest.raises(ValueError, match="compiled metrics"):
+        model.train_on_batch(x, y)
+
+
+def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits():
+    """tp on data=2,model=4: the head split over V; the chunked step equals the plain one
+    and its compiled HLO holds no all-gather of (B, t, V) logits."""
+    distribution = zd.distribution_for(GPTCausalLM, "tp", zd.make_mesh("data=2,model=4"), config=GPTCausalLM.from_config_name("gpt_tiny").get_config())
+    try:
+        plain, chunked = zd.build_distributed(lambda: _pair(4), distribution)
+        _check_step(plain, chunked, _batch(batch=4, length=8))
+        compiled, _ = compile_fit_step(chunked, distribution, ((4, 8), "int32"), ((4, 8), "int32"))
+    finally:
+        keras.distribution.set_distribution(None)
+    text = compiled.as_text()
+    assert "f32[2,4,64]" in text  # a chunk's logits on one device: (B/2, t, V/4)
+    whole = sorted(set(re.findall(r"f32\[[0-9,]*,256\]", text)))  # any buffer of all V logits
+    assert not whole, whole
+    assert " all-gather(" not in text
+
+
+def test_the_compiled_step_holds_no_whole_logits():
+    """B = 2, T = 512, V = 8,192: each (B, T, V) float32 buffer is 32 MiB; in chunks of 64
+    the step's temporaries fall by more than three of them (logits, log-softmax, gradient)."""
+    sizes = dict(num_layers=1, vocabulary_size=8192, max_sequence_length=512)
+    temps = []
+    for chunk in (None, 64):
+        keras.backend.clear_session()
+        model = GPTCausalLM.from_config_name("gpt_tiny", loss_chunk_size=chunk, **sizes)
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        temps.append(compile_fit_step(model, None, ((2, 512), "int32"), ((2, 512), "int32"))[1].temp)
+    logits = 2 * 512 * 8192 * 4
+    assert temps[0] - temps[1] > 3 * logits, (temps, logits)  # measured: 141 -> 34 MiB

@@ -1,0 +1,101 @@
+"""Next-token cross-entropy from hidden states, in chunks of tokens: the (B, T, V) float32
+logits, their log-softmax and their gradient are never whole in memory.
+
+``chunked_cross_entropy(hidden, head_fn, labels, sample_weight, chunk_tokens=t)`` equals
+``SparseCategoricalCrossentropy(from_logits=True, reduction=...)(labels, head_fn(hidden),
+sample_weight)``, forward and gradients, but runs the head ``head_fn`` (B, t, C) -> (B, t,
+V) on one chunk of t positions of every row at a time, inside a ``jax.lax.scan`` whose
+body is a ``jax.checkpoint``: the forward keeps only a running sum, the backward recomputes
+each chunk's logits and frees them before the next. Peak: one chunk's (B, t, V) float32
+logits and their gradient, instead of three (B, T, V) buffers.
+
+Chunk ``i`` of ``n = ceil(T / t)`` holds the positions ``a * n + i`` (a < t), strided, not
+contiguous: a sequence split over a mesh axis (the ``context`` layout's ``seq``) is split
+the same way within every chunk when ``t`` is a multiple of that axis, so each device
+scans its own tokens and no chunk is gathered. T not a multiple of t is padded with
+weight-0 positions (zero hidden states), which add nothing.
+
+Vocabulary-parallel under the ``tp`` layouts: the head's weights are split over V on
+``model``, so each chunk's logits come out split over V; the max, the sum of exponentials
+and the label's logit (a compare with an iota, not a gather) are reductions over V that
+GSPMD turns into per-device partial results and an all-reduce of (B, t) values. No
+(B, t, V) all-gather (tests/models/test_chunked_loss.py reads the compiled HLO).
+
+Reductions as Keras' losses have them: ``sum``, ``sum_over_batch_size`` (the sum over the
+B x T weighted losses) and ``mean_with_sample_weight`` (over the sum of the weights;
+without weights, as ``sum_over_batch_size``); a zero divisor gives 0 (``divide_no_nan``).
+"""
+
+import jax
+import jax.numpy as jnp
+
+REDUCTIONS = ("sum", "sum_over_batch_size", "mean_with_sample_weight")
+
+
+def check_chunk_tokens(chunk_tokens):
+    """``chunk_tokens``: None (no chunking) or a positive int; the ``ValueError`` names it."""
+    if chunk_tokens is None:
+        return None
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ValueError(f"loss_chunk_size must be a positive number of tokens or None, got {chunk_tokens!r}")
+    return chunk_tokens
+
+
+def token_losses(logits, labels):
+    """-log softmax(logits)[label] per token: f32 (..., V), int (...) -> f32 (...).
+
+    The label's logit is picked by comparing an iota over V with the label, so logits
+    split over V stay split (a gather would all-gather them)."""
+    shift = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # (..., 1)
+    log_sum = jnp.log(jnp.sum(jnp.exp(logits - shift), axis=-1)) + shift[..., 0]  # (...)
+    vocabulary = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)  # (..., V)
+    picked = jnp.sum(jnp.where(vocabulary == labels[..., None].astype(jnp.int32), logits, 0.0), axis=-1)  # (...)
+    return log_sum - picked
+
+
+def chunked_cross_entropy(hidden, head_fn, labels, sample_weight=None, *, chunk_tokens, reduction="mean_with_sample_weight"):
+    """The reduced cross-entropy of ``head_fn(hidden)`` against ``labels``, chunk by chunk.
+
+    Args:
+        hidden: (B, T, C) hidden states, any float dtype.
+        head_fn: (B, t, C) -> (B, t, V) logits (cast to float32 here): the LM head with
+            its final soft-cap, e.g. ``GPTCausalLM.logits``.
+        labels: int (B, T) next-token ids.
+        sample_weight: (B, T) weights (0 masks a token), or None (all 1).
+        chunk_tokens: t, positions of every row per chunk.
+        reduction: one of ``REDUCTIONS``.
+
+    Returns a float32 scalar.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction {reduction!r} is not supported by the chunked loss; choose one of {', '.join(REDUCTIONS)}")
+    check_chunk_tokens(chunk_tokens)
+    batch, length = labels.shape
+    weights = jnp.ones((batch, length), jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32).reshape(batch, length)
+    chunk = min(chunk_tokens, length)
+    chunks = -(-length // chunk)  # n
+    padding = chunks * chunk - length
+    if padding:
+        hidden = jnp.pad(hidden, ((0, 0), (0, padding), (0, 0)))
+        labels = jnp.pad(labels, ((0, 0), (0, padding)))
+        weights = jnp.pad(weights, ((0, 0), (0, padding)))
+
+    def strided(x):  # (B, n * t, ...) -> (n, B, t, ...): chunk i holds positions a * n + i
+        return jnp.moveaxis(x.reshape(batch, chunk, chunks, *x.shape[2:]), 2, 0)
+
+    @jax.checkpoint
+    def chunk_sum(h, y, w):  # (B, t, C), (B, t), (B, t) -> f32[]: the backward recomputes the logits
+        logits = head_fn(h).astype(jnp.float32)  # (B, t, V)
+        return jnp.sum(token_losses(logits, y) * w)
+
+    def body(total, xs):
+        return total + chunk_sum(*xs), None
+
+    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (strided(hidden), strided(labels), strided(weights)))
+    if reduction == "sum":
+        return total
+    if reduction == "mean_with_sample_weight" and sample_weight is not None:
+        divisor = jnp.sum(weights)
+    else:
+        divisor = jnp.asarray(batch * length, jnp.float32)
+    return jnp.where(divisor == 0, 0.0, total / jnp.where(divisor == 0, 1.0, divisor))
