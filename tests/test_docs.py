@@ -4,8 +4,9 @@ The examples run in this test process (8 simulated devices already started; an e
 ``simulate_cpu_devices(8)`` then only checks the count). What the README's first example
 needs of a new process is checked there, cheaply: ``import zoo`` choosing JAX with no
 KERAS_BACKEND (tests/test_loading.py), ``simulate_cpu_devices`` before JAX starts
-(tests/distribution/test_devices.py), and every example importing the zoo before Keras
-(here: an example run on its own that imports Keras first gets the TensorFlow backend).
+(tests/distribution/test_devices.py), and every ```python block of README.md and
+docs/*.md, run here or not, importing the zoo before Keras or JAX (here, statically: an
+example run on its own that imports Keras first gets the TensorFlow backend).
 """
 
 import pathlib
@@ -58,17 +59,52 @@ def _check_runs_in_this_process(code, name, folder, monkeypatch):
         keras.utils.clear_session()
 
 
-def test_every_example_imports_the_zoo_before_keras():
-    """Run on its own, an example that imports Keras first gets Keras' default backend
-    (TensorFlow), not JAX: ``import zoo`` must come first (it sets KERAS_BACKEND)."""
+DOC_PAGES = ["README.md", *sorted(f"docs/{page.name}" for page in (ROOT / "docs").glob("*.md"))]
+# the block chooses the backend itself: os.environ["KERAS_BACKEND"] = ... or setdefault("KERAS_BACKEND", ...)
+_BACKEND_SET = re.compile(r"""KERAS_BACKEND["']\s*(\]\s*=(?!=)|,)""")
+_USES = re.compile(r"(?<![\w.])(keras|jax|jnp)\.")  # keras.x, jax.x, jnp.x used unimported
+
+
+def _imported_modules(line):
+    """The top-level modules an ``import``/``from`` line names (``import os, keras`` → os, keras)."""
+    match = re.match(r"\s*from\s+([\w.]+)\s+import\b", line)
+    if match:
+        return [match.group(1).split(".")[0]]
+    match = re.match(r"\s*import\s+(.+)", line)
+    if match:
+        return [name.strip().split()[0].split(".")[0] for name in match.group(1).split(",") if name.strip()]
+    return []
+
+
+def _keras_before_zoo(code):
+    """(line number in the block, line) of the first line importing or using Keras or JAX
+    before any ``import zoo``/``from zoo`` or KERAS_BACKEND setting; None when there is none."""
+    for number, line in enumerate(code.splitlines(), start=1):
+        statement = line.split("#", 1)[0]
+        modules = _imported_modules(statement)
+        if "zoo" in modules or _BACKEND_SET.search(line):
+            return None
+        if {"keras", "jax"} & set(modules) or _USES.search(statement):
+            return number, line.strip()
+    return None
+
+
+def test_every_python_block_imports_the_zoo_before_keras_or_jax():
+    """Every ```python block of README.md and docs/*.md, run or not: run on its own, a
+    script that imports Keras first gets Keras' default backend (TensorFlow), not JAX, so
+    one that imports or uses Keras or JAX imports the zoo (which selects JAX) before them,
+    or sets KERAS_BACKEND itself. Static: nothing is executed."""
     late = []
-    for param in _examples():
-        lines = param.values[0].splitlines()
-        keras_line = next((n for n, line in enumerate(lines) if re.match(r"\s*(import|from) keras\b", line)), None)
-        zoo_line = next((n for n, line in enumerate(lines) if re.match(r"\s*(import|from) zoo\b", line)), len(lines))
-        if keras_line is not None and zoo_line > keras_line:
-            late.append(param.id)
-    assert not late, f"these examples import keras before zoo: {late}"
+    for page in DOC_PAGES:
+        text = (ROOT / page).read_text()
+        for index, block in enumerate(re.finditer(r"```python\n(.*?)```", text, flags=re.S)):
+            found = _keras_before_zoo(block.group(1))
+            if found:
+                number, line = found
+                page_line = text.count("\n", 0, block.start(1)) + number
+                late.append(f"{page} python block #{index}, line {number} of the block "
+                            f"({page}:{page_line}): {line!r}")
+    assert not late, "import zoo before Keras/JAX (or set KERAS_BACKEND) in:\n" + "\n".join(late)
 
 
 def test_every_page_has_a_runnable_example():

@@ -147,8 +147,10 @@ def test_a_dense_model_exports_as_its_model_type_and_round_trips(loaded, tmp_pat
 
 
 def test_lora_is_merged_on_export(tmp_path):
+    from zoo.config.settings import ExportConfig
     from zoo.training._lora import enable_lora
-    from zoo.training.export import exported_parameter_count
+    from zoo.training._lora_files import save_lora
+    from zoo.training.export import export, exported_parameter_count
 
     model = GPTCausalLM.from_preset(FIXTURES / "llama_mha_tied")
     layers = enable_lora(model, 2)
@@ -163,6 +165,12 @@ def test_lora_is_merged_on_export(tmp_path):
     assert not any("lora" in w.path for w in reloaded.weights)
     assert exported_parameter_count(model) == reloaded.count_params() < model.count_params()  # factors not counted
     np.testing.assert_allclose(np.asarray(reloaded(token_ids)), adapted, atol=1e-5, rtol=0)
+    # zoo export --lora prints what the folder holds (27,808 here), not the rank-2 factors too (30,656)
+    save_lora(model, tmp_path / "adapter.h5")
+    lines = []
+    export(ExportConfig(model=str(FIXTURES / "llama_mha_tied"), output=str(tmp_path / "cli"), lora=str(tmp_path / "adapter.h5")),
+           report=lines.append)  # fmt: skip
+    assert f", {reloaded.count_params():,} parameters" in lines[-1], lines
 
 
 def test_a_weight_that_is_not_finite_is_refused_before_anything_is_written(loaded, tmp_path):

@@ -161,8 +161,15 @@ def make_optimizer(name="adam", learning_rate=None, method="lora"):
     return keras.optimizers.Adam(learning_rate or LM_LEARNING_RATES[method])
 
 
-def compile_causal_lm(model, optimizer):
-    """Next-token cross-entropy, the mean over the labels that count (sample weight 1)."""
+def compile_causal_lm(model, optimizer, loss_chunk_size=None):
+    """Next-token cross-entropy, the mean over the labels that count (sample weight 1).
+
+    ``loss_chunk_size`` t (default: the model's own ``loss_chunk_size``, None unless set):
+    ``fit`` and ``evaluate`` (so ``heldout_loss``) compute the same loss from the hidden
+    states, the head on t positions of every row at a time, without the whole (B, T, V)
+    float32 logits (``GPTCausalLM(loss_chunk_size=...)``; docs/finetuning.md)."""
+    if loss_chunk_size is not None:
+        model.loss_chunk_size = loss_chunk_size  # checked by the model
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
     model.compile(optimizer=optimizer, loss=loss)
 
@@ -198,7 +205,8 @@ def token_batches(examples, *, batch_size, distribution=None, shuffle=False, see
 def heldout_loss(model, examples, *, batch_size, distribution=None):
     """The compiled loss over ``examples``: the mean over every label that counts, in
     nats (batches padded with weight-0 rows to one shape, each batch's mean weighted by
-    its count of labels in the loss)."""
+    its count of labels in the loss). With the model's ``loss_chunk_size`` set, each
+    batch's loss is computed in chunks, without the whole logits (``test_on_batch``)."""
     batches = token_batches(examples.padded_to(batch_size), batch_size=batch_size, distribution=distribution)
     total, count = 0.0, 0.0
     for index in range(len(batches)):
