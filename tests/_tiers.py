@@ -29,10 +29,24 @@ MATRIX = {
     f"{GPT_PARITY}[data-data=8]": "every other case's batch split over data",
     f"{GPT_PARITY}[fsdp-data=8]": "fsdp+tp-data=2,model=4",
     f"{GPT_PARITY}[tp-data=2,model=4]": "tp+sp-data=2,model=4, fsdp+tp-data=2,model=4",
-    # MoE GPT fit parity: tier 1 keeps expert+tp (experts split, shared expert, F over model) and k1 context
+    # MoE GPT fit parity: tier 1 keeps expert+tp (experts split, shared expert, F over model)
     f"{GPT_MOE}[k2_shared-expert-data=2,expert=4]": "k2_shared-expert+tp-data=2,expert=2,model=2",
     f"{GPT_MOE}[k2_shared-fsdp+expert-data=2,expert=4]": "k2_shared-expert+tp; fsdp in test_gpt_parity",
-    f"{GPT_MOE}[k1-expert-data=4,expert=2]": "k1-context-data=2,seq=4 (k = 1), k2_shared-expert+tp (expert)",
+    f"{GPT_MOE}[k1-expert-data=4,expert=2]": "k2_shared-expert+tp (expert); k = 1: tests/kernels/test_moe.py [True-2-1]",
+    f"{GPT_MOE}[k1-context-data=2,seq=4]": "k2_shared-expert+tp; the context layout under fit: test_gpt_parity context-ring",
+    # the loss in chunks: tier 1 keeps the function's parity (sample weights, soft-cap) and the tp fit
+    "tests/models/test_chunked_loss.py::test_fit_evaluate_and_predict_tied_softcapped_moe": (
+        "test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits (fit), "
+        "test_the_function_equals_the_plain_loss_and_its_gradients[mean_with_sample_weight-True-3.0] (soft-cap, weights)"
+    ),
+    # windowed decoding on a zoo config: tier 1 decodes past the window against transformers
+    "tests/models/test_gpt.py::test_decoding_with_a_window_matches_the_full_forward_pass": (
+        "tests/models/test_hf_checkpoints.py::test_greedy_equals_transformers[mistral_window], [gemma2]"
+    ),
+    # the CNN benchmark over every layout: tier 1 runs the harness's check on the real step
+    "tests/bench/test_cnn_fit.py::test_tiny_benchmark_reports_every_layout": (
+        "test_same_maths_check_passes_the_real_step_and_catches_a_different_one; tests/bench/test_gpt_fit.py"
+    ),
     # pipelined GPT fit parity: tier 1 keeps gpipe; the circular schedule's outputs and
     # gradients: tests/layers/test_pipelined_blocks.py (circular-6-2-data=2,stage=4)
     "tests/models/test_gpt_pipeline.py::test_three_steps_of_fit_match_one_device[circular-2-data=2,stage=2,model=2]": (
@@ -81,9 +95,12 @@ MATRIX = {
     "tests/layers/test_multi_head_attention_fit.py::test_fit_matches_one_device[ulysses-data=2,seq=4-True]": (
         "tests/distribution/test_context_parallel.py::test_fit_matches_one_device[ulysses]"
     ),
-    # the CNN under fit: tier 1 keeps data=8 and the model axis at data=2,model=4 (sharded
+    # the CNN under fit: tier 1 keeps the model axis at data=2,model=4 (sharded
     # weights at data=1,model=8: test_weights_are_really_sharded[data=1,model=8])
     "tests/models/test_small_cnn.py::test_three_steps_of_fit_match_one_device[model-data=1,model=8]": "[model-data=2,model=4]",
+    "tests/models/test_small_cnn.py::test_three_steps_of_fit_match_one_device[data-data=8]": (
+        "[model-data=2,model=4] (its batch split over data=2); DataParallel on 8: tests/training/test_kill_resume.py"
+    ),
     # fine-tuning: tier 1 keeps lora and full on the model axis, frozen on data
     f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[data-lora]": "[model-lora]",
     f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[data-full]": "[model-full]",

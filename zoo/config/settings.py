@@ -225,8 +225,11 @@ class FinetuneConfig(CheckpointSettings, _Checked):
     balance: str | None = setting(None, "layout context: causal load balancing of the sequence order", section="parallel", choices=choices.BALANCES)
     dataset: str = setting("digits", "a classification dataset (zoo data list); a causal LM without --data-file: a language-modelling one", section="data")
     data_dir: str | None = _data_dir()
-    data_file: str | None = setting(None, 'causal LMs: train on this file: .jsonl with {"prompt", "completion"} a line (loss on the completion) '
+    data_file: str | None = setting(None, 'causal LMs: train on this file: .jsonl with {"messages": [...]} a line (through the chat template, '
+                                    'loss on the assistant turns), {"prompt", "completion"} a line (loss on the completion) '
                                     'or {"text"} a line (packed), or plain text (packed); docs/finetuning.md', section="data", metavar="FILE")  # fmt: skip
+    chat_template: str | None = setting(None, 'causal LMs: a Jinja chat template file (as chat_template.jinja) for {"messages"} data, '
+                                        "used and saved instead of the tokenizer's own; default: the tokenizer's", section="data", metavar="FILE")  # fmt: skip
     validation_file: str | None = setting(None, "causal LMs: the held-out examples, a file like --data-file; default: the last "
                                           "--validation-fraction of --data-file", section="data", metavar="FILE")  # fmt: skip
     validation_fraction: float = setting(0.1, "causal LMs without --validation-file: the share of --data-file's examples held out (the last), "
@@ -235,6 +238,8 @@ class FinetuneConfig(CheckpointSettings, _Checked):
     test_examples: int | None = setting(None, "evaluate on the first N test (held-out) examples; default: all", section="data", parse=types.positive_int)
     sequence_length: int | None = setting(None, "causal LMs: tokens per example T; default: the model's preprocessor's, else "
                                           "min(1024, max_sequence_length)", section="train", parse=types.sequence_length)  # fmt: skip
+    loss_chunk_size: int | None = setting(None, "causal LMs: compute the loss from the hidden states t positions of every row at a time, "
+                                          "never the whole (B, T, V) float32 logits (memory at long context); default: whole", section="train", parse=types.positive_int)  # fmt: skip
     epochs: int = setting(3, "passes over the training examples", section="train", parse=types.positive_int)
     batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
     optimizer: str = setting("adam", "adam, or sgd (w -= lr * gradient: steps that are the gradients, to compare layouts; needs --learning-rate)",

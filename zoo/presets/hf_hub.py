@@ -8,7 +8,7 @@ with no copy either, the error says how to put the files in place by hand.
 """
 
 PREFIX = "hf://"
-PATTERNS = ["*.json", "*.safetensors", "tokenizer.model"]  # config, weights (index too), tokenizer files
+PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja"]  # config, weights (index too), tokenizer files, chat templates
 
 
 def is_hub_name(name):

@@ -1,9 +1,11 @@
 """Fine-tune a causal language model (``GPTCausalLM``) with LoRA or fully, under any layout.
 
 The model: a zoo preset holding a ``GPTCausalLM`` (``gpt_tiny_python_docs``), a Hugging
-Face Llama-family folder, or ``hf://org/name``. The data: ``zoo.data.text_files``
-(``{"prompt", "completion"}`` JSONL with the loss on the completion only, ``{"text"}``
-JSONL or plain text packed into sequences) or a language-modelling dataset's text.
+Face Llama-family folder, or ``hf://org/name``. The data: ``{"messages": [...]}`` JSONL
+through the tokenizer's chat template with the loss on the assistant turns only
+(``zoo.data.chat_files``), ``zoo.data.text_files`` (``{"prompt", "completion"}`` JSONL
+with the loss on the completion only, ``{"text"}`` JSONL or plain text packed into
+sequences) or a language-modelling dataset's text.
 
 Methods (what the optimizer updates):
 
@@ -46,13 +48,15 @@ from zoo import distribution as zd
 from zoo.config.choices import METHODS
 from zoo.data import DivisibleBatches, get_spec
 from zoo.data.catalog import LANGUAGE_MODELING
-from zoo.data.text_files import LMExamples, dataset_text, load_text_file, pack_texts, split_held_out
+from zoo.data.chat_files import is_messages_jsonl, load_chat_file
+from zoo.data.text_files import JSONL_SUFFIXES, LMExamples, dataset_text, load_text_file, pack_texts, read_text, split_held_out
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt.gpt_configs import backbone_config
 from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, save_to_preset
 from zoo.presets.save import check_preset_destination
-from zoo.tokenizers import Tokenizer
+from zoo.tokenizers import HFTokenizer, Tokenizer
+from zoo.tokenizers.chat import template_of
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
 from zoo.training._lora_files import save_lora
@@ -236,6 +240,7 @@ def finetune_causal_lm(
     lora_rank=4,
     lora_alpha=None,
     optimizer=None,
+    loss_chunk_size=None,
     epochs=1,
     batch_size=8,
     seed=0,
@@ -254,6 +259,8 @@ def finetune_causal_lm(
         method: ``"lora"`` or ``"full"`` (``prepare_causal_lm``).
         lora_rank, lora_alpha: the LoRA factors' rank r and scale alpha (default r).
         optimizer: a Keras optimizer; default Adam at ``LM_LEARNING_RATES[method]``.
+        loss_chunk_size: the loss in chunks of this many positions per row
+            (``compile_causal_lm``); default the model's own (None: whole logits).
         epochs, batch_size: passes over ``train`` (reshuffled each, from ``seed``) and the
             global batch (divisible by the data axis; the last partial batch is dropped).
         seed: seeds the LoRA factors' initialisation and the shuffling.
@@ -269,7 +276,7 @@ def finetune_causal_lm(
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
     report(f"method {method}: {trainable:,} trainable parameters"
            + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layers)" if adapted else ""))  # fmt: skip
-    compile_causal_lm(model, optimizer or make_optimizer("adam", method=method))
+    compile_causal_lm(model, optimizer or make_optimizer("adam", method=method), loss_chunk_size=loss_chunk_size)
     batches = token_batches(train, batch_size=batch_size, shuffle=True, seed=seed)
     measure = functools.partial(heldout_loss, model, held_out, batch_size=batch_size) if held_out is not None else (lambda: None)
     before = measure()  # LoRA's b factors start at zero: the loaded model's loss
@@ -298,6 +305,8 @@ def finetune_lm(config, report=print):
     report_setup(distribution, report)
     model = zd.build_distributed(lambda: load_causal_lm(preset, config.layout), distribution)
     preprocessor = lm_preprocessor(model, config.sequence_length)
+    if config.chat_template:
+        use_chat_template(preprocessor.tokenizer, config.chat_template)
     report(f"model {config.preset!r}: {model.count_params():,} parameters; sequence length {preprocessor.sequence_length}")
     train, held_out = lm_data(config, preprocessor, report)
     steps = len(train) // config.batch_size
@@ -307,7 +316,7 @@ def finetune_lm(config, report=print):
     progress = StepReport(config.batch_size * preprocessor.sequence_length, unit="tokens", every=config.report_every, report=report)
     result = finetune_causal_lm(
         model, train, held_out, method=config.method, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
-        optimizer=make_optimizer(config.optimizer, config.learning_rate, config.method), epochs=config.epochs,
+        optimizer=make_optimizer(config.optimizer, config.learning_rate, config.method), loss_chunk_size=config.loss_chunk_size, epochs=config.epochs,
         batch_size=config.batch_size, seed=config.seed, callbacks=[progress], report=report, fit=fit,
     )  # fmt: skip
     result["output"] = _save(config, result, hf, preprocessor, report) if config.output else None
@@ -326,6 +335,15 @@ def _check_options(config):
         if spec.task != LANGUAGE_MODELING:
             raise ValueError(f"a causal LM fine-tunes on --data-file FILE (JSONL or text) or a {LANGUAGE_MODELING} --dataset; "
                              f"{spec.name!r} is {spec.task} data")  # fmt: skip
+
+
+def use_chat_template(tokenizer, path):
+    """Make the Jinja template in the file ``path`` the tokenizer's chat template: read
+    for ``{"messages"}`` data and saved with the tokenizer (``--chat-template``)."""
+    if not isinstance(tokenizer, HFTokenizer):
+        raise ValueError(f"--chat-template {path}: the model's tokenizer is a {type(tokenizer).__name__}; "
+                         "chat templates go with a Hugging Face tokenizer (tokenizer.json)")  # fmt: skip
+    tokenizer.chat_template = template_of(tokenizer, read_text(path))
 
 
 def _check_output(output, hf):
@@ -350,9 +368,9 @@ def lm_data(config, preprocessor, report=print):
     language-modelling ``config.dataset`` (its validation split); ``train_examples`` /
     ``test_examples`` keep the first N of each."""
     if config.data_file:
-        examples = load_text_file(config.data_file, preprocessor)
+        examples = load_lm_file(config.data_file, preprocessor)
         if config.validation_file:
-            train, held_out = examples, load_text_file(config.validation_file, preprocessor)
+            train, held_out = examples, load_lm_file(config.validation_file, preprocessor)
         else:
             train, held_out = split_held_out(examples, config.validation_fraction)
     else:
@@ -363,6 +381,18 @@ def lm_data(config, preprocessor, report=print):
     report(f"data {_data_source(config)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
            f"{len(held_out)} held out ({held_out.loss_tokens:,})")  # fmt: skip
     return train, (held_out if len(held_out) else None)
+
+
+def load_lm_file(path, preprocessor):
+    """``LMExamples`` of a data file: ``{"messages": [...]}`` JSONL through the tokenizer's
+    chat template, the loss on the assistant turns (``zoo.data.chat_files``); any other
+    JSONL or text as ``zoo.data.text_files`` reads it."""
+    if os.fspath(path).lower().endswith(JSONL_SUFFIXES) and is_messages_jsonl(path):
+        if getattr(preprocessor.tokenizer, "chat_template", None) is None:
+            raise ValueError(f'{path}: {{"messages"}} data goes through a chat template, and the model\'s tokenizer '
+                             f"({type(preprocessor.tokenizer).__name__}) has none; give --chat-template FILE (a Jinja template)")  # fmt: skip
+        return load_chat_file(path, preprocessor)
+    return load_text_file(path, preprocessor)
 
 
 def _data_source(config):
