@@ -21,6 +21,7 @@ from zoo.config import schema
 from zoo.data.chat_files import load_chat_file
 from zoo.models import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import HFTokenizer
+from zoo.config.settings import GenerateConfig
 from zoo.training.finetune import FinetuneConfig, finetune
 from zoo.training.lm_finetune import causal_lm_config, compile_causal_lm, heldout_loss, load_lm_file, use_chat_template
 
@@ -126,3 +127,33 @@ def test_chat_data_needs_a_template_and_a_template_needs_a_hugging_face_tokenize
         from zoo.tokenizers import ByteTokenizer
 
         use_chat_template(ByteTokenizer(), tmp_path / "t.jinja")
+
+
+def test_generate_a_reply_to_messages_in_python_and_with_zoo_generate_chat(folder, capsys):
+    """``generate(messages=...)`` generates from the template's ids with the generation
+    prompt (transformers' ``apply_chat_template(..., add_generation_prompt=True)``) and
+    returns the reply alone, streamed as it comes; ``zoo generate --chat`` prints it."""
+    model = GPTCausalLM.from_preset(folder / "base")
+    tokenizer = model.preprocessor.tokenizer
+    first, second = (conversation["messages"][1:2] for conversation in _conversations(2, seed=3))  # a user's message
+    ids = tokenizer.apply_chat_template(first, add_generation_prompt=True)
+    assert tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=False).endswith("<|im_start|>assistant\n")
+    streamed = []
+    reply = model.generate(messages=first, max_new_tokens=6, stop_token_ids=(), stream=lambda pieces: streamed.append(pieces[0]))
+    tokens = model.generate([list(ids)], 6, stop_token_ids=())  # (1, P + 6)
+    assert reply == tokenizer.decode(tokens[0, len(ids) :]) == "".join(streamed) and reply
+    # a list of conversations: each row its template's ids, left-padded
+    batch, starts = model._tokenize_conversations([first, second], model.backbone.vocabulary_size, 0)
+    for row, start, conversation in zip(batch, starts, (first, second)):
+        np.testing.assert_array_equal(row[start:], tokenizer.apply_chat_template(conversation, add_generation_prompt=True))
+    with pytest.raises(ValueError, match="generate takes prompts .* or messages .*, one of them; got both"):
+        model.generate("hi", 2, messages=first)
+
+    from zoo.training.gpt import generate
+
+    argv = ["generate", "--model", str(folder / "base"), "--chat", "--prompt", first[0]["content"], "--max-new-tokens", "6",
+            "--sampler", "greedy", "--stop-token-ids", ""]  # fmt: skip
+    config = schema.from_args(GenerateConfig, build_parser().parse_args(argv))
+    printed = []
+    text = generate(config, report=lambda *pieces, **options: printed.append("".join(pieces)))
+    assert text == reply and "".join(printed) == reply  # the reply, then report("") ends the line

@@ -259,6 +259,8 @@ class GenerateConfig(_Checked):
     model: str = setting("runs/gpt/gpt.keras", "a .keras file saved by zoo train gpt, a shipped preset's name, a preset folder, "
                          "or a Hugging Face folder or hf://org/name", section="generate")  # fmt: skip
     prompt: str = setting("def ", "UTF-8 text, at least one character", section="generate", parse=types.text)
+    chat: bool = setting(False, "the prompt is a user's message: through the model's chat template with the generation prompt; "
+                         "prints the assistant's reply", section="generate", store_true=True)  # fmt: skip
     max_new_tokens: int = setting(200, "tokens generated after the prompt", section="generate", parse=types.positive_int)
     sampler: str = setting("top_k", "greedy (argmax), top_k or top_p sampling", section="generate", choices=choices.SAMPLERS)
     temperature: float = setting(0.8, "divides the logits before sampling", section="generate", parse=types.positive_float)

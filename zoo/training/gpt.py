@@ -284,7 +284,8 @@ class _ValidationVsEntropy(keras.callbacks.Callback):
 
 def generate(config, report=print):
     """Continue ``config.prompt`` with a saved GPT, printing the text as it is generated;
-    returns it (prompt + continuation).
+    returns it (prompt + continuation). With ``config.chat`` the prompt is a user's message
+    through the model's chat template, and the reply alone is printed and returned.
 
     ``config.model``: a ``.keras`` file, a shipped preset's name, a preset folder, or a
     Hugging Face folder / ``hf://org/name`` (``GPTCausalLM.from_preset``). The text goes
@@ -292,7 +293,8 @@ def generate(config, report=print):
     on the preset's tokenizer, else on bytes (``ByteTokenizer``, what ``zoo train gpt``
     trains on). ``report`` is print-like: it takes ``end=`` and ``flush=``.
     """
-    check_prompt_fits(config.model, config.prompt, config.max_new_tokens)  # from the config: before a slow load
+    if not config.chat:  # a chat prompt's length depends on the template: checked once the model is loaded
+        check_prompt_fits(config.model, config.prompt, config.max_new_tokens)  # from the config: before a slow load
     model = load_causal_lm(config.model)  # with its preset's tokenizer when it has one
     if model.preprocessor is None:
         tokenizer = ByteTokenizer()
@@ -302,12 +304,14 @@ def generate(config, report=print):
                 f"(bytes are {tokenizer.vocabulary_size}): give a folder with its tokenizer"
             )
         model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=model.backbone.max_sequence_length)
-    model.check_prompt_length(config.prompt, config.max_new_tokens)  # before the prompt is printed
-    report(config.prompt, end="", flush=True)
+    prompt = {"messages": [{"role": "user", "content": config.prompt}]} if config.chat else {"prompts": config.prompt}
+    model.check_prompt_length(max_new_tokens=config.max_new_tokens, **prompt)  # before the prompt is printed
+    if not config.chat:  # the text goes on from the prompt; a chat reply stands alone
+        report(config.prompt, end="", flush=True)
     text = model.generate(
-        config.prompt, config.max_new_tokens, sampler=config.sampler, temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens, sampler=config.sampler, temperature=config.temperature,
         top_k=config.top_k, top_p=config.top_p, seed=config.seed, stop_token_ids=config.stop_ids(),
-        stream=lambda pieces: report(pieces[0], end="", flush=True),
+        stream=lambda pieces: report(pieces[0], end="", flush=True), **prompt,
     )  # fmt: skip
     report("")
     return text

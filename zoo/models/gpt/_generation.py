@@ -327,6 +327,12 @@ def token_stream(callback):
     return stream
 
 
+def is_conversation_list(messages):
+    """Whether ``messages`` is a list of conversations (each a list of messages), not one
+    conversation (a list of ``{"role", "content"}`` dicts)."""
+    return isinstance(messages, (list, tuple)) and bool(messages) and all(isinstance(item, (list, tuple)) for item in messages)
+
+
 class TextStream:
     """A ``stream`` for token ids that calls ``write(pieces)``, one string per row: the text
     the row gained since the last call (called only when some row gained text).

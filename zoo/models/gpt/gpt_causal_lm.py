@@ -151,8 +151,8 @@ class GPTCausalLM(ZooModel):
         return self.logits(hidden), caches
 
     def generate(
-        self, prompts, max_new_tokens, sampler="greedy", temperature=1.0, top_k=None, top_p=None, seed=None,
-        stop_token_ids=None, stream=None, return_padding_mask=False,
+        self, prompts=None, max_new_tokens=None, sampler="greedy", temperature=1.0, top_k=None, top_p=None, seed=None,
+        stop_token_ids=None, stream=None, return_padding_mask=False, messages=None,
     ):  # fmt: skip
         """Continue each prompt by up to ``max_new_tokens`` tokens, using a KV cache.
 
@@ -179,6 +179,12 @@ class GPTCausalLM(ZooModel):
                 are not shown), so the pieces add up to the returned continuation. An
                 exception it raises ends generation and is raised here.
             return_padding_mask: token-id prompts only; also return the padding mask.
+            messages: instead of ``prompts``, a conversation (a list of ``{"role",
+                "content"}`` messages) or a list of B conversations: each goes through the
+                preprocessor tokenizer's chat template with the generation prompt, as
+                transformers' ``apply_chat_template(messages, add_generation_prompt=True)``
+                renders and tokenizes it (no start token added besides the template's), and
+                the assistant's reply is generated; ``stream`` as for text prompts.
 
         Returns:
             Token-id prompts: int32 numpy array (B, P + N): each row's prompt, left-padded,
@@ -189,7 +195,9 @@ class GPTCausalLM(ZooModel):
             ``token_ids[b][padding_mask[b]]`` and ``padding_mask[:, P:].sum(1)`` counts the
             new tokens. Text prompts: prompt + continuation as keras-hub's ``generate``
             returns it (``preprocessor.generate_postprocess``: tokenizer stop tokens and
-            padding dropped): a string for a string, a list for a list.
+            padding dropped): a string for a string, a list for a list. ``messages``: the
+            reply alone (the new tokens, cut before the stop token, decoded): a string for
+            a conversation, a list for a list of them.
 
         One ``jax.jit`` per (B, P, N, sampler, streaming or not) runs the prefill of the P
         prompt columns into per-block caches of length P + N (``start_positions``: each
@@ -209,10 +217,14 @@ class GPTCausalLM(ZooModel):
             stop_token_ids = () if tokenizer is None else tokenizer.stop_token_ids
         stop_ids = _generation.stop_mask(stop_token_ids, vocabulary_size)  # bool[V]
         pad_id = 0 if getattr(tokenizer, "pad_token_id", None) is None else tokenizer.pad_token_id
-        text = _generation.is_text(prompts)
+        _check_prompts_or_messages(prompts, messages, max_new_tokens)
+        chat = messages is not None
+        text = chat or _generation.is_text(prompts)
         if text and return_padding_mask:
-            raise ValueError("return_padding_mask is for token-id prompts; text prompts return text")
-        if text:
+            raise ValueError("return_padding_mask is for token-id prompts; text prompts and messages return text")
+        if chat:
+            token_ids, starts = self._tokenize_conversations(messages, vocabulary_size, pad_id)  # (B, P), (B,)
+        elif text:
             token_ids, starts = self._tokenize_prompts(prompts)  # (B, P), (B,)
         else:
             token_ids, starts = _generation.as_prompts(prompts, vocabulary_size, pad_id)  # (B, P), (B,)
@@ -228,20 +240,38 @@ class GPTCausalLM(ZooModel):
         if text:
             if stream is not None:
                 host_stream.flush()
+            if chat:  # the replies alone
+                replies = [self.preprocessor.generate_postprocess(row[prompt_length : prompt_length + n], 0) for row, n in zip(tokens, lengths)]
+                return replies if _generation.is_conversation_list(messages) else replies[0]
             texts = [self.preprocessor.generate_postprocess(row[: prompt_length + n], prompt_length) for row, n in zip(tokens, lengths)]
             return texts[0] if isinstance(prompts, str) else texts
         if return_padding_mask:
             return tokens, _generation.padding_mask(starts, lengths, prompt_length, tokens.shape[1])
         return tokens
 
-    def check_prompt_length(self, prompts, max_new_tokens):
+    def check_prompt_length(self, prompts=None, max_new_tokens=None, messages=None):
         """Raises the ``ValueError`` ``generate`` would when the prompts (text or token ids)
-        and ``max_new_tokens`` do not fit ``max_sequence_length``, without generating."""
-        if _generation.is_text(prompts):
+        or ``messages`` and ``max_new_tokens`` do not fit ``max_sequence_length``, without generating."""
+        _check_prompts_or_messages(prompts, messages, max_new_tokens)
+        if messages is not None:
+            prompt_length = self._tokenize_conversations(messages, self.backbone.vocabulary_size, 0)[0].shape[1]
+        elif _generation.is_text(prompts):
             prompt_length = self._tokenize_prompts(prompts)[0].shape[1]
         else:
             prompt_length = _generation.as_prompts(prompts, self.backbone.vocabulary_size, 0)[0].shape[1]
         _generation.check_lengths(prompt_length, max_new_tokens, self.backbone.max_sequence_length)
+
+    def _tokenize_conversations(self, messages, vocabulary_size, pad_id):
+        """A conversation or a list of them -> ``(token_ids (B, P), start_positions (B,))``
+        through the tokenizer's chat template with the generation prompt, left-padded."""
+        tokenizer = getattr(self.preprocessor, "tokenizer", None)
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise ValueError(f"messages go through a chat template, and this {type(self).__name__}'s preprocessor has "
+                             f"{'no tokenizer' if tokenizer is None else 'a ' + type(tokenizer).__name__} (a Hugging Face "
+                             "tokenizer with a chat template has one); pass text prompts or token ids")  # fmt: skip
+        conversations = messages if _generation.is_conversation_list(messages) else [messages]
+        rows = [list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)) for conversation in conversations]
+        return _generation.as_prompts(rows, vocabulary_size, pad_id)
 
     def _tokenize_prompts(self, prompts):
         """Text prompts -> ``(token_ids (B, P), start_positions (B,))`` through the preprocessor."""
@@ -356,3 +386,12 @@ def _float32_logits(softcap=None):
     if softcap is not None:
         return LogitSoftcap(softcap, dtype="float32", name="logits")
     return keras.layers.Activation("linear", dtype="float32", name="logits")
+
+
+def _check_prompts_or_messages(prompts, messages, max_new_tokens):
+    """``generate`` takes ``prompts`` or ``messages`` (one of them), and ``max_new_tokens``."""
+    if (prompts is None) == (messages is None):
+        raise ValueError("generate takes prompts (text or token ids) or messages (a conversation), one of them; "
+                         f"got {'both' if messages is not None else 'neither'}")  # fmt: skip
+    if max_new_tokens is None:
+        raise ValueError("generate needs max_new_tokens (N >= 1)")
