@@ -155,12 +155,13 @@ def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, referenc
     argv = ["finetune", str(FIXTURE), "--data-file", str(data.train_file), "--validation-file", str(data.held_out_file),
             "--layout", "context", "--mesh", "data=2,seq=4", "--context-attention", "ring", "--sequence-length", str(LENGTH),
             "--batch-size", str(BATCH), "--epochs", "1", "--lora-rank", str(RANK), "--optimizer", "sgd",
-            "--learning-rate", str(LEARNING_RATE), "--output", str(output)]  # fmt: skip
+            "--learning-rate", str(LEARNING_RATE), "--adapter-format", "peft", "--output", str(output)]  # fmt: skip
     lines = []
     result = finetune(schema.from_args(FinetuneConfig, build_parser().parse_args(argv)), report=lines.append)
     assert result["heldout_loss"] < result["heldout_loss_before"] - 0.5, lines
     assert result["heldout_loss_before"] == pytest.approx(reference.result["heldout_loss_before"], rel=1e-5)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "lora.weights.h5"} <= {p.name for p in output.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "adapter"} <= {p.name for p in output.iterdir()}
+    assert {p.name for p in (output / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
     assert any(line.startswith("held-out loss after:") for line in lines), lines
     run_folder = data.folder / "tuned.run"  # the run's own files, not data.folder's (the next run's)
     assert (run_folder / "metrics.csv").read_text().startswith("epoch,step,") and not (data.folder / "metrics.csv").exists()
@@ -175,6 +176,13 @@ def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, referenc
         if expected is None:  # not adapted: the fixture's own weight, untouched
             expected = next(np.asarray(v.value) for v in model.weights if v.path == path)
         np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-7, err_msg=path)
+    # the PEFT adapter on the fixture gives the same weights (tests/training/test_peft_adapters.py: and PEFT's logits)
+    from zoo.training.peft_adapters import load_peft_adapter
+
+    with_adapter = GPTCausalLM.from_preset(FIXTURE)
+    assert len(load_peft_adapter(with_adapter, output / "adapter")) == 14
+    for variable in with_adapter.weights:
+        np.testing.assert_allclose(np.asarray(variable.value), saved[variable.path], rtol=1e-5, atol=1e-6, err_msg=variable.path)
 
 
 # --- text files, packing, options (no compile) ---------------------------------------------------

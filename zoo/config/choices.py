@@ -29,6 +29,7 @@ BALANCES = (None, "zigzag", "striped")
 
 # method: what a fine-tune trains.
 METHODS = ("frozen", "lora", "full")
+ADAPTER_FORMATS = ("zoo", "peft")  # zoo finetune's LoRA adapter file: lora.weights.h5, or a PEFT folder
 LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds to Dense / EinsumDense
 
 # precision: the Keras dtype policy a job trains under.

@@ -247,7 +247,10 @@ class FinetuneConfig(CheckpointSettings, _Checked):
     learning_rate: float | None = setting(None, "learning rate; default for adam per method: classifiers frozen, lora 1e-2, full 3e-3; "
                                           "causal LMs lora 2e-4, full 2e-5", section="train", parse=types.positive_float)  # fmt: skip
     seed: int = _seed("LoRA factors' initialisation and shuffling")
-    output: str | None = setting(None, "save the fine-tuned model here (LoRA merged; adapter in lora.weights.h5; metrics.csv in OUTPUT.run): "
+    adapter_format: str = setting("zoo", "method lora: the adapter saved beside the merged model: zoo (OUTPUT/lora.weights.h5) or peft "
+                                  "(OUTPUT/adapter/: adapter_config.json, adapter_model.safetensors, for peft.PeftModel.from_pretrained)",
+                                  section="finetune", choices=choices.ADAPTER_FORMATS)  # fmt: skip
+    output: str | None = setting(None, "save the fine-tuned model here (LoRA merged; the adapter beside it, --adapter-format; metrics.csv in OUTPUT.run): "
                                  "a preset, or a Hugging Face folder when the model came from one", section="train")  # fmt: skip
     report_every: int = setting(50, "print step time and examples/s every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
 
@@ -296,7 +299,8 @@ class ExportConfig(_Checked):
                          section="export", positional=True)  # fmt: skip
     output: str = setting("runs/gpt/hf", "the new Hugging Face folder (config.json, safetensors, tokenizer); must not exist or be empty",
                           section="export", positional=True)  # fmt: skip
-    lora: str | None = setting(None, "a LoRA adapter (.h5 from zoo finetune) to merge into the exported weights", section="export")
+    lora: str | None = setting(None, "a LoRA adapter to merge into the exported weights: lora.weights.h5 from zoo finetune, "
+                               "or a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)", section="export")  # fmt: skip
     dtype: str | None = setting(None, "store the weights as this dtype; default: as the model holds them", section="export", choices=choices.EXPORT_DTYPES)
     max_file_size_mb: float | None = setting(None, "cut the weights into files of at most this many MiB, with an index (transformers' max_shard_size)",
                                              section="export", parse=types.positive_float)  # fmt: skip

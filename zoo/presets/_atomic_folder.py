@@ -126,15 +126,6 @@ def _flush_to_disk(folder):
         _flush_folder(root)
 
 
-def _flush_to_disk(folder):
-    """``fsync`` every file in ``folder`` and the folder itself: on disk before the rename
-    makes them the target (else a power cut could leave the new name with empty files)."""
-    for entry in os.listdir(folder):
-        with open(os.path.join(folder, entry), "rb") as file:
-            os.fsync(file.fileno())
-    _flush_folder(folder)
-
-
 def _flush_folder(folder):
     handle = os.open(folder, os.O_RDONLY)
     try:

@@ -74,6 +74,12 @@ def layer_prefix(layer):
     return kernel_variable(layer).path.rsplit("/", 1)[0]
 
 
+def kernel_path(layer):
+    """The path of a Dense / EinsumDense layer's own kernel variable (with LoRA enabled,
+    Keras' ``layer.kernel`` is the merged sum, not a variable)."""
+    return kernel_variable(layer).path
+
+
 def enable_lora(model, rank, *, alpha=None, exclude=(), layers=None):
     """Enable Keras LoRA of ``rank`` on ``layers`` (default: every target layer of
     ``model`` but ``exclude``), each factor laid out like its kernel, the update computed

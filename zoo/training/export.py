@@ -2,7 +2,9 @@
 
 MODEL is a ``.keras`` file (``zoo train gpt``, pipelined or not), a zoo preset or a Hugging
 Face folder; ``--lora ADAPTER`` first applies a LoRA adapter written by ``zoo finetune``
-(or ``save_lora``), which is merged into the exported weights. A model saved without a
+(``save_lora``'s ``lora.weights.h5``, or a PEFT adapter folder: ``adapter_config.json``
++ ``adapter_model.safetensors``, the zoo's or one ``peft`` made), which is merged into
+the exported weights. A model saved without a
 tokenizer whose vocabulary is the 256 bytes (what ``zoo train gpt`` trains on, what
 ``zoo generate`` assumes) is exported with the ``ByteTokenizer`` as a byte-level
 ``tokenizer.json``. The folder appears whole or not at all (``save_to_hf``); what a
@@ -15,13 +17,17 @@ from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
 from zoo.tokenizers import ByteTokenizer
 from zoo.training._lora import lora_layers, lora_parameter_count
 from zoo.training._lora_files import load_lora
+from zoo.training.peft_adapters import is_peft_adapter, load_peft_adapter
 from zoo.training.saving import load_causal_lm
 
 
 def export(config, report=print):
     """Write ``config.model`` (with ``config.lora`` merged) to ``config.output``; returns the folder."""
     model = load_causal_lm(config.model)
-    if config.lora:
+    if config.lora and is_peft_adapter(config.lora):
+        modules = load_peft_adapter(model, config.lora)
+        report(f"PEFT adapter {config.lora}: {len(modules)} modules, merged on export")
+    elif config.lora:
         adapted = load_lora(model, config.lora)
         report(f"LoRA adapter {config.lora}: {len(adapted)} layers, merged on export")
     _attach_tokenizer(model, config.model, report)

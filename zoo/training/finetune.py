@@ -178,7 +178,10 @@ def finetune(config, report=print):
 def _check_classifier_options(config):
     """Settings only a causal LM takes, refused for a classifier rather than ignored."""
     given = [flag for flag, value in (("--data-file", config.data_file), ("--validation-file", config.validation_file),
-                                      ("--sequence-length", config.sequence_length)) if value is not None]  # fmt: skip
+                                      ("--sequence-length", config.sequence_length), ("--chat-template", config.chat_template),
+                                      ("--loss-chunk-size", config.loss_chunk_size)) if value is not None]  # fmt: skip
+    if config.adapter_format != "zoo":
+        given.append(f"--adapter-format {config.adapter_format}")
     if given:
         raise ValueError(f"{', '.join(given)}: for causal LMs; preset {config.preset!r} is a classifier, fine-tuned on --dataset")
     if config.layout not in CLASSIFIER_FINETUNE_LAYOUTS:

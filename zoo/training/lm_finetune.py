@@ -62,6 +62,7 @@ from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
 from zoo.training._lora_files import save_lora
 from zoo.training.job_setup import job_distribution, report_setup, run_dir_of
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
+from zoo.training.peft_adapters import save_peft_adapter
 from zoo.training.report import StepReport
 from zoo.training.saving import load_causal_lm
 
@@ -69,6 +70,8 @@ from zoo.training.saving import load_causal_lm
 # QLoRA, Dettmers et al. 2023; full fine-tuning an order of magnitude below pre-training).
 LM_LEARNING_RATES = {"lora": 2e-4, "full": 2e-5}
 LORA_FILE = "lora.weights.h5"  # the adapter, written beside the merged model
+PEFT_FOLDER = "adapter"  # --adapter-format peft: the adapter's folder inside the output (not its top: transformers
+# would read a top-level adapter_config.json as "load the base model, then this adapter")
 FROZEN_REFUSED = (
     "method 'frozen' trains only a classifier's new head, and a causal LM has none; "
     "choose lora (LoRA factors on the attention and MLP layers) or full"
@@ -401,10 +404,16 @@ def _data_source(config):
 
 def _save(config, result, hf, preprocessor, report):
     """The model with LoRA merged (a Hugging Face folder when the base was one, else a zoo
-    preset) at ``config.output``, and the LoRA adapter alone in it (``lora.weights.h5``).
-    A Hugging Face folder is written whole, adapter included, or not at all (``save_to_hf``)."""
+    preset) at ``config.output``, and the LoRA adapter alone in it (``lora.weights.h5``, or
+    ``adapter/`` in the PEFT format: ``config.adapter_format``). A Hugging Face folder is
+    written whole, adapter included, or not at all (``save_to_hf``)."""
     model, adapted = result["model"], result["adapted_layers"]
-    adapter = (lambda folder: save_lora(model, os.path.join(folder, LORA_FILE))) if adapted else None
+    adapter_path = lambda folder: os.path.join(folder, PEFT_FOLDER if config.adapter_format == "peft" else LORA_FILE)
+    if config.adapter_format == "peft":
+        adapter = lambda folder: save_peft_adapter(model, adapter_path(folder), base_model_name_or_path=str(config.preset))
+    else:
+        adapter = lambda folder: save_lora(model, adapter_path(folder))
+    adapter = adapter if adapted else None
     if hf:  # save_to_hf merges the LoRA factors into the kernels it writes
         save = lambda target: model.save_to_hf(target, extra_files=adapter, report=report)
         directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
@@ -421,5 +430,5 @@ def _save(config, result, hf, preprocessor, report):
     if adapted and not hf:  # beside the preset's files, once they are in place
         adapter(directory)
     if adapted:
-        report(f"saved the LoRA adapter alone to {os.path.join(directory, LORA_FILE)}")
+        report(f"saved the LoRA adapter alone to {adapter_path(directory)}")
     return directory
