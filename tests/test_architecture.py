@@ -1,5 +1,6 @@
 """Imports run one way: config -> kernels -> distribution -> layers -> models -> data/training -> planning -> cli/bench;
-config -> tokenizers -> models, data (the tokenizers are a side branch that needs none of the parallel code)."""
+config -> tokenizers -> models, data (the tokenizers are a side branch that needs none of the parallel code);
+measure (the hardware table) under training, planning and bench; zoo/units.py (byte units) under everything."""
 
 import ast
 import pathlib
@@ -25,6 +26,9 @@ FORBIDDEN = {
     "presets": {"models", "layers", "data", "training", "planning", "cli", "bench"},
     "training": {"planning", "cli", "bench"},
     "planning": {"cli", "bench"},  # compiles the training jobs' steps: above training, below the entry points
+    # the hardware table (peak FLOP/s, memory, links) that training's MFU and the planner both read:
+    # pure Python, no zoo package but zoo.config (and the module zoo.units)
+    "measure": {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"config", "measure"},
 }
 
 
@@ -60,6 +64,13 @@ def test_import_direction(package):
             if target in FORBIDDEN[package] or (package in ("kernels", "config") and target == "keras"):
                 bad.append(f"{path.relative_to(ROOT.parent)} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_units_import_nothing():
+    """zoo/units.py (KIB, MIB, GIB, format_bytes) is the bottom of the import graph: any
+    package, zoo.config and zoo.kernels included, may import it, so it imports nothing."""
+    tree = ast.parse((ROOT / "units.py").read_text())
+    assert not [node.lineno for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 # --- the package root is imported by the entry points only (DESIGN.md, convention 14) ---

@@ -7,10 +7,9 @@ import jax.numpy as jnp
 import pytest
 
 from zoo.distribution.comms_report import FAST_COMPILE, loop_multiplicities
+from zoo.measure.hardware import DEVICES, PEAK_FLOPS, UnknownDeviceError, device_spec
 from zoo.planning import roofline
-from zoo.planning.devices import DEVICES, UnknownDeviceError, device_spec
 from zoo.planning.measure import StepMeasure, extrapolate, loop_dot_flops
-from zoo.training.mfu import PEAK_FLOPS
 
 
 @pytest.mark.parametrize("name, expected", [("H100", "h100"), ("h200", "h200"), ("v5e", "tpu-v5e"), ("TPU v5 lite", "tpu-v5e"), ("tpu_v6e", "tpu-v6e")])

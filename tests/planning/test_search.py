@@ -92,13 +92,13 @@ def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, 
     (the planner's search is the fixture's, checked above; the job under each layout is
     tested elsewhere)."""
     from zoo.cli import main as cli
-    from zoo.planning import devices
+    from zoo.measure import hardware
     from zoo.planning import search as planner
     from zoo.training import gpt
 
     asked, trained = [], []
     monkeypatch.setattr(planner, "search", lambda request, **_: asked.append(request) or ranking)
-    monkeypatch.setattr(devices, "local_device", lambda: ("cpu", MEMORY_GIB))
+    monkeypatch.setattr(hardware, "local_device", lambda: ("cpu", MEMORY_GIB))
     monkeypatch.setattr(gpt, "train", trained.append)
     code = cli.main(["train", "gpt", "--config-name", "gpt_tiny", "--layout", "auto", "--sequence-length", "64", "--batch-size", "16",
                      "--precision", "float32"])  # fmt: skip

@@ -2,6 +2,8 @@
 
 import os
 
+from zoo.units import GIB, KIB, MIB
+
 
 def write_text(path, text):
     """Write a benchmark's table to ``path``, creating its folder."""
@@ -13,11 +15,23 @@ def write_text(path, text):
 
 def size_text(nbytes):
     """Bytes as ``"5.24 GiB"`` (two decimals), ``"589.5 MiB"`` below 1 GiB, ``"1.9 KiB"`` below 1 MiB."""
-    if nbytes >= 2**30:
-        return f"{nbytes / 2**30:,.2f} GiB"
-    if nbytes >= 2**20:
-        return f"{nbytes / 2**20:,.1f} MiB"
-    return f"{nbytes / 1024:,.1f} KiB"
+    if nbytes >= GIB:
+        return f"{nbytes / GIB:,.2f} GiB"
+    if nbytes >= MIB:
+        return f"{nbytes / MIB:,.1f} MiB"
+    return f"{nbytes / KIB:,.1f} KiB"
+
+
+def mib_text(nbytes, gib_from=None):
+    """Bytes as ``"589.5 MiB"`` (KiB below 1 MiB, so tiny test sizes still show a number;
+    GiB from ``gib_from`` bytes where given), one decimal; ``"-"`` for None."""
+    if nbytes is None:
+        return "-"
+    if gib_from is not None and nbytes >= gib_from:
+        return f"{nbytes / GIB:,.1f} GiB"
+    if nbytes < MIB:
+        return f"{nbytes / KIB:,.1f} KiB"
+    return f"{nbytes / MIB:,.1f} MiB"
 
 
 def remat_warning(remats):

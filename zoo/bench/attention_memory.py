@@ -39,17 +39,17 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
-from zoo.bench._output import write_text
+from zoo.bench._output import mib_text, write_text
 from zoo.config.bench_settings import AttentionBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
 from zoo.layers import _sequence_parallel
+from zoo.units import GIB
 
 AXIS = SEQ
 KERNELS = ("reference", *CONTEXT_ATTENTIONS)  # the materialising reference, then the context_attention kernels
 LABELS = {"reference": "GSPMD reference", "gather": "all-gather", "ring": "ring", "ulysses": "Ulysses"}
-MIB = 2**20
 
 
 @dataclasses.dataclass
@@ -169,7 +169,7 @@ def memory_row(config, length, n, programs, report):
         _, _, memory = compile_program(config, kernel, length, config.heads, n, programs)
         row["temp"][kernel] = memory["temp"]
         row["argument"][kernel] = memory["argument"]
-    cells = ", ".join(f"{s} {_mib(b)}" for s, b in row["temp"].items())
+    cells = ", ".join(f"{s} {mib_text(b)}" for s, b in row["temp"].items())
     report(f"memory T={length} N={n}: {cells}")
     return row
 
@@ -197,8 +197,8 @@ def _skip_reason(config, kernel, length, heads, n, programs):
         return f"{heads} heads do not split over N = {n}"
     _, _, memory = compile_program(config, kernel, length, heads, n, programs)
     host = n * (2 * memory["argument"] + memory["temp"])  # inputs, same-sized grads, temporaries
-    if host > config.memory_limit_gib * 2**30:
-        return f"needs {host / 2**30:.1f} GiB of host memory for N = {n} devices > limit {config.memory_limit_gib:g} GiB"
+    if host > config.memory_limit_gib * GIB:
+        return f"needs {host / GIB:.1f} GiB of host memory for N = {n} devices > limit {config.memory_limit_gib:g} GiB"
     return None
 
 
@@ -230,7 +230,7 @@ def evaluate_goals(config, memory, goal_timing):
         Goal(
             f"ring memory <= 1/8 of GSPMD reference (T={length}, N={n_max})",
             _status(ratio <= 1 / 8),
-            f"{_mib(top['ring'])} vs {_mib(top['reference'])}: {ratio:.4f} x",
+            f"{mib_text(top['ring'])} vs {mib_text(top['reference'])}: {ratio:.4f} x",
         )
     ]
     if n_max != n_min:
@@ -239,7 +239,7 @@ def evaluate_goals(config, memory, goal_timing):
             Goal(
                 f"ring memory at N={n_max} <= 0.6 x at N={n_min} (T={length})",
                 _status(scaling <= 0.6),
-                f"{_mib(top['ring'])} vs {_mib(by_size[(length, n_min)]['ring'])}: {scaling:.3f} x",
+                f"{mib_text(top['ring'])} vs {mib_text(by_size[(length, n_min)]['ring'])}: {scaling:.3f} x",
             )
         )
     name = f"ring time <= all-gather time (T={goal_timing['length']}, H={goal_timing['heads']}, N={goal_timing['devices']})"
@@ -255,15 +255,6 @@ def evaluate_goals(config, memory, goal_timing):
 
 def _status(ok):
     return "PASS" if ok else "MISS"
-
-
-def _mib(nbytes):
-    """Bytes as MiB (KiB below 1 MiB, so tiny test sizes still show a number)."""
-    if nbytes is None:
-        return "-"
-    if nbytes < MIB:
-        return f"{nbytes / 1024:,.1f} KiB"
-    return f"{nbytes / MIB:,.1f} MiB"
 
 
 def _seconds(value):
@@ -285,7 +276,7 @@ def format_report(config, memory, timings, goals):
     base = {row["length"]: row["temp"]["ring"] for row in memory if row["devices"] == min(config.devices)}
     for row in memory:
         temp = row["temp"]
-        cells = " | ".join(_mib(temp[s]) for s in KERNELS)
+        cells = " | ".join(mib_text(temp[s]) for s in KERNELS)
         lines.append(
             f"| {row['length']:,} | {row['devices']} | {cells} | {temp['ring'] / temp['reference']:.4f} | "
             f"{temp['ring'] / base[row['length']]:.3f} |"

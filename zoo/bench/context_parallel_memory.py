@@ -36,7 +36,7 @@ import jax
 import keras
 import numpy as np
 
-from zoo.bench._output import write_text
+from zoo.bench._output import mib_text, write_text
 from zoo.config.bench_settings import ContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh, parse_mesh_spec
@@ -44,8 +44,7 @@ from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, comms_report, train_step
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.layers import TransformerBlock
-
-MIB = 2**20
+from zoo.units import GIB
 
 
 @dataclasses.dataclass
@@ -211,10 +210,6 @@ def _device_count(mesh):
 
 def _mib(nbytes):
     """Bytes as MiB (KiB below 1 MiB, GiB from 10 GiB)."""
-    if nbytes >= 10 * 2**30:
-        return f"{nbytes / 2**30:,.1f} GiB"
-    if nbytes < MIB:
-        return f"{nbytes / 1024:,.1f} KiB"
-    return f"{nbytes / MIB:,.1f} MiB"
+    return mib_text(nbytes, gib_from=10 * GIB)
 
 

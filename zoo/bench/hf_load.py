@@ -55,8 +55,8 @@ from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt._hf_config import backbone_arguments
 from zoo.presets.safetensors_weights import SafetensorsFiles, write_safetensors
+from zoo.units import KIB, MIB
 
-GIB, MIB = 2**30, 2**20
 GOAL = 1.1  # the claim: peak per-device memory during the load <= 1.1 x the sharded size
 # Llama-3.2-1B's config.json (meta-llama/Llama-3.2-1B), less the sizes (SIZES: the settings).
 LLAMA_CONFIG = {
@@ -293,11 +293,11 @@ def host_rss():
     try:
         with open("/proc/self/status") as status:
             fields = dict(line.split(":", 1) for line in status if ":" in line)
-        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+        return int(fields["VmRSS"].split()[0]) * KIB, int(fields["VmHWM"].split()[0]) * KIB
     except (OSError, KeyError, ValueError):
         import resource
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KIB
         return peak, peak
 
 

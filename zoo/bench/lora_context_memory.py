@@ -45,14 +45,13 @@ from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.config.bench_settings import LoraContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
+from zoo.measure.hardware import device_spec
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_backbone import GPTBackbone
-from zoo.planning.devices import device_spec
 from zoo.training._lora import enable_lora, is_lora_variable
 from zoo.training.compiled_step import abstract_build, compile_fit_step
 
-GIB, MIB = 2**30, 2**20
-TARGETS = ("h100", "h200")  # the "fits" columns: zoo.planning.devices kinds (80 and 141 GiB)
+TARGETS = ("h100", "h200")  # the "fits" columns: zoo.measure.hardware.DEVICES kinds (80 and 141 GiB)
 LLAMA_3_2_1B = {  # GPTBackbone arguments fixed here; the sizes are settings (LoraContextBenchConfig)
     "mlp": "swiglu",
     "norm": "rms",

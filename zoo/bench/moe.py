@@ -58,11 +58,12 @@ from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.distribution.distributions import place_batch
 from zoo.kernels import moe
 from zoo.layers.moe_feed_forward import MoEFeedForward
+from zoo.measure.hardware import device_spec, platform_of
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import config_by_name
-from zoo.planning.devices import device_spec, platform_of
 from zoo.training._lora import enable_lora, is_lora_variable
 from zoo.training.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_shardings
+from zoo.units import GIB
 
 SEED = 0
 EXCHANGES_PER_BLOCK = 4  # dispatch and combine, forward and backward
@@ -436,7 +437,7 @@ def format_memory(config, rows):
          f"(simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_warning((config.memory_remat,))}"),
         "",
         (f"Per device (memory_analysis; total = arguments + outputs - donated + temporaries; fits = total <= "
-         f"{fits.memory_bytes / 2**30:.0f} GiB ({config.memory_target}); expert weights from the shardings; all-to-alls over 'expert' "
+         f"{fits.memory_bytes / GIB:.0f} GiB ({config.memory_target}); expert weights from the shardings; all-to-alls over 'expert' "
          f"per step, bytes per exchange over the minimum N x k x C x itemsize x (E_p-1)/E_p at the dtype moved; remat re-runs "
          f"the forward's two):"),
         "",

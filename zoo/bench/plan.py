@@ -21,7 +21,8 @@ import time
 
 from zoo.bench._output import write_text
 from zoo.config.bench_settings import PLAN_SECTIONS, PlanBenchConfig  # noqa: F401 (the settings run_benchmark takes)
-from zoo.planning.plan import GIB, PlanRequest, make_plan
+from zoo.planning.plan import PlanRequest, make_plan
+from zoo.units import GIB
 
 SECTIONS = PLAN_SECTIONS
 SCALE = (("fsdp", "data=64", 64, 256), ("fsdp", "data=256", 256, 1024), ("fsdp+tp", "data=64,model=4", 256, 1024))  # layout, mesh, devices, global batch

@@ -32,8 +32,8 @@ from zoo.bench._output import write_text
 from zoo.config.bench_settings import ScaleBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution.axes import DATA, MODEL, SEQ
+from zoo.units import GIB, MIB
 
-GIB, MIB = 2**30, 2**20
 ROW = "ROW "  # prefix of a worker's result lines on stdout
 
 

@@ -39,6 +39,7 @@ from zoo.distribution.axes import DATA, MODEL
 from zoo.distribution.comms_report import FAST_COMPILE, comms_report, layer_step
 from zoo.distribution.mesh import require_axes
 from zoo.layers.parallel_mlp import ParallelMLP
+from zoo.units import KIB
 
 # name (TP_VARIANTS) -> (label, gated, megatron_sp): the groups of rows of the table, in order.
 VARIANTS = {
@@ -233,7 +234,7 @@ def _alternate_times(steps, config):
 
 
 def _kib(count):
-    return "-" if count is None else f"{count / 1024:,.1f}"
+    return "-" if count is None else f"{count / KIB:,.1f}"
 
 
 def format_table(rows, config):

@@ -359,7 +359,7 @@ class MoEBenchConfig:
     memory_precision: str = setting("mixed_bfloat16", "memory: Keras dtype policy (bf16 compute, float32 weights)", section="bench",
                                     choices=choices.PRECISIONS)  # fmt: skip
     # h100: 80 GiB; the MoE layers trace its grouped matmul (ragged_dot), not XLA:CPU's block loop (zoo.kernels.moe.compile_for)
-    memory_target: str = setting("h100", "memory: the device kind the step is compiled for (zoo.planning.devices): the fits column and "
+    memory_target: str = setting("h100", "memory: the device kind the step is compiled for (zoo.measure.hardware): the fits column and "
                                  "the grouped matmul traced", section="bench")  # fmt: skip
     lora_rank: int = _count(16, "memory: LoRA rank r on every Dense / EinsumDense of the lora runs but the routers (the experts stay frozen)")
     # time: one device, forward + backward, the layer's own grouped matmul against every expert on every token

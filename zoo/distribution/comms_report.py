@@ -43,6 +43,7 @@ import keras
 import numpy as np
 
 from zoo.distribution.distributions import place_batch
+from zoo.units import format_bytes
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -232,16 +233,6 @@ class CommsReport:
             f"peak {format_bytes(m.peak_bytes)}"
         )
         return lines
-
-
-def format_bytes(count):
-    """``'12.0 KiB'``; ``'-'`` for None."""
-    if count is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024 or unit == "GiB":
-            return f"{count:.0f} B" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
 
 
 def _axes_text(axes):

@@ -5,7 +5,7 @@ for a target's device count and kind and reports per-device memory, collectives 
 roofline step time (docs/planning.md). ``zoo plan`` is its command line.
 """
 
-from zoo.planning.devices import DEVICES, DeviceSpec, UnknownDeviceError, device_spec
+from zoo.measure.hardware import DEVICES, DeviceSpec, UnknownDeviceError, device_spec
 from zoo.planning.plan import Plan, PlanRequest, make_plan, plan_in_process
 from zoo.planning.report import format_plan, verdict
 

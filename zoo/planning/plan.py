@@ -1,7 +1,7 @@
 """``zoo plan``: will a training step fit, how fast will it run, and what to change.
 
 A ``PlanRequest`` names a job and its settings (a recipe, or a GPT config with a layout)
-and the target: a device count and kind (``zoo.planning.devices``). ``make_plan``
+and the target: a device count and kind (``zoo.measure.hardware``). ``make_plan``
 compiles, never runs, the exact step ``model.fit`` runs there (``measure``), in a
 subprocess with that many simulated CPU devices when this process has another count,
 and returns a ``Plan``: per-device memory by part, collectives per mesh axis, the
@@ -26,14 +26,14 @@ import sys
 
 from zoo.config.choices import EXPERT_LAYOUTS
 from zoo.kernels.moe import compile_for
+from zoo.measure.hardware import device_spec, host_cpu_spec, platform_of
 from zoo.planning import roofline
 from zoo.planning._activations import remat_elements_per_token
-from zoo.planning.devices import device_spec, host_cpu_spec, platform_of
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
+from zoo.units import GIB
 
 __all__ = ["FULL_DEPTH_UP_TO", "Plan", "PlanRequest", "make_plan", "plan_in_process", "remat_saved_per_block"]
 
-GIB, MIB = 2**30, 2**20
 FULL_DEPTH_UP_TO = 4  # depth="auto": models this deep or shallower are compiled whole
 RESULT = "PLAN "  # prefix of the worker's result line on stdout
 
@@ -45,7 +45,7 @@ class PlanRequest:
     job: str  # a recipe job: pretrain_gpt | train_cnn | finetune
     config: dict  # fields of the job's config dataclass (e.g. GPTTrainConfig)
     devices: int  # the target's device count
-    device: str = "h100"  # a zoo.planning.devices.DEVICES name (or cpu)
+    device: str = "h100"  # a zoo.measure.hardware.DEVICES name (or cpu)
     device_memory_gib: float | None = None  # None: the device's own
     hosts: int = 1  # the target's hosts: a GPU's NVLink domain is at most one host (devices / hosts)
     depth: str | int = "auto"  # auto | full | a block count to compile at (then extrapolated)

@@ -1,16 +1,14 @@
 """A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
 
-from zoo.planning.plan import GIB, MIB
+from zoo.units import format_bytes
 
 __all__ = ["advice", "format_plan", "largest_part", "size_text", "verdict"]
 
 
 def size_text(count):
-    """Bytes in the largest unit that keeps the number >= 1 (GiB at most)."""
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
-        if abs(count) >= size:
-            return f"{count / size:,.2f} {unit}"
-    return f"{count:,.0f} B"
+    """Bytes in the largest unit that keeps the number >= 1 (GiB at most), as the plan's
+    tables write them: two decimals, thousands grouped (``"1,000.00 MiB"``)."""
+    return format_bytes(count, 2, grouping=True)
 
 
 def _flops_text(flops):

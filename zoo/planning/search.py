@@ -36,7 +36,6 @@ from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
 from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.plan import (
-    GIB,
     PlanRequest,
     make_plan,
     plans_in_subprocess,
@@ -44,6 +43,7 @@ from zoo.planning.plan import (
 )
 from zoo.planning.report import size_text
 from zoo.planning.roofline import axes_bandwidth
+from zoo.units import GIB
 
 __all__ = ["Candidate", "Ranking", "candidates", "choose_layout", "estimate", "expert_figures", "format_ranking", "planned_layouts", "search"]
 
@@ -477,7 +477,7 @@ def choose_layout(config, *, top=3, report=print):
     (``batch_size x gradient_accumulation_steps``) is kept."""
     import jax
 
-    from zoo.planning.devices import local_device
+    from zoo.measure.hardware import local_device
 
     name, memory_gib = local_device()
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}

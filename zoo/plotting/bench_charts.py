@@ -1,8 +1,7 @@
 """The charts of docs/performance.md, from a benchmark's results (``zoo bench X --plot PNG``)."""
 
 from zoo.plotting._matplotlib import pyplot, save
-
-MIB, KIB = 2**20, 2**10
+from zoo.units import KIB, MIB
 
 
 def plot_attention_memory(memory, output, *, labels=None, title=None):

@@ -25,8 +25,8 @@ import jax
 from zoo.distribution.mesh import make_mesh
 from zoo.training import _recipe_plan as plans
 from zoo.training.compiled_step import StepMemory, abstract_build, compile_fit_step
+from zoo.units import GIB
 
-GIB = 2**30
 WEIGHTS_SPLIT_OVER_DATA = ("fsdp", "fsdp+tp", "context")
 
 

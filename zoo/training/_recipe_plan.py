@@ -23,8 +23,8 @@ from zoo import distribution as zd
 from zoo.distribution.axes import MODEL, SEQ
 from zoo.distribution.mesh import resolve_mesh_shape
 from zoo.training.compiled_step import abstract_build, layout_under, slot_reference
+from zoo.units import GIB, format_bytes
 
-GIB = 2**30
 TIGHT_MEMORY_FRACTION = 0.75  # state above this share of device memory leaves little for activations
 
 
@@ -104,19 +104,12 @@ class Plan:
         return line
 
     def _memory_line(self):
-        parts = f"weights {_gib(self.weight_bytes)}, gradients {_gib(self.gradient_bytes)}, optimizer {_gib(self.optimizer_bytes)}"
-        total = f"= {_gib(self.state_bytes)}"
+        weights, gradients, optimizer = (format_bytes(count, 2) for count in (self.weight_bytes, self.gradient_bytes, self.optimizer_bytes))
+        parts = f"weights {weights}, gradients {gradients}, optimizer {optimizer}"
+        total = f"= {format_bytes(self.state_bytes, 2)}"
         if self.device_memory_bytes:
-            total += f" of {_gib(self.device_memory_bytes)} ({100 * self.state_bytes / self.device_memory_bytes:.1f}%)"
+            total += f" of {format_bytes(self.device_memory_bytes, 2)} ({100 * self.state_bytes / self.device_memory_bytes:.1f}%)"
         return f"memory per device (estimate, activations not included): {parts} {total}"
-
-
-def _gib(count):
-    """``count`` bytes as text in the largest unit that keeps it >= 1 (GiB at most)."""
-    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= size:
-            return f"{count / size:.2f} {unit}"
-    return f"{count} B"
 
 
 def resolve_axes(spec, layout, devices):
@@ -216,7 +209,7 @@ def check_memory(target, state_bytes, layout, mesh):
     memory = (target.device_memory_gib or 0) * GIB
     if memory and state_bytes > memory:
         raise ValueError(
-            f"weights, gradients and optimizer state need {_gib(state_bytes)} per device under layout {layout!r} "
+            f"weights, gradients and optimizer state need {format_bytes(state_bytes, 2)} per device under layout {layout!r} "
             f"on mesh {mesh} but [target] device_memory_gib is {target.device_memory_gib:g}: split the weights "
             f"more (fsdp over more devices, a larger model axis) or choose a smaller model"
         )

@@ -19,6 +19,7 @@ from zoo.training._lora import lora_layers, lora_parameter_count
 from zoo.training._lora_files import load_lora
 from zoo.training.peft_adapters import is_peft_adapter, load_peft_adapter
 from zoo.training.saving import load_causal_lm
+from zoo.units import MIB
 
 
 def export(config, report=print):
@@ -31,7 +32,7 @@ def export(config, report=print):
         adapted = load_lora(model, config.lora)
         report(f"LoRA adapter {config.lora}: {len(adapted)} layers, merged on export")
     _attach_tokenizer(model, config.model, report)
-    max_file_bytes = None if config.max_file_size_mb is None else int(config.max_file_size_mb * 2**20)
+    max_file_bytes = None if config.max_file_size_mb is None else int(config.max_file_size_mb * MIB)
     directory = model.save_to_hf(config.output, max_file_bytes=max_file_bytes, dtype=config.dtype, report=report)
     report(f"wrote {config.output}: {type(model).__name__}, {exported_parameter_count(model):,} parameters"
            + (f", {config.dtype}" if config.dtype else "")

@@ -6,7 +6,8 @@ Model FLOPs are those the model's maths needs, counted the same way whatever the
 implementation does (MaxText's ``calculate_tflops_training_per_device``; PaLM, Chowdhery
 et al. 2022, appendix B): recomputation (rematerialisation), padding and communication
 are not counted, so MFU compares runs, layouts and hardware fairly. Peaks are dense
-(no sparsity) bf16 tensor-core / MXU FLOP/s per JAX device, in ``PEAK_FLOPS``.
+(no sparsity) bf16 tensor-core / MXU FLOP/s per JAX device, in ``PEAK_FLOPS``
+(``zoo.measure.hardware``, the hardware table the planner reads too).
 
 Decoder Transformer, per token (letters as in ``zoo.layers.TransformerBlock``: L layers, C model
 width, H query heads, K key/value heads, D head_dim, F MLP hidden, m = 3 MLP matrices for
@@ -29,60 +30,8 @@ not a matmul, and is not counted; norms, softmax, activations, biases and the op
 update are O(C) per token and are left out.
 """
 
-import re
-
 from zoo.config.choices import GATED_MLPS
-
-# Dense (no sparsity) bf16 peak FLOP/s per JAX device, from the vendors' datasheets
-# (where a datasheet gives only the 2:4-sparsity figure, it is halved).
-PEAK_FLOPS = {
-    # https://www.nvidia.com/en-us/data-center/h100/ (datasheet: BF16 1,979 TFLOPS with sparsity)
-    "H100 SXM": 989e12,
-    "H100 PCIe": 756e12,  # same datasheet: 1,513 TFLOPS with sparsity
-    "H100 NVL": 835e12,  # same datasheet: 1,671 TFLOPS with sparsity
-    # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 1,979 with sparsity; NVL: 1,671)
-    "H200 SXM": 989e12,
-    "H200 NVL": 835e12,
-    # https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/ (the H100 of a GH200)
-    "GH200": 989e12,
-    # https://www.nvidia.com/en-us/data-center/a100/ (40 GB and 80 GB, SXM and PCIe: 312 dense)
-    "A100": 312e12,
-    # https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200: 36 PFLOPS sparse for 8 GPUs)
-    "B200": 2250e12,
-    # https://www.nvidia.com/en-us/data-center/l4/ (BF16 242 TFLOPS with sparsity)
-    "L4": 121e12,
-    # https://cloud.google.com/tpu/docs/v3: 123 TFLOPS per chip; a JAX device is one of its 2 cores
-    "TPU v3": 61.5e12,
-    # https://cloud.google.com/tpu/docs/v4 (per chip; a JAX device is a chip)
-    "TPU v4": 275e12,
-    # https://cloud.google.com/tpu/docs/v5e
-    "TPU v5e": 197e12,
-    # https://cloud.google.com/tpu/docs/v5p
-    "TPU v5p": 459e12,
-    # https://cloud.google.com/tpu/docs/v6e (Trillium)
-    "TPU v6e": 918e12,
-}
-
-# ``jax.devices()[0].device_kind`` (lower-cased) -> PEAK_FLOPS key; the first match wins.
-DEVICE_KINDS = (
-    (r"gh200", "GH200"),
-    (r"h100.*pcie", "H100 PCIe"),
-    (r"h100.*nvl", "H100 NVL"),
-    (r"h100", "H100 SXM"),  # "NVIDIA H100 80GB HBM3"
-    (r"h200.*nvl", "H200 NVL"),
-    (r"h200", "H200 SXM"),  # "NVIDIA H200"
-    (r"a100", "A100"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"
-    (r"b200", "B200"),
-    (r"\bl4\b", "L4"),
-    (r"^tpu v3", "TPU v3"),
-    (r"^tpu v4$", "TPU v4"),
-    (r"^tpu v5( lite|e)$", "TPU v5e"),
-    (r"^tpu v5p?$", "TPU v5p"),
-    (r"^tpu v6( lite|e)$", "TPU v6e"),
-)
-
-class UnknownDeviceError(ValueError):
-    """No peak FLOP/s is known for this device kind."""
+from zoo.measure.hardware import PEAK_FLOPS, UnknownDeviceError, match_device_kind
 
 
 def transformer_matmul_params(
@@ -184,14 +133,13 @@ def peak_flops_for(device_kind):
     Raises:
         UnknownDeviceError: naming the kind, when ``PEAK_FLOPS`` has no entry for it.
     """
-    kind = str(device_kind).strip().lower()
-    for pattern, name in DEVICE_KINDS:
-        if re.search(pattern, kind):
-            return name, PEAK_FLOPS[name]
-    raise UnknownDeviceError(
-        f"unknown device kind {device_kind!r}; pass --peak-tflops (its dense bf16 TFLOP/s per device) "
-        f"or add it to zoo.training.mfu.PEAK_FLOPS (known: {', '.join(PEAK_FLOPS)})"
-    )
+    name = match_device_kind(device_kind)
+    if name is None:
+        raise UnknownDeviceError(
+            f"unknown device kind {device_kind!r}; pass --peak-tflops (its dense bf16 TFLOP/s per device) "
+            f"or add it to zoo.measure.hardware.PEAK_FLOPS (known: {', '.join(PEAK_FLOPS)})"
+        )
+    return name, PEAK_FLOPS[name]
 
 
 def resolve_peak_flops(peak_tflops=None, device_kind=None):

@@ -29,6 +29,7 @@ from zoo.training._recipe_schema import (
     parse_sections,
     read_toml,
 )
+from zoo.units import GIB
 
 __all__ = [
     "JobUnavailableError",
@@ -167,7 +168,7 @@ def _plan(recipe, module, config, devices):
         devices=devices, parameters=model.count_params(),
         trainable_parameters=int(sum(math.prod(v.shape) for v in model.trainable_variables)), weight_bytes=weights, gradient_bytes=gradients,
         optimizer_bytes=optimizer,
-        device_memory_bytes=int(target.device_memory_gib * plans.GIB) if target.device_memory_gib else None,
+        device_memory_bytes=int(target.device_memory_gib * GIB) if target.device_memory_gib else None,
         batch_size=batch, data_shards=data_shards, sequence_length=sequence, sequence_shards=sequence_shards,
         accumulation=job.accumulation(config), flops_per_step=job.flops_per_step(config, model),
         peak_flops_per_device=recipe.logging.peak_tflops * 1e12 if recipe.logging.peak_tflops else None, notes=tuple(plans.notes_for(axes, target, weights + gradients + optimizer)),

@@ -1,10 +1,21 @@
-"""The accelerators a plan is sized for: peak FLOP/s, memory, and the links between devices.
+"""The accelerators the zoo measures and plans for: peak FLOP/s, memory, the links between devices.
 
-One row per kind, per JAX device (a GPU, or a TPU chip: v4 and later expose one JAX device
-per chip). The figures are the vendors' datasheet numbers, rounded; a roofline built
+One home for the hardware figures (training's MFU and the planner both read them here):
+
+- ``PEAK_FLOPS``: dense bf16 FLOP/s per JAX device, every kind MFU knows (``"H100 SXM"``,
+  ``"TPU v5e"``, ...), from the vendors' datasheets.
+- ``DEVICES``: the kinds a plan is sized for (``DeviceSpec``: ``PEAK_FLOPS``' figure, memory
+  and interconnect), keyed by the names users type (``"h100"``, ``"tpu-v5e"``).
+- ``DEVICE_KINDS`` / ``match_device_kind``: the one matcher from JAX's ``device_kind``
+  (``"NVIDIA H100 80GB HBM3"``, ``"TPU v5 lite"``) to a ``PEAK_FLOPS`` key; ``local_device``
+  goes on from there to the ``DEVICES`` row.
+- ``UnknownDeviceError``: a kind or name neither table lists.
+
+One ``DEVICES`` row per kind, per JAX device (a GPU, or a TPU chip: v4 and later expose
+one JAX device per chip). The figures are the vendors' datasheet numbers, rounded; a roofline built
 on them is an estimate (docs/planning.md lists its known errors):
 
-- ``peak_flops``: dense bf16 FLOP/s, the same table MFU uses (``zoo.training.mfu.PEAK_FLOPS``).
+- ``peak_flops``: dense bf16 FLOP/s, the ``PEAK_FLOPS`` entry of the kind.
 - ``memory_gib``: HBM per device as sold (80 GB is written 80; JAX on a GPU preallocates
   75% of it unless ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise).
 - ``hbm_bandwidth``: bytes/s between HBM and the cores.
@@ -27,16 +38,82 @@ Think About TPUs"): HBM and ICI figures.
 
 import dataclasses
 import os
+import re
 
-from zoo.training.mfu import PEAK_FLOPS
+from zoo.units import GIB
 
-__all__ = ["DEVICES", "DeviceSpec", "UnknownDeviceError", "device_spec", "host_cpu_spec", "local_device"]
+__all__ = [
+    "DEVICES",
+    "DEVICE_KINDS",
+    "PEAK_FLOPS",
+    "DeviceSpec",
+    "UnknownDeviceError",
+    "device_spec",
+    "host_cpu_spec",
+    "local_device",
+    "match_device_kind",
+    "platform_of",
+]
 
 GB = 1e9
 
+# Dense (no sparsity) bf16 peak FLOP/s per JAX device, from the vendors' datasheets
+# (where a datasheet gives only the 2:4-sparsity figure, it is halved).
+PEAK_FLOPS = {
+    # https://www.nvidia.com/en-us/data-center/h100/ (datasheet: BF16 1,979 TFLOPS with sparsity)
+    "H100 SXM": 989e12,
+    "H100 PCIe": 756e12,  # same datasheet: 1,513 TFLOPS with sparsity
+    "H100 NVL": 835e12,  # same datasheet: 1,671 TFLOPS with sparsity
+    # https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 1,979 with sparsity; NVL: 1,671)
+    "H200 SXM": 989e12,
+    "H200 NVL": 835e12,
+    # https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/ (the H100 of a GH200)
+    "GH200": 989e12,
+    # https://www.nvidia.com/en-us/data-center/a100/ (40 GB and 80 GB, SXM and PCIe: 312 dense)
+    "A100": 312e12,
+    # https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200: 36 PFLOPS sparse for 8 GPUs)
+    "B200": 2250e12,
+    # https://www.nvidia.com/en-us/data-center/l4/ (BF16 242 TFLOPS with sparsity)
+    "L4": 121e12,
+    # https://cloud.google.com/tpu/docs/v3: 123 TFLOPS per chip; a JAX device is one of its 2 cores
+    "TPU v3": 61.5e12,
+    # https://cloud.google.com/tpu/docs/v4 (per chip; a JAX device is a chip)
+    "TPU v4": 275e12,
+    # https://cloud.google.com/tpu/docs/v5e
+    "TPU v5e": 197e12,
+    # https://cloud.google.com/tpu/docs/v5p
+    "TPU v5p": 459e12,
+    # https://cloud.google.com/tpu/docs/v6e (Trillium)
+    "TPU v6e": 918e12,
+}
+
+# ``jax.devices()[0].device_kind`` (lower-cased) -> PEAK_FLOPS key; the first match wins.
+DEVICE_KINDS = (
+    (r"gh200", "GH200"),
+    (r"h100.*pcie", "H100 PCIe"),
+    (r"h100.*nvl", "H100 NVL"),
+    (r"h100", "H100 SXM"),  # "NVIDIA H100 80GB HBM3"
+    (r"h200.*nvl", "H200 NVL"),
+    (r"h200", "H200 SXM"),  # "NVIDIA H200"
+    (r"a100", "A100"),  # "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"
+    (r"b200", "B200"),
+    (r"\bl4\b", "L4"),
+    (r"^tpu v3", "TPU v3"),
+    (r"^tpu v4$", "TPU v4"),
+    (r"^tpu v5( lite|e)$", "TPU v5e"),
+    (r"^tpu v5p?$", "TPU v5p"),
+    (r"^tpu v6( lite|e)$", "TPU v6e"),
+)
+
 
 class UnknownDeviceError(ValueError):
-    """A device kind the table does not list; the message lists those it does."""
+    """A device kind or name the tables do not list; the message says what to do instead."""
+
+
+def match_device_kind(device_kind):
+    """The ``PEAK_FLOPS`` key of a JAX ``device_kind`` (``"NVIDIA H200"`` -> ``"H200 SXM"``), or None."""
+    kind = str(device_kind).strip().lower()
+    return next((name for pattern, name in DEVICE_KINDS if re.search(pattern, kind)), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +132,7 @@ class DeviceSpec:
 
     @property
     def memory_bytes(self):
-        return int(self.memory_gib * 2**30)
+        return int(self.memory_gib * GIB)
 
 
 def _gpu(name, description, peak, memory_gib, hbm_tb, nvlink_gb, network_gbit):
@@ -103,15 +180,14 @@ def host_cpu_spec(devices=8):
     """This host's CPU split into ``devices`` simulated devices: its memory shared equally,
     nominal speeds (a plan for a CPU run sizes memory; its times mean little)."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceSpec("cpu", f"this host's CPU as {devices} simulated devices", 1e11, memory / devices / 2**30, 20 * GB, 10 * GB, 10 * GB, None, 50e-6)
+    return DeviceSpec("cpu", f"this host's CPU as {devices} simulated devices", 1e11, memory / devices / GIB, 20 * GB, 10 * GB, 10 * GB, None, 50e-6)
 
 
-# ``jax.devices()[0].device_kind`` (lower-cased) -> DEVICES name; the first match wins.
-_KINDS = (
-    ("h200", "h200"), ("h100", "h100"), ("gh200", "h100"), ("a100", "a100"), ("b200", "b200"),
-    ("tpu v4", "tpu-v4"), ("tpu v5 lite", "tpu-v5e"), ("tpu v5e", "tpu-v5e"), ("tpu v5", "tpu-v5p"),
-    ("tpu v6", "tpu-v6e"),
-)  # fmt: skip
+# ``match_device_kind``'s PEAK_FLOPS key -> the DEVICES row a plan for it is sized by (L4 and TPU v3: none).
+_PLANNED = {
+    "H100 SXM": "h100", "H100 PCIe": "h100", "H100 NVL": "h100", "GH200": "h100", "H200 SXM": "h200", "H200 NVL": "h200",
+    "A100": "a100", "B200": "b200", "TPU v4": "tpu-v4", "TPU v5e": "tpu-v5e", "TPU v5p": "tpu-v5p", "TPU v6e": "tpu-v6e",
+}  # fmt: skip
 
 
 def local_device():
@@ -124,13 +200,12 @@ def local_device():
     devices = jax.devices()
     if devices[0].platform == "cpu":
         return "cpu", host_cpu_spec(len(devices)).memory_gib
-    kind = devices[0].device_kind.lower()
-    name = next((name for pattern, name in _KINDS if pattern in kind), None)
+    name = _PLANNED.get(match_device_kind(devices[0].device_kind))
     if name is None:
         raise UnknownDeviceError(f"device kind {devices[0].device_kind!r} is not in zoo.planning.DEVICES; plan with --device")
     stats = devices[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
-    return name, (limit / 2**30 if limit else None)
+    return name, (limit / GIB if limit else None)
 
 
 def platform_of(kind):
