@@ -259,6 +259,9 @@ def test_a_sliding_window_round_trips_and_applies_to_its_layers_only(tmp_path):
     assert np.abs(logits[:, 4:] - expected[:, 4:]).max() > 1e-3  # beyond it: the window matters
     every = GPTBackbone(**TINY, sliding_window=4, sliding_window_layers=[0, 1])
     assert every.sliding_window_layers is None  # every block: saved as None
+    # KV caches: the windowed blocks' are window-sized ring buffers, the global block's the whole length
+    assert [cache.shape[2] for cache in model.backbone.empty_caches(2, 12)] == [12, 4, 4]
+    assert [cache.shape[2] for cache in model.backbone.empty_caches(2, 3)] == [3, 3, 3]
 
 
 @pytest.mark.parametrize(

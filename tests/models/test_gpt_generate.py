@@ -222,3 +222,27 @@ def test_cached_attention_calls_equal_one_full_call():
     assert np.all(np.asarray(cache)[:, :, 6:] == 0) and np.all(np.asarray(cache)[:, :, 5] != 0)
     with pytest.raises(ValueError, match=r"cache shape \(2, 2, 8, 4, 8\) must be .* = \(2, 2, S, 2, 8\)"):
         layer(x[:, :1], cache=jnp.zeros((2, 2, 8, 4, 8)))  # 4 KV heads in the cache, the layer has 2
+
+
+def test_a_windowed_layer_caches_the_window_alone():
+    """sliding_window 3: a ring buffer of 3 slots. Prefill 4 tokens (longer than the
+    window), then 1, 1, 2, 1 (wrapping the ring twice), row 1 left-padded by 2: each
+    row's real positions equal one windowed call on that row alone."""
+    layer = MultiHeadAttention(num_heads=4, head_dim=8, num_kv_heads=2, causal=True, rotary=True, sliding_window=3)
+    x = np.random.default_rng(1).standard_normal((2, 9, 32)).astype("float32")
+    layer.build(x.shape)
+    alone = [np.asarray(layer(x[:1])), np.asarray(layer(x[1:, 2:]))]  # (1, 9, C), (1, 7, C)
+    starts = jnp.array([0, 2], jnp.int32)
+
+    @jax.jit
+    def cached(x):
+        cache, outputs = layer.empty_cache(2, 9), []
+        for start, stop in ((0, 4), (4, 5), (5, 6), (6, 8), (8, 9)):
+            out, cache = layer(x[:, start:stop], cache=cache, cache_index=jnp.int32(start), start_positions=starts)
+            outputs.append(out)
+        return jnp.concatenate(outputs, axis=1), cache
+
+    out, cache = cached(x)
+    assert cache.shape == (2, 2, 3, 2, 8)  # (B, 2, W, K, D), not the 9 positions
+    np.testing.assert_allclose(np.asarray(out)[:1], alone[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out)[1:, 2:], alone[1], rtol=1e-5, atol=1e-5)

@@ -107,7 +107,10 @@ class MultiHeadAttention(keras.layers.Layer):
     and values are written into the cache there, rotary embedding uses those absolute
     positions, and the queries attend to the cache's filled keys 0..i+T-1 (causally if
     ``causal``; with ``sliding_window`` W only keys p - W < k <= p of a query at cache
-    position p: a mask over the whole cache, which keeps all S positions). Returns
+    position p). With a ``sliding_window`` the cache is a ring buffer of S = W slots
+    (``empty_cache``: min(length, W)), position p in slot p % S: a windowed layer's cache
+    is the window's size whatever the generation length, and T may exceed S (a long
+    prefill attends to the buffer and to its own keys). Returns
     ``(output (B, T, C), new cache)``. ``start_positions`` i32[B]
     (None: zeros) is each row's first real cache position, for left-padded prompts of
     different lengths: keys before it are masked and RoPE counts positions from it, so a
@@ -310,7 +313,11 @@ class MultiHeadAttention(keras.layers.Layer):
         return f"one shard_map over {plan.model_axis!r} (M={plan.model_size}: {per_device} of {self.num_heads} heads per device), then {local}"
 
     def empty_cache(self, batch_size, cache_length, dtype=None):
-        """Zeros (B, 2, S, K, D) for ``cache_length`` positions, in the compute dtype."""
+        """Zeros (B, 2, S, K, D) for ``cache_length`` positions, in the compute dtype; with
+        a ``sliding_window`` W, S = min(cache_length, W): a window-sized ring buffer (the
+        cached call's doc)."""
+        if self.sliding_window is not None:
+            cache_length = min(cache_length, self.sliding_window)
         shape = (batch_size, 2, cache_length, self.num_kv_heads, self.head_dim)
         return jnp.zeros(shape, dtype or self.compute_dtype)
 
@@ -320,7 +327,7 @@ class MultiHeadAttention(keras.layers.Layer):
         start_positions: i32[B] first real cache position of each row (left padding
         before it), or None for 0."""
         self._check_cache(x.shape, cache.shape)
-        batch, length, cache_length = x.shape[0], x.shape[1], cache.shape[2]
+        batch, length = x.shape[0], x.shape[1]
         positions = cache_index + jnp.arange(length, dtype=jnp.int32)  # i32[T], cache positions
         start = jnp.zeros((batch,), jnp.int32) if start_positions is None else jnp.asarray(start_positions, jnp.int32)
         q, k = self.normalize_qk(self.query(x), self.key(x))  # (B, T, H, D), (B, T, K, D)
@@ -329,11 +336,12 @@ class MultiHeadAttention(keras.layers.Layer):
             token_positions = positions[None, :] - start[:, None]  # i32[B, T]: positions within each row's own text
             q, k = (self.rope.apply(t, token_positions) for t in (q, k))
         new = jnp.stack([k, v], axis=1).astype(cache.dtype)  # (B, 2, T, K, D)
-        cache = jax.lax.dynamic_update_slice(cache, new, (0, 0, cache_index, 0, 0))  # (B, 2, S, K, D)
-        key_positions = jnp.arange(cache_length, dtype=jnp.int32)  # i32[S]
-        filled = (key_positions[None, :] < cache_index + length) & (key_positions[None, :] >= start[:, None])  # bool[B, S]
+        write = _write_ring if self.sliding_window is not None else _write_linear
+        keys, key_positions, cache = write(cache, new, cache_index, positions)  # (B, 2, S', K, D), i32[S'], (B, 2, S, K, D)
+        filled = (key_positions[None, :] >= start[:, None]) & (key_positions[None, :] >= 0)  # bool[B, S']
+        filled = filled & (key_positions[None, :] < cache_index + length)
         out = attention_reference(
-            q, cache[:, 0].astype(q.dtype), cache[:, 1].astype(q.dtype), causal=self.causal,
+            q, keys[:, 0].astype(q.dtype), keys[:, 1].astype(q.dtype), causal=self.causal,
             key_mask=filled, q_positions=positions, k_positions=key_positions, sliding_window=self.sliding_window,
             scale=self.attention_scale, softcap=self.softcap,
         )  # window over cache positions: left padding shifts queries and keys alike  # (B, T, H, D)
@@ -346,7 +354,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"MultiHeadAttention {self.name!r}: cache shape {tuple(cache_shape)} must be (batch, 2, "
                 f"cache length, num_kv_heads, head_dim) = ({x_shape[0]}, 2, S, {self.num_kv_heads}, {self.head_dim})"
             )
-        if x_shape[1] > cache_shape[2]:
+        if x_shape[1] > cache_shape[2] and self.sliding_window is None:  # a ring buffer takes any T (_write_ring)
             raise ValueError(
                 f"MultiHeadAttention {self.name!r}: {x_shape[1]} new tokens do not fit a cache of length {cache_shape[2]}"
             )
@@ -409,3 +417,29 @@ def _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size):
     check_kv_heads(num_heads, num_kv_heads)
     if rotary:
         check_rotary_head_dim(head_dim)
+
+
+def _write_linear(cache, new, cache_index, positions):
+    """The whole-length cache: ``new`` (B, 2, T, K, D) written at cache positions
+    ``cache_index``..; the queries attend to the updated cache, its slot s holding
+    position s. Returns ``(keys (B, 2, S, K, D), their positions i32[S], the cache)``."""
+    cache = jax.lax.dynamic_update_slice(cache, new, (0, 0, cache_index, 0, 0))  # (B, 2, S, K, D)
+    return cache, jnp.arange(cache.shape[2], dtype=jnp.int32), cache
+
+
+def _write_ring(cache, new, cache_index, positions):
+    """A window-sized ring buffer (S = W slots): slot s holds the latest position p <
+    ``cache_index`` with p % S == s (negative: never written). The T new tokens' queries
+    attend to the buffer and to the new keys themselves (a prefill longer than the window
+    included), masked by position; then the last min(T, S) new tokens are written into
+    their slots (distinct, so the scatter is well defined). Returns ``(keys (B, 2, S + T,
+    K, D), their positions i32[S + T], the new buffer (B, 2, S, K, D))``."""
+    slots = cache.shape[2]
+    slot = jnp.arange(slots, dtype=jnp.int32)  # i32[S]
+    held = slot + slots * jnp.floor_divide(cache_index - 1 - slot, slots)  # i32[S]: < 0 where never written
+    keys = jnp.concatenate([cache, new], axis=2)  # (B, 2, S + T, K, D)
+    kept = min(new.shape[2], slots)
+    tail_positions = positions[-kept:]  # i32[kept]
+    cache = cache.at[:, :, tail_positions % slots].set(new[:, :, -kept:])  # (B, 2, S, K, D)
+    return keys, jnp.concatenate([held, positions]), cache
+
