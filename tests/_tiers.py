@@ -17,7 +17,9 @@ GPT_MOE = "tests/models/test_gpt_moe.py::test_three_steps_of_fit_match_one_devic
 GPT_PARITY = "tests/models/test_gpt_parity.py::test_three_steps_of_fit_match_one_device"
 GPT_REMAT = "tests/models/test_gpt_remat.py::test_fit_with_remat_matches_one_device_without"
 MHA_SP = "tests/layers/test_multi_head_attention_parallel.py::test_output_and_gradients_match_plain_layer"
-MHA_TP = "tests/layers/test_multi_head_attention_parallel.py::test_tensor_parallel_output_and_gradients_match_plain_layer"
+MHA_TP = (
+    "tests/layers/test_multi_head_attention_parallel.py::test_tensor_parallel_output_and_gradients_match_plain_layer"
+)
 SP_KERNELS = "tests/kernels/test_sequence_parallel.py::test_matches_reference"
 WINDOW_KERNELS = "tests/kernels/test_sliding_window.py::test_matches_masked_reference"
 MOE_KERNELS = "tests/kernels/test_moe.py"
@@ -90,7 +92,9 @@ MATRIX = {
     # the attention layer under fit: tier 1 keeps ring (causal, GQA, key mask); gather and
     # Ulysses under fit: tests/distribution/test_context_parallel.py's [gather], [ulysses]
     "tests/layers/test_multi_head_attention_fit.py::test_fit_matches_one_device[gather-data=1,seq=4-False]": (
-        "tests/distribution/test_context_parallel.py::test_fit_matches_one_device[gather]; full attention: " + MHA_SP + " full cases"
+        "tests/distribution/test_context_parallel.py::test_fit_matches_one_device[gather]; full attention: "
+        + MHA_SP
+        + " full cases"
     ),
     "tests/layers/test_multi_head_attention_fit.py::test_fit_matches_one_device[ulysses-data=2,seq=4-True]": (
         "tests/distribution/test_context_parallel.py::test_fit_matches_one_device[ulysses]"

@@ -13,7 +13,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "zoo"
 # package -> zoo packages it must not import
 FORBIDDEN = {
     # the vocabulary and the settings schema: pure Python, imported before JAX by the zoo command
-    "config": {"kernels", "distribution", "layers", "models", "presets", "data", "training", "planning", "cli", "bench", "plotting", "tokenizers"},
+    "config": {
+        "kernels",
+        "distribution",
+        "layers",
+        "models",
+        "presets",
+        "data",
+        "training",
+        "planning",
+        "cli",
+        "bench",
+        "plotting",
+        "tokenizers",
+    },
     "kernels": {"distribution", "layers", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
     "distribution": {"layers", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
     "layers": {"models", "data", "training", "planning", "cli", "bench", "tokenizers"},
@@ -38,7 +51,9 @@ def _zoo_imports(path):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module == "zoo" and node.level == 0:
-            names = [f"zoo.{alias.name}" for alias in node.names if _is_zoo_module(alias.name)]  # from zoo import kernels
+            names = [
+                f"zoo.{alias.name}" for alias in node.names if _is_zoo_module(alias.name)
+            ]  # from zoo import kernels
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         else:
@@ -115,7 +130,9 @@ def test_version_is_single_sourced():
     from zoo import _version
 
     project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"]
-    assert "version" not in project.get("dynamic", ()), "pyproject reads the version dynamically: point it at zoo._version"
+    assert "version" not in project.get("dynamic", ()), (
+        "pyproject reads the version dynamically: point it at zoo._version"
+    )
     assert project["version"] == _version.__version__
     assert zoo.__version__ is _version.__version__
 
@@ -174,7 +191,11 @@ def _private_attributes(path):
         if isinstance(node, ast.Attribute) and _is_private(node.attr):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 name = node.attr
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr", "hasattr", "delattr"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+        ):
             if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
                 name = node.args[1].value if _is_private(node.args[1].value) else None
         if name is not None and (relative, name) not in ZOO_PRIVATE_ATTRIBUTES:
@@ -184,7 +205,10 @@ def _private_attributes(path):
 
 def test_private_apis_only_in_compat():
     bad = [problem for path in _zoo_sources() for problem in _private_text(path) + _private_attributes(path)]
-    assert not bad, "private APIs belong in zoo/_compat.py (with the versions checked and the public replacement):\n" + "\n".join(bad)
+    assert not bad, (
+        "private APIs belong in zoo/_compat.py (with the versions checked and the public replacement):\n"
+        + "\n".join(bad)
+    )
 
 
 def test_compat_imports_nothing_heavy_at_module_level():
@@ -197,4 +221,6 @@ def test_compat_imports_nothing_heavy_at_module_level():
     names += [node.module or "" for node in top if isinstance(node, ast.ImportFrom)]
     assert not [n for n in names if n.split(".")[0] in ("zoo", "keras", "jax")], names
     everywhere = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert not [node.module for node in everywhere if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("zoo")]
+    assert not [
+        node.module for node in everywhere if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("zoo")
+    ]

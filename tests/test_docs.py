@@ -35,6 +35,7 @@ PAGES = [
     "docs/chat.md",
 ]
 
+
 def _examples():
     for page in PAGES:
         blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), flags=re.S)
@@ -102,8 +103,7 @@ def test_every_python_block_imports_the_zoo_before_keras_or_jax():
             if found:
                 number, line = found
                 page_line = text.count("\n", 0, block.start(1)) + number
-                late.append(f"{page} python block #{index}, line {number} of the block "
-                            f"({page}:{page_line}): {line!r}")
+                late.append(f"{page} python block #{index}, line {number} of the block ({page}:{page_line}): {line!r}")
     assert not late, "import zoo before Keras/JAX (or set KERAS_BACKEND) in:\n" + "\n".join(late)
 
 

@@ -106,7 +106,9 @@ def _registered_in_sources():
     names = set()
     for path in ZOO.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef) and any("register_keras_serializable" in ast.unparse(d) for d in node.decorator_list):
+            if isinstance(node, ast.ClassDef) and any(
+                "register_keras_serializable" in ast.unparse(d) for d in node.decorator_list
+            ):
                 names.add(f"zoo>{node.name}")
     return names
 
@@ -124,7 +126,12 @@ def _registered_names_in(config):
 def _run_child(job):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}  # import zoo must choose JAX itself
     result = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(job)], env=env, cwd=job["out"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", CHILD, json.dumps(job)],
+        env=env,
+        cwd=job["out"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -135,7 +142,9 @@ def _assert_same_weights(name, expected, report, out):
     assert report["paths"] == list(expected), f"{name}: weight paths differ:\n{report['paths']}\n{list(expected)}"
     with np.load(out / f"{name}.npz") as loaded:
         for index, (path, value) in enumerate(expected.items()):
-            np.testing.assert_array_equal(loaded[f"arr_{index}"], value, err_msg=f"{name}: {path} differs after loading")
+            np.testing.assert_array_equal(
+                loaded[f"arr_{index}"], value, err_msg=f"{name}: {path} differs after loading"
+            )
 
 
 def test_import_zoo_alone_lets_plain_keras_load_every_saved_zoo_model_and_preset(tmp_path):
@@ -156,7 +165,9 @@ def test_import_zoo_alone_lets_plain_keras_load_every_saved_zoo_model_and_preset
     # session's compilation cache there (tiny models of other sizes would compile twice).
     cnn, gpt = by_class["SmallCNN"], by_class["GPTCausalLM"]
     fixture = pathlib.Path(__file__).parent / "fixtures" / "hf" / "llama_mha_tied"  # a Hugging Face tokenizer.json
-    gpt.preprocessor = zoo.models.GPTCausalLMPreprocessor(zoo.tokenizers.HFTokenizer.from_directory(fixture), sequence_length=16)
+    gpt.preprocessor = zoo.models.GPTCausalLMPreprocessor(
+        zoo.tokenizers.HFTokenizer.from_directory(fixture), sequence_length=16
+    )
     to_save = {name: by_class[name] for name in FAMILIES}
     to_save.update(GPTBackbone=gpt.backbone, zoo_layers=_layers_model())
     files = {}
@@ -180,7 +191,11 @@ def test_import_zoo_alone_lets_plain_keras_load_every_saved_zoo_model_and_preset
     assert registered <= saved_names, f"classes no file here exercises: {sorted(registered - saved_names)}"
     for name in [*files, *presets]:
         _assert_same_weights(name, expected[name], report[name], tmp_path)
-    classes = {**{name: type(model).__name__ for name, model in to_save.items()}, "lora_cnn": "SmallCNN", **preset_classes}
+    classes = {
+        **{name: type(model).__name__ for name, model in to_save.items()},
+        "lora_cnn": "SmallCNN",
+        **preset_classes,
+    }
     assert {name: report[name]["class"] for name in classes} == classes
     for name in presets:
         tokenizer = load_tokenizer(name)

@@ -76,8 +76,21 @@ def variable_layout(variable):
     return getattr(variable, "_layout", None)
 
 
-def add_weight_with_layout(layer, layout, *, shape, initializer, dtype, trainable, autocast, regularizer, constraint,
-                           aggregation, overwrite_with_gradient, name):  # fmt: skip
+def add_weight_with_layout(
+    layer,
+    layout,
+    *,
+    shape,
+    initializer,
+    dtype,
+    trainable,
+    autocast,
+    regularizer,
+    constraint,
+    aggregation,
+    overwrite_with_gradient,
+    name,
+):
     """``layer.add_weight(...)`` with the variable created under ``layout`` (a
     ``TensorLayout`` or a JAX ``Sharding``), which becomes the variable's own layout.
 

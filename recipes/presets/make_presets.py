@@ -57,7 +57,9 @@ def encoder_tiny_topics():
     from zoo.models.encoder import TransformerEncoderClassifier
 
     data = _text_data("python_docs_topics", sequence_length=64)
-    model = TransformerEncoderClassifier.from_config_name("encoder_tiny", max_sequence_length=64, num_classes=4, seed=SEED)
+    model = TransformerEncoderClassifier.from_config_name(
+        "encoder_tiny", max_sequence_length=64, num_classes=4, seed=SEED
+    )
     training = dict(epochs=5, batch_size=32, learning_rate=3e-3)
     return model, data, training, ByteTokenizer(sequence_length=64)
 
@@ -67,7 +69,9 @@ def vit_tiny_shapes():
     from zoo.models.vit import ViTClassifier
 
     data = _image_data("shapes", image_size=32)
-    model = ViTClassifier.from_config_name("vit_tiny", image_size=32, patch_size=4, num_classes=8, dropout=0.1, seed=SEED)
+    model = ViTClassifier.from_config_name(
+        "vit_tiny", image_size=32, patch_size=4, num_classes=8, dropout=0.1, seed=SEED
+    )
     training = dict(epochs=30, batch_size=32, learning_rate=2e-3)  # a ViT needs many passes over 2,048 images
     return model, data, training, None
 
@@ -139,7 +143,9 @@ def _accuracy(model, x, y, batch_size):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help=f"presets to make (default all: {', '.join(RECIPES)})")
-    parser.add_argument("--output-dir", default=DEFAULT_OUTPUT, help="where preset folders go (default zoo/presets/assets)")
+    parser.add_argument(
+        "--output-dir", default=DEFAULT_OUTPUT, help="where preset folders go (default zoo/presets/assets)"
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(RECIPES))
     if unknown:

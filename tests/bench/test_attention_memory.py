@@ -18,8 +18,14 @@ from zoo.config.bench_settings import AttentionBenchConfig
 # x N = 4, 8), all timed from the same dict. Ring tiles at T=128, block 16: the zig-zag
 # halves of a shard are 16 rows at N=4 (tile = block) and 8 at N=8 (tile cut to 8).
 TINY = {
-    "lengths": (128,), "devices": (4, 8), "head_dim": 8, "block_size": 16, "time_lengths": (128,),
-    "goal_length": 128, "goal_heads": 8, "repeats": 1,
+    "lengths": (128,),
+    "devices": (4, 8),
+    "head_dim": 8,
+    "block_size": 16,
+    "time_lengths": (128,),
+    "goal_length": 128,
+    "goal_heads": 8,
+    "repeats": 1,
 }
 
 
@@ -107,9 +113,32 @@ def _parse(argv):
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
     assert bench_cli.settings_from_args("attention", _parse([])) == AttentionBenchConfig()
-    args = _parse(["--lengths", "64,128", "--devices", "8", "--balance", "none", "--no-causal", "--repeats", "1", "--plot", "m.png"])
+    args = _parse(
+        [
+            "--lengths",
+            "64,128",
+            "--devices",
+            "8",
+            "--balance",
+            "none",
+            "--no-causal",
+            "--repeats",
+            "1",
+            "--plot",
+            "m.png",
+        ]
+    )
     config = bench_cli.settings_from_args("attention", args)
-    assert (config.lengths, config.devices, config.balance, config.causal, config.repeats, config.plot) == ((64, 128), (8,), None, False, 1, "m.png")
-    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {f.name for f in dataclasses.fields(AttentionBenchConfig)}
+    assert (config.lengths, config.devices, config.balance, config.causal, config.repeats, config.plot) == (
+        (64, 128),
+        (8,),
+        None,
+        False,
+        1,
+        "m.png",
+    )
+    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {
+        f.name for f in dataclasses.fields(AttentionBenchConfig)
+    }
     with pytest.raises(SystemExit):
         _parse(["--lengths", "4k"])

@@ -17,7 +17,13 @@ TINY = {"image_size": 16, "batch_size": 16, "steps": 2, "repeats": 1}
 
 
 def test_config_fields_match_the_cli_flags():
-    assert [f.name for f in dataclasses.fields(CNNBenchConfig)] == ["image_size", "batch_size", "steps", "repeats", "output"]
+    assert [f.name for f in dataclasses.fields(CNNBenchConfig)] == [
+        "image_size",
+        "batch_size",
+        "steps",
+        "repeats",
+        "output",
+    ]
 
 
 def test_tiny_benchmark_reports_every_layout(tmp_path):

@@ -23,7 +23,10 @@ def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(
     result = run_benchmark(config, report=lines.append)
     data, context = result["runs"]
     assert (data.kind, data.tokens_per_device, context.kind, context.tokens_per_device) == (
-        "data-parallel", 128, "context-parallel", 16
+        "data-parallel",
+        128,
+        "context-parallel",
+        16,
     )
     assert 0 < context.temp <= data.temp / 8, (context.temp, data.temp)
     # Ring over N = 8, counted through its loops: K and V make N-1 hops forward and N-1
@@ -75,9 +78,27 @@ def _parse(argv):
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
     assert bench_cli.settings_from_args("context", _parse([])) == ContextBenchConfig()
-    args = _parse(["--sequence-length", "64", "--runs", "data=8:8; data=2,seq=4:2", "--balance", "none", "--context-attention", "gather"])
+    args = _parse(
+        [
+            "--sequence-length",
+            "64",
+            "--runs",
+            "data=8:8; data=2,seq=4:2",
+            "--balance",
+            "none",
+            "--context-attention",
+            "gather",
+        ]
+    )
     config = bench_cli.settings_from_args("context", args)
-    assert (config.sequence_length, config.runs, config.balance, config.context_attention) == (64, ("data=8:8", "data=2,seq=4:2"), None, "gather")
-    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {f.name for f in dataclasses.fields(ContextBenchConfig)}
+    assert (config.sequence_length, config.runs, config.balance, config.context_attention) == (
+        64,
+        ("data=8:8", "data=2,seq=4:2"),
+        None,
+        "gather",
+    )
+    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {
+        f.name for f in dataclasses.fields(ContextBenchConfig)
+    }
     with pytest.raises(SystemExit):
         _parse(["--runs", "data=8"])

@@ -12,8 +12,15 @@ from zoo.config.bench_settings import GPTBenchConfig
 
 def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_path):
     output = tmp_path / "gpt.md"
-    config = GPTBenchConfig(config_name="gpt_tiny", sequence_length=16, batch_size=8, steps=2, repeats=1,
-                            output=str(output), layouts=("context",))  # fmt: skip
+    config = GPTBenchConfig(
+        config_name="gpt_tiny",
+        sequence_length=16,
+        batch_size=8,
+        steps=2,
+        repeats=1,
+        output=str(output),
+        layouts=("context",),
+    )
     rows = run_benchmark(config, report=lambda line: None)
 
     (row,) = rows
@@ -28,4 +35,8 @@ def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_
 
 def test_unknown_layout_is_named():
     with pytest.raises(ValueError, match=r"unknown layout\(s\) \['pipeline'\]"):
-        run_benchmark(GPTBenchConfig(config_name="gpt_tiny", sequence_length=16, batch_size=8, steps=1, repeats=1, layouts=("pipeline",)))
+        run_benchmark(
+            GPTBenchConfig(
+                config_name="gpt_tiny", sequence_length=16, batch_size=8, steps=1, repeats=1, layouts=("pipeline",)
+            )
+        )

@@ -11,8 +11,19 @@ from zoo.bench import lora_context_memory as bench
 from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import LoraContextBenchConfig
 
-TINY = {"sequence_lengths": (32,), "layouts": ("fsdp",), "remats": ("none",), "vocabulary_size": 64, "num_layers": 1,
-        "hidden_dim": 16, "num_query_heads": 2, "num_key_value_heads": 2, "head_dim": 8, "intermediate_dim": 32, "lora_rank": 2}  # fmt: skip
+TINY = {
+    "sequence_lengths": (32,),
+    "layouts": ("fsdp",),
+    "remats": ("none",),
+    "vocabulary_size": 64,
+    "num_layers": 1,
+    "hidden_dim": 16,
+    "num_query_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_dim": 32,
+    "lora_rank": 2,
+}
 
 
 def test_fsdp_row_reports_memory_analysis_and_splits_lora_factors_as_fit_does(tmp_path):
@@ -21,9 +32,17 @@ def test_fsdp_row_reports_memory_analysis_and_splits_lora_factors_as_fit_does(tm
     (row,) = bench.run_benchmark(config, report=lambda line: None)["rows"]
     analysis = row.compiled.memory_analysis()
     m = row.memory
-    assert (m.temp, m.argument, m.output, m.alias) == (analysis.temp_size_in_bytes, analysis.argument_size_in_bytes,
-                                                       analysis.output_size_in_bytes, analysis.alias_size_in_bytes)  # fmt: skip
-    assert row.total == m.argument + m.output - m.alias + m.temp and (row.mesh, row.batch, row.tokens_per_device) == ("data=8", 8, 32)
+    assert (m.temp, m.argument, m.output, m.alias) == (
+        analysis.temp_size_in_bytes,
+        analysis.argument_size_in_bytes,
+        analysis.output_size_in_bytes,
+        analysis.alias_size_in_bytes,
+    )
+    assert row.total == m.argument + m.output - m.alias + m.temp and (row.mesh, row.batch, row.tokens_per_device) == (
+        "data=8",
+        8,
+        32,
+    )
     # Only the LoRA factors train (r = 2), each laid out like its kernel, as enable_lora lays
     # them out in a concrete build under fsdp (data=8): a split where the kernel's input dims
     # are, b where its output dim is. Elements per device: query/key/value a (16,2,2)/8 + b (2,8)
@@ -34,7 +53,9 @@ def test_fsdp_row_reports_memory_analysis_and_splits_lora_factors_as_fit_does(tm
     assert row.collectives["all-gather"] >= 1 and "collective-permute" not in row.collectives
     line = output.read_text().splitlines()[-1]
     assert line == bench.format_row(row)
-    assert line.startswith(f"| fsdp | data=8 | none | 32 | 8 | 32 | {m.temp / 1024:,.1f} KiB | {m.argument / 1024:,.1f} KiB | ")
+    assert line.startswith(
+        f"| fsdp | data=8 | none | 32 | 8 | 32 | {m.temp / 1024:,.1f} KiB | {m.argument / 1024:,.1f} KiB | "
+    )
     assert f"**{row.total / 1024:,.1f} KiB** | yes / yes |" in line
 
 
@@ -44,9 +65,13 @@ def _parse(argv):
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
     assert bench_cli.settings_from_args("lora-context", _parse([])) == LoraContextBenchConfig()
-    config = bench_cli.settings_from_args("lora-context", _parse(["--sequence-lengths", "4096", "--layouts", "fsdp", "--remats", "full"]))
+    config = bench_cli.settings_from_args(
+        "lora-context", _parse(["--sequence-lengths", "4096", "--layouts", "fsdp", "--remats", "full"])
+    )
     assert (config.sequence_lengths, config.layouts, config.remats) == ((4096,), ("fsdp",), ("full",))
-    assert set(vars(_parse([]))) - {"bench", "func", "simulate_devices"} == {f.name for f in dataclasses.fields(LoraContextBenchConfig)}
+    assert set(vars(_parse([]))) - {"bench", "func", "simulate_devices"} == {
+        f.name for f in dataclasses.fields(LoraContextBenchConfig)
+    }
 
 
 @pytest.mark.parametrize(

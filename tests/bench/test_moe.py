@@ -12,8 +12,18 @@ from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import MoEBenchConfig
 from zoo.kernels import moe
 
-TINY = {"num_layers": 1, "hidden_dim": 32, "num_query_heads": 2, "num_key_value_heads": 1, "num_experts": 8, "moe_intermediate_dim": 32,
-        "vocabulary_size": 32, "sequence_length": 16, "batch_size": 8, "sections": ("exchange",)}  # fmt: skip
+TINY = {
+    "num_layers": 1,
+    "hidden_dim": 32,
+    "num_query_heads": 2,
+    "num_key_value_heads": 1,
+    "num_experts": 8,
+    "moe_intermediate_dim": 32,
+    "vocabulary_size": 32,
+    "sequence_length": 16,
+    "batch_size": 8,
+    "sections": ("exchange",),
+}
 
 
 def test_capacity_one_exchange_is_the_minimum_and_experts_are_split_one_per_device_share():
@@ -21,7 +31,11 @@ def test_capacity_one_exchange_is_the_minimum_and_experts_are_split_one_per_devi
     row = bench.measure_exchange(config, "data=2,expert=4", 1.0)
     # N = 8 x 16 / (2 x 4) = 16 tokens per device, A = 32 assignments, Q = ceil(32 / 4) = 8 rows to each device
     assert (row.expert_size, row.tokens, row.capacity, row.sparse_blocks) == (4, 16, 8, 1)
-    assert (row.token_exchanges, row.count_exchanges, row.moved) == (4, 1, "f32")  # dispatch + combine, forward + backward; the counts once
+    assert (row.token_exchanges, row.count_exchanges, row.moved) == (
+        4,
+        1,
+        "f32",
+    )  # dispatch + combine, forward + backward; the counts once
     minimum = 4 * moe.minimum_exchange_bytes(16, num_experts_per_token=2, width=32, itemsize=4, axis_size=4)
     assert row.minimum == minimum == 4 * 16 * 2 * 32 * 4 * 3 / 4
     assert minimum <= row.sent <= 1.05 * minimum and row.ratio <= 1.05
@@ -38,7 +52,9 @@ def _parse(argv):
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):
     assert bench_cli.settings_from_args("moe", _parse([])) == MoEBenchConfig()
-    config = bench_cli.settings_from_args("moe", _parse(["--capacity-factors", "1,dropless", "--memory-partial-layers", "none"]))
+    config = bench_cli.settings_from_args(
+        "moe", _parse(["--capacity-factors", "1,dropless", "--memory-partial-layers", "none"])
+    )
     assert config.capacity_factors == (1.0, None) and config.memory_partial_layers == ()
     with pytest.raises(ValueError, match="num_experts 6 is not divisible by the 'expert' axis of size 4"):
         bench.run_benchmark(MoEBenchConfig(**(TINY | {"num_experts": 6})), report=lambda line: None)

@@ -9,15 +9,28 @@ from zoo.bench import pipeline as bench
 from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import PipelineBenchConfig
 
-TINY = {"vocabulary_size": 32, "num_layers": 2, "hidden_dim": 8, "num_query_heads": 1, "num_key_value_heads": 1, "head_dim": 8,
-        "intermediate_dim": 16, "sequence_length": 8, "batch_size": 2, "mesh": "data=1,stage=2", "reference_mesh": "data=1"}  # fmt: skip
+TINY = {
+    "vocabulary_size": 32,
+    "num_layers": 2,
+    "hidden_dim": 8,
+    "num_query_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 8,
+    "intermediate_dim": 16,
+    "sequence_length": 8,
+    "batch_size": 2,
+    "mesh": "data=1,stage=2",
+    "reference_mesh": "data=1",
+}
 
 
 @pytest.mark.parametrize("stages, repeats, micro_batches", [(2, 1, 3), (4, 2, 4)])  # M not a multiple of S; circular
 def test_bubble_rows_are_the_kernels_count_and_equal_the_formula(stages, repeats, micro_batches):
     row = bench.measure_bubble(stages, repeats, micro_batches)
     assert row.useful == (repeats * micro_batches,) * stages and row.ticks == repeats * micro_batches + stages - 1
-    assert row.measured == pytest.approx(repeats * micro_batches / (repeats * micro_batches + stages - 1)) == row.formula
+    assert (
+        row.measured == pytest.approx(repeats * micro_batches / (repeats * micro_batches + stages - 1)) == row.formula
+    )
     assert row.bubble_steps == (stages - 1) / repeats
 
 
@@ -41,7 +54,9 @@ def _parse(argv):
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):
     assert bench_cli.settings_from_args("pipeline", _parse([])) == PipelineBenchConfig()
-    config = bench_cli.settings_from_args("pipeline", _parse(["--micro-batches", "2", "--repeats", "2", "--sections", "bubble"]))
+    config = bench_cli.settings_from_args(
+        "pipeline", _parse(["--micro-batches", "2", "--repeats", "2", "--sections", "bubble"])
+    )
     with pytest.raises(ValueError, match=r"micro_batches=2 < 4 stages"):
         bench.run_benchmark(config, report=lambda line: None)
     with pytest.raises(SystemExit):

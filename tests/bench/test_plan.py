@@ -13,5 +13,8 @@ def test_a_recipe_row_is_planned_and_tabled(tmp_path):
     assert plan.fits and plan.step.mesh == "data=2,model=4" and plan.compiled_depths == () and row["seconds"] > 0
     table = output.read_text().splitlines()
     assert table[0] == "### zoo plan on every recipe"
-    assert table[4].startswith("| recipes/cpu-sim-8/train_cnn.toml | model data=2,model=4 | 8 x cpu | 0.00 / ") and " | yes | " in table[4]
+    assert (
+        table[4].startswith("| recipes/cpu-sim-8/train_cnn.toml | model data=2,model=4 | 8 x cpu | 0.00 / ")
+        and " | yes | " in table[4]
+    )
     assert table[4].endswith(" | whole | " + f"{row['seconds']:.0f} |")

@@ -40,7 +40,15 @@ def test_fsdp_tp_weights_are_split_over_every_device():
 def test_report_has_a_table_per_section_and_names_errors():
     rows = [
         {"kind": "fsdp+tp", "mesh": "data=2,model=4", "devices": 8, "weights": 110, "analytic": 100},
-        {"kind": "tp", "layout": "tp", "mesh": "data=2,model=4", "sent": 216, "minimum": 216, "collectives": {"all-reduce": 21}, "layers": 4},
+        {
+            "kind": "tp",
+            "layout": "tp",
+            "mesh": "data=2,model=4",
+            "sent": 216,
+            "minimum": 216,
+            "collectives": {"all-reduce": 21},
+            "layers": 4,
+        },
         {"kind": "recipe", "task": {"kind": "recipe", "path": "x.toml"}, "error": "boom"},
     ]
     text = "\n".join(scale.format_report(rows, ScaleBenchConfig(sections=("fsdp+tp", "tp"))))
@@ -52,7 +60,15 @@ def test_report_has_a_table_per_section_and_names_errors():
 def test_tasks_run_each_measurement_on_its_device_count():
     config = ScaleBenchConfig(recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml"))
     devices = [(count, task["kind"]) for count, task in scale.tasks(config)]
-    assert devices == [(8, "recipe"), (64, "recipe"), (4, "attention"), (64, "fsdp+tp"), (256, "fsdp+tp"), (8, "tp"), (8, "tp")]
+    assert devices == [
+        (8, "recipe"),
+        (64, "recipe"),
+        (4, "attention"),
+        (64, "fsdp+tp"),
+        (256, "fsdp+tp"),
+        (8, "tp"),
+        (8, "tp"),
+    ]
 
 
 def test_flags():

@@ -18,9 +18,16 @@ from zoo.config.bench_settings import WindowBenchConfig
 
 N, T, W, BLOCK, HEADS, KV_HEADS, HEAD_DIM = 8, 512, 40, 16, 8, 2, 8
 TINY = {
-    "sliding_window": W, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "dtype": "float32",
-    "block_size": BLOCK, "blockwise_length": 256, "context_length": T, "devices": N,
-}  # fmt: skip
+    "sliding_window": W,
+    "heads": HEADS,
+    "kv_heads": KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "dtype": "float32",
+    "block_size": BLOCK,
+    "blockwise_length": 256,
+    "context_length": T,
+    "devices": N,
+}
 KV_BYTES = (T // N) * KV_HEADS * HEAD_DIM * 4  # one shard's K (or V, or dK, or dV) in float32
 
 
@@ -44,9 +51,13 @@ def test_blockwise_tiles_are_the_closed_form_counted_through_the_kernel(tiny):
     full, windowed = result["blockwise"]
     assert (full.window, windowed.window, full.tile) == (None, W, BLOCK)
     assert full.planned == full.counted == full.touched == 16 * 17 // 2 == 136
-    assert windowed.planned == windowed.counted == windowed.touched == _closed_form_tiles(16, (W - 2) // BLOCK + 1) == 58
+    assert (
+        windowed.planned == windowed.counted == windowed.touched == _closed_form_tiles(16, (W - 2) // BLOCK + 1) == 58
+    )
     assert windowed.pairs == W * 256 - W * (W - 1) // 2 and full.pairs == 256 * 257 // 2
-    assert windowed.temp > 0 and full.argument == windowed.argument == 4 * 256 * (2 * HEADS + 2 * KV_HEADS) * HEAD_DIM  # q, k, v, d_out
+    assert (
+        windowed.temp > 0 and full.argument == windowed.argument == 4 * 256 * (2 * HEADS + 2 * KV_HEADS) * HEAD_DIM
+    )  # q, k, v, d_out
     assert result["goals"][0].status == "PASS" and "58 vs 58: 1.000 x" in result["goals"][0].detail
 
 
@@ -57,14 +68,19 @@ def test_ring_sends_hops_times_one_hop_and_less_with_the_window(tiny):
     for balance in (None, "zigzag"):
         full, windowed = rows[(balance, None)], rows[(balance, W)]
         assert full.hops == N - 1
-        assert windowed.steps == kernels.ring_steps(T, num_shards=N, block_size=BLOCK, balance=balance, sliding_window=W)
+        assert windowed.steps == kernels.ring_steps(
+            T, num_shards=N, block_size=BLOCK, balance=balance, sliding_window=W
+        )
         assert set(full.forward) == set(full.step) == {"collective-permute"} and full.exact and windowed.exact
         # forward: K and V once per hop; full causal forward + backward: K, V, dK, dV per hop, dK, dV home
         for row in (full, windowed):
             assert row.forward["collective-permute"] == (2 * row.hops, 2 * row.hops * KV_BYTES)
         assert full.step["collective-permute"] == (6 * (N - 1) + 2, (6 * (N - 1) + 2) * KV_BYTES)
         assert windowed.sent("step") <= (6 * windowed.hops + 2) * KV_BYTES < full.sent("step")
-        assert bench.hop_bytes(full, windowed.hops) == (2 * windowed.hops * KV_BYTES, (6 * windowed.hops + 2) * KV_BYTES)
+        assert bench.hop_bytes(full, windowed.hops) == (
+            2 * windowed.hops * KV_BYTES,
+            (6 * windowed.hops + 2) * KV_BYTES,
+        )
         # the ring's per-device tiles are the kernel's replay of its schedule
         work = kernels.causal_block_work(T, num_shards=N, block_size=BLOCK, balance=balance, sliding_window=W)
         assert windowed.tiles == tuple(work) and max(windowed.tiles) < max(full.tiles)
@@ -84,7 +100,9 @@ def test_report_lists_every_row(tiny):
 
 
 def test_gather_and_ulysses_send_the_same_with_a_window():
-    config = WindowBenchConfig(**TINY, sections=("context",), context_attentions=("gather", "ulysses"), balances=("zigzag",))
+    config = WindowBenchConfig(
+        **TINY, sections=("context",), context_attentions=("gather", "ulysses"), balances=("zigzag",)
+    )
     result = run(config, [])
     rows = {(r.kernel, r.window): r for r in result["context"]}
     assert result["goals"] == []
@@ -94,7 +112,10 @@ def test_gather_and_ulysses_send_the_same_with_a_window():
         assert max(windowed.tiles) < max(full.tiles)
     # all-gather: K and V of the other N - 1 shards, whatever the window; dK, dV reduce-scattered back
     gathered = rows[("gather", W)].step
-    assert gathered["all-gather"] == (2, 2 * (N - 1) * KV_BYTES) and gathered["reduce-scatter"] == (2, 2 * (N - 1) * KV_BYTES)
+    assert gathered["all-gather"] == (2, 2 * (N - 1) * KV_BYTES) and gathered["reduce-scatter"] == (
+        2,
+        2 * (N - 1) * KV_BYTES,
+    )
     # Ulysses: H / N = 1 head per device over all T tokens, each tile one head
     ulysses = rows[("ulysses", W)]
     assert ulysses.tile_heads == 1 and ulysses.tiles == (_ulysses_tiles(),) * N
@@ -102,16 +123,28 @@ def test_gather_and_ulysses_send_the_same_with_a_window():
 
 def _ulysses_tiles():
     positions = kernels.permutation(T, num_shards=N, balance="zigzag")
-    plan = kernels.blockwise_tiles(T, block_size=BLOCK, causal=True, sliding_window=W, q_positions=positions, k_positions=positions)
+    plan = kernels.blockwise_tiles(
+        T, block_size=BLOCK, causal=True, sliding_window=W, q_positions=positions, k_positions=positions
+    )
     return int(plan.sum())
 
 
 def test_goal_misses_when_a_windowed_hop_sends_more():
     config = WindowBenchConfig(**TINY, balances=(None,))
-    full = bench.ContextRow("ring", None, None, tuple(range(N)), {"collective-permute": (14, 14.0)},
-                            {"collective-permute": (44, 44.0)}, 1, (1,), HEADS)  # fmt: skip
-    windowed = dataclasses.replace(full, window=W, steps=(0, 1), forward={"collective-permute": (2, 2.0)},
-                                   step={"collective-permute": (8, 8.0)})  # fmt: skip
+    full = bench.ContextRow(
+        "ring",
+        None,
+        None,
+        tuple(range(N)),
+        {"collective-permute": (14, 14.0)},
+        {"collective-permute": (44, 44.0)},
+        1,
+        (1,),
+        HEADS,
+    )
+    windowed = dataclasses.replace(
+        full, window=W, steps=(0, 1), forward={"collective-permute": (2, 2.0)}, step={"collective-permute": (8, 8.0)}
+    )
     assert [g.status for g in bench.evaluate_goals(config, [], [full, windowed])] == ["PASS"]
     windowed.forward = {"collective-permute": (2, 3.0)}  # a hop sending more than a full-causal one
     assert [g.status for g in bench.evaluate_goals(config, [], [full, windowed])] == ["MISS"]
@@ -139,10 +172,27 @@ def _parse(argv):
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
     assert bench_cli.settings_from_args("window", _parse([])) == WindowBenchConfig()
-    args = _parse(["--balances", "None,zigzag,striped", "--context-attentions", "ring", "--sections", "context", "--sliding-window", "8"])
+    args = _parse(
+        [
+            "--balances",
+            "None,zigzag,striped",
+            "--context-attentions",
+            "ring",
+            "--sections",
+            "context",
+            "--sliding-window",
+            "8",
+        ]
+    )
     config = bench_cli.settings_from_args("window", args)
     assert (config.balances, config.context_attentions, config.sections, config.sliding_window) == (
-        (None, "zigzag", "striped"), ("ring",), ("context",), 8)
-    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {f.name for f in dataclasses.fields(WindowBenchConfig)}
+        (None, "zigzag", "striped"),
+        ("ring",),
+        ("context",),
+        8,
+    )
+    assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {
+        f.name for f in dataclasses.fields(WindowBenchConfig)
+    }
     with pytest.raises(SystemExit):
         _parse(["--balances", "spiral"])

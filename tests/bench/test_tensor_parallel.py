@@ -15,7 +15,21 @@ from tests.plotting._png import png_size
 from zoo.bench.tensor_parallel import minimum_sent_bytes, run_benchmark
 from zoo.config.bench_settings import TPBenchConfig
 
-TINY = ["--batch-size", "4", "--sequence-length", "16", "--dim", "8", "--hidden", "32", "--steps", "1", "--repeats", "1", "--fast-compile"]
+TINY = [
+    "--batch-size",
+    "4",
+    "--sequence-length",
+    "16",
+    "--dim",
+    "8",
+    "--hidden",
+    "32",
+    "--steps",
+    "1",
+    "--repeats",
+    "1",
+    "--fast-compile",
+]
 
 
 def _parse(argv):
@@ -34,16 +48,28 @@ def test_tiny_benchmark_table(tmp_path, capsys):
     assert args.func(args) == 0
     assert png_size(chart) == (700, 420)  # bytes per implementation, one group per variant
     table = output.read_text()
-    rows = [line.split(" | ") for line in table.splitlines() if line.startswith(("| gated MLP |", "| MLP, sequence-parallel |"))]
+    rows = [
+        line.split(" | ")
+        for line in table.splitlines()
+        if line.startswith(("| gated MLP |", "| MLP, sequence-parallel |"))
+    ]
     got = {(r[0].strip("| "), r[1]): r for r in rows}
     assert list(got) == [
-        ("gated MLP", "explicit"), ("gated MLP", "GSPMD"), ("gated MLP", "minimum (Megatron)"),
-        ("MLP, sequence-parallel", "explicit"), ("MLP, sequence-parallel", "explicit, collective matmul"),
-        ("MLP, sequence-parallel", "GSPMD"), ("MLP, sequence-parallel", "minimum (Megatron)"),
-    ]  # fmt: skip
+        ("gated MLP", "explicit"),
+        ("gated MLP", "GSPMD"),
+        ("gated MLP", "minimum (Megatron)"),
+        ("MLP, sequence-parallel", "explicit"),
+        ("MLP, sequence-parallel", "explicit, collective matmul"),
+        ("MLP, sequence-parallel", "GSPMD"),
+        ("MLP, sequence-parallel", "minimum (Megatron)"),
+    ]
     # B/dp T D x 4 bytes = 2 x 16 x 8 x 4 = 1 KiB; two all-reduces over 4 devices: 2 x 2 x 3/4 KiB
     assert minimum_sent_bytes(TPBenchConfig(batch_size=4, sequence_length=16, dim=8, hidden=32)) == 3072
-    for key in [("gated MLP", "explicit"), ("MLP, sequence-parallel", "explicit"), ("MLP, sequence-parallel", "explicit, collective matmul")]:
+    for key in [
+        ("gated MLP", "explicit"),
+        ("MLP, sequence-parallel", "explicit"),
+        ("MLP, sequence-parallel", "explicit, collective matmul"),
+    ]:
         assert got[key][3] == "3.0" and got[key][4] == "1.00", got[key]  # explicit TP equals the minimum
     assert got[("gated MLP", "explicit")][2] == "2 all-reduce"
     assert got[("MLP, sequence-parallel", "explicit")][2] == "2 all-gather + 2 reduce-scatter"

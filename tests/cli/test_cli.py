@@ -16,7 +16,10 @@ SMALL_TRAIN = ["--image-size", "16", "--epochs", "2", "--train-examples", "256",
 
 def test_train_end_to_end_in_process(tmp_path, capsys):
     output = tmp_path / "model" / "cnn.keras"
-    assert main(["train", "cnn", "--layout", "model", "--mesh", "data=2,model=4", *SMALL_TRAIN, "--output", str(output)]) == 0
+    assert (
+        main(["train", "cnn", "--layout", "model", "--mesh", "data=2,model=4", *SMALL_TRAIN, "--output", str(output)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "Using 8 simulated CPU devices from XLA_FLAGS."
     assert "distribution: CheckedModelParallel on mesh data=2,model=4" in out
@@ -44,25 +47,52 @@ def test_train_gpt_with_remat_in_process(tmp_path, capsys):
     attention runs in one shard_map (gpt_tiny's 2 KV heads replicated over model=4); the
     job names the attention implementation it runs."""
     output = tmp_path / "gpt.keras"
-    tiny = ["--config-name", "gpt_tiny", "--epochs", "1", "--steps-per-epoch", "1", "--sequence-length", "16", "--batch-size", "64"]
+    tiny = [
+        "--config-name",
+        "gpt_tiny",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "1",
+        "--sequence-length",
+        "16",
+        "--batch-size",
+        "64",
+    ]
     assert main(["train", "gpt", "--layout", "tp", "--remat", "--dropout", "0.1", *tiny, "--output", str(output)]) == 0
     out = capsys.readouterr().out
     assert "model: gpt_tiny, 34,976 parameters, remat full" in out and "epoch 1: validation loss" in out
     assert "attention: one shard_map over 'model' (M=4: 1 of 4 heads per device), then blockwise (tile 16)" in out
     assert keras.saving.load_model(output, safe_mode=True).backbone.remat == "full"
-    assert (tmp_path / "gpt.run" / "metrics.csv").is_file() and not (tmp_path / "metrics.csv").exists()  # its own run folder
+    assert (tmp_path / "gpt.run" / "metrics.csv").is_file() and not (
+        tmp_path / "metrics.csv"
+    ).exists()  # its own run folder
 
 
 def test_remat_flag_values():
     parser = build_parser()
     gpt = ["train", "gpt"]
-    assert [parser.parse_args(gpt + flags).remat for flags in ([], ["--remat"], ["--remat", "dots_saveable"], ["--remat", "none"])] == [
-        "none", "full", "dots_saveable", "none"
-    ]
+    assert [
+        parser.parse_args(gpt + flags).remat
+        for flags in ([], ["--remat"], ["--remat", "dots_saveable"], ["--remat", "none"])
+    ] == ["none", "full", "dots_saveable", "none"]
 
 
 def test_verify_passes_and_fails_by_tolerance(capsys):
-    args = ["verify", "cnn", "--layout", "data", "--mesh", "data=8", "--image-size", "16", "--batch-size", "16", "--steps", "2"]
+    args = [
+        "verify",
+        "cnn",
+        "--layout",
+        "data",
+        "--mesh",
+        "data=8",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "16",
+        "--steps",
+        "2",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "per-step loss, distributed:" in out
@@ -73,10 +103,16 @@ def test_verify_passes_and_fails_by_tolerance(capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["train", "cnn", "--mesh", "data=3,model=4"], "mesh data=3,model=4 has 12 devices (product of axis sizes) but 8 devices are available"),
+        (
+            ["train", "cnn", "--mesh", "data=3,model=4"],
+            "mesh data=3,model=4 has 12 devices (product of axis sizes) but 8 devices are available",
+        ),
         (["train", "cnn", "--layout", "single", "--mesh", "data=8"], "layout 'single' runs on one device"),
         (["train", "cnn", "--layout", "model", "--mesh", "data=8"], "has no ['model']"),
-        (["verify", "cnn", "--layout", "data", "--mesh", "data=8", "--batch-size", "12"], "batch size 12 is not divisible by the data-parallel size 8"),
+        (
+            ["verify", "cnn", "--layout", "data", "--mesh", "data=8", "--batch-size", "12"],
+            "batch size 12 is not divisible by the data-parallel size 8",
+        ),
         (["train", "cnn", "--output", "model.h5"], "model path must end in .keras"),
     ],
 )
@@ -106,7 +142,20 @@ def test_command_line_simulates_8_devices_on_a_cpu_host(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
     env["JAX_PLATFORMS"] = "cpu"
-    command = [sys.executable, "-m", "zoo", "train", "cnn", "--layout", "data", *SMALL_TRAIN, "--epochs", "1", "--output", str(tmp_path / "m.keras")]
+    command = [
+        sys.executable,
+        "-m",
+        "zoo",
+        "train",
+        "cnn",
+        "--layout",
+        "data",
+        *SMALL_TRAIN,
+        "--epochs",
+        "1",
+        "--output",
+        str(tmp_path / "m.keras"),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
@@ -125,8 +174,30 @@ def test_train_gpt_pipeline_flags_reach_the_model(tmp_path, capsys, monkeypatch)
 
     fitted = []
     monkeypatch.setattr(gpt, "checkpointed_fit", lambda model, *args, **kwargs: fitted.append(model))
-    flags = ["--config-name", "gpt_tiny", "--num-layers", "8", "--layout", "pipeline", "--mesh", "data=2,stage=4", "--micro-batches", "8",
-             "--schedule", "circular", "--repeats", "2", "--batch-size", "16", "--sequence-length", "16", "--epochs", "1", "--steps-per-epoch", "1"]  # fmt: skip
+    flags = [
+        "--config-name",
+        "gpt_tiny",
+        "--num-layers",
+        "8",
+        "--layout",
+        "pipeline",
+        "--mesh",
+        "data=2,stage=4",
+        "--micro-batches",
+        "8",
+        "--schedule",
+        "circular",
+        "--repeats",
+        "2",
+        "--batch-size",
+        "16",
+        "--sequence-length",
+        "16",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "1",
+    ]
     assert main(["train", "gpt", *flags, "--output", str(tmp_path / "gpt.keras")]) == 0
     out = capsys.readouterr().out
     backbone = fitted[0].backbone
@@ -134,9 +205,15 @@ def test_train_gpt_pipeline_flags_reach_the_model(tmp_path, capsys, monkeypatch)
     kernel = backbone.pipelined_blocks.stacked["attention/query/kernel"]
     assert kernel.shape == (2, 4, 32, 4, 8) and tuple(kernel.value.sharding.spec) == (None, "stage", None, None, None)
     assert "distribution: CheckedModelParallel on mesh data=2,stage=4" in out
-    assert "pipeline: schedule circular, 4 stages x 2 repeat(s) of 1 block(s), 8 micro-batches of 1 row(s) per data shard; 19 ticks, useful 16/19 = 84%" in out
+    assert (
+        "pipeline: schedule circular, 4 stages x 2 repeat(s) of 1 block(s), 8 micro-batches of 1 row(s) per data shard; 19 ticks, useful 16/19 = 84%"
+        in out
+    )
 
 
 def test_moe_settings_on_a_dense_config_are_refused_naming_them(capsys):
     assert main(["train", "gpt", "--config-name", "gpt_tiny", "--capacity-factor", "1.25", "--epochs", "1"]) == 2
-    assert "--capacity-factor 1.25: settings of a Mixture-of-Experts model, but --config-name gpt_tiny has no experts" in capsys.readouterr().err
+    assert (
+        "--capacity-factor 1.25: settings of a Mixture-of-Experts model, but --config-name gpt_tiny has no experts"
+        in capsys.readouterr().err
+    )

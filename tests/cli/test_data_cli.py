@@ -7,7 +7,16 @@ def test_data_list_shows_every_dataset_and_preparation(tmp_path, capsys):
     assert main(["data", "list", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"data dir: {tmp_path}"
-    for name in ("shapes", "digits", "python_docs", "python_docs_topics", "mnist", "cifar10", "imdb_reviews", "tiny_shakespeare"):
+    for name in (
+        "shapes",
+        "digits",
+        "python_docs",
+        "python_docs_topics",
+        "mnist",
+        "cifar10",
+        "imdb_reviews",
+        "tiny_shakespeare",
+    ):
         assert f"\n{name} " in out
     assert main(["data", "prepare", "digits", "--data-dir", str(tmp_path)]) == 0
     capsys.readouterr()
@@ -31,7 +40,9 @@ def test_data_show_text(capsys):
 
 
 def test_unprepared_public_dataset_says_how_to_prepare(tmp_path, capsys):
-    assert main(["data", "show", "mnist", "--data-dir", str(tmp_path)]) == 1  # a runtime failure: the data are not there
+    assert (
+        main(["data", "show", "mnist", "--data-dir", str(tmp_path)]) == 1
+    )  # a runtime failure: the data are not there
     assert f"zoo data prepare mnist --data-dir {tmp_path}" in capsys.readouterr().err
 
 

@@ -23,8 +23,14 @@ CASES = [
     (["train", "gpt", "--attention", "ulysses"], "--attention was renamed --context-attention"),
     (["train", "encoder", "--seq-len", "64"], "--seq-len was renamed --sequence-length"),
     (["train", "vit", "--distribution", "data"], "--distribution was renamed --layout"),
-    (["verify", "--distribution", "model", "cnn"], "--distribution was renamed --layout"),  # before the positional's own check
-    (["finetune", "small_cnn_shapes", "--strategy", "lora"], "--strategy was renamed --method"),  # finetune's was what trains
+    (
+        ["verify", "--distribution", "model", "cnn"],
+        "--distribution was renamed --layout",
+    ),  # before the positional's own check
+    (
+        ["finetune", "small_cnn_shapes", "--strategy", "lora"],
+        "--strategy was renamed --method",
+    ),  # finetune's was what trains
     (["finetune", "small_cnn_shapes", "--distribution", "data"], "--distribution was renamed --layout"),
     (["comms", "mlp", "--sequence-parallel"], "--sequence-parallel was renamed --megatron-sp"),
     (["comms", "mlp", "--seq-len", "128"], "--seq-len was renamed --sequence-length"),
@@ -84,7 +90,9 @@ def test_every_command_with_the_new_flag_names_it(capsys):
 
 
 def test_new_flags_still_parse():
-    args = cli.build_parser().parse_args(["comms", "mlp", "--megatron-sp", "--sequence-length", "64", "--layout", "model"])
+    args = cli.build_parser().parse_args(
+        ["comms", "mlp", "--megatron-sp", "--sequence-length", "64", "--layout", "model"]
+    )
     assert args.megatron_sp and args.sequence_length == 64 and args.layout == "model"
     args = cli.build_parser().parse_args(["finetune", "small_cnn_shapes", "--method", "lora", "--layout", "data"])
     assert (args.method, args.layout) == ("lora", "data")
@@ -95,7 +103,9 @@ def test_an_old_flag_after_double_dash_is_not_a_flag(capsys):
     assert code == USAGE and "was renamed" not in err
 
 
-@pytest.mark.parametrize("argv", [["plan", "--auto", "gpt_1b", "--batch-size", "32"], ["plan", "gpt_tiny"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "argv", [["plan", "--auto", "gpt_1b", "--batch-size", "32"], ["plan", "gpt_tiny"]], ids=" ".join
+)
 def test_plan_with_a_config_name_for_a_recipe_names_config_name(argv, capsys):
     name = argv[-3] if "--batch-size" in argv else argv[-1]
     code, _, err = _run(argv, capsys)

@@ -41,8 +41,12 @@ def test_every_field_has_help_a_type_and_a_default(settings_class):
         assert meta["help"].strip(), f"{settings_class.__name__}.{field.name} has no help"
         assert meta["kind"] in (int, float, bool, str), field.name
         assert field.default is not dataclasses.MISSING, field.name
-        assert meta["kind"] is str or meta["parse"] is not None or meta["kind"] is bool or meta["choices"], f"{field.name}: a number without a range"
-    assert {f.name for f in dataclasses.fields(settings_class)} == {f.name for f in schema.settings_fields(settings_class)}, "every field is a setting"
+        assert meta["kind"] is str or meta["parse"] is not None or meta["kind"] is bool or meta["choices"], (
+            f"{field.name}: a number without a range"
+        )
+    assert {f.name for f in dataclasses.fields(settings_class)} == {
+        f.name for f in schema.settings_fields(settings_class)
+    }, "every field is a setting"
 
 
 @pytest.mark.parametrize("settings_class", list(JOB_COMMANDS), ids=lambda c: c.__name__)
@@ -56,7 +60,9 @@ def test_the_command_line_is_generated_from_the_settings(settings_class, capsys)
     help_text = _help(argv[:2] if argv[0] != "finetune" else ["finetune"], capsys)
     for field in schema.settings_fields(settings_class):
         if not field.metadata["positional"]:
-            assert schema.flag_name(field) in help_text, f"{schema.flag_name(field)} missing from zoo {' '.join(argv)} --help"
+            assert schema.flag_name(field) in help_text, (
+                f"{schema.flag_name(field)} missing from zoo {' '.join(argv)} --help"
+            )
 
 
 def _help(argv, capsys):
@@ -72,7 +78,12 @@ def test_the_recipe_sections_are_the_settings_fields(job):
     for section, fields in schema.recipe_fields(settings_class).items():
         recipe_keys = {f.name for f in dataclasses.fields(SECTIONS[section])}
         assert set(fields) <= recipe_keys, (section, set(fields) - recipe_keys)
-    every_key = {f.name for name, section in SECTIONS.items() if name not in ("recipe", "target", "multihost") for f in dataclasses.fields(section)}
+    every_key = {
+        f.name
+        for name, section in SECTIONS.items()
+        if name not in ("recipe", "target", "multihost")
+        for f in dataclasses.fields(section)
+    }
     every_field = {f.name for settings_class in JOB_SETTINGS.values() for f in schema.settings_fields(settings_class)}
     assert every_key == every_field
 
@@ -81,14 +92,19 @@ def test_the_recipe_sections_are_the_settings_fields(job):
 def test_a_recipe_with_an_old_key_names_the_new_one(old):
     section, _, key = old.partition(".")
     document = {"recipe": {"job": "pretrain_gpt"}, "target": TARGET, section: {key: 1}}
-    with pytest.raises(RecipeError, match=rf"old.toml: key '{key}' in \[{section}\] was renamed: write .*{RENAMED_KEYS[old].split(' ')[1]}"):
+    with pytest.raises(
+        RecipeError,
+        match=rf"old.toml: key '{key}' in \[{section}\] was renamed: write .*{RENAMED_KEYS[old].split(' ')[1]}",
+    ):
         parse_sections(document, "old.toml")
 
 
 def test_python_and_the_command_line_refuse_a_value_in_the_same_words(capsys):
     with pytest.raises(ValueError, match=r"GPTTrainConfig.batch_size: expected an integer >= 1, got 0"):
         settings.GPTTrainConfig(batch_size=0)
-    with pytest.raises(ValueError, match=r"GPTTrainConfig.layout: 'zero3' is not one of the allowed values \['single', 'data'"):
+    with pytest.raises(
+        ValueError, match=r"GPTTrainConfig.layout: 'zero3' is not one of the allowed values \['single', 'data'"
+    ):
         settings.GPTTrainConfig(layout="zero3")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "gpt", "--batch-size", "0"])
@@ -103,18 +119,34 @@ def test_help_and_usage_errors_answer_without_jax():
     if not script.exists():
         pytest.skip(f"the zoo console script is not installed beside {sys.executable}")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for argv, status in ((["--help"], 0), (["train", "gpt", "--help"], 0), (["train", "gpt", "--mesh", "data=2", "--layout", "nope"], 2)):
-        done = subprocess.run([sys.executable, "-X", "importtime", str(script), *argv], capture_output=True, text=True, env=env, timeout=60)
-        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    for argv, status in (
+        (["--help"], 0),
+        (["train", "gpt", "--help"], 0),
+        (["train", "gpt", "--mesh", "data=2", "--layout", "nope"], 2),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", str(script), *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        imported = {
+            line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+        }
         assert done.returncode == status, done.stderr[-2000:]
-        assert not imported & {"jax", "keras", "numpy", "tensorflow_datasets"}, f"zoo {' '.join(argv)} imported {sorted(imported & {'jax', 'keras', 'numpy'})}"
+        assert not imported & {"jax", "keras", "numpy", "tensorflow_datasets"}, (
+            f"zoo {' '.join(argv)} imported {sorted(imported & {'jax', 'keras', 'numpy'})}"
+        )
 
 
 def test_docs_hold_the_generated_settings_reference():
     from zoo.config.reference import reference_lines
 
     generated = "\n".join(reference_lines())
-    assert generated in (ROOT / "docs" / "recipes.md").read_text(), "docs/recipes.md: paste the output of python -m zoo.config.reference"
+    assert generated in (ROOT / "docs" / "recipes.md").read_text(), (
+        "docs/recipes.md: paste the output of python -m zoo.config.reference"
+    )
 
 
 def test_every_flag_of_every_command_has_help():

@@ -36,7 +36,9 @@ def test_rows_are_the_chat_ids_shifted_with_the_assistant_mask(tmp_path):
         assert examples.token_ids[row, :n].tolist() == ids.tolist()
         assert examples.labels[row, : n - 1].tolist() == ids[1:].tolist()
         assert examples.sample_weight[row, : n - 1].tolist() == mask[1:].tolist()  # a label counts iff it is assistant
-        assert (examples.sample_weight[row, n - 1 :] == 0).all() and (examples.labels[row, n - 1 :] == tokenizer.pad_token_id).all()
+        assert (examples.sample_weight[row, n - 1 :] == 0).all() and (
+            examples.labels[row, n - 1 :] == tokenizer.pad_token_id
+        ).all()
 
 
 def test_cut_conversations_and_ones_without_assistant_tokens_in_reach():
@@ -52,8 +54,12 @@ def test_cut_conversations_and_ones_without_assistant_tokens_in_reach():
 def test_errors_name_the_line(tmp_path):
     bad = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant"}]}
     with pytest.raises(ValueError, match=r"line 2: message 1 needs a string 'content'"):
-        read_messages_jsonl(_write(tmp_path / "a.jsonl", [{"messages": [{"role": "user", "content": "a"},
-                                                                        {"role": "assistant", "content": "b"}]}, bad]))  # fmt: skip
+        read_messages_jsonl(
+            _write(
+                tmp_path / "a.jsonl",
+                [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}, bad],
+            )
+        )
     with pytest.raises(ValueError, match="line 1: no assistant message"):
         read_messages_jsonl(_write(tmp_path / "b.jsonl", [{"messages": [{"role": "user", "content": "a"}]}]))
     prompt_file = _write(tmp_path / "c.jsonl", [{"prompt": "a", "completion": "b"}])

@@ -27,9 +27,7 @@ def _real_ids(dataset):
 
 @pytest.mark.parametrize("num_examples", [1, 7, 8, 9, 100, 128])
 @pytest.mark.parametrize("batch_size,multiple_of", [(16, 8), (24, 4), (5, 1)])
-def test_pad_batches_are_divisible_and_cover_every_example(
-    num_examples, batch_size, multiple_of
-):
+def test_pad_batches_are_divisible_and_cover_every_example(num_examples, batch_size, multiple_of):
     x, y = _ids(num_examples)
     ds = DivisibleBatches(x, y, batch_size=batch_size, multiple_of=multiple_of)
     batches = _batches(ds)

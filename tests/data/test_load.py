@@ -43,7 +43,12 @@ def test_embedded_datasets_load(name, kwargs, x_shape, y_shape):
 
 @pytest.mark.parametrize(
     "name, x_shape, y_shape",
-    [("mnist", (7, 28, 28, 1), (7,)), ("cifar10", (7, 32, 32, 3), (7,)), ("imdb_reviews", (7, 64), (7,)), ("tiny_shakespeare", (None, 64), (None, 64))],
+    [
+        ("mnist", (7, 28, 28, 1), (7,)),
+        ("cifar10", (7, 32, 32, 3), (7,)),
+        ("imdb_reviews", (7, 64), (7,)),
+        ("tiny_shakespeare", (None, 64), (None, 64)),
+    ],
 )
 def test_tfds_datasets_through_the_same_api(name, x_shape, y_shape, tmp_path):
     with tfds.testing.mock_data(num_examples=7):
@@ -69,7 +74,10 @@ def test_offline_unprepared_dataset_fails_fast_with_instructions(tmp_path):
     "call, message",
     [
         (lambda: load("imagenet"), "unknown dataset 'imagenet'; available: shapes, digits, python_docs"),
-        (lambda: load("digits", "dev"), "dataset 'digits' has no split 'dev'; its splits are ['train', 'validation', 'test']"),
+        (
+            lambda: load("digits", "dev"),
+            "dataset 'digits' has no split 'dev'; its splits are ['train', 'validation', 'test']",
+        ),
         (lambda: load("shapes", image_size=48), "shapes is prepared at image sizes [16, 32, 64, 128], got 48"),
         (lambda: load("digits", image_size=20), "digits: image_size must be 8 or a multiple of it, got 20"),
         (lambda: load("digits", "test", num_examples=500), "num_examples must be in [1, 180], got 500"),
@@ -101,7 +109,12 @@ def test_uneven_sizes_never_give_an_indivisible_batch(size):
 
 def _image_model(x, classes):
     return keras.Sequential(
-        [keras.Input(x.shape[1:]), keras.layers.Conv2D(8, 3, name="conv"), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(classes, name="logits")]
+        [
+            keras.Input(x.shape[1:]),
+            keras.layers.Conv2D(8, 3, name="conv"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(classes, name="logits"),
+        ]
     )
 
 
@@ -121,7 +134,11 @@ def test_short_fit_on_8_devices(name):
         model = _image_model(x, len(spec.classes))
     else:
         model = _text_model(x, 256 if not spec.classes else len(spec.classes), per_token=not spec.classes)
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), weighted_metrics=["accuracy"])
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=["accuracy"],
+    )
     batches = DivisibleBatches(x, y, batch_size=48, multiple_of=8)  # uneven sizes: last batch padded
     history = model.fit(batches, epochs=2, shuffle=False, verbose=0)
     assert np.isfinite(history.history["loss"]).all()

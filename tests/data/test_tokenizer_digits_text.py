@@ -3,7 +3,15 @@ import zlib
 import numpy as np
 import pytest
 
-from zoo.data import ByteTokenizer, DIGIT_CLASSES, TOPIC_CLASSES, load_digits, local_batching, process_rows, unigram_entropy
+from zoo.data import (
+    DIGIT_CLASSES,
+    TOPIC_CLASSES,
+    ByteTokenizer,
+    load_digits,
+    local_batching,
+    process_rows,
+    unigram_entropy,
+)
 from zoo.data.digits import read_digits, split_rows
 from zoo.data.png import image_grid, write_png
 from zoo.data.python_docs import load_python_docs_lm, load_python_docs_topics, python_docs_text, python_docs_topics

@@ -21,9 +21,15 @@ import zoo  # noqa: F401  (selects the JAX backend before keras is imported)
 
 # The model: swap the builder and layout-map lines to test another causal LM.
 MODEL = {
-    "vocabulary_size": 32, "num_layers": 1, "num_query_heads": 4, "num_key_value_heads": 4, "head_dim": 4,
-    "hidden_dim": 16, "intermediate_dim": 32, "max_sequence_length": 8,
-}  # fmt: skip
+    "vocabulary_size": 32,
+    "num_layers": 1,
+    "num_query_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 4,
+    "hidden_dim": 16,
+    "intermediate_dim": 32,
+    "max_sequence_length": 8,
+}
 SEQUENCE_LENGTH = 8  # T
 GLOBAL_BATCH = 8  # B: one example per device under data=8
 STEPS = 3
@@ -113,14 +119,18 @@ def train(layout, x, y, batch_size):
 
 def step_losses(running_means):
     """Each step's own loss from Keras' running means (all batches the same size)."""
-    return [(k + 1) * mean - k * previous for k, (mean, previous) in enumerate(zip(running_means, [0.0] + running_means))]
+    return [
+        (k + 1) * mean - k * previous for k, (mean, previous) in enumerate(zip(running_means, [0.0] + running_means))
+    ]
 
 
 def main(argv=None):
     args = _parse(argv)
     from zoo.distribution import multihost
 
-    setup = multihost.initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=args.timeout, bind_address=args.bind)
+    setup = multihost.initialize(
+        args.coordinator, args.num_processes, args.process_id, timeout_s=args.timeout, bind_address=args.bind
+    )
     facts = multihost.check_processes_agree(config=multihost.fingerprint({**MODEL, "tag": args.config_tag}))
     _emit({"event": "joined", "process": setup.process_id, "of": setup.num_processes, "facts": facts})
     if args.mode == "agree":

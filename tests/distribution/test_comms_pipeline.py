@@ -43,7 +43,9 @@ def _loss(params, x, repeats, mesh):
 @pytest.mark.parametrize("micro_batches, repeats", [(4, 1), (4, 2)])
 def test_pipeline_permutes_are_counted_per_tick_forward_and_backward(micro_batches, repeats):
     mesh = Mesh(np.array(jax.devices()).reshape(2, STAGES), ("data", "stage"))
-    params = {"w": jnp.ones((repeats, LAYERS // repeats, C, C), jnp.float32) / C}  # (R, L/R, C, C): L/(S*R) blocks per stage and repeat
+    params = {
+        "w": jnp.ones((repeats, LAYERS // repeats, C, C), jnp.float32) / C
+    }  # (R, L/R, C, C): L/(S*R) blocks per stage and repeat
     x = jnp.ones((micro_batches, B // micro_batches, T, C), jnp.float32)
     loss = functools.partial(_loss, repeats=repeats, mesh=mesh)
     report = comms_report(jax.grad(loss), params, x, mesh=mesh, compiler_options=FAST_COMPILE)
@@ -54,8 +56,15 @@ def test_pipeline_permutes_are_counted_per_tick_forward_and_backward(micro_batch
     assert report.exact
     assert permutes["count"] == 2 * ticks  # forward, and its transpose in the backward loop
     assert permutes["bytes"] == permutes["sent_bytes"] == 2 * ticks * micro_bytes
-    request = PlanRequest("pretrain_gpt", {"config_name": "gpt_tiny", "sequence_length": T, "precision": "float32"}, devices=8, device="cpu")
-    candidate = Candidate("pipeline", f"data=2,stage={STAGES}", "none", B, 1, micro_batches=micro_batches, repeats=repeats)
+    request = PlanRequest(
+        "pretrain_gpt",
+        {"config_name": "gpt_tiny", "sequence_length": T, "precision": "float32"},
+        devices=8,
+        device="cpu",
+    )
+    candidate = Candidate(
+        "pipeline", f"data=2,stage={STAGES}", "none", B, 1, micro_batches=micro_batches, repeats=repeats
+    )
     figures = pipeline_figures(candidate, request)  # gpt_tiny's C is 32, as here
     assert (figures["ticks"], figures["sent"]) == (ticks, permutes["sent_bytes"])
     assert figures["useful"] == repeats * micro_batches / ticks

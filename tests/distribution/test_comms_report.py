@@ -48,7 +48,13 @@ def test_every_kind_and_replica_group_form_is_read():
     ops = {op.name: op for op in parse_collectives(HLO, _mesh())}
     assert list(ops) == ["ar", "ag", "rs", "ar2", "ar3", "ar4", "cp", "ags"]  # -done and non-collectives skipped
     ar = ops["ar"]
-    assert (ar.kind, ar.buffers, ar.elements, ar.bytes, ar.axes) == ("all-reduce", 2, 2 * 16 * 8 + 4, 4 * 256 + 2 * 4, ("model",))
+    assert (ar.kind, ar.buffers, ar.elements, ar.bytes, ar.axes) == (
+        "all-reduce",
+        2,
+        2 * 16 * 8 + 4,
+        4 * 256 + 2 * 4,
+        ("model",),
+    )
     assert ar.sent_bytes == pytest.approx(2 * 3 / 4 * ar.bytes)  # ring all-reduce: 2 (n-1)/n
     assert ops["ag"].replica_groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and ops["ag"].axes == ("model",)
     assert ops["ag"].bytes == 4 * 64 and ops["ag"].sent_bytes == pytest.approx(3 / 4 * 256)
@@ -98,8 +104,12 @@ def test_collectives_in_loops_count_once_per_trip_and_unknown_trips_give_a_lower
     report = CommsReport(parse_collectives(LOOP_HLO), memory, {})
     assert [(op.name, op.executions, op.exact) for op in report.collectives] == [("hop", 7, True), ("last", 1, True)]
     assert (report.count(), report.instructions(), report.sent_bytes(), report.exact) == (8, 2, 8 * 16, True)
-    assert report.per_axis() == [{"axes": None, "kind": "collective-permute", "count": 8, "bytes": 8 * 16, "sent_bytes": 8 * 16.0}]
-    unknown = CommsReport(parse_collectives(LOOP_HLO.replace(', backend_config={"known_trip_count":{"n":"7"}}', "")), memory, {})
+    assert report.per_axis() == [
+        {"axes": None, "kind": "collective-permute", "count": 8, "bytes": 8 * 16, "sent_bytes": 8 * 16.0}
+    ]
+    unknown = CommsReport(
+        parse_collectives(LOOP_HLO.replace(', backend_config={"known_trip_count":{"n":"7"}}', "")), memory, {}
+    )
     assert (unknown.count(), unknown.total_bytes(), unknown.exact) == (2, 2 * 16, False)
     text = "\n".join(unknown.format())
     assert "lower bound: a loop around a collective has no known trip count" in text
@@ -126,13 +136,22 @@ def test_a_collective_in_a_fori_loop_counts_once_per_trip():
     x = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("ring")))
     report = comms_report(f, x, mesh=mesh, compiler_options=FAST_COMPILE)
     [op] = report.collectives
-    assert (op.kind, op.axes, op.bytes, op.executions, report.exact) == ("collective-permute", ("ring",), 8, 8, True), "\n".join(report.format())
+    assert (op.kind, op.axes, op.bytes, op.executions, report.exact) == ("collective-permute", ("ring",), 8, 8, True), (
+        "\n".join(report.format())
+    )
     assert (report.instructions(), report.count(), report.count("collective-permute", "ring")) == (1, 8, 8)
     assert report.sent_bytes() == 8 * op.sent_bytes == 8 * 8 and report.total_bytes() == 64
-    assert report.per_axis() == [{"axes": ("ring",), "kind": "collective-permute", "count": 8, "bytes": 64, "sent_bytes": 64.0}]
+    assert report.per_axis() == [
+        {"axes": ("ring",), "kind": "collective-permute", "count": 8, "bytes": 64, "sent_bytes": 64.0}
+    ]
     text = "\n".join(report.format())
-    assert "| collective-permute | ring | 8 | f32[2] | 8 B | 64 B |" in text and "total over ring: 8 collective(s), 64 B sent per device" in text
-    np.testing.assert_allclose(np.asarray(report.compiled(x)), np.tile([56.0, 64.0], 8))  # sums of the even, odd elements
+    assert (
+        "| collective-permute | ring | 8 | f32[2] | 8 B | 64 B |" in text
+        and "total over ring: 8 collective(s), 64 B sent per device" in text
+    )
+    np.testing.assert_allclose(
+        np.asarray(report.compiled(x)), np.tile([56.0, 64.0], 8)
+    )  # sums of the even, odd elements
 
 
 def test_a_program_with_known_collectives():
@@ -164,7 +183,9 @@ def test_a_program_with_known_collectives():
 
 def _tp_model():
     mesh = make_mesh("data=2,model=4")
-    keras.distribution.set_distribution(CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="data"))
+    keras.distribution.set_distribution(
+        CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="data")
+    )
     model = keras.Sequential([keras.Input((16, 8)), ParallelMLP(32, name="mlp")], name="tp")
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError())
     return model
@@ -179,7 +200,9 @@ def test_train_step_of_a_tensor_parallel_mlp():
     activations = [op for op in report.select(axes="model") if op.elements > 1]  # not the loss scalar
     assert [(op.kind, op.elements) for op in activations] == [("all-reduce", 4 * 16 * 8)], "\n".join(report.format())
     gradients = report.select("all-reduce", "data")
-    assert sum(op.elements for op in gradients) >= sum(int(np.prod(v.value.addressable_shards[0].data.shape)) for v in model.trainable_variables)
+    assert sum(op.elements for op in gradients) >= sum(
+        int(np.prod(v.value.addressable_shards[0].data.shape)) for v in model.trainable_variables
+    )
 
 
 def test_train_step_needs_a_compiled_model():
@@ -200,7 +223,9 @@ def _run(argv, capsys):
 
 def test_zoo_comms_mlp_sequence_parallel(capsys):
     small = ["--batch-size", "4", "--sequence-length", "16", "--dim", "8", "--hidden", "32"]
-    out = _run(["mlp", "--mesh", "data=2,model=4", "--megatron-sp", "--step", "forward", "--fast-compile", *small], capsys)
+    out = _run(
+        ["mlp", "--mesh", "data=2,model=4", "--megatron-sp", "--step", "forward", "--fast-compile", *small], capsys
+    )
     assert "MLP (explicit, sequence-parallel)" in out and "mesh data=2,model=4" in out
     assert "| all-gather | model | 1 | f32[2,16,8] | 1.0 KiB | 768 B | {0,1,2,3},{4,5,6,7} |" in out
     assert "| reduce-scatter | model | 1 | f32[2,4,8] | 1.0 KiB | 768 B |" in out

@@ -50,14 +50,22 @@ def build_model(megatron_sp=False):
     key_mask = keras.ops.not_equal(tokens, 0)  # bool (B, T)
     x = keras.layers.Embedding(VOCAB, WIDTH, name="embed")(tokens)  # (B, T, C)
     x = TransformerBlock(
-        num_heads=HEADS, head_dim=4, hidden_dim=32, causal=True, rotary=True,
-        megatron_sp=megatron_sp, name="block",
+        num_heads=HEADS,
+        head_dim=4,
+        hidden_dim=32,
+        causal=True,
+        rotary=True,
+        megatron_sp=megatron_sp,
+        name="block",
     )(x, key_mask=key_mask)  # (B, T, C)
     return keras.Model(tokens, keras.layers.Dense(VOCAB, name="head")(x))  # (B, T, V)
 
 
 def compile_model(model):
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
 
 
 def train(distribution, initial, fit_data, predict_x=None, build=build_model):
@@ -174,7 +182,9 @@ def test_zigzag_pipeline_trains_predicts_and_evaluates_to_the_natural_order_numb
     tokens, labels = reference["tokens"], reference["labels"]
     np.testing.assert_array_equal(distribution.prepare(tokens), reorder(tokens, num_shards=4, balance="zigzag"))
     batches = _Batches(tokens, labels)
-    model, losses, weights, logits = train(distribution, reference["initial"], distribution.dataset(batches), distribution.prepare(tokens[:BATCH]))
+    model, losses, weights, logits = train(
+        distribution, reference["initial"], distribution.dataset(batches), distribution.prepare(tokens[:BATCH])
+    )
     assert_matches(reference, losses, weights, distribution.restore_outputs(logits))
     evaluated = model.evaluate(*distribution.prepare(tokens[:BATCH], labels[:BATCH]), batch_size=BATCH, verbose=0)
     np.testing.assert_allclose(evaluated, token_cross_entropy(reference["logits"], labels[:BATCH]), rtol=RTOL)
@@ -223,13 +233,20 @@ def test_tensor_parallel_activation_specs_keep_the_sequence_split():
     assert _tensor_parallel.activation_spec(plan, 3, sequence=True) == P("data", ("seq", "model"), None)
     assert _tensor_parallel.activation_spec(plan, 2, features=True) == P("data", "model")  # (B, C): no sequence
     mlp = ParallelMLP(32, megatron_sp=True, name="mlp")
-    with pytest.raises(ValueError, match=r"ParallelMLP 'mlp': sequence length 6 is not divisible by the 'seq' x 'model' mesh axes of size 2 x 2 = 4"):
+    with pytest.raises(
+        ValueError,
+        match=r"ParallelMLP 'mlp': sequence length 6 is not divisible by the 'seq' x 'model' mesh axes of size 2 x 2 = 4",
+    ):
         _tensor_parallel.check_input(mlp, plan, (2, 6, 8), sequence=True)
-    with pytest.raises(ValueError, match=r"ParallelMLP 'mlp': sequence length 5 is not divisible by the 'seq' mesh axis of size 2"):
+    with pytest.raises(
+        ValueError, match=r"ParallelMLP 'mlp': sequence length 5 is not divisible by the 'seq' mesh axis of size 2"
+    ):
         _tensor_parallel.check_input(mlp, plan, (2, 5, 8), sequence=False)
     mesh = make_mesh("data=2,model=4")
     keras.distribution.set_distribution(make_distribution("model", mesh, keras.distribution.LayoutMap(mesh)))
-    assert _tensor_parallel.activation_spec(_tensor_parallel.tensor_parallel_plan("model"), 3, sequence=True) == P("data", "model", None)
+    assert _tensor_parallel.activation_spec(_tensor_parallel.tensor_parallel_plan("model"), 3, sequence=True) == P(
+        "data", "model", None
+    )
 
 
 # --- how attention layers follow the distribution -----------------------------------------
@@ -245,17 +262,37 @@ def _resolve(context_attention, balance, sequence_axis, batch_axis):
 
 def test_attention_layers_take_kernel_axes_and_balance_from_the_distribution():
     resolve = _resolve
-    keras.distribution.set_distribution(ContextParallel("batch=2,context=4", batch_dim_name="batch", sequence_dim_name="context", context_attention="ulysses", balance="striped"))
+    keras.distribution.set_distribution(
+        ContextParallel(
+            "batch=2,context=4",
+            batch_dim_name="batch",
+            sequence_dim_name="context",
+            context_attention="ulysses",
+            balance="striped",
+        )
+    )
     assert resolve(None, None, "seq", "data") == ("ulysses", "striped", "context", "batch")
-    assert resolve("gather", "striped", "context", "batch") == ("gather", "striped", "context", "batch")  # explicit kernel wins
-    with pytest.raises(ValueError, match=r"balance='zigzag' conflicts with the ContextParallel distribution's balance='striped'"):
+    assert resolve("gather", "striped", "context", "batch") == (
+        "gather",
+        "striped",
+        "context",
+        "batch",
+    )  # explicit kernel wins
+    with pytest.raises(
+        ValueError, match=r"balance='zigzag' conflicts with the ContextParallel distribution's balance='striped'"
+    ):
         resolve(None, "zigzag", "seq", "data")
     with pytest.raises(ValueError, match=r"sequence_axis='tokens' conflicts with .* sequence_dim_name='context'"):
         resolve(None, None, "tokens", "data")
     with pytest.raises(ValueError, match=r"batch_axis='rows' conflicts with .* batch_dim_name='batch'"):
         resolve(None, None, "seq", "rows")
     keras.distribution.set_distribution(None)
-    assert resolve("ring", "zigzag", "tokens", "rows") == (None, "zigzag", None, None)  # no mesh: nothing split, plain attention
+    assert resolve("ring", "zigzag", "tokens", "rows") == (
+        None,
+        "zigzag",
+        None,
+        None,
+    )  # no mesh: nothing split, plain attention
 
 
 def test_a_layer_with_a_conflicting_balance_fails_when_traced():
@@ -276,8 +313,13 @@ def test_describe_says_what_each_layer_runs():
         "block/mlp: plain MLP, GSPMD (no 'model' axis to split over)",
     ]
     keras.distribution.set_distribution(ContextParallel("data=2,seq=4", context_attention="ring", balance="zigzag"))
-    assert describe(build_model())[0] == "block/attention: ring attention over seq (4), K/V ppermute x3 per call, zigzag order"
-    assert describe(gather)[0] == "block/attention: gather attention over seq (4), K/V all-gather per call, zigzag order"
+    assert (
+        describe(build_model())[0]
+        == "block/attention: ring attention over seq (4), K/V ppermute x3 per call, zigzag order"
+    )
+    assert (
+        describe(gather)[0] == "block/attention: gather attention over seq (4), K/V all-gather per call, zigzag order"
+    )
     mesh = make_mesh("data=2,model=4")
     keras.distribution.set_distribution(make_distribution("model", mesh, keras.distribution.LayoutMap(mesh)))
     megatron = "one all-gather and one reduce-scatter over the sequence per call"
@@ -297,7 +339,11 @@ def test_describe_says_what_each_layer_runs():
 @pytest.mark.parametrize(
     "options, shape, message",
     [
-        ({}, (8, 30), r"sequence length \(dim 1 of input shape \(8, 30\)\) 30 is not divisible by the 'seq' mesh axis of size 4"),
+        (
+            {},
+            (8, 30),
+            r"sequence length \(dim 1 of input shape \(8, 30\)\) 30 is not divisible by the 'seq' mesh axis of size 4",
+        ),
         ({"balance": "zigzag"}, (8, 36), r"36 is not divisible by 2 x the 'seq' mesh axis of size 4 = 8"),
         ({}, (3, 32), r"batch size 3 is not divisible by the 'data' mesh axis of size 2"),
     ],
@@ -310,9 +356,14 @@ def test_shapes_that_do_not_split_are_rejected_at_data_layout_time(options, shap
 def test_bad_meshes_and_options_are_rejected():
     with pytest.raises(MeshError, match=r"mesh data=8 has axes \['data'\] \(missing \['seq'\]\)"):
         ContextParallel("data=8")
-    with pytest.raises(MeshError, match=r"layout 'context' needs mesh axes \['data', 'seq'\], but the mesh data=2,model=4 has no \['seq'\]"):
+    with pytest.raises(
+        MeshError,
+        match=r"layout 'context' needs mesh axes \['data', 'seq'\], but the mesh data=2,model=4 has no \['seq'\]",
+    ):
         make_distribution("context", "data=2,model=4")
-    with pytest.raises(ValueError, match=r"context_attention must be one of \('gather', 'ring', 'ulysses'\), got 'flash'"):
+    with pytest.raises(
+        ValueError, match=r"context_attention must be one of \('gather', 'ring', 'ulysses'\), got 'flash'"
+    ):
         ContextParallel("data=2,seq=4", context_attention="flash")
     with pytest.raises(ValueError, match=r"balance must be one of"):
         ContextParallel("data=2,seq=4", balance="spiral")
@@ -343,7 +394,10 @@ class _Cnn:
 def test_context_layout_and_the_transformer_layouts():
     context = make_distribution("context", balance="zigzag")
     assert isinstance(context, ContextParallel) and context.balance == "zigzag" and context.context_attention == "ring"
-    assert dict(zip(context.device_mesh.axis_names, context.device_mesh.shape)) == {"data": 2, "seq": len(jax.devices()) // 2}
+    assert dict(zip(context.device_mesh.axis_names, context.device_mesh.shape)) == {
+        "data": 2,
+        "seq": len(jax.devices()) // 2,
+    }
     _Transformer.calls.clear()
     with_tp = distribution_for(_Transformer, "context", "data=2,seq=2,model=2", context_attention="ulysses")
     assert with_tp.context_attention == "ulysses" and "model" in with_tp.device_mesh.axis_names
@@ -359,5 +413,8 @@ def test_context_layout_and_the_transformer_layouts():
         distribution_for(_Cnn, "tp", "data=2,model=4")
     with pytest.raises(ValueError, match="are options of layout 'context' .*, not of 'data'"):
         make_distribution("data", "data=8", balance="zigzag")
-    with pytest.raises(ValueError, match=r"choose one of \['single', 'data', 'model'\] or, .* \['fsdp', 'tp', 'tp\+sp', 'fsdp\+tp', 'context', 'pipeline', 'expert', 'fsdp\+expert', 'expert\+tp'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"choose one of \['single', 'data', 'model'\] or, .* \['fsdp', 'tp', 'tp\+sp', 'fsdp\+tp', 'context', 'pipeline', 'expert', 'fsdp\+expert', 'expert\+tp'\]",
+    ):
         make_distribution("zero")

@@ -1,7 +1,14 @@
 import keras
 import pytest
 
-from zoo.distribution import LayoutError, build_distributed, check_layout_map, distribution_for, make_distribution, make_mesh
+from zoo.distribution import (
+    LayoutError,
+    build_distributed,
+    check_layout_map,
+    distribution_for,
+    make_distribution,
+    make_mesh,
+)
 from zoo.models import SmallCNN
 
 
@@ -13,7 +20,9 @@ def test_rule_matching_no_variable_is_an_error():
     mesh = make_mesh("data=2,model=4")
     layout_map = SmallCNN.get_layout_map(mesh)
     layout_map[r".*block9_conv/kernel"] = (None, None, None, "model")
-    with pytest.raises(LayoutError, match=r"layout rule\(s\) \['\.\*block9_conv/kernel'\] match no variable of model 'small_cnn'"):
+    with pytest.raises(
+        LayoutError, match=r"layout rule\(s\) \['\.\*block9_conv/kernel'\] match no variable of model 'small_cnn'"
+    ):
         build_distributed(_small_cnn(), make_distribution("model", mesh, layout_map))
 
 
@@ -48,7 +57,9 @@ def test_rank_mismatch_is_an_error():
 def test_rule_naming_an_axis_the_mesh_lacks():
     mesh = make_mesh("data=2,model=4")
     layout_map = keras.distribution.LayoutMap(mesh)
-    with pytest.raises(ValueError, match=r"Valid axis names: \{'data', 'model'\}|\{'model', 'data'\}, Got \{'tensor'\}"):
+    with pytest.raises(
+        ValueError, match=r"Valid axis names: \{'data', 'model'\}|\{'model', 'data'\}, Got \{'tensor'\}"
+    ):
         layout_map[r".*logits/kernel"] = ("tensor", None)
     bare = keras.distribution.LayoutMap(None)
     bare[r".*logits/kernel"] = ("tensor", None)

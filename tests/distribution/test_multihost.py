@@ -61,7 +61,12 @@ def test_keras_variables_are_read_and_the_first_job_address_is_the_coordinator()
 
 
 def test_jax_variables_win_over_keras_variables():
-    environ = {"JAX_PROCESS_ID": "0", "KERAS_DISTRIBUTION_PROCESS_ID": "1", "JAX_NUM_PROCESSES": "2", "JAX_COORDINATOR_ADDRESS": "h:1"}
+    environ = {
+        "JAX_PROCESS_ID": "0",
+        "KERAS_DISTRIBUTION_PROCESS_ID": "1",
+        "JAX_NUM_PROCESSES": "2",
+        "JAX_COORDINATOR_ADDRESS": "h:1",
+    }
     assert multihost.resolve_setup(environ=environ, cluster=None).process_id == 0
 
 
@@ -74,17 +79,33 @@ def test_a_cluster_fills_in_what_is_missing():
 @pytest.mark.parametrize(
     "kwargs, environ, message",
     [
-        ({"num_processes": 2, "process_id": 2, "coordinator_address": "h:1"}, {}, "process_id 2 is out of range for 2 processes (valid: 0..1)"),
+        (
+            {"num_processes": 2, "process_id": 2, "coordinator_address": "h:1"},
+            {},
+            "process_id 2 is out of range for 2 processes (valid: 0..1)",
+        ),
         ({"num_processes": 1, "process_id": 3}, {}, "process_id 3 is out of range for 1 processes"),
         ({"num_processes": 2, "process_id": -1}, {}, "process_id must be non-negative, got -1"),
         ({"num_processes": 2, "process_id": 1}, {}, "num_processes=2 but no coordinator address"),
         ({"num_processes": 2, "coordinator_address": "h:1"}, {}, "num_processes=2 but no process_id"),
         ({"coordinator_address": "h:1", "process_id": 0}, {}, "'h:1' / process_id 0 given but no number of processes"),
-        ({"num_processes": 2, "process_id": 0, "coordinator_address": "nohost"}, {}, "'nohost' is not of the form host:port"),
-        ({"num_processes": 2, "process_id": 0, "coordinator_address": "h:99999"}, {}, "'h:99999' is not of the form host:port"),
+        (
+            {"num_processes": 2, "process_id": 0, "coordinator_address": "nohost"},
+            {},
+            "'nohost' is not of the form host:port",
+        ),
+        (
+            {"num_processes": 2, "process_id": 0, "coordinator_address": "h:99999"},
+            {},
+            "'h:99999' is not of the form host:port",
+        ),
         ({"num_processes": "2", "process_id": 0}, {}, "num_processes must be an integer, got '2'"),
         ({}, {"JAX_NUM_PROCESSES": "two"}, "JAX_NUM_PROCESSES='two' is not an integer"),
-        ({}, {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "a:1,b:2,c:3", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2"}, "lists 3 addresses but KERAS_DISTRIBUTION_NUM_PROCESSES=2"),
+        (
+            {},
+            {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "a:1,b:2,c:3", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2"},
+            "lists 3 addresses but KERAS_DISTRIBUTION_NUM_PROCESSES=2",
+        ),
     ],
 )
 def test_inconsistent_settings_are_named(kwargs, environ, message):
@@ -109,7 +130,10 @@ def test_initialize_after_jax_started_names_the_problem():
 def test_waiting_for_a_silent_coordinator_is_bounded_and_names_the_address():
     port = _free_port()
     start = time.monotonic()
-    with pytest.raises(CoordinatorUnreachableError, match=re.escape(f"process 1 of 2 could not reach the JAX coordinator at 127.0.0.1:{port} within 0.5 s")):
+    with pytest.raises(
+        CoordinatorUnreachableError,
+        match=re.escape(f"process 1 of 2 could not reach the JAX coordinator at 127.0.0.1:{port} within 0.5 s"),
+    ):
         multihost.wait_for_coordinator(f"127.0.0.1:{port}", 0.5, 1, 2)
     assert time.monotonic() - start < 5
 
@@ -137,8 +161,14 @@ def test_a_taken_coordinator_port_is_named():
 
 
 def test_mismatches_name_the_process_and_the_values():
-    facts = [{"local_device_count": 4, "config": "a"}, {"local_device_count": 4, "config": "a"}, {"local_device_count": 3, "config": "b"}]
-    assert multihost.describe_mismatches(facts) == ["process 2 disagrees with process 0 on config 'b' (process 0: 'a'); local_device_count 3 (process 0: 4)"]
+    facts = [
+        {"local_device_count": 4, "config": "a"},
+        {"local_device_count": 4, "config": "a"},
+        {"local_device_count": 3, "config": "b"},
+    ]
+    assert multihost.describe_mismatches(facts) == [
+        "process 2 disagrees with process 0 on config 'b' (process 0: 'a'); local_device_count 3 (process 0: 4)"
+    ]
     assert multihost.describe_mismatches(facts[:2]) == []
 
 
@@ -196,7 +226,10 @@ def test_unreachable_coordinator_fails_clearly_within_bounded_time(tmp_path):
         _kill(group)
     assert time.monotonic() - start < 30
     assert result["rc"] != 0
-    assert f"CoordinatorUnreachableError: process 1 of 2 could not reach the JAX coordinator at 127.0.0.1:{port} within 3 s" in result["stderr"], _explain([result])
+    assert (
+        f"CoordinatorUnreachableError: process 1 of 2 could not reach the JAX coordinator at 127.0.0.1:{port} within 3 s"
+        in result["stderr"]
+    ), _explain([result])
 
 
 @pytest.mark.slow
@@ -212,7 +245,10 @@ def test_a_coordinator_whose_peers_never_come_fails_within_bounded_time(tmp_path
         _kill(group)
     assert time.monotonic() - start < 30
     assert result["rc"] != 0
-    assert f"process 0 of 2 has waited 1.9 s for all processes to register with the JAX coordinator at 127.0.0.1:{port}" in result["stderr"], _explain([result])
+    assert (
+        f"process 0 of 2 has waited 1.9 s for all processes to register with the JAX coordinator at 127.0.0.1:{port}"
+        in result["stderr"]
+    ), _explain([result])
 
 
 @pytest.mark.slow
@@ -234,7 +270,9 @@ def test_disagreeing_processes_get_a_clear_error(tmp_path, device_counts, tags, 
         _kill(group)
     for result in results:
         assert result["rc"] != 0, _explain(results)
-        assert "ProcessMismatchError: the processes of this job do not match: " + message in result["stderr"], _explain(results)
+        assert "ProcessMismatchError: the processes of this job do not match: " + message in result["stderr"], _explain(
+            results
+        )
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -259,8 +297,10 @@ def _worker_env(device_count):
         JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
         # the session's XLA flags (fast compiles, collective timeouts) with this worker's device count
-        XLA_FLAGS=" ".join([f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-                           + [f"--xla_force_host_platform_device_count={device_count}"]),
+        XLA_FLAGS=" ".join(
+            [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+            + [f"--xla_force_host_platform_device_count={device_count}"]
+        ),
     )
     return env
 
@@ -271,7 +311,9 @@ def _start(tmp_path, args_per_process, device_counts=(4, 4)):
     for index, (args, count) in enumerate(zip(args_per_process, device_counts)):
         stdout, stderr = tmp_path / f"stdout-{index}.txt", tmp_path / f"stderr-{index}.txt"
         with open(stdout, "w") as out, open(stderr, "w") as err:
-            process = subprocess.Popen([sys.executable, "-m", WORKER, *args], cwd=ROOT, env=_worker_env(count), stdout=out, stderr=err)
+            process = subprocess.Popen(
+                [sys.executable, "-m", WORKER, *args], cwd=ROOT, env=_worker_env(count), stdout=out, stderr=err
+            )
         group.append({"process": process, "stdout_path": stdout, "stderr_path": stderr})
     return group
 
@@ -310,5 +352,7 @@ def _explain(results):
     parts = []
     for index, result in enumerate(results):
         stderr = "\n".join(line for line in result["stderr"].splitlines() if not line.startswith("[Gloo]"))
-        parts.append(f"--- process {index}: exit code {result['rc']}\nstdout:\n{result['stdout'][-2000:]}\nstderr:\n{stderr[-4000:]}")
+        parts.append(
+            f"--- process {index}: exit code {result['rc']}\nstdout:\n{result['stdout'][-2000:]}\nstderr:\n{stderr[-4000:]}"
+        )
     return "\n".join(parts)

@@ -38,7 +38,9 @@ def test_parity_detects_a_model_that_differs():
     def compile_model(model):
         model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
-    report = check_parity(build, compile_model, distribution_for(SmallCNN, "data", "data=8"), x, y, steps=2, batch_size=16)
+    report = check_parity(
+        build, compile_model, distribution_for(SmallCNN, "data", "data=8"), x, y, steps=2, batch_size=16
+    )
     assert not report.passed
     assert not report.differences["gradients"].within_tolerance
     assert keras.distribution.distribution() is None
@@ -47,14 +49,34 @@ def test_parity_detects_a_model_that_differs():
 def test_indivisible_batch_is_refused():
     x, y = np.zeros((40, 16, 16, 3), np.float32), np.zeros(40, np.int32)
     with pytest.raises(ValueError, match="batch size 12 is not divisible by the data-parallel size 8"):
-        check_parity(lambda: SmallCNN(image_size=16), lambda m: None, distribution_for(SmallCNN, "data", "data=8"), x, y, batch_size=12)
+        check_parity(
+            lambda: SmallCNN(image_size=16),
+            lambda m: None,
+            distribution_for(SmallCNN, "data", "data=8"),
+            x,
+            y,
+            batch_size=12,
+        )
 
 
 def test_a_reference_of_other_steps_or_batch_is_refused():
     x, y = np.zeros((48, 16, 16, 3), np.float32), np.zeros(48, np.int32)
     reference = TrainRun(steps=2, batch_size=16, initial=[], loss={}, gradients={}, outputs={}, weights={})
     distribution = distribution_for(SmallCNN, "data", "data=8")
-    with pytest.raises(ValueError, match="the reference ran 2 steps of batch 16; this check asks for 3 steps of batch 16"):
+    with pytest.raises(
+        ValueError, match="the reference ran 2 steps of batch 16; this check asks for 3 steps of batch 16"
+    ):
         check_parity(lambda: SmallCNN(image_size=16), lambda m: None, distribution, x, y, steps=3, reference=reference)
-    with pytest.raises(ValueError, match="the reference ran 2 steps of batch 16; this check asks for 2 steps of batch 8"):
-        check_parity(lambda: SmallCNN(image_size=16), lambda m: None, distribution, x, y, steps=2, batch_size=8, reference=reference)
+    with pytest.raises(
+        ValueError, match="the reference ran 2 steps of batch 16; this check asks for 2 steps of batch 8"
+    ):
+        check_parity(
+            lambda: SmallCNN(image_size=16),
+            lambda m: None,
+            distribution,
+            x,
+            y,
+            steps=2,
+            batch_size=8,
+            reference=reference,
+        )

@@ -28,7 +28,7 @@ def padding_mask(batch, length):
     return jnp.asarray((pos >= starts) & (pos < ends))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inputs(*, heads, kv_heads, batch=2, length=64, head_dim=16, dtype="float32", masked=True):
     """(q, k, v, key_mask, cotangent) from a fixed seed; key_mask None unless masked."""
     keys = jax.random.split(jax.random.key(heads * 10 + kv_heads), 4)
@@ -122,7 +122,7 @@ def outputs_and_grads(attentions, q, k, v, key_mask, cotangent):
     def each(q, k, v, key_mask, cotangent):
         results = []
         for attention in attentions:
-            out, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, key_mask), q, k, v)
+            out, pullback = jax.vjp(lambda q, k, v: attention(q, k, v, key_mask), q, k, v)  # noqa: B023 (used in this iteration)
             results.append((out, *pullback(cotangent.astype(out.dtype))))
         return results
 

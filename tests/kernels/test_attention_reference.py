@@ -54,8 +54,13 @@ def test_positions_make_causality_follow_tokens_not_array_order():
     order = np.random.default_rng(0).permutation(q.shape[1])
     natural = attention(q, k, v, causal=True, key_mask=mask)
     shuffled = attention(
-        q[:, order], k[:, order], v[:, order], causal=True, key_mask=mask[:, order],
-        q_positions=jnp.asarray(order), k_positions=jnp.asarray(order),
+        q[:, order],
+        k[:, order],
+        v[:, order],
+        causal=True,
+        key_mask=mask[:, order],
+        q_positions=jnp.asarray(order),
+        k_positions=jnp.asarray(order),
     )
     np.testing.assert_allclose(shuffled, natural[:, order], rtol=1e-6, atol=1e-6)
 

@@ -47,7 +47,9 @@ def _run(kernel, case, **options):
     positions = _positions(kind, length)
 
     def attention(q, k, v, key_mask):
-        return kernel(q, k, v, causal=causal, key_mask=key_mask, q_positions=positions, k_positions=positions, **options)
+        return kernel(
+            q, k, v, causal=causal, key_mask=key_mask, q_positions=positions, k_positions=positions, **options
+        )
 
     return h.output_and_grads(attention, q, k, v, mask, cotangent)
 
@@ -150,7 +152,9 @@ def test_describe_attention_names_the_kernel():
     distribution = CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="data")
     keras.distribution.set_distribution(distribution)
     try:
-        assert describe_attention(**sizes, context_attention="ring", balance="zigzag") == "ring over 'seq' (N=4, tile 256)"
+        assert (
+            describe_attention(**sizes, context_attention="ring", balance="zigzag") == "ring over 'seq' (N=4, tile 256)"
+        )
         assert describe_attention(**sizes, context_attention="gather", block_size=128) == (
             "all-gather over 'seq' (N=4), then blockwise (tile 128)"
         )

@@ -27,7 +27,9 @@ def test_sequence_not_divisible_by_axis():
 
 
 def test_zigzag_needs_twice_the_axis_size():
-    with pytest.raises(ValueError, match=r"sequence length 1000 is not divisible by 2 x the 'seq' mesh axis of size 8 = 16"):
+    with pytest.raises(
+        ValueError, match=r"sequence length 1000 is not divisible by 2 x the 'seq' mesh axis of size 8 = 16"
+    ):
         check_sequence_divisible(1000, axis_size=8, axis_name="seq", balance="zigzag")
     check_sequence_divisible(1000, axis_size=8, balance="striped")
 
@@ -70,7 +72,9 @@ def test_check_sequence_parallel_on_global_shapes(context_attention, kwargs, mes
 
 def test_valid_sizes_pass():
     for context_attention in ("gather", "ring", "ulysses"):
-        check_sequence_parallel(context_attention, seq_len=1024, num_heads=8, num_kv_heads=1, axis_size=8, balance="zigzag")
+        check_sequence_parallel(
+            context_attention, seq_len=1024, num_heads=8, num_kv_heads=1, axis_size=8, balance="zigzag"
+        )
 
 
 def _trace_sharded(kernel, *, length, heads, kv_heads, n=8, **options):
@@ -83,7 +87,9 @@ def _trace_sharded(kernel, *, length, heads, kv_heads, n=8, **options):
 
 
 def test_inside_shard_map_zigzag_odd_shards_are_refused():
-    with pytest.raises(ValueError, match="sequence length 72 is not divisible by 2 x the 'seq' mesh axis of size 8 = 16"):
+    with pytest.raises(
+        ValueError, match="sequence length 72 is not divisible by 2 x the 'seq' mesh axis of size 8 = 16"
+    ):
         _trace_sharded(ring_attention, length=72, heads=2, kv_heads=2, causal=True, balance="zigzag")
     with pytest.raises(ValueError, match="sequence length 72 is not divisible by 2 x"):
         _trace_sharded(gather_kv_attention, length=72, heads=2, kv_heads=2, balance="zigzag")
@@ -95,5 +101,7 @@ def test_inside_shard_map_ulysses_heads_are_checked():
 
 
 def test_reorder_refuses_lengths_it_cannot_split():
-    with pytest.raises(ValueError, match="sequence length 24 is not divisible by 2 x the 'seq' mesh axis of size 8 = 16"):
+    with pytest.raises(
+        ValueError, match="sequence length 24 is not divisible by 2 x the 'seq' mesh axis of size 8 = 16"
+    ):
         reorder(jnp.zeros((1, 24)), num_shards=8, balance="zigzag")

@@ -58,11 +58,11 @@ def test_kernel_computes_exactly_the_counted_tiles(balance):
     """The count comes from ring attention's own lax.cond, per device, vs the numpy replay."""
     n, length, block = 4, 64, 4
     q, k, v, mask, _ = h.inputs(heads=2, kv_heads=2, length=length, masked=False)
-    count = functools.partial(
-        ring_attention_tiles, axis_name=h.AXIS, causal=True, block_size=block, balance=balance
-    )
+    count = functools.partial(ring_attention_tiles, axis_name=h.AXIS, causal=True, block_size=block, balance=balance)
     per_device = jax.P(h.AXIS)
-    f = jax.shard_map(lambda q, k, v: count(q, k, v)[None], mesh=h.mesh_of(n), in_specs=(h.SEQ,) * 3, out_specs=per_device)
+    f = jax.shard_map(
+        lambda q, k, v: count(q, k, v)[None], mesh=h.mesh_of(n), in_specs=(h.SEQ,) * 3, out_specs=per_device
+    )
     counted = np.asarray(jax.jit(f)(q, k, v))
     expected = causal_block_work(length, num_shards=n, block_size=block, balance=balance)
     np.testing.assert_array_equal(counted, expected)

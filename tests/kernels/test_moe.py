@@ -18,7 +18,7 @@ E, C, F, N = 4, 8, 12, 16  # experts, width, expert width, tokens (split over th
 AXIS = "expert"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def experts():
     keys = jax.random.split(jax.random.key(0), 3)
     gate, up = (jax.random.normal(key, (E, C, F)) * 0.4 for key in keys[:2])
@@ -109,7 +109,10 @@ def test_capacity_and_minimum_bytes():
     assert moe.capacity(8, num_experts_per_token=2, axis_size=4, experts_per_device=2, capacity_factor=None) == 16
     assert moe.capacity(8, num_experts_per_token=2, axis_size=4, experts_per_device=2, capacity_factor=1.0) == 4
     assert moe.capacity(8, num_experts_per_token=2, axis_size=4, experts_per_device=2, capacity_factor=1.25) == 5
-    assert moe.minimum_exchange_bytes(8, num_experts_per_token=2, width=4, itemsize=4, axis_size=4) == 8 * 2 * 4 * 4 * 3 / 4
+    assert (
+        moe.minimum_exchange_bytes(8, num_experts_per_token=2, width=4, itemsize=4, axis_size=4)
+        == 8 * 2 * 4 * 4 * 3 / 4
+    )
     with pytest.raises(ValueError, match="num_experts 6 is not divisible by the 'expert' mesh axis of size 4"):
         moe.check_experts(6, axis_size=4)
 
@@ -118,7 +121,9 @@ def test_routing_and_router_losses():
     logits = jnp.array([[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 3.0, 0.0]])
     weights, ids, probabilities = moe.route(logits, num_experts_per_token=2, normalize=False)
     np.testing.assert_array_equal(ids, [[0, 1], [2, 0]])
-    np.testing.assert_allclose(weights, np.take_along_axis(np.asarray(jax.nn.softmax(logits)), np.asarray(ids), 1), rtol=1e-6)
+    np.testing.assert_allclose(
+        weights, np.take_along_axis(np.asarray(jax.nn.softmax(logits)), np.asarray(ids), 1), rtol=1e-6
+    )
     normalized, _, _ = moe.route(logits, num_experts_per_token=2, normalize=True)
     np.testing.assert_allclose(normalized.sum(-1), [1.0, 1.0], rtol=1e-6)
     # a uniform router spreading the assignments evenly: the loss is k
@@ -139,9 +144,15 @@ def test_ragged_exchange_equals_dense(n, k, unbalanced):
 
     def body(x, weights, ids, weights_of_experts):
         y, _ = moe.ragged_expert_parallel_moe(
-            x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=n, num_experts=E,
+            x,
+            weights,
+            ids,
+            **weights_of_experts,
+            axis_name=AXIS,
+            axis_size=n,
+            num_experts=E,
             ragged_all_to_all=moe.emulated_ragged_all_to_all,
-        )  # fmt: skip
+        )
         return y
 
     spec = P(AXIS)
@@ -156,10 +167,14 @@ def test_the_ragged_exchange_lowers_to_the_collective():
     x, weights, ids = routing(2, False)
 
     def body(x, weights, ids, weights_of_experts):
-        return moe.ragged_expert_parallel_moe(x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E)[0]
+        return moe.ragged_expert_parallel_moe(
+            x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E
+        )[0]
 
     spec = P(AXIS)
-    lowered = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)).lower(x, weights, ids, experts())
+    lowered = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)).lower(
+        x, weights, ids, experts()
+    )
     assert lowered.as_text().count("ragged_all_to_all") == 2  # dispatch and combine
 
 
@@ -169,7 +184,9 @@ def test_replicated_tokens_equal_dense():
     mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
 
     def body(x, weights, ids, weights_of_experts):
-        return moe.replicated_expert_parallel_moe(x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E)
+        return moe.replicated_expert_parallel_moe(
+            x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E
+        )
 
     kernel = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS)), out_specs=P()))
     check_against_dense(kernel, k=2, unbalanced=False)

@@ -48,7 +48,9 @@ def pipelined(weights, x, offsets, *, stages, repeats):
         y, useful = pipeline(stage_fn, stacked, x, offsets, axis_name=AXIS, repeats=repeats)
         return y, useful[None]
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, AXIS), P(), P()), out_specs=(P(), P(AXIS)))(stacked, x, offsets)
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, AXIS), P(), P()), out_specs=(P(), P(AXIS)))(
+        stacked, x, offsets
+    )
 
 
 @pytest.mark.parametrize(
@@ -77,14 +79,18 @@ def test_outputs_gradients_and_useful_ticks_match(stages, micro_batches, repeats
     ticks = num_ticks(num_stages=stages, micro_batches=micro_batches, repeats=repeats)
     assert ticks == repeats * micro_batches + stages - 1
     assert useful.tolist() == [repeats * micro_batches] * stages
-    assert useful.sum() / (stages * ticks) == pytest.approx(repeats * micro_batches / (repeats * micro_batches + stages - 1))
+    assert useful.sum() / (stages * ticks) == pytest.approx(
+        repeats * micro_batches / (repeats * micro_batches + stages - 1)
+    )
 
 
 def test_one_stage_is_the_sequential_loop():
     """axis_name None: the loop on one device (the layer's single-device path), no bubble."""
     weights = jax.random.normal(jax.random.key(0), (2, WIDTH, WIDTH)) / np.sqrt(WIDTH)
     x, offsets = jax.random.normal(jax.random.key(1), (3, ROWS, WIDTH)), jnp.zeros((3, 1, 1))
-    y, useful = jax.jit(lambda w, x: pipeline(stage_fn, w, x, offsets, repeats=2))(weights.reshape(2, 1, WIDTH, WIDTH), x)
+    y, useful = jax.jit(lambda w, x: pipeline(stage_fn, w, x, offsets, repeats=2))(
+        weights.reshape(2, 1, WIDTH, WIDTH), x
+    )
     np.testing.assert_allclose(y, reference(weights, x, offsets), rtol=1e-6, atol=1e-6)
     assert int(useful) == num_ticks(num_stages=1, micro_batches=3, repeats=2) == 6
 

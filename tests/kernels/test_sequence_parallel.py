@@ -34,7 +34,7 @@ CASES = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_results(causal, heads, kv_heads, masked, dtype="float32"):
     q, k, v, mask, cotangent = h.inputs(heads=heads, kv_heads=kv_heads, masked=masked, dtype=dtype)
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
@@ -53,9 +53,7 @@ PAIRS += [(s, c) for s in ("ring-striped", "ring-zigzag") for c in CASES if c[1]
 PAIRS += [("gather-striped", CASES[2]), ("ulysses-zigzag", CASES[0])]
 
 
-@pytest.mark.parametrize(
-    "strategy, case", PAIRS, ids=[f"{s}-{_case_id(c)}" for s, c in PAIRS]
-)
+@pytest.mark.parametrize("strategy, case", PAIRS, ids=[f"{s}-{_case_id(c)}" for s, c in PAIRS])
 def test_matches_reference(strategy, case):
     n, causal, heads, kv_heads, masked = case
     kernel, options, balance = STRATEGIES[strategy]

@@ -47,7 +47,7 @@ def _inputs():
     return h.inputs(heads=HEADS, kv_heads=KV_HEADS, length=T, head_dim=HEAD_DIM)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _references():
     """{window name: (out, dq, dk, dv)} of the masked reference, all windows in one program."""
     attentions = [h.reference(causal=True, sliding_window=window) for window in WINDOWS.values()]
@@ -145,11 +145,17 @@ def test_kernel_tile_loops_run_the_plan():
 
     def counts(n, balance):
         count = functools.partial(
-            ring_attention_tiles, axis_name=h.AXIS, causal=True, block_size=block, balance=balance,
+            ring_attention_tiles,
+            axis_name=h.AXIS,
+            causal=True,
+            block_size=block,
+            balance=balance,
             sliding_window=window,
         )
         per_device = jax.P(h.AXIS)
-        f = jax.shard_map(lambda q, k, v: count(q, k, v)[None], mesh=h.mesh_of(n), in_specs=(h.SEQ,) * 3, out_specs=per_device)
+        f = jax.shard_map(
+            lambda q, k, v: count(q, k, v)[None], mesh=h.mesh_of(n), in_specs=(h.SEQ,) * 3, out_specs=per_device
+        )
         return np.asarray(jax.jit(f, compiler_options=h.FAST_COMPILE)(q, k, v))
 
     assert counts(1, None).tolist() == [blockwise_tiles(T, block_size=block, causal=True, sliding_window=window).sum()]

@@ -47,11 +47,20 @@ def test_every_kernel_matches_the_reference_with_gradients():
     q, k, v, mask, cotangent = _inputs()
     reference = lambda q, k, v, key_mask: attention_reference(q, k, v, key_mask=key_mask, **OPTIONS)  # noqa: E731
     blockwise = lambda q, k, v, key_mask: blockwise_attention(q, k, v, key_mask=key_mask, block_size=8, **OPTIONS)  # noqa: E731
-    plain = [reference, blockwise, *(h.sharded(kernel, n=2, block_size=8, **OPTIONS) for kernel in (ring_attention, gather_kv_attention, ulysses_attention))]
+    plain = [
+        reference,
+        blockwise,
+        *(
+            h.sharded(kernel, n=2, block_size=8, **OPTIONS)
+            for kernel in (ring_attention, gather_kv_attention, ulysses_attention)
+        ),
+    ]
     results = h.outputs_and_grads(plain, q, k, v, mask, cotangent)
     for got in results[1:]:
         h.assert_close(got, results[0], rtol=1e-4, atol=1e-5)
-    (zigzag,) = h.outputs_and_grads([h.sharded(ring_attention, n=2, balance="zigzag", block_size=4, **OPTIONS)], q, k, v, mask, cotangent)
+    (zigzag,) = h.outputs_and_grads(
+        [h.sharded(ring_attention, n=2, balance="zigzag", block_size=4, **OPTIONS)], q, k, v, mask, cotangent
+    )
     h.assert_close(zigzag, results[0], rtol=1e-4, atol=1e-5)
 
 

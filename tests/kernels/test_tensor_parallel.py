@@ -105,14 +105,25 @@ def test_dense_kernels_match_one_device(case, mesh_name):
 
 MLP_MODES = {"tp": (False, False), "sp": (True, False), "collective": (True, True)}
 # Each mode, plain and gated, each mesh: a covering selection (the layer tests add more).
-MLP_CASES = [("tp", True, "data2-model4"), ("tp", False, "data1-model8"), ("sp", True, "data1-model8"), ("sp", False, "data2-model4"), ("collective", True, "data2-model4")]
+MLP_CASES = [
+    ("tp", True, "data2-model4"),
+    ("tp", False, "data1-model8"),
+    ("sp", True, "data1-model8"),
+    ("sp", False, "data2-model4"),
+    ("collective", True, "data2-model4"),
+]
 
 
 @pytest.mark.parametrize("mode, gated, mesh_name", MLP_CASES)
 def test_mlp_matches_one_device(mode, gated, mesh_name):
     sequence_parallel, collective = MLP_MODES[mode]
     x, cotangent = _normal(5, (B, T, D)), _normal(6, (B, T, D))
-    weights = {"up_kernel": _normal(7, (D, F), 0.3), "down_kernel": _normal(8, (F, D), 0.2), "up_bias": _normal(9, (F,)), "down_bias": _normal(10, (D,))}
+    weights = {
+        "up_kernel": _normal(7, (D, F), 0.3),
+        "down_kernel": _normal(8, (F, D), 0.2),
+        "up_bias": _normal(9, (F,)),
+        "down_bias": _normal(10, (D,)),
+    }
     specs = {"up_kernel": COL, "down_kernel": ROW, "up_bias": P("model"), "down_bias": P()}
     if gated:
         weights.update(gate_kernel=_normal(11, (D, F), 0.3), gate_bias=_normal(12, (F,)))
@@ -163,14 +174,18 @@ def test_an_axis_of_one_device_emits_no_collective():
         f = jax.jit(sharded(body, "data4-model1", (x_spec, w_spec, b_spec), out_spec))
         hlo = f.lower(*args).compile(FAST_COMPILE).as_text()
         assert parse_collectives(hlo) == [], (name, [op.kind for op in parse_collectives(hlo)])
-        np.testing.assert_allclose(np.asarray(f(*args)), dense_reference(*args[:2], bias=args[2]), rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(f(*args)), dense_reference(*args[:2], bias=args[2]), rtol=1e-5, atol=1e-5, err_msg=name
+        )
 
 
 def test_divisibility_errors_name_the_numbers():
     check_divisible(32, axis_size=8)
     with pytest.raises(ValueError, match="hidden features 30 is not divisible by the 'model' mesh axis of size 4"):
         check_divisible(30, axis_size=4, what="hidden features")
-    f = sharded(lambda x: matmul_reduce_scatter(x, jnp.ones((F // 4, D)), axis_name="model"), "data2-model4", (XFEAT,), XSEQ)
+    f = sharded(
+        lambda x: matmul_reduce_scatter(x, jnp.ones((F // 4, D)), axis_name="model"), "data2-model4", (XFEAT,), XSEQ
+    )
     with pytest.raises(ValueError, match="sequence length 10 is not divisible by the 'model' mesh axis of size 4"):
         jax.eval_shape(f, jax.ShapeDtypeStruct((B, 10, F), jnp.float32))
 
@@ -183,4 +198,11 @@ def test_kernel_shard_that_does_not_fit_the_input_is_named():
 
 def test_collective_needs_sequence_parallel():
     with pytest.raises(ValueError, match="needs megatron_sp=True"):
-        tensor_parallel_mlp(jnp.ones((B, T, D)), up_kernel=None, down_kernel=None, activation=jax.nn.gelu, axis_name="model", collective=True)
+        tensor_parallel_mlp(
+            jnp.ones((B, T, D)),
+            up_kernel=None,
+            down_kernel=None,
+            activation=jax.nn.gelu,
+            axis_name="model",
+            collective=True,
+        )

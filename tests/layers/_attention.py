@@ -35,7 +35,7 @@ def mesh_size(spec, axis="seq"):
     return dict(parse_mesh_spec(spec)).get(axis, 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inputs(masked=True, batch=BATCH, length=LENGTH, seed=0):
     """(x f32[B, T, C], key_mask bool[B, T] or None, cotangent f32[B, T, C])."""
     rng = np.random.default_rng(seed)

@@ -133,7 +133,10 @@ def check_saving(model, x, call_inputs, save_dir):
     loaded = keras.saving.load_model(path)
     inputs = [x, *call_inputs.values()]
     np.testing.assert_allclose(
-        np.asarray(loaded.predict(inputs, verbose=0)), np.asarray(model.predict(inputs, verbose=0)), rtol=1e-6, atol=1e-6
+        np.asarray(loaded.predict(inputs, verbose=0)),
+        np.asarray(model.predict(inputs, verbose=0)),
+        rtol=1e-6,
+        atol=1e-6,
     )
 
 
@@ -158,7 +161,16 @@ def check_keras_layer_test(layer_cls, *, init_kwargs, input_shape, call_kwargs=N
     )
 
 
-def check_dtype_policies(layer_cls, *, init_kwargs, input_shape, call_inputs=None, call_kwargs=None, policies=MIXED_POLICIES, output_dtype=None):
+def check_dtype_policies(
+    layer_cls,
+    *,
+    init_kwargs,
+    input_shape,
+    call_inputs=None,
+    call_kwargs=None,
+    policies=MIXED_POLICIES,
+    output_dtype=None,
+):
     """Under each dtype policy, every output of an eager call is in the policy's compute
     dtype, and a symbolic call on ``KerasTensor``s of the same shapes gives the same
     structure, shapes and dtypes.
@@ -177,9 +189,13 @@ def check_dtype_policies(layer_cls, *, init_kwargs, input_shape, call_inputs=Non
         eager = keras.tree.map_structure(np.asarray, layer(x, **call_inputs, **call_kwargs))
         compute = output_dtype or layer.dtype_policy.compute_dtype
         got = [str(out.dtype) for out in keras.tree.flatten(eager)]
-        assert got == [compute] * len(got), f"{layer_cls.__name__} under {policy!r}: outputs {got}, compute dtype {compute}"
+        assert got == [compute] * len(got), (
+            f"{layer_cls.__name__} under {policy!r}: outputs {got}, compute dtype {compute}"
+        )
         symbolic_inputs = {name: keras.KerasTensor(a.shape, dtype=str(a.dtype)) for name, a in call_inputs.items()}
         symbolic = layer(keras.KerasTensor(x.shape, dtype="float32"), **symbolic_inputs, **call_kwargs)
         specs = keras.tree.map_structure(lambda t: (tuple(t.shape), keras.backend.standardize_dtype(t.dtype)), symbolic)
         outputs = keras.tree.map_structure(lambda a: (tuple(a.shape), str(a.dtype)), eager)
-        assert specs == outputs, f"{layer_cls.__name__} under {policy!r}: symbolic call gives {specs}, eager call {outputs}"
+        assert specs == outputs, (
+            f"{layer_cls.__name__} under {policy!r}: symbolic call gives {specs}, eager call {outputs}"
+        )

@@ -30,11 +30,20 @@ B, T, C = 2, 3, 4  # batch, tokens, channels: the smallest shapes every layer ta
 # leave the output dtype to the output projection, so they are left out.
 ATTENTION = dict(num_heads=1, head_dim=C)
 BLOCK = dict(ATTENTION, hidden_dim=C, dropout=0.5, seed=0)
-MOE = dict(num_experts=2, num_experts_per_token=1, intermediate_dim=C, shared_expert_dim=C, router_aux_loss_coefficient=0.1)
+MOE = dict(
+    num_experts=2, num_experts_per_token=1, intermediate_dim=C, shared_expert_dim=C, router_aux_loss_coefficient=0.1
+)
 CACHE = np.zeros((B, 2, T + 1, 1, C), "float32")  # (B, 2, S, K, D)
 KEY_MASK = np.array([[True, True, False], [True, False, False]])  # (B, T)
 # two blocks, circular (its buffer of returning micro-batches), one micro-batch per row
-PIPELINE = dict(num_blocks=2, block={k: v for k, v in BLOCK.items() if k != "seed"}, schedule="circular", repeats=2, micro_batches=B, seed=0)
+PIPELINE = dict(
+    num_blocks=2,
+    block={k: v for k, v in BLOCK.items() if k != "seed"},
+    schedule="circular",
+    repeats=2,
+    micro_batches=B,
+    seed=0,
+)
 
 # case -> (layer class, init kwargs, tensor call arguments, other call arguments)
 CASES = {
@@ -58,9 +67,15 @@ CASES = {
 # tests/layers/test_classifier_layers.py checks (and LogitSoftcap, a function of its input) through check_dtype_policies only.
 # PipelinedBlocks (its block is TransformerBlock's, which goes through Keras' harness) is
 # checked by the zoo's harness in tests/layers/test_pipelined_blocks.py and here for dtypes.
-CONTRACT_TESTED_ELSEWHERE = {"ClassToken", "LearnedPositionEmbedding", "TokenPooling", "LogitSoftcap"}  # test_classifier_layers.py, test_softcap.py
+CONTRACT_TESTED_ELSEWHERE = {
+    "ClassToken",
+    "LearnedPositionEmbedding",
+    "TokenPooling",
+    "LogitSoftcap",
+}  # test_classifier_layers.py, test_softcap.py
 KERAS_HARNESS = [
-    case for case in CASES
+    case
+    for case in CASES
     if "cached" not in case and case != "PipelinedBlocks training" and case not in CONTRACT_TESTED_ELSEWHERE
 ]
 # mixed_float16 (Keras' harness) and mixed_bfloat16 (the zoo's training precision) for
@@ -79,10 +94,17 @@ POLICIES["PipelinedBlocks training"] = MIXED_POLICIES[1:2]  # mixed_bfloat16: th
 def test_layer_under_mixed_precision(case):
     layer_cls, init_kwargs, call_inputs, call_kwargs = CASES[case]
     if case in KERAS_HARNESS:
-        check_keras_layer_test(layer_cls, init_kwargs=init_kwargs, input_shape=(B, T, C), call_kwargs={**call_inputs, **call_kwargs})
+        check_keras_layer_test(
+            layer_cls, init_kwargs=init_kwargs, input_shape=(B, T, C), call_kwargs={**call_inputs, **call_kwargs}
+        )
     check_dtype_policies(
-        layer_cls, init_kwargs=init_kwargs, input_shape=(B, T, C), call_inputs=call_inputs, call_kwargs=call_kwargs,
-        policies=POLICIES[case], output_dtype=OUTPUT_DTYPES.get(case),
+        layer_cls,
+        init_kwargs=init_kwargs,
+        input_shape=(B, T, C),
+        call_inputs=call_inputs,
+        call_kwargs=call_kwargs,
+        policies=POLICIES[case],
+        output_dtype=OUTPUT_DTYPES.get(case),
     )
 
 
@@ -91,7 +113,10 @@ def test_every_zoo_layer_has_a_case():
     registered = {
         cls.__name__
         for name, cls in keras.saving.get_custom_objects().items()
-        if name.startswith("zoo>") and isinstance(cls, type) and issubclass(cls, keras.layers.Layer) and not issubclass(cls, keras.Model)
+        if name.startswith("zoo>")
+        and isinstance(cls, type)
+        and issubclass(cls, keras.layers.Layer)
+        and not issubclass(cls, keras.Model)
     }
     public = {name for name in zoo.layers.__all__ if isinstance(getattr(zoo.layers, name), type)}
     covered = {layer_cls.__name__ for layer_cls, *_ in CASES.values()}

@@ -12,8 +12,14 @@ from zoo.kernels import moe
 from zoo.layers.moe_feed_forward import MoEFeedForward
 
 B, T, C = 2, 8, 8
-SETTINGS = dict(num_experts=4, num_experts_per_token=2, intermediate_dim=12, shared_expert_dim=6,
-                router_aux_loss_coefficient=0.1, router_z_loss_coefficient=0.01)  # fmt: skip
+SETTINGS = dict(
+    num_experts=4,
+    num_experts_per_token=2,
+    intermediate_dim=12,
+    shared_expert_dim=6,
+    router_aux_loss_coefficient=0.1,
+    router_z_loss_coefficient=0.01,
+)
 
 
 def test_layer_contract(tmp_path):
@@ -25,10 +31,16 @@ def test_layer_contract(tmp_path):
         expected_num_trainable_weights=8,  # router, 3 expert weights, shared gate/up/down, shared gate
         expected_num_non_trainable_weights=1,  # router_statistics
         expected_weight_shapes={
-            "router/kernel": (C, 4), "expert_gate": (4, C, 12), "expert_up": (4, C, 12), "expert_down": (4, 12, C),
-            "shared_expert/gate/kernel": (C, 6), "shared_expert/up/kernel": (C, 6), "shared_expert/down/kernel": (6, C),
-            "shared_expert_gate/kernel": (C, 1), "router_statistics": (2,),
-        },  # fmt: skip
+            "router/kernel": (C, 4),
+            "expert_gate": (4, C, 12),
+            "expert_up": (4, C, 12),
+            "expert_down": (4, 12, C),
+            "shared_expert/gate/kernel": (C, 6),
+            "shared_expert/up/kernel": (C, 6),
+            "shared_expert/down/kernel": (6, C),
+            "shared_expert_gate/kernel": (C, 1),
+            "router_statistics": (2,),
+        },
         save_dir=tmp_path,
     )
 
@@ -46,7 +58,9 @@ def test_outputs_losses_and_statistics_equal_the_dense_reference():
         tokens, router_kernel=np.asarray(layer.router.kernel), **weights_of, num_experts_per_token=2, normalize=True
     )
     gate = keras.ops.sigmoid(layer.shared_expert_gate(x))
-    np.testing.assert_allclose(y, np.asarray(routed).reshape(x.shape) + np.asarray(gate * layer.shared_expert(x)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        y, np.asarray(routed).reshape(x.shape) + np.asarray(gate * layer.shared_expert(x)), rtol=1e-5, atol=1e-6
+    )
 
     layer(x, training=True)
     logits = tokens @ np.asarray(layer.router.kernel)

@@ -21,7 +21,11 @@ B, T, C = 4, 16, 16
     ids=["gqa-causal-rope-mask-qk_norm", "bias-ring"],
 )
 def test_layer_harness(init_kwargs, num_weights, with_mask, tmp_path):
-    heads, kv_heads, d = init_kwargs["num_heads"], init_kwargs.get("num_kv_heads", init_kwargs["num_heads"]), init_kwargs["head_dim"]
+    heads, kv_heads, d = (
+        init_kwargs["num_heads"],
+        init_kwargs.get("num_kv_heads", init_kwargs["num_heads"]),
+        init_kwargs["head_dim"],
+    )
     shapes = {
         "query/kernel": (C, heads, d),
         "key/kernel": (C, kv_heads, d),
@@ -31,7 +35,12 @@ def test_layer_harness(init_kwargs, num_weights, with_mask, tmp_path):
     if init_kwargs.get("qk_norm"):
         shapes |= {"query_norm/scale": (d,), "key_norm/scale": (d,)}
     if init_kwargs.get("use_bias"):
-        shapes |= {"query/bias": (heads, d), "key/bias": (kv_heads, d), "value/bias": (kv_heads, d), "output/bias": (C,)}
+        shapes |= {
+            "query/bias": (heads, d),
+            "key/bias": (kv_heads, d),
+            "value/bias": (kv_heads, d),
+            "output/bias": (C,),
+        }
     mask = np.arange(T)[None, :] < np.array([[T], [T - 3], [T], [5]])  # bool[B, T], right padding
     check_layer_contract(
         MultiHeadAttention,
@@ -55,12 +64,27 @@ def test_variable_paths_are_stable():
 
 def test_config_keeps_every_argument():
     kwargs = dict(
-        num_heads=8, head_dim=16, num_kv_heads=2, causal=True, rotary=True, rotary_base=500.0, use_bias=True,
-        context_attention="ulysses", sequence_axis="context", batch_axis="batch", balance="zigzag",
-        ring_block_size=128, kernel_initializer="he_normal", bias_initializer="ones", qk_norm=True, qk_norm_epsilon=1e-5,
+        num_heads=8,
+        head_dim=16,
+        num_kv_heads=2,
+        causal=True,
+        rotary=True,
+        rotary_base=500.0,
+        use_bias=True,
+        context_attention="ulysses",
+        sequence_axis="context",
+        batch_axis="batch",
+        balance="zigzag",
+        ring_block_size=128,
+        kernel_initializer="he_normal",
+        bias_initializer="ones",
+        qk_norm=True,
+        qk_norm_epsilon=1e-5,
     )
     config = MultiHeadAttention(**kwargs).get_config()
-    assert {k: config[k] for k in kwargs if "initializer" not in k} == {k: v for k, v in kwargs.items() if "initializer" not in k}
+    assert {k: config[k] for k in kwargs if "initializer" not in k} == {
+        k: v for k, v in kwargs.items() if "initializer" not in k
+    }
     assert config["kernel_initializer"]["class_name"] == "HeNormal"
     assert MultiHeadAttention(num_heads=4, head_dim=8).get_config()["num_kv_heads"] == 4
 
@@ -84,19 +108,40 @@ def _call(options, mesh, x=None, mask=None):
 @pytest.mark.parametrize(
     "options, mesh, x_shape, message",
     [
-        ({"context_attention": "ring"}, "data=2,seq=4", (2, 30, C), "sequence length 30 is not divisible by the 'seq' mesh axis of size 4"),
         (
-            {"context_attention": "ring", "balance": "zigzag"}, "data=2,seq=4", (2, 36, C),
+            {"context_attention": "ring"},
+            "data=2,seq=4",
+            (2, 30, C),
+            "sequence length 30 is not divisible by the 'seq' mesh axis of size 4",
+        ),
+        (
+            {"context_attention": "ring", "balance": "zigzag"},
+            "data=2,seq=4",
+            (2, 36, C),
             r"sequence length 36 is not divisible by 2 x the 'seq' mesh axis of size 4 = 8",
         ),
-        ({"balance": "striped"}, "data=2,seq=4", (2, 30, C), "sequence length 30 is not divisible by the 'seq' mesh axis of size 4"),
         (
-            {"context_attention": "ulysses", "num_heads": 6, "num_kv_heads": 2}, "data=2,seq=4", (2, 32, C),
+            {"balance": "striped"},
+            "data=2,seq=4",
+            (2, 30, C),
+            "sequence length 30 is not divisible by the 'seq' mesh axis of size 4",
+        ),
+        (
+            {"context_attention": "ulysses", "num_heads": 6, "num_kv_heads": 2},
+            "data=2,seq=4",
+            (2, 32, C),
             "number of heads 6 is not divisible by the 'seq' mesh axis of size 4",
         ),
-        ({"context_attention": "gather"}, "data=2,seq=4", (3, 32, C), "batch size 3 is not divisible by the 'data' mesh axis of size 2"),
         (
-            {"batch_axis": "rows"}, "data=2,seq=4", (2, 32, C),
+            {"context_attention": "gather"},
+            "data=2,seq=4",
+            (3, 32, C),
+            "batch size 3 is not divisible by the 'data' mesh axis of size 2",
+        ),
+        (
+            {"batch_axis": "rows"},
+            "data=2,seq=4",
+            (2, 32, C),
             r"batch_axis='rows' conflicts with the distribution's batch_dim_name='data'",
         ),
     ],
@@ -111,7 +156,10 @@ def test_errors_name_the_numbers(options, mesh, x_shape, message):
     "kwargs, message",
     [
         (dict(num_heads=8, head_dim=4, num_kv_heads=3), "num_kv_heads 3 does not divide num_heads 8"),
-        (dict(num_heads=4, head_dim=4, context_attention="flash"), r"context_attention must be one of \(None, 'gather', 'ring', 'ulysses'\), got 'flash'"),
+        (
+            dict(num_heads=4, head_dim=4, context_attention="flash"),
+            r"context_attention must be one of \(None, 'gather', 'ring', 'ulysses'\), got 'flash'",
+        ),
         (dict(num_heads=4, head_dim=4, balance="spiral"), "balance must be one of .* got 'spiral'"),
         (dict(num_heads=4, head_dim=5, rotary=True), "rotary embedding needs an even head_dim, got head_dim 5"),
         (dict(num_heads=0, head_dim=4), "num_heads must be a positive integer, got 0"),

@@ -45,7 +45,10 @@ def _builder(**attention):
 
 
 def _compile(model):
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
 
 
 @pytest.mark.parametrize(

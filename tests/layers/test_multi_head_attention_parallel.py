@@ -55,12 +55,16 @@ def _case_id(case):
 def _options(case):
     strategy, _, causal, heads, kv_heads, _, rotary, balance = case
     return dict(
-        num_heads=heads, num_kv_heads=kv_heads, causal=causal, rotary=rotary,
-        context_attention=strategy, balance=balance,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        causal=causal,
+        rotary=rotary,
+        context_attention=strategy,
+        balance=balance,
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(causal, heads, kv_heads, masked, rotary):
     options = dict(num_heads=heads, num_kv_heads=kv_heads, causal=causal, rotary=rotary)
     weights = a.reference_weights(options)
@@ -193,7 +197,7 @@ def _tp_options(heads, kv_heads, use_bias):
     return dict(num_heads=heads, num_kv_heads=kv_heads, causal=True, rotary=True, use_bias=use_bias)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tp_reference(heads, kv_heads, use_bias):
     options = _tp_options(heads, kv_heads, use_bias)
     weights = a.reference_weights(options)
@@ -201,7 +205,11 @@ def _tp_reference(heads, kv_heads, use_bias):
     return weights, a.output_and_grads(options, weights, x, mask, cotangent)
 
 
-@pytest.mark.parametrize("case", TP_CASES, ids=lambda c: f"{c[0].replace(',', '_')}-h{c[1]}k{c[2]}" + "-sp" * c[3] + "-fsdp" * c[4] + "-bias" * c[5])
+@pytest.mark.parametrize(
+    "case",
+    TP_CASES,
+    ids=lambda c: f"{c[0].replace(',', '_')}-h{c[1]}k{c[2]}" + "-sp" * c[3] + "-fsdp" * c[4] + "-bias" * c[5],
+)
 def test_tensor_parallel_output_and_gradients_match_plain_layer(case):
     mesh, heads, kv_heads, megatron_sp, fsdp, use_bias = case
     weights, expected = _tp_reference(heads, kv_heads, use_bias)
@@ -216,19 +224,23 @@ def test_tensor_parallel_output_and_gradients_match_plain_layer(case):
 QK_NORM = dict(num_heads=4, num_kv_heads=2, causal=True, rotary=True, qk_norm=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _qk_norm_reference():
     weights = a.reference_weights(QK_NORM)
     x, mask, cotangent = a.inputs(True)
     return weights, a.output_and_grads(QK_NORM, weights, x, mask, cotangent)
 
 
-@pytest.mark.parametrize(("mesh", "strategy"), [("data=2,seq=4", "ring"), ("data=2,model=4", None)], ids=["context-ring", "tp"])
+@pytest.mark.parametrize(
+    ("mesh", "strategy"), [("data=2,seq=4", "ring"), ("data=2,model=4", None)], ids=["context-ring", "tp"]
+)
 def test_qk_norm_output_and_gradients_match_plain_layer(mesh, strategy):
     weights, expected = _qk_norm_reference()
     assert {"mha/query_norm/scale", "mha/key_norm/scale"} <= set(expected[2])  # their gradients are compared too
     x, mask, cotangent = a.inputs(True)
-    got = a.output_and_grads(QK_NORM | {"context_attention": strategy}, weights, x, mask, cotangent, a.distribution(mesh))
+    got = a.output_and_grads(
+        QK_NORM | {"context_attention": strategy}, weights, x, mask, cotangent, a.distribution(mesh)
+    )
     a.assert_same(got, expected)
 
 
@@ -242,7 +254,11 @@ def _built(options, dist):
     [
         (4, False, {"query": (None, "model", None), "key": (None, "model", None), "output": ("model", None, None)}),
         (2, False, {"query": (None, "model", None), "key": (None, None, None), "output": ("model", None, None)}),
-        (4, True, {"query": ("data", "model", None), "value": ("data", "model", None), "output": ("model", None, "data")}),
+        (
+            4,
+            True,
+            {"query": ("data", "model", None), "value": ("data", "model", None), "output": ("model", None, "data")},
+        ),
     ],
     ids=["kv-split", "kv-replicated", "fsdp"],
 )
@@ -276,16 +292,23 @@ def test_tensor_parallel_attention_is_megatrons_two_all_reduces():
     assert report.buffers(axes="model") == 2 and sum(op.elements for op in model_ops) == 2 * local
     sp = _tp_report("data=2,model=4", megatron_sp=True)
     for kind in ("all-gather", "reduce-scatter"):
-        assert sp.buffers(kind, "model") == 2 and sum(op.elements for op in sp.select(kind, "model")) == 2 * local, "\n".join(sp.format())
+        assert sp.buffers(kind, "model") == 2 and sum(op.elements for op in sp.select(kind, "model")) == 2 * local, (
+            "\n".join(sp.format())
+        )
     assert sp.buffers(axes="model") == 4
     assert sp.sent_bytes(axes="model") == report.sent_bytes(axes="model")
 
 
 def test_tensor_parallel_heads_that_do_not_split_are_refused():
     try:
-        with pytest.raises(ValueError, match="MultiHeadAttention 'mha': num_heads 6 is not divisible by the 'model' mesh axis of size 4"):
+        with pytest.raises(
+            ValueError,
+            match="MultiHeadAttention 'mha': num_heads 6 is not divisible by the 'model' mesh axis of size 4",
+        ):
             _built({"num_heads": 6, "num_kv_heads": 6}, a.distribution("data=2,model=4"))
-        with pytest.raises(ValueError, match="num_kv_heads 3 and the 'model' mesh axis of size 4 do not divide each other"):
+        with pytest.raises(
+            ValueError, match="num_kv_heads 3 and the 'model' mesh axis of size 4 do not divide each other"
+        ):
             _built({"num_heads": 12, "num_kv_heads": 3}, a.distribution("data=2,model=4"))
     finally:
         keras.distribution.set_distribution(None)

@@ -19,12 +19,24 @@ from tests.layers.harness import check_layer_contract
 from zoo.distribution import make_mesh
 from zoo.layers import PipelinedBlocks
 
-BLOCK = dict(num_heads=4, head_dim=4, hidden_dim=16, num_kv_heads=2, causal=True, rotary=True, mlp="swiglu", norm="rms", dropout=0.2)
+BLOCK = dict(
+    num_heads=4,
+    head_dim=4,
+    hidden_dim=16,
+    num_kv_heads=2,
+    causal=True,
+    rotary=True,
+    mlp="swiglu",
+    norm="rms",
+    dropout=0.2,
+)
 T, C = 8, 16
 
 
 def make_layer(num_blocks, schedule, micro_batches, repeats):
-    return PipelinedBlocks(num_blocks, BLOCK, schedule=schedule, micro_batches=micro_batches, repeats=repeats, seed=5, name="blocks")
+    return PipelinedBlocks(
+        num_blocks, BLOCK, schedule=schedule, micro_batches=micro_batches, repeats=repeats, seed=5, name="blocks"
+    )
 
 
 def layout_map(mesh, model_axis):
@@ -87,7 +99,13 @@ def test_outputs_and_gradients_match_one_device(schedule, micro_batches, repeats
         layer.build(x.shape)
         for variable, value in zip(layer.weights, reference_layer.weights):
             variable.assign(value.numpy().reshape(variable.shape))  # (1, 8, ...) -> (R, 8/R, ...): same order
-        assert tuple(layer.stacked["attention/query/kernel"].value.sharding.spec) == (None, "stage", None, model_axis, None)
+        assert tuple(layer.stacked["attention/query/kernel"].value.sharding.spec) == (
+            None,
+            "stage",
+            None,
+            model_axis,
+            None,
+        )
         placed = jax.device_put(x, jax.sharding.NamedSharding(mesh.backend_mesh, jax.sharding.PartitionSpec("data")))
         got = loss_and_gradients(layer, placed)
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-5)
@@ -95,25 +113,38 @@ def test_outputs_and_gradients_match_one_device(schedule, micro_batches, repeats
     for (variable, a), b in zip(zip(layer.trainable_variables, got[2][0]), expected[2][0]):  # float32 sums over B*T
         b = np.asarray(b).reshape(a.shape)
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5 * np.abs(b).max(), err_msg=variable.path)
-    np.testing.assert_allclose(got[2][1], expected[2][1], rtol=1e-4, atol=2e-5 * np.abs(expected[2][1]).max(), err_msg="input gradient")
+    np.testing.assert_allclose(
+        got[2][1], expected[2][1], rtol=1e-4, atol=2e-5 * np.abs(expected[2][1]).max(), err_msg="input gradient"
+    )
 
 
 def test_layer_contract(tmp_path):
     """The shared harness: config round trip, symbolic and eager calls, weights, a fit step, .keras."""
     check_layer_contract(
         PipelinedBlocks,
-        init_kwargs=dict(num_blocks=2, block=dict(num_heads=2, head_dim=4, hidden_dim=8), schedule="circular", repeats=2, micro_batches=2),
+        init_kwargs=dict(
+            num_blocks=2,
+            block=dict(num_heads=2, head_dim=4, hidden_dim=8),
+            schedule="circular",
+            repeats=2,
+            micro_batches=2,
+        ),
         input_shape=(2, 4, 8),
         expected_output_shape=(2, 4, 8),
         expected_num_trainable_weights=10,  # query, key, value, output; gelu MLP up, down; two LayerNorms' gamma, beta
         expected_num_non_trainable_weights=0,  # the dropout seed is a variable, not a weight
         expected_weight_shapes={
-            "attention/query/kernel": (2, 1, 8, 2, 4), "attention/key/kernel": (2, 1, 8, 2, 4),
-            "attention/value/kernel": (2, 1, 8, 2, 4), "attention/output/kernel": (2, 1, 2, 4, 8),
-            "mlp/up/kernel": (2, 1, 8, 8), "mlp/down/kernel": (2, 1, 8, 8),
-            "attention_norm/gamma": (2, 1, 8), "attention_norm/beta": (2, 1, 8),
-            "mlp_norm/gamma": (2, 1, 8), "mlp_norm/beta": (2, 1, 8),
-        },  # fmt: skip
+            "attention/query/kernel": (2, 1, 8, 2, 4),
+            "attention/key/kernel": (2, 1, 8, 2, 4),
+            "attention/value/kernel": (2, 1, 8, 2, 4),
+            "attention/output/kernel": (2, 1, 2, 4, 8),
+            "mlp/up/kernel": (2, 1, 8, 8),
+            "mlp/down/kernel": (2, 1, 8, 8),
+            "attention_norm/gamma": (2, 1, 8),
+            "attention_norm/beta": (2, 1, 8),
+            "mlp_norm/gamma": (2, 1, 8),
+            "mlp_norm/beta": (2, 1, 8),
+        },
         save_dir=tmp_path,
     )
 
@@ -135,7 +166,10 @@ def test_weights_saved_with_one_repeats_load_with_another(tmp_path):
         (dict(num_blocks=4, block=BLOCK, schedule="gpipe", repeats=2), r"schedule 'gpipe' .* repeats must be 1, got 2"),
         (dict(num_blocks=4, block=BLOCK, schedule="circular", repeats=1), r"'circular' needs repeats >= 2 .* got 1"),
         (dict(num_blocks=3, block=BLOCK, schedule="circular", repeats=2), r"repeats=2 does not divide num_blocks=3"),
-        (dict(num_blocks=4, block=BLOCK, schedule="1f1b"), r"schedule must be one of \['gpipe', 'circular'\], got '1f1b'"),
+        (
+            dict(num_blocks=4, block=BLOCK, schedule="1f1b"),
+            r"schedule must be one of \['gpipe', 'circular'\], got '1f1b'",
+        ),
         (dict(num_blocks=4, block=BLOCK | {"seed": 1}), r"must not set 'seed'"),
     ],
 )
@@ -148,7 +182,12 @@ def test_bad_settings_are_refused_naming_them(arguments, message):
     "mesh, layer, batch, message",
     [
         ("data=2,stage=4", (8, "gpipe", 3, 1), 8, r"batch size 8 is not divisible by micro_batches=3"),
-        ("data=2,stage=4", (8, "gpipe", 4, 1), 4, r"batch size 4 in micro_batches=4 gives 1 rows .* 'data' mesh axis of size 2"),
+        (
+            "data=2,stage=4",
+            (8, "gpipe", 4, 1),
+            4,
+            r"batch size 4 in micro_batches=4 gives 1 rows .* 'data' mesh axis of size 2",
+        ),
         ("data=2,stage=4", (6, "gpipe", 2, 1), 4, r"6 blocks do not split into 1 repeat\(s\) x 4 stages"),
         ("data=2,stage=4", (8, "circular", 2, 2), 4, r"micro_batches=2 < 4 stages"),
     ],

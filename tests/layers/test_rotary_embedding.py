@@ -60,7 +60,13 @@ def test_odd_head_dim_is_rejected():
 
 # --- Llama 3 rope_scaling --------------------------------------------------------------
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def test_llama3_scaling_keeps_short_stretches_long_and_blends_the_band():

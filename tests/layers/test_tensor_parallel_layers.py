@@ -89,7 +89,7 @@ LAYERS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(kind):
     """(weights, x, cotangent, (out, grads, dx)) of the layer on one device."""
     make_layer, shape = LAYERS[kind]
@@ -148,11 +148,15 @@ def test_without_a_model_axis_they_are_plain_dense_layers():
     row.build((8, F))
     assert tuple(row._kernel.value.sharding.spec) in ((), (None, None))
     h = inputs((8, F), 4)
-    np.testing.assert_allclose(np.asarray(row(h)), h @ row.get_weights()[0] + row.get_weights()[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(row(h)), h @ row.get_weights()[0] + row.get_weights()[1], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_model_axis_of_size_one_is_plain_dense():
-    distribution = CheckedModelParallel(layout_map=keras.distribution.LayoutMap(make_mesh("data=8,model=1")), batch_dim_name="data")
+    distribution = CheckedModelParallel(
+        layout_map=keras.distribution.LayoutMap(make_mesh("data=8,model=1")), batch_dim_name="data"
+    )
     layer = build(lambda: ParallelMLP(F, name="mlp"), (8, T, D), distribution)
     assert all(all(e is None for e in v.value.sharding.spec) for v in layer.weights)
     x = inputs((8, T, D), 5)
@@ -185,15 +189,28 @@ def test_fsdp_inside_tensor_parallelism_matches_one_device(kind):
 
 
 def test_fsdp_splits_kernels_over_data_and_reduce_scatters_their_gradients():
-    layer = build(lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=2,model=4", fsdp=True), lora_rank=2)
+    layer = build(
+        lambda: ParallelMLP(F, gated=True, name="mlp"),
+        (B, T, D),
+        tensor_parallel("data=2,model=4", fsdp=True),
+        lora_rank=2,
+    )
     specs = {v.path: tuple(v.value.sharding.spec) for v in layer.weights}
-    assert specs == MLP_SPECS | {"mlp/gate/kernel": ("data", "model"), "mlp/up/kernel": ("data", "model"), "mlp/down/kernel": ("model", "data")}
+    assert specs == MLP_SPECS | {
+        "mlp/gate/kernel": ("data", "model"),
+        "mlp/up/kernel": ("data", "model"),
+        "mlp/down/kernel": ("model", "data"),
+    }
     assert {s.data.shape for s in layer.up._kernel.value.addressable_shards} == {(D // 2, F // 4)}
-    fresh = build(lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=2,model=4", fsdp=True))
+    fresh = build(
+        lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=2,model=4", fsdp=True)
+    )
     report = layer_comms_report(fresh, inputs((B, T, D), 7), backward=True, compiler_options=FAST_COMPILE)
     shard = D // 2 * F // 4  # elements of one kernel's (D/2, F/4) shard
     assert report.buffers("all-gather", "data") == 3  # each kernel gathered once, just in time
-    assert report.buffers("reduce-scatter", "data") == 3 and {op.elements for op in report.select("reduce-scatter", "data")} == {2 * shard}
+    assert report.buffers("reduce-scatter", "data") == 3 and {
+        op.elements for op in report.select("reduce-scatter", "data")
+    } == {2 * shard}
     # only the biases' gradients are all-reduced over data, never a kernel's
     assert all(op.elements <= 2 * F // 4 + D for op in report.select("all-reduce", "data")), "\n".join(report.format())
 
@@ -203,7 +220,9 @@ def test_fsdp_splits_kernels_over_data_and_reduce_scatters_their_gradients():
 
 def test_a_data_axis_of_size_one_emits_no_collective():
     for fsdp in (False, True):  # not even the weight gather of fsdp+tp over data=1
-        layer = build(lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=1,model=8", fsdp=fsdp))
+        layer = build(
+            lambda: ParallelMLP(F, gated=True, name="mlp"), (B, T, D), tensor_parallel("data=1,model=8", fsdp=fsdp)
+        )
         report = layer_comms_report(layer, inputs((B, T, D), 7), backward=True, compiler_options=FAST_COMPILE)
         assert all(op.group_size > 1 for op in report.collectives), "\n".join(report.format())
         assert {op.axes for op in report.collectives} == {("model",)}
@@ -215,9 +234,21 @@ def test_a_data_axis_of_size_one_emits_no_collective():
 @pytest.mark.parametrize(
     "make_layer, shape, message",
     [
-        (lambda: ColumnParallelDense(30, name="up"), (B, T, D), "ColumnParallelDense 'up': units 30 is not divisible by the 'model' mesh axis of size 4"),
-        (lambda: RowParallelDense(D, name="down"), (B, T, 30), "RowParallelDense 'down': input features 30 is not divisible by the 'model' mesh axis of size 4"),
-        (lambda: ParallelMLP(30, name="mlp"), (B, T, D), "units 30 is not divisible by the 'model' mesh axis of size 4"),
+        (
+            lambda: ColumnParallelDense(30, name="up"),
+            (B, T, D),
+            "ColumnParallelDense 'up': units 30 is not divisible by the 'model' mesh axis of size 4",
+        ),
+        (
+            lambda: RowParallelDense(D, name="down"),
+            (B, T, 30),
+            "RowParallelDense 'down': input features 30 is not divisible by the 'model' mesh axis of size 4",
+        ),
+        (
+            lambda: ParallelMLP(30, name="mlp"),
+            (B, T, D),
+            "units 30 is not divisible by the 'model' mesh axis of size 4",
+        ),
     ],
 )
 def test_features_that_do_not_split_are_rejected_at_build(make_layer, shape, message):
@@ -227,9 +258,13 @@ def test_features_that_do_not_split_are_rejected_at_build(make_layer, shape, mes
 
 def test_inputs_that_do_not_split_are_rejected_at_call():
     layer = build(lambda: ParallelMLP(F, megatron_sp=True, name="mlp"), (B, 10, D), tensor_parallel("data=2,model=4"))
-    with pytest.raises(ValueError, match="ParallelMLP 'mlp': sequence length 10 is not divisible by the 'model' mesh axis of size 4"):
+    with pytest.raises(
+        ValueError, match="ParallelMLP 'mlp': sequence length 10 is not divisible by the 'model' mesh axis of size 4"
+    ):
         layer(inputs((B, 10, D), 6))
-    with pytest.raises(ValueError, match="ParallelMLP 'mlp': batch size 3 is not divisible by the 'data' mesh axis of size 2"):
+    with pytest.raises(
+        ValueError, match="ParallelMLP 'mlp': batch size 3 is not divisible by the 'data' mesh axis of size 2"
+    ):
         layer(inputs((3, T, D), 6))
 
 
@@ -276,7 +311,9 @@ def test_megatron_sp_mlp_is_one_all_gather_and_one_reduce_scatter():
     forward = _mlp_report("data=2,model=4", megatron_sp=True)
     local = B // 2 * T * D
     rows = sorted((op.kind, op.axes, op.buffers, op.elements) for op in forward.collectives)
-    assert rows == [("all-gather", ("model",), 1, local), ("reduce-scatter", ("model",), 1, local)], "\n".join(forward.format())
+    assert rows == [("all-gather", ("model",), 1, local), ("reduce-scatter", ("model",), 1, local)], "\n".join(
+        forward.format()
+    )
     both = _mlp_report("data=2,model=4", backward=True, megatron_sp=True)
     assert both.buffers("all-gather", "model") == 2 and both.buffers("reduce-scatter", "model") == 2
     assert both.total_bytes(axes="model") == 4 * 4 * local
@@ -304,7 +341,7 @@ def _lora_mlp(distribution, weights=None):
     return layer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lora_reference():
     layer = _lora_mlp(None)
     for sub in layer.projections:  # LoRA B starts at zero; make the update count
@@ -320,7 +357,9 @@ def test_lora_freezes_kernels_and_trains_only_the_factors_and_biases():
         [f"mlp/{p}/{w}" for p in ("gate", "up", "down") for w in ("bias", "lora_kernel_a", "lora_kernel_b")]
     )
     r = 2
-    assert sum(int(np.prod(v.shape)) for v in layer.trainable_variables) == 2 * (D * r + r * F + F) + (F * r + r * D + D)
+    assert sum(int(np.prod(v.shape)) for v in layer.trainable_variables) == 2 * (D * r + r * F + F) + (
+        F * r + r * D + D
+    )
     assert {v.path for v in layer.non_trainable_variables} == {f"mlp/{p}/kernel" for p in ("gate", "up", "down")}
 
 
@@ -368,9 +407,27 @@ def test_greedy_layout_rules_cannot_capture_lora_factors():
 
 
 HARNESS_CASES = [
-    (ColumnParallelDense, {"units": F, "activation": "relu", "megatron_sp": True, "model_axis": "model"}, (B, T, D), (B, T, F), 2),
-    (RowParallelDense, {"units": D, "use_bias": False, "megatron_sp": True, "collective_matmul": True}, (B, T, F), (B, T, D), 1),
-    (ParallelMLP, {"hidden_dim": F, "output_dim": 4, "gated": True, "activation": "silu", "megatron_sp": True}, (B, T, D), (B, T, 4), 6),
+    (
+        ColumnParallelDense,
+        {"units": F, "activation": "relu", "megatron_sp": True, "model_axis": "model"},
+        (B, T, D),
+        (B, T, F),
+        2,
+    ),
+    (
+        RowParallelDense,
+        {"units": D, "use_bias": False, "megatron_sp": True, "collective_matmul": True},
+        (B, T, F),
+        (B, T, D),
+        1,
+    ),
+    (
+        ParallelMLP,
+        {"hidden_dim": F, "output_dim": 4, "gated": True, "activation": "silu", "megatron_sp": True},
+        (B, T, D),
+        (B, T, 4),
+        6,
+    ),
 ]
 
 
@@ -378,7 +435,8 @@ HARNESS_CASES = [
 # and the parity tests above cover it.
 @pytest.mark.parametrize(
     "layer_cls, init_kwargs, input_shape, output_shape, num_trainable, mesh",
-    [(*case, None) for case in HARNESS_CASES] + [(*case, "data=2,model=4") for case in HARNESS_CASES if "collective_matmul" not in case[1]],
+    [(*case, None) for case in HARNESS_CASES]
+    + [(*case, "data=2,model=4") for case in HARNESS_CASES if "collective_matmul" not in case[1]],
     ids=lambda v: v.__name__ if isinstance(v, type) else None,
 )
 def test_layer_harness(layer_cls, init_kwargs, input_shape, output_shape, num_trainable, mesh, tmp_path):
@@ -409,7 +467,9 @@ def test_two_fit_steps_match_one_device():
     x, y = rng.standard_normal((16, T, D)).astype("float32"), rng.standard_normal((16, T, D)).astype("float32")
 
     def build_model():
-        return keras.Sequential([keras.Input((T, D)), ParallelMLP(F, gated=True, megatron_sp=True, name="mlp")], name="tp")
+        return keras.Sequential(
+            [keras.Input((T, D)), ParallelMLP(F, gated=True, megatron_sp=True, name="mlp")], name="tp"
+        )
 
     def compile_model(model):
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError())

@@ -11,7 +11,9 @@ from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM
 LENGTH, BATCH, STEPS = 16, 8, 3  # T = 16 splits 4 ways over 'seq' under context parallelism
 TRAIN_LAYERS = 1  # each compile of a block's forward and backward costs seconds on CPU
 # gpt_tiny with 8 query / 4 KV heads (head_dim 4) so heads split over a model axis of 4
-CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(num_query_heads=8, num_key_value_heads=4, dropout=0.1, seed=11, tie_word_embeddings=True)
+CONFIG = GPT_CONFIGS["gpt_tiny"] | dict(
+    num_query_heads=8, num_key_value_heads=4, dropout=0.1, seed=11, tie_word_embeddings=True
+)
 
 
 def model_config(layout, **overrides):

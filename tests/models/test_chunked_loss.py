@@ -27,7 +27,10 @@ def _plain(hidden, kernel, labels, weights, reduction, softcap=None):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)(labels, logits, weights)
 
 
-@pytest.mark.parametrize("reduction, weighted, softcap", [(MEAN, True, 3.0), ("sum_over_batch_size", True, None), (MEAN, False, None), ("sum", True, None)])
+@pytest.mark.parametrize(
+    "reduction, weighted, softcap",
+    [(MEAN, True, 3.0), ("sum_over_batch_size", True, None), (MEAN, False, None), ("sum", True, None)],
+)
 def test_the_function_equals_the_plain_loss_and_its_gradients(reduction, weighted, softcap):
     """T = 10 in chunks of 4 (two padded positions), weights with zeros."""
     rng = np.random.default_rng(0)
@@ -41,12 +44,21 @@ def test_the_function_equals_the_plain_loss_and_its_gradients(reduction, weighte
         return chunked_cross_entropy(h, head, labels, weights, chunk_tokens=4, reduction=reduction)
 
     value, grads = jax.value_and_grad(chunked, argnums=(0, 1))(hidden, kernel)
-    expected, expected_grads = jax.value_and_grad(lambda h, k: _plain(h, k, labels, weights, reduction, softcap), argnums=(0, 1))(hidden, kernel)
+    expected, expected_grads = jax.value_and_grad(
+        lambda h, k: _plain(h, k, labels, weights, reduction, softcap), argnums=(0, 1)
+    )(hidden, kernel)
     np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-6)
     for grad, expected_grad in zip(grads, expected_grads):
         np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-6)
     if weighted:  # all weights zero: 0, as Keras' divide_no_nan gives
-        assert float(chunked_cross_entropy(hidden, lambda x: x @ kernel, labels, jnp.zeros((2, 10)), chunk_tokens=4, reduction=reduction)) == 0.0
+        assert (
+            float(
+                chunked_cross_entropy(
+                    hidden, lambda x: x @ kernel, labels, jnp.zeros((2, 10)), chunk_tokens=4, reduction=reduction
+                )
+            )
+            == 0.0
+        )
 
 
 def _pair(chunk, **overrides):
@@ -72,7 +84,9 @@ def _check_step(plain, chunked, batch, evaluate=False):
     of each: the same loss, the same update."""
     x, y, w = batch
     if evaluate:
-        np.testing.assert_allclose(chunked.test_on_batch(x, y, sample_weight=w), plain.test_on_batch(x, y, sample_weight=w), rtol=1e-5)
+        np.testing.assert_allclose(
+            chunked.test_on_batch(x, y, sample_weight=w), plain.test_on_batch(x, y, sample_weight=w), rtol=1e-5
+        )
     before = [np.asarray(v) for v in plain.get_weights()]
     losses = [model.train_on_batch(x, y, sample_weight=w) for model in (plain, chunked)]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
@@ -87,8 +101,14 @@ def test_fit_evaluate_and_predict_tied_softcapped_moe():
     embedding, the final soft-cap, and a Mixture-of-Experts block whose router adds a
     load-balancing loss in training (0.5 x about 1: the two steps' losses differ unless
     the chunked one adds it); predict still gives logits. The untied head: the tp test."""
-    plain, chunked = _pair(3, tie_word_embeddings=True, final_logit_softcap=5.0, num_experts=4, num_experts_per_token=2,
-                           router_aux_loss_coefficient=0.5)  # fmt: skip
+    plain, chunked = _pair(
+        3,
+        tie_word_embeddings=True,
+        final_logit_softcap=5.0,
+        num_experts=4,
+        num_experts_per_token=2,
+        router_aux_loss_coefficient=0.5,
+    )
     _check_step(plain, chunked, _batch(), evaluate=True)
 
 
@@ -103,7 +123,9 @@ def test_the_setting_round_trips_and_wrong_uses_are_refused():
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy())  # probabilities, not logits
     with pytest.raises(ValueError, match="from_logits=True"):
         model.train_on_batch(x, y)
-    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.compile(
+        optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
     with pytest.raises(ValueError, match="compiled metrics"):
         model.train_on_batch(x, y)
 
@@ -111,7 +133,9 @@ def test_the_setting_round_trips_and_wrong_uses_are_refused():
 def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits():
     """tp on data=2,model=4: the head split over V; the chunked step equals the plain one
     and its compiled HLO holds no all-gather of (B, t, V) logits."""
-    distribution = zd.distribution_for(GPTCausalLM, "tp", zd.make_mesh("data=2,model=4"), config=GPTCausalLM.from_config_name("gpt_tiny").get_config())
+    distribution = zd.distribution_for(
+        GPTCausalLM, "tp", zd.make_mesh("data=2,model=4"), config=GPTCausalLM.from_config_name("gpt_tiny").get_config()
+    )
     try:
         plain, chunked = zd.build_distributed(lambda: _pair(4), distribution)
         _check_step(plain, chunked, _batch(batch=4, length=8))

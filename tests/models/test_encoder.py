@@ -29,7 +29,9 @@ def _compile_sgd(model):
 
 def _tp(mesh_spec="data=2,model=4", layout="tp", config=None):
     mesh = make_mesh(mesh_spec)
-    return CheckedModelParallel(layout_map=TransformerEncoderClassifier.get_layout_map(mesh, layout, config), batch_dim_name="data")
+    return CheckedModelParallel(
+        layout_map=TransformerEncoderClassifier.get_layout_map(mesh, layout, config), batch_dim_name="data"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,9 @@ def topics():
 )
 def test_three_steps_of_fit_match_one_device(distribution, overrides, topics):
     x, y = topics
-    report = check_parity(lambda: _tiny(num_layers=1, **overrides), _compile_sgd, distribution(), x, y, steps=3, batch_size=32)
+    report = check_parity(
+        lambda: _tiny(num_layers=1, **overrides), _compile_sgd, distribution(), x, y, steps=3, batch_size=32
+    )
     assert report.passed, "\n".join(report.format())
     assert len(report.reference_losses) == 3 and report.reference_losses[0] != report.reference_losses[2]
 
@@ -87,14 +91,18 @@ def test_padding_does_not_change_the_logits(overrides):
     original = table.numpy()
     table.assign(original + (np.arange(256)[:, None] == 0) * rng.standard_normal(original.shape).astype("float32"))
     np.testing.assert_allclose(model.predict(ids, verbose=0), expected, atol=1e-5)
-    table.assign(original + (np.arange(256)[:, None] == ids[0, 0]) * rng.standard_normal(original.shape).astype("float32"))
+    table.assign(
+        original + (np.arange(256)[:, None] == ids[0, 0]) * rng.standard_normal(original.shape).astype("float32")
+    )
     assert np.abs(model.predict(ids, verbose=0)[0] - expected[0]).max() > 1e-3
     table.assign(original)
     np.testing.assert_allclose(model.predict(ids[:, :10], verbose=0), expected, atol=1e-5)
 
 
 def test_config_and_keras_file_round_trip(tmp_path):
-    model = _tiny(num_key_value_heads=2, mlp="swiglu", norm="rms", position_embedding="rotary", pooling="cls", dropout=0.1, seed=5)
+    model = _tiny(
+        num_key_value_heads=2, mlp="swiglu", norm="rms", position_embedding="rotary", pooling="cls", dropout=0.1, seed=5
+    )
     config = model.get_config()
     assert config == TransformerEncoderClassifier.from_config(config).get_config()
     assert config["num_key_value_heads"] == 2 and config["pooling"] == "cls" and config["megatron_sp"] is False
@@ -140,9 +148,17 @@ def test_unknown_config_name_lists_the_names():
 @pytest.mark.parametrize(
     "layout, overrides, message",
     [
-        ("tp", dict(num_query_heads=2, hidden_dim=32), "num_query_heads=2 is not divisible by the 'model' mesh axis of size 4"),
+        (
+            "tp",
+            dict(num_query_heads=2, hidden_dim=32),
+            "num_query_heads=2 is not divisible by the 'model' mesh axis of size 4",
+        ),
         ("tp", dict(vocabulary_size=258), "vocabulary_size=258 is not divisible by the 'model' mesh axis of size 4"),
-        ("fsdp", dict(hidden_dim=36, num_query_heads=4), "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8"),
+        (
+            "fsdp",
+            dict(hidden_dim=36, num_query_heads=4),
+            "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8",
+        ),
         ("fsdp", dict(vocabulary_size=260), "vocabulary_size=260 is not divisible by the 'data' mesh axis of size 8"),
         ("tp+sp", {}, "needs the model built with megatron_sp=True"),
     ],

@@ -38,7 +38,9 @@ def test_config_keeps_every_argument_and_round_trips():
     assert arguments <= set(config), arguments - set(config)
     assert config["backbone"]["registered_name"] == "zoo>GPTBackbone"  # nested as keras-hub does
     backbone = config["backbone"]["config"]
-    assert backbone["head_dim"] == 8 and backbone["num_key_value_heads"] == 2 and backbone["rope_max_wavelength"] == 500.0
+    assert (
+        backbone["head_dim"] == 8 and backbone["num_key_value_heads"] == 2 and backbone["rope_max_wavelength"] == 500.0
+    )
     assert backbone["context_attention"] == "ring" and model.backbone.blocks[1].attention.context_attention == "ring"
     assert backbone["remat"] == "dots_saveable" and model.backbone.blocks[1].remat == "dots_saveable"
     assert model.backbone.blocks[1].mlp_dropout.seed == 3 + 1 + 2 + 1  # block i: seed + 1 + 2i (and + 1)
@@ -92,12 +94,22 @@ def test_backbone_takes_any_sequence_length():
     hidden = np.asarray(backbone.predict_on_batch(tokens))
     assert hidden.shape == (2, 12, 32) and np.all(np.isfinite(hidden))
     # another length, and causality: the first 5 positions do not depend on what follows
-    np.testing.assert_allclose(np.asarray(backbone.predict_on_batch(tokens[:, :5])), hidden[:, :5], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(backbone.predict_on_batch(tokens[:, :5])), hidden[:, :5], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_variable_paths_are_stable():
     model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1)
-    block = ["attention/query", "attention/key", "attention/value", "attention/output", "mlp/gate", "mlp/up", "mlp/down"]
+    block = [
+        "attention/query",
+        "attention/key",
+        "attention/value",
+        "attention/output",
+        "mlp/gate",
+        "mlp/up",
+        "mlp/down",
+    ]
     expected = (
         ["token_embedding/embeddings"]
         + [f"block_0/{name}/kernel" for name in block]
@@ -110,7 +122,12 @@ def test_variable_paths_are_stable():
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, dict(tie_word_embeddings=True), dict(mlp="gelu", norm="layer", num_key_value_heads=4, head_dim=4), dict(qk_norm=True, head_dim=16)],
+    [
+        {},
+        dict(tie_word_embeddings=True),
+        dict(mlp="gelu", norm="layer", num_key_value_heads=4, head_dim=4),
+        dict(qk_norm=True, head_dim=16),
+    ],
 )
 def test_parameter_count_formula_matches_the_model(overrides):
     config = TINY | overrides
@@ -170,7 +187,10 @@ def test_kv_heads_and_model_axis_that_do_not_divide_each_other_are_refused_up_fr
     for layout in ("tp", "tp+sp", "fsdp+tp"):
         with pytest.raises(LayoutError) as error:
             GPTCausalLM.get_layout_map(mesh, layout, config=odd | layout_overrides(layout))
-        assert "num_key_value_heads=3 and the 'model' mesh axis of size 4 (mesh data=2,model=4) do not divide each other" in str(error.value)
+        assert (
+            "num_key_value_heads=3 and the 'model' mesh axis of size 4 (mesh data=2,model=4) do not divide each other"
+            in str(error.value)
+        )
         GPTCausalLM.get_layout_map(mesh, layout, config=TINY | layout_overrides(layout))  # 2 KV heads: replicated
     GPTCausalLM.get_layout_map(mesh, "fsdp", config=odd | {"hidden_dim": 48})  # heads are not split by fsdp
 
@@ -184,18 +204,47 @@ def test_kv_heads_fewer_than_the_model_axis_are_replicated_and_others_refused_at
     specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
     assert all(entry is None for entry in specs["block_0/attention/key/kernel"]), specs["block_0/attention/key/kernel"]
     assert specs["block_0/attention/query/kernel"][1] == "model"
-    with pytest.raises(ValueError, match=r"num_kv_heads 3 and the 'model' mesh axis of size 4 do not divide each other"):
-        build_distributed(lambda: _lm(TINY | dict(num_query_heads=12, num_key_value_heads=3, hidden_dim=48)), distribution)
+    with pytest.raises(
+        ValueError, match=r"num_kv_heads 3 and the 'model' mesh axis of size 4 do not divide each other"
+    ):
+        build_distributed(
+            lambda: _lm(TINY | dict(num_query_heads=12, num_key_value_heads=3, hidden_dim=48)), distribution
+        )
 
 
 @pytest.mark.parametrize(
     "layout, mesh, overrides, message",
     [
-        ("fsdp", "data=8", dict(hidden_dim=36, head_dim=8), "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8"),
-        ("fsdp", "data=8", dict(vocabulary_size=260), "vocabulary_size=260 is not divisible by the 'data' mesh axis of size 8"),
-        ("tp", "data=2,model=4", dict(num_query_heads=6, num_key_value_heads=6, hidden_dim=48), "num_query_heads=6 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp", "data=2,model=4", dict(num_key_value_heads=4, intermediate_dim=66), "intermediate_dim=66 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp", "data=2,model=4", dict(num_key_value_heads=4, vocabulary_size=254), "vocabulary_size=254 is not divisible by the 'model' mesh axis of size 4"),
+        (
+            "fsdp",
+            "data=8",
+            dict(hidden_dim=36, head_dim=8),
+            "hidden_dim=36 is not divisible by the 'data' mesh axis of size 8",
+        ),
+        (
+            "fsdp",
+            "data=8",
+            dict(vocabulary_size=260),
+            "vocabulary_size=260 is not divisible by the 'data' mesh axis of size 8",
+        ),
+        (
+            "tp",
+            "data=2,model=4",
+            dict(num_query_heads=6, num_key_value_heads=6, hidden_dim=48),
+            "num_query_heads=6 is not divisible by the 'model' mesh axis of size 4",
+        ),
+        (
+            "tp",
+            "data=2,model=4",
+            dict(num_key_value_heads=4, intermediate_dim=66),
+            "intermediate_dim=66 is not divisible by the 'model' mesh axis of size 4",
+        ),
+        (
+            "tp",
+            "data=2,model=4",
+            dict(num_key_value_heads=4, vocabulary_size=254),
+            "vocabulary_size=254 is not divisible by the 'model' mesh axis of size 4",
+        ),
         ("tp+sp", "data=2,model=4", dict(num_key_value_heads=4), "needs a model built with megatron_sp=True"),
     ],
 )
@@ -237,7 +286,10 @@ def test_a_gpt_built_under_ring_context_parallelism_saves_ring_and_reloads_on_on
     assert config["backbone"]["config"]["context_attention"] == "ring"
     alone = GPTCausalLM.from_config(config)
     assert alone.backbone.blocks[0].attention.context_attention == "ring"
-    assert zd.describe(alone)[0] == "block_0/attention: plain attention, no collective (context_attention 'ring' runs only over a 'seq' mesh axis of size > 1)"
+    assert (
+        zd.describe(alone)[0]
+        == "block_0/attention: plain attention, no collective (context_attention 'ring' runs only over a 'seq' mesh axis of size > 1)"
+    )
 
 
 # --- sliding window -------------------------------------------------------------------
@@ -296,7 +348,15 @@ def test_decoding_with_a_window_matches_the_full_forward_pass():
 def test_a_windowed_gpt_trains_under_ring_context_parallelism_as_on_one_device():
     """W = 5 > T/N = 4 tokens per shard (data=2,seq=4, ring): a query's window reaches
     into the previous shard and not beyond; 3 steps of fit, losses, gradients, outputs."""
-    from tests.models._gpt_parity import BATCH, STEPS, build_lm, compile_sgd, language_data, layout_distribution, model_config
+    from tests.models._gpt_parity import (
+        BATCH,
+        STEPS,
+        build_lm,
+        compile_sgd,
+        language_data,
+        layout_distribution,
+        model_config,
+    )
     from zoo.distribution import parity
 
     config = model_config("context-ring", num_layers=1, sliding_window=5)

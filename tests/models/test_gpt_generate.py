@@ -61,7 +61,9 @@ def test_greedy_cached_generation_equals_full_recomputation(model, prompts):
 
 def test_tied_layernorm_model_from_one_token_prompts():
     keras.utils.set_random_seed(4)
-    model = GPTCausalLM.from_config_name("gpt_tiny", tie_word_embeddings=True, mlp="gelu", norm="layer", num_layers=1, max_sequence_length=8)
+    model = GPTCausalLM.from_config_name(
+        "gpt_tiny", tie_word_embeddings=True, mlp="gelu", norm="layer", num_layers=1, max_sequence_length=8
+    )
     prompts = [[7], [200]]  # a list of equal-length lists, P = 1
     generated = model.generate(prompts, 4)
     np.testing.assert_array_equal(generated, _greedy_by_recomputation(model, np.array(prompts, "int32"), 4))
@@ -152,12 +154,16 @@ def test_text_in_text_out_through_the_preprocessor(model, prompts, monkeypatch):
 def test_samplers_are_seeded_and_degenerate_to_greedy(model, prompts):
     greedy = model.generate(prompts, NEW)
     top_k = model.generate(prompts, NEW, sampler="top_k", top_k=50, temperature=2.0, seed=1)
-    np.testing.assert_array_equal(model.generate(prompts, NEW, sampler="top_k", top_k=50, temperature=2.0, seed=1), top_k)
+    np.testing.assert_array_equal(
+        model.generate(prompts, NEW, sampler="top_k", top_k=50, temperature=2.0, seed=1), top_k
+    )
     assert not np.array_equal(model.generate(prompts, NEW, sampler="top_k", top_k=50, temperature=2.0, seed=2), top_k)
     np.testing.assert_array_equal(model.generate(prompts, NEW, sampler="top_k", top_k=1, seed=5), greedy)
 
     top_p = model.generate(prompts, NEW, sampler="top_p", top_p=0.9, temperature=2.0, seed=1)
-    np.testing.assert_array_equal(model.generate(prompts, NEW, sampler="top_p", top_p=0.9, temperature=2.0, seed=1), top_p)
+    np.testing.assert_array_equal(
+        model.generate(prompts, NEW, sampler="top_p", top_p=0.9, temperature=2.0, seed=1), top_p
+    )
     assert not np.array_equal(model.generate(prompts, NEW, sampler="top_p", top_p=0.9, temperature=2.0, seed=2), top_p)
     np.testing.assert_array_equal(model.generate(prompts, NEW, sampler="top_p", top_p=1e-6, seed=5), greedy)
 
@@ -180,15 +186,36 @@ def test_top_k_and_top_p_sample_only_inside_their_sets():
 @pytest.mark.parametrize(
     "call, message",
     [
-        (dict(prompts=np.zeros((2, 10), "int32"), max_new_tokens=7), "prompt length 10 + max_new_tokens 7 = 17 exceeds max_sequence_length 16"),
-        (dict(prompts=[[1, 2], []], max_new_tokens=2), "prompt 1 must be a non-empty list of token ids, got shape (0,)"),
-        (dict(prompts=[[1, 256]], max_new_tokens=2), "prompt token ids must be in [0, vocabulary size 256), got range [1, 256] in prompt 0"),
-        (dict(prompts=[[1, 2]], max_new_tokens=2, stop_token_ids=(3, 300)), "stop_token_ids must be in [0, vocabulary size 256), got (3, 300)"),
-        (dict(prompts="def ", max_new_tokens=2), "prompts are text, but this GPTCausalLM has no preprocessor to tokenize them: attach one"),
+        (
+            dict(prompts=np.zeros((2, 10), "int32"), max_new_tokens=7),
+            "prompt length 10 + max_new_tokens 7 = 17 exceeds max_sequence_length 16",
+        ),
+        (
+            dict(prompts=[[1, 2], []], max_new_tokens=2),
+            "prompt 1 must be a non-empty list of token ids, got shape (0,)",
+        ),
+        (
+            dict(prompts=[[1, 256]], max_new_tokens=2),
+            "prompt token ids must be in [0, vocabulary size 256), got range [1, 256] in prompt 0",
+        ),
+        (
+            dict(prompts=[[1, 2]], max_new_tokens=2, stop_token_ids=(3, 300)),
+            "stop_token_ids must be in [0, vocabulary size 256), got (3, 300)",
+        ),
+        (
+            dict(prompts="def ", max_new_tokens=2),
+            "prompts are text, but this GPTCausalLM has no preprocessor to tokenize them: attach one",
+        ),
         (dict(prompts=[[1, 2]], max_new_tokens=2, stream="print"), "stream must be callable, got str"),
         (dict(prompts=[[1, 2]], max_new_tokens=0), "max_new_tokens must be a positive integer, got 0"),
-        (dict(prompts=[[1, 2]], max_new_tokens=2, sampler="beam"), "sampler must be one of ['greedy', 'top_k', 'top_p'], got 'beam'"),
-        (dict(prompts=[[1, 2]], max_new_tokens=2, sampler="top_k"), "needs an integer top_k in [1, vocabulary size 256], got None"),
+        (
+            dict(prompts=[[1, 2]], max_new_tokens=2, sampler="beam"),
+            "sampler must be one of ['greedy', 'top_k', 'top_p'], got 'beam'",
+        ),
+        (
+            dict(prompts=[[1, 2]], max_new_tokens=2, sampler="top_k"),
+            "needs an integer top_k in [1, vocabulary size 256], got None",
+        ),
         (dict(prompts=[[1, 2]], max_new_tokens=2, sampler="top_p", top_p=1.5), "needs top_p in (0, 1], got 1.5"),
         (dict(prompts=[[1, 2]], max_new_tokens=2, temperature=0.0), "temperature must be > 0, got 0.0"),
     ],

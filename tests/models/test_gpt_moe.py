@@ -23,7 +23,11 @@ from zoo.distribution import distribution_for, parity
 from zoo.models.gpt import GPTCausalLM
 
 MOE = dict(
-    num_layers=1, num_experts=4, moe_intermediate_dim=16, router_aux_loss_coefficient=0.05, router_z_loss_coefficient=0.01
+    num_layers=1,
+    num_experts=4,
+    moe_intermediate_dim=16,
+    router_aux_loss_coefficient=0.05,
+    router_z_loss_coefficient=0.01,
 )
 MODELS = {
     "k2_shared": MOE | dict(num_experts_per_token=2, shared_expert_dim=24, normalize_router_weights=True),
@@ -39,7 +43,9 @@ def references():
     def reference(name):
         if name not in runs:
             config = model_config("data", **MODELS[name])
-            runs[name] = parity.reference_run(lambda: build_lm(config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH)
+            runs[name] = parity.reference_run(
+                lambda: build_lm(config), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH
+            )
         return runs[name]
 
     return reference
@@ -95,7 +101,9 @@ def test_bad_meshes_are_named():
         distribution_for(GPTCausalLM, "expert", "data=8", config=config)
     keras.distribution.set_distribution(distribution_for(GPTCausalLM, "expert", "data=2,expert=4", config=config))
     model = build_lm(config | dict(expert_exchange="ragged"))
-    with pytest.raises(ValueError, match="expert_exchange 'ragged' needs jax.lax.ragged_all_to_all, which XLA:CPU cannot run"):
+    with pytest.raises(
+        ValueError, match="expert_exchange 'ragged' needs jax.lax.ragged_all_to_all, which XLA:CPU cannot run"
+    ):
         model.predict(language_data(count=BATCH)[0], batch_size=BATCH, verbose=0)
 
 

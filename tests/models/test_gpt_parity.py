@@ -57,7 +57,10 @@ def _parity_report(layout, mesh, reference, **overrides):
         ("tp", "data=2,model=4"),
         ("tp+sp", "data=2,model=4"),
         ("fsdp+tp", "data=2,model=4"),
-        ("context-ring", "data=2,seq=4"),  # gather and Ulysses under fit: tests/distribution/test_context_parallel.py, tests/layers
+        (
+            "context-ring",
+            "data=2,seq=4",
+        ),  # gather and Ulysses under fit: tests/distribution/test_context_parallel.py, tests/layers
     ],
 )
 def test_three_steps_of_fit_match_one_device(layout, mesh, reference):

@@ -55,12 +55,19 @@ def with_repeats(run, repeats):
     )
 
 
-@pytest.mark.parametrize("schedule, repeats, mesh", [("gpipe", 1, "data=2,stage=4"), ("circular", 2, "data=2,stage=2,model=2")])
+@pytest.mark.parametrize(
+    "schedule, repeats, mesh", [("gpipe", 1, "data=2,stage=4"), ("circular", 2, "data=2,stage=2,model=2")]
+)
 def test_three_steps_of_fit_match_one_device(schedule, repeats, mesh, reference):
     config = pipelined_config(schedule, repeats)
     distribution = distribution_for(GPTCausalLM, "pipeline", mesh, config=config)
     report = parity.check_parity(
-        lambda: build_lm(config), compile_sgd, distribution, *_data(), steps=STEPS, reference=with_repeats(reference, repeats)
+        lambda: build_lm(config),
+        compile_sgd,
+        distribution,
+        *_data(),
+        steps=STEPS,
+        reference=with_repeats(reference, repeats),
     )
     assert report.passed, "\n".join(report.format())
     assert report.reference_losses[2] < report.reference_losses[0]  # not vacuous: it trained

@@ -55,9 +55,14 @@ def test_fit_with_remat_matches_one_device_without(layout, mesh, remat, referenc
     # One device: the same program, recomputed; the numbers are bitwise the same.
     tolerances = dict(rtol=0.0, atol=0.0) if layout == "single" else {}
     report = parity.check_parity(
-        lambda: build_lm(config), compile_sgd, distribution, *language_data(), steps=STEPS, reference=reference,
+        lambda: build_lm(config),
+        compile_sgd,
+        distribution,
+        *language_data(),
+        steps=STEPS,
+        reference=reference,
         **tolerances,
-    )  # fmt: skip
+    )
     assert report.passed, "\n".join(report.format())
     assert report.reference_losses[2] < report.reference_losses[0]  # not vacuous: it trained
 
@@ -71,9 +76,19 @@ def _blocks(remat, batch, length, channels, layers):
     x = inputs
     for index in range(layers):
         block = TransformerBlock(
-            num_heads=4, head_dim=channels // 4, hidden_dim=2 * channels, num_kv_heads=2, causal=True, rotary=True,
-            mlp="swiglu", norm="rms", dropout=0.1, seed=2 * index, remat=remat, name=f"block_{index}",
-        )  # fmt: skip
+            num_heads=4,
+            head_dim=channels // 4,
+            hidden_dim=2 * channels,
+            num_kv_heads=2,
+            causal=True,
+            rotary=True,
+            mlp="swiglu",
+            norm="rms",
+            dropout=0.1,
+            seed=2 * index,
+            remat=remat,
+            name=f"block_{index}",
+        )
         x = block(x)  # (B, T, C)
     return keras.Model(inputs, x)
 
@@ -115,7 +130,7 @@ def test_remat_lowers_compiled_temporaries():
     for remat in ("none", "dots_saveable", "full"):
         model = _blocks(remat, 2, 64, 64, 3)
         forward = _training_forward(model)
-        step = jax.jit(jax.grad(lambda w, x: jnp.sum(forward(w, x) ** 2)))
+        step = jax.jit(jax.grad(lambda w, x: jnp.sum(forward(w, x) ** 2)))  # noqa: B023 (compiled in this iteration)
         weights = [v.value for v in model.trainable_variables]
         compiled = step.lower(weights, jax.ShapeDtypeStruct((2, 64, 64), jnp.float32)).compile()
         temp[remat] = compiled.memory_analysis().temp_size_in_bytes
@@ -133,4 +148,3 @@ def test_remat_argument_round_trips_and_bad_values_are_named():
     assert TransformerBlock(num_heads=2, head_dim=4, hidden_dim=8, remat=None).remat == "none"
     with pytest.raises(ValueError, match=r"remat must be one of \['none', 'full', 'dots_saveable'\].*got 'save_dots'"):
         TransformerBlock(num_heads=2, head_dim=4, hidden_dim=8, remat="save_dots")
-

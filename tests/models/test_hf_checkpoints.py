@@ -59,17 +59,44 @@ def test_the_config_is_mapped(loaded):
     tokenizer = loaded["llama_gqa_rope_scaling"].preprocessor.tokenizer
     assert tokenizer.stop_token_ids == (1, 2)  # generation_config.json's eos list
     mixtral, qwen = loaded["mixtral"].backbone, loaded["qwen2_moe"].backbone
-    moe = ("num_experts", "num_experts_per_token", "moe_intermediate_dim", "shared_expert_dim", "normalize_router_weights",
-           "moe_layers", "capacity_factor", "qkv_bias", "tie_word_embeddings")  # fmt: skip
+    moe = (
+        "num_experts",
+        "num_experts_per_token",
+        "moe_intermediate_dim",
+        "shared_expert_dim",
+        "normalize_router_weights",
+        "moe_layers",
+        "capacity_factor",
+        "qkv_bias",
+        "tie_word_embeddings",
+    )
     assert [getattr(mixtral, key) for key in moe] == [4, 2, 16, 0, True, None, None, False, False]
     assert [getattr(qwen, key) for key in moe] == [4, 2, 8, 24, False, None, None, True, True]  # norm_topk_prob false
     assert (mixtral.router_aux_loss_coefficient, qwen.router_aux_loss_coefficient) == (0.02, 0.001)
     qwen3, qwen3_moe = loaded["qwen3"].backbone, loaded["qwen3_moe"].backbone
-    assert [getattr(qwen3_moe, key) for key in moe] == [4, 2, 8, 0, True, None, None, False, False]  # norm_topk_prob true
+    assert [getattr(qwen3_moe, key) for key in moe] == [
+        4,
+        2,
+        8,
+        0,
+        True,
+        None,
+        None,
+        False,
+        False,
+    ]  # norm_topk_prob true
     for backbone in (qwen3, qwen3_moe):  # explicit head_dim 16 != 32 / 4, qk-norm, no biases
-        assert (backbone.qk_norm, backbone.qkv_bias, backbone.head_dim, backbone.sliding_window) == (True, False, 16, None)
+        assert (backbone.qk_norm, backbone.qkv_bias, backbone.head_dim, backbone.sliding_window) == (
+            True,
+            False,
+            16,
+            None,
+        )
     assert qwen3.tie_word_embeddings and not any(b.qk_norm for b in loaded["qwen2"].backbone.blocks)
-    assert (loaded["mistral_window"].backbone.sliding_window, loaded["mistral_window"].backbone.sliding_window_layers) == (8, None)
+    assert (
+        loaded["mistral_window"].backbone.sliding_window,
+        loaded["mistral_window"].backbone.sliding_window_layers,
+    ) == (8, None)
 
 
 @pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES + QK_NORM_NAMES + GEMMA_NAMES)
@@ -86,9 +113,22 @@ def test_moe_save_to_hf_writes_per_expert_tensors_and_round_trips(loaded, tmp_pa
     model.save_to_hf(tmp_path / "out")
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     source = json.loads((FIXTURES / name / "config.json").read_text())
-    for key in ("model_type", "architectures", "num_experts_per_tok", "intermediate_size", "num_local_experts", "num_experts",
-                "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob", "mlp_only_layers",
-                "decoder_sparse_step", "router_aux_loss_coef", "qkv_bias", "tie_word_embeddings"):  # fmt: skip
+    for key in (
+        "model_type",
+        "architectures",
+        "num_experts_per_tok",
+        "intermediate_size",
+        "num_local_experts",
+        "num_experts",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "norm_topk_prob",
+        "mlp_only_layers",
+        "decoder_sparse_step",
+        "router_aux_loss_coef",
+        "qkv_bias",
+        "tie_word_embeddings",
+    ):
         assert written.get(key) == source.get(key), key
     with safe_open(tmp_path / "out" / "model.safetensors", framework="numpy") as file:
         names = set(file.keys())  # noqa: SIM118 (safe_open has no __iter__)
@@ -111,7 +151,10 @@ def test_save_to_hf_round_trips_bitwise(loaded, tmp_path):
     for before, after in zip(model.weights, again.weights, strict=True):
         assert before.path == after.path
         np.testing.assert_array_equal(np.asarray(before.value), np.asarray(after.value))
-    assert again.preprocessor.tokenizer.encode("def f(x):").tolist() == model.preprocessor.tokenizer.encode("def f(x):").tolist()
+    assert (
+        again.preprocessor.tokenizer.encode("def f(x):").tolist()
+        == model.preprocessor.tokenizer.encode("def f(x):").tolist()
+    )
     with pytest.raises(FileExistsError, match="not empty"):
         model.save_to_hf(tmp_path / "out")
 
@@ -119,9 +162,29 @@ def test_save_to_hf_round_trips_bitwise(loaded, tmp_path):
 # config.json keys a dense export must write as the fixture has them (besides model_type, architectures)
 DENSE_EXPORT_KEYS = {
     "mistral_window": ("sliding_window",),
-    "qwen3": ("head_dim", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers", "tie_word_embeddings"),
-    "gemma2": ("head_dim", "query_pre_attn_scalar", "sliding_window", "attn_logit_softcapping", "final_logit_softcapping"),
-    "gemma3_text": ("head_dim", "query_pre_attn_scalar", "sliding_window", "rope_theta", "rope_local_base_freq", "attn_logit_softcapping"),
+    "qwen3": (
+        "head_dim",
+        "attention_bias",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "tie_word_embeddings",
+    ),
+    "gemma2": (
+        "head_dim",
+        "query_pre_attn_scalar",
+        "sliding_window",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+    ),
+    "gemma3_text": (
+        "head_dim",
+        "query_pre_attn_scalar",
+        "sliding_window",
+        "rope_theta",
+        "rope_local_base_freq",
+        "attn_logit_softcapping",
+    ),
 }
 
 
@@ -168,8 +231,12 @@ def test_lora_is_merged_on_export(tmp_path):
     # zoo export --lora prints what the folder holds (27,808 here), not the rank-2 factors too (30,656)
     save_lora(model, tmp_path / "adapter.h5")
     lines = []
-    export(ExportConfig(model=str(FIXTURES / "llama_mha_tied"), output=str(tmp_path / "cli"), lora=str(tmp_path / "adapter.h5")),
-           report=lines.append)  # fmt: skip
+    export(
+        ExportConfig(
+            model=str(FIXTURES / "llama_mha_tied"), output=str(tmp_path / "cli"), lora=str(tmp_path / "adapter.h5")
+        ),
+        report=lines.append,
+    )
     assert f", {reloaded.count_params():,} parameters" in lines[-1], lines
 
 
@@ -219,25 +286,53 @@ def fixture_config(name):
 @pytest.mark.parametrize(
     ("name", "change", "named"),
     [
-        ("qwen2", {"use_sliding_window": True, "layer_types": ["full_attention", "chunked_attention"]}, "layer_types = ['full_attention', 'chunked_attention'] must list one of"),
-        ("mistral_window", {"layer_types": ["sliding_attention"] * 2}, "layer_types ['sliding_attention'] is not supported for model_type 'mistral'"),
+        (
+            "qwen2",
+            {"use_sliding_window": True, "layer_types": ["full_attention", "chunked_attention"]},
+            "layer_types = ['full_attention', 'chunked_attention'] must list one of",
+        ),
+        (
+            "mistral_window",
+            {"layer_types": ["sliding_attention"] * 2},
+            "layer_types ['sliding_attention'] is not supported for model_type 'mistral'",
+        ),
         ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise = 0.1"),
         ("qwen2_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step = 0"),
         ("qwen2_moe", {"mlp_only_layers": [0, 5]}, "mlp_only_layers = [0, 5] must list block indices in 0..1"),
-        ("qwen2_moe", {"decoder_sparse_step": 3}, "decoder_sparse_step = 3 and mlp_only_layers = [] leave none of the 2"),
+        (
+            "qwen2_moe",
+            {"decoder_sparse_step": 3},
+            "decoder_sparse_step = 3 and mlp_only_layers = [] leave none of the 2",
+        ),
         ("qwen2_moe", {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size = 0"),
         ("qwen2_moe", {"num_local_experts": 4}, "key 'num_local_experts'"),  # Mixtral's key in a Qwen2-MoE config
         ("qwen2", {"num_experts": 4}, "key 'num_experts'"),  # a MoE key in a dense model_type
         ("qwen3", {"attention_bias": True}, "attention_bias = True is not supported"),  # o_proj's bias too
         ("qwen3_moe", {"shared_expert_intermediate_size": 24}, "key 'shared_expert_intermediate_size'"),  # Qwen2-MoE's
         ("qwen3_moe", {"qkv_bias": True}, "key 'qkv_bias'"),
-        ("qwen3_moe", {"layer_types": ["sliding_attention"] * 2}, "layer_types ['sliding_attention'] is not supported for model_type 'qwen3_moe'"),
-        ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation = 'gelu' is not supported for model_type 'gemma2'"),
+        (
+            "qwen3_moe",
+            {"layer_types": ["sliding_attention"] * 2},
+            "layer_types ['sliding_attention'] is not supported for model_type 'qwen3_moe'",
+        ),
+        (
+            "gemma2",
+            {"hidden_activation": "gelu"},
+            "hidden_activation = 'gelu' is not supported for model_type 'gemma2'",
+        ),
         ("gemma2", {"tie_word_embeddings": False}, "tie_word_embeddings = False"),
-        ("gemma3_text", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_scaling = {'rope_type': 'linear', 'factor': 8.0} is not supported"),
+        (
+            "gemma3_text",
+            {"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+            "rope_scaling = {'rope_type': 'linear', 'factor': 8.0} is not supported",
+        ),
         ("gemma3_text", {"use_bidirectional_attention": True}, "use_bidirectional_attention = True"),
         ("gemma3_text", {"vision_config": {}}, "key 'vision_config'"),
-        ("qwen3_moe", {"mlp_only_layers": [0, 1]}, "leave none of the 2 blocks sparse: the zoo's moe_layers needs at least one (a dense model is model_type qwen3)"),
+        (
+            "qwen3_moe",
+            {"mlp_only_layers": [0, 1]},
+            "leave none of the 2 blocks sparse: the zoo's moe_layers needs at least one (a dense model is model_type qwen3)",
+        ),
     ],
 )
 def test_moe_and_window_configs_are_refused_naming_the_values(name, change, named):
@@ -255,24 +350,40 @@ def test_an_inert_window_and_qwen_sparse_patterns_are_mapped():
     moe = fixture_config("qwen2_moe")
     assert backbone_arguments({**moe, "decoder_sparse_step": 2})["moe_layers"] == [1]  # (i + 1) % 2 == 0
     assert backbone_arguments({**moe, "mlp_only_layers": [0]})["moe_layers"] == [1]
-    assert backbone_arguments({key: value for key, value in moe.items() if key != "qkv_bias"})["qkv_bias"]  # Qwen1.5-MoE has no key
+    assert backbone_arguments({key: value for key, value in moe.items() if key != "qkv_bias"})[
+        "qkv_bias"
+    ]  # Qwen1.5-MoE has no key
     qwen3, qwen3_moe = fixture_config("qwen3"), fixture_config("qwen3_moe")
     published = {**qwen3, "max_window_layers": 28, "layer_types": None}  # Qwen3-0.6B's form: no layer_types, 28 layers
-    assert backbone_arguments(published) == backbone_arguments(qwen3) and "sliding_window" not in backbone_arguments(qwen3)
-    assert backbone_arguments({key: value for key, value in qwen3.items() if key != "head_dim"})["head_dim"] == 128  # Qwen3Config's
-    assert "head_dim" not in backbone_arguments({key: value for key, value in qwen3_moe.items() if key != "head_dim"})  # C / H
+    assert backbone_arguments(published) == backbone_arguments(qwen3) and "sliding_window" not in backbone_arguments(
+        qwen3
+    )
+    assert (
+        backbone_arguments({key: value for key, value in qwen3.items() if key != "head_dim"})["head_dim"] == 128
+    )  # Qwen3Config's
+    assert "head_dim" not in backbone_arguments(
+        {key: value for key, value in qwen3_moe.items() if key != "head_dim"}
+    )  # C / H
     assert backbone_arguments({**qwen3_moe, "mlp_only_layers": [0], "norm_topk_prob": False})["moe_layers"] == [1]
 
 
 def test_a_moe_gpt_no_hugging_face_model_computes_is_refused_on_export():
     from zoo.models.gpt._hf_config import hf_config
 
-    mixtral_like = {**backbone_arguments(fixture_config("mixtral")), "moe_layers": [1], "normalize_router_weights": False}
+    mixtral_like = {
+        **backbone_arguments(fixture_config("mixtral")),
+        "moe_layers": [1],
+        "normalize_router_weights": False,
+    }
     with pytest.raises(UnsupportedCheckpoint, match=r"normalize_router_weights=False, moe_layers=\[1\] \(Qwen2-MoE"):
         hf_config(mixtral_like)
     qwen = {**backbone_arguments(fixture_config("qwen2_moe")), "moe_layers": [1]}
     assert hf_config(qwen)["mlp_only_layers"] == [0]  # a dense block 0 of intermediate_size
-    qwen3_moe = {**backbone_arguments(fixture_config("qwen3_moe")), "moe_layers": [1], "normalize_router_weights": False}
+    qwen3_moe = {
+        **backbone_arguments(fixture_config("qwen3_moe")),
+        "moe_layers": [1],
+        "normalize_router_weights": False,
+    }
     written = hf_config(qwen3_moe)
     assert (written["model_type"], written["mlp_only_layers"], written["norm_topk_prob"]) == ("qwen3_moe", [0], False)
     assert "shared_expert_intermediate_size" not in written and "qkv_bias" not in written
@@ -285,24 +396,38 @@ def test_a_moe_gpt_no_hugging_face_model_computes_is_refused_on_export():
 def test_window_keys_map_as_transformers_reads_them():
     qwen2 = {**fixture_config("qwen2"), "num_hidden_layers": 4, "sliding_window": 64, "layer_types": None}
     windowed = backbone_arguments({**qwen2, "use_sliding_window": True, "max_window_layers": 1})
-    assert (windowed["sliding_window"], windowed["sliding_window_layers"]) == (64, [1, 2, 3])  # layers >= max_window_layers
+    assert (windowed["sliding_window"], windowed["sliding_window_layers"]) == (
+        64,
+        [1, 2, 3],
+    )  # layers >= max_window_layers
     every = backbone_arguments({**qwen2, "use_sliding_window": True, "max_window_layers": 0})
     assert (every["sliding_window"], every["sliding_window_layers"]) == (64, None)
     types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]  # layer_types wins
-    assert backbone_arguments({**qwen2, "use_sliding_window": True, "layer_types": types})["sliding_window_layers"] == [0, 2]
+    assert backbone_arguments({**qwen2, "use_sliding_window": True, "layer_types": types})["sliding_window_layers"] == [
+        0,
+        2,
+    ]
     assert "sliding_window" not in backbone_arguments({**qwen2, "layer_types": types})  # use_sliding_window false: none
     unset = {key: value for key, value in qwen2.items() if key not in ("sliding_window", "max_window_layers")}
     defaults = backbone_arguments({**unset, "use_sliding_window": True, "num_hidden_layers": 30})
     assert (defaults["sliding_window"], defaults["sliding_window_layers"]) == (4096, [28, 29])  # Qwen2Config's defaults
     moe = backbone_arguments({**fixture_config("qwen2_moe"), "use_sliding_window": True, "max_window_layers": 0})
     assert (moe["sliding_window"], moe["sliding_window_layers"]) == (8, None)  # every layer: transformers' paths agree
-    qwen3 = {**fixture_config("qwen3"), "layer_types": None, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}
+    qwen3 = {
+        **fixture_config("qwen3"),
+        "layer_types": None,
+        "use_sliding_window": True,
+        "sliding_window": 4,
+        "max_window_layers": 1,
+    }
     qwen3 = backbone_arguments(qwen3)  # layer_types null: from max_window_layers
     assert (qwen3["sliding_window"], qwen3["sliding_window_layers"]) == (4, [1])  # Qwen3Config: as Qwen2's
     qwen3_moe = backbone_arguments({**fixture_config("qwen3_moe"), "use_sliding_window": True, "sliding_window": 4})
     assert (qwen3_moe["sliding_window"], qwen3_moe["sliding_window_layers"]) == (4, None)  # max_window_layers 2 unread
     with pytest.raises(UnsupportedCheckpoint, match=r"max_window_layers = 1 of 2 layers is ambiguous"):
-        backbone_arguments({**fixture_config("qwen2_moe"), "use_sliding_window": True})  # eager windows all, flash layer 1 on
+        backbone_arguments(
+            {**fixture_config("qwen2_moe"), "use_sliding_window": True}
+        )  # eager windows all, flash layer 1 on
     mixtral = backbone_arguments({**fixture_config("mixtral"), "sliding_window": 4096})
     assert (mixtral["sliding_window"], mixtral["sliding_window_layers"]) == (4096, None)
     mistral = fixture_config("mistral_window")
@@ -317,7 +442,12 @@ def test_window_keys_map_as_transformers_reads_them():
 def test_window_patterns_are_written_back_or_refused_naming_them():
     from zoo.models.gpt._hf_config import hf_config
 
-    qwen2 = {**backbone_arguments(fixture_config("qwen2")), "num_layers": 4, "sliding_window": 16, "sliding_window_layers": [2, 3]}
+    qwen2 = {
+        **backbone_arguments(fixture_config("qwen2")),
+        "num_layers": 4,
+        "sliding_window": 16,
+        "sliding_window_layers": [2, 3],
+    }
     written = hf_config(qwen2)
     assert (written["use_sliding_window"], written["sliding_window"], written["max_window_layers"]) == (True, 16, 2)
     assert backbone_arguments(written)["sliding_window_layers"] == [2, 3]
@@ -330,7 +460,12 @@ def test_window_patterns_are_written_back_or_refused_naming_them():
 
 
 def test_mistral_without_a_sliding_window_maps_as_llama():
-    mistral = {**llama_config(), "model_type": "mistral", "sliding_window": None, "architectures": ["MistralForCausalLM"]}
+    mistral = {
+        **llama_config(),
+        "model_type": "mistral",
+        "sliding_window": None,
+        "architectures": ["MistralForCausalLM"],
+    }
     for key in ("attention_bias", "mlp_bias", "pretraining_tp"):  # MistralConfig has none of these
         mistral.pop(key)
     assert backbone_arguments(mistral) == backbone_arguments(llama_config())
@@ -360,9 +495,15 @@ def test_a_tensor_the_model_lacks_is_refused(tmp_path):
 # --- loading under a layout: each device reads its own shard ---------------------------
 
 SHARDED_CONFIG = dict(
-    vocabulary_size=256, num_layers=4, num_query_heads=8, num_key_value_heads=4, hidden_dim=64,
-    intermediate_dim=128, max_sequence_length=64, tie_word_embeddings=False,
-)  # fmt: skip
+    vocabulary_size=256,
+    num_layers=4,
+    num_query_heads=8,
+    num_key_value_heads=4,
+    hidden_dim=64,
+    intermediate_dim=128,
+    max_sequence_length=64,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -413,13 +554,18 @@ def test_sharded_load_reads_only_shards(two_file_checkpoint, monkeypatch, layout
 
     def watched(variable, files, view, on_read=None):
         shard = variable.value.nbytes // split(variable)
-        original(Sampled(variable), files, view, on_read=lambda block: reads.append((variable.path, block.nbytes, shard)))
+        original(
+            Sampled(variable), files, view, on_read=lambda block: reads.append((variable.path, block.nbytes, shard))
+        )
         sample()
 
     monkeypatch.setattr(hf_checkpoints, "load_into", watched)
     hf_checkpoints.load_hf_weights(model, str(folder))
     assert reads and all(nbytes == shard for _, nbytes, shard in reads), "a device read more than its shard"
-    assert max(peak.values()) <= sharded, (dict(peak), sharded)  # never the old value and the new shard at once (<= 1.1x asked)
+    assert max(peak.values()) <= sharded, (
+        dict(peak),
+        sharded,
+    )  # never the old value and the new shard at once (<= 1.1x asked)
     for variable in model.weights:  # the values are the file's, bit for bit, in the layout's shards
         np.testing.assert_array_equal(np.asarray(variable.value), reference[variable.path], err_msg=variable.path)
 
@@ -468,17 +614,28 @@ def test_the_expert_layout_reads_only_each_devices_experts(loaded, monkeypatch):
         if variable.path in read:
             assert variable.value.sharding.spec[0] == "expert"
             for shard in variable.value.addressable_shards:
-                np.testing.assert_array_equal(np.asarray(shard.data), reference[variable.path][shard.index], err_msg=variable.path)
+                np.testing.assert_array_equal(
+                    np.asarray(shard.data), reference[variable.path][shard.index], err_msg=variable.path
+                )
 
 
 def test_zoo_export_writes_bfloat16_that_reloads(tmp_path):
     from zoo.cli.main import build_parser, run
 
-    assert run(build_parser().parse_args(["export", str(FIXTURES / "qwen2"), str(tmp_path / "bf16"), "--dtype", "bfloat16"])) == 0
+    assert (
+        run(
+            build_parser().parse_args(
+                ["export", str(FIXTURES / "qwen2"), str(tmp_path / "bf16"), "--dtype", "bfloat16"]
+            )
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     source, exported = (GPTCausalLM.from_preset(path) for path in (FIXTURES / "qwen2", tmp_path / "bf16"))
     for before, after in zip(source.weights, exported.weights, strict=True):  # float32 weights rounded to bfloat16 once
-        np.testing.assert_array_equal(np.asarray(after.value), np.asarray(before.value).astype("bfloat16").astype("float32"))
+        np.testing.assert_array_equal(
+            np.asarray(after.value), np.asarray(before.value).astype("bfloat16").astype("float32")
+        )
 
 
 def test_a_pipelined_gpt_exports_its_blocks_in_order_and_generates(tmp_path):
@@ -498,7 +655,9 @@ def test_a_pipelined_gpt_exports_its_blocks_in_order_and_generates(tmp_path):
     pipelined.save_to_hf(tmp_path / "out")
     layers = GPTCausalLM.from_preset(tmp_path / "out")
     assert layers.backbone.schedule is None and layers.backbone.num_layers == 4
-    stacked = np.asarray(pipelined.backbone.pipelined_blocks.stacked["attention/query/kernel"].value)  # (R, L/R, C, H, D)
+    stacked = np.asarray(
+        pipelined.backbone.pipelined_blocks.stacked["attention/query/kernel"].value
+    )  # (R, L/R, C, H, D)
     weights = {w.path: np.asarray(w.value) for w in layers.weights}
     for index in range(4):
         np.testing.assert_array_equal(weights[f"block_{index}/attention/query/kernel"], stacked[index // 2, index % 2])

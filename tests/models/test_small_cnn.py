@@ -23,7 +23,9 @@ def _compile_sgd(model):
 
 
 def _compile_adam(model):
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,15 @@ def test_adam_parity_within_documented_tolerance(shapes):
     """Adam divides by sqrt(v): rounding-level gradient noise becomes larger weight noise."""
     x, y = shapes
     report = check_parity(
-        _build, _compile_adam, distribution_for(SmallCNN, "model", "data=2,model=4"), x, y, steps=3, batch_size=32, atol=1e-4, rtol=1e-3
+        _build,
+        _compile_adam,
+        distribution_for(SmallCNN, "model", "data=2,model=4"),
+        x,
+        y,
+        steps=3,
+        batch_size=32,
+        atol=1e-4,
+        rtol=1e-3,
     )
     assert report.passed, "\n".join(report.format())
 
@@ -93,7 +103,9 @@ def test_data_parallel_replicates_weights():
 
 
 def test_config_round_trip_and_any_size():
-    model = SmallCNN(num_classes=3, image_size=(40, 24), channels=1, filters=(8, 8, 16), hidden_units=32, dropout=0.1, seed=5)
+    model = SmallCNN(
+        num_classes=3, image_size=(40, 24), channels=1, filters=(8, 8, 16), hidden_units=32, dropout=0.1, seed=5
+    )
     config = model.get_config()
     clone = SmallCNN.from_config(config)
     assert clone.get_config() == config
@@ -102,7 +114,14 @@ def test_config_round_trip_and_any_size():
     assert model(x).shape == (2, 3)
     np.testing.assert_allclose(clone(x), model(x), rtol=1e-6, atol=1e-6)
     assert [layer.name for layer in model.layers if layer.weights] == [
-        "block1_conv", "block1_norm", "block2_conv", "block2_norm", "block3_conv", "block3_norm", "hidden_dense", "logits"
+        "block1_conv",
+        "block1_norm",
+        "block2_conv",
+        "block2_norm",
+        "block3_conv",
+        "block3_norm",
+        "hidden_dense",
+        "logits",
     ]
 
 

@@ -34,14 +34,19 @@ def shapes():
 @pytest.mark.parametrize(
     "distribution, overrides",
     [
-        (lambda: keras.distribution.DataParallel(device_mesh=make_mesh("data=8")), dict(pooling="cls", dropout=0.1, seed=3)),
+        (
+            lambda: keras.distribution.DataParallel(device_mesh=make_mesh("data=8")),
+            dict(pooling="cls", dropout=0.1, seed=3),
+        ),
         (lambda: _tp("vit_tiny"), dict(pooling="mean")),
     ],
     ids=["data=8 dropout", "tp data=2,model=4"],
 )
 def test_three_steps_of_fit_match_one_device(distribution, overrides, shapes):
     x, y = shapes
-    report = check_parity(lambda: _tiny(num_layers=1, **overrides), _compile_sgd, distribution(), x, y, steps=3, batch_size=32)
+    report = check_parity(
+        lambda: _tiny(num_layers=1, **overrides), _compile_sgd, distribution(), x, y, steps=3, batch_size=32
+    )
     assert report.passed, "\n".join(report.format())
     assert len(report.reference_losses) == 3 and report.reference_losses[0] != report.reference_losses[2]
 
@@ -61,7 +66,9 @@ def test_tensor_parallel_shards_the_weights():
 
 def test_fsdp_splits_the_embeddings_over_data():
     mesh = make_mesh("data=8")
-    distribution = CheckedModelParallel(layout_map=ViTClassifier.get_layout_map(mesh, "fsdp", "vit_tiny"), batch_dim_name="data")
+    distribution = CheckedModelParallel(
+        layout_map=ViTClassifier.get_layout_map(mesh, "fsdp", "vit_tiny"), batch_dim_name="data"
+    )
     model = build_distributed(_tiny, distribution)
     specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
     assert specs["patch_embedding/kernel"] == (None, None, None, "data")
@@ -72,8 +79,19 @@ def test_fsdp_splits_the_embeddings_over_data():
 
 def test_config_and_keras_file_round_trip(tmp_path, shapes):
     model = ViTClassifier(
-        image_size=(16, 8), patch_size=(4, 2), num_classes=3, num_layers=1, num_query_heads=2, hidden_dim=16,
-        intermediate_dim=32, num_key_value_heads=1, mlp="geglu", norm="rms", pooling="mean", dropout=0.1, seed=2,
+        image_size=(16, 8),
+        patch_size=(4, 2),
+        num_classes=3,
+        num_layers=1,
+        num_query_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        num_key_value_heads=1,
+        mlp="geglu",
+        norm="rms",
+        pooling="mean",
+        dropout=0.1,
+        seed=2,
     )
     config = model.get_config()
     assert config == ViTClassifier.from_config(config).get_config()
@@ -113,8 +131,11 @@ def test_unknown_config_name_lists_the_names():
     "layout, config, message",
     [
         ("tp", "vit_small", "num_query_heads=6 is not divisible by the 'model' mesh axis of size 4"),
-        ("tp+sp", {**VIT_CONFIGS["vit_tiny"], "megatron_sp": True},
-         "token count (patches + class token)=17 is not divisible by the 'model' mesh axis of size 4"),
+        (
+            "tp+sp",
+            {**VIT_CONFIGS["vit_tiny"], "megatron_sp": True},
+            "token count (patches + class token)=17 is not divisible by the 'model' mesh axis of size 4",
+        ),
         ("tp+sp", VIT_CONFIGS["vit_tiny"], "needs the model built with megatron_sp=True"),
     ],
 )

@@ -16,7 +16,15 @@ from zoo.distribution import build_distributed
 from zoo.planning import PlanRequest, make_plan
 from zoo.training import gpt
 
-TINY = dict(config_name="gpt_tiny", layout="fsdp", mesh="data=8", batch_size=8, sequence_length=32, precision="float32", remat="none")
+TINY = dict(
+    config_name="gpt_tiny",
+    layout="fsdp",
+    mesh="data=8",
+    batch_size=8,
+    sequence_length=32,
+    precision="float32",
+    remat="none",
+)
 
 
 def _device_bytes(variables, device):
@@ -35,15 +43,37 @@ def test_plan_state_equals_what_a_real_run_holds_per_device():
     tokens = np.random.default_rng(0).integers(0, 256, size=(8, 33), dtype="int32")
     model.fit(tokens[:, :-1], tokens[:, 1:], batch_size=8, epochs=1, verbose=0)
     for device in jax.devices():
-        assert _device_bytes(model.trainable_variables + model.non_trainable_variables, device) == plan.step.memory["weights"]
+        assert (
+            _device_bytes(model.trainable_variables + model.non_trainable_variables, device)
+            == plan.step.memory["weights"]
+        )
         assert _device_bytes(model.optimizer.variables, device) == plan.step.memory["optimizer"]
     assert plan.step.memory["temp"] > plan.step.memory["gradients"] > 0
 
 
 def test_zoo_plan_exits_1_with_one_line_naming_the_largest_part(capsys):
     """A plan for 4 devices (a subprocess: this process has 8) on devices of 256 KiB."""
-    code = cli.main(["plan", "--config-name", "gpt_tiny", "--devices", "4", "--device", "cpu", "--device-memory-gib", "0.000244140625",
-                     "--layout", "data", "--batch-size", "8", "--sequence-length", "32", "--precision", "float32"])  # fmt: skip
+    code = cli.main(
+        [
+            "plan",
+            "--config-name",
+            "gpt_tiny",
+            "--devices",
+            "4",
+            "--device",
+            "cpu",
+            "--device-memory-gib",
+            "0.000244140625",
+            "--layout",
+            "data",
+            "--batch-size",
+            "8",
+            "--sequence-length",
+            "32",
+            "--precision",
+            "float32",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 1
     assert "compiled: the fit step on data=4, global batch 8, 2 blocks (whole model)" in out
@@ -59,7 +89,10 @@ def test_bad_input_is_named_before_anything_compiles(capsys):
     assert cli.main(["plan", "--config-name", "gpt_nano", "--device", "h100"]) == 2
     assert "unknown GPT config name 'gpt_nano'" in capsys.readouterr().err
     assert cli.main(["plan", "recipes/gpu-8/pretrain_gpt.toml", "--layout", "tp", "--remat"]) == 2
-    assert "--layout, --remat describe a GPT without a recipe; with recipes/gpu-8/pretrain_gpt.toml use --set" in capsys.readouterr().err
+    assert (
+        "--layout, --remat describe a GPT without a recipe; with recipes/gpu-8/pretrain_gpt.toml use --set"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("strategy, mesh", [("fsdp", "data=8"), ("tp", "data=2,model=4")])
@@ -69,4 +102,6 @@ def test_the_gpt_job_fits_its_layout_map_to_tied_embeddings(strategy, mesh):
     with "layout rule(s) ['.*lm_head/kernel'] match no variable")."""
     tied = gpt.resolve_distribution(gpt.GPTTrainConfig(config_name="gpt_350m", layout=strategy, mesh=mesh))
     untied = gpt.resolve_distribution(gpt.GPTTrainConfig(config_name="gpt_1b", layout=strategy, mesh=mesh))
-    assert not any("lm_head" in rule for rule in tied.layout_map) and any("lm_head" in rule for rule in untied.layout_map)
+    assert not any("lm_head" in rule for rule in tied.layout_map) and any(
+        "lm_head" in rule for rule in untied.layout_map
+    )

@@ -65,17 +65,29 @@ def _check_trains_like_one_device(choice):
     accumulation = choice.accumulation if choice.accumulation > 1 else None
 
     def compile_model(model):
-        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9, gradient_accumulation_steps=accumulation),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+        model.compile(
+            optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9, gradient_accumulation_steps=accumulation),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
 
-    report = parity.check_parity(lambda: build_lm(config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8)
+    report = parity.check_parity(
+        lambda: build_lm(config), compile_model, distribution, *language_data(), steps=STEPS, batch_size=8
+    )
     assert report.passed, "\n".join(report.format())
 
 
 def test_extrapolated_plan_matches_the_whole_model_compiled():
     """gpt_small (4 blocks) compiled at 1 and 2 blocks and extrapolated vs compiled whole:
     peak, FLOPs and bytes sent per axis within 5%."""
-    small = dict(config_name="gpt_small", layout="tp", mesh="data=2,model=4", batch_size=8, sequence_length=32, precision="float32", remat="none")
+    small = dict(
+        config_name="gpt_small",
+        layout="tp",
+        mesh="data=2,model=4",
+        batch_size=8,
+        sequence_length=32,
+        precision="float32",
+        remat="none",
+    )
     request = PlanRequest("pretrain_gpt", small, devices=8, device="h100")
     whole = plan_in_process(dataclasses.replace(request, depth="full"))
     extrapolated = plan_in_process(dataclasses.replace(request, depth=2))
@@ -95,6 +107,14 @@ def test_the_gpu8_recipe_plan_is_within_5_percent_of_the_whole_step():
 
 @pytest.mark.parametrize("devices, mesh, batch", [(64, "data=64", 256), (256, "data=256", 1024)])
 def test_gpt_1b_plans_at_64_and_256_devices(devices, mesh, batch):
-    config = {**BASE, "config_name": "gpt_1b", "layout": "fsdp", "mesh": mesh, "batch_size": batch, "sequence_length": 2048, "remat": "full"}
+    config = {
+        **BASE,
+        "config_name": "gpt_1b",
+        "layout": "fsdp",
+        "mesh": mesh,
+        "batch_size": batch,
+        "sequence_length": 2048,
+        "remat": "full",
+    }
     (plan,) = plans_in_subprocess([PlanRequest("pretrain_gpt", config, devices=devices, device="h100")])
     assert plan.fits and plan.step.mesh == mesh and plan.step.batch_size == batch

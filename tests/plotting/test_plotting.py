@@ -24,8 +24,15 @@ def _finished_run(run_dir):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(STEPS * BATCH, 4)).astype("float32"), rng.integers(0, 3, STEPS * BATCH)
     report = StepReport(BATCH, unit="examples", every=1, report=lambda line: None)
-    model.fit(x, y, batch_size=BATCH, epochs=2, validation_data=(x[:BATCH], y[:BATCH]), verbose=0,
-              callbacks=[report, *run_log_callbacks(run_dir)])  # fmt: skip
+    model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        validation_data=(x[:BATCH], y[:BATCH]),
+        verbose=0,
+        callbacks=[report, *run_log_callbacks(run_dir)],
+    )
 
 
 def test_zoo_plot_draws_a_finished_runs_metrics(tmp_path):

@@ -24,7 +24,11 @@ def copy_preset(name, tmp_path):
 
 def file_hashes(directory):
     """``{file name: sha256}`` of every file in ``directory``."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(pathlib.Path(directory).iterdir()) if p.is_file()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(pathlib.Path(directory).iterdir())
+        if p.is_file()
+    }
 
 
 TEXTS = ["for x in range(3):\n    print(x)", "class C:\n    pass"]

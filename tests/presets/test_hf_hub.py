@@ -23,7 +23,10 @@ def test_offline_without_a_copy_says_how_to_place_the_files(offline_cache):
     with pytest.raises(OSError) as error:
         hf_hub.local_directory("hf://meta-llama/Llama-3.2-1B")
     message = str(error.value)
-    assert "cannot download 'meta-llama/Llama-3.2-1B'" in message and "huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR" in message
+    assert (
+        "cannot download 'meta-llama/Llama-3.2-1B'" in message
+        and "huggingface-cli download meta-llama/Llama-3.2-1B --local-dir DIR" in message
+    )
     assert "\n" not in message
 
 

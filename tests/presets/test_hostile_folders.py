@@ -108,7 +108,9 @@ def header_says_more_bytes(folder, outside):
     header = json.loads(data[8 : 8 + length])
     last = max((name for name in header if name != "__metadata__"), key=lambda name: header[name]["data_offsets"][1])
     start, end = header[last]["data_offsets"]
-    header[last].update(shape=[2 * header[last]["shape"][0], *header[last]["shape"][1:]], data_offsets=[start, end + (end - start)])
+    header[last].update(
+        shape=[2 * header[last]["shape"][0], *header[last]["shape"][1:]], data_offsets=[start, end + (end - start)]
+    )
     text = json.dumps(header).encode()
     (folder / SINGLE_FILE).write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length :])
 
@@ -224,8 +226,12 @@ def built(monkeypatch):
     return count
 
 
-@pytest.mark.parametrize(("damage", "error", "message", "refused_before"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
-def test_a_hostile_folder_is_refused_naming_the_file_or_key(tmp_path, opened, built, damage, error, message, refused_before):
+@pytest.mark.parametrize(
+    ("damage", "error", "message", "refused_before"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
+)
+def test_a_hostile_folder_is_refused_naming_the_file_or_key(
+    tmp_path, opened, built, damage, error, message, refused_before
+):
     folder, outside = damaged(tmp_path, damage)
     before = snapshot(tmp_path)
     opened.clear()

@@ -7,8 +7,7 @@ import os
 import pytest
 
 from tests.presets._helpers import copy_preset, file_hashes
-from zoo.presets import PresetError, from_preset, load_preset_config, preset_directory
-from zoo.presets import registry
+from zoo.presets import PresetError, from_preset, load_preset_config, preset_directory, registry
 
 
 def test_unknown_name_lists_the_available_presets():
@@ -18,10 +17,21 @@ def test_unknown_name_lists_the_available_presets():
 
 @pytest.mark.parametrize(
     "name",
-    ["..", "../assets/small_cnn_shapes", "small_cnn_shapes/../../registry.py", "/etc", "a\\..\\b", "Small.CNN", "", "~"],
+    [
+        "..",
+        "../assets/small_cnn_shapes",
+        "small_cnn_shapes/../../registry.py",
+        "/etc",
+        "a\\..\\b",
+        "Small.CNN",
+        "",
+        "~",
+    ],
 )
 def test_names_can_never_escape_the_presets_folder(name):
-    with pytest.raises(PresetError, match="is not a preset name: names are lower-case words.*available presets: .*small_cnn_shapes"):
+    with pytest.raises(
+        PresetError, match="is not a preset name: names are lower-case words.*available presets: .*small_cnn_shapes"
+    ):
         preset_directory(name)
 
 
@@ -46,7 +56,9 @@ def test_a_newer_format_version_is_refused(tmp_path):
     metadata = json.loads((preset / "metadata.json").read_text())
     metadata["format_version"] = 99
     (preset / "metadata.json").write_text(json.dumps(metadata))
-    with pytest.raises(PresetError, match="has format version 99, newer than the 1 this keras-zoo .* upgrade keras-zoo"):
+    with pytest.raises(
+        PresetError, match="has format version 99, newer than the 1 this keras-zoo .* upgrade keras-zoo"
+    ):
         from_preset(preset)
 
 
@@ -101,7 +113,10 @@ def _edit_config(preset, edit):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda c: c.update(registered_name="keras>Sequential"), "refusing to load 'keras>Sequential'; presets hold only zoo-registered"),
+        (
+            lambda c: c.update(registered_name="keras>Sequential"),
+            "refusing to load 'keras>Sequential'; presets hold only zoo-registered",
+        ),
         (lambda c: c.update(registered_name="zoo>Nothing"), "no zoo class is registered as 'zoo>Nothing'"),
         (lambda c: c.update(registered_name="zoo>ByteTokenizer"), "'zoo>ByteTokenizer' is not a model class"),
         (

@@ -93,10 +93,16 @@ def test_save_load_round_trip(tmp_path):
     keras.utils.set_random_seed(1)
     model = SmallCNN(**TINY)
     tokenizer = ByteTokenizer(sequence_length=12)
-    directory = save_to_preset(model, tmp_path / "mine", tokenizer=tokenizer, metadata={"dataset": "digits", "class_names": ["a", "b", "c"]})
+    directory = save_to_preset(
+        model, tmp_path / "mine", tokenizer=tokenizer, metadata={"dataset": "digits", "class_names": ["a", "b", "c"]}
+    )
     assert sorted(os.listdir(directory)) == ["config.json", "metadata.json", "model.weights.h5", "tokenizer.json"]
     metadata = json.loads((tmp_path / "mine" / "metadata.json").read_text())
-    assert metadata["name"] == "mine" and metadata["class_name"] == "SmallCNN" and metadata["keras_version"] == keras.__version__
+    assert (
+        metadata["name"] == "mine"
+        and metadata["class_name"] == "SmallCNN"
+        and metadata["keras_version"] == keras.__version__
+    )
     assert metadata["parameter_count"] == model.count_params() and metadata["class_names"] == ["a", "b", "c"]
     assert set(metadata["files"]) == {"config.json", "model.weights.h5", "tokenizer.json"}
     loaded = from_preset(tmp_path / "mine")  # a Path is a directory
@@ -117,12 +123,16 @@ def test_config_overrides_and_skipped_layers(tmp_path):
     save_to_preset(model, tmp_path / "p")
     wider = from_preset(tmp_path / "p", num_classes=5, skip_layers=("logits",))
     assert wider.num_classes == 5 and wider.get_layer("logits").kernel.shape == (8, 5)
-    np.testing.assert_array_equal(np.asarray(wider.get_layer("hidden_dense").kernel), np.asarray(model.get_layer("hidden_dense").kernel))
+    np.testing.assert_array_equal(
+        np.asarray(wider.get_layer("hidden_dense").kernel), np.asarray(model.get_layer("hidden_dense").kernel)
+    )
     with pytest.raises(PresetError, match=r"cannot load the weights in .*model\.weights\.h5.*logits"):
         from_preset(tmp_path / "p", num_classes=5)  # the old head does not fit the new one
     with pytest.raises(PresetError, match="the model has no layer 'head' to skip"):
         from_preset(tmp_path / "p", skip_layers=("head",))
-    with pytest.raises(PresetError, match=r"cannot build SmallCNN from config.json with overrides \{'hidden_units': -1\}"):
+    with pytest.raises(
+        PresetError, match=r"cannot build SmallCNN from config.json with overrides \{'hidden_units': -1\}"
+    ):
         from_preset(tmp_path / "p", hidden_units=-1)
 
 
@@ -167,7 +177,9 @@ def test_model_classes_get_from_preset():
         GPTCausalLM.from_preset("small_cnn_shapes")
     with pytest.raises(PresetError, match="holds a GPTCausalLM, not a GPTBackbone"):
         GPTBackbone.from_preset("gpt_tiny_python_docs")
-    lm = GPTCausalLM.from_preset("gpt_tiny_python_docs", load_weights=False, dropout=0.25)  # overrides reach the backbone
+    lm = GPTCausalLM.from_preset(
+        "gpt_tiny_python_docs", load_weights=False, dropout=0.25
+    )  # overrides reach the backbone
     assert lm.backbone.dropout == 0.25 and lm.name == "gpt_causal_lm"
 
 

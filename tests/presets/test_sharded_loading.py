@@ -104,7 +104,10 @@ def test_stacked_view_reads_only_the_experts_and_rows_of_its_slice(tmp_path):
     weight = np.random.default_rng(0).normal(size=(4, 6, 10)).astype("float32")  # (E, C, F)
     view = StackedView(tuple(TensorView(f"experts.{j}.w1.weight", axes=(1, 0)) for j in range(4)))  # each (F, C)
     tensors = view.file_tensors(weight)
-    assert list(tensors) == [f"experts.{j}.w1.weight" for j in range(4)] and tensors["experts.2.w1.weight"].shape == (10, 6)
+    assert list(tensors) == [f"experts.{j}.w1.weight" for j in range(4)] and tensors["experts.2.w1.weight"].shape == (
+        10,
+        6,
+    )
     write_safetensors(tensors, tmp_path, max_file_bytes=2 * 10 * 6 * 4)  # experts 0-1 and 2-3 in two files
     with SafetensorsFiles(tmp_path) as opened:
         files = CountedFiles(opened)

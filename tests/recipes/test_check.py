@@ -57,8 +57,11 @@ def test_gpt_1b_under_fsdp_splits_its_state_over_the_data_axis():
 
 def test_mesh_that_does_not_match_the_devices_names_both(tmp_path):
     path = write(tmp_path, CNN)
-    with pytest.raises(RecipeError, match=r"recipe.toml: \[parallel\] mesh 'data=2,model=2' \(layout 'model'\) on 8 devices "
-                       r"\(\[target\] hosts=1 x devices_per_host=8\): mesh data=2,model=2 has 4 devices"):  # fmt: skip
+    with pytest.raises(
+        RecipeError,
+        match=r"recipe.toml: \[parallel\] mesh 'data=2,model=2' \(layout 'model'\) on 8 devices "
+        r"\(\[target\] hosts=1 x devices_per_host=8\): mesh data=2,model=2 has 4 devices",
+    ):
         check_recipe(load_recipe(path, {"parallel.mesh": "data=2,model=2"}))
     with pytest.raises(RecipeError, match=r"layout 'single' runs on one device but the target has 8"):
         check_recipe(load_recipe(path, {"parallel.layout": "single", "parallel.mesh": "data=1"}))
@@ -66,17 +69,25 @@ def test_mesh_that_does_not_match_the_devices_names_both(tmp_path):
 
 def test_batch_not_divisible_by_the_data_axis_or_the_hosts(tmp_path):
     path = write(tmp_path, CNN)
-    with pytest.raises(RecipeError, match=r"recipe.toml: .*\[train\] batch_size 30 is not divisible by the 'data' mesh axis of size 4"):
+    with pytest.raises(
+        RecipeError, match=r"recipe.toml: .*\[train\] batch_size 30 is not divisible by the 'data' mesh axis of size 4"
+    ):
         check_recipe(load_recipe(path, {"train.batch_size": 30, "parallel.mesh": "data=4,model=2"}))
-    recipe = load_recipe(path, {"target.hosts": 4, "target.devices_per_host": 2, "train.batch_size": 2, "parallel.mesh": "data=2,model=4"})
+    recipe = load_recipe(
+        path,
+        {"target.hosts": 4, "target.devices_per_host": 2, "train.batch_size": 2, "parallel.mesh": "data=2,model=4"},
+    )
     with pytest.raises(RecipeError, match=r"batch_size 2 is not divisible by the 4 hosts"):
         check_recipe(recipe)
 
 
 def test_state_larger_than_device_memory_is_an_error(tmp_path):
     recipe = load_recipe(write(tmp_path, CNN), {"target.device_memory_gib": 0.005, "data.image_size": 128})
-    with pytest.raises(RecipeError, match=r"weights, gradients and optimizer state need 8.10 MiB per device under layout "
-                       r"'model' on mesh data=2,model=4 but \[target\] device_memory_gib is 0.005"):  # fmt: skip
+    with pytest.raises(
+        RecipeError,
+        match=r"weights, gradients and optimizer state need 8.10 MiB per device under layout "
+        r"'model' on mesh data=2,model=4 but \[target\] device_memory_gib is 0.005",
+    ):
         check_recipe(recipe)
 
 
@@ -88,21 +99,32 @@ def test_device_count_override_and_mesh_inference(tmp_path):
 
 def test_keys_a_job_does_not_take_are_reported_never_dropped(tmp_path):
     recipe = load_recipe(write(tmp_path, CNN + 'sequence_length = 128\n[finetune]\nmethod = "lora"\n'))
-    with pytest.raises(UnsupportedKeyError, match=r"job 'train_cnn' \(zoo.config.settings.CNNTrainConfig\) does not support "
-                       r"\[train\] sequence_length \(not a setting of this job\); \[finetune\] method \(not a setting of this job\): "
-                       r"remove these keys, or add the fields to CNNTrainConfig") as error:  # fmt: skip
+    with pytest.raises(
+        UnsupportedKeyError,
+        match=r"job 'train_cnn' \(zoo.config.settings.CNNTrainConfig\) does not support "
+        r"\[train\] sequence_length \(not a setting of this job\); \[finetune\] method \(not a setting of this job\): "
+        r"remove these keys, or add the fields to CNNTrainConfig",
+    ) as error:
         check_recipe(recipe)
     assert set(error.value.keys) == {"train.sequence_length", "finetune.method"}
     assert error.value.plan.mesh == "data=2,model=4"  # everything else was checked
     with pytest.raises(UnsupportedKeyError):
         recipe.job_config()
-    with pytest.raises(UnsupportedKeyError, match=r"does not support \[model\] config_name \(not a setting of this job\)"):
+    with pytest.raises(
+        UnsupportedKeyError, match=r"does not support \[model\] config_name \(not a setting of this job\)"
+    ):
         load_recipe(write(tmp_path, CNN), {"model.config_name": "resnet"}).job_config()
 
 
 def test_job_config_carries_every_key_the_file_set(tmp_path):
     config = load_recipe(write(tmp_path, CNN + "epochs = 2\n[data]\ntrain_examples = 64\n")).job_config()
-    assert (config.layout, config.mesh, config.batch_size, config.epochs, config.train_examples) == ("model", "data=2,model=4", 32, 2, 64)
+    assert (config.layout, config.mesh, config.batch_size, config.epochs, config.train_examples) == (
+        "model",
+        "data=2,model=4",
+        32,
+        2,
+        64,
+    )
     assert config.learning_rate == type(config)().learning_rate  # unset: the job's default
 
 
@@ -144,7 +166,9 @@ def test_numbers_past_their_range_and_a_non_keras_output_are_refused_before_anyt
     """Recipe numbers are range-checked like flags: counts up to 2**31 - 1, devices up to
     4096 (before XLA sees them); a job that saves a .keras file refuses another suffix."""
     path = write(tmp_path, CNN)
-    with pytest.raises(RecipeError, match=r"\[train\] epochs: expected an integer <= 2,147,483,647, got 100000000000000000000"):
+    with pytest.raises(
+        RecipeError, match=r"\[train\] epochs: expected an integer <= 2,147,483,647, got 100000000000000000000"
+    ):
         load_recipe(path, {"train.epochs": 10**20})
     with pytest.raises(RecipeError, match=r"\[target\] devices_per_host: expected an integer <= 4,096, got 1000000"):
         load_recipe(path, {"target.devices_per_host": 10**6})

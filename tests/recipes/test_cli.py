@@ -24,10 +24,15 @@ def test_a_step_that_does_not_fit_once_compiled_is_an_error(tmp_path, capsys):
     """The state fits 1 MiB, the compiled step (activations of 256 images) does not;
     --no-compile checks the state only."""
     small = write(tmp_path, CNN.replace("devices_per_host = 8", "devices_per_host = 8\ndevice_memory_gib = 0.001"))
-    assert cli.main(["check", str(small), "--set", "train.batch_size=256"]) == 1  # does not fit: 1, as zoo plan (2 is for an invalid recipe)
+    assert (
+        cli.main(["check", str(small), "--set", "train.batch_size=256"]) == 1
+    )  # does not fit: 1, as zoo plan (2 is for an invalid recipe)
     out, err = capsys.readouterr()
     assert "layout: model" in out  # the plan on stdout, the verdict on stderr
-    assert err.startswith("zoo: error: memory per device (compiled step, whole model): does not fit: peak ") and len(err.splitlines()) == 1
+    assert (
+        err.startswith("zoo: error: memory per device (compiled step, whole model): does not fit: peak ")
+        and len(err.splitlines()) == 1
+    )
     assert "> 1.02 MiB per device" in err and "halve the batch per step (128)" in err
     assert cli.main(["check", str(small), "--set", "train.batch_size=256", "--no-compile"]) == 0
     assert "compiled step" not in capsys.readouterr().out
@@ -37,7 +42,9 @@ def test_check_reports_every_failing_file_and_exits_2(tmp_path, capsys):
     good, bad = write(tmp_path, CNN), write(tmp_path, CNN.replace("data=2,model=4", "data=3,model=4"), "bad.toml")
     assert cli.main(["check", str(bad), str(good), "--devices", "8", "--no-compile"]) == 2
     out, err = capsys.readouterr()
-    assert err.startswith(f"zoo: error: {bad}: [parallel] mesh 'data=3,model=4'") and "layout: model" in out  # errors on stderr
+    assert (
+        err.startswith(f"zoo: error: {bad}: [parallel] mesh 'data=3,model=4'") and "layout: model" in out
+    )  # errors on stderr
     unsupported = write(tmp_path, CNN + "sequence_length = 64\n", "unsupported.toml")
     assert cli.main(["check", str(unsupported)]) == 2
     out, err = capsys.readouterr()
@@ -59,8 +66,16 @@ def test_run_simulates_the_recipes_cpu_devices_or_says_why_not():
 def test_add_arguments_builds_the_zoo_recipe_parser():
     parser = argparse.ArgumentParser(prog="zoo recipe")
     cli.add_arguments(parser)
-    args = parser.parse_args(["run", "r.toml", "--coordinator-address", "h:1", "--process-id", "2", "--set", "train.epochs=1"])
-    assert (args.action, args.recipe, args.coordinator_address, args.process_id, args.overrides) == ("run", "r.toml", "h:1", 2, ["train.epochs=1"])
+    args = parser.parse_args(
+        ["run", "r.toml", "--coordinator-address", "h:1", "--process-id", "2", "--set", "train.epochs=1"]
+    )
+    assert (args.action, args.recipe, args.coordinator_address, args.process_id, args.overrides) == (
+        "run",
+        "r.toml",
+        "h:1",
+        2,
+        ["train.epochs=1"],
+    )
 
 
 def test_zoo_recipe_is_wired_into_the_zoo_command(tmp_path, capsys):
@@ -81,7 +96,11 @@ def test_recipes_run_py_checks_from_a_checkout(tmp_path):
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(
         [sys.executable, str(ROOT / "recipes" / "run.py"), "check", str(write(tmp_path, CNN)), "--no-compile"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "model: small_cnn" in result.stdout

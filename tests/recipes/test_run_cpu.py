@@ -44,10 +44,15 @@ def test_cpu_recipe_runs_end_to_end(path, tmp_path):
 
 
 def test_run_refuses_a_recipe_for_other_devices():
-    with pytest.raises(RecipeError, match=r"gpu-8/train_cnn.toml: \[target\] platform is 'gpu' but JAX found 8 cpu device\(s\) in 1 process"):
+    with pytest.raises(
+        RecipeError,
+        match=r"gpu-8/train_cnn.toml: \[target\] platform is 'gpu' but JAX found 8 cpu device\(s\) in 1 process",
+    ):
         run_recipe(load_recipe(RECIPES / "gpu-8" / "train_cnn.toml"))
     recipe = load_recipe(RECIPES / "cpu-sim-8" / "train_cnn.toml", {"target.devices_per_host": 4})
-    with pytest.raises(RecipeError, match=r"\[target\] hosts=1 x devices_per_host=4 = 4 devices, but JAX found 8 cpu device"):
+    with pytest.raises(
+        RecipeError, match=r"\[target\] hosts=1 x devices_per_host=4 = 4 devices, but JAX found 8 cpu device"
+    ):
         run_recipe(recipe)
 
 

@@ -34,16 +34,34 @@ def test_accelerator_recipes_pretrain_a_large_gpt_in_bfloat16():
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"train.global_batchsize": 8}, r"unknown key 'global_batchsize' in \[train\] \(did you mean 'batch_size'\?\); allowed: epochs, batch_size,"),
+        (
+            {"train.global_batchsize": 8},
+            r"unknown key 'global_batchsize' in \[train\] \(did you mean 'batch_size'\?\); allowed: epochs, batch_size,",
+        ),
         ({"trian.epochs": 1}, r"unknown section 'trian' \(did you mean 'train'\?\); allowed: recipe, target,"),
-        ({"parallel.layout": "zero3"}, r"\[parallel\] layout: 'zero3' is not one of the allowed values \['single', 'data', 'model', 'fsdp'"),
-        ({"train.precision": "bfloat16"}, r"\[train\] precision: 'bfloat16' is not one of the allowed values \['float32', 'mixed_bfloat16'\]"),
+        (
+            {"parallel.layout": "zero3"},
+            r"\[parallel\] layout: 'zero3' is not one of the allowed values \['single', 'data', 'model', 'fsdp'",
+        ),
+        (
+            {"train.precision": "bfloat16"},
+            r"\[train\] precision: 'bfloat16' is not one of the allowed values \['float32', 'mixed_bfloat16'\]",
+        ),
         ({"train.batch_size": "32"}, r"\[train\] batch_size: expected an integer >= 1, got '32' \(str\)"),
         ({"train.batch_size": 0}, r"\[train\] batch_size: expected an integer >= 1, got 0"),
         ({"train.epochs": True}, r"\[train\] epochs: expected an integer >= 1, got True \(bool\)"),
-        ({"train.remat": 1}, r"\[train\] remat: expected one of none, full, dots_saveable, or true \(= 'full'\), or false \(= 'none'\), got 1 \(int\)"),
-        ({"train.remat": "save_dots"}, r"\[train\] remat: 'save_dots' is not one of the allowed values \['none', 'full', 'dots_saveable'\]"),
-        ({"multihost.process_id": 3}, r"unknown key 'process_id' in \[multihost\]; allowed: coordinator_address, timeout_s"),
+        (
+            {"train.remat": 1},
+            r"\[train\] remat: expected one of none, full, dots_saveable, or true \(= 'full'\), or false \(= 'none'\), got 1 \(int\)",
+        ),
+        (
+            {"train.remat": "save_dots"},
+            r"\[train\] remat: 'save_dots' is not one of the allowed values \['none', 'full', 'dots_saveable'\]",
+        ),
+        (
+            {"multihost.process_id": 3},
+            r"unknown key 'process_id' in \[multihost\]; allowed: coordinator_address, timeout_s",
+        ),
     ],
 )
 def test_bad_values_name_the_file_key_value_and_allowed_values(tmp_path, change, expected):
@@ -54,7 +72,9 @@ def test_bad_values_name_the_file_key_value_and_allowed_values(tmp_path, change,
 
 def test_missing_required_key_and_table_errors(tmp_path):
     path = write(tmp_path, CNN.replace("devices_per_host = 8\n", ""))
-    with pytest.raises(RecipeError, match=r"recipe.toml: \[target\] needs the key 'devices_per_host' \(an integer in \[1, 4,096\]\)"):
+    with pytest.raises(
+        RecipeError, match=r"recipe.toml: \[target\] needs the key 'devices_per_host' \(an integer in \[1, 4,096\]\)"
+    ):
         load_recipe(path)
     path = write(tmp_path, 'train = 3\n[recipe]\njob = "train_cnn"\n[target]\nplatform = "cpu"\ndevices_per_host = 1\n')
     with pytest.raises(RecipeError, match=r"\[train\] must be a table"):
@@ -71,7 +91,10 @@ def test_values_convert_and_record_what_the_file_set(tmp_path):
     assert recipe.train.epochs is None  # left out: the job's default
     assert recipe.multihost.timeout_s == 300.0  # recipe-only keys carry their own default
     assert "train.learning_rate" in recipe.given and "train.epochs" not in recipe.given
-    remats = [load_recipe(write(tmp_path, CNN), {"train.remat": value}).train.remat for value in (True, False, "dots_saveable")]
+    remats = [
+        load_recipe(write(tmp_path, CNN), {"train.remat": value}).train.remat
+        for value in (True, False, "dots_saveable")
+    ]
     assert remats == ["full", "none", "dots_saveable"]  # true and false are read as the policy names
 
 

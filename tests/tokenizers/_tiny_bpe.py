@@ -32,7 +32,9 @@ def tiny_bpe_json():
         show_progress=False,
     )
     tokenizer.train_from_iterator(CORPUS, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", START)])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", START)]
+    )
     return tokenizer.to_str()
 
 
@@ -42,7 +44,11 @@ def write_hf_folder(folder, config=None, generation=None):
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:
         f.write(tiny_bpe_json())
     if config is None:  # the shapes a real config uses: a plain string and an AddedToken dict
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": {"content": "</s>", "special": True}}
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<s>",
+            "eos_token": {"content": "</s>", "special": True},
+        }
         config["pad_token"] = "<pad>"
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump(config, f)

@@ -26,7 +26,12 @@ def test_unpadded_batch_is_a_list_and_special_ids():
     rows = tokenizer.encode(["a", "bb€"])
     assert [r.tolist() for r in rows] == [[97], [98, 98, 226, 130, 172]] and rows[1].dtype == np.int32
     assert isinstance(tokenizer, Tokenizer) and tokenizer.vocabulary_size == 256
-    assert (tokenizer.start_token_id, tokenizer.end_token_id, tokenizer.pad_token_id, tokenizer.stop_token_ids) == (None, None, 0, ())
+    assert (tokenizer.start_token_id, tokenizer.end_token_id, tokenizer.pad_token_id, tokenizer.stop_token_ids) == (
+        None,
+        None,
+        0,
+        (),
+    )
     assert tokenizer.id_to_token(233) == "é" and tokenizer.token_to_id("é") == 233
     assert all(tokenizer.token_to_id(tokenizer.id_to_token(i)) == i for i in range(256))
     assert tokenizer.decode([104, 0, 105, 0]) == "hi"  # padding skipped
@@ -50,7 +55,9 @@ def test_shipped_presets_still_load_their_tokenizer():
     """The presets' tokenizer.json name the old module (zoo.data.byte_tokenizer): the
     registered name "zoo>ByteTokenizer" is what Keras finds, so they load unchanged."""
     gpt, encoder = load_tokenizer("gpt_tiny_python_docs"), load_tokenizer("encoder_tiny_topics")
-    assert type(gpt) is ByteTokenizer and gpt.sequence_length is None and gpt.decode(gpt.encode("def f():")) == "def f():"
+    assert (
+        type(gpt) is ByteTokenizer and gpt.sequence_length is None and gpt.decode(gpt.encode("def f():")) == "def f():"
+    )
     assert type(encoder) is ByteTokenizer and encoder.encode(["if x:"]).shape == (1, 64)
 
 
@@ -65,13 +72,31 @@ def test_its_hugging_face_files_give_the_same_ids(tmp_path):
 
     ByteTokenizer().save_to_directory(tmp_path)
     hf, byte = HFTokenizer.from_directory(tmp_path), ByteTokenizer()
-    assert (hf.vocabulary_size, hf.pad_token_id, hf.start_token_id, hf.end_token_id, hf.stop_token_ids) == (256, 0, None, None, ())
-    texts = ["def f(x):\n    return x ** 2\n", "  two  spaces\t\r\n", "café 日本語 🙂", "\x00NUL\x00", "Ā is byte 0's stand-in",
-             "".join(map(chr, range(1, 600)))]  # fmt: skip
+    assert (hf.vocabulary_size, hf.pad_token_id, hf.start_token_id, hf.end_token_id, hf.stop_token_ids) == (
+        256,
+        0,
+        None,
+        None,
+        (),
+    )
+    texts = [
+        "def f(x):\n    return x ** 2\n",
+        "  two  spaces\t\r\n",
+        "café 日本語 🙂",
+        "\x00NUL\x00",
+        "Ā is byte 0's stand-in",
+        "".join(map(chr, range(1, 600))),
+    ]
     for text in texts:
         assert hf.encode(text).tolist() == byte.encode(text).tolist() == list(text.encode()), text
     rng = np.random.default_rng(0)
-    for ids in [[104, 0, 105, 0], [226, 130], [0xE6, 0x97, 65], [255, 192, 128, 0xF0, 0x9F], *rng.integers(0, 256, (300, 6))]:
+    for ids in [
+        [104, 0, 105, 0],
+        [226, 130],
+        [0xE6, 0x97, 65],
+        [255, 192, 128, 0xF0, 0x9F],
+        *rng.integers(0, 256, (300, 6)),
+    ]:
         assert hf.decode(ids) == byte.decode(ids), ids
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["pad_token"] == "\x00"

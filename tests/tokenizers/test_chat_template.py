@@ -14,7 +14,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
 from zoo.tokenizers import ChatTemplate, HFTokenizer
-from zoo.tokenizers.chat import apply_chat_template, encode_chat
+from zoo.tokenizers.chat import encode_chat
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 EXPECTED = json.loads((FIXTURES / "chat_expected.json").read_text(encoding="utf-8"))["styles"]
@@ -91,7 +91,9 @@ def test_one_start_token_though_the_template_writes_it_and_the_post_processor_ad
 
 def test_config_and_folder_round_trips_keep_the_template(tmp_path):
     tokenizer = _tokenizer("qwen2_5")
-    clone = keras.saving.deserialize_keras_object(json.loads(json.dumps(keras.saving.serialize_keras_object(tokenizer))))
+    clone = keras.saving.deserialize_keras_object(
+        json.loads(json.dumps(keras.saving.serialize_keras_object(tokenizer)))
+    )
     assert clone.chat_template == tokenizer.chat_template
     tokenizer.save_to_directory(tmp_path / "saved")
     config = json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
@@ -109,7 +111,10 @@ def test_jinja_environment_matches_transformers():
     assert render("{{ [1, 2] | tojson(indent=2) }}") == "[\n  1,\n  2\n]"
     assert render("{% if true %}\n  A{% endif %}\nB") == "  AB"  # trim_blocks; lstrip_blocks only before tags
     assert render("{%- for i in range(5) %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}") == "01"
-    assert render("{{ strftime_now('%Y') }}") in {str(datetime.datetime.now().year), str(datetime.datetime.now().year - 1)}
+    assert render("{{ strftime_now('%Y') }}") in {
+        str(datetime.datetime.now().year),
+        str(datetime.datetime.now().year - 1),
+    }
     assert render("{{ tools is none }} {{ documents is none }} {{ bos_token is defined }}") == "True True False"
     assert render("{{ bos_token }}", bos_token="<s>") == "<s>"
     import jinja2
@@ -121,11 +126,17 @@ def test_jinja_environment_matches_transformers():
 
 
 def test_prefix_method_refuses_templates_that_rewrite_earlier_turns():
-    drops_past = ("{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}[elided]"
-                  "{% else %}<{{ m.role }}>{{ m.content }}</s>{% endif %}{% endfor %}"
-                  "{% if add_generation_prompt %}<assistant>{% endif %}")  # fmt: skip
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]  # fmt: skip
+    drops_past = (
+        "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}[elided]"
+        "{% else %}<{{ m.role }}>{{ m.content }}</s>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
     with pytest.raises(ValueError, match="assistant spans cannot be found by rendering prefixes"):
         ChatTemplate(drops_past).assistant_spans(messages)
     text, spans = ChatTemplate(drops_past).assistant_spans(messages[:2])
@@ -140,8 +151,11 @@ def test_errors_name_the_problem():
     tokenizer = HFTokenizer.from_directory(FIXTURES / "llama_mha_tied")
     with pytest.raises(ValueError, match="has no chat template"):
         tokenizer.apply_chat_template([{"role": "user", "content": "a"}])
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "a"}], tokenize=False,
-                                         chat_template="{{ bos_token }}{{ messages[0].content }}{{ eos_token }}")  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "a"}],
+        tokenize=False,
+        chat_template="{{ bos_token }}{{ messages[0].content }}{{ eos_token }}",
+    )
     assert text == "<|begin_of_text|>a<|end_of_text|>"
 
 

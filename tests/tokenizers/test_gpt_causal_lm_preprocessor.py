@@ -60,7 +60,9 @@ class TestWithHFTokenizer:
         from zoo.tokenizers import HFTokenizer
 
         self.json = tiny_bpe_json()
-        self.tokenizer = HFTokenizer(self.json, start_token="<s>", end_token="</s>", pad_token="<pad>", stop_tokens=["<eot>"])
+        self.tokenizer = HFTokenizer(
+            self.json, start_token="<s>", end_token="</s>", pad_token="<pad>", stop_tokens=["<eot>"]
+        )
         self.make = HFTokenizer
 
     def content(self, text):
@@ -82,7 +84,12 @@ class TestWithHFTokenizer:
         length = len(p) + len(c) + 3
         packed = [0] + p + c + [1, 3, 3]  # T + 1
         weights = [0] * len(p) + [1] * (len(c) + 1) + [0, 0]  # the completion and </s>
-        _check(GPTCausalLMPreprocessor(self.tokenizer, length)(["Q: 2 + 2?"], [" A: 4"]), [packed[:-1]], [packed[1:]], [weights])
+        _check(
+            GPTCausalLMPreprocessor(self.tokenizer, length)(["Q: 2 + 2?"], [" A: 4"]),
+            [packed[:-1]],
+            [packed[1:]],
+            [weights],
+        )
 
     def test_generation_left_pads_and_stops_at_a_stop_token(self):
         preprocessor = GPTCausalLMPreprocessor(self.tokenizer, 16)
@@ -103,7 +110,12 @@ class TestWithHFTokenizer:
         tokenizer = self.make(self.json, start_token="<eot>", end_token="<eot>", add_special_tokens=False)
         preprocessor = GPTCausalLMPreprocessor(tokenizer, 8)
         a = self.content("the fox")
-        _check(preprocessor(["the fox"]), [([2] + a + [2] + [0] * 8)[:8]], [(a + [2] + [0] * 8)[:8]], [[1] * (len(a) + 1) + [0] * (7 - len(a))])
+        _check(
+            preprocessor(["the fox"]),
+            [([2] + a + [2] + [0] * 8)[:8]],
+            [(a + [2] + [0] * 8)[:8]],
+            [[1] * (len(a) + 1) + [0] * (7 - len(a))],
+        )
         token_ids, _ = preprocessor.generate_preprocess(["the fox"])
         generated = np.concatenate([token_ids, [self.content(" jumps") + [2] + self.content(" over")]], axis=1)
         assert preprocessor.generate_postprocess(generated) == ["the fox jumps"]  # the start token is not a stop

@@ -45,7 +45,9 @@ def test_encode_decode_round_trip_with_the_post_processor():
 def test_config_round_trip_holds_the_json():
     tokenizer = _tokenizer(stop_tokens=["<eot>"], clean_up_tokenization_spaces=True)
     serialised = json.loads(json.dumps(keras.saving.serialize_keras_object(tokenizer)))
-    assert serialised["registered_name"] == "zoo>HFTokenizer" and serialised["config"]["tokenizer_json"] == tiny_bpe_json()
+    assert (
+        serialised["registered_name"] == "zoo>HFTokenizer" and serialised["config"]["tokenizer_json"] == tiny_bpe_json()
+    )
     clone = keras.saving.deserialize_keras_object(serialised, safe_mode=True)
     assert clone.get_config() == tokenizer.get_config() and clone.stop_token_ids == (END, EOT)
     assert clone.encode(TEXTS[1]).tolist() == tokenizer.encode(TEXTS[1]).tolist()
@@ -57,13 +59,26 @@ def test_from_directory_reads_the_special_tokens_and_the_stop_list(tmp_path):
     tokenizer = HFTokenizer.from_directory(folder)
     assert (tokenizer.start_token, tokenizer.end_token, tokenizer.pad_token) == ("<s>", "</s>", "<pad>")
     assert tokenizer.stop_token_ids == (END, EOT)
-    one_eos = HFTokenizer.from_directory(write_hf_folder(tmp_path / "one", config={}, generation={"bos_token_id": START, "eos_token_id": EOT}))
-    assert (one_eos.start_token_id, one_eos.end_token_id, one_eos.pad_token_id, one_eos.stop_token_ids) == (START, EOT, None, (EOT,))
+    one_eos = HFTokenizer.from_directory(
+        write_hf_folder(tmp_path / "one", config={}, generation={"bos_token_id": START, "eos_token_id": EOT})
+    )
+    assert (one_eos.start_token_id, one_eos.end_token_id, one_eos.pad_token_id, one_eos.stop_token_ids) == (
+        START,
+        EOT,
+        None,
+        (EOT,),
+    )
 
 
 def test_add_bos_and_eos_flags_rebuild_the_post_processor_as_transformers_llama_does(tmp_path):
     """What transformers 4.57's LlamaTokenizerFast gave on these folders (checked by hand)."""
-    config = {"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False, "add_eos_token": True}
+    config = {
+        "tokenizer_class": "LlamaTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "add_bos_token": False,
+        "add_eos_token": True,
+    }
     tokenizer = HFTokenizer.from_directory(write_hf_folder(tmp_path / "eos", config=config))
     ids = tokenizer.encode("the fox")
     assert ids[0] != START and ids[-1] == END and tokenizer.decode(ids) == "the fox"
@@ -80,8 +95,15 @@ def test_save_to_directory_round_trip(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.7}))  # a model's: kept
     tokenizer.save_to_directory(tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["bos_token"] == "<s>" and config["pad_token"] == "<pad>"
-    assert json.loads((tmp_path / "generation_config.json").read_text()) == {"temperature": 0.7, "eos_token_id": [END, EOT]}
+    assert (
+        config["tokenizer_class"] == "PreTrainedTokenizerFast"
+        and config["bos_token"] == "<s>"
+        and config["pad_token"] == "<pad>"
+    )
+    assert json.loads((tmp_path / "generation_config.json").read_text()) == {
+        "temperature": 0.7,
+        "eos_token_id": [END, EOT],
+    }
     loaded = HFTokenizer.from_directory(tmp_path)
     assert loaded.get_config() == tokenizer.get_config()
 

@@ -27,7 +27,9 @@ def batches(seed=0):
 def build(hidden_units=8, dropout=0.5):
     """Compiled, optimizer built; every width divides by 8 so ModelParallel can split it."""
     keras.utils.set_random_seed(0)
-    model = SmallCNN(num_classes=CLASSES, image_size=IMAGE, filters=(8, 8, 8), hidden_units=hidden_units, dropout=dropout, seed=0)
+    model = SmallCNN(
+        num_classes=CLASSES, image_size=IMAGE, filters=(8, 8, 8), hidden_units=hidden_units, dropout=dropout, seed=0
+    )
     model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.optimizer.build(model.trainable_variables)
     return model
@@ -46,4 +48,6 @@ def assert_bitwise_equal(actual, expected, what):
         assert len(actual[group]) == len(expected[group]), f"{what}: {group} variable counts differ"
         for index, (a, e) in enumerate(zip(actual[group], expected[group])):
             assert a.dtype == e.dtype and a.shape == e.shape, f"{what}: {group} variable {index} dtype/shape differ"
-            assert np.array_equal(a, e), f"{what}: {group} variable {index} differs by up to {np.max(np.abs(a.astype(np.float64) - e)):.3g}"
+            assert np.array_equal(a, e), (
+                f"{what}: {group} variable {index} differs by up to {np.max(np.abs(a.astype(np.float64) - e)):.3g}"
+            )

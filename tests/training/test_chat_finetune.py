@@ -18,10 +18,10 @@ import pytest
 
 from zoo.cli.main import build_parser
 from zoo.config import schema
+from zoo.config.settings import GenerateConfig
 from zoo.data.chat_files import load_chat_file
 from zoo.models import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import HFTokenizer
-from zoo.config.settings import GenerateConfig
 from zoo.training.finetune import FinetuneConfig, finetune
 from zoo.training.lm_finetune import causal_lm_config, compile_causal_lm, heldout_loss, load_lm_file, use_chat_template
 
@@ -29,17 +29,26 @@ HF = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 LENGTH, BATCH, CHUNK = 48, 4, 8  # a conversation: 42 tokens
 WORDS = ("red", "blue", "cat", "dog", "sun", "tree")
 # a template of the user's own (no system turn): the assistant's turn in {% generation %}
-OWN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-                "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}"
-                "{% else %}{{ m['content'] }}<|im_end|>{% endif %}{{ '\\n' }}{% endfor %}")  # fmt: skip
+OWN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ m['content'] }}<|im_end|>{% endif %}{{ '\\n' }}{% endfor %}"
+)
 
 
 def _conversations(count, seed):
     """User 'a b', assistant 'b a': the answer's words come from the question."""
     rng = np.random.RandomState(seed)
-    return [{"messages": [{"role": "system", "content": "swap"}, {"role": "user", "content": f"{WORDS[a]} {WORDS[b]}"},
-                          {"role": "assistant", "content": f"{WORDS[b]} {WORDS[a]}"}]}
-            for a, b in rng.randint(0, len(WORDS), (count, 2))]  # fmt: skip
+    return [
+        {
+            "messages": [
+                {"role": "system", "content": "swap"},
+                {"role": "user", "content": f"{WORDS[a]} {WORDS[b]}"},
+                {"role": "assistant", "content": f"{WORDS[b]} {WORDS[a]}"},
+            ]
+        }
+        for a, b in rng.randint(0, len(WORDS), (count, 2))
+    ]
 
 
 def _write_jsonl(path, records):
@@ -69,18 +78,43 @@ def test_chat_data_trains_on_the_assistant_turns_and_keeps_the_template(folder):
     base, output = folder / "base", folder / "tuned"
     preprocessor = GPTCausalLMPreprocessor(HFTokenizer.from_directory(base), LENGTH)
     train, held_out = (load_chat_file(folder / name, preprocessor) for name in ("train.jsonl", "held_out.jsonl"))
-    assert 0 < train.loss_tokens < np.count_nonzero(train.token_ids != preprocessor.tokenizer.pad_token_id)  # assistant turns only
+    assert (
+        0 < train.loss_tokens < np.count_nonzero(train.token_ids != preprocessor.tokenizer.pad_token_id)
+    )  # assistant turns only
     plain = GPTCausalLM.from_preset(base)
     compile_causal_lm(plain, keras.optimizers.SGD(1.0))
     whole_logits_loss = heldout_loss(plain, held_out, batch_size=BATCH)
 
-    argv = ["finetune", str(base), "--data-file", str(folder / "train.jsonl"), "--validation-file", str(folder / "held_out.jsonl"),
-            "--sequence-length", str(LENGTH), "--batch-size", str(BATCH), "--epochs", "2", "--method", "full", "--optimizer", "sgd",
-            "--learning-rate", "1.0", "--loss-chunk-size", str(CHUNK), "--output", str(output)]  # fmt: skip
+    argv = [
+        "finetune",
+        str(base),
+        "--data-file",
+        str(folder / "train.jsonl"),
+        "--validation-file",
+        str(folder / "held_out.jsonl"),
+        "--sequence-length",
+        str(LENGTH),
+        "--batch-size",
+        str(BATCH),
+        "--epochs",
+        "2",
+        "--method",
+        "full",
+        "--optimizer",
+        "sgd",
+        "--learning-rate",
+        "1.0",
+        "--loss-chunk-size",
+        str(CHUNK),
+        "--output",
+        str(output),
+    ]
     lines = []
     result = finetune(schema.from_args(FinetuneConfig, build_parser().parse_args(argv)), report=lines.append)
-    expected = (f"data {folder / 'train.jsonl'}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
-                f"{len(held_out)} held out ({held_out.loss_tokens:,})")  # fmt: skip
+    expected = (
+        f"data {folder / 'train.jsonl'}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
+        f"{len(held_out)} held out ({held_out.loss_tokens:,})"
+    )
     assert expected in lines, lines
     assert result["model"].loss_chunk_size == CHUNK
     assert result["heldout_loss_before"] == pytest.approx(whole_logits_loss, rel=1e-5)
@@ -90,8 +124,10 @@ def test_chat_data_trains_on_the_assistant_turns_and_keeps_the_template(folder):
     conversation = _conversations(1, seed=2)[0]["messages"]
     assert tuned.chat_template == preprocessor.tokenizer.chat_template
     for tokenize in (False, True):
-        np.testing.assert_array_equal(tuned.apply_chat_template(conversation, tokenize=tokenize),
-                                      preprocessor.tokenizer.apply_chat_template(conversation, tokenize=tokenize))  # fmt: skip
+        np.testing.assert_array_equal(
+            tuned.apply_chat_template(conversation, tokenize=tokenize),
+            preprocessor.tokenizer.apply_chat_template(conversation, tokenize=tokenize),
+        )
 
 
 def test_chat_template_file_replaces_the_tokenizers_and_is_saved(folder, tmp_path):
@@ -105,7 +141,10 @@ def test_chat_template_file_replaces_the_tokenizers_and_is_saved(folder, tmp_pat
     tokenizer = preprocessor.tokenizer
     # row 0 by hand: every turn as the template writes it; the loss on the answer and its <|im_end|> only
     system, user, assistant = _conversations(1, seed=0)[0]["messages"]
-    prefix = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in (system, user)) + "<|im_start|>assistant\n"
+    prefix = (
+        "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in (system, user))
+        + "<|im_start|>assistant\n"
+    )
     answered = prefix + f"{assistant['content']}<|im_end|>"
     prefix_ids, answered_ids, ids = (tokenizer.encode(text) for text in (prefix, answered, answered + "\n"))
     np.testing.assert_array_equal(examples.token_ids[0, : len(ids)], ids)
@@ -118,10 +157,15 @@ def test_chat_template_file_replaces_the_tokenizers_and_is_saved(folder, tmp_pat
 
 def test_chat_data_needs_a_template_and_a_template_needs_a_hugging_face_tokenizer(folder, tmp_path):
     no_template = HF / "llama_mha_tied"  # a base model's folder: no chat template
-    with pytest.raises(ValueError, match=r'train.jsonl: \{"messages"\} data goes through a chat template, and the model\'s tokenizer '
-                                         r"\(HFTokenizer\) has none; give --chat-template FILE"):  # fmt: skip
-        finetune(FinetuneConfig(preset=str(no_template), data_file=str(folder / "train.jsonl"), sequence_length=LENGTH),
-                 report=lambda line: None)  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r'train.jsonl: \{"messages"\} data goes through a chat template, and the model\'s tokenizer '
+        r"\(HFTokenizer\) has none; give --chat-template FILE",
+    ):
+        finetune(
+            FinetuneConfig(preset=str(no_template), data_file=str(folder / "train.jsonl"), sequence_length=LENGTH),
+            report=lambda line: None,
+        )
     (tmp_path / "t.jinja").write_text(OWN_TEMPLATE)
     with pytest.raises(ValueError, match=r"--chat-template .*t.jinja: the model's tokenizer is a ByteTokenizer"):
         from zoo.tokenizers import ByteTokenizer
@@ -137,22 +181,40 @@ def test_generate_a_reply_to_messages_in_python_and_with_zoo_generate_chat(folde
     tokenizer = model.preprocessor.tokenizer
     first, second = (conversation["messages"][1:2] for conversation in _conversations(2, seed=3))  # a user's message
     ids = tokenizer.apply_chat_template(first, add_generation_prompt=True)
-    assert tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=False).endswith("<|im_start|>assistant\n")
+    assert tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=False).endswith(
+        "<|im_start|>assistant\n"
+    )
     streamed = []
-    reply = model.generate(messages=first, max_new_tokens=6, stop_token_ids=(), stream=lambda pieces: streamed.append(pieces[0]))
+    reply = model.generate(
+        messages=first, max_new_tokens=6, stop_token_ids=(), stream=lambda pieces: streamed.append(pieces[0])
+    )
     tokens = model.generate([list(ids)], 6, stop_token_ids=())  # (1, P + 6)
     assert reply == tokenizer.decode(tokens[0, len(ids) :]) == "".join(streamed) and reply
     # a list of conversations: each row its template's ids, left-padded
     batch, starts = model._tokenize_conversations([first, second], model.backbone.vocabulary_size, 0)
     for row, start, conversation in zip(batch, starts, (first, second)):
-        np.testing.assert_array_equal(row[start:], tokenizer.apply_chat_template(conversation, add_generation_prompt=True))
+        np.testing.assert_array_equal(
+            row[start:], tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+        )
     with pytest.raises(ValueError, match="generate takes prompts .* or messages .*, one of them; got both"):
         model.generate("hi", 2, messages=first)
 
     from zoo.training.gpt import generate
 
-    argv = ["generate", "--model", str(folder / "base"), "--chat", "--prompt", first[0]["content"], "--max-new-tokens", "6",
-            "--sampler", "greedy", "--stop-token-ids", ""]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        str(folder / "base"),
+        "--chat",
+        "--prompt",
+        first[0]["content"],
+        "--max-new-tokens",
+        "6",
+        "--sampler",
+        "greedy",
+        "--stop-token-ids",
+        "",
+    ]
     config = schema.from_args(GenerateConfig, build_parser().parse_args(argv))
     printed = []
     text = generate(config, report=lambda *pieces, **options: printed.append("".join(pieces)))

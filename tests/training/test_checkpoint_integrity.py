@@ -139,7 +139,9 @@ def test_arrays_that_read_well_but_are_not_the_saved_ones_are_named(run, tmp_pat
     shutil.copytree(directory, copy)
     shutil.rmtree(copy / "6" / "state")
     shutil.copytree(copy / "4" / "state", copy / "6" / "state")
-    with pytest.raises(CheckpointError, match=r"/6: model variable 0 \(.*kernel\) does not match the checksum recorded at save"):
+    with pytest.raises(
+        CheckpointError, match=r"/6: model variable 0 \(.*kernel\) does not match the checksum recorded at save"
+    ):
         Checkpoints(str(copy), data=DATA).restore(model, str(copy / "6"))
 
 
@@ -149,7 +151,9 @@ def test_a_changed_digit_in_the_metadata_is_found(run, tmp_path):
     shutil.copytree(directory, copy)
     metadata = copy / "6" / "zoo" / "checkpoint.json"
     metadata.write_text(metadata.read_text().replace('"epoch": 1', '"epoch": 0'))  # still valid JSON
-    with pytest.raises(CheckpointError, match="the metadata file zoo/checkpoint.json does not match its own checksum: it is damaged"):
+    with pytest.raises(
+        CheckpointError, match="the metadata file zoo/checkpoint.json does not match its own checksum: it is damaged"
+    ):
         Checkpoints(str(copy), data=DATA).restore(model, str(copy / "6"))
 
 
@@ -188,16 +192,26 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_damages_nothing(run, tmp
     folder = tmp_path / "checkpoints"
     shutil.copytree(directory, folder)
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(folder / "zoo.lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(folder / "zoo.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         config = CNNTrainConfig(checkpoint_dir=str(folder), resume=True, keep=1)
-        with pytest.raises(CheckpointError, match=rf"{folder}: is in use by another run \(process {holder.pid} on .* since now\); wait for it"):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"{folder}: is in use by another run \(process {holder.pid} on .* since now\); wait for it",
+        ):
             open_checkpoints(config, DATA, model, report=print)
     finally:
         holder.communicate("")
     after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "zoo.lock"}
-    assert after == {p: c for p, c in before.items() if p.name != "zoo.lock"}  # keep=1 deleted nothing, nothing quarantined
+    assert after == {
+        p: c for p, c in before.items() if p.name != "zoo.lock"
+    }  # keep=1 deleted nothing, nothing quarantined
 
     # the holder is gone (its flock with it): the next run takes the folder over and says whose lock it was
     lines = []
@@ -210,12 +224,23 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_damages_nothing(run, tmp
 def test_an_unwritable_output_is_refused_before_any_work(tmp_path):
     (tmp_path / "a-file").write_text("")
     cases = [
-        (CNNTrainConfig(output=str(tmp_path / "a-file" / "m.keras")), rf"--output '{tmp_path}/a-file/m.keras': cannot be written: {tmp_path}/a-file is a file, not a folder"),
-        (CNNTrainConfig(output=str(tmp_path / "m.keras"), checkpoint_dir=str(tmp_path / "a-file" / "c")), r"--checkpoint-dir .*a-file is a file, not a folder"),
-        (CNNTrainConfig(output=str(tmp_path / "m.keras"), data_dir=str(tmp_path / "a-file")), r"--data-dir .*a-file is a file, not a folder"),
+        (
+            CNNTrainConfig(output=str(tmp_path / "a-file" / "m.keras")),
+            rf"--output '{tmp_path}/a-file/m.keras': cannot be written: {tmp_path}/a-file is a file, not a folder",
+        ),
+        (
+            CNNTrainConfig(output=str(tmp_path / "m.keras"), checkpoint_dir=str(tmp_path / "a-file" / "c")),
+            r"--checkpoint-dir .*a-file is a file, not a folder",
+        ),
+        (
+            CNNTrainConfig(output=str(tmp_path / "m.keras"), data_dir=str(tmp_path / "a-file")),
+            r"--data-dir .*a-file is a file, not a folder",
+        ),
     ]
     if _unwritable("/sys"):  # a read-only folder even for root (chmod does not stop root)
-        cases.append((CNNTrainConfig(output="/sys/m.keras"), r"--output '/sys/m.keras': cannot be written: /sys is not writable"))
+        cases.append(
+            (CNNTrainConfig(output="/sys/m.keras"), r"--output '/sys/m.keras': cannot be written: /sys is not writable")
+        )
     for config, message in cases:
         lines = []
         with pytest.raises(PathError, match=message):
@@ -236,8 +261,13 @@ def _unwritable(folder):
 def test_a_failing_save_rescues_the_model_and_says_where(tmp_path):
     model = build()
     (tmp_path / "gone").write_text("")  # the output folder became a file after the start
-    with pytest.raises(ModelSaveError, match=r"could not write the model to .*/gone/m.keras \(.*\); the trained model was saved to (.*) instead") as caught:
-        save_model_atomically(model, str(tmp_path / "gone" / "m.keras"), fallback_folders=[str(tmp_path / "checkpoints")])
+    with pytest.raises(
+        ModelSaveError,
+        match=r"could not write the model to .*/gone/m.keras \(.*\); the trained model was saved to (.*) instead",
+    ) as caught:
+        save_model_atomically(
+            model, str(tmp_path / "gone" / "m.keras"), fallback_folders=[str(tmp_path / "checkpoints")]
+        )
     rescued = caught.value.rescued
     assert os.path.dirname(rescued) == str(tmp_path / "checkpoints") and rescued.endswith("-m.keras")
     import keras

@@ -127,7 +127,9 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path):
     checkpoints = Checkpoints(directory, data=DATA)
     assert checkpoints.latest_complete() == os.path.join(directory, "4")  # looks complete: only reading finds it
     model = build()
-    with pytest.warns(UserWarning, match=r"/4: its array data in state/ cannot be read .* trying the previous checkpoint"):
+    with pytest.warns(
+        UserWarning, match=r"/4: its array data in state/ cannot be read .* trying the previous checkpoint"
+    ):
         position = checkpoints.resume(model, report=lambda line: None)
     assert position.step == 2
     assert_bitwise_equal(values(model), saved[2], "fallen back to step 2")
@@ -138,9 +140,15 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path):
 @pytest.mark.parametrize(
     "damage, problem",
     [
-        (lambda path: os.remove(os.path.join(path, "zoo", "checkpoint.json")), "the metadata file zoo/checkpoint.json is missing"),
+        (
+            lambda path: os.remove(os.path.join(path, "zoo", "checkpoint.json")),
+            "the metadata file zoo/checkpoint.json is missing",
+        ),
         (lambda path: os.remove(os.path.join(path, "commit_success.txt")), "no commit marker commit_success.txt"),
-        (lambda path: open(os.path.join(path, "zoo", "checkpoint.json"), "w").write('{"format": "zoo-ch'), "is unreadable"),
+        (
+            lambda path: open(os.path.join(path, "zoo", "checkpoint.json"), "w").write('{"format": "zoo-ch'),
+            "is unreadable",
+        ),
         (lambda path: shutil.rmtree(os.path.join(path, "state")), "the array data folder state/ is missing"),
     ],
     ids=["metadata missing", "commit marker missing", "metadata truncated", "arrays missing"],
@@ -165,9 +173,15 @@ def test_checkpoint_of_another_model_config_is_refused(tmp_path):
     _saved(directory, [2, 4])
     other = build(hidden_units=16)
     checkpoints = Checkpoints(directory, data=DATA)
-    with pytest.raises(CheckpointError, match=r"/4: was written by a different model .*'hidden_units' is 8 in the checkpoint but 16 now"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"/4: was written by a different model .*'hidden_units' is 8 in the checkpoint but 16 now",
+    ):
         checkpoints.restore(other)
-    with pytest.warns(UserWarning), pytest.raises(CheckpointError, match=r"no checkpoint could be restored:\n.*/4: .*\n.*/2: "):
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(CheckpointError, match=r"no checkpoint could be restored:\n.*/4: .*\n.*/2: "),
+    ):
         checkpoints.resume(other, report=lambda line: None)
     assert sorted(os.listdir(directory)) == ["2", "4"]  # nothing set aside when nothing restored
 

@@ -40,7 +40,9 @@ def test_resumable_batches_serve_the_rest_of_an_epoch_then_whole_epochs():
 
 
 def test_a_start_batch_outside_the_epoch_is_refused():
-    with pytest.raises(ValueError, match=r"cannot start at batch 4 of epoch 0: an epoch has 4 batches \(valid start batches 0..3\)"):
+    with pytest.raises(
+        ValueError, match=r"cannot start at batch 4 of epoch 0: an epoch has 4 batches \(valid start batches 0..3\)"
+    ):
         ResumableBatches(batches(), start_batch=4)
 
 

@@ -49,9 +49,15 @@ def test_finetuning_beats_the_zero_shot_head(method, layout, tmp_path):
     lines = []
     output = tmp_path / "tuned" if (method, layout) == ("lora", "model") else None
     config = FinetuneConfig(
-        preset="small_cnn_shapes", dataset="digits", method=method, layout=layout,
-        mesh=MESHES[layout], epochs=4, train_examples=192, output=str(output) if output else None,
-    )  # fmt: skip
+        preset="small_cnn_shapes",
+        dataset="digits",
+        method=method,
+        layout=layout,
+        mesh=MESHES[layout],
+        epochs=4,
+        train_examples=192,
+        output=str(output) if output else None,
+    )
     result = finetune(config, report=lines.append)
     assert result["zero_shot_accuracy"] < 0.2, lines  # a zero head: one class for everything
     assert result["test_accuracy"] > result["zero_shot_accuracy"] + 0.2, lines
@@ -110,8 +116,11 @@ def test_lora_factors_follow_their_kernel_under_a_greedy_rule():
     assert list(distribution.layout_map) == rules  # the temporary exact keys are gone
     assert trainable_parameter_count(model) == lora_count(2) + HEAD
     assert {v.path for v in model.trainable_weights} == {
-        "hidden_dense/lora_kernel_a", "hidden_dense/lora_kernel_b", "logits/kernel", "logits/bias",
-    }  # fmt: skip
+        "hidden_dense/lora_kernel_a",
+        "hidden_dense/lora_kernel_b",
+        "logits/kernel",
+        "logits/bias",
+    }
     x, y = digits(32)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=32, epochs=1, verbose=0)
@@ -132,7 +141,9 @@ def _lora_model(distribution, rank=2):
     keras.utils.set_random_seed(7)
     model = zd.build_distributed(lambda: load_for_finetuning("small_cnn_shapes", CLASSES), distribution)
     prepare_finetuning(model, "lora", head="logits", lora_rank=rank)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model
 
 
@@ -155,7 +166,10 @@ def test_lora_under_fsdp_trains_like_one_device(tmp_path):
     fsdp.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     for name in ("lora_kernel_a", "lora_kernel_b"):
         np.testing.assert_allclose(
-            np.asarray(getattr(layer, name).value), np.asarray(getattr(single.get_layer("hidden_dense"), name).value), rtol=1e-4, atol=1e-5
+            np.asarray(getattr(layer, name).value),
+            np.asarray(getattr(single.get_layer("hidden_dense"), name).value),
+            rtol=1e-4,
+            atol=1e-5,
         )
 
 
@@ -164,7 +178,9 @@ def test_lora_save_load_and_merge_under_model_parallel(tmp_path):
     distribution = zd.distribution_for(SmallCNN, "model", MESHES["model"])
     tuned = _lora_model(distribution, rank=3)
     layer = tuned.get_layer("hidden_dense")
-    layer.lora_kernel_b.assign(np.random.RandomState(0).normal(0, 0.1, size=layer.lora_kernel_b.shape).astype("float32"))
+    layer.lora_kernel_b.assign(
+        np.random.RandomState(0).normal(0, 0.1, size=layer.lora_kernel_b.shape).astype("float32")
+    )
     expected = tuned.predict(images, batch_size=16, verbose=0)
     path = save_lora(tuned, tmp_path / "adapter.h5")
 
@@ -192,12 +208,35 @@ def test_lora_save_load_and_merge_under_model_parallel(tmp_path):
 
 def test_cli_arguments_and_errors(capsys):
     parser = build_parser()
-    args = parser.parse_args(["finetune", "small_cnn_shapes", "--dataset", "digits", "--method", "frozen", "--lora-rank", "8", "--mesh", "data=8"])
+    args = parser.parse_args(
+        [
+            "finetune",
+            "small_cnn_shapes",
+            "--dataset",
+            "digits",
+            "--method",
+            "frozen",
+            "--lora-rank",
+            "8",
+            "--mesh",
+            "data=8",
+        ]
+    )
     config = schema.from_args(FinetuneConfig, args)
-    assert (config.preset, config.method, config.lora_rank, config.mesh, config.learning_rate) == ("small_cnn_shapes", "frozen", 8, "data=8", None)
-    with pytest.raises(ValueError, match="fine-tuning needs a classification dataset; 'python_docs' is language modelling"):
+    assert (config.preset, config.method, config.lora_rank, config.mesh, config.learning_rate) == (
+        "small_cnn_shapes",
+        "frozen",
+        8,
+        "data=8",
+        None,
+    )
+    with pytest.raises(
+        ValueError, match="fine-tuning needs a classification dataset; 'python_docs' is language modelling"
+    ):
         finetune(FinetuneConfig(dataset="python_docs"))
-    with pytest.raises(ValueError, match=r"FinetuneConfig.method: 'half' is not one of the allowed values \['frozen', 'lora', 'full'\]"):
+    with pytest.raises(
+        ValueError, match=r"FinetuneConfig.method: 'half' is not one of the allowed values \['frozen', 'lora', 'full'\]"
+    ):
         FinetuneConfig(method="half")
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         run(parser.parse_args(["finetune", "nope"]))
@@ -234,7 +273,9 @@ def test_lora_on_transformer_layers_matches_one_device(layout, mesh, tmp_path):
     tokens = np.random.RandomState(1).randint(1, 256, size=(8, 64)).astype("int32")
     single = from_preset("encoder_tiny_topics")
     for layer in prepare_finetuning(single, "lora", head="classifier_head", lora_rank=2):
-        layer.lora_kernel_b.assign(np.random.RandomState(2).normal(0, 0.05, layer.lora_kernel_b.shape).astype("float32"))
+        layer.lora_kernel_b.assign(
+            np.random.RandomState(2).normal(0, 0.05, layer.lora_kernel_b.shape).astype("float32")
+        )
     expected = single.predict(tokens, batch_size=8, verbose=0)
     save_lora(single, tmp_path / "adapter.h5")
 
@@ -245,8 +286,14 @@ def test_lora_on_transformer_layers_matches_one_device(layout, mesh, tmp_path):
     per_block = 3 * r * (c * h + d) + r * (h * d + c) + r * (c + f) + r * (f + c)  # query/key/value, output, up, down
     assert trainable_parameter_count(model) == 2 * per_block + (c * 4 + 4)  # 2 blocks + the 4-class head
     assert len(load_lora(model, tmp_path / "adapter.h5")) == len(adapted) == 12  # 6 per block
-    specs = {layer._kernel.path.split("/", 1)[1]: (layer.lora_kernel_a.value.sharding.spec, layer.lora_kernel_b.value.sharding.spec)
-             for layer in adapted if layer._kernel.path.startswith("block_0/")}  # fmt: skip
+    specs = {
+        layer._kernel.path.split("/", 1)[1]: (
+            layer.lora_kernel_a.value.sharding.spec,
+            layer.lora_kernel_b.value.sharding.spec,
+        )
+        for layer in adapted
+        if layer._kernel.path.startswith("block_0/")
+    }
     assert specs == ENCODER_FACTOR_SPECS[layout]
     np.testing.assert_allclose(model.predict(tokens, batch_size=8, verbose=0), expected, rtol=1e-5, atol=1e-5)
     merged = merge_lora(model)

@@ -38,7 +38,9 @@ def shapes_prepared():
 
 
 def _run(config, devices, *kill):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")  # the session's compilation cache too
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1"
+    )  # the session's compilation cache too
     flags = [flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag]
     env["XLA_FLAGS"] = " ".join(flags + ([f"--xla_force_host_platform_device_count={devices}"] if devices > 1 else []))
     command = [sys.executable, str(WORKER), json.dumps(config), *kill]
@@ -51,7 +53,9 @@ def _finished(result):
 
 
 def _killed(result, message):
-    assert result.returncode == KILLED, f"expected SIGKILL, got {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    assert result.returncode == KILLED, (
+        f"expected SIGKILL, got {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    )
     assert message in result.stdout
     return result.stdout
 
@@ -63,7 +67,14 @@ def _reference(tmp_path, **options):
     from zoo.training.cnn import CNNTrainConfig, train
 
     directory = tmp_path / "reference"
-    config = {**RUN, **options, "checkpoint_dir": str(directory), "checkpoint_every": 1, "keep": 100, "output": str(tmp_path / "reference.keras")}
+    config = {
+        **RUN,
+        **options,
+        "checkpoint_dir": str(directory),
+        "checkpoint_every": 1,
+        "keep": 100,
+        "output": str(tmp_path / "reference.keras"),
+    }
     train(CNNTrainConfig(**config), report=lambda line: None)
     keras.distribution.set_distribution(None)  # train leaves its distribution set, as fit needs it
     checkpoints = Checkpoints(str(directory))
@@ -75,7 +86,9 @@ def _assert_every_complete_checkpoint_is_right(directory, reference):
     checkpoints = Checkpoints(str(directory))
     assert checkpoints.steps(), f"no complete checkpoint in {directory}"
     for step in checkpoints.steps():
-        assert_bitwise_equal(checkpoints.read(os.path.join(directory, str(step)))[1], reference[step], f"checkpoint {step}")
+        assert_bitwise_equal(
+            checkpoints.read(os.path.join(directory, str(step)))[1], reference[step], f"checkpoint {step}"
+        )
     return checkpoints
 
 
@@ -88,12 +101,14 @@ def _assert_same_saved_model(tmp_path):
 def _interrupted(result, signal_number, step, directory):
     """Exit 128 + N, and one line on stderr naming the step, the checkpoint and the resume command."""
     expected = 128 + signal_number
-    assert result.returncode == expected, f"expected exit {expected}, got {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    assert result.returncode == expected, (
+        f"expected exit {expected}, got {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("zoo:")]
     name = signal.Signals(signal_number).name
     prefix = f"zoo: interrupted by {name} at step {step}; checkpoint saved to {directory / str(step)}; resume with: zoo train cnn "
     assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr[-3000:]
-    assert "--resume" in lines[0][len(prefix):].split()  # the command to resume with, as run
+    assert "--resume" in lines[0][len(prefix) :].split()  # the command to resume with, as run
     assert "Traceback" not in result.stderr
     return result.stdout
 
@@ -110,12 +125,28 @@ def test_data_parallel_run_interrupted_killed_and_preempted_resumes_bitwise(tmp_
     sigint_step, sigterm_step = int(rng.choice([5, 6, 7])), int(rng.choice([9, 10, 11]))
     reference = _reference(tmp_path, layout="data", epochs=4)  # 12 steps
     directory = tmp_path / "checkpoints"
-    config = {**RUN, "layout": "data", "epochs": 4, "checkpoint_dir": str(directory), "checkpoint_every": 2, "keep": 2, "resume": True, "output": str(tmp_path / "resumed.keras")}
+    config = {
+        **RUN,
+        "layout": "data",
+        "epochs": 4,
+        "checkpoint_dir": str(directory),
+        "checkpoint_every": 2,
+        "keep": 2,
+        "resume": True,
+        "output": str(tmp_path / "resumed.keras"),
+    }
 
     # 1. Ctrl-C after a random step of epochs 2-3: exit 130 and a checkpoint of that step
-    out = _interrupted(_run(config, 8, "--signal-after-step", str(sigint_step), "--signal", "INT"), signal.SIGINT, sigint_step, directory)
+    out = _interrupted(
+        _run(config, 8, "--signal-after-step", str(sigint_step), "--signal", "INT"),
+        signal.SIGINT,
+        sigint_step,
+        directory,
+    )
     assert "DataParallel on mesh" in out and "replicated" in out
-    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / str(sigint_step))
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(
+        directory / str(sigint_step)
+    )
 
     # 2. resumed there; killed inside the save of step 8, all of it written, before the commit rename
     out = _killed(_run(config, 8, "--kill-at-commit", "8"), "SIGKILL while committing")
@@ -124,19 +155,31 @@ def test_data_parallel_run_interrupted_killed_and_preempted_resumes_bitwise(tmp_
     assert os.path.isfile(directory / "8.orbax-checkpoint-tmp" / "commit_success.txt")  # everything but the rename
     assert not os.path.exists(directory / "8")
     newest = max(sigint_step, 6)  # step 6's periodic checkpoint, unless the emergency one was later
-    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / str(newest))
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(
+        directory / str(newest)
+    )
 
     # 3. resumed there (steps 7-8 done again); SIGTERM after a random later step: exit 143 and a checkpoint
-    out = _interrupted(_run(config, 8, "--signal-after-step", str(sigterm_step), "--signal", "TERM"), signal.SIGTERM, sigterm_step, directory)
+    out = _interrupted(
+        _run(config, 8, "--signal-after-step", str(sigterm_step), "--signal", "TERM"),
+        signal.SIGTERM,
+        sigterm_step,
+        directory,
+    )
     assert f"resumed from {directory / str(newest)}" in out
-    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(directory / str(sigterm_step))
+    assert _assert_every_complete_checkpoint_is_right(directory, reference).latest_complete() == str(
+        directory / str(sigterm_step)
+    )
 
     # 4. resumed; runs to the end
     out = _finished(_run(config, 8))
     assert f"resumed from {directory / str(sigterm_step)}" in out
     assert "8.orbax-checkpoint-tmp" not in os.listdir(directory)  # the interrupted write was cleaned up
     checkpoints = _assert_every_complete_checkpoint_is_right(directory, reference)
-    assert checkpoints.steps()[-1] == 12, (sigint_step, sigterm_step)  # 12: final weights and optimizer state bitwise equal
+    assert checkpoints.steps()[-1] == 12, (
+        sigint_step,
+        sigterm_step,
+    )  # 12: final weights and optimizer state bitwise equal
     _assert_same_saved_model(tmp_path)
 
 

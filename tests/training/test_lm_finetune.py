@@ -38,7 +38,9 @@ from zoo.training.lm_finetune import (
     token_batches,
 )
 
-FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llama_mha_tied"  # V 320, C 32, 4 heads, 2 layers, tied
+FIXTURE = (
+    pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llama_mha_tied"
+)  # V 320, C 32, 4 heads, 2 layers, tied
 BATCH, LENGTH = 4, 16  # the smallest shapes data=2 and seq=4 take (16 = 4 per sequence shard)
 STEPS, RANK, LEARNING_RATE = 3, 2, 1.0  # SGD on the LoRA factors alone takes large steps
 LAYOUTS = {"tp": ("data=2,model=4", {}), "context": ("data=2,seq=4", {"context_attention": "ring"})}
@@ -48,7 +50,10 @@ WORDS = ("red", "green", "blue", "cat", "dog", "sun", "moon", "tree")
 def _pairs(count, seed):
     """Prompt 'a b ->', completion ' b a': the completion's words come from the prompt."""
     rng = np.random.RandomState(seed)
-    return [{"prompt": f"{WORDS[a]} {WORDS[b]} ->", "completion": f" {WORDS[b]} {WORDS[a]}"} for a, b in rng.randint(0, len(WORDS), (count, 2))]
+    return [
+        {"prompt": f"{WORDS[a]} {WORDS[b]} ->", "completion": f" {WORDS[b]} {WORDS[a]}"}
+        for a, b in rng.randint(0, len(WORDS), (count, 2))
+    ]
 
 
 def _write_jsonl(path, records):
@@ -71,7 +76,13 @@ def data(tmp_path_factory):
     train_file = _write_jsonl(folder / "train.jsonl", _pairs(48, seed=0))
     held_out_file = _write_jsonl(folder / "held_out.jsonl", _pairs(8, seed=1))
     preprocessor = GPTCausalLMPreprocessor(HFTokenizer.from_directory(FIXTURE), LENGTH)
-    return Data(folder, train_file, held_out_file, load_text_file(train_file, preprocessor), load_text_file(held_out_file, preprocessor))
+    return Data(
+        folder,
+        train_file,
+        held_out_file,
+        load_text_file(train_file, preprocessor),
+        load_text_file(held_out_file, preprocessor),
+    )
 
 
 class _Trace(keras.callbacks.Callback):
@@ -105,13 +116,22 @@ def _finetune(layout, data):
     distribution = None
     if layout is not None:
         mesh, options = LAYOUTS[layout]
-        distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=causal_lm_config(FIXTURE, layout), **options)
+        distribution = zd.distribution_for(
+            GPTCausalLM, layout, mesh, config=causal_lm_config(FIXTURE, layout), **options
+        )
     model = zd.build_distributed(lambda: load_causal_lm(FIXTURE, layout), distribution)
     losses, trace = StepLosses(), _Trace()
     result = finetune_causal_lm(
-        model, data.train[: STEPS * BATCH], data.held_out, method="lora", lora_rank=RANK,
-        optimizer=keras.optimizers.SGD(LEARNING_RATE), batch_size=BATCH, callbacks=[losses, trace], report=lambda line: None,
-    )  # fmt: skip
+        model,
+        data.train[: STEPS * BATCH],
+        data.held_out,
+        method="lora",
+        lora_rank=RANK,
+        optimizer=keras.optimizers.SGD(LEARNING_RATE),
+        batch_size=BATCH,
+        callbacks=[losses, trace],
+        report=lambda line: None,
+    )
     return Run(model, result, losses.losses, trace.weights)
 
 
@@ -128,7 +148,9 @@ def reference(data):
 def test_lora_finetuning_matches_one_device_and_lowers_the_held_out_loss(layout, data, reference):
     run = _finetune(layout, data)
     # the same starting point: the fixture's weights, LoRA factors drawn from the same seed
-    assert sorted(run.weights[0]) == sorted(reference.weights[0]) and len(run.weights[0]) == 2 * 2 * 7  # a, b on 7 layers x 2 blocks
+    assert (
+        sorted(run.weights[0]) == sorted(reference.weights[0]) and len(run.weights[0]) == 2 * 2 * 7
+    )  # a, b on 7 layers x 2 blocks
     assert compare(reference.weights[0], run.weights[0], rtol=0, atol=0).within_tolerance
     assert run.result["heldout_loss_before"] == pytest.approx(reference.result["heldout_loss_before"], rel=1e-5)
     assert len(run.losses) == STEPS
@@ -152,10 +174,36 @@ def test_lora_finetuning_matches_one_device_and_lowers_the_held_out_loss(layout,
 def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, reference):
     """``zoo finetune FIXTURE --data-file ...`` under the context layout, in-process."""
     output = data.folder / "tuned"
-    argv = ["finetune", str(FIXTURE), "--data-file", str(data.train_file), "--validation-file", str(data.held_out_file),
-            "--layout", "context", "--mesh", "data=2,seq=4", "--context-attention", "ring", "--sequence-length", str(LENGTH),
-            "--batch-size", str(BATCH), "--epochs", "1", "--lora-rank", str(RANK), "--optimizer", "sgd",
-            "--learning-rate", str(LEARNING_RATE), "--adapter-format", "peft", "--output", str(output)]  # fmt: skip
+    argv = [
+        "finetune",
+        str(FIXTURE),
+        "--data-file",
+        str(data.train_file),
+        "--validation-file",
+        str(data.held_out_file),
+        "--layout",
+        "context",
+        "--mesh",
+        "data=2,seq=4",
+        "--context-attention",
+        "ring",
+        "--sequence-length",
+        str(LENGTH),
+        "--batch-size",
+        str(BATCH),
+        "--epochs",
+        "1",
+        "--lora-rank",
+        str(RANK),
+        "--optimizer",
+        "sgd",
+        "--learning-rate",
+        str(LEARNING_RATE),
+        "--adapter-format",
+        "peft",
+        "--output",
+        str(output),
+    ]
     lines = []
     result = finetune(schema.from_args(FinetuneConfig, build_parser().parse_args(argv)), report=lines.append)
     assert result["heldout_loss"] < result["heldout_loss_before"] - 0.5, lines
@@ -164,12 +212,16 @@ def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, referenc
     assert {p.name for p in (output / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
     assert any(line.startswith("held-out loss after:") for line in lines), lines
     run_folder = data.folder / "tuned.run"  # the run's own files, not data.folder's (the next run's)
-    assert (run_folder / "metrics.csv").read_text().startswith("epoch,step,") and not (data.folder / "metrics.csv").exists()
+    assert (run_folder / "metrics.csv").read_text().startswith("epoch,step,") and not (
+        data.folder / "metrics.csv"
+    ).exists()
 
     model = result["model"]
     keras.distribution.set_distribution(None)
     saved = {v.path: np.asarray(v.value) for v in GPTCausalLM.from_preset(output).weights}
-    merged = {f"{layer_prefix(layer)}/kernel": np.asarray(layer.kernel) for layer in result["adapted_layers"]}  # kernel + (alpha/r) a @ b
+    merged = {
+        f"{layer_prefix(layer)}/kernel": np.asarray(layer.kernel) for layer in result["adapted_layers"]
+    }  # kernel + (alpha/r) a @ b
     assert len(merged) == 14 and not any("lora" in path for path in saved)
     for path, value in saved.items():
         expected = merged.get(path)
@@ -182,7 +234,9 @@ def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, referenc
     with_adapter = GPTCausalLM.from_preset(FIXTURE)
     assert len(load_peft_adapter(with_adapter, output / "adapter")) == 14
     for variable in with_adapter.weights:
-        np.testing.assert_allclose(np.asarray(variable.value), saved[variable.path], rtol=1e-5, atol=1e-6, err_msg=variable.path)
+        np.testing.assert_allclose(
+            np.asarray(variable.value), saved[variable.path], rtol=1e-5, atol=1e-6, err_msg=variable.path
+        )
 
 
 # --- text files, packing, options (no compile) ---------------------------------------------------
@@ -220,7 +274,10 @@ def test_plain_text_is_packed_with_every_token_a_label_once():
     [
         ("", r"x\.jsonl: the file is empty"),
         ('{"prompt": "a", "completion": "b"}\n\n{"prompt": "c"}\n', r"x\.jsonl line 3: missing key 'completion'"),
-        ('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": 3}\n', r"line 2: 'completion' must be a string, got int"),
+        (
+            '{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": 3}\n',
+            r"line 2: 'completion' must be a string, got int",
+        ),
         ('{"prompt": "a", "completion": "b"}\n{"prompt": "a",\n', r"line 2: not valid JSON \(Expecting"),
         ('["a", "b"]\n', r"line 1: expected a JSON object such as \{\"prompt\""),
         ('{"text": "a"}\n{"prompt": "a", "completion": "b"}\n', r"line 2: missing key 'text'"),
@@ -250,7 +307,9 @@ def test_refused_options(data, tmp_path):
         finetune(FinetuneConfig(preset=str(FIXTURE), method="frozen", data_file=str(data.train_file)))
     with pytest.raises(ValueError, match="--optimizer sgd has no default learning rate"):
         finetune(FinetuneConfig(preset=str(FIXTURE), optimizer="sgd", data_file=str(data.train_file)))
-    with pytest.raises(ValueError, match="a causal LM fine-tunes on --data-file FILE .* 'digits' is image classification data"):
+    with pytest.raises(
+        ValueError, match="a causal LM fine-tunes on --data-file FILE .* 'digits' is image classification data"
+    ):
         finetune(FinetuneConfig(preset=str(FIXTURE), sequence_length=LENGTH), report=lambda line: None)
     with pytest.raises(ValueError, match="--data-file: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
         finetune(FinetuneConfig(data_file=str(data.train_file)))
@@ -258,7 +317,9 @@ def test_refused_options(data, tmp_path):
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="--output .*full': exists and is not empty"):
         finetune(FinetuneConfig(preset=str(FIXTURE), data_file=str(data.train_file), output=str(tmp_path / "full")))
-    distribution = zd.distribution_for(GPTCausalLM, "context", "data=2,seq=4", context_attention="ring", balance="zigzag")
+    distribution = zd.distribution_for(
+        GPTCausalLM, "context", "data=2,seq=4", context_attention="ring", balance="zigzag"
+    )
     twelve = LMExamples(*(array[:, :12] for array in data.train.arrays()))  # 12 tokens: not 2 x 4 zigzag chunks
     with pytest.raises(ValueError, match="sequence length.*12"):
         token_batches(twelve, batch_size=BATCH, distribution=distribution)

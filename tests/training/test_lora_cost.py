@@ -23,7 +23,14 @@ import keras
 import numpy as np
 import pytest
 
-from tests.layers.test_tensor_parallel_layers import LAYERS, assert_same, build, inputs, output_and_grads, tensor_parallel
+from tests.layers.test_tensor_parallel_layers import (
+    LAYERS,
+    assert_same,
+    build,
+    inputs,
+    output_and_grads,
+    tensor_parallel,
+)
 from zoo.distribution import CheckedModelParallel, make_mesh
 from zoo.distribution.comms_report import FAST_COMPILE
 from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
@@ -64,7 +71,11 @@ def _plain_model():
     return keras.Model(x, y)
 
 
-PLAIN_RULES = {"dense/kernel": (None, "model"), "query/kernel": (None, "model", None), "output/kernel": ("model", None, None)}
+PLAIN_RULES = {
+    "dense/kernel": (None, "model"),
+    "query/kernel": (None, "model", None),
+    "output/kernel": ("model", None, None),
+}
 
 
 def _tp_distribution():
@@ -104,7 +115,7 @@ def _model_output_and_grads(model, x, cotangent):
     return jax.tree.map(np.asarray, run(trainable, x, cotangent))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plain_reference():
     model = _plain_lora(None, merged=True)
     x, cotangent = inputs((B, T, C), 1), inputs((B, T, C), 2)
@@ -116,7 +127,9 @@ def test_plain_layers_match_keras_merged_lora(layout):
     x, cotangent, paths, expected = _plain_reference()
     model = _plain_lora(_tp_distribution() if layout == "tp" else None, merged=False)
     assert [v.path for v in model.trainable_variables] == paths
-    assert all(layer.call.__func__ is factored_lora_call for layer in map(model.get_layer, ("dense", "query", "output")))
+    assert all(
+        layer.call.__func__ is factored_lora_call for layer in map(model.get_layer, ("dense", "query", "output"))
+    )
     if layout == "tp":  # the factors follow their kernels' layouts
         query = model.get_layer("query")
         assert tuple(query.lora_kernel_a.value.sharding.spec) == (None, "model", None)
@@ -221,7 +234,11 @@ def test_gpt_step_flops_fall_by_the_frozen_weight_gradients():
     model, layers = _gpt_lora(merged=False)
     lowered, compiled = _step_flops(model)
     # block_0's query/key/value read the frozen embeddings: nothing upstream needs d(x)
-    dead = [layer for layer in layers if layer.name in ("query", "key", "value") and kernel_variable(layer).path.startswith("block_0/")]
+    dead = [
+        layer
+        for layer in layers
+        if layer.name in ("query", "key", "value") and kernel_variable(layer).path.startswith("block_0/")
+    ]
     saving = expected_saving(layers, GPT_BATCH * GPT_LENGTH, RANK, dead)
     assert saving == 1_429_504  # of which the frozen kernels' dW, 2 N I O summed: 1,703,936
     # As JAX emits the step (before XLA), the drop is the matmuls derived above, within

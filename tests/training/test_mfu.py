@@ -41,7 +41,10 @@ def test_gpt_config_matches_the_explicit_arguments():
     assert mfu.gpt_flops_per_token(config, T) == 638_976
     plain = {**config, "mlp": "gelu"}  # 2 MLP matrices: 2 layers * 64*128 fewer weights, times 6
     assert mfu.gpt_flops_per_token(plain, T) == 638_976 - 6 * 2 * 64 * 128
-    nested = {"name": "gpt_causal_lm", "backbone": {"class_name": "GPTBackbone", "config": config}}  # GPTCausalLM.get_config()
+    nested = {
+        "name": "gpt_causal_lm",
+        "backbone": {"class_name": "GPTBackbone", "config": config},
+    }  # GPTCausalLM.get_config()
     assert mfu.gpt_flops_per_token(nested, T) == 638_976
     old = {**EXAMPLE, "num_heads": 4, "num_kv_heads": 2, "mlp": "swiglu"}  # keys saved before issue 16
     del old["num_query_heads"], old["num_key_value_heads"]
@@ -119,8 +122,20 @@ def test_a_mixture_of_experts_counts_the_weights_a_token_meets():
     from zoo.models.gpt.gpt_configs import config_by_name, count_parameters
 
     mixtral = config_by_name("mixtral_8x7b")
-    c, layers, f, e = mixtral["hidden_dim"], mixtral["num_layers"], mixtral["moe_intermediate_dim"], mixtral["num_experts"]
+    c, layers, f, e = (
+        mixtral["hidden_dim"],
+        mixtral["num_layers"],
+        mixtral["moe_intermediate_dim"],
+        mixtral["num_experts"],
+    )
     inactive = layers * (e - 2) * 3 * c * f
-    assert round(count_parameters(mixtral) / 1e9, 1) == 46.7 and round((count_parameters(mixtral) - inactive) / 1e9, 1) == 12.9
-    dense_twin = {**mixtral, "num_experts": 0, "intermediate_dim": 2 * f}  # the same matmuls as k = 2 experts, no router
+    assert (
+        round(count_parameters(mixtral) / 1e9, 1) == 46.7
+        and round((count_parameters(mixtral) - inactive) / 1e9, 1) == 12.9
+    )
+    dense_twin = {
+        **mixtral,
+        "num_experts": 0,
+        "intermediate_dim": 2 * f,
+    }  # the same matmuls as k = 2 experts, no router
     assert mfu.gpt_flops_per_token(mixtral, 4096) - mfu.gpt_flops_per_token(dense_twin, 4096) == 6 * layers * c * e

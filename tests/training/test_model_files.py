@@ -53,7 +53,11 @@ def test_every_load_model_call_in_zoo_is_in_safe_mode():
     unsafe = []
     for source, line, name, node in _load_model_calls():
         keywords = {k.arg: k.value for k in node.keywords}
-        safe = name == "load_model" and isinstance(keywords.get("safe_mode"), ast.Constant) and keywords["safe_mode"].value is True
+        safe = (
+            name == "load_model"
+            and isinstance(keywords.get("safe_mode"), ast.Constant)
+            and keywords["safe_mode"].value is True
+        )
         if name != "load_weights" and not safe:
             unsafe.append(f"{source}:{line}: {name}(...) without safe_mode=True")
     assert not unsafe, "\n".join(unsafe)
@@ -111,7 +115,9 @@ def test_a_killed_export_leaves_no_folder_and_the_next_removes_its_partial(tmp_p
     model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1)  # as zoo train gpt saves it: no preprocessor
     source, target = tmp_path / "gpt.keras", tmp_path / "hf"
     model.save(source)
-    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(source), str(target)], cwd=ZOO.parent, capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(source), str(target)], cwd=ZOO.parent, capture_output=True, text=True
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not target.exists()
     [partial] = tmp_path.glob("hf.partial-*")

@@ -43,7 +43,9 @@ def test_an_adapter_made_by_peft_gives_peft_logits(expected, tmp_path):
     modules = load_peft_adapter(model, ADAPTER)
     assert len(modules) == 7 * 2  # q, k, v, o, gate, up, down in 2 layers
     logits = np.asarray(model(expected["token_ids"]))
-    np.testing.assert_allclose(logits, expected["logits"], atol=1e-4, rtol=0)  # measured: 6.2e-6 (the adapter moves them by 6.2)
+    np.testing.assert_allclose(
+        logits, expected["logits"], atol=1e-4, rtol=0
+    )  # measured: 6.2e-6 (the adapter moves them by 6.2)
     lines = []
     export(ExportConfig(model=str(BASE), output=str(tmp_path / "merged"), lora=str(ADAPTER)), report=lines.append)
     assert "PEFT adapter " + str(ADAPTER) + ": 14 modules, merged on export" in lines
@@ -68,13 +70,24 @@ def test_a_zoo_adapter_holds_peft_factors_and_loads_back(expected, tmp_path):
     assert (config["r"], config["lora_alpha"]) == (RANK, ALPHA)
     assert config["rank_pattern"] == {"q_proj": heads * RANK, "k_proj": kv_heads * RANK, "v_proj": kv_heads * RANK}
     assert config["alpha_pattern"] == {"q_proj": heads * ALPHA, "k_proj": kv_heads * ALPHA, "v_proj": kv_heads * ALPHA}
-    assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
+    assert set(config["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+        "lm_head",
+    }
     views = {path: view for path, view in weight_views(model.backbone.get_config()).items()}
     for layer in layers:  # B @ A is the zoo's a @ b, in the file's (out, in) layout
         view = views[kernel_path(layer)]
         a, b = np.asarray(layer.lora_kernel_a), np.asarray(layer.lora_kernel_b)
         factor_a, factor_b = factors[view.name.removesuffix(".weight")]
-        np.testing.assert_allclose(factor_b @ factor_a, view.to_file(np.tensordot(a, b, axes=1)), atol=1e-6, err_msg=view.name)
+        np.testing.assert_allclose(
+            factor_b @ factor_a, view.to_file(np.tensordot(a, b, axes=1)), atol=1e-6, err_msg=view.name
+        )
         for mine, written in zip(peft_factors(a, b, view), (factor_a, factor_b)):
             np.testing.assert_array_equal(mine, written)
 
@@ -113,8 +126,13 @@ def test_missing_files_and_foreign_modules_are_named(tmp_path):
     (tmp_path / "adapter" / "adapter_model.safetensors").unlink()
     with pytest.raises(ValueError, match="has no adapter_model.safetensors"):
         read_peft_adapter(tmp_path / "adapter")
-    other = GPTCausalLM.from_preset(HF / "llama_mha_tied", load_weights=False)  # 4 heads of 8: o_proj (32, 32), not (32, 64)
-    with pytest.raises(ValueError, match=r"adapter module 'model.layers.0.self_attn.o_proj' has lora_A \(2, 64\), lora_B \(32, 2\); "
-                                         r"the model's model.layers.0.self_attn.o_proj is \(32, 32\) "
-                                         r"\(its block_0/attention/output/kernel \(4, 8, 32\)\)"):  # fmt: skip
+    other = GPTCausalLM.from_preset(
+        HF / "llama_mha_tied", load_weights=False
+    )  # 4 heads of 8: o_proj (32, 32), not (32, 64)
+    with pytest.raises(
+        ValueError,
+        match=r"adapter module 'model.layers.0.self_attn.o_proj' has lora_A \(2, 64\), lora_B \(32, 2\); "
+        r"the model's model.layers.0.self_attn.o_proj is \(32, 32\) "
+        r"\(its block_0/attention/output/kernel \(4, 8, 32\)\)",
+    ):
         load_peft_adapter(other, ADAPTER)

@@ -38,7 +38,9 @@ def mesh_name(distribution):
     return "-" if distribution is None else zd.describe_mesh(distribution.device_mesh)
 
 
-def measure(label, distribution, build_model, x, y, *, batch_size, repeats, seed, unit="examples", per_example=1, report=print):
+def measure(
+    label, distribution, build_model, x, y, *, batch_size, repeats, seed, unit="examples", per_example=1, report=print
+):
     """One table row: median fit and jit throughput of ``build_model()`` (compiled) under
     ``distribution`` (None: one device), over host arrays x, y of N = steps * B rows.
 
@@ -66,8 +68,16 @@ def measure(label, distribution, build_model, x, y, *, batch_size, repeats, seed
         f"  fit {fit:,.1f} {unit}/s, jit {jit:,.1f} {unit}/s, ratio {fit / jit:.3f} "
         f"(per-repeat {min(pairs):.3f}..{max(pairs):.3f}), loss gap {loss_gap:.1e}"
     )
-    return {"layout": label, "mesh": mesh, "fit_per_s": fit, "jit_per_s": jit, "ratio": fit / jit,
-            "fit_runs": fit_runs, "jit_runs": jit_runs, "loss_gap": loss_gap}  # fmt: skip
+    return {
+        "layout": label,
+        "mesh": mesh,
+        "fit_per_s": fit,
+        "jit_per_s": jit,
+        "ratio": fit / jit,
+        "fit_runs": fit_runs,
+        "jit_runs": jit_runs,
+        "loss_gap": loss_gap,
+    }
 
 
 def fit_rate(model, x, y, batch_size):

@@ -89,8 +89,10 @@ def run_benchmark(config, report=print):
 
 
 def _plot_title(config):
-    return (f"Attention forward + backward, per-device temporary memory (B={config.batch}, H={config.heads}, "
-            f"D={config.head_dim}, f32, {'causal' if config.causal else 'non-causal'})")  # fmt: skip
+    return (
+        f"Attention forward + backward, per-device temporary memory (B={config.batch}, H={config.heads}, "
+        f"D={config.head_dim}, f32, {'causal' if config.causal else 'non-causal'})"
+    )
 
 
 def check_config(config):
@@ -112,7 +114,9 @@ def check_config(config):
     for length in (*config.lengths, *config.time_lengths, config.goal_length):
         for n in (*config.devices, config.goal_devices):
             if length % (multiple * n):
-                raise ValueError(f"sequence length {length} is not divisible by {multiple} x N = {multiple * n} devices")
+                raise ValueError(
+                    f"sequence length {length} is not divisible by {multiple} x N = {multiple * n} devices"
+                )
 
 
 def attention_fn(kernel, mesh, config):
@@ -122,9 +126,18 @@ def attention_fn(kernel, mesh, config):
         if kernel == "reference":  # the materialising reference: the baseline the kernels are measured against
             return kernels.attention_reference(q, k, v, causal=config.causal)
         return _sequence_parallel.sharded_attention(
-            q, k, v, mesh=mesh, key_mask=None, context_attention=kernel, causal=config.causal,
-            balance=config.balance if kernel == "ring" else None, rope=None,
-            sequence_axis=AXIS, batch_axis=None, ring_block_size=config.block_size,
+            q,
+            k,
+            v,
+            mesh=mesh,
+            key_mask=None,
+            context_attention=kernel,
+            causal=config.causal,
+            balance=config.balance if kernel == "ring" else None,
+            rope=None,
+            sequence_axis=AXIS,
+            batch_axis=None,
+            ring_block_size=config.block_size,
         )
 
     return attention
@@ -209,7 +222,7 @@ def _time_programs(runnable, config, length, heads, n):
     arrays = [jax.device_put(rng.standard_normal(shape, dtype=np.float32), sharding) for _ in range(4)]
     wall = {s: [] for s in runnable}
     cpu = {s: [] for s in runnable}
-    for kernel, (compiled, _, _) in runnable.items():  # warm-up
+    for compiled, _, _ in runnable.values():  # warm-up
         jax.block_until_ready(compiled(*arrays))
     for _ in range(config.repeats):  # alternate, so drifts in machine load hit all alike
         for kernel, (compiled, _, _) in runnable.items():
@@ -264,9 +277,11 @@ def _seconds(value):
 def format_report(config, memory, timings, goals):
     """Header, memory table, time table and goals, as markdown."""
     lines = [
-        (f"devices: {describe_devices()}; B={config.batch}, H=K={config.heads}, D={config.head_dim}, float32, "
-        f"{'causal' if config.causal else 'non-causal'}, forward + backward; ring block {config.block_size}, "
-        f"balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"),
+        (
+            f"devices: {describe_devices()}; B={config.batch}, H=K={config.heads}, D={config.head_dim}, float32, "
+            f"{'causal' if config.causal else 'non-causal'}, forward + backward; ring block {config.block_size}, "
+            f"balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"
+        ),
         "",
         "Per-device temporary memory (compiled memory analysis):",
         "",
@@ -283,8 +298,10 @@ def format_report(config, memory, timings, goals):
         )
     lines += [
         "",
-        (f"Time, forward + backward, median of {config.repeats}: wall seconds, ratio to the GSPMD reference "
-        "(to all-gather where the reference was not run), CPU-time ratio in brackets:"),
+        (
+            f"Time, forward + backward, median of {config.repeats}: wall seconds, ratio to the GSPMD reference "
+            "(to all-gather where the reference was not run), CPU-time ratio in brackets:"
+        ),
         "",
         "| T | H | N | " + " | ".join(LABELS[s] for s in KERNELS) + " |",
         "| ---: | ---: | ---: |" + " ---: |" * len(KERNELS),
@@ -302,4 +319,3 @@ def _time_cell(row, kernel):
         return "not run" if kernel in row["skipped"] else "-"
     base = "reference" if "reference" in wall else "gather"
     return f"{_seconds(wall[kernel])}, {wall[kernel] / wall[base]:.2f} x ({cpu[kernel] / cpu[base]:.2f} x)"
-

@@ -101,8 +101,18 @@ def bench_layout(label, distribution, x, y, config, report=print):
         compile_cnn(model)
         return model
 
-    row = measure(label, distribution, build_model, x, y, batch_size=config.batch_size, repeats=config.repeats,
-                  seed=SEED, unit="images", report=report)  # fmt: skip
+    row = measure(
+        label,
+        distribution,
+        build_model,
+        x,
+        y,
+        batch_size=config.batch_size,
+        repeats=config.repeats,
+        seed=SEED,
+        unit="images",
+        report=report,
+    )
     row["fit_images_per_s"], row["jit_images_per_s"] = row.pop("fit_per_s"), row.pop("jit_per_s")
     return row
 

@@ -79,7 +79,9 @@ def run_benchmark(config, report=print):
     if config.plot:
         from zoo.plotting import plot_context_memory
 
-        plot_context_memory(runs, config.plot, title=f"GPT-like training step, T={config.sequence_length:,}: per device, by layout")
+        plot_context_memory(
+            runs, config.plot, title=f"GPT-like training step, T={config.sequence_length:,}: per device, by layout"
+        )
     return {"runs": runs, "goal": goal}
 
 
@@ -89,7 +91,9 @@ def check_config(config):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if config.context_attention not in CONTEXT_ATTENTIONS:
-        raise ValueError(f"context_attention must be one of {', '.join(CONTEXT_ATTENTIONS)}, got {config.context_attention!r}")
+        raise ValueError(
+            f"context_attention must be one of {', '.join(CONTEXT_ATTENTIONS)}, got {config.context_attention!r}"
+        )
     if not config.runs:
         raise ValueError("runs must name at least one '<mesh>:<global batch>' layout")
 
@@ -124,13 +128,19 @@ def build_model(config):
     x = keras.layers.Embedding(config.vocab, config.width, name="token_embedding")(tokens)  # (B, T, C)
     for index in range(config.layers):
         x = TransformerBlock(
-            num_heads=config.heads, head_dim=config.head_dim, hidden_dim=config.hidden_dim,
-            causal=True, rotary=True, name=f"block_{index}",
+            num_heads=config.heads,
+            head_dim=config.head_dim,
+            hidden_dim=config.hidden_dim,
+            causal=True,
+            rotary=True,
+            name=f"block_{index}",
         )(x)  # (B, T, C)
     x = keras.layers.LayerNormalization(name="final_norm")(x)  # (B, T, C)
     logits = keras.layers.Dense(config.vocab, name="lm_head")(x)  # (B, T, V)
     model = keras.Model(tokens, logits, name="gpt_like")
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model
 
 
@@ -150,7 +160,9 @@ def measure(run, config):
     try:
         keras.utils.set_random_seed(0)
         model = build_model(config)
-        tokens = np.random.default_rng(0).integers(0, config.vocab, size=(run.batch, config.sequence_length), dtype=np.int32)
+        tokens = np.random.default_rng(0).integers(
+            0, config.vocab, size=(run.batch, config.sequence_length), dtype=np.int32
+        )
         step, args = train_step(model, tokens, np.roll(tokens, -1, axis=1))
         report = comms_report(step, *args, mesh=distribution.device_mesh, compiler_options=FAST_COMPILE)
     finally:
@@ -171,7 +183,10 @@ def evaluate_goal(runs, config):
     base = next((r for r in runs if r.kind == "data-parallel" and r.tokens_per_device == config.sequence_length), None)
     split = [r for r in runs if r.kind == "context-parallel" and r.tokens_per_device < config.sequence_length]
     if base is None or not split:
-        return "NOT MEASURED", "needs a data-parallel run with one sequence per device and a context-parallel run with less"
+        return (
+            "NOT MEASURED",
+            "needs a data-parallel run with one sequence per device and a context-parallel run with less",
+        )
     details, ok = [], True
     for run in split:
         n = config.sequence_length // run.tokens_per_device
@@ -184,10 +199,12 @@ def evaluate_goal(runs, config):
 def format_report(config, runs, goal):
     base = next((r for r in runs if r.kind == "data-parallel"), runs[0])
     lines = [
-        (f"devices: {describe_devices()}; GPT-like LM: L={config.layers} blocks, C={config.width}, H=K={config.heads}, "
-        f"D={config.head_dim}, F={config.hidden_dim}, V={config.vocab}, T={config.sequence_length:,}, float32, causal + rotary; "
-        f"one training step (forward + backward + SGD), compiled, not run; context-parallel attention "
-        f"{config.context_attention}, balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"),
+        (
+            f"devices: {describe_devices()}; GPT-like LM: L={config.layers} blocks, C={config.width}, H=K={config.heads}, "
+            f"D={config.head_dim}, F={config.hidden_dim}, V={config.vocab}, T={config.sequence_length:,}, float32, causal + rotary; "
+            f"one training step (forward + backward + SGD), compiled, not run; context-parallel attention "
+            f"{config.context_attention}, balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"
+        ),
         "",
         "Per device (compiled memory analysis; sends and collectives executed per step, from the compiled step):",
         "",
@@ -200,7 +217,10 @@ def format_report(config, runs, goal):
             f"| {run.kind} | {run.mesh} | {run.batch} | {run.tokens_per_device:,} | {_mib(run.temp)} | "
             f"{run.temp / base.temp:.4f} | {_mib(run.argument)} | {'' if run.exact else '>= '}{_mib(run.sent)} | {collectives} |"
         )
-    lines += ["", f"Goal: {goal[0]}: per-device temporary memory <= 1/N of data-parallel's at 1/N of a sequence per device: {goal[1]}"]
+    lines += [
+        "",
+        f"Goal: {goal[0]}: per-device temporary memory <= 1/N of data-parallel's at 1/N of a sequence per device: {goal[1]}",
+    ]
     return "\n".join(lines)
 
 
@@ -211,5 +231,3 @@ def _device_count(mesh):
 def _mib(nbytes):
     """Bytes as MiB (KiB below 1 MiB, GiB from 10 GiB)."""
     return mib_text(nbytes, gib_from=10 * GIB)
-
-

@@ -30,9 +30,13 @@ SEED = 0
 def run_benchmark(config, report=print):
     """Measure every layout of ``config`` (``zoo.config.bench_settings.GPTBenchConfig``),
     report the markdown table, return one dict per layout."""
-    x, y = load("python_docs", "train", sequence_length=config.sequence_length, num_examples=config.steps * config.batch_size)
+    x, y = load(
+        "python_docs", "train", sequence_length=config.sequence_length, num_examples=config.steps * config.batch_size
+    )
     if len(x) < config.steps * config.batch_size:
-        raise ValueError(f"the corpus has {len(x)} windows of {config.sequence_length} tokens; lower --steps or --batch-size")
+        raise ValueError(
+            f"the corpus has {len(x)} windows of {config.sequence_length} tokens; lower --steps or --batch-size"
+        )
     unknown = [layout for layout in config.layouts if layout not in LAYOUTS]
     if unknown:
         raise ValueError(f"unknown layout(s) {unknown}; choose from {list(LAYOUTS)}")
@@ -43,9 +47,20 @@ def run_benchmark(config, report=print):
             context = {"context_attention": CONTEXT_ATTENTION} if layout == "context" else {}
             distribution = zd.distribution_for(GPTCausalLM, layout, mesh, **context)
             rows.append(
-                measure(label, distribution, _builder(config, layout), x, y, batch_size=config.batch_size,
-                        repeats=config.repeats, seed=SEED, unit="tokens", per_example=config.sequence_length, report=report)
-            )  # fmt: skip
+                measure(
+                    label,
+                    distribution,
+                    _builder(config, layout),
+                    x,
+                    y,
+                    batch_size=config.batch_size,
+                    repeats=config.repeats,
+                    seed=SEED,
+                    unit="tokens",
+                    per_example=config.sequence_length,
+                    report=report,
+                )
+            )
     finally:
         keras.distribution.set_distribution(None)
     table = format_table(rows, config)
@@ -69,7 +84,14 @@ def format_table(rows, config):
         f"devices: {zd.describe_devices()}; {config.config_name}, T={config.sequence_length}, global batch "
         f"{config.batch_size}, {config.steps} steps, median of {config.repeats}; jax {jax.__version__}, keras {keras.__version__}"
     )
-    lines = [header, "", "| layout | mesh | fit tokens/s | jax.jit tokens/s | ratio fit/jit |", "| --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        header,
+        "",
+        "| layout | mesh | fit tokens/s | jax.jit tokens/s | ratio fit/jit |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     for row in rows:
-        lines.append(f"| {row['layout']} | {row['mesh']} | {row['fit_per_s']:,.0f} | {row['jit_per_s']:,.0f} | {row['ratio']:.3f} |")
+        lines.append(
+            f"| {row['layout']} | {row['mesh']} | {row['fit_per_s']:,.0f} | {row['jit_per_s']:,.0f} | {row['ratio']:.3f} |"
+        )
     return "\n".join(lines)

@@ -72,13 +72,19 @@ LLAMA_CONFIG = {
     "model_type": "llama",
     "pretraining_tp": 1,
     "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
     "rope_theta": 500000.0,
     "tie_word_embeddings": True,
     "torch_dtype": "bfloat16",
     "transformers_version": "4.45.0.dev0",
     "use_cache": True,
-}  # fmt: skip
+}
 SIZES = {  # setting -> config.json key
     "vocabulary_size": "vocab_size",
     "num_layers": "num_hidden_layers",
@@ -120,7 +126,9 @@ def weight_shapes(arguments):
         "mlp/down/kernel": (F, C),
     }
     views = hf_checkpoints.weight_views(arguments)
-    return {path: by_name.get(path.split("/", 1)[1] if path.startswith("block_") else path, (C,)) for path in views}  # (C,): the norms
+    return {
+        path: by_name.get(path.split("/", 1)[1] if path.startswith("block_") else path, (C,)) for path in views
+    }  # (C,): the norms
 
 
 def random_bfloat16(shape, seed):
@@ -157,7 +165,9 @@ def write_checkpoint(config, directory):
     """A synthetic Hugging Face folder of the settings' sizes in ``directory``; returns its path."""
     hf = synthetic_config(config)
     os.makedirs(directory, exist_ok=True)
-    write_safetensors(SyntheticTensors(backbone_arguments(hf)), directory, max_file_bytes=int(config.max_file_size_mb * MIB))
+    write_safetensors(
+        SyntheticTensors(backbone_arguments(hf)), directory, max_file_bytes=int(config.max_file_size_mb * MIB)
+    )
     with open(os.path.join(directory, hf_checkpoints.CONFIG_FILE), "w", encoding="utf-8") as file:
         json.dump(hf, file, indent=2, sort_keys=True)
     return directory
@@ -311,7 +321,12 @@ def reset_peak_rss():
         return False
 
 
-CHECKED = ("token_embedding/embeddings", "block_0/attention/query/kernel", "block_0/attention/output/kernel", "final_norm/scale")
+CHECKED = (
+    "token_embedding/embeddings",
+    "block_0/attention/query/kernel",
+    "block_0/attention/output/kernel",
+    "final_norm/scale",
+)
 
 
 def check_weights(model, folder, shards_per_weight=2):
@@ -416,7 +431,9 @@ def check_config(config):
     for run in config.runs:
         zd.make_mesh(run.split(":", 1)[1])  # raises naming the mesh and the device count
     if config.checkpoint and not hf_checkpoints.is_hf_directory(config.checkpoint):
-        raise ValueError(f"--checkpoint {config.checkpoint!r} is not a Hugging Face folder (config.json with model_type and safetensors weights)")
+        raise ValueError(
+            f"--checkpoint {config.checkpoint!r} is not a Hugging Face folder (config.json with model_type and safetensors weights)"
+        )
 
 
 def run_benchmark(config, report=print):
@@ -432,14 +449,20 @@ def run_benchmark(config, report=print):
         for run in config.runs:
             layout, mesh = run.split(":", 1)
             row = measure(folder, layout, mesh, config, elements)
-            report(f"{layout} {mesh}: peak {size_text(row.peak)} per device for {size_text(row.sharded)} sharded ({row.ratio:.3f}x); "
-                   f"built in {row.build_s:.0f} s, loaded in {row.load_s:.1f} s")  # fmt: skip
+            report(
+                f"{layout} {mesh}: peak {size_text(row.peak)} per device for {size_text(row.sharded)} sharded ({row.ratio:.3f}x); "
+                f"built in {row.build_s:.0f} s, loaded in {row.load_s:.1f} s"
+            )
             rows.append(row)
     text = format_report(config, checkpoint, rows)
     report(text)
     if config.output:
         write_text(config.output, text)
-    failures = [{"error": f"{row.layout} {row.mesh}: {row.mismatches} of {row.compared} slices differ from the file"} for row in rows if row.mismatches]
+    failures = [
+        {"error": f"{row.layout} {row.mesh}: {row.mismatches} of {row.compared} slices differ from the file"}
+        for row in rows
+        if row.mismatches
+    ]
     return {"rows": rows, "failures": failures}
 
 
@@ -458,25 +481,33 @@ def format_row(row):
     within = "yes" if row.ratio <= GOAL else "**no**"
     rss = f"{size_text(row.rss_before)} / {size_text(row.rss_peak)}{'' if row.rss_reset else ' (since start)'}"
     check = f"{row.compared - row.mismatches} / {row.compared}"
-    return (f"| {row.layout} | {row.mesh} | {row.parameters:,} | {size_text(row.sharded)} | {size_text(w.after_tensor)} | {size_text(w.before_assign)} | "
-            f"**{row.ratio:.3f}x** | {within} | {size_text(w.largest_slice)} / {size_text(row.largest_shard)} | {w.oversize} of {w.slices:,} | "
-            f"{row.read_ratio:.2f}x | {rss} | {row.build_s:.0f} | {row.load_s:.1f} | {check} |")  # fmt: skip
+    return (
+        f"| {row.layout} | {row.mesh} | {row.parameters:,} | {size_text(row.sharded)} | {size_text(w.after_tensor)} | {size_text(w.before_assign)} | "
+        f"**{row.ratio:.3f}x** | {within} | {size_text(w.largest_slice)} / {size_text(row.largest_shard)} | {w.oversize} of {w.slices:,} | "
+        f"{row.read_ratio:.2f}x | {rss} | {row.build_s:.0f} | {row.load_s:.1f} | {check} |"
+    )
 
 
 def format_report(config, checkpoint, rows):
     dtype = config.dtype or keras.config.dtype_policy().name
     lines = [
-        (f"devices: {len(jax.devices())} x {jax.devices()[0].platform}; host: {os.cpu_count()} cores, {size_text(_host_memory())}; "
-         f"checkpoint: {checkpoint}; model weights held as {dtype}; jax {jax.__version__}, keras {keras.__version__}."),
+        (
+            f"devices: {len(jax.devices())} x {jax.devices()[0].platform}; host: {os.cpu_count()} cores, {size_text(_host_memory())}; "
+            f"checkpoint: {checkpoint}; model weights held as {dtype}; jax {jax.__version__}, keras {keras.__version__}."
+        ),
         "",
-        ("Per device, above what was live before the build (jax.live_arrays, shard shapes): the model's weights (sharded), the peak "
-         "sampled after each tensor and just before each assign (old value and new array both alive); within = peak <= "
-         f"{GOAL}x sharded. Slices: the largest a device received / the largest shard, and how many exceeded their shard. "
-         "Read: elements read / elements in the checkpoint. Host RSS: when the load starts / its peak during the load "
-         "(on CPU the devices' buffers are host memory). Check: device shards equal to the file's tensors, bit for bit."),
+        (
+            "Per device, above what was live before the build (jax.live_arrays, shard shapes): the model's weights (sharded), the peak "
+            "sampled after each tensor and just before each assign (old value and new array both alive); within = peak <= "
+            f"{GOAL}x sharded. Slices: the largest a device received / the largest shard, and how many exceeded their shard. "
+            "Read: elements read / elements in the checkpoint. Host RSS: when the load starts / its peak during the load "
+            "(on CPU the devices' buffers are host memory). Check: device shards equal to the file's tensors, bit for bit."
+        ),
         "",
-        ("| layout | mesh | parameters | sharded / device | peak after each tensor | peak before each assign | peak / sharded | "
-         f"within {GOAL}x | largest slice / shard | slices over their shard | read / checkpoint | host RSS start / peak | build (s) | load (s) | check |"),
+        (
+            "| layout | mesh | parameters | sharded / device | peak after each tensor | peak before each assign | peak / sharded | "
+            f"within {GOAL}x | largest slice / shard | slices over their shard | read / checkpoint | host RSS start / peak | build (s) | load (s) | check |"
+        ),
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines + [format_row(row) for row in rows])

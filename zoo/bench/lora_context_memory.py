@@ -67,7 +67,15 @@ LLAMA_3_2_1B = {  # GPTBackbone arguments fixed here; the sizes are settings (Lo
     "tie_word_embeddings": True,
     "max_sequence_length": 131072,  # max_position_embeddings
 }
-SIZES = ("vocabulary_size", "num_layers", "hidden_dim", "num_query_heads", "num_key_value_heads", "head_dim", "intermediate_dim")
+SIZES = (
+    "vocabulary_size",
+    "num_layers",
+    "hidden_dim",
+    "num_query_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_dim",
+)
 
 
 def layout_mesh(layout, devices):
@@ -110,8 +118,10 @@ def run_benchmark(config, report=print):
         for length in config.sequence_lengths:
             for layout in config.layouts:
                 row = measure(config, layout, length, remat)
-                report(f"{layout} {row.mesh} T={length:,} B={row.batch} remat={remat}: total {size_text(row.total)} "
-                       f"(temp {size_text(row.memory.temp)}), compiled in {row.compile_s:.0f} s")  # fmt: skip
+                report(
+                    f"{layout} {row.mesh} T={length:,} B={row.batch} remat={remat}: total {size_text(row.total)} "
+                    f"(temp {size_text(row.memory.temp)}), compiled in {row.compile_s:.0f} s"
+                )
                 rows.append(row)
     text = format_report(config, rows)
     report(text)
@@ -123,23 +133,34 @@ def run_benchmark(config, report=print):
 def check_config(config):
     """Refuse, before compiling anything, sizes the devices or the layouts cannot take."""
     if config.devices > len(jax.devices()):
-        raise ValueError(f"{config.devices} devices asked for but JAX has {len(jax.devices())}; run with --simulate-devices {config.devices}")
+        raise ValueError(
+            f"{config.devices} devices asked for but JAX has {len(jax.devices())}; run with --simulate-devices {config.devices}"
+        )
     if not config.layouts or not config.remats or not config.sequence_lengths:
         raise ValueError("layouts, remats and sequence_lengths must each name at least one value")
     for layout in config.layouts:
         layout_mesh(layout, config.devices)
     multiple = 2 * config.devices if config.balance == "zigzag" else config.devices
     if config.loss_chunk_size is not None and "context" in config.layouts and config.loss_chunk_size % config.devices:
-        raise ValueError(f"loss_chunk_size {config.loss_chunk_size} is not divisible by the seq axis of size {config.devices} (each chunk split like the sequence)")
+        raise ValueError(
+            f"loss_chunk_size {config.loss_chunk_size} is not divisible by the seq axis of size {config.devices} (each chunk split like the sequence)"
+        )
     for length in config.sequence_lengths:
         if "context" in config.layouts and length % multiple:
-            raise ValueError(f"sequence length {length} is not divisible by {multiple} (the seq axis of size {config.devices}, balance {config.balance})")
+            raise ValueError(
+                f"sequence length {length} is not divisible by {multiple} (the seq axis of size {config.devices}, balance {config.balance})"
+            )
 
 
 def model_config(config, remat):
     """The ``GPTBackbone`` arguments of one row."""
     longest = max(LLAMA_3_2_1B["max_sequence_length"], *config.sequence_lengths)
-    return {**LLAMA_3_2_1B, **{name: getattr(config, name) for name in SIZES}, "max_sequence_length": longest, "remat": remat}
+    return {
+        **LLAMA_3_2_1B,
+        **{name: getattr(config, name) for name in SIZES},
+        "max_sequence_length": longest,
+        "remat": remat,
+    }
 
 
 def row_distribution(config, layout, mesh, arguments):
@@ -201,25 +222,31 @@ def format_row(row):
     m = row.memory
     collectives = ", ".join(f"{count:,} {kind}" for kind, count in sorted(row.collectives.items())) or "none"
     sent = f"{'' if row.exact else '>= '}{size_text(row.sent)}"
-    return (f"| {row.layout} | {row.mesh} | {row.remat} | {row.sequence_length:,} | {row.batch} | {row.tokens_per_device:,} | "
-            f"{size_text(m.temp)} | {size_text(m.argument)} | {size_text(m.gradients + m.optimizer)} | **{size_text(row.total)}** | {_fits(row.total)} | "
-            f"{sent} | {collectives} | {row.compile_s:.0f} |")  # fmt: skip
+    return (
+        f"| {row.layout} | {row.mesh} | {row.remat} | {row.sequence_length:,} | {row.batch} | {row.tokens_per_device:,} | "
+        f"{size_text(m.temp)} | {size_text(m.argument)} | {size_text(m.gradients + m.optimizer)} | **{size_text(row.total)}** | {_fits(row.total)} | "
+        f"{sent} | {collectives} | {row.compile_s:.0f} |"
+    )
 
 
 def format_report(config, rows):
     sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in SIZES)
     remat_note = remat_warning(config.remats)
     lines = [
-        (f"devices: {config.devices} x {jax.devices()[0].platform} (simulated), compiled, not run; GPTCausalLM {sizes}, tied embeddings, "
-         f"RoPE 500,000 + llama3 scaling; LoRA r={config.lora_rank} on every Dense/EinsumDense, all else frozen; AdamW; "
-         f"{config.precision}; context: {config.context_attention} attention, balance {config.balance}; "
-         f"loss {'from the whole logits' if config.loss_chunk_size is None else f'in chunks of {config.loss_chunk_size:,} positions'}; "
-         f"jax {jax.__version__}, keras {keras.__version__}.{remat_note}"),
+        (
+            f"devices: {config.devices} x {jax.devices()[0].platform} (simulated), compiled, not run; GPTCausalLM {sizes}, tied embeddings, "
+            f"RoPE 500,000 + llama3 scaling; LoRA r={config.lora_rank} on every Dense/EinsumDense, all else frozen; AdamW; "
+            f"{config.precision}; context: {config.context_attention} attention, balance {config.balance}; "
+            f"loss {'from the whole logits' if config.loss_chunk_size is None else f'in chunks of {config.loss_chunk_size:,} positions'}; "
+            f"jax {jax.__version__}, keras {keras.__version__}.{remat_note}"
+        ),
         "",
-        ("Per device (memory_analysis; total = arguments + outputs - donated + temporaries; LoRA state = its gradients + AdamW slots, "
-         "inside temp and arguments; fits = total <= 80 GiB H100 / 141 GiB H200; sent and collectives per step, loop trips included):"),
+        (
+            "Per device (memory_analysis; total = arguments + outputs - donated + temporaries; LoRA state = its gradients + AdamW slots, "
+            "inside temp and arguments; fits = total <= 80 GiB H100 / 141 GiB H200; sent and collectives per step, loop trips included):"
+        ),
         "",
         "| layout | mesh | remat | T | global batch | tokens / device | temp | arguments | LoRA state | total | fits H100 / H200 | sent | collectives | compile (s) |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: |",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines + [format_row(row) for row in rows])

@@ -107,7 +107,10 @@ def expert_split(model, distribution):
     held, whole, parts = 0, 0, set()
     for variable, sharding in pairs:
         if EXPERT_WEIGHT.search(variable.path):
-            mine, total = shard_bytes(variable, sharding), int(np.prod(variable.shape)) * np.dtype(variable.dtype).itemsize
+            mine, total = (
+                shard_bytes(variable, sharding),
+                int(np.prod(variable.shape)) * np.dtype(variable.dtype).itemsize,
+            )
             held, whole = held + mine, whole + total
             parts.add(total / mine)
     return held, whole, parts.pop() if len(parts) == 1 else None
@@ -132,7 +135,11 @@ def expert_gradient_reduces(comms, width, hidden):
     """All-reduces over ``data`` executed per step whose buffers are expert-shaped (the
     experts' gradients: one per MoE block is the minimum, XLA may combine them)."""
     matrices = {(width, hidden), (hidden, width)}
-    return sum(op.executions for op in comms.select("all-reduce", (DATA,)) if any(len(d) == 3 and d[1:] in matrices for d in _dims(op)))
+    return sum(
+        op.executions
+        for op in comms.select("all-reduce", (DATA,))
+        if any(len(d) == 3 and d[1:] in matrices for d in _dims(op))
+    )
 
 
 def exchange_totals(comms):
@@ -145,7 +152,12 @@ def exchange_totals(comms):
     if len(moved) > 1:
         raise ValueError(f"the token all-to-alls move several dtypes {sorted(moved)}; the minimum needs one")
     tokens = sum(op.executions for op in floating)
-    return tokens, sum(op.executions for op in ops) - tokens, comms.sent_bytes("all-to-all", (EXPERT,)), moved.pop() if moved else None
+    return (
+        tokens,
+        sum(op.executions for op in ops) - tokens,
+        comms.sent_bytes("all-to-all", (EXPERT,)),
+        moved.pop() if moved else None,
+    )
 
 
 def _dtype(op):
@@ -200,14 +212,24 @@ class ExchangeRow:
 def exchange_arguments(config, capacity_factor):
     """``GPTBackbone`` arguments of the exchange rows: every block sparse, no dropout."""
     return {
-        "vocabulary_size": config.vocabulary_size, "num_layers": config.num_layers, "hidden_dim": config.hidden_dim,
-        "num_query_heads": config.num_query_heads, "num_key_value_heads": config.num_key_value_heads,
-        "intermediate_dim": config.moe_intermediate_dim, "mlp": "swiglu", "norm": "rms",
-        "max_sequence_length": config.sequence_length, "tie_word_embeddings": False, "num_experts": config.num_experts,
-        "num_experts_per_token": config.num_experts_per_token, "moe_intermediate_dim": config.moe_intermediate_dim,
-        "normalize_router_weights": True, "router_aux_loss_coefficient": 0.01, "capacity_factor": capacity_factor,
+        "vocabulary_size": config.vocabulary_size,
+        "num_layers": config.num_layers,
+        "hidden_dim": config.hidden_dim,
+        "num_query_heads": config.num_query_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "intermediate_dim": config.moe_intermediate_dim,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "max_sequence_length": config.sequence_length,
+        "tie_word_embeddings": False,
+        "num_experts": config.num_experts,
+        "num_experts_per_token": config.num_experts_per_token,
+        "moe_intermediate_dim": config.moe_intermediate_dim,
+        "normalize_router_weights": True,
+        "router_aux_loss_coefficient": 0.01,
+        "capacity_factor": capacity_factor,
         "remat": "none",
-    }  # fmt: skip
+    }
 
 
 def measure_exchange(config, mesh_spec, capacity_factor):
@@ -236,14 +258,20 @@ def _fill_exchange(row, config, comms, model, distribution):
     k, width, hidden = config.num_experts_per_token, config.hidden_dim, config.moe_intermediate_dim
     row.expert_size = zd.mesh_axis_size(distribution.device_mesh, EXPERT)
     row.tokens = config.batch_size * config.sequence_length // batch_split(row.mesh)
-    row.capacity = moe.capacity(row.tokens, num_experts_per_token=k, axis_size=row.expert_size,
-                                experts_per_device=config.num_experts // row.expert_size, capacity_factor=row.capacity_factor)  # fmt: skip
+    row.capacity = moe.capacity(
+        row.tokens,
+        num_experts_per_token=k,
+        axis_size=row.expert_size,
+        experts_per_device=config.num_experts // row.expert_size,
+        capacity_factor=row.capacity_factor,
+    )
     row.sparse_blocks = len(moe_layers(model))
     row.assignments = config.batch_size * config.sequence_length * k * row.sparse_blocks
     row.token_exchanges, row.count_exchanges, row.sent, row.moved = exchange_totals(comms)
     row.compute = compute_dtype(config.precision)
-    per_exchange = moe.minimum_exchange_bytes(row.tokens, num_experts_per_token=k, width=width, itemsize=FLOAT_ITEMSIZES[row.moved],
-                                              axis_size=row.expert_size)  # fmt: skip
+    per_exchange = moe.minimum_exchange_bytes(
+        row.tokens, num_experts_per_token=k, width=width, itemsize=FLOAT_ITEMSIZES[row.moved], axis_size=row.expert_size
+    )
     row.minimum = EXCHANGES_PER_BLOCK * row.sparse_blocks * per_exchange
     row.expert_bytes, row.model_expert_bytes, row.expert_parts = expert_split(model, distribution)
     row.weight_gathers = expert_weight_gathers(comms, width, hidden)
@@ -254,10 +282,20 @@ def _fill_exchange(row, config, comms, model, distribution):
 def run_once(compiled, model, distribution, config):
     """Run the compiled step once on random tokens; ``(max_load, dropped_fraction)`` from its logs."""
     shardings = state_shardings(model, distribution)
-    groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
-    state = tuple([jax.device_put(v.value, s) for v, s in zip(group, layout)] for group, layout in zip(groups, shardings))
+    groups = (
+        model.trainable_variables,
+        model.non_trainable_variables,
+        model.optimizer.variables,
+        model.metrics_variables,
+    )
+    state = tuple(
+        [jax.device_put(v.value, s) for v, s in zip(group, layout)] for group, layout in zip(groups, shardings)
+    )
     rng = np.random.default_rng(SEED)
-    x, y = (rng.integers(0, config.vocabulary_size, (config.batch_size, config.sequence_length), dtype=np.int32) for _ in range(2))
+    x, y = (
+        rng.integers(0, config.vocabulary_size, (config.batch_size, config.sequence_length), dtype=np.int32)
+        for _ in range(2)
+    )
     logs, _ = compiled(state, tuple(place_batch(distribution, x, y)))
     return float(logs["router_max_load"]), float(logs["router_dropped_fraction"])
 
@@ -267,8 +305,10 @@ def exchange_rows(config, report=print):
     for mesh_spec in config.meshes:
         for capacity_factor in config.capacity_factors:
             row = measure_exchange(config, mesh_spec, capacity_factor)
-            report(f"exchange {mesh_spec} capacity {_factor(capacity_factor)}: sent {size_text(row.sent)} vs minimum "
-                   f"{size_text(row.minimum)} ({row.ratio:.3f}x), dropped {row.dropped_fraction:.2%}, compiled in {row.compile_s:.0f} s")  # fmt: skip
+            report(
+                f"exchange {mesh_spec} capacity {_factor(capacity_factor)}: sent {size_text(row.sent)} vs minimum "
+                f"{size_text(row.minimum)} ({row.ratio:.3f}x), dropped {row.dropped_fraction:.2%}, compiled in {row.compile_s:.0f} s"
+            )
             rows.append(row)
     return rows
 
@@ -287,23 +327,29 @@ def _parts(parts):
 
 def format_exchange(config, rows):
     lines = [
-        (f"Exchange: GPTCausalLM, {config.num_layers} MoE blocks, C={config.hidden_dim}, H={config.num_query_heads}, "
-         f"K={config.num_key_value_heads}, E={config.num_experts} experts of F={config.moe_intermediate_dim}, top "
-         f"{config.num_experts_per_token}, V={config.vocabulary_size}, T={config.sequence_length}, global batch "
-         f"{config.batch_size}, {config.precision}, remat none; layout expert; the fit step compiled for "
-         f"{jax.devices()[0].platform} devices (simulated) and run once on random tokens; jax {jax.__version__}, keras {keras.__version__}."),
+        (
+            f"Exchange: GPTCausalLM, {config.num_layers} MoE blocks, C={config.hidden_dim}, H={config.num_query_heads}, "
+            f"K={config.num_key_value_heads}, E={config.num_experts} experts of F={config.moe_intermediate_dim}, top "
+            f"{config.num_experts_per_token}, V={config.vocabulary_size}, T={config.sequence_length}, global batch "
+            f"{config.batch_size}, {config.precision}, remat none; layout expert; the fit step compiled for "
+            f"{jax.devices()[0].platform} devices (simulated) and run once on random tokens; jax {jax.__version__}, keras {keras.__version__}."
+        ),
         "",
-        ("Per device and step (all-to-alls over 'expert' from the compiled HLO, loop trips included; minimum = 4 exchanges x "
-         "blocks x N x k x C x itemsize x (E_p-1)/E_p, zoo.kernels.moe.minimum_exchange_bytes, at the itemsize of the dtype "
-         "moved (XLA:CPU widens a bf16 all-to-all to f32; GPU and TPU move bf16); Q = the rows each device sends "
-         "each other, zoo.kernels.moe.capacity; expert weights from the variables' shardings; expert all-gathers: all-gathers "
-         "of an expert-weight-shaped buffer, or over an axis with 'expert'; dropped: assignments past the capacity in one "
-         "run of the step, the router at its initial weights):"),
+        (
+            "Per device and step (all-to-alls over 'expert' from the compiled HLO, loop trips included; minimum = 4 exchanges x "
+            "blocks x N x k x C x itemsize x (E_p-1)/E_p, zoo.kernels.moe.minimum_exchange_bytes, at the itemsize of the dtype "
+            "moved (XLA:CPU widens a bf16 all-to-all to f32; GPU and TPU move bf16); Q = the rows each device sends "
+            "each other, zoo.kernels.moe.capacity; expert weights from the variables' shardings; expert all-gathers: all-gathers "
+            "of an expert-weight-shaped buffer, or over an axis with 'expert'; dropped: assignments past the capacity in one "
+            "run of the step, the router at its initial weights):"
+        ),
         "",
-        ("| mesh | E_p | capacity factor | N tokens / device | Q | token all-to-alls (+ counts) | dtype moved | sent | minimum | sent / minimum | "
-         "expert weights / device | of the experts | expert all-gathers | expert-grad all-reduces over data | assignments dropped | max load | compile (s) |"),
+        (
+            "| mesh | E_p | capacity factor | N tokens / device | Q | token all-to-alls (+ counts) | dtype moved | sent | minimum | sent / minimum | "
+            "expert weights / device | of the experts | expert all-gathers | expert-grad all-reduces over data | assignments dropped | max load | compile (s) |"
+        ),
         "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]  # fmt: skip
+    ]
     for row in rows:
         bound = "" if row.exact else ">= "
         lines.append(
@@ -361,8 +407,12 @@ def parse_run(run):
 
 def memory_arguments(config, num_layers, capacity_factor):
     """``GPTBackbone`` arguments of a memory row: the named size at ``num_layers`` blocks."""
-    arguments = config_by_name(config.memory_config) | {"num_layers": num_layers, "capacity_factor": capacity_factor,
-                                                        "remat": config.memory_remat, "dropout": 0.0}  # fmt: skip
+    arguments = config_by_name(config.memory_config) | {
+        "num_layers": num_layers,
+        "capacity_factor": capacity_factor,
+        "remat": config.memory_remat,
+        "dropout": 0.0,
+    }
     arguments["max_sequence_length"] = max(arguments["max_sequence_length"], config.memory_sequence_length)
     return arguments
 
@@ -400,9 +450,12 @@ def measure_memory(config, run, capacity_factor, num_layers):
     row.token_exchanges, _, row.sent, row.moved = exchange_totals(comms)
     row.compute = compute_dtype(config.memory_precision)
     row.per_exchange_minimum = moe.minimum_exchange_bytes(
-        tokens_per_device, num_experts_per_token=arguments["num_experts_per_token"], width=arguments["hidden_dim"],
-        itemsize=FLOAT_ITEMSIZES[row.moved], axis_size=experts,
-    )  # fmt: skip
+        tokens_per_device,
+        num_experts_per_token=arguments["num_experts_per_token"],
+        width=arguments["hidden_dim"],
+        itemsize=FLOAT_ITEMSIZES[row.moved],
+        axis_size=experts,
+    )
     row.expert_bytes, row.model_expert_bytes, row.expert_parts = expert_split(model, distribution)
     hidden = arguments.get("moe_intermediate_dim") or arguments["intermediate_dim"]
     row.weight_gathers = expert_weight_gathers(comms, arguments["hidden_dim"], hidden)
@@ -421,8 +474,10 @@ def memory_rows(config, report=print):
             for num_layers in depths:
                 row = measure_memory(config, run, capacity_factor, num_layers)
                 m = row.memory
-                report(f"memory {run} capacity {_factor(capacity_factor)} L={num_layers}: total {size_text(m.peak)} (temp "
-                       f"{size_text(m.temp)}, arguments {size_text(m.argument)}), compiled in {row.compile_s:.0f} s")  # fmt: skip
+                report(
+                    f"memory {run} capacity {_factor(capacity_factor)} L={num_layers}: total {size_text(m.peak)} (temp "
+                    f"{size_text(m.temp)}, arguments {size_text(m.argument)}), compiled in {row.compile_s:.0f} s"
+                )
                 rows.append(row)
     return rows
 
@@ -430,21 +485,27 @@ def memory_rows(config, report=print):
 def format_memory(config, rows):
     fits = device_spec(config.memory_target)
     lines = [
-        (f"Memory: {config.memory_config} at real size, T={config.memory_sequence_length:,}, one sequence per device of data x "
-         f"expert, {config.memory_precision}, remat {config.memory_remat}, traced for {config.memory_target} (experts' grouped "
-         f"matmul {moe.grouped_matmul_implementation(platform_of(config.memory_target))}); lora: rank {config.lora_rank} on every "
-         f"Dense/EinsumDense but the routers (attention, LM head), everything else frozen; full: every weight trained; AdamW; compiled for {jax.devices()[0].platform} devices "
-         f"(simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_warning((config.memory_remat,))}"),
+        (
+            f"Memory: {config.memory_config} at real size, T={config.memory_sequence_length:,}, one sequence per device of data x "
+            f"expert, {config.memory_precision}, remat {config.memory_remat}, traced for {config.memory_target} (experts' grouped "
+            f"matmul {moe.grouped_matmul_implementation(platform_of(config.memory_target))}); lora: rank {config.lora_rank} on every "
+            f"Dense/EinsumDense but the routers (attention, LM head), everything else frozen; full: every weight trained; AdamW; compiled for {jax.devices()[0].platform} devices "
+            f"(simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_warning((config.memory_remat,))}"
+        ),
         "",
-        (f"Per device (memory_analysis; total = arguments + outputs - donated + temporaries; fits = total <= "
-         f"{fits.memory_bytes / GIB:.0f} GiB ({config.memory_target}); expert weights from the shardings; all-to-alls over 'expert' "
-         f"per step, bytes per exchange over the minimum N x k x C x itemsize x (E_p-1)/E_p at the dtype moved; remat re-runs "
-         f"the forward's two):"),
+        (
+            f"Per device (memory_analysis; total = arguments + outputs - donated + temporaries; fits = total <= "
+            f"{fits.memory_bytes / GIB:.0f} GiB ({config.memory_target}); expert weights from the shardings; all-to-alls over 'expert' "
+            f"per step, bytes per exchange over the minimum N x k x C x itemsize x (E_p-1)/E_p at the dtype moved; remat re-runs "
+            f"the forward's two):"
+        ),
         "",
-        ("| method | layout | mesh | capacity factor | blocks | global batch | weights | arguments | temp | total | fits | "
-         "expert weights / device | of the experts | token all-to-alls | dtype moved | sent / exchange vs minimum | expert all-gathers | collectives | compile (s) | note |"),
+        (
+            "| method | layout | mesh | capacity factor | blocks | global batch | weights | arguments | temp | total | fits | "
+            "expert weights / device | of the experts | token all-to-alls | dtype moved | sent / exchange vs minimum | expert all-gathers | collectives | compile (s) | note |"
+        ),
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: | --- | ---: | --- |",
-    ]  # fmt: skip
+    ]
     for row in rows:
         m = row.memory
         note = f"partial build: {row.num_layers} of {row.model_layers} blocks" if row.partial else "whole depth"
@@ -489,7 +550,9 @@ def time_layer(config):
     keras.backend.clear_session()
     keras.utils.set_random_seed(SEED)
     with zd.global_distribution(None):
-        layer = MoEFeedForward(config.time_experts, config.time_experts_per_token, config.time_intermediate_dim, name="moe")
+        layer = MoEFeedForward(
+            config.time_experts, config.time_experts_per_token, config.time_intermediate_dim, name="moe"
+        )
         layer.build((1, config.time_tokens, config.time_width))
     x = jax.random.normal(jax.random.key(SEED), (1, config.time_tokens, config.time_width), jnp.float32)
     return layer, x
@@ -498,16 +561,26 @@ def time_layer(config):
 def dense_masked(layer):
     """keras-hub's way at the layer's weights: route as the layer does, then every expert on
     every token weighted by the router (``moe.dense_moe``). (weights, x (1, N, C)) -> (1, N, C)."""
-    names = [variable.path.rsplit("/", 2)[-2] if variable.path.endswith("/kernel") else variable.path.rsplit("/", 1)[-1]
-             for variable in layer.trainable_variables]  # fmt: skip
+    names = [
+        variable.path.rsplit("/", 2)[-2] if variable.path.endswith("/kernel") else variable.path.rsplit("/", 1)[-1]
+        for variable in layer.trainable_variables
+    ]
 
     def forward(weights, x):
         named = dict(zip(names, weights))
         tokens = x.reshape(-1, x.shape[-1])  # [N, C]
         logits = tokens @ named["router"]  # f32[N, E]
-        routing, expert_ids, _ = moe.route(logits, num_experts_per_token=layer.num_experts_per_token, normalize=layer.normalize_router_weights)
-        y = moe.dense_moe(tokens, routing, expert_ids, expert_gate=named["expert_gate"], expert_up=named["expert_up"],
-                          expert_down=named["expert_down"])  # fmt: skip
+        routing, expert_ids, _ = moe.route(
+            logits, num_experts_per_token=layer.num_experts_per_token, normalize=layer.normalize_router_weights
+        )
+        y = moe.dense_moe(
+            tokens,
+            routing,
+            expert_ids,
+            expert_gate=named["expert_gate"],
+            expert_up=named["expert_up"],
+            expert_down=named["expert_down"],
+        )
         return y.reshape(x.shape)
 
     return forward
@@ -533,7 +606,9 @@ def measure_time(config):
     outputs = [jax.block_until_ready(step(weights, x)) for step in (sparse, dense)]  # warm up (compiles)
     for a, b in zip(*(jax.tree.leaves(out) for out in outputs)):
         if not np.allclose(np.asarray(a), np.asarray(b), rtol=2e-3, atol=2e-3):
-            raise TimingMismatch(f"sparse and dense-masked results differ by up to {float(jnp.max(jnp.abs(a - b))):.3g} (shape {a.shape})")
+            raise TimingMismatch(
+                f"sparse and dense-masked results differ by up to {float(jnp.max(jnp.abs(a - b))):.3g} (shape {a.shape})"
+            )
     times = {"sparse": [], "dense": []}
     for _ in range(config.repeats):
         for name, step in (("sparse", sparse), ("dense", dense)):
@@ -541,8 +616,14 @@ def measure_time(config):
             for _ in range(config.steps):
                 jax.block_until_ready(step(weights, x))
             times[name].append((time.perf_counter() - start) / config.steps)
-    row = TimeRow(config.time_tokens, config.time_width, config.time_intermediate_dim, config.time_experts,
-                  config.time_experts_per_token, layer.grouped_matmul or moe.grouped_matmul_implementation())  # fmt: skip
+    row = TimeRow(
+        config.time_tokens,
+        config.time_width,
+        config.time_intermediate_dim,
+        config.time_experts,
+        config.time_experts_per_token,
+        layer.grouped_matmul or moe.grouped_matmul_implementation(),
+    )
     row.ratios = tuple(d / s for s, d in zip(times["sparse"], times["dense"]))
     row.sparse_s, row.dense_s = statistics.median(times["sparse"]), statistics.median(times["dense"])
     return row
@@ -550,16 +631,20 @@ def measure_time(config):
 
 def format_time(config, row):
     return [
-        (f"Time: one {jax.devices()[0].platform} device, jitted forward + backward (gradients of every weight and of x), float32; "
-         f"sparse = MoEFeedForward (its default grouped matmul on this backend: {row.grouped_matmul}); dense-masked = every "
-         f"expert on every token weighted by the same router (zoo.kernels.moe.dense_moe, keras-hub's way); outputs and "
-         f"gradients checked equal; {config.repeats} pairs of turns of {config.steps} passes, alternating; jax {jax.__version__}."),
+        (
+            f"Time: one {jax.devices()[0].platform} device, jitted forward + backward (gradients of every weight and of x), float32; "
+            f"sparse = MoEFeedForward (its default grouped matmul on this backend: {row.grouped_matmul}); dense-masked = every "
+            f"expert on every token weighted by the same router (zoo.kernels.moe.dense_moe, keras-hub's way); outputs and "
+            f"gradients checked equal; {config.repeats} pairs of turns of {config.steps} passes, alternating; jax {jax.__version__}."
+        ),
         "",
         "| N tokens | C | F | E | k | sparse path | dense / sparse (median of pairs) | range | E/k (FLOP ratio) | goal E/(2k) | met |",
         "| ---: | ---: | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | --- |",
-        (f"| {row.tokens:,} | {row.width} | {row.hidden} | {row.experts} | {row.k} | {row.grouped_matmul} | **{row.ratio:.2f}** | "
-         f"{min(row.ratios):.2f} to {max(row.ratios):.2f} | {row.experts / row.k:g} | {row.goal:g} | {'yes' if row.ratio >= row.goal else 'no'} |"),
-    ]  # fmt: skip
+        (
+            f"| {row.tokens:,} | {row.width} | {row.hidden} | {row.experts} | {row.k} | {row.grouped_matmul} | **{row.ratio:.2f}** | "
+            f"{min(row.ratios):.2f} to {max(row.ratios):.2f} | {row.experts / row.k:g} | {row.goal:g} | {'yes' if row.ratio >= row.goal else 'no'} |"
+        ),
+    ]
 
 
 # --- the command ----------------------------------------------------------------------
@@ -575,31 +660,52 @@ def check_config(config):
         for spec in config.meshes:
             axes = dict(zd.parse_mesh_spec(spec))
             if set(axes) != {DATA, EXPERT} or min(axes.values()) < 1 or axes[EXPERT] < 2:
-                raise ValueError(f"mesh {spec!r}: the exchange rows run layout expert on a mesh 'data=D,expert=P' with P >= 2 (sizes given, no -1)")
+                raise ValueError(
+                    f"mesh {spec!r}: the exchange rows run layout expert on a mesh 'data=D,expert=P' with P >= 2 (sizes given, no -1)"
+                )
             if config.num_experts % axes[EXPERT]:
-                raise ValueError(f"num_experts {config.num_experts} is not divisible by the 'expert' axis of size {axes[EXPERT]} of mesh {spec!r}")
+                raise ValueError(
+                    f"num_experts {config.num_experts} is not divisible by the 'expert' axis of size {axes[EXPERT]} of mesh {spec!r}"
+                )
             if config.batch_size % batch_split(spec):
-                raise ValueError(f"batch_size {config.batch_size} is not divisible by data x expert = {batch_split(spec)} of mesh {spec!r}")
+                raise ValueError(
+                    f"batch_size {config.batch_size} is not divisible by data x expert = {batch_split(spec)} of mesh {spec!r}"
+                )
         if config.num_experts_per_token > config.num_experts:
-            raise ValueError(f"num_experts_per_token {config.num_experts_per_token} exceeds num_experts {config.num_experts}")
+            raise ValueError(
+                f"num_experts_per_token {config.num_experts_per_token} exceeds num_experts {config.num_experts}"
+            )
     if "memory" in config.sections:
         model = config_by_name(config.memory_config)
         if not model.get("num_experts"):
-            raise ValueError(f"memory_config {config.memory_config!r} has no experts (num_experts={model.get('num_experts')}); name a MoE size")
+            raise ValueError(
+                f"memory_config {config.memory_config!r} has no experts (num_experts={model.get('num_experts')}); name a MoE size"
+            )
         deeper = [n for n in config.memory_partial_layers if n >= model["num_layers"]]
         if deeper:
-            raise ValueError(f"memory_partial_layers {deeper} are not fewer than the {model['num_layers']} blocks of {config.memory_config!r}")
+            raise ValueError(
+                f"memory_partial_layers {deeper} are not fewer than the {model['num_layers']} blocks of {config.memory_config!r}"
+            )
         device_spec(config.memory_target)  # an unknown kind raises naming the known ones
         for run in config.memory_runs:
             spec = parse_run(run)[2]
-            if dict(zd.parse_mesh_spec(spec)).get(EXPERT, 1) < 2 or min(size for _, size in zd.parse_mesh_spec(spec)) < 1:
-                raise ValueError(f"memory run {run!r}: its mesh needs an 'expert' axis of size >= 2, every size given (no -1)")
+            if (
+                dict(zd.parse_mesh_spec(spec)).get(EXPERT, 1) < 2
+                or min(size for _, size in zd.parse_mesh_spec(spec)) < 1
+            ):
+                raise ValueError(
+                    f"memory run {run!r}: its mesh needs an 'expert' axis of size >= 2, every size given (no -1)"
+                )
             meshes.append(spec)
     if "time" in config.sections and config.time_experts_per_token > config.time_experts:
-        raise ValueError(f"time_experts_per_token {config.time_experts_per_token} exceeds time_experts {config.time_experts}")
+        raise ValueError(
+            f"time_experts_per_token {config.time_experts_per_token} exceeds time_experts {config.time_experts}"
+        )
     needed = max((mesh_devices(spec) for spec in meshes), default=1)
     if needed > len(jax.devices()):
-        raise ValueError(f"the meshes need {needed} devices but JAX has {len(jax.devices())}; run with --simulate-devices {needed}")
+        raise ValueError(
+            f"the meshes need {needed} devices but JAX has {len(jax.devices())}; run with --simulate-devices {needed}"
+        )
 
 
 def run_benchmark(config, report=print):
@@ -615,7 +721,9 @@ def run_benchmark(config, report=print):
         lines += ([""] if lines else []) + format_memory(config, results["memory"])
     if "time" in config.sections:
         row = measure_time(config)
-        report(f"time: sparse {row.sparse_s * 1e3:.0f} ms, dense-masked {row.dense_s * 1e3:.0f} ms per forward + backward (medians)")
+        report(
+            f"time: sparse {row.sparse_s * 1e3:.0f} ms, dense-masked {row.dense_s * 1e3:.0f} ms per forward + backward (medians)"
+        )
         results["time"] = [row]
         lines += ([""] if lines else []) + format_time(config, row)
     text = "\n".join(lines)

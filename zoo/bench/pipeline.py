@@ -127,7 +127,9 @@ def measure_bubble(stages, repeats, micro_batches, devices=None):
         expected = expected * 0.5 + 1.0
     row = BubbleRow(stages, repeats, micro_batches, tuple(int(u) for u in np.asarray(useful)))
     if not np.allclose(np.asarray(y), np.asarray(expected)):
-        raise BubbleMismatch(f"{row.schedule} S={stages} R={repeats} M={micro_batches}: outputs differ from the sequential reference")
+        raise BubbleMismatch(
+            f"{row.schedule} S={stages} R={repeats} M={micro_batches}: outputs differ from the sequential reference"
+        )
     if any(u != repeats * micro_batches for u in row.useful) or not np.isclose(row.measured, row.formula):
         raise BubbleMismatch(
             f"{row.schedule} S={stages} R={repeats} M={micro_batches}: useful ticks per stage {list(row.useful)} of {row.ticks} "
@@ -141,23 +143,29 @@ def bubble_rows(config, report=print):
     for repeats in config.repeats:
         for micro_batches in config.micro_batches:
             row = measure_bubble(config.stages, repeats, micro_batches)
-            report(f"bubble {row.schedule} S={row.stages} R={repeats} M={micro_batches}: useful {list(row.useful)} of {row.ticks} ticks")
+            report(
+                f"bubble {row.schedule} S={row.stages} R={repeats} M={micro_batches}: useful {list(row.useful)} of {row.ticks} ticks"
+            )
             rows.append(row)
     return rows
 
 
 def format_bubble(config, rows):
     lines = [
-        (f"Bubble: zoo.kernels.pipeline under jax.shard_map on a stage axis of {config.stages} {jax.devices()[0].platform} devices "
-         "(simulated); useful = ticks each stage did work, counted by the kernel's loop (every stage the same; checked against "
-         "the formula, an error otherwise); bubble = idle time per stage in GPipe stage-steps, (S-1)/R."),
+        (
+            f"Bubble: zoo.kernels.pipeline under jax.shard_map on a stage axis of {config.stages} {jax.devices()[0].platform} devices "
+            "(simulated); useful = ticks each stage did work, counted by the kernel's loop (every stage the same; checked against "
+            "the formula, an error otherwise); bubble = idle time per stage in GPipe stage-steps, (S-1)/R."
+        ),
         "",
         "| schedule | S | R | M | ticks R*M+S-1 | useful ticks / stage (measured) | useful fraction (measured) | R*M/(R*M+S-1) | bubble (GPipe stage-steps) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]  # fmt: skip
+    ]
     for row in rows:
-        lines.append(f"| {row.schedule} | {row.stages} | {row.repeats} | {row.micro_batches} | {row.ticks} | {row.useful[0]} | "
-                     f"{row.measured:.4f} | {row.formula:.4f} | {row.bubble_steps:g} |")  # fmt: skip
+        lines.append(
+            f"| {row.schedule} | {row.stages} | {row.repeats} | {row.micro_batches} | {row.ticks} | {row.useful[0]} | "
+            f"{row.measured:.4f} | {row.formula:.4f} | {row.bubble_steps:g} |"
+        )
     return lines
 
 
@@ -263,8 +271,10 @@ def memory_rows(config, report=print):
         for repeats, micro_batches in runs:
             row = measure_memory(config, remat, repeats, micro_batches)
             m = row.memory
-            report(f"memory {row.schedule} R={repeats} M={micro_batches} {row.mesh} remat={remat}: arguments {size_text(m.argument)}, "
-                   f"temp {size_text(m.temp)}, {row.permutes} permutes, compiled in {row.compile_s:.0f} s")  # fmt: skip
+            report(
+                f"memory {row.schedule} R={repeats} M={micro_batches} {row.mesh} remat={remat}: arguments {size_text(m.argument)}, "
+                f"temp {size_text(m.temp)}, {row.permutes} permutes, compiled in {row.compile_s:.0f} s"
+            )
             rows.append(row)
     return rows
 
@@ -278,19 +288,23 @@ def format_memory(config, rows):
     remat_note = remat_warning(config.remats)
     stages = dict(zd.parse_mesh_spec(config.mesh)).get(STAGE, 1)
     lines = [
-        (f"Memory: the fit step of GPTCausalLM ({sizes}; gpt_1b's shape, Llama-3.2-1B's sizes, tied embeddings), AdamW on every "
-         f"weight, {config.precision}, T={config.sequence_length:,}, global batch {config.batch_size}; compiled for "
-         f"{jax.devices()[0].platform} devices (simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_note}"),
+        (
+            f"Memory: the fit step of GPTCausalLM ({sizes}; gpt_1b's shape, Llama-3.2-1B's sizes, tied embeddings), AdamW on every "
+            f"weight, {config.precision}, T={config.sequence_length:,}, global batch {config.batch_size}; compiled for "
+            f"{jax.devices()[0].platform} devices (simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_note}"
+        ),
         "",
-        (f"Per device (memory_analysis): arguments = weights + AdamW slots + batch; temp = activations kept for the backward pass, "
-         f"gradients, workspace; total = arguments + outputs - donated + temp. Weights split into the blocks' (split by stage: "
-         f"x S = {stages} should give the model's) and the rest (embedding, final norm: on every stage). Permutes: "
-         f"collective-permutes over stage per step, loop trips included (forward + backward: 2 (R*M+S-1)); all-reduces over data "
-         f"(the weights' gradients) likewise; bytes = what one device sends."),
+        (
+            f"Per device (memory_analysis): arguments = weights + AdamW slots + batch; temp = activations kept for the backward pass, "
+            f"gradients, workspace; total = arguments + outputs - donated + temp. Weights split into the blocks' (split by stage: "
+            f"x S = {stages} should give the model's) and the rest (embedding, final norm: on every stage). Permutes: "
+            f"collective-permutes over stage per step, loop trips included (forward + backward: 2 (R*M+S-1)); all-reduces over data "
+            f"(the weights' gradients) likewise; bytes = what one device sends."
+        ),
         "",
         "| schedule | layout | mesh | remat | R | M | weights / device | of which blocks | blocks / device x S / model's blocks | arguments | temp | total | permutes (sent) | all-reduces over data (sent) | other collectives | compile (s) |",
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
-    ]  # fmt: skip
+    ]
     for row in rows:
         m = row.memory
         ratio = f"{row.block_weights * (stages if row.repeats else 1) / row.model_block_weights:.3f}"
@@ -301,9 +315,11 @@ def format_memory(config, rows):
         bound = "" if row.exact else ">= "
         permutes = "-" if row.repeats is None else f"{bound}{row.permutes:,} ({size_text(row.permute_bytes)})"
         reduces = f"{bound}{row.data_reduces:,} ({size_text(row.data_reduce_bytes)})"
-        lines.append(f"| {row.schedule} | {row.layout} | {row.mesh} | {row.remat} | {_dash(row.repeats)} | {_dash(row.micro_batches)} | "
-                     f"{size_text(m.weights)} | {size_text(row.block_weights)} | {ratio} | {size_text(m.argument)} | {size_text(m.temp)} | "
-                     f"**{size_text(m.peak)}** | {permutes} | {reduces} | {others} | {row.compile_s:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {row.schedule} | {row.layout} | {row.mesh} | {row.remat} | {_dash(row.repeats)} | {_dash(row.micro_batches)} | "
+            f"{size_text(m.weights)} | {size_text(row.block_weights)} | {ratio} | {size_text(m.argument)} | {size_text(m.temp)} | "
+            f"**{size_text(m.peak)}** | {permutes} | {reduces} | {others} | {row.compile_s:.0f} |"
+        )
     return lines
 
 
@@ -316,8 +332,10 @@ def check_config(config):
         raise ValueError(f"sections must name some of {list(PIPELINE_SECTIONS)}, got {config.sections!r}")
     if "bubble" in config.sections:
         if config.stages > len(jax.devices()):
-            raise ValueError(f"stages={config.stages} needs {config.stages} devices but JAX has {len(jax.devices())}; "
-                             f"run with --simulate-devices {config.stages}")  # fmt: skip
+            raise ValueError(
+                f"stages={config.stages} needs {config.stages} devices but JAX has {len(jax.devices())}; "
+                f"run with --simulate-devices {config.stages}"
+            )
         for repeats in config.repeats:
             for micro_batches in config.micro_batches:
                 check_schedule(num_stages=config.stages, micro_batches=micro_batches, repeats=repeats)
@@ -327,20 +345,30 @@ def check_config(config):
             if any(size < 1 for _, size in zd.parse_mesh_spec(spec)):
                 raise ValueError(f"mesh {spec!r}: give every axis its size (no -1 here)")
         if STAGE not in axes or set(axes) - {DATA, STAGE}:
-            raise ValueError(f"mesh {config.mesh!r}: the memory rows need a mesh of axes data and stage, such as 'data=2,stage=4'")
+            raise ValueError(
+                f"mesh {config.mesh!r}: the memory rows need a mesh of axes data and stage, such as 'data=2,stage=4'"
+            )
         reference = dict(zd.parse_mesh_spec(config.reference_mesh))
         if set(reference) != {DATA}:
-            raise ValueError(f"reference_mesh {config.reference_mesh!r}: the unpipelined reference runs layout data on a mesh 'data=N'")
+            raise ValueError(
+                f"reference_mesh {config.reference_mesh!r}: the unpipelined reference runs layout data on a mesh 'data=N'"
+            )
         needed = max(_mesh_devices(config.mesh), _mesh_devices(config.reference_mesh))
         if needed > len(jax.devices()):
-            raise ValueError(f"the meshes need {needed} devices but JAX has {len(jax.devices())}; run with --simulate-devices {needed}")
+            raise ValueError(
+                f"the meshes need {needed} devices but JAX has {len(jax.devices())}; run with --simulate-devices {needed}"
+            )
         stages, data = axes[STAGE], axes.get(DATA, 1)
         for batch_axis, size in ((config.mesh, data), (config.reference_mesh, reference[DATA])):
             if config.batch_size % size:
-                raise ValueError(f"batch_size={config.batch_size} does not divide over the data axis of {batch_axis!r} (size {size})")
+                raise ValueError(
+                    f"batch_size={config.batch_size} does not divide over the data axis of {batch_axis!r} (size {size})"
+                )
         for repeats in config.memory_repeats:
             if config.num_layers % (stages * repeats):
-                raise ValueError(f"num_layers={config.num_layers} does not split into {repeats} repeat(s) x {stages} stages")
+                raise ValueError(
+                    f"num_layers={config.num_layers} does not split into {repeats} repeat(s) x {stages} stages"
+                )
             for micro_batches in config.memory_micro_batches:
                 check_schedule(num_stages=stages, micro_batches=micro_batches, repeats=repeats)
                 if (config.batch_size // data) % micro_batches:

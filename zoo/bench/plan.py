@@ -25,7 +25,11 @@ from zoo.planning.plan import PlanRequest, make_plan
 from zoo.units import GIB
 
 SECTIONS = PLAN_SECTIONS
-SCALE = (("fsdp", "data=64", 64, 256), ("fsdp", "data=256", 256, 1024), ("fsdp+tp", "data=64,model=4", 256, 1024))  # layout, mesh, devices, global batch
+SCALE = (
+    ("fsdp", "data=64", 64, 256),
+    ("fsdp", "data=256", 256, 1024),
+    ("fsdp+tp", "data=64,model=4", 256, 1024),
+)  # layout, mesh, devices, global batch
 SCENARIOS = (
     ("gpt_1b on 8 x 16 GiB", {"config_name": "gpt_1b", "batch_size": 32, "sequence_length": 2048}, "tpu-v5e"),
     ("gpt_1b at T=32k", {"config_name": "gpt_1b", "batch_size": 8, "sequence_length": 32768}, "h100"),
@@ -35,7 +39,14 @@ DEPTH_RECIPE = "recipes/gpu-8/pretrain_gpt.toml"
 
 
 def _gpt(config_name, **settings):
-    base = {"config_name": config_name, "layout": "data", "mesh": None, "precision": "mixed_bfloat16", "remat": "none", "gradient_accumulation_steps": 1}
+    base = {
+        "config_name": config_name,
+        "layout": "data",
+        "mesh": None,
+        "precision": "mixed_bfloat16",
+        "remat": "none",
+        "gradient_accumulation_steps": 1,
+    }
     return {**base, **settings}
 
 
@@ -66,8 +77,13 @@ def recipe_rows(config, report):
 def scale_rows(config, report):
     rows = []
     for layout, mesh, devices, batch in SCALE:
-        request = PlanRequest("pretrain_gpt", _gpt("gpt_1b", layout=layout, mesh=mesh, batch_size=batch, sequence_length=2048, remat="full"),
-                              devices=devices, device="h100", label=f"gpt_1b {layout} {mesh}")  # fmt: skip
+        request = PlanRequest(
+            "pretrain_gpt",
+            _gpt("gpt_1b", layout=layout, mesh=mesh, batch_size=batch, sequence_length=2048, remat="full"),
+            devices=devices,
+            device="h100",
+            label=f"gpt_1b {layout} {mesh}",
+        )
         report(f"planning {request.label} on {devices} simulated devices ...")
         plan, seconds = _timed(request)
         rows.append({"label": request.label, "plan": plan, "seconds": seconds})
@@ -84,7 +100,9 @@ def auto_rows(config, report):
         start = time.perf_counter()
         ranking = search(request, top=config.top)
         seconds = time.perf_counter() - start
-        data, _ = _timed(dataclasses.replace(request, config={**request.config, "mesh": "data=8"}))  # plain data parallelism
+        data, _ = _timed(
+            dataclasses.replace(request, config={**request.config, "mesh": "data=8"})
+        )  # plain data parallelism
         rows.append({"label": name, "ranking": ranking, "seconds": seconds, "data": data})
     return rows
 
@@ -136,9 +154,23 @@ def _recipes_table(rows):
             continue
         plan = row["plan"]
         layout = f"{plan.request.config.get('layout')} {plan.step.mesh or ''}".strip()
-        depth = "whole" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]}+{plan.compiled_depths[1]} blocks"
-        lines.append(f"| {row['label']} | {layout} | {plan.request.devices} x {plan.spec.name} | {_plan_cells(plan)} | {depth} | {row['seconds']:.0f} |")
-    header = ["recipe", "layout", "devices", "peak / memory (GiB):", "fits", "est. step (ms):", "MFU:", "compiled", "wall (s):"]
+        depth = (
+            "whole" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]}+{plan.compiled_depths[1]} blocks"
+        )
+        lines.append(
+            f"| {row['label']} | {layout} | {plan.request.devices} x {plan.spec.name} | {_plan_cells(plan)} | {depth} | {row['seconds']:.0f} |"
+        )
+    header = [
+        "recipe",
+        "layout",
+        "devices",
+        "peak / memory (GiB):",
+        "fits",
+        "est. step (ms):",
+        "MFU:",
+        "compiled",
+        "wall (s):",
+    ]
     return _table("zoo plan on every recipe", header, lines)
 
 
@@ -148,7 +180,17 @@ def _scale_table(rows):
         f"{row['plan'].step.compile_s:.0f} | {row['seconds']:.0f} |"
         for row in rows
     ]
-    header = ["layout", "devices:", "global batch:", "peak / memory (GiB):", "fits", "est. step (ms):", "MFU:", "compile (s):", "wall (s):"]
+    header = [
+        "layout",
+        "devices:",
+        "global batch:",
+        "peak / memory (GiB):",
+        "fits",
+        "est. step (ms):",
+        "MFU:",
+        "compile (s):",
+        "wall (s):",
+    ]
     return _table("gpt_1b at 64 and 256 simulated devices (T=2048, bf16, remat full, H100)", header, lines)
 
 
@@ -160,8 +202,17 @@ def _auto_table(rows):
             f"| {row['label']} | {ranking.considered} ({ranking.analytic_fits}) | {ranking.best.candidate.describe()} | "
             f"{_plan_cells(ranking.best.plan)} | {'fits' if data.fits else 'no'}: {data.peak / GIB:,.1f} GiB | {row['seconds']:.0f} |"
         )
-    header = ["scenario", "candidates (fit analytically):", "best", "peak / memory (GiB):", "fits", "est. step (ms):", "MFU:",
-              "data=8 alone (compiled)", "wall (s):"]  # fmt: skip
+    header = [
+        "scenario",
+        "candidates (fit analytically):",
+        "best",
+        "peak / memory (GiB):",
+        "fits",
+        "est. step (ms):",
+        "MFU:",
+        "data=8 alone (compiled)",
+        "wall (s):",
+    ]
     return _table("zoo plan --auto: three scenarios where data parallelism does not fit (8 devices)", header, lines)
 
 
@@ -173,8 +224,14 @@ def _depth_table(rows):
         f"{row['plan'].peak / GIB:,.2f} | {row['plan'].step.flops / 1e12:,.1f} | {row['seconds']:.0f} |"
         for row in rows
     ]
-    table = _table(f"{DEPTH_RECIPE}: extrapolated vs whole-model compile", ["compiled", "peak (GiB):", "FLOPs per device (T):", "wall (s):"], lines)
-    return table + [f"Extrapolated peak vs whole: {100 * error:+.2f}% ({'within' if abs(error) <= 0.05 else 'OUTSIDE'} 5%)."]
+    table = _table(
+        f"{DEPTH_RECIPE}: extrapolated vs whole-model compile",
+        ["compiled", "peak (GiB):", "FLOPs per device (T):", "wall (s):"],
+        lines,
+    )
+    return table + [
+        f"Extrapolated peak vs whole: {100 * error:+.2f}% ({'within' if abs(error) <= 0.05 else 'OUTSIDE'} 5%)."
+    ]
 
 
 def format_report(results):

@@ -66,7 +66,7 @@ def run_worker_process(devices, task):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
     command = [sys.executable, "-m", "zoo.bench.scale", json.dumps(task)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    rows = [json.loads(line[len(ROW):]) for line in done.stdout.splitlines() if line.startswith(ROW)]
+    rows = [json.loads(line[len(ROW) :]) for line in done.stdout.splitlines() if line.startswith(ROW)]
     if done.returncode or not rows:
         tail = [line[:300] for line in (done.stderr or done.stdout).strip().splitlines()[-3:]]
         return [{"kind": task["kind"], "task": task, "error": " | ".join(tail)}]
@@ -114,11 +114,20 @@ def recipe_row(path):
     config = recipe.job_config()
     memory = step.memory
     return {
-        "kind": "recipe", "path": path, "layout": config.layout, "mesh": step.mesh or "one device",
-        "precision": config.precision, "remat": str(config.remat), "batch_per_device": _batch_per_device(step, config),
-        "weights": memory.weights, "gradients": memory.gradients, "optimizer": memory.optimizer, "temp": memory.temp,
-        "peak": memory.peak, "target": int(recipe.target.device_memory_gib * GIB),
-    }  # fmt: skip
+        "kind": "recipe",
+        "path": path,
+        "layout": config.layout,
+        "mesh": step.mesh or "one device",
+        "precision": config.precision,
+        "remat": str(config.remat),
+        "batch_per_device": _batch_per_device(step, config),
+        "weights": memory.weights,
+        "gradients": memory.gradients,
+        "optimizer": memory.optimizer,
+        "temp": memory.temp,
+        "peak": memory.peak,
+        "target": int(recipe.target.device_memory_gib * GIB),
+    }
 
 
 def _batch_per_device(step, config):
@@ -153,8 +162,20 @@ def attention_rows(seq):
         return int(compiled.memory_analysis().temp_size_in_bytes)
 
     plain = {"key_mask": None, "causal": True, "balance": None, "rope": None, "axis_size": 1, "axis_name": SEQ}
-    rows.append({"kind": "attention", "path": "reference (materialised scores), one device", "temp": temp(lambda q, k, v: kernels.attention_reference(q, k, v, causal=True))})
-    rows.append({"kind": "attention", "path": f"plain path ({_describe(_sequence_parallel, None, 1)}), one device", "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain))})
+    rows.append(
+        {
+            "kind": "attention",
+            "path": "reference (materialised scores), one device",
+            "temp": temp(lambda q, k, v: kernels.attention_reference(q, k, v, causal=True)),
+        }
+    )
+    rows.append(
+        {
+            "kind": "attention",
+            "path": f"plain path ({_describe(_sequence_parallel, None, 1)}), one device",
+            "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain)),
+        }
+    )
     mesh = make_mesh(f"{SEQ}={seq}", devices=jax.devices()[:seq])
     sharding = NamedSharding(mesh.backend_mesh, P(None, SEQ))
     for kernel in CONTEXT_ATTENTIONS:
@@ -171,9 +192,19 @@ def _describe(module, kernel, size):
 def _sharded(module, mesh, kernel):
     def fn(q, k, v):
         return module.sharded_attention(
-            q, k, v, mesh=mesh, key_mask=None, context_attention=kernel, causal=True, balance=None, rope=None,
-            sequence_axis=SEQ, batch_axis=None, ring_block_size=512,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            mesh=mesh,
+            key_mask=None,
+            context_attention=kernel,
+            causal=True,
+            balance=None,
+            rope=None,
+            sequence_axis=SEQ,
+            batch_axis=None,
+            ring_block_size=512,
+        )
 
     return fn
 
@@ -198,13 +229,20 @@ def fsdp_tp_row(mesh):
     try:
         model = abstract_build(
             lambda: GPTCausalLM.from_config_name("gpt_1b", "fsdp+tp"),
-            lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1), distribution,
-        )  # fmt: skip
+            lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1),
+            distribution,
+        )
     finally:
         keras.config.set_dtype_policy(previous)
     weights, _, _ = state_bytes(model, state_shardings(model, distribution))
     devices = _devices(mesh)
-    return {"kind": "fsdp+tp", "mesh": mesh, "devices": devices, "weights": weights, "analytic": analytic_weight_bytes(model, devices)}
+    return {
+        "kind": "fsdp+tp",
+        "mesh": mesh,
+        "devices": devices,
+        "weights": weights,
+        "analytic": analytic_weight_bytes(model, devices),
+    }
 
 
 def tp_bytes_row(task):
@@ -219,16 +257,23 @@ def tp_bytes_row(task):
 
     layout, mesh = task["layout"], task["tp_mesh"]
     config = dict(
-        vocabulary_size=256, num_layers=task["tp_layers"], num_query_heads=8, hidden_dim=task["tp_width"],
-        intermediate_dim=4 * task["tp_width"], max_sequence_length=task["tp_length"], tie_word_embeddings=False,
+        vocabulary_size=256,
+        num_layers=task["tp_layers"],
+        num_query_heads=8,
+        hidden_dim=task["tp_width"],
+        intermediate_dim=4 * task["tp_width"],
+        max_sequence_length=task["tp_length"],
+        tie_word_embeddings=False,
         **layout_overrides(layout),
-    )  # fmt: skip
+    )
     distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=config)
     model = abstract_build(
         lambda: GPTCausalLM(backbone=GPTBackbone(**config)),
-        lambda m: m.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)),
+        lambda m: m.compile(
+            optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        ),
         distribution,
-    )  # fmt: skip
+    )
     tokens = ((task["tp_batch"], task["tp_length"]), "int32")
     compiled, _ = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     report = compiled_report(compiled, distribution.device_mesh)
@@ -236,8 +281,15 @@ def tp_bytes_row(task):
     activation = task["tp_batch"] // data_size * task["tp_length"] * task["tp_width"] * 4
     minimum = (4 * task["tp_layers"] + 2) * 2 * (model_size - 1) / model_size * activation
     sent = report.sent_bytes(axes=MODEL)  # loop trip counts included
-    return {"kind": "tp", "layout": layout, "mesh": mesh, "sent": sent, "minimum": minimum,
-            "collectives": _count_over(report, MODEL), "layers": task["tp_layers"]}  # fmt: skip
+    return {
+        "kind": "tp",
+        "layout": layout,
+        "mesh": mesh,
+        "sent": sent,
+        "minimum": minimum,
+        "collectives": _count_over(report, MODEL),
+        "layers": task["tp_layers"],
+    }
 
 
 def _count_over(report, axis):
@@ -257,7 +309,9 @@ def format_report(rows, config):
     tables = {"recipes": _recipe_table, "attention": _attention_table, "fsdp+tp": _fsdp_tp_table, "tp": _tp_table}
     lines = []
     for section in config.sections:
-        lines += tables[section]([row for row in rows if row["kind"] == _KINDS[section] and "error" not in row], config) + [""]
+        lines += tables[section](
+            [row for row in rows if row["kind"] == _KINDS[section] and "error" not in row], config
+        ) + [""]
     lines += [f"- error in {row['task']}: {row['error']}" for row in rows if "error" in row]
     return lines
 
@@ -267,8 +321,10 @@ _KINDS = {"recipes": "recipe", "attention": "attention", "fsdp+tp": "fsdp+tp", "
 
 def _recipe_table(rows, config):
     lines = ["### Recipes: the gpt_1b training step per device (GiB), compiled at full depth", ""]
-    lines += ["| recipe | layout, mesh | precision, remat | batch/device | weights | gradients | optimizer | temp | peak | target | fits |",
-              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    lines += [
+        "| recipe | layout, mesh | precision, remat | batch/device | weights | gradients | optimizer | temp | peak | target | fits |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for row in rows:
         lines.append(
             f"| {row['path']} | {row['layout']}, {row['mesh']} | {row['precision']}, {row['remat']} | {row['batch_per_device']} | "
@@ -279,12 +335,24 @@ def _recipe_table(rows, config):
 
 
 def _attention_table(rows, config):
-    lines = ["### Attention at gpt_1b's per-device shape (B=4, T=2048, H=32, K=4, D=64, bf16, causal), forward + backward", ""]
-    return lines + ["| path | temp (MiB) |", "| --- | ---: |"] + [f"| {row['path']} | {row['temp'] / MIB:,.0f} |" for row in rows]
+    lines = [
+        "### Attention at gpt_1b's per-device shape (B=4, T=2048, H=32, K=4, D=64, bf16, causal), forward + backward",
+        "",
+    ]
+    return (
+        lines
+        + ["| path | temp (MiB) |", "| --- | ---: |"]
+        + [f"| {row['path']} | {row['temp'] / MIB:,.0f} |" for row in rows]
+    )
 
 
 def _fsdp_tp_table(rows, config):
-    lines = ["### gpt_1b weights per device under fsdp+tp", "", "| mesh | devices | weights (MiB) | analytic (MiB) | ratio |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "### gpt_1b weights per device under fsdp+tp",
+        "",
+        "| mesh | devices | weights (MiB) | analytic (MiB) | ratio |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     return lines + [
         f"| {row['mesh']} | {row['devices']} | {row['weights'] / MIB:,.1f} | {row['analytic'] / MIB:,.1f} | {row['weights'] / row['analytic']:.2f}x |"
         for row in rows
@@ -293,10 +361,17 @@ def _fsdp_tp_table(rows, config):
 
 def _tp_table(rows, config):
     title = f"### Bytes sent over 'model' per GPT training step ({config.tp_layers} layers, C={config.tp_width}, T={config.tp_length}, B={config.tp_batch}, {config.tp_mesh}, f32)"
-    lines = [title, "", "| layout | model-axis collectives | sent (MiB) | Megatron minimum (MiB) | ratio |", "| --- | --- | ---: | ---: | ---: |"]
+    lines = [
+        title,
+        "",
+        "| layout | model-axis collectives | sent (MiB) | Megatron minimum (MiB) | ratio |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     for row in rows:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(row["collectives"].items()))
-        lines.append(f"| {row['layout']} | {kinds} | {row['sent'] / MIB:,.1f} | {row['minimum'] / MIB:,.1f} | {row['sent'] / row['minimum']:.2f}x |")
+        lines.append(
+            f"| {row['layout']} | {kinds} | {row['sent'] / MIB:,.1f} | {row['minimum'] / MIB:,.1f} | {row['sent'] / row['minimum']:.2f}x |"
+        )
     return lines
 
 

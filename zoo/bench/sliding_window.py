@@ -110,14 +110,18 @@ def run_benchmark(config, report=print):
     if "blockwise" in config.sections:
         for window in (None, config.sliding_window):
             blockwise.append(blockwise_row(config, window))
-            report(f"blockwise T={config.blockwise_length} W={window}: {blockwise[-1].counted} tiles, temp {size_text(blockwise[-1].temp)}")
+            report(
+                f"blockwise T={config.blockwise_length} W={window}: {blockwise[-1].counted} tiles, temp {size_text(blockwise[-1].temp)}"
+            )
     if "context" in config.sections:
         for kernel in config.context_attentions:
             for balance in config.balances:
                 for window in (None, config.sliding_window):
                     context.append(context_row(config, kernel, balance, window))
                     row = context[-1]
-                    report(f"{kernel} balance={balance} W={window}: sent {size_text(row.sent('step'))}, hops {row.hops}")
+                    report(
+                        f"{kernel} balance={balance} W={window}: sent {size_text(row.sent('step'))}, hops {row.hops}"
+                    )
     goals = evaluate_goals(config, blockwise, context)
     text = format_report(config, blockwise, context, goals)
     report(text)
@@ -153,8 +157,14 @@ def blockwise_row(config, window):
     counted = counted_tiles(length, block, window) if same_tiles else None
     analysis = _blockwise_program(config, window).memory_analysis()
     return BlockwiseRow(
-        window, tile, planned, counted, touched_tiles(length, tile, window), visible_pairs(length, window),
-        analysis.temp_size_in_bytes, analysis.argument_size_in_bytes,
+        window,
+        tile,
+        planned,
+        counted,
+        touched_tiles(length, tile, window),
+        visible_pairs(length, window),
+        analysis.temp_size_in_bytes,
+        analysis.argument_size_in_bytes,
     )
 
 
@@ -162,7 +172,9 @@ def _blockwise_program(config, window):
     """The compiled forward + backward of ``blockwise_attention`` on one device (never run)."""
     q = jax.ShapeDtypeStruct((config.batch, config.blockwise_length, config.heads, config.head_dim), config.dtype)
     kv = jax.ShapeDtypeStruct((config.batch, config.blockwise_length, config.kv_heads, config.head_dim), config.dtype)
-    attention = functools.partial(kernels.blockwise_attention, causal=True, block_size=config.block_size, sliding_window=window)
+    attention = functools.partial(
+        kernels.blockwise_attention, causal=True, block_size=config.block_size, sliding_window=window
+    )
     return jax.jit(_forward_backward(attention)).lower(q, kv, kv, q).compile(FAST_COMPILE)
 
 
@@ -207,21 +219,45 @@ def context_row(config, kernel, balance, window):
     q = jax.ShapeDtypeStruct((config.batch, length, config.heads, config.head_dim), config.dtype, sharding=sharding)
     kv = jax.ShapeDtypeStruct((config.batch, length, config.kv_heads, config.head_dim), config.dtype, sharding=sharding)
     attention = functools.partial(
-        _sequence_parallel.sharded_attention, mesh=mesh, key_mask=None, context_attention=kernel, causal=True,
-        balance=balance, rope=None, sequence_axis=SEQ, batch_axis=None, ring_block_size=config.block_size,
+        _sequence_parallel.sharded_attention,
+        mesh=mesh,
+        key_mask=None,
+        context_attention=kernel,
+        causal=True,
+        balance=balance,
+        rope=None,
+        sequence_axis=SEQ,
+        batch_axis=None,
+        ring_block_size=config.block_size,
         sliding_window=window,
     )
-    step = jax.jit(_forward_backward(attention), out_shardings=(sharding,) * 3).lower(q, kv, kv, q).compile(FAST_COMPILE)
+    step = (
+        jax.jit(_forward_backward(attention), out_shardings=(sharding,) * 3).lower(q, kv, kv, q).compile(FAST_COMPILE)
+    )
     reports = [compiled_report(step, mesh.backend_mesh)]
     forward = None
     if kernel == "ring":  # the ring's forward alone: K/V once per hop, nothing else (the goal's exact part)
-        reports.append(compiled_report(jax.jit(attention, out_shardings=sharding).lower(q, kv, kv).compile(FAST_COMPILE), mesh.backend_mesh))
+        reports.append(
+            compiled_report(
+                jax.jit(attention, out_shardings=sharding).lower(q, kv, kv).compile(FAST_COMPILE), mesh.backend_mesh
+            )
+        )
         forward = _by_kind(reports[1])
-    steps = kernels.ring_steps(length, num_shards=n, block_size=config.block_size, balance=balance, sliding_window=window)
+    steps = kernels.ring_steps(
+        length, num_shards=n, block_size=config.block_size, balance=balance, sliding_window=window
+    )
     tiles, tile_heads = local_tiles(config, kernel, balance, window)
     return ContextRow(
-        kernel, balance, window, steps if kernel == "ring" else None, forward, _by_kind(reports[0]),
-        reports[0].memory.temp_bytes, tiles, tile_heads, all(r.exact for r in reports),
+        kernel,
+        balance,
+        window,
+        steps if kernel == "ring" else None,
+        forward,
+        _by_kind(reports[0]),
+        reports[0].memory.temp_bytes,
+        tiles,
+        tile_heads,
+        all(r.exact for r in reports),
     )
 
 
@@ -242,7 +278,9 @@ def local_tiles(config, kernel, balance, window):
         return tuple(int(w) for w in work), config.heads
     keys = None if balance is None else kernels.permutation(length, num_shards=n, balance=balance)
     if kernel == "ulysses":  # every device: all T queries and keys of H/N heads, in shard order
-        plan = kernels.blockwise_tiles(length, block_size=block, causal=True, sliding_window=window, q_positions=keys, k_positions=keys)
+        plan = kernels.blockwise_tiles(
+            length, block_size=block, causal=True, sliding_window=window, q_positions=keys, k_positions=keys
+        )
         return (int(plan.sum()),) * n, config.heads // n
     tiles = []  # gather: the shard's queries against all T keys
     for device in range(n):
@@ -273,10 +311,13 @@ def evaluate_goals(config, blockwise, context):
     for row in (r for r in blockwise if r.window is not None):
         computed = row.planned if row.counted is None else row.counted
         ratio = computed / row.touched
-        goals.append(Goal(
-            f"blockwise tiles computed <= {TILE_GOAL} x the tiles the window touches (T={config.blockwise_length}, W={row.window})",
-            _status(ratio <= TILE_GOAL), f"{computed:,} vs {row.touched:,}: {ratio:.3f} x",
-        ))  # fmt: skip
+        goals.append(
+            Goal(
+                f"blockwise tiles computed <= {TILE_GOAL} x the tiles the window touches (T={config.blockwise_length}, W={row.window})",
+                _status(ratio <= TILE_GOAL),
+                f"{computed:,} vs {row.touched:,}: {ratio:.3f} x",
+            )
+        )
     rings = {(r.balance, r.window): r for r in context if r.kernel == "ring"}
     for balance in config.balances:
         full, windowed = rings.get((balance, None)), rings.get((balance, config.sliding_window))
@@ -285,13 +326,16 @@ def evaluate_goals(config, blockwise, context):
         forward_expected, step_expected = hop_bytes(full, windowed.hops)
         forward, step = windowed.sent("forward"), windowed.sent("step")
         proportional = abs(forward - forward_expected) <= 1e-6 * forward_expected and step <= step_expected * (1 + 1e-9)
-        goals.append(Goal(
-            f"ring bytes fall in proportion to the hops skipped (balance {balance}, T={config.context_length}, "
-            f"N={config.devices}, W={config.sliding_window}): forward = hops x one hop's K/V; forward + backward <= "
-            "hops x (2 K/V + dK/dV) + one dK/dV home", _status(proportional),
-            f"hops {windowed.hops} of {full.hops}; forward {size_text(forward)} (by hops {size_text(forward_expected)}); "
-            f"forward + backward {size_text(step)} (by hops {size_text(step_expected)}, full causal {size_text(full.sent('step'))})",
-        ))  # fmt: skip
+        goals.append(
+            Goal(
+                f"ring bytes fall in proportion to the hops skipped (balance {balance}, T={config.context_length}, "
+                f"N={config.devices}, W={config.sliding_window}): forward = hops x one hop's K/V; forward + backward <= "
+                "hops x (2 K/V + dK/dV) + one dK/dV home",
+                _status(proportional),
+                f"hops {windowed.hops} of {full.hops}; forward {size_text(forward)} (by hops {size_text(forward_expected)}); "
+                f"forward + backward {size_text(step)} (by hops {size_text(step_expected)}, full causal {size_text(full.sent('step'))})",
+            )
+        )
     return goals
 
 
@@ -327,18 +371,22 @@ def _kinds_text(kinds):
 def format_report(config, blockwise, context, goals):
     """Header, the two tables and the goals, as markdown."""
     heads = f"B={config.batch}, H={config.heads}, K={config.kv_heads}, D={config.head_dim}, {config.dtype}, causal, block_size {config.block_size}"
-    lines = [f"devices: {describe_devices()}; {heads}; forward + backward; jax {jax.__version__}, keras {keras.__version__}"]
+    lines = [
+        f"devices: {describe_devices()}; {heads}; forward + backward; jax {jax.__version__}, keras {keras.__version__}"
+    ]
     if blockwise:
         tile = blockwise[0].tile
         lines += [
             "",
-            (f"Blockwise, one device, T={config.blockwise_length:,}, tile {tile}: tiles planned (blockwise_tiles), counted by the "
-             f"kernel's tile loops (H=K={COUNT_HEADS}, D={COUNT_HEAD_DIM}), touched by the window's element mask; pairs = (query, key) "
-             "pairs kept; temp = memory_analysis of forward + backward, compiled, never run:"),
+            (
+                f"Blockwise, one device, T={config.blockwise_length:,}, tile {tile}: tiles planned (blockwise_tiles), counted by the "
+                f"kernel's tile loops (H=K={COUNT_HEADS}, D={COUNT_HEAD_DIM}), touched by the window's element mask; pairs = (query, key) "
+                "pairs kept; temp = memory_analysis of forward + backward, compiled, never run:"
+            ),
             "",
             "| W | tiles planned | tiles counted | tiles touched | computed / touched | tiles / full causal | tile pairs / kept pairs | temp | arguments |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]  # fmt: skip
+        ]
         full = next((r for r in blockwise if r.window is None), blockwise[0])
         for row in blockwise:
             computed = row.planned if row.counted is None else row.counted
@@ -351,15 +399,17 @@ def format_report(config, blockwise, context, goals):
     if context:
         lines += [
             "",
-            (f"Context, T={config.context_length:,} over seq={config.devices} ({config.context_length // config.devices:,} tokens per "
-             "device), compiled, never run: collectives per device from the compiled HLO (loop trip counts included), bytes = what "
-             "one device sends; hops = ring steps kept - 1; tiles = the forward's local score tiles per device (largest; smallest "
-             "in brackets), each spanning the heads given; temp = forward + backward:"),
+            (
+                f"Context, T={config.context_length:,} over seq={config.devices} ({config.context_length // config.devices:,} tokens per "
+                "device), compiled, never run: collectives per device from the compiled HLO (loop trip counts included), bytes = what "
+                "one device sends; hops = ring steps kept - 1; tiles = the forward's local score tiles per device (largest; smallest "
+                "in brackets), each spanning the heads given; temp = forward + backward:"
+            ),
             "",
             "| kernel | balance | W | ring steps kept | hops | forward: collectives (sent) | forward + backward: collectives (sent) "
             "| sent / full causal | hops / full causal | local tiles / device | heads / tile | temp |",
             "| --- | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
-        ]  # fmt: skip
+        ]
         fulls = {(r.kernel, r.balance): r for r in context if r.window is None}
         for row in context:
             full = fulls.get((row.kernel, row.balance), row)

@@ -70,7 +70,11 @@ def run_benchmark(config, report=print):
     if config.plot:
         from zoo.plotting import plot_tp_bytes
 
-        plot_tp_bytes(rows, config.plot, title=f"Tensor-parallel MLP, forward + backward, mesh {config.mesh}: bytes per device over 'model'")
+        plot_tp_bytes(
+            rows,
+            config.plot,
+            title=f"Tensor-parallel MLP, forward + backward, mesh {config.mesh}: bytes per device over 'model'",
+        )
     return rows
 
 
@@ -107,9 +111,14 @@ def explicit_model(config, gated, megatron_sp, collective=False):
     mesh = zd.make_mesh(config.mesh)
     distribution = zd.CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name=DATA)
     mlp = ParallelMLP(
-        config.hidden, activation="gelu", gated=gated, use_bias=False, megatron_sp=megatron_sp,
-        collective_matmul=collective, name="mlp",
-    )  # fmt: skip
+        config.hidden,
+        activation="gelu",
+        gated=gated,
+        use_bias=False,
+        megatron_sp=megatron_sp,
+        collective_matmul=collective,
+        name="mlp",
+    )
     return distribution, zd.build_distributed(lambda: _functional(config, mlp), distribution)
 
 
@@ -143,7 +152,9 @@ def gspmd_model(config, gated, megatron_sp):
 
     def build():
         x = keras.Input((config.sequence_length, config.dim), name="x")  # (B, T, D)
-        dense = lambda units, name, activation=None: keras.layers.Dense(units, activation=activation, use_bias=False, name=name)
+        dense = lambda units, name, activation=None: keras.layers.Dense(
+            units, activation=activation, use_bias=False, name=name
+        )
         up = dense(config.hidden, "up", None if gated else "gelu")(x)  # (B, T, F)
         h = keras.layers.Multiply(name="glu")([dense(config.hidden, "gate", "gelu")(x), up]) if gated else up
         return keras.Model(x, dense(config.dim, "down")(h), name="gspmd_mlp")  # (B, T, D)
@@ -168,7 +179,11 @@ def example_input(config, megatron_sp):
     """x (B, T, D) placed as the layer before the MLP would leave it: batch over data,
     and the sequence over model in sequence-parallel mode."""
     distribution = keras.distribution.distribution()
-    x = np.random.default_rng(SEED).standard_normal((config.batch_size, config.sequence_length, config.dim)).astype("float32")
+    x = (
+        np.random.default_rng(SEED)
+        .standard_normal((config.batch_size, config.sequence_length, config.dim))
+        .astype("float32")
+    )
     spec = P(DATA, MODEL, None) if megatron_sp else P(DATA, None, None)
     return jax.device_put(x, NamedSharding(distribution.device_mesh.backend_mesh, spec))
 
@@ -177,7 +192,9 @@ def bench_variant(label, gated, megatron_sp, config):
     """Rows for one variant: explicit (and collective), GSPMD, minimum."""
     implementations = [("explicit", lambda: explicit_model(config, gated, megatron_sp))]
     if megatron_sp:
-        implementations.append(("explicit, collective matmul", lambda: explicit_model(config, gated, True, collective=True)))
+        implementations.append(
+            ("explicit, collective matmul", lambda: explicit_model(config, gated, True, collective=True))
+        )
     implementations.append(("GSPMD", lambda: gspmd_model(config, gated, megatron_sp)))
     steps = {}
     rows = []
@@ -194,8 +211,18 @@ def bench_variant(label, gated, megatron_sp, config):
         row["time_vs_gspmd"] = times[row["implementation"]] / times["GSPMD"]
         row["seconds_per_step"] = times[row["implementation"]]
     minimum = minimum_sent_bytes(config)
-    rows.append({"variant": label, "implementation": "minimum (Megatron)", "model_collectives": "2 all-reduce" if not megatron_sp else "2 all-gather + 2 reduce-scatter",
-                 "model_sent_bytes": minimum, "vs_minimum": 1.0, "data_sent_bytes": None, "peak_bytes": None, "time_vs_gspmd": None})  # fmt: skip
+    rows.append(
+        {
+            "variant": label,
+            "implementation": "minimum (Megatron)",
+            "model_collectives": "2 all-reduce" if not megatron_sp else "2 all-gather + 2 reduce-scatter",
+            "model_sent_bytes": minimum,
+            "vs_minimum": 1.0,
+            "data_sent_bytes": None,
+            "peak_bytes": None,
+            "time_vs_gspmd": None,
+        }
+    )
     return rows
 
 
@@ -220,7 +247,7 @@ def _row(label, implementation, report, config):
 def _alternate_times(steps, config):
     """Median seconds per forward + backward of each step, measured in turns."""
     runs = {name: [] for name in steps}
-    for name, (step, args) in steps.items():  # warm up
+    for step, args in steps.values():  # warm up
         jax.block_until_ready(step(*args))
     for _ in range(config.repeats):
         for name, (step, args) in steps.items():
@@ -247,8 +274,10 @@ def format_table(rows, config):
     lines = [
         header,
         "",
-        ("| layer | implementation | model-axis collectives | sent over model (KiB/device) | vs minimum | "
-        "sent over data (KiB/device) | peak memory (KiB/device) | time vs GSPMD |"),
+        (
+            "| layer | implementation | model-axis collectives | sent over model (KiB/device) | vs minimum | "
+            "sent over data (KiB/device) | peak memory (KiB/device) | time vs GSPMD |"
+        ),
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:

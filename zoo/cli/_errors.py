@@ -100,7 +100,7 @@ def one_line(error):
     """The error's message as one line, its notes (``add_note``) appended, but for JAX's
     note on its filtered traceback."""
     if isinstance(error, UnicodeDecodeError):
-        message = f"cannot read text that is not UTF-8 ({error.reason} at byte {error.start}: {error.object[error.start:error.end]!r}); save it as UTF-8"
+        message = f"cannot read text that is not UTF-8 ({error.reason} at byte {error.start}: {error.object[error.start : error.end]!r}); save it as UTF-8"
     else:
         message = str(error) or type(error).__name__
         if not isinstance(error, (ValueError, OSError, RuntimeError, ImportError)):  # a bug, most likely

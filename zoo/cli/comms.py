@@ -44,19 +44,58 @@ def add_arguments(parser):
     defaults = CommsConfig()
     parser.add_argument("model", choices=COMMS_MODELS, help="mlp: tensor-parallel MLP block; cnn: SmallCNN")
     add_simulate_flag(parser)
-    parser.add_argument("--layout", choices=CNN_LAYOUTS, default=defaults.layout, help="cnn: how weights and inputs are split (mlp: always model)")
+    parser.add_argument(
+        "--layout",
+        choices=CNN_LAYOUTS,
+        default=defaults.layout,
+        help="cnn: how weights and inputs are split (mlp: always model)",
+    )
     parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default: the layout's")
-    parser.add_argument("--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)")
-    parser.add_argument("--implementation", choices=["explicit", "gspmd"], default=defaults.implementation, help="mlp: zoo ParallelMLP or Dense layers + layout map")
-    parser.add_argument("--megatron-sp", action="store_true", help="mlp: Megatron sequence parallelism (input/output split over the sequence)")
-    parser.add_argument("--collective-matmul", action="store_true", help="mlp: overlap the sequence collectives with the matmuls")
+    parser.add_argument(
+        "--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)"
+    )
+    parser.add_argument(
+        "--implementation",
+        choices=["explicit", "gspmd"],
+        default=defaults.implementation,
+        help="mlp: zoo ParallelMLP or Dense layers + layout map",
+    )
+    parser.add_argument(
+        "--megatron-sp",
+        action="store_true",
+        help="mlp: Megatron sequence parallelism (input/output split over the sequence)",
+    )
+    parser.add_argument(
+        "--collective-matmul", action="store_true", help="mlp: overlap the sequence collectives with the matmuls"
+    )
     parser.add_argument("--gated", action="store_true", help="mlp: gated (GLU) MLP")
-    parser.add_argument("--batch-size", type=types.positive_int, default=defaults.batch_size, help=f"global batch; divides by the data axis (default {defaults.batch_size})")
-    parser.add_argument("--sequence-length", type=types.positive_int, default=defaults.sequence_length, help=f"mlp: tokens per example T (default {defaults.sequence_length})")
-    parser.add_argument("--dim", type=types.positive_int, default=defaults.dim, help=f"mlp: model width D (default {defaults.dim})")
-    parser.add_argument("--hidden", type=types.positive_int, default=defaults.hidden, help=f"mlp: hidden features F (default {defaults.hidden})")
-    parser.add_argument("--image-size", type=types.at_least(8), default=defaults.image_size, help="cnn: random images, any size >= 8")
-    parser.add_argument("--fast-compile", action="store_true", help="skip LLVM optimisation (same collectives and memory)")
+    parser.add_argument(
+        "--batch-size",
+        type=types.positive_int,
+        default=defaults.batch_size,
+        help=f"global batch; divides by the data axis (default {defaults.batch_size})",
+    )
+    parser.add_argument(
+        "--sequence-length",
+        type=types.positive_int,
+        default=defaults.sequence_length,
+        help=f"mlp: tokens per example T (default {defaults.sequence_length})",
+    )
+    parser.add_argument(
+        "--dim", type=types.positive_int, default=defaults.dim, help=f"mlp: model width D (default {defaults.dim})"
+    )
+    parser.add_argument(
+        "--hidden",
+        type=types.positive_int,
+        default=defaults.hidden,
+        help=f"mlp: hidden features F (default {defaults.hidden})",
+    )
+    parser.add_argument(
+        "--image-size", type=types.at_least(8), default=defaults.image_size, help="cnn: random images, any size >= 8"
+    )
+    parser.add_argument(
+        "--fast-compile", action="store_true", help="skip LLVM optimisation (same collectives and memory)"
+    )
 
 
 def run(args):
@@ -106,7 +145,11 @@ def _describe(config, distribution):
     if config.model == "cnn":
         what = f"SmallCNN, layout {config.layout}, images {config.image_size}x{config.image_size}"
     else:
-        mode = "sequence-parallel" + (", collective matmul" if config.collective_matmul else "") if config.megatron_sp else "tensor-parallel"
+        mode = (
+            "sequence-parallel" + (", collective matmul" if config.collective_matmul else "")
+            if config.megatron_sp
+            else "tensor-parallel"
+        )
         what = (
             f"{'gated ' if config.gated else ''}MLP ({config.implementation}, {mode}), "
             f"T={config.sequence_length} D={config.dim} F={config.hidden}, no biases"
@@ -129,10 +172,18 @@ def _mlp(config):
     if config.collective_matmul and config.implementation != "explicit":
         raise ValueError("--collective-matmul is a feature of the explicit implementation")
     mesh = config.mesh or default_mesh_spec("model", len(jax.devices()))
-    shapes = TPBenchConfig(mesh=mesh, batch_size=config.batch_size, sequence_length=config.sequence_length, dim=config.dim, hidden=config.hidden)
+    shapes = TPBenchConfig(
+        mesh=mesh,
+        batch_size=config.batch_size,
+        sequence_length=config.sequence_length,
+        dim=config.dim,
+        hidden=config.hidden,
+    )
     check_config(shapes)
     if config.implementation == "explicit":
-        distribution, model = explicit_model(shapes, config.gated, config.megatron_sp, collective=config.collective_matmul)
+        distribution, model = explicit_model(
+            shapes, config.gated, config.megatron_sp, collective=config.collective_matmul
+        )
     else:
         distribution, model = gspmd_model(shapes, config.gated, config.megatron_sp)
     import keras

@@ -15,7 +15,9 @@ SIMULATE_HELP = "split the CPU into N devices (default on a CPU-only host: 8)"
 def add_simulate_flag(parser):
     """``--simulate-devices N`` (read before JAX starts); a parser that has it keeps it."""
     try:
-        parser.add_argument("--simulate-devices", type=types.device_count, default=None, metavar="N", help=SIMULATE_HELP)
+        parser.add_argument(
+            "--simulate-devices", type=types.device_count, default=None, metavar="N", help=SIMULATE_HELP
+        )
     except argparse.ArgumentError:  # already there
         pass
 

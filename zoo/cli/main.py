@@ -21,19 +21,43 @@ from zoo.config import types as _types
 
 
 def build_parser():
-    parser = ArgumentParser(prog="zoo", description="keras-zoo: Keras models that scale by changing the distribution layout.")
+    parser = ArgumentParser(
+        prog="zoo", description="keras-zoo: Keras models that scale by changing the distribution layout."
+    )
     parser.add_argument("--version", action="version", version=f"keras-zoo {zoo.__version__}")
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too (also ZOO_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_trains(commands.add_parser("train", help="train a model with model.fit under a distribution"))
-    _add_job(commands.add_parser("verify", help="compare training under a distribution with one device"), settings.VerifyConfig, _run_verify,
-             model_choices=("cnn",))  # fmt: skip
-    _add_job(commands.add_parser("generate", help="continue a prompt with a GPT saved by zoo train gpt"), settings.GenerateConfig, _run_generate)
-    _add_job(commands.add_parser("finetune", help="fine-tune a preset: frozen backbone, LoRA or full"), settings.FinetuneConfig, _run_finetune)
-    _add_job(commands.add_parser("export", help="write a GPT causal LM as a Hugging Face folder (LoRA merged)"), settings.ExportConfig, _run_export)
-    bench.add_arguments(commands.add_parser("bench", help="benchmarks; results go to docs/performance.md"))  # each with --simulate-devices
+    _add_job(
+        commands.add_parser("verify", help="compare training under a distribution with one device"),
+        settings.VerifyConfig,
+        _run_verify,
+        model_choices=("cnn",),
+    )
+    _add_job(
+        commands.add_parser("generate", help="continue a prompt with a GPT saved by zoo train gpt"),
+        settings.GenerateConfig,
+        _run_generate,
+    )
+    _add_job(
+        commands.add_parser("finetune", help="fine-tune a preset: frozen backbone, LoRA or full"),
+        settings.FinetuneConfig,
+        _run_finetune,
+    )
+    _add_job(
+        commands.add_parser("export", help="write a GPT causal LM as a Hugging Face folder (LoRA merged)"),
+        settings.ExportConfig,
+        _run_export,
+    )
+    bench.add_arguments(
+        commands.add_parser("bench", help="benchmarks; results go to docs/performance.md")
+    )  # each with --simulate-devices
     _add_comms(commands.add_parser("comms", help="collectives and memory of a compiled step"))
-    _add_plan(commands.add_parser("plan", help="will a training step fit a target, how fast: compiled, never run (--auto: pick the layout)"))
+    _add_plan(
+        commands.add_parser(
+            "plan", help="will a training step fit a target, how fast: compiled, never run (--auto: pick the layout)"
+        )
+    )
     _add_data(commands.add_parser("data", help="list, show and prepare datasets"))
     _add_recipe(commands.add_parser("recipe", help="check or run a recipe (recipes/<target>/<job>.toml)"))
     plot_parser = commands.add_parser("plot", help="draw a run's metrics.csv (loss, accuracy, throughput) to a PNG")
@@ -95,7 +119,9 @@ def _add_data(parser):
     show.add_argument("--split", default="train", help="the split shown (default train)")
     show.add_argument("--count", type=_types.positive_int, default=16, metavar="N", help="examples shown (default 16)")
     show.add_argument("--output", default=None, help="PNG path for image datasets (default NAME-SPLIT.png)")
-    prepare = actions.add_parser("prepare", parents=[data_dir], help="download (public datasets) and prepare as array_record")
+    prepare = actions.add_parser(
+        "prepare", parents=[data_dir], help="download (public datasets) and prepare as array_record"
+    )
     prepare.add_argument("name", help="a dataset name (zoo data list)")
     parser.set_defaults(func=_run_data, uses_devices=False)
 
@@ -195,7 +221,9 @@ def check_image_size(args):
 
     sizes = prepared_image_sizes(args.dataset or "shapes")
     if sizes and size not in sizes:
-        raise ValueError(f"argument --image-size: {args.dataset or 'shapes'} is prepared at image sizes {', '.join(map(str, sizes))}, got {size}")
+        raise ValueError(
+            f"argument --image-size: {args.dataset or 'shapes'} is prepared at image sizes {', '.join(map(str, sizes))}, got {size}"
+        )
 
 
 def run(args):
@@ -230,7 +258,9 @@ def _prepare_and_run(args):
 
         about_mesh = isinstance(error, (MeshError, LayoutError)) or "mesh" in str(error)
         if about_mesh and getattr(args, "simulate_devices", None) and getattr(args, "mesh", "") is None:
-            error.add_note(f"the default mesh for {args.simulate_devices} devices was used: give --mesh SPEC, or --simulate-devices 8")
+            error.add_note(
+                f"the default mesh for {args.simulate_devices} devices was used: give --mesh SPEC, or --simulate-devices 8"
+            )
         raise
 
 

@@ -15,7 +15,9 @@ import sys
 
 from zoo.config import types
 
-DEPTH_HELP = "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
+DEPTH_HELP = (
+    "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
+)
 
 
 def _gpt_flags():
@@ -50,16 +52,47 @@ def _gpt_flags():
 
 
 def add_arguments(parser):
-    parser.add_argument("recipe", nargs="?", metavar="RECIPE", help="a recipe .toml file to plan on its [target] (else the GPT flags)")
-    parser.add_argument("--auto", action="store_true", help="search layouts x meshes x remat x micro-batch and rank the best few, compiled")
-    parser.add_argument("--devices", type=types.device_count, default=None, metavar="N", help="target device count (default: the recipe's, else 8)")
-    parser.add_argument("--device", default=None, help="device kind: h100 h200 a100 b200 tpu-v4 tpu-v5e tpu-v5p tpu-v6e cpu (default: the recipe's, else h100)")
-    parser.add_argument("--device-memory-gib", type=types.positive_float, default=None, metavar="GIB", help="memory per device (default: the device kind's)")
+    parser.add_argument(
+        "recipe", nargs="?", metavar="RECIPE", help="a recipe .toml file to plan on its [target] (else the GPT flags)"
+    )
+    parser.add_argument(
+        "--auto",
+        action="store_true",
+        help="search layouts x meshes x remat x micro-batch and rank the best few, compiled",
+    )
+    parser.add_argument(
+        "--devices",
+        type=types.device_count,
+        default=None,
+        metavar="N",
+        help="target device count (default: the recipe's, else 8)",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="device kind: h100 h200 a100 b200 tpu-v4 tpu-v5e tpu-v5p tpu-v6e cpu (default: the recipe's, else h100)",
+    )
+    parser.add_argument(
+        "--device-memory-gib",
+        type=types.positive_float,
+        default=None,
+        metavar="GIB",
+        help="memory per device (default: the device kind's)",
+    )
     for flag, keywords, _ in _gpt_flags():
         parser.add_argument(flag, default=None, **keywords)
     parser.add_argument("--depth", type=types.depth, default="auto", help=DEPTH_HELP)
-    parser.add_argument("--top", type=types.positive_int, default=3, help="--auto: how many candidates to compile (default 3)")
-    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE", help="with a recipe: override a key")
+    parser.add_argument(
+        "--top", type=types.positive_int, default=3, help="--auto: how many candidates to compile (default 3)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="SECTION.KEY=VALUE",
+        help="with a recipe: override a key",
+    )
 
 
 def _gpt_settings(args):
@@ -82,21 +115,36 @@ def request_from(args):
         from zoo.planning.recipes import request_from_recipe
         from zoo.training.recipe import load_recipe, parse_override
 
-        given = [flag for flag, keywords, _ in _gpt_flags() if getattr(args, keywords.get("dest", flag[2:].replace("-", "_"))) is not None]
+        given = [
+            flag
+            for flag, keywords, _ in _gpt_flags()
+            if getattr(args, keywords.get("dest", flag[2:].replace("-", "_"))) is not None
+        ]
         if given:
-            raise ValueError(f"{', '.join(given)} describe a GPT without a recipe; with {args.recipe} use --set section.key=value")
+            raise ValueError(
+                f"{', '.join(given)} describe a GPT without a recipe; with {args.recipe} use --set section.key=value"
+            )
         recipe = load_recipe(args.recipe, dict(parse_override(text) for text in args.overrides))
-        return request_from_recipe(recipe, devices=args.devices, device=args.device, device_memory_gib=args.device_memory_gib, depth=depth)
+        return request_from_recipe(
+            recipe, devices=args.devices, device=args.device, device_memory_gib=args.device_memory_gib, depth=depth
+        )
     if args.overrides:
         raise ValueError("--set changes a recipe's key; without a recipe, use the GPT flags")
     from zoo.models.gpt.gpt_configs import config_by_name
 
     config = _gpt_settings(args)
-    config["sequence_length"] = config["sequence_length"] or config_by_name(config["config_name"])["max_sequence_length"]
+    config["sequence_length"] = (
+        config["sequence_length"] or config_by_name(config["config_name"])["max_sequence_length"]
+    )
     return PlanRequest(
-        "pretrain_gpt", config, devices=args.devices or 8, device=args.device or "h100", device_memory_gib=args.device_memory_gib,
-        depth=depth, label=config["config_name"],
-    )  # fmt: skip
+        "pretrain_gpt",
+        config,
+        devices=args.devices or 8,
+        device=args.device or "h100",
+        device_memory_gib=args.device_memory_gib,
+        depth=depth,
+        label=config["config_name"],
+    )
 
 
 def _check_not_a_config_name(recipe):

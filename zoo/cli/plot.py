@@ -8,9 +8,15 @@ import os
 
 
 def add_arguments(parser):
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder (OUTPUT.run beside the job's --output, where its metrics.csv is), "
-                        "the metrics.csv, or the job's --output itself")  # fmt: skip
-    parser.add_argument("--output", default=None, metavar="PNG", help="where the PNG goes (default RUN_DIR/metrics.png)")
+    parser.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="the run's folder (OUTPUT.run beside the job's --output, where its metrics.csv is), "
+        "the metrics.csv, or the job's --output itself",
+    )
+    parser.add_argument(
+        "--output", default=None, metavar="PNG", help="where the PNG goes (default RUN_DIR/metrics.png)"
+    )
 
 
 def run(args):

@@ -23,33 +23,54 @@ from zoo.config import types
 def add_arguments(parser):
     """Add ``check`` and ``run`` (and their flags) to the ``zoo recipe`` parser."""
     actions = parser.add_subparsers(dest="action", required=True)
-    check = actions.add_parser("check", help="parse, build mesh and model abstractly, print the plan (no devices needed)")
+    check = actions.add_parser(
+        "check", help="parse, build mesh and model abstractly, print the plan (no devices needed)"
+    )
     check.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe .toml file(s)")
     check.add_argument(
-        "--devices", type=types.device_count, default=None, metavar="N",
+        "--devices",
+        type=types.device_count,
+        default=None,
+        metavar="N",
         help="check against N devices instead of the file's [target] hosts x devices_per_host",
-    )  # fmt: skip
+    )
     check.add_argument(
-        "--no-compile", dest="compile", action="store_false",
+        "--no-compile",
+        dest="compile",
+        action="store_false",
         help="skip compiling the step (the memory verdict then counts weights, gradients and optimizer state only)",
-    )  # fmt: skip
-    check.add_argument("--depth", type=types.depth, default="auto", help="the step's compile depth for the memory verdict (zoo plan --depth)")
+    )
+    check.add_argument(
+        "--depth",
+        type=types.depth,
+        default="auto",
+        help="the step's compile depth for the memory verdict (zoo plan --depth)",
+    )
     run = actions.add_parser("run", help="run the recipe's job (on every host of a multi-host target)")
     run.add_argument("recipe", metavar="RECIPE", help="recipe .toml file")
     run.add_argument(
-        "--coordinator-address", default=None, metavar="HOST:PORT",
+        "--coordinator-address",
+        default=None,
+        metavar="HOST:PORT",
         help="process 0's address, the same on every host (default: [multihost] coordinator_address, "
         "$JAX_COORDINATOR_ADDRESS, or SLURM / Cloud TPU auto-detection)",
-    )  # fmt: skip
+    )
     run.add_argument(
-        "--process-id", type=types.non_negative_int, default=None, metavar="I",
+        "--process-id",
+        type=types.non_negative_int,
+        default=None,
+        metavar="I",
         help="this host's index 0..hosts-1 (default: $JAX_PROCESS_ID or the cluster's)",
-    )  # fmt: skip
+    )
     for action in (check, run):
         action.add_argument(
-            "--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+            "--set",
+            action="append",
+            default=[],
+            dest="overrides",
+            metavar="SECTION.KEY=VALUE",
             help="override a key of the file, e.g. --set train.epochs=1 (repeatable; checked like the file)",
-        )  # fmt: skip
+        )
 
 
 def run(args):
@@ -59,7 +80,9 @@ def run(args):
     overrides = dict(parse_override(text) for text in args.overrides)
     if args.action == "check":
         debug = debug_requested(getattr(args, "debug", False))
-        return _check(args.recipes, overrides, args.devices, compile_depth=args.depth if args.compile else None, debug=debug)
+        return _check(
+            args.recipes, overrides, args.devices, compile_depth=args.depth if args.compile else None, debug=debug
+        )
     recipe = load_recipe(args.recipe, overrides)
     _prepare_devices(recipe)
     run_recipe(recipe, coordinator_address=args.coordinator_address, process_id=args.process_id)
@@ -114,7 +137,11 @@ def _compiled_verdict(recipe, devices, depth):
 
     depth = int(depth) if str(depth).isdigit() else depth
     plan = make_plan(request_from_recipe(recipe, devices=devices, depth=depth))
-    how = "whole model" if len(plan.compiled_depths) < 2 else f"{plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks, extrapolated to {plan.full_depth}"
+    how = (
+        "whole model"
+        if len(plan.compiled_depths) < 2
+        else f"{plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks, extrapolated to {plan.full_depth}"
+    )
     return f"memory per device (compiled step, {how}): {verdict(plan)}", plan.fits
 
 

@@ -17,14 +17,40 @@ import dataclasses
 from zoo.config.types import NONE_WORD
 
 RECIPE_SECTIONS = ("recipe", "target", "multihost")  # a recipe file's own sections (zoo.training._recipe_schema)
-SECTIONS = (*RECIPE_SECTIONS, "model", "parallel", "data", "train", "checkpoint", "logging", "finetune", "generate", "export", "verify", "bench")
+SECTIONS = (
+    *RECIPE_SECTIONS,
+    "model",
+    "parallel",
+    "data",
+    "train",
+    "checkpoint",
+    "logging",
+    "finetune",
+    "generate",
+    "export",
+    "verify",
+    "bench",
+)
 
 
 class SettingError(ValueError):
     """A value a setting does not allow; names the setting, the value and what is allowed."""
 
 
-def setting(default, help, *, section, parse=None, choices=(), positional=False, metavar=None, store_true=False, const=None, booleans=None, required=False):
+def setting(
+    default,
+    help,
+    *,
+    section,
+    parse=None,
+    choices=(),
+    positional=False,
+    metavar=None,
+    store_true=False,
+    const=None,
+    booleans=None,
+    required=False,
+):
     """A settings field.
 
     Args:
@@ -45,8 +71,18 @@ def setting(default, help, *, section, parse=None, choices=(), positional=False,
     if section not in SECTIONS:
         raise ValueError(f"unknown section {section!r}; one of {SECTIONS}")
     kind = bool if store_true or isinstance(default, bool) else getattr(parse, "kind", str)
-    metadata = {"help": help, "section": section, "parse": parse, "choices": tuple(choices), "kind": kind,
-                "positional": positional, "metavar": metavar, "const": const, "booleans": booleans, "required": required}  # fmt: skip
+    metadata = {
+        "help": help,
+        "section": section,
+        "parse": parse,
+        "choices": tuple(choices),
+        "kind": kind,
+        "positional": positional,
+        "metavar": metavar,
+        "const": const,
+        "booleans": booleans,
+        "required": required,
+    }
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -39,17 +39,33 @@ def _seed(help="weight initialisation, dropout and shuffling"):
 
 
 def _context_attention():
-    return setting("ring", "layout context: the sequence-parallel attention kernel", section="parallel", choices=choices.CONTEXT_ATTENTIONS)
+    return setting(
+        "ring",
+        "layout context: the sequence-parallel attention kernel",
+        section="parallel",
+        choices=choices.CONTEXT_ATTENTIONS,
+    )
 
 
 @dataclasses.dataclass
 class CheckpointSettings:
     """Orbax checkpoints during fit (docs/checkpoints.md): shared by every training job."""
 
-    checkpoint_dir: str | None = setting(None, "save checkpoints during fit here (default: none)", section="checkpoint", metavar="DIR")
-    checkpoint_every: int = setting(100, "optimizer steps between checkpoints, plus one at the end", section="checkpoint", parse=types.positive_int)
-    keep: int = setting(3, "newest complete checkpoints kept; older ones are deleted", section="checkpoint", parse=types.positive_int)
-    resume: bool = setting(False, "continue from the newest usable checkpoint in checkpoint_dir (none there: start)", section="checkpoint", store_true=True)
+    checkpoint_dir: str | None = setting(
+        None, "save checkpoints during fit here (default: none)", section="checkpoint", metavar="DIR"
+    )
+    checkpoint_every: int = setting(
+        100, "optimizer steps between checkpoints, plus one at the end", section="checkpoint", parse=types.positive_int
+    )
+    keep: int = setting(
+        3, "newest complete checkpoints kept; older ones are deleted", section="checkpoint", parse=types.positive_int
+    )
+    resume: bool = setting(
+        False,
+        "continue from the newest usable checkpoint in checkpoint_dir (none there: start)",
+        section="checkpoint",
+        store_true=True,
+    )
 
 
 # --- the jobs ------------------------------------------------------------------------------
@@ -63,14 +79,30 @@ class CNNTrainConfig(CheckpointSettings, _Checked):
     mesh: str | None = _mesh()
     dataset: str = setting("shapes", "an image-classification dataset (zoo data list)", section="data")
     data_dir: str | None = _data_dir()
-    image_size: int | None = setting(None, "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)", section="data", parse=types.image_size)
-    train_examples: int | None = setting(None, "use only the first N training examples; default: the whole split", section="data", parse=types.positive_int)
+    image_size: int | None = setting(
+        None,
+        "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)",
+        section="data",
+        parse=types.image_size,
+    )
+    train_examples: int | None = setting(
+        None,
+        "use only the first N training examples; default: the whole split",
+        section="data",
+        parse=types.positive_int,
+    )
     dropout: float = setting(0.0, "dropout before the logits layer, in [0, 1)", section="model", parse=types.dropout)
     epochs: int = setting(5, "passes over the training split", section="train", parse=types.positive_int)
-    batch_size: int = setting(32, "global batch: examples per step over all devices", section="train", parse=types.positive_int)
+    batch_size: int = setting(
+        32, "global batch: examples per step over all devices", section="train", parse=types.positive_int
+    )
     learning_rate: float = setting(1e-3, "Adam learning rate", section="train", parse=types.positive_float)
     seed: int = _seed("data, weight initialisation and shuffling")
-    output: str = setting("runs/cnn/small_cnn.keras", "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras", section="train")
+    output: str = setting(
+        "runs/cnn/small_cnn.keras",
+        "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras",
+        section="train",
+    )
 
 
 @dataclasses.dataclass
@@ -81,9 +113,21 @@ class VerifyConfig(_Checked):
     mesh: str | None = _mesh()
     steps: int = setting(3, "optimizer steps compared", section="verify", parse=types.positive_int)
     batch_size: int = setting(32, "global batch", section="verify", parse=types.positive_int)
-    image_size: int = setting(32, "shapes drawn in memory, any size >= 16", section="verify", parse=types.generated_image_size)
-    optimizer: str = setting("sgd", "adam turns rounding-level gradient noise into learning-rate-sized steps", section="verify", choices=choices.OPTIMIZERS)
-    rtol: float = setting(1e-4, "relative tolerance: |d - r| <= atol + rtol * |r| elementwise", section="verify", parse=types.non_negative_float)
+    image_size: int = setting(
+        32, "shapes drawn in memory, any size >= 16", section="verify", parse=types.generated_image_size
+    )
+    optimizer: str = setting(
+        "sgd",
+        "adam turns rounding-level gradient noise into learning-rate-sized steps",
+        section="verify",
+        choices=choices.OPTIMIZERS,
+    )
+    rtol: float = setting(
+        1e-4,
+        "relative tolerance: |d - r| <= atol + rtol * |r| elementwise",
+        section="verify",
+        parse=types.non_negative_float,
+    )
     atol: float = setting(1e-5, "absolute tolerance", section="verify", parse=types.non_negative_float)
     seed: int = _seed()
 
@@ -92,52 +136,142 @@ class VerifyConfig(_Checked):
 class GPTTrainConfig(CheckpointSettings, _Checked):
     """Settings of ``zoo train gpt`` (recipe job ``pretrain_gpt``)."""
 
-    config_name: str = setting("gpt_small", "named size (zoo.models.GPT_CONFIGS; byte-level vocabulary of 256)", section="model")
-    num_layers: int | None = setting(None, "overrides the named config's depth L (e.g. a multiple of stages x repeats for layout pipeline); "
-                                     "default: the config's", section="model", parse=types.positive_int)  # fmt: skip
-    dropout: float = setting(0.0, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout)
-    capacity_factor: float | None = setting(None, "MoE configs: each expert takes at most capacity_factor x tokens x k / E rows, the rest "
-                                            "are dropped and counted (router_dropped_fraction in the logs); default: dropless",
-                                            section="model", parse=types.positive_float)  # fmt: skip
-    expert_exchange: str | None = setting(None, "MoE configs under an expert layout: all_to_all (fixed-size buffers, any backend) or ragged "
-                                          "(exactly the routed rows; GPU/TPU, dropless); default all_to_all", section="model",
-                                          choices=choices.EXPERT_EXCHANGES)  # fmt: skip
-    router_aux_loss_coefficient: float | None = setting(None, "MoE configs: weight of the load-balancing loss added to the LM loss; "
-                                                        "default: the config's (0.01)", section="model", parse=types.non_negative_float)  # fmt: skip
-    router_z_loss_coefficient: float | None = setting(None, "MoE configs: weight of the router z-loss; default: the config's (0)",
-                                                      section="model", parse=types.non_negative_float)  # fmt: skip
-    layout: str = setting("data", LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto", section="parallel",
-                          choices=choices.TRANSFORMER_JOB_LAYOUTS + (choices.AUTO,))  # fmt: skip
+    config_name: str = setting(
+        "gpt_small", "named size (zoo.models.GPT_CONFIGS; byte-level vocabulary of 256)", section="model"
+    )
+    num_layers: int | None = setting(
+        None,
+        "overrides the named config's depth L (e.g. a multiple of stages x repeats for layout pipeline); "
+        "default: the config's",
+        section="model",
+        parse=types.positive_int,
+    )
+    dropout: float = setting(
+        0.0, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout
+    )
+    capacity_factor: float | None = setting(
+        None,
+        "MoE configs: each expert takes at most capacity_factor x tokens x k / E rows, the rest "
+        "are dropped and counted (router_dropped_fraction in the logs); default: dropless",
+        section="model",
+        parse=types.positive_float,
+    )
+    expert_exchange: str | None = setting(
+        None,
+        "MoE configs under an expert layout: all_to_all (fixed-size buffers, any backend) or ragged "
+        "(exactly the routed rows; GPU/TPU, dropless); default all_to_all",
+        section="model",
+        choices=choices.EXPERT_EXCHANGES,
+    )
+    router_aux_loss_coefficient: float | None = setting(
+        None,
+        "MoE configs: weight of the load-balancing loss added to the LM loss; default: the config's (0.01)",
+        section="model",
+        parse=types.non_negative_float,
+    )
+    router_z_loss_coefficient: float | None = setting(
+        None,
+        "MoE configs: weight of the router z-loss; default: the config's (0)",
+        section="model",
+        parse=types.non_negative_float,
+    )
+    layout: str = setting(
+        "data",
+        LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto",
+        section="parallel",
+        choices=choices.TRANSFORMER_JOB_LAYOUTS + (choices.AUTO,),
+    )
     mesh: str | None = _mesh()
     context_attention: str = _context_attention()
-    balance: str | None = setting(None, "layout context: causal load balancing of the sequence order", section="parallel", choices=choices.BALANCES)
-    micro_batches: int | None = setting(None, "layout pipeline: M, the micro-batches each batch is cut into (M divides the batch per data "
-                                        "shard); default: as many as the mesh has stages", section="parallel", parse=types.positive_int)  # fmt: skip
-    schedule: str = setting(PIPELINE_DEFAULTS["schedule"], "layout pipeline: gpipe (each stage runs its blocks once per micro-batch) or "
-                            "circular (each stage holds --repeats non-adjacent groups of blocks: the bubble shrinks that many times)",
-                            section="parallel", choices=choices.SCHEDULES)  # fmt: skip
-    repeats: int = setting(PIPELINE_DEFAULTS["repeats"], "layout pipeline: R, the times a micro-batch goes round the stages "
-                           "(gpipe: 1, circular: >= 2; stages x R divides the layers)", section="parallel", parse=types.positive_int)  # fmt: skip
+    balance: str | None = setting(
+        None,
+        "layout context: causal load balancing of the sequence order",
+        section="parallel",
+        choices=choices.BALANCES,
+    )
+    micro_batches: int | None = setting(
+        None,
+        "layout pipeline: M, the micro-batches each batch is cut into (M divides the batch per data "
+        "shard); default: as many as the mesh has stages",
+        section="parallel",
+        parse=types.positive_int,
+    )
+    schedule: str = setting(
+        PIPELINE_DEFAULTS["schedule"],
+        "layout pipeline: gpipe (each stage runs its blocks once per micro-batch) or "
+        "circular (each stage holds --repeats non-adjacent groups of blocks: the bubble shrinks that many times)",
+        section="parallel",
+        choices=choices.SCHEDULES,
+    )
+    repeats: int = setting(
+        PIPELINE_DEFAULTS["repeats"],
+        "layout pipeline: R, the times a micro-batch goes round the stages "
+        "(gpipe: 1, circular: >= 2; stages x R divides the layers)",
+        section="parallel",
+        parse=types.positive_int,
+    )
     dataset: str = setting("python_docs", "a language-modelling dataset (zoo data list)", section="data")
     data_dir: str | None = _data_dir()
     sequence_length: int = setting(128, "tokens per example (T)", section="train", parse=types.sequence_length)
-    batch_size: int = setting(32, "global batch: examples per step over all devices (divides by the data axis)", section="train", parse=types.positive_int)
+    batch_size: int = setting(
+        32,
+        "global batch: examples per step over all devices (divides by the data axis)",
+        section="train",
+        parse=types.positive_int,
+    )
     epochs: int = setting(2, "passes over the training split", section="train", parse=types.positive_int)
-    steps_per_epoch: int | None = setting(None, "epochs over the first N batches' windows; default: the whole split", section="train", parse=types.positive_int)
-    learning_rate: float = setting(2e-3, "AdamW peak, cosine-decayed to 10% over the run", section="train", parse=types.positive_float)
+    steps_per_epoch: int | None = setting(
+        None,
+        "epochs over the first N batches' windows; default: the whole split",
+        section="train",
+        parse=types.positive_int,
+    )
+    learning_rate: float = setting(
+        2e-3, "AdamW peak, cosine-decayed to 10% over the run", section="train", parse=types.positive_float
+    )
     weight_decay: float = setting(0.01, "AdamW weight decay", section="train", parse=types.non_negative_float)
-    precision: str = setting("float32", "mixed_bfloat16: bf16 compute, float32 weights and optimizer", section="train", choices=choices.PRECISIONS)
-    remat: str = setting("none", "what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more compute), "
-                         "dots_saveable (matmul outputs); --remat alone means full", section="train", choices=choices.REMATS, const="full",
-                         booleans={True: "full", False: "none"})  # fmt: skip
-    gradient_accumulation_steps: int = setting(1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int)
+    precision: str = setting(
+        "float32",
+        "mixed_bfloat16: bf16 compute, float32 weights and optimizer",
+        section="train",
+        choices=choices.PRECISIONS,
+    )
+    remat: str = setting(
+        "none",
+        "what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more compute), "
+        "dots_saveable (matmul outputs); --remat alone means full",
+        section="train",
+        choices=choices.REMATS,
+        const="full",
+        booleans={True: "full", False: "none"},
+    )
+    gradient_accumulation_steps: int = setting(
+        1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int
+    )
     seed: int = _seed()
-    output: str = setting("runs/gpt/gpt.keras", "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras", section="train")
-    report_every: int = setting(50, "print step time, tokens/s and MFU every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
-    peak_tflops: float | None = setting(None, "device peak dense TFLOP/s for MFU; default: looked up from the device kind (none on CPU)",
-                                        section="logging", parse=types.positive_float)  # fmt: skip
-    profile_dir: str | None = setting(None, "write a jax.profiler trace of a few steps here", section="logging", metavar="DIR")
-    profile_steps: int = setting(3, "steps the trace covers (from step 2, after compilation)", section="logging", parse=types.positive_int)
+    output: str = setting(
+        "runs/gpt/gpt.keras",
+        "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras",
+        section="train",
+    )
+    report_every: int = setting(
+        50,
+        "print step time, tokens/s and MFU every N steps (also into the Keras logs)",
+        section="logging",
+        parse=types.positive_int,
+    )
+    peak_tflops: float | None = setting(
+        None,
+        "device peak dense TFLOP/s for MFU; default: looked up from the device kind (none on CPU)",
+        section="logging",
+        parse=types.positive_float,
+    )
+    profile_dir: str | None = setting(
+        None, "write a jax.profiler trace of a few steps here", section="logging", metavar="DIR"
+    )
+    profile_steps: int = setting(
+        3, "steps the trace covers (from step 2, after compilation)", section="logging", parse=types.positive_int
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -161,10 +295,14 @@ def check_pipeline_settings(config):
                 )
         return
     if config.schedule == "gpipe" and config.repeats != 1:
-        raise SettingError(f"{name}: schedule 'gpipe' runs each stage's blocks once per micro-batch, so repeats must be 1, got "
-                           f"repeats={config.repeats}; use schedule 'circular' for repeats >= 2")  # fmt: skip
+        raise SettingError(
+            f"{name}: schedule 'gpipe' runs each stage's blocks once per micro-batch, so repeats must be 1, got "
+            f"repeats={config.repeats}; use schedule 'circular' for repeats >= 2"
+        )
     if config.schedule == "circular" and config.repeats < 2:
-        raise SettingError(f"{name}: schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got repeats={config.repeats}")
+        raise SettingError(
+            f"{name}: schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got repeats={config.repeats}"
+        )
 
 
 @dataclasses.dataclass
@@ -173,17 +311,23 @@ class ClassifierTrainConfig(_Checked):
 
     model = None  # "encoder" | "vit": set by the subclass
     config_name: str | None = setting(None, "named size (zoo.models.*_CONFIGS); default: <model>_tiny", section="model")
-    dropout: float = setting(0.1, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout)
+    dropout: float = setting(
+        0.1, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout
+    )
     layout: str = setting("data", LAYOUT_HELP, section="parallel", choices=choices.TRANSFORMER_JOB_LAYOUTS)
     mesh: str | None = _mesh()
     context_attention: str = _context_attention()
-    dataset: str | None = setting(None, "dataset (zoo data list); default python_docs_topics (encoder), shapes (vit)", section="data")
+    dataset: str | None = setting(
+        None, "dataset (zoo data list); default python_docs_topics (encoder), shapes (vit)", section="data"
+    )
     data_dir: str | None = _data_dir()
     batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
     epochs: int = setting(5, "passes over the training split", section="train", parse=types.positive_int)
     learning_rate: float = setting(1e-3, "AdamW learning rate", section="train", parse=types.positive_float)
     seed: int = _seed()
-    output: str | None = setting(None, "where the trained model is saved (.keras); default runs/<model>/<model>.keras", section="train")
+    output: str | None = setting(
+        None, "where the trained model is saved (.keras); default runs/<model>/<model>.keras", section="train"
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -205,73 +349,191 @@ class ViTTrainConfig(ClassifierTrainConfig):
     """Settings of ``zoo train vit`` (image classification)."""
 
     model = "vit"
-    image_size: int | None = setting(None, "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)", section="data", parse=types.image_size)
+    image_size: int | None = setting(
+        None,
+        "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)",
+        section="data",
+        parse=types.image_size,
+    )
 
 
 @dataclasses.dataclass
 class FinetuneConfig(CheckpointSettings, _Checked):
     """Settings of ``zoo finetune`` (recipe job ``finetune``)."""
 
-    preset: str = setting("small_cnn_shapes", "a shipped preset's name (e.g. small_cnn_shapes, gpt_tiny_python_docs), a preset folder (a path with '/'), "
-                          "or for a causal LM a Hugging Face folder or hf://org/name", section="model", positional=True)  # fmt: skip
-    method: str = setting("lora", "what trains: frozen (a classifier's head), lora (LoRA factors, and a classifier's head), full (everything); "
-                          "a causal LM takes lora or full", section="finetune", choices=choices.METHODS)  # fmt: skip
+    preset: str = setting(
+        "small_cnn_shapes",
+        "a shipped preset's name (e.g. small_cnn_shapes, gpt_tiny_python_docs), a preset folder (a path with '/'), "
+        "or for a causal LM a Hugging Face folder or hf://org/name",
+        section="model",
+        positional=True,
+    )
+    method: str = setting(
+        "lora",
+        "what trains: frozen (a classifier's head), lora (LoRA factors, and a classifier's head), full (everything); "
+        "a causal LM takes lora or full",
+        section="finetune",
+        choices=choices.METHODS,
+    )
     lora_rank: int = setting(4, "rank r of the LoRA factors", section="finetune", parse=types.positive_int)
-    lora_alpha: float | None = setting(None, "LoRA scale alpha (the update is scaled by alpha / r); default alpha = r", section="finetune", parse=types.positive_float)
-    layout: str = setting("single", LAYOUT_HELP + "; model uses the preset's layout map, the others the Transformer presets'; "
-                          "tp+sp, fsdp+tp and context are for causal LMs", section="parallel", choices=choices.LAYOUTS)  # fmt: skip
+    lora_alpha: float | None = setting(
+        None,
+        "LoRA scale alpha (the update is scaled by alpha / r); default alpha = r",
+        section="finetune",
+        parse=types.positive_float,
+    )
+    layout: str = setting(
+        "single",
+        LAYOUT_HELP + "; model uses the preset's layout map, the others the Transformer presets'; "
+        "tp+sp, fsdp+tp and context are for causal LMs",
+        section="parallel",
+        choices=choices.LAYOUTS,
+    )
     mesh: str | None = _mesh()
     context_attention: str = _context_attention()
-    balance: str | None = setting(None, "layout context: causal load balancing of the sequence order", section="parallel", choices=choices.BALANCES)
-    dataset: str = setting("digits", "a classification dataset (zoo data list); a causal LM without --data-file: a language-modelling one", section="data")
+    balance: str | None = setting(
+        None,
+        "layout context: causal load balancing of the sequence order",
+        section="parallel",
+        choices=choices.BALANCES,
+    )
+    dataset: str = setting(
+        "digits",
+        "a classification dataset (zoo data list); a causal LM without --data-file: a language-modelling one",
+        section="data",
+    )
     data_dir: str | None = _data_dir()
-    data_file: str | None = setting(None, 'causal LMs: train on this file: .jsonl with {"messages": [...]} a line (through the chat template, '
-                                    'loss on the assistant turns), {"prompt", "completion"} a line (loss on the completion) '
-                                    'or {"text"} a line (packed), or plain text (packed); docs/finetuning.md', section="data", metavar="FILE")  # fmt: skip
-    chat_template: str | None = setting(None, 'causal LMs: a Jinja chat template file (as chat_template.jinja) for {"messages"} data, '
-                                        "used and saved instead of the tokenizer's own; default: the tokenizer's", section="data", metavar="FILE")  # fmt: skip
-    validation_file: str | None = setting(None, "causal LMs: the held-out examples, a file like --data-file; default: the last "
-                                          "--validation-fraction of --data-file", section="data", metavar="FILE")  # fmt: skip
-    validation_fraction: float = setting(0.1, "causal LMs without --validation-file: the share of --data-file's examples held out (the last), "
-                                         "in [0, 1)", section="data", parse=types.dropout)  # fmt: skip
-    train_examples: int | None = setting(None, "use only the first N training examples; default: the whole split", section="data", parse=types.positive_int)
-    test_examples: int | None = setting(None, "evaluate on the first N test (held-out) examples; default: all", section="data", parse=types.positive_int)
-    sequence_length: int | None = setting(None, "causal LMs: tokens per example T; default: the model's preprocessor's, else "
-                                          "min(1024, max_sequence_length)", section="train", parse=types.sequence_length)  # fmt: skip
-    loss_chunk_size: int | None = setting(None, "causal LMs: compute the loss from the hidden states t positions of every row at a time, "
-                                          "never the whole (B, T, V) float32 logits (memory at long context); default: whole", section="train", parse=types.positive_int)  # fmt: skip
+    data_file: str | None = setting(
+        None,
+        'causal LMs: train on this file: .jsonl with {"messages": [...]} a line (through the chat template, '
+        'loss on the assistant turns), {"prompt", "completion"} a line (loss on the completion) '
+        'or {"text"} a line (packed), or plain text (packed); docs/finetuning.md',
+        section="data",
+        metavar="FILE",
+    )
+    chat_template: str | None = setting(
+        None,
+        'causal LMs: a Jinja chat template file (as chat_template.jinja) for {"messages"} data, '
+        "used and saved instead of the tokenizer's own; default: the tokenizer's",
+        section="data",
+        metavar="FILE",
+    )
+    validation_file: str | None = setting(
+        None,
+        "causal LMs: the held-out examples, a file like --data-file; default: the last "
+        "--validation-fraction of --data-file",
+        section="data",
+        metavar="FILE",
+    )
+    validation_fraction: float = setting(
+        0.1,
+        "causal LMs without --validation-file: the share of --data-file's examples held out (the last), in [0, 1)",
+        section="data",
+        parse=types.dropout,
+    )
+    train_examples: int | None = setting(
+        None,
+        "use only the first N training examples; default: the whole split",
+        section="data",
+        parse=types.positive_int,
+    )
+    test_examples: int | None = setting(
+        None, "evaluate on the first N test (held-out) examples; default: all", section="data", parse=types.positive_int
+    )
+    sequence_length: int | None = setting(
+        None,
+        "causal LMs: tokens per example T; default: the model's preprocessor's, else min(1024, max_sequence_length)",
+        section="train",
+        parse=types.sequence_length,
+    )
+    loss_chunk_size: int | None = setting(
+        None,
+        "causal LMs: compute the loss from the hidden states t positions of every row at a time, "
+        "never the whole (B, T, V) float32 logits (memory at long context); default: whole",
+        section="train",
+        parse=types.positive_int,
+    )
     epochs: int = setting(3, "passes over the training examples", section="train", parse=types.positive_int)
     batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
-    optimizer: str = setting("adam", "adam, or sgd (w -= lr * gradient: steps that are the gradients, to compare layouts; needs --learning-rate)",
-                             section="train", choices=choices.OPTIMIZERS)  # fmt: skip
-    learning_rate: float | None = setting(None, "learning rate; default for adam per method: classifiers frozen, lora 1e-2, full 3e-3; "
-                                          "causal LMs lora 2e-4, full 2e-5", section="train", parse=types.positive_float)  # fmt: skip
+    optimizer: str = setting(
+        "adam",
+        "adam, or sgd (w -= lr * gradient: steps that are the gradients, to compare layouts; needs --learning-rate)",
+        section="train",
+        choices=choices.OPTIMIZERS,
+    )
+    learning_rate: float | None = setting(
+        None,
+        "learning rate; default for adam per method: classifiers frozen, lora 1e-2, full 3e-3; "
+        "causal LMs lora 2e-4, full 2e-5",
+        section="train",
+        parse=types.positive_float,
+    )
     seed: int = _seed("LoRA factors' initialisation and shuffling")
-    adapter_format: str = setting("zoo", "method lora: the adapter saved beside the merged model: zoo (OUTPUT/lora.weights.h5) or peft "
-                                  "(OUTPUT/adapter/: adapter_config.json, adapter_model.safetensors, for peft.PeftModel.from_pretrained)",
-                                  section="finetune", choices=choices.ADAPTER_FORMATS)  # fmt: skip
-    output: str | None = setting(None, "save the fine-tuned model here (LoRA merged; the adapter beside it, --adapter-format; metrics.csv in OUTPUT.run): "
-                                 "a preset, or a Hugging Face folder when the model came from one", section="train")  # fmt: skip
-    report_every: int = setting(50, "print step time and examples/s every N steps (also into the Keras logs)", section="logging", parse=types.positive_int)
+    adapter_format: str = setting(
+        "zoo",
+        "method lora: the adapter saved beside the merged model: zoo (OUTPUT/lora.weights.h5) or peft "
+        "(OUTPUT/adapter/: adapter_config.json, adapter_model.safetensors, for peft.PeftModel.from_pretrained)",
+        section="finetune",
+        choices=choices.ADAPTER_FORMATS,
+    )
+    output: str | None = setting(
+        None,
+        "save the fine-tuned model here (LoRA merged; the adapter beside it, --adapter-format; metrics.csv in OUTPUT.run): "
+        "a preset, or a Hugging Face folder when the model came from one",
+        section="train",
+    )
+    report_every: int = setting(
+        50,
+        "print step time and examples/s every N steps (also into the Keras logs)",
+        section="logging",
+        parse=types.positive_int,
+    )
 
 
 @dataclasses.dataclass
 class GenerateConfig(_Checked):
     """Settings of ``zoo generate``."""
 
-    model: str = setting("runs/gpt/gpt.keras", "a .keras file saved by zoo train gpt, a shipped preset's name, a preset folder, "
-                         "or a Hugging Face folder or hf://org/name", section="generate")  # fmt: skip
+    model: str = setting(
+        "runs/gpt/gpt.keras",
+        "a .keras file saved by zoo train gpt, a shipped preset's name, a preset folder, "
+        "or a Hugging Face folder or hf://org/name",
+        section="generate",
+    )
     prompt: str = setting("def ", "UTF-8 text, at least one character", section="generate", parse=types.text)
-    chat: bool = setting(False, "the prompt is a user's message: through the model's chat template with the generation prompt; "
-                         "prints the assistant's reply", section="generate", store_true=True)  # fmt: skip
-    max_new_tokens: int = setting(200, "tokens generated after the prompt", section="generate", parse=types.positive_int)
-    sampler: str = setting("top_k", "greedy (argmax), top_k or top_p sampling", section="generate", choices=choices.SAMPLERS)
-    temperature: float = setting(0.8, "divides the logits before sampling", section="generate", parse=types.positive_float)
-    top_k: int = setting(10, "top_k sampler: sample among the k most likely tokens", section="generate", parse=types.positive_int)
-    top_p: float = setting(0.9, "top_p sampler: the smallest set holding this probability, in (0, 1]", section="generate", parse=types.probability)
+    chat: bool = setting(
+        False,
+        "the prompt is a user's message: through the model's chat template with the generation prompt; "
+        "prints the assistant's reply",
+        section="generate",
+        store_true=True,
+    )
+    max_new_tokens: int = setting(
+        200, "tokens generated after the prompt", section="generate", parse=types.positive_int
+    )
+    sampler: str = setting(
+        "top_k", "greedy (argmax), top_k or top_p sampling", section="generate", choices=choices.SAMPLERS
+    )
+    temperature: float = setting(
+        0.8, "divides the logits before sampling", section="generate", parse=types.positive_float
+    )
+    top_k: int = setting(
+        10, "top_k sampler: sample among the k most likely tokens", section="generate", parse=types.positive_int
+    )
+    top_p: float = setting(
+        0.9,
+        "top_p sampler: the smallest set holding this probability, in (0, 1]",
+        section="generate",
+        parse=types.probability,
+    )
     seed: int = setting(0, "sampling is reproducible for a seed", section="generate", parse=types.non_negative_int)
-    stop_token_ids: str | None = setting(None, "comma-separated token ids that end generation, e.g. 2,32000 ('' for none); "
-                                         "default: the tokenizer's stop tokens", section="generate", metavar="ID,ID")  # fmt: skip
+    stop_token_ids: str | None = setting(
+        None,
+        "comma-separated token ids that end generation, e.g. 2,32000 ('' for none); "
+        "default: the tokenizer's stop tokens",
+        section="generate",
+        metavar="ID,ID",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -295,15 +557,36 @@ class GenerateConfig(_Checked):
 class ExportConfig(_Checked):
     """Settings of ``zoo export``."""
 
-    model: str = setting("runs/gpt/gpt.keras", "a .keras file, a zoo preset or a Hugging Face folder holding a GPTCausalLM",
-                         section="export", positional=True)  # fmt: skip
-    output: str = setting("runs/gpt/hf", "the new Hugging Face folder (config.json, safetensors, tokenizer); must not exist or be empty",
-                          section="export", positional=True)  # fmt: skip
-    lora: str | None = setting(None, "a LoRA adapter to merge into the exported weights: lora.weights.h5 from zoo finetune, "
-                               "or a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)", section="export")  # fmt: skip
-    dtype: str | None = setting(None, "store the weights as this dtype; default: as the model holds them", section="export", choices=choices.EXPORT_DTYPES)
-    max_file_size_mb: float | None = setting(None, "cut the weights into files of at most this many MiB, with an index (transformers' max_shard_size)",
-                                             section="export", parse=types.positive_float)  # fmt: skip
+    model: str = setting(
+        "runs/gpt/gpt.keras",
+        "a .keras file, a zoo preset or a Hugging Face folder holding a GPTCausalLM",
+        section="export",
+        positional=True,
+    )
+    output: str = setting(
+        "runs/gpt/hf",
+        "the new Hugging Face folder (config.json, safetensors, tokenizer); must not exist or be empty",
+        section="export",
+        positional=True,
+    )
+    lora: str | None = setting(
+        None,
+        "a LoRA adapter to merge into the exported weights: lora.weights.h5 from zoo finetune, "
+        "or a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)",
+        section="export",
+    )
+    dtype: str | None = setting(
+        None,
+        "store the weights as this dtype; default: as the model holds them",
+        section="export",
+        choices=choices.EXPORT_DTYPES,
+    )
+    max_file_size_mb: float | None = setting(
+        None,
+        "cut the weights into files of at most this many MiB, with an index (transformers' max_shard_size)",
+        section="export",
+        parse=types.positive_float,
+    )
 
 
 TRAIN_CONFIGS = {"cnn": CNNTrainConfig, "gpt": GPTTrainConfig, "encoder": EncoderTrainConfig, "vit": ViTTrainConfig}

@@ -23,7 +23,6 @@ A value out of range is a usage error named by its flag and value, before any wo
 import argparse
 import math
 
-
 MAX_INTEGER = 2**31 - 1  # every count is an int32 somewhere (XLA shapes, loop bounds, step counters)
 MAX_DEVICES = 4096  # simulated CPU devices and planned targets: XLA:CPU starts 4096, and no pod is larger per mesh here
 

@@ -81,8 +81,10 @@ def chat_examples(conversations, tokenizer, sequence_length, where="conversation
     examples = LMExamples(packed[:, :-1], packed[:, 1:], weight[:, 1:])
     keep = examples.sample_weight.sum(axis=1) > 0
     if not keep.any():
-        raise ValueError(f"{where}: no conversation has an assistant token within sequence length {sequence_length}; "
-                         "raise --sequence-length")  # fmt: skip
+        raise ValueError(
+            f"{where}: no conversation has an assistant token within sequence length {sequence_length}; "
+            "raise --sequence-length"
+        )
     return examples if keep.all() else examples[np.flatnonzero(keep)]
 
 

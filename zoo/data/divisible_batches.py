@@ -96,9 +96,7 @@ class DivisibleBatches(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         if not 0 <= index < self.num_batches:
-            raise IndexError(
-                f"batch index {index} is out of range for {self.num_batches} batches."
-            )
+            raise IndexError(f"batch index {index} is out of range for {self.num_batches} batches.")
         rows, num_real = self._batch_rows(index)  # (b,), b % M == 0
         x = _take(self._x, rows)
         if self._y is None:
@@ -130,9 +128,7 @@ class DivisibleBatches(keras.utils.PyDataset):
         kept = yielded
         if self.remainder == "pad":
             yielded, kept = self._num_examples + self.num_padding, self._num_examples
-        return keras.tree.map_structure(
-            lambda p: _trim_rows(p, yielded, kept), predictions
-        )
+        return keras.tree.map_structure(lambda p: _trim_rows(p, yielded, kept), predictions)
 
     def _epoch_order(self):
         if not self.shuffle:
@@ -152,9 +148,7 @@ class DivisibleBatches(keras.utils.PyDataset):
 
 def _check_batching(batch_size, multiple_of, remainder):
     if remainder not in REMAINDER_CHOICES:
-        raise ValueError(
-            f"Unknown remainder {remainder!r}; choose one of {REMAINDER_CHOICES}."
-        )
+        raise ValueError(f"Unknown remainder {remainder!r}; choose one of {REMAINDER_CHOICES}.")
     for name, value in (("batch_size", batch_size), ("multiple_of", multiple_of)):
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -174,9 +168,7 @@ def _leading_dim(x, y):
         raise ValueError("x holds no arrays.")
     sizes = sorted({len(leaf) for leaf in leaves})
     if len(sizes) > 1:
-        raise ValueError(
-            f"x and y must share their leading (example) dimension, got sizes {sizes}."
-        )
+        raise ValueError(f"x and y must share their leading (example) dimension, got sizes {sizes}.")
     if sizes[0] == 0:
         raise ValueError("x has 0 examples; DivisibleBatches needs at least one.")
     return sizes[0]

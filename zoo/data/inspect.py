@@ -7,7 +7,6 @@ from zoo.data.load import load
 from zoo.data.png import image_grid, write_png
 from zoo.tokenizers import ByteTokenizer
 
-
 VIEW_SIZE = 64  # pixels per image side in PNG grids, at least
 
 

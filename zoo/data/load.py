@@ -52,7 +52,9 @@ def load(
     _check_split(spec, split)
     shard = (process_index, process_count, num_examples)
     if spec.task == catalog.IMAGE_CLASSIFICATION:
-        return _load_images(spec, split, data_dir, download, spec.default_image_size if image_size is None else image_size, shard)
+        return _load_images(
+            spec, split, data_dir, download, spec.default_image_size if image_size is None else image_size, shard
+        )
     sequence_length = DEFAULT_SEQUENCE_LENGTH if sequence_length is None else sequence_length
     check_sequence_length(sequence_length)
     x, y = _load_text(spec, split, data_dir, download, sequence_length)
@@ -96,7 +98,9 @@ def prepared_image_sizes(name):
 def _shapes_builder(image_size):
     sizes = prepared_image_sizes("shapes")
     if image_size not in sizes:
-        raise ValueError(f"shapes is prepared at image sizes {list(sizes)}, got {image_size}; zoo.data.load_shapes generates any size in memory")
+        raise ValueError(
+            f"shapes is prepared at image sizes {list(sizes)}, got {image_size}; zoo.data.load_shapes generates any size in memory"
+        )
     return f"zoo_shapes/{image_size}"
 
 
@@ -113,7 +117,9 @@ def _enlarge(images, image_size, name):
 def _corpus_windows(ids, sequence_length, spec, split):
     """``next_token_windows``, or an error naming the corpus' size when not one window fits."""
     if len(ids) - 1 < sequence_length:
-        raise ValueError(f"the {spec.name} {split} split has {len(ids):,} bytes; the sequence length must be below that, got {sequence_length:,}")
+        raise ValueError(
+            f"the {spec.name} {split} split has {len(ids):,} bytes; the sequence length must be below that, got {sequence_length:,}"
+        )
     return next_token_windows(ids, sequence_length)
 
 

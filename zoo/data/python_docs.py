@@ -104,4 +104,3 @@ def unigram_entropy(ids):
     counts = np.bincount(np.asarray(ids).ravel(), minlength=ByteTokenizer.vocabulary_size)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
-

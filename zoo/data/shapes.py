@@ -83,19 +83,13 @@ def load_shapes(split="train", image_size=128, num_examples=None, seed=0):
 
 def _check_args(split, image_size, num_examples, seed):
     if split not in SPLIT_SIZES:
-        raise ValueError(
-            f"Unknown split {split!r}; valid splits are {sorted(SPLIT_SIZES)}."
-        )
+        raise ValueError(f"Unknown split {split!r}; valid splits are {sorted(SPLIT_SIZES)}.")
     if not isinstance(image_size, (int, np.integer)) or image_size < MIN_IMAGE_SIZE:
-        raise ValueError(
-            f"image_size must be an integer >= {MIN_IMAGE_SIZE}, got {image_size!r}."
-        )
+        raise ValueError(f"image_size must be an integer >= {MIN_IMAGE_SIZE}, got {image_size!r}.")
     if num_examples is None:
         num_examples = SPLIT_SIZES[split]
     if not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
-        raise ValueError(
-            f"num_examples must be a positive integer, got {num_examples!r}."
-        )
+        raise ValueError(f"num_examples must be a positive integer, got {num_examples!r}.")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
     return int(num_examples)

@@ -103,7 +103,9 @@ def read_text(path):
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte {raw[error.start:error.start + 1]!r} at offset {error.start})") from None
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte {raw[error.start : error.start + 1]!r} at offset {error.start})"
+        ) from None
     if not text.strip():
         raise ValueError(f"{path}: the file is empty" if not text else f"{path}: the file holds only white space")
     return text
@@ -145,17 +147,27 @@ def _json_object(path, number, line):
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} line {number}: not valid JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(record, dict):
-        raise ValueError(f"{path} line {number}: expected a JSON object such as {_example()}, got {type(record).__name__} {_short(line)}")
+        raise ValueError(
+            f"{path} line {number}: expected a JSON object such as {_example()}, got {type(record).__name__} {_short(line)}"
+        )
     return record
 
 
 def _string(path, number, record, key, kind):
     if key not in record:
-        hint = f'the file\'s lines hold {{"{TEXT_KEY}": ...}}' if kind == TEXT_KEY else f"the file's lines hold {_example()}"
-        raise ValueError(f"{path} line {number}: missing key {key!r} ({hint}; the first line sets the kind); it has {sorted(record)}")
+        hint = (
+            f'the file\'s lines hold {{"{TEXT_KEY}": ...}}'
+            if kind == TEXT_KEY
+            else f"the file's lines hold {_example()}"
+        )
+        raise ValueError(
+            f"{path} line {number}: missing key {key!r} ({hint}; the first line sets the kind); it has {sorted(record)}"
+        )
     value = record[key]
     if not isinstance(value, str):
-        raise ValueError(f"{path} line {number}: {key!r} must be a string, got {type(value).__name__} {_short(json.dumps(value))}")
+        raise ValueError(
+            f"{path} line {number}: {key!r} must be a string, got {type(value).__name__} {_short(json.dumps(value))}"
+        )
     return value
 
 
@@ -172,7 +184,9 @@ def _with_loss(arrays, where):
     examples = LMExamples(*(np.asarray(array) for array in arrays))
     keep = examples.sample_weight.sum(axis=1) > 0
     if not keep.any():
-        raise ValueError(f"{where}: no example has a completion token within sequence length {examples.sequence_length}; raise --sequence-length")
+        raise ValueError(
+            f"{where}: no example has a completion token within sequence length {examples.sequence_length}; raise --sequence-length"
+        )
     return examples if keep.all() else examples[np.flatnonzero(keep)]
 
 
@@ -222,7 +236,9 @@ def split_held_out(examples, fraction):
         raise ValueError(f"the held-out fraction must be in [0, 1), got {fraction}")
     held = math.ceil(fraction * len(examples))
     if held and held >= len(examples):
-        raise ValueError(f"{len(examples)} example(s) cannot be split {1 - fraction:.0%}/{fraction:.0%} with both parts non-empty; give more data or a validation file")
+        raise ValueError(
+            f"{len(examples)} example(s) cannot be split {1 - fraction:.0%}/{fraction:.0%} with both parts non-empty; give more data or a validation file"
+        )
     return examples[: len(examples) - held], examples[len(examples) - held :]
 
 
@@ -233,7 +249,9 @@ def dataset_text(name, split, data_dir=None):
     spec = catalog.get_spec(name)
     if spec.task != catalog.LANGUAGE_MODELING:
         corpora = [other.name for other in catalog.DATASETS.values() if other.task == catalog.LANGUAGE_MODELING]
-        raise ValueError(f"dataset {name!r} is {spec.task} data; a causal LM fine-tunes on {catalog.LANGUAGE_MODELING} data: {', '.join(corpora)}")
+        raise ValueError(
+            f"dataset {name!r} is {spec.task} data; a causal LM fine-tunes on {catalog.LANGUAGE_MODELING} data: {', '.join(corpora)}"
+        )
     if split not in spec.splits:
         raise ValueError(f"dataset {name!r} has no split {split!r}; its splits are {list(spec.splits)}")
     source = tfds_source.read_split(spec.builder, split, data_dir=data_dir)

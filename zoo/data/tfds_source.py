@@ -279,9 +279,7 @@ def _not_prepared(name, builder):
     # <data_dir>/<name>/[<config>/]<version>/: name versions prepared next to the missing one.
     versions_dir = builder.data_path.parent
     candidates = sorted(versions_dir.iterdir()) if versions_dir.is_dir() else []
-    found = [
-        p.name for p in candidates if tfds.core.Version.is_valid(p.name) and (p / "dataset_info.json").exists()
-    ]
+    found = [p.name for p in candidates if tfds.core.Version.is_valid(p.name) and (p / "dataset_info.json").exists()]
     return DatasetNotPreparedError(name, os.fspath(builder.data_dir_root), found)
 
 

@@ -2,7 +2,6 @@
 
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.describe import describe, print_description
-from zoo.distribution.expert_parallel import ExpertParallel
 from zoo.distribution.devices import (
     DeviceCountError,
     describe_devices,
@@ -10,13 +9,14 @@ from zoo.distribution.devices import (
 )
 from zoo.distribution.distributions import (
     build_distributed,
-    global_distribution,
     data_parallel_size,
     default_mesh_spec,
     distribution_for,
+    global_distribution,
     make_distribution,
     place_batch,
 )
+from zoo.distribution.expert_parallel import ExpertParallel
 from zoo.distribution.layouts import (
     CheckedModelParallel,
     LayoutError,

@@ -103,7 +103,9 @@ def _raise_incomplete(address, count, index):
             f"num_processes={count} but no coordinator address: pass coordinator_address='host:port' "
             f"(process 0's address, the same on every process) or set JAX_COORDINATOR_ADDRESS"
         )
-    raise MultihostError(f"num_processes={count} but no process_id for this process: pass process_id or set JAX_PROCESS_ID")
+    raise MultihostError(
+        f"num_processes={count} but no process_id for this process: pass process_id or set JAX_PROCESS_ID"
+    )
 
 
 def _check_counts(count, index):

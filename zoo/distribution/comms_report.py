@@ -177,8 +177,18 @@ class CommsReport:
         rows = {}
         for op in self.collectives:
             key = (op.kind, op.axes, op.shape, op.replica_groups)
-            row = rows.setdefault(key, {"kind": op.kind, "axes": op.axes, "shape": op.shape, "count": 0,
-                                        "bytes": op.bytes, "sent_bytes": 0.0, "replica_groups": op.replica_groups})  # fmt: skip
+            row = rows.setdefault(
+                key,
+                {
+                    "kind": op.kind,
+                    "axes": op.axes,
+                    "shape": op.shape,
+                    "count": 0,
+                    "bytes": op.bytes,
+                    "sent_bytes": 0.0,
+                    "replica_groups": op.replica_groups,
+                },
+            )
             row["count"] += op.executions
             row["sent_bytes"] += op.sent_bytes * op.executions
         return list(rows.values())
@@ -188,7 +198,9 @@ class CommsReport:
         executions, the bytes of their buffers and what one device sends, all per call."""
         rows = {}
         for op in self.collectives:
-            row = rows.setdefault((op.axes, op.kind), {"axes": op.axes, "kind": op.kind, "count": 0, "bytes": 0, "sent_bytes": 0.0})
+            row = rows.setdefault(
+                (op.axes, op.kind), {"axes": op.axes, "kind": op.kind, "count": 0, "bytes": 0, "sent_bytes": 0.0}
+            )
             row["count"] += op.executions
             row["bytes"] += op.bytes * op.executions
             row["sent_bytes"] += op.sent_bytes * op.executions
@@ -377,7 +389,10 @@ def _replica_groups(line, num_devices):
 
 def _mesh_axes_groups(text):
     """Groups of the mesh-axes form: devices varying along the named axes, the rest fixed."""
-    match = re.match(r"mesh\[([^\]]*)\](?:,?\s*device_ids=(\[[0-9,]+\]|\(\[[0-9,]+\](?:<=\[[0-9,]+\])?(?:T\([0-9,]+\))?\)))?\s*\{([^}]*)\}", text)
+    match = re.match(
+        r"mesh\[([^\]]*)\](?:,?\s*device_ids=(\[[0-9,]+\]|\(\[[0-9,]+\](?:<=\[[0-9,]+\])?(?:T\([0-9,]+\))?\)))?\s*\{([^}]*)\}",
+        text,
+    )
     axes = re.findall(r"'([^']+)'=(\d+)", match.group(1)) if match else []
     grouped = re.findall(r"'([^']+)'(:\S+)?", match.group(3)) if match else []
     if not axes or not grouped or any(sub for _, sub in grouped):
@@ -533,11 +548,16 @@ def train_step(model, x, y):
         return model.compute_loss(x=x, y=y, y_pred=y_pred, training=True), non_trainable
 
     def step(trainable, non_trainable, optimizer, x, y):
-        (loss, non_trainable), grads = jax.value_and_grad(loss_and_updates, has_aux=True)(trainable, non_trainable, x, y)
+        (loss, non_trainable), grads = jax.value_and_grad(loss_and_updates, has_aux=True)(
+            trainable, non_trainable, x, y
+        )
         trainable, optimizer = model.optimizer.stateless_apply(optimizer, grads, trainable)
         return loss, trainable, non_trainable, optimizer
 
-    state = [[v.value for v in vs] for vs in (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)]
+    state = [
+        [v.value for v in vs]
+        for vs in (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)
+    ]
     return step, (*state, x, y)
 
 

@@ -175,8 +175,11 @@ class ContextParallel(CheckedModelParallel):
             )
         if len(data_shape) >= 2 and data_shape[1] is not None:
             kernels.check_sequence_divisible(
-                data_shape[1], axis_size=self.sequence_parallel_size, axis_name=self._sequence_dim_name,
-                balance=self._balance, what=f"sequence length (dim 1 of input shape {tuple(data_shape)})",
+                data_shape[1],
+                axis_size=self.sequence_parallel_size,
+                axis_name=self._sequence_dim_name,
+                balance=self._balance,
+                what=f"sequence length (dim 1 of input shape {tuple(data_shape)})",
             )
 
     # --- the input pipeline: load-balanced order -----------------------------------------
@@ -272,7 +275,9 @@ def _check_options(context_attention, balance, batch_dim_name, sequence_dim_name
     if balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
     if batch_dim_name == sequence_dim_name:
-        raise ValueError(f"batch_dim_name and sequence_dim_name must be different mesh axes, both are {batch_dim_name!r}")
+        raise ValueError(
+            f"batch_dim_name and sequence_dim_name must be different mesh axes, both are {batch_dim_name!r}"
+        )
 
 
 def _layout_map_on(device_mesh, layout_map):

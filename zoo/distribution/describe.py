@@ -24,7 +24,9 @@ def describe(model):
     layers = [model, *sublayers(model)]
     parallel = [layer for layer in layers if callable(getattr(layer, "describe_parallelism", None))]
     covered = {id(inner) for layer in parallel for inner in sublayers(layer)}
-    described = sorted((layer for layer in parallel if id(layer) not in covered), key=lambda layer: _natural(_path(layer)))
+    described = sorted(
+        (layer for layer in parallel if id(layer) not in covered), key=lambda layer: _natural(_path(layer))
+    )
     return [f"{_path(layer)}: {layer.describe_parallelism()}" for layer in described]
 
 

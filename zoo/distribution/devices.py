@@ -39,7 +39,9 @@ def simulate_cpu_devices(count):
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"simulated device count must be a positive integer, got {count!r}")
     if count > MAX_DEVICES:
-        raise ValueError(f"simulated device count {count:,} is above the {MAX_DEVICES:,} this zoo simulates (zoo.config.types.MAX_DEVICES)")
+        raise ValueError(
+            f"simulated device count {count:,} is above the {MAX_DEVICES:,} this zoo simulates (zoo.config.types.MAX_DEVICES)"
+        )
     if backends_started():
         _check_running_cpu_count(count)
         return

@@ -44,8 +44,7 @@ import inspect
 import keras
 import numpy as np
 
-from zoo.config.choices import BASIC_LAYOUTS, LAYOUTS, TRANSFORMER_LAYOUTS
-from zoo.config.choices import EXPERT_LAYOUTS
+from zoo.config.choices import BASIC_LAYOUTS, EXPERT_LAYOUTS, LAYOUTS, TRANSFORMER_LAYOUTS
 from zoo.distribution.axes import DATA, EXPERT, MODEL, SEQ, STAGE
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.expert_parallel import ExpertParallel
@@ -130,7 +129,9 @@ def make_distribution(layout, mesh=None, layout_map=None, *, context_attention=N
     return _model_parallel(mesh, layout_map, layout)
 
 
-def distribution_for(model_class, layout, mesh=None, *, context_attention=None, balance=None, shard_weights=None, config=None):
+def distribution_for(
+    model_class, layout, mesh=None, *, context_attention=None, balance=None, shard_weights=None, config=None
+):
     """The distribution for ``layout`` with the layout map that ``model_class`` ships
     (None for ``"single"``): the one entry from (model, layout, mesh).
 
@@ -175,7 +176,9 @@ def _check_context_options(layout, context_attention, balance, shard_weights=Non
 
 def _single_device(mesh):
     if mesh:
-        raise MeshError(f"layout 'single' runs on one device; drop the mesh {mesh if isinstance(mesh, str) else describe_mesh(mesh)!r}")
+        raise MeshError(
+            f"layout 'single' runs on one device; drop the mesh {mesh if isinstance(mesh, str) else describe_mesh(mesh)!r}"
+        )
 
 
 def _as_mesh(layout, mesh):
@@ -223,9 +226,14 @@ def _context_parallel(mesh, layout_map, context_attention, balance, shard_weight
     _require_layout_axes(mesh, "context")
     _check_layout_map_mesh(layout_map, mesh)
     return ContextParallel(
-        mesh, layout_map, batch_dim_name=DATA, sequence_dim_name=SEQ, context_attention=context_attention or "ring",
-        balance=balance, shard_weights=True if shard_weights is None else shard_weights,
-    )  # fmt: skip
+        mesh,
+        layout_map,
+        batch_dim_name=DATA,
+        sequence_dim_name=SEQ,
+        context_attention=context_attention or "ring",
+        balance=balance,
+        shard_weights=True if shard_weights is None else shard_weights,
+    )
 
 
 def _model_parallel(mesh, layout_map, layout="model"):

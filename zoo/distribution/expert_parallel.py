@@ -56,7 +56,9 @@ class ExpertParallel(CheckedModelParallel):
 
     def __init__(self, *, layout_map, batch_dim_name=DATA, expert_dim_name=EXPERT, weight_shard_axis=None, **kwargs):
         require_axes(layout_map.device_mesh, [batch_dim_name, expert_dim_name], "ExpertParallel")
-        super().__init__(layout_map=layout_map, batch_dim_name=batch_dim_name, weight_shard_axis=weight_shard_axis, **kwargs)
+        super().__init__(
+            layout_map=layout_map, batch_dim_name=batch_dim_name, weight_shard_axis=weight_shard_axis, **kwargs
+        )
         self._expert_dim_name = expert_dim_name
 
     @property
@@ -72,7 +74,9 @@ class ExpertParallel(CheckedModelParallel):
     @property
     def batch_split(self):
         """How many ways the batch is split: N_d * N_e."""
-        return mesh_axis_size(self.device_mesh, self.batch_dim_name) * mesh_axis_size(self.device_mesh, self._expert_dim_name)
+        return mesh_axis_size(self.device_mesh, self.batch_dim_name) * mesh_axis_size(
+            self.device_mesh, self._expert_dim_name
+        )
 
     def get_data_layout(self, data_shape):
         """dim 0 over (data, expert); raises naming the numbers unless it divides."""

@@ -29,7 +29,9 @@ def check_variable_layout(path, shape, layout, mesh, rule=None):
     """Raise unless ``layout`` has one entry per dimension and splits each evenly."""
     where = f"variable {path!r} {tuple(shape)}" + (f" (rule {rule!r})" if rule else "")
     if len(layout.axes) != len(shape):
-        raise LayoutError(f"{where}: layout {layout.axes} has {len(layout.axes)} entries for a rank-{len(shape)} variable")
+        raise LayoutError(
+            f"{where}: layout {layout.axes} has {len(layout.axes)} entries for a rank-{len(shape)} variable"
+        )
     sizes = dict(zip(mesh.axis_names, mesh.shape))
     for dim, (size, axis) in enumerate(zip(shape, layout.axes)):
         for name in _axis_names(axis):
@@ -38,8 +40,7 @@ def check_variable_layout(path, shape, layout, mesh, rule=None):
         split = _split_count(axis, sizes)
         if size % split:
             raise LayoutError(
-                f"{where}: dimension {dim} of size {size} is not divisible by mesh axis "
-                f"{axis!r} of size {split}"
+                f"{where}: dimension {dim} of size {size} is not divisible by mesh axis {axis!r} of size {split}"
             )
 
 
@@ -156,7 +157,9 @@ def raise_if_unmatched(rules, model):
     """Raise ``LayoutError`` naming ``rules`` (which matched nothing) and the model's paths."""
     if rules:
         paths = ", ".join(v.path for v in model.variables)
-        raise LayoutError(f"layout rule(s) {rules} match no variable of model {model.name!r}; its variable paths are: {paths}")
+        raise LayoutError(
+            f"layout rule(s) {rules} match no variable of model {model.name!r}; its variable paths are: {paths}"
+        )
 
 
 def sharding_summary(model):

@@ -69,8 +69,7 @@ def resolve_mesh_shape(axes, device_count):
         return [(n, device_count // known if s == -1 else s) for n, s in axes]
     if known != device_count:
         raise MeshError(
-            f"mesh {described} has {known} devices (product of axis sizes) "
-            f"but {device_count} devices are available"
+            f"mesh {described} has {known} devices (product of axis sizes) but {device_count} devices are available"
         )
     return list(axes)
 

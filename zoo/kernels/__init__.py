@@ -5,6 +5,7 @@ split over, H query heads, K KV heads, D head dim, W attention window (``sliding
 Sharded kernels see [B, T/N, H, D].
 """
 
+from zoo.kernels._blocking import block_size_for, tile_plan
 from zoo.kernels._checks import (
     check_heads_divisible,
     check_kv_heads,
@@ -14,7 +15,6 @@ from zoo.kernels._checks import (
     check_softcap,
 )
 from zoo.kernels.attention_reference import attention_reference
-from zoo.kernels._blocking import block_size_for, tile_plan
 from zoo.kernels.blockwise_attention import (
     attention_implementation,
     blockwise_attention,

@@ -32,8 +32,7 @@ def check_sliding_window(sliding_window, *, causal):
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window!r}")
     if sliding_window < 1:
         raise ValueError(
-            f"sliding_window must be >= 1 (the number of keys each query sees, itself included), "
-            f"got {sliding_window}"
+            f"sliding_window must be >= 1 (the number of keys each query sees, itself included), got {sliding_window}"
         )
     if not causal:
         raise ValueError(
@@ -52,7 +51,9 @@ def sequence_multiple(axis_size, balance=None):
 def check_shard_lengths(q_len, kv_len, *, axis_size, axis_name, balance=None):
     """Inside ``shard_map``: the global query and key lengths (local x N) split evenly."""
     for what, length in (("sequence length", q_len), ("key sequence length", kv_len)):
-        check_sequence_divisible(length * axis_size, axis_size=axis_size, axis_name=axis_name, balance=balance, what=what)
+        check_sequence_divisible(
+            length * axis_size, axis_size=axis_size, axis_name=axis_name, balance=balance, what=what
+        )
 
 
 def check_sequence_divisible(seq_len, *, axis_size, axis_name="seq", balance=None, what="sequence length"):
@@ -61,9 +62,7 @@ def check_sequence_divisible(seq_len, *, axis_size, axis_name="seq", balance=Non
     if seq_len % multiple == 0:
         return
     if multiple == axis_size:
-        raise ValueError(
-            f"{what} {seq_len} is not divisible by the {axis_name!r} mesh axis of size {axis_size}"
-        )
+        raise ValueError(f"{what} {seq_len} is not divisible by the {axis_name!r} mesh axis of size {axis_size}")
     raise ValueError(
         f"{what} {seq_len} is not divisible by 2 x the {axis_name!r} mesh axis of size "
         f"{axis_size} = {multiple}: zig-zag load balancing cuts the sequence into "
@@ -96,9 +95,7 @@ def check_shapes(q_shape, k_shape, v_shape, key_mask_shape=None):
     if tuple(k_shape) != tuple(v_shape):
         raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and {tuple(v_shape)}")
     if q_shape[0] != k_shape[0] or q_shape[3] != k_shape[3]:
-        raise ValueError(
-            f"q {tuple(q_shape)} and k {tuple(k_shape)} must agree on batch (dim 0) and head dim (dim 3)"
-        )
+        raise ValueError(f"q {tuple(q_shape)} and k {tuple(k_shape)} must agree on batch (dim 0) and head dim (dim 3)")
     check_kv_heads(q_shape[2], k_shape[2])
     if key_mask_shape is not None and tuple(key_mask_shape) != (k_shape[0], k_shape[1]):
         raise ValueError(
@@ -136,5 +133,7 @@ def check_softcap(softcap):
     if softcap is None:
         return None
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0 or softcap == float("inf"):
-        raise ValueError(f"softcap must be None or a finite number > 0 (scores -> softcap * tanh(scores / softcap)), got {softcap!r}")
+        raise ValueError(
+            f"softcap must be None or a finite number > 0 (scores -> softcap * tanh(scores / softcap)), got {softcap!r}"
+        )
     return float(softcap)

@@ -19,7 +19,7 @@ class SoftmaxState(NamedTuple):
     """Running statistics for a block of queries."""
 
     m: object  # f32[B, K, G, T] running max of the scores
-    l: object  # f32[B, K, G, T] running sum of exp(score - m)
+    l: object  # f32[B, K, G, T] running sum of exp(score - m)  # noqa: E741 (the flash-attention name)
     acc: object  # f32[B, K, G, T, D] running sum of exp(score - m) * v
 
 

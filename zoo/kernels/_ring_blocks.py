@@ -31,9 +31,9 @@ from zoo.kernels._online_softmax import (
     SoftmaxState,
     block_scores,
     finish,
-    softcap_grad,
     group_heads,
     init_state,
+    softcap_grad,
     ungroup_heads,
     update,
 )
@@ -207,8 +207,14 @@ def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cf
                 q_blk = _tile(q, i, bq, 1)
                 scores = _masked_scores(cfg, q_blk, k_blk, qp, kp, km)
                 dq_t, dk_t, dv_t = _tile_grads(
-                    cfg, q_blk, _tile(d_out, i, bq, 1), _tile(lse, i, bq, 3), _tile(delta, i, bq, 3),
-                    k_blk, v_blk, scores,
+                    cfg,
+                    q_blk,
+                    _tile(d_out, i, bq, 1),
+                    _tile(lse, i, bq, 3),
+                    _tile(delta, i, bq, 3),
+                    k_blk,
+                    v_blk,
+                    scores,
                 )
                 dq = _put(dq, _tile(dq, i, bq, 1) + dq_t, i, bq, 1)
                 return dq, dk_blk + dk_t, dv_blk + dv_t

@@ -11,8 +11,17 @@ __all__ = ["attention_reference"]
 
 
 def attention_reference(
-    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None,
-    sliding_window=None, softcap=None,
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    key_mask=None,
+    scale=None,
+    q_positions=None,
+    k_positions=None,
+    sliding_window=None,
+    softcap=None,
 ):
     """Softmax attention over the whole sequence on one device.
 
@@ -49,7 +58,10 @@ def attention_reference(
 
     # f32[B, K, G, T, S], masked entries -inf
     mask = attention_mask(
-        q_positions=q_positions, k_positions=k_positions, key_mask=key_mask, causal=causal,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        key_mask=key_mask,
+        causal=causal,
         sliding_window=sliding_window,
     )
     scores = apply_mask(block_scores(group_heads(q, num_kv_heads), k, scale=scale, softcap=softcap), mask)

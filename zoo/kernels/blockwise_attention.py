@@ -51,8 +51,18 @@ CUDNN_PLATFORMS = ("gpu", "cuda")
 
 
 def blockwise_attention(
-    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512,
-    sliding_window=None, softcap=None,
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    key_mask=None,
+    scale=None,
+    q_positions=None,
+    k_positions=None,
+    block_size=512,
+    sliding_window=None,
+    softcap=None,
 ):
     """Softmax attention of q over k, v in tiles; same arguments and result as ``attention_reference``.
 
@@ -170,7 +180,15 @@ _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
 def attention_implementation(
-    *, platform, dtype, head_dim, causal=False, masked=False, natural_order=True, q_len=None, kv_len=None,
+    *,
+    platform,
+    dtype,
+    head_dim,
+    causal=False,
+    masked=False,
+    natural_order=True,
+    q_len=None,
+    kv_len=None,
     softcapped=False,
 ):
     """``"cudnn"`` or ``"blockwise"``: which kernel ``local_attention`` runs (a pure function).
@@ -208,8 +226,18 @@ def describe_local_attention(*, q_len, kv_len, block_size=512, cudnn=True, **cho
 
 
 def local_attention(
-    q, k, v, *, causal=False, key_mask=None, scale=None, q_positions=None, k_positions=None, block_size=512,
-    sliding_window=None, softcap=None,
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    key_mask=None,
+    scale=None,
+    q_positions=None,
+    k_positions=None,
+    block_size=512,
+    sliding_window=None,
+    softcap=None,
 ):
     """Attention on one device's arrays: cuDNN where ``attention_implementation`` allows, else tiled.
 
@@ -218,9 +246,15 @@ def local_attention(
     reaches cuDNN as ``local_window_size=(W - 1, 0)`` (keys p - W + 1 .. p, causal).
     """
     choice = attention_implementation(
-        platform=jax.default_backend(), dtype=q.dtype, head_dim=q.shape[-1], causal=causal,
-        masked=key_mask is not None, natural_order=q_positions is None and k_positions is None,
-        q_len=q.shape[1], kv_len=k.shape[1], softcapped=softcap is not None,
+        platform=jax.default_backend(),
+        dtype=q.dtype,
+        head_dim=q.shape[-1],
+        causal=causal,
+        masked=key_mask is not None,
+        natural_order=q_positions is None and k_positions is None,
+        q_len=q.shape[1],
+        kv_len=k.shape[1],
+        softcapped=softcap is not None,
     )
     if choice == "cudnn":
         _checks.check_shapes(q.shape, k.shape, v.shape)
@@ -230,6 +264,15 @@ def local_attention(
             q, k, v, scale=scale, is_causal=causal, local_window_size=local_window, implementation="cudnn"
         )
     return blockwise_attention(
-        q, k, v, causal=causal, key_mask=key_mask, scale=scale, q_positions=q_positions,
-        k_positions=k_positions, block_size=block_size, sliding_window=sliding_window, softcap=softcap,
+        q,
+        k,
+        v,
+        causal=causal,
+        key_mask=key_mask,
+        scale=scale,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        block_size=block_size,
+        sliding_window=sliding_window,
+        softcap=softcap,
     )

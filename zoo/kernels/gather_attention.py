@@ -15,8 +15,18 @@ __all__ = ["gather_kv_attention"]
 
 
 def gather_kv_attention(
-    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512,
-    sliding_window=None, softcap=None,
+    q,
+    k,
+    v,
+    *,
+    axis_name,
+    causal=False,
+    key_mask=None,
+    scale=None,
+    balance=None,
+    block_size=512,
+    sliding_window=None,
+    softcap=None,
 ):
     """Sequence-parallel attention by all-gathering K/V; call inside ``jax.shard_map``.
 
@@ -62,9 +72,17 @@ def gather_kv_attention(
         if balance is not None:
             k_positions = jnp.asarray(permutation(kv_len * n, num_shards=n, balance=balance))
     return local_attention(
-        q, k_all, v_all, causal=causal, key_mask=mask_all, scale=scale,
-        q_positions=q_positions, k_positions=k_positions, block_size=block_size,
-        sliding_window=window, softcap=softcap,
+        q,
+        k_all,
+        v_all,
+        causal=causal,
+        key_mask=mask_all,
+        scale=scale,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        block_size=block_size,
+        sliding_window=window,
+        softcap=softcap,
     )
 
 

@@ -50,10 +50,7 @@ def permutation(seq_len, *, num_shards, balance=None):
     _checks.check_sequence_divisible(seq_len, axis_size=num_shards, balance=balance)
     local_len = seq_len // num_shards
     return np.concatenate(
-        [
-            shard_positions(local_len, shard_index=i, num_shards=num_shards, balance=balance)
-            for i in range(num_shards)
-        ]
+        [shard_positions(local_len, shard_index=i, num_shards=num_shards, balance=balance) for i in range(num_shards)]
     )
 
 
@@ -136,7 +133,9 @@ def needed_steps(q_len, kv_len, *, num_shards, block_q, block_k, balance=None, w
 
 def _all_shard_positions(local_len, num_shards, balance):
     """i32[N, local_len]: row i holds the positions of shard i."""
-    shards = (shard_positions(local_len, shard_index=i, num_shards=num_shards, balance=balance) for i in range(num_shards))
+    shards = (
+        shard_positions(local_len, shard_index=i, num_shards=num_shards, balance=balance) for i in range(num_shards)
+    )
     return np.stack(list(shards))
 
 

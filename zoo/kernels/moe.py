@@ -137,7 +137,9 @@ def dense_moe(x, weights, expert_ids, *, expert_gate, expert_up, expert_down):
     i32[N, k], expert weights [E, ...] -> [N, C]. E times the work of ``sparse_moe``."""
     num_experts = expert_gate.shape[0]
     combine = jnp.sum(jax.nn.one_hot(expert_ids, num_experts) * weights[..., None], axis=1)  # [N, E]
-    hidden = jax.nn.silu(jnp.einsum("nc,ecf->enf", x, expert_gate)) * jnp.einsum("nc,ecf->enf", x, expert_up)  # [E, N, F]
+    hidden = jax.nn.silu(jnp.einsum("nc,ecf->enf", x, expert_gate)) * jnp.einsum(
+        "nc,ecf->enf", x, expert_up
+    )  # [E, N, F]
     outputs = jnp.einsum("enf,efc->enc", hidden, expert_down)  # [E, N, C]
     return jnp.einsum("ne,enc->nc", combine.astype(x.dtype), outputs)
 
@@ -240,9 +242,13 @@ def sparse_moe(x, weights, expert_ids, *, expert_gate, expert_up, expert_down, i
     order, token, expert = _sorted_assignments(expert_ids)
     group_sizes = jnp.bincount(expert, length=num_experts).astype(jnp.int32)  # i32[E]
     outputs = expert_mlp(
-        x[token], group_sizes, expert_gate=expert_gate, expert_up=expert_up, expert_down=expert_down,
+        x[token],
+        group_sizes,
+        expert_gate=expert_gate,
+        expert_up=expert_up,
+        expert_down=expert_down,
         implementation=implementation,
-    )  # [A, C] fmt: skip
+    )  # [A, C]
     weighted = outputs * weights.reshape(-1)[order][:, None].astype(outputs.dtype)  # [A, C]
     return jnp.zeros_like(x).at[token].add(weighted)  # [N, C]
 
@@ -278,13 +284,25 @@ def minimum_exchange_bytes(num_tokens, *, num_experts_per_token, width, itemsize
 def check_experts(num_experts, *, axis_size, axis_name="expert"):
     """Raises unless the E experts split evenly over the expert axis."""
     if num_experts % axis_size:
-        raise ValueError(f"num_experts {num_experts} is not divisible by the {axis_name!r} mesh axis of size {axis_size}")
+        raise ValueError(
+            f"num_experts {num_experts} is not divisible by the {axis_name!r} mesh axis of size {axis_size}"
+        )
 
 
 def expert_parallel_moe(
-    x, weights, expert_ids, *, expert_gate, expert_up, expert_down, axis_name, axis_size, num_experts,
-    capacity_factor=None, implementation=None,
-):  # fmt: skip
+    x,
+    weights,
+    expert_ids,
+    *,
+    expert_gate,
+    expert_up,
+    expert_down,
+    axis_name,
+    axis_size,
+    num_experts,
+    capacity_factor=None,
+    implementation=None,
+):
     """One shard of the expert-parallel MoE: dispatch, local experts, combine.
 
     x [N, C] this shard's tokens; weights f32[N, k] and expert_ids i32[N, k] their routing
@@ -296,8 +314,13 @@ def expert_parallel_moe(
     check_experts(num_experts, axis_size=axis_size, axis_name=axis_name)
     num_tokens, k = expert_ids.shape
     local = num_experts // axis_size  # E_l
-    rows = capacity(num_tokens, num_experts_per_token=k, axis_size=axis_size, experts_per_device=local,
-                    capacity_factor=capacity_factor)  # fmt: skip  # Q
+    rows = capacity(
+        num_tokens,
+        num_experts_per_token=k,
+        axis_size=axis_size,
+        experts_per_device=local,
+        capacity_factor=capacity_factor,
+    )  # Q
     order, token, expert = _sorted_assignments(expert_ids)  # i32[A] each, sorted by expert
     destination = expert // local  # i32[A], non-decreasing
     per_device = jnp.bincount(destination, length=axis_size)  # i32[N_e]
@@ -309,12 +332,18 @@ def expert_parallel_moe(
     kept_expert = jnp.where(kept, expert, num_experts)  # dropped ones counted nowhere
     counts = jnp.bincount(kept_expert, length=num_experts + 1)[:num_experts].reshape(axis_size, local)  # i32[N_e, E_l]
 
-    received = jax.lax.all_to_all(send.reshape(axis_size, rows, -1), axis_name, 0, 0, tiled=True)  # [N_e, Q, C] by source
+    received = jax.lax.all_to_all(
+        send.reshape(axis_size, rows, -1), axis_name, 0, 0, tiled=True
+    )  # [N_e, Q, C] by source
     received_counts = jax.lax.all_to_all(counts, axis_name, 0, 0, tiled=True)  # i32[N_e, E_l]: source s sent e's rows
     outputs = _local_experts(
-        received, received_counts, expert_gate=expert_gate, expert_up=expert_up, expert_down=expert_down,
+        received,
+        received_counts,
+        expert_gate=expert_gate,
+        expert_up=expert_up,
+        expert_down=expert_down,
         implementation=implementation,
-    )  # [N_e, Q, C] fmt: skip
+    )  # [N_e, Q, C]
     returned = jax.lax.all_to_all(outputs, axis_name, 0, 0, tiled=True).reshape(axis_size * rows, -1)  # [N_e * Q, C]
 
     mine = returned.at[slot].get(mode="fill", fill_value=0)  # [A, C]; dropped rows: 0
@@ -327,7 +356,6 @@ def _local_experts(received, received_counts, *, expert_gate, expert_up, expert_
     """received [N_e, Q, C] (from each source, its rows sorted by local expert, then
     padding), received_counts i32[N_e, E_l] -> the expert outputs in the same places."""
     sources, rows, width = received.shape
-    local = received_counts.shape[1]
     # each received row's local expert: row r of source s belongs to the expert whose
     # cumulative count first exceeds r; padding rows get E_l
     row = jnp.arange(rows, dtype=jnp.int32)
@@ -336,9 +364,13 @@ def _local_experts(received, received_counts, *, expert_gate, expert_up, expert_
     order = jnp.argsort(flat_expert, stable=True)  # padding (E_l) last
     group_sizes = jnp.sum(received_counts, axis=0).astype(jnp.int32)  # i32[E_l]
     grouped = expert_mlp(
-        received.reshape(sources * rows, width)[order], group_sizes, expert_gate=expert_gate,
-        expert_up=expert_up, expert_down=expert_down, implementation=implementation,
-    )  # [N_e * Q, C], padding rows 0 fmt: skip
+        received.reshape(sources * rows, width)[order],
+        group_sizes,
+        expert_gate=expert_gate,
+        expert_up=expert_up,
+        expert_down=expert_down,
+        implementation=implementation,
+    )  # [N_e * Q, C], padding rows 0
     outputs = jnp.zeros_like(grouped).at[order].set(grouped)  # back to arrival order
     return outputs.reshape(sources, rows, -1)
 
@@ -347,9 +379,19 @@ def _local_experts(received, received_counts, *, expert_gate, expert_up, expert_
 
 
 def ragged_expert_parallel_moe(
-    x, weights, expert_ids, *, expert_gate, expert_up, expert_down, axis_name, axis_size, num_experts,
-    implementation=None, ragged_all_to_all=None,
-):  # fmt: skip
+    x,
+    weights,
+    expert_ids,
+    *,
+    expert_gate,
+    expert_up,
+    expert_down,
+    axis_name,
+    axis_size,
+    num_experts,
+    implementation=None,
+    ragged_all_to_all=None,
+):
     """``expert_parallel_moe`` with exactly the routed rows sent (dropless, no capacity).
 
     The A sorted assignments go to their devices in one ``ragged_all_to_all``; each
@@ -376,29 +418,45 @@ def ragged_expert_parallel_moe(
 
     rows = axis_size * num_tokens * min(k, local)  # the worst case any device receives
     received = exchange(
-        x[token], jnp.zeros((rows, x.shape[-1]), x.dtype), send_offsets, per_device, land_offsets, receive_sizes,
+        x[token],
+        jnp.zeros((rows, x.shape[-1]), x.dtype),
+        send_offsets,
+        per_device,
+        land_offsets,
+        receive_sizes,
         axis_name=axis_name,
-    )  # [rows, C]: source 0's rows, then source 1's, ...; the rest zeros fmt: skip
+    )  # [rows, C]: source 0's rows, then source 1's, ...; the rest zeros
     # each received row's local expert (E_l for the unused rows), from its source's counts
     row = jnp.arange(rows, dtype=jnp.int32)
     source = jnp.searchsorted(receive_offsets + receive_sizes, row, side="right").astype(jnp.int32)  # N_e past the end
     within = row - receive_offsets[jnp.minimum(source, axis_size - 1)]
     ends = jnp.cumsum(received_counts, axis=1)  # [N_e, E_l]
-    local_expert = jax.vmap(lambda r, s: jnp.searchsorted(ends[s], r, side="right"))(within, jnp.minimum(source, axis_size - 1))
+    local_expert = jax.vmap(lambda r, s: jnp.searchsorted(ends[s], r, side="right"))(
+        within, jnp.minimum(source, axis_size - 1)
+    )
     local_expert = jnp.where(source < axis_size, local_expert, local).astype(jnp.int32)
     by_expert = jnp.argsort(local_expert, stable=True)
     group_sizes = jnp.sum(received_counts, axis=0).astype(jnp.int32)  # i32[E_l]
     grouped = expert_mlp(
-        received[by_expert], group_sizes, expert_gate=expert_gate, expert_up=expert_up, expert_down=expert_down,
+        received[by_expert],
+        group_sizes,
+        expert_gate=expert_gate,
+        expert_up=expert_up,
+        expert_down=expert_down,
         implementation=implementation,
-    )  # fmt: skip
+    )
     outputs = jnp.zeros_like(grouped).at[by_expert].set(grouped)  # [rows, C] in arrival order
     # back: source s's rows (at receive_offsets[s]) to its sorted places (its send offset for me)
     return_offsets = (jnp.cumsum(sent, axis=1) - sent)[:, me]  # i32[N_e]
     returned = exchange(
-        outputs, jnp.zeros((expert.shape[0], x.shape[-1]), x.dtype), receive_offsets, receive_sizes, return_offsets,
-        per_device, axis_name=axis_name,
-    )  # [A, C] in this shard's sorted order fmt: skip
+        outputs,
+        jnp.zeros((expert.shape[0], x.shape[-1]), x.dtype),
+        receive_offsets,
+        receive_sizes,
+        return_offsets,
+        per_device,
+        axis_name=axis_name,
+    )  # [A, C] in this shard's sorted order
     weighted = returned * weights.reshape(-1)[order][:, None].astype(returned.dtype)
     return jnp.zeros_like(x).at[token].add(weighted), jnp.int32(0)
 
@@ -410,7 +468,9 @@ def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, outpu
     del recv_sizes
     me = jax.lax.axis_index(axis_name)
     operands = jax.lax.all_gather(operand, axis_name)  # [N_e, R_in, C]
-    starts, sizes, targets = (jax.lax.all_gather(a, axis_name)[:, me] for a in (input_offsets, send_sizes, output_offsets))
+    starts, sizes, targets = (
+        jax.lax.all_gather(a, axis_name)[:, me] for a in (input_offsets, send_sizes, output_offsets)
+    )
     row = jnp.arange(operand.shape[0])
     inside = (row[None, :] >= starts[:, None]) & (row[None, :] < (starts + sizes)[:, None])  # [N_e, R_in]
     destination = jnp.where(inside, targets[:, None] + row[None, :] - starts[:, None], output.shape[0])
@@ -418,8 +478,18 @@ def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, outpu
 
 
 def replicated_expert_parallel_moe(
-    x, weights, expert_ids, *, expert_gate, expert_up, expert_down, axis_name, axis_size, num_experts, implementation=None
-):  # fmt: skip
+    x,
+    weights,
+    expert_ids,
+    *,
+    expert_gate,
+    expert_up,
+    expert_down,
+    axis_name,
+    axis_size,
+    num_experts,
+    implementation=None,
+):
     """Expert parallelism for tokens every device of the axis holds (a decoding batch
     that does not split over it): each device runs only its own E_l experts'
     assignments, the others weighted 0, and the outputs are summed over the axis (one
@@ -433,7 +503,12 @@ def replicated_expert_parallel_moe(
     first = jax.lax.axis_index(axis_name) * local
     mine = (expert_ids >= first) & (expert_ids < first + local)  # bool[N, k]
     y = sparse_moe(
-        x, jnp.where(mine, weights, 0.0), jnp.clip(expert_ids - first, 0, local - 1), expert_gate=expert_gate,
-        expert_up=expert_up, expert_down=expert_down, implementation=implementation,
-    )  # fmt: skip
+        x,
+        jnp.where(mine, weights, 0.0),
+        jnp.clip(expert_ids - first, 0, local - 1),
+        expert_gate=expert_gate,
+        expert_up=expert_up,
+        expert_down=expert_down,
+        implementation=implementation,
+    )
     return jax.lax.psum(y, axis_name)

@@ -59,8 +59,18 @@ class _RingConfig(NamedTuple):
 
 
 def ring_attention(
-    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, block_size=512, balance=None,
-    sliding_window=None, softcap=None,
+    q,
+    k,
+    v,
+    *,
+    axis_name,
+    causal=False,
+    key_mask=None,
+    scale=None,
+    block_size=512,
+    balance=None,
+    sliding_window=None,
+    softcap=None,
 ):
     """Attention over a sequence split along ``axis_name``; call inside ``jax.shard_map``.
 
@@ -119,8 +129,13 @@ def _layout(q, k, cfg):
     )
     q_pos = shard_positions(q.shape[1], shard_index=me, num_shards=n, balance=cfg.balance)
     steps = needed_steps(
-        q.shape[1], k.shape[1], num_shards=n, block_q=tiles.block_q, block_k=tiles.block_k,
-        balance=cfg.balance, window=cfg.window,
+        q.shape[1],
+        k.shape[1],
+        num_shards=n,
+        block_q=tiles.block_q,
+        block_k=tiles.block_k,
+        balance=cfg.balance,
+        window=cfg.window,
     )
     return n, me, tiles, q_pos, _hop_segments(steps)
 

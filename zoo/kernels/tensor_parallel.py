@@ -286,7 +286,9 @@ def _up_projections(x, kernels, biases, axis_name, megatron_sp, collective, sequ
     return [dense_reference(x_all, k, bias=b) for k, b in zip(kernels, biases)]
 
 
-def mlp_reference(x, *, up_kernel, down_kernel, activation, gate_kernel=None, up_bias=None, gate_bias=None, down_bias=None):
+def mlp_reference(
+    x, *, up_kernel, down_kernel, activation, gate_kernel=None, up_bias=None, gate_bias=None, down_bias=None
+):
     """Single-device MLP with the maths of ``tensor_parallel_mlp``: x [..., D] -> [..., D]."""
     up = dense_reference(x, up_kernel, bias=up_bias)  # [..., F]
     h = activation(up) if gate_kernel is None else activation(dense_reference(x, gate_kernel, bias=gate_bias)) * up
@@ -301,6 +303,5 @@ def _check_kernel(x, kernel, *, axis_name, split):
         n = jax.lax.axis_size(axis_name)
         detail = f" (the kernel is split on its {split} features over the {axis_name!r} axis of size {n})"
         raise ValueError(
-            f"input features {x.shape[-1]} on this shard do not match the kernel shard "
-            f"{tuple(kernel.shape)}{detail}"
+            f"input features {x.shape[-1]} on this shard do not match the kernel shard {tuple(kernel.shape)}{detail}"
         )

@@ -11,8 +11,18 @@ __all__ = ["ulysses_attention"]
 
 
 def ulysses_attention(
-    q, k, v, *, axis_name, causal=False, key_mask=None, scale=None, balance=None, block_size=512,
-    sliding_window=None, softcap=None,
+    q,
+    k,
+    v,
+    *,
+    axis_name,
+    causal=False,
+    key_mask=None,
+    scale=None,
+    balance=None,
+    block_size=512,
+    sliding_window=None,
+    softcap=None,
 ):
     """Sequence-parallel attention by re-sharding heads; call inside ``jax.shard_map``.
 
@@ -66,9 +76,17 @@ def ulysses_attention(
     if balance is not None and n > 1:
         positions = jnp.asarray(permutation(q_h.shape[1], num_shards=n, balance=balance))
     out = local_attention(
-        q_h, k_h, v_h, causal=causal, key_mask=mask, scale=scale,
-        q_positions=positions, k_positions=positions, block_size=block_size,
-        sliding_window=window, softcap=softcap,
+        q_h,
+        k_h,
+        v_h,
+        causal=causal,
+        key_mask=mask,
+        scale=scale,
+        q_positions=positions,
+        k_positions=positions,
+        block_size=block_size,
+        sliding_window=window,
+        softcap=softcap,
     )
     # [B, T, H/N, D] -> [B, T/N, H, D]
     return out if n == 1 else jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)

@@ -8,11 +8,11 @@ from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.layers.multi_head_attention import MultiHeadAttention
 from zoo.layers.offset_rms_normalization import OffsetRMSNormalization
 from zoo.layers.parallel_mlp import ParallelMLP
+from zoo.layers.pipelined_blocks import PipelinedBlocks
 from zoo.layers.rotary_embedding import apply_rotary_embedding, rotary_angles
 from zoo.layers.row_parallel_dense import RowParallelDense
 from zoo.layers.token_pooling import TokenPooling
 from zoo.layers.transformer_block import TransformerBlock
-from zoo.layers.pipelined_blocks import PipelinedBlocks
 
 __all__ = [
     "ClassToken",

@@ -67,7 +67,9 @@ class ParallelPlan:
     mesh: jax.sharding.Mesh | None = None  # the same mesh, as JAX sees it
     batch_axis: str | tuple | None = None  # the batch (dim 0) is split over this (ExpertParallel: (data, expert))
     batch_size: int = 1
-    sequence_axis: str | None = None  # the sequence (dim 1) is split over this (attention; ContextParallel: every input)
+    sequence_axis: str | None = (
+        None  # the sequence (dim 1) is split over this (attention; ContextParallel: every input)
+    )
     sequence_size: int = 1  # N, also the number of shards a balanced order is cut for
     model_axis: str | None = None  # tensor parallelism splits features / heads over this
     model_size: int = 1
@@ -125,9 +127,15 @@ def resolve_plan(*, model_axis=MODEL, sequence_axis=None, batch_axis=None, conte
         sequence_axis, balance = distribution.sequence_dim_name, distribution.balance
         context_attention = context_attention or distribution.context_attention
     split = functools.partial(_split_axis, keras_mesh)
-    model, sequence, weight_shard = split(model_axis), split(sequence_axis), split(getattr(distribution, "weight_shard_axis", None))
+    model, sequence, weight_shard = (
+        split(model_axis),
+        split(sequence_axis),
+        split(getattr(distribution, "weight_shard_axis", None)),
+    )
     if model is not None:
-        _check_distinct(model, batch=split(batch_axis), sequence=sequence if context else None, weight_shard=weight_shard)
+        _check_distinct(
+            model, batch=split(batch_axis), sequence=sequence if context else None, weight_shard=weight_shard
+        )
     size = functools.partial(mesh_axis_size, keras_mesh)
     batch, batch_size = split(batch_axis), size(batch_axis) if split(batch_axis) else 1
     expert = split(distribution.expert_dim_name) if isinstance(distribution, ExpertParallel) else None

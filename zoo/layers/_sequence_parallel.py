@@ -53,7 +53,17 @@ _KERNELS = {
 
 
 def attention(
-    q, k, v, *, plan, key_mask=None, causal=False, rope=None, ring_block_size=512, sliding_window=None, scale=None,
+    q,
+    k,
+    v,
+    *,
+    plan,
+    key_mask=None,
+    causal=False,
+    rope=None,
+    ring_block_size=512,
+    sliding_window=None,
+    scale=None,
     softcap=None,
 ):
     """Self-attention of q [B, T, H, D] over k, v [B, T, K, D]; returns [B, T, H, D].
@@ -68,13 +78,32 @@ def attention(
     """
     if plan.context_attention is None:
         return plain_attention(
-            q, k, v, key_mask=key_mask, causal=causal, balance=plan.balance, rope=rope,
-            axis_size=plan.sequence_size, axis_name=plan.sequence_axis, block_size=ring_block_size,
-            sliding_window=sliding_window, scale=scale, softcap=softcap,
+            q,
+            k,
+            v,
+            key_mask=key_mask,
+            causal=causal,
+            balance=plan.balance,
+            rope=rope,
+            axis_size=plan.sequence_size,
+            axis_name=plan.sequence_axis,
+            block_size=ring_block_size,
+            sliding_window=sliding_window,
+            scale=scale,
+            softcap=softcap,
         )
     return _sharded(
-        q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size,
-        sliding_window=sliding_window, scale=scale, softcap=softcap,
+        q,
+        k,
+        v,
+        plan=plan,
+        key_mask=key_mask,
+        causal=causal,
+        rope=rope,
+        ring_block_size=ring_block_size,
+        sliding_window=sliding_window,
+        scale=scale,
+        softcap=softcap,
     )
 
 
@@ -120,16 +149,29 @@ def describe_attention(
     plan = resolve_plan(
         sequence_axis=sequence_axis, batch_axis=batch_axis, context_attention=context_attention, balance=balance
     )
-    return describe_local(plan, seq_len=seq_len, head_dim=head_dim, dtype=dtype, causal=causal, masked=masked,
-                          block_size=block_size, platform=platform)  # fmt: skip
+    return describe_local(
+        plan,
+        seq_len=seq_len,
+        head_dim=head_dim,
+        dtype=dtype,
+        causal=causal,
+        masked=masked,
+        block_size=block_size,
+        platform=platform,
+    )
 
 
 def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size, platform=None):
     """``describe_attention`` for a resolved plan."""
     n, balance, kernel = plan.sequence_size, plan.balance, plan.context_attention
     local = functools.partial(
-        kernels.describe_local_attention, platform=jax.default_backend() if platform is None else platform,
-        dtype=dtype, head_dim=head_dim, causal=causal, masked=masked, block_size=block_size,
+        kernels.describe_local_attention,
+        platform=jax.default_backend() if platform is None else platform,
+        dtype=dtype,
+        head_dim=head_dim,
+        causal=causal,
+        masked=masked,
+        block_size=block_size,
     )
     if kernel is None:  # plain; on a split axis GSPMD may split T: tiles (see plain_attention)
         return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, cudnn=n == 1)
@@ -150,8 +192,20 @@ def global_positions(seq_len, *, axis_size, axis_name, balance):
 
 
 def plain_attention(
-    q, k, v, *, key_mask, causal, balance, rope, axis_size, axis_name, block_size=512, sliding_window=None,
-    scale=None, softcap=None,
+    q,
+    k,
+    v,
+    *,
+    key_mask,
+    causal,
+    balance,
+    rope,
+    axis_size,
+    axis_name,
+    block_size=512,
+    sliding_window=None,
+    scale=None,
+    softcap=None,
 ):
     """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
 
@@ -165,25 +219,58 @@ def plain_attention(
     # On a split sequence axis GSPMD may shard T, which cuDNN's partitioner refuses: tiles.
     kernel = kernels.local_attention if axis_size == 1 else kernels.blockwise_attention
     return kernel(
-        q, k, v, causal=causal, key_mask=key_mask, q_positions=positions, k_positions=positions,
-        block_size=block_size, sliding_window=sliding_window, scale=scale, softcap=softcap,
+        q,
+        k,
+        v,
+        causal=causal,
+        key_mask=key_mask,
+        q_positions=positions,
+        k_positions=positions,
+        block_size=block_size,
+        sliding_window=sliding_window,
+        scale=scale,
+        softcap=softcap,
     )
 
 
 def sharded_attention(
-    q, k, v, *, mesh, key_mask, context_attention, causal, balance, rope, sequence_axis, batch_axis, ring_block_size,
+    q,
+    k,
+    v,
+    *,
+    mesh,
+    key_mask,
+    context_attention,
+    causal,
+    balance,
+    rope,
+    sequence_axis,
+    batch_axis,
+    ring_block_size,
     sliding_window=None,
 ):
     """Runs the ``context_attention`` kernel under ``jax.shard_map`` on ``mesh`` (a Keras
     DeviceMesh) with no distribution needed (benchmarks); layers go through ``attention``."""
     axis_size = lambda axis: mesh_axis_size(mesh, axis) if axis in mesh.axis_names else 1  # noqa: E731
     plan = ParallelPlan(
-        keras_mesh=mesh, mesh=mesh.backend_mesh, sequence_axis=sequence_axis, sequence_size=axis_size(sequence_axis),
-        batch_axis=batch_axis if axis_size(batch_axis) > 1 else None, batch_size=axis_size(batch_axis),
-        context_attention=context_attention, balance=balance,
+        keras_mesh=mesh,
+        mesh=mesh.backend_mesh,
+        sequence_axis=sequence_axis,
+        sequence_size=axis_size(sequence_axis),
+        batch_axis=batch_axis if axis_size(batch_axis) > 1 else None,
+        batch_size=axis_size(batch_axis),
+        context_attention=context_attention,
+        balance=balance,
     )
     return _sharded(
-        q, k, v, plan=plan, key_mask=key_mask, causal=causal, rope=rope, ring_block_size=ring_block_size,
+        q,
+        k,
+        v,
+        plan=plan,
+        key_mask=key_mask,
+        causal=causal,
+        rope=rope,
+        ring_block_size=ring_block_size,
         sliding_window=sliding_window,
     )
 
@@ -192,8 +279,13 @@ def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_
     """Runs the plan's kernel under ``jax.shard_map`` on its mesh (one cached program per setting)."""
     batch, seq_len, num_heads, _ = q.shape
     kernels.check_sequence_parallel(
-        plan.context_attention, seq_len=seq_len, num_heads=num_heads, num_kv_heads=k.shape[2],
-        axis_size=plan.sequence_size, axis_name=plan.sequence_axis, balance=plan.balance,
+        plan.context_attention,
+        seq_len=seq_len,
+        num_heads=num_heads,
+        num_kv_heads=k.shape[2],
+        axis_size=plan.sequence_size,
+        axis_name=plan.sequence_axis,
+        balance=plan.balance,
     )
     if plan.batch_axis is not None and batch % plan.batch_size:
         raise ValueError(
@@ -203,15 +295,38 @@ def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_
     spec = P(plan.batch_axis, plan.sequence_axis, None, None)  # q, k, v, out: [B, T, heads, D]
     mask_spec = None if key_mask is None else P(plan.batch_axis, plan.sequence_axis)  # bool[B, T]
     return run_sharded(
-        plan, _shard_body, (q, k, v, key_mask), (spec, spec, spec, mask_spec), spec,
-        context_attention=plan.context_attention, axis_name=plan.sequence_axis, causal=causal, balance=plan.balance,
-        rope=rope, ring_block_size=ring_block_size, sliding_window=sliding_window, scale=scale, softcap=softcap,
+        plan,
+        _shard_body,
+        (q, k, v, key_mask),
+        (spec, spec, spec, mask_spec),
+        spec,
+        context_attention=plan.context_attention,
+        axis_name=plan.sequence_axis,
+        causal=causal,
+        balance=plan.balance,
+        rope=rope,
+        ring_block_size=ring_block_size,
+        sliding_window=sliding_window,
+        scale=scale,
+        softcap=softcap,
     )
 
 
 def _shard_body(
-    q, k, v, key_mask, *, context_attention, axis_name, causal, balance, rope, ring_block_size, sliding_window=None,
-    scale=None, softcap=None,
+    q,
+    k,
+    v,
+    key_mask,
+    *,
+    context_attention,
+    axis_name,
+    causal,
+    balance,
+    rope,
+    ring_block_size,
+    sliding_window=None,
+    scale=None,
+    softcap=None,
 ):
     """One device's share. Nb = batch-axis size (1 if none), N = sequence-axis size.
 
@@ -221,11 +336,22 @@ def _shard_body(
     if rope is not None:
         # i32[T/N]: global positions of this shard's tokens (balanced order aware)
         positions = kernels.shard_positions(
-            q.shape[1], shard_index=jax.lax.axis_index(axis_name),
-            num_shards=jax.lax.axis_size(axis_name), balance=balance,
+            q.shape[1],
+            shard_index=jax.lax.axis_index(axis_name),
+            num_shards=jax.lax.axis_size(axis_name),
+            balance=balance,
         )
         q, k = (rope.apply(x, positions) for x in (q, k))
     return _KERNELS[context_attention](
-        q, k, v, axis_name=axis_name, causal=causal, key_mask=key_mask, balance=balance,
-        block_size=ring_block_size, sliding_window=sliding_window, scale=scale, softcap=softcap,
+        q,
+        k,
+        v,
+        axis_name=axis_name,
+        causal=causal,
+        key_mask=key_mask,
+        balance=balance,
+        block_size=ring_block_size,
+        sliding_window=sliding_window,
+        scale=scale,
+        softcap=softcap,
     )

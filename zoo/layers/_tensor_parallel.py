@@ -91,7 +91,7 @@ def check_input(layer, plan, shape, *, sequence):
     if not splits or shape[1] is None:
         return
     if len(splits) == 1:
-        (axis, size), = splits
+        ((axis, size),) = splits
         check_divisible(shape[1], axis_size=size, axis_name=axis, what=f"{where}: sequence length")
     elif shape[1] % (splits[0][1] * splits[1][1]):
         (seq_axis, seq_size), (model_axis, model_size) = splits
@@ -154,12 +154,33 @@ class WeightsPlacedAtCreation:
     with the layout ``self.creation_axes(name, shape, plan)`` names under the current
     plan, as the variable's own layout (None, or no plan: Keras places it as usual)."""
 
-    def add_weight(self, *args, shape=None, initializer=None, dtype=None, trainable=True, autocast=True,
-                   regularizer=None, constraint=None, aggregation="none", overwrite_with_gradient=False, name=None):  # fmt: skip
+    def add_weight(
+        self,
+        *args,
+        shape=None,
+        initializer=None,
+        dtype=None,
+        trainable=True,
+        autocast=True,
+        regularizer=None,
+        constraint=None,
+        aggregation="none",
+        overwrite_with_gradient=False,
+        name=None,
+    ):
         """``Layer.add_weight``, creating the kernel, bias and LoRA factors with their layout."""
-        options = dict(shape=shape, initializer=initializer, dtype=dtype, trainable=trainable, autocast=autocast,
-                       regularizer=regularizer, constraint=constraint, aggregation=aggregation,
-                       overwrite_with_gradient=overwrite_with_gradient, name=name)  # fmt: skip
+        options = dict(
+            shape=shape,
+            initializer=initializer,
+            dtype=dtype,
+            trainable=trainable,
+            autocast=autocast,
+            regularizer=regularizer,
+            constraint=constraint,
+            aggregation=aggregation,
+            overwrite_with_gradient=overwrite_with_gradient,
+            name=name,
+        )
         plan = tensor_parallel_plan(self.model_axis)
         axes = None if plan is None or args or shape is None else self.creation_axes(name, shape, plan)
         if axes is None:
@@ -205,10 +226,14 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
         where = f"{type(self).__name__} {self.name!r}"
         sizes = {"units": self.units, "input features": input_dim}
         model_dim, shard_dim = ("units", "input features") if self.SPLIT == "units" else ("input features", "units")
-        check_divisible(sizes[model_dim], axis_size=plan.model_size, axis_name=plan.model_axis, what=f"{where}: {model_dim}")
+        check_divisible(
+            sizes[model_dim], axis_size=plan.model_size, axis_name=plan.model_axis, what=f"{where}: {model_dim}"
+        )
         if plan.weight_shard_axis is not None:
             check_divisible(
-                sizes[shard_dim], axis_size=plan.weight_shard_size, axis_name=plan.weight_shard_axis,
+                sizes[shard_dim],
+                axis_size=plan.weight_shard_size,
+                axis_name=plan.weight_shard_axis,
                 what=f"{where} (kernel split FSDP-style over {plan.weight_shard_axis!r}): {shard_dim}",
             )
 
@@ -249,7 +274,9 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
 
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
-        names = ["kernel"] + (["bias"] if self.bias is not None else []) + (list(LORA_WEIGHTS) if self.lora_enabled else [])
+        names = (
+            ["kernel"] + (["bias"] if self.bias is not None else []) + (list(LORA_WEIGHTS) if self.lora_enabled else [])
+        )
         variables = {"kernel": kernel_variable(self), "bias": self.bias}
         variables.update({n: getattr(self, n) for n in LORA_WEIGHTS if self.lora_enabled})
         return {n: variables[n].value for n in names}, {n: P(*self.weight_axes(n, plan)) for n in names}

@@ -210,10 +210,19 @@ def _local_attention(x, key_mask, weights, norms, *, layer, plan):
     if norms:  # per head: each device normalises its own heads
         q, k = _normalize(layer, q, norms["query"]), _normalize(layer, k, norms["key"])
     out = _sequence_parallel.plain_attention(
-        q, k, v, key_mask=key_mask, causal=layer.causal, balance=None,
-        rope=layer.rope, axis_size=1, axis_name=None,
-        block_size=layer.ring_block_size, sliding_window=layer.sliding_window,
-        scale=layer.attention_scale, softcap=layer.softcap,
+        q,
+        k,
+        v,
+        key_mask=key_mask,
+        causal=layer.causal,
+        balance=None,
+        rope=layer.rope,
+        axis_size=1,
+        axis_name=None,
+        block_size=layer.ring_block_size,
+        sliding_window=layer.sliding_window,
+        scale=layer.attention_scale,
+        softcap=layer.softcap,
     )  # f32[B/Nd, T, H/M, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]
     partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share

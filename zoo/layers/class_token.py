@@ -19,8 +19,12 @@ class ClassToken(keras.layers.Layer):
 
     def build(self, input_shape):
         if len(input_shape) != 3 or input_shape[-1] is None:
-            raise ValueError(f"{self.name}: expects inputs (batch, length, channels) with channels known, got {tuple(input_shape)}")
-        self.token = self.add_weight(shape=(1, 1, input_shape[-1]), initializer=self.initializer, name="token")  # (1, 1, C)
+            raise ValueError(
+                f"{self.name}: expects inputs (batch, length, channels) with channels known, got {tuple(input_shape)}"
+            )
+        self.token = self.add_weight(
+            shape=(1, 1, input_shape[-1]), initializer=self.initializer, name="token"
+        )  # (1, 1, C)
 
     def call(self, x):
         batch, channels = keras.ops.shape(x)[0], x.shape[-1]

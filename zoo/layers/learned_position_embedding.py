@@ -23,7 +23,9 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
     def build(self, input_shape):
         if len(input_shape) != 3 or input_shape[-1] is None:
-            raise ValueError(f"{self.name}: expects inputs (batch, length, channels) with channels known, got {tuple(input_shape)}")
+            raise ValueError(
+                f"{self.name}: expects inputs (batch, length, channels) with channels known, got {tuple(input_shape)}"
+            )
         self.embeddings = self.add_weight(
             shape=(self.sequence_length, input_shape[-1]), initializer=self.initializer, name="embeddings"
         )  # (L, C)

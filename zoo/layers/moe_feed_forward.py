@@ -91,10 +91,14 @@ class MoEFeedForward(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         check_moe_config(
-            num_experts=num_experts, num_experts_per_token=num_experts_per_token, intermediate_dim=intermediate_dim,
-            shared_expert_dim=shared_expert_dim, capacity_factor=capacity_factor,
-            router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
-        )  # fmt: skip
+            num_experts=num_experts,
+            num_experts_per_token=num_experts_per_token,
+            intermediate_dim=intermediate_dim,
+            shared_expert_dim=shared_expert_dim,
+            capacity_factor=capacity_factor,
+            router_aux_loss_coefficient=router_aux_loss_coefficient,
+            router_z_loss_coefficient=router_z_loss_coefficient,
+        )
         if expert_exchange not in moe.EXCHANGES:
             raise ValueError(f"expert_exchange must be one of {moe.EXCHANGES}, got {expert_exchange!r}")
         if expert_exchange == "ragged" and capacity_factor is not None:
@@ -132,14 +136,24 @@ class MoEFeedForward(keras.layers.Layer):
         self.shared_expert = self.shared_expert_gate = None
         if self.shared_expert_dim:
             self.shared_expert = ParallelMLP(
-                self.shared_expert_dim, activation="silu", gated=True, use_bias=False, model_axis=self.model_axis,
-                kernel_initializer=self._initializer(), dtype=self.dtype_policy, name="shared_expert",
-            )  # fmt: skip
+                self.shared_expert_dim,
+                activation="silu",
+                gated=True,
+                use_bias=False,
+                model_axis=self.model_axis,
+                kernel_initializer=self._initializer(),
+                dtype=self.dtype_policy,
+                name="shared_expert",
+            )
             self.shared_expert.build(input_shape)
             self.shared_expert_gate = keras.layers.Dense(1, name="shared_expert_gate", **dense)
             self.shared_expert_gate.build(input_shape)
         self.router_statistics = self.add_weight(
-            name="router_statistics", shape=(len(ROUTER_STATISTICS),), initializer="zeros", trainable=False, dtype="float32"
+            name="router_statistics",
+            shape=(len(ROUTER_STATISTICS),),
+            initializer="zeros",
+            trainable=False,
+            dtype="float32",
         )
 
     # --- the computation -----------------------------------------------------------------
@@ -171,9 +185,14 @@ class MoEFeedForward(keras.layers.Layer):
             batch = None if replicated else plan.batch_axis
             token_spec = P(batch, plan.sequence_axis if len(x.shape) >= 3 else None)
             y, aux = run_sharded(
-                plan, self._local, (x, weights), (token_spec, self._weight_specs(plan)), (token_spec, P()), plan=plan,
+                plan,
+                self._local,
+                (x, weights),
+                (token_spec, self._weight_specs(plan)),
+                (token_spec, P()),
+                plan=plan,
                 replicated=replicated,
-            )  # fmt: skip
+            )
         if self.shared_expert is not None:
             gate = jax.nn.sigmoid(self.shared_expert_gate(x))  # (B, T, 1)
             y = y + gate * self.shared_expert(x)  # (B, T, C)
@@ -191,28 +210,54 @@ class MoEFeedForward(keras.layers.Layer):
         routing, expert_ids, probabilities = moe.route(
             logits, num_experts_per_token=self.num_experts_per_token, normalize=self.normalize_router_weights
         )  # f32[N, k], i32[N, k], f32[N, E]
-        experts = {name: self._gathered(weights[name], plan, axis=1 if name != "expert_down" else 2) for name in EXPERT_WEIGHTS}
+        experts = {
+            name: self._gathered(weights[name], plan, axis=1 if name != "expert_down" else 2) for name in EXPERT_WEIGHTS
+        }
         experts = {name: value.astype(x.dtype) for name, value in experts.items()}
         if not replicated:  # cast once to vary with the tokens: the backward all-reduces each expert gradient once,
-            experts = {name: vary_over(value, _token_axes(plan)) for name, value in experts.items()}  # not per row block
+            experts = {
+                name: vary_over(value, _token_axes(plan)) for name, value in experts.items()
+            }  # not per row block
         if plan.expert_axis is not None and replicated:
             y = moe.replicated_expert_parallel_moe(
-                tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
-                num_experts=self.num_experts, implementation=self.grouped_matmul,
-            )  # fmt: skip
+                tokens,
+                routing,
+                expert_ids,
+                **experts,
+                axis_name=plan.expert_axis,
+                axis_size=plan.expert_size,
+                num_experts=self.num_experts,
+                implementation=self.grouped_matmul,
+            )
             dropped = jnp.int32(0)
         elif plan.expert_axis is not None and self.expert_exchange == "ragged":
             y, dropped = moe.ragged_expert_parallel_moe(
-                tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
-                num_experts=self.num_experts, implementation=self.grouped_matmul,
-            )  # fmt: skip
+                tokens,
+                routing,
+                expert_ids,
+                **experts,
+                axis_name=plan.expert_axis,
+                axis_size=plan.expert_size,
+                num_experts=self.num_experts,
+                implementation=self.grouped_matmul,
+            )
         elif plan.expert_axis is not None:
             y, dropped = moe.expert_parallel_moe(
-                tokens, routing, expert_ids, **experts, axis_name=plan.expert_axis, axis_size=plan.expert_size,
-                num_experts=self.num_experts, capacity_factor=self.capacity_factor, implementation=self.grouped_matmul,
-            )  # fmt: skip
+                tokens,
+                routing,
+                expert_ids,
+                **experts,
+                axis_name=plan.expert_axis,
+                axis_size=plan.expert_size,
+                num_experts=self.num_experts,
+                capacity_factor=self.capacity_factor,
+                implementation=self.grouped_matmul,
+            )
         else:
-            y, dropped = moe.sparse_moe(tokens, routing, expert_ids, **experts, implementation=self.grouped_matmul), jnp.int32(0)
+            y, dropped = (
+                moe.sparse_moe(tokens, routing, expert_ids, **experts, implementation=self.grouped_matmul),
+                jnp.int32(0),
+            )
         if plan.model_axis is not None:  # the experts' F split over model: partial sums
             y = jax.lax.psum(y, plan.model_axis)
         aux = _statistics(logits, probabilities, expert_ids, dropped, num_experts=self.num_experts)
@@ -267,8 +312,14 @@ class MoEFeedForward(keras.layers.Layer):
         plan = resolve_plan(model_axis=self.model_axis)
         drops = "dropless" if self.capacity_factor is None else f"capacity factor {self.capacity_factor}"
         drops += ", ragged exchange" if self.expert_exchange == "ragged" else ""
-        split = (f", {self.intermediate_dim // plan.model_size} of {self.intermediate_dim} expert features per device "
-                 f"over {plan.model_axis!r} (an all-reduce of the output)") if plan.model_axis else ""  # fmt: skip
+        split = (
+            (
+                f", {self.intermediate_dim // plan.model_size} of {self.intermediate_dim} expert features per device "
+                f"over {plan.model_axis!r} (an all-reduce of the output)"
+            )
+            if plan.model_axis
+            else ""
+        )
         if plan.expert_axis is None:
             where = "every expert on every device" if plan.mesh is not None else "one device"
             return f"sparse MoE ({self.num_experts} experts, top {self.num_experts_per_token}), {where}{split}"
@@ -313,11 +364,22 @@ def _mean_over(aux, axes):
     }
 
 
-def check_moe_config(*, num_experts, num_experts_per_token, intermediate_dim, shared_expert_dim, capacity_factor,
-                     router_aux_loss_coefficient, router_z_loss_coefficient):  # fmt: skip
+def check_moe_config(
+    *,
+    num_experts,
+    num_experts_per_token,
+    intermediate_dim,
+    shared_expert_dim,
+    capacity_factor,
+    router_aux_loss_coefficient,
+    router_z_loss_coefficient,
+):
     """Raise ``ValueError`` naming the value for a bad MoE configuration."""
-    for key, value in (("num_experts", num_experts), ("num_experts_per_token", num_experts_per_token),
-                       ("intermediate_dim", intermediate_dim)):  # fmt: skip
+    for key, value in (
+        ("num_experts", num_experts),
+        ("num_experts_per_token", num_experts_per_token),
+        ("intermediate_dim", intermediate_dim),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{key} must be a positive integer, got {value!r}")
     if num_experts_per_token > num_experts:
@@ -326,7 +388,9 @@ def check_moe_config(*, num_experts, num_experts_per_token, intermediate_dim, sh
         raise ValueError(f"shared_expert_dim must be a non-negative integer (0: none), got {shared_expert_dim!r}")
     if capacity_factor is not None and not (isinstance(capacity_factor, (int, float)) and capacity_factor > 0):
         raise ValueError(f"capacity_factor must be a positive number or None (dropless), got {capacity_factor!r}")
-    for key, value in (("router_aux_loss_coefficient", router_aux_loss_coefficient),
-                       ("router_z_loss_coefficient", router_z_loss_coefficient)):  # fmt: skip
+    for key, value in (
+        ("router_aux_loss_coefficient", router_aux_loss_coefficient),
+        ("router_z_loss_coefficient", router_z_loss_coefficient),
+    ):
         if not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"{key} must be a non-negative number, got {value!r}")

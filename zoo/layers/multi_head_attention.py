@@ -205,7 +205,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "key", "heads_out", qkv_bias)
         self.value = self._projection("btc,ckd->btkd", (None, kv_heads, head_dim), "kd", "value", "heads_out", qkv_bias)
         # (B, T, H, D) -> (B, T, C); "output" is Layer.output's name, hence the attribute
-        self.output_dense = self._projection("bthd,hdc->btc", (None, channels), "c", "output", "heads_in", self.use_bias)
+        self.output_dense = self._projection(
+            "bthd,hdc->btc", (None, channels), "c", "output", "heads_in", self.use_bias
+        )
         for projection in (self.query, self.key, self.value):
             projection.build(input_shape)
         self.output_dense.build((input_shape[0], input_shape[1], heads, head_dim))
@@ -261,22 +263,35 @@ class MultiHeadAttention(keras.layers.Layer):
             key_mask = keras.ops.cast(key_mask, "bool")
         self._record_context_attention()
         plan = self.parallel_plan()
-        if _tensor_parallel_attention.takes_this_path(plan):  # Megatron: the whole layer in one shard_map over the model axis
+        if _tensor_parallel_attention.takes_this_path(
+            plan
+        ):  # Megatron: the whole layer in one shard_map over the model axis
             return _tensor_parallel_attention.attention(self, plan, x, key_mask)  # (B, T, C)
         q, k = self.normalize_qk(self.query(x), self.key(x))  # (B, T, H, D), (B, T, K, D)
         v = self.value(x)  # (B, T, K, D)
         out = _sequence_parallel.attention(
-            q, k, v, plan=plan, key_mask=key_mask, causal=self.causal,
-            rope=self.rope, ring_block_size=self.ring_block_size, sliding_window=self.sliding_window,
-            scale=self.attention_scale, softcap=self.softcap,
+            q,
+            k,
+            v,
+            plan=plan,
+            key_mask=key_mask,
+            causal=self.causal,
+            rope=self.rope,
+            ring_block_size=self.ring_block_size,
+            sliding_window=self.sliding_window,
+            scale=self.attention_scale,
+            softcap=self.softcap,
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
 
     def parallel_plan(self):
         """This layer's ``ParallelPlan`` under the current distribution (resolved now)."""
         return resolve_plan(
-            model_axis=self.model_axis, sequence_axis=self.sequence_axis, batch_axis=self.batch_axis,
-            context_attention=self.context_attention, balance=self.balance,
+            model_axis=self.model_axis,
+            sequence_axis=self.sequence_axis,
+            batch_axis=self.batch_axis,
+            context_attention=self.context_attention,
+            balance=self.balance,
         )
 
     def _record_context_attention(self):
@@ -337,13 +352,22 @@ class MultiHeadAttention(keras.layers.Layer):
             q, k = (self.rope.apply(t, token_positions) for t in (q, k))
         new = jnp.stack([k, v], axis=1).astype(cache.dtype)  # (B, 2, T, K, D)
         write = _write_ring if self.sliding_window is not None else _write_linear
-        keys, key_positions, cache = write(cache, new, cache_index, positions)  # (B, 2, S', K, D), i32[S'], (B, 2, S, K, D)
+        keys, key_positions, cache = write(
+            cache, new, cache_index, positions
+        )  # (B, 2, S', K, D), i32[S'], (B, 2, S, K, D)
         filled = (key_positions[None, :] >= start[:, None]) & (key_positions[None, :] >= 0)  # bool[B, S']
         filled = filled & (key_positions[None, :] < cache_index + length)
         out = attention_reference(
-            q, keys[:, 0].astype(q.dtype), keys[:, 1].astype(q.dtype), causal=self.causal,
-            key_mask=filled, q_positions=positions, k_positions=key_positions, sliding_window=self.sliding_window,
-            scale=self.attention_scale, softcap=self.softcap,
+            q,
+            keys[:, 0].astype(q.dtype),
+            keys[:, 1].astype(q.dtype),
+            causal=self.causal,
+            key_mask=filled,
+            q_positions=positions,
+            k_positions=key_positions,
+            sliding_window=self.sliding_window,
+            scale=self.attention_scale,
+            softcap=self.softcap,
         )  # window over cache positions: left padding shifts queries and keys alike  # (B, T, H, D)
         return self.output_dense(out), cache  # (B, T, C)
 
@@ -407,10 +431,13 @@ class MultiHeadAttention(keras.layers.Layer):
         return super().from_config(renamed_keys(config, ATTENTION_KEYS))
 
 
-
-
 def _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size):
-    sizes = {"num_heads": num_heads, "head_dim": head_dim, "num_kv_heads": num_kv_heads, "ring_block_size": ring_block_size}
+    sizes = {
+        "num_heads": num_heads,
+        "head_dim": head_dim,
+        "num_kv_heads": num_kv_heads,
+        "ring_block_size": ring_block_size,
+    }
     for name, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -442,4 +469,3 @@ def _write_ring(cache, new, cache_index, positions):
     tail_positions = positions[-kept:]  # i32[kept]
     cache = cache.at[:, :, tail_positions % slots].set(new[:, :, -kept:])  # (B, 2, S, K, D)
     return keys, jnp.concatenate([held, positions]), cache
-

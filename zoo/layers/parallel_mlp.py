@@ -115,8 +115,14 @@ class ParallelMLP(keras.layers.Layer):
             model_axis=self.model_axis,
             dtype=self.dtype_policy,
         )
-        self.gate = ColumnParallelDense(self.hidden_dim, activation=self.activation, name="gate", **options) if self.gated else None
-        self.up = ColumnParallelDense(self.hidden_dim, activation=None if self.gated else self.activation, name="up", **options)
+        self.gate = (
+            ColumnParallelDense(self.hidden_dim, activation=self.activation, name="gate", **options)
+            if self.gated
+            else None
+        )
+        self.up = ColumnParallelDense(
+            self.hidden_dim, activation=None if self.gated else self.activation, name="up", **options
+        )
         self.down = RowParallelDense(self.output_dim or input_shape[-1], name="down", **options)
         for layer in self.projections:
             layer.build(input_shape if layer is not self.down else (*input_shape[:-1], self.hidden_dim))
@@ -154,7 +160,12 @@ class ParallelMLP(keras.layers.Layer):
         hidden_spec = activation_spec(plan, rank, features=True)  # (B, T, ..., F/M)
         ups = len(self.projections) - 1
         hidden = run_sharded(
-            plan, self._local_up, (inputs, list(weights[:ups])), (spec, list(specs[:ups])), [hidden_spec] * ups, plan=plan
+            plan,
+            self._local_up,
+            (inputs, list(weights[:ups])),
+            (spec, list(specs[:ups])),
+            [hidden_spec] * ups,
+            plan=plan,
         )  # [gate,] up: (B, T, F) each, split over the model axis on F
         # Elementwise, outside the shard_maps: the sharding carries through with no
         # collective, and any activation differentiates (see ``mlp_activation``).
@@ -190,9 +201,14 @@ class ParallelMLP(keras.layers.Layer):
         lora = self.down.local_lora(weights)
         if lora is not None:
             return row_matmul_with_lora(
-                h, self.down.local_kernel(weights, plan), lora, axis_name=self.model_axis, bias=weights.get("bias"),
-                megatron_sp=self.megatron_sp, collective=self.collective_matmul,
-            )  # fmt: skip
+                h,
+                self.down.local_kernel(weights, plan),
+                lora,
+                axis_name=self.model_axis,
+                bias=weights.get("bias"),
+                megatron_sp=self.megatron_sp,
+                collective=self.collective_matmul,
+            )
         return mlp_down_projection(
             h,
             down_kernel=self.down.local_kernel(weights, plan),  # [F/M, D_out]

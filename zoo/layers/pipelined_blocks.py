@@ -60,7 +60,9 @@ class PipelinedBlocks(keras.layers.Layer):
     Call: ``blocks(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
     """
 
-    def __init__(self, num_blocks, block, schedule="gpipe", micro_batches=1, repeats=1, stage_axis=STAGE, seed=None, **kwargs):
+    def __init__(
+        self, num_blocks, block, schedule="gpipe", micro_batches=1, repeats=1, stage_axis=STAGE, seed=None, **kwargs
+    ):
         super().__init__(**kwargs)
         _check_arguments(num_blocks, block, schedule, micro_batches, repeats)
         self.num_blocks = num_blocks
@@ -94,9 +96,12 @@ class PipelinedBlocks(keras.layers.Layer):
             for scope in scopes:
                 stack.enter_context(keras.name_scope(scope))
             weight = keras.Variable(
-                initializer=initializer, shape=(self.repeats, per_repeat, *variable.shape), dtype=variable.dtype,
-                trainable=variable.trainable, name=name,
-            )  # fmt: skip
+                initializer=initializer,
+                shape=(self.repeats, per_repeat, *variable.shape),
+                dtype=variable.dtype,
+                trainable=variable.trainable,
+                name=name,
+            )
         return weight
 
     @property
@@ -113,7 +118,11 @@ class PipelinedBlocks(keras.layers.Layer):
         saved = {key: store[key][...] for key in store.keys()}
         for index, variable in enumerate(variables):
             value = saved.get(str(index))
-            if value is not None and tuple(value.shape) != tuple(variable.shape) and value.size == np.prod(variable.shape):
+            if (
+                value is not None
+                and tuple(value.shape) != tuple(variable.shape)
+                and value.size == np.prod(variable.shape)
+            ):
                 saved[str(index)] = value.reshape(variable.shape)
         super().load_own_variables(saved)
 
@@ -156,15 +165,23 @@ class PipelinedBlocks(keras.layers.Layer):
 
         def body(params, micro, extras):
             y, useful = pipeline(
-                stage_fn, params, micro, extras, axis_name=self.stage_axis, repeats=self.repeats,
+                stage_fn,
+                params,
+                micro,
+                extras,
+                axis_name=self.stage_axis,
+                repeats=self.repeats,
                 scatter_dimension=2 if split_sequence else None,
-            )  # fmt: skip
+            )
             return y, useful[None]
 
         run = jax.shard_map(
-            body, mesh=plan.mesh, in_specs=(stacked_spec, rows, extras_spec), out_specs=(outputs, P(self.stage_axis)),
+            body,
+            mesh=plan.mesh,
+            in_specs=(stacked_spec, rows, extras_spec),
+            out_specs=(outputs, P(self.stage_axis)),
             axis_names={self.stage_axis} | ({batch} if batch else set()),
-        )  # fmt: skip
+        )
         return run(params, micro, extras)[0]
 
     def _check_rows_split(self, batch, plan):
@@ -200,9 +217,14 @@ class PipelinedBlocks(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            num_blocks=self.num_blocks, block=dict(self.block), schedule=self.schedule, micro_batches=self.micro_batches,
-            repeats=self.repeats, stage_axis=self.stage_axis, seed=self.seed,
-        )  # fmt: skip
+            num_blocks=self.num_blocks,
+            block=dict(self.block),
+            schedule=self.schedule,
+            micro_batches=self.micro_batches,
+            repeats=self.repeats,
+            stage_axis=self.stage_axis,
+            seed=self.seed,
+        )
         return config
 
 
@@ -299,11 +321,15 @@ def _check_arguments(num_blocks, block, schedule, micro_batches, repeats):
         raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
     check_schedule(num_stages=1, micro_batches=micro_batches, repeats=repeats)
     if schedule == "gpipe" and repeats != 1:
-        raise ValueError(f"schedule 'gpipe' runs each stage's blocks once: repeats must be 1, got {repeats}; use schedule 'circular'")
+        raise ValueError(
+            f"schedule 'gpipe' runs each stage's blocks once: repeats must be 1, got {repeats}; use schedule 'circular'"
+        )
     if schedule == "circular" and repeats < 2:
         raise ValueError(f"schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got {repeats}")
     if num_blocks % repeats:
         raise ValueError(f"repeats={repeats} does not divide num_blocks={num_blocks}")
     for key in ("name", "seed"):
         if key in block:
-            raise ValueError(f"block arguments must not set {key!r} (PipelinedBlocks sets it), got {key}={block[key]!r}")
+            raise ValueError(
+                f"block arguments must not set {key!r} (PipelinedBlocks sets it), got {key}={block[key]!r}"
+            )

@@ -19,7 +19,6 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
-import numpy as np
 
 __all__ = [
     "LLAMA3_SCALING_KEYS",
@@ -64,7 +63,9 @@ def check_rope_scaling(rope_scaling):
     missing = [key for key in LLAMA3_SCALING_KEYS if key not in scaling]
     unknown = sorted(set(scaling) - set(LLAMA3_SCALING_KEYS))
     if missing or unknown:
-        raise ValueError(f"rope_scaling of rope_type 'llama3' needs exactly {list(LLAMA3_SCALING_KEYS)}; missing {missing}, unknown {unknown}")
+        raise ValueError(
+            f"rope_scaling of rope_type 'llama3' needs exactly {list(LLAMA3_SCALING_KEYS)}; missing {missing}, unknown {unknown}"
+        )
     for key in LLAMA3_SCALING_KEYS:
         if not isinstance(scaling[key], (int, float)) or isinstance(scaling[key], bool) or not scaling[key] > 0:
             raise ValueError(f"rope_scaling {key} must be a positive number, got {scaling[key]!r}")

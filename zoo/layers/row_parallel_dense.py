@@ -73,9 +73,14 @@ class RowParallelDense(_TensorParallelDense):
         lora = self.local_lora(weights)  # (a [D_in/M, r], b [r, units], alpha / r) or None
         if lora is not None:  # factored, summed with the partial products: no extra collective
             return row_matmul_with_lora(
-                x, kernel, lora, axis_name=self.model_axis, bias=bias,
-                megatron_sp=self.megatron_sp, collective=self.collective_matmul,
-            )  # fmt: skip
+                x,
+                kernel,
+                lora,
+                axis_name=self.model_axis,
+                bias=bias,
+                megatron_sp=self.megatron_sp,
+                collective=self.collective_matmul,
+            )
         if self.megatron_sp:
             return sequence_parallel_row_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul

@@ -6,9 +6,9 @@ import keras
 from zoo.config.choices import MLPS, NORMS, REMATS
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
+from zoo.layers._activations import gelu_tanh
 from zoo.layers._tensor_parallel import activation_spec, tensor_parallel_plan
 from zoo.layers.moe_feed_forward import MoEFeedForward
-from zoo.layers._activations import gelu_tanh
 from zoo.layers.multi_head_attention import MultiHeadAttention
 from zoo.layers.offset_rms_normalization import OffsetRMSNormalization
 from zoo.layers.parallel_mlp import ParallelMLP
@@ -248,7 +248,9 @@ class TransformerBlock(keras.layers.Layer):
         self.mlp_post_norm = self._norm("mlp_post_norm") if self.post_norms else None
         # The block's dtype policy, as every sublayer: a float32 Dropout would cast the
         # cached call's output back to float32 under a mixed policy.
-        self.attention_dropout = keras.layers.Dropout(dropout, seed=seed, dtype=self.dtype_policy, name="attention_dropout")
+        self.attention_dropout = keras.layers.Dropout(
+            dropout, seed=seed, dtype=self.dtype_policy, name="attention_dropout"
+        )
         self.mlp_dropout = keras.layers.Dropout(
             dropout, seed=None if seed is None else seed + 1, dtype=self.dtype_policy, name="mlp_dropout"
         )
@@ -304,7 +306,9 @@ class TransformerBlock(keras.layers.Layer):
         for a dense block), which ``MoEFeedForward.record`` adds once outside."""
         attention_seed, mlp_seed = (None, None) if seeds is None else seeds
         x = self._split_sequence(x)  # (B, T, C), T split over the model axis with megatron_sp
-        attended = self._post_norm(self.attention_post_norm, self.attention(self.attention_norm(x), key_mask=key_mask))  # (B, T, C)
+        attended = self._post_norm(
+            self.attention_post_norm, self.attention(self.attention_norm(x), key_mask=key_mask)
+        )  # (B, T, C)
         x = self._split_sequence(x + self._dropout(attended, attention_seed))  # (B, T, C)
         if self.num_experts:
             transformed, aux = self.mlp.forward(self.mlp_norm(x))  # (B, T, C), MoE aux
@@ -347,7 +351,9 @@ class TransformerBlock(keras.layers.Layer):
         attended, cache = self.attention(
             self.attention_norm(x), cache=cache, cache_index=cache_index, start_positions=start_positions
         )  # (B, T, C)
-        x = x + self.attention_dropout(self._post_norm(self.attention_post_norm, attended), training=training)  # (B, T, C)
+        x = x + self.attention_dropout(
+            self._post_norm(self.attention_post_norm, attended), training=training
+        )  # (B, T, C)
         transformed = self._post_norm(self.mlp_post_norm, self.mlp(self.mlp_norm(x)))  # (B, T, C)
         return x + self.mlp_dropout(transformed, training=training), cache  # (B, T, C)
 

@@ -136,7 +136,9 @@ class DeviceSpec:
 
 
 def _gpu(name, description, peak, memory_gib, hbm_tb, nvlink_gb, network_gbit):
-    return DeviceSpec(name, description, peak, memory_gib, hbm_tb * 1e12, nvlink_gb * GB, network_gbit / 8 * GB, 8, 10e-6)
+    return DeviceSpec(
+        name, description, peak, memory_gib, hbm_tb * 1e12, nvlink_gb * GB, network_gbit / 8 * GB, 8, 10e-6
+    )
 
 
 def _tpu(name, description, peak, memory_gib, hbm_tb, ici_link_gb):
@@ -180,14 +182,34 @@ def host_cpu_spec(devices=8):
     """This host's CPU split into ``devices`` simulated devices: its memory shared equally,
     nominal speeds (a plan for a CPU run sizes memory; its times mean little)."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceSpec("cpu", f"this host's CPU as {devices} simulated devices", 1e11, memory / devices / GIB, 20 * GB, 10 * GB, 10 * GB, None, 50e-6)
+    return DeviceSpec(
+        "cpu",
+        f"this host's CPU as {devices} simulated devices",
+        1e11,
+        memory / devices / GIB,
+        20 * GB,
+        10 * GB,
+        10 * GB,
+        None,
+        50e-6,
+    )
 
 
 # ``match_device_kind``'s PEAK_FLOPS key -> the DEVICES row a plan for it is sized by (L4 and TPU v3: none).
 _PLANNED = {
-    "H100 SXM": "h100", "H100 PCIe": "h100", "H100 NVL": "h100", "GH200": "h100", "H200 SXM": "h200", "H200 NVL": "h200",
-    "A100": "a100", "B200": "b200", "TPU v4": "tpu-v4", "TPU v5e": "tpu-v5e", "TPU v5p": "tpu-v5p", "TPU v6e": "tpu-v6e",
-}  # fmt: skip
+    "H100 SXM": "h100",
+    "H100 PCIe": "h100",
+    "H100 NVL": "h100",
+    "GH200": "h100",
+    "H200 SXM": "h200",
+    "H200 NVL": "h200",
+    "A100": "a100",
+    "B200": "b200",
+    "TPU v4": "tpu-v4",
+    "TPU v5e": "tpu-v5e",
+    "TPU v5p": "tpu-v5p",
+    "TPU v6e": "tpu-v6e",
+}
 
 
 def local_device():
@@ -202,13 +224,15 @@ def local_device():
         return "cpu", host_cpu_spec(len(devices)).memory_gib
     name = _PLANNED.get(match_device_kind(devices[0].device_kind))
     if name is None:
-        raise UnknownDeviceError(f"device kind {devices[0].device_kind!r} is not in zoo.planning.DEVICES; plan with --device")
+        raise UnknownDeviceError(
+            f"device kind {devices[0].device_kind!r} is not in zoo.planning.DEVICES; plan with --device"
+        )
     stats = devices[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     return name, (limit / GIB if limit else None)
 
 
 def platform_of(kind):
-    """"cpu", "tpu" or "gpu": the JAX platform of a device kind (a ``DEVICES`` name or cpu)."""
+    """ "cpu", "tpu" or "gpu": the JAX platform of a device kind (a ``DEVICES`` name or cpu)."""
     name = device_spec(kind).name
     return "cpu" if name == "cpu" else "tpu" if name.startswith("tpu") else "gpu"

@@ -7,10 +7,10 @@ configs and the layout map come from here; each model adds its own embedding rul
 
 import keras
 
+from zoo.layers.token_pooling import TokenPooling
 from zoo.layers.transformer_block import TransformerBlock
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._named_configs import complete_config
-from zoo.layers.token_pooling import TokenPooling
 from zoo.models.zoo_model import ZooModel
 
 
@@ -54,19 +54,48 @@ class EncoderClassifier(ZooModel):
 
 
 def classify(
-    x, *, key_mask, rotary, pooling, num_classes, num_layers, num_query_heads, num_key_value_heads, hidden_dim,
-    intermediate_dim, mlp, norm, layer_norm_epsilon, dropout, use_bias, megatron_sp, seed, remat,
-):  # fmt: skip
+    x,
+    *,
+    key_mask,
+    rotary,
+    pooling,
+    num_classes,
+    num_layers,
+    num_query_heads,
+    num_key_value_heads,
+    hidden_dim,
+    intermediate_dim,
+    mlp,
+    norm,
+    layer_norm_epsilon,
+    dropout,
+    use_bias,
+    megatron_sp,
+    seed,
+    remat,
+):
     """Embedded tokens (B, T, C) -> logits (B, num_classes): ``embedding_dropout``,
     ``encoder_stack``, then ``classifier_head``. Seeds: the embedding dropout ``seed``, the
     blocks from ``seed + 1``, the head dropout ``seed + 2 num_layers + 1`` (None: unseeded)."""
     x = keras.layers.Dropout(dropout, seed=layer_seed(seed, 0), name="embedding_dropout")(x)  # (B, T, C)
     x = encoder_stack(
-        x, key_mask=key_mask, num_layers=num_layers, num_query_heads=num_query_heads,
-        num_key_value_heads=num_key_value_heads, hidden_dim=hidden_dim, intermediate_dim=intermediate_dim,
-        rotary=rotary, mlp=mlp, norm=norm, layer_norm_epsilon=layer_norm_epsilon, dropout=dropout,
-        use_bias=use_bias, megatron_sp=megatron_sp, seed=layer_seed(seed, 1), remat=remat,
-    )  # fmt: skip  (B, T, C), after final_norm
+        x,
+        key_mask=key_mask,
+        num_layers=num_layers,
+        num_query_heads=num_query_heads,
+        num_key_value_heads=num_key_value_heads,
+        hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim,
+        rotary=rotary,
+        mlp=mlp,
+        norm=norm,
+        layer_norm_epsilon=layer_norm_epsilon,
+        dropout=dropout,
+        use_bias=use_bias,
+        megatron_sp=megatron_sp,
+        seed=layer_seed(seed, 1),
+        remat=remat,
+    )  # (B, T, C), after final_norm
     return classifier_head(x, key_mask, pooling, dropout, num_classes, layer_seed(seed, 2 * num_layers + 1))
 
 

@@ -19,7 +19,9 @@ def named_config(configs, name, family, layout=None, overrides=None):
     config = {**lookup_config(configs, name, family), **(overrides or {})}
     if layout is None:
         return config
-    needed = {key: value for key, value in layout_overrides(layout).items() if not (key == "schedule" and config.get(key))}
+    needed = {
+        key: value for key, value in layout_overrides(layout).items() if not (key == "schedule" and config.get(key))
+    }
     return {**config, **needed}
 
 
@@ -29,7 +31,8 @@ def complete_config(model_class, configs, config, family):
     missing arguments."""
     config = lookup_config(configs, config, family) if isinstance(config, str) else renamed_keys(config, MODEL_KEYS)
     parameters = [
-        p for p in inspect.signature(model_class.__init__).parameters.values()
+        p
+        for p in inspect.signature(model_class.__init__).parameters.values()
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     ]
     missing = [p.name for p in parameters if p.default is p.empty and p.name not in config]

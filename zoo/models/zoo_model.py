@@ -76,7 +76,9 @@ class ZooModel(keras.Model):
 def init_arguments(model_class):
     """The names of ``model_class.__init__``'s arguments, in order, without ``name`` and ``**kwargs``."""
     parameters = inspect.signature(model_class.__init__).parameters.values()
-    return [p.name for p in parameters if p.name not in ("self", "name") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    return [
+        p.name for p in parameters if p.name not in ("self", "name") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
 
 
 def _json_ready(value):

@@ -9,4 +9,15 @@ from zoo.measure.hardware import DEVICES, DeviceSpec, UnknownDeviceError, device
 from zoo.planning.plan import Plan, PlanRequest, make_plan, plan_in_process
 from zoo.planning.report import format_plan, verdict
 
-__all__ = ["DEVICES", "DeviceSpec", "Plan", "PlanRequest", "UnknownDeviceError", "device_spec", "format_plan", "make_plan", "plan_in_process", "verdict"]
+__all__ = [
+    "DEVICES",
+    "DeviceSpec",
+    "Plan",
+    "PlanRequest",
+    "UnknownDeviceError",
+    "device_spec",
+    "format_plan",
+    "make_plan",
+    "plan_in_process",
+    "verdict",
+]

@@ -74,17 +74,29 @@ def measure_step(job, config, *, target_devices, label, num_layers=None, compile
     from zoo.training._recipe_compile import compile_job_step
 
     start = time.perf_counter()
-    step = compile_job_step(job, config, target_devices=target_devices, label=label, num_layers=num_layers, compiler_options=compiler_options)
+    step = compile_job_step(
+        job,
+        config,
+        target_devices=target_devices,
+        label=label,
+        num_layers=num_layers,
+        compiler_options=compiler_options,
+    )
     text = step.compiled.as_text()  # printed once: the collectives and the loop FLOPs both read it
     report = compiled_report(step.compiled, _mesh_of(step.mesh), hlo_text=text)
     times, _ = loop_multiplicities(text)
     flops, accessed = _cost(step.compiled)
     return StepMeasure(
-        num_layers=step.num_layers, mesh=step.mesh, batch_size=step.batch_size,
+        num_layers=step.num_layers,
+        mesh=step.mesh,
+        batch_size=step.batch_size,
         memory={name: int(getattr(step.memory, name)) for name in MEMORY_FIELDS},
-        flops=flops + loop_dot_flops(text, times), bytes_accessed=accessed,
-        collectives=report.per_axis(), collectives_exact=report.exact, compile_s=time.perf_counter() - start,
-    )  # fmt: skip
+        flops=flops + loop_dot_flops(text, times),
+        bytes_accessed=accessed,
+        collectives=report.per_axis(),
+        collectives_exact=report.exact,
+        compile_s=time.perf_counter() - start,
+    )
 
 
 def _mesh_of(spec):
@@ -130,7 +142,9 @@ def loop_dot_flops(hlo_text, times):
     extra = 0.0
     for name, result, lhs, contracting in dots:
         lhs_dims = _dims(shapes[lhs]) if lhs in shapes else []
-        contracted = math.prod(lhs_dims[int(k)] for k in contracting.group(1).split(",") if k) if contracting and lhs_dims else 1
+        contracted = (
+            math.prod(lhs_dims[int(k)] for k in contracting.group(1).split(",") if k) if contracting and lhs_dims else 1
+        )
         extra += (times[name] - 1) * 2.0 * math.prod(_dims(result)) * contracted
     return extra
 
@@ -152,11 +166,20 @@ def extrapolate(low, high, num_layers):
     lows = {(tuple(r["axes"]), r["kind"]): r for r in low.collectives}
     zero = {"count": 0, "bytes": 0, "sent_bytes": 0.0}
     collectives = [
-        {"axes": key[0], "kind": key[1], **{f: _linear(lows.get(key, zero)[f], row[f], steps) for f in ("count", "bytes", "sent_bytes")}}
+        {
+            "axes": key[0],
+            "kind": key[1],
+            **{f: _linear(lows.get(key, zero)[f], row[f], steps) for f in ("count", "bytes", "sent_bytes")},
+        }
         for key, row in rows.items()
     ]
     return dataclasses.replace(
-        high, num_layers=num_layers, memory=memory, collectives=collectives,
-        flops=_linear(low.flops, high.flops, steps), bytes_accessed=_linear(low.bytes_accessed, high.bytes_accessed, steps),
-        collectives_exact=low.collectives_exact and high.collectives_exact, compile_s=low.compile_s + high.compile_s,
-    )  # fmt: skip
+        high,
+        num_layers=num_layers,
+        memory=memory,
+        collectives=collectives,
+        flops=_linear(low.flops, high.flops, steps),
+        bytes_accessed=_linear(low.bytes_accessed, high.bytes_accessed, steps),
+        collectives_exact=low.collectives_exact and high.collectives_exact,
+        compile_s=low.compile_s + high.compile_s,
+    )

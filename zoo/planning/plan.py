@@ -89,15 +89,22 @@ class Plan:
     def parts(self):
         """``{part: bytes}`` per device: the state, and activations + workspace (temporaries less gradients)."""
         m = self.step.memory
-        return {"weights": m["weights"], "gradients": m["gradients"], "optimizer state": m["optimizer"],
-                "activations and workspace": max(self.temp - m["gradients"], 0)}  # fmt: skip
+        return {
+            "weights": m["weights"],
+            "gradients": m["gradients"],
+            "optimizer state": m["optimizer"],
+            "activations and workspace": max(self.temp - m["gradients"], 0),
+        }
 
     @property
     def time(self):
         return roofline.estimate_step_time(
-            flops=self.step.flops, bytes_accessed=self.step.bytes_accessed, collectives=self.step.collectives,
-            mesh_axes=self.step.mesh_axes, spec=self.spec,
-        )  # fmt: skip
+            flops=self.step.flops,
+            bytes_accessed=self.step.bytes_accessed,
+            collectives=self.step.collectives,
+            mesh_axes=self.step.mesh_axes,
+            spec=self.spec,
+        )
 
     @property
     def mfu(self):
@@ -113,17 +120,27 @@ class Plan:
         return sent
 
     def to_dict(self):
-        return {"request": dataclasses.asdict(self.request), "step": self.step.to_dict(), "compiled_depths": list(self.compiled_depths),
-                "full_depth": self.full_depth, "remat_correction": self.remat_correction, "model_flops": self.model_flops,
-                "notes": list(self.notes)}  # fmt: skip
+        return {
+            "request": dataclasses.asdict(self.request),
+            "step": self.step.to_dict(),
+            "compiled_depths": list(self.compiled_depths),
+            "full_depth": self.full_depth,
+            "remat_correction": self.remat_correction,
+            "model_flops": self.model_flops,
+            "notes": list(self.notes),
+        }
 
     @classmethod
     def from_dict(cls, values):
         return cls(
-            request=PlanRequest(**values["request"]), step=StepMeasure.from_dict(values["step"]),
-            compiled_depths=tuple(values["compiled_depths"]), full_depth=values["full_depth"],
-            remat_correction=values["remat_correction"], model_flops=values["model_flops"], notes=tuple(values["notes"]),
-        )  # fmt: skip
+            request=PlanRequest(**values["request"]),
+            step=StepMeasure.from_dict(values["step"]),
+            compiled_depths=tuple(values["compiled_depths"]),
+            full_depth=values["full_depth"],
+            remat_correction=values["remat_correction"],
+            model_flops=values["model_flops"],
+            notes=tuple(values["notes"]),
+        )
 
 
 def target_spec(request):
@@ -159,9 +176,11 @@ def plans_in_subprocess(requests):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices.pop()}", JAX_PLATFORMS="cpu")
     payload = json.dumps([dataclasses.asdict(r) for r in requests])
     done = subprocess.run([sys.executable, "-m", "zoo.planning.plan", payload], env=env, capture_output=True, text=True)
-    lines = [line[len(RESULT):] for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    lines = [line[len(RESULT) :] for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode or not lines:
-        error = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit status {done.returncode}")
+        error = next(
+            (line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit status {done.returncode}"
+        )
         raise RuntimeError(f"compiling the plan failed: {error.removeprefix('zoo: error: ')}")
     return [_plan_or_raise(json.loads(line)) for line in lines]
 
@@ -196,7 +215,9 @@ def _depths(request, full_depth, needs_two, unit=1):
     top = 2 * unit if request.depth in ("auto", "full") else int(request.depth)
     if not 2 * unit <= top <= full_depth or top % unit:
         multiple = f" a multiple of {unit} (stages x repeats)" if unit > 1 else ""
-        raise ValueError(f"depth {request.depth!r}: compile at {2 * unit}..{full_depth} blocks{multiple} (or auto, full)")
+        raise ValueError(
+            f"depth {request.depth!r}: compile at {2 * unit}..{full_depth} blocks{multiple} (or auto, full)"
+        )
     return (top - unit, top)
 
 
@@ -225,25 +246,46 @@ def plan_in_process(request, *, compiler_options=None):
     remat = getattr(config, "remat", "none")
     unit = _pipeline_unit(request, config)
     # remat inside a pipeline's loop: the per-block correction below is not calibrated there (a note says so)
-    correct_remat = remat != "none" and not memory_analysis_reflects_remat() and unit == 1 and config.layout != "pipeline"
+    correct_remat = (
+        remat != "none" and not memory_analysis_reflects_remat() and unit == 1 and config.layout != "pipeline"
+    )
     depths = _depths(request, full_depth, needs_two=correct_remat, unit=unit)
     with compile_for(platform_of(request.device)):  # an MoE layer traces the target's grouped matmul, not the CPU's
-        steps = [measure_step(job, config, target_devices=request.devices, label=request.label or request.job, num_layers=d,
-                              compiler_options=compiler_options) for d in depths]  # fmt: skip
+        steps = [
+            measure_step(
+                job,
+                config,
+                target_devices=request.devices,
+                label=request.label or request.job,
+                num_layers=d,
+                compiler_options=compiler_options,
+            )
+            for d in depths
+        ]
     step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
     notes, correction = [], 0
     if len(steps) == 2:
         notes.append(f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}")
     if remat != "none" and config.layout == "pipeline" and not memory_analysis_reflects_remat():
-        notes.append(f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
-                     "the temporaries are not corrected for it: the peak is an upper bound")  # fmt: skip
+        notes.append(
+            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
+            "the temporaries are not corrected for it: the peak is an upper bound"
+        )
     if correct_remat and len(steps) == 2:
         correction = _remat_correction(steps, config, full_depth, step)
         notes.append(
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); temporaries corrected by "
             f"{correction / GIB:+.2f} GiB: per block, what the policy saves instead of every activation (docs/planning.md)"
         )
-    return Plan(request, step, tuple(d for d in depths if d is not None), full_depth, correction, _model_flops(job, config, full_depth), tuple(notes))
+    return Plan(
+        request,
+        step,
+        tuple(d for d in depths if d is not None),
+        full_depth,
+        correction,
+        _model_flops(job, config, full_depth),
+        tuple(notes),
+    )
 
 
 def _model_flops(job, config, full_depth):

@@ -25,7 +25,11 @@ def _ms(seconds):
 def format_plan(plan):
     """The plan as text lines: what was compiled, memory per device, collectives, time."""
     request, step, spec = plan.request, plan.step, plan.spec
-    depth = "whole model" if len(plan.compiled_depths) < 2 else f"extrapolated from {plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks"
+    depth = (
+        "whole model"
+        if len(plan.compiled_depths) < 2
+        else f"extrapolated from {plan.compiled_depths[0]} and {plan.compiled_depths[1]} blocks"
+    )
     lines = [
         f"plan: {request.label or request.job} on {request.devices} x {spec.name} ({spec.description})",
         f"compiled: the fit step on {step.mesh or 'one device'}, global batch {step.batch_size}, "
@@ -59,7 +63,9 @@ def _collective_lines(plan):
     lines = ["| mesh axes | collective | per step | sent per device | link |", "| --- | --- | ---: | ---: | --- |"]
     for row in sorted(rows, key=lambda r: (r["axes"], r["kind"])):
         bandwidth = axes_bandwidth(row["axes"], mesh_axes, plan.spec)
-        lines.append(f"| {','.join(row['axes'])} | {row['kind']} | {row['count']:,.0f} | {size_text(row['sent_bytes'])} | {bandwidth / 1e9:,.0f} GB/s |")
+        lines.append(
+            f"| {','.join(row['axes'])} | {row['kind']} | {row['count']:,.0f} | {size_text(row['sent_bytes'])} | {bandwidth / 1e9:,.0f} GB/s |"
+        )
     if not plan.step.collectives_exact:
         lines.append("(a loop without a known trip count was counted once: the counts are a lower bound)")
     return lines

@@ -85,7 +85,9 @@ def estimate_step_time(*, flops, bytes_accessed, collectives, mesh_axes, spec):
         axes = tuple(row["axes"] or ())
         if not axes:
             continue  # a collective over one device moves nothing
-        seconds = row["count"] * spec.collective_latency_s + row["sent_bytes"] / axes_bandwidth(axes, mesh_axes or [], spec)
+        seconds = row["count"] * spec.collective_latency_s + row["sent_bytes"] / axes_bandwidth(
+            axes, mesh_axes or [], spec
+        )
         key = ",".join(axes)
         times[key] = times.get(key, 0.0) + seconds
     return StepTime(compute_s=flops / spec.peak_flops, memory_s=bytes_accessed / spec.hbm_bandwidth, collective_s=times)

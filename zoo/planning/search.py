@@ -45,7 +45,17 @@ from zoo.planning.report import size_text
 from zoo.planning.roofline import axes_bandwidth
 from zoo.units import GIB
 
-__all__ = ["Candidate", "Ranking", "candidates", "choose_layout", "estimate", "expert_figures", "format_ranking", "planned_layouts", "search"]
+__all__ = [
+    "Candidate",
+    "Ranking",
+    "candidates",
+    "choose_layout",
+    "estimate",
+    "expert_figures",
+    "format_ranking",
+    "planned_layouts",
+    "search",
+]
 
 RECOMPUTE = {"none": 1.0, "dots_saveable": 1.1, "full": 4 / 3}  # hardware / model FLOPs: full remat re-runs the forward
 REMATS_CHEAPEST_FIRST = sorted(REMATS, key=RECOMPUTE.__getitem__)  # none, dots_saveable, full
@@ -73,13 +83,23 @@ class Candidate:
 
     def settings(self):
         """The job settings this candidate sets (``GPTTrainConfig`` fields)."""
-        chosen = dict(layout=self.layout, mesh=self.mesh, remat=self.remat, batch_size=self.micro_batch, gradient_accumulation_steps=self.accumulation)
+        chosen = dict(
+            layout=self.layout,
+            mesh=self.mesh,
+            remat=self.remat,
+            batch_size=self.micro_batch,
+            gradient_accumulation_steps=self.accumulation,
+        )
         if self.layout == "pipeline":
             chosen.update(micro_batches=self.micro_batches, schedule=self.schedule, repeats=self.repeats)
         return chosen
 
     def describe(self):
-        pipeline = f" M={self.micro_batches} {self.schedule}" + (f" R={self.repeats}" if self.repeats > 1 else "") if self.layout == "pipeline" else ""
+        pipeline = (
+            f" M={self.micro_batches} {self.schedule}" + (f" R={self.repeats}" if self.repeats > 1 else "")
+            if self.layout == "pipeline"
+            else ""
+        )
         return f"{self.layout} {self.mesh or '(one device)'}{pipeline} remat={self.remat} batch {self.micro_batch}x{self.accumulation}"
 
 
@@ -126,10 +146,20 @@ class Ranking:
         parts += [f"--mesh {c.mesh}"] if c.mesh else []
         parts += [f"--context-attention {config.get('context_attention', 'ring')}"] if c.layout == "context" else []
         if c.layout == "pipeline":
-            parts += [f"--micro-batches {c.micro_batches}", f"--schedule {c.schedule}"] + ([f"--repeats {c.repeats}"] if c.repeats > 1 else [])
-        parts += [f"--remat {c.remat}", f"--batch-size {c.micro_batch}", f"--gradient-accumulation-steps {c.accumulation}"]
+            parts += [f"--micro-batches {c.micro_batches}", f"--schedule {c.schedule}"] + (
+                [f"--repeats {c.repeats}"] if c.repeats > 1 else []
+            )
+        parts += [
+            f"--remat {c.remat}",
+            f"--batch-size {c.micro_batch}",
+            f"--gradient-accumulation-steps {c.accumulation}",
+        ]
         parts += [f"--sequence-length {config['sequence_length']}", f"--precision {config.get('precision', 'float32')}"]
-        parts += [f"--{key.replace('_', '-')} {config[key]}" for key in ("capacity_factor", "expert_exchange") if config.get(key) is not None]
+        parts += [
+            f"--{key.replace('_', '-')} {config[key]}"
+            for key in ("capacity_factor", "expert_exchange")
+            if config.get(key) is not None
+        ]
         return " ".join(parts)
 
 
@@ -211,8 +241,12 @@ def candidates(request):
             data = _batch_split(layout, _axis_sizes(mesh))
             for accumulation in (a for a in _divisors(per_update) if (per_update // a) % data == 0):
                 for remat in REMATS_CHEAPEST_FIRST:
-                    for pipeline in _pipelines(layout, mesh, per_update // accumulation // data, model["num_layers"], config.get("precision")):
-                        found.append(Candidate(layout, mesh, remat, per_update // accumulation, accumulation, **pipeline))
+                    for pipeline in _pipelines(
+                        layout, mesh, per_update // accumulation // data, model["num_layers"], config.get("precision")
+                    ):
+                        found.append(
+                            Candidate(layout, mesh, remat, per_update // accumulation, accumulation, **pipeline)
+                        )
     return found
 
 
@@ -224,7 +258,9 @@ def _pipelines(layout, mesh, rows, layers, precision):
         return [{}]
     stages = _axis_sizes(mesh)["stage"]
     repeats = [1] + ([2] if layers % (2 * stages) == 0 else [])
-    return [{"micro_batches": m, "repeats": r} for m in (stages, 2 * stages, 4 * stages) if rows % m == 0 for r in repeats]
+    return [
+        {"micro_batches": m, "repeats": r} for m in (stages, 2 * stages, 4 * stages) if rows % m == 0 for r in repeats
+    ]
 
 
 # --- the analytic model ------------------------------------------------------------------
@@ -245,7 +281,9 @@ def estimate(candidate, request):
     params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
     itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
     state_split = {"fsdp": data, "fsdp+tp": data * tp, "tp": tp, "tp+sp": tp, "context": seq}.get(candidate.layout, 1)
-    state = params * 4 * (4 + (candidate.accumulation > 1)) / state_split  # weights, gradients, 2 Adam slots (+ accumulators)
+    state = (
+        params * 4 * (4 + (candidate.accumulation > 1)) / state_split
+    )  # weights, gradients, 2 Adam slots (+ accumulators)
     tokens = candidate.micro_batch // data * length // (seq * (tp if candidate.layout == "tp+sp" else 1))
     divisor = tp if candidate.layout in ("tp", "fsdp+tp") else 1
     per_block = tokens * remat_elements_per_token(candidate.remat, model, divisor) * itemsize
@@ -267,7 +305,9 @@ def pipeline_figures(candidate, request):
     stages, m, r = sizes["stage"], candidate.micro_batches, candidate.repeats
     ticks = r * m + stages - 1
     itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
-    micro_bytes = candidate.micro_batch // sizes.get("data", 1) // m * config["sequence_length"] * model["hidden_dim"] * itemsize
+    micro_bytes = (
+        candidate.micro_batch // sizes.get("data", 1) // m * config["sequence_length"] * model["hidden_dim"] * itemsize
+    )
     return {"ticks": ticks, "useful": r * m / ticks, "sent": 2 * ticks * micro_bytes}
 
 
@@ -292,19 +332,27 @@ def _estimate_pipeline(candidate, request):
     blocks_run = figures["ticks"] * layers // (stages * candidate.repeats)
     per_block = micro_tokens * remat_elements_per_token(candidate.remat, model, 1) * itemsize
     workspace = 0 if candidate.remat == "none" else micro_tokens * remat_elements_per_token("none", model, 1) * itemsize
-    buffers = (2 + (candidate.repeats > 1)) * rows * length * model["hidden_dim"] * itemsize  # inputs, outputs (+ returning)
+    buffers = (
+        (2 + (candidate.repeats > 1)) * rows * length * model["hidden_dim"] * itemsize
+    )  # inputs, outputs (+ returning)
     logits = rows * length * model["vocabulary_size"] * 4 * 3
     peak = state + blocks_run * per_block + workspace + buffers + logits
     flops = gpt_flops_per_token({**model}, length) * candidate.micro_batch * length * RECOMPUTE[candidate.remat]
-    compute = flops / (request.devices * spec.peak_flops) / figures["useful"]  # the bubble's ticks idle (or compute zeros)
+    compute = (
+        flops / (request.devices * spec.peak_flops) / figures["useful"]
+    )  # the bubble's ticks idle (or compute zeros)
     axes = list(sizes.items())
 
     def over(axis, sent):
         n = sizes.get(axis, 1)
         return 0.0 if n == 1 else sent * (n - 1) / n / axes_bandwidth((axis,), axes, spec)
 
-    stage_s = figures["sent"] / axes_bandwidth(("stage",), axes, spec) + 2 * figures["ticks"] * spec.collective_latency_s
-    stage_s += over("stage", 2 * 2 * rows * length * model["hidden_dim"] * itemsize)  # the outputs' psum, and its transpose
+    stage_s = (
+        figures["sent"] / axes_bandwidth(("stage",), axes, spec) + 2 * figures["ticks"] * spec.collective_latency_s
+    )
+    stage_s += over(
+        "stage", 2 * 2 * rows * length * model["hidden_dim"] * itemsize
+    )  # the outputs' psum, and its transpose
     data_s = over("data", 2 * 4 * per_device)  # all-reduce of this stage's gradients
     return peak, (compute + stage_s + data_s) * candidate.accumulation
 
@@ -335,7 +383,13 @@ def expert_figures(candidate, request):
     tokens = candidate.micro_batch // (data * e_p) * config["sequence_length"]
     itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
     k = model.get("num_experts_per_token") or 2
-    rows = capacity(tokens, num_experts_per_token=k, axis_size=e_p, experts_per_device=experts // e_p, capacity_factor=config.get("capacity_factor"))
+    rows = capacity(
+        tokens,
+        num_experts_per_token=k,
+        axis_size=e_p,
+        experts_per_device=experts // e_p,
+        capacity_factor=config.get("capacity_factor"),
+    )
     sent = 4 * sparse_layer_count(model) * rows * width * itemsize * (e_p - 1)  # Q rows to each of the E_p - 1 others
     return {"expert_params": expert_params, "other_params": other, "state": state, "tokens": tokens, "sent": sent}
 
@@ -362,7 +416,9 @@ def _estimate_expert(candidate, request):
 
     exchange = 0.0 if sizes["expert"] == 1 else figures["sent"] / axes_bandwidth(("expert",), axes, spec)
     other = figures["other_params"] / (tp if candidate.layout == "expert+tp" else 1)
-    gradients = over("data", (3 if candidate.layout == "fsdp+expert" else 2) * 4 * other) + over("expert", 2 * 4 * other)
+    gradients = over("data", (3 if candidate.layout == "fsdp+expert" else 2) * 4 * other) + over(
+        "expert", 2 * 4 * other
+    )
     return peak, (flops / (request.devices * spec.peak_flops) + exchange + gradients) * candidate.accumulation
 
 
@@ -384,11 +440,25 @@ def _communication_s(candidate, request, params, itemsize, tokens):
     if s in ("fsdp", "fsdp+tp"):
         time += over("data", 3 * shard)  # all-gather forward and backward, reduce-scatter the gradients
     if s in ("tp", "tp+sp", "fsdp+tp"):
-        activation = candidate.micro_batch // sizes.get("data", 1) * request.config["sequence_length"] * model["hidden_dim"] * itemsize
+        activation = (
+            candidate.micro_batch
+            // sizes.get("data", 1)
+            * request.config["sequence_length"]
+            * model["hidden_dim"]
+            * itemsize
+        )
         time += over("model", (4 * model["num_layers"] + 2) * 2 * activation)  # Megatron: 4 all-reduces per block
     if s == "context":
-        kv = tokens * 2 * (model.get("num_key_value_heads") or model["num_query_heads"]) * (model["hidden_dim"] // model["num_query_heads"]) * itemsize
-        time += over("seq", 3 * model["num_layers"] * kv * sizes["seq"]) + over("seq", 3 * params * 4)  # ring hops, FSDP over seq
+        kv = (
+            tokens
+            * 2
+            * (model.get("num_key_value_heads") or model["num_query_heads"])
+            * (model["hidden_dim"] // model["num_query_heads"])
+            * itemsize
+        )
+        time += over("seq", 3 * model["num_layers"] * kv * sizes["seq"]) + over(
+            "seq", 3 * params * 4
+        )  # ring hops, FSDP over seq
     return time
 
 
@@ -396,9 +466,15 @@ def _communication_s(candidate, request, params, itemsize, tokens):
 
 
 def _request_for(request, candidate):
-    defaults = {"micro_batches": None, "schedule": "gpipe", "repeats": 1}  # GPTTrainConfig's: left as they are away from pipeline
+    defaults = {
+        "micro_batches": None,
+        "schedule": "gpipe",
+        "repeats": 1,
+    }  # GPTTrainConfig's: left as they are away from pipeline
     config = {**request.config, **defaults, **candidate.settings()}
-    return dataclasses.replace(request, config=config, label=f"{request.label or config['config_name']}: {candidate.describe()}")
+    return dataclasses.replace(
+        request, config=config, label=f"{request.label or config['config_name']}: {candidate.describe()}"
+    )
 
 
 def _rank_key(row, order):
@@ -412,12 +488,17 @@ def search(request, *, top=3, report=None):
         raise ValueError(f"zoo plan --auto searches GPT layouts (job pretrain_gpt), not {request.job!r}")
     found = candidates(request)
     if not found:
-        raise ValueError(f"no layout divides {request.devices} devices for {request.config['config_name']} at batch {request.config['batch_size']}")
+        raise ValueError(
+            f"no layout divides {request.devices} devices for {request.config['config_name']} at batch {request.config['batch_size']}"
+        )
     memory = request.device_memory_gib * GIB if request.device_memory_gib else target_spec(request).memory_bytes
     rows = [Row(c, *estimate(c, request)) for c in found]
     order = {c: i for i, c in enumerate(found)}
     fitting = [r for r in rows if r.memory <= ANALYTIC_HEADROOM * memory]
-    chosen = sorted(fitting, key=lambda r: (r.update_s, order[r.candidate]))[:top] or sorted(rows, key=lambda r: r.memory)[:top]
+    chosen = (
+        sorted(fitting, key=lambda r: (r.update_s, order[r.candidate]))[:top]
+        or sorted(rows, key=lambda r: r.memory)[:top]
+    )
     if report:
         report(f"{len(rows)} candidates, {len(fitting)} fit by the analytic model; compiling {len(chosen)} ...")
     _compile_rows(request, chosen)
@@ -467,7 +548,9 @@ def format_ranking(ranking):
 def _pipeline_text(candidate):
     if candidate.layout != "pipeline":
         return ""
-    return f" M={candidate.micro_batches} {candidate.schedule}" + (f" R={candidate.repeats}" if candidate.repeats > 1 else "")
+    return f" M={candidate.micro_batches} {candidate.schedule}" + (
+        f" R={candidate.repeats}" if candidate.repeats > 1 else ""
+    )
 
 
 def choose_layout(config, *, top=3, report=print):
@@ -481,8 +564,14 @@ def choose_layout(config, *, top=3, report=print):
 
     name, memory_gib = local_device()
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    request = PlanRequest("pretrain_gpt", {**fields, "layout": "data", "mesh": None}, devices=len(jax.devices()), device=name,
-                          device_memory_gib=memory_gib, label=config.config_name)  # fmt: skip
+    request = PlanRequest(
+        "pretrain_gpt",
+        {**fields, "layout": "data", "mesh": None},
+        devices=len(jax.devices()),
+        device=name,
+        device_memory_gib=memory_gib,
+        label=config.config_name,
+    )
     ranking = search(request, top=top, report=report)
     if ranking.best is None or not ranking.best.fits:
         raise ValueError(f"--layout auto: no layout fits: {ranking.why_none()}")

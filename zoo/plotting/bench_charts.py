@@ -40,7 +40,10 @@ def plot_context_memory(runs, output, *, title=None):
     names = [f"{_get(run, 'kind')}\n{_get(run, 'mesh')}, B={_get(run, 'batch')}" for run in runs]
     plt = pyplot()
     figure, axes = plt.subplots(1, 2, figsize=(11, 0.9 * len(runs) + 1.8), sharey=True)
-    for axis, key, what in ((axes[0], "temp", "temporary memory per device (MiB)"), (axes[1], "sent", "sent per device per step (MiB)")):
+    for axis, key, what in (
+        (axes[0], "temp", "temporary memory per device (MiB)"),
+        (axes[1], "sent", "sent per device per step (MiB)"),
+    ):
         values = [_get(run, key) / MIB for run in runs]
         colors = ["tab:red" if _get(run, "kind") == "data-parallel" else "tab:blue" for run in runs]
         bars = axis.barh(range(len(runs)), values, color=colors)
@@ -67,7 +70,9 @@ def plot_tp_bytes(rows, output, *, title=None):
     ``implementation``, ``model_sent_bytes``)."""
     variants = list(dict.fromkeys(row["variant"] for row in rows))
     seen = list(dict.fromkeys(row["implementation"] for row in rows))
-    last = [name for name in seen if name == "GSPMD" or name.startswith("minimum")]  # the baselines, right of the kernels
+    last = [
+        name for name in seen if name == "GSPMD" or name.startswith("minimum")
+    ]  # the baselines, right of the kernels
     implementations = [name for name in seen if name not in last] + last
     width = 0.8 / len(implementations)
     plt = pyplot()

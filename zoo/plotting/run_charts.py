@@ -79,7 +79,9 @@ def _panels(epochs, steps):
                 series.append((f"{name} (reported steps)", (xs, [y * scale for y in ys]), "-"))
             if _has(epochs, name):
                 xs, ys = _series(epochs, name)
-                series.append((f"{name} (epoch)", (xs, [y * scale for y in ys]), "o--" if name.startswith("val_") else "o-"))
+                series.append(
+                    (f"{name} (epoch)", (xs, [y * scale for y in ys]), "o--" if name.startswith("val_") else "o-")
+                )
         if series:
             panels.append((title, series))
 

@@ -42,4 +42,3 @@ __all__ = [
     "resolve_preset",
     "save_to_preset",
 ]
-

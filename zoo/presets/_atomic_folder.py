@@ -54,8 +54,11 @@ def unfinished_folders(directory):
     parent, name = os.path.split(os.path.abspath(directory))
     if not os.path.isdir(parent):
         return []
-    return [os.path.join(parent, entry) for entry in sorted(os.listdir(parent))
-            if entry == name + PARTIAL or entry.startswith(f"{name}{PARTIAL}-")]  # fmt: skip
+    return [
+        os.path.join(parent, entry)
+        for entry in sorted(os.listdir(parent))
+        if entry == name + PARTIAL or entry.startswith(f"{name}{PARTIAL}-")
+    ]
 
 
 def _remove_unfinished(directory, report):
@@ -64,7 +67,9 @@ def _remove_unfinished(directory, report):
             report(f"left {partial}: another process is writing it now")
             continue
         _remove(partial)
-        report(f"removed {partial}, left by a save of {os.path.basename(directory)} that did not finish (killed part-way)")
+        report(
+            f"removed {partial}, left by a save of {os.path.basename(directory)} that did not finish (killed part-way)"
+        )
 
 
 def _remove(path):

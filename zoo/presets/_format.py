@@ -85,7 +85,9 @@ def check_files(directory, metadata):
     SHA-256 differs from the one ``metadata`` recorded (a truncated or altered file)."""
     for filename in REQUIRED_FILES:
         if not os.path.isfile(os.path.join(directory, filename)):
-            raise PresetError(f"preset {directory!r} has no {filename} (expected {os.path.join(directory, filename)!r})")
+            raise PresetError(
+                f"preset {directory!r} has no {filename} (expected {os.path.join(directory, filename)!r})"
+            )
     recorded = metadata.get("files", {})
     if not isinstance(recorded, dict):
         raise PresetError(f"preset {directory!r}: {METADATA_FILE} 'files' must map file names to SHA-256 digests")

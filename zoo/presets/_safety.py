@@ -106,7 +106,9 @@ def containment_root(directory):
     <revision>``, whose files link to ``../../blobs/<hash>``), its repository folder."""
     real = os.path.realpath(directory)
     parent = os.path.dirname(real)
-    if os.path.basename(parent) == HUB_SNAPSHOTS and os.path.basename(os.path.dirname(parent)).startswith(HUB_REPOSITORY_PREFIX):
+    if os.path.basename(parent) == HUB_SNAPSHOTS and os.path.basename(os.path.dirname(parent)).startswith(
+        HUB_REPOSITORY_PREFIX
+    ):
         return os.path.dirname(parent)
     return real
 
@@ -126,5 +128,7 @@ def inside_folder(directory, name, *, listed_in, error=PresetError):
     path = os.path.join(directory, name)
     root, real = containment_root(directory), os.path.realpath(path)
     if os.path.commonpath([root, real]) != root:
-        raise error(f"{where} names {name!r}, a symlink to {real!r} outside the folder; copy the file into the folder instead")
+        raise error(
+            f"{where} names {name!r}, a symlink to {real!r} outside the folder; copy the file into the folder instead"
+        )
     return path

@@ -8,7 +8,12 @@ with no copy either, the error says how to put the files in place by hand.
 """
 
 PREFIX = "hf://"
-PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja"]  # config, weights (index too), tokenizer files, chat templates
+PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "tokenizer.model",
+    "*.jinja",
+]  # config, weights (index too), tokenizer files, chat templates
 
 
 def is_hub_name(name):
@@ -17,7 +22,7 @@ def is_hub_name(name):
 
 def local_directory(name):
     """The local folder of ``hf://org/name[@revision]``, downloading what is missing."""
-    repo_id, _, revision = name[len(PREFIX):].partition("@")
+    repo_id, _, revision = name[len(PREFIX) :].partition("@")
     if repo_id.count("/") != 1 or not all(repo_id.split("/")):
         raise ValueError(f"{name!r} is not hf://org/name (e.g. hf://meta-llama/Llama-3.2-1B)")
     try:

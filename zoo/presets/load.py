@@ -88,7 +88,9 @@ def from_preset(name_or_dir, *, load_weights=True, skip_layers=(), **config_over
 
     ``SmallCNN.from_preset(...)`` (every zoo model class has it) also checks the class.
     """
-    return load_preset_model(keras.Model, name_or_dir, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
+    return load_preset_model(
+        keras.Model, name_or_dir, load_weights=load_weights, skip_layers=skip_layers, **config_overrides
+    )
 
 
 def load_preset_model(model_class, name_or_dir, *, load_weights=True, skip_layers=(), **config_overrides):
@@ -157,7 +159,9 @@ def _layer(model, name, directory):
         return model.get_layer(name)
     except ValueError:
         names = [layer.name for layer in model.layers]
-        raise PresetError(f"preset {directory!r}: the model has no layer {name!r} to skip; its layers are {names}") from None
+        raise PresetError(
+            f"preset {directory!r}: the model has no layer {name!r} to skip; its layers are {names}"
+        ) from None
 
 
 def _load_weights(model, directory, skip):

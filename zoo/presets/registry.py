@@ -28,23 +28,31 @@ PRESETS = {
     spec.name: spec
     for spec in (
         PresetSpec(
-            "small_cnn_shapes", "SmallCNN", "shapes",
+            "small_cnn_shapes",
+            "SmallCNN",
+            "shapes",
             "SmallCNN (filters 8/16/32, hidden 64) classifying the 8 procedural shapes at 32x32 RGB",
         ),
         PresetSpec(
-            "gpt_tiny_python_docs", "GPTCausalLM", "python_docs",
+            "gpt_tiny_python_docs",
+            "GPTCausalLM",
+            "python_docs",
             "GPTCausalLM gpt_tiny (2 layers, width 32, GQA) predicting the next byte of the Python docs; 64 positions",
         ),
         PresetSpec(
-            "encoder_tiny_topics", "TransformerEncoderClassifier", "python_docs_topics",
+            "encoder_tiny_topics",
+            "TransformerEncoderClassifier",
+            "python_docs_topics",
             "TransformerEncoderClassifier encoder_tiny telling 4 pydoc topics apart from 64-byte windows",
         ),
         PresetSpec(
-            "vit_tiny_shapes", "ViTClassifier", "shapes",
+            "vit_tiny_shapes",
+            "ViTClassifier",
+            "shapes",
             "ViTClassifier vit_tiny (4x4 patches) classifying the 8 procedural shapes at 32x32 RGB",
         ),
     )
-}  # fmt: skip
+}
 
 
 def list_presets():

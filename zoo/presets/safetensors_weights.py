@@ -77,7 +77,9 @@ class SafetensorsFiles:
         try:
             for filename, path in self._paths.items():
                 self._open[filename] = _open_safetensors(path)
-            self.weight_map = index if index is not None else {name: SINGLE_FILE for name in self._open[SINGLE_FILE].keys()}  # noqa: SIM118
+            self.weight_map = (
+                index if index is not None else {name: SINGLE_FILE for name in self._open[SINGLE_FILE].keys()}
+            )  # noqa: SIM118
             self._check_tensors()
         except BaseException:
             self.close()
@@ -135,7 +137,9 @@ class SafetensorsFiles:
 
 
 def _index_text(index):
-    return "[" + ", ".join(f"{s.start or 0}:{'' if s.stop is None else s.stop}" for s in index) + "]" if index else "[:]"
+    return (
+        "[" + ", ".join(f"{s.start or 0}:{'' if s.stop is None else s.stop}" for s in index) + "]" if index else "[:]"
+    )
 
 
 def _read_index(directory):
@@ -167,7 +171,9 @@ def _read_index(directory):
 
 
 def _weight_file(directory, filename):
-    path = inside_folder(directory, filename, listed_in=INDEX_FILE if filename != SINGLE_FILE else "the folder", error=CheckpointError)
+    path = inside_folder(
+        directory, filename, listed_in=INDEX_FILE if filename != SINGLE_FILE else "the folder", error=CheckpointError
+    )
     if not os.path.isfile(path):
         raise CheckpointError(f"{path!r} is missing")
     return path
@@ -217,7 +223,9 @@ class TensorView:
 
     def weight_shape(self, file_shape):
         if self.split is not None and math.prod(self.split) != math.prod(file_shape):
-            raise CheckpointError(f"tensor {self.name!r} has shape {tuple(file_shape)}, which does not split into {self.split}")
+            raise CheckpointError(
+                f"tensor {self.name!r} has shape {tuple(file_shape)}, which does not split into {self.split}"
+            )
         shape = self.split or tuple(file_shape)
         return tuple(shape[a] for a in self.axes) if self.axes else tuple(shape)
 
@@ -285,7 +293,9 @@ class StackedView:
     def file_tensors(self, weight):
         """``{expert j's tensor name: its array}`` of the whole stacked weight (E, ...)."""
         if len(weight) != len(self.parts):
-            raise CheckpointError(f"a stacked weight of {len(weight)} rows for the {len(self.parts)} tensors {self.name}")
+            raise CheckpointError(
+                f"a stacked weight of {len(weight)} rows for the {len(self.parts)} tensors {self.name}"
+            )
         return {part.name: part.to_file(row) for part, row in zip(self.parts, weight)}
 
     def to_weight(self, arrays):
@@ -345,7 +355,9 @@ def _cast(view, block, dtype):
     with np.errstate(over="ignore", invalid="ignore"):
         cast = block.astype(dtype, copy=False)
     if cast is not block and not np.isfinite(cast).all():
-        raise CheckpointError(f"tensor {view.name!r} holds values beyond the range of the model's {dtype} (stored as {block.dtype})")
+        raise CheckpointError(
+            f"tensor {view.name!r} holds values beyond the range of the model's {dtype} (stored as {block.dtype})"
+        )
     return cast
 
 
@@ -358,11 +370,17 @@ def write_safetensors(tensors, directory, *, max_file_bytes=None, metadata=None)
     groups = _file_groups(tensors, max_file_bytes)
     metadata = {"format": "pt", **(metadata or {})}  # "pt": transformers reads the file as its own
     if len(groups) == 1:
-        save_file({name: np.ascontiguousarray(tensors[name]) for name in groups[0]}, os.path.join(directory, SINGLE_FILE), metadata)
+        save_file(
+            {name: np.ascontiguousarray(tensors[name]) for name in groups[0]},
+            os.path.join(directory, SINGLE_FILE),
+            metadata,
+        )
         return [SINGLE_FILE]
     names = [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for k in range(len(groups))]
     for filename, group in zip(names, groups):
-        save_file({name: np.ascontiguousarray(tensors[name]) for name in group}, os.path.join(directory, filename), metadata)
+        save_file(
+            {name: np.ascontiguousarray(tensors[name]) for name in group}, os.path.join(directory, filename), metadata
+        )
     index = {
         "metadata": {"total_size": int(sum(np.asarray(t).nbytes for t in tensors.values()))},
         "weight_map": {name: filename for filename, group in zip(names, groups) for name in group},

@@ -26,7 +26,16 @@ from zoo.presets._format import (
 )
 from zoo.presets._safety import ZOO_PACKAGE
 
-RESERVED_METADATA = ("format_version", "name", "class_name", "parameter_count", "zoo_version", "keras_version", "jax_version", "files")
+RESERVED_METADATA = (
+    "format_version",
+    "name",
+    "class_name",
+    "parameter_count",
+    "zoo_version",
+    "keras_version",
+    "jax_version",
+    "files",
+)
 
 
 def save_to_preset(model, directory, *, name=None, tokenizer=None, metadata=None):
@@ -95,7 +104,11 @@ def check_preset_destination(directory):
     ``zoo finetune`` calls it before training, ``save_to_preset`` again before writing."""
     if os.path.isfile(directory):
         raise PresetError(f"cannot save a preset to {directory!r}: it is a file")
-    if os.path.isdir(directory) and os.listdir(directory) and not os.path.isfile(os.path.join(directory, METADATA_FILE)):
+    if (
+        os.path.isdir(directory)
+        and os.listdir(directory)
+        and not os.path.isfile(os.path.join(directory, METADATA_FILE))
+    ):
         raise PresetError(
             f"refusing to replace {directory!r}: it is not empty and holds no {METADATA_FILE}, so it is not a "
             f"preset; choose a new or empty directory"

@@ -30,7 +30,9 @@ def sharded_value(variable, value):
     device's slice put there from the host: no device holds more than its shard."""
     host = value if hasattr(value, "shape") and hasattr(value, "__getitem__") else np.asarray(value)
     if tuple(host.shape) != tuple(variable.shape):
-        raise ValueError(f"variable {variable.path!r} has shape {tuple(variable.shape)} but the file holds {tuple(host.shape)}")
+        raise ValueError(
+            f"variable {variable.path!r} has shape {tuple(variable.shape)} but the file holds {tuple(host.shape)}"
+        )
     current = variable.value
     dtype = np.dtype(current.dtype)
     return jax.make_array_from_callback(

@@ -40,7 +40,15 @@ def tokenizer_json():
     """The ``tokenizer.json`` text (byte b -> id b, byte 0 the special pad token)."""
     stand_ins = byte_stand_ins()
     vocab = {(PAD_TOKEN if b == 0 else stand_ins[b]): b for b in range(256)}
-    pad = {"id": 0, "content": PAD_TOKEN, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+    pad = {
+        "id": 0,
+        "content": PAD_TOKEN,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
     document = {
         "version": "1.0",
         "truncation": None,
@@ -51,10 +59,18 @@ def tokenizer_json():
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
-            "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": [],
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
         },
-    }  # fmt: skip
+    }
     return json.dumps(document, indent=2)
 
 

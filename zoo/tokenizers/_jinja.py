@@ -39,7 +39,9 @@ def jinja2_module():
         raise ImportError(f"chat templates need the `jinja2` library (>= 3.1): {INSTALL}") from error
     version = tuple(int(part) for part in re.findall(r"\d+", jinja2.__version__)[:2])
     if version < MIN_VERSION:
-        raise ImportError(f"chat templates need jinja2 >= 3.1 (as transformers does), found {jinja2.__version__}: {INSTALL}")
+        raise ImportError(
+            f"chat templates need jinja2 >= 3.1 (as transformers does), found {jinja2.__version__}: {INSTALL}"
+        )
     return jinja2
 
 

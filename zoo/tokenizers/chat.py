@@ -27,7 +27,9 @@ import numpy as np
 from zoo.tokenizers.chat_template import ChatTemplate
 
 
-def apply_chat_template(tokenizer, messages, add_generation_prompt=False, tokenize=True, chat_template=None, **variables):
+def apply_chat_template(
+    tokenizer, messages, add_generation_prompt=False, tokenize=True, chat_template=None, **variables
+):
     """The rendered conversation (``tokenize=False``) or its int32 token ids ``(L,)``;
     ``variables`` reach the template (``date_string=...``)."""
     template = template_of(tokenizer, chat_template)
@@ -70,11 +72,15 @@ def template_of(tokenizer, chat_template=None):
     if isinstance(chat_template, str):
         return ChatTemplate(chat_template, special_tokens=default_special_tokens(tokenizer))
     if chat_template is not None:
-        raise TypeError(f"chat_template must be a ChatTemplate or the text of one, got a {type(chat_template).__name__}")
+        raise TypeError(
+            f"chat_template must be a ChatTemplate or the text of one, got a {type(chat_template).__name__}"
+        )
     template = getattr(tokenizer, "chat_template", None)
     if template is None:
-        raise ValueError(f"the {type(tokenizer).__name__} has no chat template (its Hugging Face folder has neither "
-                         "chat_template.jinja nor a \"chat_template\" in tokenizer_config.json): pass chat_template=")  # fmt: skip
+        raise ValueError(
+            f"the {type(tokenizer).__name__} has no chat template (its Hugging Face folder has neither "
+            'chat_template.jinja nor a "chat_template" in tokenizer_config.json): pass chat_template='
+        )
     return template
 
 

@@ -41,8 +41,16 @@ TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATES_DIR = "additional_chat_templates"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
-                      "additional_special_tokens")  # fmt: skip  # transformers' SPECIAL_TOKENS_ATTRIBUTES
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+    "additional_special_tokens",
+)  # transformers' SPECIAL_TOKENS_ATTRIBUTES
 DEFAULT_NAME = "default"
 
 
@@ -76,7 +84,9 @@ class ChatTemplate:
         templates = _templates(path, config)
         if not templates:
             if required:
-                raise ValueError(f"{path!r} has no chat template: neither {TEMPLATE_FILE} nor a \"chat_template\" in {CONFIG_FILE}")
+                raise ValueError(
+                    f'{path!r} has no chat template: neither {TEMPLATE_FILE} nor a "chat_template" in {CONFIG_FILE}'
+                )
             return None
         key = DEFAULT_NAME if name is None else name
         if key not in templates:
@@ -120,13 +130,17 @@ class ChatTemplate:
             prompt = self._prefix(messages[:index], True, index, variables)
             through = self._prefix(messages[: index + 1], False, index, variables)
             if not through.startswith(prompt):
-                raise ValueError(f"chat template: the generation prompt before assistant message {index} is not how the "
-                                 f"template renders that turn ({_differ(prompt, through)}), so its span cannot be found "
-                                 "by rendering prefixes; give the template {% generation %} blocks")  # fmt: skip
+                raise ValueError(
+                    f"chat template: the generation prompt before assistant message {index} is not how the "
+                    f"template renders that turn ({_differ(prompt, through)}), so its span cannot be found "
+                    "by rendering prefixes; give the template {% generation %} blocks"
+                )
             if not text.startswith(through):
-                raise ValueError(f"chat template: messages[:{index + 1}] render differently inside the whole conversation "
-                                 f"({_differ(through, text)}): the template rewrites earlier turns, so assistant spans "
-                                 "cannot be found by rendering prefixes; give the template {% generation %} blocks")  # fmt: skip
+                raise ValueError(
+                    f"chat template: messages[:{index + 1}] render differently inside the whole conversation "
+                    f"({_differ(through, text)}): the template rewrites earlier turns, so assistant spans "
+                    "cannot be found by rendering prefixes; give the template {% generation %} blocks"
+                )
             spans.append((len(prompt), len(through)))
         return text, spans
 
@@ -148,19 +162,27 @@ class ChatTemplate:
         try:
             return self.render(messages, add_generation_prompt, **variables)
         except (ValueError, TypeError, jinja2.TemplateError) as error:
-            raise ValueError(f"chat template: rendering messages[:{len(messages)}] to find assistant message {index}'s "
-                             f"span failed: {type(error).__name__}: {error}") from error  # fmt: skip
+            raise ValueError(
+                f"chat template: rendering messages[:{len(messages)}] to find assistant message {index}'s "
+                f"span failed: {type(error).__name__}: {error}"
+            ) from error
 
 
 def check_messages(messages):
     """A list of message dicts, each with a string ``"role"``: else a ValueError naming the message."""
     if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__len__"):
-        raise ValueError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got a {type(messages).__name__}")
+        raise ValueError(
+            f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got a {type(messages).__name__}"
+        )
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ValueError(f"message {index} must be a dict with 'role' and 'content', got a {type(message).__name__}")
+            raise ValueError(
+                f"message {index} must be a dict with 'role' and 'content', got a {type(message).__name__}"
+            )
         if not isinstance(message.get("role"), str):
-            raise ValueError(f"message {index} needs a string 'role' ('system', 'user', 'assistant', ...), got {sorted(message)}")
+            raise ValueError(
+                f"message {index} needs a string 'role' ('system', 'user', 'assistant', ...), got {sorted(message)}"
+            )
 
 
 def _templates(path, config):
@@ -188,7 +210,10 @@ def _special_tokens(path, config):
     """The folder's special tokens by name: tokenizer_config.json's over special_tokens_map.json's."""
     extra = config.get("extra_special_tokens") or {}
     keys = list(SPECIAL_TOKEN_KEYS) + list(extra)
-    merged = {**_read_json(path, SPECIAL_TOKENS_FILE), **{key: value for key, value in config.items() if value is not None}}
+    merged = {
+        **_read_json(path, SPECIAL_TOKENS_FILE),
+        **{key: value for key, value in config.items() if value is not None},
+    }
     merged.update(extra)
     return {key: merged[key] for key in keys if key in merged}
 
@@ -206,7 +231,7 @@ def _token_value(value):
 def _differ(first, second):
     """Where two renderings part, for an error message."""
     at = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
-    return f"they part at character {at}: {first[at:at + 30]!r} vs {second[at:at + 30]!r}"
+    return f"they part at character {at}: {first[at : at + 30]!r} vs {second[at : at + 30]!r}"
 
 
 def _read_text(file):

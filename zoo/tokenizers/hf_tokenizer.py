@@ -108,16 +108,22 @@ class HFTokenizer(Tokenizer):
         tokens = {
             "start_token": _token_text(config.get("bos_token")) or _token_of(library, generation.get("bos_token_id")),
             "end_token": _token_text(config.get("eos_token")) or _token_of(library, eos_ids[0] if eos_ids else None),
-            "pad_token": _token_text(config.get("pad_token")) or _token_of(library, generation.get("pad_token_id"))
+            "pad_token": _token_text(config.get("pad_token"))
+            or _token_of(library, generation.get("pad_token_id"))
             or padding.get("pad_token"),
         }
-        if config.get("tokenizer_class") != "PreTrainedTokenizerFast" and ({"add_bos_token", "add_eos_token"} & set(config)):
+        if config.get("tokenizer_class") != "PreTrainedTokenizerFast" and (
+            {"add_bos_token", "add_eos_token"} & set(config)
+        ):
             # transformers' defaults when one flag is missing: add_bos_token=True, add_eos_token=False
-            tokenizer_json = _with_template(library, tokens, config.get("add_bos_token", True), config.get("add_eos_token", False))
+            tokenizer_json = _with_template(
+                library, tokens, config.get("add_bos_token", True), config.get("add_eos_token", False)
+            )
         stop_tokens = [_token_of(library, i) for i in eos_ids]
         arguments = dict(
             tokens,
-            stop_tokens=[token for token in stop_tokens if token != tokens["end_token"]] or None,  # besides the end token
+            stop_tokens=[token for token in stop_tokens if token != tokens["end_token"]]
+            or None,  # besides the end token
             clean_up_tokenization_spaces=config.get("clean_up_tokenization_spaces", False),
             chat_template=ChatTemplate.from_directory(path, required=False),
         )
@@ -134,9 +140,16 @@ class HFTokenizer(Tokenizer):
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, TOKENIZER_FILE), "w", encoding="utf-8") as f:
             f.write(self.tokenizer_json)
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
-                  "model_input_names": MODEL_INPUTS}  # fmt: skip
-        for key, token in (("bos_token", self.start_token), ("eos_token", self.end_token), ("pad_token", self.pad_token)):
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
+            "model_input_names": MODEL_INPUTS,
+        }
+        for key, token in (
+            ("bos_token", self.start_token),
+            ("eos_token", self.end_token),
+            ("pad_token", self.pad_token),
+        ):
             if token is not None:
                 config[key] = token
         if self.chat_template is not None:
@@ -145,7 +158,9 @@ class HFTokenizer(Tokenizer):
                 config.setdefault(key, token)
         _write_json(path, CONFIG_FILE, config)
         if set(self.stop_token_ids) - {self.end_token_id}:
-            _write_json(path, GENERATION_FILE, {**_read_json(path, GENERATION_FILE), "eos_token_id": list(self.stop_token_ids)})
+            _write_json(
+                path, GENERATION_FILE, {**_read_json(path, GENERATION_FILE), "eos_token_id": list(self.stop_token_ids)}
+            )
 
     def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True, **variables):
         """``messages`` (``[{"role": ..., "content": ...}, ...]``) through the chat template:
@@ -207,7 +222,9 @@ def _chat_template(value, tokenizer):
         return ChatTemplate.from_config(value)
     if isinstance(value, str):
         return ChatTemplate(value, special_tokens=chat.default_special_tokens(tokenizer))
-    raise TypeError(f"chat_template must be a ChatTemplate, its config, the text of a template or None, got a {type(value).__name__}")
+    raise TypeError(
+        f"chat_template must be a ChatTemplate, its config, the text of a template or None, got a {type(value).__name__}"
+    )
 
 
 def _library():

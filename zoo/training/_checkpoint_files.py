@@ -80,14 +80,18 @@ def read_metadata(path):
         with open(metadata_path(path)) as handle:
             metadata = json.load(handle)
     except (OSError, ValueError) as error:
-        raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} is unreadable ({error})") from error
+        raise CheckpointError(
+            path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} is unreadable ({error})"
+        ) from error
     if not isinstance(metadata, dict):
         raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} does not hold a JSON object")
     missing = [key for key in ("format", "position", "data", "description") if key not in metadata]
     if missing:
         raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} lacks {', '.join(missing)}")
     if "checksum" in metadata and metadata["checksum"] != _checksum(metadata):
-        raise CheckpointError(path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} does not match its own checksum: it is damaged")
+        raise CheckpointError(
+            path, f"the metadata file {METADATA_ITEM}/{METADATA_FILE} does not match its own checksum: it is damaged"
+        )
     return metadata
 
 

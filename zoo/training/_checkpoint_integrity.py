@@ -46,8 +46,12 @@ def checksums(tree):
 
 def first_non_finite(tree):
     """``(group, index)`` of the first floating-point array holding a NaN or an infinity, or None."""
-    floating = [(group, index, array) for group in GROUPS for index, array in enumerate(tree[group])
-                if jnp.issubdtype(array.dtype, jnp.inexact)]  # fmt: skip
+    floating = [
+        (group, index, array)
+        for group in GROUPS
+        for index, array in enumerate(tree[group])
+        if jnp.issubdtype(array.dtype, jnp.inexact)
+    ]
     checks = [[_all_finite(shard.data) for shard in array.addressable_shards] for _, _, array in floating]
     finite = np.array([all(bool(ok) for ok in jax.device_get(each)) for each in checks])
     finite = _all_processes(finite)
@@ -61,7 +65,9 @@ def _dispatch_partial_sums(array):
     for shard in array.addressable_shards:
         if shard.replica_id != 0:
             continue
-        start = [index.start or 0 for index in _slices(shard.index, array.ndim)] + ([0] if len(shape) > array.ndim else [])
+        start = [index.start or 0 for index in _slices(shard.index, array.ndim)] + (
+            [0] if len(shape) > array.ndim else []
+        )
         sums.append(_shard_sums(shard.data, np.array(start, dtype=np.uint32), _strides(shape)))
     return sums
 

@@ -38,7 +38,10 @@ class CheckpointLock:
         try:
             holder = _read_holder(handle)
             if not _locked(handle, holder):
-                raise CheckpointError(self.directory, f"is in use by another run ({describe_holder(holder)}); wait for it to end or choose another --checkpoint-dir")
+                raise CheckpointError(
+                    self.directory,
+                    f"is in use by another run ({describe_holder(holder)}); wait for it to end or choose another --checkpoint-dir",
+                )
             os.ftruncate(handle, 0)
             os.pwrite(handle, json.dumps(_me()).encode(), 0)
         except BaseException:

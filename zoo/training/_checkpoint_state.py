@@ -78,7 +78,8 @@ def describe(model):
             "config": json_ready(_without_state(optimizer.get_config())),
         },
         "variables": {
-            group: [[v.path, list(v.shape), str(v.dtype)] for v in group_vars] for group, group_vars in variables.items()
+            group: [[v.path, list(v.shape), str(v.dtype)] for v in group_vars]
+            for group, group_vars in variables.items()
         },
     }
 
@@ -172,4 +173,3 @@ def _json_default(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return repr(value)
-

@@ -56,7 +56,9 @@ def open_checkpoints(config, data, model, report):
     return checkpoints, position
 
 
-def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data, callbacks, report, verbose=1, run_dir=None):
+def checkpointed_fit(
+    model, train_data, *, config, data, epochs, validation_data, callbacks, report, verbose=1, run_dir=None
+):
     """Fit ``train_data`` (a ``DivisibleBatches``) for ``epochs``, saving and resuming
     checkpoints as the config says; returns the history dict. With ``run_dir`` the run's
     metrics go to ``run_dir/metrics.csv`` and ``steps.csv`` (``zoo.training.run_logs``),
@@ -70,7 +72,9 @@ def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data
     checkpoints, start = open_checkpoints(config, data, model, report)
     saver = None
     if checkpoints is not None:
-        saver = PeriodicCheckpoint(checkpoints, every=config.checkpoint_every, steps_per_epoch=len(train_data), start=start)
+        saver = PeriodicCheckpoint(
+            checkpoints, every=config.checkpoint_every, steps_per_epoch=len(train_data), start=start
+        )
     # DivisibleBatches reshuffles itself, seeded per epoch (fit_from passes shuffle=False to fit).
     resumable = ResumableBatches(train_data, epoch=start.epoch, start_batch=start.batch)
     try:
@@ -79,7 +83,9 @@ def checkpointed_fit(model, train_data, *, config, data, epochs, validation_data
             # the figures (StepReport, Throughput) first, then the files that log them; the saver's position, then the stop
             logs = run_log_callbacks(run_dir, resume=start.step > 0, initial_step=start.step) if run_dir else []
             callbacks = [*callbacks, *logs, *([saver] if saver else []), stopper]
-            history = fit_from(model, resumable, epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
+            history = fit_from(
+                model, resumable, epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose
+            )
             stopper.stop_if_signalled()  # a signal during the last step
         if saver is not None and saver.save():
             report(f"saved checkpoint {saver.position.step} to {checkpoints.directory}")

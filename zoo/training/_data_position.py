@@ -114,10 +114,18 @@ def fit_from(model, data, *, epochs, callbacks=(), **fit_kwargs):
     callbacks = [_FollowEpochs(data), *callbacks]
     history = {}
     if data.start_batch and data.epoch < epochs:
-        _merge(history, model.fit(data, initial_epoch=data.epoch, epochs=data.epoch + 1, shuffle=False, callbacks=callbacks, **fit_kwargs))
+        _merge(
+            history,
+            model.fit(
+                data, initial_epoch=data.epoch, epochs=data.epoch + 1, shuffle=False, callbacks=callbacks, **fit_kwargs
+            ),
+        )
         data.set_epoch(data.epoch + 1)
     if data.epoch < epochs:
-        _merge(history, model.fit(data, initial_epoch=data.epoch, epochs=epochs, shuffle=False, callbacks=callbacks, **fit_kwargs))
+        _merge(
+            history,
+            model.fit(data, initial_epoch=data.epoch, epochs=epochs, shuffle=False, callbacks=callbacks, **fit_kwargs),
+        )
     return history
 
 

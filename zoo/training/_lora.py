@@ -33,7 +33,13 @@ import types
 
 import keras
 
-from zoo._compat import deferred_initializer, distribution_layout_map, set_deferred_variable_layout, sublayers, variable_layout
+from zoo._compat import (
+    deferred_initializer,
+    distribution_layout_map,
+    set_deferred_variable_layout,
+    sublayers,
+    variable_layout,
+)
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.layers import MoEFeedForward
 from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
@@ -53,11 +59,7 @@ def lora_target_layers(model, exclude=()):
     PEFT's usual targets leave it. The stacked expert weights are not Dense layers: they
     stay frozen under LoRA; the shared expert and its gate are adapted."""
     excluded = {id(layer) for layer in exclude} | {id(router) for router in _routers(model)}
-    return [
-        layer
-        for layer in sublayers(model)
-        if isinstance(layer, LORA_LAYER_TYPES) and id(layer) not in excluded
-    ]
+    return [layer for layer in sublayers(model) if isinstance(layer, LORA_LAYER_TYPES) and id(layer) not in excluded]
 
 
 def _routers(model):
@@ -188,6 +190,8 @@ def _weights_by_path(model, *, skip_lora):
         if skip_lora and is_lora_variable(variable):
             continue
         if variable.path in weights:
-            raise ValueError(f"model {model.name!r} has two weights at path {variable.path!r}; cannot match weights by path")
+            raise ValueError(
+                f"model {model.name!r} has two weights at path {variable.path!r}; cannot match weights by path"
+            )
         weights[variable.path] = variable
     return weights

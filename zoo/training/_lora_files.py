@@ -55,7 +55,9 @@ def load_lora(model, path):
     targets = {layer_prefix(layer): layer for layer in lora_target_layers(model)}
     unknown = sorted(set(adapters) - set(targets))
     if unknown:
-        raise ValueError(f"LoRA file {path!r} adapts {unknown}, which model {model.name!r} lacks; its Dense layers are {sorted(targets)}")
+        raise ValueError(
+            f"LoRA file {path!r} adapts {unknown}, which model {model.name!r} lacks; its Dense layers are {sorted(targets)}"
+        )
     enabled = sorted(layer_prefix(layer) for layer in lora_layers(model) if layer_prefix(layer) not in adapters)
     if enabled:
         raise ValueError(f"model {model.name!r} has LoRA on {enabled}, which LoRA file {path!r} does not hold")
@@ -99,7 +101,9 @@ def _check_format(path, attrs):
         raise ValueError(f"{path!r} is not a zoo LoRA file (format {attrs.get('format')!r}, expected {LORA_FORMAT!r})")
     version = int(attrs.get("format_version", 0))
     if not 1 <= version <= LORA_FORMAT_VERSION:
-        raise ValueError(f"LoRA file {path!r} has format version {version}; this keras-zoo reads 1 to {LORA_FORMAT_VERSION}")
+        raise ValueError(
+            f"LoRA file {path!r} has format version {version}; this keras-zoo reads 1 to {LORA_FORMAT_VERSION}"
+        )
 
 
 def _collect(path, name, item, adapters):

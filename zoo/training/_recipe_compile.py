@@ -107,7 +107,9 @@ def compile_job_step(job, config, *, target_devices, label, num_layers=None, dev
     distribution = job.distribution(module, config, mesh)
     depth = job.num_layers(module, config) if num_layers is None else num_layers
     overrides = {} if depth is None else {"num_layers": depth}
-    model = abstract_build(lambda: job.build(module, config, **overrides), lambda m: job.compile(module, m, config), distribution)
+    model = abstract_build(
+        lambda: job.build(module, config, **overrides), lambda m: job.compile(module, m, config), distribution
+    )
     x, y = job.batch_shapes(module, config, model, batch)
     compiled, memory = compile_fit_step(model, distribution, x, y, compiler_options=compiler_options)
     return RecipeStep(label, spec, batch, depth, memory, compiled)
@@ -116,15 +118,22 @@ def compile_job_step(job, config, *, target_devices, label, num_layers=None, dev
 def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_options=None):
     """``compile_job_step`` for a recipe: its job, its config, its target's device count."""
     return compile_job_step(
-        recipe.job, recipe.job_config(), target_devices=recipe.target.devices, label=recipe.path,
-        num_layers=num_layers, devices=devices, compiler_options=compiler_options,
-    )  # fmt: skip
+        recipe.job,
+        recipe.job_config(),
+        target_devices=recipe.target.devices,
+        label=recipe.path,
+        num_layers=num_layers,
+        devices=devices,
+        compiler_options=compiler_options,
+    )
 
 
 def recipe_fit(recipe, *, num_layers=2, devices=None, compiler_options=None):
     """``RecipeFit`` from the steps compiled at ``num_layers - 1`` and ``num_layers`` blocks."""
     if num_layers < 2:
-        raise ValueError(f"num_layers must be >= 2 (the per-block cost is a difference of two depths), got {num_layers}")
+        raise ValueError(
+            f"num_layers must be >= 2 (the per-block cost is a difference of two depths), got {num_layers}"
+        )
     module, _, _ = recipe.job.load()
     full_depth = recipe.job.num_layers(module, recipe.job_config())
     steps = tuple(

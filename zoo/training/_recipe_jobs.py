@@ -8,7 +8,6 @@ name (``[train] batch_size`` -> ``batch_size``); a key another job has but this 
 settings lack is reported, never dropped (``UnsupportedKeyError``).
 """
 
-
 from zoo.config.schema import recipe_fields
 from zoo.training._recipe_schema import JOB_SETTINGS, SECTIONS, RecipeError
 
@@ -62,7 +61,11 @@ class Job:
 
     def fields(self):
         """``{"section.key": settings field}`` for this job: each key is the field's own name."""
-        return {f"{section}.{name}": name for section, fields in recipe_fields(self.settings_class).items() for name in fields}
+        return {
+            f"{section}.{name}": name
+            for section, fields in recipe_fields(self.settings_class).items()
+            for name in fields
+        }
 
     def config_values(self, given, values):
         """``({field: value}, [problems])`` for the given keys; ``values``: {"section.key": value}."""
@@ -140,7 +143,9 @@ class PretrainGPT(Job):
     def flops_per_step(self, config, model):
         from zoo.training.mfu import gpt_flops_per_token
 
-        return gpt_flops_per_token(model.get_config(), config.sequence_length) * config.batch_size * config.sequence_length
+        return (
+            gpt_flops_per_token(model.get_config(), config.sequence_length) * config.batch_size * config.sequence_length
+        )
 
     def check_inputs(self, config, model):
         if config.sequence_length > model.backbone.max_sequence_length:
@@ -218,14 +223,18 @@ class Finetune(Job):
 
         head, size_key = module.head_of(self._class_name(config))
         model = from_preset(config.preset, load_weights=False, **{size_key: len(get_spec(config.dataset).classes)})
-        module.prepare_finetuning(model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
+        module.prepare_finetuning(
+            model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha
+        )
         return model
 
     def compile(self, module, model, config):
         import keras
 
         # As finetune() compiles: Adam (the optimizer state the memory estimate counts).
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate), loss="sparse_categorical_crossentropy")
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate), loss="sparse_categorical_crossentropy"
+        )
 
     def batch_shapes(self, module, config, model, batch):
         from zoo.presets import load_preset_metadata

@@ -79,12 +79,18 @@ class Plan:
     def format(self):
         """The plan as text lines (``zoo recipe check`` prints them)."""
         lines = [f"recipe: {self.path} (job {self.job})" + (f": {self.description}" if self.description else "")]
-        lines.append(f"target: {self.platform}, {self.hosts} host(s) x {self.devices // self.hosts} device(s) = {self.devices}")
-        trainable = f" ({self.trainable_parameters:,} trainable)" if self.trainable_parameters != self.parameters else ""
+        lines.append(
+            f"target: {self.platform}, {self.hosts} host(s) x {self.devices // self.hosts} device(s) = {self.devices}"
+        )
+        trainable = (
+            f" ({self.trainable_parameters:,} trainable)" if self.trainable_parameters != self.parameters else ""
+        )
         lines.append(f"model: {self.model}, {self.parameters:,} parameters{trainable}")
         lines.append(f"layout: {self.layout}" + (f" on mesh {self.mesh}" if self.mesh else " (one device)"))
         per = self.batch_size // self.data_shards
-        lines.append(f"batch: {self.batch_size} per step = {per} per data shard x {self.data_shards}; {self.accumulation} step(s) per update")
+        lines.append(
+            f"batch: {self.batch_size} per step = {per} per data shard x {self.data_shards}; {self.accumulation} step(s) per update"
+        )
         if self.sequence_length is not None:
             lines.append(
                 f"tokens: {self.tokens_per_step:,} per step, {self.tokens_per_step * self.accumulation:,} per update; "
@@ -104,7 +110,9 @@ class Plan:
         return line
 
     def _memory_line(self):
-        weights, gradients, optimizer = (format_bytes(count, 2) for count in (self.weight_bytes, self.gradient_bytes, self.optimizer_bytes))
+        weights, gradients, optimizer = (
+            format_bytes(count, 2) for count in (self.weight_bytes, self.gradient_bytes, self.optimizer_bytes)
+        )
         parts = f"weights {weights}, gradients {gradients}, optimizer {optimizer}"
         total = f"= {format_bytes(self.state_bytes, 2)}"
         if self.device_memory_bytes:
@@ -117,7 +125,9 @@ def resolve_axes(spec, layout, devices):
     None for the single-device layout. Raises ``MeshError`` naming the numbers."""
     if layout == "single":
         if devices != 1:
-            raise zd.MeshError(f"layout 'single' runs on one device but the target has {devices}; choose a parallel layout")
+            raise zd.MeshError(
+                f"layout 'single' runs on one device but the target has {devices}; choose a parallel layout"
+            )
         return None
     spec = spec or zd.default_mesh_spec(layout, devices)
     return resolve_mesh_shape(zd.parse_mesh_spec(spec), devices)
@@ -133,14 +143,23 @@ def check_batch(distribution, axes, layout, batch_size, sequence_length, hosts):
     sizes = dict(axes or [])
     data = zd.data_parallel_size(distribution)
     if batch_size % data:
-        raise ValueError(f"[train] batch_size {batch_size} is not divisible by the {distribution.batch_dim_name!r} mesh axis of size {data}")
+        raise ValueError(
+            f"[train] batch_size {batch_size} is not divisible by the {distribution.batch_dim_name!r} mesh axis of size {data}"
+        )
     if batch_size % hosts:
-        raise ValueError(f"[train] batch_size {batch_size} is not divisible by the {hosts} hosts (each process feeds an equal share)")
-    split = {SEQ: sizes.get(SEQ, 1) if layout == "context" else 1, MODEL: sizes.get(MODEL, 1) if layout == "tp+sp" else 1}
+        raise ValueError(
+            f"[train] batch_size {batch_size} is not divisible by the {hosts} hosts (each process feeds an equal share)"
+        )
+    split = {
+        SEQ: sizes.get(SEQ, 1) if layout == "context" else 1,
+        MODEL: sizes.get(MODEL, 1) if layout == "tp+sp" else 1,
+    }
     shards = math.prod(split.values())
     if sequence_length is not None and sequence_length % shards:
         named = " x ".join(f"{axis!r} ({size})" for axis, size in split.items() if size > 1)
-        raise ValueError(f"[train] sequence_length {sequence_length} is not divisible by the mesh axes it is split over: {named} = {shards}")
+        raise ValueError(
+            f"[train] sequence_length {sequence_length} is not divisible by the mesh axes it is split over: {named} = {shards}"
+        )
     if sequence_length is not None and hasattr(distribution, "check_data_shape"):
         distribution.check_data_shape((batch_size, sequence_length))  # e.g. causal load balancing needs 2 x seq
     return data, shards
@@ -200,7 +219,9 @@ def notes_for(axes, target, state_bytes):
         )
     memory = (target.device_memory_gib or 0) * GIB
     if memory and TIGHT_MEMORY_FRACTION * memory < state_bytes <= memory:
-        notes.append(f"weights, gradients and optimizer state take {100 * state_bytes / memory:.0f}% of device memory; activations need the rest")
+        notes.append(
+            f"weights, gradients and optimizer state take {100 * state_bytes / memory:.0f}% of device memory; activations need the rest"
+        )
     return notes
 
 

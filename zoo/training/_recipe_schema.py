@@ -22,7 +22,11 @@ from zoo.config.schema import check_value as check_setting
 
 JOBS = ("train_cnn", "pretrain_gpt", "finetune")
 # recipe job -> its settings (zoo.training._recipe_jobs runs them)
-JOB_SETTINGS = {"train_cnn": settings.CNNTrainConfig, "pretrain_gpt": settings.GPTTrainConfig, "finetune": settings.FinetuneConfig}
+JOB_SETTINGS = {
+    "train_cnn": settings.CNNTrainConfig,
+    "pretrain_gpt": settings.GPTTrainConfig,
+    "finetune": settings.FinetuneConfig,
+}
 # "section.key" of an earlier release -> the key that replaced it (docs/architecture.md, Vocabulary)
 RENAMED_KEYS = {
     "model.name": "[model] config_name (GPT), [model] preset (finetune)",
@@ -51,12 +55,25 @@ class RecipeSection:
 class TargetSection:
     """[target]: the machines the recipe is sized for."""
 
-    platform: str = setting(None, "the device kind JAX must find at run time", section="target", choices=choices.PLATFORMS, required=True)
+    platform: str = setting(
+        None, "the device kind JAX must find at run time", section="target", choices=choices.PLATFORMS, required=True
+    )
     hosts: int = setting(1, "JAX processes, one per host", section="target", parse=types.positive_int)
-    devices_per_host: int = setting(None, "accelerators (or simulated CPU devices) per host", section="target", parse=types.device_count, required=True)
-    device_memory_gib: float | None = setting(None, "memory per device; unset: not checked", section="target", parse=types.positive_float)
-    device: str | None = setting(None, "accelerator kind zoo plan times the step on (zoo.planning.DEVICES: h100, tpu-v5e, ...); unset: by platform",
-                                 section="target")  # fmt: skip
+    devices_per_host: int = setting(
+        None,
+        "accelerators (or simulated CPU devices) per host",
+        section="target",
+        parse=types.device_count,
+        required=True,
+    )
+    device_memory_gib: float | None = setting(
+        None, "memory per device; unset: not checked", section="target", parse=types.positive_float
+    )
+    device: str | None = setting(
+        None,
+        "accelerator kind zoo plan times the step on (zoo.planning.DEVICES: h100, tpu-v5e, ...); unset: by platform",
+        section="target",
+    )
 
     @property
     def devices(self):
@@ -67,8 +84,12 @@ class TargetSection:
 class MultihostSection:
     """[multihost]: joining the processes (``zoo.distribution.multihost.initialize``)."""
 
-    coordinator_address: str | None = setting(None, '"host:port" of process 0; unset: the environment or the cluster', section="multihost")
-    timeout_s: float = setting(300.0, "wait for the coordinator this long, then fail", section="multihost", parse=types.at_least_one_second)
+    coordinator_address: str | None = setting(
+        None, '"host:port" of process 0; unset: the environment or the cluster', section="multihost"
+    )
+    timeout_s: float = setting(
+        300.0, "wait for the coordinator this long, then fail", section="multihost", parse=types.at_least_one_second
+    )
 
 
 def job_sections():
@@ -80,14 +101,17 @@ def job_sections():
         for section, fields in recipe_fields(settings_class).items():
             for name, field in fields.items():
                 known = merged.setdefault(section, {}).setdefault(name, dict(field.metadata))
-                known["choices"] = tuple(dict.fromkeys(known["choices"] + field.metadata["choices"]))  # each job checks its own
+                known["choices"] = tuple(
+                    dict.fromkeys(known["choices"] + field.metadata["choices"])
+                )  # each job checks its own
     return {
         section: dataclasses.make_dataclass(
-            f"{section.title()}Section", [(name, object, dataclasses.field(default=None, metadata=meta)) for name, meta in keys.items()],
+            f"{section.title()}Section",
+            [(name, object, dataclasses.field(default=None, metadata=meta)) for name, meta in keys.items()],
             frozen=True,
         )
         for section, keys in merged.items()
-    }  # fmt: skip
+    }
 
 
 SECTIONS = {"recipe": RecipeSection, "target": TargetSection, "multihost": MultihostSection, **job_sections()}
@@ -106,7 +130,9 @@ def read_toml(path):
     except OSError as error:
         raise RecipeError(f"{path}: cannot be read ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
-        raise RecipeError(f"{path}: not UTF-8 text (byte {error.object[error.start:error.end]!r} at offset {error.start}); save the recipe as UTF-8") from None
+        raise RecipeError(
+            f"{path}: not UTF-8 text (byte {error.object[error.start : error.end]!r} at offset {error.start}); save the recipe as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as error:
         raise RecipeError(f"{path}: not valid TOML: {error}") from None
 
@@ -163,7 +189,10 @@ def _parse_section(section_class, name, values, path):
     missing = [f for f in fields.values() if f.metadata.get("required") and f.name not in values]
     if missing:
         raise RecipeError(f"{path}: [{name}] needs the key {missing[0].name!r} ({describe(missing[0])})")
-    checked = {key_name: check_value(fields[key_name], value, f"{path}: [{name}] {key_name}") for key_name, value in values.items()}
+    checked = {
+        key_name: check_value(fields[key_name], value, f"{path}: [{name}] {key_name}")
+        for key_name, value in values.items()
+    }
     return section_class(**checked)
 
 

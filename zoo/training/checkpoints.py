@@ -98,15 +98,19 @@ class Checkpoints:
         under ``<directory>/<step>`` until the whole checkpoint is written.
         """
         tree = state.state_tree(model)
-        metadata = files.with_checksum({
-            "format": FORMAT,
-            "zoo_version": __version__,
-            "position": position.as_dict(),
-            "data": self.data,
-            "description": state.describe(model),
-            "checksums": integrity.checksums(tree),
-        })  # fmt: skip
-        args = ocp.args.Composite(**{files.STATE_ITEM: ocp.args.StandardSave(tree), files.METADATA_ITEM: ocp.args.JsonSave(metadata)})
+        metadata = files.with_checksum(
+            {
+                "format": FORMAT,
+                "zoo_version": __version__,
+                "position": position.as_dict(),
+                "data": self.data,
+                "description": state.describe(model),
+                "checksums": integrity.checksums(tree),
+            }
+        )
+        args = ocp.args.Composite(
+            **{files.STATE_ITEM: ocp.args.StandardSave(tree), files.METADATA_ITEM: ocp.args.JsonSave(metadata)}
+        )
         path = os.path.join(self.directory, str(position.step))
         try:
             saved = self._manager.save(position.step, args=args, force=True)
@@ -137,7 +141,10 @@ class Checkpoints:
         rate = state.learning_rate(model)
         state.assign_state(model, tree)
         if rate is not None and state.learning_rate(model) != rate:
-            warnings.warn(f"{path}: the learning rate {state.learning_rate(model):g} restored from the checkpoint replaces {rate:g}", stacklevel=2)
+            warnings.warn(
+                f"{path}: the learning rate {state.learning_rate(model):g} restored from the checkpoint replaces {rate:g}",
+                stacklevel=2,
+            )
         return position
 
     def resume(self, model, report=print):
@@ -150,7 +157,7 @@ class Checkpoints:
         Raises ``CheckpointError`` listing every problem when none can be restored.
         """
         failures = []
-        for step, path in reversed(files.step_paths(self.directory)):
+        for _step, path in reversed(files.step_paths(self.directory)):
             try:
                 position = self.restore(model, path)
             except CheckpointError as error:
@@ -162,7 +169,9 @@ class Checkpoints:
             report(f"resumed from {path}: epoch {position.epoch + 1}, batch {position.batch}, step {position.step}")
             return position
         if failures:
-            raise CheckpointError(self.directory, "no checkpoint could be restored:\n" + "\n".join(f"  {e}" for e in failures))
+            raise CheckpointError(
+                self.directory, "no checkpoint could be restored:\n" + "\n".join(f"  {e}" for e in failures)
+            )
         return None
 
     def read(self, path):
@@ -192,12 +201,18 @@ class Checkpoints:
     def _checked_metadata(self, model, path):
         metadata = files.read_metadata(path)
         if metadata["format"] not in READABLE_FORMATS:
-            raise CheckpointError(path, f"has format {metadata['format']!r}; this zoo reads {' and '.join(map(repr, READABLE_FORMATS))}")
+            raise CheckpointError(
+                path, f"has format {metadata['format']!r}; this zoo reads {' and '.join(map(repr, READABLE_FORMATS))}"
+            )
         step = int(os.path.basename(path))
         if metadata["position"].get("step") != step:
-            raise CheckpointError(path, f"its metadata says step {metadata['position'].get('step')}, its name step {step}")
+            raise CheckpointError(
+                path, f"its metadata says step {metadata['position'].get('step')}, its name step {step}"
+            )
         if metadata["data"] != self.data:
-            raise CheckpointError(path, f"was written for other training data: {metadata['data']} in the checkpoint, {self.data} now")
+            raise CheckpointError(
+                path, f"was written for other training data: {metadata['data']} in the checkpoint, {self.data} now"
+            )
         found = state.differences(metadata["description"], state.describe(model))
         if found:
             raise CheckpointError(path, "was written by a different model or optimizer: " + "; ".join(found))
@@ -212,7 +227,9 @@ class Checkpoints:
             raise  # a bug here, not damaged data: no fallback
         except Exception as error:  # Orbax/TensorStore raise many types for damaged data
             detail = (str(error).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0][:300]
-            raise CheckpointError(path, f"its array data in {files.STATE_ITEM}/ cannot be read ({type(error).__name__}: {detail})") from error
+            raise CheckpointError(
+                path, f"its array data in {files.STATE_ITEM}/ cannot be read ({type(error).__name__}: {detail})"
+            ) from error
         finally:
             reader.close()
 
@@ -236,7 +253,10 @@ def _open_manager(directory, keep):
         cleanup_tmp_directories=True,  # writes a kill interrupted are deleted before the next save
         multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=0),
     )
-    handlers = {files.STATE_ITEM: ocp.StandardCheckpointHandler(), files.METADATA_ITEM: ocp.JsonCheckpointHandler(filename=files.METADATA_FILE)}
+    handlers = {
+        files.STATE_ITEM: ocp.StandardCheckpointHandler(),
+        files.METADATA_ITEM: ocp.JsonCheckpointHandler(filename=files.METADATA_FILE),
+    }
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
@@ -248,16 +268,24 @@ def _check_integrity(path, tree, metadata):
         for group in state.GROUPS:
             for index, (saved, restored) in enumerate(zip(recorded[group], found[group], strict=True)):
                 if saved != restored:
-                    raise CheckpointError(path, f"{_variable_name(metadata, group, index)} does not match the checksum recorded at save: "
-                                                f"its array data in {files.STATE_ITEM}/ is damaged")  # fmt: skip
+                    raise CheckpointError(
+                        path,
+                        f"{_variable_name(metadata, group, index)} does not match the checksum recorded at save: "
+                        f"its array data in {files.STATE_ITEM}/ is damaged",
+                    )
     non_finite = integrity.first_non_finite(tree)
     if non_finite is not None:
-        raise CheckpointError(path, f"{_variable_name(metadata, *non_finite)} holds NaN or infinite values: training from it would go nowhere")
+        raise CheckpointError(
+            path,
+            f"{_variable_name(metadata, *non_finite)} holds NaN or infinite values: training from it would go nowhere",
+        )
 
 
 def _variable_name(metadata, group, index):
     variables = metadata["description"]["variables"][group]
-    return f"{group} variable {index} ({variables[index][0]})" if index < len(variables) else f"{group} variable {index}"
+    return (
+        f"{group} variable {index} ({variables[index][0]})" if index < len(variables) else f"{group} variable {index}"
+    )
 
 
 def _check_iterations(path, tree, model, position):
@@ -265,7 +293,10 @@ def _check_iterations(path, tree, model, position):
     variables = state.group_variables(model)["optimizer"]
     index = next((i for i, v in enumerate(variables) if v is model.optimizer.iterations), None)
     if index is not None and int(np.asarray(tree["optimizer"][index])) != position.step:
-        raise CheckpointError(path, f"its optimizer has taken {int(np.asarray(tree['optimizer'][index]))} steps but its metadata says step {position.step}")
+        raise CheckpointError(
+            path,
+            f"its optimizer has taken {int(np.asarray(tree['optimizer'][index]))} steps but its metadata says step {position.step}",
+        )
 
 
 def _barrier(name):

@@ -53,13 +53,28 @@ def train(config, report=print):
     for line in zd.format_sharding_summary(model):
         report("  " + line)
     per_example = x.shape[1] if unit == "tokens" else 1
-    throughput = Throughput(config.batch_size * per_example, report, unit=unit, log_steps=True)  # steps.csv: one row per step
+    throughput = Throughput(
+        config.batch_size * per_example, report, unit=unit, log_steps=True
+    )  # steps.csv: one row per step
     with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: stop at a step boundary (no checkpoints here)
         history = model.fit(
-            DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed),
-            validation_data=DivisibleBatches(xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad"),
-            epochs=config.epochs, shuffle=False, callbacks=[throughput, *run_log_callbacks(run_dir_of(config.output)), StopAtSignal(signals)], verbose=2,
-        )  # fmt: skip
+            DivisibleBatches(
+                x,
+                y,
+                batch_size=config.batch_size,
+                multiple_of=replicas,
+                remainder="drop",
+                shuffle=True,
+                seed=config.seed,
+            ),
+            validation_data=DivisibleBatches(
+                xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad"
+            ),
+            epochs=config.epochs,
+            shuffle=False,
+            callbacks=[throughput, *run_log_callbacks(run_dir_of(config.output)), StopAtSignal(signals)],
+            verbose=2,
+        )
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
     report(f"held-out test accuracy: {accuracy:.4f} ({len(yt)} examples, chance {1 / len(spec.classes):.4f})")
     save_model_atomically(model, config.output)

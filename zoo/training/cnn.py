@@ -3,8 +3,8 @@
 import keras
 
 from zoo import distribution as zd
-from zoo.data import SHAPE_CLASSES, DivisibleBatches, get_spec, load, load_shapes
 from zoo.config.settings import CNNTrainConfig, VerifyConfig  # noqa: F401 (the settings of these jobs)
+from zoo.data import SHAPE_CLASSES, DivisibleBatches, get_spec, load, load_shapes
 from zoo.data.catalog import IMAGE_CLASSIFICATION
 from zoo.distribution.parity import check_parity
 from zoo.models import SmallCNN
@@ -20,7 +20,7 @@ from zoo.training.job_setup import (
 from zoo.training.paths import check_job_paths, save_model_atomically
 
 
-def build_cnn(image_size, seed, num_classes=len(SHAPE_CLASSES), channels=3, dropout=0.0):
+def build_cnn(image_size, seed, num_classes=len(SHAPE_CLASSES), channels=3, dropout=0.0):  # noqa: B008 (a constant)
     return SmallCNN(num_classes=num_classes, image_size=image_size, channels=channels, dropout=dropout, seed=seed)
 
 
@@ -66,7 +66,9 @@ def train(config, report=print, callbacks=()):
     for line in zd.format_sharding_summary(model):
         report("  " + line)
 
-    throughput = Throughput(config.batch_size, report, log_steps=True)  # steps.csv: one row per step (no StepReport here)
+    throughput = Throughput(
+        config.batch_size, report, log_steps=True
+    )  # steps.csv: one row per step (no StepReport here)
     data = {  # what the saved data position refers to; a resume under other data is refused
         "dataset": config.dataset,
         "image_shape": list(image_shape),
@@ -75,8 +77,17 @@ def train(config, report=print, callbacks=()):
         "seed": config.seed,
         "steps_per_epoch": len(train_data),
     }
-    history = checkpointed_fit(model, train_data, config=config, data=data, epochs=config.epochs, validation_data=validation_data,
-                               callbacks=[throughput, *callbacks], report=report, run_dir=run_dir_of(config.output))  # fmt: skip
+    history = checkpointed_fit(
+        model,
+        train_data,
+        config=config,
+        data=data,
+        epochs=config.epochs,
+        validation_data=validation_data,
+        callbacks=[throughput, *callbacks],
+        report=report,
+        run_dir=run_dir_of(config.output),
+    )
     accuracy = evaluate_accuracy(model, *test_data, batch_size=config.batch_size, replicas=replicas)
     report(f"held-out test accuracy: {accuracy:.4f} ({len(test_data[1])} images, chance {1 / len(spec.classes):.4f})")
     save_model_atomically(model, config.output, fallback_folders=[config.checkpoint_dir])
@@ -98,7 +109,9 @@ def _datasets(config, replicas):
     x, y = load(config.dataset, train_split, num_examples=config.train_examples, **options)
     xv, yv = load(config.dataset, validation_split, **options)
     test = load(config.dataset, "test", **options)
-    train_data = DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed)
+    train_data = DivisibleBatches(
+        x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed
+    )
     validation_data = DivisibleBatches(xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad")
     return train_data, validation_data, test
 
@@ -109,7 +122,9 @@ def verify(config, report=print):
         raise ValueError("verify compares a distribution with one device: choose --layout data or model")
     distribution = resolve_distribution(config)
     report_setup(distribution, report)
-    x, y = load_shapes("train", image_size=config.image_size, num_examples=config.steps * config.batch_size, seed=config.seed)
+    x, y = load_shapes(
+        "train", image_size=config.image_size, num_examples=config.steps * config.batch_size, seed=config.seed
+    )
     result = check_parity(
         lambda: SmallCNN(num_classes=len(SHAPE_CLASSES), image_size=config.image_size, dropout=0.25, seed=config.seed),
         lambda model: compile_cnn(model, config.optimizer, learning_rate=1e-2 if config.optimizer == "sgd" else 1e-3),

@@ -39,7 +39,15 @@ from zoo._compat import (
 from zoo.distribution.distributions import global_distribution
 from zoo.distribution.layouts import raise_if_unmatched
 
-__all__ = ["StepMemory", "abstract_build", "analytic_weight_bytes", "compile_fit_step", "memory_analysis_reflects_remat", "state_bytes", "state_shardings"]
+__all__ = [
+    "StepMemory",
+    "abstract_build",
+    "analytic_weight_bytes",
+    "compile_fit_step",
+    "memory_analysis_reflects_remat",
+    "state_bytes",
+    "state_shardings",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +77,10 @@ def abstract_build(build, compile_model, distribution):
     """``build()`` and ``compile_model(model)`` under ``distribution`` with no weight or
     optimizer slot allocated; returns the compiled model (variables uninitialised).
     Raises ``LayoutError`` if a rule of the distribution's layout map matched no variable."""
-    with forgetting_deferred_variables(), global_distribution(distribution):  # else the next symbolic call allocates it all
+    with (
+        forgetting_deferred_variables(),
+        global_distribution(distribution),
+    ):  # else the next symbolic call allocates it all
         with keras.StatelessScope(initialize_variables=False):
             model = build()
         if hasattr(distribution, "unmatched_rules"):  # a layout rule that matched no variable is an error
@@ -109,7 +120,9 @@ def slot_reference(slot, trainable):
     """The trainable variable an optimizer slot was made from (its path, ``/`` as ``_``,
     prefixes the slot's name; same shape), or None for the optimizer's own scalars."""
     prefixes = sorted(((v.path.replace("/", "_") + "_", v) for v in trainable), key=lambda p: -len(p[0]))
-    return next((v for prefix, v in prefixes if slot.name.startswith(prefix) and tuple(slot.shape) == tuple(v.shape)), None)
+    return next(
+        (v for prefix, v in prefixes if slot.name.startswith(prefix) and tuple(slot.shape) == tuple(v.shape)), None
+    )
 
 
 def state_shardings(model, distribution):
@@ -118,7 +131,12 @@ def state_shardings(model, distribution):
     if distribution is None:
         device = jax.devices()[0]
         single = jax.sharding.SingleDeviceSharding(device)
-        groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
+        groups = (
+            model.trainable_variables,
+            model.non_trainable_variables,
+            model.optimizer.variables,
+            model.metrics_variables,
+        )
         return tuple([single] * len(group) for group in groups)
     mesh = distribution.device_mesh.backend_mesh
     shard = lambda v: _variable_sharding(v, distribution, mesh)
@@ -159,7 +177,9 @@ def _batch_struct(shape, dtype, distribution):
     if distribution is None:
         return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype))
     layout = distribution.get_data_layout(shape)
-    return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype), sharding=_sharding(layout, distribution.device_mesh.backend_mesh))
+    return jax.ShapeDtypeStruct(
+        shape, jax.numpy.dtype(dtype), sharding=_sharding(layout, distribution.device_mesh.backend_mesh)
+    )
 
 
 def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
@@ -172,8 +192,15 @@ def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
     with global_distribution(None):  # the metrics' variables are scalars, replicated
         build_compile_state(model, x, y)  # compiled metrics' variables (e.g. accuracy), as fit's first batch makes them
     shardings = state_shardings(model, distribution)
-    groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables, model.metrics_variables)
-    state = tuple([_abstract(v, s) for v, s in zip(group, group_shardings)] for group, group_shardings in zip(groups, shardings))
+    groups = (
+        model.trainable_variables,
+        model.non_trainable_variables,
+        model.optimizer.variables,
+        model.metrics_variables,
+    )
+    state = tuple(
+        [_abstract(v, s) for v, s in zip(group, group_shardings)] for group, group_shardings in zip(groups, shardings)
+    )
     data = (_batch_struct(*x, distribution), _batch_struct(*y, distribution))
     out_shardings = None if distribution is None else (None, shardings)
     with global_distribution(distribution):
@@ -182,10 +209,14 @@ def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
     analysis = compiled.memory_analysis()
     weights, gradients, optimizer = state_bytes(model, shardings)
     memory = StepMemory(
-        weights=weights, gradients=gradients, optimizer=optimizer, temp=int(analysis.temp_size_in_bytes),
-        argument=int(analysis.argument_size_in_bytes), output=int(analysis.output_size_in_bytes),
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        temp=int(analysis.temp_size_in_bytes),
+        argument=int(analysis.argument_size_in_bytes),
+        output=int(analysis.output_size_in_bytes),
         alias=int(analysis.alias_size_in_bytes),
-    )  # fmt: skip
+    )
     return compiled, memory
 
 
@@ -216,7 +247,11 @@ def memory_analysis_reflects_remat():
     weights = [(jax.ShapeDtypeStruct((512, 2048), jnp.float32), jax.ShapeDtypeStruct((2048, 512), jnp.float32))] * 8
     x = jax.ShapeDtypeStruct((4096, 512), jnp.float32)
     temp = [
-        jax.jit(jax.grad(functools.partial(loss, remat=remat))).lower(weights, x).compile().memory_analysis().temp_size_in_bytes
+        jax.jit(jax.grad(functools.partial(loss, remat=remat)))
+        .lower(weights, x)
+        .compile()
+        .memory_analysis()
+        .temp_size_in_bytes
         for remat in (False, True)
     ]
     return temp[1] < 0.5 * temp[0]

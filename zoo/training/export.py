@@ -34,9 +34,11 @@ def export(config, report=print):
     _attach_tokenizer(model, config.model, report)
     max_file_bytes = None if config.max_file_size_mb is None else int(config.max_file_size_mb * MIB)
     directory = model.save_to_hf(config.output, max_file_bytes=max_file_bytes, dtype=config.dtype, report=report)
-    report(f"wrote {config.output}: {type(model).__name__}, {exported_parameter_count(model):,} parameters"
-           + (f", {config.dtype}" if config.dtype else "")
-           + (f", {model.backbone.num_layers} pipelined blocks as layers" if model.backbone.schedule else ""))  # fmt: skip
+    report(
+        f"wrote {config.output}: {type(model).__name__}, {exported_parameter_count(model):,} parameters"
+        + (f", {config.dtype}" if config.dtype else "")
+        + (f", {model.backbone.num_layers} pipelined blocks as layers" if model.backbone.schedule else "")
+    )
     return directory
 
 
@@ -54,9 +56,13 @@ def _attach_tokenizer(model, source, report):
         return
     vocabulary = model.backbone.vocabulary_size
     if vocabulary != ByteTokenizer.vocabulary_size:
-        report(f"{source} has no tokenizer and a vocabulary of {vocabulary} (not the 256 bytes): the folder gets no "
-               f"tokenizer files; add the tokenizer's tokenizer.json and tokenizer_config.json to it yourself")  # fmt: skip
+        report(
+            f"{source} has no tokenizer and a vocabulary of {vocabulary} (not the 256 bytes): the folder gets no "
+            f"tokenizer files; add the tokenizer's tokenizer.json and tokenizer_config.json to it yourself"
+        )
         return
     length = min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
     model.preprocessor = GPTCausalLMPreprocessor(ByteTokenizer(), sequence_length=length)
-    report(f"{source} has no tokenizer: exporting the byte tokenizer it was trained on (byte b = id b, pad id 0) as tokenizer.json")
+    report(
+        f"{source} has no tokenizer: exporting the byte tokenizer it was trained on (byte b = id b, pad id 0) as tokenizer.json"
+    )

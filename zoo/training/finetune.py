@@ -71,13 +71,15 @@ __all__ = [
     "prepare_finetuning",
     "save_lora",
     "trainable_parameter_count",
-]  # fmt: skip
+]
 
 
 def head_of(class_name):
     """``(head layer name, config key)`` of a preset's model class; raises naming the supported ones."""
     if class_name not in HEADS:
-        raise ValueError(f"fine-tuning supports classifier presets of {sorted(HEADS)}; this preset holds a {class_name}")
+        raise ValueError(
+            f"fine-tuning supports classifier presets of {sorted(HEADS)}; this preset holds a {class_name}"
+        )
     return HEADS[class_name]
 
 
@@ -145,31 +147,64 @@ def finetune(config, report=print):
     replicas = zd.data_parallel_size(distribution)
     model = zd.build_distributed(lambda: load_for_finetuning(config.preset, len(spec.classes)), distribution)
     new_head = needs_new_head(config.preset, len(spec.classes))
-    report(f"preset {config.preset!r}: {metadata['class_name']}, {model.count_params():,} parameters"
-           + (f"; new {len(spec.classes)}-class head {head!r}" if new_head else ""))  # fmt: skip
+    report(
+        f"preset {config.preset!r}: {metadata['class_name']}, {model.count_params():,} parameters"
+        + (f"; new {len(spec.classes)}-class head {head!r}" if new_head else "")
+    )
     input_shape = example_shape(model, metadata)
     (x, y), (xt, yt) = (_load_adapted(config, spec, input_shape, split) for split in ("train", "test"))
     keras.utils.set_random_seed(config.seed)
-    adapted = prepare_finetuning(model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
+    adapted = prepare_finetuning(
+        model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha
+    )
     trainable = trainable_parameter_count(model)
-    report(f"method {config.method}: {trainable:,} trainable parameters"
-           + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})" if adapted else ""))  # fmt: skip
+    report(
+        f"method {config.method}: {trainable:,} trainable parameters"
+        + (
+            f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})"
+            if adapted
+            else ""
+        )
+    )
     _compile(model, config)
     # Evaluated after compile() so one predict function serves both evaluations; LoRA's
     # b factors start at zero, so this is still the preset's (new head's) output.
     zero_shot = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
     report(f"zero-shot test accuracy: {zero_shot:.4f} (chance {1 / len(spec.classes):.4f})")
-    batches = DivisibleBatches(x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed)
-    data = {"preset": config.preset, "dataset": config.dataset, "examples": batches.num_examples,
-            "batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": len(batches)}  # fmt: skip
+    batches = DivisibleBatches(
+        x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed
+    )
+    data = {
+        "preset": config.preset,
+        "dataset": config.dataset,
+        "examples": batches.num_examples,
+        "batch_size": config.batch_size,
+        "seed": config.seed,
+        "steps_per_epoch": len(batches),
+    }
     progress = StepReport(config.batch_size, unit="examples", every=config.report_every, report=report)
-    history = checkpointed_fit(model, batches, config=config, data=data, epochs=config.epochs, validation_data=None,
-                               callbacks=[progress], report=report, verbose=0,
-                               run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True))  # fmt: skip
+    history = checkpointed_fit(
+        model,
+        batches,
+        config=config,
+        data=data,
+        epochs=config.epochs,
+        validation_data=None,
+        callbacks=[progress],
+        report=report,
+        verbose=0,
+        run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True),
+    )
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
     report(f"fine-tuned test accuracy: {accuracy:.4f} ({len(yt)} examples; zero-shot {zero_shot:.4f})")
-    result = {"zero_shot_accuracy": zero_shot, "test_accuracy": accuracy, "trainable_parameters": trainable,
-              "history": history, "model": model, "adapted_layers": adapted}  # fmt: skip
+    result = {
+        "zero_shot_accuracy": zero_shot,
+        "test_accuracy": accuracy,
+        "trainable_parameters": trainable,
+        "history": history,
+        "model": model,
+        "adapted_layers": adapted,
+    }
     if config.output:
         _save(config, spec, model, input_shape, adapted, result, report)
     return result
@@ -177,13 +212,23 @@ def finetune(config, report=print):
 
 def _check_classifier_options(config):
     """Settings only a causal LM takes, refused for a classifier rather than ignored."""
-    given = [flag for flag, value in (("--data-file", config.data_file), ("--validation-file", config.validation_file),
-                                      ("--sequence-length", config.sequence_length), ("--chat-template", config.chat_template),
-                                      ("--loss-chunk-size", config.loss_chunk_size)) if value is not None]  # fmt: skip
+    given = [
+        flag
+        for flag, value in (
+            ("--data-file", config.data_file),
+            ("--validation-file", config.validation_file),
+            ("--sequence-length", config.sequence_length),
+            ("--chat-template", config.chat_template),
+            ("--loss-chunk-size", config.loss_chunk_size),
+        )
+        if value is not None
+    ]
     if config.adapter_format != "zoo":
         given.append(f"--adapter-format {config.adapter_format}")
     if given:
-        raise ValueError(f"{', '.join(given)}: for causal LMs; preset {config.preset!r} is a classifier, fine-tuned on --dataset")
+        raise ValueError(
+            f"{', '.join(given)}: for causal LMs; preset {config.preset!r} is a classifier, fine-tuned on --dataset"
+        )
     if config.layout not in CLASSIFIER_FINETUNE_LAYOUTS:
         raise ValueError(
             f"--layout {config.layout}: a classifier preset fine-tunes under {', '.join(CLASSIFIER_FINETUNE_LAYOUTS)}; "
@@ -200,13 +245,17 @@ def _check_job(config):
     spec = get_spec(config.dataset)
     if spec.task not in (IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION):
         raise ValueError(f"fine-tuning needs a classification dataset; {config.dataset!r} is {spec.task}")
-    takes = metadata.get("task") or (TEXT_CLASSIFICATION if metadata["class_name"] == "TransformerEncoderClassifier" else IMAGE_CLASSIFICATION)
+    takes = metadata.get("task") or (
+        TEXT_CLASSIFICATION if metadata["class_name"] == "TransformerEncoderClassifier" else IMAGE_CLASSIFICATION
+    )
     if spec.task != takes:  # else Keras fails later on the input shape
         from zoo.data.catalog import DATASETS
 
         fitting = [name for name, other in DATASETS.items() if other.task == takes]
-        raise ValueError(f"preset {config.preset!r} ({metadata['class_name']}) takes {takes} input; --dataset {config.dataset!r} is "
-                         f"{spec.task} data; choose {' or '.join(fitting)}")  # fmt: skip
+        raise ValueError(
+            f"preset {config.preset!r} ({metadata['class_name']}) takes {takes} input; --dataset {config.dataset!r} is "
+            f"{spec.task} data; choose {' or '.join(fitting)}"
+        )
     return metadata, spec, head
 
 
@@ -235,7 +284,9 @@ def example_shape(model, metadata):
     if len(shape) == 1 and shape[0] is None:
         shape = [getattr(model, "max_sequence_length", None)]
     if any(size is None for size in shape):
-        raise ValueError(f"the preset's input shape {shape} is not fully known; save it with metadata input_shape=[...]")
+        raise ValueError(
+            f"the preset's input shape {shape} is not fully known; save it with metadata input_shape=[...]"
+        )
     return tuple(shape)
 
 
@@ -269,10 +320,15 @@ def _save(config, spec, model, input_shape, adapted, result, report):
         "input_shape": list(input_shape),
         "test_accuracy": round(result["test_accuracy"], 4),
         "finetuned_from": str(config.preset),
-        "training": {"method": config.method, "epochs": config.epochs, "optimizer": config.optimizer,
-                     "learning_rate": config.learning_rate or LEARNING_RATES[config.method],
-                     "lora_rank": config.lora_rank if adapted else None, "seed": config.seed},
-    }  # fmt: skip
+        "training": {
+            "method": config.method,
+            "epochs": config.epochs,
+            "optimizer": config.optimizer,
+            "learning_rate": config.learning_rate or LEARNING_RATES[config.method],
+            "lora_rank": config.lora_rank if adapted else None,
+            "seed": config.seed,
+        },
+    }
     save = lambda target: save_to_preset(final, target, tokenizer=load_tokenizer(config.preset), metadata=metadata)
     directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
     report(f"saved the fine-tuned preset to {directory}" + (" (LoRA merged)" if adapted else ""))

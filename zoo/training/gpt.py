@@ -67,8 +67,10 @@ def moe_overrides(config):
     given = {key: getattr(config, key) for key in MOE_SETTINGS if getattr(config, key, None) is not None}
     if given and not GPTCausalLM.named_config(config.config_name).get("num_experts"):
         flags = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in given.items())
-        raise ValueError(f"{flags}: settings of a Mixture-of-Experts model, but --config-name {config.config_name} has no experts; "
-                         f"leave them out or use an MoE config (e.g. gpt_tiny_moe)")  # fmt: skip
+        raise ValueError(
+            f"{flags}: settings of a Mixture-of-Experts model, but --config-name {config.config_name} has no experts; "
+            f"leave them out or use an MoE config (e.g. gpt_tiny_moe)"
+        )
     return given
 
 
@@ -94,7 +96,11 @@ def _check_pipeline_depth(config, stages):
     layers = config.num_layers or GPTCausalLM.named_config(config.config_name)["num_layers"]
     groups = stages * config.repeats
     if layers % groups:
-        given = f"--num-layers {layers}" if config.num_layers else f"--config-name {config.config_name} has {layers} layers, which"
+        given = (
+            f"--num-layers {layers}"
+            if config.num_layers
+            else f"--config-name {config.config_name} has {layers} layers, which"
+        )
         raise ValueError(
             f"layout pipeline: {given} do not split into --repeats {config.repeats} x {stages} stages = {groups} equal groups of blocks; "
             f"give --num-layers a multiple of {groups}, or fewer stages (--mesh) or repeats"
@@ -123,7 +129,12 @@ def build_gpt(config, overrides=None):
     schedule, repeats and micro-batches, M defaulting to the current distribution's stages)."""
     pipeline = _model_overrides(config, keras.distribution.distribution())
     return GPTCausalLM.from_config_name(
-        config.config_name, config.layout, dropout=config.dropout, seed=config.seed, remat=config.remat, **{**pipeline, **(overrides or {})}
+        config.config_name,
+        config.layout,
+        dropout=config.dropout,
+        seed=config.seed,
+        remat=config.remat,
+        **{**pipeline, **(overrides or {})},
     )
 
 
@@ -144,8 +155,12 @@ def compile_gpt(model, learning_rate, total_steps, weight_decay=0.01, gradient_a
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=max(total_steps, 1), alpha=0.1)
     accumulate = gradient_accumulation_steps if gradient_accumulation_steps > 1 else None
     model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate=schedule, weight_decay=weight_decay, global_clipnorm=1.0,
-                                         gradient_accumulation_steps=accumulate),  # fmt: skip
+        optimizer=keras.optimizers.AdamW(
+            learning_rate=schedule,
+            weight_decay=weight_decay,
+            global_clipnorm=1.0,
+            gradient_accumulation_steps=accumulate,
+        ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
 
@@ -165,24 +180,46 @@ def train(config, report=print):
     distribution = multihost.feed_process_local_data(resolve_distribution(config))
     report_setup(distribution, report)
     x, y, xv, yv, entropy = _load_corpus(config)
-    report(f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes per process; unigram entropy {entropy:.3f} nats/byte")
+    report(
+        f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes per process; unigram entropy {entropy:.3f} nats/byte"
+    )
     train_data, validation_data = _batches(config, distribution, x, y, xv, yv)
     steps = len(train_data)
     keras.utils.set_random_seed(config.seed)
     model = zd.build_distributed(lambda: build_for_training(config), distribution)
-    compile_gpt(model, config.learning_rate, steps * config.epochs // config.gradient_accumulation_steps,
-                config.weight_decay, config.gradient_accumulation_steps)  # fmt: skip
+    compile_gpt(
+        model,
+        config.learning_rate,
+        steps * config.epochs // config.gradient_accumulation_steps,
+        config.weight_decay,
+        config.gradient_accumulation_steps,
+    )
     report(f"model: {config.config_name}, {model.count_params():,} parameters, remat {config.remat}")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
     report(_blocks_line(config, model, distribution))
     callbacks = _callbacks(config, model, entropy, report)
     verbose = 2 if multihost.is_primary() else 0
-    data = {"dataset": config.dataset, "sequence_length": config.sequence_length, "windows": len(x),
-            "batch_size": config.batch_size, "seed": config.seed, "steps_per_epoch": len(train_data)}  # fmt: skip
-    history = checkpointed_fit(model, train_data, config=config, data=data, epochs=config.epochs,
-                               validation_data=validation_data, callbacks=callbacks, report=report, verbose=verbose,
-                               run_dir=run_dir_of(config.output))  # fmt: skip
+    data = {
+        "dataset": config.dataset,
+        "sequence_length": config.sequence_length,
+        "windows": len(x),
+        "batch_size": config.batch_size,
+        "seed": config.seed,
+        "steps_per_epoch": len(train_data),
+    }
+    history = checkpointed_fit(
+        model,
+        train_data,
+        config=config,
+        data=data,
+        epochs=config.epochs,
+        validation_data=validation_data,
+        callbacks=callbacks,
+        report=report,
+        verbose=verbose,
+        run_dir=run_dir_of(config.output),
+    )
     if multihost.is_primary():
         save_model_atomically(model, config.output, fallback_folders=[config.checkpoint_dir])
         report(f"saved model to {config.output}")
@@ -212,7 +249,9 @@ def _check_dataset(name):
     task = catalog.get_spec(name).task
     if task != catalog.LANGUAGE_MODELING:
         corpora = [spec.name for spec in catalog.DATASETS.values() if spec.task == catalog.LANGUAGE_MODELING]
-        raise ValueError(f"--dataset {name!r} is {task} data; zoo train gpt needs {catalog.LANGUAGE_MODELING} data: {', '.join(corpora)}")
+        raise ValueError(
+            f"--dataset {name!r} is {task} data; zoo train gpt needs {catalog.LANGUAGE_MODELING} data: {', '.join(corpora)}"
+        )
 
 
 def _load_corpus(config):
@@ -235,7 +274,9 @@ def _batches(config, distribution, x, y, xv, yv):
     if config.steps_per_epoch is not None:  # a fixed subset, so an epoch (and a resumable data position) is N steps
         x, y = x[: config.steps_per_epoch * batch_size], y[: config.steps_per_epoch * batch_size]
     x, y, xv, yv = _prepare_for(distribution, x, y, xv, yv)
-    train_data = DivisibleBatches(x, y, batch_size=batch_size, multiple_of=multiple_of, remainder="drop", shuffle=True, seed=config.seed)
+    train_data = DivisibleBatches(
+        x, y, batch_size=batch_size, multiple_of=multiple_of, remainder="drop", shuffle=True, seed=config.seed
+    )
     validation_data = DivisibleBatches(xv, yv, batch_size=batch_size, multiple_of=multiple_of, remainder="pad")
     return train_data, validation_data
 
@@ -245,8 +286,14 @@ def _callbacks(config, model, entropy, report):
     flops_per_step = mfu.gpt_flops_per_token(model.get_config(), config.sequence_length) * tokens_per_step
     peak = _peak_flops(config.peak_tflops)
     callbacks = [
-        StepReport(tokens_per_step, unit="tokens", flops_per_step=flops_per_step, peak_flops_per_device=peak,
-                   every=config.report_every, report=report),  # fmt: skip
+        StepReport(
+            tokens_per_step,
+            unit="tokens",
+            flops_per_step=flops_per_step,
+            peak_flops_per_device=peak,
+            every=config.report_every,
+            report=report,
+        ),
         _ValidationVsEntropy(entropy, report),
     ]
     if config.profile_dir:
@@ -279,7 +326,9 @@ class _ValidationVsEntropy(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("val_loss")
         if loss is not None:
-            self.report(f"epoch {epoch + 1}: validation loss {loss:.3f} nats/byte ({loss / self.entropy:.2f}x the unigram entropy {self.entropy:.3f})")
+            self.report(
+                f"epoch {epoch + 1}: validation loss {loss:.3f} nats/byte ({loss / self.entropy:.2f}x the unigram entropy {self.entropy:.3f})"
+            )
 
 
 def generate(config, report=print):
@@ -309,9 +358,15 @@ def generate(config, report=print):
     if not config.chat:  # the text goes on from the prompt; a chat reply stands alone
         report(config.prompt, end="", flush=True)
     text = model.generate(
-        max_new_tokens=config.max_new_tokens, sampler=config.sampler, temperature=config.temperature,
-        top_k=config.top_k, top_p=config.top_p, seed=config.seed, stop_token_ids=config.stop_ids(),
-        stream=lambda pieces: report(pieces[0], end="", flush=True), **prompt,
-    )  # fmt: skip
+        max_new_tokens=config.max_new_tokens,
+        sampler=config.sampler,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        seed=config.seed,
+        stop_token_ids=config.stop_ids(),
+        stream=lambda pieces: report(pieces[0], end="", flush=True),
+        **prompt,
+    )
     report("")
     return text

@@ -63,7 +63,10 @@ class SignalRecord:
 
     def handle(self, number, frame):
         if self.number is not None:  # the second one: die of it now, as without a handler
-            os.write(2, f"zoo: aborted by a second {signal.Signals(number).name}; the newest complete checkpoint is intact\n".encode())
+            os.write(
+                2,
+                f"zoo: aborted by a second {signal.Signals(number).name}; the newest complete checkpoint is intact\n".encode(),
+            )
             signal.signal(number, signal.SIG_DFL)
             os.kill(os.getpid(), number)
         self.number = number

@@ -15,11 +15,18 @@ def job_distribution(model_class, settings, mesh=None, *, config=None):
     ``settings.mesh`` (an abstract mesh for a compile-only check). None for ``single``."""
     context = {}
     if settings.layout == "context":
-        context = {"context_attention": getattr(settings, "context_attention", None), "balance": getattr(settings, "balance", None)}
+        context = {
+            "context_attention": getattr(settings, "context_attention", None),
+            "balance": getattr(settings, "balance", None),
+        }
     elif getattr(settings, "balance", None) is not None:
-        raise ValueError(f"balance={settings.balance!r} reorders the sequence for the context layout; layout {settings.layout!r} does not split it")
+        raise ValueError(
+            f"balance={settings.balance!r} reorders the sequence for the context layout; layout {settings.layout!r} does not split it"
+        )
     fitted = None if settings.layout in ("single", "data") else config
-    return zd.distribution_for(model_class, settings.layout, settings.mesh if mesh is None else mesh, config=fitted, **context)
+    return zd.distribution_for(
+        model_class, settings.layout, settings.mesh if mesh is None else mesh, config=fitted, **context
+    )
 
 
 def report_setup(distribution, report):

@@ -49,7 +49,15 @@ from zoo.config.choices import METHODS
 from zoo.data import DivisibleBatches, get_spec
 from zoo.data.catalog import LANGUAGE_MODELING
 from zoo.data.chat_files import is_messages_jsonl, load_chat_file
-from zoo.data.text_files import JSONL_SUFFIXES, LMExamples, dataset_text, load_text_file, pack_texts, read_text, split_held_out
+from zoo.data.text_files import (
+    JSONL_SUFFIXES,
+    LMExamples,
+    dataset_text,
+    load_text_file,
+    pack_texts,
+    read_text,
+    split_held_out,
+)
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt.gpt_configs import backbone_config
@@ -90,7 +98,7 @@ __all__ = [
     "make_optimizer",
     "prepare_causal_lm",
     "token_batches",
-]  # fmt: skip
+]
 
 
 # --- the model -------------------------------------------------------------------------
@@ -136,7 +144,9 @@ def lm_preprocessor(model, sequence_length=None, tokenizer=None):
     if sequence_length > limit:
         raise ValueError(f"sequence length {sequence_length} is above the model's max_sequence_length {limit}")
     if tokenizer.vocabulary_size > model.backbone.vocabulary_size:
-        raise ValueError(f"the tokenizer's {tokenizer.vocabulary_size} ids do not fit the model's vocabulary of {model.backbone.vocabulary_size}")
+        raise ValueError(
+            f"the tokenizer's {tokenizer.vocabulary_size} ids do not fit the model's vocabulary of {model.backbone.vocabulary_size}"
+        )
     return GPTCausalLMPreprocessor(tokenizer, sequence_length)
 
 
@@ -201,12 +211,22 @@ def token_batches(examples, *, batch_size, distribution=None, shuffle=False, see
     if hasattr(distribution, "check_data_shape"):
         distribution.check_data_shape((batch_size, examples.sequence_length))
     if len(examples) < batch_size:
-        raise ValueError(f"{len(examples)} training example(s) do not fill one batch of {batch_size}; lower the batch size or give more data")
+        raise ValueError(
+            f"{len(examples)} training example(s) do not fill one batch of {batch_size}; lower the batch size or give more data"
+        )
     arrays = examples.arrays()
     if getattr(distribution, "prepare", None) is not None:
         arrays = [np.asarray(array) for array in distribution.prepare(*arrays)]
     token_ids, labels, sample_weight = arrays
-    return _TokenBatches(token_ids, (labels, sample_weight), batch_size=batch_size, multiple_of=replicas, remainder="drop", shuffle=shuffle, seed=seed)
+    return _TokenBatches(
+        token_ids,
+        (labels, sample_weight),
+        batch_size=batch_size,
+        multiple_of=replicas,
+        remainder="drop",
+        shuffle=shuffle,
+        seed=seed,
+    )
 
 
 def heldout_loss(model, examples, *, batch_size, distribution=None):
@@ -277,11 +297,17 @@ def finetune_causal_lm(
     keras.utils.set_random_seed(seed)
     adapted = prepare_causal_lm(model, method, lora_rank=lora_rank, lora_alpha=lora_alpha)
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
-    report(f"method {method}: {trainable:,} trainable parameters"
-           + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layers)" if adapted else ""))  # fmt: skip
+    report(
+        f"method {method}: {trainable:,} trainable parameters"
+        + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layers)" if adapted else "")
+    )
     compile_causal_lm(model, optimizer or make_optimizer("adam", method=method), loss_chunk_size=loss_chunk_size)
     batches = token_batches(train, batch_size=batch_size, shuffle=True, seed=seed)
-    measure = functools.partial(heldout_loss, model, held_out, batch_size=batch_size) if held_out is not None else (lambda: None)
+    measure = (
+        functools.partial(heldout_loss, model, held_out, batch_size=batch_size)
+        if held_out is not None
+        else (lambda: None)
+    )
     before = measure()  # LoRA's b factors start at zero: the loaded model's loss
     if before is not None:
         report(f"held-out loss before: {before:.4f} nats/token ({held_out.loss_tokens:,} tokens)")
@@ -289,8 +315,14 @@ def finetune_causal_lm(
     after = measure()
     if after is not None:
         report(f"held-out loss after: {after:.4f} nats/token (before {before:.4f})")
-    return {"heldout_loss_before": before, "heldout_loss": after, "history": history, "trainable_parameters": trainable,
-            "adapted_layers": adapted, "model": model}  # fmt: skip
+    return {
+        "heldout_loss_before": before,
+        "heldout_loss": after,
+        "history": history,
+        "trainable_parameters": trainable,
+        "adapted_layers": adapted,
+        "model": model,
+    }
 
 
 # --- the zoo finetune job ------------------------------------------------------------------
@@ -310,18 +342,40 @@ def finetune_lm(config, report=print):
     preprocessor = lm_preprocessor(model, config.sequence_length)
     if config.chat_template:
         use_chat_template(preprocessor.tokenizer, config.chat_template)
-    report(f"model {config.preset!r}: {model.count_params():,} parameters; sequence length {preprocessor.sequence_length}")
+    report(
+        f"model {config.preset!r}: {model.count_params():,} parameters; sequence length {preprocessor.sequence_length}"
+    )
     train, held_out = lm_data(config, preprocessor, report)
     steps = len(train) // config.batch_size
-    data = {"preset": str(config.preset), "data": _data_source(config), "examples": len(train), "batch_size": config.batch_size,
-            "sequence_length": preprocessor.sequence_length, "seed": config.seed, "steps_per_epoch": steps}  # fmt: skip
+    data = {
+        "preset": str(config.preset),
+        "data": _data_source(config),
+        "examples": len(train),
+        "batch_size": config.batch_size,
+        "sequence_length": preprocessor.sequence_length,
+        "seed": config.seed,
+        "steps_per_epoch": steps,
+    }
     fit = functools.partial(_checkpointed, config=config, data=data, report=report)
-    progress = StepReport(config.batch_size * preprocessor.sequence_length, unit="tokens", every=config.report_every, report=report)
+    progress = StepReport(
+        config.batch_size * preprocessor.sequence_length, unit="tokens", every=config.report_every, report=report
+    )
     result = finetune_causal_lm(
-        model, train, held_out, method=config.method, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha,
-        optimizer=make_optimizer(config.optimizer, config.learning_rate, config.method), loss_chunk_size=config.loss_chunk_size, epochs=config.epochs,
-        batch_size=config.batch_size, seed=config.seed, callbacks=[progress], report=report, fit=fit,
-    )  # fmt: skip
+        model,
+        train,
+        held_out,
+        method=config.method,
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        optimizer=make_optimizer(config.optimizer, config.learning_rate, config.method),
+        loss_chunk_size=config.loss_chunk_size,
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        seed=config.seed,
+        callbacks=[progress],
+        report=report,
+        fit=fit,
+    )
     result["output"] = _save(config, result, hf, preprocessor, report) if config.output else None
     return result
 
@@ -336,16 +390,20 @@ def _check_options(config):
     if not config.data_file:
         spec = get_spec(config.dataset)
         if spec.task != LANGUAGE_MODELING:
-            raise ValueError(f"a causal LM fine-tunes on --data-file FILE (JSONL or text) or a {LANGUAGE_MODELING} --dataset; "
-                             f"{spec.name!r} is {spec.task} data")  # fmt: skip
+            raise ValueError(
+                f"a causal LM fine-tunes on --data-file FILE (JSONL or text) or a {LANGUAGE_MODELING} --dataset; "
+                f"{spec.name!r} is {spec.task} data"
+            )
 
 
 def use_chat_template(tokenizer, path):
     """Make the Jinja template in the file ``path`` the tokenizer's chat template: read
     for ``{"messages"}`` data and saved with the tokenizer (``--chat-template``)."""
     if not isinstance(tokenizer, HFTokenizer):
-        raise ValueError(f"--chat-template {path}: the model's tokenizer is a {type(tokenizer).__name__}; "
-                         "chat templates go with a Hugging Face tokenizer (tokenizer.json)")  # fmt: skip
+        raise ValueError(
+            f"--chat-template {path}: the model's tokenizer is a {type(tokenizer).__name__}; "
+            "chat templates go with a Hugging Face tokenizer (tokenizer.json)"
+        )
     tokenizer.chat_template = template_of(tokenizer, read_text(path))
 
 
@@ -357,12 +415,24 @@ def _check_output(output, hf):
     if not hf:
         check_preset_destination(directory)
     elif os.path.isdir(directory) and os.listdir(directory):
-        raise PathError("--output", output, "exists and is not empty; the fine-tuned Hugging Face folder is written into a new one")
+        raise PathError(
+            "--output", output, "exists and is not empty; the fine-tuned Hugging Face folder is written into a new one"
+        )
 
 
 def _checkpointed(model, batches, *, epochs, callbacks, config, data, report):
-    return checkpointed_fit(model, batches, config=config, data=data, epochs=epochs, validation_data=None, callbacks=callbacks,
-                            report=report, verbose=0, run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True))  # fmt: skip
+    return checkpointed_fit(
+        model,
+        batches,
+        config=config,
+        data=data,
+        epochs=epochs,
+        validation_data=None,
+        callbacks=callbacks,
+        report=report,
+        verbose=0,
+        run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True),
+    )
 
 
 def lm_data(config, preprocessor, report=print):
@@ -381,8 +451,10 @@ def lm_data(config, preprocessor, report=print):
         train = pack_texts([text], preprocessor)
         held_out = pack_texts([dataset_text(config.dataset, "validation", data_dir=config.data_dir)], preprocessor)
     train, held_out = train[: config.train_examples], held_out[: config.test_examples]
-    report(f"data {_data_source(config)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
-           f"{len(held_out)} held out ({held_out.loss_tokens:,})")  # fmt: skip
+    report(
+        f"data {_data_source(config)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
+        f"{len(held_out)} held out ({held_out.loss_tokens:,})"
+    )
     return train, (held_out if len(held_out) else None)
 
 
@@ -392,8 +464,10 @@ def load_lm_file(path, preprocessor):
     JSONL or text as ``zoo.data.text_files`` reads it."""
     if os.fspath(path).lower().endswith(JSONL_SUFFIXES) and is_messages_jsonl(path):
         if getattr(preprocessor.tokenizer, "chat_template", None) is None:
-            raise ValueError(f'{path}: {{"messages"}} data goes through a chat template, and the model\'s tokenizer '
-                             f"({type(preprocessor.tokenizer).__name__}) has none; give --chat-template FILE (a Jinja template)")  # fmt: skip
+            raise ValueError(
+                f'{path}: {{"messages"}} data goes through a chat template, and the model\'s tokenizer '
+                f"({type(preprocessor.tokenizer).__name__}) has none; give --chat-template FILE (a Jinja template)"
+            )
         return load_chat_file(path, preprocessor)
     return load_text_file(path, preprocessor)
 
@@ -410,7 +484,9 @@ def _save(config, result, hf, preprocessor, report):
     model, adapted = result["model"], result["adapted_layers"]
     adapter_path = lambda folder: os.path.join(folder, PEFT_FOLDER if config.adapter_format == "peft" else LORA_FILE)
     if config.adapter_format == "peft":
-        adapter = lambda folder: save_peft_adapter(model, adapter_path(folder), base_model_name_or_path=str(config.preset))
+        adapter = lambda folder: save_peft_adapter(
+            model, adapter_path(folder), base_model_name_or_path=str(config.preset)
+        )
     else:
         adapter = lambda folder: save_lora(model, adapter_path(folder))
     adapter = adapter if adapted else None
@@ -419,11 +495,21 @@ def _save(config, result, hf, preprocessor, report):
         directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
     else:
         final = merge_lora(model) if adapted else model
-        metadata = {"dataset": _data_source(config), "task": LANGUAGE_MODELING, "input_shape": [preprocessor.sequence_length],
-                    "finetuned_from": str(config.preset), "heldout_loss": result["heldout_loss"],
-                    "training": {"method": config.method, "epochs": config.epochs, "optimizer": config.optimizer,
-                                 "learning_rate": config.learning_rate or LM_LEARNING_RATES[config.method],
-                                 "lora_rank": config.lora_rank if adapted else None, "seed": config.seed}}  # fmt: skip
+        metadata = {
+            "dataset": _data_source(config),
+            "task": LANGUAGE_MODELING,
+            "input_shape": [preprocessor.sequence_length],
+            "finetuned_from": str(config.preset),
+            "heldout_loss": result["heldout_loss"],
+            "training": {
+                "method": config.method,
+                "epochs": config.epochs,
+                "optimizer": config.optimizer,
+                "learning_rate": config.learning_rate or LM_LEARNING_RATES[config.method],
+                "lora_rank": config.lora_rank if adapted else None,
+                "seed": config.seed,
+            },
+        }
         save = lambda target: save_to_preset(final, target, tokenizer=preprocessor.tokenizer, metadata=metadata)
         directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
     report(f"saved the fine-tuned model to {directory}" + (" (LoRA merged)" if adapted else ""))

@@ -35,9 +35,16 @@ from zoo.measure.hardware import PEAK_FLOPS, UnknownDeviceError, match_device_ki
 
 
 def transformer_matmul_params(
-    *, num_layers, hidden_dim, num_query_heads, head_dim, intermediate_dim, vocabulary_size=0, num_key_value_heads=None,
+    *,
+    num_layers,
+    hidden_dim,
+    num_query_heads,
+    head_dim,
+    intermediate_dim,
+    vocabulary_size=0,
+    num_key_value_heads=None,
     gated_mlp=True,
-):  # fmt: skip
+):
     """N_matmul: the weights every token is multiplied by (see the module docstring)."""
     kv_heads = num_query_heads if num_key_value_heads is None else num_key_value_heads
     attention = hidden_dim * head_dim * (2 * num_query_heads + 2 * kv_heads)  # query + output, key + value
@@ -64,15 +71,26 @@ def transformer_flops_per_token(
 
     ``vocabulary_size`` is the width of a per-token head (an LM head); 0 for none.
     """
-    for name, value in (("num_layers", num_layers), ("hidden_dim", hidden_dim), ("num_query_heads", num_query_heads), ("head_dim", head_dim), ("sequence_length", sequence_length)):
+    for name, value in (
+        ("num_layers", num_layers),
+        ("hidden_dim", hidden_dim),
+        ("num_query_heads", num_query_heads),
+        ("head_dim", head_dim),
+        ("sequence_length", sequence_length),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     passes = 3 if training else 1  # forward, plus backward at twice the forward
     weights = transformer_matmul_params(
-        num_layers=num_layers, hidden_dim=hidden_dim, num_query_heads=num_query_heads, head_dim=head_dim,
-        intermediate_dim=intermediate_dim, vocabulary_size=vocabulary_size, num_key_value_heads=num_key_value_heads,
+        num_layers=num_layers,
+        hidden_dim=hidden_dim,
+        num_query_heads=num_query_heads,
+        head_dim=head_dim,
+        intermediate_dim=intermediate_dim,
+        vocabulary_size=vocabulary_size,
+        num_key_value_heads=num_key_value_heads,
         gated_mlp=gated_mlp,
-    )  # fmt: skip
+    )
     attention = 4 * num_layers * sequence_length * num_query_heads * head_dim // (2 if causal else 1)  # even: exact
     return passes * (2 * weights + attention)
 
@@ -95,11 +113,18 @@ def gpt_flops_per_token(config, sequence_length, training=True):
     sparse = sparse_layer_count(config)
     sparse_extra = passes * 2 * sparse * (active_moe_parameters(config) - dense_mlp_parameters(config)) if sparse else 0
     return sparse_extra + transformer_flops_per_token(
-        num_layers=config["num_layers"], hidden_dim=config["hidden_dim"], num_query_heads=config["num_query_heads"],
-        head_dim=head_dim, intermediate_dim=config["intermediate_dim"], sequence_length=sequence_length,
-        vocabulary_size=config["vocabulary_size"], num_key_value_heads=config.get("num_key_value_heads"),
-        gated_mlp=config.get("mlp", "swiglu") in GATED_MLPS, causal=True, training=training,
-    )  # fmt: skip
+        num_layers=config["num_layers"],
+        hidden_dim=config["hidden_dim"],
+        num_query_heads=config["num_query_heads"],
+        head_dim=head_dim,
+        intermediate_dim=config["intermediate_dim"],
+        sequence_length=sequence_length,
+        vocabulary_size=config["vocabulary_size"],
+        num_key_value_heads=config.get("num_key_value_heads"),
+        gated_mlp=config.get("mlp", "swiglu") in GATED_MLPS,
+        causal=True,
+        training=training,
+    )
 
 
 def compiled_flops(function, *args):
@@ -121,7 +146,12 @@ def compiled_flops(function, *args):
 
 def mfu(flops_per_step, step_time_s, num_devices, peak_flops_per_device):
     """Model FLOPs utilisation, a fraction: achieved FLOP/s over the devices' peak."""
-    for name, value in (("flops_per_step", flops_per_step), ("step_time_s", step_time_s), ("num_devices", num_devices), ("peak_flops_per_device", peak_flops_per_device)):
+    for name, value in (
+        ("flops_per_step", flops_per_step),
+        ("step_time_s", step_time_s),
+        ("num_devices", num_devices),
+        ("peak_flops_per_device", peak_flops_per_device),
+    ):
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
     return flops_per_step / step_time_s / (num_devices * peak_flops_per_device)

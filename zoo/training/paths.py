@@ -30,7 +30,11 @@ class ModelSaveError(OSError):
     """The model could not be written where asked; ``rescued`` is where it was written instead."""
 
     def __init__(self, path, error, rescued):
-        where = f"the trained model was saved to {rescued} instead" if rescued else "no fallback folder could be written either"
+        where = (
+            f"the trained model was saved to {rescued} instead"
+            if rescued
+            else "no fallback folder could be written either"
+        )
         super().__init__(f"could not write the model to {path} ({type(error).__name__}: {error}); {where}")
         self.path = path
         self.rescued = rescued
@@ -75,7 +79,11 @@ def check_writable_folder(folder, flag, named=None):
         os.close(handle)
         os.remove(probe)
     except OSError as error:
-        raise PathError(flag, named, f"cannot be written: {existing} is not writable ({error.strerror or error}); choose another path") from None
+        raise PathError(
+            flag,
+            named,
+            f"cannot be written: {existing} is not writable ({error.strerror or error}); choose another path",
+        ) from None
 
 
 def _nearest_existing(folder):
@@ -89,7 +97,11 @@ def check_data_dir(data_dir):
     from zoo.data.tfds_source import DATA_DIR_ENV_VARS, resolve_data_dir
 
     folder = resolve_data_dir(data_dir)
-    source = "--data-dir" if data_dir else next((f"${name}" for name in DATA_DIR_ENV_VARS if os.environ.get(name)), "the data folder")
+    source = (
+        "--data-dir"
+        if data_dir
+        else next((f"${name}" for name in DATA_DIR_ENV_VARS if os.environ.get(name)), "the data folder")
+    )
     blocker = _file_on_the_way(os.path.abspath(folder))
     if blocker is not None:
         raise PathError(source, folder, f"cannot be a data folder: {blocker} is a file, not a folder")

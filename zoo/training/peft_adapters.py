@@ -134,13 +134,26 @@ def adapter_config(ranks, alphas, *, all_modules, base_model_name_or_path=None):
     rank_pattern = dict(sorted((short.get(m, m), r) for m, r in ranks.items() if r != rank))
     alpha_pattern = dict(sorted((short.get(m, m), a) for m, a in alphas.items() if a != alpha))
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
-        "r": rank, "lora_alpha": _number(alpha), "target_modules": sorted({short.get(m, m) for m in ranks}),
-        "rank_pattern": rank_pattern, "alpha_pattern": {k: _number(v) for k, v in alpha_pattern.items()},
-        "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-        "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None,
-        "inference_mode": True, "revision": None,
-    }  # fmt: skip
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": rank,
+        "lora_alpha": _number(alpha),
+        "target_modules": sorted({short.get(m, m) for m in ranks}),
+        "rank_pattern": rank_pattern,
+        "alpha_pattern": {k: _number(v) for k, v in alpha_pattern.items()},
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "inference_mode": True,
+        "revision": None,
+    }
 
 
 def _short_names(ranks, all_modules):
@@ -176,10 +189,14 @@ def read_peft_adapter(directory):
     for key, expected in UNSUPPORTED.items():
         value = config.get(key, None if key == "peft_type" else expected)
         if value != expected and not (expected is None and value in ([], {})):
-            raise ValueError(f"{directory}/{CONFIG_FILE}: {key} = {value!r}; the zoo reads PEFT LoRA adapters with {key} = {expected!r}")
+            raise ValueError(
+                f"{directory}/{CONFIG_FILE}: {key} = {value!r}; the zoo reads PEFT LoRA adapters with {key} = {expected!r}"
+            )
     weights = os.path.join(directory, WEIGHTS_FILE)
     if not os.path.isfile(weights):
-        raise ValueError(f"{directory!r} has no {WEIGHTS_FILE} (a PyTorch adapter_model.bin is not read: save with safe_serialization)")
+        raise ValueError(
+            f"{directory!r} has no {WEIGHTS_FILE} (a PyTorch adapter_model.bin is not read: save with safe_serialization)"
+        )
     factors = collections.defaultdict(dict)
     for name, array in load_file(weights).items():
         module, factor = _split_name(directory, name)
@@ -194,7 +211,9 @@ def _split_name(directory, name):
     """``base_model.model.<module>.lora_A.weight`` -> ``(<module>, "lora_A")``."""
     parts = name.split(".")
     if not name.startswith(PREFIX) or len(parts) < 4 or parts[-1] != "weight" or parts[-2] not in FACTORS:
-        raise ValueError(f"{directory}/{WEIGHTS_FILE}: tensor {name!r} is not a LoRA factor ({PREFIX}<module>.lora_A.weight)")
+        raise ValueError(
+            f"{directory}/{WEIGHTS_FILE}: tensor {name!r} is not a LoRA factor ({PREFIX}<module>.lora_A.weight)"
+        )
     return ".".join(parts[2:-2]), parts[-2]
 
 
@@ -223,16 +242,20 @@ def load_peft_adapter(model, directory):
     weights = {variable.path: variable for variable in model.weights}
     unknown = sorted(set(factors) - set(views))
     if unknown:
-        raise ValueError(f"{directory}: adapter modules {unknown[:3]} are not weights of this model "
-                         f"(its modules: {list(views)[:3]} ...)")  # fmt: skip
+        raise ValueError(
+            f"{directory}: adapter modules {unknown[:3]} are not weights of this model "
+            f"(its modules: {list(views)[:3]} ...)"
+        )
     for module, (factor_a, factor_b) in sorted(factors.items()):
         path, view = views[module]
         kernel = weights[path]
         _check_no_lora(model, path, directory)
         expected = file_shape(view, kernel.shape)  # (out, in)
         if (factor_b.shape[0], factor_a.shape[1]) != expected or factor_b.shape[1] != factor_a.shape[0]:
-            raise ValueError(f"{directory}: adapter module {module!r} has lora_A {factor_a.shape}, lora_B {factor_b.shape}; "
-                             f"the model's {module} is {expected} (its {path} {tuple(kernel.shape)})")  # fmt: skip
+            raise ValueError(
+                f"{directory}: adapter module {module!r} has lora_A {factor_a.shape}, lora_B {factor_b.shape}; "
+                f"the model's {module} is {expected} (its {path} {tuple(kernel.shape)})"
+            )
         delta = peft_delta(factor_a, factor_b, module_scale(config, module, factor_a.shape[0]), view)
         with assign_from_host([kernel]):
             kernel.assign((np.asarray(kernel.value, np.float32) + delta).astype(kernel.dtype))
@@ -242,7 +265,9 @@ def load_peft_adapter(model, directory):
 def _check_no_lora(model, path, directory):
     for layer in lora_layers(model):
         if kernel_path(layer) == path:
-            raise ValueError(f"{directory}: the model has LoRA enabled on {path}; load the PEFT adapter into a model without LoRA")
+            raise ValueError(
+                f"{directory}: the model has LoRA enabled on {path}; load the PEFT adapter into a model without LoRA"
+            )
 
 
 # --- the model's modules -----------------------------------------------------------------------
@@ -252,13 +277,18 @@ def _module_views(model):
     """``{Hugging Face module name: (zoo kernel path, TensorView)}`` of the model's kernels
     that are one file tensor each (``weight_views``; stacked experts are not Dense layers)."""
     views = weight_views(model.backbone.get_config())
-    return {view.name.removesuffix(".weight"): (path, view) for path, view in views.items()
-            if isinstance(view, TensorView) and path.endswith("/kernel")}  # fmt: skip
+    return {
+        view.name.removesuffix(".weight"): (path, view)
+        for path, view in views.items()
+        if isinstance(view, TensorView) and path.endswith("/kernel")
+    }
 
 
 def _module_of(layer, views):
     path = kernel_path(layer)
     by_path = {kernel_path: (module, view) for module, (kernel_path, view) in views.items()}
     if path not in by_path:
-        raise ValueError(f"LoRA layer {path!r} has no Hugging Face module (a PEFT adapter covers {sorted(views)[:3]} ...)")
+        raise ValueError(
+            f"LoRA layer {path!r} has no Hugging Face module (a PEFT adapter covers {sorted(views)[:3]} ...)"
+        )
     return by_path[path]

@@ -143,8 +143,15 @@ def _check_output(recipe, config):
     path ending in .keras: refused here, before the job runs, naming the key."""
     default = getattr(type(config)(), "output", None) if dataclasses.is_dataclass(config) else None
     output = getattr(config, "output", None)
-    if isinstance(default, str) and default.endswith(".keras") and output is not None and not str(output).endswith(".keras"):
-        raise RecipeError(f"{recipe.path}: [train] output = {output!r}: the job saves a .keras file; give a path ending in .keras")
+    if (
+        isinstance(default, str)
+        and default.endswith(".keras")
+        and output is not None
+        and not str(output).endswith(".keras")
+    ):
+        raise RecipeError(
+            f"{recipe.path}: [train] output = {output!r}: the job saves a .keras file; give a path ending in .keras"
+        )
 
 
 def _plan(recipe, module, config, devices):
@@ -163,16 +170,30 @@ def _plan(recipe, module, config, devices):
         weights, gradients, optimizer = plans.memory_per_device(model, slots, layout_axes, dict(axes or []))
         plans.check_memory(target, weights + gradients + optimizer, layout, plans.describe_axes(axes))
     return Plan(
-        path=recipe.path, job=job.name, description=recipe.recipe.description, model=job.describe_model(config),
-        layout=layout, mesh=plans.describe_axes(axes), platform=target.platform, hosts=target.hosts,
-        devices=devices, parameters=model.count_params(),
-        trainable_parameters=int(sum(math.prod(v.shape) for v in model.trainable_variables)), weight_bytes=weights, gradient_bytes=gradients,
+        path=recipe.path,
+        job=job.name,
+        description=recipe.recipe.description,
+        model=job.describe_model(config),
+        layout=layout,
+        mesh=plans.describe_axes(axes),
+        platform=target.platform,
+        hosts=target.hosts,
+        devices=devices,
+        parameters=model.count_params(),
+        trainable_parameters=int(sum(math.prod(v.shape) for v in model.trainable_variables)),
+        weight_bytes=weights,
+        gradient_bytes=gradients,
         optimizer_bytes=optimizer,
         device_memory_bytes=int(target.device_memory_gib * GIB) if target.device_memory_gib else None,
-        batch_size=batch, data_shards=data_shards, sequence_length=sequence, sequence_shards=sequence_shards,
-        accumulation=job.accumulation(config), flops_per_step=job.flops_per_step(config, model),
-        peak_flops_per_device=recipe.logging.peak_tflops * 1e12 if recipe.logging.peak_tflops else None, notes=tuple(plans.notes_for(axes, target, weights + gradients + optimizer)),
-    )  # fmt: skip
+        batch_size=batch,
+        data_shards=data_shards,
+        sequence_length=sequence,
+        sequence_shards=sequence_shards,
+        accumulation=job.accumulation(config),
+        flops_per_step=job.flops_per_step(config, model),
+        peak_flops_per_device=recipe.logging.peak_tflops * 1e12 if recipe.logging.peak_tflops else None,
+        notes=tuple(plans.notes_for(axes, target, weights + gradients + optimizer)),
+    )
 
 
 def _devices_text(recipe, devices):
@@ -248,9 +269,12 @@ def _join(recipe, coordinator_address, process_id):
     # One process per host sees all of its GPUs; JAX's SLURM/Open MPI default is one GPU per process.
     local_ids = list(range(target.devices_per_host)) if target.platform == "gpu" and target.hosts > 1 else None
     multihost.initialize(
-        coordinator_address or recipe.multihost.coordinator_address, target.hosts, process_id,
-        timeout_s=recipe.multihost.timeout_s, local_device_ids=local_ids,
-    )  # fmt: skip
+        coordinator_address or recipe.multihost.coordinator_address,
+        target.hosts,
+        process_id,
+        timeout_s=recipe.multihost.timeout_s,
+        local_device_ids=local_ids,
+    )
 
 
 def _check_devices(recipe):

@@ -50,7 +50,9 @@ def run_log_callbacks(run_dir, *, resume=False, initial_step=0):
     callbacks = [RunLog(run_dir, resume=resume, initial_step=initial_step)]
     writer_class = tensorboard_writer_class()
     if writer_class is not None:
-        callbacks.append(TensorBoardScalars(os.path.join(run_dir, TENSORBOARD_DIR), writer_class, initial_step=initial_step))
+        callbacks.append(
+            TensorBoardScalars(os.path.join(run_dir, TENSORBOARD_DIR), writer_class, initial_step=initial_step)
+        )
     return callbacks
 
 

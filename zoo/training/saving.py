@@ -54,7 +54,12 @@ def _check_keras_archive(path):
             json.loads(archive.read(KERAS_CONFIG))
     except KeyError:
         raise _not_valid(path, f"the archive has no {KERAS_CONFIG}") from None
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as error:  # a damaged member, a config that is not JSON
+    except (
+        zipfile.BadZipFile,
+        zlib.error,
+        EOFError,
+        ValueError,
+    ) as error:  # a damaged member, a config that is not JSON
         raise _not_valid(path, f"its {KERAS_CONFIG} cannot be read ({error})") from None
 
 
@@ -85,7 +90,9 @@ def load_causal_lm(source, layout=None, **overrides):
     if model.preprocessor is None:
         tokenizer = _preset_tokenizer(source)
         if tokenizer is not None:
-            model.preprocessor = GPTCausalLMPreprocessor(tokenizer, min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length))
+            model.preprocessor = GPTCausalLMPreprocessor(
+                tokenizer, min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
+            )
     return model
 
 
@@ -119,7 +126,9 @@ def check_prompt_fits(source, prompt, max_new_tokens):
             return False
         tokenizer = ByteTokenizer()
     preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=min(PREPROCESSOR_LENGTH, max_sequence_length))
-    token_ids, _ = preprocessor.generate_preprocess(prompt)  # (B, P): the start token and the prompt, as generate has them
+    token_ids, _ = preprocessor.generate_preprocess(
+        prompt
+    )  # (B, P): the start token and the prompt, as generate has them
     check_lengths(token_ids.shape[1], max_new_tokens, max_sequence_length)
     return True
 
@@ -135,7 +144,9 @@ def _saved_lm_limits(source):
             return _causal_lm_limits(config, tokenizer=None)
         if is_hf_directory(source):
             arguments = backbone_arguments(read_hf_config(source))
-            tokenizer = HFTokenizer.from_directory(source) if os.path.isfile(os.path.join(source, "tokenizer.json")) else None
+            tokenizer = (
+                HFTokenizer.from_directory(source) if os.path.isfile(os.path.join(source, "tokenizer.json")) else None
+            )
             return arguments["max_sequence_length"], arguments["vocabulary_size"], tokenizer
         return _causal_lm_limits(load_preset_config(source), tokenizer=load_tokenizer(source))
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError, zipfile.BadZipFile):

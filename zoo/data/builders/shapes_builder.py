@@ -16,8 +16,7 @@ class ShapesBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release: load_shapes(seed=0), 2048/512/512 images."}
     BUILDER_CONFIGS = [
-        tfds.core.BuilderConfig(name=str(size), description=f"{size}x{size} RGB images.")
-        for size in IMAGE_SIZES
+        tfds.core.BuilderConfig(name=str(size), description=f"{size}x{size} RGB images.") for size in IMAGE_SIZES
     ]
     DEFAULT_BUILDER_CONFIG_NAME = "32"
 

@@ -52,9 +52,14 @@ class SmallCNN(ZooModel):
         logits = layers.Dense(num_classes, name="logits")(x)  # (B, num_classes)
         super().__init__(inputs=images, outputs=logits, name=name, **kwargs)
         self.keep_arguments(
-            num_classes=num_classes, image_size=image_size, channels=channels, filters=tuple(filters),
-            hidden_units=hidden_units, dropout=dropout, seed=seed,
-        )  # fmt: skip
+            num_classes=num_classes,
+            image_size=image_size,
+            channels=channels,
+            filters=tuple(filters),
+            hidden_units=hidden_units,
+            dropout=dropout,
+            seed=seed,
+        )
 
     @staticmethod
     def get_layout_map(mesh, model_axis=MODEL):

@@ -4,12 +4,12 @@ import keras
 
 from zoo.config.choices import POSITION_EMBEDDINGS
 from zoo.distribution.axes import DATA, MODEL
+from zoo.layers.class_token import ClassToken
+from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
 from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
-from zoo.layers.class_token import ClassToken
 from zoo.models._classifier_checks import check_common
 from zoo.models._encoder_stack import EncoderClassifier, classify
-from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
 from zoo.models.encoder.encoder_configs import ENCODER_CONFIGS
 
 
@@ -106,25 +106,45 @@ class TransformerEncoderClassifier(EncoderClassifier):
         **kwargs,
     ):
         sizes = dict(
-            vocabulary_size=vocabulary_size, num_classes=num_classes, max_sequence_length=max_sequence_length,
-            num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
+            vocabulary_size=vocabulary_size,
+            num_classes=num_classes,
+            max_sequence_length=max_sequence_length,
+            num_layers=num_layers,
+            num_query_heads=num_query_heads,
+            hidden_dim=hidden_dim,
             intermediate_dim=intermediate_dim,
-        )  # fmt: skip
+        )
         _check_config(sizes, position_embedding, pooling, dropout, pad_id)
         stack = {
-            "num_classes": num_classes, "num_layers": num_layers, "num_query_heads": num_query_heads,
-            "hidden_dim": hidden_dim, "intermediate_dim": intermediate_dim, "num_key_value_heads": num_key_value_heads,
-            "mlp": mlp, "norm": norm, "layer_norm_epsilon": layer_norm_epsilon, "pooling": pooling, "dropout": dropout,
-            "use_bias": use_bias, "seed": seed, "megatron_sp": bool(megatron_sp), "remat": check_remat(remat),
-        }  # fmt: skip  (what ``classify`` builds)
+            "num_classes": num_classes,
+            "num_layers": num_layers,
+            "num_query_heads": num_query_heads,
+            "hidden_dim": hidden_dim,
+            "intermediate_dim": intermediate_dim,
+            "num_key_value_heads": num_key_value_heads,
+            "mlp": mlp,
+            "norm": norm,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "pooling": pooling,
+            "dropout": dropout,
+            "use_bias": use_bias,
+            "seed": seed,
+            "megatron_sp": bool(megatron_sp),
+            "remat": check_remat(remat),
+        }  # (what ``classify`` builds)
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
-        x, key_mask = _embed(token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id)
+        x, key_mask = _embed(
+            token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id
+        )
         logits = classify(x, key_mask=key_mask, rotary=position_embedding == "rotary", **stack)  # (B, num_classes)
         super().__init__(inputs=token_ids, outputs=logits, name=name, **kwargs)
         self.keep_arguments(
-            vocabulary_size=vocabulary_size, max_sequence_length=max_sequence_length,
-            position_embedding=position_embedding, pad_id=pad_id, **stack,
-        )  # fmt: skip
+            vocabulary_size=vocabulary_size,
+            max_sequence_length=max_sequence_length,
+            position_embedding=position_embedding,
+            pad_id=pad_id,
+            **stack,
+        )
 
     @classmethod
     def own_layout_rules(cls, layout, config):
@@ -135,7 +155,9 @@ class TransformerEncoderClassifier(EncoderClassifier):
 
     @classmethod
     def extra_layout_sizes(cls, layout, config):
-        return {("vocabulary_size", DATA if layout == "fsdp" else MODEL): config["vocabulary_size"]}  # over model (tp) or data (fsdp)
+        return {
+            ("vocabulary_size", DATA if layout == "fsdp" else MODEL): config["vocabulary_size"]
+        }  # over model (tp) or data (fsdp)
 
 
 def _embed(token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id):

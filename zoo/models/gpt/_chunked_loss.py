@@ -53,7 +53,9 @@ def token_losses(logits, labels):
     return log_sum - picked
 
 
-def chunked_cross_entropy(hidden, head_fn, labels, sample_weight=None, *, chunk_tokens, reduction="mean_with_sample_weight"):
+def chunked_cross_entropy(
+    hidden, head_fn, labels, sample_weight=None, *, chunk_tokens, reduction="mean_with_sample_weight"
+):
     """The reduced cross-entropy of ``head_fn(hidden)`` against ``labels``, chunk by chunk.
 
     Args:
@@ -68,10 +70,16 @@ def chunked_cross_entropy(hidden, head_fn, labels, sample_weight=None, *, chunk_
     Returns a float32 scalar.
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction {reduction!r} is not supported by the chunked loss; choose one of {', '.join(REDUCTIONS)}")
+        raise ValueError(
+            f"reduction {reduction!r} is not supported by the chunked loss; choose one of {', '.join(REDUCTIONS)}"
+        )
     check_chunk_tokens(chunk_tokens)
     batch, length = labels.shape
-    weights = jnp.ones((batch, length), jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32).reshape(batch, length)
+    weights = (
+        jnp.ones((batch, length), jnp.float32)
+        if sample_weight is None
+        else jnp.asarray(sample_weight, jnp.float32).reshape(batch, length)
+    )
     chunk = min(chunk_tokens, length)
     chunks = -(-length // chunk)  # n
     padding = chunks * chunk - length

@@ -78,7 +78,9 @@ def from_padding_mask(token_ids, padding_mask):
     mask = np.asarray(padding_mask, bool)
     starts = mask.shape[1] - mask.sum(axis=1)  # (B,)
     if not np.array_equal(mask, np.arange(mask.shape[1])[None, :] >= starts[:, None]):
-        raise ValueError("the preprocessor's padding_mask is not left padding (False ... False True ... True in every row)")
+        raise ValueError(
+            "the preprocessor's padding_mask is not left padding (False ... False True ... True in every row)"
+        )
     if (starts == mask.shape[1]).any():
         raise ValueError(f"prompt {int(np.argmax(starts == mask.shape[1]))} has no tokens")
     return np.asarray(token_ids, np.int32), starts.astype(np.int32)
@@ -251,7 +253,9 @@ class LayerByLayer:
             return ("same", own[variable.path], None)
         if "seed_generator" in variable.path:
             return ("zeros", variable.shape, variable.dtype)
-        raise ValueError(f"the layer-by-layer twin of a pipelined GPT has a weight {variable.path!r} the pipelined model lacks")
+        raise ValueError(
+            f"the layer-by-layer twin of a pipelined GPT has a weight {variable.path!r} the pipelined model lacks"
+        )
 
     def state_mapping(self, values):
         """[(twin variable, value)] from the pipelined model's ``values`` (its ``variables``' order)."""
@@ -330,7 +334,11 @@ def token_stream(callback):
 def is_conversation_list(messages):
     """Whether ``messages`` is a list of conversations (each a list of messages), not one
     conversation (a list of ``{"role", "content"}`` dicts)."""
-    return isinstance(messages, (list, tuple)) and bool(messages) and all(isinstance(item, (list, tuple)) for item in messages)
+    return (
+        isinstance(messages, (list, tuple))
+        and bool(messages)
+        and all(isinstance(item, (list, tuple)) for item in messages)
+    )
 
 
 class TextStream:

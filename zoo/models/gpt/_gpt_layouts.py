@@ -159,8 +159,15 @@ def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_
     if base == "data":  # dense weights replicated, the experts split on E
         rules = {EXPERT_IN: (EXPERT, None, None), EXPERT_OUT: (EXPERT, None, None)}
     else:  # fsdp: the experts' C over data too (gathered in the MoE layer); tp: their F over model
-        rules = gpt_rules(base, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis,
-                          moe=config or True, expert_axis=EXPERT)  # fmt: skip
+        rules = gpt_rules(
+            base,
+            with_head=with_head,
+            mesh=mesh,
+            data_axis=data_axis,
+            model_axis=model_axis,
+            moe=config or True,
+            expert_axis=EXPERT,
+        )
     layout_map = keras.distribution.LayoutMap(mesh)
     for pattern, axes in rules.items():
         if any(axis is not None for axis in axes):
@@ -182,14 +189,18 @@ def _pipeline_block_rules(model_axis, kv_split, qkv_bias, qk_norm=False):
         r".*blocks/attention/(key|value)/bias": (*lead, kv, None),  # (R, L/R, K, D)
     }
     norms = {r".*blocks/attention/(query|key)_norm/scale": (*lead, None)}  # (R, L/R, D)
-    return (biases if qkv_bias else {}) | (norms if qk_norm else {}) | {
-        r".*blocks/attention/query/kernel": (*lead, None, m, None),  # (R, L/R, C, H, D)
-        r".*blocks/attention/(key|value)/kernel": (*lead, None, kv, None),  # (R, L/R, C, K, D)
-        r".*blocks/attention/output/kernel": (*lead, m, None, None),  # (R, L/R, H, D, C)
-        r".*blocks/mlp/(gate|up)/kernel": (*lead, None, m),  # (R, L/R, C, F)
-        r".*blocks/mlp/down/kernel": (*lead, m, None),  # (R, L/R, F, C)
-        r".*blocks/(attention|mlp)(_post)?_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
-    }
+    return (
+        (biases if qkv_bias else {})
+        | (norms if qk_norm else {})
+        | {
+            r".*blocks/attention/query/kernel": (*lead, None, m, None),  # (R, L/R, C, H, D)
+            r".*blocks/attention/(key|value)/kernel": (*lead, None, kv, None),  # (R, L/R, C, K, D)
+            r".*blocks/attention/output/kernel": (*lead, m, None, None),  # (R, L/R, H, D, C)
+            r".*blocks/mlp/(gate|up)/kernel": (*lead, None, m),  # (R, L/R, C, F)
+            r".*blocks/mlp/down/kernel": (*lead, m, None),  # (R, L/R, F, C)
+            r".*blocks/(attention|mlp)(_post)?_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
+        }
+    )
 
 
 def check_pipeline_config(mesh, config, *, model_axis=MODEL):
@@ -206,15 +217,20 @@ def check_pipeline_config(mesh, config, *, model_axis=MODEL):
             f"(mesh {describe_mesh(mesh)}); choose a stage count and repeats whose product divides {layers}"
         )
     model = mesh_axis_size(mesh, model_axis) if model_axis in mesh.axis_names else 1
-    sizes = {"num_query_heads": config["num_query_heads"], "intermediate_dim": config["intermediate_dim"],
-             "vocabulary_size": config["vocabulary_size"]}  # fmt: skip
+    sizes = {
+        "num_query_heads": config["num_query_heads"],
+        "intermediate_dim": config["intermediate_dim"],
+        "vocabulary_size": config["vocabulary_size"],
+    }
     for name, size in sizes.items():
         if size % model:
             raise LayoutError(
                 f"layout 'pipeline': {name}={size} is not divisible by the {model_axis!r} mesh axis of size {model} "
                 f"(mesh {describe_mesh(mesh)})"
             )
-    shared.check_kv_heads(mesh, "tp", config.get("num_key_value_heads") or config["num_query_heads"], model_axis=model_axis)
+    shared.check_kv_heads(
+        mesh, "tp", config.get("num_key_value_heads") or config["num_query_heads"], model_axis=model_axis
+    )
 
 
 def pipeline_layout_map(mesh, config, *, with_head, model_axis=MODEL):

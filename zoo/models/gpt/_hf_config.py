@@ -50,10 +50,24 @@ MAPPED = {
 # keys that change nothing the zoo computes: special token ids (the tokenizer's), the
 # stored dtype (weights are cast to the model's), training-only settings, bookkeeping
 IGNORED = {
-    "architectures", "model_type", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
-    "transformers_version", "use_cache", "initializer_range", "attention_dropout", "_name_or_path",
-    "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
-}  # fmt: skip
+    "architectures",
+    "model_type",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "use_cache",
+    "initializer_range",
+    "attention_dropout",
+    "_name_or_path",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "id2label",
+    "label2id",
+}
 # key -> the values the zoo computes exactly; any other value is refused
 ALLOWED_VALUES = {
     "hidden_act": ("silu",),  # SwiGLU
@@ -82,36 +96,71 @@ MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # returns the router logits and adds the aux loss; the zoo adds router_aux_loss_coefficient
 # times it in training either way)
 MOE_KEYS = {
-    "mixtral": {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise"},
+    "mixtral": {
+        "num_local_experts",
+        "num_experts_per_tok",
+        "router_aux_loss_coef",
+        "output_router_logits",
+        "router_jitter_noise",
+    },
     "qwen2_moe": {
-        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
-        "router_aux_loss_coef", "output_router_logits", "decoder_sparse_step", "mlp_only_layers", "qkv_bias",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "norm_topk_prob",
+        "router_aux_loss_coef",
+        "output_router_logits",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "qkv_bias",
     },
     "qwen3_moe": {
-        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "router_aux_loss_coef",
-        "output_router_logits", "decoder_sparse_step", "mlp_only_layers",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "router_aux_loss_coef",
+        "output_router_logits",
+        "decoder_sparse_step",
+        "mlp_only_layers",
     },  # no shared expert, no qkv_bias: Qwen2-MoE's keys for them are refused here
-}  # fmt: skip
+}
 MOE_ALLOWED_VALUES = {"router_jitter_noise": (0.0,)}  # Mixtral's training-time noise on the router input
 ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
-}  # fmt: skip
+}
 DEFAULTS = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 2048}
 # transformers' MixtralConfig / Qwen2MoeConfig / Qwen3MoeConfig defaults, for keys a config leaves out
 MOE_DEFAULTS = {
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001},
     "qwen2_moe": {
-        "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-        "norm_topk_prob": False, "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.001,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
         "qkv_bias": True,
     },
     "qwen3_moe": {
-        "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False,
-        "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.001,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
     },
-}  # fmt: skip
+}
 
 
 # the numbers a config must hold in range (check_numbers): a damaged or hostile file, not an
@@ -126,7 +175,11 @@ MOE_SIZES = {
 }
 MOE_EXPERT_COUNT = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"}
 DENSE_TWINS = {"qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}  # the dense model type of a Qwen MoE type
-LLAMA3_FACTORS = ("factor", "low_freq_factor", "high_freq_factor")  # rope_scaling's numbers, with original_max_position_embeddings
+LLAMA3_FACTORS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+)  # rope_scaling's numbers, with original_max_position_embeddings
 
 
 class UnsupportedCheckpoint(ValueError):
@@ -173,13 +226,25 @@ def _check_keys(config, where):
     allowed = {**ALLOWED_VALUES, **{key: values for key, values in MOE_ALLOWED_VALUES.items() if key in moe_keys}}
     for key, value in config.items():
         if key in allowed and value not in allowed[key]:
-            raise UnsupportedCheckpoint(f"{where}: {key} = {value!r} is not supported (the zoo GPT computes {key} = {allowed[key][0]!r})")
-        if key == "layer_types" and config.get("model_type") not in LAYER_TYPES_READERS and any(kind != "full_attention" for kind in value):
+            raise UnsupportedCheckpoint(
+                f"{where}: {key} = {value!r} is not supported (the zoo GPT computes {key} = {allowed[key][0]!r})"
+            )
+        if (
+            key == "layer_types"
+            and config.get("model_type") not in LAYER_TYPES_READERS
+            and any(kind != "full_attention" for kind in value)
+        ):
             raise UnsupportedCheckpoint(
                 f"{where}: layer_types {sorted(set(value))} is not supported for model_type {config.get('model_type')!r} "
                 f"(transformers reads it for {' and '.join(LAYER_TYPES_READERS)} only): full attention only"
             )
-        if key not in MAPPED and key not in IGNORED and key not in allowed and key not in SLIDING_WINDOW_KEYS and key not in moe_keys:
+        if (
+            key not in MAPPED
+            and key not in IGNORED
+            and key not in allowed
+            and key not in SLIDING_WINDOW_KEYS
+            and key not in moe_keys
+        ):
             raise UnsupportedCheckpoint(
                 f"{where}: key {key!r} (= {value!r}) is not one the zoo GPT knows for model_type "
                 f"{config.get('model_type')!r}; it may change the model (mixture-of-experts, quantization, another "
@@ -206,7 +271,9 @@ def check_numbers(config, where):
     for key in POSITIVE_NUMBERS:
         positive_number(full, key, where)
     if full.get("router_aux_loss_coef") is not None and not _finite(full["router_aux_loss_coef"], minimum=0.0):
-        raise CheckpointError(f"{where}: router_aux_loss_coef = {full['router_aux_loss_coef']!r} must be a finite number >= 0")
+        raise CheckpointError(
+            f"{where}: router_aux_loss_coef = {full['router_aux_loss_coef']!r} must be a finite number >= 0"
+        )
     if not isinstance(full.get("tie_word_embeddings", False), bool):
         raise CheckpointError(f"{where}: tie_word_embeddings = {full['tie_word_embeddings']!r} must be true or false")
     _check_heads(full, where)
@@ -222,7 +289,9 @@ def check_numbers(config, where):
 def _check_heads(config, where):
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads") or config["num_attention_heads"]
     if heads % kv_heads:
-        raise CheckpointError(f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
+        raise CheckpointError(
+            f"{where}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads}"
+        )
     head_dim = config.get("head_dim")
     if head_dim is None and config["hidden_size"] % heads:
         raise CheckpointError(
@@ -230,7 +299,9 @@ def _check_heads(config, where):
         )
     head_dim = head_dim or config["hidden_size"] // heads
     if head_dim % 2:
-        raise CheckpointError(f"{where}: the head dimension {head_dim} is odd; rotary embeddings rotate pairs of features")
+        raise CheckpointError(
+            f"{where}: the head dimension {head_dim} is odd; rotary embeddings rotate pairs of features"
+        )
 
 
 def _check_llama3_scaling(scaling, where):
@@ -300,7 +371,10 @@ def _window_arguments(config, where):
     layers = list(range(config["num_hidden_layers"])) if every else _windowed_layers(config, where)
     if not layers:
         return {}
-    return {"sliding_window": window, "sliding_window_layers": None if len(layers) == config["num_hidden_layers"] else layers}
+    return {
+        "sliding_window": window,
+        "sliding_window_layers": None if len(layers) == config["num_hidden_layers"] else layers,
+    }
 
 
 def _check_layer_types(config, where):
@@ -308,7 +382,11 @@ def _check_layer_types(config, where):
     layer_types, layers = config.get("layer_types"), config["num_hidden_layers"]
     if layer_types is None:
         return
-    if not isinstance(layer_types, list) or len(layer_types) != layers or any(t not in LAYER_TYPES for t in layer_types):
+    if (
+        not isinstance(layer_types, list)
+        or len(layer_types) != layers
+        or any(t not in LAYER_TYPES for t in layer_types)
+    ):
         raise UnsupportedCheckpoint(
             f"{where}: layer_types = {layer_types!r} must list one of {list(LAYER_TYPES)} per layer ({layers})"
         )
@@ -335,19 +413,29 @@ def _windowed_layers(config, where):
 def _moe_arguments(config, where):
     """The MoE ``GPTBackbone`` arguments of a ``mixtral`` / ``qwen2_moe`` / ``qwen3_moe``
     config (its defaults filled in): dropless (``capacity_factor`` None), so the logits are exact."""
-    if config["model_type"] == "mixtral":  # intermediate_size is each expert's; MixtralSparseMoeBlock always renormalises
+    if (
+        config["model_type"] == "mixtral"
+    ):  # intermediate_size is each expert's; MixtralSparseMoeBlock always renormalises
         return dict(
-            num_experts=config["num_local_experts"], num_experts_per_token=config["num_experts_per_tok"],
-            moe_intermediate_dim=config["intermediate_size"], shared_expert_dim=0, normalize_router_weights=True,
-            router_aux_loss_coefficient=config["router_aux_loss_coef"], capacity_factor=None,
-        )  # fmt: skip
+            num_experts=config["num_local_experts"],
+            num_experts_per_token=config["num_experts_per_tok"],
+            moe_intermediate_dim=config["intermediate_size"],
+            shared_expert_dim=0,
+            normalize_router_weights=True,
+            router_aux_loss_coefficient=config["router_aux_loss_coef"],
+            capacity_factor=None,
+        )
     if config["model_type"] == "qwen3_moe":  # Qwen3MoeSparseMoeBlock: Qwen2-MoE's routing, no shared expert
         return dict(
-            num_experts=config["num_experts"], num_experts_per_token=config["num_experts_per_tok"],
-            moe_intermediate_dim=config["moe_intermediate_size"], shared_expert_dim=0,
-            normalize_router_weights=bool(config["norm_topk_prob"]), router_aux_loss_coefficient=config["router_aux_loss_coef"],
-            moe_layers=_qwen_moe_layers(config, where), capacity_factor=None,
-        )  # fmt: skip
+            num_experts=config["num_experts"],
+            num_experts_per_token=config["num_experts_per_tok"],
+            moe_intermediate_dim=config["moe_intermediate_size"],
+            shared_expert_dim=0,
+            normalize_router_weights=bool(config["norm_topk_prob"]),
+            router_aux_loss_coefficient=config["router_aux_loss_coef"],
+            moe_layers=_qwen_moe_layers(config, where),
+            capacity_factor=None,
+        )
     shared = config["shared_expert_intermediate_size"]
     if not isinstance(shared, int) or shared < 1:
         raise UnsupportedCheckpoint(
@@ -355,11 +443,16 @@ def _moe_arguments(config, where):
             f"shared_expert_dim, which must be a positive width"
         )
     return dict(
-        num_experts=config["num_experts"], num_experts_per_token=config["num_experts_per_tok"],
-        moe_intermediate_dim=config["moe_intermediate_size"], shared_expert_dim=shared,
-        normalize_router_weights=bool(config["norm_topk_prob"]), router_aux_loss_coefficient=config["router_aux_loss_coef"],
-        qkv_bias=bool(config["qkv_bias"]), moe_layers=_qwen_moe_layers(config, where), capacity_factor=None,
-    )  # fmt: skip
+        num_experts=config["num_experts"],
+        num_experts_per_token=config["num_experts_per_tok"],
+        moe_intermediate_dim=config["moe_intermediate_size"],
+        shared_expert_dim=shared,
+        normalize_router_weights=bool(config["norm_topk_prob"]),
+        router_aux_loss_coefficient=config["router_aux_loss_coef"],
+        qkv_bias=bool(config["qkv_bias"]),
+        moe_layers=_qwen_moe_layers(config, where),
+        capacity_factor=None,
+    )
 
 
 def _qwen_moe_layers(config, where):
@@ -416,7 +509,11 @@ def hf_model_type(arguments):
     problems = [
         *(["qkv_bias=True"] if qkv_bias else []),
         *([] if arguments.get("normalize_router_weights", True) else ["normalize_router_weights=False"]),
-        *([f"moe_layers={moe_layers}"] if moe_layers is not None and len(moe_layers) != arguments["num_layers"] else []),
+        *(
+            [f"moe_layers={moe_layers}"]
+            if moe_layers is not None and len(moe_layers) != arguments["num_layers"]
+            else []
+        ),
     ]
     if problems:
         raise UnsupportedCheckpoint(
@@ -431,7 +528,11 @@ def _qk_norm_model_type(arguments):
     """``qwen3`` or ``qwen3_moe`` for a GPT with ``qk_norm``; refuses what neither has."""
     problems = [
         *(["qkv_bias=True"] if arguments.get("qkv_bias") else []),
-        *([f"shared_expert_dim={arguments['shared_expert_dim']}"] if arguments.get("num_experts") and arguments.get("shared_expert_dim") else []),
+        *(
+            [f"shared_expert_dim={arguments['shared_expert_dim']}"]
+            if arguments.get("num_experts") and arguments.get("shared_expert_dim")
+            else []
+        ),
     ]
     if problems:
         raise UnsupportedCheckpoint(
@@ -478,7 +579,11 @@ def _window_config(arguments, model_type):
     """The window keys of a mistral / mixtral / qwen2 / qwen2_moe / qwen3 / qwen3_moe
     config.json; refuses a ``sliding_window_layers`` pattern the model type cannot write, naming it."""
     window, layers = arguments.get("sliding_window"), arguments["num_layers"]
-    windowed = list(range(layers)) if arguments.get("sliding_window_layers") is None else sorted(arguments["sliding_window_layers"])
+    windowed = (
+        list(range(layers))
+        if arguments.get("sliding_window_layers") is None
+        else sorted(arguments["sliding_window_layers"])
+    )
     if model_type not in QWEN_TYPES:  # mistral, mixtral: the window is every layer's
         if window is not None and len(windowed) != layers:
             raise UnsupportedCheckpoint(
@@ -494,7 +599,11 @@ def _window_config(arguments, model_type):
         raise UnsupportedCheckpoint(
             f"sliding_window_layers={windowed} of {layers} cannot be written as {model_type}: its window covers the "
             f"layers max_window_layers..{layers - 1}"
-            + (f" ({model_type}: every layer only; transformers' eager {ARCHITECTURES[model_type]} windows every layer)" if every_layer_only else "")
+            + (
+                f" ({model_type}: every layer only; transformers' eager {ARCHITECTURES[model_type]} windows every layer)"
+                if every_layer_only
+                else ""
+            )
         )
     return {"use_sliding_window": True, "sliding_window": window, "max_window_layers": first}
 
@@ -503,17 +612,25 @@ def _moe_config(arguments, model_type):
     """The Mixture-of-Experts keys of a ``mixtral`` / ``qwen2_moe`` / ``qwen3_moe`` config.json."""
     expert_width = arguments.get("moe_intermediate_dim") or arguments["intermediate_dim"]
     common = dict(
-        num_experts_per_tok=arguments["num_experts_per_token"], output_router_logits=False,
+        num_experts_per_tok=arguments["num_experts_per_token"],
+        output_router_logits=False,
         router_aux_loss_coef=arguments.get("router_aux_loss_coefficient", 0.0),
-    )  # fmt: skip
+    )
     if model_type == "mixtral":  # one width: the experts' (every block is sparse)
-        return dict(common, num_local_experts=arguments["num_experts"], intermediate_size=expert_width, router_jitter_noise=0.0)
+        return dict(
+            common, num_local_experts=arguments["num_experts"], intermediate_size=expert_width, router_jitter_noise=0.0
+        )
     sparse = set(sparse_layers(arguments))
     qwen = dict(
-        common, num_experts=arguments["num_experts"], moe_intermediate_size=expert_width,
-        norm_topk_prob=bool(arguments.get("normalize_router_weights", True)), decoder_sparse_step=1,
+        common,
+        num_experts=arguments["num_experts"],
+        moe_intermediate_size=expert_width,
+        norm_topk_prob=bool(arguments.get("normalize_router_weights", True)),
+        decoder_sparse_step=1,
         mlp_only_layers=[i for i in range(arguments["num_layers"]) if i not in sparse],
-    )  # fmt: skip
+    )
     if model_type == "qwen3_moe":
         return qwen
-    return dict(qwen, shared_expert_intermediate_size=arguments["shared_expert_dim"], qkv_bias=bool(arguments.get("qkv_bias")))
+    return dict(
+        qwen, shared_expert_intermediate_size=arguments["shared_expert_dim"], qkv_bias=bool(arguments.get("qkv_bias"))
+    )

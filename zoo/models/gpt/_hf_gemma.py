@@ -22,9 +22,19 @@ ARCHITECTURES = {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalL
 # config.json key -> GPTBackbone argument
 MAPPED = {
     key: common.MAPPED[key]
-    for key in ("vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
-                "intermediate_size", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings")
-}  # fmt: skip
+    for key in (
+        "vocab_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "hidden_size",
+        "intermediate_size",
+        "head_dim",
+        "rms_norm_eps",
+        "rope_theta",
+        "max_position_embeddings",
+    )
+}
 # inert here: transformers' Gemma reads hidden_activation, never hidden_act; cache_implementation
 # is generate()'s cache class; final_logit/attn_logit handled below
 IGNORED = common.IGNORED | {"hidden_act", "cache_implementation"}
@@ -36,28 +46,58 @@ ALLOWED_VALUES = {
     "rope_scaling": (None,),
 }
 READ = {  # read by _arguments, per model type
-    "gemma2": {"query_pre_attn_scalar", "sliding_window", "layer_types", "attn_logit_softcapping", "final_logit_softcapping"},
-    "gemma3_text": {
-        "query_pre_attn_scalar", "sliding_window", "layer_types", "sliding_window_pattern", "rope_local_base_freq",
-        "attn_logit_softcapping", "final_logit_softcapping",
+    "gemma2": {
+        "query_pre_attn_scalar",
+        "sliding_window",
+        "layer_types",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
     },
-}  # fmt: skip
+    "gemma3_text": {
+        "query_pre_attn_scalar",
+        "sliding_window",
+        "layer_types",
+        "sliding_window_pattern",
+        "rope_local_base_freq",
+        "attn_logit_softcapping",
+        "final_logit_softcapping",
+    },
+}
 # Gemma2Config / Gemma3TextConfig defaults for keys a config.json leaves out
 DEFAULTS = {
-    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_theta": 10000.0,
-               "rms_norm_eps": 1e-6, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-               "max_position_embeddings": 8192},
-    "gemma3_text": {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_theta": 1e6,
-                    "rms_norm_eps": 1e-6, "attn_logit_softcapping": None, "final_logit_softcapping": None,
-                    "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6, "max_position_embeddings": 131072},
-}  # fmt: skip
+    "gemma2": {
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "max_position_embeddings": 8192,
+    },
+    "gemma3_text": {
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072,
+    },
+}
 
 
 def backbone_arguments(config, where):
     """``GPTBackbone`` arguments for a ``gemma2`` / ``gemma3_text`` config.json."""
     model_type = config["model_type"]
     _check_keys(config, where)
-    config = {**DEFAULTS[model_type], **{key: value for key, value in config.items() if value is not None or key.endswith("softcapping")}}
+    config = {
+        **DEFAULTS[model_type],
+        **{key: value for key, value in config.items() if value is not None or key.endswith("softcapping")},
+    }
     common.check_numbers(config, where)
     for key in ("query_pre_attn_scalar", "rope_local_base_freq", "attn_logit_softcapping", "final_logit_softcapping"):
         common.positive_number(config, key, where)
@@ -65,14 +105,24 @@ def backbone_arguments(config, where):
     arguments = {argument: config[key] for key, argument in MAPPED.items() if config.get(key) is not None}
     layers = _sliding_layers(config, where)
     arguments.update(
-        mlp="geglu_tanh", norm="rms_offset", post_norms=True, scale_embeddings=True, tie_word_embeddings=True,
-        qkv_bias=False, qk_norm=model_type == "gemma3_text", attention_scale=float(config["query_pre_attn_scalar"]) ** -0.5,
-        attention_logit_softcap=config["attn_logit_softcapping"], final_logit_softcap=config["final_logit_softcapping"],
-    )  # fmt: skip
+        mlp="geglu_tanh",
+        norm="rms_offset",
+        post_norms=True,
+        scale_embeddings=True,
+        tie_word_embeddings=True,
+        qkv_bias=False,
+        qk_norm=model_type == "gemma3_text",
+        attention_scale=float(config["query_pre_attn_scalar"]) ** -0.5,
+        attention_logit_softcap=config["attn_logit_softcapping"],
+        final_logit_softcap=config["final_logit_softcapping"],
+    )
     if model_type == "gemma3_text":
         arguments["local_rope_max_wavelength"] = float(config["rope_local_base_freq"])
     if layers:
-        arguments.update(sliding_window=config["sliding_window"], sliding_window_layers=None if len(layers) == config["num_hidden_layers"] else layers)
+        arguments.update(
+            sliding_window=config["sliding_window"],
+            sliding_window_layers=None if len(layers) == config["num_hidden_layers"] else layers,
+        )
     return arguments
 
 
@@ -80,7 +130,11 @@ def _check_keys(config, where):
     model_type = config["model_type"]
     for key, value in config.items():
         if key in ALLOWED_VALUES and value not in ALLOWED_VALUES[key]:
-            why = " (Gemma 3 4B and larger scale the global layers' RoPE linearly, which the zoo does not compute yet)" if key == "rope_scaling" else ""
+            why = (
+                " (Gemma 3 4B and larger scale the global layers' RoPE linearly, which the zoo does not compute yet)"
+                if key == "rope_scaling"
+                else ""
+            )
             raise common.UnsupportedCheckpoint(
                 f"{where}: {key} = {value!r} is not supported for model_type {model_type!r} (the zoo GPT computes "
                 f"{key} = {ALLOWED_VALUES[key][0]!r}){why}"
@@ -96,7 +150,11 @@ def _sliding_layers(config, where):
     """The indices of the sliding-window layers, as transformers 4.57 reads them."""
     layers, layer_types = config["num_hidden_layers"], config.get("layer_types")
     if layer_types is not None:
-        if not isinstance(layer_types, list) or len(layer_types) != layers or any(t not in common.LAYER_TYPES for t in layer_types):
+        if (
+            not isinstance(layer_types, list)
+            or len(layer_types) != layers
+            or any(t not in common.LAYER_TYPES for t in layer_types)
+        ):
             raise common.UnsupportedCheckpoint(
                 f"{where}: layer_types = {layer_types!r} must list one of {list(common.LAYER_TYPES)} per layer ({layers})"
             )
@@ -114,10 +172,22 @@ def is_gemma(arguments):
 def hf_model_type(arguments):
     """``gemma3_text`` (qk-norm) or ``gemma2``; refuses what neither computes, naming it."""
     model_type = "gemma3_text" if arguments.get("qk_norm") else "gemma2"
-    wanted = dict(norm="rms_offset", mlp="geglu_tanh", scale_embeddings=True, tie_word_embeddings=True, qkv_bias=False, num_experts=0)
+    wanted = dict(
+        norm="rms_offset",
+        mlp="geglu_tanh",
+        scale_embeddings=True,
+        tie_word_embeddings=True,
+        qkv_bias=False,
+        num_experts=0,
+    )
     problems = [f"{key}={arguments.get(key)!r}" for key, value in wanted.items() if (arguments.get(key) or 0) != value]
-    if model_type == "gemma2" and arguments.get("local_rope_max_wavelength") not in (None, arguments.get("rope_max_wavelength")):
-        problems.append(f"local_rope_max_wavelength={arguments['local_rope_max_wavelength']!r} (Gemma 2 has one RoPE base)")
+    if model_type == "gemma2" and arguments.get("local_rope_max_wavelength") not in (
+        None,
+        arguments.get("rope_max_wavelength"),
+    ):
+        problems.append(
+            f"local_rope_max_wavelength={arguments['local_rope_max_wavelength']!r} (Gemma 2 has one RoPE base)"
+        )
     if arguments.get("rope_scaling") is not None:
         problems.append(f"rope_scaling={arguments['rope_scaling']!r}")
     if problems:
@@ -133,7 +203,13 @@ def hf_config(arguments, *, special_ids=None):
     model_type = hf_model_type(arguments)
     layers = arguments["num_layers"]
     window = arguments.get("sliding_window")
-    windowed = set() if window is None else set(range(layers) if arguments.get("sliding_window_layers") is None else arguments["sliding_window_layers"])
+    windowed = (
+        set()
+        if window is None
+        else set(
+            range(layers) if arguments.get("sliding_window_layers") is None else arguments["sliding_window_layers"]
+        )
+    )
     head_dim = arguments.get("head_dim") or arguments["hidden_dim"] // arguments["num_query_heads"]
     scale = arguments.get("attention_scale")
     config = {
@@ -153,6 +229,8 @@ def hf_config(arguments, *, special_ids=None):
     }
     if model_type == "gemma3_text":
         local = arguments.get("local_rope_max_wavelength")
-        config.update(rope_local_base_freq=arguments["rope_max_wavelength"] if local is None else local, rope_scaling=None)
+        config.update(
+            rope_local_base_freq=arguments["rope_max_wavelength"] if local is None else local, rope_scaling=None
+        )
     config.update({key: value for key, value in (special_ids or {}).items() if value is not None})
     return config

@@ -19,7 +19,9 @@ def check_sampler(sampler, *, temperature, top_k, top_p, vocabulary_size):
     if sampler == "top_k" and (
         not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= vocabulary_size
     ):
-        raise ValueError(f"sampler 'top_k' needs an integer top_k in [1, vocabulary size {vocabulary_size}], got {top_k!r}")
+        raise ValueError(
+            f"sampler 'top_k' needs an integer top_k in [1, vocabulary size {vocabulary_size}], got {top_k!r}"
+        )
     if sampler == "top_p" and (top_p is None or not 0.0 < top_p <= 1.0):
         raise ValueError(f"sampler 'top_p' needs top_p in (0, 1], got {top_p!r}")
 

@@ -190,8 +190,13 @@ class GPTBackbone(ZooModel):
             _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts)
             _check_pipeline_window(sliding_window, window_layers, num_layers)
             x = PipelinedBlocks(
-                num_layers, {**block, "sliding_window": sliding_window}, schedule=schedule, micro_batches=micro_batches, repeats=repeats,
-                seed=None if seed is None else seed + 1, name="blocks",
+                num_layers,
+                {**block, "sliding_window": sliding_window},
+                schedule=schedule,
+                micro_batches=micro_batches,
+                repeats=repeats,
+                seed=None if seed is None else seed + 1,
+                name="blocks",
             )(x)  # (B, T, C)
         for index in range(0 if schedule is not None else num_layers):
             sparse = dict(num_experts=num_experts if index in moe_layers else 0, **moe) if num_experts else {}
@@ -199,7 +204,10 @@ class GPTBackbone(ZooModel):
             local_rope = {} if local_rope_max_wavelength is None or window is None else {
                 "rotary_base": local_rope_max_wavelength, "rope_scaling": None}  # fmt: skip
             x = TransformerBlock(
-                **{**block, **local_rope}, **sparse, sliding_window=window, seed=None if seed is None else seed + 1 + 2 * index,
+                **{**block, **local_rope},
+                **sparse,
+                sliding_window=window,
+                seed=None if seed is None else seed + 1 + 2 * index,
                 name=f"block_{index}",
             )(x)  # (B, T, C)
         x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
@@ -274,7 +282,9 @@ class GPTBackbone(ZooModel):
             x = self.get_layer("embedding_scale")(x)  # (B, T, C)
         updated = []
         for block, cache in zip(self.blocks, caches):
-            x, cache = block(x, cache=cache, cache_index=cache_index, start_positions=start_positions)  # (B, T, C), (B, 2, S, K, D)
+            x, cache = block(
+                x, cache=cache, cache_index=cache_index, start_positions=start_positions
+            )  # (B, T, C), (B, 2, S, K, D)
             updated.append(cache)
         return self.final_norm(x), updated  # (B, T, C)
 
@@ -291,11 +301,18 @@ class GPTBackbone(ZooModel):
         ``model`` axis of size 4.
         """
         config = None if config is None else backbone_config(config)
-        return _gpt_layouts.layout_map(mesh, layout, config, with_head=False, data_axis=data_axis, model_axis=model_axis)
+        return _gpt_layouts.layout_map(
+            mesh, layout, config, with_head=False, data_axis=data_axis, model_axis=model_axis
+        )
 
 
 def _default_head_dim(hidden_dim, num_query_heads):
-    if isinstance(hidden_dim, int) and isinstance(num_query_heads, int) and num_query_heads > 0 and hidden_dim % num_query_heads == 0:
+    if (
+        isinstance(hidden_dim, int)
+        and isinstance(num_query_heads, int)
+        and num_query_heads > 0
+        and hidden_dim % num_query_heads == 0
+    ):
         return hidden_dim // num_query_heads
     raise ValueError(
         f"hidden_dim {hidden_dim} is not divisible by num_query_heads {num_query_heads}; pass head_dim explicitly"

@@ -109,13 +109,19 @@ class GPTCausalLM(ZooModel):
         loss = self.loss
         config = loss.get_config() if isinstance(loss, keras.losses.SparseCategoricalCrossentropy) else {}
         reduction = config.get("reduction")
-        if not config.get("from_logits") or config.get("ignore_class") is not None or reduction not in _chunked_loss.REDUCTIONS:
+        if (
+            not config.get("from_logits")
+            or config.get("ignore_class") is not None
+            or reduction not in _chunked_loss.REDUCTIONS
+        ):
             raise ValueError(
                 f"loss_chunk_size={self.loss_chunk_size} computes SparseCategoricalCrossentropy(from_logits=True, ignore_class=None) "
                 f"with reduction one of {', '.join(_chunked_loss.REDUCTIONS)}; this model is compiled with {loss!r} {config}"
             )
         if any(metric.name == "compile_metrics" for metric in self.metrics):
-            raise ValueError(f"loss_chunk_size={self.loss_chunk_size} does not compute compiled metrics (they would need the whole logits); compile without metrics")
+            raise ValueError(
+                f"loss_chunk_size={self.loss_chunk_size} does not compute compiled metrics (they would need the whole logits); compile without metrics"
+            )
         return reduction
 
     def call(self, inputs, training=None, mask=None, **kwargs):
@@ -211,7 +217,9 @@ class GPTCausalLM(ZooModel):
         callback, so it runs as fast as before; with one, each step waits for the host.
         """
         vocabulary_size = self.backbone.vocabulary_size
-        _sampling.check_sampler(sampler, temperature=temperature, top_k=top_k, top_p=top_p, vocabulary_size=vocabulary_size)
+        _sampling.check_sampler(
+            sampler, temperature=temperature, top_k=top_k, top_p=top_p, vocabulary_size=vocabulary_size
+        )
         tokenizer = getattr(self.preprocessor, "tokenizer", None)
         if stop_token_ids is None:
             stop_token_ids = () if tokenizer is None else tokenizer.stop_token_ids
@@ -232,7 +240,13 @@ class GPTCausalLM(ZooModel):
         _generation.check_lengths(prompt_length, max_new_tokens, self.backbone.max_sequence_length)
         if stream is not None and not callable(stream):
             raise ValueError(f"stream must be callable, got {type(stream).__name__}")
-        host_stream = None if stream is None else _generation.TextStream(tokenizer, batch, stream) if text else _generation.token_stream(stream)
+        host_stream = (
+            None
+            if stream is None
+            else _generation.TextStream(tokenizer, batch, stream)
+            if text
+            else _generation.token_stream(stream)
+        )
         tokens, lengths = _generation.generate(
             self, token_ids, starts, max_new_tokens=int(max_new_tokens), sampler=sampler, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop_ids=stop_ids, pad_id=pad_id, stream=host_stream,
@@ -241,9 +255,15 @@ class GPTCausalLM(ZooModel):
             if stream is not None:
                 host_stream.flush()
             if chat:  # the replies alone
-                replies = [self.preprocessor.generate_postprocess(row[prompt_length : prompt_length + n], 0) for row, n in zip(tokens, lengths)]
+                replies = [
+                    self.preprocessor.generate_postprocess(row[prompt_length : prompt_length + n], 0)
+                    for row, n in zip(tokens, lengths)
+                ]
                 return replies if _generation.is_conversation_list(messages) else replies[0]
-            texts = [self.preprocessor.generate_postprocess(row[: prompt_length + n], prompt_length) for row, n in zip(tokens, lengths)]
+            texts = [
+                self.preprocessor.generate_postprocess(row[: prompt_length + n], prompt_length)
+                for row, n in zip(tokens, lengths)
+            ]
             return texts[0] if isinstance(prompts, str) else texts
         if return_padding_mask:
             return tokens, _generation.padding_mask(starts, lengths, prompt_length, tokens.shape[1])
@@ -270,13 +290,18 @@ class GPTCausalLM(ZooModel):
                              f"{'no tokenizer' if tokenizer is None else 'a ' + type(tokenizer).__name__} (a Hugging Face "
                              "tokenizer with a chat template has one); pass text prompts or token ids")  # fmt: skip
         conversations = messages if _generation.is_conversation_list(messages) else [messages]
-        rows = [list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)) for conversation in conversations]
+        rows = [
+            list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True))
+            for conversation in conversations
+        ]
         return _generation.as_prompts(rows, vocabulary_size, pad_id)
 
     def _tokenize_prompts(self, prompts):
         """Text prompts -> ``(token_ids (B, P), start_positions (B,))`` through the preprocessor."""
         if not hasattr(self.preprocessor, "generate_preprocess"):
-            held = "no preprocessor" if self.preprocessor is None else f"a {type(self.preprocessor).__name__} preprocessor"
+            held = (
+                "no preprocessor" if self.preprocessor is None else f"a {type(self.preprocessor).__name__} preprocessor"
+            )
             raise ValueError(
                 f"prompts are text, but this {type(self).__name__} has {held} to tokenize them: attach one "
                 f"(model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=...)) or pass token ids"
@@ -299,14 +324,18 @@ class GPTCausalLM(ZooModel):
         if isinstance(directory, (str, os.PathLike)) and hf_checkpoints.is_hf_directory(os.fspath(directory)):
             if skip_layers:
                 raise ValueError(f"skip_layers is not supported for a Hugging Face folder, got {list(skip_layers)}")
-            return hf_checkpoints.load_causal_lm(cls, os.fspath(directory), load_weights=load_weights, **config_overrides)
+            return hf_checkpoints.load_causal_lm(
+                cls, os.fspath(directory), load_weights=load_weights, **config_overrides
+            )
         return super().from_preset(directory, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
 
     def save_to_hf(self, directory, *, max_file_bytes=None, dtype=None, extra_files=None, report=print):
         """Write this model as a Hugging Face folder (``hf_checkpoints.save_to_hf``), whole
         or not at all: config.json, safetensors (LoRA merged, pipelined blocks unstacked),
         generation_config.json, the tokenizer, and what ``extra_files(folder)`` writes."""
-        return hf_checkpoints.save_to_hf(self, directory, max_file_bytes=max_file_bytes, dtype=dtype, extra_files=extra_files, report=report)
+        return hf_checkpoints.save_to_hf(
+            self, directory, max_file_bytes=max_file_bytes, dtype=dtype, extra_files=extra_files, report=report
+        )
 
     # --- config, named sizes, layouts --------------------------------------------------
 
@@ -317,7 +346,9 @@ class GPTCausalLM(ZooModel):
             "name": self.name,
             "trainable": self.trainable,
             "backbone": backbone,
-            "preprocessor": None if self.preprocessor is None else keras.saving.serialize_keras_object(self.preprocessor),
+            "preprocessor": None
+            if self.preprocessor is None
+            else keras.saving.serialize_keras_object(self.preprocessor),
             "loss_chunk_size": self.loss_chunk_size,
         }
 
@@ -377,7 +408,9 @@ class GPTCausalLM(ZooModel):
         """
         config = None if config is None else backbone_config(config)
         with_head = config is None or not config.get("tie_word_embeddings", False)
-        return _gpt_layouts.layout_map(mesh, layout, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
+        return _gpt_layouts.layout_map(
+            mesh, layout, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis
+        )
 
 
 def _float32_logits(softcap=None):

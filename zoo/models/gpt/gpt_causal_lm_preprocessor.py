@@ -47,7 +47,11 @@ class GPTCausalLMPreprocessor:
                 f"the tokenizer pads to its own sequence_length={tokenizer.sequence_length}; the preprocessor packs "
                 f"to sequence_length={sequence_length}: give it a tokenizer built without one"
             )
-        if isinstance(sequence_length, bool) or not isinstance(sequence_length, (int, np.integer)) or sequence_length < 1:
+        if (
+            isinstance(sequence_length, bool)
+            or not isinstance(sequence_length, (int, np.integer))
+            or sequence_length < 1
+        ):
             raise ValueError(f"sequence_length must be a positive integer, got {sequence_length!r}")
         self.tokenizer = tokenizer
         self.sequence_length = int(sequence_length)
@@ -65,7 +69,9 @@ class GPTCausalLMPreprocessor:
             if len(completions) != len(texts):
                 raise ValueError(f"{len(texts)} prompts but {len(completions)} completions")
             prompts = [self._start() + self._content(prompt) for prompt in texts]
-            rows = [prompt + self._content(completion) + self._end() for prompt, completion in zip(prompts, completions)]
+            rows = [
+                prompt + self._content(completion) + self._end() for prompt, completion in zip(prompts, completions)
+            ]
             prompt_sizes = [len(prompt) for prompt in prompts]
         packed, lengths = self._right_padded(rows, self.sequence_length + 1)  # (N, T + 1)
         label_positions = np.arange(1, self.sequence_length + 1)[None, :]  # (1, T): column of packed each label is

@@ -276,7 +276,6 @@ GPT_CONFIGS = {
 }
 
 
-
 def config_by_name(name):
     """A copy of ``GPT_CONFIGS[name]``; an unknown name raises listing the known ones."""
     if name not in GPT_CONFIGS:
@@ -341,7 +340,12 @@ def sparse_layer_count(config):
 def _moe_widths(config):
     """(E, k, F of each expert, F of the shared expert or 0)."""
     expert_width = config.get("moe_intermediate_dim") or config["intermediate_dim"]
-    return config["num_experts"], config.get("num_experts_per_token") or 2, expert_width, config.get("shared_expert_dim") or 0
+    return (
+        config["num_experts"],
+        config.get("num_experts_per_token") or 2,
+        expert_width,
+        config.get("shared_expert_dim") or 0,
+    )
 
 
 def moe_parameters(config):

@@ -78,7 +78,11 @@ from zoo.tokenizers import HFTokenizer
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", GENERATION_CONFIG_FILE)  # what HFTokenizer.from_directory reads
+TOKENIZER_FILES = (
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    GENERATION_CONFIG_FILE,
+)  # what HFTokenizer.from_directory reads
 # tensors some checkpoints carry that are not weights (older Llama saves RoPE's table)
 NOT_WEIGHTS = ("rotary_emb.inv_freq",)
 # zoo variables that are state, not checkpoint weights (MoEFeedForward's last routing statistics)
@@ -91,7 +95,15 @@ EXPERT_NAMES = {
 EXPERT_NAMES["qwen3_moe"] = EXPERT_NAMES["qwen2_moe"]  # the same names, without the shared expert
 PREPROCESSOR_LENGTH = 1024  # the preprocessor's default sequence_length (keras-hub's), at most max_sequence_length
 
-__all__ = ["UnsupportedCheckpoint", "is_hf_directory", "load_causal_lm", "load_hf_weights", "read_config", "save_to_hf", "weight_views"]
+__all__ = [
+    "UnsupportedCheckpoint",
+    "is_hf_directory",
+    "load_causal_lm",
+    "load_hf_weights",
+    "read_config",
+    "save_to_hf",
+    "weight_views",
+]
 
 
 def is_hf_directory(directory):
@@ -107,7 +119,9 @@ def is_hf_directory(directory):
 
 def read_config(directory):
     """The folder's ``config.json`` (refused when it resolves outside the folder)."""
-    with open(inside_folder(directory, CONFIG_FILE, listed_in="the folder", error=CheckpointError), encoding="utf-8") as file:
+    with open(
+        inside_folder(directory, CONFIG_FILE, listed_in="the folder", error=CheckpointError), encoding="utf-8"
+    ) as file:
         return json.load(file)
 
 
@@ -119,18 +133,28 @@ def weight_views(arguments):
     head_dim = arguments.get("head_dim") or width // heads
     sparse = set(sparse_layers(arguments))
     model_type = hf_model_type(arguments) if sparse else None
-    views = {"token_embedding/embeddings": TensorView("model.embed_tokens.weight"), "final_norm/scale": TensorView("model.norm.weight")}
+    views = {
+        "token_embedding/embeddings": TensorView("model.embed_tokens.weight"),
+        "final_norm/scale": TensorView("model.norm.weight"),
+    }
     if not arguments.get("tie_word_embeddings", False):
         views["lm_head/kernel"] = TensorView("lm_head.weight", axes=(1, 0))
     for index in range(arguments["num_layers"]):
         hf, zoo = f"model.layers.{index}.", f"block_{index}/"
         for name, count in (("query", heads), ("key", kv_heads), ("value", kv_heads)):
             projection = f"{hf}self_attn.{name[0]}_proj"
-            views[f"{zoo}attention/{name}/kernel"] = TensorView(f"{projection}.weight", split=(count, head_dim, width), axes=(2, 0, 1))
+            views[f"{zoo}attention/{name}/kernel"] = TensorView(
+                f"{projection}.weight", split=(count, head_dim, width), axes=(2, 0, 1)
+            )
             if arguments.get("qkv_bias"):
                 views[f"{zoo}attention/{name}/bias"] = TensorView(f"{projection}.bias", split=(count, head_dim))
         if arguments.get("qk_norm"):  # (D,) as is
-            views.update({f"{zoo}attention/{name}_norm/scale": TensorView(f"{hf}self_attn.{name[0]}_norm.weight") for name in ("query", "key")})
+            views.update(
+                {
+                    f"{zoo}attention/{name}_norm/scale": TensorView(f"{hf}self_attn.{name[0]}_norm.weight")
+                    for name in ("query", "key")
+                }
+            )
         views[f"{zoo}attention/output/kernel"] = TensorView(
             f"{hf}self_attn.o_proj.weight", split=(width, heads, head_dim), split_dim=1, axes=(1, 2, 0)
         )
@@ -158,7 +182,9 @@ def _norm_views(hf, zoo, *, post_norms):
 
 def _mlp_views(hf, zoo):
     """A SwiGLU MLP's three kernels: ``<hf>{gate,up,down}_proj.weight`` (out, in) -> ``<zoo>{gate,up,down}/kernel`` (in, out)."""
-    return {f"{zoo}{name}/kernel": TensorView(f"{hf}{name}_proj.weight", axes=(1, 0)) for name in ("gate", "up", "down")}
+    return {
+        f"{zoo}{name}/kernel": TensorView(f"{hf}{name}_proj.weight", axes=(1, 0)) for name in ("gate", "up", "down")
+    }
 
 
 def _expert_views(arguments, hf, zoo, model_type):
@@ -169,10 +195,14 @@ def _expert_views(arguments, hf, zoo, model_type):
     views = {f"{zoo}router/kernel": TensorView(f"{prefix}gate.weight", axes=(1, 0))}  # (E, C) -> (C, E)
     experts = range(arguments["num_experts"])
     for weight, projection in projections.items():  # E x (F, C) -> (E, C, F); down: E x (C, F) -> (E, F, C)
-        views[f"{zoo}{weight}"] = StackedView(tuple(TensorView(f"{prefix}experts.{j}.{projection}.weight", axes=(1, 0)) for j in experts))
+        views[f"{zoo}{weight}"] = StackedView(
+            tuple(TensorView(f"{prefix}experts.{j}.{projection}.weight", axes=(1, 0)) for j in experts)
+        )
     if arguments.get("shared_expert_dim"):
         views.update(_mlp_views(f"{prefix}shared_expert.", f"{zoo}shared_expert/"))
-        views[f"{zoo}shared_expert_gate/kernel"] = TensorView(f"{prefix}shared_expert_gate.weight", axes=(1, 0))  # (1, C) -> (C, 1)
+        views[f"{zoo}shared_expert_gate/kernel"] = TensorView(
+            f"{prefix}shared_expert_gate.weight", axes=(1, 0)
+        )  # (1, C) -> (C, 1)
     return views
 
 
@@ -260,7 +290,9 @@ def _load_from(model, directory, files, on_read=None):
 def _check_tensor_names(directory, names, views):
     wanted = {name for view in views.values() for name in view.names}
     tied = "lm_head/kernel" not in views
-    extra = [n for n in names if n not in wanted and not n.endswith(NOT_WEIGHTS) and not (tied and n == "lm_head.weight")]
+    extra = [
+        n for n in names if n not in wanted and not n.endswith(NOT_WEIGHTS) and not (tied and n == "lm_head.weight")
+    ]
     if extra:
         raise UnsupportedCheckpoint(
             f"checkpoint {directory!r} holds {len(extra)} tensor(s) the zoo GPT has no weight for, e.g. {extra[:3]} "
@@ -268,11 +300,15 @@ def _check_tensor_names(directory, names, views):
         )
     missing = sorted(wanted - set(names))
     if missing:
-        raise CheckpointError(f"checkpoint {directory!r} lacks {len(missing)} tensor(s) its config.json implies, e.g. {missing[:3]}")
+        raise CheckpointError(
+            f"checkpoint {directory!r} lacks {len(missing)} tensor(s) its config.json implies, e.g. {missing[:3]}"
+        )
 
 
 def _check_variables(views, variables):
-    unmapped = sorted(path for path in variables if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES)))
+    unmapped = sorted(
+        path for path in variables if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES))
+    )
     if unmapped:
         raise CheckpointError(f"the model has weights no Hugging Face tensor maps to: {unmapped[:3]}")
 
@@ -401,7 +437,11 @@ def _merged_kernels(model):
 def _special_ids(tokenizer):
     if tokenizer is None:
         return {}
-    return {"bos_token_id": tokenizer.start_token_id, "eos_token_id": tokenizer.end_token_id, "pad_token_id": tokenizer.pad_token_id}
+    return {
+        "bos_token_id": tokenizer.start_token_id,
+        "eos_token_id": tokenizer.end_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
 
 
 def _generation_config(tokenizer):

@@ -3,12 +3,12 @@
 import keras
 
 from zoo.distribution.axes import MODEL
+from zoo.layers.class_token import ClassToken
+from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
 from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
-from zoo.layers.class_token import ClassToken
 from zoo.models._classifier_checks import check_common
 from zoo.models._encoder_stack import EncoderClassifier, classify
-from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
 from zoo.models.vit.vit_configs import VIT_CONFIGS
 
 
@@ -101,16 +101,31 @@ class ViTClassifier(EncoderClassifier):
     ):
         image_size, patch_size = _as_pair(image_size, "image_size"), _as_pair(patch_size, "patch_size")
         sizes = dict(
-            num_classes=num_classes, num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim, channels=channels,
+            num_classes=num_classes,
+            num_layers=num_layers,
+            num_query_heads=num_query_heads,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            channels=channels,
         )
         check_common(sizes, pooling, dropout)
         stack = {
-            "num_classes": num_classes, "num_layers": num_layers, "num_query_heads": num_query_heads,
-            "hidden_dim": hidden_dim, "intermediate_dim": intermediate_dim, "num_key_value_heads": num_key_value_heads,
-            "mlp": mlp, "norm": norm, "layer_norm_epsilon": layer_norm_epsilon, "pooling": pooling, "dropout": dropout,
-            "use_bias": use_bias, "seed": seed, "megatron_sp": bool(megatron_sp), "remat": check_remat(remat),
-        }  # fmt: skip  (what ``classify`` builds)
+            "num_classes": num_classes,
+            "num_layers": num_layers,
+            "num_query_heads": num_query_heads,
+            "hidden_dim": hidden_dim,
+            "intermediate_dim": intermediate_dim,
+            "num_key_value_heads": num_key_value_heads,
+            "mlp": mlp,
+            "norm": norm,
+            "layer_norm_epsilon": layer_norm_epsilon,
+            "pooling": pooling,
+            "dropout": dropout,
+            "use_bias": use_bias,
+            "seed": seed,
+            "megatron_sp": bool(megatron_sp),
+            "remat": check_remat(remat),
+        }  # (what ``classify`` builds)
         grid = _patch_grid(image_size, patch_size)
         images = keras.Input(shape=(*image_size, channels), name="images")  # (B, H, W, Ch)
         x = _embed(images, hidden_dim, patch_size, grid, pooling)  # (B, P (+1), C)
@@ -138,9 +153,9 @@ class ViTClassifier(EncoderClassifier):
 
 def _embed(images, hidden_dim, patch_size, grid, pooling):
     """Images (B, H, W, Ch) -> patch tokens with positions (B, P (+1), C)."""
-    x = keras.layers.Conv2D(
-        hidden_dim, patch_size, strides=patch_size, padding="valid", name="patch_embedding"
-    )(images)  # (B, H/p, W/p, C)
+    x = keras.layers.Conv2D(hidden_dim, patch_size, strides=patch_size, padding="valid", name="patch_embedding")(
+        images
+    )  # (B, H/p, W/p, C)
     x = keras.layers.Reshape((grid[0] * grid[1], hidden_dim), name="patch_sequence")(x)  # (B, P, C)
     if pooling == "cls":
         x = ClassToken(name="class_token")(x)  # (B, 1 + P, C)
@@ -156,7 +171,9 @@ def _patch_grid(image_size, patch_size):
     """(H/p_h, W/p_w), raising with the numbers when a side does not divide."""
     for side, image, patch in zip(("height", "width"), image_size, patch_size):
         if image % patch:
-            raise ValueError(f"image {side} {image} is not divisible by patch {side} {patch} (image_size {image_size}, patch_size {patch_size})")
+            raise ValueError(
+                f"image {side} {image} is not divisible by patch {side} {patch} (image_size {image_size}, patch_size {patch_size})"
+            )
     return image_size[0] // patch_size[0], image_size[1] // patch_size[1]
 
 

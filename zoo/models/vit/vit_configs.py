@@ -18,14 +18,32 @@ VIT_CONFIGS = {
     ),
     # 22.1M parameters: ViT-S/16 (6 heads: tensor parallelism over 2, 3 or 6 devices).
     "vit_small": dict(
-        image_size=224, patch_size=16, num_classes=1000, num_layers=12, num_query_heads=6, hidden_dim=384, intermediate_dim=1536
+        image_size=224,
+        patch_size=16,
+        num_classes=1000,
+        num_layers=12,
+        num_query_heads=6,
+        hidden_dim=384,
+        intermediate_dim=1536,
     ),
     # 86.6M parameters: ViT-B/16.
     "vit_base": dict(
-        image_size=224, patch_size=16, num_classes=1000, num_layers=12, num_query_heads=12, hidden_dim=768, intermediate_dim=3072
+        image_size=224,
+        patch_size=16,
+        num_classes=1000,
+        num_layers=12,
+        num_query_heads=12,
+        hidden_dim=768,
+        intermediate_dim=3072,
     ),
     # 304M parameters: ViT-L/16.
     "vit_large": dict(
-        image_size=224, patch_size=16, num_classes=1000, num_layers=24, num_query_heads=16, hidden_dim=1024, intermediate_dim=4096
+        image_size=224,
+        patch_size=16,
+        num_classes=1000,
+        num_layers=24,
+        num_query_heads=16,
+        hidden_dim=1024,
+        intermediate_dim=4096,
     ),
 }
