@@ -115,6 +115,21 @@ CASES = [
         "schedule (--schedule) = 'circular' is a setting of layout 'pipeline', not of layout 'tp'",
     ),
     (
+        ["train", "gpt", "--layout", "tp", "--context-attention", "ulysses"],
+        USAGE,
+        "context_attention (--context-attention) = 'ulysses' is a setting of layout 'context', not of layout 'tp'",
+    ),
+    (
+        ["train", "vit", "--context-attention", "gather"],
+        USAGE,
+        "context_attention (--context-attention) = 'gather' is a setting of layout 'context', not of layout 'data'",
+    ),
+    (
+        ["finetune", "small_cnn_shapes", "--balance", "zigzag"],
+        USAGE,
+        "balance (--balance) = 'zigzag' is a setting of layout 'context', not of layout 'single'",
+    ),
+    (
         ["train", "gpt", "--layout", "pipeline", "--schedule", "circular"],
         USAGE,
         "schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got repeats=1",
@@ -274,6 +289,12 @@ CASES = [
     ),
     (["plan", "--config-name", "gpt_tiny", "--device", "h300"], USAGE, "unknown device 'h300'"),
     (["plan", "{latin1}"], USAGE, "{latin1}: not UTF-8 text"),
+    (
+        ["plan", "--config-name", "gpt_tiny", "--layout", "fsdp", "--balance", "zigzag"],
+        USAGE,
+        "balance (--balance) = 'zigzag' is a setting of layout 'context', not of layout 'fsdp'",
+    ),
+    (["plan", "--layout", "auto"], USAGE, "--layout auto is zoo train gpt's planning: zoo plan --auto searches"),
     # zoo bench *
     (["bench", "cnn", "--repeats", "0"], USAGE, "argument --repeats: expected an integer >= 1, got '0'"),
     (

@@ -95,6 +95,22 @@ def test_bad_input_is_named_before_anything_compiles(capsys):
     )
 
 
+def test_zoo_plan_takes_the_gpt_flags_of_zoo_train_gpt_with_their_defaults():
+    """zoo plan FLAGS sizes the step zoo train gpt FLAGS runs: the flags are generated from
+    GPTTrainConfig, so the same names, defaults and checks (before: gpt_1b, mixed_bfloat16
+    and the config's whole length by default, against zoo train gpt's gpt_small, float32, 128)."""
+    from zoo.cli import plan
+
+    parser = cli.build_parser()
+    request = plan.request_from(parser.parse_args(["plan"]))
+    defaults = gpt.GPTTrainConfig()
+    assert request.config == {name: getattr(defaults, name) for name in plan.PLANNED_SETTINGS}
+    given = ["--config-name", "gpt_tiny", "--layout", "context", "--context-attention", "ulysses", "--remat"]
+    request = plan.request_from(parser.parse_args(["plan", *given]))
+    trained = gpt.GPTTrainConfig(config_name="gpt_tiny", layout="context", context_attention="ulysses", remat="full")
+    assert request.config == {name: getattr(trained, name) for name in plan.PLANNED_SETTINGS}
+
+
 @pytest.mark.parametrize("strategy, mesh", [("fsdp", "data=8"), ("tp", "data=2,model=4")])
 def test_the_gpt_job_fits_its_layout_map_to_tied_embeddings(strategy, mesh):
     """gpt_125m/gpt_350m tie the LM head to the embedding: the job's distribution has no

@@ -13,42 +13,46 @@ Prints the plan's table; exits 1 with one line on stderr when the step does not 
 import os
 import sys
 
-from zoo.config import types
+from zoo.config import schema, types
+from zoo.config.settings import GPTTrainConfig
 
 DEPTH_HELP = (
     "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
 )
 
 
-def _gpt_flags():
-    """The GPT flags: ``(flag, argparse keywords, default)``. Left out, they take the
-    default; with a recipe they are refused (the recipe says them; --set changes one)."""
-    from zoo.config.choices import (
-        CONTEXT_ATTENTIONS,
-        EXPERT_EXCHANGES,
-        PRECISIONS,
-        REMATS,
-        SCHEDULES,
-        TRANSFORMER_JOB_LAYOUTS,
-    )
+# The GPT settings zoo plan takes, as zoo train gpt takes them (same flags, defaults and
+# checks: GPTTrainConfig), so that zoo plan FLAGS sizes exactly zoo train gpt FLAGS.
+PLANNED_SETTINGS = (
+    "config_name",
+    "num_layers",
+    "capacity_factor",
+    "expert_exchange",
+    "layout",
+    "mesh",
+    "context_attention",
+    "balance",
+    "micro_batches",
+    "schedule",
+    "repeats",
+    "sequence_length",
+    "batch_size",
+    "precision",
+    "remat",
+    "gradient_accumulation_steps",
+)
 
-    return (
-        ("--config-name", dict(help="GPT size (zoo.models.GPT_CONFIGS; default gpt_1b)"), "gpt_1b"),
-        ("--num-layers", dict(type=types.positive_int, help="override the config's depth L (default: the config's)"), None),
-        ("--layout", dict(choices=TRANSFORMER_JOB_LAYOUTS, help="how weights and inputs are split (default data)"), "data"),
-        ("--mesh", dict(help="mesh spec such as data=2,model=4 (default: the layout's)"), None),
-        ("--context-attention", dict(choices=CONTEXT_ATTENTIONS, help="layout context: the attention kernel (default ring)"), "ring"),
-        ("--micro-batches", dict(type=types.positive_int, help="layout pipeline: M micro-batches (default: as many as stages)"), None),
-        ("--schedule", dict(choices=SCHEDULES, help="layout pipeline: gpipe or circular (default gpipe)"), "gpipe"),
-        ("--repeats", dict(type=types.positive_int, help="layout pipeline: R, rounds of the stages (gpipe 1, circular >= 2; default 1)"), 1),
-        ("--capacity-factor", dict(type=types.positive_float, help="MoE configs: expert capacity factor (default: dropless)"), None),
-        ("--expert-exchange", dict(choices=EXPERT_EXCHANGES, help="MoE configs under an expert layout: all_to_all or ragged (default all_to_all)"), None),
-        ("--batch-size", dict(type=types.positive_int, help="global batch per step (--auto: per optimizer update; default 32)"), 32),
-        ("--sequence-length", dict(type=types.sequence_length, help="tokens per example (default: the config's max_sequence_length)"), None),
-        ("--precision", dict(choices=PRECISIONS, help="default mixed_bfloat16"), "mixed_bfloat16"),
-        ("--remat", dict(nargs="?", const="full", choices=REMATS, help="none | full | dots_saveable (alone: full; default none)"), "none"),
-        ("--gradient-accumulation-steps", dict(type=types.positive_int, help="steps per optimizer update (default 1)"), 1),
-    )  # fmt: skip
+
+def _gpt_fields():
+    return [field for field in schema.settings_fields(GPTTrainConfig) if field.name in PLANNED_SETTINGS]
+
+
+def _add_gpt_flags(parser):
+    """The GPT flags, generated from ``GPTTrainConfig``; parsed as None when left out (their
+    help states the default) so that a recipe can refuse them (the recipe says them)."""
+    skip = [field.name for field in schema.settings_fields(GPTTrainConfig) if field.name not in PLANNED_SETTINGS]
+    schema.add_flags(parser, GPTTrainConfig, skip=skip)
+    parser.set_defaults(**dict.fromkeys(PLANNED_SETTINGS))
 
 
 def add_arguments(parser):
@@ -79,8 +83,7 @@ def add_arguments(parser):
         metavar="GIB",
         help="memory per device (default: the device kind's)",
     )
-    for flag, keywords, _ in _gpt_flags():
-        parser.add_argument(flag, default=None, **keywords)
+    _add_gpt_flags(parser)
     parser.add_argument("--depth", type=types.depth, default="auto", help=DEPTH_HELP)
     parser.add_argument(
         "--top", type=types.positive_int, default=3, help="--auto: how many candidates to compile (default 3)"
@@ -96,13 +99,15 @@ def add_arguments(parser):
 
 
 def _gpt_settings(args):
-    """``{dest: value}`` of the GPT flags, defaults filled in."""
-    settings = {}
-    for flag, keywords, default in _gpt_flags():
-        dest = keywords.get("dest", flag[2:].replace("-", "_"))
-        value = getattr(args, dest)
-        settings[dest] = default if value is None else value
-    return settings
+    """``{name: value}`` of the GPT flags, ``GPTTrainConfig``'s defaults filled in."""
+    return {
+        field.name: field.default if getattr(args, field.name) is None else getattr(args, field.name)
+        for field in _gpt_fields()
+    }
+
+
+def _given_gpt_flags(args):
+    return [schema.flag_name(field) for field in _gpt_fields() if getattr(args, field.name) is not None]
 
 
 def request_from(args):
@@ -115,11 +120,7 @@ def request_from(args):
         from zoo.planning.recipes import request_from_recipe
         from zoo.training.recipe import load_recipe, parse_override
 
-        given = [
-            flag
-            for flag, keywords, _ in _gpt_flags()
-            if getattr(args, keywords.get("dest", flag[2:].replace("-", "_"))) is not None
-        ]
+        given = _given_gpt_flags(args)
         if given:
             raise ValueError(
                 f"{', '.join(given)} describe a GPT without a recipe; with {args.recipe} use --set section.key=value"
@@ -130,20 +131,17 @@ def request_from(args):
         )
     if args.overrides:
         raise ValueError("--set changes a recipe's key; without a recipe, use the GPT flags")
-    from zoo.models.gpt.gpt_configs import config_by_name
-
-    config = _gpt_settings(args)
-    config["sequence_length"] = (
-        config["sequence_length"] or config_by_name(config["config_name"])["max_sequence_length"]
-    )
+    settings = _gpt_settings(args)
+    if settings["layout"] == "auto":
+        raise ValueError("--layout auto is zoo train gpt's planning: zoo plan --auto searches the layouts")
     return PlanRequest(
         "pretrain_gpt",
-        config,
+        settings,
         devices=args.devices or 8,
         device=args.device or "h100",
         device_memory_gib=args.device_memory_gib,
         depth=depth,
-        label=config["config_name"],
+        label=settings["config_name"],
     )
 
 

@@ -16,6 +16,8 @@ MESH_HELP = "mesh spec such as data=2,model=4 or data=2,seq=4 (one axis may be -
 LAYOUT_HELP = "how weights and inputs are split over the devices (docs/distribution.md)"
 # layout pipeline's settings and their defaults (micro_batches None: as many as stages, resolved with the mesh)
 PIPELINE_DEFAULTS = {"micro_batches": None, "schedule": "gpipe", "repeats": 1}
+# layout context's settings and their defaults (context_attention None: ring, the distribution's default)
+CONTEXT_DEFAULTS = {"context_attention": None, "balance": None}
 
 
 class _Checked:
@@ -40,8 +42,8 @@ def _seed(help="weight initialisation, dropout and shuffling"):
 
 def _context_attention():
     return setting(
-        "ring",
-        "layout context: the sequence-parallel attention kernel",
+        None,
+        "layout context: the sequence-parallel attention kernel; default ring",
         section="parallel",
         choices=choices.CONTEXT_ATTENTIONS,
     )
@@ -182,7 +184,7 @@ class GPTTrainConfig(CheckpointSettings, _Checked):
         choices=choices.TRANSFORMER_JOB_LAYOUTS + (choices.AUTO,),
     )
     mesh: str | None = _mesh()
-    context_attention: str = _context_attention()
+    context_attention: str | None = _context_attention()
     balance: str | None = setting(
         None,
         "layout context: causal load balancing of the sequence order",
@@ -275,7 +277,24 @@ class GPTTrainConfig(CheckpointSettings, _Checked):
 
     def __post_init__(self):
         super().__post_init__()
+        check_context_settings(self)
         check_pipeline_settings(self)
+
+
+def check_context_settings(config):
+    """Raise ``SettingError`` naming the value unless ``context_attention`` and ``balance``
+    (where the job has it) are left out under every layout but ``context`` (and ``auto``,
+    which may choose it): off the context layout nothing splits the sequence, so a kernel
+    or a balance there would be silently ignored."""
+    if config.layout in ("context", choices.AUTO):
+        return
+    for key in CONTEXT_DEFAULTS:
+        value = getattr(config, key, None)
+        if value is not None:
+            raise SettingError(
+                f"{type(config).__name__}.{key} (--{key.replace('_', '-')}) = {value!r} is a setting of layout "
+                f"'context', not of layout {config.layout!r}: leave it out, or use layout context"
+            )
 
 
 def check_pipeline_settings(config):
@@ -316,7 +335,7 @@ class ClassifierTrainConfig(_Checked):
     )
     layout: str = setting("data", LAYOUT_HELP, section="parallel", choices=choices.TRANSFORMER_JOB_LAYOUTS)
     mesh: str | None = _mesh()
-    context_attention: str = _context_attention()
+    context_attention: str | None = _context_attention()
     dataset: str | None = setting(
         None, "dataset (zoo data list); default python_docs_topics (encoder), shapes (vit)", section="data"
     )
@@ -331,6 +350,7 @@ class ClassifierTrainConfig(_Checked):
 
     def __post_init__(self):
         super().__post_init__()
+        check_context_settings(self)
         self.config_name = self.config_name or f"{self.model}_tiny"
         self.dataset = self.dataset or ("python_docs_topics" if self.model == "encoder" else "shapes")
         self.output = self.output or f"runs/{self.model}/{self.model}.keras"
@@ -390,7 +410,7 @@ class FinetuneConfig(CheckpointSettings, _Checked):
         choices=choices.LAYOUTS,
     )
     mesh: str | None = _mesh()
-    context_attention: str = _context_attention()
+    context_attention: str | None = _context_attention()
     balance: str | None = setting(
         None,
         "layout context: causal load balancing of the sequence order",
@@ -488,6 +508,10 @@ class FinetuneConfig(CheckpointSettings, _Checked):
         section="logging",
         parse=types.positive_int,
     )
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_context_settings(self)
 
 
 @dataclasses.dataclass

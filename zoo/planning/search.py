@@ -32,6 +32,7 @@
 import dataclasses
 
 from zoo.config.choices import EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
+from zoo.config.settings import CONTEXT_DEFAULTS, PIPELINE_DEFAULTS
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
 from zoo.planning._activations import remat_elements_per_token
@@ -92,6 +93,10 @@ class Candidate:
         )
         if self.layout == "pipeline":
             chosen.update(micro_batches=self.micro_batches, schedule=self.schedule, repeats=self.repeats)
+        else:
+            chosen.update(PIPELINE_DEFAULTS)
+        if self.layout != "context":  # the request's kernel and balance stand under context only
+            chosen.update(CONTEXT_DEFAULTS)
         return chosen
 
     def describe(self):
@@ -144,7 +149,7 @@ class Ranking:
         c, config = row.candidate, self.request.config
         parts = ["zoo train gpt", f"--config-name {config['config_name']}", f"--layout {c.layout}"]
         parts += [f"--mesh {c.mesh}"] if c.mesh else []
-        parts += [f"--context-attention {config.get('context_attention', 'ring')}"] if c.layout == "context" else []
+        parts += [f"--context-attention {config.get('context_attention') or 'ring'}"] if c.layout == "context" else []
         if c.layout == "pipeline":
             parts += [f"--micro-batches {c.micro_batches}", f"--schedule {c.schedule}"] + (
                 [f"--repeats {c.repeats}"] if c.repeats > 1 else []
@@ -466,12 +471,7 @@ def _communication_s(candidate, request, params, itemsize, tokens):
 
 
 def _request_for(request, candidate):
-    defaults = {
-        "micro_batches": None,
-        "schedule": "gpipe",
-        "repeats": 1,
-    }  # GPTTrainConfig's: left as they are away from pipeline
-    config = {**request.config, **defaults, **candidate.settings()}
+    config = {**request.config, **candidate.settings()}
     return dataclasses.replace(
         request, config=config, label=f"{request.label or config['config_name']}: {candidate.describe()}"
     )
@@ -579,4 +579,7 @@ def choose_layout(config, *, top=3, report=print):
         report(line)
     best = ranking.best.candidate
     report(f"layout auto: {best.describe()} (peak {size_text(ranking.best.plan.peak)} per device)")
+    for key, value in fields.items():
+        if key in CONTEXT_DEFAULTS and value is not None and best.layout != "context":
+            report(f"layout auto: {key} = {value!r} left out (a setting of layout context, not of {best.layout})")
     return dataclasses.replace(config, **best.settings())

@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from zoo import distribution as zd
+from zoo.config.settings import check_context_settings
 from zoo.data import DivisibleBatches
 
 
@@ -13,16 +14,13 @@ def job_distribution(model_class, settings, mesh=None, *, config=None):
     """The distribution of a job's ``settings`` (``layout``, ``mesh``, and under the context
     layout ``context_attention`` and ``balance``) for ``model_class``; ``mesh`` replaces
     ``settings.mesh`` (an abstract mesh for a compile-only check). None for ``single``."""
+    check_context_settings(settings)  # again: layout auto may have chosen another layout since
     context = {}
     if settings.layout == "context":
         context = {
             "context_attention": getattr(settings, "context_attention", None),
             "balance": getattr(settings, "balance", None),
         }
-    elif getattr(settings, "balance", None) is not None:
-        raise ValueError(
-            f"balance={settings.balance!r} reorders the sequence for the context layout; layout {settings.layout!r} does not split it"
-        )
     fitted = None if settings.layout in ("single", "data") else config
     return zd.distribution_for(
         model_class, settings.layout, settings.mesh if mesh is None else mesh, config=fitted, **context
