@@ -1,8 +1,9 @@
-"""Names of mesh axes and logical axes, in one place.
+"""Names of the mesh axes, in one place.
 
-Mesh axes are the named dimensions of a ``keras.distribution.DeviceMesh``. Logical
-axes name what a tensor dimension *means*; rule tables (per model family) map them
-to mesh axes, so a layout can be changed without touching model code.
+Mesh axes are the named dimensions of a ``keras.distribution.DeviceMesh``. Each model
+family's layout map (a Keras ``LayoutMap``: variable-path regexes -> these names) says
+which weight dimension splits over which axis; there are no logical axis names between
+the two, so a layout changes in the family's layout map, not in model code.
 """
 
 # Mesh axis names used by the built-in layouts.
@@ -11,12 +12,3 @@ MODEL = "model"  # splits features / channels / heads: model (tensor) parallelis
 SEQ = "seq"  # splits the sequence: context parallelism
 STAGE = "stage"  # splits the stack of blocks: pipeline parallelism
 EXPERT = "expert"  # splits the experts of Mixture-of-Experts layers (and the batch): expert parallelism
-
-# Logical axis names for tensor dimensions.
-BATCH = "batch"
-SEQUENCE = "sequence"
-HEADS = "heads"
-EMBED = "embed"
-MLP = "mlp"
-VOCAB = "vocab"
-CHANNELS = "channels"
