@@ -13,6 +13,7 @@ from zoo import distribution as zd
 from zoo.bench._fit_vs_jit import measure
 from zoo.bench._output import write_text
 from zoo.config.bench_settings import GPTBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.choices import DEFAULT_CONTEXT_ATTENTION
 from zoo.data import load
 from zoo.models import GPTCausalLM
 from zoo.training.gpt import compile_gpt
@@ -23,7 +24,6 @@ LAYOUTS = {
     "tp": ("tensor parallel", "data=2,model=4"),
     "context": ("context parallel (ring)", "data=2,seq=4"),
 }
-CONTEXT_ATTENTION = "ring"  # the context layout's kernel
 SEED = 0
 
 
@@ -44,7 +44,7 @@ def run_benchmark(config, report=print):
     try:
         for layout in config.layouts:
             label, mesh = LAYOUTS[layout]
-            context = {"context_attention": CONTEXT_ATTENTION} if layout == "context" else {}
+            context = {"context_attention": DEFAULT_CONTEXT_ATTENTION} if layout == "context" else {}
             distribution = zd.distribution_for(GPTCausalLM, layout, mesh, **context)
             rows.append(
                 measure(

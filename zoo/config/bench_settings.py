@@ -222,7 +222,10 @@ class ContextBenchConfig:
     hidden_dim: int = _count(1024, "MLP hidden features F (4C)")
     vocab: int = _count(256, "vocabulary size V (byte-level)")
     context_attention: str = setting(
-        "ring", "the context-parallel runs' attention kernel", section="bench", choices=choices.CONTEXT_ATTENTIONS
+        choices.DEFAULT_CONTEXT_ATTENTION,
+        "the context-parallel runs' attention kernel",
+        section="bench",
+        choices=choices.CONTEXT_ATTENTIONS,
     )
     balance: str | None = setting(
         "zigzag", "causal load balancing of the context-parallel runs", section="bench", choices=choices.BALANCES
@@ -356,7 +359,7 @@ class LoraContextBenchConfig(Llama32Sizes):
     )
     lora_rank: int = _count(16, "LoRA rank r on every Dense / EinsumDense (only the LoRA factors train)")
     context_attention: str = setting(
-        "ring",
+        choices.DEFAULT_CONTEXT_ATTENTION,
         "layout context: the sequence-parallel attention kernel",
         section="bench",
         choices=choices.CONTEXT_ATTENTIONS,

@@ -24,6 +24,7 @@ AUTO = "auto"  # zoo train gpt --layout auto: the planner's choice
 
 # context_attention: the sequence-parallel attention kernel under the context layout.
 CONTEXT_ATTENTIONS = ("gather", "ring", "ulysses")
+DEFAULT_CONTEXT_ATTENTION = "ring"  # what runs under the context layout when no kernel is named
 # balance: causal load balancing of the sequence order under the context layout (None: none).
 BALANCES = (None, "zigzag", "striped")
 

@@ -43,7 +43,7 @@ def _seed(help="weight initialisation, dropout and shuffling"):
 def _context_attention():
     return setting(
         None,
-        "layout context: the sequence-parallel attention kernel; default ring",
+        f"layout context: the sequence-parallel attention kernel; default {choices.DEFAULT_CONTEXT_ATTENTION}",
         section="parallel",
         choices=choices.CONTEXT_ATTENTIONS,
     )

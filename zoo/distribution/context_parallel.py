@@ -40,7 +40,7 @@ import numpy as np
 
 from zoo import kernels
 from zoo._compat import variable_layout
-from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS
+from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS, DEFAULT_CONTEXT_ATTENTION
 from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.layouts import CheckedModelParallel, LayoutError
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size
@@ -80,7 +80,7 @@ class ContextParallel(CheckedModelParallel):
         *,
         batch_dim_name=DATA,
         sequence_dim_name=SEQ,
-        context_attention="ring",
+        context_attention=DEFAULT_CONTEXT_ATTENTION,
         balance=None,
         shard_weights=True,
         auto_shard_dataset=True,

@@ -44,7 +44,13 @@ import inspect
 import keras
 import numpy as np
 
-from zoo.config.choices import BASIC_LAYOUTS, EXPERT_LAYOUTS, LAYOUTS, TRANSFORMER_LAYOUTS
+from zoo.config.choices import (
+    BASIC_LAYOUTS,
+    DEFAULT_CONTEXT_ATTENTION,
+    EXPERT_LAYOUTS,
+    LAYOUTS,
+    TRANSFORMER_LAYOUTS,
+)
 from zoo.distribution.axes import DATA, EXPERT, MODEL, SEQ, STAGE
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.expert_parallel import ExpertParallel
@@ -230,7 +236,7 @@ def _context_parallel(mesh, layout_map, context_attention, balance, shard_weight
         layout_map,
         batch_dim_name=DATA,
         sequence_dim_name=SEQ,
-        context_attention=context_attention or "ring",
+        context_attention=context_attention or DEFAULT_CONTEXT_ATTENTION,
         balance=balance,
         shard_weights=True if shard_weights is None else shard_weights,
     )

@@ -31,7 +31,7 @@
 
 import dataclasses
 
-from zoo.config.choices import EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
+from zoo.config.choices import DEFAULT_CONTEXT_ATTENTION, EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
 from zoo.config.settings import CONTEXT_DEFAULTS, PIPELINE_DEFAULTS
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
@@ -149,7 +149,11 @@ class Ranking:
         c, config = row.candidate, self.request.config
         parts = ["zoo train gpt", f"--config-name {config['config_name']}", f"--layout {c.layout}"]
         parts += [f"--mesh {c.mesh}"] if c.mesh else []
-        parts += [f"--context-attention {config.get('context_attention') or 'ring'}"] if c.layout == "context" else []
+        parts += (
+            [f"--context-attention {config.get('context_attention') or DEFAULT_CONTEXT_ATTENTION}"]
+            if c.layout == "context"
+            else []
+        )
         if c.layout == "pipeline":
             parts += [f"--micro-batches {c.micro_batches}", f"--schedule {c.schedule}"] + (
                 [f"--repeats {c.repeats}"] if c.repeats > 1 else []
