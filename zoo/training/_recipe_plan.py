@@ -1,4 +1,4 @@
-"""A recipe's plan, worked out without its devices: mesh, distribution, model and memory.
+"""A recipe's budget (``RecipeBudget``), worked out without its devices: mesh, distribution, model and memory.
 
 The mesh is a ``keras.distribution.DeviceMesh`` over placeholder devices whose
 ``backend_mesh`` is a ``jax.sharding.AbstractMesh`` (axis names and sizes only), so
@@ -41,8 +41,9 @@ class AbstractDeviceMesh(keras.distribution.DeviceMesh):
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """What a recipe will run, per device; all memory figures are estimates in bytes."""
+class RecipeBudget:
+    """What a recipe will run, per device, worked out analytically (``zoo recipe check``;
+    ``zoo.planning.Plan`` is the compiled one): all memory figures are estimates in bytes."""
 
     path: str
     job: str

@@ -6,7 +6,10 @@ key in ``docs/recipes.md``); ``check_recipe(recipe)`` works out its plan without
 target's devices (mesh, layouts, parameter count, memory per device, tokens per step;
 see ``_recipe_plan.py``); ``run_recipe(recipe)`` joins the processes of a multi-host job
 and calls the job function with the job's own config dataclass
-(``recipe.job_config()``).
+(``recipe.job_config()``). ``compile_recipe_step`` / ``compile_job_step`` compile (never
+run) the step for the target's devices (``_recipe_compile.py``); ``JOBS`` and
+``resolve_axes`` are the jobs a recipe can drive and the mesh a layout gets, which the
+planner reads too.
 
 Every error names the file, the ``[section] key`` and the values involved.
 """
@@ -16,8 +19,9 @@ import dataclasses
 import math
 
 from zoo.training import _recipe_plan as plans
+from zoo.training._recipe_compile import compile_job_step, compile_recipe_step
 from zoo.training._recipe_jobs import JOBS, JobUnavailableError, UnsupportedKeyError
-from zoo.training._recipe_plan import Plan
+from zoo.training._recipe_plan import RecipeBudget, resolve_axes
 from zoo.training._recipe_schema import (
     SECTIONS,
     MultihostSection,
@@ -32,14 +36,18 @@ from zoo.training._recipe_schema import (
 from zoo.units import GIB
 
 __all__ = [
+    "JOBS",
     "JobUnavailableError",
-    "Plan",
     "Recipe",
+    "RecipeBudget",
     "RecipeError",
     "UnsupportedKeyError",
     "check_recipe",
+    "compile_job_step",
+    "compile_recipe_step",
     "load_recipe",
     "parse_override",
+    "resolve_axes",
     "run_recipe",
 ]
 
@@ -116,7 +124,7 @@ def load_recipe(path, overrides=None):
 
 
 def check_recipe(recipe, device_count=None):
-    """The recipe's ``Plan``, worked out without its devices; raises if it cannot run.
+    """The recipe's ``RecipeBudget``, worked out without its devices; raises if it cannot run.
 
     Checks, naming the file and values: the mesh against the device count (``[target]
     hosts x devices_per_host``, or ``device_count``), the global batch against the data
@@ -158,7 +166,7 @@ def _plan(recipe, module, config, devices):
     job, target = recipe.job, recipe.target
     layout, spec = job.layout(config), job.mesh_spec(config)
     with _named(recipe, f"[parallel] mesh {spec!r} (layout {layout!r}) on {_devices_text(recipe, devices)}"):
-        axes = plans.resolve_axes(spec, layout, devices)
+        axes = resolve_axes(spec, layout, devices)
     mesh = None if axes is None else plans.AbstractDeviceMesh(axes)
     context = f"layout {layout!r} on mesh {plans.describe_axes(axes)}, model {job.describe_model(config)}"
     with _named(recipe, context):
@@ -169,7 +177,7 @@ def _plan(recipe, module, config, devices):
         job.check_inputs(config, model)
         weights, gradients, optimizer = plans.memory_per_device(model, slots, layout_axes, dict(axes or []))
         plans.check_memory(target, weights + gradients + optimizer, layout, plans.describe_axes(axes))
-    return Plan(
+    return RecipeBudget(
         path=recipe.path,
         job=job.name,
         description=recipe.recipe.description,
