@@ -40,7 +40,7 @@ def resolve_distribution(config, mesh=None):
     if config.layout == "pipeline":
         _check_pipeline_depth(config, _stage_count(mesh))
     model_config = GPTCausalLM.named_config(config.config_name, config.layout, **_model_overrides(config))
-    distribution = job_distribution(GPTCausalLM, config, mesh, config=model_config)
+    distribution = job_distribution(GPTCausalLM, config, mesh, model_config=model_config)
     if config.layout == "pipeline":
         check_pipeline_batch(config, distribution)
     return distribution

@@ -10,10 +10,12 @@ from zoo.config.settings import check_context_settings
 from zoo.data import DivisibleBatches
 
 
-def job_distribution(model_class, settings, mesh=None, *, config=None):
+def job_distribution(model_class, settings, mesh=None, *, model_config=None):
     """The distribution of a job's ``settings`` (``layout``, ``mesh``, and under the context
-    layout ``context_attention`` and ``balance``) for ``model_class``; ``mesh`` replaces
-    ``settings.mesh`` (an abstract mesh for a compile-only check). None for ``single``."""
+    layout ``context_attention`` and ``balance``) for ``model_class``, its layout map fitted
+    to ``model_config`` (the model's config dict, e.g. tied embeddings have no head rule);
+    ``mesh`` replaces ``settings.mesh`` (an abstract mesh for a compile-only check). None
+    for ``single``."""
     check_context_settings(settings)  # again: layout auto may have chosen another layout since
     context = {}
     if settings.layout == "context":
@@ -21,7 +23,7 @@ def job_distribution(model_class, settings, mesh=None, *, config=None):
             "context_attention": getattr(settings, "context_attention", None),
             "balance": getattr(settings, "balance", None),
         }
-    fitted = None if settings.layout in ("single", "data") else config
+    fitted = None if settings.layout in ("single", "data") else model_config
     return zd.distribution_for(
         model_class, settings.layout, settings.mesh if mesh is None else mesh, config=fitted, **context
     )

@@ -336,7 +336,7 @@ def finetune_lm(config, report=print):
     preset = local_preset(config.preset)
     hf = is_hf_folder(preset)
     _check_output(config.output, hf)
-    distribution = job_distribution(GPTCausalLM, config, config=causal_lm_config(preset, config.layout))
+    distribution = job_distribution(GPTCausalLM, config, model_config=causal_lm_config(preset, config.layout))
     report_setup(distribution, report)
     model = zd.build_distributed(lambda: load_causal_lm(preset, config.layout), distribution)
     preprocessor = lm_preprocessor(model, config.sequence_length)
