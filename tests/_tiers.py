@@ -20,6 +20,7 @@ MHA_SP = "tests/layers/test_multi_head_attention_parallel.py::test_output_and_gr
 MHA_TP = (
     "tests/layers/test_multi_head_attention_parallel.py::test_tensor_parallel_output_and_gradients_match_plain_layer"
 )
+MHA_PACKING = "tests/layers/test_multi_head_attention_packing.py::test_packed_rows_equal_each_document_alone"
 SP_KERNELS = "tests/kernels/test_sequence_parallel.py::test_matches_reference"
 WINDOW_KERNELS = "tests/kernels/test_sliding_window.py::test_matches_masked_reference"
 MOE_KERNELS = "tests/kernels/test_moe.py"
@@ -75,6 +76,13 @@ MATRIX = {
     f"{SP_KERNELS}[ulysses-n4-causal-h4k4-mask]": "ulysses-n8-causal-h8k2-mask",
     f"{SP_KERNELS}[ring-striped-n4-causal-h4k4-mask]": "ring-striped-n8-causal-h8k2-mask",
     f"{SP_KERNELS}[ring-zigzag-n4-causal-h4k4-mask]": "ring-zigzag-n8-causal-h8k2-mask",
+    # the attention layer on packed rows: tier 1 keeps one device, tp and ring-zigzag;
+    # gather and Ulysses with segment ids: tests/kernels/test_packing.py
+    f"{MHA_PACKING}[tp-megatron-sp]": "[tp]",
+    f"{MHA_PACKING}[gather]": "[ring-zigzag]; gather's ids: tests/kernels/test_packing.py [gather]",
+    f"{MHA_PACKING}[ulysses-zigzag]": "[ring-zigzag]; Ulysses' ids: tests/kernels/test_packing.py [ulysses]",
+    "tests/layers/test_multi_head_attention_packing.py::test_pipelined_blocks_on_packed_rows_equal_each_document_alone"
+    "[stages]": "[one-device] (the same pipeline loop, one stage)",
     # sliding-window kernels: tier 1 keeps blockwise, ring-zigzag, gather, ulysses-zigzag
     f"{WINDOW_KERNELS}[ring]": "ring-zigzag",
     f"{WINDOW_KERNELS}[ring-striped]": "ring-zigzag; striped balance: tests/kernels/test_sequence_parallel.py",
@@ -128,7 +136,7 @@ MATRIX = {
     # doc examples that train or compile for several seconds: what they run is checked in
     # tier 1 by the tests of their feature; tier 2 checks the pages say what runs
     f"{DOCS}[docs/distribution.md#4]": "tests/distribution",
-    f"{DOCS}[docs/sequence_parallel.md#2]": "tests/layers/test_multi_head_attention_fit.py",
+    f"{DOCS}[docs/sequence_parallel.md#3]": "tests/layers/test_multi_head_attention_fit.py",
     f"{DOCS}[docs/finetuning.md#2]": "tests/training/test_lm_finetune.py",
     f"{DOCS}[docs/context_parallel.md#1]": "tests/distribution/test_context_parallel.py",
     f"{DOCS}[docs/models.md#2]": "tests/models",
@@ -151,6 +159,7 @@ MATRIX = {
     f"{DOCS}[docs/tensor_parallel.md#1]": "tests/layers/test_tensor_parallel_layers.py",
     f"{DOCS}[docs/tensor_parallel.md#3]": "tests/layers/test_tensor_parallel_layers.py",
     f"{DOCS}[docs/sequence_parallel.md#1]": "tests/layers/test_multi_head_attention_parallel.py",
+    f"{DOCS}[docs/sequence_parallel.md#2]": "tests/layers/test_multi_head_attention_packing.py",
     f"{DOCS}[docs/presets.md#1]": "tests/presets",
     f"{DOCS}[docs/context_parallel.md#2]": "tests/distribution/test_context_parallel.py",
 }

@@ -28,6 +28,49 @@ def padding_mask(batch, length):
     return jnp.asarray((pos >= starts) & (pos < ends))
 
 
+PACKED_DOCUMENTS = ((11, 7, 9), (5, 19))  # per row of a packed batch: document lengths, then padding
+
+
+def packed_segment_ids(length=32, documents=PACKED_DOCUMENTS):
+    """i32[B, T]: 1, 2, ... per document of each row, 0 on the trailing padding (packing)."""
+    ids = np.zeros((len(documents), length), np.int32)
+    for row, start, size, number in _documents(documents):
+        ids[row, start : start + size] = number
+    return ids
+
+
+def packed_documents(documents=PACKED_DOCUMENTS):
+    """[(row, start, length)] of every document of ``packed_segment_ids``."""
+    return [(row, start, size) for row, start, size, _ in _documents(documents)]
+
+
+def documents_alone(x, documents=PACKED_DOCUMENTS):
+    """[n, T, ...] numpy: document i of the packed batch x [B, T, ...] at the start of row i,
+    zeros after it (hidden from it by causality or a key mask; give them a zero cotangent)."""
+    x = np.asarray(x)
+    rows = np.zeros((sum(map(len, documents)), *x.shape[1:]), x.dtype)
+    for i, (row, start, size, _) in enumerate(_documents(documents)):
+        rows[i, :size] = x[row, start : start + size]
+    return rows
+
+
+def documents_packed(rows, batch, documents=PACKED_DOCUMENTS):
+    """The inverse of ``documents_alone``: rows [n, T, ...] back at their packed places in
+    [B, T, ...], zeros on the padding."""
+    rows = np.asarray(rows)
+    x = np.zeros((batch, *rows.shape[1:]), rows.dtype)
+    for i, (row, start, size, _) in enumerate(_documents(documents)):
+        x[row, start : start + size] = rows[i, :size]
+    return x
+
+
+def _documents(documents):
+    for row, lengths in enumerate(documents):
+        starts = np.cumsum(lengths) - lengths
+        for number, (start, size) in enumerate(zip(starts, lengths), start=1):
+            yield row, int(start), int(size), number
+
+
 @functools.cache
 def inputs(*, heads, kv_heads, batch=2, length=64, head_dim=16, dtype="float32", masked=True):
     """(q, k, v, key_mask, cotangent) from a fixed seed; key_mask None unless masked."""

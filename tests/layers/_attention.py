@@ -60,8 +60,8 @@ def reference_weights(layer_options, seed=1):
     return [rng.standard_normal(w.shape).astype("float32") * 0.3 for w in layer.get_weights()]
 
 
-def output_and_grads(layer_options, weights, x, key_mask, cotangent, dist=None):
-    """(out, dx, {path: dweight}) of ``sum(layer(x, key_mask) * cotangent)``.
+def output_and_grads(layer_options, weights, x, key_mask, cotangent, dist=None, segment_ids=None):
+    """(out, dx, {path: dweight}) of ``sum(layer(x, key_mask, segment_ids) * cotangent)``.
 
     The layer is built under ``dist`` (its variables placed as the distribution says),
     given ``weights``, and run inside one ``jax.jit`` of the forward and backward pass
@@ -74,15 +74,15 @@ def output_and_grads(layer_options, weights, x, key_mask, cotangent, dist=None):
         paths = [v.path for v in layer.trainable_variables]
 
         @functools.partial(jax.jit, compiler_options=FAST_COMPILE)
-        def both(x, values, key_mask, cotangent):
+        def both(x, values, key_mask, cotangent, segment_ids):
             def forward(x, values):
-                return layer.stateless_call(values, [], x, key_mask=key_mask)[0]
+                return layer.stateless_call(values, [], x, key_mask=key_mask, segment_ids=segment_ids)[0]
 
             out, pullback = jax.vjp(forward, x, values)
             dx, dvalues = pullback(cotangent)
             return out, dx, dvalues
 
-        out, dx, dvalues = both(x, [v.value for v in layer.trainable_variables], key_mask, cotangent)
+        out, dx, dvalues = both(x, [v.value for v in layer.trainable_variables], key_mask, cotangent, segment_ids)
         return np.asarray(out), np.asarray(dx), {p: np.asarray(g) for p, g in zip(paths, dvalues)}
     finally:
         keras.distribution.set_distribution(None)

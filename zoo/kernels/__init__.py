@@ -9,6 +9,7 @@ from zoo.kernels._blocking import block_size_for, tile_plan
 from zoo.kernels._checks import (
     check_heads_divisible,
     check_kv_heads,
+    check_segment_ids,
     check_sequence_divisible,
     check_sequence_parallel,
     check_sliding_window,
@@ -43,6 +44,7 @@ __all__ = [
     "causal_block_work",
     "check_heads_divisible",
     "check_kv_heads",
+    "check_segment_ids",
     "check_sequence_divisible",
     "check_sequence_parallel",
     "check_sliding_window",

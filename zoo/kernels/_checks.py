@@ -103,6 +103,18 @@ def check_shapes(q_shape, k_shape, v_shape, key_mask_shape=None):
         )
 
 
+def check_segment_ids(shape, dtype, *, expected, name="segment_ids", what="(batch, length)"):
+    """Raises unless document ids (packing: 0 = padding, 1.. = documents) are integers of
+    shape ``expected``; the message names both shapes (or the dtype)."""
+    if tuple(shape) != tuple(expected):
+        raise ValueError(f"{name} shape {tuple(shape)} must be {what} = {tuple(expected)}")
+    if not np.issubdtype(np.dtype(dtype), np.integer):
+        raise ValueError(
+            f"{name} must be an integer array (document ids: 0 = padding, 1, 2, ... documents), "
+            f"got dtype {np.dtype(dtype)} of shape {tuple(shape)}"
+        )
+
+
 def check_sequence_parallel(
     context_attention, *, seq_len, num_heads, num_kv_heads, axis_size, axis_name="seq", balance=None
 ):

@@ -13,7 +13,8 @@ nothing. With a sliding window W the loops do not even visit such tiles: each qu
 tile walks only the key tiles ``_blocking.tile_work`` keeps (and each key tile, in the
 backward pass, only those query tiles), listed from the positions by
 ``_blocking.listed_tiles``, so the steps are O(T x W / tile^2), not O(T^2 / tile^2).
-Padding masks are applied inside tiles, never skipped (they are data).
+Padding masks and document segment ids are applied inside tiles, never skipped (they are
+data; a tile skipped by positions is hidden whatever its segments say).
 
 Letters: B batch, Tq/Tk local query/key length, bq/bk tile sizes, K KV heads, G query
 heads per KV head, D head dim.
@@ -83,6 +84,7 @@ def _put(x, tile, index, size, axis):
 
 
 def _tile_mask(key_mask, index, size):
+    """The tile of a [B, L] key mask (or segment ids) along L, or None."""
     return None if key_mask is None else _tile(key_mask, index, size, axis=1)
 
 
@@ -119,15 +121,21 @@ def _inner_loop(listed, outer, length, step, carry):
     return jax.lax.fori_loop(0, counts[outer], lambda t, c: step(columns[outer, t], c), carry)
 
 
-def _masked_scores(cfg, q_blk, k_blk, q_pos, k_pos, key_mask):
-    # f32[B, K, G, bq, bk], hidden pairs -inf
+def _masked_scores(cfg, q_blk, k_blk, q_pos, k_pos, key_mask, segments=(None, None)):
+    # f32[B, K, G, bq, bk], hidden pairs -inf; segments: (i32[B, bq], i32[B, bk]) or (None, None)
     mask = attention_mask(
-        q_positions=q_pos, k_positions=k_pos, key_mask=key_mask, causal=cfg.causal, sliding_window=cfg.window
+        q_positions=q_pos,
+        k_positions=k_pos,
+        key_mask=key_mask,
+        causal=cfg.causal,
+        sliding_window=cfg.window,
+        q_segments=segments[0],
+        k_segments=segments[1],
     )
     return apply_mask(block_scores(q_blk, k_blk, scale=cfg.scale, softcap=cfg.softcap), mask)
 
 
-def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
+def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg, q_segments=None, k_segments=None):
     """Folds one K/V shard into the running softmax state of all local queries.
 
     Args:
@@ -137,6 +145,9 @@ def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
         q_pos, k_pos: i32[Tq], i32[Tk] global positions.
         state: SoftmaxState over all Tq local queries.
         count: i32 scalar, tiles computed so far (for the load-balance test).
+        q_segments, k_segments: i32[B, Tq] (the local queries') and i32[B, Tk] (travelling
+            with k/v) document ids, or both None (``_masking.segment_mask``). Tiles are
+            skipped by positions only: segments only hide more pairs, inside the tile.
     Returns:
         (state, count) updated.
     """
@@ -146,6 +157,7 @@ def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
     def q_step(i, carry):
         state, count = carry
         q_blk, qp = _tile(q, i, bq, 1), _tile(q_pos, i, bq, 0)  # [B, bq, K, G, D]
+        q_seg = _tile_mask(q_segments, i, bq)  # i32[B, bq] or None
         stats = SoftmaxState(*(_tile(x, i, bq, 3) for x in state))  # f32[B, K, G, bq(, D)]
 
         def k_step(j, carry):
@@ -153,7 +165,8 @@ def forward_shard(q, k, v, key_mask, q_pos, k_pos, state, count, cfg):
 
             def compute(carry):
                 stats, count = carry
-                scores = _masked_scores(cfg, q_blk, _tile(k, j, bk, 1), qp, kp, _tile_mask(key_mask, j, bk))
+                segments = (q_seg, _tile_mask(k_segments, j, bk))  # i32[B, bq], i32[B, bk] or None
+                scores = _masked_scores(cfg, q_blk, _tile(k, j, bk, 1), qp, kp, _tile_mask(key_mask, j, bk), segments)
                 return update(stats, scores, _tile(v, j, bk, 1)), count + 1
 
             return _if_visible(cfg, listed, qp, kp, compute, carry)
@@ -178,14 +191,14 @@ def _tile_grads(cfg, q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, scores):
     return dq, dk, dv
 
 
-def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cfg):
+def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cfg, q_segments=None, k_segments=None):
     """Adds this K/V shard's share to dq, and the local queries' share to its dk, dv.
 
     Args:
         q, d_out: [B, Tq, K, G, D] local queries and output cotangent.
         lse, delta: f32[B, K, G, Tq]; log-sum-exp saved by the forward pass, and
             rowsum(d_out * out).
-        k, v, key_mask, q_pos, k_pos: as in ``forward_shard``.
+        k, v, key_mask, q_pos, k_pos, q_segments, k_segments: as in ``forward_shard``.
         grads: (dq f32[B, Tq, K, G, D], dk f32[B, Tk, K, D], dv f32[B, Tk, K, D]); dk and
             dv belong to the K/V shard held now and travel around the ring with it.
     Returns:
@@ -197,7 +210,7 @@ def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cf
     def k_step(j, grads):
         dq, dk, dv = grads
         k_blk, v_blk, kp = _tile(k, j, bk, 1), _tile(v, j, bk, 1), _tile(k_pos, j, bk, 0)
-        km = _tile_mask(key_mask, j, bk)
+        km, k_seg = _tile_mask(key_mask, j, bk), _tile_mask(k_segments, j, bk)  # bool/i32[B, bk] or None
 
         def q_step(i, carry):
             qp = _tile(q_pos, i, bq, 0)
@@ -205,7 +218,8 @@ def backward_shard(q, d_out, lse, delta, k, v, key_mask, q_pos, k_pos, grads, cf
             def compute(carry):
                 dq, dk_blk, dv_blk = carry
                 q_blk = _tile(q, i, bq, 1)
-                scores = _masked_scores(cfg, q_blk, k_blk, qp, kp, km)
+                segments = (_tile_mask(q_segments, i, bq), k_seg)  # i32[B, bq], i32[B, bk] or None
+                scores = _masked_scores(cfg, q_blk, k_blk, qp, kp, km, segments)
                 dq_t, dk_t, dv_t = _tile_grads(
                     cfg,
                     q_blk,

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.kernels import _checks
-from zoo.kernels._masking import apply_mask, attention_mask, default_positions
+from zoo.kernels._masking import apply_mask, attention_mask, default_positions, segment_pair
 from zoo.kernels._online_softmax import F32, block_scores, group_heads
 
 __all__ = ["attention_reference"]
@@ -22,6 +22,8 @@ def attention_reference(
     k_positions=None,
     sliding_window=None,
     softcap=None,
+    segment_ids=None,
+    kv_segment_ids=None,
 ):
     """Softmax attention over the whole sequence on one device.
 
@@ -34,6 +36,11 @@ def attention_reference(
             0..T-1. Sharded kernels pass the positions their (possibly reordered) tokens
             hold, so causality follows positions, not array order.
         k_positions: i32[S] or i32[B, S]; the same for keys.
+        segment_ids: i32[B, T] or None; document id of each query in a packed row
+            (0 = padding, 1, 2, ... documents): a query sees only keys of its own
+            document, and no query sees a key of id 0 (with ``key_mask``, both apply).
+        kv_segment_ids: i32[B, S] or None; the keys' ids, when they are not the
+            queries' (None: ``segment_ids``, which needs S = T).
 
     Args:
         causal: a query at position p attends keys at positions <= p.
@@ -55,6 +62,7 @@ def attention_reference(
     scale = head_dim**-0.5 if scale is None else scale
     q_positions = default_positions(q_len) if q_positions is None else q_positions
     k_positions = default_positions(kv_len) if k_positions is None else k_positions
+    q_segments, k_segments = segment_pair(segment_ids, kv_segment_ids, q_shape=q.shape, k_shape=k.shape)
 
     # f32[B, K, G, T, S], masked entries -inf
     mask = attention_mask(
@@ -63,6 +71,8 @@ def attention_reference(
         key_mask=key_mask,
         causal=causal,
         sliding_window=sliding_window,
+        q_segments=q_segments,
+        k_segments=k_segments,
     )
     scores = apply_mask(block_scores(group_heads(q, num_kv_heads), k, scale=scale, softcap=softcap), mask)
     probs = _softmax_or_zero(scores)

@@ -3,9 +3,9 @@
 The same tile loops as the ring (``_ring_blocks``), run once over the whole K/V:
 queries and keys are walked in tiles of at most ``block_size`` rows, each tile's scores
 folded into a float32 running (max, sum, weighted values) per query. A custom VJP saves
-only q, k, v, the key mask, the positions, the output and the log-sum-exp, and the
-backward pass recomputes each tile's probabilities as exp(score - lse) (flash-attention
-style). Under causal masking tiles that no query may see are skipped; with a sliding
+only q, k, v, the key mask, the positions, the segment ids (packing), the output and the
+log-sum-exp, and the backward pass recomputes each tile's probabilities as
+exp(score - lse) (flash-attention style). Under causal masking tiles that no query may see are skipped; with a sliding
 window W (``sliding_window=``) the loops visit only the tiles the window touches, so the
 work is O(T x W), and ``blockwise_tiles`` says which tiles those are, in plain numpy.
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from zoo.kernels import _checks
 from zoo.kernels._blocking import tile_plan, tile_work
-from zoo.kernels._masking import default_positions
+from zoo.kernels._masking import default_positions, segment_pair
 from zoo.kernels._ring_blocks import (
     TileConfig,
     backward_shard,
@@ -63,6 +63,8 @@ def blockwise_attention(
     block_size=512,
     sliding_window=None,
     softcap=None,
+    segment_ids=None,
+    kv_segment_ids=None,
 ):
     """Softmax attention of q over k, v in tiles; same arguments and result as ``attention_reference``.
 
@@ -84,6 +86,9 @@ def blockwise_attention(
             T/tile x (W/tile + 1) of them; ``blockwise_tiles`` lists them).
         softcap: None, or c > 0: each tile's scores become c * tanh(scores / c) before
             the mask (Gemma 2); the backward pass multiplies by 1 - tanh^2.
+        segment_ids, kv_segment_ids: i32[B, T] document ids of the queries (0 = padding)
+            and i32[B, S] of the keys (None: ``segment_ids``, S = T), or None: a query
+            sees only keys of its own document (packing), inside each tile.
 
     Returns:
         [B, T, H, D] in q's dtype; float32 softmax inside; a query that sees no key gives 0.
@@ -93,6 +98,7 @@ def blockwise_attention(
     q_len, kv_len = q.shape[1], k.shape[1]
     q_positions = _positions(q_positions, q_len, "q_positions")
     k_positions = _positions(k_positions, kv_len, "k_positions")
+    q_seg, k_seg = segment_pair(segment_ids, kv_segment_ids, q_shape=q.shape, k_shape=k.shape)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q_tile, q_padded = tile_plan(q_len, int(block_size))
     k_tile, k_padded = tile_plan(kv_len, int(block_size))
@@ -102,8 +108,16 @@ def blockwise_attention(
         key_mask = keep if key_mask is None else keep & _pad(key_mask, k_padded)
         k, v, k_positions = _pad(k, k_padded), _pad(v, k_padded), _pad(k_positions, k_padded, axis=0)
     q, q_positions = _pad(q, q_padded), _pad(q_positions, q_padded, axis=0)
-    out = _blockwise(q, k, v, key_mask, q_positions, k_positions, tiles)  # [B, T', H, D]
+    segments = _padded_segments(q_seg, k_seg, q_padded, k_padded)  # (i32[B, T'], i32[B, S']) or (None, None)
+    out = _blockwise(q, k, v, key_mask, q_positions, k_positions, segments, tiles)  # [B, T', H, D]
     return out[:, :q_len]
+
+
+def _padded_segments(q_seg, k_seg, q_padded, k_padded):
+    """The ids padded with 0 (padding: seen by no query, sees no key), or (None, None)."""
+    if q_seg is None:
+        return None, None
+    return _pad(q_seg, q_padded), _pad(k_seg, k_padded)
 
 
 def blockwise_tiles(
@@ -150,30 +164,32 @@ def _pad(x, length, axis=1):
     return jnp.pad(x, widths, mode="edge" if axis == 0 else "constant")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _blockwise(q, k, v, key_mask, q_pos, k_pos, tiles):
-    return _forward(q, k, v, key_mask, q_pos, k_pos, tiles)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _blockwise(q, k, v, key_mask, q_pos, k_pos, segments, tiles):
+    return _forward(q, k, v, key_mask, q_pos, k_pos, segments, tiles)[0]
 
 
-def _forward(q, k, v, key_mask, q_pos, k_pos, tiles):
-    """(out [B, T, H, D], lse f32[B, K, G, T]) by one pass of the tile loops."""
+def _forward(q, k, v, key_mask, q_pos, k_pos, segments, tiles):
+    """(out [B, T, H, D], lse f32[B, K, G, T]) by one pass of the tile loops.
+
+    segments: (i32[B, T], i32[B, S]) document ids of queries and keys, or (None, None)."""
     qg, state, count = start_forward(q, k.shape[2])  # [B, T, K, G, D], state over T queries
-    state, _ = forward_shard(qg, k, v, key_mask, q_pos, k_pos, state, count, tiles)
+    state, _ = forward_shard(qg, k, v, key_mask, q_pos, k_pos, state, count, tiles, *segments)
     return finish_forward(state, q.dtype)
 
 
-def _blockwise_fwd(q, k, v, key_mask, q_pos, k_pos, tiles):
-    out, lse = _forward(q, k, v, key_mask, q_pos, k_pos, tiles)
-    return out, (q, k, v, key_mask, q_pos, k_pos, out, lse)
+def _blockwise_fwd(q, k, v, key_mask, q_pos, k_pos, segments, tiles):
+    out, lse = _forward(q, k, v, key_mask, q_pos, k_pos, segments, tiles)
+    return out, (q, k, v, key_mask, q_pos, k_pos, segments, out, lse)
 
 
 def _blockwise_bwd(tiles, residuals, d_out):
-    q, k, v, key_mask, q_pos, k_pos, out, lse = residuals
+    q, k, v, key_mask, q_pos, k_pos, segments, out, lse = residuals
     qg, dog, delta, dq = start_backward(q, out, d_out, k.shape[2])  # dq f32[B, T, K, G, D]
     dkv = (jnp.zeros_like(k, dtype=jnp.float32), jnp.zeros_like(v, dtype=jnp.float32))  # f32[B, S, K, D]
-    dq, dk, dv = backward_shard(qg, dog, lse, delta, k, v, key_mask, q_pos, k_pos, (dq, *dkv), tiles)
+    dq, dk, dv = backward_shard(qg, dog, lse, delta, k, v, key_mask, q_pos, k_pos, (dq, *dkv), tiles, *segments)
     dq = dq.reshape(q.shape)  # f32[B, T, K, G, D] -> [B, T, H, D]
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, (None, None)
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
@@ -195,7 +211,8 @@ def attention_implementation(
 
     cuDNN when all hold: ``platform`` is a GPU ("gpu"/"cuda", as ``jax.default_backend()``
     says), ``dtype`` is bfloat16 or float16, ``head_dim`` is a multiple of 8 and <= 128,
-    no key mask (``masked`` False: a boolean mask would cost cuDNN a [T, S] bias), and
+    no key mask and no segment ids (``masked`` False: a boolean mask would cost cuDNN a
+    [T, S] bias; ``jax.nn.dot_product_attention`` takes no document ids), and
     under causal masking the tokens are in natural order (``natural_order``: positions
     0..T-1 for queries and keys) with ``q_len == kv_len`` (cuDNN's causal mask is by
     array index), and no soft-capping (``softcapped``: cuDNN's scores have none).
@@ -238,19 +255,24 @@ def local_attention(
     block_size=512,
     sliding_window=None,
     softcap=None,
+    segment_ids=None,
+    kv_segment_ids=None,
 ):
     """Attention on one device's arrays: cuDNN where ``attention_implementation`` allows, else tiled.
 
     Same arguments, shapes and result as ``blockwise_attention``. Positions given as
     None mean natural order; they only matter under causal masking. A sliding window W
     reaches cuDNN as ``local_window_size=(W - 1, 0)`` (keys p - W + 1 .. p, causal).
+    Segment ids (packing) always run the tiled kernel: ``jax.nn.dot_product_attention``
+    has no document-id argument (cuDNN's packed layout is reached only through private
+    APIs), and a [T, S] boolean mask would cost the memory the tiles save.
     """
     choice = attention_implementation(
         platform=jax.default_backend(),
         dtype=q.dtype,
         head_dim=q.shape[-1],
         causal=causal,
-        masked=key_mask is not None,
+        masked=key_mask is not None or segment_ids is not None,
         natural_order=q_positions is None and k_positions is None,
         q_len=q.shape[1],
         kv_len=k.shape[1],
@@ -275,4 +297,6 @@ def local_attention(
         block_size=block_size,
         sliding_window=sliding_window,
         softcap=softcap,
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
     )

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.kernels import _checks
+from zoo.kernels._masking import segment_pair
 from zoo.kernels.blockwise_attention import local_attention
 from zoo.kernels.load_balance import permutation, shard_positions
 
@@ -27,6 +28,7 @@ def gather_kv_attention(
     block_size=512,
     sliding_window=None,
     softcap=None,
+    segment_ids=None,
 ):
     """Sequence-parallel attention by all-gathering K/V; call inside ``jax.shard_map``.
 
@@ -52,6 +54,9 @@ def gather_kv_attention(
             a kernel whose communication falls with the window).
 
         softcap: None, or c > 0: scores c * tanh(scores / c) before the mask (local step).
+        segment_ids: i32[B, T/N] (this shard's part) document ids of packed rows (0 =
+            padding), or None; the keys' ids are all-gathered with K/V (int32: 1/(2D) of
+            K's bytes per KV head), the local queries keep theirs.
 
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
@@ -65,6 +70,8 @@ def gather_kv_attention(
     # [B, T/N, K, D] -> [B, T, K, D] in shard order (the reordered order if balanced)
     k_all, v_all = (_gather(x, axis_name, n) for x in (k, v))
     mask_all = None if key_mask is None else _gather(key_mask, axis_name, n)
+    segment_ids, _ = segment_pair(segment_ids, None, q_shape=q.shape, k_shape=k.shape)  # i32[B, T/N] or None
+    kv_segment_ids = None if segment_ids is None else _gather(segment_ids, axis_name, n)  # i32[B, T]
     q_positions = k_positions = None  # natural order, unless the shards say otherwise
     if n > 1:
         me = jax.lax.axis_index(axis_name)
@@ -83,6 +90,8 @@ def gather_kv_attention(
         block_size=block_size,
         sliding_window=window,
         softcap=softcap,
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
     )
 
 

@@ -1,6 +1,7 @@
 """Ring attention: K/V shards travel around the mesh axis; memory stays O(T/N) per device.
 
-Forward: N ring steps. At step s device i holds the K/V (and key padding mask) of shard
+Forward: N ring steps. At step s device i holds the K/V (and key padding mask, and the
+keys' document ids when packed) of shard
 (i - s) mod N; it folds them into a float32 online softmax (running max, sum and
 weighted values, rescaled whenever the max grows) for its own queries, tile by tile
 (``_ring_blocks``), while ``ppermute`` already ships the K/V to device i + 1 for the
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 
 from zoo.kernels import _checks
 from zoo.kernels._blocking import block_size_for
+from zoo.kernels._masking import segment_pair
 from zoo.kernels._online_softmax import F32
 from zoo.kernels._ring_blocks import (
     TileConfig,
@@ -71,6 +73,7 @@ def ring_attention(
     balance=None,
     sliding_window=None,
     softcap=None,
+    segment_ids=None,
 ):
     """Attention over a sequence split along ``axis_name``; call inside ``jax.shard_map``.
 
@@ -92,6 +95,10 @@ def ring_attention(
             at p - W < k <= p. Ring steps whose keys no query can reach are skipped,
             compute and ``ppermute`` alike (``load_balance.ring_steps``).
         softcap: None, or c > 0: every tile's scores c * tanh(scores / c) before the mask.
+        segment_ids: i32[B, T/N] (this shard's part of i32[B, T]) document ids of the
+            packed rows (0 = padding), or None: a query sees only keys of its own
+            document. The queries' ids stay home; a copy travels with K/V as the keys'
+            ids (forward and backward), like ``key_mask``.
 
     Returns:
         [B, T/N, H, D] in q's dtype: this shard's rows of the global attention output.
@@ -105,12 +112,13 @@ def ring_attention(
     window = _checks.check_sliding_window(sliding_window, causal=causal)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     cfg = _RingConfig(axis_name, bool(causal), scale, int(block_size), balance, window, _checks.check_softcap(softcap))
-    return _ring(q, k, v, key_mask, cfg)
+    segment_ids, _ = segment_pair(segment_ids, None, q_shape=q.shape, k_shape=k.shape)  # i32[B, T/N] or None
+    return _ring(q, k, v, key_mask, segment_ids, cfg)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _ring(q, k, v, key_mask, cfg):
-    out, _, _ = ring_forward(q, k, v, key_mask, cfg)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _ring(q, k, v, key_mask, segment_ids, cfg):
+    out, _, _ = ring_forward(q, k, v, key_mask, cfg, segment_ids)
     return out
 
 
@@ -174,15 +182,18 @@ def _key_positions(step, me, n, length, cfg):
     return shard_positions(length, shard_index=(me - step) % n, num_shards=n, balance=cfg.balance)
 
 
-def ring_forward(q, k, v, key_mask, cfg):
-    """Forward ring; returns (out [B, T/N, H, D], lse f32[B, K, G, T/N], tiles computed i32)."""
+def ring_forward(q, k, v, key_mask, cfg, segment_ids=None):
+    """Forward ring; returns (out [B, T/N, H, D], lse f32[B, K, G, T/N], tiles computed i32).
+
+    segment_ids: i32[B, T/N] or None, this shard's document ids (queries' and keys')."""
     n, me, tiles, q_pos, segments = _layout(q, k, cfg)
     kv_len = k.shape[1]
     qg, state, count = start_forward(q, k.shape[2])  # [B, T/N, K, G, D], state over T/N queries
 
     def visit(step, kv, carry):
+        k, v, key_mask, k_seg = kv
         k_pos = _key_positions(step, me, n, kv_len, cfg)
-        return forward_shard(qg, *kv, q_pos, k_pos, *carry, tiles)
+        return forward_shard(qg, k, v, key_mask, q_pos, k_pos, *carry, tiles, segment_ids, k_seg)
 
     def segment(start, shift):
         def body(hop, carry):
@@ -192,9 +203,10 @@ def ring_forward(q, k, v, key_mask, cfg):
 
         return body
 
-    # carry: k, v [B, T/N, K, D] + mask bool[B, T/N] (travelling); state over T/N queries.
+    # carry: k, v [B, T/N, K, D] + mask bool[B, T/N] + key ids i32[B, T/N] (travelling; None
+    # leaves send nothing); state over T/N queries.
     # On one device (or a window that keeps only step 0) nothing rotates: no collective.
-    kv, carry, step = (k, v, key_mask), (state, count), 0
+    kv, carry, step = (k, v, key_mask, segment_ids), (state, count), 0
     for start, shift, hops in segments:
         kv, carry = jax.lax.fori_loop(0, hops, segment(start, shift), (kv, carry))
         step = start + shift * hops
@@ -203,13 +215,13 @@ def ring_forward(q, k, v, key_mask, cfg):
     return out, lse, count
 
 
-def _ring_fwd(q, k, v, key_mask, cfg):
-    out, lse, _ = ring_forward(q, k, v, key_mask, cfg)
-    return out, (q, k, v, key_mask, out, lse)
+def _ring_fwd(q, k, v, key_mask, segment_ids, cfg):
+    out, lse, _ = ring_forward(q, k, v, key_mask, cfg, segment_ids)
+    return out, (q, k, v, key_mask, segment_ids, out, lse)
 
 
 def _ring_bwd(cfg, residuals, d_out):
-    q, k, v, key_mask, out, lse = residuals
+    q, k, v, key_mask, segment_ids, out, lse = residuals
     n, me, tiles, q_pos, segments = _layout(q, k, cfg)
     kv_len = k.shape[1]
     # [B, T/N, K, G, D] grouped q and d_out, delta f32[B, K, G, T/N], dq f32 (stays home)
@@ -217,8 +229,10 @@ def _ring_bwd(cfg, residuals, d_out):
     dkv = (jnp.zeros_like(k, dtype=F32), jnp.zeros_like(v, dtype=F32))  # f32[B, T/N, K, D], travel
 
     def visit(step, kv, dq, dkv):
+        k, v, key_mask, k_seg = kv  # the shard held now, its mask and its keys' ids
         k_pos = _key_positions(step, me, n, kv_len, cfg)
-        return backward_shard(qg, dog, lse, delta, *kv, q_pos, k_pos, (dq, *dkv), tiles)
+        grads = (dq, *dkv)
+        return backward_shard(qg, dog, lse, delta, k, v, key_mask, q_pos, k_pos, grads, tiles, segment_ids, k_seg)
 
     def segment(start, shift):
         def body(hop, carry):
@@ -229,7 +243,7 @@ def _ring_bwd(cfg, residuals, d_out):
 
         return body
 
-    kv, step = (k, v, key_mask), 0
+    kv, step = (k, v, key_mask, segment_ids), 0  # the keys' ids travel as in the forward ring
     for start, shift, hops in segments:
         kv, dkv, dq = jax.lax.fori_loop(0, hops, segment(start, shift), (kv, dkv, dq))
         step = start + shift * hops
@@ -238,7 +252,7 @@ def _ring_bwd(cfg, residuals, d_out):
     # window that is the N-th hop of one device.
     dk, dv = _rotate((dk, dv), cfg.axis_name, n, -step)
     dq = dq.reshape(q.shape)  # f32[B, T/N, K, G, D] -> [B, T/N, H, D]
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.kernels import _checks
+from zoo.kernels._masking import segment_pair
 from zoo.kernels.blockwise_attention import local_attention
 from zoo.kernels.load_balance import permutation
 
@@ -23,6 +24,7 @@ def ulysses_attention(
     block_size=512,
     sliding_window=None,
     softcap=None,
+    segment_ids=None,
 ):
     """Sequence-parallel attention by re-sharding heads; call inside ``jax.shard_map``.
 
@@ -54,6 +56,10 @@ def ulysses_attention(
             The all-to-alls are unchanged: every device needs all T tokens of its heads.
 
         softcap: None, or c > 0: scores c * tanh(scores / c) before the mask (local step).
+        segment_ids: i32[B, T/N] (this shard's part) document ids of packed rows (0 =
+            padding), or None. After the all-to-all each device attends over the whole
+            sequence for its heads, so the ids are all-gathered (int32 [B, T], small) and
+            serve as its queries' and keys' ids alike.
 
     Returns:
         [B, T/N, H, D] in q's dtype, this shard's rows of the attention output.
@@ -72,6 +78,9 @@ def ulysses_attention(
     mask = key_mask
     if key_mask is not None and n > 1:
         mask = jax.lax.all_gather(key_mask, axis_name, axis=1, tiled=True)  # bool[B, T]
+    segment_ids, _ = segment_pair(segment_ids, None, q_shape=q.shape, k_shape=q.shape)  # i32[B, T/N] or None
+    if segment_ids is not None and n > 1:
+        segment_ids = jax.lax.all_gather(segment_ids, axis_name, axis=1, tiled=True)  # i32[B, T], shard order
     positions = None  # natural order unless balanced over N > 1 shards
     if balance is not None and n > 1:
         positions = jnp.asarray(permutation(q_h.shape[1], num_shards=n, balance=balance))
@@ -87,6 +96,7 @@ def ulysses_attention(
         block_size=block_size,
         sliding_window=window,
         softcap=softcap,
+        segment_ids=segment_ids,
     )
     # [B, T, H/N, D] -> [B, T/N, H, D]
     return out if n == 1 else jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)

@@ -65,6 +65,7 @@ def attention(
     sliding_window=None,
     scale=None,
     softcap=None,
+    segment_ids=None,
 ):
     """Self-attention of q [B, T, H, D] over k, v [B, T, K, D]; returns [B, T, H, D].
 
@@ -75,6 +76,8 @@ def attention(
     (causal): a query at global position p sees keys p - W < k <= p, on every path.
     scale: multiplies q.k (None: 1 / sqrt(D)); softcap: None, or c: scores c * tanh(scores
     / c) before the mask (Gemma 2), on every path (every kernel's tiles take both).
+    segment_ids: i32[B, T] or None, document ids of packed rows (0 = padding): a token
+    attends only within its document, on every path (split over the sequence like x).
     """
     if plan.context_attention is None:
         return plain_attention(
@@ -91,6 +94,7 @@ def attention(
             sliding_window=sliding_window,
             scale=scale,
             softcap=softcap,
+            segment_ids=segment_ids,
         )
     return _sharded(
         q,
@@ -104,6 +108,7 @@ def attention(
         sliding_window=sliding_window,
         scale=scale,
         softcap=softcap,
+        segment_ids=segment_ids,
     )
 
 
@@ -206,11 +211,13 @@ def plain_attention(
     sliding_window=None,
     scale=None,
     softcap=None,
+    segment_ids=None,
 ):
     """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
 
     Works on local arrays inside a ``shard_map`` body too (e.g. one device's heads).
     ``block_size`` is the tile edge of the blockwise kernel (the layer's ``ring_block_size``).
+    ``segment_ids`` i32[B, T] or None: the queries' and keys' document ids (packing).
     """
     positions = global_positions(q.shape[1], axis_size=axis_size, axis_name=axis_name, balance=balance)
     if rope is not None:
@@ -230,6 +237,7 @@ def plain_attention(
         sliding_window=sliding_window,
         scale=scale,
         softcap=softcap,
+        segment_ids=segment_ids,
     )
 
 
@@ -248,6 +256,7 @@ def sharded_attention(
     batch_axis,
     ring_block_size,
     sliding_window=None,
+    segment_ids=None,
 ):
     """Runs the ``context_attention`` kernel under ``jax.shard_map`` on ``mesh`` (a Keras
     DeviceMesh) with no distribution needed (benchmarks); layers go through ``attention``."""
@@ -272,10 +281,25 @@ def sharded_attention(
         rope=rope,
         ring_block_size=ring_block_size,
         sliding_window=sliding_window,
+        segment_ids=segment_ids,
     )
 
 
-def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_window=None, scale=None, softcap=None):
+def _sharded(
+    q,
+    k,
+    v,
+    *,
+    plan,
+    key_mask,
+    causal,
+    rope,
+    ring_block_size,
+    sliding_window=None,
+    scale=None,
+    softcap=None,
+    segment_ids=None,
+):
     """Runs the plan's kernel under ``jax.shard_map`` on its mesh (one cached program per setting)."""
     batch, seq_len, num_heads, _ = q.shape
     kernels.check_sequence_parallel(
@@ -294,11 +318,12 @@ def _sharded(q, k, v, *, plan, key_mask, causal, rope, ring_block_size, sliding_
         )
     spec = P(plan.batch_axis, plan.sequence_axis, None, None)  # q, k, v, out: [B, T, heads, D]
     mask_spec = None if key_mask is None else P(plan.batch_axis, plan.sequence_axis)  # bool[B, T]
+    ids_spec = None if segment_ids is None else P(plan.batch_axis, plan.sequence_axis)  # i32[B, T]
     return run_sharded(
         plan,
         _shard_body,
-        (q, k, v, key_mask),
-        (spec, spec, spec, mask_spec),
+        (q, k, v, key_mask, segment_ids),
+        (spec, spec, spec, mask_spec, ids_spec),
         spec,
         context_attention=plan.context_attention,
         axis_name=plan.sequence_axis,
@@ -317,6 +342,7 @@ def _shard_body(
     k,
     v,
     key_mask,
+    segment_ids,
     *,
     context_attention,
     axis_name,
@@ -330,8 +356,8 @@ def _shard_body(
 ):
     """One device's share. Nb = batch-axis size (1 if none), N = sequence-axis size.
 
-    q: [B/Nb, T/N, H, D], k/v: [B/Nb, T/N, K, D], key_mask: bool[B/Nb, T/N] or None;
-    returns [B/Nb, T/N, H, D].
+    q: [B/Nb, T/N, H, D], k/v: [B/Nb, T/N, K, D], key_mask: bool[B/Nb, T/N] or None,
+    segment_ids: i32[B/Nb, T/N] or None; returns [B/Nb, T/N, H, D].
     """
     if rope is not None:
         # i32[T/N]: global positions of this shard's tokens (balanced order aware)
@@ -354,4 +380,5 @@ def _shard_body(
         sliding_window=sliding_window,
         scale=scale,
         softcap=softcap,
+        segment_ids=segment_ids,
     )

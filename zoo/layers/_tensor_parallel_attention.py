@@ -164,17 +164,19 @@ def describe(layer, plan):
     return describe_split("tensor-parallel attention", plan, f"{heads}, {collectives}")
 
 
-def attention(layer, plan, x, key_mask):
-    """``layer``'s attention output (B, T, C) for x (B, T, C) (Megatron SP: both split on T)."""
+def attention(layer, plan, x, key_mask, segment_ids=None):
+    """``layer``'s attention output (B, T, C) for x (B, T, C) (Megatron SP: both split on T);
+    key_mask bool (B, T) and segment_ids i32 (B, T) (packing) or None, whole on the model axis."""
     sequence = layer.megatron_sp
     check_input(layer, plan, x.shape, sequence=sequence)
     projections = (layer.query, layer.key, layer.value, layer.output_dense)
     weights, specs = zip(*(p.sharded_weights(plan) for p in projections))
     x_spec = activation_spec(plan, 3, sequence=sequence)  # (B/Nd, T[/M], C)
     mask_spec = None if key_mask is None else P(plan.batch_axis, None)  # bool (B/Nd, T)
+    ids_spec = None if segment_ids is None else P(plan.batch_axis, None)  # i32 (B/Nd, T)
     norms = qk_norm_scales(layer)  # {"query": f32[D], "key": f32[D]} or {}: whole on every device
-    args = (x, key_mask, list(weights), norms)
-    in_specs = (x_spec, mask_spec, list(specs), {name: P() for name in norms})
+    args = (x, key_mask, segment_ids, list(weights), norms)
+    in_specs = (x_spec, mask_spec, ids_spec, list(specs), {name: P() for name in norms})
     return run_sharded(plan, _local_attention, args, in_specs, x_spec, layer=layer, plan=plan)
 
 
@@ -196,8 +198,9 @@ def _normalize(layer, x, scale):
     return keras.ops.rms_normalization(x, scale=scale.astype(x.dtype), axis=-1, epsilon=layer.qk_norm_epsilon)
 
 
-def _local_attention(x, key_mask, weights, norms, *, layer, plan):
-    """One device: x f32[B/Nd, T, C] (Megatron SP: f32[B/Nd, T/M, C]) -> the same shape."""
+def _local_attention(x, key_mask, segment_ids, weights, norms, *, layer, plan):
+    """One device: x f32[B/Nd, T, C] (Megatron SP: f32[B/Nd, T/M, C]) -> the same shape;
+    key_mask bool[B/Nd, T], segment_ids i32[B/Nd, T] or None (all T tokens' ids)."""
     axis = plan.model_axis
     if layer.megatron_sp:
         x = jax.lax.all_gather(x, axis, axis=1, tiled=True)  # f32[B/Nd, T, C]; backward: one reduce-scatter
@@ -223,6 +226,7 @@ def _local_attention(x, key_mask, weights, norms, *, layer, plan):
         sliding_window=layer.sliding_window,
         scale=layer.attention_scale,
         softcap=layer.softcap,
+        segment_ids=segment_ids,
     )  # f32[B/Nd, T, H/M, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]
     partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share

@@ -6,7 +6,13 @@ import keras
 
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import DATA, MODEL, SEQ
-from zoo.kernels import attention_reference, check_kv_heads, check_sliding_window, check_softcap
+from zoo.kernels import (
+    attention_reference,
+    check_kv_heads,
+    check_segment_ids,
+    check_sliding_window,
+    check_softcap,
+)
 from zoo.layers import _sequence_parallel, _tensor_parallel_attention
 from zoo.layers._parallel_plan import (
     check_choices,
@@ -97,8 +103,15 @@ class MultiHeadAttention(keras.layers.Layer):
         model_axis: the mesh axis tensor parallelism splits the heads over.
         kernel_initializer, bias_initializer: for the four projections.
 
-    Call: ``layer(x, key_mask=None)``; x (B, T, C); key_mask bool (B, T), True keeps
-    the key (padding = False). Returns (B, T, C).
+    Call: ``layer(x, key_mask=None, segment_ids=None)``; x (B, T, C); key_mask bool
+    (B, T), True keeps the key (padding = False); segment_ids int (B, T), the document
+    id of each token of a packed row (0 = padding, 1, 2, ... documents): a token attends
+    only to tokens of its own document, and no token to one of id 0 (with a key_mask
+    both apply). On every path: plain, tensor-parallel, and the gather, ring and
+    Ulysses kernels (the ids are split over the sequence like x, and reordered with it
+    under ``balance``). Causality and RoPE still use each token's position in the row;
+    RoPE's scores depend only on position differences, so within a document they are
+    those of the document alone. Returns (B, T, C).
 
     Cached call (autoregressive decoding): ``layer(x, cache=cache, cache_index=i,
     start_positions=None)`` with cache (B, 2, S, K, D) holding the rotated keys and the values of positions
@@ -116,7 +129,7 @@ class MultiHeadAttention(keras.layers.Layer):
     different lengths: keys before it are masked and RoPE counts positions from it, so a
     padded row computes what the same prompt alone would. This path always runs plain
     attention on whole arrays in natural token order (no ``context_attention`` kernel,
-    no ``balance``) and takes no key_mask.
+    no ``balance``) and takes no key_mask and no segment_ids.
 
     Variable paths: ``<name>/query/kernel`` (C, H, D), ``<name>/key/kernel`` and
     ``<name>/value/kernel`` (C, K, D), ``<name>/output/kernel`` (H, D, C); with
@@ -245,12 +258,12 @@ class MultiHeadAttention(keras.layers.Layer):
         """The rotary settings (a hashable ``Rope``), or None without rotary embedding."""
         return Rope.of(self.rotary_base, self.rope_scaling) if self.rotary else None
 
-    def call(self, x, key_mask=None, cache=None, cache_index=None, start_positions=None):
+    def call(self, x, key_mask=None, cache=None, cache_index=None, start_positions=None, segment_ids=None):
         if cache is not None:
-            if key_mask is not None:
+            if key_mask is not None or segment_ids is not None:
                 raise ValueError(
-                    f"MultiHeadAttention {self.name!r}: key_mask is not supported together with cache "
-                    f"(left padding is given as start_positions)"
+                    f"MultiHeadAttention {self.name!r}: key_mask and segment_ids are not supported together "
+                    f"with cache (left padding is given as start_positions)"
                 )
             return self._call_with_cache(x, cache, 0 if cache_index is None else cache_index, start_positions)
         batch, length = x.shape[0], x.shape[1]
@@ -261,12 +274,13 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"{(batch, length)} of x {tuple(x.shape)}"
                 )
             key_mask = keras.ops.cast(key_mask, "bool")
+        segment_ids = self._checked_segment_ids(segment_ids, x.shape)  # i32 (B, T) or None
         self._record_context_attention()
         plan = self.parallel_plan()
         if _tensor_parallel_attention.takes_this_path(
             plan
         ):  # Megatron: the whole layer in one shard_map over the model axis
-            return _tensor_parallel_attention.attention(self, plan, x, key_mask)  # (B, T, C)
+            return _tensor_parallel_attention.attention(self, plan, x, key_mask, segment_ids)  # (B, T, C)
         q, k = self.normalize_qk(self.query(x), self.key(x))  # (B, T, H, D), (B, T, K, D)
         v = self.value(x)  # (B, T, K, D)
         out = _sequence_parallel.attention(
@@ -281,8 +295,22 @@ class MultiHeadAttention(keras.layers.Layer):
             sliding_window=self.sliding_window,
             scale=self.attention_scale,
             softcap=self.softcap,
+            segment_ids=segment_ids,
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
+
+    def _checked_segment_ids(self, segment_ids, x_shape):
+        """segment_ids as int32 (B, T), or None; raises naming the shapes (or the dtype)."""
+        if segment_ids is None:
+            return None
+        check_segment_ids(
+            segment_ids.shape,
+            keras.backend.standardize_dtype(segment_ids.dtype),
+            expected=x_shape[:2],
+            name=f"MultiHeadAttention {self.name!r}: segment_ids",
+            what=f"(batch, length) of x {tuple(x_shape)}",
+        )
+        return keras.ops.cast(segment_ids, "int32")
 
     def parallel_plan(self):
         """This layer's ``ParallelPlan`` under the current distribution (resolved now)."""
@@ -386,7 +414,9 @@ class MultiHeadAttention(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
-    def compute_output_spec(self, x, key_mask=None, cache=None, cache_index=None, start_positions=None):
+    def compute_output_spec(
+        self, x, key_mask=None, cache=None, cache_index=None, start_positions=None, segment_ids=None
+    ):
         """(B, T, C) in the compute dtype; with ``cache``, ``(that, cache (B, 2, S, K, D)
         in the cache's dtype)``, as the cached call returns."""
         output = keras.KerasTensor(self.compute_output_shape(x.shape), dtype=self.compute_dtype)  # (B, T, C)

@@ -2,6 +2,7 @@
 pipeline over the mesh's ``stage`` axis (``zoo.kernels.pipeline``)."""
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +58,9 @@ class PipelinedBlocks(keras.layers.Layer):
         seed: seed of the dropout stream. Dropout masks depend on (block, row of the
             batch) only, so they are the same whatever M, S or data split.
 
-    Call: ``blocks(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
+    Call: ``blocks(x, key_mask=None, training=None, segment_ids=None)``; x (B, T, C) ->
+    (B, T, C); segment_ids int (B, T) or None: document ids of packed rows (0 = padding),
+    cut into micro-batches like key_mask and passed to every block's attention.
     """
 
     def __init__(
@@ -128,7 +131,7 @@ class PipelinedBlocks(keras.layers.Layer):
 
     # --- the forward pass -------------------------------------------------------------
 
-    def call(self, x, key_mask=None, training=None):
+    def call(self, x, key_mask=None, training=None, segment_ids=None):
         batch = x.shape[0]
         plan = resolve_plan(model_axis=None)  # the mesh and its batch axis (a model axis stays GSPMD's)
         stages = self._num_stages(plan)
@@ -139,6 +142,8 @@ class PipelinedBlocks(keras.layers.Layer):
         extras = {"rows": _to_micro_batches(jnp.arange(batch, dtype=jnp.int32), self.micro_batches, self.name)}
         if key_mask is not None:
             extras["key_mask"] = _to_micro_batches(key_mask, self.micro_batches, self.name)  # (M, B/M, T)
+        if segment_ids is not None:  # i32 (M, B/M, T), checked by each block's attention
+            extras["segment_ids"] = _to_micro_batches(segment_ids, self.micro_batches, self.name)
         if seed is not None:  # the same u32[2] for every micro-batch
             extras["seed"] = jnp.broadcast_to(seed, (self.micro_batches, *seed.shape))
         params = {path: variable.value for path, variable in self.stacked.items()}
@@ -162,20 +167,14 @@ class PipelinedBlocks(keras.layers.Layer):
         # T on every stage); else every stage gets them whole.
         split_sequence = micro.ndim >= 3 and micro.shape[2] % stages == 0
         outputs = P(None, batch, self.stage_axis) if split_sequence else rows
-
-        def body(params, micro, extras):
-            y, useful = pipeline(
-                stage_fn,
-                params,
-                micro,
-                extras,
-                axis_name=self.stage_axis,
-                repeats=self.repeats,
-                scatter_dimension=2 if split_sequence else None,
-            )
-            return y, useful[None]
-
-        run = jax.shard_map(
+        body = functools.partial(
+            _stages_body,
+            stage_fn=stage_fn,
+            axis_name=self.stage_axis,
+            repeats=self.repeats,
+            scatter_dimension=2 if split_sequence else None,
+        )
+        run = jax.shard_map(  # manual over stage (and the batch axis) only: not run_sharded's all-manual cache
             body,
             mesh=plan.mesh,
             in_specs=(stacked_spec, rows, extras_spec),
@@ -239,7 +238,7 @@ class _StageFunction:
         self.layer, self.training = layer, training
 
     def __call__(self, group_params, x, extras, group):
-        layer, seed = self.layer, extras.get("seed")  # extras: this micro-batch's rows, key_mask, seed
+        layer, seed = self.layer, extras.get("seed")  # extras: this micro-batch's rows, key_mask, segment_ids, seed
         template, variables = layer.template
         per_group = jax.tree.leaves(group_params)[0].shape[0]  # Lg
 
@@ -248,7 +247,7 @@ class _StageFunction:
             block_index = group * per_group + index  # the block's place in the whole stack
             seeds = None if seed is None else _dropout_seeds(seed, block_index, extras["rows"])
             with keras.StatelessScope(state_mapping=[(variables[path], value) for path, value in params.items()]):
-                return forward(h, extras.get("key_mask"), seeds), None
+                return forward(h, extras.get("key_mask"), seeds, extras.get("segment_ids")), None
 
         forward = template.forward
         if self.training and template.remat != "none":
@@ -256,6 +255,15 @@ class _StageFunction:
         with global_distribution(None):
             y, _ = jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
         return y
+
+
+def _stages_body(params, micro, extras, *, stage_fn, axis_name, repeats, scatter_dimension):
+    """The ``shard_map`` body: this stage's blocks of every repeat on this device's rows;
+    returns (outputs, i32[1] the ticks this stage did useful work)."""
+    y, useful = pipeline(
+        stage_fn, params, micro, extras, axis_name=axis_name, repeats=repeats, scatter_dimension=scatter_dimension
+    )
+    return y, useful[None]
 
 
 def _dropout_seeds(seed, block_index, rows):

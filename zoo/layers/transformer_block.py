@@ -98,7 +98,12 @@ class TransformerBlock(keras.layers.Layer):
             (its ``intermediate_dim`` is ``moe_intermediate_dim``). Its losses and
             router statistics are recorded after the (possibly rematerialised) block.
 
-    Call: ``block(x, key_mask=None, training=None)``; x (B, T, C) -> (B, T, C).
+    Call: ``block(x, key_mask=None, training=None, segment_ids=None)``; x (B, T, C) ->
+    (B, T, C); segment_ids int (B, T) or None: the document of each token of a packed
+    row (0 = padding), passed to the attention (``MultiHeadAttention``): no token
+    attends across documents. The MLP and norms are per token, so a packed row computes
+    what each document computes alone (with RoPE, up to the positions' offset, which
+    rotary scores do not depend on).
 
     Dropout and remat: the two dropout seeds are drawn from the dropout layers' seed
     generators before the block's computation, which takes them as arguments; the
@@ -282,32 +287,38 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.attention_post_norm, self.mlp_post_norm) if self.post_norms else ():
             layer.build(input_shape)
 
-    def call(self, x, key_mask=None, training=None, cache=None, cache_index=None, start_positions=None):
+    def call(
+        self, x, key_mask=None, training=None, cache=None, cache_index=None, start_positions=None, segment_ids=None
+    ):
         if cache is not None:
+            if segment_ids is not None:
+                raise ValueError(f"TransformerBlock {self.name!r}: segment_ids are not supported with cache")
             return self._call_with_cache(x, cache, cache_index, start_positions, training)
         seeds = self._dropout_seeds(training)  # u32[2] each, or None: drawn here, outside any jax.checkpoint
         forward = self.forward_with_aux
         if training and self.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[self.remat])
-        y, aux = forward(x, key_mask, seeds)  # (B, T, C), the MoE's losses and statistics (None: dense)
+        y, aux = forward(x, key_mask, seeds, segment_ids)  # (B, T, C), the MoE's losses and statistics (None: dense)
         if training and aux is not None:  # outside jax.checkpoint: adds losses, assigns the statistics
             self.mlp.record(aux)
         return y
 
-    def forward(self, x, key_mask, seeds):
+    def forward(self, x, key_mask, seeds, segment_ids=None):
         """The block on x (B, T, C) with dropout seeds ``(attention, mlp)`` (u32[2] each,
-        or u32[B, 2]: one per row) or None (no dropout). Assigns no variable: safe to run
-        under ``jax.checkpoint``, or on other weights in a ``keras.StatelessScope``
-        (``PipelinedBlocks`` runs it on each block's slice of its stacked weights)."""
-        return self.forward_with_aux(x, key_mask, seeds)[0]
+        or u32[B, 2]: one per row) or None (no dropout), segment_ids i32 (B, T) or None.
+        Assigns no variable: safe to run under ``jax.checkpoint``, or on other weights in
+        a ``keras.StatelessScope`` (``PipelinedBlocks`` runs it on each block's slice of
+        its stacked weights)."""
+        return self.forward_with_aux(x, key_mask, seeds, segment_ids)[0]
 
-    def forward_with_aux(self, x, key_mask, seeds):
+    def forward_with_aux(self, x, key_mask, seeds, segment_ids=None):
         """``forward``, and the MoE feed-forward's aux (losses and router statistics; None
         for a dense block), which ``MoEFeedForward.record`` adds once outside."""
         attention_seed, mlp_seed = (None, None) if seeds is None else seeds
         x = self._split_sequence(x)  # (B, T, C), T split over the model axis with megatron_sp
         attended = self._post_norm(
-            self.attention_post_norm, self.attention(self.attention_norm(x), key_mask=key_mask)
+            self.attention_post_norm,
+            self.attention(self.attention_norm(x), key_mask=key_mask, segment_ids=segment_ids),
         )  # (B, T, C)
         x = self._split_sequence(x + self._dropout(attended, attention_seed))  # (B, T, C)
         if self.num_experts:
@@ -371,7 +382,9 @@ class TransformerBlock(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
-    def compute_output_spec(self, x, key_mask=None, training=None, cache=None, cache_index=None, start_positions=None):
+    def compute_output_spec(
+        self, x, key_mask=None, training=None, cache=None, cache_index=None, start_positions=None, segment_ids=None
+    ):
         """(B, T, C) in the compute dtype; with ``cache``, ``(that, the cache's spec)`` as
         the cached call returns."""
         output = keras.KerasTensor(tuple(x.shape), dtype=self.compute_dtype)  # (B, T, C)
