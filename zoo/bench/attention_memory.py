@@ -9,7 +9,7 @@ from a cotangent), on a sequence split over a ``seq`` mesh axis of N devices:
   keeps the materialising baseline the goals were set against.)
 - **all-gather**, **ring** (load-balanced, tiled, custom VJP) and **Ulysses**: the
   ``shard_map`` kernels, dispatched by ``MultiHeadAttention``'s own code path
-  (``zoo.layers._sequence_parallel``), so what is measured is what the layer runs.
+  (``zoo.layers.sharded_attention``), so what is measured is what the layer runs.
 
 Memory: every program is compiled ahead of time from ``jax.ShapeDtypeStruct`` inputs
 carrying their shardings (nothing is allocated, so T = 64k compiles on a laptop) and
@@ -44,7 +44,7 @@ from zoo.config.bench_settings import AttentionBenchConfig  # noqa: F401 (the se
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
-from zoo.layers import _sequence_parallel
+from zoo.layers import sharded_attention
 from zoo.units import GIB
 
 AXIS = SEQ
@@ -125,7 +125,7 @@ def attention_fn(kernel, mesh, config):
     def attention(q, k, v):
         if kernel == "reference":  # the materialising reference: the baseline the kernels are measured against
             return kernels.attention_reference(q, k, v, causal=config.causal)
-        return _sequence_parallel.sharded_attention(
+        return sharded_attention(
             q,
             k,
             v,

@@ -53,7 +53,7 @@ from zoo.bench._output import size_text, write_text
 from zoo.config.bench_settings import HFLoadBenchConfig  # noqa: F401 (the settings run_benchmark takes)
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
-from zoo.models.gpt._hf_config import backbone_arguments
+from zoo.models.gpt.hf_checkpoints import backbone_arguments
 from zoo.presets.safetensors_weights import SafetensorsFiles, write_safetensors
 from zoo.units import KIB, MIB
 

@@ -5,7 +5,7 @@ The model is ``GPTCausalLM`` with gpt_1b's shape (RMSNorm, SwiGLU, GQA, rotary) 
 Llama-3.2-1B's sizes (``LLAMA_3_2_1B``: its Hugging Face config.json: V = 128,256,
 C = 2048, L = 16, H = 32, K = 8, D = 64, F = 8192, tied embeddings, RoPE base 500,000
 with Llama 3 scaling). LoRA of rank r on every Dense / EinsumDense
-(``zoo.training._lora.enable_lora``); every other weight frozen, so only the factors
+(``zoo.training.finetune.enable_lora``); every other weight frozen, so only the factors
 have gradients and AdamW slots. The optimizer is the GPT job's (``compile_gpt``: AdamW,
 cosine schedule, global-norm clipping).
 
@@ -48,8 +48,8 @@ from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.measure.hardware import device_spec
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_backbone import GPTBackbone
-from zoo.training._lora import enable_lora, is_lora_variable
 from zoo.training.compiled_step import abstract_build, compile_fit_step
+from zoo.training.finetune import enable_lora, is_lora_variable
 
 TARGETS = ("h100", "h200")  # the "fits" columns: zoo.measure.hardware.DEVICES kinds (80 and 141 GiB)
 LLAMA_3_2_1B = {  # GPTBackbone arguments fixed here; the sizes are settings (LoraContextBenchConfig)

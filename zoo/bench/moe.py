@@ -61,8 +61,8 @@ from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.measure.hardware import device_spec, platform_of
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import config_by_name
-from zoo.training._lora import enable_lora, is_lora_variable
 from zoo.training.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_shardings
+from zoo.training.finetune import enable_lora, is_lora_variable
 from zoo.units import GIB
 
 SEED = 0

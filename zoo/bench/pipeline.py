@@ -48,6 +48,7 @@ from zoo.config.bench_settings import PIPELINE_SECTIONS, PipelineBenchConfig  # 
 from zoo.distribution.axes import DATA, STAGE
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.kernels.pipeline import check_schedule, num_ticks, pipeline
+from zoo.layers import run_on_mesh
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.training.compiled_step import (
@@ -104,6 +105,17 @@ class BubbleRow:
         return (self.stages - 1) / self.repeats
 
 
+def _cheap_stage(group_params, x_m, extras_m, group):
+    """``stage_fn`` of the bubble run: one cheap "block" per group."""
+    return x_m * group_params[0] + 1.0
+
+
+def _bubble_body(weights, x, *, repeats):
+    """The ``shard_map`` body of ``measure_bubble``: (outputs, i32[1] this stage's useful ticks)."""
+    y, useful = pipeline(_cheap_stage, weights, x, axis_name=STAGE, repeats=repeats)
+    return y, useful[None]
+
+
 def measure_bubble(stages, repeats, micro_batches, devices=None):
     """``BubbleRow`` of the kernel run on a ``stage`` mesh of ``stages`` devices; raises
     ``BubbleMismatch`` unless every stage worked R*M of the R*M + S - 1 ticks."""
@@ -113,15 +125,7 @@ def measure_bubble(stages, repeats, micro_batches, devices=None):
     weights = jnp.full((repeats, stages, WIDTH), 0.5, jnp.float32)  # [R, S groups of 1 "block", ...]
     x = jnp.ones((micro_batches, 1, WIDTH), jnp.float32)  # [M, b=1, WIDTH]
 
-    def stage_fn(group_params, x_m, extras_m, group):
-        return x_m * group_params[0] + 1.0  # one cheap "block" per group
-
-    def body(weights, x):
-        y, useful = pipeline(stage_fn, weights, x, axis_name=STAGE, repeats=repeats)
-        return y, useful[None]
-
-    run = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, STAGE), P()), out_specs=(P(), P(STAGE))))
-    y, useful = run(weights, x)
+    y, useful = run_on_mesh(mesh, _bubble_body, (weights, x), (P(None, STAGE), P()), (P(), P(STAGE)), repeats=repeats)
     expected = x
     for _ in range(repeats * stages):  # the single-device reference: every group in order
         expected = expected * 0.5 + 1.0

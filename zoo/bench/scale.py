@@ -106,8 +106,7 @@ def measure(task):
 
 def recipe_row(path):
     from zoo.distribution.comms_report import FAST_COMPILE
-    from zoo.training._recipe_compile import compile_recipe_step
-    from zoo.training.recipe import load_recipe
+    from zoo.training.recipe import compile_recipe_step, load_recipe
 
     recipe = load_recipe(path)
     step = compile_recipe_step(recipe, compiler_options=FAST_COMPILE)
@@ -146,7 +145,7 @@ def attention_rows(seq):
 
     from zoo import kernels
     from zoo.distribution import make_mesh
-    from zoo.layers import _sequence_parallel
+    from zoo.layers import plain_attention
 
     batch, length, heads, kv_heads, head_dim = 4, 2048, 32, 4, 64
     rows = []
@@ -172,26 +171,30 @@ def attention_rows(seq):
     rows.append(
         {
             "kind": "attention",
-            "path": f"plain path ({_describe(_sequence_parallel, None, 1)}), one device",
-            "temp": temp(lambda q, k, v: _sequence_parallel.plain_attention(q, k, v, **plain)),
+            "path": f"plain path ({_describe(None)}), one device",
+            "temp": temp(lambda q, k, v: plain_attention(q, k, v, **plain)),
         }
     )
     mesh = make_mesh(f"{SEQ}={seq}", devices=jax.devices()[:seq])
     sharding = NamedSharding(mesh.backend_mesh, P(None, SEQ))
     for kernel in CONTEXT_ATTENTIONS:
-        fn = _sharded(_sequence_parallel, mesh, kernel)
+        fn = _sharded(mesh, kernel)
         rows.append({"kind": "attention", "path": f"{kernel}, T split over seq={seq}", "temp": temp(fn, sharding)})
     return rows
 
 
-def _describe(module, kernel, size):
+def _describe(kernel):
     """The attention implementation the layer would choose on this host, in words."""
-    return module.describe_attention(seq_len=2048, head_dim=64, dtype="bfloat16", causal=True, context_attention=kernel)
+    from zoo.layers import describe_attention
+
+    return describe_attention(seq_len=2048, head_dim=64, dtype="bfloat16", causal=True, context_attention=kernel)
 
 
-def _sharded(module, mesh, kernel):
+def _sharded(mesh, kernel):
+    from zoo.layers import sharded_attention
+
     def fn(q, k, v):
-        return module.sharded_attention(
+        return sharded_attention(
             q,
             k,
             v,

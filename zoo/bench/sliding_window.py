@@ -16,7 +16,7 @@ Goal (issue 28): tiles computed <= 1.2 x the tiles the window touches.
 
 **Context** (T = ``context_length`` over a ``seq`` axis of N simulated devices): ring,
 all-gather and Ulysses as ``MultiHeadAttention`` dispatches them
-(``zoo.layers._sequence_parallel.sharded_attention``), forward + backward (and the
+(``zoo.layers.sharded_attention``), forward + backward (and the
 ring's forward alone), compiled for N devices and never run. The collectives and their bytes are
 read from the compiled HLO by ``zoo.distribution.comms_report`` (the project's one HLO
 parser), each counted as often as the known trip counts of the loops around it say.
@@ -47,7 +47,7 @@ from zoo.config.bench_settings import WindowBenchConfig  # noqa: F401 (the setti
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
-from zoo.layers import _sequence_parallel
+from zoo.layers import run_on_mesh, sharded_attention
 
 COUNT_HEADS, COUNT_HEAD_DIM = 1, 8  # the tile-count run: the count does not depend on H, K or D
 TILE_GOAL = 1.2  # tiles computed <= 1.2 x the tiles the window touches
@@ -182,13 +182,18 @@ def counted_tiles(length, block, window):
     """Tiles computed, carried through the kernel's tile loops: ``ring_attention_tiles`` on
     a seq axis of one device (the blockwise loops over all T keys) at H = K = 1, D = 8."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), (SEQ,))
-    count = functools.partial(
-        kernels.ring_attention_tiles, axis_name=SEQ, causal=True, block_size=block, sliding_window=window
-    )
     spec = P(None, SEQ)
-    counter = jax.shard_map(lambda q, k, v: count(q, k, v)[None], mesh=mesh, in_specs=(spec,) * 3, out_specs=P(SEQ))
     x = jnp.zeros((1, length, COUNT_HEADS, COUNT_HEAD_DIM), jnp.float32)
-    return int(jax.jit(counter)(x, x, x)[0])
+    tiles = run_on_mesh(mesh, _count_tiles, (x, x, x), (spec,) * 3, P(SEQ), block_size=block, sliding_window=window)
+    return int(tiles[0])
+
+
+def _count_tiles(q, k, v, *, block_size, sliding_window):
+    """The ``shard_map`` body of ``counted_tiles``: i32[1] tiles of this shard."""
+    count = kernels.ring_attention_tiles(
+        q, k, v, axis_name=SEQ, causal=True, block_size=block_size, sliding_window=sliding_window
+    )
+    return count[None]
 
 
 def touched_tiles(length, tile, window):
@@ -219,7 +224,7 @@ def context_row(config, kernel, balance, window):
     q = jax.ShapeDtypeStruct((config.batch, length, config.heads, config.head_dim), config.dtype, sharding=sharding)
     kv = jax.ShapeDtypeStruct((config.batch, length, config.kv_heads, config.head_dim), config.dtype, sharding=sharding)
     attention = functools.partial(
-        _sequence_parallel.sharded_attention,
+        sharded_attention,
         mesh=mesh,
         key_mask=None,
         context_attention=kernel,

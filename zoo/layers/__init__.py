@@ -1,5 +1,15 @@
-"""Keras layers; the only package that calls ``shard_map``."""
+"""Keras layers; the only package that calls ``shard_map`` (``run_on_mesh`` is its cached
+path for code that runs a kernel on a mesh of its own: the benchmarks).
 
+Besides the layers: the attention paths the layers run (``plain_attention``,
+``sharded_attention``, ``describe_attention``) and the factored LoRA call of a Keras
+``Dense`` / ``EinsumDense`` (``factored_lora_call``, ``kernel_variable``), for the
+benchmarks and ``zoo.training``'s LoRA.
+"""
+
+from zoo.layers._parallel_plan import run_on_mesh
+from zoo.layers._sequence_parallel import describe_attention, plain_attention, sharded_attention
+from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
 from zoo.layers.class_token import ClassToken
 from zoo.layers.column_parallel_dense import ColumnParallelDense
 from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
@@ -28,5 +38,11 @@ __all__ = [
     "TokenPooling",
     "TransformerBlock",
     "apply_rotary_embedding",
+    "describe_attention",
+    "factored_lora_call",
+    "kernel_variable",
+    "plain_attention",
     "rotary_angles",
+    "run_on_mesh",
+    "sharded_attention",
 ]

@@ -38,8 +38,13 @@ the same numbers, no ``shard_map``. So a model trained with ring attention loads
 anywhere; ``zoo.distribution.describe(model)`` says what runs.
 
 ``run_sharded`` is the one way the layers run a ``shard_map``: one ``jax.jit`` of it per
-(body, mesh, specs, settings), kept, so an eager call reuses its compilation (a fresh
-``shard_map`` per call would recompile every time); inside an outer ``jit`` it is inlined.
+(body, mesh, specs, settings), kept, so an eager call reuses its compilation
+(a fresh ``shard_map`` per call would recompile every time); inside an outer ``jit`` it
+is inlined. ``run_on_mesh`` is the same program for code that holds a mesh and no plan
+(the benchmarks that measure a kernel on its own). The one other ``jax.shard_map`` in the
+zoo is ``PipelinedBlocks``': manual over ``stage`` (and the batch axis) only, the data and
+model axes left to GSPMD inside it, which this all-manual cache does not express
+(``tests/test_architecture.py`` holds the list).
 """
 
 import dataclasses
@@ -217,7 +222,13 @@ def run_sharded(plan, body, args, in_specs, out_specs, /, **settings):
     hashable (a layer, the plan, strings, numbers). The jitted program is kept per
     (body, mesh, specs, settings): a second call with the same ones reuses it.
     """
-    program = _program(body, plan.mesh, _freeze(in_specs), _freeze(out_specs), tuple(sorted(settings.items())))
+    return run_on_mesh(plan.mesh, body, args, in_specs, out_specs, **settings)
+
+
+def run_on_mesh(mesh, body, args, in_specs, out_specs, /, **settings):
+    """``run_sharded`` on a ``jax.sharding.Mesh`` rather than a plan's (``zoo.layers.run_on_mesh``:
+    the benchmarks that run a kernel under ``shard_map`` by itself, on a mesh of their own)."""
+    program = _program(body, mesh, _freeze(in_specs), _freeze(out_specs), tuple(sorted(settings.items())))
     return program(*args)
 
 

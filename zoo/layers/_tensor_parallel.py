@@ -38,7 +38,7 @@ Here a LoRA layer computes ``x @ kernel + (alpha/r) (x @ a) @ b`` instead
 by r, then r contracted with b), so the backward computes only d(x) through the frozen
 kernel and the factors' rank-r gradients. The tensor-parallel layers do it in their own
 calls; ``factored_lora_call`` is the same for a plain Keras Dense / EinsumDense, which
-``zoo.training._lora.enable_lora`` installs as the layer's ``call``. Saving is Keras'
+``zoo.training.finetune.enable_lora`` installs as the layer's ``call``. Saving is Keras'
 (the merged kernel in ``.keras`` files; ``.kernel`` stays the merged kernel).
 """
 

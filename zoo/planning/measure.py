@@ -71,7 +71,7 @@ class StepMeasure:
 
 def measure_step(job, config, *, target_devices, label, num_layers=None, compiler_options=None):
     """``StepMeasure`` of ``job``'s step for ``config`` compiled for ``target_devices``."""
-    from zoo.training._recipe_compile import compile_job_step
+    from zoo.training.recipe import compile_job_step
 
     start = time.perf_counter()
     step = compile_job_step(

@@ -7,10 +7,14 @@ into its shards. Every zoo model class has ``from_preset`` too
 (``SmallCNN.from_preset(...)``, from ``zoo.models.ZooModel``), which also checks the
 preset holds that class.
 
-This package sits below ``zoo.models`` (which imports it) and imports no model.
+This package sits below ``zoo.models`` (which imports it) and imports no model. Writers of
+other folders (``zoo.models.gpt.hf_checkpoints``) use its ``write_folder_atomically`` and
+``inside_folder`` too.
 """
 
+from zoo.presets._atomic_folder import write_folder_atomically
 from zoo.presets._format import FORMAT_VERSION, PresetError
+from zoo.presets._safety import inside_folder
 from zoo.presets.load import (
     from_preset,
     load_preset_config,
@@ -33,6 +37,7 @@ __all__ = [
     "PresetError",
     "PresetSpec",
     "from_preset",
+    "inside_folder",
     "list_presets",
     "load_preset_config",
     "load_preset_metadata",
@@ -41,4 +46,5 @@ __all__ = [
     "preset_metadata",
     "resolve_preset",
     "save_to_preset",
+    "write_folder_atomically",
 ]

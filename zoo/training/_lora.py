@@ -41,8 +41,7 @@ from zoo._compat import (
     variable_layout,
 )
 from zoo.config.choices import LORA_WEIGHTS
-from zoo.layers import MoEFeedForward
-from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
+from zoo.layers import MoEFeedForward, factored_lora_call, kernel_variable
 
 LORA_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)  # zoo's TP layers are Dense subclasses
 

@@ -40,7 +40,7 @@ from zoo.presets import (
 )
 from zoo.presets.save import check_preset_destination
 from zoo.training._checkpointed_fit import checkpointed_fit
-from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
+from zoo.training._lora import enable_lora, is_lora_variable, lora_parameter_count, merge_lora
 from zoo.training._lora_files import load_lora, save_lora
 from zoo.training.job_setup import evaluate_accuracy, job_distribution, run_dir_of
 from zoo.training.lm_finetune import finetune_causal_lm, finetune_lm, is_causal_lm
@@ -63,6 +63,7 @@ __all__ = [
     "enable_lora",
     "finetune",
     "finetune_causal_lm",
+    "is_lora_variable",
     "load_for_finetuning",
     "load_lora",
     "lora_parameter_count",

@@ -10,9 +10,8 @@ import keras
 
 import zoo.models  # noqa: F401  (registers the zoo's serialisable classes)
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
-from zoo.models.gpt._generation import check_lengths
-from zoo.models.gpt._hf_config import backbone_arguments
-from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH, is_hf_directory
+from zoo.models.gpt import check_lengths
+from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH, backbone_arguments, is_hf_directory
 from zoo.models.gpt.hf_checkpoints import read_config as read_hf_config
 from zoo.presets import PresetError, load_preset_config, load_tokenizer
 from zoo.tokenizers import ByteTokenizer, HFTokenizer

@@ -9,8 +9,8 @@ from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
 from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._classifier_checks import check_common
-from zoo.models._encoder_stack import EncoderClassifier, classify
 from zoo.models.encoder.encoder_configs import ENCODER_CONFIGS
+from zoo.models.encoder_classifier import EncoderClassifier, classify
 
 
 @keras.saving.register_keras_serializable(package="zoo")

@@ -94,6 +94,8 @@ def is_text(prompts):
 
 
 def check_lengths(prompt_length, max_new_tokens, max_sequence_length):
+    """Raises the ``ValueError`` ``GPTCausalLM.generate`` raises when ``max_new_tokens`` is no
+    positive integer or the prompt and the new tokens exceed ``max_sequence_length``."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if prompt_length + max_new_tokens > max_sequence_length:

@@ -62,8 +62,7 @@ from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
-from zoo.presets._atomic_folder import write_folder_atomically
-from zoo.presets._safety import inside_folder
+from zoo.presets import inside_folder, write_folder_atomically
 from zoo.presets.safetensors_weights import (
     CheckpointError,
     SafetensorsFiles,
@@ -97,6 +96,7 @@ PREPROCESSOR_LENGTH = 1024  # the preprocessor's default sequence_length (keras-
 
 __all__ = [
     "UnsupportedCheckpoint",
+    "backbone_arguments",
     "is_hf_directory",
     "load_causal_lm",
     "load_hf_weights",

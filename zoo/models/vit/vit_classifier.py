@@ -8,7 +8,7 @@ from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
 from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._classifier_checks import check_common
-from zoo.models._encoder_stack import EncoderClassifier, classify
+from zoo.models.encoder_classifier import EncoderClassifier, classify
 from zoo.models.vit.vit_configs import VIT_CONFIGS
 
 
