@@ -314,6 +314,7 @@ CASES = [
         "argument --sequence-length: expected an integer >= 2, got '1'",
     ),
     (["bench", "lora-context", "--remats", "full,some"], USAGE, "argument --remats: unknown remat(s) ['some']"),
+    (["bench", "lm-head", "--heads", "tied,shared"], USAGE, "argument --heads: unknown head(s) ['shared']"),
     (["bench", "hf-load", "--runs", "fsdp"], USAGE, "argument --runs: expected ';'-separated '<layout>:<mesh>' runs"),
     (["bench", "scale", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']"),
     (

@@ -86,7 +86,7 @@ EXPECTED_SPECS = {
         "block_0/attention/output/kernel": (None, None, "data"),
         "block_1/mlp/up/kernel": ("data", None),
         "block_0/mlp/down/kernel": (None, "data"),
-        "lm_head/kernel": ("data", None),  # untied models only (see model_config)
+        "lm_head/kernel": (None, "data"),  # untied models only (see model_config); V split, as the table
     },
     "tp": {
         "token_embedding/embeddings": ("model", None),

@@ -52,6 +52,12 @@ BENCHES = {
         bench_settings.LoraContextBenchConfig,
         "lora_context_memory",
     ),
+    "lm-head": Bench(
+        "under fsdp, what the LM head gathers (its weight or the batch's activations) chosen by size vs each forced, "
+        "Llama-3.2-1B sizes at 8 and 64 devices, compile-only",
+        bench_settings.LMHeadBenchConfig,
+        "lm_head",
+    ),
     "hf-load": Bench(
         "per-device and host memory while a Llama-3.2-1B-sized Hugging Face checkpoint loads under fsdp / tp",
         bench_settings.HFLoadBenchConfig,

@@ -325,6 +325,38 @@ class Llama32Sizes:
 
 
 @dataclasses.dataclass
+class LMHeadBenchConfig(Llama32Sizes):
+    """Settings of ``zoo bench lm-head``: under fsdp, the LM head's gather (its weight or the batch's activations) chosen by size vs each forced, compile-only."""
+
+    num_layers: int = _count(2, "Transformer blocks L (the head's collectives do not depend on depth)")
+    devices: tuple = setting(
+        (8, 64),
+        "comma-separated device counts N of the data axis (simulated CPU devices)",
+        section="bench",
+        parse=types.positive_ints,
+        metavar="N,N",
+    )
+    per_device_batches: tuple = setting(
+        (1, 4), "comma-separated sequences per device b", section="bench", parse=types.positive_ints, metavar="B,B"
+    )
+    heads: tuple = setting(
+        ("tied", "untied"),
+        "comma-separated LM heads: tied (the token table, x @ E^T) and untied (a (C, V) kernel)",
+        section="bench",
+        parse=types.comma_separated(("tied", "untied"), "head"),
+        metavar="HEADS",
+    )
+    sequence_length: int = _count(2048, "tokens per sequence T")
+    precision: str = setting(
+        "mixed_bfloat16",
+        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights)",
+        section="bench",
+        choices=choices.PRECISIONS,
+    )
+    output: str | None = _output()
+
+
+@dataclasses.dataclass
 class LoraContextBenchConfig(Llama32Sizes):
     """Settings of ``zoo bench lora-context``: per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized GPT at long context, compile-only."""
 

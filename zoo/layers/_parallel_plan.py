@@ -54,6 +54,7 @@ import jax
 import keras
 from jax.sharding import PartitionSpec as P
 
+from zoo._compat import variable_layout
 from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.distribution.context_parallel import ContextParallel
@@ -171,6 +172,19 @@ def distribution_context_attention():
     layer built with ``context_attention=None`` records in its config."""
     distribution = keras.distribution.distribution()
     return distribution.context_attention if isinstance(distribution, ContextParallel) else None
+
+
+def weight_axes(variable):
+    """The mesh axes per dimension of ``variable`` under the global distribution (a tuple,
+    None entries for whole dimensions): the layout it was created or initialised with,
+    else the distribution's layout map's (a model built abstractly has not initialised
+    it); None without a distribution or a layout (replicated)."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return None
+    layout = variable_layout(variable) or distribution.get_variable_layout(variable)
+    axes = tuple(layout.spec) if isinstance(layout, jax.sharding.NamedSharding) else getattr(layout, "axes", None)
+    return None if axes is None else tuple(axes) + (None,) * (len(variable.shape) - len(axes))
 
 
 def _batch_axis(distribution, layer_batch_axis):

@@ -6,13 +6,15 @@ Token embedding (V, C) and LM head kernel (C, V), per layout (``-`` = not split)
 layout  token_embedding     lm_head/kernel
 ========  ==================  ==================
 data      replicated          replicated
-fsdp      (data, -)           (data, -)
+fsdp      (data, -)           (-, data) [2]
 tp, tp+sp (model, -)          (-, model)
 fsdp+tp   (model, data)       (data, model)
 pipeline  (model, -) [1]      (-, model) [1]
 ========  ==================  ==================
 
 [1] only on a mesh with a ``model`` axis; replicated without one.
+[2] split on V like the table, so that either head can gather its weight or the global
+batch's activations, whichever moves fewer bytes (``zoo.layers.lm_head_gather``).
 
 Layout ``pipeline`` (a backbone built with a ``schedule``: one ``PipelinedBlocks``
 named ``blocks``, every block weight stacked (R, L/R, ...)): dimension 1 (the blocks of
@@ -26,8 +28,10 @@ inserts, and the logits come out split on V, so the largest activation of a lang
 model, (B, T, V), is never whole on one device. Splitting the embedding on C instead
 would leave the head's V unsplit (or need a different layout for the tied case). With
 ``tie_word_embeddings`` the head is the embedding table itself (``x @ E^T``), so the logits
-are vocab-split the same way. FSDP splits the first dimension over ``data``; GSPMD
-all-gathers the table where it is used.
+are vocab-split the same way. FSDP splits V over ``data``, the axis the batch is split
+over; the head then gathers either its weight (V x C elements) or the global batch's
+hidden states (B x T x C), whichever is smaller (``GPTCausalLM.lm_head_gather``), and
+GSPMD all-gathers the table for the lookup as it sees fit.
 """
 
 import keras
@@ -67,8 +71,8 @@ def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL,
             rules[LM_HEAD] = (d, m)  # (C[/data], V/M)
     elif d is not None:
         rules[EMBEDDING] = (d, None)  # (V/data, C)
-        if with_head:
-            rules[LM_HEAD] = (d, None)  # (C/data, V)
+        if with_head:  # V split, as the table's: the head gathers the kernel or the activations (LMHeadGather)
+            rules[LM_HEAD] = (None, d)  # (C, V/data)
     return rules
 
 

@@ -6,6 +6,8 @@ import os
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
+from zoo.layers import lm_head_gather
+from zoo.layers.lm_head_gather import LMHeadGather
 from zoo.layers.logit_softcap import LogitSoftcap
 from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _sampling, hf_checkpoints
 from zoo.models.gpt.gpt_backbone import GPTBackbone
@@ -125,9 +127,12 @@ class GPTCausalLM(ZooModel):
         return reduction
 
     def call(self, inputs, training=None, mask=None, **kwargs):
+        """The backbone, then the head (``logits``) with its gather chosen by size under
+        FSDP (``lm_head_gather``): the functional graph's layers, called in its order."""
+        hidden = self.backbone(inputs, training=training)  # (B, T, C)
         if self._loss_from_hidden:
-            return self.backbone(inputs, training=training)  # (B, T, C): compute_loss applies the head
-        return super().call(inputs, training=training, mask=mask, **kwargs)
+            return hidden  # compute_loss applies the head
+        return self._head(hidden)  # (B, T, V)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """Keras' ``compute_loss``; inside a chunked step (``loss_chunk_size``) ``y_pred`` is
@@ -137,19 +142,44 @@ class GPTCausalLM(ZooModel):
         if not self._loss_from_hidden:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         total = _chunked_loss.chunked_cross_entropy(
-            y_pred, self.logits, y, sample_weight, chunk_tokens=self.loss_chunk_size, reduction=self._chunked_loss_reduction()
+            y_pred, self._head, y, sample_weight, chunk_tokens=self.loss_chunk_size, reduction=self._chunked_loss_reduction()
         )  # fmt: skip
         for loss in self.losses:
             total = total + keras.ops.cast(keras.ops.sum(loss), "float32")
         return total
 
-    def logits(self, hidden):
-        """The LM head on hidden states (B, T, C) -> float32 logits (B, T, V)."""
+    def logits(self, hidden, gather=None):
+        """The LM head on hidden states (B, T, C) -> float32 logits (B, T, V); with
+        ``gather`` (an ``LMHeadGather``) its input and output pinned to that choice."""
+        gather = LMHeadGather() if gather is None else gather
+        hidden = lm_head_gather.constrain_input(hidden, gather)  # (B, T, C)
         if self.backbone.tie_word_embeddings:
             logits = self.backbone.token_embedding(hidden, reverse=True)
         else:
             logits = self.get_layer("lm_head")(hidden)
-        return self.get_layer("logits")(logits)
+        return lm_head_gather.constrain_logits(self.get_layer("logits")(logits), gather)  # (B, T, V) float32
+
+    def _head(self, hidden):
+        """``logits`` with the gather chosen for the tokens it is applied to at once: all
+        (B, T) of them, or one chunk's (B, t) in the chunked loss, whose scan gathers
+        the table (forward, the backward's recompute) and reduces its gradient once per
+        chunk, as it does the chunk's activations."""
+        return self.logits(hidden, gather=self.lm_head_gather(*hidden.shape[:2]))  # (B, T, V)
+
+    def lm_head_gather(self, batch_size, sequence_length):
+        """What the LM head gathers under the current distribution for a global batch of
+        ``batch_size`` x ``sequence_length`` tokens: an ``LMHeadGather`` (``choice``
+        ``"table"`` or ``"activations"`` under ``fsdp``, whichever moves fewer elements; None
+        elsewhere; ``describe()`` says it in words). See ``zoo/layers/lm_head_gather.py``."""
+        if self.backbone.tie_word_embeddings:
+            weight, vocabulary_dim = self.backbone.token_embedding.embeddings, 0  # (V, C)
+        else:
+            weight, vocabulary_dim = self.get_layer("lm_head").kernel, 1  # (C, V)
+        if batch_size is None or sequence_length is None:
+            return LMHeadGather()
+        return lm_head_gather.lm_head_gather(
+            weight, batch_size=int(batch_size), sequence_length=int(sequence_length), vocabulary_dim=vocabulary_dim
+        )
 
     def call_with_cache(self, token_ids, caches, cache_index, start_positions=None):
         """``GPTBackbone.call_with_cache`` and the head: ``(logits (B, T, V), new caches)``."""
@@ -399,7 +429,7 @@ class GPTCausalLM(ZooModel):
         mlp/down/kernel                        (F, C)     (-, data)   (model, -)   (model, -)
         attention_norm/*, mlp_norm/*           (C,)       replicated  replicated   replicated
         final_norm/*                           (C,)       replicated  replicated   replicated
-        lm_head/kernel (untied only)           (C, V)     (data, -)   (-, model)   (data, model)
+        lm_head/kernel (untied only)           (C, V)     (-, data)   (-, model)   (data, model)
         =====================================  =========  ==========  ===========  =============
 
         [1] ``mlp/gate`` only for gated MLPs (swiglu, geglu); under a model axis the
