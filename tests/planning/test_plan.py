@@ -111,6 +111,23 @@ def test_zoo_plan_takes_the_gpt_flags_of_zoo_train_gpt_with_their_defaults():
     assert request.config == {name: getattr(trained, name) for name in plan.PLANNED_SETTINGS}
 
 
+@pytest.mark.parametrize(
+    "depth, remat, needs_two, expected",
+    [
+        ("auto", "none", False, (1, 2)),  # deep: extrapolated per block (within 0.2% without remat)
+        ("auto", "full", False, (22,)),  # remat: the whole model (extrapolating under-counted by 16-34%)
+        ("auto", "full", True, (1, 2)),  # JAX 0.10's remat correction needs two depths
+        ("full", "none", False, (22,)),
+        (4, "full", False, (3, 4)),  # asked for: a quick estimate, with a note
+    ],
+)
+def test_depth_auto_compiles_the_whole_model_under_remat(depth, remat, needs_two, expected):
+    from zoo.planning.plan import _depths
+
+    request = PlanRequest("pretrain_gpt", {}, devices=8, depth=depth)
+    assert _depths(request, 22, needs_two=needs_two, whole=remat != "none" and not needs_two) == expected
+
+
 @pytest.mark.parametrize("strategy, mesh", [("fsdp", "data=8"), ("tp", "data=2,model=4")])
 def test_the_gpt_job_fits_its_layout_map_to_tied_embeddings(strategy, mesh):
     """gpt_125m/gpt_350m tie the LM head to the embedding: the job's distribution has no
