@@ -79,6 +79,9 @@ MATRIX = {
     f"{SP_KERNELS}[ulysses-n4-causal-h4k4-mask]": "ulysses-n8-causal-h8k2-mask",
     f"{SP_KERNELS}[ring-striped-n4-causal-h4k4-mask]": "ring-striped-n8-causal-h8k2-mask",
     f"{SP_KERNELS}[ring-zigzag-n4-causal-h4k4-mask]": "ring-zigzag-n8-causal-h8k2-mask",
+    "tests/training/test_packing.py::test_a_step_on_packed_rows_computes_the_step_on_one_example_a_row[tp]": (
+        "[context]; the TP attention on packed rows: tests/layers/test_multi_head_attention_packing.py [tp]"
+    ),
     # the attention layer on packed rows: tier 1 keeps one device, tp and ring-zigzag;
     # gather and Ulysses with segment ids: tests/kernels/test_packing.py
     f"{MHA_PACKING}[tp-megatron-sp]": "[tp]",
@@ -140,7 +143,7 @@ MATRIX = {
     # tier 1 by the tests of their feature; tier 2 checks the pages say what runs
     f"{DOCS}[docs/distribution.md#4]": "tests/distribution",
     f"{DOCS}[docs/sequence_parallel.md#3]": "tests/layers/test_multi_head_attention_fit.py",
-    f"{DOCS}[docs/finetuning.md#2]": "tests/training/test_lm_finetune.py",
+    f"{DOCS}[docs/finetuning.md#3]": "tests/training/test_lm_finetune.py",
     f"{DOCS}[docs/context_parallel.md#1]": "tests/distribution/test_context_parallel.py",
     f"{DOCS}[docs/models.md#3]": "tests/models",
     f"{DOCS}[docs/pipeline_parallel.md#0]": "tests/models/test_gpt_pipeline.py",
@@ -148,7 +151,7 @@ MATRIX = {
     f"{DOCS}[docs/checkpoints.md#0]": "tests/training/test_checkpoints.py",
     f"{DOCS}[docs/planning.md#0]": "tests/planning",
     f"{DOCS}[docs/finetuning.md#0]": "tests/training/test_finetune.py",
-    f"{DOCS}[docs/finetuning.md#3]": "tests/training/test_peft_adapters.py",
+    f"{DOCS}[docs/finetuning.md#4]": "tests/training/test_peft_adapters.py",
     # the examples of 1.2-4.2 s each (about 22 s together): a model built, fit or compiled
     # on the simulated devices; tier 1 runs what they show in the tests named, and every
     # page's blocks pass the static import-order check (test_docs.py)

@@ -313,6 +313,8 @@ def test_refused_options(data, tmp_path):
         finetune(FinetuneConfig(preset=str(FIXTURE), sequence_length=LENGTH), report=lambda line: None)
     with pytest.raises(ValueError, match="--data-file: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
         finetune(FinetuneConfig(data_file=str(data.train_file)))
+    with pytest.raises(ValueError, match="^--packing: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
+        finetune(FinetuneConfig(packing=True))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="--output .*full': exists and is not empty"):

@@ -473,6 +473,13 @@ class FinetuneConfig(CheckpointSettings, _Checked):
         section="train",
         parse=types.positive_int,
     )
+    packing: bool = setting(
+        False,
+        "causal LMs: several examples per row of T tokens (best-fit decreasing), attention and the loss within each "
+        "(segment ids); plain text: documents kept apart in its windows; prints the padding before and after",
+        section="data",
+        store_true=True,
+    )
     epochs: int = setting(3, "passes over the training examples", section="train", parse=types.positive_int)
     batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
     optimizer: str = setting(

@@ -41,11 +41,14 @@ class LMExamples:
     token_ids: int32 (N, T). labels: int32 (N, T), the next token of each position.
     sample_weight: float32 (N, T), 1 where the label counts in the loss (completion and
     end tokens; every real token of packed text), 0 on prompts and padding.
+    segment_ids: int32 (N, T) or None: packed rows (``zoo.data.packing``), the document of
+    each token in its row (1, 2, ...; 0 = padding); attention stays within a document.
     """
 
     token_ids: np.ndarray
     labels: np.ndarray
     sample_weight: np.ndarray
+    segment_ids: np.ndarray | None = None
 
     def __len__(self):
         return len(self.token_ids)
@@ -54,7 +57,8 @@ class LMExamples:
         """The examples at ``rows`` (a slice, or an index array): another ``LMExamples``."""
         if isinstance(rows, (int, np.integer)):
             rows = slice(rows, rows + 1)
-        return LMExamples(self.token_ids[rows], self.labels[rows], self.sample_weight[rows])
+        segments = None if self.segment_ids is None else self.segment_ids[rows]
+        return LMExamples(self.token_ids[rows], self.labels[rows], self.sample_weight[rows], segments)
 
     @property
     def sequence_length(self):
@@ -69,31 +73,40 @@ class LMExamples:
         """``(token_ids, labels, sample_weight)``."""
         return self.token_ids, self.labels, self.sample_weight
 
+    def inputs(self):
+        """What the model takes: token_ids (N, T), or for packed rows
+        ``{"token_ids": (N, T), "segment_ids": (N, T)}``."""
+        if self.segment_ids is None:
+            return self.token_ids
+        return {"token_ids": self.token_ids, "segment_ids": self.segment_ids}
+
     def padded_to(self, multiple):
         """These examples and ``(-N) mod multiple`` rows of padding (weight 0), so that
         every batch of ``multiple`` rows is full (one compiled shape for evaluation)."""
         extra = -len(self) % multiple
         if extra == 0:
             return self
-        pad = lambda array: np.concatenate([array, np.zeros((extra, *array.shape[1:]), array.dtype)])
-        return LMExamples(pad(self.token_ids), pad(self.labels), pad(self.sample_weight))
+        pad = lambda array: (
+            None if array is None else np.concatenate([array, np.zeros((extra, *array.shape[1:]), array.dtype)])
+        )  # noqa: E731
+        return LMExamples(pad(self.token_ids), pad(self.labels), pad(self.sample_weight), pad(self.segment_ids))
 
 
 # --- files ---------------------------------------------------------------------------
 
 
-def load_text_file(path, preprocessor):
+def load_text_file(path, preprocessor, *, segments=False):
     """``LMExamples`` of a JSONL or plain-text file (see the module doc), each row of
     ``preprocessor.sequence_length`` tokens. Rows with no label in the loss (a prompt that
-    fills the whole sequence) are left out. Raises ``ValueError`` naming the file, and the
-    line and key for JSONL."""
+    fills the whole sequence) are left out. ``segments``: packed documents keep apart
+    (``pack_texts``). Raises ``ValueError`` naming the file, and the line and key for JSONL."""
     path = os.fspath(path)
     if path.lower().endswith(JSONL_SUFFIXES):
         kind, columns = read_jsonl(path)
         if kind == TEXT_KEY:
-            return pack_texts(columns[0], preprocessor)
+            return pack_texts(columns[0], preprocessor, segments=segments)
         return _with_loss(preprocessor(*columns), path)
-    return pack_texts([read_text(path)], preprocessor)
+    return pack_texts([read_text(path)], preprocessor, segments=segments)
 
 
 def read_text(path):
@@ -193,11 +206,35 @@ def _with_loss(arrays, where):
 # --- packing -------------------------------------------------------------------------
 
 
-def pack_texts(texts, preprocessor):
-    """Documents packed into windows of ``preprocessor.sequence_length`` (module doc)."""
+def pack_texts(texts, preprocessor, *, segments=False):
+    """Documents packed into windows of ``preprocessor.sequence_length`` (module doc).
+    ``segments``: each window also says which document each token is from
+    (``segment_ids``, 1, 2, ... per window), so attention stays within a document, and a
+    label from the next document (a document's last token predicting the next one's
+    first) is out of the loss."""
     tokenizer, length = preprocessor.tokenizer, preprocessor.sequence_length
-    ids = np.concatenate([document_ids(tokenizer, text) for text in texts])  # (L,)
-    return pack_ids(ids, length, pad_id=tokenizer.pad_token_id or 0)
+    documents = [document_ids(tokenizer, text) for text in texts]
+    ids = np.concatenate(documents)  # (L,)
+    examples = pack_ids(ids, length, pad_id=tokenizer.pad_token_id or 0)
+    if not segments:
+        return examples
+    document = np.repeat(np.arange(1, len(documents) + 1), [len(ids) for ids in documents])  # (L,) 1..n
+    return _with_document_ids(examples, document)
+
+
+def _with_document_ids(examples, document):
+    """``examples`` (windows of one stream, ``pack_ids``) with per-window ``segment_ids``
+    from ``document`` (L,), the stream's document of each token, and no label across a
+    document boundary."""
+    count, length = examples.token_ids.shape
+    stream = np.zeros(count * length + 1, np.int64)  # (N T + 1,): 0 past the stream's end
+    stream[: len(document)] = document
+    token_document = stream[:-1].reshape(count, length)  # (N, T)
+    label_document = stream[1:].reshape(count, length)  # (N, T)
+    first = token_document[:, :1]  # (N, 1): the window's first document
+    segment_ids = np.where(token_document > 0, token_document - first + 1, 0).astype(np.int32)
+    weight = examples.sample_weight * (token_document == label_document)
+    return LMExamples(examples.token_ids, examples.labels, weight.astype(np.float32), segment_ids)
 
 
 def document_ids(tokenizer, text):

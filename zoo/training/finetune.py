@@ -226,6 +226,8 @@ def _check_classifier_options(config):
     ]
     if config.adapter_format != "zoo":
         given.append(f"--adapter-format {config.adapter_format}")
+    if config.packing:
+        given.append("--packing")
     if given:
         raise ValueError(
             f"{', '.join(given)}: for causal LMs; preset {config.preset!r} is a classifier, fine-tuned on --dataset"

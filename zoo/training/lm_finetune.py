@@ -46,7 +46,7 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo.config.choices import METHODS
-from zoo.data import DivisibleBatches, get_spec
+from zoo.data import DivisibleBatches, get_spec, pack_examples, padding_fraction
 from zoo.data.catalog import LANGUAGE_MODELING
 from zoo.data.chat_files import is_messages_jsonl, load_chat_file
 from zoo.data.text_files import (
@@ -195,11 +195,12 @@ def compile_causal_lm(model, optimizer, loss_chunk_size=None):
 
 
 class _TokenBatches(DivisibleBatches):
-    """Full batches ``(token_ids, labels, sample_weight)``, each ``(B, T)``."""
+    """Full batches ``(inputs, labels, sample_weight)``, each ``(B, T)``; inputs token_ids,
+    or ``{"token_ids", "segment_ids"}`` for packed rows."""
 
     def __getitem__(self, index):
-        token_ids, (labels, sample_weight) = super().__getitem__(index)
-        return token_ids, labels, sample_weight
+        inputs, (labels, sample_weight) = super().__getitem__(index)
+        return inputs, labels, sample_weight
 
 
 def token_batches(examples, *, batch_size, distribution=None, shuffle=False, seed=0):
@@ -214,12 +215,12 @@ def token_batches(examples, *, batch_size, distribution=None, shuffle=False, see
         raise ValueError(
             f"{len(examples)} training example(s) do not fill one batch of {batch_size}; lower the batch size or give more data"
         )
-    arrays = examples.arrays()
-    if getattr(distribution, "prepare", None) is not None:
-        arrays = [np.asarray(array) for array in distribution.prepare(*arrays)]
-    token_ids, labels, sample_weight = arrays
+    arrays = (examples.inputs(), examples.labels, examples.sample_weight)
+    if getattr(distribution, "prepare", None) is not None:  # the balanced sequence order, segment ids too
+        arrays = keras.tree.map_structure(np.asarray, tuple(distribution.prepare(*arrays)))
+    inputs, labels, sample_weight = arrays
     return _TokenBatches(
-        token_ids,
+        inputs,
         (labels, sample_weight),
         batch_size=batch_size,
         multiple_of=replicas,
@@ -237,10 +238,10 @@ def heldout_loss(model, examples, *, batch_size, distribution=None):
     batches = token_batches(examples.padded_to(batch_size), batch_size=batch_size, distribution=distribution)
     total, count = 0.0, 0.0
     for index in range(len(batches)):
-        token_ids, labels, sample_weight = batches[index]
+        inputs, labels, sample_weight = batches[index]
         tokens = float(sample_weight.sum())
         if tokens:
-            total += tokens * float(model.test_on_batch(token_ids, labels, sample_weight=sample_weight))
+            total += tokens * float(model.test_on_batch(inputs, labels, sample_weight=sample_weight))
             count += tokens
     if not count:
         raise ValueError("the held-out examples have no label in the loss")
@@ -441,16 +442,24 @@ def lm_data(config, preprocessor, report=print):
     language-modelling ``config.dataset`` (its validation split); ``train_examples`` /
     ``test_examples`` keep the first N of each."""
     if config.data_file:
-        examples = load_lm_file(config.data_file, preprocessor)
+        examples = load_lm_file(config.data_file, preprocessor, packing=config.packing)
         if config.validation_file:
-            train, held_out = examples, load_lm_file(config.validation_file, preprocessor)
+            train, held_out = examples, load_lm_file(config.validation_file, preprocessor, packing=config.packing)
         else:
             train, held_out = split_held_out(examples, config.validation_fraction)
     else:
         text = dataset_text(config.dataset, "train", data_dir=config.data_dir)  # refuses a classification dataset
-        train = pack_texts([text], preprocessor)
-        held_out = pack_texts([dataset_text(config.dataset, "validation", data_dir=config.data_dir)], preprocessor)
+        train = pack_texts([text], preprocessor, segments=config.packing)
+        held_out = pack_texts(
+            [dataset_text(config.dataset, "validation", data_dir=config.data_dir)],
+            preprocessor,
+            segments=config.packing,
+        )
     train, held_out = train[: config.train_examples], held_out[: config.test_examples]
+    if config.packing:
+        train, held_out = (
+            packed(examples, name, report) for examples, name in ((train, "training"), (held_out, "held-out"))
+        )
     report(
         f"data {_data_source(config)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
         f"{len(held_out)} held out ({held_out.loss_tokens:,})"
@@ -458,7 +467,20 @@ def lm_data(config, preprocessor, report=print):
     return train, (held_out if len(held_out) else None)
 
 
-def load_lm_file(path, preprocessor):
+def packed(examples, name, report=print):
+    """``examples`` packed (``zoo.data.pack_examples``; windows of text already in rows keep
+    their rows), with a line saying the padding before and after."""
+    if not len(examples) or examples.segment_ids is not None:
+        return examples
+    result = pack_examples(examples)
+    report(
+        f"packing {name}: {len(examples)} rows -> {len(result)}, padding {padding_fraction(examples):.1%} -> "
+        f"{padding_fraction(result):.1%} of the tokens"
+    )
+    return result
+
+
+def load_lm_file(path, preprocessor, *, packing=False):
     """``LMExamples`` of a data file: ``{"messages": [...]}`` JSONL through the tokenizer's
     chat template, the loss on the assistant turns (``zoo.data.chat_files``); any other
     JSONL or text as ``zoo.data.text_files`` reads it."""
@@ -469,7 +491,7 @@ def load_lm_file(path, preprocessor):
                 f"({type(preprocessor.tokenizer).__name__}) has none; give --chat-template FILE (a Jinja template)"
             )
         return load_chat_file(path, preprocessor)
-    return load_text_file(path, preprocessor)
+    return load_text_file(path, preprocessor, segments=packing)
 
 
 def _data_source(config):

@@ -19,7 +19,12 @@ class GPTBackbone(ZooModel):
     """Token embedding, ``num_layers`` causal pre-norm ``TransformerBlock``s, final norm.
 
     ``token_ids (B, T) int32 -> hidden states (B, T, C)``; T may vary between calls (the
-    functional graph has a None sequence length). Attention is causal with rotary
+    functional graph has a None sequence length). Packed rows (several documents per row,
+    ``zoo.data.pack_examples``): ``{"token_ids": (B, T), "segment_ids": (B, T)}``, the
+    document of each token (1, 2, ...; 0 = padding), and every block's attention stays
+    within a document, on every layout. Positions need not restart per document: the
+    rotary embedding makes a query-key score depend on their distance only, so each
+    document computes what it computes alone (to float32 rounding of the angles). Attention is causal with rotary
     position embedding (no learned positions) and grouped-query heads when
     ``num_key_value_heads < num_query_heads``. Argument names are keras-hub's
     ``LlamaBackbone``'s where the idea is the same.
@@ -230,6 +235,23 @@ class GPTBackbone(ZooModel):
             **{**moe, "shared_expert_dim": shared_expert_dim or 0, "normalize_router_weights": bool(normalize_router_weights)},
         )  # fmt: skip
 
+    def call(self, inputs, training=None, mask=None):
+        """The functional graph on token_ids (B, T); on a dict with ``segment_ids`` the
+        same layers, each block told the documents (B, T, C)."""
+        if not isinstance(inputs, dict):
+            return super().call(inputs, training=training, mask=mask)
+        token_ids, segment_ids = packed_inputs(inputs, self.name)
+        x = self.token_embedding(token_ids)  # (B, T, C)
+        if self.scale_embeddings:
+            x = self.get_layer("embedding_scale")(x)
+        x = self.get_layer("embedding_dropout")(x, training=training)
+        if self.schedule is not None:
+            x = self.pipelined_blocks(x, training=training, segment_ids=segment_ids)
+        else:
+            for block in self.blocks:
+                x = block(x, training=training, segment_ids=segment_ids)  # (B, T, C)
+        return self.final_norm(x)  # (B, T, C)
+
     def get_config(self):
         """The ``__init__`` arguments, with ``context_attention`` the kernel the blocks use:
         one recorded under a ``ContextParallel`` (``ring``, say) is saved, not ``None``."""
@@ -401,3 +423,21 @@ def check_config(*, mlp, norm, dropout, num_query_heads, num_key_value_heads, he
         raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+
+
+PACKED_KEYS = ("token_ids", "segment_ids")
+
+
+def packed_inputs(inputs, name):
+    """``(token_ids, segment_ids)`` of a packed batch ``{"token_ids", "segment_ids"}``, both
+    (B, T); raises naming the keys or the shapes that do not fit."""
+    if set(inputs) != set(PACKED_KEYS):
+        raise ValueError(
+            f"{name}: a dict input holds exactly {list(PACKED_KEYS)} (packed rows), got keys {sorted(inputs)}"
+        )
+    token_ids, segment_ids = inputs["token_ids"], inputs["segment_ids"]
+    if tuple(token_ids.shape) != tuple(segment_ids.shape) or len(token_ids.shape) != 2:
+        raise ValueError(
+            f"{name}: token_ids {tuple(token_ids.shape)} and segment_ids {tuple(segment_ids.shape)} must both be (B, T)"
+        )
+    return token_ids, segment_ids
