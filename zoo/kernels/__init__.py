@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 # Tensor parallelism (Megatron column/row-parallel dense layers, the sequence-parallel
-# pair and collective matmuls). Shapes there: D model width, F hidden features, N the
+# pair and collective matmuls). Shapes there: C model width, F hidden features, N the
 # size of the mesh axis the features (or the sequence) are split over.
 from zoo.kernels.collective_matmul import all_gather_matmul, matmul_reduce_scatter  # noqa: E402
 from zoo.kernels.tensor_parallel import (  # noqa: E402

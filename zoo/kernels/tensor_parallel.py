@@ -1,22 +1,22 @@
 """Megatron tensor parallelism: dense layers whose weights are split over a mesh axis.
 
 Call these inside ``jax.shard_map``; each sees one shard. Letters: B batch, T sequence,
-D model width (the MLP's input and output features), F hidden (MLP) features, N size of
-the mesh axis ``axis_name``. Global shapes are written ``[B, T, D]``, what one device
-holds ``[B, T/N, D]`` or ``[D, F/N]``.
+C model width (the MLP's input and output features), F hidden (MLP) features, N size of
+the mesh axis ``axis_name``. Global shapes are written ``[B, T, C]``, what one device
+holds ``[B, T/N, C]`` or ``[C, F/N]``.
 
 =============================  ===============  ===============  ===================
 kernel                         x on one device  kernel           out on one device
 =============================  ===============  ===============  ===================
-column_parallel_matmul         [..., D]         [D, F/N]         [..., F/N]
-row_parallel_matmul            [..., F/N]       [F/N, D]         [..., D] (psum)
-  with scatter_axis=1          [B, T, F/N]      [F/N, D]         [B, T/N, D]
-sequence_parallel_column_...   [B, T/N, D]      [D, F/N]         [B, T, F/N]
-sequence_parallel_row_...      [B, T, F/N]      [F/N, D]         [B, T/N, D]
+column_parallel_matmul         [..., C]         [C, F/N]         [..., F/N]
+row_parallel_matmul            [..., F/N]       [F/N, C]         [..., C] (psum)
+  with scatter_axis=1          [B, T, F/N]      [F/N, C]         [B, T/N, C]
+sequence_parallel_column_...   [B, T/N, C]      [C, F/N]         [B, T, F/N]
+sequence_parallel_row_...      [B, T, F/N]      [F/N, C]         [B, T/N, C]
 =============================  ===============  ===============  ===================
 
 Paired as column -> row (Megatron's MLP) the hidden activation never leaves its device:
-the forward needs one all-reduce of the ``[B, T, D]`` output (or, sequence-parallel,
+the forward needs one all-reduce of the ``[B, T, C]`` output (or, sequence-parallel,
 one all-gather of the input and one reduce-scatter of the output: the same bytes), and
 the backward the transposes: an all-reduce of d(input) (or a reduce-scatter of it and
 an all-gather of d(output)). ``jax.shard_map`` inserts those backward collectives
@@ -57,7 +57,7 @@ def check_divisible(size, *, axis_size, axis_name="model", what="features"):
 
 
 def dense_reference(x, kernel, *, bias=None):
-    """Single-device dense layer: x [..., D] @ kernel [D, F] (+ bias [F]) -> [..., F]."""
+    """Single-device dense layer: x [..., C] @ kernel [C, F] (+ bias [F]) -> [..., F]."""
     y = jnp.matmul(x, kernel)
     return y if bias is None else y + bias
 
@@ -65,8 +65,8 @@ def dense_reference(x, kernel, *, bias=None):
 def column_parallel_matmul(x, kernel, *, axis_name, bias=None):
     """Column-parallel dense: the kernel is split on its output features.
 
-    Global: x [..., D] @ kernel [D, F] -> [..., F]. One device: x [..., D] (the whole
-    input, replicated over ``axis_name``), kernel [D, F/N], bias [F/N] -> [..., F/N],
+    Global: x [..., C] @ kernel [C, F] -> [..., F]. One device: x [..., C] (the whole
+    input, replicated over ``axis_name``), kernel [C, F/N], bias [F/N] -> [..., F/N],
     its own slice of the output features. No communication forward; the backward
     all-reduces d(x) over ``axis_name`` (shard_map does it: x is replicated).
     """
@@ -77,22 +77,22 @@ def column_parallel_matmul(x, kernel, *, axis_name, bias=None):
 def row_parallel_matmul(x, kernel, *, axis_name, bias=None, scatter_axis=None):
     """Row-parallel dense: the kernel is split on its input features.
 
-    Global: x [..., F] @ kernel [F, D] -> [..., D]. One device: x [..., F/N] (its
-    slice of the input features, e.g. a column-parallel output), kernel [F/N, D]
-    -> a partial sum [..., D], summed over ``axis_name``:
+    Global: x [..., F] @ kernel [F, C] -> [..., C]. One device: x [..., F/N] (its
+    slice of the input features, e.g. a column-parallel output), kernel [F/N, C]
+    -> a partial sum [..., C], summed over ``axis_name``:
 
-    - ``scatter_axis=None``: ``psum`` (all-reduce); every device gets [..., D].
+    - ``scatter_axis=None``: ``psum`` (all-reduce); every device gets [..., C].
     - ``scatter_axis=k``: ``psum_scatter`` (reduce-scatter) along dimension k; each
-      device gets 1/N of it, e.g. [B, T/N, D] for k = 1 (sequence parallelism).
+      device gets 1/N of it, e.g. [B, T/N, C] for k = 1 (sequence parallelism).
 
-    The bias [D] (replicated) is added once, after the reduction.
+    The bias [C] (replicated) is added once, after the reduction.
     """
     _check_kernel(x, kernel, axis_name=axis_name, split="input")
-    partial = jnp.matmul(x, kernel)  # [..., D], this device's share of the sum
+    partial = jnp.matmul(x, kernel)  # [..., C], this device's share of the sum
     if scatter_axis is None:
-        y = _psum(partial, axis_name)  # [..., D]
+        y = _psum(partial, axis_name)  # [..., C]
     else:
-        y = _psum_scatter(partial, axis_name, scatter_axis)  # [B, T/N, D]
+        y = _psum_scatter(partial, axis_name, scatter_axis)  # [B, T/N, C]
     return y if bias is None else y + bias
 
 
@@ -125,8 +125,8 @@ def _all_gather(x, axis_name, dimension):
 def sequence_parallel_column_matmul(x, kernel, *, axis_name, sequence_axis=1, bias=None, collective=False):
     """Sequence-parallel column dense: all-gather the sequence, then ``column_parallel_matmul``.
 
-    Global: x [B, T, D] @ kernel [D, F] -> [B, T, F]. One device: x [B, T/N, D] (its
-    slice of the sequence), kernel [D, F/N] -> [B, T, F/N]. Forward: one all-gather of
+    Global: x [B, T, C] @ kernel [C, F] -> [B, T, F]. One device: x [B, T/N, C] (its
+    slice of the sequence), kernel [C, F/N] -> [B, T, F/N]. Forward: one all-gather of
     x over ``axis_name``; backward: its transpose, a reduce-scatter of d(x).
 
     ``collective=True`` overlaps the all-gather with the matmul in N chunks
@@ -137,22 +137,22 @@ def sequence_parallel_column_matmul(x, kernel, *, axis_name, sequence_axis=1, bi
     if collective:
         y = all_gather_matmul(x, kernel, axis_name=axis_name, axis=sequence_axis)  # [B, T, F/N]
         return y if bias is None else y + bias
-    x_all = _all_gather(x, axis_name, sequence_axis)  # [B, T, D]
+    x_all = _all_gather(x, axis_name, sequence_axis)  # [B, T, C]
     return dense_reference(x_all, kernel, bias=bias)  # [B, T, F/N]
 
 
 def sequence_parallel_row_matmul(x, kernel, *, axis_name, sequence_axis=1, bias=None, collective=False):
     """Sequence-parallel row dense: ``row_parallel_matmul`` reduce-scattered over the sequence.
 
-    Global: x [B, T, F] @ kernel [F, D] -> [B, T, D]. One device: x [B, T, F/N],
-    kernel [F/N, D] -> [B, T/N, D]. Forward: one reduce-scatter; backward: its
+    Global: x [B, T, F] @ kernel [F, C] -> [B, T, C]. One device: x [B, T, F/N],
+    kernel [F/N, C] -> [B, T/N, C]. Forward: one reduce-scatter; backward: its
     transpose, an all-gather of d(out). ``collective=True`` overlaps the
     reduce-scatter with the matmul (``collective_matmul.matmul_reduce_scatter``).
     """
     if not collective:
         return row_parallel_matmul(x, kernel, axis_name=axis_name, bias=bias, scatter_axis=sequence_axis)
     _check_kernel(x, kernel, axis_name=axis_name, split="input")
-    y = matmul_reduce_scatter(x, kernel, axis_name=axis_name, axis=sequence_axis)  # [B, T/N, D]
+    y = matmul_reduce_scatter(x, kernel, axis_name=axis_name, axis=sequence_axis)  # [B, T/N, C]
     return y if bias is None else y + bias
 
 
@@ -173,13 +173,13 @@ def tensor_parallel_mlp(
 ):
     """Megatron MLP on one shard: column-parallel up (and gate), row-parallel down.
 
-    Global: x [B, T, D]; up/gate kernels [D, F]; down kernel [F, D]; out [B, T, D]:
+    Global: x [B, T, C]; up/gate kernels [C, F]; down kernel [F, C]; out [B, T, C]:
     ``down(activation(x @ up))``, or gated ``down(activation(x @ gate) * (x @ up))``.
-    One device holds up/gate [D, F/N] (+ bias [F/N]), down [F/N, D] (+ bias [D]) and
+    One device holds up/gate [C, F/N] (+ bias [F/N]), down [F/N, C] (+ bias [C]) and
     the hidden activation [B, T, F/N]: it never moves.
 
-    - ``megatron_sp=False``: x [B, T, D] -> [B, T, D]; one all-reduce forward.
-    - ``megatron_sp=True``: x [B, T/N, D] -> [B, T/N, D]; one all-gather of x
+    - ``megatron_sp=False``: x [B, T, C] -> [B, T, C]; one all-reduce forward.
+    - ``megatron_sp=True``: x [B, T/N, C] -> [B, T/N, C]; one all-gather of x
       (shared by up and gate) and one reduce-scatter forward. With ``collective``
       both are overlapped with the matmuls (``collective_matmul``).
 
@@ -209,7 +209,7 @@ def tensor_parallel_mlp(
         megatron_sp=megatron_sp,
         collective=collective,
         sequence_axis=sequence_axis,
-    )  # [B, T/N, D] or [B, T, D]
+    )  # [B, T/N, C] or [B, T, C]
 
 
 def mlp_up_projections(
@@ -226,7 +226,7 @@ def mlp_up_projections(
 ):
     """The column-parallel half of ``tensor_parallel_mlp`` on one shard: ``[up]`` or ``[gate, up]``.
 
-    x [B, T, D] (or, sequence-parallel, [B, T/N, D]) -> a list of [B, T, F/N], this
+    x [B, T, C] (or, sequence-parallel, [B, T/N, C]) -> a list of [B, T, F/N], this
     device's hidden features; the projections share one all-gather of x (sequence
     parallel) or one varying cast of x (one all-reduce of d(x) in the backward).
     """
@@ -258,16 +258,16 @@ def mlp_down_projection(
 ):
     """The row-parallel half of ``tensor_parallel_mlp`` on one shard.
 
-    h [B, T, F/N] -> [B, T, D] (one all-reduce) or, sequence-parallel, [B, T/N, D]
+    h [B, T, F/N] -> [B, T, C] (one all-reduce) or, sequence-parallel, [B, T/N, C]
     (one reduce-scatter, overlapped with the matmul when ``collective``).
     """
     if megatron_sp:
         return sequence_parallel_row_matmul(
             h, down_kernel, axis_name=axis_name, sequence_axis=sequence_axis, bias=down_bias, collective=collective
-        )  # [B, T/N, D]
+        )  # [B, T/N, C]
     if collective:
         raise ValueError("collective matmul overlaps the sequence reduce-scatter: it needs megatron_sp=True")
-    return row_parallel_matmul(h, down_kernel, axis_name=axis_name, bias=down_bias)  # [B, T, D]
+    return row_parallel_matmul(h, down_kernel, axis_name=axis_name, bias=down_bias)  # [B, T, C]
 
 
 def _up_projections(x, kernels, biases, axis_name, megatron_sp, collective, sequence_axis):
@@ -277,22 +277,22 @@ def _up_projections(x, kernels, biases, axis_name, megatron_sp, collective, sequ
             x = vary_over(x, axis_name)  # one cast: the backward all-reduces d(x) once, not per kernel
         return [column_parallel_matmul(x, k, axis_name=axis_name, bias=b) for k, b in zip(kernels, biases)]
     if collective:
-        # One overlapped gather for all: kernels side by side, [D, F/N] x k -> [D, k F/N].
+        # One overlapped gather for all: n kernels [C, F/N] side by side -> [C, n F/N].
         joined = jnp.concatenate(kernels, axis=-1)
-        y = all_gather_matmul(x, joined, axis_name=axis_name, axis=sequence_axis)  # [B, T, k F/N]
+        y = all_gather_matmul(x, joined, axis_name=axis_name, axis=sequence_axis)  # [B, T, n F/N]
         parts = jnp.split(y, len(kernels), axis=-1)
         return [p if b is None else p + b for p, b in zip(parts, biases)]
-    x_all = _all_gather(x, axis_name, sequence_axis)  # [B, T, D]
+    x_all = _all_gather(x, axis_name, sequence_axis)  # [B, T, C]
     return [dense_reference(x_all, k, bias=b) for k, b in zip(kernels, biases)]
 
 
 def mlp_reference(
     x, *, up_kernel, down_kernel, activation, gate_kernel=None, up_bias=None, gate_bias=None, down_bias=None
 ):
-    """Single-device MLP with the maths of ``tensor_parallel_mlp``: x [..., D] -> [..., D]."""
+    """Single-device MLP with the maths of ``tensor_parallel_mlp``: x [..., C] -> [..., C]."""
     up = dense_reference(x, up_kernel, bias=up_bias)  # [..., F]
     h = activation(up) if gate_kernel is None else activation(dense_reference(x, gate_kernel, bias=gate_bias)) * up
-    return dense_reference(h, down_kernel, bias=down_bias)  # [..., D]
+    return dense_reference(h, down_kernel, bias=down_bias)  # [..., C]
 
 
 def _check_kernel(x, kernel, *, axis_name, split):

@@ -89,7 +89,7 @@ class ParallelPlan:
 
     @property
     def tensor_parallel(self):
-        """Whether the tensor-parallel layers split over a model axis (M > 1)."""
+        """Whether the tensor-parallel layers split over a model axis (N > 1)."""
         return self.model_axis is not None
 
     def layout(self, axes):

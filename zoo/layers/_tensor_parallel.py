@@ -63,8 +63,9 @@ def activation_spec(plan, rank, *, sequence=False, features=False):
     sequence (dim 1) or the features (last dim) over the model axis.
 
     Under context parallelism dim 1 of a rank >= 3 activation is also split over the
-    plan's sequence axis: (B/Nd, T/Ns, ...), or (B/Nd, T/(Ns*M), ...) with ``sequence``
-    (the sequence axis major: each model shard holds a slice of its seq shard)."""
+    plan's sequence axis: (B/Nd, T/Ns, ...), or (B/Nd, T/(Ns*N), ...) with ``sequence``
+    (N the model axis' size; the sequence axis major: each model shard holds a slice of
+    its seq shard)."""
     spec = [None] * rank
     spec[0] = plan.batch_axis
     if plan.sequence_axis is not None and rank >= 3:
@@ -136,7 +137,7 @@ def gather_weight(value, axes, plan):
     """Inside the shard_map: a weight's shard all-gathered over the plan's weight-shard
     axis on the dimension its ``axes`` split over it; unchanged without one.
 
-    E.g. a column kernel f32[C/Nw, F/M] -> f32[C, F/M]. The transpose of the tiled
+    E.g. a column kernel f32[C/Nw, F/N] -> f32[C, F/N]. The transpose of the tiled
     all-gather is a reduce-scatter: the gradient leaves the body split as the weight is.
     The shard is first made varying over the batch axis, so the gradient's sum over the
     batch runs on the shard (1/Nw of the bytes) rather than on the gathered weight.
@@ -372,19 +373,19 @@ def factored_lora_call(layer, inputs, training=None):
 def column_lora(x, lora, *, axis_name, megatron_sp):
     """Inside a column-parallel shard_map: this shard's factored LoRA update.
 
-    x [B, T, C] (Megatron SP: [B, T/M, C]), a [C, r] whole, b [r, F/M] -> [B, T, F/M].
-    Sequence-parallel, the rank-r (x @ a) [B, T/M, r] is all-gathered over the sequence,
+    x [B, T, C] (Megatron SP: [B, T/N, C]), a [C, r] whole, b [r, F/N] -> [B, T, F/N].
+    Sequence-parallel, the rank-r (x @ a) [B, T/N, r] is all-gathered over the sequence,
     not x (the main matmul gathers x itself); its transpose reduce-scatters r-wide."""
     a, b, scale = lora
-    low = jnp.matmul(x, a) * scale  # [B, T(/M), r]
+    low = jnp.matmul(x, a) * scale  # [B, T(/N), r]
     if megatron_sp:
         low = jax.lax.all_gather(low, axis_name, axis=1, tiled=True)  # [B, T, r]
-    return jnp.matmul(low, b)  # [B, T, F/M]
+    return jnp.matmul(low, b)  # [B, T, F/N]
 
 
 def row_matmul_with_lora(x, kernel, lora, *, axis_name, bias=None, megatron_sp=False, collective=False):
-    """Row-parallel x [B, T, F/M] @ kernel [F/M, C] + (alpha / r) (x @ a) @ b, a [F/M, r]
-    this shard's, b [r, C] whole -> [B, T, C] (Megatron SP: [B, T/M, C]).
+    """Row-parallel x [B, T, F/N] @ kernel [F/N, C] + (alpha / r) (x @ a) @ b, a [F/N, r]
+    this shard's, b [r, C] whole -> [B, T, C] (Megatron SP: [B, T/N, C]).
 
     The update is added to this device's partial sum before the one all-reduce (SP:
     reduce-scatter), so LoRA adds no collective to the forward; with the overlapped
@@ -393,11 +394,11 @@ def row_matmul_with_lora(x, kernel, lora, *, axis_name, bias=None, megatron_sp=F
     a, b, scale = lora
     low = jnp.matmul(x, a) * scale  # [B, T, r], this shard's share of the sum
     if megatron_sp and collective:
-        y = sequence_parallel_row_matmul(x, kernel, axis_name=axis_name, bias=bias, collective=True)  # [B, T/M, C]
+        y = sequence_parallel_row_matmul(x, kernel, axis_name=axis_name, bias=bias, collective=True)  # [B, T/N, C]
         return y + jnp.matmul(jax.lax.psum_scatter(low, axis_name, scatter_dimension=1, tiled=True), b)
     partial = jnp.matmul(x, kernel) + jnp.matmul(low, b)  # [B, T, C], this device's share of the sum
     if megatron_sp:
-        y = jax.lax.psum_scatter(partial, axis_name, scatter_dimension=1, tiled=True)  # [B, T/M, C]
+        y = jax.lax.psum_scatter(partial, axis_name, scatter_dimension=1, tiled=True)  # [B, T/N, C]
     else:
         y = jax.lax.psum(partial, axis_name)  # [B, T, C]
     return y if bias is None else y + bias

@@ -1,24 +1,25 @@
 """Megatron tensor-parallel self-attention: one ``shard_map`` from x to the attention output.
 
 ``MultiHeadAttention`` takes this path when its plan (``zoo.layers._parallel_plan``)
-splits its model axis over M > 1 devices and has no sequence axis (no ``ContextParallel``
+splits its model axis over N > 1 devices and has no sequence axis (no ``ContextParallel``
 sequence axis of size > 1, no axis of size > 1 named by the layer's ``sequence_axis``);
 otherwise its projections run as ordinary ``EinsumDense`` layers (GSPMD).
 
-One device, letters as in ``docs/tensor_parallel.md`` (B batch, T sequence, C
-channels, H query heads, K KV heads, D head_dim, Nd the batch axis' size):
+One device, letters as in ``docs/architecture.md`` (B batch, T sequence, C model
+width, H query heads, K KV heads, D head_dim, N the model axis' size, Nd the batch
+axis' size):
 
 =================================  =========================  ==============================
 step                               shapes on one device       communication over ``model``
 =================================  =========================  ==============================
 x                                  f32[B/Nd, T, C]            none (replicated)
-  (Megatron SP) x                  f32[B/Nd, T/M, C]          all-gather (T/M -> T)
-q = x @ query (column-parallel)    f32[B/Nd, T, H/M, D]       none
-k, v = x @ key, value              f32[B/Nd, T, K/M or 1, D]  none
+  (Megatron SP) x                  f32[B/Nd, T/N, C]          all-gather (T/N -> T)
+q = x @ query (column-parallel)    f32[B/Nd, T, H/N, D]       none
+k, v = x @ key, value              f32[B/Nd, T, K/N or 1, D]  none
   (qk_norm) RMSNorm over D of q, k  the same                   none (scales (D,) replicated)
-attention (``plain_attention``)    f32[B/Nd, T, H/M, D]       none
+attention (``plain_attention``)    f32[B/Nd, T, H/N, D]       none
 out = attention @ output (row)     f32[B/Nd, T, C] partial    psum (all-reduce)
-  (Megatron SP) out                f32[B/Nd, T/M, C]          psum_scatter (reduce-scatter)
+  (Megatron SP) out                f32[B/Nd, T/N, C]          psum_scatter (reduce-scatter)
 =================================  =========================  ==============================
 
 The backward is the transpose: ONE all-reduce of d(x) (x is cast to varying once, so
@@ -26,11 +27,11 @@ the q, k and v input gradients are summed on the device before a single collecti
 or, sequence-parallel, one reduce-scatter of d(x) and one all-gather of d(out). That is
 Megatron's minimum: two (B/Nd, T, C) all-reduces per attention block per step.
 
-KV heads: with K % M == 0 each device holds K/M KV heads. With fewer KV heads than the
-model axis (K < M, M % K == 0: Megatron's rule) the key and value kernels are
-replicated over ``model`` and each device slices out the one KV head its H/M query
+KV heads: with K % N == 0 each device holds K/N KV heads. With fewer KV heads than the
+model axis (K < N, N % K == 0: Megatron's rule) the key and value kernels are
+replicated over ``model`` and each device slices out the one KV head its H/N query
 heads use (query head h uses KV head h // (H/K); device m's heads all use KV head
-m // (M/K)); their gradients are summed over ``model`` (an all-reduce of the C x K x D
+m // (N/K)); their gradients are summed over ``model`` (an all-reduce of the C x K x D
 kernel, not of an activation). Neither dividing the other is an error naming both.
 
 Weights are created with their layouts (``AttentionProjection.add_weight``), as the
@@ -68,7 +69,7 @@ CHANNEL_DIMS = {"heads_out": {"kernel": 0}, "heads_in": {"kernel": 2}}
 
 
 def kv_heads_replicated(num_kv_heads, model_size):
-    """True when the KV heads are replicated over the model axis (K < M, M % K == 0)."""
+    """True when the KV heads are replicated over the model axis (K < N, N % K == 0)."""
     return num_kv_heads % model_size != 0
 
 
@@ -171,7 +172,7 @@ def attention(layer, plan, x, key_mask, segment_ids=None):
     check_input(layer, plan, x.shape, sequence=sequence)
     projections = (layer.query, layer.key, layer.value, layer.output_dense)
     weights, specs = zip(*(p.sharded_weights(plan) for p in projections))
-    x_spec = activation_spec(plan, 3, sequence=sequence)  # (B/Nd, T[/M], C)
+    x_spec = activation_spec(plan, 3, sequence=sequence)  # (B/Nd, T[/N], C)
     mask_spec = None if key_mask is None else P(plan.batch_axis, None)  # bool (B/Nd, T)
     ids_spec = None if segment_ids is None else P(plan.batch_axis, None)  # i32 (B/Nd, T)
     norms = qk_norm_scales(layer)  # {"query": f32[D], "key": f32[D]} or {}: whole on every device
@@ -199,7 +200,7 @@ def _normalize(layer, x, scale):
 
 
 def _local_attention(x, key_mask, segment_ids, weights, norms, *, layer, plan):
-    """One device: x f32[B/Nd, T, C] (Megatron SP: f32[B/Nd, T/M, C]) -> the same shape;
+    """One device: x f32[B/Nd, T, C] (Megatron SP: f32[B/Nd, T/N, C]) -> the same shape;
     key_mask bool[B/Nd, T], segment_ids i32[B/Nd, T] or None (all T tokens' ids)."""
     axis = plan.model_axis
     if layer.megatron_sp:
@@ -207,9 +208,9 @@ def _local_attention(x, key_mask, segment_ids, weights, norms, *, layer, plan):
     else:
         x = vary_over(x, axis)  # one cast: the backward sums d(x) of q, k, v here, then all-reduces once
     query, key, value, output = weights
-    q = _project(layer.query, x, query, plan)  # f32[B/Nd, T, H/M, D]
-    k = _project(layer.key, x, key, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
-    v = _project(layer.value, x, value, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/M or 1, D]
+    q = _project(layer.query, x, query, plan)  # f32[B/Nd, T, H/N, D]
+    k = _project(layer.key, x, key, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/N or 1, D]
+    v = _project(layer.value, x, value, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/N or 1, D]
     if norms:  # per head: each device normalises its own heads
         q, k = _normalize(layer, q, norms["query"]), _normalize(layer, k, norms["key"])
     out = _sequence_parallel.plain_attention(
@@ -227,15 +228,15 @@ def _local_attention(x, key_mask, segment_ids, weights, norms, *, layer, plan):
         scale=layer.attention_scale,
         softcap=layer.softcap,
         segment_ids=segment_ids,
-    )  # f32[B/Nd, T, H/M, D]
-    kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/M, D, C]
+    )  # f32[B/Nd, T, H/N, D]
+    kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/N, D, C]
     partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share
-    lora = layer.output_dense.local_lora(output)  # a f32[H/M, D, r], b f32[r, C]
+    lora = layer.output_dense.local_lora(output)  # a f32[H/N, D, r], b f32[r, C]
     if lora is not None:  # factored, summed with the heads' shares: no extra collective
         a, b, scale = lora
         partial = partial + jnp.matmul(jnp.einsum("bthd,hdr->btr", out, a) * scale, b)
     if layer.megatron_sp:
-        y = jax.lax.psum_scatter(partial, axis, scatter_dimension=1, tiled=True)  # f32[B/Nd, T/M, C]
+        y = jax.lax.psum_scatter(partial, axis, scatter_dimension=1, tiled=True)  # f32[B/Nd, T/N, C]
     else:
         y = jax.lax.psum(partial, axis)  # f32[B/Nd, T, C]
     return y if "bias" not in output else y + output["bias"]

@@ -31,18 +31,18 @@ class ParallelMLP(keras.layers.Layer):
     ``down(activation(up(x)))``, or with ``gated=True`` (GLU, e.g. GeGLU/SwiGLU)
     ``down(activation(gate(x)) * up(x))``. ``up``/``gate`` are ``ColumnParallelDense``
     and ``down`` a ``RowParallelDense``: under a distribution whose mesh has
-    ``model_axis`` (size M > 1) each device keeps 1/M of the hidden features, from
+    ``model_axis`` (size N > 1) each device keeps 1/N of the hidden features, from
     the up projection to the down projection (``zoo.kernels.tensor_parallel_mlp``, in
     two ``shard_map``s with the elementwise activation between them, where it moves
-    nothing): one all-reduce of the (B, T, D) output forward, one of d(input)
+    nothing): one all-reduce of the (B, T, C) output forward, one of d(input)
     backward. With ``megatron_sp=True`` the input and output are split over the
     sequence instead: one all-gather and one reduce-scatter
     (the same bytes), overlapped with the matmuls when ``collective_matmul=True``.
-    Without a distribution, or M = 1, it is the same maths with plain Dense layers.
+    Without a distribution, or N = 1, it is the same maths with plain Dense layers.
 
     Args:
         hidden_dim: hidden features F; must divide by the model-axis size.
-        output_dim: output features; defaults to the input features D.
+        output_dim: output features; defaults to the input features C.
         activation: applied to the up (or, gated, the gate) projection.
         gated: add a gate projection (GLU variants).
         use_bias: biases on every projection.
@@ -50,18 +50,18 @@ class ParallelMLP(keras.layers.Layer):
         megatron_sp, collective_matmul, model_axis: as in ``ColumnParallelDense``.
         lora_rank, lora_alpha: enable Keras LoRA on every projection when built.
 
-    Shapes: (B, T, D) -> (B, T, output_dim) (or any (B, ..., D) without sequence
-    parallelism). Sublayers and weights (F = hidden_dim, M = model-axis size):
+    Shapes: (B, T, C) -> (B, T, output_dim) (or any (B, ..., C) without sequence
+    parallelism). Sublayers and weights (F = hidden_dim, N = model-axis size):
 
     ===================  ==========  ===========
     path                 shape       layout
     ===================  ==========  ===========
-    <name>/gate/kernel   (D, F)      (-, model)   (gated only)
+    <name>/gate/kernel   (C, F)      (-, model)   (gated only)
     <name>/gate/bias     (F,)        (model,)     (gated only)
-    <name>/up/kernel     (D, F)      (-, model)
+    <name>/up/kernel     (C, F)      (-, model)
     <name>/up/bias       (F,)        (model,)
-    <name>/down/kernel   (F, D_out)  (model, -)
-    <name>/down/bias     (D_out,)    replicated
+    <name>/down/kernel   (F, C_out)  (model, -)
+    <name>/down/bias     (C_out,)    replicated
     ===================  ==========  ===========
 
     Under ``fsdp+tp`` (the distribution's ``weight_shard_axis``, see
@@ -150,14 +150,14 @@ class ParallelMLP(keras.layers.Layer):
         plan = tensor_parallel_plan(self.model_axis)
         if plan is None:
             hidden = self.up(inputs) if self.gate is None else self.gate(inputs) * self.up(inputs)  # (B, T, F)
-            return self.down(hidden)  # (B, T, D_out)
+            return self.down(hidden)  # (B, T, C_out)
         check_input(self, plan, inputs.shape, sequence=self.megatron_sp)
         for layer in self.projections:
             layer.check_features(inputs.shape[-1] if layer is not self.down else self.hidden_dim, plan)
         weights, specs = zip(*(layer.sharded_weights(plan) for layer in self.projections))
         rank = len(inputs.shape)
-        spec = activation_spec(plan, rank, sequence=self.megatron_sp)  # (B, T[/M], ..., D)
-        hidden_spec = activation_spec(plan, rank, features=True)  # (B, T, ..., F/M)
+        spec = activation_spec(plan, rank, sequence=self.megatron_sp)  # (B, T[/N], ..., C)
+        hidden_spec = activation_spec(plan, rank, features=True)  # (B, T, ..., F/N)
         ups = len(self.projections) - 1
         hidden = run_sharded(
             plan,
@@ -173,7 +173,7 @@ class ParallelMLP(keras.layers.Layer):
         return run_sharded(plan, self._local_down, (h, weights[ups]), (hidden_spec, specs[ups]), spec, plan=plan)
 
     def _local_up(self, x, weights, plan):
-        """One shard: x [B, T, D] (or [B, T/M, D]) -> [[gate,] up], each [B, T, F/M].
+        """One shard: x [B, T, C] (or [B, T/N, C]) -> [[gate,] up], each [B, T, F/N].
         With LoRA each adds its factored update (``column_lora``)."""
         named = dict(zip([layer.name for layer in self.projections], weights))
         kernels = {name: layer.local_kernel(named[name], plan) for name, layer in zip(named, self.projections)}
@@ -182,8 +182,8 @@ class ParallelMLP(keras.layers.Layer):
             x = vary_over(x, self.model_axis)  # one cast for every matmul of x: one all-reduce of d(x)
         hidden = mlp_up_projections(
             x,
-            up_kernel=kernels["up"],  # [D, F/M]
-            gate_kernel=kernels.get("gate"),  # [D, F/M] or None
+            up_kernel=kernels["up"],  # [C, F/N]
+            gate_kernel=kernels.get("gate"),  # [C, F/N] or None
             up_bias=named["up"].get("bias"),
             gate_bias=named["gate"].get("bias") if "gate" in named else None,
             axis_name=self.model_axis,
@@ -196,7 +196,7 @@ class ParallelMLP(keras.layers.Layer):
         ]
 
     def _local_down(self, h, weights, plan):
-        """One shard: h [B, T, F/M] -> [B, T, D_out] (or [B, T/M, D_out]); with LoRA the
+        """One shard: h [B, T, F/N] -> [B, T, C_out] (or [B, T/N, C_out]); with LoRA the
         factored update joins the partial sums before their one reduction."""
         lora = self.down.local_lora(weights)
         if lora is not None:
@@ -211,7 +211,7 @@ class ParallelMLP(keras.layers.Layer):
             )
         return mlp_down_projection(
             h,
-            down_kernel=self.down.local_kernel(weights, plan),  # [F/M, D_out]
+            down_kernel=self.down.local_kernel(weights, plan),  # [F/N, C_out]
             down_bias=weights.get("bias"),
             axis_name=self.model_axis,
             megatron_sp=self.megatron_sp,

@@ -18,23 +18,23 @@ from zoo.layers._tensor_parallel import (
 class RowParallelDense(_TensorParallelDense):
     """Megatron's row-parallel linear layer, as a ``keras.layers.Dense``.
 
-    Under a distribution whose mesh has ``model_axis`` (size M > 1) each device holds
-    kernel [D_in/M, units] and multiplies its slice of the input features, e.g. a
+    Under a distribution whose mesh has ``model_axis`` (size N > 1) each device holds
+    kernel [C_in/N, units] and multiplies its slice of the input features, e.g. a
     ``ColumnParallelDense`` output that never left its device; the partial sums are
     all-reduced over the model axis (one collective forward, none backward), then the
-    bias (replicated) is added. With no distribution, or no such axis, or M = 1, it
+    bias (replicated) is added. With no distribution, or no such axis, or N = 1, it
     is a ``Dense`` with the same numbers.
 
-    Shapes (global): inputs (B, ..., D_in), split over the model axis on the last
+    Shapes (global): inputs (B, ..., C_in), split over the model axis on the last
     dimension (a replicated input is sliced locally, no communication) -> outputs
     (B, ..., units), replicated over the model axis. With ``megatron_sp=True``
-    the sum is reduce-scattered over the sequence instead: (B, T, D_in/M) per device
-    -> (B, T/M, units).
+    the sum is reduce-scattered over the sequence instead: (B, T, C_in/N) per device
+    -> (B, T/N, units).
 
     Args:
         units: output features.
         megatron_sp: reduce-scatter the output over the sequence (dim 1).
-        collective_matmul: overlap that reduce-scatter with the matmul in M chunks
+        collective_matmul: overlap that reduce-scatter with the matmul in N chunks
             (``zoo.kernels.matmul_reduce_scatter``); needs ``megatron_sp``.
         model_axis: the mesh axis the kernel is split over.
         **kwargs: everything ``keras.layers.Dense`` takes.
@@ -44,13 +44,13 @@ class RowParallelDense(_TensorParallelDense):
     =============  =============  ==========
     weight         shape          layout
     =============  =============  ==========
-    kernel         (D_in, units)  (model, -)
+    kernel         (C_in, units)  (model, -)
     bias           (units,)       replicated
-    lora_kernel_a  (D_in, r)      (model, -)
+    lora_kernel_a  (C_in, r)      (model, -)
     lora_kernel_b  (r, units)     replicated
     =============  =============  ==========
 
-    Input features D_in must divide by the model-axis size. Under ``fsdp+tp`` (the
+    Input features C_in must divide by the model-axis size. Under ``fsdp+tp`` (the
     distribution's ``weight_shard_axis``) the kernel is (model, data): also split over
     ``data`` on its units, all-gathered over it inside the ``shard_map`` just in time.
     """
@@ -65,12 +65,12 @@ class RowParallelDense(_TensorParallelDense):
     KIND = "row-parallel Dense"
 
     def activation_specs(self, plan, rank):
-        inputs = activation_spec(plan, rank, features=True)  # (B, T, ..., D_in/M)
-        return inputs, activation_spec(plan, rank, sequence=self.megatron_sp)  # (B, T[/M], ..., units)
+        inputs = activation_spec(plan, rank, features=True)  # (B, T, ..., C_in/N)
+        return inputs, activation_spec(plan, rank, sequence=self.megatron_sp)  # (B, T[/N], ..., units)
 
     def _local_call(self, x, weights, plan):
-        kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [D_in/M, units], [units]
-        lora = self.local_lora(weights)  # (a [D_in/M, r], b [r, units], alpha / r) or None
+        kernel, bias = self.local_kernel(weights, plan), weights.get("bias")  # [C_in/N, units], [units]
+        lora = self.local_lora(weights)  # (a [C_in/N, r], b [r, units], alpha / r) or None
         if lora is not None:  # factored, summed with the partial products: no extra collective
             return row_matmul_with_lora(
                 x,
@@ -84,7 +84,7 @@ class RowParallelDense(_TensorParallelDense):
         if self.megatron_sp:
             return sequence_parallel_row_matmul(
                 x, kernel, axis_name=self.model_axis, bias=bias, collective=self.collective_matmul
-            )  # [B, T/M, units]
+            )  # [B, T/N, units]
         return row_parallel_matmul(x, kernel, axis_name=self.model_axis, bias=bias)  # [B, ..., units]
 
     def collectives(self):

@@ -78,7 +78,7 @@ class TransformerBlock(keras.layers.Layer):
         megatron_sp: Megatron sequence parallelism for tensor parallelism: the
             MLP takes and returns activations split on the sequence over ``model_axis``
             (one all-gather and one reduce-scatter instead of one all-reduce), so the
-            norms and dropout run on 1/M of the tokens.
+            norms and dropout run on 1/N of the tokens.
         model_axis: the mesh axis tensor parallelism splits over.
         kernel_initializer: for every projection.
         seed: seed of the dropout layers' random streams.
@@ -369,9 +369,9 @@ class TransformerBlock(keras.layers.Layer):
         return x + self.mlp_dropout(transformed, training=training), cache  # (B, T, C)
 
     def _split_sequence(self, x):
-        """With ``megatron_sp`` under a model axis of size M > 1, lay the residual
-        stream out as (B/data, T/M, C): the norms, dropout and residual adds then run on
-        1/M of the tokens, and GSPMD turns the attention output's all-reduce into a
+        """With ``megatron_sp`` under a model axis of size N > 1, lay the residual
+        stream out as (B/data, T/N, C): the norms, dropout and residual adds then run on
+        1/N of the tokens, and GSPMD turns the attention output's all-reduce into a
         reduce-scatter (Megatron sequence parallelism). Otherwise x is returned as is."""
         plan = tensor_parallel_plan(self.model_axis) if self.megatron_sp else None
         if plan is None:

@@ -8,7 +8,7 @@
    (``data=N/S,stage=S``) also M micro-batches (S, 2S, 4S dividing the rows per data
    shard) and the schedule: GPipe (R = 1) and circular (R = 2 where S x 2 divides L).
    A Mixture-of-Experts model (``num_experts``) also gets the expert layouts (expert,
-   fsdp+expert, expert+tp) on ``data=D,expert=E_p[,model=M]`` with E_p dividing the
+   fsdp+expert, expert+tp) on ``data=N_data,expert=E_p[,model=N_model]`` with E_p dividing the
    experts, the batch split over data x expert; not tp+sp or pipeline, which its
    blocks refuse.
 2. **Pruning** with an analytic model (``estimate``): state bytes from the parameter
@@ -16,7 +16,7 @@
    (``remat_elements_per_token``); step time from model FLOPs (plus recomputation) and
    each layout's collectives (bytes per axis over that axis' links, as the roofline does).
    Pipeline: the blocks' state split S ways, the activations of every micro-batch the
-   loop runs (R*M + S - 1 ticks of L/(S*R) blocks on B/(D*M) rows, the bubble's ticks
+   loop runs (R*M + S - 1 ticks of L/(S*R) blocks on B/(N_data*M) rows, the bubble's ticks
    included: autodiff keeps them all), compute divided by the useful fraction
    R*M / (R*M + S - 1), and the ppermute of one micro-batch's activations per tick,
    forward and backward. Expert layouts (``expert_figures``): the experts' state split
@@ -204,14 +204,14 @@ def _meshes(layout, devices, model, length, spec):
 
 
 def _model_axis_sizes(devices, model, domain):
-    """Sizes M > 1 of a ``model`` axis within the fast-link domain that divide the heads and widths."""
+    """Sizes N_model > 1 of a ``model`` axis within the fast-link domain that divide the heads and widths."""
     widths = (model["num_query_heads"], model["hidden_dim"], model["intermediate_dim"], model["vocabulary_size"])
     widths += (model.get("moe_intermediate_dim") or model["intermediate_dim"],) if model.get("num_experts") else ()
     return [m for m in _divisors(devices) if 1 < m <= domain and all(w % m == 0 for w in widths)]
 
 
 def _expert_meshes(layout, devices, model, domain):
-    """``data=D,expert=E_p`` (``expert+tp``: ``,model=M``) with E_p > 1 dividing the experts."""
+    """``data=N_data,expert=E_p`` (``expert+tp``: ``,model=N_model``) with E_p > 1 dividing the experts."""
     meshes = []
     for tp in [1] if layout != "expert+tp" else _model_axis_sizes(devices, model, domain):
         rest = devices // tp
@@ -307,7 +307,7 @@ def estimate(candidate, request):
 def pipeline_figures(candidate, request):
     """``{ticks, useful, sent}`` of a pipeline candidate: the loop's R*M + S - 1 ticks, the
     useful fraction R*M / (R*M + S - 1), and the bytes each device sends over ``stage``
-    per fit step (one micro-batch's activations (B/(D*M), T, C) per tick, forward and
+    per fit step (one micro-batch's activations (B/(N_data*M), T, C) per tick, forward and
     backward)."""
     model, config = _model(request), request.config
     sizes = _axis_sizes(candidate.mesh)

@@ -22,7 +22,7 @@ a repeat) over ``stage``, and with a ``model`` axis Megatron's split of the rest
 (``_pipeline_block_rules``); the batch over ``data``.
 
 Tensor parallelism splits the *vocabulary* of both (Megatron's vocab-parallel
-embedding and column-parallel output layer): each device holds V/M rows of the table,
+embedding and column-parallel output layer): each device holds V/model rows of the table,
 the lookup is a masked local gather plus one all-reduce of (B, T, C) that GSPMD
 inserts, and the logits come out split on V, so the largest activation of a language
 model, (B, T, V), is never whole on one device. Splitting the embedding on C instead
@@ -66,9 +66,9 @@ def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL,
         rules[EXPERT_IN] = (expert_axis, weight_shard if m else d, m)  # (E[/N_e], C[/data], F[/model])
         rules[EXPERT_OUT] = (expert_axis, m, weight_shard if m else d)  # (E[/N_e], F[/model], C[/data])
     if m is not None:
-        rules[EMBEDDING] = (m, d)  # (V/M, C[/data])
+        rules[EMBEDDING] = (m, d)  # (V/model, C[/data])
         if with_head:
-            rules[LM_HEAD] = (d, m)  # (C[/data], V/M)
+            rules[LM_HEAD] = (d, m)  # (C[/data], V/model)
     elif d is not None:
         rules[EMBEDDING] = (d, None)  # (V/data, C)
         if with_head:  # V split, as the table's: the head gathers the kernel or the activations (LMHeadGather)
@@ -250,9 +250,9 @@ def pipeline_layout_map(mesh, config, *, with_head, model_axis=MODEL):
     kv_split = m is not None and (kv_heads is None or kv_heads % model == 0)
     rules = _pipeline_block_rules(m, kv_split=kv_split, qkv_bias=qkv_bias, qk_norm=qk_norm)
     if m is not None:
-        rules[EMBEDDING] = (m, None)  # (V/M, C)
+        rules[EMBEDDING] = (m, None)  # (V/model, C)
         if with_head:
-            rules[LM_HEAD] = (None, m)  # (C, V/M)
+            rules[LM_HEAD] = (None, m)  # (C, V/model)
     layout_map = keras.distribution.LayoutMap(mesh)
     for pattern, axes in rules.items():
         layout_map[pattern] = axes
