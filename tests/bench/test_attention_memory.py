@@ -12,7 +12,7 @@ from tests.plotting._png import png_size
 from zoo.bench import attention_memory as bench
 from zoo.bench.attention_memory import run_benchmark
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import AttentionBenchConfig
+from zoo.config.bench_settings import AttentionBenchSettings
 
 # One T for the memory table, the timings and the goal: 8 compiled programs (4 kernels
 # x N = 4, 8), all timed from the same dict. Ring tiles at T=128, block 16: the zig-zag
@@ -34,7 +34,7 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bench")
     output, chart = folder / "attention.md", folder / "attention.png"
     lines = []
-    result = run_benchmark(AttentionBenchConfig(**TINY, output=str(output), plot=str(chart)), report=lines.append)
+    result = run_benchmark(AttentionBenchSettings(**TINY, output=str(output), plot=str(chart)), report=lines.append)
     return result, lines, output.read_text(), chart
 
 
@@ -72,7 +72,7 @@ def test_plot_draws_memory_against_sequence_length(tiny):
 
 def test_timing_over_the_memory_limit_is_skipped_and_the_goal_says_so():
     # the fixture's T and N: the programs come from the compilation cache
-    config = AttentionBenchConfig(**{**TINY, "devices": (8,), "memory_limit_gib": 1e-9})
+    config = AttentionBenchSettings(**{**TINY, "devices": (8,), "memory_limit_gib": 1e-9})
     result = run_benchmark(config, report=lambda line: None)
     assert all(not row["wall"] for row in result["time"])
     assert "host memory" in result["time"][0]["skipped"]["ring"]
@@ -80,7 +80,7 @@ def test_timing_over_the_memory_limit_is_skipped_and_the_goal_says_so():
 
 
 def test_goal_logic_on_given_numbers():
-    config = AttentionBenchConfig(lengths=(100,), devices=(4, 8))
+    config = AttentionBenchSettings(lengths=(100,), devices=(4, 8))
     memory = [
         {"length": 100, "devices": 4, "temp": {"reference": 1000, "ring": 100}},
         {"length": 100, "devices": 8, "temp": {"reference": 500, "ring": 70}},
@@ -104,7 +104,7 @@ def test_goal_logic_on_given_numbers():
 )
 def test_bad_settings_are_rejected_before_any_work(change, message):
     with pytest.raises(ValueError, match=message):
-        run_benchmark(AttentionBenchConfig(**{**TINY, **change}), report=lambda line: None)
+        run_benchmark(AttentionBenchSettings(**{**TINY, **change}), report=lambda line: None)
 
 
 def _parse(argv):
@@ -112,7 +112,7 @@ def _parse(argv):
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
-    assert bench_cli.settings_from_args("attention", _parse([])) == AttentionBenchConfig()
+    assert bench_cli.settings_from_args("attention", _parse([])) == AttentionBenchSettings()
     args = _parse(
         [
             "--lengths",
@@ -138,7 +138,7 @@ def test_cli_flags_cover_the_config_and_keep_its_defaults():
         "m.png",
     )
     assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {
-        f.name for f in dataclasses.fields(AttentionBenchConfig)
+        f.name for f in dataclasses.fields(AttentionBenchSettings)
     }
     with pytest.raises(SystemExit):
         _parse(["--lengths", "4k"])

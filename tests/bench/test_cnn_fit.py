@@ -9,7 +9,7 @@ import pytest
 
 from zoo.bench import cnn_fit
 from zoo.bench.cnn_fit import SameMathsError, run_benchmark
-from zoo.config.bench_settings import CNNBenchConfig
+from zoo.config.bench_settings import CNNBenchSettings
 from zoo.data import load_shapes
 from zoo.training.cnn import build_cnn, compile_cnn
 
@@ -17,7 +17,7 @@ TINY = {"image_size": 16, "batch_size": 16, "steps": 2, "repeats": 1}
 
 
 def test_config_fields_match_the_cli_flags():
-    assert [f.name for f in dataclasses.fields(CNNBenchConfig)] == [
+    assert [f.name for f in dataclasses.fields(CNNBenchSettings)] == [
         "image_size",
         "batch_size",
         "steps",
@@ -29,7 +29,7 @@ def test_config_fields_match_the_cli_flags():
 def test_tiny_benchmark_reports_every_layout(tmp_path):
     output = tmp_path / "bench.md"
     lines = []
-    rows = run_benchmark(CNNBenchConfig(**TINY, output=str(output)), report=lines.append)
+    rows = run_benchmark(CNNBenchSettings(**TINY, output=str(output)), report=lines.append)
 
     assert [(r["layout"], r["mesh"]) for r in rows] == [
         ("single device", "-"),
@@ -52,12 +52,12 @@ def test_tiny_benchmark_reports_every_layout(tmp_path):
 
 def test_batch_that_does_not_split_over_the_data_axis_is_rejected_before_any_work():
     with pytest.raises(ValueError, match="batch size 12 is not divisible by the data axis of size 8"):
-        run_benchmark(CNNBenchConfig(image_size=16, batch_size=12, steps=1, repeats=1))
+        run_benchmark(CNNBenchSettings(image_size=16, batch_size=12, steps=1, repeats=1))
 
 
 def test_non_positive_settings_are_rejected():
     with pytest.raises(ValueError, match="steps must be a positive integer, got 0"):
-        run_benchmark(CNNBenchConfig(**{**TINY, "steps": 0}))
+        run_benchmark(CNNBenchSettings(**{**TINY, "steps": 0}))
 
 
 def test_compare_losses_accepts_rounding_and_rejects_real_gaps():

@@ -11,14 +11,14 @@ from tests.bench._cli import parse_bench_args
 from zoo.bench import context_parallel_memory as bench
 from zoo.bench.context_parallel_memory import Run, run_benchmark
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import ContextBenchConfig
+from zoo.config.bench_settings import ContextBenchSettings
 
 TINY = {"sequence_length": 128, "layers": 1, "width": 16, "heads": 2, "head_dim": 8, "hidden_dim": 32, "vocab": 16}
 
 
 def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(tmp_path):
     output = tmp_path / "context.md"
-    config = ContextBenchConfig(**TINY, runs=("data=8:8", "data=1,seq=8:1"), output=str(output))
+    config = ContextBenchSettings(**TINY, runs=("data=8:8", "data=1,seq=8:1"), output=str(output))
     lines = []
     result = run_benchmark(config, report=lines.append)
     data, context = result["runs"]
@@ -47,7 +47,7 @@ def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(
 
 
 def test_goal_logic_on_given_numbers():
-    config = ContextBenchConfig(sequence_length=100)
+    config = ContextBenchSettings(sequence_length=100)
     base = Run("data=8", 8, "data-parallel", tokens_per_device=100, temp=800)
     runs = [base, Run("data=1,seq=8", 1, "context-parallel", tokens_per_device=25, temp=150)]
     assert bench.evaluate_goal(runs, config)[0] == "PASS"  # 150/800 <= 1/4
@@ -69,7 +69,7 @@ def test_goal_logic_on_given_numbers():
 )
 def test_bad_runs_are_rejected_before_any_work(run, message):
     with pytest.raises(ValueError, match=message):
-        run_benchmark(ContextBenchConfig(**TINY, runs=(run,)), report=lambda line: None)
+        run_benchmark(ContextBenchSettings(**TINY, runs=(run,)), report=lambda line: None)
 
 
 def _parse(argv):
@@ -77,7 +77,7 @@ def _parse(argv):
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
-    assert bench_cli.settings_from_args("context", _parse([])) == ContextBenchConfig()
+    assert bench_cli.settings_from_args("context", _parse([])) == ContextBenchSettings()
     args = _parse(
         [
             "--sequence-length",
@@ -98,7 +98,7 @@ def test_cli_flags_cover_the_config_and_keep_its_defaults():
         "gather",
     )
     assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {
-        f.name for f in dataclasses.fields(ContextBenchConfig)
+        f.name for f in dataclasses.fields(ContextBenchSettings)
     }
     with pytest.raises(SystemExit):
         _parse(["--runs", "data=8"])

@@ -7,12 +7,12 @@ import pytest
 
 from zoo.bench._fit_vs_jit import LOSS_ATOL, LOSS_RTOL
 from zoo.bench.gpt_fit import run_benchmark
-from zoo.config.bench_settings import GPTBenchConfig
+from zoo.config.bench_settings import GPTBenchSettings
 
 
 def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_path):
     output = tmp_path / "gpt.md"
-    config = GPTBenchConfig(
+    config = GPTBenchSettings(
         config_name="gpt_tiny",
         sequence_length=16,
         batch_size=8,
@@ -36,7 +36,7 @@ def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_
 def test_unknown_layout_is_named():
     with pytest.raises(ValueError, match=r"unknown layout\(s\) \['pipeline'\]"):
         run_benchmark(
-            GPTBenchConfig(
+            GPTBenchSettings(
                 config_name="gpt_tiny", sequence_length=16, batch_size=8, steps=1, repeats=1, layouts=("pipeline",)
             )
         )

@@ -6,7 +6,7 @@ assign), every device read exactly its shard, and the loaded weights are the fil
 import os
 
 from zoo.bench import hf_load as bench
-from zoo.config.bench_settings import HFLoadBenchConfig
+from zoo.config.bench_settings import HFLoadBenchSettings
 
 # V=64, C=16, H=K=4, D=4, F=32, one block, tied embeddings
 TINY = {
@@ -25,7 +25,7 @@ TINY = {
 def test_fsdp_load_reports_shards_peak_and_reads(tmp_path):
     output = tmp_path / "hf_load.md"
     lines = []
-    results = bench.run_benchmark(HFLoadBenchConfig(**TINY, output=str(output)), report=lines.append)
+    results = bench.run_benchmark(HFLoadBenchSettings(**TINY, output=str(output)), report=lines.append)
     (row,) = results["rows"]
     assert results["failures"] == [] and (row.compared, row.mismatches) == (
         10,

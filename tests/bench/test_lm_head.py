@@ -7,7 +7,7 @@ import pytest
 
 from tests.bench._cli import parse_bench_args
 from zoo.bench import lm_head as bench
-from zoo.config.bench_settings import LMHeadBenchConfig
+from zoo.config.bench_settings import LMHeadBenchSettings
 
 TINY = {
     "vocabulary_size": 256,
@@ -27,7 +27,7 @@ TINY = {
 
 def test_rows_choose_the_cheaper_gather_and_write_the_table(tmp_path):
     output = tmp_path / "lm_head.md"
-    rows = bench.run_benchmark(LMHeadBenchConfig(**TINY, output=str(output)), report=lambda line: None)["rows"]
+    rows = bench.run_benchmark(LMHeadBenchSettings(**TINY, output=str(output)), report=lambda line: None)["rows"]
     (row,) = rows
     assert (row.per_device_batch, row.choice, row.cheapest) == (4, "table", "table")
     assert row.sent["chosen"] == row.sent["table"] < row.sent["activations"] and row.meets_goal, row
@@ -36,7 +36,7 @@ def test_rows_choose_the_cheaper_gather_and_write_the_table(tmp_path):
 
 def test_flags_parse_into_the_settings_and_too_many_devices_are_refused():
     args = parse_bench_args("lm-head", ["--devices", "8,64", "--per-device-batches", "2", "--heads", "tied"])
-    config = bench.LMHeadBenchConfig(
+    config = bench.LMHeadBenchSettings(
         **{name: getattr(args, name) for name in ("devices", "per_device_batches", "heads")}
     )
     assert (config.devices, config.per_device_batches, config.heads) == ((8, 64), (2,), ("tied",))

@@ -9,7 +9,7 @@ import pytest
 from tests.bench._cli import parse_bench_args
 from zoo.bench import lora_context_memory as bench
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import LoraContextBenchConfig
+from zoo.config.bench_settings import LoraContextBenchSettings
 
 TINY = {
     "sequence_lengths": (32,),
@@ -28,7 +28,7 @@ TINY = {
 
 def test_fsdp_row_reports_memory_analysis_and_splits_lora_factors_as_fit_does(tmp_path):
     output = tmp_path / "lora.md"
-    config = LoraContextBenchConfig(**TINY, output=str(output))
+    config = LoraContextBenchSettings(**TINY, output=str(output))
     (row,) = bench.run_benchmark(config, report=lambda line: None)["rows"]
     analysis = row.compiled.memory_analysis()
     m = row.memory
@@ -64,13 +64,13 @@ def _parse(argv):
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
-    assert bench_cli.settings_from_args("lora-context", _parse([])) == LoraContextBenchConfig()
+    assert bench_cli.settings_from_args("lora-context", _parse([])) == LoraContextBenchSettings()
     config = bench_cli.settings_from_args(
         "lora-context", _parse(["--sequence-lengths", "4096", "--layouts", "fsdp", "--remats", "full"])
     )
     assert (config.sequence_lengths, config.layouts, config.remats) == ((4096,), ("fsdp",), ("full",))
     assert set(vars(_parse([]))) - {"bench", "func", "simulate_devices"} == {
-        f.name for f in dataclasses.fields(LoraContextBenchConfig)
+        f.name for f in dataclasses.fields(LoraContextBenchSettings)
     }
 
 
@@ -84,4 +84,4 @@ def test_cli_flags_cover_the_config_and_keep_its_defaults():
 )
 def test_bad_settings_are_refused_before_compiling(settings, message):
     with pytest.raises(ValueError, match=message):
-        bench.run_benchmark(LoraContextBenchConfig(**{**TINY, **settings}), report=lambda line: None)
+        bench.run_benchmark(LoraContextBenchSettings(**{**TINY, **settings}), report=lambda line: None)

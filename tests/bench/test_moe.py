@@ -9,7 +9,7 @@ import pytest
 from tests.bench._cli import parse_bench_args
 from zoo.bench import moe as bench
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import MoEBenchConfig
+from zoo.config.bench_settings import MoEBenchSettings
 from zoo.kernels import moe
 
 TINY = {
@@ -27,7 +27,7 @@ TINY = {
 
 
 def test_capacity_one_exchange_is_the_minimum_and_experts_are_split_one_per_device_share():
-    config = MoEBenchConfig(**TINY, meshes=("data=2,expert=4",), capacity_factors=(1.0,))
+    config = MoEBenchSettings(**TINY, meshes=("data=2,expert=4",), capacity_factors=(1.0,))
     row = bench.measure_exchange(config, "data=2,expert=4", 1.0)
     # N = 8 x 16 / (2 x 4) = 16 tokens per device, A = 32 assignments, Q = ceil(32 / 4) = 8 rows to each device
     assert (row.expert_size, row.tokens, row.capacity, row.sparse_blocks) == (4, 16, 8, 1)
@@ -51,17 +51,17 @@ def _parse(argv):
 
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):
-    assert bench_cli.settings_from_args("moe", _parse([])) == MoEBenchConfig()
+    assert bench_cli.settings_from_args("moe", _parse([])) == MoEBenchSettings()
     config = bench_cli.settings_from_args(
         "moe", _parse(["--capacity-factors", "1,dropless", "--memory-partial-layers", "none"])
     )
     assert config.capacity_factors == (1.0, None) and config.memory_partial_layers == ()
     with pytest.raises(ValueError, match="num_experts 6 is not divisible by the 'expert' axis of size 4"):
-        bench.run_benchmark(MoEBenchConfig(**(TINY | {"num_experts": 6})), report=lambda line: None)
+        bench.run_benchmark(MoEBenchSettings(**(TINY | {"num_experts": 6})), report=lambda line: None)
     with pytest.raises(ValueError, match="batch_size 4 is not divisible by data x expert = 8"):
-        bench.run_benchmark(MoEBenchConfig(**(TINY | {"batch_size": 4})), report=lambda line: None)
+        bench.run_benchmark(MoEBenchSettings(**(TINY | {"batch_size": 4})), report=lambda line: None)
     with pytest.raises(ValueError, match="the meshes need 64 devices but JAX has 8; run with --simulate-devices 64"):
-        bench.run_benchmark(MoEBenchConfig(sections=("memory",)), report=lambda line: None)
+        bench.run_benchmark(MoEBenchSettings(sections=("memory",)), report=lambda line: None)
     with pytest.raises(SystemExit):
         _parse(["--memory-runs", "frozen:expert:data=1,expert=8"])
     assert "expected ';'-separated '<method>:<layout>:<mesh>' runs" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import pytest
 from tests.bench._cli import parse_bench_args
 from zoo.bench import pipeline as bench
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import PipelineBenchConfig
+from zoo.config.bench_settings import PipelineBenchSettings
 
 TINY = {
     "vocabulary_size": 32,
@@ -35,7 +35,7 @@ def test_bubble_rows_are_the_kernels_count_and_equal_the_formula(stages, repeats
 
 
 def test_pipelined_row_splits_the_blocks_by_stage_and_counts_its_permutes():
-    config = PipelineBenchConfig(**TINY, sections=("memory",))
+    config = PipelineBenchSettings(**TINY, sections=("memory",))
     row = bench.measure_memory(config, "none", repeats=1, micro_batches=2)
     analysis = row.compiled.memory_analysis()
     assert (row.memory.temp, row.memory.argument) == (analysis.temp_size_in_bytes, analysis.argument_size_in_bytes)
@@ -53,7 +53,7 @@ def _parse(argv):
 
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):
-    assert bench_cli.settings_from_args("pipeline", _parse([])) == PipelineBenchConfig()
+    assert bench_cli.settings_from_args("pipeline", _parse([])) == PipelineBenchSettings()
     config = bench_cli.settings_from_args(
         "pipeline", _parse(["--micro-batches", "2", "--repeats", "2", "--sections", "bubble"])
     )

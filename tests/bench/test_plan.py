@@ -1,12 +1,12 @@
 """``zoo bench plan`` (zoo.bench.plan): one recipe planned (in this process: it has the recipe's 8 devices), the table."""
 
 from zoo.bench.plan import run_benchmark
-from zoo.config.bench_settings import PlanBenchConfig
+from zoo.config.bench_settings import PlanBenchSettings
 
 
 def test_a_recipe_row_is_planned_and_tabled(tmp_path):
     output = tmp_path / "plan.md"
-    config = PlanBenchConfig(sections=("recipes",), recipes="recipes/cpu-sim-8/train_cnn.toml", output=str(output))
+    config = PlanBenchSettings(sections=("recipes",), recipes="recipes/cpu-sim-8/train_cnn.toml", output=str(output))
     results = run_benchmark(config, report=lambda *_: None)
     (row,) = results["recipes"]
     plan = row["plan"]

@@ -11,7 +11,7 @@ import pytest
 
 from zoo.bench import scale
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import ScaleBenchConfig
+from zoo.config.bench_settings import ScaleBenchSettings
 
 # T = 256: activations, not the (V = 256) embedding and head weights, dominate what
 # moves, as at real size (at T = 64 GSPMD's gathers of those weights under tp+sp exceed
@@ -51,14 +51,14 @@ def test_report_has_a_table_per_section_and_names_errors():
         },
         {"kind": "recipe", "task": {"kind": "recipe", "path": "x.toml"}, "error": "boom"},
     ]
-    text = "\n".join(scale.format_report(rows, ScaleBenchConfig(sections=("fsdp+tp", "tp"))))
+    text = "\n".join(scale.format_report(rows, ScaleBenchSettings(sections=("fsdp+tp", "tp"))))
     assert "| data=2,model=4 | 8 | 0.0 | 0.0 | 1.10x |" in text
     assert "| tp | 21 all-reduce | 0.0 | 0.0 | 1.00x |" in text
     assert "error in {'kind': 'recipe', 'path': 'x.toml'}: boom" in text and "### Recipes" not in text
 
 
 def test_tasks_run_each_measurement_on_its_device_count():
-    config = ScaleBenchConfig(recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml"))
+    config = ScaleBenchSettings(recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml"))
     devices = [(count, task["kind"]) for count, task in scale.tasks(config)]
     assert devices == [
         (8, "recipe"),
@@ -76,6 +76,6 @@ def test_flags():
     bench_cli.add_arguments(parser)
     args = parser.parse_args(["scale", "--sections", "tp,fsdp+tp", "--fsdp-tp-meshes", "data=2,model=4;data=4,model=2"])
     assert args.sections == ("tp", "fsdp+tp") and args.fsdp_tp_meshes == ("data=2,model=4", "data=4,model=2")
-    assert bench_cli.settings_from_args("scale", parser.parse_args(["scale"])) == ScaleBenchConfig()
+    assert bench_cli.settings_from_args("scale", parser.parse_args(["scale"])) == ScaleBenchSettings()
     with pytest.raises(SystemExit):
         parser.parse_args(["scale", "--sections", "speed"])

@@ -14,7 +14,7 @@ from tests.bench._cli import parse_bench_args
 from zoo import kernels
 from zoo.bench import sliding_window as bench
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import WindowBenchConfig
+from zoo.config.bench_settings import WindowBenchSettings
 
 N, T, W, BLOCK, HEADS, KV_HEADS, HEAD_DIM = 8, 512, 40, 16, 8, 2, 8
 TINY = {
@@ -34,7 +34,7 @@ KV_BYTES = (T // N) * KV_HEADS * HEAD_DIM * 4  # one shard's K (or V, or dK, or 
 @pytest.fixture(scope="module")
 def tiny():
     lines = []
-    config = WindowBenchConfig(**TINY, context_attentions=("ring",))
+    config = WindowBenchSettings(**TINY, context_attentions=("ring",))
     return run(config, lines), lines
 
 
@@ -100,7 +100,7 @@ def test_report_lists_every_row(tiny):
 
 
 def test_gather_and_ulysses_send_the_same_with_a_window():
-    config = WindowBenchConfig(
+    config = WindowBenchSettings(
         **TINY, sections=("context",), context_attentions=("gather", "ulysses"), balances=("zigzag",)
     )
     result = run(config, [])
@@ -130,7 +130,7 @@ def _ulysses_tiles():
 
 
 def test_goal_misses_when_a_windowed_hop_sends_more():
-    config = WindowBenchConfig(**TINY, balances=(None,))
+    config = WindowBenchSettings(**TINY, balances=(None,))
     full = bench.ContextRow(
         "ring",
         None,
@@ -163,7 +163,7 @@ def test_goal_misses_when_a_windowed_hop_sends_more():
 )
 def test_bad_settings_are_refused_before_any_work(change, message):
     with pytest.raises(ValueError, match=message):
-        run(WindowBenchConfig(**{**TINY, **change}), [])
+        run(WindowBenchSettings(**{**TINY, **change}), [])
 
 
 def _parse(argv):
@@ -171,7 +171,7 @@ def _parse(argv):
 
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
-    assert bench_cli.settings_from_args("window", _parse([])) == WindowBenchConfig()
+    assert bench_cli.settings_from_args("window", _parse([])) == WindowBenchSettings()
     args = _parse(
         [
             "--balances",
@@ -192,7 +192,7 @@ def test_cli_flags_cover_the_config_and_keep_its_defaults():
         8,
     )
     assert set(vars(args)) - {"bench", "func", "simulate_devices"} == {
-        f.name for f in dataclasses.fields(WindowBenchConfig)
+        f.name for f in dataclasses.fields(WindowBenchSettings)
     }
     with pytest.raises(SystemExit):
         _parse(["--balances", "spiral"])

@@ -13,7 +13,7 @@ import pytest
 from tests.bench._cli import parse_bench_args
 from tests.plotting._png import png_size
 from zoo.bench.tensor_parallel import minimum_sent_bytes, run_benchmark
-from zoo.config.bench_settings import TPBenchConfig
+from zoo.config.bench_settings import TPBenchSettings
 
 TINY = [
     "--batch-size",
@@ -38,7 +38,7 @@ def _parse(argv):
 
 def test_every_config_field_is_a_flag_with_the_same_default():
     args = vars(_parse([]))
-    defaults = dataclasses.asdict(TPBenchConfig())
+    defaults = dataclasses.asdict(TPBenchSettings())
     assert {k: args[k] for k in defaults} == defaults
 
 
@@ -64,7 +64,7 @@ def test_tiny_benchmark_table(tmp_path, capsys):
         ("MLP, sequence-parallel", "minimum (Megatron)"),
     ]
     # B/dp T D x 4 bytes = 2 x 16 x 8 x 4 = 1 KiB; two all-reduces over 4 devices: 2 x 2 x 3/4 KiB
-    assert minimum_sent_bytes(TPBenchConfig(batch_size=4, sequence_length=16, dim=8, hidden=32)) == 3072
+    assert minimum_sent_bytes(TPBenchSettings(batch_size=4, sequence_length=16, dim=8, hidden=32)) == 3072
     for key in [
         ("gated MLP", "explicit"),
         ("MLP, sequence-parallel", "explicit"),
@@ -97,4 +97,4 @@ def test_tiny_benchmark_table(tmp_path, capsys):
 )
 def test_bad_settings_are_rejected_before_any_work(changes, message):
     with pytest.raises(ValueError, match=message):
-        run_benchmark(dataclasses.replace(TPBenchConfig(), **changes))
+        run_benchmark(dataclasses.replace(TPBenchSettings(), **changes))

@@ -23,13 +23,13 @@ from zoo.training._recipe_schema import (
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOB_COMMANDS = {  # settings class -> the command whose flags it generates
-    settings.CNNTrainConfig: ["train", "cnn"],
-    settings.GPTTrainConfig: ["train", "gpt"],
-    settings.EncoderTrainConfig: ["train", "encoder"],
-    settings.ViTTrainConfig: ["train", "vit"],
-    settings.VerifyConfig: ["verify", "cnn"],
-    settings.GenerateConfig: ["generate"],
-    settings.FinetuneConfig: ["finetune", "small_cnn_shapes"],
+    settings.CNNTrainSettings: ["train", "cnn"],
+    settings.GPTTrainSettings: ["train", "gpt"],
+    settings.EncoderTrainSettings: ["train", "encoder"],
+    settings.ViTTrainSettings: ["train", "vit"],
+    settings.VerifySettings: ["verify", "cnn"],
+    settings.GenerateSettings: ["generate"],
+    settings.FinetuneSettings: ["finetune", "small_cnn_shapes"],
 }
 TARGET = {"platform": "cpu", "devices_per_host": 8}
 
@@ -100,12 +100,12 @@ def test_a_recipe_with_an_old_key_names_the_new_one(old):
 
 
 def test_python_and_the_command_line_refuse_a_value_in_the_same_words(capsys):
-    with pytest.raises(ValueError, match=r"GPTTrainConfig.batch_size: expected an integer >= 1, got 0"):
-        settings.GPTTrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match=r"GPTTrainSettings.batch_size: expected an integer >= 1, got 0"):
+        settings.GPTTrainSettings(batch_size=0)
     with pytest.raises(
-        ValueError, match=r"GPTTrainConfig.layout: 'zero3' is not one of the allowed values \['single', 'data'"
+        ValueError, match=r"GPTTrainSettings.layout: 'zero3' is not one of the allowed values \['single', 'data'"
     ):
-        settings.GPTTrainConfig(layout="zero3")
+        settings.GPTTrainSettings(layout="zero3")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "gpt", "--batch-size", "0"])
     assert "argument --batch-size: expected an integer >= 1, got '0'" in capsys.readouterr().err
@@ -159,3 +159,14 @@ def test_every_flag_of_every_command_has_help():
                 yield f"{' '.join(path)} {'/'.join(action.option_strings) or action.dest}"
 
     assert not list(missing(build_parser(), ["zoo"]))
+
+
+def test_an_old_settings_class_name_names_its_new_one():
+    with pytest.raises(ImportError, match="^zoo.config.settings.GPTTrainConfig was renamed GPTTrainSettings$"):
+        from zoo.config.settings import GPTTrainConfig  # noqa: F401
+    import zoo.config.bench_settings as bench_settings
+
+    with pytest.raises(ImportError, match="MoEBenchConfig was renamed MoEBenchSettings"):
+        bench_settings.MoEBenchConfig  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchSettings'"):
+        bench_settings.NoSuchSettings  # noqa: B018

@@ -242,4 +242,4 @@ def test_zoo_comms_cnn_model_parallel_train_step(capsys):
 
 def test_zoo_comms_rejects_contradictory_options():
     with pytest.raises(ValueError, match="--collective-matmul is a feature of the explicit implementation"):
-        comms.comms_for(comms.CommsConfig(implementation="gspmd", megatron_sp=True, collective_matmul=True))
+        comms.comms_for(comms.CommsSettings(implementation="gspmd", megatron_sp=True, collective_matmul=True))

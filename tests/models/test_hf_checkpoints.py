@@ -210,7 +210,7 @@ def test_a_dense_model_exports_as_its_model_type_and_round_trips(loaded, tmp_pat
 
 
 def test_lora_is_merged_on_export(tmp_path):
-    from zoo.config.settings import ExportConfig
+    from zoo.config.settings import ExportSettings
     from zoo.training._lora import enable_lora
     from zoo.training._lora_files import save_lora
     from zoo.training.export import export, exported_parameter_count
@@ -232,7 +232,7 @@ def test_lora_is_merged_on_export(tmp_path):
     save_lora(model, tmp_path / "adapter.h5")
     lines = []
     export(
-        ExportConfig(
+        ExportSettings(
             model=str(FIXTURES / "llama_mha_tied"), output=str(tmp_path / "cli"), lora=str(tmp_path / "adapter.h5")
         ),
         report=lines.append,

@@ -37,7 +37,7 @@ def test_plan_state_equals_what_a_real_run_holds_per_device():
     from the layouts; the real run places them). Temporaries are the compiler's and cannot
     be read on a CPU."""
     plan = make_plan(PlanRequest("pretrain_gpt", TINY, devices=8, device="cpu"))
-    config = gpt.GPTTrainConfig(**TINY)
+    config = gpt.GPTTrainSettings(**TINY)
     model = build_distributed(lambda: gpt.build_for_training(config), gpt.resolve_distribution(config))
     gpt.compile_gpt(model, config.learning_rate, 1)
     tokens = np.random.default_rng(0).integers(0, 256, size=(8, 33), dtype="int32")
@@ -97,17 +97,17 @@ def test_bad_input_is_named_before_anything_compiles(capsys):
 
 def test_zoo_plan_takes_the_gpt_flags_of_zoo_train_gpt_with_their_defaults():
     """zoo plan FLAGS sizes the step zoo train gpt FLAGS runs: the flags are generated from
-    GPTTrainConfig, so the same names, defaults and checks (before: gpt_1b, mixed_bfloat16
+    GPTTrainSettings, so the same names, defaults and checks (before: gpt_1b, mixed_bfloat16
     and the config's whole length by default, against zoo train gpt's gpt_small, float32, 128)."""
     from zoo.cli import plan
 
     parser = cli.build_parser()
     request = plan.request_from(parser.parse_args(["plan"]))
-    defaults = gpt.GPTTrainConfig()
+    defaults = gpt.GPTTrainSettings()
     assert request.config == {name: getattr(defaults, name) for name in plan.PLANNED_SETTINGS}
     given = ["--config-name", "gpt_tiny", "--layout", "context", "--context-attention", "ulysses", "--remat"]
     request = plan.request_from(parser.parse_args(["plan", *given]))
-    trained = gpt.GPTTrainConfig(config_name="gpt_tiny", layout="context", context_attention="ulysses", remat="full")
+    trained = gpt.GPTTrainSettings(config_name="gpt_tiny", layout="context", context_attention="ulysses", remat="full")
     assert request.config == {name: getattr(trained, name) for name in plan.PLANNED_SETTINGS}
 
 
@@ -133,8 +133,8 @@ def test_the_gpt_job_fits_its_layout_map_to_tied_embeddings(strategy, mesh):
     """gpt_125m/gpt_350m tie the LM head to the embedding: the job's distribution has no
     lm_head rule for them (before, zoo train gpt --config-name gpt_350m --layout fsdp failed
     with "layout rule(s) ['.*lm_head/kernel'] match no variable")."""
-    tied = gpt.resolve_distribution(gpt.GPTTrainConfig(config_name="gpt_350m", layout=strategy, mesh=mesh))
-    untied = gpt.resolve_distribution(gpt.GPTTrainConfig(config_name="gpt_1b", layout=strategy, mesh=mesh))
+    tied = gpt.resolve_distribution(gpt.GPTTrainSettings(config_name="gpt_350m", layout=strategy, mesh=mesh))
+    untied = gpt.resolve_distribution(gpt.GPTTrainSettings(config_name="gpt_1b", layout=strategy, mesh=mesh))
     assert not any("lm_head" in rule for rule in tied.layout_map) and any(
         "lm_head" in rule for rule in untied.layout_map
     )

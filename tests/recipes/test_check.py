@@ -101,9 +101,9 @@ def test_keys_a_job_does_not_take_are_reported_never_dropped(tmp_path):
     recipe = load_recipe(write(tmp_path, CNN + 'sequence_length = 128\n[finetune]\nmethod = "lora"\n'))
     with pytest.raises(
         UnsupportedKeyError,
-        match=r"job 'train_cnn' \(zoo.config.settings.CNNTrainConfig\) does not support "
+        match=r"job 'train_cnn' \(zoo.config.settings.CNNTrainSettings\) does not support "
         r"\[train\] sequence_length \(not a setting of this job\); \[finetune\] method \(not a setting of this job\): "
-        r"remove these keys, or add the fields to CNNTrainConfig",
+        r"remove these keys, or add the fields to CNNTrainSettings",
     ) as error:
         check_recipe(recipe)
     assert set(error.value.keys) == {"train.sequence_length", "finetune.method"}

@@ -2,7 +2,7 @@
 
     python tests/training/_train_worker.py CONFIG_JSON [--kill-at-commit N] [--signal-after-step N --signal INT|TERM|KILL]
 
-CONFIG_JSON holds ``CNNTrainConfig`` fields, passed as the matching ``zoo train cnn`` flags.
+CONFIG_JSON holds ``CNNTrainSettings`` fields, passed as the matching ``zoo train cnn`` flags.
 ``--kill-at-commit N`` SIGKILLs the process inside Orbax's save of step N, after every
 file of the step (its commit marker included) is written into ``N.orbax-checkpoint-tmp``
 and just before the rename that commits it: no Python cleanup, no atexit, no flush.
@@ -60,7 +60,7 @@ def kill_at_commit(step):
 
 
 def flags(config):
-    """``zoo train cnn`` flags for ``CNNTrainConfig`` fields."""
+    """``zoo train cnn`` flags for ``CNNTrainSettings`` fields."""
     result = []
     for name, value in config.items():
         flag = "--" + name.replace("_", "-")

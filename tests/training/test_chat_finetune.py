@@ -18,11 +18,11 @@ import pytest
 
 from zoo.cli.main import build_parser
 from zoo.config import schema
-from zoo.config.settings import GenerateConfig
+from zoo.config.settings import GenerateSettings
 from zoo.data.chat_files import load_chat_file
 from zoo.models import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import HFTokenizer
-from zoo.training.finetune import FinetuneConfig, finetune
+from zoo.training.finetune import FinetuneSettings, finetune
 from zoo.training.lm_finetune import causal_lm_config, compile_causal_lm, heldout_loss, load_lm_file, use_chat_template
 
 HF = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -110,7 +110,7 @@ def test_chat_data_trains_on_the_assistant_turns_and_keeps_the_template(folder):
         str(output),
     ]
     lines = []
-    result = finetune(schema.from_args(FinetuneConfig, build_parser().parse_args(argv)), report=lines.append)
+    result = finetune(schema.from_args(FinetuneSettings, build_parser().parse_args(argv)), report=lines.append)
     expected = (
         f"data {folder / 'train.jsonl'}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
         f"{len(held_out)} held out ({held_out.loss_tokens:,})"
@@ -163,7 +163,7 @@ def test_chat_data_needs_a_template_and_a_template_needs_a_hugging_face_tokenize
         r"\(HFTokenizer\) has none; give --chat-template FILE",
     ):
         finetune(
-            FinetuneConfig(preset=str(no_template), data_file=str(folder / "train.jsonl"), sequence_length=LENGTH),
+            FinetuneSettings(preset=str(no_template), data_file=str(folder / "train.jsonl"), sequence_length=LENGTH),
             report=lambda line: None,
         )
     (tmp_path / "t.jinja").write_text(OWN_TEMPLATE)
@@ -215,7 +215,7 @@ def test_generate_a_reply_to_messages_in_python_and_with_zoo_generate_chat(folde
         "--stop-token-ids",
         "",
     ]
-    config = schema.from_args(GenerateConfig, build_parser().parse_args(argv))
+    config = schema.from_args(GenerateSettings, build_parser().parse_args(argv))
     printed = []
     text = generate(config, report=lambda *pieces, **options: printed.append("".join(pieces)))
     assert text == reply and "".join(printed) == reply  # the reply, then report("") ends the line

@@ -33,7 +33,7 @@ from zoo.training.checkpoints import (
     TrainingPosition,
     fit_from,
 )
-from zoo.training.cnn import CNNTrainConfig, train
+from zoo.training.cnn import CNNTrainSettings, train
 from zoo.training.paths import ModelSaveError, PathError, save_model_atomically
 
 DATA = {"examples": EXAMPLES, "batch_size": BATCH, "seed": 0}
@@ -200,7 +200,7 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_damages_nothing(run, tmp
     )
     try:
         assert holder.stdout.readline() == "held\n"
-        config = CNNTrainConfig(checkpoint_dir=str(folder), resume=True, keep=1)
+        config = CNNTrainSettings(checkpoint_dir=str(folder), resume=True, keep=1)
         with pytest.raises(
             CheckpointError,
             match=rf"{folder}: is in use by another run \(process {holder.pid} on .* since now\); wait for it",
@@ -225,21 +225,24 @@ def test_an_unwritable_output_is_refused_before_any_work(tmp_path):
     (tmp_path / "a-file").write_text("")
     cases = [
         (
-            CNNTrainConfig(output=str(tmp_path / "a-file" / "m.keras")),
+            CNNTrainSettings(output=str(tmp_path / "a-file" / "m.keras")),
             rf"--output '{tmp_path}/a-file/m.keras': cannot be written: {tmp_path}/a-file is a file, not a folder",
         ),
         (
-            CNNTrainConfig(output=str(tmp_path / "m.keras"), checkpoint_dir=str(tmp_path / "a-file" / "c")),
+            CNNTrainSettings(output=str(tmp_path / "m.keras"), checkpoint_dir=str(tmp_path / "a-file" / "c")),
             r"--checkpoint-dir .*a-file is a file, not a folder",
         ),
         (
-            CNNTrainConfig(output=str(tmp_path / "m.keras"), data_dir=str(tmp_path / "a-file")),
+            CNNTrainSettings(output=str(tmp_path / "m.keras"), data_dir=str(tmp_path / "a-file")),
             r"--data-dir .*a-file is a file, not a folder",
         ),
     ]
     if _unwritable("/sys"):  # a read-only folder even for root (chmod does not stop root)
         cases.append(
-            (CNNTrainConfig(output="/sys/m.keras"), r"--output '/sys/m.keras': cannot be written: /sys is not writable")
+            (
+                CNNTrainSettings(output="/sys/m.keras"),
+                r"--output '/sys/m.keras': cannot be written: /sys is not writable",
+            )
         )
     for config, message in cases:
         lines = []

@@ -16,7 +16,7 @@ from zoo.distribution import LayoutError
 from zoo.models import SmallCNN
 from zoo.presets import from_preset
 from zoo.training.finetune import (
-    FinetuneConfig,
+    FinetuneSettings,
     finetune,
     load_for_finetuning,
     load_lora,
@@ -48,7 +48,7 @@ def digits(count, offset=0):
 def test_finetuning_beats_the_zero_shot_head(method, layout, tmp_path):
     lines = []
     output = tmp_path / "tuned" if (method, layout) == ("lora", "model") else None
-    config = FinetuneConfig(
+    config = FinetuneSettings(
         preset="small_cnn_shapes",
         dataset="digits",
         method=method,
@@ -222,7 +222,7 @@ def test_cli_arguments_and_errors(capsys):
             "data=8",
         ]
     )
-    config = schema.from_args(FinetuneConfig, args)
+    config = schema.from_args(FinetuneSettings, args)
     assert (config.preset, config.method, config.lora_rank, config.mesh, config.learning_rate) == (
         "small_cnn_shapes",
         "frozen",
@@ -233,11 +233,12 @@ def test_cli_arguments_and_errors(capsys):
     with pytest.raises(
         ValueError, match="fine-tuning needs a classification dataset; 'python_docs' is language modelling"
     ):
-        finetune(FinetuneConfig(dataset="python_docs"))
+        finetune(FinetuneSettings(dataset="python_docs"))
     with pytest.raises(
-        ValueError, match=r"FinetuneConfig.method: 'half' is not one of the allowed values \['frozen', 'lora', 'full'\]"
+        ValueError,
+        match=r"FinetuneSettings.method: 'half' is not one of the allowed values \['frozen', 'lora', 'full'\]",
     ):
-        FinetuneConfig(method="half")
+        FinetuneSettings(method="half")
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         run(parser.parse_args(["finetune", "nope"]))
 

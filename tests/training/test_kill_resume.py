@@ -64,7 +64,7 @@ def _reference(tmp_path, **options):
     """The uninterrupted run, checkpointing every step: ``{step: values}`` and its saved model.
 
     Run in this process (8 simulated devices too, the same programs): a subprocess less."""
-    from zoo.training.cnn import CNNTrainConfig, train
+    from zoo.training.cnn import CNNTrainSettings, train
 
     directory = tmp_path / "reference"
     config = {
@@ -75,7 +75,7 @@ def _reference(tmp_path, **options):
         "keep": 100,
         "output": str(tmp_path / "reference.keras"),
     }
-    train(CNNTrainConfig(**config), report=lambda line: None)
+    train(CNNTrainSettings(**config), report=lambda line: None)
     keras.distribution.set_distribution(None)  # train leaves its distribution set, as fit needs it
     checkpoints = Checkpoints(str(directory))
     return {step: checkpoints.read(os.path.join(directory, str(step)))[1] for step in checkpoints.steps()}
@@ -185,11 +185,11 @@ def test_data_parallel_run_interrupted_killed_and_preempted_resumes_bitwise(tmp_
 
 def test_a_new_run_refuses_a_directory_that_holds_checkpoints(tmp_path):
     from zoo.training.checkpoints import CheckpointError
-    from zoo.training.cnn import CNNTrainConfig, train
+    from zoo.training.cnn import CNNTrainSettings, train
 
     os.makedirs(tmp_path / "7")
-    config = CNNTrainConfig(**RUN, layout="single", checkpoint_dir=str(tmp_path), output=str(tmp_path / "m.keras"))
+    config = CNNTrainSettings(**RUN, layout="single", checkpoint_dir=str(tmp_path), output=str(tmp_path / "m.keras"))
     with pytest.raises(CheckpointError, match=r"already holds checkpoints \(steps 7\); pass --resume"):
         train(config, report=lambda line: None)
     with pytest.raises(ValueError, match="resume continues from checkpoint_dir: give --checkpoint-dir"):
-        train(CNNTrainConfig(resume=True), report=lambda line: None)
+        train(CNNTrainSettings(resume=True), report=lambda line: None)

@@ -28,7 +28,7 @@ from zoo.distribution.parity import StepLosses, compare
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import ByteTokenizer, HFTokenizer
 from zoo.training._lora import layer_prefix
-from zoo.training.finetune import FinetuneConfig, finetune
+from zoo.training.finetune import FinetuneSettings, finetune
 from zoo.training.lm_finetune import (
     causal_lm_config,
     finetune_causal_lm,
@@ -205,7 +205,7 @@ def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, referenc
         str(output),
     ]
     lines = []
-    result = finetune(schema.from_args(FinetuneConfig, build_parser().parse_args(argv)), report=lines.append)
+    result = finetune(schema.from_args(FinetuneSettings, build_parser().parse_args(argv)), report=lines.append)
     assert result["heldout_loss"] < result["heldout_loss_before"] - 0.5, lines
     assert result["heldout_loss_before"] == pytest.approx(reference.result["heldout_loss_before"], rel=1e-5)
     assert {"config.json", "model.safetensors", "tokenizer.json", "adapter"} <= {p.name for p in output.iterdir()}
@@ -304,21 +304,21 @@ def test_refused_options(data, tmp_path):
     with pytest.raises(ValueError, match="method 'frozen' trains only a classifier's new head"):
         prepare_causal_lm(None, "frozen")
     with pytest.raises(ValueError, match="method 'frozen' trains only a classifier's new head"):
-        finetune(FinetuneConfig(preset=str(FIXTURE), method="frozen", data_file=str(data.train_file)))
+        finetune(FinetuneSettings(preset=str(FIXTURE), method="frozen", data_file=str(data.train_file)))
     with pytest.raises(ValueError, match="--optimizer sgd has no default learning rate"):
-        finetune(FinetuneConfig(preset=str(FIXTURE), optimizer="sgd", data_file=str(data.train_file)))
+        finetune(FinetuneSettings(preset=str(FIXTURE), optimizer="sgd", data_file=str(data.train_file)))
     with pytest.raises(
         ValueError, match="a causal LM fine-tunes on --data-file FILE .* 'digits' is image classification data"
     ):
-        finetune(FinetuneConfig(preset=str(FIXTURE), sequence_length=LENGTH), report=lambda line: None)
+        finetune(FinetuneSettings(preset=str(FIXTURE), sequence_length=LENGTH), report=lambda line: None)
     with pytest.raises(ValueError, match="--data-file: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
-        finetune(FinetuneConfig(data_file=str(data.train_file)))
+        finetune(FinetuneSettings(data_file=str(data.train_file)))
     with pytest.raises(ValueError, match="^--packing: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
-        finetune(FinetuneConfig(packing=True))
+        finetune(FinetuneSettings(packing=True))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="--output .*full': exists and is not empty"):
-        finetune(FinetuneConfig(preset=str(FIXTURE), data_file=str(data.train_file), output=str(tmp_path / "full")))
+        finetune(FinetuneSettings(preset=str(FIXTURE), data_file=str(data.train_file), output=str(tmp_path / "full")))
     distribution = zd.distribution_for(
         GPTCausalLM, "context", "data=2,seq=4", context_attention="ring", balance="zigzag"
     )

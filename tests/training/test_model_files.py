@@ -97,16 +97,16 @@ def test_a_failing_save_leaves_the_previous_file_intact(tmp_path):
 # starts the config.json: the moment a kill 1-2 s into a big export hits.
 _KILLED_EXPORT = """
 import os, signal, sys
-from zoo.config.settings import ExportConfig
+from zoo.config.settings import ExportSettings
 from zoo.models.gpt import hf_checkpoints
 from zoo.training.export import export
 hf_checkpoints._write_json = lambda *arguments: os.kill(os.getpid(), signal.SIGKILL)
-export(ExportConfig(model=sys.argv[1], output=sys.argv[2]))
+export(ExportSettings(model=sys.argv[1], output=sys.argv[2]))
 """
 
 
 def test_a_killed_export_leaves_no_folder_and_the_next_removes_its_partial(tmp_path):
-    from zoo.config.settings import ExportConfig
+    from zoo.config.settings import ExportSettings
     from zoo.models import GPTCausalLM
     from zoo.tokenizers import ByteTokenizer
     from zoo.training.export import export
@@ -124,7 +124,7 @@ def test_a_killed_export_leaves_no_folder_and_the_next_removes_its_partial(tmp_p
     assert (partial / "model.safetensors").is_file() and not (partial / "config.json").exists()
 
     lines = []
-    export(ExportConfig(model=str(source), output=str(target)), report=lines.append)
+    export(ExportSettings(model=str(source), output=str(target)), report=lines.append)
     assert any(line.startswith(f"removed {partial}") for line in lines), lines
     assert list(tmp_path.glob("hf.partial*")) == []
     files = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}

@@ -21,7 +21,7 @@ import shutil
 import numpy as np
 import pytest
 
-from zoo.config.settings import ExportConfig
+from zoo.config.settings import ExportSettings
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.hf_checkpoints import weight_views
 from zoo.training._lora import enable_lora, kernel_path
@@ -47,7 +47,7 @@ def test_an_adapter_made_by_peft_gives_peft_logits(expected, tmp_path):
         logits, expected["logits"], atol=1e-4, rtol=0
     )  # measured: 6.2e-6 (the adapter moves them by 6.2)
     lines = []
-    export(ExportConfig(model=str(BASE), output=str(tmp_path / "merged"), lora=str(ADAPTER)), report=lines.append)
+    export(ExportSettings(model=str(BASE), output=str(tmp_path / "merged"), lora=str(ADAPTER)), report=lines.append)
     assert "PEFT adapter " + str(ADAPTER) + ": 14 modules, merged on export" in lines
     exported = {v.path: np.asarray(v.value) for v in GPTCausalLM.from_preset(tmp_path / "merged").weights}
     for variable in model.weights:  # the merged kernels (and the rest) as written; no second forward pass

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
 from zoo.bench._output import mib_text, write_text
-from zoo.config.bench_settings import AttentionBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import AttentionBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
@@ -61,7 +61,7 @@ class Goal:
 
 def run_benchmark(config, report=print):
     """Compile every program, time the small ones, check the goals; report markdown
-    (``config``: ``zoo.config.bench_settings.AttentionBenchConfig``; ``config.plot``: also
+    (``config``: ``zoo.config.bench_settings.AttentionBenchSettings``; ``config.plot``: also
     the memory-vs-T chart).
 
     Returns ``{"memory": [rows], "time": [rows], "goals": [Goal]}``.

@@ -40,7 +40,7 @@ from zoo.bench._fit_vs_jit import (  # noqa: F401  (re-exported: the benchmark's
     mesh_name,
 )
 from zoo.bench._output import write_text
-from zoo.config.bench_settings import CNNBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import CNNBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.data import load_shapes
 from zoo.models import SmallCNN
 from zoo.training.cnn import build_cnn, compile_cnn
@@ -53,7 +53,7 @@ SEED = 0  # data, weights and dropout stream; fixed so runs are comparable
 
 
 def run_benchmark(config, report=print):
-    """Measure every layout of ``config`` (``zoo.config.bench_settings.CNNBenchConfig``),
+    """Measure every layout of ``config`` (``zoo.config.bench_settings.CNNBenchSettings``),
     report the markdown table, return one dict per layout."""
     _check_config(config)
     x, y = load_shapes("train", image_size=config.image_size, num_examples=config.steps * config.batch_size, seed=SEED)

@@ -37,7 +37,7 @@ import keras
 import numpy as np
 
 from zoo.bench._output import mib_text, write_text
-from zoo.config.bench_settings import ContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import ContextBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh, parse_mesh_spec
 from zoo.distribution.axes import DATA, SEQ
@@ -65,7 +65,7 @@ class Run:
 
 def run_benchmark(config, report=print):
     """Compile every run's training step; report markdown (``config``:
-    ``zoo.config.bench_settings.ContextBenchConfig``; ``config.plot``: also the chart). Returns ``{"runs": [Run], "goal": (status, text)}``."""
+    ``zoo.config.bench_settings.ContextBenchSettings``; ``config.plot``: also the chart). Returns ``{"runs": [Run], "goal": (status, text)}``."""
     check_config(config)
     runs = [parse_run(text, config) for text in config.runs]
     for run in runs:

@@ -12,7 +12,7 @@ import keras
 from zoo import distribution as zd
 from zoo.bench._fit_vs_jit import measure
 from zoo.bench._output import write_text
-from zoo.config.bench_settings import GPTBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import GPTBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import DEFAULT_CONTEXT_ATTENTION
 from zoo.data import load
 from zoo.models import GPTCausalLM
@@ -28,7 +28,7 @@ SEED = 0
 
 
 def run_benchmark(config, report=print):
-    """Measure every layout of ``config`` (``zoo.config.bench_settings.GPTBenchConfig``),
+    """Measure every layout of ``config`` (``zoo.config.bench_settings.GPTBenchSettings``),
     report the markdown table, return one dict per layout."""
     x, y = load(
         "python_docs", "train", sequence_length=config.sequence_length, num_examples=config.steps * config.batch_size

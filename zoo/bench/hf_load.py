@@ -50,7 +50,7 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo.bench._output import size_text, write_text
-from zoo.config.bench_settings import HFLoadBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import HFLoadBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt.hf_checkpoints import backbone_arguments

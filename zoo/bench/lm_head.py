@@ -21,7 +21,7 @@ import jax
 import keras
 
 from zoo.bench._output import size_text, write_text
-from zoo.config.bench_settings import LMHeadBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import LMHeadBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution import make_mesh
 from zoo.distribution.axes import DATA
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report

@@ -42,7 +42,7 @@ import keras
 
 from zoo import distribution as zd
 from zoo.bench._output import remat_warning, size_text, write_text
-from zoo.config.bench_settings import LoraContextBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import LoraContextBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.measure.hardware import device_spec
@@ -52,7 +52,7 @@ from zoo.training.compiled_step import abstract_build, compile_fit_step
 from zoo.training.finetune import enable_lora, is_lora_variable
 
 TARGETS = ("h100", "h200")  # the "fits" columns: zoo.measure.hardware.DEVICES kinds (80 and 141 GiB)
-LLAMA_3_2_1B = {  # GPTBackbone arguments fixed here; the sizes are settings (LoraContextBenchConfig)
+LLAMA_3_2_1B = {  # GPTBackbone arguments fixed here; the sizes are settings (LoraContextBenchSettings)
     "mlp": "swiglu",
     "norm": "rms",
     "layer_norm_epsilon": 1e-5,

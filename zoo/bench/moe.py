@@ -52,7 +52,7 @@ from zoo import distribution as zd
 from zoo._compat import sublayers
 from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.bench.pipeline import build_model
-from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, EXPERT
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.distribution.distributions import place_batch

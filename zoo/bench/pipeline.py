@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 from zoo import distribution as zd
 from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.bench.lora_context_memory import LLAMA_3_2_1B, SIZES, compile_model
-from zoo.config.bench_settings import PIPELINE_SECTIONS, PipelineBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import PIPELINE_SECTIONS, PipelineBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, STAGE
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.kernels.pipeline import check_schedule, num_ticks, pipeline

@@ -20,7 +20,7 @@ import glob
 import time
 
 from zoo.bench._output import write_text
-from zoo.config.bench_settings import PLAN_SECTIONS, PlanBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import PLAN_SECTIONS, PlanBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.planning.plan import PlanRequest, make_plan
 from zoo.units import GIB
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 
 from zoo.bench._output import write_text
-from zoo.config.bench_settings import ScaleBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import ScaleBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.units import GIB, MIB
@@ -74,7 +74,7 @@ def run_worker_process(devices, task):
 
 
 def run_benchmark(config, report=print):
-    """Every table of the benchmark (``config``: ``zoo.config.bench_settings.ScaleBenchConfig``);
+    """Every table of the benchmark (``config``: ``zoo.config.bench_settings.ScaleBenchSettings``);
     returns the rows (also written to ``config.output``)."""
     rows = []
     for devices, task in tasks(config):

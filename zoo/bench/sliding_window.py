@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
 from zoo.bench._output import size_text, write_text
-from zoo.config.bench_settings import WindowBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import WindowBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
@@ -101,7 +101,7 @@ class ContextRow:
 
 def run_benchmark(config, report=print):
     """Compile and count every row, check the goals; report markdown (``config``:
-    ``zoo.config.bench_settings.WindowBenchConfig``).
+    ``zoo.config.bench_settings.WindowBenchSettings``).
 
     Returns ``{"blockwise": [BlockwiseRow], "context": [ContextRow], "goals": [Goal]}``.
     """

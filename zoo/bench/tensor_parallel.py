@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from zoo import distribution as zd
 from zoo.bench._output import write_text
-from zoo.config.bench_settings import TP_VARIANTS, TPBenchConfig  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_settings import TP_VARIANTS, TPBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, MODEL
 from zoo.distribution.comms_report import FAST_COMPILE, comms_report, layer_step
 from zoo.distribution.mesh import require_axes
@@ -54,7 +54,7 @@ SEED = 0
 
 def run_benchmark(config, report=print):
     """Compile and time every variant; report the markdown table; return one dict per row
-    (``config``: ``zoo.config.bench_settings.TPBenchConfig``; ``config.plot``: also the chart)."""
+    (``config``: ``zoo.config.bench_settings.TPBenchSettings``; ``config.plot``: also the chart)."""
     check_config(config)
     rows = []
     try:

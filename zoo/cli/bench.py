@@ -27,69 +27,69 @@ class Bench:
 
 BENCHES = {
     "cnn": Bench(
-        "images/s of model.fit vs a hand-written jax.jit step (SmallCNN)", bench_settings.CNNBenchConfig, "cnn_fit"
+        "images/s of model.fit vs a hand-written jax.jit step (SmallCNN)", bench_settings.CNNBenchSettings, "cnn_fit"
     ),
     "gpt": Bench(
-        "tokens/s of model.fit vs a hand-written jax.jit step (GPT)", bench_settings.GPTBenchConfig, "gpt_fit"
+        "tokens/s of model.fit vs a hand-written jax.jit step (GPT)", bench_settings.GPTBenchSettings, "gpt_fit"
     ),
     "attention": Bench(
         "per-device memory and time of sequence-parallel attention",
-        bench_settings.AttentionBenchConfig,
+        bench_settings.AttentionBenchSettings,
         "attention_memory",
     ),
     "tp": Bench(
         "bytes moved and memory of tensor-parallel MLPs: explicit kernels vs GSPMD",
-        bench_settings.TPBenchConfig,
+        bench_settings.TPBenchSettings,
         "tensor_parallel",
     ),
     "context": Bench(
         "per-device memory of a GPT training step: data- vs context-parallel",
-        bench_settings.ContextBenchConfig,
+        bench_settings.ContextBenchSettings,
         "context_parallel_memory",
     ),
     "lora-context": Bench(
         "per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized GPT at 8k-128k: context vs fsdp, compile-only",
-        bench_settings.LoraContextBenchConfig,
+        bench_settings.LoraContextBenchSettings,
         "lora_context_memory",
     ),
     "lm-head": Bench(
         "under fsdp, what the LM head gathers (its weight or the batch's activations) chosen by size vs each forced, "
         "Llama-3.2-1B sizes at 8 and 64 devices, compile-only",
-        bench_settings.LMHeadBenchConfig,
+        bench_settings.LMHeadBenchSettings,
         "lm_head",
     ),
     "hf-load": Bench(
         "per-device and host memory while a Llama-3.2-1B-sized Hugging Face checkpoint loads under fsdp / tp",
-        bench_settings.HFLoadBenchConfig,
+        bench_settings.HFLoadBenchSettings,
         "hf_load",
     ),
     "pipeline": Bench(
         "the pipeline's bubble measured through the kernel (S=4, M=4..32, GPipe and circular) and per-device memory of a "
         "pipelined Llama-3.2-1B-sized GPT, compile-only",
-        bench_settings.PipelineBenchConfig,
+        bench_settings.PipelineBenchSettings,
         "pipeline",
     ),
     "moe": Bench(
         "Mixture-of-Experts: all-to-all bytes vs the minimum, expert weights per device, tokens dropped, Mixtral-8x7B "
         "LoRA / full steps compile-only, sparse vs dense-masked time",
-        bench_settings.MoEBenchConfig,
+        bench_settings.MoEBenchSettings,
         "moe",
     ),
     "window": Bench(
         "sliding-window attention: blockwise tiles and memory at T=32k, W=4k; ring hops and bytes, all-gather and Ulysses "
         "at T=128k on 8 devices, vs full causal, compile-only",
-        bench_settings.WindowBenchConfig,
+        bench_settings.WindowBenchSettings,
         "sliding_window",
     ),
     "scale": Bench(
         "gpt_1b at real size, compile-only: recipe steps, attention, fsdp+tp weights, TP bytes",
-        bench_settings.ScaleBenchConfig,
+        bench_settings.ScaleBenchSettings,
         "scale",
         simulate=False,
     ),
     "plan": Bench(
         "zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios",
-        bench_settings.PlanBenchConfig,
+        bench_settings.PlanBenchSettings,
         "plan",
         simulate=False,
     ),

@@ -20,7 +20,7 @@ STEPS = ("forward", "backward", "train")
 
 
 @dataclasses.dataclass
-class CommsConfig:
+class CommsSettings:
     """Settings of ``zoo comms``; every default is the CLI's default."""
 
     model: str = "mlp"  # mlp: a tensor-parallel MLP block; cnn: zoo.models.SmallCNN
@@ -41,7 +41,7 @@ class CommsConfig:
 
 def add_arguments(parser):
     """The ``zoo comms`` flags, on an ``argparse`` (sub)parser."""
-    defaults = CommsConfig()
+    defaults = CommsSettings()
     parser.add_argument("model", choices=COMMS_MODELS, help="mlp: tensor-parallel MLP block; cnn: SmallCNN")
     add_simulate_flag(parser)
     parser.add_argument(
@@ -100,8 +100,8 @@ def add_arguments(parser):
 
 def run(args):
     """Print the report of the step ``args`` describe; returns the exit code."""
-    fields = {f.name for f in dataclasses.fields(CommsConfig)}
-    config = CommsConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    fields = {f.name for f in dataclasses.fields(CommsSettings)}
+    config = CommsSettings(**{k: v for k, v in vars(args).items() if k in fields})
     report = comms_for(config)
     print("\n".join(report.format()))
     return 0
@@ -166,13 +166,13 @@ def _mlp(config):
         explicit_model,
         gspmd_model,
     )
-    from zoo.config.bench_settings import TPBenchConfig
+    from zoo.config.bench_settings import TPBenchSettings
     from zoo.distribution import default_mesh_spec
 
     if config.collective_matmul and config.implementation != "explicit":
         raise ValueError("--collective-matmul is a feature of the explicit implementation")
     mesh = config.mesh or default_mesh_spec("model", len(jax.devices()))
-    shapes = TPBenchConfig(
+    shapes = TPBenchSettings(
         mesh=mesh,
         batch_size=config.batch_size,
         sequence_length=config.sequence_length,

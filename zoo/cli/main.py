@@ -30,23 +30,23 @@ def build_parser():
     _add_trains(commands.add_parser("train", help="train a model with model.fit under a distribution"))
     _add_job(
         commands.add_parser("verify", help="compare training under a distribution with one device"),
-        settings.VerifyConfig,
+        settings.VerifySettings,
         _run_verify,
         model_choices=("cnn",),
     )
     _add_job(
         commands.add_parser("generate", help="continue a prompt with a GPT saved by zoo train gpt"),
-        settings.GenerateConfig,
+        settings.GenerateSettings,
         _run_generate,
     )
     _add_job(
         commands.add_parser("finetune", help="fine-tune a preset: frozen backbone, LoRA or full"),
-        settings.FinetuneConfig,
+        settings.FinetuneSettings,
         _run_finetune,
     )
     _add_job(
         commands.add_parser("export", help="write a GPT causal LM as a Hugging Face folder (LoRA merged)"),
-        settings.ExportConfig,
+        settings.ExportSettings,
         _run_export,
     )
     bench.add_arguments(
@@ -153,27 +153,27 @@ def _run_train(args):
 def _run_verify(args):
     from zoo.training.cnn import verify
 
-    return 0 if verify(schema.from_args(settings.VerifyConfig, args)).passed else 1
+    return 0 if verify(schema.from_args(settings.VerifySettings, args)).passed else 1
 
 
 def _run_generate(args):
     from zoo.training.gpt import generate
 
-    generate(schema.from_args(settings.GenerateConfig, args))
+    generate(schema.from_args(settings.GenerateSettings, args))
     return 0
 
 
 def _run_export(args):
     from zoo.training.export import export
 
-    export(schema.from_args(settings.ExportConfig, args))
+    export(schema.from_args(settings.ExportSettings, args))
     return 0
 
 
 def _run_finetune(args):
     from zoo.training.finetune import finetune
 
-    finetune(schema.from_args(settings.FinetuneConfig, args))
+    finetune(schema.from_args(settings.FinetuneSettings, args))
     return 0
 
 

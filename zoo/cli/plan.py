@@ -14,7 +14,7 @@ import os
 import sys
 
 from zoo.config import schema, types
-from zoo.config.settings import GPTTrainConfig
+from zoo.config.settings import GPTTrainSettings
 
 DEPTH_HELP = (
     "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
@@ -22,7 +22,7 @@ DEPTH_HELP = (
 
 
 # The GPT settings zoo plan takes, as zoo train gpt takes them (same flags, defaults and
-# checks: GPTTrainConfig), so that zoo plan FLAGS sizes exactly zoo train gpt FLAGS.
+# checks: GPTTrainSettings), so that zoo plan FLAGS sizes exactly zoo train gpt FLAGS.
 PLANNED_SETTINGS = (
     "config_name",
     "num_layers",
@@ -44,14 +44,14 @@ PLANNED_SETTINGS = (
 
 
 def _gpt_fields():
-    return [field for field in schema.settings_fields(GPTTrainConfig) if field.name in PLANNED_SETTINGS]
+    return [field for field in schema.settings_fields(GPTTrainSettings) if field.name in PLANNED_SETTINGS]
 
 
 def _add_gpt_flags(parser):
-    """The GPT flags, generated from ``GPTTrainConfig``; parsed as None when left out (their
+    """The GPT flags, generated from ``GPTTrainSettings``; parsed as None when left out (their
     help states the default) so that a recipe can refuse them (the recipe says them)."""
-    skip = [field.name for field in schema.settings_fields(GPTTrainConfig) if field.name not in PLANNED_SETTINGS]
-    schema.add_flags(parser, GPTTrainConfig, skip=skip)
+    skip = [field.name for field in schema.settings_fields(GPTTrainSettings) if field.name not in PLANNED_SETTINGS]
+    schema.add_flags(parser, GPTTrainSettings, skip=skip)
     parser.set_defaults(**dict.fromkeys(PLANNED_SETTINGS))
 
 
@@ -99,7 +99,7 @@ def add_arguments(parser):
 
 
 def _gpt_settings(args):
-    """``{name: value}`` of the GPT flags, ``GPTTrainConfig``'s defaults filled in."""
+    """``{name: value}`` of the GPT flags, ``GPTTrainSettings``'s defaults filled in."""
     return {
         field.name: field.default if getattr(args, field.name) is None else getattr(args, field.name)
         for field in _gpt_fields()

@@ -123,7 +123,7 @@ def layout_runs(text):
 
 
 @dataclasses.dataclass
-class CNNBenchConfig:
+class CNNBenchSettings:
     """Settings of ``zoo bench cnn``: images/s of ``model.fit`` vs a hand-written ``jax.jit`` step."""
 
     image_size: int = setting(
@@ -136,7 +136,7 @@ class CNNBenchConfig:
 
 
 @dataclasses.dataclass
-class GPTBenchConfig:
+class GPTBenchSettings:
     """Settings of ``zoo bench gpt``: tokens/s of ``model.fit`` vs a hand-written ``jax.jit`` step."""
 
     config_name: str = setting("gpt_small", "named size (zoo.models.GPT_CONFIGS)", section="bench")
@@ -157,7 +157,7 @@ class GPTBenchConfig:
 
 
 @dataclasses.dataclass
-class AttentionBenchConfig:
+class AttentionBenchSettings:
     """Settings of ``zoo bench attention``: per-device memory and time of sequence-parallel attention."""
 
     lengths: tuple = setting(
@@ -204,7 +204,7 @@ class AttentionBenchConfig:
 
 
 @dataclasses.dataclass
-class ContextBenchConfig:
+class ContextBenchSettings:
     """Settings of ``zoo bench context``: per-device memory of a GPT training step, data- vs context-parallel."""
 
     sequence_length: int = setting(16384, "tokens per sequence (T)", section="bench", parse=types.sequence_length)
@@ -235,7 +235,7 @@ class ContextBenchConfig:
 
 
 @dataclasses.dataclass
-class TPBenchConfig:
+class TPBenchSettings:
     """Settings of ``zoo bench tp``: bytes moved by the explicit tensor-parallel MLP vs GSPMD vs Megatron's minimum."""
 
     mesh: str = setting("data=2,model=4", "mesh with axes data and model (model > 1)", section="bench")
@@ -260,7 +260,7 @@ class TPBenchConfig:
 
 
 @dataclasses.dataclass
-class ScaleBenchConfig:
+class ScaleBenchSettings:
     """Settings of ``zoo bench scale``: gpt_1b at real size, compile-only (one process per device count)."""
 
     recipes: tuple = setting(
@@ -294,7 +294,7 @@ class ScaleBenchConfig:
 
 
 @dataclasses.dataclass
-class PlanBenchConfig:
+class PlanBenchSettings:
     """Settings of ``zoo bench plan``: zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's scenarios."""
 
     sections: tuple = setting(
@@ -325,7 +325,7 @@ class Llama32Sizes:
 
 
 @dataclasses.dataclass
-class LMHeadBenchConfig(Llama32Sizes):
+class LMHeadBenchSettings(Llama32Sizes):
     """Settings of ``zoo bench lm-head``: under fsdp, the LM head's gather (its weight or the batch's activations) chosen by size vs each forced, compile-only."""
 
     num_layers: int = _count(2, "Transformer blocks L (the head's collectives do not depend on depth)")
@@ -357,7 +357,7 @@ class LMHeadBenchConfig(Llama32Sizes):
 
 
 @dataclasses.dataclass
-class LoraContextBenchConfig(Llama32Sizes):
+class LoraContextBenchSettings(Llama32Sizes):
     """Settings of ``zoo bench lora-context``: per-device memory of LoRA fine-tuning a Llama-3.2-1B-sized GPT at long context, compile-only."""
 
     sequence_lengths: tuple = setting(
@@ -412,7 +412,7 @@ class LoraContextBenchConfig(Llama32Sizes):
 
 
 @dataclasses.dataclass
-class HFLoadBenchConfig(Llama32Sizes):
+class HFLoadBenchSettings(Llama32Sizes):
     """Settings of ``zoo bench hf-load``: per-device and host memory while a Llama-3.2-1B-sized Hugging Face checkpoint loads under a layout."""
 
     runs: tuple = setting(
@@ -444,7 +444,7 @@ class HFLoadBenchConfig(Llama32Sizes):
 
 
 @dataclasses.dataclass
-class PipelineBenchConfig(Llama32Sizes):
+class PipelineBenchSettings(Llama32Sizes):
     """Settings of ``zoo bench pipeline``: the pipeline's bubble measured through the kernel, and the per-device memory of a pipelined Llama-3.2-1B-sized GPT, compile-only."""
 
     sections: tuple = setting(
@@ -514,7 +514,7 @@ class PipelineBenchConfig(Llama32Sizes):
 
 
 @dataclasses.dataclass
-class MoEBenchConfig:
+class MoEBenchSettings:
     """Settings of ``zoo bench moe``: all-to-all bytes against the analytic minimum, expert weights per device, tokens dropped, a Mixtral-8x7B step at real size (compile-only) and the sparse layer's time against the dense-masked one."""
 
     sections: tuple = setting(
@@ -615,7 +615,7 @@ class MoEBenchConfig:
 
 
 @dataclasses.dataclass
-class WindowBenchConfig:
+class WindowBenchSettings:
     """Settings of ``zoo bench window``: what a sliding window W saves in every attention kernel (tiles, memory, ring hops and bytes), compile-only and counted through the kernels' code paths."""
 
     sections: tuple = setting(
@@ -665,3 +665,29 @@ class WindowBenchConfig:
         metavar="BALANCES",
     )
     output: str | None = _output()
+
+
+# --- the names before the settings classes were named *Settings ------------------------
+
+RENAMED = {
+    "CNNBenchConfig": "CNNBenchSettings",
+    "GPTBenchConfig": "GPTBenchSettings",
+    "AttentionBenchConfig": "AttentionBenchSettings",
+    "ContextBenchConfig": "ContextBenchSettings",
+    "TPBenchConfig": "TPBenchSettings",
+    "ScaleBenchConfig": "ScaleBenchSettings",
+    "PlanBenchConfig": "PlanBenchSettings",
+    "LoraContextBenchConfig": "LoraContextBenchSettings",
+    "HFLoadBenchConfig": "HFLoadBenchSettings",
+    "PipelineBenchConfig": "PipelineBenchSettings",
+    "MoEBenchConfig": "MoEBenchSettings",
+    "WindowBenchConfig": "WindowBenchSettings",
+}
+
+
+def __getattr__(name):
+    """An old class name gets one line naming its new one (ImportError, so that ``from
+    zoo.config.bench_settings import OldName`` says it too)."""
+    if name in RENAMED:
+        raise ImportError(f"{__name__}.{name} was renamed {RENAMED[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

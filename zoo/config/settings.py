@@ -74,7 +74,7 @@ class CheckpointSettings:
 
 
 @dataclasses.dataclass
-class CNNTrainConfig(CheckpointSettings, _Checked):
+class CNNTrainSettings(CheckpointSettings, _Checked):
     """Settings of ``zoo train cnn`` (recipe job ``train_cnn``)."""
 
     layout: str = setting("model", LAYOUT_HELP, section="parallel", choices=choices.CNN_LAYOUTS)
@@ -108,7 +108,7 @@ class CNNTrainConfig(CheckpointSettings, _Checked):
 
 
 @dataclasses.dataclass
-class VerifyConfig(_Checked):
+class VerifySettings(_Checked):
     """Settings of ``zoo verify cnn``: a distributed run against one device."""
 
     layout: str = setting("model", LAYOUT_HELP, section="parallel", choices=("data", "model"))
@@ -135,7 +135,7 @@ class VerifyConfig(_Checked):
 
 
 @dataclasses.dataclass
-class GPTTrainConfig(CheckpointSettings, _Checked):
+class GPTTrainSettings(CheckpointSettings, _Checked):
     """Settings of ``zoo train gpt`` (recipe job ``pretrain_gpt``)."""
 
     config_name: str = setting(
@@ -325,7 +325,7 @@ def check_pipeline_settings(config):
 
 
 @dataclasses.dataclass
-class ClassifierTrainConfig(_Checked):
+class ClassifierTrainSettings(_Checked):
     """Settings shared by ``zoo train encoder`` and ``zoo train vit``."""
 
     model = None  # "encoder" | "vit": set by the subclass
@@ -357,7 +357,7 @@ class ClassifierTrainConfig(_Checked):
 
 
 @dataclasses.dataclass
-class EncoderTrainConfig(ClassifierTrainConfig):
+class EncoderTrainSettings(ClassifierTrainSettings):
     """Settings of ``zoo train encoder`` (text classification)."""
 
     model = "encoder"
@@ -365,7 +365,7 @@ class EncoderTrainConfig(ClassifierTrainConfig):
 
 
 @dataclasses.dataclass
-class ViTTrainConfig(ClassifierTrainConfig):
+class ViTTrainSettings(ClassifierTrainSettings):
     """Settings of ``zoo train vit`` (image classification)."""
 
     model = "vit"
@@ -378,7 +378,7 @@ class ViTTrainConfig(ClassifierTrainConfig):
 
 
 @dataclasses.dataclass
-class FinetuneConfig(CheckpointSettings, _Checked):
+class FinetuneSettings(CheckpointSettings, _Checked):
     """Settings of ``zoo finetune`` (recipe job ``finetune``)."""
 
     preset: str = setting(
@@ -522,7 +522,7 @@ class FinetuneConfig(CheckpointSettings, _Checked):
 
 
 @dataclasses.dataclass
-class GenerateConfig(_Checked):
+class GenerateSettings(_Checked):
     """Settings of ``zoo generate``."""
 
     model: str = setting(
@@ -578,14 +578,14 @@ class GenerateConfig(_Checked):
         parts = [part.strip() for part in self.stop_token_ids.split(",") if part.strip()]
         if not all(part.isdigit() for part in parts):
             raise ValueError(
-                f"GenerateConfig.stop_token_ids: expected comma-separated token ids >= 0 such as 2,32000 (or '' for none), "
+                f"GenerateSettings.stop_token_ids: expected comma-separated token ids >= 0 such as 2,32000 (or '' for none), "
                 f"got {self.stop_token_ids!r}"
             )
         return tuple(int(part) for part in parts)
 
 
 @dataclasses.dataclass
-class ExportConfig(_Checked):
+class ExportSettings(_Checked):
     """Settings of ``zoo export``."""
 
     model: str = setting(
@@ -620,4 +620,32 @@ class ExportConfig(_Checked):
     )
 
 
-TRAIN_CONFIGS = {"cnn": CNNTrainConfig, "gpt": GPTTrainConfig, "encoder": EncoderTrainConfig, "vit": ViTTrainConfig}
+TRAIN_CONFIGS = {
+    "cnn": CNNTrainSettings,
+    "gpt": GPTTrainSettings,
+    "encoder": EncoderTrainSettings,
+    "vit": ViTTrainSettings,
+}
+
+
+# --- the names before the settings classes were named *Settings ------------------------
+
+RENAMED = {
+    "CNNTrainConfig": "CNNTrainSettings",
+    "VerifyConfig": "VerifySettings",
+    "GPTTrainConfig": "GPTTrainSettings",
+    "ClassifierTrainConfig": "ClassifierTrainSettings",
+    "EncoderTrainConfig": "EncoderTrainSettings",
+    "ViTTrainConfig": "ViTTrainSettings",
+    "FinetuneConfig": "FinetuneSettings",
+    "GenerateConfig": "GenerateSettings",
+    "ExportConfig": "ExportSettings",
+}
+
+
+def __getattr__(name):
+    """An old class name gets one line naming its new one (ImportError, so that ``from
+    zoo.config.settings import OldName`` says it too)."""
+    if name in RENAMED:
+        raise ImportError(f"{__name__}.{name} was renamed {RENAMED[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,7 +44,7 @@ class PlanRequest:
     """What to compile and for which target; plain values (sent to the worker as JSON)."""
 
     job: str  # a recipe job: pretrain_gpt | train_cnn | finetune
-    config: dict  # fields of the job's config dataclass (e.g. GPTTrainConfig)
+    config: dict  # fields of the job's config dataclass (e.g. GPTTrainSettings)
     devices: int  # the target's device count
     device: str = "h100"  # a zoo.measure.hardware.DEVICES name (or cpu)
     device_memory_gib: float | None = None  # None: the device's own

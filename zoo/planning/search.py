@@ -83,7 +83,7 @@ class Candidate:
         return "gpipe" if self.repeats == 1 else "circular"
 
     def settings(self):
-        """The job settings this candidate sets (``GPTTrainConfig`` fields)."""
+        """The job settings this candidate sets (``GPTTrainSettings`` fields)."""
         chosen = dict(
             layout=self.layout,
             mesh=self.mesh,
@@ -558,7 +558,7 @@ def _pipeline_text(candidate):
 
 
 def choose_layout(config, *, top=3, report=print):
-    """``config`` (a ``GPTTrainConfig`` with ``layout="auto"``) with the best fitting
+    """``config`` (a ``GPTTrainSettings`` with ``layout="auto"``) with the best fitting
     layout, mesh, remat and batch split for this process' devices; raises ``ValueError``
     naming the smallest peak when none fits. The batch per optimizer update
     (``batch_size x gradient_accumulation_steps``) is kept."""

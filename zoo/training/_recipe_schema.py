@@ -4,7 +4,7 @@ the job settings (``zoo.config.settings``), and checked parsing into them.
 A recipe is a TOML file. ``[recipe]``, ``[target]`` and ``[multihost]`` are the
 recipe's own (one dataclass each below); every other section and key is a field of a
 job's settings dataclass under the same name (``[train] batch_size`` is
-``GPTTrainConfig.batch_size`` and ``--batch-size``): the section dataclasses below are
+``GPTTrainSettings.batch_size`` and ``--batch-size``): the section dataclasses below are
 generated from them (``job_sections``). ``parse_sections`` refuses anything else, naming
 the file, the section, the key, the value and what is allowed; a key that was renamed
 gets its new name (``RENAMED_KEYS``). A key left out of the file is ``None`` here, which
@@ -23,9 +23,9 @@ from zoo.config.schema import check_value as check_setting
 JOBS = ("train_cnn", "pretrain_gpt", "finetune")
 # recipe job -> its settings (zoo.training._recipe_jobs runs them)
 JOB_SETTINGS = {
-    "train_cnn": settings.CNNTrainConfig,
-    "pretrain_gpt": settings.GPTTrainConfig,
-    "finetune": settings.FinetuneConfig,
+    "train_cnn": settings.CNNTrainSettings,
+    "pretrain_gpt": settings.GPTTrainSettings,
+    "finetune": settings.FinetuneSettings,
 }
 # "section.key" of an earlier release -> the key that replaced it (docs/architecture.md, Vocabulary)
 RENAMED_KEYS = {

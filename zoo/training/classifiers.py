@@ -4,9 +4,9 @@ import keras
 
 from zoo import distribution as zd
 from zoo.config.settings import (  # noqa: F401 (the settings of these jobs)
-    ClassifierTrainConfig,
-    EncoderTrainConfig,
-    ViTTrainConfig,
+    ClassifierTrainSettings,
+    EncoderTrainSettings,
+    ViTTrainSettings,
 )
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION

@@ -3,7 +3,7 @@
 import keras
 
 from zoo import distribution as zd
-from zoo.config.settings import CNNTrainConfig, VerifyConfig  # noqa: F401 (the settings of these jobs)
+from zoo.config.settings import CNNTrainSettings, VerifySettings  # noqa: F401 (the settings of these jobs)
 from zoo.data import SHAPE_CLASSES, DivisibleBatches, get_spec, load, load_shapes
 from zoo.data.catalog import IMAGE_CLASSIFICATION
 from zoo.distribution.parity import check_parity

@@ -11,7 +11,7 @@ tokenizer whose vocabulary is the 256 bytes (what ``zoo train gpt`` trains on, w
 killed export left beside it is removed and named. See docs/checkpoints-hf.md.
 """
 
-from zoo.config.settings import ExportConfig  # noqa: F401 (the settings of this job)
+from zoo.config.settings import ExportSettings  # noqa: F401 (the settings of this job)
 from zoo.models import GPTCausalLMPreprocessor
 from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
 from zoo.tokenizers import ByteTokenizer

@@ -28,7 +28,7 @@ import numpy as np
 from zoo import distribution as zd
 from zoo._compat import sublayers
 from zoo.config.choices import CLASSIFIER_FINETUNE_LAYOUTS, METHODS
-from zoo.config.settings import FinetuneConfig
+from zoo.config.settings import FinetuneSettings
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 from zoo.presets import (
@@ -59,7 +59,7 @@ LEARNING_RATES = {"frozen": 1e-2, "lora": 1e-2, "full": 3e-3}
 LORA_FILE = "lora.weights.h5"  # the adapter, written beside the merged preset
 
 __all__ = [
-    "FinetuneConfig",
+    "FinetuneSettings",
     "enable_lora",
     "finetune",
     "finetune_causal_lm",

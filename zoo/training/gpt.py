@@ -4,7 +4,7 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
-from zoo.config.settings import GenerateConfig, GPTTrainConfig  # noqa: F401 (the settings of these jobs)
+from zoo.config.settings import GenerateSettings, GPTTrainSettings  # noqa: F401 (the settings of these jobs)
 from zoo.data import (
     ByteTokenizer,
     DivisibleBatches,

@@ -330,7 +330,7 @@ def finetune_causal_lm(
 
 
 def finetune_lm(config, report=print):
-    """``zoo finetune`` for a causal LM (``config``: ``FinetuneConfig``); returns
+    """``zoo finetune`` for a causal LM (``config``: ``FinetuneSettings``); returns
     ``finetune_causal_lm``'s dict, plus ``"output"`` (where the model went, or None)."""
     _check_options(config)
     check_job_paths(config, output_is_folder=True)
