@@ -79,6 +79,13 @@ MATRIX = {
     f"{SP_KERNELS}[ulysses-n4-causal-h4k4-mask]": "ulysses-n8-causal-h8k2-mask",
     f"{SP_KERNELS}[ring-striped-n4-causal-h4k4-mask]": "ring-striped-n8-causal-h8k2-mask",
     f"{SP_KERNELS}[ring-zigzag-n4-causal-h4k4-mask]": "ring-zigzag-n8-causal-h8k2-mask",
+    "tests/training/test_packing.py::test_a_step_on_packed_rows_computes_the_step_on_one_example_a_row[single]": (
+        "[context]; one device's packed logits, and the same rows without ids differing: "
+        "test_a_packed_row_gives_each_example_its_logits_alone"
+    ),
+    "tests/bench/test_lm_head.py::test_rows_choose_the_cheaper_gather_and_write_the_table": (
+        "the head's choice in the compiled step: tests/models/test_lm_head_gather.py (compile-only, both choices)"
+    ),
     "tests/training/test_packing.py::test_a_step_on_packed_rows_computes_the_step_on_one_example_a_row[tp]": (
         "[context]; the TP attention on packed rows: tests/layers/test_multi_head_attention_packing.py [tp]"
     ),
