@@ -158,7 +158,7 @@ MATRIX = {
     f"{DOCS}[docs/checkpoints.md#0]": "tests/training/test_checkpoints.py",
     f"{DOCS}[docs/planning.md#0]": "tests/planning",
     f"{DOCS}[docs/finetuning.md#0]": "tests/training/test_finetune.py",
-    f"{DOCS}[docs/finetuning.md#4]": "tests/training/test_peft_adapters.py",
+    f"{DOCS}[docs/finetuning.md#4]": "tests/training/lora/test_peft_adapters.py",
     # the examples of 1.2-4.2 s each (about 22 s together): a model built, fit or compiled
     # on the simulated devices; tier 1 runs what they show in the tests named, and every
     # page's blocks pass the static import-order check (test_docs.py)

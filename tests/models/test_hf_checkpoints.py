@@ -211,9 +211,9 @@ def test_a_dense_model_exports_as_its_model_type_and_round_trips(loaded, tmp_pat
 
 def test_lora_is_merged_on_export(tmp_path):
     from zoo.config.settings import ExportSettings
-    from zoo.training._lora import enable_lora
-    from zoo.training._lora_files import save_lora
     from zoo.training.export import export, exported_parameter_count
+    from zoo.training.lora._files import save_lora
+    from zoo.training.lora._layers import enable_lora
 
     model = GPTCausalLM.from_preset(FIXTURES / "llama_mha_tied")
     layers = enable_lora(model, 2)

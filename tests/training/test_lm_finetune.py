@@ -27,7 +27,6 @@ from zoo.data.text_files import LMExamples, load_text_file, pack_ids, pack_texts
 from zoo.distribution.parity import StepLosses, compare
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import ByteTokenizer, HFTokenizer
-from zoo.training._lora import layer_prefix
 from zoo.training.finetune import FinetuneSettings, finetune
 from zoo.training.lm_finetune import (
     causal_lm_config,
@@ -37,6 +36,7 @@ from zoo.training.lm_finetune import (
     prepare_causal_lm,
     token_batches,
 )
+from zoo.training.lora._layers import layer_prefix
 
 FIXTURE = (
     pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llama_mha_tied"
@@ -228,8 +228,8 @@ def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, referenc
         if expected is None:  # not adapted: the fixture's own weight, untouched
             expected = next(np.asarray(v.value) for v in model.weights if v.path == path)
         np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-7, err_msg=path)
-    # the PEFT adapter on the fixture gives the same weights (tests/training/test_peft_adapters.py: and PEFT's logits)
-    from zoo.training.peft_adapters import load_peft_adapter
+    # the PEFT adapter on the fixture gives the same weights (tests/training/lora/test_peft_adapters.py: and PEFT's logits)
+    from zoo.training.lora.peft_adapters import load_peft_adapter
 
     with_adapter = GPTCausalLM.from_preset(FIXTURE)
     assert len(load_peft_adapter(with_adapter, output / "adapter")) == 14

@@ -15,9 +15,7 @@ from zoo.config.settings import ExportSettings  # noqa: F401 (the settings of th
 from zoo.models import GPTCausalLMPreprocessor
 from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
 from zoo.tokenizers import ByteTokenizer
-from zoo.training._lora import lora_layers, lora_parameter_count
-from zoo.training._lora_files import load_lora
-from zoo.training.peft_adapters import is_peft_adapter, load_peft_adapter
+from zoo.training.lora import is_peft_adapter, load_lora, load_peft_adapter, lora_layers, lora_parameter_count
 from zoo.training.saving import load_causal_lm
 from zoo.units import MIB
 

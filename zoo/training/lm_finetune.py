@@ -66,11 +66,9 @@ from zoo.presets.save import check_preset_destination
 from zoo.tokenizers import HFTokenizer, Tokenizer
 from zoo.tokenizers.chat import template_of
 from zoo.training._checkpointed_fit import checkpointed_fit
-from zoo.training._lora import enable_lora, lora_parameter_count, merge_lora
-from zoo.training._lora_files import save_lora
 from zoo.training.job_setup import job_distribution, report_setup, run_dir_of
+from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
-from zoo.training.peft_adapters import save_peft_adapter
 from zoo.training.report import StepReport
 from zoo.training.saving import load_causal_lm
 

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from zoo.presets.sharded_weights import assign_from_host
-from zoo.training._lora import LORA_WEIGHTS, enable_lora, layer_prefix, lora_layers, lora_target_layers
+from zoo.training.lora._layers import LORA_WEIGHTS, enable_lora, layer_prefix, lora_layers, lora_target_layers
 
 LORA_FORMAT = "zoo-lora"
 LORA_FORMAT_VERSION = 1

@@ -24,11 +24,11 @@ import pytest
 from zoo.config.settings import ExportSettings
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.hf_checkpoints import weight_views
-from zoo.training._lora import enable_lora, kernel_path
 from zoo.training.export import export
-from zoo.training.peft_adapters import load_peft_adapter, peft_factors, read_peft_adapter, save_peft_adapter
+from zoo.training.lora._layers import enable_lora, kernel_path
+from zoo.training.lora.peft_adapters import load_peft_adapter, peft_factors, read_peft_adapter, save_peft_adapter
 
-HF = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+HF = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hf"
 BASE, ADAPTER = HF / "llama_gqa_rope_scaling", HF / "peft_llama_gqa"
 RANK, ALPHA = 2, 3
 

@@ -36,8 +36,8 @@ from zoo.distribution.comms_report import FAST_COMPILE
 from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
 from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.models import GPTCausalLM
-from zoo.training._lora import enable_lora, is_lora_variable, lora_target_layers
 from zoo.training.compiled_step import abstract_build, layout_under
+from zoo.training.lora._layers import enable_lora, is_lora_variable, lora_target_layers
 
 RANK = 2
 B, T, C, H, D = 2, 8, 16, 4, 8  # the plain-layer model: batch, sequence, width, heads, head dim

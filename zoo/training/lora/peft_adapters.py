@@ -35,7 +35,7 @@ import numpy as np
 from zoo.models.gpt.hf_checkpoints import weight_views
 from zoo.presets.safetensors_weights import TensorView
 from zoo.presets.sharded_weights import assign_from_host
-from zoo.training._lora import kernel_path, lora_layers
+from zoo.training.lora._layers import kernel_path, lora_layers
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
