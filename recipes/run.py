@@ -4,7 +4,7 @@
     python recipes/run.py check recipes/gpu-8/pretrain_gpt.toml
     python recipes/run.py run recipes/cpu-sim-8/pretrain_gpt.toml --set train.epochs=1
 
-Everything happens in ``zoo.cli.recipe`` / ``zoo.training.recipe``; see recipes/README.md.
+Everything happens in ``zoo.cli.recipe`` / ``zoo.training.recipes``; see recipes/README.md.
 """
 
 import os

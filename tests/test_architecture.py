@@ -160,8 +160,8 @@ PRIVATE_TEXT = {
 
 # ``obj._name`` on an object that is not ``self``/``cls``: allowed only for the zoo's own classes.
 ZOO_PRIVATE_ATTRIBUTES = {
-    ("training/recipe.py", "_job_config"),  # zoo.training.recipe.Recipe's own method
-    ("training/_recipe_jobs.py", "_distribution"),  # zoo.training.finetune's own resolver
+    ("training/recipes/__init__.py", "_job_config"),  # zoo.training.recipes.Recipe's own method
+    ("training/recipes/_jobs.py", "_distribution"),  # zoo.training.finetune's own resolver
 }
 
 
@@ -313,7 +313,7 @@ def test_the_private_import_rule_tells_own_from_other():
         "from zoo._compat import sublayers\n"
         "from zoo.planning._activations import activation_bytes\n"
         "from zoo.planning import _activations\n"
-        "from zoo.training.recipe import compile_job_step\n"
+        "from zoo.training.recipes import compile_job_step\n"
     )
     assert _private_imports("planning/plan.py", own) == []
     assert _private_imports("models/encoder/x.py", "from zoo.models._classifier_layouts import head_rules\n") == []

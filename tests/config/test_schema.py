@@ -13,7 +13,7 @@ import pytest
 
 from zoo.cli.main import build_parser
 from zoo.config import schema, settings
-from zoo.training._recipe_schema import (
+from zoo.training.recipes._schema import (
     JOB_SETTINGS,
     RENAMED_KEYS,
     SECTIONS,

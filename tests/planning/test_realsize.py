@@ -30,7 +30,7 @@ from zoo.planning import PlanRequest, make_plan
 from zoo.planning.plan import plan_in_process, plans_in_subprocess
 from zoo.planning.recipes import request_from_recipe
 from zoo.planning.search import _rank_key, search
-from zoo.training.recipe import load_recipe
+from zoo.training.recipes import load_recipe
 
 pytestmark = pytest.mark.realsize
 

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from zoo.training.recipe import (
+from zoo.training.recipes import (
     JobUnavailableError,
     UnsupportedKeyError,
     check_recipe,

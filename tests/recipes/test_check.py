@@ -8,7 +8,7 @@ import pytest
 
 from tests.recipes._recipes import ALL, CNN, RECIPES, checked, ids, plan_of, write
 from zoo.distribution import make_mesh
-from zoo.training.recipe import (
+from zoo.training.recipes import (
     JobUnavailableError,
     RecipeError,
     UnsupportedKeyError,

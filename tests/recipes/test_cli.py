@@ -10,7 +10,7 @@ import pytest
 from tests.recipes._recipes import CNN, RECIPES, ROOT, write
 from zoo.cli import recipe as cli
 from zoo.distribution import DeviceCountError
-from zoo.training.recipe import load_recipe
+from zoo.training.recipes import load_recipe
 
 
 def test_check_prints_the_plan(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 Each recipe's model is built abstractly with its own precision, remat, accumulation and
 layout, and Keras' ``train_step`` is compiled at 1 and 2 blocks of full width for the
-recipe's per-device shapes (``zoo.training._recipe_compile``): the difference is one
+recipe's per-device shapes (``zoo.training.recipes._compile``): the difference is one
 block's cost, which must stay within the per-block budget the target's memory leaves
 once the rest (embedding, head, logits, optimizer scalars) is paid. Recipes for more
 devices than the test has (32 and 64) compile a tensor-parallel mesh with a smaller
@@ -22,9 +22,9 @@ import pytest
 
 from tests.recipes._recipes import RECIPES, ids
 from zoo.distribution.comms_report import FAST_COMPILE
-from zoo.training._recipe_compile import compile_recipe_step, recipe_fit
 from zoo.training.compiled_step import memory_analysis_reflects_remat
-from zoo.training.recipe import load_recipe
+from zoo.training.recipes import load_recipe
+from zoo.training.recipes._compile import compile_recipe_step, recipe_fit
 
 GPT = sorted(path for path in RECIPES.glob("*/pretrain_gpt.toml") if not path.parent.name.startswith("cpu"))
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from tests.recipes._recipes import CPU, RECIPES, ids
-from zoo.training.recipe import RecipeError, load_recipe, run_recipe
+from zoo.training.recipes import RecipeError, load_recipe, run_recipe
 
 # Overrides that keep each run to a few steps (the recipes themselves run ~1 min each).
 SHRINK = {

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from tests.recipes._recipes import ALL, CNN, RECIPES, ids, write
-from zoo.training.recipe import RecipeError, load_recipe, parse_override
+from zoo.training.recipes import RecipeError, load_recipe, parse_override
 
 
 @pytest.mark.parametrize("path", ALL, ids=ids(ALL))

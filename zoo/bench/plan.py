@@ -60,7 +60,7 @@ def _timed(request):
 
 def recipe_rows(config, report):
     from zoo.planning.recipes import request_from_recipe
-    from zoo.training.recipe import load_recipe
+    from zoo.training.recipes import load_recipe
 
     rows = []
     for path in sorted(glob.glob(config.recipes)):
@@ -109,7 +109,7 @@ def auto_rows(config, report):
 
 def depth_rows(config, report):
     from zoo.planning.recipes import request_from_recipe
-    from zoo.training.recipe import load_recipe
+    from zoo.training.recipes import load_recipe
 
     request = request_from_recipe(load_recipe(DEPTH_RECIPE))
     rows = []

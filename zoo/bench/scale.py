@@ -42,7 +42,7 @@ ROW = "ROW "  # prefix of a worker's result lines on stdout
 
 def tasks(config):
     """``[(device count, task dict)]`` of every measurement the sections ask for."""
-    from zoo.training.recipe import load_recipe
+    from zoo.training.recipes import load_recipe
 
     work = []
     if "recipes" in config.sections:
@@ -106,7 +106,7 @@ def measure(task):
 
 def recipe_row(path):
     from zoo.distribution.comms_report import FAST_COMPILE
-    from zoo.training.recipe import compile_recipe_step, load_recipe
+    from zoo.training.recipes import compile_recipe_step, load_recipe
 
     recipe = load_recipe(path)
     step = compile_recipe_step(recipe, compiler_options=FAST_COMPILE)

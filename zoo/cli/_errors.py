@@ -28,7 +28,7 @@ JAX_TRACEBACK_NOTE = "JAX has removed its internal frames"
 
 # flag of an earlier release -> the flags that replaced it, in order of preference: the first
 # this (sub)command has is named (docs/cli.md, "Renamed flags"; the recipe keys' table is
-# zoo.training._recipe_schema.RENAMED_KEYS). --strategy was zoo finetune's "what trains".
+# zoo.training.recipes._schema.RENAMED_KEYS). --strategy was zoo finetune's "what trains".
 RENAMED_FLAGS = {
     "--distribution": ("--layout",),
     "--strategy": ("--method", "--layout"),

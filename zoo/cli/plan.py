@@ -118,7 +118,7 @@ def request_from(args):
     if args.recipe:
         _check_not_a_config_name(args.recipe)
         from zoo.planning.recipes import request_from_recipe
-        from zoo.training.recipe import load_recipe, parse_override
+        from zoo.training.recipes import load_recipe, parse_override
 
         given = _given_gpt_flags(args)
         if given:

@@ -3,7 +3,7 @@
 ``check`` needs no accelerator: it parses the file, builds the mesh and the model
 abstractly and prints the plan (parameters, memory per device, tokens per step).
 ``run`` runs the job on this host; on a multi-host target every host runs the same
-command. The logic is in ``zoo.training.recipe``; this module only parses flags.
+command. The logic is in ``zoo.training.recipes``; this module only parses flags.
 ``check`` prints each plan on stdout and each file's error as one line on stderr.
 """
 
@@ -75,7 +75,7 @@ def add_arguments(parser):
 
 def run(args):
     """Run a parsed ``zoo recipe`` command; returns the exit code."""
-    from zoo.training.recipe import load_recipe, parse_override, run_recipe
+    from zoo.training.recipes import load_recipe, parse_override, run_recipe
 
     overrides = dict(parse_override(text) for text in args.overrides)
     if args.action == "check":
@@ -94,7 +94,7 @@ def _check(paths, overrides, devices, compile_depth="auto", debug=False):
     verdict of its compiled step (``zoo plan``); a file's error is one line on stderr
     (after its traceback with ``debug``). Every file is checked; the exit status is 2 if
     any recipe is invalid, else 1 if any step does not fit its target (as ``zoo plan``)."""
-    from zoo.training.recipe import (
+    from zoo.training.recipes import (
         RecipeError,
         UnsupportedKeyError,
         check_recipe,

@@ -1,7 +1,7 @@
 """Names renamed in keras-zoo 0.1 (issue 16, docs/architecture.md "Vocabulary"), so that
 configs saved before still load: each ``from_config`` maps an old key to its new name
 first. New code passes only the new names. Recipe keys are refused instead, naming the
-new key (``zoo.training._recipe_schema.RENAMED_KEYS``): a file a person edits should say
+new key (``zoo.training.recipes._schema.RENAMED_KEYS``): a file a person edits should say
 the new word.
 """
 

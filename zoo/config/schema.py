@@ -16,7 +16,7 @@ import dataclasses
 
 from zoo.config.types import NONE_WORD
 
-RECIPE_SECTIONS = ("recipe", "target", "multihost")  # a recipe file's own sections (zoo.training._recipe_schema)
+RECIPE_SECTIONS = ("recipe", "target", "multihost")  # a recipe file's own sections (zoo.training.recipes._schema)
 SECTIONS = (
     *RECIPE_SECTIONS,
     "model",

@@ -1,6 +1,6 @@
 """What one compiled training step needs per device: memory, FLOPs, bytes, collectives.
 
-``measure_step`` compiles the step ``fit`` runs (``zoo.training._recipe_compile``:
+``measure_step`` compiles the step ``fit`` runs (``zoo.training.recipes._compile``:
 the job's own model builder, optimizer, precision, remat and distribution, built
 abstractly) and reads the compiled program:
 
@@ -71,7 +71,7 @@ class StepMeasure:
 
 def measure_step(job, config, *, target_devices, label, num_layers=None, compiler_options=None):
     """``StepMeasure`` of ``job``'s step for ``config`` compiled for ``target_devices``."""
-    from zoo.training.recipe import compile_job_step
+    from zoo.training.recipes import compile_job_step
 
     start = time.perf_counter()
     step = compile_job_step(

@@ -193,7 +193,7 @@ def _plan_or_raise(values):
 
 
 def _job_and_config(request):
-    from zoo.training.recipe import JOBS
+    from zoo.training.recipes import JOBS
 
     if request.job not in JOBS:
         raise ValueError(f"unknown job {request.job!r}; choose one of {sorted(JOBS)}")
@@ -229,7 +229,7 @@ def _pipeline_unit(request, config):
     if getattr(config, "layout", None) != "pipeline":
         return 1
     from zoo.distribution.axes import STAGE
-    from zoo.training.recipe import resolve_axes
+    from zoo.training.recipes import resolve_axes
 
     return dict(resolve_axes(config.mesh, "pipeline", request.devices)).get(STAGE, 1) * config.repeats
 

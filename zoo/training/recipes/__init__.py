@@ -1,13 +1,13 @@
 """Recipes: a TOML file that says what to run where (``recipes/<target>/<job>.toml``).
 
 ``load_recipe(path)`` reads and validates a file into a ``Recipe`` (the schema, one
-dataclass per section, is in ``zoo/training/_recipe_schema.py`` and described key by
+dataclass per section, is in ``zoo/training/recipes/_schema.py`` and described key by
 key in ``docs/recipes.md``); ``check_recipe(recipe)`` works out its plan without the
 target's devices (mesh, layouts, parameter count, memory per device, tokens per step;
-see ``_recipe_plan.py``); ``run_recipe(recipe)`` joins the processes of a multi-host job
+see ``_budget.py``); ``run_recipe(recipe)`` joins the processes of a multi-host job
 and calls the job function with the job's own config dataclass
 (``recipe.job_config()``). ``compile_recipe_step`` / ``compile_job_step`` compile (never
-run) the step for the target's devices (``_recipe_compile.py``); ``JOBS`` and
+run) the step for the target's devices (``_compile.py``); ``JOBS`` and
 ``resolve_axes`` are the jobs a recipe can drive and the mesh a layout gets, which the
 planner reads too.
 
@@ -18,11 +18,11 @@ import contextlib
 import dataclasses
 import math
 
-from zoo.training import _recipe_plan as plans
-from zoo.training._recipe_compile import compile_job_step, compile_recipe_step
-from zoo.training._recipe_jobs import JOBS, JobUnavailableError, UnsupportedKeyError
-from zoo.training._recipe_plan import RecipeBudget, resolve_axes
-from zoo.training._recipe_schema import (
+from zoo.training.recipes import _budget as plans
+from zoo.training.recipes._budget import RecipeBudget, resolve_axes
+from zoo.training.recipes._compile import compile_job_step, compile_recipe_step
+from zoo.training.recipes._jobs import JOBS, JobUnavailableError, UnsupportedKeyError
+from zoo.training.recipes._schema import (
     SECTIONS,
     MultihostSection,
     RecipeError,
@@ -61,7 +61,7 @@ class Recipe:
     recipe: RecipeSection
     target: TargetSection
     multihost: MultihostSection
-    sections: dict  # job section name -> its generated dataclass (zoo.training._recipe_schema.job_sections)
+    sections: dict  # job section name -> its generated dataclass (zoo.training.recipes._schema.job_sections)
     given: frozenset
 
     def __getattr__(self, name):
@@ -73,7 +73,7 @@ class Recipe:
 
     @property
     def job(self):
-        """The job adapter (``zoo.training._recipe_jobs``) for ``[recipe] job``."""
+        """The job adapter (``zoo.training.recipes._jobs``) for ``[recipe] job``."""
         return JOBS[self.recipe.job]
 
     def values(self):

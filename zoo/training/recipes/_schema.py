@@ -21,7 +21,7 @@ from zoo.config.schema import SettingError, describe, recipe_fields, setting
 from zoo.config.schema import check_value as check_setting
 
 JOBS = ("train_cnn", "pretrain_gpt", "finetune")
-# recipe job -> its settings (zoo.training._recipe_jobs runs them)
+# recipe job -> its settings (zoo.training.recipes._jobs runs them)
 JOB_SETTINGS = {
     "train_cnn": settings.CNNTrainSettings,
     "pretrain_gpt": settings.GPTTrainSettings,

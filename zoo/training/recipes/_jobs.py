@@ -9,7 +9,7 @@ settings lack is reported, never dropped (``UnsupportedKeyError``).
 """
 
 from zoo.config.schema import recipe_fields
-from zoo.training._recipe_schema import JOB_SETTINGS, SECTIONS, RecipeError
+from zoo.training.recipes._schema import JOB_SETTINGS, SECTIONS, RecipeError
 
 RECIPE_ONLY_SECTIONS = ("recipe", "target", "multihost")  # read by the recipe runner, not by the job
 

@@ -23,8 +23,8 @@ import math
 import jax
 
 from zoo.distribution.mesh import make_mesh
-from zoo.training import _recipe_plan as plans
 from zoo.training.compiled_step import StepMemory, abstract_build, compile_fit_step
+from zoo.training.recipes import _budget as plans
 from zoo.units import GIB
 
 WEIGHTS_SPLIT_OVER_DATA = ("fsdp", "fsdp+tp", "context")
