@@ -124,7 +124,7 @@ MATRIX = {
     # weights at data=1,model=8: test_weights_are_really_sharded[data=1,model=8])
     "tests/models/test_small_cnn.py::test_three_steps_of_fit_match_one_device[model-data=1,model=8]": "[model-data=2,model=4]",
     "tests/models/test_small_cnn.py::test_three_steps_of_fit_match_one_device[data-data=8]": (
-        "[model-data=2,model=4] (its batch split over data=2); DataParallel on 8: tests/training/test_kill_resume.py"
+        "[model-data=2,model=4] (its batch split over data=2); DataParallel on 8: tests/training/checkpoints/test_kill_resume.py"
     ),
     # fine-tuning: tier 1 keeps lora and full on the model axis, frozen on data
     f"{FINETUNE}::test_finetuning_beats_the_zero_shot_head[data-lora]": "[model-lora]",
@@ -155,7 +155,7 @@ MATRIX = {
     f"{DOCS}[docs/models.md#3]": "tests/models",
     f"{DOCS}[docs/pipeline_parallel.md#0]": "tests/models/test_gpt_pipeline.py",
     f"{DOCS}[docs/moe.md#0]": "tests/models/test_gpt_moe.py",
-    f"{DOCS}[docs/checkpoints.md#0]": "tests/training/test_checkpoints.py",
+    f"{DOCS}[docs/checkpoints.md#0]": "tests/training/checkpoints/test_checkpoints.py",
     f"{DOCS}[docs/planning.md#0]": "tests/planning",
     f"{DOCS}[docs/finetuning.md#0]": "tests/training/test_finetune.py",
     f"{DOCS}[docs/finetuning.md#4]": "tests/training/lora/test_peft_adapters.py",

@@ -75,7 +75,7 @@ def pytest_unconfigure(config):
 LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 26's final code, 617.6 s in all)
     "tests/test_docs.py",  # 138
     "tests/models/test_gpt_moe.py",  # 66
-    "tests/training/test_kill_resume.py",  # 53
+    "tests/training/checkpoints/test_kill_resume.py",  # 53
     "tests/distribution/test_multihost.py",  # 51
     "tests/layers/test_multi_head_attention_parallel.py",  # 49
     "tests/models/test_gpt_pipeline.py",  # 49
@@ -98,7 +98,7 @@ LONGEST_FIRST = (  # seconds per module in a 2-worker run (issue 26's final code
     "tests/layers/test_mixed_precision.py",  # 18
     "tests/kernels/test_sliding_window.py",  # 17
     "tests/models/test_small_cnn.py",  # 16
-    "tests/training/test_checkpoints.py",  # 16
+    "tests/training/checkpoints/test_checkpoints.py",  # 16
     "tests/planning/test_search.py",  # 16
     "tests/bench/test_cnn_fit.py",  # 14
     "tests/planning/test_plan.py",  # 14

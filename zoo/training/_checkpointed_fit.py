@@ -5,13 +5,13 @@ A job config carries ``checkpoint_dir``, ``checkpoint_every``, ``keep`` and ``re
 data position refers to, so a resume under other data is refused).
 """
 
-from zoo.training._checkpoint_lock import describe_holder
 from zoo.training.callbacks import PeriodicCheckpoint
 from zoo.training.checkpoints import (
     CheckpointError,
     Checkpoints,
     ResumableBatches,
     TrainingPosition,
+    describe_holder,
     fit_from,
 )
 from zoo.training.interrupts import StopAtSignal, stop_on_signals

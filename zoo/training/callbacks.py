@@ -5,7 +5,7 @@ import time
 import jax
 import keras
 
-from zoo.training._data_position import TrainingPosition
+from zoo.training.checkpoints import TrainingPosition
 from zoo.training.report import STEP_TIME, rate_name
 
 

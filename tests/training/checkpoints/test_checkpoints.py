@@ -219,7 +219,7 @@ def test_how_a_run_computes_does_not_make_a_checkpoint_another_model():
     distribution chose (context_attention), Megatron SP and remat are not compared;
     a width still is."""
     from zoo.models import GPTCausalLM
-    from zoo.training._checkpoint_state import describe, differences
+    from zoo.training.checkpoints._state import describe, differences
 
     def described(**overrides):
         model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, **overrides)

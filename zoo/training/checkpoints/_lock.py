@@ -16,7 +16,7 @@ import os
 import socket
 import time
 
-from zoo.training._checkpoint_files import CheckpointError, is_primary_process
+from zoo.training.checkpoints._files import CheckpointError, is_primary_process
 
 LOCK_FILE = "zoo.lock"
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.training._checkpoint_state import GROUPS  # the two lists of the array tree
+from zoo.training.checkpoints._state import GROUPS  # the two lists of the array tree
 
 MASK = 2**32 - 1
 

@@ -12,7 +12,7 @@ model from the saved config and cannot fall back past a damaged checkpoint. Orba
 (so a kill leaves either a complete ``<step>`` or an ignored tmp directory), keep-last-N,
 array writes coordinated across processes, and restores straight into a target sharding.
 
-What a checkpoint holds (``zoo/training/_checkpoint_state.py``): every ``model.variables``
+What a checkpoint holds (``zoo/training/checkpoints/_state.py``): every ``model.variables``
 value (weights, batch-norm statistics, the state of every seed generator, so dropout
 resumes identically) and every ``model.optimizer.variables`` value (iteration count,
 learning rate, moments), each saved and restored in its sharded layout; plus a JSON item
@@ -21,7 +21,7 @@ and the model/optimizer/variable description. Orbax's JSON handler writes that i
 process 0 only (``jax.process_index() == 0``), and so do the trash and quarantine moves
 here; array writes are coordinated by Orbax itself.
 
-On-disk layout: see ``zoo/training/_checkpoint_files.py`` and ``docs/checkpoints.md``.
+On-disk layout: see ``zoo/training/checkpoints/_files.py`` and ``docs/checkpoints.md``.
 """
 
 import os
@@ -32,17 +32,26 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from zoo._version import __version__
-from zoo.training import _checkpoint_files as files
-from zoo.training import _checkpoint_integrity as integrity
-from zoo.training import _checkpoint_state as state
-from zoo.training._checkpoint_files import CheckpointError
-from zoo.training._checkpoint_lock import CheckpointLock
-from zoo.training._data_position import ResumableBatches, TrainingPosition, fit_from
+from zoo.training.checkpoints import _files as files
+from zoo.training.checkpoints import _integrity as integrity
+from zoo.training.checkpoints import _state as state
+from zoo.training.checkpoints._data_position import ResumableBatches, TrainingPosition, fit_from
+from zoo.training.checkpoints._files import CheckpointError
+from zoo.training.checkpoints._lock import CheckpointLock, describe_holder
 
 FORMAT = "zoo-checkpoint/2"  # 2: per-array checksums and a checksum of the metadata itself
 READABLE_FORMATS = ("zoo-checkpoint/1", FORMAT)  # 1: read without the integrity checks it lacks
 
-__all__ = ["FORMAT", "CheckpointError", "Checkpoints", "ResumableBatches", "TrainingPosition", "fit_from"]
+__all__ = [
+    "FORMAT",
+    "CheckpointError",
+    "CheckpointLock",
+    "Checkpoints",
+    "ResumableBatches",
+    "TrainingPosition",
+    "describe_holder",
+    "fit_from",
+]
 
 
 class Checkpoints:

@@ -11,7 +11,7 @@
       trash/                              checkpoints past keep-last-N, renamed here (atomic)
                                           and then deleted
       quarantine/6/                       a checkpoint resume could not use (kept, not deleted)
-      zoo.lock                            held by the run using the folder (_checkpoint_lock.py)
+      zoo.lock                            held by the run using the folder (_lock.py)
 
 Only directories named by a bare integer are checkpoints; everything else is ignored.
 """

@@ -25,8 +25,8 @@ from tests.training._tiny import assert_bitwise_equal
 from zoo.data import load
 from zoo.training.checkpoints import Checkpoints
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-WORKER = pathlib.Path(__file__).with_name("_train_worker.py")
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+WORKER = pathlib.Path(__file__).resolve().parents[1] / "_train_worker.py"
 RUN = {"dataset": "shapes", "image_size": 16, "train_examples": 48, "batch_size": 16, "dropout": 0.25, "seed": 3}
 KILLED = -signal.SIGKILL
 
