@@ -10,8 +10,8 @@ import pytest
 from tests.plotting._png import png_size
 from zoo.cli import plot as plot_cli
 from zoo.plotting import PLOT_INSTALL, plot_context_memory, plot_run
-from zoo.training.report import StepReport
-from zoo.training.run_logs import run_log_callbacks
+from zoo.training.logs.report import StepReport
+from zoo.training.logs.run_logs import run_log_callbacks
 
 BATCH, STEPS = 8, 4
 

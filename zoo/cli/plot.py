@@ -31,7 +31,7 @@ def run_folder(path):
     """``path``, or the run folder of a job's ``--output`` when ``path`` is one (a ``.keras``
     file, or a saved folder without a ``metrics.csv``, beside which ``OUTPUT.run`` holds it)."""
     from zoo.training.job_setup import run_dir_of
-    from zoo.training.run_logs import METRICS_FILE
+    from zoo.training.logs.run_logs import METRICS_FILE
 
     if os.path.isfile(os.path.join(path, METRICS_FILE)) or (os.path.isfile(path) and not path.endswith(".keras")):
         return path

@@ -2,7 +2,7 @@
 ``pip install "keras-zoo[plot]"``; imported only when a chart is drawn, Agg backend).
 
 - ``plot_run(run_dir)``: loss / val_loss, accuracy and throughput curves from a run's
-  ``metrics.csv`` and ``steps.csv`` (``zoo.training.run_logs``); ``zoo plot RUN_DIR``.
+  ``metrics.csv`` and ``steps.csv`` (``zoo.training.logs.run_logs``); ``zoo plot RUN_DIR``.
 - ``plot_attention_memory``: per-device memory against sequence length
   (``zoo bench attention --plot``).
 - ``plot_context_memory``, ``plot_tp_bytes``: memory and bytes per layout

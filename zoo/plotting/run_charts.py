@@ -14,7 +14,7 @@ def plot_run(run_dir, output=None):
     against the optimizer step, from ``run_dir/metrics.csv`` (one point per epoch) and
     ``run_dir/steps.csv`` (the reported steps, when present); returns the PNG's path
     (default ``run_dir/metrics.png``). ``run_dir`` may also name the ``metrics.csv``."""
-    from zoo.training.run_logs import METRICS_FILE, STEPS_FILE
+    from zoo.training.logs.run_logs import METRICS_FILE, STEPS_FILE
 
     if os.path.isfile(run_dir):
         run_dir = os.path.dirname(os.path.abspath(run_dir))

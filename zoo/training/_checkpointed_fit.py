@@ -15,7 +15,7 @@ from zoo.training.checkpoints import (
     fit_from,
 )
 from zoo.training.interrupts import StopAtSignal, stop_on_signals
-from zoo.training.run_logs import run_log_callbacks
+from zoo.training.logs.run_logs import run_log_callbacks
 
 
 def check_checkpoint_options(config):
@@ -61,7 +61,7 @@ def checkpointed_fit(
 ):
     """Fit ``train_data`` (a ``DivisibleBatches``) for ``epochs``, saving and resuming
     checkpoints as the config says; returns the history dict. With ``run_dir`` the run's
-    metrics go to ``run_dir/metrics.csv`` and ``steps.csv`` (``zoo.training.run_logs``),
+    metrics go to ``run_dir/metrics.csv`` and ``steps.csv`` (``zoo.training.logs.run_logs``),
     continued on resume.
 
     SIGINT and SIGTERM stop training at the next step boundary: a checkpoint is written

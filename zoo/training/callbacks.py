@@ -6,7 +6,7 @@ import jax
 import keras
 
 from zoo.training.checkpoints import TrainingPosition
-from zoo.training.report import STEP_TIME, rate_name
+from zoo.training.logs.report import STEP_TIME, rate_name
 
 
 class Throughput(keras.callbacks.Callback):
@@ -16,14 +16,14 @@ class Throughput(keras.callbacks.Callback):
     The clock runs from the start of the epoch to the end of its last training batch;
     epoch 1 includes XLA compilation. The rate goes into the epoch's ``logs`` as
     ``<unit>_per_second`` (``images_per_second``: ``CSVLogger``, ``History`` and
-    ``zoo.training.run_logs`` after this callback see it) and is printed on its own
+    ``zoo.training.logs.run_logs`` after this callback see it) and is printed on its own
     line once Keras has printed the epoch's (at the next epoch's start, or the end of
     training), not glued onto its progress bar.
 
     With ``log_steps=True`` every step's logs also get its own ``step_time_s`` (wall clock
     from the end of the previous step, or from the epoch's start, to the end of this one,
     once its results are ready; the first step includes XLA compilation) and
-    ``<unit>_per_second``: ``zoo.training.run_logs`` then writes one ``steps.csv`` row per
+    ``<unit>_per_second``: ``zoo.training.logs.run_logs`` then writes one ``steps.csv`` row per
     step. For the jobs that have no ``StepReport`` (``zoo train cnn``, ``encoder``, ``vit``).
     """
 

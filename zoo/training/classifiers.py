@@ -20,8 +20,8 @@ from zoo.training.job_setup import (
     run_dir_of,
     train_validation_test_splits,
 )
+from zoo.training.logs.run_logs import run_log_callbacks
 from zoo.training.paths import check_job_paths, save_model_atomically
-from zoo.training.run_logs import run_log_callbacks
 
 # model name -> (class, task its dataset must have, unit of throughput)
 MODELS = {

@@ -42,9 +42,9 @@ from zoo.presets.save import check_preset_destination
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.job_setup import evaluate_accuracy, job_distribution, run_dir_of
 from zoo.training.lm_finetune import finetune_causal_lm, finetune_lm, is_causal_lm
+from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, is_lora_variable, load_lora, lora_parameter_count, merge_lora, save_lora
 from zoo.training.paths import check_job_paths, write_or_rescue
-from zoo.training.report import StepReport
 
 # model class -> (head layer, config entry giving its output size)
 HEADS = {

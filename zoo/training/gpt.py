@@ -25,9 +25,9 @@ from zoo.training.job_setup import (
     report_setup,
     run_dir_of,
 )
+from zoo.training.logs.profile import ProfileSteps
+from zoo.training.logs.report import StepReport
 from zoo.training.paths import check_job_paths, save_model_atomically
-from zoo.training.profile import ProfileSteps
-from zoo.training.report import StepReport
 from zoo.training.saving import check_prompt_fits, load_causal_lm
 
 

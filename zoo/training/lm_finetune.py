@@ -67,9 +67,9 @@ from zoo.tokenizers import HFTokenizer, Tokenizer
 from zoo.tokenizers.chat import template_of
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.job_setup import job_distribution, report_setup, run_dir_of
+from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
-from zoo.training.report import StepReport
 from zoo.training.saving import load_causal_lm
 
 # Adam learning rates per method: the usual ones for Llama-family checkpoints (LoRA as in

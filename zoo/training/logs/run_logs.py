@@ -33,7 +33,7 @@ import os
 import keras
 
 from zoo.distribution.multihost import is_primary
-from zoo.training.report import STEP_TIME
+from zoo.training.logs.report import STEP_TIME
 
 METRICS_FILE = "metrics.csv"  # one row per epoch
 STEPS_FILE = "steps.csv"  # one row per reported step

@@ -2,7 +2,7 @@
 MFU as it goes. Only process 0 prints (every process measures, so all do the same work).
 
 The figures also go into the ``logs`` dict Keras hands to the callbacks after this one
-(``CSVLogger``, TensorBoard, ``History``, ``zoo.training.run_logs``) under the names of
+(``CSVLogger``, TensorBoard, ``History``, ``zoo.training.logs.run_logs``) under the names of
 ``log_names``: ``<unit>_per_second`` (``tokens_per_second``, ``images_per_second``,
 ``examples_per_second``), ``step_time_s`` and, when known, ``mfu`` (a fraction). A
 callback sees them only if it comes after the one that writes them in ``callbacks=[...]``.

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from zoo.distribution import make_mesh
-from zoo.training import report as report_module
-from zoo.training import run_logs
 from zoo.training.callbacks import Throughput
-from zoo.training.profile import ProfileSteps
-from zoo.training.report import (
+from zoo.training.logs import report as report_module
+from zoo.training.logs import run_logs
+from zoo.training.logs.profile import ProfileSteps
+from zoo.training.logs.report import (
     StepReport,
     StepStats,
     format_config,
