@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.models.harness import check_model_contract
 from zoo.data import load
 from zoo.distribution import (
     CheckedModelParallel,
@@ -110,11 +111,7 @@ def test_config_and_keras_file_round_trip(tmp_path):
     old.update(num_heads=4, tp_sequence_parallel=True)
     assert TransformerEncoderClassifier.from_config(old).get_config() == config | {"megatron_sp": True}
     ids = np.random.default_rng(0).integers(0, 256, (2, LENGTH)).astype("int32")
-    expected = model.predict(ids, verbose=0)
-    model.save(tmp_path / "encoder.keras")
-    loaded = keras.saving.load_model(tmp_path / "encoder.keras", safe_mode=True)
-    assert isinstance(loaded, TransformerEncoderClassifier) and loaded.get_config() == config
-    np.testing.assert_allclose(loaded.predict(ids, verbose=0), expected, rtol=1e-6, atol=1e-6)
+    check_model_contract(model, ids, expected_output_shape=(2, model.num_classes), save_dir=tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.models.harness import check_model_contract
 from zoo.distribution import (
     CheckedModelParallel,
     LayoutError,
@@ -75,16 +76,12 @@ def test_configs_saved_with_the_old_keys_load_into_the_new_names():
     [dict(tie_word_embeddings=True), dict(mlp="gelu", norm="layer", dropout=0.2, seed=1, remat="full")],
     ids=["tied", "gelu-layernorm-remat"],
 )
-def test_keras_file_round_trip_reproduces_outputs(overrides, tmp_path):
+def test_model_contract(overrides, tmp_path):
+    """The model harness on the causal LM (tied: also its preset); its backbone round-trips
+    nested in its config."""
     model = GPTCausalLM.from_config_name("gpt_tiny", **overrides)
-    x = _tokens()
-    expected = np.asarray(model(x))
-    path = tmp_path / "gpt.keras"
-    model.save(path)
-    loaded = keras.saving.load_model(path, safe_mode=True)
-    assert isinstance(loaded, GPTCausalLM) and loaded.get_config() == model.get_config()
-    assert [v.path for v in loaded.weights] == [v.path for v in model.weights]
-    np.testing.assert_allclose(np.asarray(loaded(x)), expected, rtol=1e-6, atol=1e-6)
+    preset = tmp_path / "preset" if overrides.get("tie_word_embeddings") else None
+    check_model_contract(model, _tokens(), expected_output_shape=(2, 12, 256), save_dir=tmp_path, preset_dir=preset)
 
 
 def test_backbone_takes_any_sequence_length():

@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 
+from tests.models.harness import check_model_contract
 from zoo.data import load_shapes
 from zoo.distribution import build_distributed, distribution_for, sharding_summary
 from zoo.distribution.parity import check_parity, reference_run
@@ -102,17 +103,12 @@ def test_data_parallel_replicates_weights():
     assert all(len(v.value.sharding.device_set) == 8 for v in model.weights)
 
 
-def test_config_round_trip_and_any_size():
+def test_model_contract_and_any_size(tmp_path):
     model = SmallCNN(
         num_classes=3, image_size=(40, 24), channels=1, filters=(8, 8, 16), hidden_units=32, dropout=0.1, seed=5
     )
-    config = model.get_config()
-    clone = SmallCNN.from_config(config)
-    assert clone.get_config() == config
-    clone.set_weights(model.get_weights())
     x = np.random.default_rng(0).random((2, 40, 24, 1), dtype=np.float32)
-    assert model(x).shape == (2, 3)
-    np.testing.assert_allclose(clone(x), model(x), rtol=1e-6, atol=1e-6)
+    check_model_contract(model, x, expected_output_shape=(2, 3), save_dir=tmp_path, preset_dir=tmp_path / "preset")
     assert [layer.name for layer in model.layers if layer.weights] == [
         "block1_conv",
         "block1_norm",

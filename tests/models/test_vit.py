@@ -1,7 +1,7 @@
 import keras
-import numpy as np
 import pytest
 
+from tests.models.harness import check_model_contract
 from zoo.data import load_shapes
 from zoo.distribution import CheckedModelParallel, LayoutError, build_distributed, make_mesh
 from zoo.distribution.parity import check_parity
@@ -97,11 +97,7 @@ def test_config_and_keras_file_round_trip(tmp_path, shapes):
     assert config == ViTClassifier.from_config(config).get_config()
     assert config["image_size"] == [16, 8] and config["patch_size"] == [4, 2] and model.num_patches == 16
     x = shapes[0][:2, :, :8]
-    expected = model.predict(x, verbose=0)
-    model.save(tmp_path / "vit.keras")
-    loaded = keras.saving.load_model(tmp_path / "vit.keras", safe_mode=True)
-    assert isinstance(loaded, ViTClassifier) and loaded.get_config() == config
-    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=1e-6, atol=1e-6)
+    check_model_contract(model, x, expected_output_shape=(2, 3), save_dir=tmp_path)
 
 
 @pytest.mark.parametrize(
