@@ -86,6 +86,9 @@ MATRIX = {
     "tests/bench/test_lm_head.py::test_rows_choose_the_cheaper_gather_and_write_the_table": (
         "the head's choice in the compiled step: tests/models/test_lm_head_gather.py (compile-only, both choices)"
     ),
+    "tests/training/test_packing.py::test_a_step_on_packed_rows_computes_the_step_on_one_example_a_row[pipeline]": (
+        "[context]; PipelinedBlocks on packed rows: tests/layers/test_multi_head_attention_packing.py"
+    ),
     "tests/training/test_packing.py::test_a_step_on_packed_rows_computes_the_step_on_one_example_a_row[tp]": (
         "[context]; the TP attention on packed rows: tests/layers/test_multi_head_attention_packing.py [tp]"
     ),

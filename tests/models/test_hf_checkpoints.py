@@ -642,8 +642,8 @@ def test_a_pipelined_gpt_exports_its_blocks_in_order_and_generates(tmp_path):
     """A circular-schedule backbone (R = 2 repeats of L/R = 2 blocks: block i is entry
     [i // 2, i % 2] of each stacked weight) is written as layers 0..3 in order: the folder
     computes the pipelined model's logits, and the pipelined model generates (through its
-    layer-by-layer twin) what the reloaded one generates. A model trained on bytes ships
-    the byte tokenizer."""
+    layer-by-layer twin) what the reloaded one generates; the folder loads back into a
+    pipelined model weight for weight. A model trained on bytes ships the byte tokenizer."""
     import keras
 
     from zoo.models import GPTCausalLMPreprocessor
@@ -666,6 +666,11 @@ def test_a_pipelined_gpt_exports_its_blocks_in_order_and_generates(tmp_path):
     greedy = pipelined.generate(token_ids[:, :6], max_new_tokens=4, sampler="greedy")
     np.testing.assert_array_equal(greedy, layers.generate(token_ids[:, :6], max_new_tokens=4, sampler="greedy"))
     assert layers.preprocessor.tokenizer.encode("héllo\x00").tolist() == ByteTokenizer().encode("héllo\x00").tolist()
+    # and back into a pipelined model: layer i into place [i // 2, i % 2] of each stacked weight
+    reloaded = GPTCausalLM.from_preset(tmp_path / "out", schedule="circular", repeats=2)
+    for path, variable in pipelined.backbone.pipelined_blocks.stacked.items():
+        loaded = reloaded.backbone.pipelined_blocks.stacked[path]
+        np.testing.assert_array_equal(np.asarray(loaded.value), np.asarray(variable.value), err_msg=path)
 
 
 @pytest.mark.parametrize("name", GEMMA_NAMES)

@@ -7,8 +7,8 @@ label across each boundary. The model side, on the tiny Llama fixture (V 320, C 
 blocks, T = 16): the logits of a packed row equal each example's alone (one device), and
 one SGD step on the packed rows computes the loss and the gradients (the updated weights)
 of the step on one example a row, under one device, ``context`` (ring, zigzag: the ids
-reordered with the tokens) and ``tp``; the pipeline's packed rows:
-tests/layers/test_multi_head_attention_packing.py.
+reordered with the tokens), ``tp`` and ``pipeline`` (the fixture loaded into stacked
+blocks); tier 1 runs the context case, tier 2 the others.
 """
 
 import pathlib
@@ -32,6 +32,7 @@ LAYOUTS = {
     "single": (None, {}),
     "context": ("data=2,seq=4", {"context_attention": "ring", "balance": "zigzag"}),
     "tp": ("data=2,model=4", {}),
+    "pipeline": ("data=4,stage=2", {}),  # 2 stages of the fixture's 2 blocks, GPipe
 }
 
 
@@ -136,9 +137,11 @@ def test_a_packed_row_gives_each_example_its_logits_alone():
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_step_on_packed_rows_computes_the_step_on_one_example_a_row(layout):
-    examples = _examples(LENGTHS)
-    packed = pack_examples(examples)  # 2 rows
-    loss, weights, moved = _one_step(layout, examples.padded_to(2))  # 6 rows, one weight-0
+    rows = 4 if layout == "pipeline" else 2  # what the data axis divides
+    examples = _examples(LENGTHS * (rows // 2))
+    packed = pack_examples(examples)  # 2 (4) rows
+    assert len(packed) == rows
+    loss, weights, moved = _one_step(layout, examples.padded_to(rows))  # 6 (12) rows, some of weight 0
     packed_loss, packed_weights, _ = _one_step(layout, packed)
     assert packed_loss == pytest.approx(loss, rel=1e-5) and moved > 1e-2
     result = compare(weights, packed_weights, rtol=1e-4, atol=1e-6)

@@ -279,12 +279,32 @@ def load_hf_weights(model, directory, on_read=None):
 
 
 def _load_from(model, directory, files, on_read=None):
-    views = weight_views(model.backbone.get_config())
+    config = model.backbone.get_config()
+    _check_tensor_names(directory, files.names(), weight_views(config))
+    views = pipelined_views(weight_views(config), config)
     variables = {variable.path: variable for variable in model.weights}
-    _check_tensor_names(directory, files.names(), views)
     _check_variables(views, variables)
     for path, view in views.items():
         load_into(variables[path], files, view, on_read)
+
+
+def pipelined_views(views, config):
+    """``views`` for a pipelined backbone (``schedule`` set; else as they are): each block
+    weight's L per-layer views stacked as its ``blocks/<path>`` variable (R, L/R, ...),
+    stack place (r, j) holding layer r * L/R + j, the order ``save_to_hf`` unstacks
+    them in (``_unstacked_blocks``), so a Hugging Face folder loads into any layout."""
+    if config.get("schedule") is None:
+        return views
+    layers, repeats = config["num_layers"], config.get("repeats") or 1
+    per_group = layers // repeats  # L/R
+    stacked = {path: view for path, view in views.items() if not path.startswith("block_")}
+    for suffix in sorted({path.split("/", 1)[1] for path in views if path.startswith("block_")}):
+        groups = (
+            StackedView(tuple(views[f"block_{group * per_group + index}/{suffix}"] for index in range(per_group)))
+            for group in range(repeats)
+        )
+        stacked[f"blocks/{suffix}"] = StackedView(tuple(groups))  # (R, L/R, *block shape)
+    return stacked
 
 
 def _check_tensor_names(directory, names, views):
