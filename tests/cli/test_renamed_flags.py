@@ -39,7 +39,7 @@ CASES = [
     (["bench", "tp", "--seq-len", "128"], "--seq-len was renamed --sequence-length"),
     # where the new flag does not exist, the old one is only unknown
     (["generate", "--seq-len", "3"], "unrecognized arguments: --seq-len 3"),
-    (["train", "gpt", "--sequence-parallel"], "unrecognized arguments: --sequence-parallel"),
+    (["train", "gpt", "--sequence-parallel"], "--sequence-parallel was renamed --layout tp+sp"),  # a layout now
 ]
 
 

@@ -26,14 +26,14 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 JAX_TRACEBACK_NOTE = "JAX has removed its internal frames"
 
 
-# flag of an earlier release -> the flags that replaced it, in order of preference: the first
-# this (sub)command has is named (docs/cli.md, "Renamed flags"; the recipe keys' table is
+# flag of an earlier release -> the flags that replaced it, in order of preference (a flag
+# and the value it needs where that is what replaced it): the first this (sub)command has is named (docs/cli.md, "Renamed flags"; the recipe keys' table is
 # zoo.training.recipes._schema.RENAMED_KEYS). --strategy was zoo finetune's "what trains".
 RENAMED_FLAGS = {
     "--distribution": ("--layout",),
     "--strategy": ("--method", "--layout"),
     "--seq-len": ("--sequence-length",),
-    "--sequence-parallel": ("--megatron-sp",),  # zoo comms mlp: Megatron sequence parallelism
+    "--sequence-parallel": ("--megatron-sp", "--layout tp+sp"),  # Megatron sequence parallelism: a flag or a layout
     "--attention": ("--context-attention",),  # the kernel under the context layout
 }
 
@@ -66,7 +66,7 @@ def renamed_flag(parser, words):
         if old not in RENAMED_FLAGS:
             continue
         options = options if options is not None else _option_words(parser)
-        new = next((flag for flag in RENAMED_FLAGS[old] if flag in options), None)
+        new = next((flag for flag in RENAMED_FLAGS[old] if flag.split()[0] in options), None)
         if new and old not in options:
             return f"{old} was renamed {new}"
     return None
