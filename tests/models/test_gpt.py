@@ -140,6 +140,7 @@ def test_named_configs_and_their_sizes():
     qwen3_moe = GPT_CONFIGS["qwen3_30b_a3b"]
     inactive = qwen3_moe["num_layers"] * (128 - 8) * 3 * qwen3_moe["hidden_dim"] * qwen3_moe["moe_intermediate_dim"]
     assert (round(millions["qwen3_0.6b"]), round(millions["qwen3_8b"] / 10)) == (596, 819)
+    assert round(millions["llama_3_2_1b"]) == 1236  # Llama-3.2-1B: 1.24B, the embedding tied
     assert round(millions["qwen3_30b_a3b"] / 100) == 305 and 3300 < millions["qwen3_30b_a3b"] - inactive / 1e6 < 3400
     with pytest.raises(ValueError) as error:
         GPTCausalLM.from_config_name("gpt_huge")

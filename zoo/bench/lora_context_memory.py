@@ -2,7 +2,7 @@
 GPT at long context, ``context`` vs ``fsdp``, compiled, never run.
 
 The model is ``GPTCausalLM`` with gpt_1b's shape (RMSNorm, SwiGLU, GQA, rotary) and
-Llama-3.2-1B's sizes (``LLAMA_3_2_1B``: its Hugging Face config.json: V = 128,256,
+Llama-3.2-1B's sizes (the named config ``llama_3_2_1b``: its Hugging Face config.json: V = 128,256,
 C = 2048, L = 16, H = 32, K = 8, D = 64, F = 8192, tied embeddings, RoPE base 500,000
 with Llama 3 scaling). LoRA of rank r on every Dense / EinsumDense
 (``zoo.training.finetune.enable_lora``); every other weight frozen, so only the factors
@@ -47,26 +47,12 @@ from zoo.distribution.axes import DATA, SEQ
 from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.measure.hardware import device_spec
 from zoo.models import GPTCausalLM
+from zoo.models.gpt import GPT_CONFIGS
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.training.compiled_step import abstract_build, compile_fit_step
 from zoo.training.finetune import enable_lora, is_lora_variable
 
 TARGETS = ("h100", "h200")  # the "fits" columns: zoo.measure.hardware.DEVICES kinds (80 and 141 GiB)
-LLAMA_3_2_1B = {  # GPTBackbone arguments fixed here; the sizes are settings (LoraContextBenchSettings)
-    "mlp": "swiglu",
-    "norm": "rms",
-    "layer_norm_epsilon": 1e-5,
-    "rope_max_wavelength": 500000.0,
-    "rope_scaling": {
-        "rope_type": "llama3",
-        "factor": 32.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-    "tie_word_embeddings": True,
-    "max_sequence_length": 131072,  # max_position_embeddings
-}
 SIZES = (
     "vocabulary_size",
     "num_layers",
@@ -76,6 +62,8 @@ SIZES = (
     "head_dim",
     "intermediate_dim",
 )
+# Llama-3.2-1B's arguments but its sizes (those are the settings, Llama32Sizes): the named config
+LLAMA_3_2_1B = {name: value for name, value in GPT_CONFIGS["llama_3_2_1b"].items() if name not in SIZES}
 
 
 def layout_mesh(layout, devices):

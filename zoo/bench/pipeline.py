@@ -14,7 +14,7 @@ GPipe stage's blocks, (S - 1) / R.
 
 Memory (section ``memory``): the exact ``fit`` step (Keras' ``train_step``, state
 donated) of ``GPTCausalLM`` with gpt_1b's shape and Llama-3.2-1B's sizes
-(``lora_context_memory.LLAMA_3_2_1B`` with ``Llama32Sizes``), all weights trained with
+(the named config ``llama_3_2_1b`` with ``Llama32Sizes``), all weights trained with
 AdamW (``compile_gpt``), built abstractly (``compiled_step.abstract_build``: nothing
 allocated) and compiled (``compiled_step.compile_fit_step``) on the simulated devices:
 

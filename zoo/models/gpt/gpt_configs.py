@@ -88,6 +88,30 @@ GPT_CONFIGS = {
         "max_sequence_length": 2048,
         "tie_word_embeddings": False,
     },
+    # Llama-3.2-1B's config.json (1.24B parameters, tied): GQA 32/8, RoPE 500,000 with Llama 3
+    # scaling; the real shape the long-context, loading, pipeline and LM-head benchmarks size.
+    "llama_3_2_1b": {
+        "vocabulary_size": 128256,
+        "num_layers": 16,
+        "num_query_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "hidden_dim": 2048,
+        "intermediate_dim": 8192,
+        "mlp": "swiglu",
+        "norm": "rms",
+        "layer_norm_epsilon": 1e-5,
+        "max_sequence_length": 131072,  # max_position_embeddings
+        "rope_max_wavelength": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "tie_word_embeddings": True,
+    },
     # Mixture-of-Experts (docs/moe.md). Unit tests and docs: gpt_tiny with 4 SwiGLU experts
     # of width 32, top 2 (renormalised, as Mixtral), one shared expert of width 32.
     "gpt_tiny_moe": {
