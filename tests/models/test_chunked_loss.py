@@ -130,6 +130,22 @@ def test_the_setting_round_trips_and_wrong_uses_are_refused():
         model.train_on_batch(x, y)
 
 
+def test_pre_training_takes_the_setting_from_its_flag_and_recipe_key():
+    """zoo train gpt --loss-chunk-size / [train] loss_chunk_size reach the model through
+    compile_gpt (the job's and the recipe's compile); zoo plan takes the same flag."""
+    from zoo.cli.main import build_parser
+    from zoo.config import schema
+    from zoo.config.settings import GPTTrainSettings
+    from zoo.training.gpt import compile_gpt
+
+    args = build_parser().parse_args(["train", "gpt", "--loss-chunk-size", "8"])
+    assert schema.from_args(GPTTrainSettings, args).loss_chunk_size == 8
+    assert build_parser().parse_args(["plan", "--loss-chunk-size", "8"]).loss_chunk_size == 8
+    model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1)
+    compile_gpt(model, 1e-3, 10, loss_chunk_size=8)
+    assert model.loss_chunk_size == 8
+
+
 def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits():
     """tp on data=2,model=4: the head split over V; the chunked step equals the plain one
     and its compiled HLO holds no all-gather of (B, t, V) logits."""

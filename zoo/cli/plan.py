@@ -36,6 +36,7 @@ PLANNED_SETTINGS = (
     "schedule",
     "repeats",
     "sequence_length",
+    "loss_chunk_size",
     "batch_size",
     "precision",
     "remat",

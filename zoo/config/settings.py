@@ -40,6 +40,16 @@ def _seed(help="weight initialisation, dropout and shuffling"):
     return setting(0, help, section="train", parse=types.non_negative_int)
 
 
+def _loss_chunk_size(who=""):
+    return setting(
+        None,
+        f"{who}compute the loss from the hidden states t positions of every row at a time, never the whole "
+        "(B, T, V) float32 logits (memory at long context, or at a large vocabulary); default: whole",
+        section="train",
+        parse=types.positive_int,
+    )
+
+
 def _context_attention():
     return setting(
         None,
@@ -250,6 +260,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
     gradient_accumulation_steps: int = setting(
         1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int
     )
+    loss_chunk_size: int | None = _loss_chunk_size()
     seed: int = _seed()
     output: str = setting(
         "runs/gpt/gpt.keras",
@@ -466,13 +477,7 @@ class FinetuneSettings(CheckpointSettings, _Checked):
         section="train",
         parse=types.sequence_length,
     )
-    loss_chunk_size: int | None = setting(
-        None,
-        "causal LMs: compute the loss from the hidden states t positions of every row at a time, "
-        "never the whole (B, T, V) float32 logits (memory at long context); default: whole",
-        section="train",
-        parse=types.positive_int,
-    )
+    loss_chunk_size: int | None = _loss_chunk_size("causal LMs: ")
     packing: bool = setting(
         False,
         "causal LMs: several examples per row of T tokens (best-fit decreasing), attention and the loss within each "

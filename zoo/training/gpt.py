@@ -150,8 +150,14 @@ def build_for_training(config, **model_overrides):
         keras.config.set_dtype_policy(previous)
 
 
-def compile_gpt(model, learning_rate, total_steps, weight_decay=0.01, gradient_accumulation_steps=1):
-    """AdamW with a cosine schedule over ``total_steps`` updates, global-norm clipping at 1."""
+def compile_gpt(
+    model, learning_rate, total_steps, weight_decay=0.01, gradient_accumulation_steps=1, loss_chunk_size=None
+):
+    """AdamW with a cosine schedule over ``total_steps`` updates, global-norm clipping at 1;
+    ``loss_chunk_size`` t: the loss from the hidden states, t positions of every row at a
+    time, never the whole (B, T, V) float32 logits (``GPTCausalLM(loss_chunk_size=...)``)."""
+    if loss_chunk_size is not None:
+        model.loss_chunk_size = loss_chunk_size  # checked by the model
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=max(total_steps, 1), alpha=0.1)
     accumulate = gradient_accumulation_steps if gradient_accumulation_steps > 1 else None
     model.compile(
@@ -193,6 +199,7 @@ def train(config, report=print):
         steps * config.epochs // config.gradient_accumulation_steps,
         config.weight_decay,
         config.gradient_accumulation_steps,
+        config.loss_chunk_size,
     )
     report(f"model: {config.config_name}, {model.count_params():,} parameters, remat {config.remat}")
     for line in zd.format_sharding_summary(model):

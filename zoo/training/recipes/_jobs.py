@@ -138,7 +138,14 @@ class PretrainGPT(Job):
         return (tokens, "int32"), (tokens, "int32")
 
     def compile(self, module, model, config):
-        module.compile_gpt(model, config.learning_rate, 1, config.weight_decay, config.gradient_accumulation_steps)
+        module.compile_gpt(
+            model,
+            config.learning_rate,
+            1,
+            config.weight_decay,
+            config.gradient_accumulation_steps,
+            config.loss_chunk_size,
+        )
 
     def flops_per_step(self, config, model):
         from zoo.training.mfu import gpt_flops_per_token
