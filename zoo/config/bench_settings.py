@@ -8,7 +8,7 @@ instance. Pure Python (no JAX, no Keras): ``zoo bench X --help`` builds from her
 import argparse
 import dataclasses
 
-from zoo.config import choices, types
+from zoo.config import choices, renamed, types
 from zoo.config.schema import setting
 
 # The benchmarks' own closed sets (defined here once; zoo.bench imports them).
@@ -667,27 +667,6 @@ class WindowBenchSettings:
     output: str | None = _output()
 
 
-# --- the names before the settings classes were named *Settings ------------------------
-
-RENAMED = {
-    "CNNBenchConfig": "CNNBenchSettings",
-    "GPTBenchConfig": "GPTBenchSettings",
-    "AttentionBenchConfig": "AttentionBenchSettings",
-    "ContextBenchConfig": "ContextBenchSettings",
-    "TPBenchConfig": "TPBenchSettings",
-    "ScaleBenchConfig": "ScaleBenchSettings",
-    "PlanBenchConfig": "PlanBenchSettings",
-    "LoraContextBenchConfig": "LoraContextBenchSettings",
-    "HFLoadBenchConfig": "HFLoadBenchSettings",
-    "PipelineBenchConfig": "PipelineBenchSettings",
-    "MoEBenchConfig": "MoEBenchSettings",
-    "WindowBenchConfig": "WindowBenchSettings",
-}
-
-
 def __getattr__(name):
-    """An old class name gets one line naming its new one (ImportError, so that ``from
-    zoo.config.bench_settings import OldName`` says it too)."""
-    if name in RENAMED:
-        raise ImportError(f"{__name__}.{name} was renamed {RENAMED[name]}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """An old class name (``GPTTrainConfig``) gets one line naming its new one."""
+    raise renamed.missing_attribute(__name__, name)

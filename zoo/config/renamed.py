@@ -31,3 +31,23 @@ def renamed_keys(config, renames):
                 raise ValueError(f"config has both {old!r} (the old name) and {new!r}; keep only {new!r}")
             config[new] = config.pop(old)
     return config
+
+
+# The settings classes before they were named *Settings (zoo.config.settings, bench_settings)
+SETTINGS_CLASSES = {
+    f"{stem}Config": f"{stem}Settings"
+    for stem in (
+        "CNNTrain", "Verify", "GPTTrain", "ClassifierTrain", "EncoderTrain", "ViTTrain", "Finetune", "Generate",
+        "Export", "CNNBench", "GPTBench", "AttentionBench", "ContextBench", "TPBench", "ScaleBench", "PlanBench",
+        "LoraContextBench", "HFLoadBench", "PipelineBench", "MoEBench", "WindowBench",
+    )
+}  # fmt: skip
+
+
+def missing_attribute(module, name):
+    """What a settings module's ``__getattr__`` raises for ``name``: ImportError naming the
+    new class for an old one (so ``from module import OldName`` says it too), else the
+    usual AttributeError."""
+    if name in SETTINGS_CLASSES:
+        return ImportError(f"{module}.{name} was renamed {SETTINGS_CLASSES[name]}")
+    return AttributeError(f"module {module!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ Python API refuses what the command line refuses, in the same words.
 
 import dataclasses
 
-from zoo.config import choices, types
+from zoo.config import choices, renamed, types
 from zoo.config.schema import SettingError, check_settings, setting
 
 DATA_DIR_HELP = "TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)"
@@ -633,24 +633,6 @@ TRAIN_CONFIGS = {
 }
 
 
-# --- the names before the settings classes were named *Settings ------------------------
-
-RENAMED = {
-    "CNNTrainConfig": "CNNTrainSettings",
-    "VerifyConfig": "VerifySettings",
-    "GPTTrainConfig": "GPTTrainSettings",
-    "ClassifierTrainConfig": "ClassifierTrainSettings",
-    "EncoderTrainConfig": "EncoderTrainSettings",
-    "ViTTrainConfig": "ViTTrainSettings",
-    "FinetuneConfig": "FinetuneSettings",
-    "GenerateConfig": "GenerateSettings",
-    "ExportConfig": "ExportSettings",
-}
-
-
 def __getattr__(name):
-    """An old class name gets one line naming its new one (ImportError, so that ``from
-    zoo.config.settings import OldName`` says it too)."""
-    if name in RENAMED:
-        raise ImportError(f"{__name__}.{name} was renamed {RENAMED[name]}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """An old class name (``GPTTrainConfig``) gets one line naming its new one."""
+    raise renamed.missing_attribute(__name__, name)
