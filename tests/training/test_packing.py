@@ -11,6 +11,7 @@ reordered with the tokens), ``tp`` and ``pipeline`` (the fixture loaded into sta
 blocks); tier 1 runs the context case, tier 2 the others.
 """
 
+import contextlib
 import pathlib
 
 import keras
@@ -103,20 +104,12 @@ def _one_step(layout, examples):
     ``examples`` as one batch."""
     model, distribution = _model(layout)
     before = {variable.path: np.asarray(variable.value) for variable in model.trainable_weights}
-    with distribution.scope() if distribution is not None else _nothing():
+    with distribution.scope() if distribution is not None else contextlib.nullcontext():
         batch = token_batches(examples, batch_size=len(examples), distribution=distribution)[0]
         loss = float(model.train_on_batch(*batch[:2], sample_weight=batch[2]))
     weights = {variable.path: np.asarray(variable.value) for variable in model.trainable_weights}
     keras.distribution.set_distribution(None)
     return loss, weights, max(np.abs(weights[path] - before[path]).max() for path in before)
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_a_packed_row_gives_each_example_its_logits_alone():

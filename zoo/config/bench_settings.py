@@ -43,6 +43,15 @@ def _count(default, help):
     return setting(default, help, section="bench", parse=types.positive_int)
 
 
+def _precision():
+    return setting(
+        "mixed_bfloat16",
+        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights)",
+        section="bench",
+        choices=choices.PRECISIONS,
+    )
+
+
 def _output():
     return setting(None, OUTPUT_HELP, section="bench", metavar="FILE")
 
@@ -347,12 +356,7 @@ class LMHeadBenchSettings(Llama32Sizes):
         metavar="HEADS",
     )
     sequence_length: int = _count(2048, "tokens per sequence T")
-    precision: str = setting(
-        "mixed_bfloat16",
-        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights)",
-        section="bench",
-        choices=choices.PRECISIONS,
-    )
+    precision: str = _precision()
     output: str | None = _output()
 
 
@@ -383,12 +387,7 @@ class LoraContextBenchSettings(Llama32Sizes):
         parse=types.comma_separated(choices.REMATS, "remat"),
         metavar="REMATS",
     )
-    precision: str = setting(
-        "mixed_bfloat16",
-        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights)",
-        section="bench",
-        choices=choices.PRECISIONS,
-    )
+    precision: str = _precision()
     lora_rank: int = _count(16, "LoRA rank r on every Dense / EinsumDense (only the LoRA factors train)")
     context_attention: str = setting(
         choices.DEFAULT_CONTEXT_ATTENTION,
