@@ -9,6 +9,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from zoo.kernels import attention_reference, reorder, restore
+from zoo.measure.hlo import FAST_COMPILE  # correctness tests need no optimised machine code
 
 AXIS = "seq"
 SEQ = P(None, AXIS)  # [B, T, ...] split along T
@@ -81,10 +82,6 @@ def inputs(*, heads, kv_heads, batch=2, length=64, head_dim=16, dtype="float32",
     cotangent = jax.random.normal(keys[3], (batch, length, heads, head_dim), jnp.float32)
     mask = padding_mask(batch, length) if masked else None
     return q, k, v, mask, cotangent
-
-
-# Correctness tests need no optimised machine code; this roughly halves CPU compile time.
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def sharded(kernel, *, n, balance=None, **options):
