@@ -52,8 +52,11 @@ def reference():
 def test_fit_with_remat_matches_one_device_without(layout, mesh, remat, reference):
     config = model_config("data" if layout == "single" else layout, num_layers=TRAIN_LAYERS, remat=remat)
     distribution = None if layout == "single" else layout_distribution(layout, mesh, config)
-    # One device: the same program, recomputed; the numbers are bitwise the same.
-    tolerances = dict(rtol=0.0, atol=0.0) if layout == "single" else {}
+    # One device: the same maths, recomputed, to float rounding (10-100x tighter than across
+    # devices). Not bitwise: XLA fuses the recomputed forward pass differently, and JAX
+    # 0.10's elemental fusion emitters (the suite's, tests/conftest.py) then round apart
+    # by ~1 ulp (gradients 7e-9, outputs 4e-7 relative); its MLIR emitters happen not to.
+    tolerances = dict(rtol=1e-6, atol=1e-6) if layout == "single" else {}
     report = parity.check_parity(
         lambda: build_lm(config),
         compile_sgd,
