@@ -1,6 +1,7 @@
 """Imports run one way: config -> kernels -> distribution -> layers -> models -> data/training -> planning -> cli/bench;
 config -> tokenizers -> models, data (the tokenizers are a side branch that needs none of the parallel code);
-measure (the hardware table) under training, planning and bench; zoo/units.py (byte units) under everything."""
+models -> measure (hardware table, HLO parser, compiled steps, FLOPs) -> training, planning, bench, cli;
+zoo/units.py (byte units) under everything."""
 
 import ast
 import pathlib
@@ -26,22 +27,34 @@ FORBIDDEN = {
         "bench",
         "plotting",
         "tokenizers",
+        "measure",
     },
-    "kernels": {"distribution", "layers", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
-    "distribution": {"layers", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
-    "layers": {"models", "data", "training", "planning", "cli", "bench", "tokenizers"},
+    "kernels": {
+        "measure",
+        "distribution",
+        "layers",
+        "models",
+        "data",
+        "training",
+        "planning",
+        "cli",
+        "bench",
+        "tokenizers",
+    },
+    "distribution": {"measure", "layers", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
+    "layers": {"measure", "models", "data", "training", "planning", "cli", "bench", "tokenizers"},
     # text <-> ids (keras, numpy, the `tokenizers` library): models and data import it; it imports
     # no zoo package but zoo.config (every other package, present or future)
     "tokenizers": {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"config", "tokenizers"},
-    "models": {"kernels", "data", "training", "planning", "cli", "bench"},
+    "models": {"measure", "kernels", "data", "training", "planning", "cli", "bench"},
     "data": {"models", "layers", "training", "planning", "cli", "bench", "presets"},
     # presets (the file format, reading and writing) sits below models: ZooModel.from_preset imports it
-    "presets": {"models", "layers", "data", "training", "planning", "cli", "bench"},
+    "presets": {"measure", "models", "layers", "data", "training", "planning", "cli", "bench"},
     "training": {"planning", "cli", "bench"},
     "planning": {"cli", "bench"},  # compiles the training jobs' steps: above training, below the entry points
-    # the hardware table (peak FLOP/s, memory, links) that training's MFU and the planner both read:
-    # pure Python, no zoo package but zoo.config (and the module zoo.units)
-    "measure": {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"config", "measure"},
+    # measurement (hardware table, HLO parser, compiled steps, FLOPs) that training, planning,
+    # the benchmarks and zoo comms read: above the models, below the jobs
+    "measure": {"data", "training", "planning", "cli", "bench", "plotting"},
 }
 
 
@@ -364,3 +377,20 @@ def test_the_shard_map_rule_finds_each_spelling():
     )
     assert [line.split(":")[1] for line in _shard_map_uses("bench/x.py", source)] == ["2", "3", "4", "5"]
     assert _shard_map_uses("bench/x.py", '"""Runs under ``jax.shard_map``."""\n') == []  # words are not calls
+
+
+def test_benchmarks_export_nothing():
+    """A benchmark imports only the library and the benchmarks' private helpers (``zoo/bench/_*.py``),
+    never another benchmark; nothing outside ``zoo/bench`` imports it (``zoo bench`` reaches
+    each by name, zoo/cli/bench.py). What two of them, or a benchmark and ``zoo comms``, both
+    need lives in the library (e.g. ``zoo.measure.tensor_parallel_mlp``)."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        inside = path.parent == ROOT / "bench"
+        for _, name in _zoo_imports(path):
+            parts = name.split(".")
+            if parts[:2] != ["zoo", "bench"] or len(parts) < 3:
+                continue
+            if not inside or not parts[2].startswith("_"):
+                bad.append(f"{path.relative_to(ROOT.parent)} imports {name}")
+    assert not bad, "a benchmark exports code:\n" + "\n".join(bad)

@@ -12,8 +12,9 @@ import pytest
 
 from tests.bench._cli import parse_bench_args
 from tests.plotting._png import png_size
-from zoo.bench.tensor_parallel import minimum_sent_bytes, run_benchmark
+from zoo.bench.tensor_parallel import run_benchmark
 from zoo.config.bench_settings import TPBenchSettings
+from zoo.measure.tensor_parallel_mlp import minimum_sent_bytes
 
 TINY = [
     "--batch-size",

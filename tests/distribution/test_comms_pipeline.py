@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from zoo.distribution.comms_report import FAST_COMPILE, comms_report
 from zoo.kernels.pipeline import num_ticks, pipeline
+from zoo.measure.comms_report import FAST_COMPILE, comms_report
 from zoo.planning import PlanRequest
 from zoo.planning.search import Candidate, pipeline_figures
 

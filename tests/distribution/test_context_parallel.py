@@ -18,7 +18,6 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from zoo.distribution import MeshError, distribution_for, make_distribution, make_mesh
-from zoo.distribution.comms_report import FAST_COMPILE, train_step_comms_report
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.describe import describe
 from zoo.distribution.parity import StepLosses, compare
@@ -30,6 +29,7 @@ from zoo.layers import (
     _parallel_plan,
     _tensor_parallel,
 )
+from zoo.measure.comms_report import FAST_COMPILE, train_step_comms_report
 from zoo.models import _transformer_layouts as layouts
 
 VOCAB, LENGTH, WIDTH, HEADS, STEPS, BATCH = 16, 32, 16, 4, 3, 8

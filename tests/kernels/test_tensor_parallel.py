@@ -17,7 +17,6 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from tests.kernels._harness import FAST_COMPILE
-from zoo.distribution.comms_report import parse_collectives
 from zoo.kernels import (
     all_gather_matmul,
     check_divisible,
@@ -30,6 +29,7 @@ from zoo.kernels import (
     sequence_parallel_row_matmul,
     tensor_parallel_mlp,
 )
+from zoo.measure.comms_report import parse_collectives
 
 B, T, D, F = 4, 16, 8, 32  # batch, sequence, model width, hidden features
 MESHES = {"data2-model4": (2, 4), "data1-model8": (1, 8)}

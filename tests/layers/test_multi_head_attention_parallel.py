@@ -20,11 +20,11 @@ import pytest
 
 from tests.layers import _attention as a
 from zoo.distribution import CheckedModelParallel
-from zoo.distribution.comms_report import layer_comms_report
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.kernels import reorder, restore
 from zoo.layers import MultiHeadAttention
 from zoo.layers._parallel_plan import program_cache_info
+from zoo.measure.comms_report import layer_comms_report
 
 # (strategy, mesh, causal, heads, kv_heads, masked, rotary, balance). Striped balance is
 # checked with gather, non-causal attention with gather and ring (Ulysses runs plain

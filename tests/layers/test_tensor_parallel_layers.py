@@ -15,12 +15,12 @@ import pytest
 
 from tests.layers.harness import check_layer_contract
 from zoo.distribution import CheckedModelParallel, LayoutError, make_mesh
-from zoo.distribution.comms_report import FAST_COMPILE, layer_comms_report
 from zoo.distribution.parity import check_parity
 from zoo.layers._parallel_plan import program_cache_info
 from zoo.layers.column_parallel_dense import ColumnParallelDense
 from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.layers.row_parallel_dense import RowParallelDense
+from zoo.measure.comms_report import FAST_COMPILE, layer_comms_report
 
 B, T, D, F = 4, 16, 8, 32  # batch, sequence, model width, hidden features
 MESHES = ["data=2,model=4", "data=1,model=8"]

@@ -43,7 +43,7 @@ def test_a_kind_with_a_peak_but_no_planner_row_is_refused(monkeypatch):
 
 def test_training_and_planning_share_the_table():
     import zoo.planning
-    from zoo.training import mfu
+    from zoo.measure import mfu
 
     assert mfu.PEAK_FLOPS is hardware.PEAK_FLOPS and zoo.planning.DEVICES is hardware.DEVICES
     assert mfu.UnknownDeviceError is zoo.planning.UnknownDeviceError is hardware.UnknownDeviceError

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from zoo import distribution as zd
+from zoo.measure.compiled_step import compile_fit_step
 from zoo.models.gpt import GPTCausalLM
 from zoo.models.gpt._chunked_loss import chunked_cross_entropy
-from zoo.training.compiled_step import compile_fit_step
 from zoo.training.lm_finetune import compile_causal_lm
 
 MEAN = "mean_with_sample_weight"

@@ -29,7 +29,7 @@ from tests.models._gpt_parity import (
 )
 from zoo.distribution import parity
 from zoo.layers import TransformerBlock
-from zoo.training.compiled_step import memory_analysis_reflects_remat
+from zoo.measure.compiled_step import memory_analysis_reflects_remat
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ whichever is smaller (``zoo/layers/lm_head_gather.py``), and trains to the one-d
 One untied 1-block model (C=32, V=256, T=16) on the 8 simulated devices: at a global
 batch of 8, B x T = 128 < V and the head gathers the activations; at 32, 512 > V and it
 gathers its (C, V) kernel. The compiled ``fit`` step's collectives (read by
-``zoo.distribution.comms_report``) show which; compile-only, nothing allocated. The tied
+``zoo.measure.comms_report``) show which; compile-only, nothing allocated. The tied
 head with the activations under ``fit``: tests/models/test_gpt_parity.py [fsdp-data=8];
 both parity runs are tier 2 (tests/_tiers.py: 12-14 s of compiling each).
 """
@@ -15,9 +15,9 @@ import pytest
 from tests.models._gpt_parity import build_lm, compile_sgd, language_data, layout_distribution, model_config
 from zoo.distribution import parity
 from zoo.distribution.axes import DATA
-from zoo.distribution.comms_report import compiled_report
+from zoo.measure.comms_report import compiled_report
+from zoo.measure.compiled_step import abstract_build, compile_fit_step
 from zoo.models.gpt import GPTBackbone, GPTCausalLM
-from zoo.training.compiled_step import abstract_build, compile_fit_step
 
 LENGTH, VOCABULARY, WIDTH = 16, 256, 32
 CONFIG = dict(

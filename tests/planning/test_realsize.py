@@ -111,7 +111,7 @@ def test_a_remat_recipe_is_planned_whole_under_depth_auto():
     recipe (gpt_1b, fsdp, remat) extrapolated from 1 and 2 blocks was 10.52 GiB against
     12.56 compiled whole (-16%), so depth auto compiles it whole (JAX 0.12; on JAX 0.10
     remat is corrected from two depths instead)."""
-    from zoo.training.compiled_step import memory_analysis_reflects_remat
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
 
     if not memory_analysis_reflects_remat():
         pytest.skip("this JAX's CPU memory analysis does not show remat: the plan corrects two depths")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from zoo.distribution.comms_report import FAST_COMPILE, loop_multiplicities
+from zoo.measure.comms_report import FAST_COMPILE, loop_multiplicities
 from zoo.measure.hardware import DEVICES, PEAK_FLOPS, UnknownDeviceError, device_spec
 from zoo.planning import roofline
 from zoo.planning.measure import StepMeasure, extrapolate, loop_dot_flops

@@ -21,8 +21,8 @@ import functools
 import pytest
 
 from tests.recipes._recipes import RECIPES, ids
-from zoo.distribution.comms_report import FAST_COMPILE
-from zoo.training.compiled_step import memory_analysis_reflects_remat
+from zoo.measure.comms_report import FAST_COMPILE
+from zoo.measure.compiled_step import memory_analysis_reflects_remat
 from zoo.training.recipes import load_recipe
 from zoo.training.recipes._compile import compile_recipe_step, recipe_fit
 

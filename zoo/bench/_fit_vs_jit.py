@@ -22,6 +22,7 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
+from zoo.measure.steps import model_state, stateless_train_step
 
 # Same-maths check: |loss_jit - loss_fit| <= LOSS_ATOL + LOSS_RTOL * |loss_fit|. The two
 # steps are separate XLA programs (fit's also updates metrics), so fusion may reorder
@@ -130,39 +131,13 @@ def _await(loss, state):
 
 
 def make_jit_step(model, distribution):
-    """``step(state, x, y) -> (loss, state)`` with ``state = (trainable, non_trainable, optimizer)``.
-
-    The same maths as Keras' ``train_step`` minus the metric updates: forward in
-    training mode (batch-norm statistics updated), compiled loss, gradients, optimizer.
-    The state is donated; under a distribution its output shardings are pinned to the
-    variables' own (as Keras does), so step k+1 reuses step k's program.
-    """
-
-    def loss_and_updates(trainable, non_trainable, x, y):
-        logits, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
-        loss = model.compute_loss(x=x, y=y, y_pred=logits, training=True)  # f32[]
-        return loss, non_trainable
-
-    def step(state, x, y):
-        trainable, non_trainable, optimizer = state
-        grad_fn = jax.value_and_grad(loss_and_updates, has_aux=True)
-        (loss, non_trainable), grads = grad_fn(trainable, non_trainable, x, y)
-        trainable, optimizer = model.optimizer.stateless_apply(optimizer, grads, trainable)
-        return loss, (trainable, non_trainable, optimizer)
-
+    """``zoo.measure.steps.stateless_train_step`` jitted as ``fit`` jits its step: the
+    state donated; under a distribution its output shardings pinned to the variables'
+    own (as Keras does), so step k+1 reuses step k's program."""
     out_shardings = None
     if distribution is not None:
         out_shardings = (None, jax.tree.map(lambda a: a.sharding, model_state(model)))
-    return jax.jit(step, donate_argnums=0, out_shardings=out_shardings)
-
-
-def model_state(model):
-    """The model's current values as ``(trainable, non_trainable, optimizer)`` lists of arrays."""
-    return (
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-        [v.value for v in model.optimizer.variables],
-    )
+    return jax.jit(stateless_train_step(model), donate_argnums=0, out_shardings=out_shardings)
 
 
 def copy_state(state):

@@ -37,7 +37,7 @@ def mib_text(nbytes, gib_from=None):
 def remat_warning(remats):
     """A warning for a memory table with remat rows when this XLA's CPU memory analysis
     does not show remat (JAX 0.10), else ""."""
-    from zoo.training.compiled_step import memory_analysis_reflects_remat
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
 
     if tuple(remats) == ("none",) or memory_analysis_reflects_remat():
         return ""

@@ -41,9 +41,9 @@ from zoo.config.bench_settings import ContextBenchSettings  # noqa: F401 (the se
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh, parse_mesh_spec
 from zoo.distribution.axes import DATA, SEQ
-from zoo.distribution.comms_report import FAST_COMPILE, comms_report, train_step
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.layers import TransformerBlock
+from zoo.measure.comms_report import FAST_COMPILE, comms_report, train_step
 from zoo.units import GIB
 
 

@@ -8,7 +8,7 @@ per device (global batch B = N b). For each (N, b, head) the ``fit`` step is com
 (never run) three times: with the head's own choice (``GPTCausalLM.lm_head_gather``) and
 with each choice forced on the model (``table``, ``activations``). Each row reports the
 bytes one device sends over ``data`` per step (every collective of the compiled HLO,
-loop trip counts included, by ``zoo.distribution.comms_report``) and the peak memory
+loop trip counts included, by ``zoo.measure.comms_report``) and the peak memory
 (``memory_analysis``); the goal: the chosen program sends no more than the cheaper
 forced one. A forced choice is the model's ``lm_head_gather`` replaced on that one
 instance (the same ``LMHeadGather`` with another ``choice``).
@@ -24,11 +24,11 @@ from zoo.bench._output import size_text, write_text
 from zoo.config.bench_settings import LMHeadBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution import make_mesh
 from zoo.distribution.axes import DATA
-from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.layers.lm_head_gather import ACTIVATIONS, TABLE
+from zoo.measure.comms_report import FAST_COMPILE, compiled_report
+from zoo.measure.compiled_step import abstract_build, compile_fit_step
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_backbone import GPTBackbone
-from zoo.training.compiled_step import abstract_build, compile_fit_step
 
 CHOICES = ("chosen", TABLE, ACTIVATIONS)  # the head's own choice, then each forced
 SIZES = ("vocabulary_size", "num_layers", "hidden_dim", "num_query_heads", "num_key_value_heads", "head_dim")

@@ -41,29 +41,18 @@ import jax
 import keras
 
 from zoo import distribution as zd
+from zoo.bench._gpt import LLAMA_3_2_1B, SIZES, compile_model
 from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.config.bench_settings import LoraContextBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, SEQ
-from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
+from zoo.measure.comms_report import FAST_COMPILE, compiled_report
+from zoo.measure.compiled_step import abstract_build, compile_fit_step
 from zoo.measure.hardware import device_spec
 from zoo.models import GPTCausalLM
-from zoo.models.gpt import GPT_CONFIGS
 from zoo.models.gpt.gpt_backbone import GPTBackbone
-from zoo.training.compiled_step import abstract_build, compile_fit_step
 from zoo.training.finetune import enable_lora, is_lora_variable
 
 TARGETS = ("h100", "h200")  # the "fits" columns: zoo.measure.hardware.DEVICES kinds (80 and 141 GiB)
-SIZES = (
-    "vocabulary_size",
-    "num_layers",
-    "hidden_dim",
-    "num_query_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_dim",
-)
-# Llama-3.2-1B's arguments but its sizes (those are the settings, Llama32Sizes): the named config
-LLAMA_3_2_1B = {name: value for name, value in GPT_CONFIGS["llama_3_2_1b"].items() if name not in SIZES}
 
 
 def layout_mesh(layout, devices):
@@ -170,12 +159,6 @@ def build_lora_model(arguments, config):
     for variable in model.weights:
         variable.trainable = is_lora_variable(variable)
     return model
-
-
-def compile_model(model):
-    from zoo.training.gpt import compile_gpt
-
-    compile_gpt(model, learning_rate=1e-4, total_steps=1)
 
 
 def measure(config, layout, length, remat):

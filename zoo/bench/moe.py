@@ -50,18 +50,18 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo._compat import sublayers
+from zoo.bench._gpt import build_model, compile_model
 from zoo.bench._output import remat_warning, size_text, write_text
-from zoo.bench.pipeline import build_model
 from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, EXPERT
-from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.distribution.distributions import place_batch
 from zoo.kernels import moe
 from zoo.layers.moe_feed_forward import MoEFeedForward
+from zoo.measure.comms_report import FAST_COMPILE, compiled_report
+from zoo.measure.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_shardings
 from zoo.measure.hardware import device_spec, platform_of
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import config_by_name
-from zoo.training.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_shardings
 from zoo.training.finetune import enable_lora, is_lora_variable
 from zoo.units import GIB
 
@@ -91,12 +91,6 @@ def batch_split(spec):
 
 def moe_layers(model):
     return [layer for layer in sublayers(model) if isinstance(layer, MoEFeedForward)]
-
-
-def compile_model(model):
-    from zoo.training.gpt import compile_gpt
-
-    compile_gpt(model, learning_rate=1e-4, total_steps=1)
 
 
 def expert_split(model, distribution):

@@ -42,21 +42,20 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from zoo import distribution as zd
+from zoo.bench._gpt import LLAMA_3_2_1B, SIZES, build_model, compile_model
 from zoo.bench._output import remat_warning, size_text, write_text
-from zoo.bench.lora_context_memory import LLAMA_3_2_1B, SIZES, compile_model
 from zoo.config.bench_settings import PIPELINE_SECTIONS, PipelineBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, STAGE
-from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.kernels.pipeline import check_schedule, num_ticks, pipeline
 from zoo.layers import run_on_mesh
-from zoo.models import GPTCausalLM
-from zoo.models.gpt.gpt_backbone import GPTBackbone
-from zoo.training.compiled_step import (
+from zoo.measure.comms_report import FAST_COMPILE, compiled_report
+from zoo.measure.compiled_step import (
     abstract_build,
     compile_fit_step,
     shard_bytes,
     state_shardings,
 )
+from zoo.models import GPTCausalLM
 
 WIDTH = 8  # the bubble's micro-batches: [M, 1, WIDTH] float32
 
@@ -211,15 +210,6 @@ def model_arguments(config, remat, repeats=None, micro_batches=None):
     if repeats is not None:
         arguments |= {"schedule": schedule_name(repeats), "micro_batches": micro_batches, "repeats": repeats}
     return arguments
-
-
-def build_model(arguments, precision):
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(precision)
-    try:
-        return GPTCausalLM(backbone=GPTBackbone(**arguments))
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def measure_memory(config, remat, repeats=None, micro_batches=None):

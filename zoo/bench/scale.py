@@ -3,7 +3,7 @@
 Nothing here runs a step: every figure comes from a program compiled for the target's
 device count on simulated CPU devices (one subprocess per device count, since JAX
 fixes the count at start-up), read with ``memory_analysis()`` and
-``zoo.distribution.comms_report``. Four tables:
+``zoo.measure.comms_report``. Four tables:
 
 1. **Recipes**: each GPU/TPU ``pretrain_gpt`` recipe's training step (Keras'
    ``train_step``, what ``fit`` jits) at full depth on its target's device count, with
@@ -105,7 +105,7 @@ def measure(task):
 
 
 def recipe_row(path):
-    from zoo.distribution.comms_report import FAST_COMPILE
+    from zoo.measure.comms_report import FAST_COMPILE
     from zoo.training.recipes import compile_recipe_step, load_recipe
 
     recipe = load_recipe(path)
@@ -217,13 +217,13 @@ def fsdp_tp_row(mesh):
     import keras
 
     from zoo import distribution as zd
-    from zoo.models import GPTCausalLM
-    from zoo.training.compiled_step import (
+    from zoo.measure.compiled_step import (
         abstract_build,
         analytic_weight_bytes,
         state_bytes,
         state_shardings,
     )
+    from zoo.models import GPTCausalLM
     from zoo.training.gpt import compile_gpt
 
     distribution = zd.distribution_for(GPTCausalLM, "fsdp+tp", mesh)
@@ -253,10 +253,10 @@ def tp_bytes_row(task):
     import keras
 
     from zoo import distribution as zd
-    from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
     from zoo.distribution.mesh import mesh_axis_size
+    from zoo.measure.comms_report import FAST_COMPILE, compiled_report
+    from zoo.measure.compiled_step import abstract_build, compile_fit_step
     from zoo.models import GPTBackbone, GPTCausalLM, layout_overrides
-    from zoo.training.compiled_step import abstract_build, compile_fit_step
 
     layout, mesh = task["layout"], task["tp_mesh"]
     config = dict(

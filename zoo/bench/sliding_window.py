@@ -18,7 +18,7 @@ Goal (issue 28): tiles computed <= 1.2 x the tiles the window touches.
 all-gather and Ulysses as ``MultiHeadAttention`` dispatches them
 (``zoo.layers.sharded_attention``), forward + backward (and the
 ring's forward alone), compiled for N devices and never run. The collectives and their bytes are
-read from the compiled HLO by ``zoo.distribution.comms_report`` (the project's one HLO
+read from the compiled HLO by ``zoo.measure.comms_report`` (the project's one HLO
 parser), each counted as often as the known trip counts of the loops around it say.
 Ring hops: ``kernels.ring_steps`` (the steps the kernel keeps, from its own tiles and
 positions) minus one. Local tiles per device: the kernels' plans (``causal_block_work``
@@ -46,8 +46,8 @@ from zoo.bench._output import size_text, write_text
 from zoo.config.bench_settings import WindowBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
-from zoo.distribution.comms_report import FAST_COMPILE, compiled_report
 from zoo.layers import run_on_mesh, sharded_attention
+from zoo.measure.comms_report import FAST_COMPILE, compiled_report
 
 COUNT_HEADS, COUNT_HEAD_DIM = 1, 8  # the tile-count run: the count does not depend on H, K or D
 TILE_GOAL = 1.2  # tiles computed <= 1.2 x the tiles the window touches

@@ -109,7 +109,7 @@ def run(args):
 
 def comms_for(config, say=print):
     """Build, compile and report the step ``config`` describes (a ``CommsReport``)."""
-    from zoo.distribution.comms_report import (
+    from zoo.measure.comms_report import (
         FAST_COMPILE,
         comms_report,
         layer_step,
@@ -160,14 +160,14 @@ def _describe(config, distribution):
 def _mlp(config):
     import jax
 
-    from zoo.bench.tensor_parallel import (
+    from zoo.config.bench_settings import TPBenchSettings
+    from zoo.distribution import default_mesh_spec
+    from zoo.measure.tensor_parallel_mlp import (
         check_config,
         example_input,
         explicit_model,
         gspmd_model,
     )
-    from zoo.config.bench_settings import TPBenchSettings
-    from zoo.distribution import default_mesh_spec
 
     if config.collective_matmul and config.implementation != "explicit":
         raise ValueError("--collective-matmul is a feature of the explicit implementation")

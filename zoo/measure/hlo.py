@@ -1,6 +1,6 @@
 """The collectives and memory of a compiled program, read from its optimised HLO.
 
-Given a compiled step (``zoo.distribution.comms_report`` builds and compiles them), read the
+Given a compiled step (``zoo.measure.comms_report`` builds and compiles them), read the
 **optimised** HLO, i.e. the
 program the devices run after GSPMD partitioning and XLA's passes, and list every
 collective in it:

@@ -23,8 +23,8 @@ import math
 import re
 import time
 
-from zoo.distribution.comms_report import compiled_report, loop_multiplicities
 from zoo.distribution.mesh import parse_mesh_spec
+from zoo.measure.comms_report import compiled_report, loop_multiplicities
 
 __all__ = ["StepMeasure", "extrapolate", "loop_dot_flops", "measure_step"]
 

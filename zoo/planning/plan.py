@@ -62,7 +62,7 @@ class Plan:
     compiled_depths: tuple  # the depths actually compiled
     full_depth: int | None
     remat_correction: int  # bytes added to the temporaries (negative: removed); 0: none applied
-    model_flops: float | None  # per step, whole model, all devices (zoo.training.mfu); None: no formula
+    model_flops: float | None  # per step, whole model, all devices (zoo.measure.mfu); None: no formula
     notes: tuple = ()
 
     @property
@@ -239,8 +239,8 @@ def plan_in_process(request, *, compiler_options=None):
 
     ``compiler_options`` default to ``comms_report.FAST_COMPILE``: the HLO passes that
     decide memory, collectives and FLOPs all run; only machine-code optimisation is skipped."""
-    from zoo.distribution.comms_report import FAST_COMPILE
-    from zoo.training.compiled_step import memory_analysis_reflects_remat
+    from zoo.measure.comms_report import FAST_COMPILE
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
 
     compiler_options = FAST_COMPILE if compiler_options is None else compiler_options
     device_spec(request.device)  # an unknown device is refused before compiling
@@ -309,8 +309,8 @@ def _model_flops(job, config, full_depth):
     """Model FLOPs of one step of the full model, or None where the job has no formula."""
     if job.name != "pretrain_gpt":
         return None
+    from zoo.measure.mfu import gpt_flops_per_token
     from zoo.models.gpt.gpt_configs import config_by_name
-    from zoo.training.mfu import gpt_flops_per_token
 
     model_config = {**config_by_name(config.config_name), "num_layers": full_depth}
     return gpt_flops_per_token(model_config, config.sequence_length) * config.batch_size * config.sequence_length

@@ -15,7 +15,7 @@ last axis varies fastest), as ``zoo.distribution.make_mesh`` and Keras lay them 
 the last mesh axes are the ones that stay on a host.
 
 MFU = model FLOPs per step / (step x devices x peak): the model's FLOPs
-(``zoo.training.mfu``), not the compiled program's, which include rematerialisation.
+(``zoo.measure.mfu``), not the compiled program's, which include rematerialisation.
 """
 
 import dataclasses

@@ -277,8 +277,8 @@ def _pipelines(layout, mesh, rows, layers, precision):
 
 def estimate(candidate, request):
     """``(peak bytes per device, seconds per optimizer update)`` by the analytic model."""
+    from zoo.measure.mfu import gpt_flops_per_token
     from zoo.models.gpt.gpt_configs import count_parameters
-    from zoo.training.mfu import gpt_flops_per_token
 
     model, spec, config = _model(request), target_spec(request), request.config
     if candidate.layout == "pipeline":
@@ -322,8 +322,8 @@ def pipeline_figures(candidate, request):
 
 def _estimate_pipeline(candidate, request):
     """``(peak bytes, seconds per update)`` of a pipeline candidate (module docstring)."""
+    from zoo.measure.mfu import gpt_flops_per_token
     from zoo.models.gpt.gpt_configs import count_parameters
-    from zoo.training.mfu import gpt_flops_per_token
 
     model, spec, config = _model(request), target_spec(request), request.config
     sizes = _axis_sizes(candidate.mesh)
@@ -405,7 +405,7 @@ def expert_figures(candidate, request):
 
 def _estimate_expert(candidate, request):
     """``(peak bytes, seconds per update)`` of an expert-layout candidate (``expert_figures``)."""
-    from zoo.training.mfu import gpt_flops_per_token
+    from zoo.measure.mfu import gpt_flops_per_token
 
     model, spec, config = _model(request), target_spec(request), request.config
     sizes = _axis_sizes(candidate.mesh)

@@ -17,8 +17,8 @@ from zoo.distribution import multihost
 from zoo.distribution.axes import STAGE
 from zoo.distribution.mesh import resolve_mesh_shape
 from zoo.kernels.pipeline import check_schedule, num_ticks
+from zoo.measure import mfu
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
-from zoo.training import mfu
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
     job_distribution,

@@ -32,11 +32,11 @@ from tests.layers.test_tensor_parallel_layers import (
     tensor_parallel,
 )
 from zoo.distribution import CheckedModelParallel, make_mesh
-from zoo.distribution.comms_report import FAST_COMPILE
 from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
 from zoo.layers.parallel_mlp import ParallelMLP
+from zoo.measure.comms_report import FAST_COMPILE
+from zoo.measure.compiled_step import abstract_build, layout_under
 from zoo.models import GPTCausalLM
-from zoo.training.compiled_step import abstract_build, layout_under
 from zoo.training.lora._layers import enable_lora, is_lora_variable, lora_target_layers
 
 RANK = 2

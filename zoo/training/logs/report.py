@@ -17,7 +17,7 @@ import numpy as np
 
 from zoo.distribution.mesh import describe_mesh
 from zoo.distribution.multihost import is_primary
-from zoo.training.mfu import mfu
+from zoo.measure.mfu import mfu
 
 STEP_TIME = "step_time_s"  # seconds per optimizer step (wall clock, averaged)
 MFU = "mfu"  # model FLOPs utilisation, a fraction
@@ -68,7 +68,7 @@ class StepReport(keras.callbacks.Callback):
     Args:
         items_per_step: tokens (or images) in one global batch, e.g. B * T.
         unit: what ``items_per_step`` counts, for the printout.
-        flops_per_step: model FLOPs of one training step (``zoo.training.mfu``); None
+        flops_per_step: model FLOPs of one training step (``zoo.measure.mfu``); None
             leaves MFU out.
         peak_flops_per_device: dense peak FLOP/s of one device
             (``mfu.resolve_peak_flops``); None leaves MFU out.

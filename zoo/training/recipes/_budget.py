@@ -22,7 +22,7 @@ import numpy as np
 from zoo import distribution as zd
 from zoo.distribution.axes import MODEL, SEQ
 from zoo.distribution.mesh import resolve_mesh_shape
-from zoo.training.compiled_step import abstract_build, layout_under, slot_reference
+from zoo.measure.compiled_step import abstract_build, layout_under, slot_reference
 from zoo.units import GIB, format_bytes
 
 TIGHT_MEMORY_FRACTION = 0.75  # state above this share of device memory leaves little for activations
@@ -65,7 +65,7 @@ class RecipeBudget:
     sequence_length: int | None  # None: not a token model
     sequence_shards: int  # the sequence is split this many ways
     accumulation: int  # steps per optimizer update
-    flops_per_step: float | None = None  # model FLOPs of one training step (zoo.training.mfu); None: no formula
+    flops_per_step: float | None = None  # model FLOPs of one training step (zoo.measure.mfu); None: no formula
     peak_flops_per_device: float | None = None  # from [logging] peak_tflops
     notes: tuple = ()
 

@@ -23,7 +23,7 @@ import math
 import jax
 
 from zoo.distribution.mesh import make_mesh
-from zoo.training.compiled_step import StepMemory, abstract_build, compile_fit_step
+from zoo.measure.compiled_step import StepMemory, abstract_build, compile_fit_step
 from zoo.training.recipes import _budget as plans
 from zoo.units import GIB
 

@@ -99,7 +99,7 @@ class Job:
         return getattr(config, "gradient_accumulation_steps", 1)
 
     def flops_per_step(self, config, model):
-        """Model FLOPs of one training step, or None where zoo.training.mfu has no formula."""
+        """Model FLOPs of one training step, or None where zoo.measure.mfu has no formula."""
         return
 
     def num_layers(self, module, config):
@@ -148,7 +148,7 @@ class PretrainGPT(Job):
         )
 
     def flops_per_step(self, config, model):
-        from zoo.training.mfu import gpt_flops_per_token
+        from zoo.measure.mfu import gpt_flops_per_token
 
         return (
             gpt_flops_per_token(model.get_config(), config.sequence_length) * config.batch_size * config.sequence_length

@@ -12,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 from zoo.cli import comms
 from zoo.distribution import CheckedModelParallel, make_mesh
-from zoo.distribution.comms_report import (
+from zoo.layers.parallel_mlp import ParallelMLP
+from zoo.measure.comms_report import (
     FAST_COMPILE,
     CommsReport,
     MemoryUsage,
@@ -21,7 +22,6 @@ from zoo.distribution.comms_report import (
     parse_collectives,
     train_step_comms_report,
 )
-from zoo.layers.parallel_mlp import ParallelMLP
 
 
 def _mesh():

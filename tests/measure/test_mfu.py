@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from zoo.training import mfu
+from zoo.measure import mfu
 
 # A small GQA decoder, the example worked by hand below.
 EXAMPLE = {

@@ -8,7 +8,7 @@ with ``jax.ShapeDtypeStruct`` arguments carrying each variable's sharding and th
 batch's data layout, then compiled for the mesh's devices (simulated CPU devices
 work: ``--xla_force_host_platform_device_count``). The compiled program's
 ``memory_analysis()`` gives per-device argument, output and temporary bytes; its HLO
-gives the collectives (``zoo.distribution.comms_report``).
+gives the collectives (``zoo.measure.comms_report``).
 
 Per device, a step needs the training state (weights, optimizer slots: arguments,
 donated and aliased to the outputs) plus the temporaries (activations kept for the

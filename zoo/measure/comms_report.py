@@ -19,6 +19,7 @@ from zoo.measure.hlo import (
     parse_collectives,
     report_of,
 )
+from zoo.measure.steps import model_state, stateless_train_step
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -108,33 +109,13 @@ def layer_comms_report(layer, *inputs, backward=False, mesh=None, seed=0, compil
 def train_step(model, x, y):
     """``(step, example arguments)`` of one optimizer step of a compiled Keras model.
 
-    The step is Keras' train step without metric updates: forward in training mode,
-    ``model.compute_loss``, gradients, ``optimizer.stateless_apply``; it returns
-    ``(loss, trainable, non_trainable, optimizer variables)``. x, y (one batch) are
-    placed on the global distribution's data layout, as ``fit`` places them.
+    The step is ``zoo.measure.steps.stateless_train_step``: Keras' train step without
+    metric updates, ``step(state, x, y) -> (loss, state)``. x, y (one batch) are placed
+    on the global distribution's data layout, as ``fit`` places them.
     """
-    if getattr(model, "optimizer", None) is None:
-        raise ValueError(f"model {model.name!r} is not compiled: call model.compile(optimizer=..., loss=...) first")
-    if not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
+    step = stateless_train_step(model)  # refuses a model that is not compiled
     x, y = _place_batch([x, y])
-
-    def loss_and_updates(trainable, non_trainable, x, y):
-        y_pred, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
-        return model.compute_loss(x=x, y=y, y_pred=y_pred, training=True), non_trainable
-
-    def step(trainable, non_trainable, optimizer, x, y):
-        (loss, non_trainable), grads = jax.value_and_grad(loss_and_updates, has_aux=True)(
-            trainable, non_trainable, x, y
-        )
-        trainable, optimizer = model.optimizer.stateless_apply(optimizer, grads, trainable)
-        return loss, trainable, non_trainable, optimizer
-
-    state = [
-        [v.value for v in vs]
-        for vs in (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables)
-    ]
-    return step, (*state, x, y)
+    return step, (model_state(model), x, y)
 
 
 def train_step_comms_report(model, x, y, mesh=None, compiler_options=None):
