@@ -72,25 +72,25 @@ def test_plot_draws_memory_against_sequence_length(tiny):
 
 def test_timing_over_the_memory_limit_is_skipped_and_the_goal_says_so():
     # the fixture's T and N: the programs come from the compilation cache
-    config = AttentionBenchSettings(**{**TINY, "devices": (8,), "memory_limit_gib": 1e-9})
-    result = run_benchmark(config, report=lambda line: None)
+    settings = AttentionBenchSettings(**{**TINY, "devices": (8,), "memory_limit_gib": 1e-9})
+    result = run_benchmark(settings, report=lambda line: None)
     assert all(not row["wall"] for row in result["time"])
     assert "host memory" in result["time"][0]["skipped"]["ring"]
     assert result["goals"][-1].status == "NOT MEASURED"
 
 
 def test_goal_logic_on_given_numbers():
-    config = AttentionBenchSettings(lengths=(100,), devices=(4, 8))
+    settings = AttentionBenchSettings(lengths=(100,), devices=(4, 8))
     memory = [
         {"length": 100, "devices": 4, "temp": {"reference": 1000, "ring": 100}},
         {"length": 100, "devices": 8, "temp": {"reference": 500, "ring": 70}},
     ]
     timing = {"length": 16, "heads": 1, "devices": 8, "wall": {"gather": 2.0, "ring": 1.0}, "cpu": {}, "skipped": {}}
-    goals = bench.evaluate_goals(config, memory, timing)
+    goals = bench.evaluate_goals(settings, memory, timing)
     # 70/500 = 0.14 > 1/8; 70/100 = 0.7 > 0.6; 1.0 s <= 2.0 s
     assert [g.status for g in goals] == ["MISS", "MISS", "PASS"]
     memory[1]["temp"]["ring"] = 50
-    assert [g.status for g in bench.evaluate_goals(config, memory, timing)][:2] == ["PASS", "PASS"]
+    assert [g.status for g in bench.evaluate_goals(settings, memory, timing)][:2] == ["PASS", "PASS"]
 
 
 @pytest.mark.parametrize(
@@ -128,8 +128,8 @@ def test_cli_flags_cover_the_config_and_keep_its_defaults():
             "m.png",
         ]
     )
-    config = bench_cli.settings_from_args("attention", args)
-    assert (config.lengths, config.devices, config.balance, config.causal, config.repeats, config.plot) == (
+    settings = bench_cli.settings_from_args("attention", args)
+    assert (settings.lengths, settings.devices, settings.balance, settings.causal, settings.repeats, settings.plot) == (
         (64, 128),
         (8,),
         None,

@@ -18,9 +18,9 @@ TINY = {"sequence_length": 128, "layers": 1, "width": 16, "heads": 2, "head_dim"
 
 def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(tmp_path):
     output = tmp_path / "context.md"
-    config = ContextBenchSettings(**TINY, runs=("data=8:8", "data=1,seq=8:1"), output=str(output))
+    settings = ContextBenchSettings(**TINY, runs=("data=8:8", "data=1,seq=8:1"), output=str(output))
     lines = []
-    result = run_benchmark(config, report=lines.append)
+    result = run_benchmark(settings, report=lines.append)
     data, context = result["runs"]
     assert (data.kind, data.tokens_per_device, context.kind, context.tokens_per_device) == (
         "data-parallel",
@@ -47,14 +47,14 @@ def test_context_parallel_step_needs_less_than_1_over_n_of_data_parallel_memory(
 
 
 def test_goal_logic_on_given_numbers():
-    config = ContextBenchSettings(sequence_length=100)
+    settings = ContextBenchSettings(sequence_length=100)
     base = Run("data=8", 8, "data-parallel", tokens_per_device=100, temp=800)
     runs = [base, Run("data=1,seq=8", 1, "context-parallel", tokens_per_device=25, temp=150)]
-    assert bench.evaluate_goal(runs, config)[0] == "PASS"  # 150/800 <= 1/4
+    assert bench.evaluate_goal(runs, settings)[0] == "PASS"  # 150/800 <= 1/4
     runs[1].temp = 250
-    status, detail = bench.evaluate_goal(runs, config)
+    status, detail = bench.evaluate_goal(runs, settings)
     assert status == "MISS" and "0.3125 x (1/4 = 0.2500)" in detail
-    assert bench.evaluate_goal(runs[1:], config)[0] == "NOT MEASURED"
+    assert bench.evaluate_goal(runs[1:], settings)[0] == "NOT MEASURED"
 
 
 @pytest.mark.parametrize(
@@ -90,8 +90,8 @@ def test_cli_flags_cover_the_config_and_keep_its_defaults():
             "gather",
         ]
     )
-    config = bench_cli.settings_from_args("context", args)
-    assert (config.sequence_length, config.runs, config.balance, config.context_attention) == (
+    settings = bench_cli.settings_from_args("context", args)
+    assert (settings.sequence_length, settings.runs, settings.balance, settings.context_attention) == (
         64,
         ("data=8:8", "data=2,seq=4:2"),
         None,

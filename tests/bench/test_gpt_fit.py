@@ -12,7 +12,7 @@ from zoo.config.bench_settings import GPTBenchSettings
 
 def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_path):
     output = tmp_path / "gpt.md"
-    config = GPTBenchSettings(
+    settings = GPTBenchSettings(
         config_name="gpt_tiny",
         sequence_length=16,
         batch_size=8,
@@ -21,7 +21,7 @@ def test_context_parallel_fit_and_jit_step_do_the_same_maths_and_are_tabled(tmp_
         output=str(output),
         layouts=("context",),
     )
-    rows = run_benchmark(config, report=lambda line: None)
+    rows = run_benchmark(settings, report=lambda line: None)
 
     (row,) = rows
     assert (row["layout"], row["mesh"]) == ("context parallel (ring)", "data=2,seq=4")

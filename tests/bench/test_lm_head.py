@@ -36,9 +36,9 @@ def test_rows_choose_the_cheaper_gather_and_write_the_table(tmp_path):
 
 def test_flags_parse_into_the_settings_and_too_many_devices_are_refused():
     args = parse_bench_args("lm-head", ["--devices", "8,64", "--per-device-batches", "2", "--heads", "tied"])
-    config = bench.LMHeadBenchSettings(
+    settings = bench.LMHeadBenchSettings(
         **{name: getattr(args, name) for name in ("devices", "per_device_batches", "heads")}
     )
-    assert (config.devices, config.per_device_batches, config.heads) == ((8, 64), (2,), ("tied",))
+    assert (settings.devices, settings.per_device_batches, settings.heads) == ((8, 64), (2,), ("tied",))
     with pytest.raises(ValueError, match="64 devices asked for but JAX has 8"):
-        bench.check_config(config)
+        bench.check_config(settings)

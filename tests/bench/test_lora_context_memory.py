@@ -28,8 +28,8 @@ TINY = {
 
 def test_fsdp_row_reports_memory_analysis_and_splits_lora_factors_as_fit_does(tmp_path):
     output = tmp_path / "lora.md"
-    config = LoraContextBenchSettings(**TINY, output=str(output))
-    (row,) = bench.run_benchmark(config, report=lambda line: None)["rows"]
+    settings = LoraContextBenchSettings(**TINY, output=str(output))
+    (row,) = bench.run_benchmark(settings, report=lambda line: None)["rows"]
     analysis = row.compiled.memory_analysis()
     m = row.memory
     assert (m.temp, m.argument, m.output, m.alias) == (
@@ -65,10 +65,10 @@ def _parse(argv):
 
 def test_cli_flags_cover_the_config_and_keep_its_defaults():
     assert bench_cli.settings_from_args("lora-context", _parse([])) == LoraContextBenchSettings()
-    config = bench_cli.settings_from_args(
+    settings = bench_cli.settings_from_args(
         "lora-context", _parse(["--sequence-lengths", "4096", "--layouts", "fsdp", "--remats", "full"])
     )
-    assert (config.sequence_lengths, config.layouts, config.remats) == ((4096,), ("fsdp",), ("full",))
+    assert (settings.sequence_lengths, settings.layouts, settings.remats) == ((4096,), ("fsdp",), ("full",))
     assert set(vars(_parse([]))) - {"bench", "func", "simulate_devices"} == {
         f.name for f in dataclasses.fields(LoraContextBenchSettings)
     }

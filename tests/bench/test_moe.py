@@ -27,8 +27,8 @@ TINY = {
 
 
 def test_capacity_one_exchange_is_the_minimum_and_experts_are_split_one_per_device_share():
-    config = MoEBenchSettings(**TINY, meshes=("data=2,expert=4",), capacity_factors=(1.0,))
-    row = bench.measure_exchange(config, "data=2,expert=4", 1.0)
+    settings = MoEBenchSettings(**TINY, meshes=("data=2,expert=4",), capacity_factors=(1.0,))
+    row = bench.measure_exchange(settings, "data=2,expert=4", 1.0)
     # N = 8 x 16 / (2 x 4) = 16 tokens per device, A = 32 assignments, Q = ceil(32 / 4) = 8 rows to each device
     assert (row.expert_size, row.tokens, row.capacity, row.sparse_blocks) == (4, 16, 8, 1)
     assert (row.token_exchanges, row.count_exchanges, row.moved) == (
@@ -42,7 +42,7 @@ def test_capacity_one_exchange_is_the_minimum_and_experts_are_split_one_per_devi
     assert row.expert_parts == 4 and row.expert_bytes * 4 == row.model_expert_bytes == 3 * 8 * 32 * 32 * 4
     assert row.weight_gathers == 0  # no all-gather of an expert-weight-shaped buffer, none over 'expert'
     assert 0.0 < row.dropped_fraction < 1.0 and row.max_load >= 1.0  # one run: a random router overflows capacity 1.0
-    line = bench.format_exchange(config, [row])[-1]
+    line = bench.format_exchange(settings, [row])[-1]
     assert line.startswith("| data=2,expert=4 | 4 | 1 | 16 | 8 | 4 (+1) |") and "| 1/4 | 0 |" in line
 
 
@@ -52,10 +52,10 @@ def _parse(argv):
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):
     assert bench_cli.settings_from_args("moe", _parse([])) == MoEBenchSettings()
-    config = bench_cli.settings_from_args(
+    settings = bench_cli.settings_from_args(
         "moe", _parse(["--capacity-factors", "1,dropless", "--memory-partial-layers", "none"])
     )
-    assert config.capacity_factors == (1.0, None) and config.memory_partial_layers == ()
+    assert settings.capacity_factors == (1.0, None) and settings.memory_partial_layers == ()
     with pytest.raises(ValueError, match="num_experts 6 is not divisible by the 'expert' axis of size 4"):
         bench.run_benchmark(MoEBenchSettings(**(TINY | {"num_experts": 6})), report=lambda line: None)
     with pytest.raises(ValueError, match="batch_size 4 is not divisible by data x expert = 8"):

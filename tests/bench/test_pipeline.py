@@ -35,8 +35,8 @@ def test_bubble_rows_are_the_kernels_count_and_equal_the_formula(stages, repeats
 
 
 def test_pipelined_row_splits_the_blocks_by_stage_and_counts_its_permutes():
-    config = PipelineBenchSettings(**TINY, sections=("memory",))
-    row = bench.measure_memory(config, "none", repeats=1, micro_batches=2)
+    settings = PipelineBenchSettings(**TINY, sections=("memory",))
+    row = bench.measure_memory(settings, "none", repeats=1, micro_batches=2)
     analysis = row.compiled.memory_analysis()
     assert (row.memory.temp, row.memory.argument) == (analysis.temp_size_in_bytes, analysis.argument_size_in_bytes)
     # 2 blocks stacked (1, 2, ...) split over stage=2: each device holds one; the embedding
@@ -44,7 +44,7 @@ def test_pipelined_row_splits_the_blocks_by_stage_and_counts_its_permutes():
     assert row.block_weights * 2 == row.model_block_weights and row.other_weights == (32 * 8 + 8) * 4 + 8
     assert row.memory.weights == row.block_weights + row.other_weights
     assert row.permutes == 2 * (2 + 2 - 1)  # one per tick forward, one per tick backward
-    line = bench.format_memory(config, [row])[-1]
+    line = bench.format_memory(settings, [row])[-1]
     assert line.startswith("| gpipe | pipeline | data=1,stage=2 | none | 1 | 2 | ") and "| 1.000 |" in line
 
 
@@ -54,11 +54,11 @@ def _parse(argv):
 
 def test_settings_parse_and_refuse_bad_numbers(capsys):
     assert bench_cli.settings_from_args("pipeline", _parse([])) == PipelineBenchSettings()
-    config = bench_cli.settings_from_args(
+    settings = bench_cli.settings_from_args(
         "pipeline", _parse(["--micro-batches", "2", "--repeats", "2", "--sections", "bubble"])
     )
     with pytest.raises(ValueError, match=r"micro_batches=2 < 4 stages"):
-        bench.run_benchmark(config, report=lambda line: None)
+        bench.run_benchmark(settings, report=lambda line: None)
     with pytest.raises(SystemExit):
         _parse(["--micro-batches", "4,0"])
     assert "expected comma-separated integers >= 1" in capsys.readouterr().err

@@ -6,8 +6,8 @@ from zoo.config.bench_settings import PlanBenchSettings
 
 def test_a_recipe_row_is_planned_and_tabled(tmp_path):
     output = tmp_path / "plan.md"
-    config = PlanBenchSettings(sections=("recipes",), recipes="recipes/cpu-sim-8/train_cnn.toml", output=str(output))
-    results = run_benchmark(config, report=lambda *_: None)
+    settings = PlanBenchSettings(sections=("recipes",), recipes="recipes/cpu-sim-8/train_cnn.toml", output=str(output))
+    results = run_benchmark(settings, report=lambda *_: None)
     (row,) = results["recipes"]
     plan = row["plan"]
     assert plan.fits and plan.step.mesh == "data=2,model=4" and plan.compiled_depths == () and row["seconds"] > 0

@@ -58,8 +58,10 @@ def test_report_has_a_table_per_section_and_names_errors():
 
 
 def test_tasks_run_each_measurement_on_its_device_count():
-    config = ScaleBenchSettings(recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml"))
-    devices = [(count, task["kind"]) for count, task in scale.tasks(config)]
+    settings = ScaleBenchSettings(
+        recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml")
+    )
+    devices = [(count, task["kind"]) for count, task in scale.tasks(settings)]
     assert devices == [
         (8, "recipe"),
         (64, "recipe"),

@@ -34,12 +34,12 @@ KV_BYTES = (T // N) * KV_HEADS * HEAD_DIM * 4  # one shard's K (or V, or dK, or 
 @pytest.fixture(scope="module")
 def tiny():
     lines = []
-    config = WindowBenchSettings(**TINY, context_attentions=("ring",))
-    return run(config, lines), lines
+    settings = WindowBenchSettings(**TINY, context_attentions=("ring",))
+    return run(settings, lines), lines
 
 
-def run(config, lines):
-    return bench.run_benchmark(config, report=lines.append)
+def run(settings, lines):
+    return bench.run_benchmark(settings, report=lines.append)
 
 
 def _closed_form_tiles(rows, reach):
@@ -100,10 +100,10 @@ def test_report_lists_every_row(tiny):
 
 
 def test_gather_and_ulysses_send_the_same_with_a_window():
-    config = WindowBenchSettings(
+    settings = WindowBenchSettings(
         **TINY, sections=("context",), context_attentions=("gather", "ulysses"), balances=("zigzag",)
     )
-    result = run(config, [])
+    result = run(settings, [])
     rows = {(r.kernel, r.window): r for r in result["context"]}
     assert result["goals"] == []
     for kernel, kinds in (("gather", {"all-gather", "reduce-scatter"}), ("ulysses", {"all-to-all"})):
@@ -130,7 +130,7 @@ def _ulysses_tiles():
 
 
 def test_goal_misses_when_a_windowed_hop_sends_more():
-    config = WindowBenchSettings(**TINY, balances=(None,))
+    settings = WindowBenchSettings(**TINY, balances=(None,))
     full = bench.ContextRow(
         "ring",
         None,
@@ -145,11 +145,11 @@ def test_goal_misses_when_a_windowed_hop_sends_more():
     windowed = dataclasses.replace(
         full, window=W, steps=(0, 1), forward={"collective-permute": (2, 2.0)}, step={"collective-permute": (8, 8.0)}
     )
-    assert [g.status for g in bench.evaluate_goals(config, [], [full, windowed])] == ["PASS"]
+    assert [g.status for g in bench.evaluate_goals(settings, [], [full, windowed])] == ["PASS"]
     windowed.forward = {"collective-permute": (2, 3.0)}  # a hop sending more than a full-causal one
-    assert [g.status for g in bench.evaluate_goals(config, [], [full, windowed])] == ["MISS"]
+    assert [g.status for g in bench.evaluate_goals(settings, [], [full, windowed])] == ["MISS"]
     windowed.forward, windowed.step = {"collective-permute": (2, 2.0)}, {"collective-permute": (9, 9.0)}
-    assert [g.status for g in bench.evaluate_goals(config, [], [full, windowed])] == ["MISS"]
+    assert [g.status for g in bench.evaluate_goals(settings, [], [full, windowed])] == ["MISS"]
 
 
 @pytest.mark.parametrize(
@@ -184,8 +184,8 @@ def test_cli_flags_cover_the_config_and_keep_its_defaults():
             "8",
         ]
     )
-    config = bench_cli.settings_from_args("window", args)
-    assert (config.balances, config.context_attentions, config.sections, config.sliding_window) == (
+    settings = bench_cli.settings_from_args("window", args)
+    assert (settings.balances, settings.context_attentions, settings.sections, settings.sliding_window) == (
         (None, "zigzag", "striped"),
         ("ring",),
         ("context",),

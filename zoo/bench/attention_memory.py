@@ -59,72 +59,72 @@ class Goal:
     detail: str
 
 
-def run_benchmark(config, report=print):
+def run_benchmark(settings, report=print):
     """Compile every program, time the small ones, check the goals; report markdown
-    (``config``: ``zoo.config.bench_settings.AttentionBenchSettings``; ``config.plot``: also
+    (``settings``: ``zoo.config.bench_settings.AttentionBenchSettings``; ``settings.plot``: also
     the memory-vs-T chart).
 
     Returns ``{"memory": [rows], "time": [rows], "goals": [Goal]}``.
     """
-    check_config(config)
+    check_config(settings)
     programs = {}  # (kernel, T, H, N) -> (compiled, input sharding, memory)
-    memory = [memory_row(config, t, n, programs, report) for t in config.lengths for n in config.devices]
+    memory = [memory_row(settings, t, n, programs, report) for t in settings.lengths for n in settings.devices]
     timings = [
-        time_row(config, t, config.heads, n, KERNELS, programs, report)
-        for t in config.time_lengths
-        for n in config.devices
+        time_row(settings, t, settings.heads, n, KERNELS, programs, report)
+        for t in settings.time_lengths
+        for n in settings.devices
     ]
-    goal_size = (config.goal_length, config.goal_heads, config.goal_devices)
-    goal_timing = time_row(config, *goal_size, ("gather", "ring"), programs, report)
-    goals = evaluate_goals(config, memory, goal_timing)
-    text = format_report(config, memory, timings + [goal_timing], goals)
+    goal_size = (settings.goal_length, settings.goal_heads, settings.goal_devices)
+    goal_timing = time_row(settings, *goal_size, ("gather", "ring"), programs, report)
+    goals = evaluate_goals(settings, memory, goal_timing)
+    text = format_report(settings, memory, timings + [goal_timing], goals)
     report(text)
-    if config.output:
-        write_text(config.output, text)
-    if config.plot:
+    if settings.output:
+        write_text(settings.output, text)
+    if settings.plot:
         from zoo.plotting import plot_attention_memory
 
-        plot_attention_memory(memory, config.plot, labels=LABELS, title=_plot_title(config))
+        plot_attention_memory(memory, settings.plot, labels=LABELS, title=_plot_title(settings))
     return {"memory": memory, "time": timings + [goal_timing], "goals": goals}
 
 
-def _plot_title(config):
+def _plot_title(settings):
     return (
-        f"Attention forward + backward, per-device temporary memory (B={config.batch}, H={config.heads}, "
-        f"D={config.head_dim}, f32, {'causal' if config.causal else 'non-causal'})"
+        f"Attention forward + backward, per-device temporary memory (B={settings.batch}, H={settings.heads}, "
+        f"D={settings.head_dim}, f32, {'causal' if settings.causal else 'non-causal'})"
     )
 
 
-def check_config(config):
+def check_config(settings):
     for name in ("heads", "head_dim", "batch", "block_size", "repeats", "goal_length", "goal_heads", "goal_devices"):
-        value = getattr(config, name)
+        value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     for name in ("lengths", "devices", "time_lengths"):
-        values = tuple(getattr(config, name))
+        values = tuple(getattr(settings, name))
         if not values or any(not isinstance(v, int) or v < 1 for v in values):
             raise ValueError(f"{name} must be non-empty positive integers, got {values!r}")
-    needed = max((*config.devices, config.goal_devices))
+    needed = max((*settings.devices, settings.goal_devices))
     if needed > len(jax.devices()):
         raise ValueError(
             f"the benchmark needs {needed} devices (largest N) but JAX has {len(jax.devices())}; "
             f"run with --simulate-devices {needed} or pass smaller --devices"
         )
-    multiple = 2 if config.balance == "zigzag" else 1
-    for length in (*config.lengths, *config.time_lengths, config.goal_length):
-        for n in (*config.devices, config.goal_devices):
+    multiple = 2 if settings.balance == "zigzag" else 1
+    for length in (*settings.lengths, *settings.time_lengths, settings.goal_length):
+        for n in (*settings.devices, settings.goal_devices):
             if length % (multiple * n):
                 raise ValueError(
                     f"sequence length {length} is not divisible by {multiple} x N = {multiple * n} devices"
                 )
 
 
-def attention_fn(kernel, mesh, config):
+def attention_fn(kernel, mesh, settings):
     """(q, k, v) -> out on global [B, T, H, D] arrays, as the layer runs ``kernel`` on ``mesh``."""
 
     def attention(q, k, v):
         if kernel == "reference":  # the materialising reference: the baseline the kernels are measured against
-            return kernels.attention_reference(q, k, v, causal=config.causal)
+            return kernels.attention_reference(q, k, v, causal=settings.causal)
         return sharded_attention(
             q,
             k,
@@ -132,12 +132,12 @@ def attention_fn(kernel, mesh, config):
             mesh=mesh,
             key_mask=None,
             context_attention=kernel,
-            causal=config.causal,
-            balance=config.balance if kernel == "ring" else None,
+            causal=settings.causal,
+            balance=settings.balance if kernel == "ring" else None,
             rope=None,
             sequence_axis=AXIS,
             batch_axis=None,
-            ring_block_size=config.block_size,
+            ring_block_size=settings.block_size,
         )
 
     return attention
@@ -153,14 +153,14 @@ def forward_backward(attention):
     return step
 
 
-def compile_program(config, kernel, length, heads, n, programs):
+def compile_program(settings, kernel, length, heads, n, programs):
     """The compiled forward + backward program (cached in ``programs``) and its memory."""
     key = (kernel, length, heads, n)
     if key not in programs:
         mesh = make_mesh(f"{AXIS}={n}", devices=jax.devices()[:n])
         sharding = NamedSharding(mesh.backend_mesh, P(None, AXIS))  # [B, T, H, D] split along T
-        spec = jax.ShapeDtypeStruct((config.batch, length, heads, config.head_dim), jnp.float32, sharding=sharding)
-        step = forward_backward(attention_fn(kernel, mesh, config))
+        spec = jax.ShapeDtypeStruct((settings.batch, length, heads, settings.head_dim), jnp.float32, sharding=sharding)
+        step = forward_backward(attention_fn(kernel, mesh, settings))
         compiled = jax.jit(step, out_shardings=(sharding,) * 3).lower(spec, spec, spec, spec).compile()
         analysis = compiled.memory_analysis()
         memory = {
@@ -172,14 +172,14 @@ def compile_program(config, kernel, length, heads, n, programs):
     return programs[key]
 
 
-def memory_row(config, length, n, programs, report):
+def memory_row(settings, length, n, programs, report):
     """Per-device temporary bytes of each kernel at (T, N); Ulysses None if H % N."""
     row = {"length": length, "devices": n, "temp": {}, "argument": {}}
     for kernel in KERNELS:
-        if kernel == "ulysses" and config.heads % n:
+        if kernel == "ulysses" and settings.heads % n:
             row["temp"][kernel] = None
             continue
-        _, _, memory = compile_program(config, kernel, length, config.heads, n, programs)
+        _, _, memory = compile_program(settings, kernel, length, settings.heads, n, programs)
         row["temp"][kernel] = memory["temp"]
         row["argument"][kernel] = memory["argument"]
     cells = ", ".join(f"{s} {mib_text(b)}" for s, b in row["temp"].items())
@@ -187,44 +187,46 @@ def memory_row(config, length, n, programs, report):
     return row
 
 
-def time_row(config, length, heads, n, timed, programs, report):
+def time_row(settings, length, heads, n, timed, programs, report):
     """Median wall and CPU seconds per kernel of ``timed`` at (T, H, N); skipped ones carry a reason."""
     row = {"length": length, "heads": heads, "devices": n, "wall": {}, "cpu": {}, "skipped": {}}
     runnable = {}
     for kernel in timed:
-        reason = _skip_reason(config, kernel, length, heads, n, programs)
+        reason = _skip_reason(settings, kernel, length, heads, n, programs)
         if reason:
             row["skipped"][kernel] = reason
         else:
             runnable[kernel] = programs[(kernel, length, heads, n)]
     if runnable:
-        report(f"timing T={length} H={heads} N={n}: {', '.join(runnable)} ({config.repeats} runs each) ...")
-        row["wall"], row["cpu"] = _time_programs(runnable, config, length, heads, n)
+        report(f"timing T={length} H={heads} N={n}: {', '.join(runnable)} ({settings.repeats} runs each) ...")
+        row["wall"], row["cpu"] = _time_programs(runnable, settings, length, heads, n)
     for kernel, reason in row["skipped"].items():
         report(f"  {kernel} not timed: {reason}")
     return row
 
 
-def _skip_reason(config, kernel, length, heads, n, programs):
+def _skip_reason(settings, kernel, length, heads, n, programs):
     if kernel == "ulysses" and heads % n:
         return f"{heads} heads do not split over N = {n}"
-    _, _, memory = compile_program(config, kernel, length, heads, n, programs)
+    _, _, memory = compile_program(settings, kernel, length, heads, n, programs)
     host = n * (2 * memory["argument"] + memory["temp"])  # inputs, same-sized grads, temporaries
-    if host > config.memory_limit_gib * GIB:
-        return f"needs {host / GIB:.1f} GiB of host memory for N = {n} devices > limit {config.memory_limit_gib:g} GiB"
+    if host > settings.memory_limit_gib * GIB:
+        return (
+            f"needs {host / GIB:.1f} GiB of host memory for N = {n} devices > limit {settings.memory_limit_gib:g} GiB"
+        )
     return None
 
 
-def _time_programs(runnable, config, length, heads, n):
+def _time_programs(runnable, settings, length, heads, n):
     sharding = next(iter(runnable.values()))[1]
     rng = np.random.default_rng(0)
-    shape = (config.batch, length, heads, config.head_dim)
+    shape = (settings.batch, length, heads, settings.head_dim)
     arrays = [jax.device_put(rng.standard_normal(shape, dtype=np.float32), sharding) for _ in range(4)]
     wall = {s: [] for s in runnable}
     cpu = {s: [] for s in runnable}
     for compiled, _, _ in runnable.values():  # warm-up
         jax.block_until_ready(compiled(*arrays))
-    for _ in range(config.repeats):  # alternate, so drifts in machine load hit all alike
+    for _ in range(settings.repeats):  # alternate, so drifts in machine load hit all alike
         for kernel, (compiled, _, _) in runnable.items():
             start_wall, start_cpu = time.perf_counter(), time.process_time()
             jax.block_until_ready(compiled(*arrays))  # one program in flight at a time
@@ -233,10 +235,10 @@ def _time_programs(runnable, config, length, heads, n):
     return {s: statistics.median(v) for s, v in wall.items()}, {s: statistics.median(v) for s, v in cpu.items()}
 
 
-def evaluate_goals(config, memory, goal_timing):
+def evaluate_goals(settings, memory, goal_timing):
     """The three goals of issue 4, each PASS, MISS or NOT MEASURED with its numbers."""
     by_size = {(row["length"], row["devices"]): row["temp"] for row in memory}
-    length, n_max, n_min = max(config.lengths), max(config.devices), min(config.devices)
+    length, n_max, n_min = max(settings.lengths), max(settings.devices), min(settings.devices)
     top = by_size[(length, n_max)]
     ratio = top["ring"] / top["reference"]
     goals = [
@@ -274,21 +276,21 @@ def _seconds(value):
     return f"{value:.2f} s" if value >= 1 else f"{value * 1000:.1f} ms"
 
 
-def format_report(config, memory, timings, goals):
+def format_report(settings, memory, timings, goals):
     """Header, memory table, time table and goals, as markdown."""
     lines = [
         (
-            f"devices: {describe_devices()}; B={config.batch}, H=K={config.heads}, D={config.head_dim}, float32, "
-            f"{'causal' if config.causal else 'non-causal'}, forward + backward; ring block {config.block_size}, "
-            f"balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"
+            f"devices: {describe_devices()}; B={settings.batch}, H=K={settings.heads}, D={settings.head_dim}, float32, "
+            f"{'causal' if settings.causal else 'non-causal'}, forward + backward; ring block {settings.block_size}, "
+            f"balance {settings.balance}; jax {jax.__version__}, keras {keras.__version__}"
         ),
         "",
         "Per-device temporary memory (compiled memory analysis):",
         "",
-        f"| T | N | GSPMD reference | all-gather | ring | Ulysses | ring / reference | ring / ring at N={min(config.devices)} |",
+        f"| T | N | GSPMD reference | all-gather | ring | Ulysses | ring / reference | ring / ring at N={min(settings.devices)} |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    base = {row["length"]: row["temp"]["ring"] for row in memory if row["devices"] == min(config.devices)}
+    base = {row["length"]: row["temp"]["ring"] for row in memory if row["devices"] == min(settings.devices)}
     for row in memory:
         temp = row["temp"]
         cells = " | ".join(mib_text(temp[s]) for s in KERNELS)
@@ -299,7 +301,7 @@ def format_report(config, memory, timings, goals):
     lines += [
         "",
         (
-            f"Time, forward + backward, median of {config.repeats}: wall seconds, ratio to the GSPMD reference "
+            f"Time, forward + backward, median of {settings.repeats}: wall seconds, ratio to the GSPMD reference "
             "(to all-gather where the reference was not run), CPU-time ratio in brackets:"
         ),
         "",

@@ -52,27 +52,29 @@ LAYOUTS = (("single device", "single"), ("DataParallel", "data"), ("ModelParalle
 SEED = 0  # data, weights and dropout stream; fixed so runs are comparable
 
 
-def run_benchmark(config, report=print):
-    """Measure every layout of ``config`` (``zoo.config.bench_settings.CNNBenchSettings``),
+def run_benchmark(settings, report=print):
+    """Measure every layout of ``settings`` (``zoo.config.bench_settings.CNNBenchSettings``),
     report the markdown table, return one dict per layout."""
-    _check_config(config)
-    x, y = load_shapes("train", image_size=config.image_size, num_examples=config.steps * config.batch_size, seed=SEED)
+    _check_config(settings)
+    x, y = load_shapes(
+        "train", image_size=settings.image_size, num_examples=settings.steps * settings.batch_size, seed=SEED
+    )
     rows = []
     try:
-        for label, distribution in make_layouts(config.batch_size):
-            rows.append(bench_layout(label, distribution, x, y, config, report))
+        for label, distribution in make_layouts(settings.batch_size):
+            rows.append(bench_layout(label, distribution, x, y, settings, report))
     finally:
         keras.distribution.set_distribution(None)
-    table = format_table(rows, config)
+    table = format_table(rows, settings)
     report(table)
-    if config.output:
-        write_text(config.output, table)
+    if settings.output:
+        write_text(settings.output, table)
     return rows
 
 
-def _check_config(config):
+def _check_config(settings):
     for name in ("image_size", "batch_size", "steps", "repeats"):
-        value = getattr(config, name)
+        value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
@@ -90,14 +92,14 @@ def make_layouts(batch_size):
     return layouts
 
 
-def bench_layout(label, distribution, x, y, config, report=print):
+def bench_layout(label, distribution, x, y, settings, report=print):
     """One table row: median fit and jit images/s under ``distribution`` (None: one device).
 
     x: f32[N, S, S, 3] host images, y: i32[N] labels, N = steps * batch_size.
     """
 
     def build_model():
-        model = build_cnn(config.image_size, SEED)
+        model = build_cnn(settings.image_size, SEED)
         compile_cnn(model)
         return model
 
@@ -107,8 +109,8 @@ def bench_layout(label, distribution, x, y, config, report=print):
         build_model,
         x,
         y,
-        batch_size=config.batch_size,
-        repeats=config.repeats,
+        batch_size=settings.batch_size,
+        repeats=settings.repeats,
         seed=SEED,
         unit="images",
         report=report,
@@ -117,11 +119,11 @@ def bench_layout(label, distribution, x, y, config, report=print):
     return row
 
 
-def format_table(rows, config):
+def format_table(rows, settings):
     """A header line and a markdown table, one row per layout."""
     header = (
-        f"devices: {zd.describe_devices()}; image size {config.image_size}, batch size "
-        f"{config.batch_size}, {config.steps} steps, median of {config.repeats}; "
+        f"devices: {zd.describe_devices()}; image size {settings.image_size}, batch size "
+        f"{settings.batch_size}, {settings.steps} steps, median of {settings.repeats}; "
         f"jax {jax.__version__}, keras {keras.__version__}"
     )
     lines = [

@@ -63,42 +63,42 @@ class Run:
     exact: bool = True  # False: some loop had no known trip count (counted once: a lower bound)
 
 
-def run_benchmark(config, report=print):
-    """Compile every run's training step; report markdown (``config``:
-    ``zoo.config.bench_settings.ContextBenchSettings``; ``config.plot``: also the chart). Returns ``{"runs": [Run], "goal": (status, text)}``."""
-    check_config(config)
-    runs = [parse_run(text, config) for text in config.runs]
+def run_benchmark(settings, report=print):
+    """Compile every run's training step; report markdown (``settings``:
+    ``zoo.config.bench_settings.ContextBenchSettings``; ``settings.plot``: also the chart). Returns ``{"runs": [Run], "goal": (status, text)}``."""
+    check_config(settings)
+    runs = [parse_run(text, settings) for text in settings.runs]
     for run in runs:
-        measure(run, config)
+        measure(run, settings)
         report(f"{run.mesh} B={run.batch} ({run.kind}): temp {_mib(run.temp)}, arguments {_mib(run.argument)}")
-    goal = evaluate_goal(runs, config)
-    text = format_report(config, runs, goal)
+    goal = evaluate_goal(runs, settings)
+    text = format_report(settings, runs, goal)
     report(text)
-    if config.output:
-        write_text(config.output, text)
-    if config.plot:
+    if settings.output:
+        write_text(settings.output, text)
+    if settings.plot:
         from zoo.plotting import plot_context_memory
 
         plot_context_memory(
-            runs, config.plot, title=f"GPT-like training step, T={config.sequence_length:,}: per device, by layout"
+            runs, settings.plot, title=f"GPT-like training step, T={settings.sequence_length:,}: per device, by layout"
         )
     return {"runs": runs, "goal": goal}
 
 
-def check_config(config):
+def check_config(settings):
     for name in ("sequence_length", "layers", "width", "heads", "head_dim", "hidden_dim", "vocab"):
-        value = getattr(config, name)
+        value = getattr(settings, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if config.context_attention not in CONTEXT_ATTENTIONS:
+    if settings.context_attention not in CONTEXT_ATTENTIONS:
         raise ValueError(
-            f"context_attention must be one of {', '.join(CONTEXT_ATTENTIONS)}, got {config.context_attention!r}"
+            f"context_attention must be one of {', '.join(CONTEXT_ATTENTIONS)}, got {settings.context_attention!r}"
         )
-    if not config.runs:
+    if not settings.runs:
         raise ValueError("runs must name at least one '<mesh>:<global batch>' layout")
 
 
-def parse_run(text, config):
+def parse_run(text, settings):
     """``"data=2,seq=4:2"`` -> ``Run``, checking the sizes against the devices and T."""
     mesh, sep, batch = text.rpartition(":")
     if not sep or not batch.strip().isdigit() or int(batch) < 1:
@@ -111,32 +111,32 @@ def parse_run(text, config):
     data, seq = axes[DATA], axes.get(SEQ, 1)
     if run.batch % data:
         raise ValueError(f"run {text!r}: batch {run.batch} is not divisible by the 'data' axis of size {data}")
-    multiple = 2 * seq if config.balance == "zigzag" and SEQ in axes else seq
-    if config.sequence_length % multiple:
-        raise ValueError(f"run {text!r}: sequence length {config.sequence_length} is not divisible by {multiple}")
+    multiple = 2 * seq if settings.balance == "zigzag" and SEQ in axes else seq
+    if settings.sequence_length % multiple:
+        raise ValueError(f"run {text!r}: sequence length {settings.sequence_length} is not divisible by {multiple}")
     if data * seq > len(jax.devices()):
         raise ValueError(
             f"run {text!r} needs {data * seq} devices but JAX has {len(jax.devices())}; run with --simulate-devices {data * seq}"
         )
-    run.tokens_per_device = run.batch // data * config.sequence_length // seq
+    run.tokens_per_device = run.batch // data * settings.sequence_length // seq
     return run
 
 
-def build_model(config):
+def build_model(settings):
     """The GPT-like causal LM: (B, T) token ids -> (B, T, V) logits."""
-    tokens = keras.Input((config.sequence_length,), dtype="int32", name="tokens")  # (B, T)
-    x = keras.layers.Embedding(config.vocab, config.width, name="token_embedding")(tokens)  # (B, T, C)
-    for index in range(config.layers):
+    tokens = keras.Input((settings.sequence_length,), dtype="int32", name="tokens")  # (B, T)
+    x = keras.layers.Embedding(settings.vocab, settings.width, name="token_embedding")(tokens)  # (B, T, C)
+    for index in range(settings.layers):
         x = TransformerBlock(
-            num_heads=config.heads,
-            head_dim=config.head_dim,
-            hidden_dim=config.hidden_dim,
+            num_heads=settings.heads,
+            head_dim=settings.head_dim,
+            hidden_dim=settings.hidden_dim,
             causal=True,
             rotary=True,
             name=f"block_{index}",
         )(x)  # (B, T, C)
     x = keras.layers.LayerNormalization(name="final_norm")(x)  # (B, T, C)
-    logits = keras.layers.Dense(config.vocab, name="lm_head")(x)  # (B, T, V)
+    logits = keras.layers.Dense(settings.vocab, name="lm_head")(x)  # (B, T, V)
     model = keras.Model(tokens, logits, name="gpt_like")
     model.compile(
         optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -144,24 +144,24 @@ def build_model(config):
     return model
 
 
-def run_distribution(run, config):
+def run_distribution(run, settings):
     """DataParallel or ContextParallel on the run's mesh."""
     mesh = make_mesh(run.mesh, devices=jax.devices()[: _device_count(run.mesh)])
     if run.kind == "data-parallel":
         return keras.distribution.DataParallel(device_mesh=mesh)
-    return ContextParallel(mesh, context_attention=config.context_attention, balance=config.balance)
+    return ContextParallel(mesh, context_attention=settings.context_attention, balance=settings.balance)
 
 
-def measure(run, config):
+def measure(run, settings):
     """Fill ``run``'s memory and communication from its compiled training step."""
-    distribution = run_distribution(run, config)
+    distribution = run_distribution(run, settings)
     keras.backend.clear_session()
     keras.distribution.set_distribution(distribution)
     try:
         keras.utils.set_random_seed(0)
-        model = build_model(config)
+        model = build_model(settings)
         tokens = np.random.default_rng(0).integers(
-            0, config.vocab, size=(run.batch, config.sequence_length), dtype=np.int32
+            0, settings.vocab, size=(run.batch, settings.sequence_length), dtype=np.int32
         )
         step, args = train_step(model, tokens, np.roll(tokens, -1, axis=1))
         report = comms_report(step, *args, mesh=distribution.device_mesh, compiler_options=FAST_COMPILE)
@@ -177,11 +177,13 @@ def measure(run, config):
     return run
 
 
-def evaluate_goal(runs, config):
+def evaluate_goal(runs, settings):
     """PASS if every context-parallel run holding 1/N of a sequence per device (N >= 2)
     needs <= 1/N of the temporary memory of the data-parallel run holding one sequence."""
-    base = next((r for r in runs if r.kind == "data-parallel" and r.tokens_per_device == config.sequence_length), None)
-    split = [r for r in runs if r.kind == "context-parallel" and r.tokens_per_device < config.sequence_length]
+    base = next(
+        (r for r in runs if r.kind == "data-parallel" and r.tokens_per_device == settings.sequence_length), None
+    )
+    split = [r for r in runs if r.kind == "context-parallel" and r.tokens_per_device < settings.sequence_length]
     if base is None or not split:
         return (
             "NOT MEASURED",
@@ -189,21 +191,21 @@ def evaluate_goal(runs, config):
         )
     details, ok = [], True
     for run in split:
-        n = config.sequence_length // run.tokens_per_device
+        n = settings.sequence_length // run.tokens_per_device
         ratio = run.temp / base.temp
         ok &= ratio <= 1 / n
         details.append(f"{run.mesh} B={run.batch}: {ratio:.4f} x (1/{n} = {1 / n:.4f})")
     return ("PASS" if ok else "MISS"), "; ".join(details)
 
 
-def format_report(config, runs, goal):
+def format_report(settings, runs, goal):
     base = next((r for r in runs if r.kind == "data-parallel"), runs[0])
     lines = [
         (
-            f"devices: {describe_devices()}; GPT-like LM: L={config.layers} blocks, C={config.width}, H=K={config.heads}, "
-            f"D={config.head_dim}, F={config.hidden_dim}, V={config.vocab}, T={config.sequence_length:,}, float32, causal + rotary; "
+            f"devices: {describe_devices()}; GPT-like LM: L={settings.layers} blocks, C={settings.width}, H=K={settings.heads}, "
+            f"D={settings.head_dim}, F={settings.hidden_dim}, V={settings.vocab}, T={settings.sequence_length:,}, float32, causal + rotary; "
             f"one training step (forward + backward + SGD), compiled, not run; context-parallel attention "
-            f"{config.context_attention}, balance {config.balance}; jax {jax.__version__}, keras {keras.__version__}"
+            f"{settings.context_attention}, balance {settings.balance}; jax {jax.__version__}, keras {keras.__version__}"
         ),
         "",
         "Per device (compiled memory analysis; sends and collectives executed per step, from the compiled step):",

@@ -27,22 +27,25 @@ LAYOUTS = {
 SEED = 0
 
 
-def run_benchmark(config, report=print):
-    """Measure every layout of ``config`` (``zoo.config.bench_settings.GPTBenchSettings``),
+def run_benchmark(settings, report=print):
+    """Measure every layout of ``settings`` (``zoo.config.bench_settings.GPTBenchSettings``),
     report the markdown table, return one dict per layout."""
     x, y = load(
-        "python_docs", "train", sequence_length=config.sequence_length, num_examples=config.steps * config.batch_size
+        "python_docs",
+        "train",
+        sequence_length=settings.sequence_length,
+        num_examples=settings.steps * settings.batch_size,
     )
-    if len(x) < config.steps * config.batch_size:
+    if len(x) < settings.steps * settings.batch_size:
         raise ValueError(
-            f"the corpus has {len(x)} windows of {config.sequence_length} tokens; lower --steps or --batch-size"
+            f"the corpus has {len(x)} windows of {settings.sequence_length} tokens; lower --steps or --batch-size"
         )
-    unknown = [layout for layout in config.layouts if layout not in LAYOUTS]
+    unknown = [layout for layout in settings.layouts if layout not in LAYOUTS]
     if unknown:
         raise ValueError(f"unknown layout(s) {unknown}; choose from {list(LAYOUTS)}")
     rows = []
     try:
-        for layout in config.layouts:
+        for layout in settings.layouts:
             label, mesh = LAYOUTS[layout]
             context = {"context_attention": DEFAULT_CONTEXT_ATTENTION} if layout == "context" else {}
             distribution = zd.distribution_for(GPTCausalLM, layout, mesh, **context)
@@ -50,39 +53,39 @@ def run_benchmark(config, report=print):
                 measure(
                     label,
                     distribution,
-                    _builder(config, layout),
+                    _builder(settings, layout),
                     x,
                     y,
-                    batch_size=config.batch_size,
-                    repeats=config.repeats,
+                    batch_size=settings.batch_size,
+                    repeats=settings.repeats,
                     seed=SEED,
                     unit="tokens",
-                    per_example=config.sequence_length,
+                    per_example=settings.sequence_length,
                     report=report,
                 )
             )
     finally:
         keras.distribution.set_distribution(None)
-    table = format_table(rows, config)
+    table = format_table(rows, settings)
     report(table)
-    if config.output:
-        write_text(config.output, table)
+    if settings.output:
+        write_text(settings.output, table)
     return rows
 
 
-def _builder(config, layout):
+def _builder(settings, layout):
     def build_model():
-        model = GPTCausalLM.from_config_name(config.config_name, layout, seed=SEED)  # tp+sp: megatron_sp
+        model = GPTCausalLM.from_config_name(settings.config_name, layout, seed=SEED)  # tp+sp: megatron_sp
         compile_gpt(model, learning_rate=1e-3, total_steps=1000)
         return model
 
     return build_model
 
 
-def format_table(rows, config):
+def format_table(rows, settings):
     header = (
-        f"devices: {zd.describe_devices()}; {config.config_name}, T={config.sequence_length}, global batch "
-        f"{config.batch_size}, {config.steps} steps, median of {config.repeats}; jax {jax.__version__}, keras {keras.__version__}"
+        f"devices: {zd.describe_devices()}; {settings.config_name}, T={settings.sequence_length}, global batch "
+        f"{settings.batch_size}, {settings.steps} steps, median of {settings.repeats}; jax {jax.__version__}, keras {keras.__version__}"
     )
     lines = [
         header,

@@ -100,9 +100,9 @@ SEED = 0
 # --- the synthetic checkpoint -----------------------------------------------------------
 
 
-def synthetic_config(config):
+def synthetic_config(settings):
     """Llama-3.2-1B's ``config.json`` with the settings' sizes."""
-    return {**LLAMA_CONFIG, **{key: getattr(config, name) for name, key in SIZES.items()}}
+    return {**LLAMA_CONFIG, **{key: getattr(settings, name) for name, key in SIZES.items()}}
 
 
 def weight_shapes(arguments):
@@ -161,12 +161,12 @@ class SyntheticTensors(Mapping):
         return len(self._tensors)
 
 
-def write_checkpoint(config, directory):
+def write_checkpoint(settings, directory):
     """A synthetic Hugging Face folder of the settings' sizes in ``directory``; returns its path."""
-    hf = synthetic_config(config)
+    hf = synthetic_config(settings)
     os.makedirs(directory, exist_ok=True)
     write_safetensors(
-        SyntheticTensors(backbone_arguments(hf)), directory, max_file_bytes=int(config.max_file_size_mb * MIB)
+        SyntheticTensors(backbone_arguments(hf)), directory, max_file_bytes=int(settings.max_file_size_mb * MIB)
     )
     with open(os.path.join(directory, hf_checkpoints.CONFIG_FILE), "w", encoding="utf-8") as file:
         json.dump(hf, file, indent=2, sort_keys=True)
@@ -174,15 +174,15 @@ def write_checkpoint(config, directory):
 
 
 @contextlib.contextmanager
-def checkpoint_folder(config, report):
-    """The folder to load: ``config.checkpoint``, or a synthetic one, deleted on exit."""
-    if config.checkpoint:
-        yield config.checkpoint
+def checkpoint_folder(settings, report):
+    """The folder to load: ``settings.checkpoint``, or a synthetic one, deleted on exit."""
+    if settings.checkpoint:
+        yield settings.checkpoint
         return
     scratch = tempfile.mkdtemp(prefix="zoo-hf-load-")
     try:
         start = time.perf_counter()
-        write_checkpoint(config, scratch)
+        write_checkpoint(settings, scratch)
         report(f"wrote a synthetic checkpoint to {scratch} in {time.perf_counter() - start:.0f} s")
         yield scratch
     finally:
@@ -396,13 +396,13 @@ def build(folder, distribution, dtype):
         keras.config.set_dtype_policy(previous)
 
 
-def measure(folder, layout, mesh, config, checkpoint_elements):
+def measure(folder, layout, mesh, settings, checkpoint_elements):
     """One ``Row``: the checkpoint in ``folder`` loaded under ``layout`` on ``mesh``."""
     row = Row(layout, mesh)
     distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=hf_checkpoints.read_config(folder))
     watch = LoadWatch(baseline=live_bytes_per_device())
     start = time.perf_counter()
-    model = build(folder, distribution, config.dtype)
+    model = build(folder, distribution, settings.dtype)
     row.build_s = time.perf_counter() - start
     row.parameters = sum(math.prod(v.shape) for v in model.weights)
     row.sharded = sharded_bytes_per_device(model)
@@ -425,39 +425,39 @@ def measure(folder, layout, mesh, config, checkpoint_elements):
     return row
 
 
-def check_config(config):
+def check_config(settings):
     """Refuse, before writing or building anything, a mesh the devices cannot take or a
     ``--checkpoint`` that is not a Hugging Face folder."""
-    for run in config.runs:
+    for run in settings.runs:
         zd.make_mesh(run.split(":", 1)[1])  # raises naming the mesh and the device count
-    if config.checkpoint and not hf_checkpoints.is_hf_directory(config.checkpoint):
+    if settings.checkpoint and not hf_checkpoints.is_hf_directory(settings.checkpoint):
         raise ValueError(
-            f"--checkpoint {config.checkpoint!r} is not a Hugging Face folder (config.json with model_type and safetensors weights)"
+            f"--checkpoint {settings.checkpoint!r} is not a Hugging Face folder (config.json with model_type and safetensors weights)"
         )
 
 
-def run_benchmark(config, report=print):
+def run_benchmark(settings, report=print):
     """Load the checkpoint once per run; report the markdown table (also to
-    ``config.output``). Returns ``{"rows": [Row], "failures": [{"error": ...}]}``
+    ``settings.output``). Returns ``{"rows": [Row], "failures": [{"error": ...}]}``
     (a bitwise mismatch is a failure: ``zoo bench`` exits 1)."""
-    check_config(config)
+    check_config(settings)
     rows = []
-    with checkpoint_folder(config, report) as folder:
+    with checkpoint_folder(settings, report) as folder:
         files, nbytes, elements, dtypes = describe_checkpoint(folder)
-        source = config.checkpoint or "synthetic (random)"
+        source = settings.checkpoint or "synthetic (random)"
         checkpoint = f"{source}, {files} safetensors file(s), {size_text(nbytes)} of {'/'.join(dtypes)}"
-        for run in config.runs:
+        for run in settings.runs:
             layout, mesh = run.split(":", 1)
-            row = measure(folder, layout, mesh, config, elements)
+            row = measure(folder, layout, mesh, settings, elements)
             report(
                 f"{layout} {mesh}: peak {size_text(row.peak)} per device for {size_text(row.sharded)} sharded ({row.ratio:.3f}x); "
                 f"built in {row.build_s:.0f} s, loaded in {row.load_s:.1f} s"
             )
             rows.append(row)
-    text = format_report(config, checkpoint, rows)
+    text = format_report(settings, checkpoint, rows)
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     failures = [
         {"error": f"{row.layout} {row.mesh}: {row.mismatches} of {row.compared} slices differ from the file"}
         for row in rows
@@ -488,8 +488,8 @@ def format_row(row):
     )
 
 
-def format_report(config, checkpoint, rows):
-    dtype = config.dtype or keras.config.dtype_policy().name
+def format_report(settings, checkpoint, rows):
+    dtype = settings.dtype or keras.config.dtype_policy().name
     lines = [
         (
             f"devices: {len(jax.devices())} x {jax.devices()[0].platform}; host: {os.cpu_count()} cores, {size_text(_host_memory())}; "

@@ -57,42 +57,42 @@ class Row:
         return self.sent["chosen"] <= self.sent[self.cheapest]
 
 
-def run_benchmark(config, report=print):
+def run_benchmark(settings, report=print):
     """Compile every row's three programs; report the markdown table (also to
-    ``config.output``). Returns ``{"rows": [Row]}``."""
-    check_config(config)
+    ``settings.output``). Returns ``{"rows": [Row]}``."""
+    check_config(settings)
     rows = []
-    for devices in config.devices:
-        for per_device_batch in config.per_device_batches:
-            for head in config.heads:
-                row = measure(config, devices, per_device_batch, head)
+    for devices in settings.devices:
+        for per_device_batch in settings.per_device_batches:
+            for head in settings.heads:
+                row = measure(settings, devices, per_device_batch, head)
                 report(format_row(row))
                 rows.append(row)
-    text = format_report(config, rows)
+    text = format_report(settings, rows)
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     return {"rows": rows}
 
 
-def check_config(config):
+def check_config(settings):
     """Refuse, before compiling anything, more devices than JAX has."""
-    if max(config.devices) > len(jax.devices()):
+    if max(settings.devices) > len(jax.devices()):
         raise ValueError(
-            f"{max(config.devices)} devices asked for but JAX has {len(jax.devices())}; "
-            f"run with --simulate-devices {max(config.devices)}"
+            f"{max(settings.devices)} devices asked for but JAX has {len(jax.devices())}; "
+            f"run with --simulate-devices {max(settings.devices)}"
         )
 
 
-def model_arguments(config, head):
+def model_arguments(settings, head):
     """``GPTBackbone`` arguments: the configured sizes, SwiGLU, RMSNorm, the head tied or not."""
-    sizes = {name: getattr(config, name) for name in SIZES}
+    sizes = {name: getattr(settings, name) for name in SIZES}
     return dict(
         sizes,
-        intermediate_dim=config.intermediate_dim,
+        intermediate_dim=settings.intermediate_dim,
         mlp="swiglu",
         norm="rms",
-        max_sequence_length=config.sequence_length,
+        max_sequence_length=settings.sequence_length,
         tie_word_embeddings=head == "tied",
     )
 
@@ -103,21 +103,21 @@ def compile_model(model):
     )
 
 
-def measure(config, devices, per_device_batch, head):
+def measure(settings, devices, per_device_batch, head):
     """One ``Row``: the fsdp step compiled with the head's choice and with each forced."""
     row = Row(devices, per_device_batch, head)
-    arguments = model_arguments(config, head)
+    arguments = model_arguments(settings, head)
     mesh = make_mesh(f"{DATA}={devices}", devices=jax.devices()[:devices])
     layout_map = GPTCausalLM.get_layout_map(mesh, "fsdp", config=arguments)
     distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name=DATA)
     batch = devices * per_device_batch
     start = time.perf_counter()
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(config.precision)
+    keras.config.set_dtype_policy(settings.precision)
     try:
         for program in CHOICES:
             row.sent[program], row.peak[program], chosen = compile_program(
-                arguments, distribution, batch, config.sequence_length, program
+                arguments, distribution, batch, settings.sequence_length, program
             )
             if program == "chosen":
                 row.choice, row.description = chosen.choice, chosen.describe()
@@ -163,12 +163,12 @@ def format_row(row):
     )
 
 
-def format_report(config, rows):
-    sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in SIZES)
+def format_report(settings, rows):
+    sizes = ", ".join(f"{name}={getattr(settings, name):,}" for name in SIZES)
     lines = [
         (
             f"{jax.devices()[0].platform} devices (simulated), compiled, not run; GPTCausalLM {sizes}, "
-            f"F={config.intermediate_dim:,}, SwiGLU, RMSNorm, T={config.sequence_length:,}, {config.precision}, "
+            f"F={settings.intermediate_dim:,}, SwiGLU, RMSNorm, T={settings.sequence_length:,}, {settings.precision}, "
             "AdamW; layout fsdp on data=N; bytes one device sends over data per step (every collective, loop trip "
             "counts included) and peak memory per device, with the head's choice and with each choice forced."
         ),

@@ -86,91 +86,97 @@ class Row:
         return self.memory.peak
 
 
-def run_benchmark(config, report=print):
+def run_benchmark(settings, report=print):
     """Compile every (remat, T, layout) row; report the markdown table (also to
-    ``config.output``). Returns ``{"rows": [Row]}``."""
-    check_config(config)
+    ``settings.output``). Returns ``{"rows": [Row]}``."""
+    check_config(settings)
     rows = []
-    for remat in config.remats:
-        for length in config.sequence_lengths:
-            for layout in config.layouts:
-                row = measure(config, layout, length, remat)
+    for remat in settings.remats:
+        for length in settings.sequence_lengths:
+            for layout in settings.layouts:
+                row = measure(settings, layout, length, remat)
                 report(
                     f"{layout} {row.mesh} T={length:,} B={row.batch} remat={remat}: total {size_text(row.total)} "
                     f"(temp {size_text(row.memory.temp)}), compiled in {row.compile_s:.0f} s"
                 )
                 rows.append(row)
-    text = format_report(config, rows)
+    text = format_report(settings, rows)
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     return {"rows": rows}
 
 
-def check_config(config):
+def check_config(settings):
     """Refuse, before compiling anything, sizes the devices or the layouts cannot take."""
-    if config.devices > len(jax.devices()):
+    if settings.devices > len(jax.devices()):
         raise ValueError(
-            f"{config.devices} devices asked for but JAX has {len(jax.devices())}; run with --simulate-devices {config.devices}"
+            f"{settings.devices} devices asked for but JAX has {len(jax.devices())}; run with --simulate-devices {settings.devices}"
         )
-    if not config.layouts or not config.remats or not config.sequence_lengths:
+    if not settings.layouts or not settings.remats or not settings.sequence_lengths:
         raise ValueError("layouts, remats and sequence_lengths must each name at least one value")
-    for layout in config.layouts:
-        layout_mesh(layout, config.devices)
-    multiple = 2 * config.devices if config.balance == "zigzag" else config.devices
-    if config.loss_chunk_size is not None and "context" in config.layouts and config.loss_chunk_size % config.devices:
+    for layout in settings.layouts:
+        layout_mesh(layout, settings.devices)
+    multiple = 2 * settings.devices if settings.balance == "zigzag" else settings.devices
+    if (
+        settings.loss_chunk_size is not None
+        and "context" in settings.layouts
+        and settings.loss_chunk_size % settings.devices
+    ):
         raise ValueError(
-            f"loss_chunk_size {config.loss_chunk_size} is not divisible by the seq axis of size {config.devices} (each chunk split like the sequence)"
+            f"loss_chunk_size {settings.loss_chunk_size} is not divisible by the seq axis of size {settings.devices} (each chunk split like the sequence)"
         )
-    for length in config.sequence_lengths:
-        if "context" in config.layouts and length % multiple:
+    for length in settings.sequence_lengths:
+        if "context" in settings.layouts and length % multiple:
             raise ValueError(
-                f"sequence length {length} is not divisible by {multiple} (the seq axis of size {config.devices}, balance {config.balance})"
+                f"sequence length {length} is not divisible by {multiple} (the seq axis of size {settings.devices}, balance {settings.balance})"
             )
 
 
-def model_config(config, remat):
+def model_config(settings, remat):
     """The ``GPTBackbone`` arguments of one row."""
-    longest = max(LLAMA_3_2_1B["max_sequence_length"], *config.sequence_lengths)
+    longest = max(LLAMA_3_2_1B["max_sequence_length"], *settings.sequence_lengths)
     return {
         **LLAMA_3_2_1B,
-        **{name: getattr(config, name) for name in SIZES},
+        **{name: getattr(settings, name) for name in SIZES},
         "max_sequence_length": longest,
         "remat": remat,
     }
 
 
-def row_distribution(config, layout, mesh, arguments):
-    context = {"context_attention": config.context_attention, "balance": config.balance} if layout == "context" else {}
-    devices = jax.devices()[: config.devices]
+def row_distribution(settings, layout, mesh, arguments):
+    context = (
+        {"context_attention": settings.context_attention, "balance": settings.balance} if layout == "context" else {}
+    )
+    devices = jax.devices()[: settings.devices]
     return zd.distribution_for(GPTCausalLM, layout, zd.make_mesh(mesh, devices=devices), config=arguments, **context)
 
 
-def build_lora_model(arguments, config):
+def build_lora_model(arguments, settings):
     """``GPTCausalLM`` of ``arguments`` under the precision policy, LoRA on every Dense /
     EinsumDense, only the factors trainable; call under the row's distribution."""
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(config.precision)
+    keras.config.set_dtype_policy(settings.precision)
     try:
-        model = GPTCausalLM(backbone=GPTBackbone(**arguments), loss_chunk_size=config.loss_chunk_size)
+        model = GPTCausalLM(backbone=GPTBackbone(**arguments), loss_chunk_size=settings.loss_chunk_size)
     finally:
         keras.config.set_dtype_policy(previous)
-    enable_lora(model, config.lora_rank)  # factors laid out like their kernels, abstract build too
+    enable_lora(model, settings.lora_rank)  # factors laid out like their kernels, abstract build too
     for variable in model.weights:
         variable.trainable = is_lora_variable(variable)
     return model
 
 
-def measure(config, layout, length, remat):
+def measure(settings, layout, length, remat):
     """One ``Row``: the LoRA fine-tuning step compiled for ``layout`` at T = ``length``."""
-    mesh, batch = layout_mesh(layout, config.devices)
+    mesh, batch = layout_mesh(layout, settings.devices)
     row = Row(layout, mesh, length, batch, remat)
-    row.tokens_per_device = length if layout == "fsdp" else length // config.devices
+    row.tokens_per_device = length if layout == "fsdp" else length // settings.devices
     start = time.perf_counter()
-    arguments = model_config(config, remat)
-    distribution = row_distribution(config, layout, mesh, arguments)
+    arguments = model_config(settings, remat)
+    distribution = row_distribution(settings, layout, mesh, arguments)
     keras.backend.clear_session()
-    model = abstract_build(lambda: build_lora_model(arguments, config), compile_model, distribution)
+    model = abstract_build(lambda: build_lora_model(arguments, settings), compile_model, distribution)
     tokens = ((batch, length), "int32")  # next-token targets: the same shape
     row.compiled, row.memory = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     comms = compiled_report(row.compiled, distribution.device_mesh)
@@ -200,15 +206,15 @@ def format_row(row):
     )
 
 
-def format_report(config, rows):
-    sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in SIZES)
-    remat_note = remat_warning(config.remats)
+def format_report(settings, rows):
+    sizes = ", ".join(f"{name}={getattr(settings, name):,}" for name in SIZES)
+    remat_note = remat_warning(settings.remats)
     lines = [
         (
-            f"devices: {config.devices} x {jax.devices()[0].platform} (simulated), compiled, not run; GPTCausalLM {sizes}, tied embeddings, "
-            f"RoPE 500,000 + llama3 scaling; LoRA r={config.lora_rank} on every Dense/EinsumDense, all else frozen; AdamW; "
-            f"{config.precision}; context: {config.context_attention} attention, balance {config.balance}; "
-            f"loss {'from the whole logits' if config.loss_chunk_size is None else f'in chunks of {config.loss_chunk_size:,} positions'}; "
+            f"devices: {settings.devices} x {jax.devices()[0].platform} (simulated), compiled, not run; GPTCausalLM {sizes}, tied embeddings, "
+            f"RoPE 500,000 + llama3 scaling; LoRA r={settings.lora_rank} on every Dense/EinsumDense, all else frozen; AdamW; "
+            f"{settings.precision}; context: {settings.context_attention} attention, balance {settings.balance}; "
+            f"loss {'from the whole logits' if settings.loss_chunk_size is None else f'in chunks of {settings.loss_chunk_size:,} positions'}; "
             f"jax {jax.__version__}, keras {keras.__version__}.{remat_note}"
         ),
         "",

@@ -203,22 +203,22 @@ class ExchangeRow:
         return self.dropped_fraction * self.assignments
 
 
-def exchange_arguments(config, capacity_factor):
+def exchange_arguments(settings, capacity_factor):
     """``GPTBackbone`` arguments of the exchange rows: every block sparse, no dropout."""
     return {
-        "vocabulary_size": config.vocabulary_size,
-        "num_layers": config.num_layers,
-        "hidden_dim": config.hidden_dim,
-        "num_query_heads": config.num_query_heads,
-        "num_key_value_heads": config.num_key_value_heads,
-        "intermediate_dim": config.moe_intermediate_dim,
+        "vocabulary_size": settings.vocabulary_size,
+        "num_layers": settings.num_layers,
+        "hidden_dim": settings.hidden_dim,
+        "num_query_heads": settings.num_query_heads,
+        "num_key_value_heads": settings.num_key_value_heads,
+        "intermediate_dim": settings.moe_intermediate_dim,
         "mlp": "swiglu",
         "norm": "rms",
-        "max_sequence_length": config.sequence_length,
+        "max_sequence_length": settings.sequence_length,
         "tie_word_embeddings": False,
-        "num_experts": config.num_experts,
-        "num_experts_per_token": config.num_experts_per_token,
-        "moe_intermediate_dim": config.moe_intermediate_dim,
+        "num_experts": settings.num_experts,
+        "num_experts_per_token": settings.num_experts_per_token,
+        "moe_intermediate_dim": settings.moe_intermediate_dim,
         "normalize_router_weights": True,
         "router_aux_loss_coefficient": 0.01,
         "capacity_factor": capacity_factor,
@@ -226,43 +226,43 @@ def exchange_arguments(config, capacity_factor):
     }
 
 
-def measure_exchange(config, mesh_spec, capacity_factor):
+def measure_exchange(settings, mesh_spec, capacity_factor):
     """One ``ExchangeRow``: the fit step compiled on ``mesh_spec`` under layout expert, run once."""
     row = ExchangeRow(mesh_spec, capacity_factor)
     start = time.perf_counter()
-    arguments = exchange_arguments(config, capacity_factor)
+    arguments = exchange_arguments(settings, capacity_factor)
     mesh = zd.make_mesh(mesh_spec, devices=jax.devices()[: mesh_devices(mesh_spec)])
     distribution = zd.distribution_for(GPTCausalLM, "expert", mesh, config=arguments)
     keras.backend.clear_session()
     keras.utils.set_random_seed(SEED)
     with zd.global_distribution(distribution):
-        model = build_model(arguments, config.precision)
+        model = build_model(arguments, settings.precision)
         compile_model(model)
         model.optimizer.build(model.trainable_variables)
-    tokens = ((config.batch_size, config.sequence_length), "int32")  # next-token targets: the same shape
+    tokens = ((settings.batch_size, settings.sequence_length), "int32")  # next-token targets: the same shape
     row.compiled, _ = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     comms = compiled_report(row.compiled, distribution.device_mesh)
     row.compile_s = time.perf_counter() - start
-    _fill_exchange(row, config, comms, model, distribution)
-    row.max_load, row.dropped_fraction = run_once(row.compiled, model, distribution, config)
+    _fill_exchange(row, settings, comms, model, distribution)
+    row.max_load, row.dropped_fraction = run_once(row.compiled, model, distribution, settings)
     return row
 
 
-def _fill_exchange(row, config, comms, model, distribution):
-    k, width, hidden = config.num_experts_per_token, config.hidden_dim, config.moe_intermediate_dim
+def _fill_exchange(row, settings, comms, model, distribution):
+    k, width, hidden = settings.num_experts_per_token, settings.hidden_dim, settings.moe_intermediate_dim
     row.expert_size = zd.mesh_axis_size(distribution.device_mesh, EXPERT)
-    row.tokens = config.batch_size * config.sequence_length // batch_split(row.mesh)
+    row.tokens = settings.batch_size * settings.sequence_length // batch_split(row.mesh)
     row.capacity = moe.capacity(
         row.tokens,
         num_experts_per_token=k,
         axis_size=row.expert_size,
-        experts_per_device=config.num_experts // row.expert_size,
+        experts_per_device=settings.num_experts // row.expert_size,
         capacity_factor=row.capacity_factor,
     )
     row.sparse_blocks = len(moe_layers(model))
-    row.assignments = config.batch_size * config.sequence_length * k * row.sparse_blocks
+    row.assignments = settings.batch_size * settings.sequence_length * k * row.sparse_blocks
     row.token_exchanges, row.count_exchanges, row.sent, row.moved = exchange_totals(comms)
-    row.compute = compute_dtype(config.precision)
+    row.compute = compute_dtype(settings.precision)
     per_exchange = moe.minimum_exchange_bytes(
         row.tokens, num_experts_per_token=k, width=width, itemsize=FLOAT_ITEMSIZES[row.moved], axis_size=row.expert_size
     )
@@ -273,7 +273,7 @@ def _fill_exchange(row, config, comms, model, distribution):
     row.exact = comms.exact
 
 
-def run_once(compiled, model, distribution, config):
+def run_once(compiled, model, distribution, settings):
     """Run the compiled step once on random tokens; ``(max_load, dropped_fraction)`` from its logs."""
     shardings = state_shardings(model, distribution)
     groups = (
@@ -287,18 +287,18 @@ def run_once(compiled, model, distribution, config):
     )
     rng = np.random.default_rng(SEED)
     x, y = (
-        rng.integers(0, config.vocabulary_size, (config.batch_size, config.sequence_length), dtype=np.int32)
+        rng.integers(0, settings.vocabulary_size, (settings.batch_size, settings.sequence_length), dtype=np.int32)
         for _ in range(2)
     )
     logs, _ = compiled(state, tuple(place_batch(distribution, x, y)))
     return float(logs["router_max_load"]), float(logs["router_dropped_fraction"])
 
 
-def exchange_rows(config, report=print):
+def exchange_rows(settings, report=print):
     rows = []
-    for mesh_spec in config.meshes:
-        for capacity_factor in config.capacity_factors:
-            row = measure_exchange(config, mesh_spec, capacity_factor)
+    for mesh_spec in settings.meshes:
+        for capacity_factor in settings.capacity_factors:
+            row = measure_exchange(settings, mesh_spec, capacity_factor)
             report(
                 f"exchange {mesh_spec} capacity {_factor(capacity_factor)}: sent {size_text(row.sent)} vs minimum "
                 f"{size_text(row.minimum)} ({row.ratio:.3f}x), dropped {row.dropped_fraction:.2%}, compiled in {row.compile_s:.0f} s"
@@ -319,13 +319,13 @@ def _parts(parts):
     return "-" if parts is None else f"1/{parts:g}"
 
 
-def format_exchange(config, rows):
+def format_exchange(settings, rows):
     lines = [
         (
-            f"Exchange: GPTCausalLM, {config.num_layers} MoE blocks, C={config.hidden_dim}, H={config.num_query_heads}, "
-            f"K={config.num_key_value_heads}, E={config.num_experts} experts of F={config.moe_intermediate_dim}, top "
-            f"{config.num_experts_per_token}, V={config.vocabulary_size}, T={config.sequence_length}, global batch "
-            f"{config.batch_size}, {config.precision}, remat none; layout expert; the fit step compiled for "
+            f"Exchange: GPTCausalLM, {settings.num_layers} MoE blocks, C={settings.hidden_dim}, H={settings.num_query_heads}, "
+            f"K={settings.num_key_value_heads}, E={settings.num_experts} experts of F={settings.moe_intermediate_dim}, top "
+            f"{settings.num_experts_per_token}, V={settings.vocabulary_size}, T={settings.sequence_length}, global batch "
+            f"{settings.batch_size}, {settings.precision}, remat none; layout expert; the fit step compiled for "
             f"{jax.devices()[0].platform} devices (simulated) and run once on random tokens; jax {jax.__version__}, keras {keras.__version__}."
         ),
         "",
@@ -399,50 +399,50 @@ def parse_run(run):
     return method, layout, mesh
 
 
-def memory_arguments(config, num_layers, capacity_factor):
+def memory_arguments(settings, num_layers, capacity_factor):
     """``GPTBackbone`` arguments of a memory row: the named size at ``num_layers`` blocks."""
-    arguments = config_by_name(config.memory_config) | {
+    arguments = config_by_name(settings.memory_config) | {
         "num_layers": num_layers,
         "capacity_factor": capacity_factor,
-        "remat": config.memory_remat,
+        "remat": settings.memory_remat,
         "dropout": 0.0,
     }
-    arguments["max_sequence_length"] = max(arguments["max_sequence_length"], config.memory_sequence_length)
+    arguments["max_sequence_length"] = max(arguments["max_sequence_length"], settings.memory_sequence_length)
     return arguments
 
 
-def build_for_method(arguments, config, method):
+def build_for_method(arguments, settings, method):
     """The row's model (call under its distribution): ``lora``: LoRA on every Dense /
     EinsumDense but the routers (``enable_lora`` skips them), only the factors trainable,
     laid out like their kernels; ``full``: as built."""
-    model = build_model(arguments, config.memory_precision)
+    model = build_model(arguments, settings.memory_precision)
     if method == "lora":
-        enable_lora(model, config.lora_rank)  # factors laid out like their kernels, abstract build too
+        enable_lora(model, settings.lora_rank)  # factors laid out like their kernels, abstract build too
         for variable in model.weights:
             variable.trainable = is_lora_variable(variable)
     return model
 
 
-def measure_memory(config, run, capacity_factor, num_layers):
+def measure_memory(settings, run, capacity_factor, num_layers):
     """One ``MemoryRow``: the fit step of ``run`` compiled at ``num_layers`` blocks."""
     method, layout, mesh_spec = parse_run(run)
-    model_layers = config_by_name(config.memory_config)["num_layers"]
+    model_layers = config_by_name(settings.memory_config)["num_layers"]
     row = MemoryRow(method, layout, mesh_spec, capacity_factor, num_layers, model_layers, batch=batch_split(mesh_spec))
     start = time.perf_counter()
-    arguments = memory_arguments(config, num_layers, capacity_factor)
+    arguments = memory_arguments(settings, num_layers, capacity_factor)
     mesh = zd.make_mesh(mesh_spec, devices=jax.devices()[: mesh_devices(mesh_spec)])
     distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=arguments)
     keras.backend.clear_session()
-    tokens = ((row.batch, config.memory_sequence_length), "int32")
-    with moe.compile_for(platform_of(config.memory_target)):  # the target's grouped matmul, not XLA:CPU's block loop
-        model = abstract_build(lambda: build_for_method(arguments, config, method), compile_model, distribution)
+    tokens = ((row.batch, settings.memory_sequence_length), "int32")
+    with moe.compile_for(platform_of(settings.memory_target)):  # the target's grouped matmul, not XLA:CPU's block loop
+        model = abstract_build(lambda: build_for_method(arguments, settings, method), compile_model, distribution)
         row.compiled, row.memory = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     comms = compiled_report(row.compiled, distribution.device_mesh)
     row.compile_s = time.perf_counter() - start
     experts = zd.mesh_axis_size(distribution.device_mesh, EXPERT)
-    tokens_per_device = config.memory_sequence_length  # one sequence per device of data x expert
+    tokens_per_device = settings.memory_sequence_length  # one sequence per device of data x expert
     row.token_exchanges, _, row.sent, row.moved = exchange_totals(comms)
-    row.compute = compute_dtype(config.memory_precision)
+    row.compute = compute_dtype(settings.memory_precision)
     row.per_exchange_minimum = moe.minimum_exchange_bytes(
         tokens_per_device,
         num_experts_per_token=arguments["num_experts_per_token"],
@@ -460,13 +460,13 @@ def measure_memory(config, run, capacity_factor, num_layers):
     return row
 
 
-def memory_rows(config, report=print):
+def memory_rows(settings, report=print):
     rows = []
-    depths = sorted(set(config.memory_partial_layers)) + [config_by_name(config.memory_config)["num_layers"]]
-    for run in config.memory_runs:
-        for capacity_factor in config.memory_capacity_factors:
+    depths = sorted(set(settings.memory_partial_layers)) + [config_by_name(settings.memory_config)["num_layers"]]
+    for run in settings.memory_runs:
+        for capacity_factor in settings.memory_capacity_factors:
             for num_layers in depths:
-                row = measure_memory(config, run, capacity_factor, num_layers)
+                row = measure_memory(settings, run, capacity_factor, num_layers)
                 m = row.memory
                 report(
                     f"memory {run} capacity {_factor(capacity_factor)} L={num_layers}: total {size_text(m.peak)} (temp "
@@ -476,20 +476,20 @@ def memory_rows(config, report=print):
     return rows
 
 
-def format_memory(config, rows):
-    fits = device_spec(config.memory_target)
+def format_memory(settings, rows):
+    fits = device_spec(settings.memory_target)
     lines = [
         (
-            f"Memory: {config.memory_config} at real size, T={config.memory_sequence_length:,}, one sequence per device of data x "
-            f"expert, {config.memory_precision}, remat {config.memory_remat}, traced for {config.memory_target} (experts' grouped "
-            f"matmul {moe.grouped_matmul_implementation(platform_of(config.memory_target))}); lora: rank {config.lora_rank} on every "
+            f"Memory: {settings.memory_config} at real size, T={settings.memory_sequence_length:,}, one sequence per device of data x "
+            f"expert, {settings.memory_precision}, remat {settings.memory_remat}, traced for {settings.memory_target} (experts' grouped "
+            f"matmul {moe.grouped_matmul_implementation(platform_of(settings.memory_target))}); lora: rank {settings.lora_rank} on every "
             f"Dense/EinsumDense but the routers (attention, LM head), everything else frozen; full: every weight trained; AdamW; compiled for {jax.devices()[0].platform} devices "
-            f"(simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_warning((config.memory_remat,))}"
+            f"(simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_warning((settings.memory_remat,))}"
         ),
         "",
         (
             f"Per device (memory_analysis; total = arguments + outputs - donated + temporaries; fits = total <= "
-            f"{fits.memory_bytes / GIB:.0f} GiB ({config.memory_target}); expert weights from the shardings; all-to-alls over 'expert' "
+            f"{fits.memory_bytes / GIB:.0f} GiB ({settings.memory_target}); expert weights from the shardings; all-to-alls over 'expert' "
             f"per step, bytes per exchange over the minimum N x k x C x itemsize x (E_p-1)/E_p at the dtype moved; remat re-runs "
             f"the forward's two):"
         ),
@@ -539,16 +539,16 @@ class TimeRow:
         return self.experts / (2 * self.k)
 
 
-def time_layer(config):
+def time_layer(settings):
     """The ``MoEFeedForward`` of the time rows, built on one device, and its input x (1, N, C)."""
     keras.backend.clear_session()
     keras.utils.set_random_seed(SEED)
     with zd.global_distribution(None):
         layer = MoEFeedForward(
-            config.time_experts, config.time_experts_per_token, config.time_intermediate_dim, name="moe"
+            settings.time_experts, settings.time_experts_per_token, settings.time_intermediate_dim, name="moe"
         )
-        layer.build((1, config.time_tokens, config.time_width))
-    x = jax.random.normal(jax.random.key(SEED), (1, config.time_tokens, config.time_width), jnp.float32)
+        layer.build((1, settings.time_tokens, settings.time_width))
+    x = jax.random.normal(jax.random.key(SEED), (1, settings.time_tokens, settings.time_width), jnp.float32)
     return layer, x
 
 
@@ -591,8 +591,8 @@ def forward_backward(forward, x):
     return jax.jit(step)
 
 
-def measure_time(config):
-    layer, x = time_layer(config)
+def measure_time(settings):
+    layer, x = time_layer(settings)
     weights = [variable.value for variable in layer.trainable_variables]
     non_trainable = [variable.value for variable in layer.non_trainable_variables]
     sparse = forward_backward(lambda w, x: layer.stateless_call(w, non_trainable, x)[0], x)
@@ -604,18 +604,18 @@ def measure_time(config):
                 f"sparse and dense-masked results differ by up to {float(jnp.max(jnp.abs(a - b))):.3g} (shape {a.shape})"
             )
     times = {"sparse": [], "dense": []}
-    for _ in range(config.repeats):
+    for _ in range(settings.repeats):
         for name, step in (("sparse", sparse), ("dense", dense)):
             start = time.perf_counter()
-            for _ in range(config.steps):
+            for _ in range(settings.steps):
                 jax.block_until_ready(step(weights, x))
-            times[name].append((time.perf_counter() - start) / config.steps)
+            times[name].append((time.perf_counter() - start) / settings.steps)
     row = TimeRow(
-        config.time_tokens,
-        config.time_width,
-        config.time_intermediate_dim,
-        config.time_experts,
-        config.time_experts_per_token,
+        settings.time_tokens,
+        settings.time_width,
+        settings.time_intermediate_dim,
+        settings.time_experts,
+        settings.time_experts_per_token,
         layer.grouped_matmul or moe.grouped_matmul_implementation(),
     )
     row.ratios = tuple(d / s for s, d in zip(times["sparse"], times["dense"]))
@@ -623,13 +623,13 @@ def measure_time(config):
     return row
 
 
-def format_time(config, row):
+def format_time(settings, row):
     return [
         (
             f"Time: one {jax.devices()[0].platform} device, jitted forward + backward (gradients of every weight and of x), float32; "
             f"sparse = MoEFeedForward (its default grouped matmul on this backend: {row.grouped_matmul}); dense-masked = every "
             f"expert on every token weighted by the same router (zoo.kernels.moe.dense_moe, keras-hub's way); outputs and "
-            f"gradients checked equal; {config.repeats} pairs of turns of {config.steps} passes, alternating; jax {jax.__version__}."
+            f"gradients checked equal; {settings.repeats} pairs of turns of {settings.steps} passes, alternating; jax {jax.__version__}."
         ),
         "",
         "| N tokens | C | F | E | k | sparse path | dense / sparse (median of pairs) | range | E/k (FLOP ratio) | goal E/(2k) | met |",
@@ -644,44 +644,44 @@ def format_time(config, row):
 # --- the command ----------------------------------------------------------------------
 
 
-def check_config(config):
+def check_config(settings):
     """Refuse, before compiling anything, numbers the meshes, the model or the devices cannot take."""
-    if not config.sections or any(section not in MOE_SECTIONS for section in config.sections):
-        raise ValueError(f"sections must name some of {list(MOE_SECTIONS)}, got {config.sections!r}")
+    if not settings.sections or any(section not in MOE_SECTIONS for section in settings.sections):
+        raise ValueError(f"sections must name some of {list(MOE_SECTIONS)}, got {settings.sections!r}")
     meshes = []
-    if "exchange" in config.sections:
-        meshes += list(config.meshes)
-        for spec in config.meshes:
+    if "exchange" in settings.sections:
+        meshes += list(settings.meshes)
+        for spec in settings.meshes:
             axes = dict(zd.parse_mesh_spec(spec))
             if set(axes) != {DATA, EXPERT} or min(axes.values()) < 1 or axes[EXPERT] < 2:
                 raise ValueError(
                     f"mesh {spec!r}: the exchange rows run layout expert on a mesh 'data=D,expert=P' with P >= 2 (sizes given, no -1)"
                 )
-            if config.num_experts % axes[EXPERT]:
+            if settings.num_experts % axes[EXPERT]:
                 raise ValueError(
-                    f"num_experts {config.num_experts} is not divisible by the 'expert' axis of size {axes[EXPERT]} of mesh {spec!r}"
+                    f"num_experts {settings.num_experts} is not divisible by the 'expert' axis of size {axes[EXPERT]} of mesh {spec!r}"
                 )
-            if config.batch_size % batch_split(spec):
+            if settings.batch_size % batch_split(spec):
                 raise ValueError(
-                    f"batch_size {config.batch_size} is not divisible by data x expert = {batch_split(spec)} of mesh {spec!r}"
+                    f"batch_size {settings.batch_size} is not divisible by data x expert = {batch_split(spec)} of mesh {spec!r}"
                 )
-        if config.num_experts_per_token > config.num_experts:
+        if settings.num_experts_per_token > settings.num_experts:
             raise ValueError(
-                f"num_experts_per_token {config.num_experts_per_token} exceeds num_experts {config.num_experts}"
+                f"num_experts_per_token {settings.num_experts_per_token} exceeds num_experts {settings.num_experts}"
             )
-    if "memory" in config.sections:
-        model = config_by_name(config.memory_config)
+    if "memory" in settings.sections:
+        model = config_by_name(settings.memory_config)
         if not model.get("num_experts"):
             raise ValueError(
-                f"memory_config {config.memory_config!r} has no experts (num_experts={model.get('num_experts')}); name a MoE size"
+                f"memory_config {settings.memory_config!r} has no experts (num_experts={model.get('num_experts')}); name a MoE size"
             )
-        deeper = [n for n in config.memory_partial_layers if n >= model["num_layers"]]
+        deeper = [n for n in settings.memory_partial_layers if n >= model["num_layers"]]
         if deeper:
             raise ValueError(
-                f"memory_partial_layers {deeper} are not fewer than the {model['num_layers']} blocks of {config.memory_config!r}"
+                f"memory_partial_layers {deeper} are not fewer than the {model['num_layers']} blocks of {settings.memory_config!r}"
             )
-        device_spec(config.memory_target)  # an unknown kind raises naming the known ones
-        for run in config.memory_runs:
+        device_spec(settings.memory_target)  # an unknown kind raises naming the known ones
+        for run in settings.memory_runs:
             spec = parse_run(run)[2]
             if (
                 dict(zd.parse_mesh_spec(spec)).get(EXPERT, 1) < 2
@@ -691,9 +691,9 @@ def check_config(config):
                     f"memory run {run!r}: its mesh needs an 'expert' axis of size >= 2, every size given (no -1)"
                 )
             meshes.append(spec)
-    if "time" in config.sections and config.time_experts_per_token > config.time_experts:
+    if "time" in settings.sections and settings.time_experts_per_token > settings.time_experts:
         raise ValueError(
-            f"time_experts_per_token {config.time_experts_per_token} exceeds time_experts {config.time_experts}"
+            f"time_experts_per_token {settings.time_experts_per_token} exceeds time_experts {settings.time_experts}"
         )
     needed = max((mesh_devices(spec) for spec in meshes), default=1)
     if needed > len(jax.devices()):
@@ -702,26 +702,26 @@ def check_config(config):
         )
 
 
-def run_benchmark(config, report=print):
-    """The tables of ``config.sections``, printed as markdown (``report``) and written to
-    ``config.output``. Returns ``{"exchange": [ExchangeRow], "memory": [MemoryRow], "time": [TimeRow]}``."""
-    check_config(config)
+def run_benchmark(settings, report=print):
+    """The tables of ``settings.sections``, printed as markdown (``report``) and written to
+    ``settings.output``. Returns ``{"exchange": [ExchangeRow], "memory": [MemoryRow], "time": [TimeRow]}``."""
+    check_config(settings)
     results, lines = {}, []
-    if "exchange" in config.sections:
-        results["exchange"] = exchange_rows(config, report)
-        lines += format_exchange(config, results["exchange"])
-    if "memory" in config.sections:
-        results["memory"] = memory_rows(config, report)
-        lines += ([""] if lines else []) + format_memory(config, results["memory"])
-    if "time" in config.sections:
-        row = measure_time(config)
+    if "exchange" in settings.sections:
+        results["exchange"] = exchange_rows(settings, report)
+        lines += format_exchange(settings, results["exchange"])
+    if "memory" in settings.sections:
+        results["memory"] = memory_rows(settings, report)
+        lines += ([""] if lines else []) + format_memory(settings, results["memory"])
+    if "time" in settings.sections:
+        row = measure_time(settings)
         report(
             f"time: sparse {row.sparse_s * 1e3:.0f} ms, dense-masked {row.dense_s * 1e3:.0f} ms per forward + backward (medians)"
         )
         results["time"] = [row]
-        lines += ([""] if lines else []) + format_time(config, row)
+        lines += ([""] if lines else []) + format_time(settings, row)
     text = "\n".join(lines)
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     return results

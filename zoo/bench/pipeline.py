@@ -141,11 +141,11 @@ def measure_bubble(stages, repeats, micro_batches, devices=None):
     return row
 
 
-def bubble_rows(config, report=print):
+def bubble_rows(settings, report=print):
     rows = []
-    for repeats in config.repeats:
-        for micro_batches in config.micro_batches:
-            row = measure_bubble(config.stages, repeats, micro_batches)
+    for repeats in settings.repeats:
+        for micro_batches in settings.micro_batches:
+            row = measure_bubble(settings.stages, repeats, micro_batches)
             report(
                 f"bubble {row.schedule} S={row.stages} R={repeats} M={micro_batches}: useful {list(row.useful)} of {row.ticks} ticks"
             )
@@ -153,10 +153,10 @@ def bubble_rows(config, report=print):
     return rows
 
 
-def format_bubble(config, rows):
+def format_bubble(settings, rows):
     lines = [
         (
-            f"Bubble: zoo.kernels.pipeline under jax.shard_map on a stage axis of {config.stages} {jax.devices()[0].platform} devices "
+            f"Bubble: zoo.kernels.pipeline under jax.shard_map on a stage axis of {settings.stages} {jax.devices()[0].platform} devices "
             "(simulated); useful = ticks each stage did work, counted by the kernel's loop (every stage the same; checked against "
             "the formula, an error otherwise); bubble = idle time per stage in GPipe stage-steps, (S-1)/R."
         ),
@@ -203,28 +203,28 @@ class MemoryRow:
         return "none" if self.repeats is None else schedule_name(self.repeats)
 
 
-def model_arguments(config, remat, repeats=None, micro_batches=None):
+def model_arguments(settings, remat, repeats=None, micro_batches=None):
     """``GPTBackbone`` arguments of a row: Llama-3.2-1B's, pipelined when ``repeats`` is set."""
-    arguments = {**LLAMA_3_2_1B, **{name: getattr(config, name) for name in SIZES}, "remat": remat}
-    arguments["max_sequence_length"] = max(arguments["max_sequence_length"], config.sequence_length)
+    arguments = {**LLAMA_3_2_1B, **{name: getattr(settings, name) for name in SIZES}, "remat": remat}
+    arguments["max_sequence_length"] = max(arguments["max_sequence_length"], settings.sequence_length)
     if repeats is not None:
         arguments |= {"schedule": schedule_name(repeats), "micro_batches": micro_batches, "repeats": repeats}
     return arguments
 
 
-def measure_memory(config, remat, repeats=None, micro_batches=None):
+def measure_memory(settings, remat, repeats=None, micro_batches=None):
     """One ``MemoryRow``: the fit step compiled (never run) for the pipeline on
-    ``config.mesh`` (``repeats`` set) or unpipelined on ``config.reference_mesh``."""
+    ``settings.mesh`` (``repeats`` set) or unpipelined on ``settings.reference_mesh``."""
     pipelined = repeats is not None
-    layout, mesh_spec = ("pipeline", config.mesh) if pipelined else ("data", config.reference_mesh)
+    layout, mesh_spec = ("pipeline", settings.mesh) if pipelined else ("data", settings.reference_mesh)
     row = MemoryRow(layout, mesh_spec, remat, repeats, micro_batches)
     start = time.perf_counter()
-    arguments = model_arguments(config, remat, repeats, micro_batches)
+    arguments = model_arguments(settings, remat, repeats, micro_batches)
     mesh = zd.make_mesh(mesh_spec, devices=jax.devices()[: _mesh_devices(mesh_spec)])
     distribution = zd.distribution_for(GPTCausalLM, layout, mesh, **({"config": arguments} if pipelined else {}))
     keras.backend.clear_session()
-    model = abstract_build(lambda: build_model(arguments, config.precision), compile_model, distribution)
-    tokens = ((config.batch_size, config.sequence_length), "int32")  # next-token targets: the same shape
+    model = abstract_build(lambda: build_model(arguments, settings.precision), compile_model, distribution)
+    tokens = ((settings.batch_size, settings.sequence_length), "int32")  # next-token targets: the same shape
     row.compiled, row.memory = compile_fit_step(model, distribution, tokens, tokens, compiler_options=FAST_COMPILE)
     trainable, non_trainable, _, _ = state_shardings(model, distribution)
     for variable, sharding in zip(model.trainable_variables + model.non_trainable_variables, trainable + non_trainable):
@@ -258,12 +258,12 @@ def _mesh_devices(spec):
     return int(np.prod([size for _, size in zd.parse_mesh_spec(spec)]))
 
 
-def memory_rows(config, report=print):
+def memory_rows(settings, report=print):
     rows = []
-    for remat in config.remats:
-        runs = [(None, None)] + [(r, m) for r in config.memory_repeats for m in config.memory_micro_batches]
+    for remat in settings.remats:
+        runs = [(None, None)] + [(r, m) for r in settings.memory_repeats for m in settings.memory_micro_batches]
         for repeats, micro_batches in runs:
-            row = measure_memory(config, remat, repeats, micro_batches)
+            row = measure_memory(settings, remat, repeats, micro_batches)
             m = row.memory
             report(
                 f"memory {row.schedule} R={repeats} M={micro_batches} {row.mesh} remat={remat}: arguments {size_text(m.argument)}, "
@@ -277,14 +277,14 @@ def _dash(value, text=str):
     return "-" if value is None else text(value)
 
 
-def format_memory(config, rows):
-    sizes = ", ".join(f"{name}={getattr(config, name):,}" for name in SIZES)
-    remat_note = remat_warning(config.remats)
-    stages = dict(zd.parse_mesh_spec(config.mesh)).get(STAGE, 1)
+def format_memory(settings, rows):
+    sizes = ", ".join(f"{name}={getattr(settings, name):,}" for name in SIZES)
+    remat_note = remat_warning(settings.remats)
+    stages = dict(zd.parse_mesh_spec(settings.mesh)).get(STAGE, 1)
     lines = [
         (
             f"Memory: the fit step of GPTCausalLM ({sizes}; gpt_1b's shape, Llama-3.2-1B's sizes, tied embeddings), AdamW on every "
-            f"weight, {config.precision}, T={config.sequence_length:,}, global batch {config.batch_size}; compiled for "
+            f"weight, {settings.precision}, T={settings.sequence_length:,}, global batch {settings.batch_size}; compiled for "
             f"{jax.devices()[0].platform} devices (simulated), never run; jax {jax.__version__}, keras {keras.__version__}.{remat_note}"
         ),
         "",
@@ -320,71 +320,71 @@ def format_memory(config, rows):
 # --- the command ----------------------------------------------------------------------
 
 
-def check_config(config):
+def check_config(settings):
     """Refuse, before running or compiling anything, numbers the schedule, the mesh or the model cannot take."""
-    if not config.sections or any(section not in PIPELINE_SECTIONS for section in config.sections):
-        raise ValueError(f"sections must name some of {list(PIPELINE_SECTIONS)}, got {config.sections!r}")
-    if "bubble" in config.sections:
-        if config.stages > len(jax.devices()):
+    if not settings.sections or any(section not in PIPELINE_SECTIONS for section in settings.sections):
+        raise ValueError(f"sections must name some of {list(PIPELINE_SECTIONS)}, got {settings.sections!r}")
+    if "bubble" in settings.sections:
+        if settings.stages > len(jax.devices()):
             raise ValueError(
-                f"stages={config.stages} needs {config.stages} devices but JAX has {len(jax.devices())}; "
-                f"run with --simulate-devices {config.stages}"
+                f"stages={settings.stages} needs {settings.stages} devices but JAX has {len(jax.devices())}; "
+                f"run with --simulate-devices {settings.stages}"
             )
-        for repeats in config.repeats:
-            for micro_batches in config.micro_batches:
-                check_schedule(num_stages=config.stages, micro_batches=micro_batches, repeats=repeats)
-    if "memory" in config.sections:
-        axes = dict(zd.parse_mesh_spec(config.mesh))
-        for spec in (config.mesh, config.reference_mesh):
+        for repeats in settings.repeats:
+            for micro_batches in settings.micro_batches:
+                check_schedule(num_stages=settings.stages, micro_batches=micro_batches, repeats=repeats)
+    if "memory" in settings.sections:
+        axes = dict(zd.parse_mesh_spec(settings.mesh))
+        for spec in (settings.mesh, settings.reference_mesh):
             if any(size < 1 for _, size in zd.parse_mesh_spec(spec)):
                 raise ValueError(f"mesh {spec!r}: give every axis its size (no -1 here)")
         if STAGE not in axes or set(axes) - {DATA, STAGE}:
             raise ValueError(
-                f"mesh {config.mesh!r}: the memory rows need a mesh of axes data and stage, such as 'data=2,stage=4'"
+                f"mesh {settings.mesh!r}: the memory rows need a mesh of axes data and stage, such as 'data=2,stage=4'"
             )
-        reference = dict(zd.parse_mesh_spec(config.reference_mesh))
+        reference = dict(zd.parse_mesh_spec(settings.reference_mesh))
         if set(reference) != {DATA}:
             raise ValueError(
-                f"reference_mesh {config.reference_mesh!r}: the unpipelined reference runs layout data on a mesh 'data=N'"
+                f"reference_mesh {settings.reference_mesh!r}: the unpipelined reference runs layout data on a mesh 'data=N'"
             )
-        needed = max(_mesh_devices(config.mesh), _mesh_devices(config.reference_mesh))
+        needed = max(_mesh_devices(settings.mesh), _mesh_devices(settings.reference_mesh))
         if needed > len(jax.devices()):
             raise ValueError(
                 f"the meshes need {needed} devices but JAX has {len(jax.devices())}; run with --simulate-devices {needed}"
             )
         stages, data = axes[STAGE], axes.get(DATA, 1)
-        for batch_axis, size in ((config.mesh, data), (config.reference_mesh, reference[DATA])):
-            if config.batch_size % size:
+        for batch_axis, size in ((settings.mesh, data), (settings.reference_mesh, reference[DATA])):
+            if settings.batch_size % size:
                 raise ValueError(
-                    f"batch_size={config.batch_size} does not divide over the data axis of {batch_axis!r} (size {size})"
+                    f"batch_size={settings.batch_size} does not divide over the data axis of {batch_axis!r} (size {size})"
                 )
-        for repeats in config.memory_repeats:
-            if config.num_layers % (stages * repeats):
+        for repeats in settings.memory_repeats:
+            if settings.num_layers % (stages * repeats):
                 raise ValueError(
-                    f"num_layers={config.num_layers} does not split into {repeats} repeat(s) x {stages} stages"
+                    f"num_layers={settings.num_layers} does not split into {repeats} repeat(s) x {stages} stages"
                 )
-            for micro_batches in config.memory_micro_batches:
+            for micro_batches in settings.memory_micro_batches:
                 check_schedule(num_stages=stages, micro_batches=micro_batches, repeats=repeats)
-                if (config.batch_size // data) % micro_batches:
+                if (settings.batch_size // data) % micro_batches:
                     raise ValueError(
-                        f"micro_batches={micro_batches} does not divide the {config.batch_size // data} rows per data shard "
-                        f"(batch_size={config.batch_size} over data={data})"
+                        f"micro_batches={micro_batches} does not divide the {settings.batch_size // data} rows per data shard "
+                        f"(batch_size={settings.batch_size} over data={data})"
                     )
 
 
-def run_benchmark(config, report=print):
-    """The bubble table and the memory table (``config.sections``), printed as markdown
-    (``report``) and written to ``config.output``. Returns ``{"bubble": [BubbleRow], "memory": [MemoryRow]}``."""
-    check_config(config)
+def run_benchmark(settings, report=print):
+    """The bubble table and the memory table (``settings.sections``), printed as markdown
+    (``report``) and written to ``settings.output``. Returns ``{"bubble": [BubbleRow], "memory": [MemoryRow]}``."""
+    check_config(settings)
     results, lines = {}, []
-    if "bubble" in config.sections:
-        results["bubble"] = bubble_rows(config, report)
-        lines += format_bubble(config, results["bubble"])
-    if "memory" in config.sections:
-        results["memory"] = memory_rows(config, report)
-        lines += ([""] if lines else []) + format_memory(config, results["memory"])
+    if "bubble" in settings.sections:
+        results["bubble"] = bubble_rows(settings, report)
+        lines += format_bubble(settings, results["bubble"])
+    if "memory" in settings.sections:
+        results["memory"] = memory_rows(settings, report)
+        lines += ([""] if lines else []) + format_memory(settings, results["memory"])
     text = "\n".join(lines)
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     return results

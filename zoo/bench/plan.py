@@ -58,12 +58,12 @@ def _timed(request):
     return plan, time.perf_counter() - start
 
 
-def recipe_rows(config, report):
+def recipe_rows(settings, report):
     from zoo.planning.recipes import request_from_recipe
     from zoo.training.recipes import load_recipe
 
     rows = []
-    for path in sorted(glob.glob(config.recipes)):
+    for path in sorted(glob.glob(settings.recipes)):
         report(f"planning {path} ...")
         try:
             plan, seconds = _timed(request_from_recipe(load_recipe(path)))
@@ -74,7 +74,7 @@ def recipe_rows(config, report):
     return rows
 
 
-def scale_rows(config, report):
+def scale_rows(settings, report):
     rows = []
     for layout, mesh, devices, batch in SCALE:
         request = PlanRequest(
@@ -90,15 +90,15 @@ def scale_rows(config, report):
     return rows
 
 
-def auto_rows(config, report):
+def auto_rows(settings, report):
     from zoo.planning.search import search
 
     rows = []
-    for name, settings, device in SCENARIOS:
-        request = PlanRequest("pretrain_gpt", _gpt(**settings), devices=8, device=device, label=name)
+    for name, gpt_fields, device in SCENARIOS:
+        request = PlanRequest("pretrain_gpt", _gpt(**gpt_fields), devices=8, device=device, label=name)
         report(f"searching {name} ...")
         start = time.perf_counter()
-        ranking = search(request, top=config.top)
+        ranking = search(request, top=settings.top)
         seconds = time.perf_counter() - start
         data, _ = _timed(
             dataclasses.replace(request, config={**request.config, "mesh": "data=8"})
@@ -107,7 +107,7 @@ def auto_rows(config, report):
     return rows
 
 
-def depth_rows(config, report):
+def depth_rows(settings, report):
     from zoo.planning.recipes import request_from_recipe
     from zoo.training.recipes import load_recipe
 
@@ -120,14 +120,14 @@ def depth_rows(config, report):
     return rows
 
 
-def run_benchmark(config, report=print):
-    """Every section asked for; returns ``{section: rows}`` (the report also goes to ``config.output``)."""
+def run_benchmark(settings, report=print):
+    """Every section asked for; returns ``{section: rows}`` (the report also goes to ``settings.output``)."""
     measure = {"recipes": recipe_rows, "scale": scale_rows, "auto": auto_rows, "depth": depth_rows}
-    results = {section: measure[section](config, report) for section in config.sections}
+    results = {section: measure[section](settings, report) for section in settings.sections}
     text = "\n".join(format_report(results))
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     return results
 
 

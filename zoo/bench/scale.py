@@ -40,20 +40,22 @@ ROW = "ROW "  # prefix of a worker's result lines on stdout
 # --- the parent: one worker process per device count ------------------------------------
 
 
-def tasks(config):
+def tasks(settings):
     """``[(device count, task dict)]`` of every measurement the sections ask for."""
     from zoo.training.recipes import load_recipe
 
     work = []
-    if "recipes" in config.sections:
-        work += [(load_recipe(path).target.devices, {"kind": "recipe", "path": path}) for path in config.recipes]
-    if "attention" in config.sections:
-        work.append((config.attention_seq, {"kind": "attention", "seq": config.attention_seq}))
-    if "fsdp+tp" in config.sections:
-        work += [(_devices(mesh), {"kind": "fsdp+tp", "mesh": mesh}) for mesh in config.fsdp_tp_meshes]
-    if "tp" in config.sections:
-        settings = {k: getattr(config, k) for k in ("tp_mesh", "tp_layers", "tp_width", "tp_length", "tp_batch")}
-        work += [(_devices(config.tp_mesh), {"kind": "tp", "layout": layout, **settings}) for layout in ("tp", "tp+sp")]
+    if "recipes" in settings.sections:
+        work += [(load_recipe(path).target.devices, {"kind": "recipe", "path": path}) for path in settings.recipes]
+    if "attention" in settings.sections:
+        work.append((settings.attention_seq, {"kind": "attention", "seq": settings.attention_seq}))
+    if "fsdp+tp" in settings.sections:
+        work += [(_devices(mesh), {"kind": "fsdp+tp", "mesh": mesh}) for mesh in settings.fsdp_tp_meshes]
+    if "tp" in settings.sections:
+        tp_fields = {k: getattr(settings, k) for k in ("tp_mesh", "tp_layers", "tp_width", "tp_length", "tp_batch")}
+        work += [
+            (_devices(settings.tp_mesh), {"kind": "tp", "layout": layout, **tp_fields}) for layout in ("tp", "tp+sp")
+        ]
     return work
 
 
@@ -73,17 +75,17 @@ def run_worker_process(devices, task):
     return rows
 
 
-def run_benchmark(config, report=print):
-    """Every table of the benchmark (``config``: ``zoo.config.bench_settings.ScaleBenchSettings``);
-    returns the rows (also written to ``config.output``)."""
+def run_benchmark(settings, report=print):
+    """Every table of the benchmark (``settings``: ``zoo.config.bench_settings.ScaleBenchSettings``);
+    returns the rows (also written to ``settings.output``)."""
     rows = []
-    for devices, task in tasks(config):
+    for devices, task in tasks(settings):
         report(f"compiling {task} on {devices} simulated device(s) ...")
         rows += run_worker_process(devices, task)
-    text = "\n".join(format_report(rows, config))
+    text = "\n".join(format_report(rows, settings))
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     return rows
 
 
@@ -307,13 +309,13 @@ def _gib(count):
     return f"{count / GIB:.2f}"
 
 
-def format_report(rows, config):
+def format_report(rows, settings):
     """The markdown report: one table per section asked for, then any worker's error."""
     tables = {"recipes": _recipe_table, "attention": _attention_table, "fsdp+tp": _fsdp_tp_table, "tp": _tp_table}
     lines = []
-    for section in config.sections:
+    for section in settings.sections:
         lines += tables[section](
-            [row for row in rows if row["kind"] == _KINDS[section] and "error" not in row], config
+            [row for row in rows if row["kind"] == _KINDS[section] and "error" not in row], settings
         ) + [""]
     lines += [f"- error in {row['task']}: {row['error']}" for row in rows if "error" in row]
     return lines
@@ -322,7 +324,7 @@ def format_report(rows, config):
 _KINDS = {"recipes": "recipe", "attention": "attention", "fsdp+tp": "fsdp+tp", "tp": "tp"}
 
 
-def _recipe_table(rows, config):
+def _recipe_table(rows, settings):
     lines = ["### Recipes: the gpt_1b training step per device (GiB), compiled at full depth", ""]
     lines += [
         "| recipe | layout, mesh | precision, remat | batch/device | weights | gradients | optimizer | temp | peak | target | fits |",
@@ -337,7 +339,7 @@ def _recipe_table(rows, config):
     return lines
 
 
-def _attention_table(rows, config):
+def _attention_table(rows, settings):
     lines = [
         "### Attention at gpt_1b's per-device shape (B=4, T=2048, H=32, K=4, D=64, bf16, causal), forward + backward",
         "",
@@ -349,7 +351,7 @@ def _attention_table(rows, config):
     )
 
 
-def _fsdp_tp_table(rows, config):
+def _fsdp_tp_table(rows, settings):
     lines = [
         "### gpt_1b weights per device under fsdp+tp",
         "",
@@ -362,8 +364,8 @@ def _fsdp_tp_table(rows, config):
     ]
 
 
-def _tp_table(rows, config):
-    title = f"### Bytes sent over 'model' per GPT training step ({config.tp_layers} layers, C={config.tp_width}, T={config.tp_length}, B={config.tp_batch}, {config.tp_mesh}, f32)"
+def _tp_table(rows, settings):
+    title = f"### Bytes sent over 'model' per GPT training step ({settings.tp_layers} layers, C={settings.tp_width}, T={settings.tp_length}, B={settings.tp_batch}, {settings.tp_mesh}, f32)"
     lines = [
         title,
         "",

@@ -99,63 +99,63 @@ class ContextRow:
         return sum(sent for _, sent in (getattr(self, program) or {}).values())
 
 
-def run_benchmark(config, report=print):
-    """Compile and count every row, check the goals; report markdown (``config``:
+def run_benchmark(settings, report=print):
+    """Compile and count every row, check the goals; report markdown (``settings``:
     ``zoo.config.bench_settings.WindowBenchSettings``).
 
     Returns ``{"blockwise": [BlockwiseRow], "context": [ContextRow], "goals": [Goal]}``.
     """
-    check_config(config)
+    check_config(settings)
     blockwise, context = [], []
-    if "blockwise" in config.sections:
-        for window in (None, config.sliding_window):
-            blockwise.append(blockwise_row(config, window))
+    if "blockwise" in settings.sections:
+        for window in (None, settings.sliding_window):
+            blockwise.append(blockwise_row(settings, window))
             report(
-                f"blockwise T={config.blockwise_length} W={window}: {blockwise[-1].counted} tiles, temp {size_text(blockwise[-1].temp)}"
+                f"blockwise T={settings.blockwise_length} W={window}: {blockwise[-1].counted} tiles, temp {size_text(blockwise[-1].temp)}"
             )
-    if "context" in config.sections:
-        for kernel in config.context_attentions:
-            for balance in config.balances:
-                for window in (None, config.sliding_window):
-                    context.append(context_row(config, kernel, balance, window))
+    if "context" in settings.sections:
+        for kernel in settings.context_attentions:
+            for balance in settings.balances:
+                for window in (None, settings.sliding_window):
+                    context.append(context_row(settings, kernel, balance, window))
                     row = context[-1]
                     report(
                         f"{kernel} balance={balance} W={window}: sent {size_text(row.sent('step'))}, hops {row.hops}"
                     )
-    goals = evaluate_goals(config, blockwise, context)
-    text = format_report(config, blockwise, context, goals)
+    goals = evaluate_goals(settings, blockwise, context)
+    text = format_report(settings, blockwise, context, goals)
     report(text)
-    if config.output:
-        write_text(config.output, text)
+    if settings.output:
+        write_text(settings.output, text)
     return {"blockwise": blockwise, "context": context, "goals": goals}
 
 
-def check_config(config):
-    if not 1 <= config.kv_heads <= config.heads or config.heads % config.kv_heads:
-        raise ValueError(f"kv_heads {config.kv_heads} must divide heads {config.heads}")
-    if "context" not in config.sections:
+def check_config(settings):
+    if not 1 <= settings.kv_heads <= settings.heads or settings.heads % settings.kv_heads:
+        raise ValueError(f"kv_heads {settings.kv_heads} must divide heads {settings.heads}")
+    if "context" not in settings.sections:
         return
-    if config.devices > len(jax.devices()):
+    if settings.devices > len(jax.devices()):
         raise ValueError(
-            f"the context table needs {config.devices} devices but JAX has {len(jax.devices())}; "
-            f"run with --simulate-devices {config.devices} or pass a smaller --devices"
+            f"the context table needs {settings.devices} devices but JAX has {len(jax.devices())}; "
+            f"run with --simulate-devices {settings.devices} or pass a smaller --devices"
         )
-    for balance in config.balances:
-        kernels.check_sequence_divisible(config.context_length, axis_size=config.devices, balance=balance)
-    if "ulysses" in config.context_attentions:
-        kernels.check_heads_divisible(config.heads, axis_size=config.devices, axis_name=SEQ)
+    for balance in settings.balances:
+        kernels.check_sequence_divisible(settings.context_length, axis_size=settings.devices, balance=balance)
+    if "ulysses" in settings.context_attentions:
+        kernels.check_heads_divisible(settings.heads, axis_size=settings.devices, axis_name=SEQ)
 
 
 # --- blockwise -----------------------------------------------------------------------------
 
 
-def blockwise_row(config, window):
-    length, block = config.blockwise_length, config.block_size
+def blockwise_row(settings, window):
+    length, block = settings.blockwise_length, settings.block_size
     tile = kernels.tile_plan(length, block)[0]
     planned = int(kernels.blockwise_tiles(length, block_size=block, causal=True, sliding_window=window).sum())
     same_tiles = kernels.tile_plan(length, block) == (kernels.block_size_for(length, block), length)
     counted = counted_tiles(length, block, window) if same_tiles else None
-    analysis = _blockwise_program(config, window).memory_analysis()
+    analysis = _blockwise_program(settings, window).memory_analysis()
     return BlockwiseRow(
         window,
         tile,
@@ -168,12 +168,16 @@ def blockwise_row(config, window):
     )
 
 
-def _blockwise_program(config, window):
+def _blockwise_program(settings, window):
     """The compiled forward + backward of ``blockwise_attention`` on one device (never run)."""
-    q = jax.ShapeDtypeStruct((config.batch, config.blockwise_length, config.heads, config.head_dim), config.dtype)
-    kv = jax.ShapeDtypeStruct((config.batch, config.blockwise_length, config.kv_heads, config.head_dim), config.dtype)
+    q = jax.ShapeDtypeStruct(
+        (settings.batch, settings.blockwise_length, settings.heads, settings.head_dim), settings.dtype
+    )
+    kv = jax.ShapeDtypeStruct(
+        (settings.batch, settings.blockwise_length, settings.kv_heads, settings.head_dim), settings.dtype
+    )
     attention = functools.partial(
-        kernels.blockwise_attention, causal=True, block_size=config.block_size, sliding_window=window
+        kernels.blockwise_attention, causal=True, block_size=settings.block_size, sliding_window=window
     )
     return jax.jit(_forward_backward(attention)).lower(q, kv, kv, q).compile(FAST_COMPILE)
 
@@ -217,12 +221,16 @@ def visible_pairs(length, window):
 # --- context (sequence-parallel) ----------------------------------------------------------
 
 
-def context_row(config, kernel, balance, window):
-    n, length = config.devices, config.context_length
+def context_row(settings, kernel, balance, window):
+    n, length = settings.devices, settings.context_length
     mesh = make_mesh(f"{SEQ}={n}", devices=jax.devices()[:n])
     sharding = NamedSharding(mesh.backend_mesh, P(None, SEQ))  # [B, T, heads, D] split along T
-    q = jax.ShapeDtypeStruct((config.batch, length, config.heads, config.head_dim), config.dtype, sharding=sharding)
-    kv = jax.ShapeDtypeStruct((config.batch, length, config.kv_heads, config.head_dim), config.dtype, sharding=sharding)
+    q = jax.ShapeDtypeStruct(
+        (settings.batch, length, settings.heads, settings.head_dim), settings.dtype, sharding=sharding
+    )
+    kv = jax.ShapeDtypeStruct(
+        (settings.batch, length, settings.kv_heads, settings.head_dim), settings.dtype, sharding=sharding
+    )
     attention = functools.partial(
         sharded_attention,
         mesh=mesh,
@@ -233,7 +241,7 @@ def context_row(config, kernel, balance, window):
         rope=None,
         sequence_axis=SEQ,
         batch_axis=None,
-        ring_block_size=config.block_size,
+        ring_block_size=settings.block_size,
         sliding_window=window,
     )
     step = (
@@ -249,9 +257,9 @@ def context_row(config, kernel, balance, window):
         )
         forward = _by_kind(reports[1])
     steps = kernels.ring_steps(
-        length, num_shards=n, block_size=config.block_size, balance=balance, sliding_window=window
+        length, num_shards=n, block_size=settings.block_size, balance=balance, sliding_window=window
     )
-    tiles, tile_heads = local_tiles(config, kernel, balance, window)
+    tiles, tile_heads = local_tiles(settings, kernel, balance, window)
     return ContextRow(
         kernel,
         balance,
@@ -274,19 +282,19 @@ def _by_kind(report):
     return kinds
 
 
-def local_tiles(config, kernel, balance, window):
+def local_tiles(settings, kernel, balance, window):
     """(tiles per device, heads per tile) of each kernel's forward pass, from its plan."""
-    n, length, block = config.devices, config.context_length, config.block_size
+    n, length, block = settings.devices, settings.context_length, settings.block_size
     local = length // n
     if kernel == "ring":
         work = kernels.causal_block_work(length, num_shards=n, block_size=block, balance=balance, sliding_window=window)
-        return tuple(int(w) for w in work), config.heads
+        return tuple(int(w) for w in work), settings.heads
     keys = None if balance is None else kernels.permutation(length, num_shards=n, balance=balance)
     if kernel == "ulysses":  # every device: all T queries and keys of H/N heads, in shard order
         plan = kernels.blockwise_tiles(
             length, block_size=block, causal=True, sliding_window=window, q_positions=keys, k_positions=keys
         )
-        return (int(plan.sum()),) * n, config.heads // n
+        return (int(plan.sum()),) * n, settings.heads // n
     tiles = []  # gather: the shard's queries against all T keys
     for device in range(n):
         queries = kernels.shard_positions(local, shard_index=device, num_shards=n, balance=balance)
@@ -294,7 +302,7 @@ def local_tiles(config, kernel, balance, window):
             local, length, block_size=block, causal=True, sliding_window=window, q_positions=queries, k_positions=keys
         )
         tiles.append(int(plan.sum()))
-    return tuple(tiles), config.heads
+    return tuple(tiles), settings.heads
 
 
 def _forward_backward(attention):
@@ -310,7 +318,7 @@ def _forward_backward(attention):
 # --- goals and report ----------------------------------------------------------------------
 
 
-def evaluate_goals(config, blockwise, context):
+def evaluate_goals(settings, blockwise, context):
     """Issue 28's goals: blockwise tiles vs the window's, and per balance the ring's bytes vs its hops."""
     goals = []
     for row in (r for r in blockwise if r.window is not None):
@@ -318,14 +326,14 @@ def evaluate_goals(config, blockwise, context):
         ratio = computed / row.touched
         goals.append(
             Goal(
-                f"blockwise tiles computed <= {TILE_GOAL} x the tiles the window touches (T={config.blockwise_length}, W={row.window})",
+                f"blockwise tiles computed <= {TILE_GOAL} x the tiles the window touches (T={settings.blockwise_length}, W={row.window})",
                 _status(ratio <= TILE_GOAL),
                 f"{computed:,} vs {row.touched:,}: {ratio:.3f} x",
             )
         )
     rings = {(r.balance, r.window): r for r in context if r.kernel == "ring"}
-    for balance in config.balances:
-        full, windowed = rings.get((balance, None)), rings.get((balance, config.sliding_window))
+    for balance in settings.balances:
+        full, windowed = rings.get((balance, None)), rings.get((balance, settings.sliding_window))
         if full is None or windowed is None:
             continue
         forward_expected, step_expected = hop_bytes(full, windowed.hops)
@@ -333,8 +341,8 @@ def evaluate_goals(config, blockwise, context):
         proportional = abs(forward - forward_expected) <= 1e-6 * forward_expected and step <= step_expected * (1 + 1e-9)
         goals.append(
             Goal(
-                f"ring bytes fall in proportion to the hops skipped (balance {balance}, T={config.context_length}, "
-                f"N={config.devices}, W={config.sliding_window}): forward = hops x one hop's K/V; forward + backward <= "
+                f"ring bytes fall in proportion to the hops skipped (balance {balance}, T={settings.context_length}, "
+                f"N={settings.devices}, W={settings.sliding_window}): forward = hops x one hop's K/V; forward + backward <= "
                 "hops x (2 K/V + dK/dV) + one dK/dV home",
                 _status(proportional),
                 f"hops {windowed.hops} of {full.hops}; forward {size_text(forward)} (by hops {size_text(forward_expected)}); "
@@ -373,9 +381,9 @@ def _kinds_text(kinds):
     return f"{parts} ({size_text(sum(sent for _, sent in kinds.values()))})"
 
 
-def format_report(config, blockwise, context, goals):
+def format_report(settings, blockwise, context, goals):
     """Header, the two tables and the goals, as markdown."""
-    heads = f"B={config.batch}, H={config.heads}, K={config.kv_heads}, D={config.head_dim}, {config.dtype}, causal, block_size {config.block_size}"
+    heads = f"B={settings.batch}, H={settings.heads}, K={settings.kv_heads}, D={settings.head_dim}, {settings.dtype}, causal, block_size {settings.block_size}"
     lines = [
         f"devices: {describe_devices()}; {heads}; forward + backward; jax {jax.__version__}, keras {keras.__version__}"
     ]
@@ -384,7 +392,7 @@ def format_report(config, blockwise, context, goals):
         lines += [
             "",
             (
-                f"Blockwise, one device, T={config.blockwise_length:,}, tile {tile}: tiles planned (blockwise_tiles), counted by the "
+                f"Blockwise, one device, T={settings.blockwise_length:,}, tile {tile}: tiles planned (blockwise_tiles), counted by the "
                 f"kernel's tile loops (H=K={COUNT_HEADS}, D={COUNT_HEAD_DIM}), touched by the window's element mask; pairs = (query, key) "
                 "pairs kept; temp = memory_analysis of forward + backward, compiled, never run:"
             ),
@@ -405,7 +413,7 @@ def format_report(config, blockwise, context, goals):
         lines += [
             "",
             (
-                f"Context, T={config.context_length:,} over seq={config.devices} ({config.context_length // config.devices:,} tokens per "
+                f"Context, T={settings.context_length:,} over seq={settings.devices} ({settings.context_length // settings.devices:,} tokens per "
                 "device), compiled, never run: collectives per device from the compiled HLO (loop trip counts included), bytes = what "
                 "one device sends; hops = ring steps kept - 1; tiles = the forward's local score tiles per device (largest; smallest "
                 "in brackets), each spanning the heads given; temp = forward + backward:"

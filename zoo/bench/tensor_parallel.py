@@ -46,55 +46,55 @@ from zoo.measure.tensor_parallel_mlp import (
 from zoo.units import KIB
 
 
-def run_benchmark(config, report=print):
+def run_benchmark(settings, report=print):
     """Compile and time every variant; report the markdown table; return one dict per row
-    (``config``: ``zoo.config.bench_settings.TPBenchSettings``; ``config.plot``: also the chart)."""
-    check_config(config)
+    (``settings``: ``zoo.config.bench_settings.TPBenchSettings``; ``settings.plot``: also the chart)."""
+    check_config(settings)
     rows = []
     try:
-        for label, gated, megatron_sp in (VARIANTS[name] for name in config.variants):
+        for label, gated, megatron_sp in (VARIANTS[name] for name in settings.variants):
             report(f"{label}: compiling ...")
-            rows += bench_variant(label, gated, megatron_sp, config)
+            rows += bench_variant(label, gated, megatron_sp, settings)
     finally:
         keras.distribution.set_distribution(None)
-    table = format_table(rows, config)
+    table = format_table(rows, settings)
     report(table)
-    if config.output:
-        write_text(config.output, table)
-    if config.plot:
+    if settings.output:
+        write_text(settings.output, table)
+    if settings.plot:
         from zoo.plotting import plot_tp_bytes
 
         plot_tp_bytes(
             rows,
-            config.plot,
-            title=f"Tensor-parallel MLP, forward + backward, mesh {config.mesh}: bytes per device over 'model'",
+            settings.plot,
+            title=f"Tensor-parallel MLP, forward + backward, mesh {settings.mesh}: bytes per device over 'model'",
         )
     return rows
 
 
-def bench_variant(label, gated, megatron_sp, config):
+def bench_variant(label, gated, megatron_sp, settings):
     """Rows for one variant: explicit (and collective), GSPMD, minimum."""
-    implementations = [("explicit", lambda: explicit_model(config, gated, megatron_sp))]
+    implementations = [("explicit", lambda: explicit_model(settings, gated, megatron_sp))]
     if megatron_sp:
         implementations.append(
-            ("explicit, collective matmul", lambda: explicit_model(config, gated, True, collective=True))
+            ("explicit, collective matmul", lambda: explicit_model(settings, gated, True, collective=True))
         )
-    implementations.append(("GSPMD", lambda: gspmd_model(config, gated, megatron_sp)))
+    implementations.append(("GSPMD", lambda: gspmd_model(settings, gated, megatron_sp)))
     steps = {}
     rows = []
     for name, make in implementations:
         keras.utils.set_random_seed(SEED)
         distribution, model = make()
-        step, args = layer_step(model, example_input(config, megatron_sp), backward=True)
-        options = FAST_COMPILE if config.fast_compile else None
+        step, args = layer_step(model, example_input(settings, megatron_sp), backward=True)
+        options = FAST_COMPILE if settings.fast_compile else None
         report = comms_report(step, *args, mesh=distribution.device_mesh, compiler_options=options)
         steps[name] = (report.compiled, args)
-        rows.append(_row(label, name, report, config))
-    times = _alternate_times(steps, config)
+        rows.append(_row(label, name, report, settings))
+    times = _alternate_times(steps, settings)
     for row in rows:
         row["time_vs_gspmd"] = times[row["implementation"]] / times["GSPMD"]
         row["seconds_per_step"] = times[row["implementation"]]
-    minimum = minimum_sent_bytes(config)
+    minimum = minimum_sent_bytes(settings)
     rows.append(
         {
             "variant": label,
@@ -110,7 +110,7 @@ def bench_variant(label, gated, megatron_sp, config):
     return rows
 
 
-def _row(label, implementation, report, config):
+def _row(label, implementation, report, settings):
     model_ops = [op for op in report.collectives if MODEL in (op.axes or ())]
     kinds = {}
     for op in model_ops:
@@ -121,26 +121,26 @@ def _row(label, implementation, report, config):
         "implementation": implementation,
         "model_collectives": " + ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none",
         "model_sent_bytes": sent,
-        "vs_minimum": sent / minimum_sent_bytes(config),
+        "vs_minimum": sent / minimum_sent_bytes(settings),
         "data_sent_bytes": sum(op.sent_bytes for op in report.collectives if op.axes == (DATA,)),
         "peak_bytes": report.memory.peak_bytes,
         "report": report,
     }
 
 
-def _alternate_times(steps, config):
+def _alternate_times(steps, settings):
     """Median seconds per forward + backward of each step, measured in turns."""
     runs = {name: [] for name in steps}
     for step, args in steps.values():  # warm up
         jax.block_until_ready(step(*args))
-    for _ in range(config.repeats):
+    for _ in range(settings.repeats):
         for name, (step, args) in steps.items():
             start = time.perf_counter()
-            for _ in range(config.steps):
+            for _ in range(settings.steps):
                 # one sharded program in flight at a time: XLA:CPU collectives can
                 # deadlock with several queued (docs/distribution.md)
                 jax.block_until_ready(step(*args))
-            runs[name].append((time.perf_counter() - start) / config.steps)
+            runs[name].append((time.perf_counter() - start) / settings.steps)
     return {name: statistics.median(values) for name, values in runs.items()}
 
 
@@ -148,12 +148,12 @@ def _kib(count):
     return "-" if count is None else f"{count / KIB:,.1f}"
 
 
-def format_table(rows, config):
+def format_table(rows, settings):
     """A header line and a markdown table, one row per (variant, implementation)."""
     header = (
-        f"devices: {zd.describe_devices()}; mesh {config.mesh}; B={config.batch_size} T={config.sequence_length} "
-        f"D={config.dim} F={config.hidden}, float32, no biases; forward + backward; time: median of "
-        f"{config.repeats} x {config.steps} steps; jax {jax.__version__}, keras {keras.__version__}"
+        f"devices: {zd.describe_devices()}; mesh {settings.mesh}; B={settings.batch_size} T={settings.sequence_length} "
+        f"D={settings.dim} F={settings.hidden}, float32, no biases; forward + backward; time: median of "
+        f"{settings.repeats} x {settings.steps} steps; jax {jax.__version__}, keras {keras.__version__}"
     )
     lines = [
         header,
