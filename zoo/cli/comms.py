@@ -101,14 +101,14 @@ def add_arguments(parser):
 def run(args):
     """Print the report of the step ``args`` describe; returns the exit code."""
     fields = {f.name for f in dataclasses.fields(CommsSettings)}
-    config = CommsSettings(**{k: v for k, v in vars(args).items() if k in fields})
-    report = comms_for(config)
+    settings = CommsSettings(**{k: v for k, v in vars(args).items() if k in fields})
+    report = comms_for(settings)
     print("\n".join(report.format()))
     return 0
 
 
-def comms_for(config, say=print):
-    """Build, compile and report the step ``config`` describes (a ``CommsReport``)."""
+def comms_for(settings, say=print):
+    """Build, compile and report the step ``settings`` describes (a ``CommsReport``)."""
     from zoo.measure.comms_report import (
         FAST_COMPILE,
         comms_report,
@@ -116,48 +116,48 @@ def comms_for(config, say=print):
         train_step,
     )
 
-    if config.step not in STEPS:
-        raise ValueError(f"step must be one of {list(STEPS)}, got {config.step!r}")
+    if settings.step not in STEPS:
+        raise ValueError(f"step must be one of {list(STEPS)}, got {settings.step!r}")
     try:
-        if config.model == "mlp":
-            distribution, model, x, y = _mlp(config)
-        elif config.model == "cnn":
-            distribution, model, x, y = _cnn(config)
+        if settings.model == "mlp":
+            distribution, model, x, y = _mlp(settings)
+        elif settings.model == "cnn":
+            distribution, model, x, y = _cnn(settings)
         else:
-            raise ValueError(f"unknown model {config.model!r}; choose one of {list(COMMS_MODELS)}")
+            raise ValueError(f"unknown model {settings.model!r}; choose one of {list(COMMS_MODELS)}")
         mesh = None if distribution is None else distribution.device_mesh
-        say(_describe(config, distribution))
-        if config.step == "train":
+        say(_describe(settings, distribution))
+        if settings.step == "train":
             step, args = train_step(model, x, y)
         else:
-            step, args = layer_step(model, x, backward=config.step == "backward")
-        return comms_report(step, *args, mesh=mesh, compiler_options=FAST_COMPILE if config.fast_compile else None)
+            step, args = layer_step(model, x, backward=settings.step == "backward")
+        return comms_report(step, *args, mesh=mesh, compiler_options=FAST_COMPILE if settings.fast_compile else None)
     finally:
         import keras
 
         keras.distribution.set_distribution(None)
 
 
-def _describe(config, distribution):
+def _describe(settings, distribution):
     from zoo.distribution import describe_mesh
 
     mesh = "one device" if distribution is None else f"mesh {describe_mesh(distribution.device_mesh)}"
-    if config.model == "cnn":
-        what = f"SmallCNN, layout {config.layout}, images {config.image_size}x{config.image_size}"
+    if settings.model == "cnn":
+        what = f"SmallCNN, layout {settings.layout}, images {settings.image_size}x{settings.image_size}"
     else:
         mode = (
-            "sequence-parallel" + (", collective matmul" if config.collective_matmul else "")
-            if config.megatron_sp
+            "sequence-parallel" + (", collective matmul" if settings.collective_matmul else "")
+            if settings.megatron_sp
             else "tensor-parallel"
         )
         what = (
-            f"{'gated ' if config.gated else ''}MLP ({config.implementation}, {mode}), "
-            f"T={config.sequence_length} D={config.dim} F={config.hidden}, no biases"
+            f"{'gated ' if settings.gated else ''}MLP ({settings.implementation}, {mode}), "
+            f"T={settings.sequence_length} D={settings.dim} F={settings.hidden}, no biases"
         )
-    return f"zoo comms {config.model}: {what}; {mesh}; global batch {config.batch_size}; step {config.step}"
+    return f"zoo comms {settings.model}: {what}; {mesh}; global batch {settings.batch_size}; step {settings.step}"
 
 
-def _mlp(config):
+def _mlp(settings):
     import jax
 
     from zoo.config.bench_settings import TPBenchSettings
@@ -169,41 +169,41 @@ def _mlp(config):
         gspmd_model,
     )
 
-    if config.collective_matmul and config.implementation != "explicit":
+    if settings.collective_matmul and settings.implementation != "explicit":
         raise ValueError("--collective-matmul is a feature of the explicit implementation")
-    mesh = config.mesh or default_mesh_spec("model", len(jax.devices()))
+    mesh = settings.mesh or default_mesh_spec("model", len(jax.devices()))
     shapes = TPBenchSettings(
         mesh=mesh,
-        batch_size=config.batch_size,
-        sequence_length=config.sequence_length,
-        dim=config.dim,
-        hidden=config.hidden,
+        batch_size=settings.batch_size,
+        sequence_length=settings.sequence_length,
+        dim=settings.dim,
+        hidden=settings.hidden,
     )
     check_config(shapes)
-    if config.implementation == "explicit":
+    if settings.implementation == "explicit":
         distribution, model = explicit_model(
-            shapes, config.gated, config.megatron_sp, collective=config.collective_matmul
+            shapes, settings.gated, settings.megatron_sp, collective=settings.collective_matmul
         )
     else:
-        distribution, model = gspmd_model(shapes, config.gated, config.megatron_sp)
+        distribution, model = gspmd_model(shapes, settings.gated, settings.megatron_sp)
     import keras
 
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.MeanSquaredError())
-    x = example_input(shapes, config.megatron_sp)  # (B, T, D)
+    x = example_input(shapes, settings.megatron_sp)  # (B, T, D)
     return distribution, model, x, x  # y: any target of the output's shape and layout
 
 
-def _cnn(config):
+def _cnn(settings):
     from zoo import distribution as zd
     from zoo.models import SmallCNN
     from zoo.training.cnn import build_cnn, compile_cnn
 
-    distribution = zd.distribution_for(SmallCNN, config.layout, config.mesh)
-    model = zd.build_distributed(lambda: build_cnn(config.image_size, seed=0), distribution)
+    distribution = zd.distribution_for(SmallCNN, settings.layout, settings.mesh)
+    model = zd.build_distributed(lambda: build_cnn(settings.image_size, seed=0), distribution)
     compile_cnn(model, optimizer="sgd")
     import numpy as np
 
     rng = np.random.default_rng(0)
-    x = rng.random((config.batch_size, config.image_size, config.image_size, 3), dtype=np.float32)  # (B, S, S, 3)
-    y = rng.integers(0, model.num_classes, size=config.batch_size)  # (B,)
+    x = rng.random((settings.batch_size, settings.image_size, settings.image_size, 3), dtype=np.float32)  # (B, S, S, 3)
+    y = rng.integers(0, model.num_classes, size=settings.batch_size)  # (B,)
     return distribution, model, x, y

@@ -130,23 +130,23 @@ def _add_data(parser):
 
 
 def _run_train(args):
-    config = schema.from_args(args.settings_class, args)
+    settings = schema.from_args(args.settings_class, args)
     if args.model == "gpt":
         from zoo.training import gpt
 
-        if config.layout == "auto":
+        if settings.layout == "auto":
             from zoo.planning.search import choose_layout
 
-            config = choose_layout(config)
-        gpt.train(config)
+            settings = choose_layout(settings)
+        gpt.train(settings)
     elif args.model == "cnn":
         from zoo.training import cnn
 
-        cnn.train(config)
+        cnn.train(settings)
     else:
         from zoo.training import classifiers
 
-        classifiers.train(config)
+        classifiers.train(settings)
     return 0
 
 

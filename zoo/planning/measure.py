@@ -69,14 +69,14 @@ class StepMeasure:
         return cls(**values)
 
 
-def measure_step(job, config, *, target_devices, label, num_layers=None, compiler_options=None):
-    """``StepMeasure`` of ``job``'s step for ``config`` compiled for ``target_devices``."""
+def measure_step(job, settings, *, target_devices, label, num_layers=None, compiler_options=None):
+    """``StepMeasure`` of ``job``'s step for ``settings`` compiled for ``target_devices``."""
     from zoo.training.recipes import compile_job_step
 
     start = time.perf_counter()
     step = compile_job_step(
         job,
-        config,
+        settings,
         target_devices=target_devices,
         label=label,
         num_layers=num_layers,

@@ -44,7 +44,7 @@ class PlanRequest:
     """What to compile and for which target; plain values (sent to the worker as JSON)."""
 
     job: str  # a recipe job: pretrain_gpt | train_cnn | finetune
-    config: dict  # fields of the job's config dataclass (e.g. GPTTrainSettings)
+    config: dict  # fields of the job's settings dataclass (e.g. GPTTrainSettings)
     devices: int  # the target's device count
     device: str = "h100"  # a zoo.measure.hardware.DEVICES name (or cpu)
     device_memory_gib: float | None = None  # None: the device's own
@@ -224,14 +224,14 @@ def _depths(request, full_depth, needs_two, unit=1, whole=False):
     return (top - unit, top)
 
 
-def _pipeline_unit(request, config):
+def _pipeline_unit(request, settings):
     """Layout pipeline: stages x repeats, the step its depth grows by (1 for other layouts)."""
-    if getattr(config, "layout", None) != "pipeline":
+    if getattr(settings, "layout", None) != "pipeline":
         return 1
     from zoo.distribution.axes import STAGE
     from zoo.training.recipes import resolve_axes
 
-    return dict(resolve_axes(config.mesh, "pipeline", request.devices)).get(STAGE, 1) * config.repeats
+    return dict(resolve_axes(settings.mesh, "pipeline", request.devices)).get(STAGE, 1) * settings.repeats
 
 
 def plan_in_process(request, *, compiler_options=None):
@@ -244,13 +244,13 @@ def plan_in_process(request, *, compiler_options=None):
 
     compiler_options = FAST_COMPILE if compiler_options is None else compiler_options
     device_spec(request.device)  # an unknown device is refused before compiling
-    job, module, config = _job_and_config(request)
-    full_depth = job.num_layers(module, config)
-    remat = getattr(config, "remat", "none")
-    unit = _pipeline_unit(request, config)
+    job, module, settings = _job_and_config(request)
+    full_depth = job.num_layers(module, settings)
+    remat = getattr(settings, "remat", "none")
+    unit = _pipeline_unit(request, settings)
     # remat inside a pipeline's loop: the per-block correction below is not calibrated there (a note says so)
     correct_remat = (
-        remat != "none" and not memory_analysis_reflects_remat() and unit == 1 and config.layout != "pipeline"
+        remat != "none" and not memory_analysis_reflects_remat() and unit == 1 and settings.layout != "pipeline"
     )
     # With remat, the whole model's temporaries grow faster than per block (the gradients'
     # all-reduces, combined, hold more of them at once): 1 and 2 blocks extrapolated
@@ -261,7 +261,7 @@ def plan_in_process(request, *, compiler_options=None):
         steps = [
             measure_step(
                 job,
-                config,
+                settings,
                 target_devices=request.devices,
                 label=request.label or request.job,
                 num_layers=d,
@@ -283,13 +283,13 @@ def plan_in_process(request, *, compiler_options=None):
             f"compiled whole under remat={remat!r}: extrapolating per block under-counts its temporaries "
             "(16-34% measured; --depth N for a quick estimate)"
         )
-    if remat != "none" and config.layout == "pipeline" and not memory_analysis_reflects_remat():
+    if remat != "none" and settings.layout == "pipeline" and not memory_analysis_reflects_remat():
         notes.append(
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
             "the temporaries are not corrected for it: the peak is an upper bound"
         )
     if correct_remat and len(steps) == 2:
-        correction = _remat_correction(steps, config, full_depth, step)
+        correction = _remat_correction(steps, settings, full_depth, step)
         notes.append(
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); temporaries corrected by "
             f"{correction / GIB:+.2f} GiB: per block, what the policy saves instead of every activation (docs/planning.md)"
@@ -300,23 +300,23 @@ def plan_in_process(request, *, compiler_options=None):
         tuple(d for d in depths if d is not None),
         full_depth,
         correction,
-        _model_flops(job, config, full_depth),
+        _model_flops(job, settings, full_depth),
         tuple(notes),
     )
 
 
-def _model_flops(job, config, full_depth):
+def _model_flops(job, settings, full_depth):
     """Model FLOPs of one step of the full model, or None where the job has no formula."""
     if job.name != "pretrain_gpt":
         return None
     from zoo.measure.mfu import gpt_flops_per_token
     from zoo.models.gpt.gpt_configs import config_by_name
 
-    model_config = {**config_by_name(config.config_name), "num_layers": full_depth}
-    return gpt_flops_per_token(model_config, config.sequence_length) * config.batch_size * config.sequence_length
+    model_config = {**config_by_name(settings.config_name), "num_layers": full_depth}
+    return gpt_flops_per_token(model_config, settings.sequence_length) * settings.batch_size * settings.sequence_length
 
 
-def remat_saved_per_block(config, step):
+def remat_saved_per_block(settings, step):
     """Bytes per device one Transformer block keeps for the backward pass under the
     job's remat policy (a GPT job), from the shapes alone
     (``_activations.remat_elements_per_token``: full keeps the block's input; dots_saveable
@@ -326,16 +326,18 @@ def remat_saved_per_block(config, step):
     from zoo.models.gpt.gpt_configs import config_by_name
 
     sizes = step.axis_sizes
-    model_axis = sizes.get("model", 1) if config.layout in ("tp", "tp+sp", "fsdp+tp", "expert+tp") else 1
-    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(config.layout, 1)  # the sequence's split
-    batch_split = sizes.get("data", 1) * (sizes.get("expert", 1) if config.layout in EXPERT_LAYOUTS else 1)
-    tokens = step.batch_size // batch_split * config.sequence_length // split
-    divisor = model_axis if config.layout in ("tp", "fsdp+tp", "expert+tp") else 1  # heads and MLP split over model
-    itemsize = 2 if config.precision == "mixed_bfloat16" else 4
-    return int(tokens * remat_elements_per_token(config.remat, config_by_name(config.config_name), divisor) * itemsize)
+    model_axis = sizes.get("model", 1) if settings.layout in ("tp", "tp+sp", "fsdp+tp", "expert+tp") else 1
+    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(settings.layout, 1)  # the sequence's split
+    batch_split = sizes.get("data", 1) * (sizes.get("expert", 1) if settings.layout in EXPERT_LAYOUTS else 1)
+    tokens = step.batch_size // batch_split * settings.sequence_length // split
+    divisor = model_axis if settings.layout in ("tp", "fsdp+tp", "expert+tp") else 1  # heads and MLP split over model
+    itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
+    return int(
+        tokens * remat_elements_per_token(settings.remat, config_by_name(settings.config_name), divisor) * itemsize
+    )
 
 
-def _remat_correction(steps, config, full_depth, step):
+def _remat_correction(steps, settings, full_depth, step):
     """Bytes to add to the extrapolated temporaries: every block but one keeps only what
     the policy saves plus what a block holds whatever the policy (its weights' gradients
     and, where the layout splits weights over the data or seq axis, its all-gathered
@@ -343,11 +345,11 @@ def _remat_correction(steps, config, full_depth, step):
     per-block cost). Checked against JAX 0.12's compiles in docs/planning.md."""
     low, high = steps
     per_block = high.memory["temp"] - low.memory["temp"]
-    kept = remat_saved_per_block(config, step) + high.memory["gradients"] - low.memory["gradients"]
-    if config.layout in ("fsdp", "fsdp+tp", "fsdp+expert", "context"):
+    kept = remat_saved_per_block(settings, step) + high.memory["gradients"] - low.memory["gradients"]
+    if settings.layout in ("fsdp", "fsdp+tp", "fsdp+expert", "context"):
         sizes = step.axis_sizes
-        gathered = sizes.get("seq", 1) if config.layout == "context" else sizes.get("data", 1)
-        itemsize = 2 if config.precision == "mixed_bfloat16" else 4
+        gathered = sizes.get("seq", 1) if settings.layout == "context" else sizes.get("data", 1)
+        itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
         kept += (high.memory["weights"] - low.memory["weights"]) * gathered * itemsize // 4
     return -(full_depth - 1) * max(per_block - kept, 0)
 

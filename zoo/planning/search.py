@@ -557,8 +557,8 @@ def _pipeline_text(candidate):
     )
 
 
-def choose_layout(config, *, top=3, report=print):
-    """``config`` (a ``GPTTrainSettings`` with ``layout="auto"``) with the best fitting
+def choose_layout(settings, *, top=3, report=print):
+    """``settings`` (a ``GPTTrainSettings`` with ``layout="auto"``) with the best fitting
     layout, mesh, remat and batch split for this process' devices; raises ``ValueError``
     naming the smallest peak when none fits. The batch per optimizer update
     (``batch_size x gradient_accumulation_steps``) is kept."""
@@ -567,14 +567,14 @@ def choose_layout(config, *, top=3, report=print):
     from zoo.measure.hardware import local_device
 
     name, memory_gib = local_device()
-    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
     request = PlanRequest(
         "pretrain_gpt",
         {**fields, "layout": "data", "mesh": None},
         devices=len(jax.devices()),
         device=name,
         device_memory_gib=memory_gib,
-        label=config.config_name,
+        label=settings.config_name,
     )
     ranking = search(request, top=top, report=report)
     if ranking.best is None or not ranking.best.fits:
@@ -586,4 +586,4 @@ def choose_layout(config, *, top=3, report=print):
     for key, value in fields.items():
         if key in CONTEXT_DEFAULTS and value is not None and best.layout != "context":
             report(f"layout auto: {key} = {value!r} left out (a setting of layout context, not of {best.layout})")
-    return dataclasses.replace(config, **best.settings())
+    return dataclasses.replace(settings, **best.settings())

@@ -1,6 +1,6 @@
 """``model.fit`` with optional periodic checkpoints and exact resume, for every training job.
 
-A job config carries ``checkpoint_dir``, ``checkpoint_every``, ``keep`` and ``resume``
+A job's settings carry ``checkpoint_dir``, ``checkpoint_every``, ``keep`` and ``resume``
 (see ``docs/checkpoints.md``); the job describes its data (``data``: what the saved
 data position refers to, so a resume under other data is refused).
 """
@@ -18,27 +18,27 @@ from zoo.training.interrupts import StopAtSignal, stop_on_signals
 from zoo.training.logs.run_logs import run_log_callbacks
 
 
-def check_checkpoint_options(config):
-    if config.resume and not config.checkpoint_dir:
+def check_checkpoint_options(settings):
+    if settings.resume and not settings.checkpoint_dir:
         raise ValueError("resume continues from checkpoint_dir: give --checkpoint-dir too")
     for name in ("checkpoint_every", "keep"):
-        value = getattr(config, name)
+        value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def open_checkpoints(config, data, model, report):
+def open_checkpoints(settings, data, model, report):
     """The run's ``Checkpoints`` (or None) and the position training starts from.
 
     The model's optimizer must be built (its state is restored too)."""
-    if not config.checkpoint_dir:
+    if not settings.checkpoint_dir:
         return None, TrainingPosition()
-    checkpoints = Checkpoints(config.checkpoint_dir, keep=config.keep, data=data)
+    checkpoints = Checkpoints(settings.checkpoint_dir, keep=settings.keep, data=data)
     stale = checkpoints.lock()
     if stale:
         report(f"checkpoints: took over the lock a stopped run left ({describe_holder(stale)})")
     existing = checkpoints.existing_steps()
-    if existing and not config.resume:
+    if existing and not settings.resume:
         checkpoints.close()
         raise CheckpointError(
             checkpoints.directory,
@@ -46,34 +46,36 @@ def open_checkpoints(config, data, model, report):
             "from them, or choose another --checkpoint-dir",
         )
     try:
-        position = checkpoints.resume(model, report) if config.resume else None
+        position = checkpoints.resume(model, report) if settings.resume else None
     except BaseException:
         checkpoints.close()
         raise
     if position is None:
-        report(f"checkpoints: every {config.checkpoint_every} steps to {checkpoints.directory}, keeping {config.keep}")
+        report(
+            f"checkpoints: every {settings.checkpoint_every} steps to {checkpoints.directory}, keeping {settings.keep}"
+        )
         return checkpoints, TrainingPosition()
     return checkpoints, position
 
 
 def checkpointed_fit(
-    model, train_data, *, config, data, epochs, validation_data, callbacks, report, verbose=1, run_dir=None
+    model, train_data, *, settings, data, epochs, validation_data, callbacks, report, verbose=1, run_dir=None
 ):
     """Fit ``train_data`` (a ``DivisibleBatches``) for ``epochs``, saving and resuming
-    checkpoints as the config says; returns the history dict. With ``run_dir`` the run's
+    checkpoints as ``settings`` says; returns the history dict. With ``run_dir`` the run's
     metrics go to ``run_dir/metrics.csv`` and ``steps.csv`` (``zoo.training.logs.run_logs``),
     continued on resume.
 
     SIGINT and SIGTERM stop training at the next step boundary: a checkpoint is written
     (when the run checkpoints) and ``TrainingInterrupted`` is raised (``zoo.training.interrupts``).
     """
-    check_checkpoint_options(config)
+    check_checkpoint_options(settings)
     model.optimizer.build(model.trainable_variables)  # its state must exist before a restore
-    checkpoints, start = open_checkpoints(config, data, model, report)
+    checkpoints, start = open_checkpoints(settings, data, model, report)
     saver = None
     if checkpoints is not None:
         saver = PeriodicCheckpoint(
-            checkpoints, every=config.checkpoint_every, steps_per_epoch=len(train_data), start=start
+            checkpoints, every=settings.checkpoint_every, steps_per_epoch=len(train_data), start=start
         )
     # DivisibleBatches reshuffles itself, seeded per epoch (fit_from passes shuffle=False to fit).
     resumable = ResumableBatches(train_data, epoch=start.epoch, start_batch=start.batch)

@@ -30,69 +30,69 @@ MODELS = {
 }
 
 
-def train(config, report=print):
+def train(settings, report=print):
     """Train the encoder or the ViT; returns a dict with the history and test accuracy."""
-    model_class, task, unit = MODELS[config.model]
-    check_job_paths(config)
-    spec = get_spec(config.dataset)
+    model_class, task, unit = MODELS[settings.model]
+    check_job_paths(settings)
+    spec = get_spec(settings.dataset)
     if spec.task != task:
-        raise ValueError(f"zoo train {config.model} needs {task} data; {config.dataset!r} is {spec.task}")
-    distribution = job_distribution(model_class, config)
+        raise ValueError(f"zoo train {settings.model} needs {task} data; {settings.dataset!r} is {spec.task}")
+    distribution = job_distribution(model_class, settings)
     report_setup(distribution, report)
     replicas = zd.data_parallel_size(distribution)
-    (x, y), (xv, yv), (xt, yt) = (_load(config, split) for split in train_validation_test_splits(spec))
+    (x, y), (xv, yv), (xt, yt) = (_load(settings, split) for split in train_validation_test_splits(spec))
     report(f"dataset: {spec.name}: {len(x)} training examples of shape {x.shape[1:]}, {len(spec.classes)} classes")
-    keras.utils.set_random_seed(config.seed)
-    model = zd.build_distributed(lambda: _build(config, model_class, spec, x.shape[1:], distribution), distribution)
+    keras.utils.set_random_seed(settings.seed)
+    model = zd.build_distributed(lambda: _build(settings, model_class, spec, x.shape[1:], distribution), distribution)
     model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate=config.learning_rate),
+        optimizer=keras.optimizers.AdamW(learning_rate=settings.learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"],
     )
-    report(f"model: {config.config_name}, {model.count_params():,} parameters")
+    report(f"model: {settings.config_name}, {model.count_params():,} parameters")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
     per_example = x.shape[1] if unit == "tokens" else 1
     throughput = Throughput(
-        config.batch_size * per_example, report, unit=unit, log_steps=True
+        settings.batch_size * per_example, report, unit=unit, log_steps=True
     )  # steps.csv: one row per step
     with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: stop at a step boundary (no checkpoints here)
         history = model.fit(
             DivisibleBatches(
                 x,
                 y,
-                batch_size=config.batch_size,
+                batch_size=settings.batch_size,
                 multiple_of=replicas,
                 remainder="drop",
                 shuffle=True,
-                seed=config.seed,
+                seed=settings.seed,
             ),
             validation_data=DivisibleBatches(
-                xv, yv, batch_size=config.batch_size, multiple_of=replicas, remainder="pad"
+                xv, yv, batch_size=settings.batch_size, multiple_of=replicas, remainder="pad"
             ),
-            epochs=config.epochs,
+            epochs=settings.epochs,
             shuffle=False,
-            callbacks=[throughput, *run_log_callbacks(run_dir_of(config.output)), StopAtSignal(signals)],
+            callbacks=[throughput, *run_log_callbacks(run_dir_of(settings.output)), StopAtSignal(signals)],
             verbose=2,
         )
-    accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
+    accuracy = evaluate_accuracy(model, xt, yt, batch_size=settings.batch_size, replicas=replicas)
     report(f"held-out test accuracy: {accuracy:.4f} ({len(yt)} examples, chance {1 / len(spec.classes):.4f})")
-    save_model_atomically(model, config.output)
-    report(f"saved model to {config.output}")
+    save_model_atomically(model, settings.output)
+    report(f"saved model to {settings.output}")
     return {"history": history.history, "test_accuracy": accuracy, "model": model}
 
 
-def _load(config, split):
-    if config.model == "encoder":
-        return load(config.dataset, split, data_dir=config.data_dir, sequence_length=config.sequence_length)
-    return load(config.dataset, split, data_dir=config.data_dir, image_size=config.image_size)
+def _load(settings, split):
+    if settings.model == "encoder":
+        return load(settings.dataset, split, data_dir=settings.data_dir, sequence_length=settings.sequence_length)
+    return load(settings.dataset, split, data_dir=settings.data_dir, image_size=settings.image_size)
 
 
-def _build(config, model_class, spec, example_shape, distribution):
-    overrides = dict(num_classes=len(spec.classes), dropout=config.dropout, seed=config.seed)
-    if config.model == "encoder":
+def _build(settings, model_class, spec, example_shape, distribution):
+    overrides = dict(num_classes=len(spec.classes), dropout=settings.dropout, seed=settings.seed)
+    if settings.model == "encoder":
         overrides["max_sequence_length"] = example_shape[0]
     else:
         overrides["image_size"] = example_shape[0]
         overrides["channels"] = example_shape[2]
-    return model_class.from_config_name(config.config_name, config.layout, **overrides)
+    return model_class.from_config_name(settings.config_name, settings.layout, **overrides)

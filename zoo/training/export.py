@@ -20,21 +20,21 @@ from zoo.training.saving import load_causal_lm
 from zoo.units import MIB
 
 
-def export(config, report=print):
-    """Write ``config.model`` (with ``config.lora`` merged) to ``config.output``; returns the folder."""
-    model = load_causal_lm(config.model)
-    if config.lora and is_peft_adapter(config.lora):
-        modules = load_peft_adapter(model, config.lora)
-        report(f"PEFT adapter {config.lora}: {len(modules)} modules, merged on export")
-    elif config.lora:
-        adapted = load_lora(model, config.lora)
-        report(f"LoRA adapter {config.lora}: {len(adapted)} layers, merged on export")
-    _attach_tokenizer(model, config.model, report)
-    max_file_bytes = None if config.max_file_size_mb is None else int(config.max_file_size_mb * MIB)
-    directory = model.save_to_hf(config.output, max_file_bytes=max_file_bytes, dtype=config.dtype, report=report)
+def export(settings, report=print):
+    """Write ``settings.model`` (with ``settings.lora`` merged) to ``settings.output``; returns the folder."""
+    model = load_causal_lm(settings.model)
+    if settings.lora and is_peft_adapter(settings.lora):
+        modules = load_peft_adapter(model, settings.lora)
+        report(f"PEFT adapter {settings.lora}: {len(modules)} modules, merged on export")
+    elif settings.lora:
+        adapted = load_lora(model, settings.lora)
+        report(f"LoRA adapter {settings.lora}: {len(adapted)} layers, merged on export")
+    _attach_tokenizer(model, settings.model, report)
+    max_file_bytes = None if settings.max_file_size_mb is None else int(settings.max_file_size_mb * MIB)
+    directory = model.save_to_hf(settings.output, max_file_bytes=max_file_bytes, dtype=settings.dtype, report=report)
     report(
-        f"wrote {config.output}: {type(model).__name__}, {exported_parameter_count(model):,} parameters"
-        + (f", {config.dtype}" if config.dtype else "")
+        f"wrote {settings.output}: {type(model).__name__}, {exported_parameter_count(model):,} parameters"
+        + (f", {settings.dtype}" if settings.dtype else "")
         + (f", {model.backbone.num_layers} pipelined blocks as layers" if model.backbone.schedule else "")
     )
     return directory

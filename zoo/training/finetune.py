@@ -133,69 +133,69 @@ def trainable_parameter_count(model):
     return int(sum(np.prod(v.shape) for v in model.trainable_weights))
 
 
-def finetune(config, report=print):
-    """Fine-tune ``config.preset``: a classifier on ``config.dataset``, or a causal LM on
-    ``config.data_file`` (``lm_finetune.finetune_lm``); returns a dict of results."""
-    if is_causal_lm(config.preset):
-        return finetune_lm(config, report)
-    _check_classifier_options(config)
-    check_job_paths(config, output_is_folder=True)
-    if config.output:
-        check_preset_destination(os.path.abspath(config.output))  # refused now, not after training
-    metadata, spec, head = _check_job(config)
-    distribution = resolve_distribution(metadata["class_name"], config)
+def finetune(settings, report=print):
+    """Fine-tune ``settings.preset``: a classifier on ``settings.dataset``, or a causal LM on
+    ``settings.data_file`` (``lm_finetune.finetune_lm``); returns a dict of results."""
+    if is_causal_lm(settings.preset):
+        return finetune_lm(settings, report)
+    _check_classifier_options(settings)
+    check_job_paths(settings, output_is_folder=True)
+    if settings.output:
+        check_preset_destination(os.path.abspath(settings.output))  # refused now, not after training
+    metadata, spec, head = _check_job(settings)
+    distribution = resolve_distribution(metadata["class_name"], settings)
     replicas = zd.data_parallel_size(distribution)
-    model = zd.build_distributed(lambda: load_for_finetuning(config.preset, len(spec.classes)), distribution)
-    new_head = needs_new_head(config.preset, len(spec.classes))
+    model = zd.build_distributed(lambda: load_for_finetuning(settings.preset, len(spec.classes)), distribution)
+    new_head = needs_new_head(settings.preset, len(spec.classes))
     report(
-        f"preset {config.preset!r}: {metadata['class_name']}, {model.count_params():,} parameters"
+        f"preset {settings.preset!r}: {metadata['class_name']}, {model.count_params():,} parameters"
         + (f"; new {len(spec.classes)}-class head {head!r}" if new_head else "")
     )
     input_shape = example_shape(model, metadata)
-    (x, y), (xt, yt) = (_load_adapted(config, spec, input_shape, split) for split in ("train", "test"))
-    keras.utils.set_random_seed(config.seed)
+    (x, y), (xt, yt) = (_load_adapted(settings, spec, input_shape, split) for split in ("train", "test"))
+    keras.utils.set_random_seed(settings.seed)
     adapted = prepare_finetuning(
-        model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha
+        model, settings.method, head=head, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha
     )
     trainable = trainable_parameter_count(model)
     report(
-        f"method {config.method}: {trainable:,} trainable parameters"
+        f"method {settings.method}: {trainable:,} trainable parameters"
         + (
             f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})"
             if adapted
             else ""
         )
     )
-    _compile(model, config)
+    _compile(model, settings)
     # Evaluated after compile() so one predict function serves both evaluations; LoRA's
     # b factors start at zero, so this is still the preset's (new head's) output.
-    zero_shot = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
+    zero_shot = evaluate_accuracy(model, xt, yt, batch_size=settings.batch_size, replicas=replicas)
     report(f"zero-shot test accuracy: {zero_shot:.4f} (chance {1 / len(spec.classes):.4f})")
     batches = DivisibleBatches(
-        x, y, batch_size=config.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=config.seed
+        x, y, batch_size=settings.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=settings.seed
     )
     data = {
-        "preset": config.preset,
-        "dataset": config.dataset,
+        "preset": settings.preset,
+        "dataset": settings.dataset,
         "examples": batches.num_examples,
-        "batch_size": config.batch_size,
-        "seed": config.seed,
+        "batch_size": settings.batch_size,
+        "seed": settings.seed,
         "steps_per_epoch": len(batches),
     }
-    progress = StepReport(config.batch_size, unit="examples", every=config.report_every, report=report)
+    progress = StepReport(settings.batch_size, unit="examples", every=settings.report_every, report=report)
     history = checkpointed_fit(
         model,
         batches,
-        config=config,
+        settings=settings,
         data=data,
-        epochs=config.epochs,
+        epochs=settings.epochs,
         validation_data=None,
         callbacks=[progress],
         report=report,
         verbose=0,
-        run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True),
+        run_dir=run_dir_of(settings.output, fallback=settings.checkpoint_dir or "runs/finetune", output_is_folder=True),
     )
-    accuracy = evaluate_accuracy(model, xt, yt, batch_size=config.batch_size, replicas=replicas)
+    accuracy = evaluate_accuracy(model, xt, yt, batch_size=settings.batch_size, replicas=replicas)
     report(f"fine-tuned test accuracy: {accuracy:.4f} ({len(yt)} examples; zero-shot {zero_shot:.4f})")
     result = {
         "zero_shot_accuracy": zero_shot,
@@ -205,48 +205,48 @@ def finetune(config, report=print):
         "model": model,
         "adapted_layers": adapted,
     }
-    if config.output:
-        _save(config, spec, model, input_shape, adapted, result, report)
+    if settings.output:
+        _save(settings, spec, model, input_shape, adapted, result, report)
     return result
 
 
-def _check_classifier_options(config):
+def _check_classifier_options(settings):
     """Settings only a causal LM takes, refused for a classifier rather than ignored."""
     given = [
         flag
         for flag, value in (
-            ("--data-file", config.data_file),
-            ("--validation-file", config.validation_file),
-            ("--sequence-length", config.sequence_length),
-            ("--chat-template", config.chat_template),
-            ("--loss-chunk-size", config.loss_chunk_size),
+            ("--data-file", settings.data_file),
+            ("--validation-file", settings.validation_file),
+            ("--sequence-length", settings.sequence_length),
+            ("--chat-template", settings.chat_template),
+            ("--loss-chunk-size", settings.loss_chunk_size),
         )
         if value is not None
     ]
-    if config.adapter_format != "zoo":
-        given.append(f"--adapter-format {config.adapter_format}")
-    if config.packing:
+    if settings.adapter_format != "zoo":
+        given.append(f"--adapter-format {settings.adapter_format}")
+    if settings.packing:
         given.append("--packing")
     if given:
         raise ValueError(
-            f"{', '.join(given)}: for causal LMs; preset {config.preset!r} is a classifier, fine-tuned on --dataset"
+            f"{', '.join(given)}: for causal LMs; preset {settings.preset!r} is a classifier, fine-tuned on --dataset"
         )
-    if config.layout not in CLASSIFIER_FINETUNE_LAYOUTS:
+    if settings.layout not in CLASSIFIER_FINETUNE_LAYOUTS:
         raise ValueError(
-            f"--layout {config.layout}: a classifier preset fine-tunes under {', '.join(CLASSIFIER_FINETUNE_LAYOUTS)}; "
-            f"{config.layout} is for causal LMs (zoo train encoder|vit trains a classifier under it)"
+            f"--layout {settings.layout}: a classifier preset fine-tunes under {', '.join(CLASSIFIER_FINETUNE_LAYOUTS)}; "
+            f"{settings.layout} is for causal LMs (zoo train encoder|vit trains a classifier under it)"
         )
-    if config.optimizer == "sgd" and config.learning_rate is None:
+    if settings.optimizer == "sgd" and settings.learning_rate is None:
         raise ValueError("--optimizer sgd has no default learning rate; give --learning-rate")
 
 
-def _check_job(config):
+def _check_job(settings):
     """``(preset metadata, dataset spec, head layer name)``, or a clear error."""
-    metadata = load_preset_metadata(config.preset)
+    metadata = load_preset_metadata(settings.preset)
     head, _ = head_of(metadata["class_name"])
-    spec = get_spec(config.dataset)
+    spec = get_spec(settings.dataset)
     if spec.task not in (IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION):
-        raise ValueError(f"fine-tuning needs a classification dataset; {config.dataset!r} is {spec.task}")
+        raise ValueError(f"fine-tuning needs a classification dataset; {settings.dataset!r} is {spec.task}")
     takes = metadata.get("task") or (
         TEXT_CLASSIFICATION if metadata["class_name"] == "TransformerEncoderClassifier" else IMAGE_CLASSIFICATION
     )
@@ -255,17 +255,17 @@ def _check_job(config):
 
         fitting = [name for name, other in DATASETS.items() if other.task == takes]
         raise ValueError(
-            f"preset {config.preset!r} ({metadata['class_name']}) takes {takes} input; --dataset {config.dataset!r} is "
+            f"preset {settings.preset!r} ({metadata['class_name']}) takes {takes} input; --dataset {settings.dataset!r} is "
             f"{spec.task} data; choose {' or '.join(fitting)}"
         )
     return metadata, spec, head
 
 
-def _compile(model, config):
-    if config.optimizer == "sgd":
-        optimizer = keras.optimizers.SGD(learning_rate=config.learning_rate)
+def _compile(model, settings):
+    if settings.optimizer == "sgd":
+        optimizer = keras.optimizers.SGD(learning_rate=settings.learning_rate)
     else:
-        optimizer = keras.optimizers.Adam(learning_rate=config.learning_rate or LEARNING_RATES[config.method])
+        optimizer = keras.optimizers.Adam(learning_rate=settings.learning_rate or LEARNING_RATES[settings.method])
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -273,10 +273,10 @@ def _compile(model, config):
     )
 
 
-def resolve_distribution(class_name, config, mesh=None):
-    """The distribution of ``config.layout`` with the preset class's layout map; ``mesh``
-    replaces ``config.mesh`` (an abstract mesh for a compile-only check)."""
-    return job_distribution(keras.saving.get_registered_object(f"zoo>{class_name}"), config, mesh)
+def resolve_distribution(class_name, settings, mesh=None):
+    """The distribution of ``settings.layout`` with the preset class's layout map; ``mesh``
+    replaces ``settings.mesh`` (an abstract mesh for a compile-only check)."""
+    return job_distribution(keras.saving.get_registered_object(f"zoo>{class_name}"), settings, mesh)
 
 
 def example_shape(model, metadata):
@@ -292,13 +292,13 @@ def example_shape(model, metadata):
     return tuple(shape)
 
 
-def _load_adapted(config, spec, input_shape, split):
+def _load_adapted(settings, spec, input_shape, split):
     """A split shaped for the model: images at its size and channel count, text at its
     sequence length."""
-    count = config.train_examples if split == "train" else config.test_examples
+    count = settings.train_examples if split == "train" else settings.test_examples
     if spec.task == TEXT_CLASSIFICATION:
-        return load(spec.name, split, data_dir=config.data_dir, sequence_length=input_shape[0], num_examples=count)
-    x, y = load(spec.name, split, data_dir=config.data_dir, image_size=input_shape[0], num_examples=count)
+        return load(spec.name, split, data_dir=settings.data_dir, sequence_length=input_shape[0], num_examples=count)
+    x, y = load(spec.name, split, data_dir=settings.data_dir, image_size=input_shape[0], num_examples=count)
     return _match_channels(x, input_shape[-1], spec.name), y
 
 
@@ -313,7 +313,7 @@ def _match_channels(images, channels, name):
     raise ValueError(f"{name} images have {images.shape[-1]} channels; the preset takes {channels}")
 
 
-def _save(config, spec, model, input_shape, adapted, result, report):
+def _save(settings, spec, model, input_shape, adapted, result, report):
     final = merge_lora(model) if adapted else model
     metadata = {
         "dataset": spec.name,
@@ -321,18 +321,18 @@ def _save(config, spec, model, input_shape, adapted, result, report):
         "class_names": list(spec.classes),
         "input_shape": list(input_shape),
         "test_accuracy": round(result["test_accuracy"], 4),
-        "finetuned_from": str(config.preset),
+        "finetuned_from": str(settings.preset),
         "training": {
-            "method": config.method,
-            "epochs": config.epochs,
-            "optimizer": config.optimizer,
-            "learning_rate": config.learning_rate or LEARNING_RATES[config.method],
-            "lora_rank": config.lora_rank if adapted else None,
-            "seed": config.seed,
+            "method": settings.method,
+            "epochs": settings.epochs,
+            "optimizer": settings.optimizer,
+            "learning_rate": settings.learning_rate or LEARNING_RATES[settings.method],
+            "lora_rank": settings.lora_rank if adapted else None,
+            "seed": settings.seed,
         },
     }
-    save = lambda target: save_to_preset(final, target, tokenizer=load_tokenizer(config.preset), metadata=metadata)
-    directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
+    save = lambda target: save_to_preset(final, target, tokenizer=load_tokenizer(settings.preset), metadata=metadata)
+    directory = write_or_rescue(save, settings.output, fallback_folders=[settings.checkpoint_dir])
     report(f"saved the fine-tuned preset to {directory}" + (" (LoRA merged)" if adapted else ""))
     if adapted:
         report(f"saved the LoRA adapter alone to {save_lora(model, os.path.join(directory, LORA_FILE))}")

@@ -31,44 +31,44 @@ from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.saving import check_prompt_fits, load_causal_lm
 
 
-def resolve_distribution(config, mesh=None):
-    """The job's distribution for ``config`` (on ``mesh``, default ``config.mesh``), its
+def resolve_distribution(settings, mesh=None):
+    """The job's distribution for ``settings`` (on ``mesh``, default ``settings.mesh``), its
     layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings).
     Layout ``pipeline``: the layers must split into stages x repeats groups, and the
     batch per data shard into the micro-batches (``ValueError`` naming the flags)."""
-    mesh = config.mesh if mesh is None else mesh
-    if config.layout == "pipeline":
-        _check_pipeline_depth(config, _stage_count(mesh))
-    model_config = GPTCausalLM.named_config(config.config_name, config.layout, **_model_overrides(config))
-    distribution = job_distribution(GPTCausalLM, config, mesh, model_config=model_config)
-    if config.layout == "pipeline":
-        check_pipeline_batch(config, distribution)
+    mesh = settings.mesh if mesh is None else mesh
+    if settings.layout == "pipeline":
+        _check_pipeline_depth(settings, _stage_count(mesh))
+    model_config = GPTCausalLM.named_config(settings.config_name, settings.layout, **_model_overrides(settings))
+    distribution = job_distribution(GPTCausalLM, settings, mesh, model_config=model_config)
+    if settings.layout == "pipeline":
+        check_pipeline_batch(settings, distribution)
     return distribution
 
 
-def _model_overrides(config, distribution=None):
+def _model_overrides(settings, distribution=None):
     """The named config's entries the job replaces: depth, and layout pipeline's schedule,
     repeats and (once the mesh is known) micro-batches."""
-    overrides = {} if config.num_layers is None else {"num_layers": config.num_layers}
-    overrides.update(moe_overrides(config))
-    if config.layout == "pipeline":
-        overrides.update(schedule=config.schedule, repeats=config.repeats)
+    overrides = {} if settings.num_layers is None else {"num_layers": settings.num_layers}
+    overrides.update(moe_overrides(settings))
+    if settings.layout == "pipeline":
+        overrides.update(schedule=settings.schedule, repeats=settings.repeats)
         if distribution is not None:
-            overrides["micro_batches"] = micro_batches_of(config, distribution)
+            overrides["micro_batches"] = micro_batches_of(settings, distribution)
     return overrides
 
 
 MOE_SETTINGS = ("capacity_factor", "expert_exchange", "router_aux_loss_coefficient", "router_z_loss_coefficient")
 
 
-def moe_overrides(config):
-    """The Mixture-of-Experts settings ``config`` gives (``MOE_SETTINGS`` not None), as
+def moe_overrides(settings):
+    """The Mixture-of-Experts fields ``settings`` gives (``MOE_SETTINGS`` not None), as
     model overrides; ``ValueError`` naming them when the named config has no experts."""
-    given = {key: getattr(config, key) for key in MOE_SETTINGS if getattr(config, key, None) is not None}
-    if given and not GPTCausalLM.named_config(config.config_name).get("num_experts"):
+    given = {key: getattr(settings, key) for key in MOE_SETTINGS if getattr(settings, key, None) is not None}
+    if given and not GPTCausalLM.named_config(settings.config_name).get("num_experts"):
         flags = ", ".join(f"--{key.replace('_', '-')} {value}" for key, value in given.items())
         raise ValueError(
-            f"{flags}: settings of a Mixture-of-Experts model, but --config-name {config.config_name} has no experts; "
+            f"{flags}: settings of a Mixture-of-Experts model, but --config-name {settings.config_name} has no experts; "
             f"leave them out or use an MoE config (e.g. gpt_tiny_moe)"
         )
     return given
@@ -84,37 +84,37 @@ def _stage_count(mesh):
     return zd.mesh_axis_size(mesh, STAGE) if STAGE in mesh.axis_names else 1
 
 
-def micro_batches_of(config, distribution):
-    """M: ``config.micro_batches``, or as many as the distribution's mesh has stages."""
-    if config.micro_batches is not None:
-        return config.micro_batches
+def micro_batches_of(settings, distribution):
+    """M: ``settings.micro_batches``, or as many as the distribution's mesh has stages."""
+    if settings.micro_batches is not None:
+        return settings.micro_batches
     mesh = getattr(distribution, "device_mesh", None)
     return _stage_count(mesh) if mesh is not None else 1
 
 
-def _check_pipeline_depth(config, stages):
-    layers = config.num_layers or GPTCausalLM.named_config(config.config_name)["num_layers"]
-    groups = stages * config.repeats
+def _check_pipeline_depth(settings, stages):
+    layers = settings.num_layers or GPTCausalLM.named_config(settings.config_name)["num_layers"]
+    groups = stages * settings.repeats
     if layers % groups:
         given = (
             f"--num-layers {layers}"
-            if config.num_layers
-            else f"--config-name {config.config_name} has {layers} layers, which"
+            if settings.num_layers
+            else f"--config-name {settings.config_name} has {layers} layers, which"
         )
         raise ValueError(
-            f"layout pipeline: {given} do not split into --repeats {config.repeats} x {stages} stages = {groups} equal groups of blocks; "
+            f"layout pipeline: {given} do not split into --repeats {settings.repeats} x {stages} stages = {groups} equal groups of blocks; "
             f"give --num-layers a multiple of {groups}, or fewer stages (--mesh) or repeats"
         )
 
 
-def check_pipeline_batch(config, distribution, batch_size=None):
+def check_pipeline_batch(settings, distribution, batch_size=None):
     """Raise ``ValueError`` naming the numbers unless the batch per data shard
-    (``batch_size``, default ``config.batch_size``, over the data axis) divides into the
+    (``batch_size``, default ``settings.batch_size``, over the data axis) divides into the
     micro-batches, and the schedule can run (``zoo.kernels.pipeline.check_schedule``)."""
-    batch_size = config.batch_size if batch_size is None else batch_size
-    data, micro = zd.data_parallel_size(distribution), micro_batches_of(config, distribution)
+    batch_size = settings.batch_size if batch_size is None else batch_size
+    data, micro = zd.data_parallel_size(distribution), micro_batches_of(settings, distribution)
     stages = _stage_count(distribution.device_mesh)
-    check_schedule(num_stages=stages, micro_batches=micro, repeats=config.repeats)
+    check_schedule(num_stages=stages, micro_batches=micro, repeats=settings.repeats)
     per_shard = batch_size // data
     if batch_size % data or per_shard % micro:
         raise ValueError(
@@ -123,29 +123,29 @@ def check_pipeline_batch(config, distribution, batch_size=None):
         )
 
 
-def build_gpt(config, overrides=None):
+def build_gpt(settings, overrides=None):
     """``GPTCausalLM`` from a named config with the job's overrides (depth, dropout, seed,
     remat) and what its layout needs (``tp+sp``: ``megatron_sp=True``; ``pipeline``: the
     schedule, repeats and micro-batches, M defaulting to the current distribution's stages)."""
-    pipeline = _model_overrides(config, keras.distribution.distribution())
+    pipeline = _model_overrides(settings, keras.distribution.distribution())
     return GPTCausalLM.from_config_name(
-        config.config_name,
-        config.layout,
-        dropout=config.dropout,
-        seed=config.seed,
-        remat=config.remat,
+        settings.config_name,
+        settings.layout,
+        dropout=settings.dropout,
+        seed=settings.seed,
+        remat=settings.remat,
         **{**pipeline, **(overrides or {})},
     )
 
 
-def build_for_training(config, **model_overrides):
+def build_for_training(settings, **model_overrides):
     """The GPT under the job's precision policy, with its blocks rematerialised as
-    ``config.remat`` says (``TransformerBlock``'s ``remat``). ``model_overrides``
+    ``settings.remat`` says (``TransformerBlock``'s ``remat``). ``model_overrides``
     replace config entries (e.g. ``num_layers=2`` for a compile-only memory check)."""
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(config.precision)
+    keras.config.set_dtype_policy(settings.precision)
     try:
-        return build_gpt(config, model_overrides)
+        return build_gpt(settings, model_overrides)
     finally:
         keras.config.set_dtype_policy(previous)
 
@@ -171,7 +171,7 @@ def compile_gpt(
     )
 
 
-def train(config, report=print):
+def train(settings, report=print):
     """Train a GPT on a byte-level corpus; returns a dict of results.
 
     Reports the validation loss (nats per byte) after each epoch next to the corpus'
@@ -179,69 +179,69 @@ def train(config, report=print):
     training (``zoo.distribution.multihost.initialize`` first) each process reads and
     feeds only its own rows; only process 0 prints and saves.
     """
-    _check_dataset(config.dataset)
-    check_checkpoint_options(config)
-    check_job_paths(config)
+    _check_dataset(settings.dataset)
+    check_checkpoint_options(settings)
+    check_job_paths(settings)
     report = report if multihost.is_primary() else (lambda *_: None)
-    distribution = multihost.feed_process_local_data(resolve_distribution(config))
+    distribution = multihost.feed_process_local_data(resolve_distribution(settings))
     report_setup(distribution, report)
-    x, y, xv, yv, entropy = _load_corpus(config)
+    x, y, xv, yv, entropy = _load_corpus(settings)
     report(
-        f"dataset: {config.dataset}: {x.shape[0]} training windows of {config.sequence_length} bytes per process; unigram entropy {entropy:.3f} nats/byte"
+        f"dataset: {settings.dataset}: {x.shape[0]} training windows of {settings.sequence_length} bytes per process; unigram entropy {entropy:.3f} nats/byte"
     )
-    train_data, validation_data = _batches(config, distribution, x, y, xv, yv)
+    train_data, validation_data = _batches(settings, distribution, x, y, xv, yv)
     steps = len(train_data)
-    keras.utils.set_random_seed(config.seed)
-    model = zd.build_distributed(lambda: build_for_training(config), distribution)
+    keras.utils.set_random_seed(settings.seed)
+    model = zd.build_distributed(lambda: build_for_training(settings), distribution)
     compile_gpt(
         model,
-        config.learning_rate,
-        steps * config.epochs // config.gradient_accumulation_steps,
-        config.weight_decay,
-        config.gradient_accumulation_steps,
-        config.loss_chunk_size,
+        settings.learning_rate,
+        steps * settings.epochs // settings.gradient_accumulation_steps,
+        settings.weight_decay,
+        settings.gradient_accumulation_steps,
+        settings.loss_chunk_size,
     )
-    report(f"model: {config.config_name}, {model.count_params():,} parameters, remat {config.remat}")
+    report(f"model: {settings.config_name}, {model.count_params():,} parameters, remat {settings.remat}")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
-    report(_blocks_line(config, model, distribution))
-    callbacks = _callbacks(config, model, entropy, report)
+    report(_blocks_line(settings, model, distribution))
+    callbacks = _callbacks(settings, model, entropy, report)
     verbose = 2 if multihost.is_primary() else 0
     data = {
-        "dataset": config.dataset,
-        "sequence_length": config.sequence_length,
+        "dataset": settings.dataset,
+        "sequence_length": settings.sequence_length,
         "windows": len(x),
-        "batch_size": config.batch_size,
-        "seed": config.seed,
+        "batch_size": settings.batch_size,
+        "seed": settings.seed,
         "steps_per_epoch": len(train_data),
     }
     history = checkpointed_fit(
         model,
         train_data,
-        config=config,
+        settings=settings,
         data=data,
-        epochs=config.epochs,
+        epochs=settings.epochs,
         validation_data=validation_data,
         callbacks=callbacks,
         report=report,
         verbose=verbose,
-        run_dir=run_dir_of(config.output),
+        run_dir=run_dir_of(settings.output),
     )
     if multihost.is_primary():
-        save_model_atomically(model, config.output, fallback_folders=[config.checkpoint_dir])
-        report(f"saved model to {config.output}")
+        save_model_atomically(model, settings.output, fallback_folders=[settings.checkpoint_dir])
+        report(f"saved model to {settings.output}")
     return {"history": history, "unigram_entropy": entropy, "model": model}
 
 
-def _blocks_line(config, model, distribution):
+def _blocks_line(settings, model, distribution):
     """How the blocks run: the attention kernel, or under layout pipeline the schedule,
     its micro-batches and the share of stage-ticks that do work, R*M / (R*M + S - 1)."""
     backbone = model.backbone
     if backbone.schedule is None:
-        return f"attention: {backbone.blocks[0].attention.describe_implementation(config.sequence_length)}"
+        return f"attention: {backbone.blocks[0].attention.describe_implementation(settings.sequence_length)}"
     stages, micro, repeats = _stage_count(distribution.device_mesh), backbone.micro_batches, backbone.repeats
     ticks = num_ticks(num_stages=stages, micro_batches=micro, repeats=repeats)
-    rows = config.batch_size // zd.data_parallel_size(distribution) // micro
+    rows = settings.batch_size // zd.data_parallel_size(distribution) // micro
     return (
         f"pipeline: schedule {backbone.schedule}, {stages} stages x {repeats} repeat(s) of {backbone.num_layers // (stages * repeats)} "
         f"block(s), {micro} micro-batches of {rows} row(s) per data shard; {ticks} ticks, useful {repeats * micro}/{ticks} "
@@ -261,50 +261,50 @@ def _check_dataset(name):
         )
 
 
-def _load_corpus(config):
+def _load_corpus(settings):
     """This process's training rows and the validation rows: int32 (N, T) windows and
     their next-byte labels, plus the unigram entropy of the training bytes."""
-    x, y = load(config.dataset, "train", data_dir=config.data_dir, sequence_length=config.sequence_length)
-    xv, yv = load(config.dataset, "validation", data_dir=config.data_dir, sequence_length=config.sequence_length)
+    x, y = load(settings.dataset, "train", data_dir=settings.data_dir, sequence_length=settings.sequence_length)
+    xv, yv = load(settings.dataset, "validation", data_dir=settings.data_dir, sequence_length=settings.sequence_length)
     entropy = unigram_entropy(x)
     rows = process_rows(len(x))
     return x[rows.start : rows.stop], y[rows.start : rows.stop], xv, yv, entropy
 
 
-def _batches(config, distribution, x, y, xv, yv):
+def _batches(settings, distribution, x, y, xv, yv):
     """Training (shuffled, last partial batch dropped) and validation (padded) batches of
     this process's share of the global batch, in the distribution's sequence order."""
     multiple = zd.data_parallel_size(distribution)
-    if config.layout == "pipeline":  # a padded last batch still divides into the micro-batches on every data shard
-        multiple *= micro_batches_of(config, distribution)
-    batch_size, multiple_of = local_batching(config.batch_size, multiple)
-    if config.steps_per_epoch is not None:  # a fixed subset, so an epoch (and a resumable data position) is N steps
-        x, y = x[: config.steps_per_epoch * batch_size], y[: config.steps_per_epoch * batch_size]
+    if settings.layout == "pipeline":  # a padded last batch still divides into the micro-batches on every data shard
+        multiple *= micro_batches_of(settings, distribution)
+    batch_size, multiple_of = local_batching(settings.batch_size, multiple)
+    if settings.steps_per_epoch is not None:  # a fixed subset, so an epoch (and a resumable data position) is N steps
+        x, y = x[: settings.steps_per_epoch * batch_size], y[: settings.steps_per_epoch * batch_size]
     x, y, xv, yv = _prepare_for(distribution, x, y, xv, yv)
     train_data = DivisibleBatches(
-        x, y, batch_size=batch_size, multiple_of=multiple_of, remainder="drop", shuffle=True, seed=config.seed
+        x, y, batch_size=batch_size, multiple_of=multiple_of, remainder="drop", shuffle=True, seed=settings.seed
     )
     validation_data = DivisibleBatches(xv, yv, batch_size=batch_size, multiple_of=multiple_of, remainder="pad")
     return train_data, validation_data
 
 
-def _callbacks(config, model, entropy, report):
-    tokens_per_step = config.batch_size * config.sequence_length
-    flops_per_step = mfu.gpt_flops_per_token(model.get_config(), config.sequence_length) * tokens_per_step
-    peak = _peak_flops(config.peak_tflops)
+def _callbacks(settings, model, entropy, report):
+    tokens_per_step = settings.batch_size * settings.sequence_length
+    flops_per_step = mfu.gpt_flops_per_token(model.get_config(), settings.sequence_length) * tokens_per_step
+    peak = _peak_flops(settings.peak_tflops)
     callbacks = [
         StepReport(
             tokens_per_step,
             unit="tokens",
             flops_per_step=flops_per_step,
             peak_flops_per_device=peak,
-            every=config.report_every,
+            every=settings.report_every,
             report=report,
         ),
         _ValidationVsEntropy(entropy, report),
     ]
-    if config.profile_dir:
-        callbacks.append(ProfileSteps(config.profile_dir, num_steps=config.profile_steps))
+    if settings.profile_dir:
+        callbacks.append(ProfileSteps(settings.profile_dir, num_steps=settings.profile_steps))
     return callbacks
 
 
@@ -338,40 +338,44 @@ class _ValidationVsEntropy(keras.callbacks.Callback):
             )
 
 
-def generate(config, report=print):
-    """Continue ``config.prompt`` with a saved GPT, printing the text as it is generated;
-    returns it (prompt + continuation). With ``config.chat`` the prompt is a user's message
+def generate(settings, report=print):
+    """Continue ``settings.prompt`` with a saved GPT, printing the text as it is generated;
+    returns it (prompt + continuation). With ``settings.chat`` the prompt is a user's message
     through the model's chat template, and the reply alone is printed and returned.
 
-    ``config.model``: a ``.keras`` file, a shipped preset's name, a preset folder, or a
+    ``settings.model``: a ``.keras`` file, a shipped preset's name, a preset folder, or a
     Hugging Face folder / ``hf://org/name`` (``GPTCausalLM.from_preset``). The text goes
     through the model's preprocessor; a model without one gets a ``GPTCausalLMPreprocessor``
     on the preset's tokenizer, else on bytes (``ByteTokenizer``, what ``zoo train gpt``
     trains on). ``report`` is print-like: it takes ``end=`` and ``flush=``.
     """
-    if not config.chat:  # a chat prompt's length depends on the template: checked once the model is loaded
-        check_prompt_fits(config.model, config.prompt, config.max_new_tokens)  # from the config: before a slow load
-    model = load_causal_lm(config.model)  # with its preset's tokenizer when it has one
+    if not settings.chat:  # a chat prompt's length depends on the template: checked once the model is loaded
+        check_prompt_fits(
+            settings.model, settings.prompt, settings.max_new_tokens
+        )  # from the config: before a slow load
+    model = load_causal_lm(settings.model)  # with its preset's tokenizer when it has one
     if model.preprocessor is None:
         tokenizer = ByteTokenizer()
         if tokenizer.vocabulary_size != model.backbone.vocabulary_size:
             raise ValueError(
-                f"{config.model} has no tokenizer for its vocabulary of {model.backbone.vocabulary_size} "
+                f"{settings.model} has no tokenizer for its vocabulary of {model.backbone.vocabulary_size} "
                 f"(bytes are {tokenizer.vocabulary_size}): give a folder with its tokenizer"
             )
         model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=model.backbone.max_sequence_length)
-    prompt = {"messages": [{"role": "user", "content": config.prompt}]} if config.chat else {"prompts": config.prompt}
-    model.check_prompt_length(max_new_tokens=config.max_new_tokens, **prompt)  # before the prompt is printed
-    if not config.chat:  # the text goes on from the prompt; a chat reply stands alone
-        report(config.prompt, end="", flush=True)
+    prompt = (
+        {"messages": [{"role": "user", "content": settings.prompt}]} if settings.chat else {"prompts": settings.prompt}
+    )
+    model.check_prompt_length(max_new_tokens=settings.max_new_tokens, **prompt)  # before the prompt is printed
+    if not settings.chat:  # the text goes on from the prompt; a chat reply stands alone
+        report(settings.prompt, end="", flush=True)
     text = model.generate(
-        max_new_tokens=config.max_new_tokens,
-        sampler=config.sampler,
-        temperature=config.temperature,
-        top_k=config.top_k,
-        top_p=config.top_p,
-        seed=config.seed,
-        stop_token_ids=config.stop_ids(),
+        max_new_tokens=settings.max_new_tokens,
+        sampler=settings.sampler,
+        temperature=settings.temperature,
+        top_k=settings.top_k,
+        top_p=settings.top_p,
+        seed=settings.seed,
+        stop_token_ids=settings.stop_ids(),
         stream=lambda pieces: report(pieces[0], end="", flush=True),
         **prompt,
     )

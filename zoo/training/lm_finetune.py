@@ -327,67 +327,67 @@ def finetune_causal_lm(
 # --- the zoo finetune job ------------------------------------------------------------------
 
 
-def finetune_lm(config, report=print):
-    """``zoo finetune`` for a causal LM (``config``: ``FinetuneSettings``); returns
+def finetune_lm(settings, report=print):
+    """``zoo finetune`` for a causal LM (``settings``: ``FinetuneSettings``); returns
     ``finetune_causal_lm``'s dict, plus ``"output"`` (where the model went, or None)."""
-    _check_options(config)
-    check_job_paths(config, output_is_folder=True)
-    preset = local_preset(config.preset)
+    _check_options(settings)
+    check_job_paths(settings, output_is_folder=True)
+    preset = local_preset(settings.preset)
     hf = is_hf_folder(preset)
-    _check_output(config.output, hf)
-    distribution = job_distribution(GPTCausalLM, config, model_config=causal_lm_config(preset, config.layout))
+    _check_output(settings.output, hf)
+    distribution = job_distribution(GPTCausalLM, settings, model_config=causal_lm_config(preset, settings.layout))
     report_setup(distribution, report)
-    model = zd.build_distributed(lambda: load_causal_lm(preset, config.layout), distribution)
-    preprocessor = lm_preprocessor(model, config.sequence_length)
-    if config.chat_template:
-        use_chat_template(preprocessor.tokenizer, config.chat_template)
+    model = zd.build_distributed(lambda: load_causal_lm(preset, settings.layout), distribution)
+    preprocessor = lm_preprocessor(model, settings.sequence_length)
+    if settings.chat_template:
+        use_chat_template(preprocessor.tokenizer, settings.chat_template)
     report(
-        f"model {config.preset!r}: {model.count_params():,} parameters; sequence length {preprocessor.sequence_length}"
+        f"model {settings.preset!r}: {model.count_params():,} parameters; sequence length {preprocessor.sequence_length}"
     )
-    train, held_out = lm_data(config, preprocessor, report)
-    steps = len(train) // config.batch_size
+    train, held_out = lm_data(settings, preprocessor, report)
+    steps = len(train) // settings.batch_size
     data = {
-        "preset": str(config.preset),
-        "data": _data_source(config),
+        "preset": str(settings.preset),
+        "data": _data_source(settings),
         "examples": len(train),
-        "batch_size": config.batch_size,
+        "batch_size": settings.batch_size,
         "sequence_length": preprocessor.sequence_length,
-        "seed": config.seed,
+        "seed": settings.seed,
         "steps_per_epoch": steps,
     }
-    fit = functools.partial(_checkpointed, config=config, data=data, report=report)
+    fit = functools.partial(_checkpointed, settings=settings, data=data, report=report)
     progress = StepReport(
-        config.batch_size * preprocessor.sequence_length, unit="tokens", every=config.report_every, report=report
+        settings.batch_size * preprocessor.sequence_length, unit="tokens", every=settings.report_every, report=report
     )
     result = finetune_causal_lm(
         model,
         train,
         held_out,
-        method=config.method,
-        lora_rank=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        optimizer=make_optimizer(config.optimizer, config.learning_rate, config.method),
-        loss_chunk_size=config.loss_chunk_size,
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        seed=config.seed,
+        method=settings.method,
+        lora_rank=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        optimizer=make_optimizer(settings.optimizer, settings.learning_rate, settings.method),
+        loss_chunk_size=settings.loss_chunk_size,
+        epochs=settings.epochs,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
         callbacks=[progress],
         report=report,
         fit=fit,
     )
-    result["output"] = _save(config, result, hf, preprocessor, report) if config.output else None
+    result["output"] = _save(settings, result, hf, preprocessor, report) if settings.output else None
     return result
 
 
-def _check_options(config):
-    if config.method == "frozen":
+def _check_options(settings):
+    if settings.method == "frozen":
         raise ValueError(FROZEN_REFUSED)
-    if config.optimizer == "sgd" and config.learning_rate is None:
+    if settings.optimizer == "sgd" and settings.learning_rate is None:
         raise ValueError("--optimizer sgd has no default learning rate; give --learning-rate")
-    if config.validation_file and not config.data_file:
+    if settings.validation_file and not settings.data_file:
         raise ValueError("--validation-file holds the held-out part of --data-file; give --data-file too")
-    if not config.data_file:
-        spec = get_spec(config.dataset)
+    if not settings.data_file:
+        spec = get_spec(settings.dataset)
         if spec.task != LANGUAGE_MODELING:
             raise ValueError(
                 f"a causal LM fine-tunes on --data-file FILE (JSONL or text) or a {LANGUAGE_MODELING} --dataset; "
@@ -419,47 +419,47 @@ def _check_output(output, hf):
         )
 
 
-def _checkpointed(model, batches, *, epochs, callbacks, config, data, report):
+def _checkpointed(model, batches, *, epochs, callbacks, settings, data, report):
     return checkpointed_fit(
         model,
         batches,
-        config=config,
+        settings=settings,
         data=data,
         epochs=epochs,
         validation_data=None,
         callbacks=callbacks,
         report=report,
         verbose=0,
-        run_dir=run_dir_of(config.output, fallback=config.checkpoint_dir or "runs/finetune", output_is_folder=True),
+        run_dir=run_dir_of(settings.output, fallback=settings.checkpoint_dir or "runs/finetune", output_is_folder=True),
     )
 
 
-def lm_data(config, preprocessor, report=print):
-    """``(train, held_out)`` ``LMExamples`` from ``config.data_file`` (and
+def lm_data(settings, preprocessor, report=print):
+    """``(train, held_out)`` ``LMExamples`` from ``settings.data_file`` (and
     ``validation_file``, else its last ``validation_fraction``) or from the
-    language-modelling ``config.dataset`` (its validation split); ``train_examples`` /
+    language-modelling ``settings.dataset`` (its validation split); ``train_examples`` /
     ``test_examples`` keep the first N of each."""
-    if config.data_file:
-        examples = load_lm_file(config.data_file, preprocessor, packing=config.packing)
-        if config.validation_file:
-            train, held_out = examples, load_lm_file(config.validation_file, preprocessor, packing=config.packing)
+    if settings.data_file:
+        examples = load_lm_file(settings.data_file, preprocessor, packing=settings.packing)
+        if settings.validation_file:
+            train, held_out = examples, load_lm_file(settings.validation_file, preprocessor, packing=settings.packing)
         else:
-            train, held_out = split_held_out(examples, config.validation_fraction)
+            train, held_out = split_held_out(examples, settings.validation_fraction)
     else:
-        text = dataset_text(config.dataset, "train", data_dir=config.data_dir)  # refuses a classification dataset
-        train = pack_texts([text], preprocessor, segments=config.packing)
+        text = dataset_text(settings.dataset, "train", data_dir=settings.data_dir)  # refuses a classification dataset
+        train = pack_texts([text], preprocessor, segments=settings.packing)
         held_out = pack_texts(
-            [dataset_text(config.dataset, "validation", data_dir=config.data_dir)],
+            [dataset_text(settings.dataset, "validation", data_dir=settings.data_dir)],
             preprocessor,
-            segments=config.packing,
+            segments=settings.packing,
         )
-    train, held_out = train[: config.train_examples], held_out[: config.test_examples]
-    if config.packing:
+    train, held_out = train[: settings.train_examples], held_out[: settings.test_examples]
+    if settings.packing:
         train, held_out = (
             packed(examples, name, report) for examples, name in ((train, "training"), (held_out, "held-out"))
         )
     report(
-        f"data {_data_source(config)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
+        f"data {_data_source(settings)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
         f"{len(held_out)} held out ({held_out.loss_tokens:,})"
     )
     return train, (held_out if len(held_out) else None)
@@ -492,46 +492,46 @@ def load_lm_file(path, preprocessor, *, packing=False):
     return load_text_file(path, preprocessor, segments=packing)
 
 
-def _data_source(config):
-    return config.data_file or config.dataset
+def _data_source(settings):
+    return settings.data_file or settings.dataset
 
 
-def _save(config, result, hf, preprocessor, report):
+def _save(settings, result, hf, preprocessor, report):
     """The model with LoRA merged (a Hugging Face folder when the base was one, else a zoo
-    preset) at ``config.output``, and the LoRA adapter alone in it (``lora.weights.h5``, or
-    ``adapter/`` in the PEFT format: ``config.adapter_format``). A Hugging Face folder is
+    preset) at ``settings.output``, and the LoRA adapter alone in it (``lora.weights.h5``, or
+    ``adapter/`` in the PEFT format: ``settings.adapter_format``). A Hugging Face folder is
     written whole, adapter included, or not at all (``save_to_hf``)."""
     model, adapted = result["model"], result["adapted_layers"]
-    adapter_path = lambda folder: os.path.join(folder, PEFT_FOLDER if config.adapter_format == "peft" else LORA_FILE)
-    if config.adapter_format == "peft":
+    adapter_path = lambda folder: os.path.join(folder, PEFT_FOLDER if settings.adapter_format == "peft" else LORA_FILE)
+    if settings.adapter_format == "peft":
         adapter = lambda folder: save_peft_adapter(
-            model, adapter_path(folder), base_model_name_or_path=str(config.preset)
+            model, adapter_path(folder), base_model_name_or_path=str(settings.preset)
         )
     else:
         adapter = lambda folder: save_lora(model, adapter_path(folder))
     adapter = adapter if adapted else None
     if hf:  # save_to_hf merges the LoRA factors into the kernels it writes
         save = lambda target: model.save_to_hf(target, extra_files=adapter, report=report)
-        directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
+        directory = write_or_rescue(save, settings.output, fallback_folders=[settings.checkpoint_dir])
     else:
         final = merge_lora(model) if adapted else model
         metadata = {
-            "dataset": _data_source(config),
+            "dataset": _data_source(settings),
             "task": LANGUAGE_MODELING,
             "input_shape": [preprocessor.sequence_length],
-            "finetuned_from": str(config.preset),
+            "finetuned_from": str(settings.preset),
             "heldout_loss": result["heldout_loss"],
             "training": {
-                "method": config.method,
-                "epochs": config.epochs,
-                "optimizer": config.optimizer,
-                "learning_rate": config.learning_rate or LM_LEARNING_RATES[config.method],
-                "lora_rank": config.lora_rank if adapted else None,
-                "seed": config.seed,
+                "method": settings.method,
+                "epochs": settings.epochs,
+                "optimizer": settings.optimizer,
+                "learning_rate": settings.learning_rate or LM_LEARNING_RATES[settings.method],
+                "lora_rank": settings.lora_rank if adapted else None,
+                "seed": settings.seed,
             },
         }
         save = lambda target: save_to_preset(final, target, tokenizer=preprocessor.tokenizer, metadata=metadata)
-        directory = write_or_rescue(save, config.output, fallback_folders=[config.checkpoint_dir])
+        directory = write_or_rescue(save, settings.output, fallback_folders=[settings.checkpoint_dir])
     report(f"saved the fine-tuned model to {directory}" + (" (LoRA merged)" if adapted else ""))
     if adapted and not hf:  # beside the preset's files, once they are in place
         adapter(directory)

@@ -40,15 +40,15 @@ class ModelSaveError(OSError):
         self.rescued = rescued
 
 
-def check_job_paths(config, output_is_folder=False):
+def check_job_paths(settings, output_is_folder=False):
     """Check the ``output`` (a ``.keras`` file, or a folder), ``checkpoint_dir`` and
-    ``data_dir`` of a job config (those it has), before any work."""
-    if getattr(config, "output", None) is not None:
-        (check_writable_folder if output_is_folder else check_output_file)(config.output, "--output")
-    if getattr(config, "checkpoint_dir", None):
-        check_writable_folder(config.checkpoint_dir, "--checkpoint-dir")
-    if hasattr(config, "data_dir"):
-        check_data_dir(config.data_dir)
+    ``data_dir`` of a job's settings (those it has), before any work."""
+    if getattr(settings, "output", None) is not None:
+        (check_writable_folder if output_is_folder else check_output_file)(settings.output, "--output")
+    if getattr(settings, "checkpoint_dir", None):
+        check_writable_folder(settings.checkpoint_dir, "--checkpoint-dir")
+    if hasattr(settings, "data_dir"):
+        check_data_dir(settings.data_dir)
 
 
 def check_model_path(path, flag="--output"):

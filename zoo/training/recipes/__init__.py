@@ -5,7 +5,7 @@ dataclass per section, is in ``zoo/training/recipes/_schema.py`` and described k
 key in ``docs/recipes.md``); ``check_recipe(recipe)`` works out its plan without the
 target's devices (mesh, layouts, parameter count, memory per device, tokens per step;
 see ``_budget.py``); ``run_recipe(recipe)`` joins the processes of a multi-host job
-and calls the job function with the job's own config dataclass
+and calls the job function with the job's own settings dataclass
 (``recipe.job_config()``). ``compile_recipe_step`` / ``compile_job_step`` compile (never
 run) the step for the target's devices (``_compile.py``); ``JOBS`` and
 ``resolve_axes`` are the jobs a recipe can drive and the mesh a layout gets, which the
@@ -82,19 +82,19 @@ class Recipe:
         return {dotted: getattr(getattr(self, section), key) for dotted, (section, _, key) in split.items()}
 
     def job_config(self):
-        """The job's config dataclass with every key the file set.
+        """The job's settings dataclass with every key the file set.
 
         Raises:
-            JobUnavailableError: the job's module or config class cannot be found.
-            UnsupportedKeyError: a key the job's config has no field for (never dropped).
+            JobUnavailableError: the job's module or settings class cannot be found.
+            UnsupportedKeyError: a key the job's settings have no field for (never dropped).
         """
-        _, config, problems = self._job_config()
+        _, settings, problems = self._job_config()
         if problems:
             raise _unsupported(self, problems)
-        return config
+        return settings
 
     def _job_config(self):
-        """``(job module, config from the supported keys, [("section.key", why)])``."""
+        """``(job module, settings from the supported keys, [("section.key", why)])``."""
         with _named(self, f"job {self.job.name!r}"):
             module, config_class, _ = self.job.load()
             values, problems = self.job.config_values(self.given, self.values())
@@ -135,22 +135,22 @@ def check_recipe(recipe, device_count=None):
 
     Raises:
         RecipeError: any of the above; ``UnsupportedKeyError`` (with the plan attached,
-            when everything else passed) for keys the job's config lacks;
+            when everything else passed) for keys the job's settings lack;
             ``JobUnavailableError`` when the job's module cannot be imported.
     """
-    module, config, problems = recipe._job_config()
-    _check_output(recipe, config)
-    plan = _plan(recipe, module, config, device_count or recipe.target.devices)
+    module, settings, problems = recipe._job_config()
+    _check_output(recipe, settings)
+    plan = _plan(recipe, module, settings, device_count or recipe.target.devices)
     if problems:
         raise _unsupported(recipe, problems, plan)
     return plan
 
 
-def _check_output(recipe, config):
+def _check_output(recipe, settings):
     """A job that saves one ``.keras`` file (its default output is one) needs an output
     path ending in .keras: refused here, before the job runs, naming the key."""
-    default = getattr(type(config)(), "output", None) if dataclasses.is_dataclass(config) else None
-    output = getattr(config, "output", None)
+    default = getattr(type(settings)(), "output", None) if dataclasses.is_dataclass(settings) else None
+    output = getattr(settings, "output", None)
     if (
         isinstance(default, str)
         and default.endswith(".keras")
@@ -162,26 +162,26 @@ def _check_output(recipe, config):
         )
 
 
-def _plan(recipe, module, config, devices):
+def _plan(recipe, module, settings, devices):
     job, target = recipe.job, recipe.target
-    layout, spec = job.layout(config), job.mesh_spec(config)
+    layout, spec = job.layout(settings), job.mesh_spec(settings)
     with _named(recipe, f"[parallel] mesh {spec!r} (layout {layout!r}) on {_devices_text(recipe, devices)}"):
         axes = resolve_axes(spec, layout, devices)
     mesh = None if axes is None else plans.AbstractDeviceMesh(axes)
-    context = f"layout {layout!r} on mesh {plans.describe_axes(axes)}, model {job.describe_model(config)}"
+    context = f"layout {layout!r} on mesh {plans.describe_axes(axes)}, model {job.describe_model(settings)}"
     with _named(recipe, context):
-        distribution = job.distribution(module, config, mesh)
-        batch, sequence = config.batch_size, job.sequence_length(config)
+        distribution = job.distribution(module, settings, mesh)
+        batch, sequence = settings.batch_size, job.sequence_length(settings)
         data_shards, sequence_shards = plans.check_batch(distribution, axes, layout, batch, sequence, target.hosts)
-        model, slots, layout_axes = plans.build_abstract(job, module, config, distribution)
-        job.check_inputs(config, model)
+        model, slots, layout_axes = plans.build_abstract(job, module, settings, distribution)
+        job.check_inputs(settings, model)
         weights, gradients, optimizer = plans.memory_per_device(model, slots, layout_axes, dict(axes or []))
         plans.check_memory(target, weights + gradients + optimizer, layout, plans.describe_axes(axes))
     return RecipeBudget(
         path=recipe.path,
         job=job.name,
         description=recipe.recipe.description,
-        model=job.describe_model(config),
+        model=job.describe_model(settings),
         layout=layout,
         mesh=plans.describe_axes(axes),
         platform=target.platform,
@@ -197,8 +197,8 @@ def _plan(recipe, module, config, devices):
         data_shards=data_shards,
         sequence_length=sequence,
         sequence_shards=sequence_shards,
-        accumulation=job.accumulation(config),
-        flops_per_step=job.flops_per_step(config, model),
+        accumulation=job.accumulation(settings),
+        flops_per_step=job.flops_per_step(settings, model),
         peak_flops_per_device=recipe.logging.peak_tflops * 1e12 if recipe.logging.peak_tflops else None,
         notes=tuple(plans.notes_for(axes, target, weights + gradients + optimizer)),
     )
@@ -256,14 +256,14 @@ def run_recipe(recipe, *, coordinator_address=None, process_id=None, report=prin
 
     _join(recipe, coordinator_address, process_id)
     _check_devices(recipe)
-    config = recipe.job_config()
+    settings = recipe.job_config()
     plan = check_recipe(recipe, device_count=recipe.target.devices)
     say = report if multihost.is_primary() else _quiet
     for line in plan.format():
         say(line)
     multihost.check_processes_agree(recipe=multihost.fingerprint(recipe.fingerprint_data()))
     _, _, function = recipe.job.load()
-    return function(config, report=say)
+    return function(settings, report=say)
 
 
 def _quiet(*_):

@@ -166,10 +166,12 @@ def check_batch(distribution, axes, layout, batch_size, sequence_length, hosts):
     return data, shards
 
 
-def build_abstract(job, module, config, distribution):
+def build_abstract(job, module, settings, distribution):
     """``(model, optimizer variables, {id(variable): layout axes})`` of the job's model,
     with no variable initialised (see the module docstring)."""
-    model = abstract_build(lambda: job.build(module, config), lambda m: job.compile(module, m, config), distribution)
+    model = abstract_build(
+        lambda: job.build(module, settings), lambda m: job.compile(module, m, settings), distribution
+    )
     axes = {id(v): _layout_axes(v, distribution) for v in model.variables}
     return model, list(model.optimizer.variables), axes
 

@@ -1,6 +1,6 @@
 """A recipe's training step compiled (never run) for its target's devices, and whether it fits.
 
-``compile_job_step(job, config, ...)`` (``compile_recipe_step(recipe)`` for a recipe) builds the model abstractly with the job's own
+``compile_job_step(job, settings, ...)`` (``compile_recipe_step(recipe)`` for a recipe) builds the model abstractly with the job's own
 builder (precision, remat, layout overrides) under the job's own distribution on a
 real mesh of this process' devices (simulated CPU devices work), compiles the step
 ``fit`` runs for one global batch (``compiled_step.compile_fit_step``) and returns the
@@ -74,11 +74,11 @@ class RecipeFit:
         )
 
 
-def _mesh_axes(job, config, target_devices, devices, label):
+def _mesh_axes(job, settings, target_devices, devices, label):
     """``([(axis, size)] or None, global batch)`` for compiling on ``devices`` devices."""
-    layout = job.layout(config)
-    axes = plans.resolve_axes(job.mesh_spec(config), layout, target_devices)
-    batch = config.batch_size
+    layout = job.layout(settings)
+    axes = plans.resolve_axes(job.mesh_spec(settings), layout, target_devices)
+    batch = settings.batch_size
     if axes is None or devices >= target_devices:
         return axes, batch
     shrink = target_devices // devices
@@ -91,8 +91,8 @@ def _mesh_axes(job, config, target_devices, devices, label):
     return [(name, size // shrink if name == "data" else size) for name, size in axes], batch // shrink
 
 
-def compile_job_step(job, config, *, target_devices, label, num_layers=None, devices=None, compiler_options=None):
-    """``RecipeStep``: ``job``'s training step for ``config`` (the job's config dataclass),
+def compile_job_step(job, settings, *, target_devices, label, num_layers=None, devices=None, compiler_options=None):
+    """``RecipeStep``: ``job``'s training step for ``settings`` (the job's settings dataclass),
     sized for ``target_devices``, compiled on this process' devices.
 
     ``num_layers`` overrides the model's depth (None: the model as it is; only jobs whose
@@ -101,22 +101,22 @@ def compile_job_step(job, config, *, target_devices, label, num_layers=None, dev
     ``label`` names the job in errors (a recipe's path).
     """
     module, _, _ = job.load()
-    axes, batch = _mesh_axes(job, config, target_devices, devices or len(jax.devices()), label)
+    axes, batch = _mesh_axes(job, settings, target_devices, devices or len(jax.devices()), label)
     spec = plans.describe_axes(axes)
     mesh = None if axes is None else make_mesh(spec, devices=jax.devices()[: math.prod(size for _, size in axes)])
-    distribution = job.distribution(module, config, mesh)
-    depth = job.num_layers(module, config) if num_layers is None else num_layers
+    distribution = job.distribution(module, settings, mesh)
+    depth = job.num_layers(module, settings) if num_layers is None else num_layers
     overrides = {} if depth is None else {"num_layers": depth}
     model = abstract_build(
-        lambda: job.build(module, config, **overrides), lambda m: job.compile(module, m, config), distribution
+        lambda: job.build(module, settings, **overrides), lambda m: job.compile(module, m, settings), distribution
     )
-    x, y = job.batch_shapes(module, config, model, batch)
+    x, y = job.batch_shapes(module, settings, model, batch)
     compiled, memory = compile_fit_step(model, distribution, x, y, compiler_options=compiler_options)
     return RecipeStep(label, spec, batch, depth, memory, compiled)
 
 
 def compile_recipe_step(recipe, *, num_layers=None, devices=None, compiler_options=None):
-    """``compile_job_step`` for a recipe: its job, its config, its target's device count."""
+    """``compile_job_step`` for a recipe: its job, its settings, its target's device count."""
     return compile_job_step(
         recipe.job,
         recipe.job_config(),

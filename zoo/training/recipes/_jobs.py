@@ -83,30 +83,30 @@ class Job:
 
     # --- the abstract plan: overridden per job ---------------------------------------
 
-    def describe_model(self, config):
-        return str(getattr(config, "config_name", "?"))
+    def describe_model(self, settings):
+        return str(getattr(settings, "config_name", "?"))
 
-    def layout(self, config):
-        return config.layout
+    def layout(self, settings):
+        return settings.layout
 
-    def mesh_spec(self, config):
-        return config.mesh
+    def mesh_spec(self, settings):
+        return settings.mesh
 
-    def sequence_length(self, config):
-        return getattr(config, "sequence_length", None)
+    def sequence_length(self, settings):
+        return getattr(settings, "sequence_length", None)
 
-    def accumulation(self, config):
-        return getattr(config, "gradient_accumulation_steps", 1)
+    def accumulation(self, settings):
+        return getattr(settings, "gradient_accumulation_steps", 1)
 
-    def flops_per_step(self, config, model):
+    def flops_per_step(self, settings, model):
         """Model FLOPs of one training step, or None where zoo.measure.mfu has no formula."""
         return
 
-    def num_layers(self, module, config):
+    def num_layers(self, module, settings):
         """The model's depth where it can be compiled at reduced depth (None: it cannot)."""
         return
 
-    def batch_shapes(self, module, config, model, batch):
+    def batch_shapes(self, module, settings, model, batch):
         """``((x shape, dtype), (y shape, dtype))`` of one global batch of ``batch`` examples."""
         raise RecipeError(f"compiling the step of job {self.name!r} is not supported")
 
@@ -119,46 +119,48 @@ class PretrainGPT(Job):
 
         return gpt
 
-    def distribution(self, module, config, mesh):
-        return module.resolve_distribution(config, mesh)
+    def distribution(self, module, settings, mesh):
+        return module.resolve_distribution(settings, mesh)
 
-    def build(self, module, config, **model_overrides):
+    def build(self, module, settings, **model_overrides):
         # The job's own builder: precision policy, rematerialisation, layout overrides;
         # model_overrides (e.g. num_layers) for compile-only checks at reduced depth.
-        return module.build_for_training(config, **model_overrides)
+        return module.build_for_training(settings, **model_overrides)
 
-    def num_layers(self, module, config):
+    def num_layers(self, module, settings):
         """The depth of the recipe's model (``[model] num_layers``, else its named config's)."""
         from zoo.models.gpt.gpt_configs import config_by_name
 
-        return config.num_layers or config_by_name(config.config_name)["num_layers"]
+        return settings.num_layers or config_by_name(settings.config_name)["num_layers"]
 
-    def batch_shapes(self, module, config, model, batch):
-        tokens = (batch, config.sequence_length)  # next-token targets: same shape as the inputs
+    def batch_shapes(self, module, settings, model, batch):
+        tokens = (batch, settings.sequence_length)  # next-token targets: same shape as the inputs
         return (tokens, "int32"), (tokens, "int32")
 
-    def compile(self, module, model, config):
+    def compile(self, module, model, settings):
         module.compile_gpt(
             model,
-            config.learning_rate,
+            settings.learning_rate,
             1,
-            config.weight_decay,
-            config.gradient_accumulation_steps,
-            config.loss_chunk_size,
+            settings.weight_decay,
+            settings.gradient_accumulation_steps,
+            settings.loss_chunk_size,
         )
 
-    def flops_per_step(self, config, model):
+    def flops_per_step(self, settings, model):
         from zoo.measure.mfu import gpt_flops_per_token
 
         return (
-            gpt_flops_per_token(model.get_config(), config.sequence_length) * config.batch_size * config.sequence_length
+            gpt_flops_per_token(model.get_config(), settings.sequence_length)
+            * settings.batch_size
+            * settings.sequence_length
         )
 
-    def check_inputs(self, config, model):
-        if config.sequence_length > model.backbone.max_sequence_length:
+    def check_inputs(self, settings, model):
+        if settings.sequence_length > model.backbone.max_sequence_length:
             raise RecipeError(
-                f"[train] sequence_length {config.sequence_length} exceeds the max_sequence_length "
-                f"{model.backbone.max_sequence_length} of {config.config_name}"
+                f"[train] sequence_length {settings.sequence_length} exceeds the max_sequence_length "
+                f"{model.backbone.max_sequence_length} of {settings.config_name}"
             )
 
 
@@ -171,29 +173,29 @@ class TrainCNN(Job):
 
         return cnn
 
-    def describe_model(self, config):
+    def describe_model(self, settings):
         return "small_cnn"
 
-    def distribution(self, module, config, mesh):
-        return module.resolve_distribution(config, mesh)
+    def distribution(self, module, settings, mesh):
+        return module.resolve_distribution(settings, mesh)
 
-    def build(self, module, config):
+    def build(self, module, settings):
         from zoo.data import get_spec
 
-        spec = get_spec(config.dataset)
-        size = config.image_size or spec.default_image_size
-        return module.build_cnn(size, config.seed, num_classes=len(spec.classes), channels=self.INPUT_CHANNELS)
+        spec = get_spec(settings.dataset)
+        size = settings.image_size or spec.default_image_size
+        return module.build_cnn(size, settings.seed, num_classes=len(spec.classes), channels=self.INPUT_CHANNELS)
 
-    def compile(self, module, model, config):
-        module.compile_cnn(model, "adam", config.learning_rate)
+    def compile(self, module, model, settings):
+        module.compile_cnn(model, "adam", settings.learning_rate)
 
-    def batch_shapes(self, module, config, model, batch):
+    def batch_shapes(self, module, settings, model, batch):
         from zoo.data import get_spec
 
-        size = config.image_size or get_spec(config.dataset).default_image_size
+        size = settings.image_size or get_spec(settings.dataset).default_image_size
         return ((batch, size, size, self.INPUT_CHANNELS), "float32"), ((batch,), "int32")
 
-    def check_inputs(self, config, model):
+    def check_inputs(self, settings, model):
         pass
 
 
@@ -210,46 +212,47 @@ class Finetune(Job):
     def function(self, module):
         return module.finetune
 
-    def describe_model(self, config):
-        return f"preset {config.preset}"
+    def describe_model(self, settings):
+        return f"preset {settings.preset}"
 
-    def _class_name(self, config):
+    def _class_name(self, settings):
         from zoo.presets import load_preset_metadata
 
-        return load_preset_metadata(config.preset)["class_name"]
+        return load_preset_metadata(settings.preset)["class_name"]
 
-    def distribution(self, module, config, mesh):
+    def distribution(self, module, settings, mesh):
         # The job's own resolver, handed the abstract mesh in place of the spec string.
-        return module.resolve_distribution(self._class_name(config), config, mesh)
+        return module.resolve_distribution(self._class_name(settings), settings, mesh)
 
-    def build(self, module, config):
+    def build(self, module, settings):
         """The preset's architecture with the dataset's head and the method applied
         (what ``finetune`` trains), without loading the preset's weights."""
         from zoo.data import get_spec
         from zoo.presets import from_preset
 
-        head, size_key = module.head_of(self._class_name(config))
-        model = from_preset(config.preset, load_weights=False, **{size_key: len(get_spec(config.dataset).classes)})
+        head, size_key = module.head_of(self._class_name(settings))
+        model = from_preset(settings.preset, load_weights=False, **{size_key: len(get_spec(settings.dataset).classes)})
         module.prepare_finetuning(
-            model, config.method, head=head, lora_rank=config.lora_rank, lora_alpha=config.lora_alpha
+            model, settings.method, head=head, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha
         )
         return model
 
-    def compile(self, module, model, config):
+    def compile(self, module, model, settings):
         import keras
 
         # As finetune() compiles: Adam (the optimizer state the memory estimate counts).
         model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate=config.learning_rate), loss="sparse_categorical_crossentropy"
+            optimizer=keras.optimizers.Adam(learning_rate=settings.learning_rate),
+            loss="sparse_categorical_crossentropy",
         )
 
-    def batch_shapes(self, module, config, model, batch):
+    def batch_shapes(self, module, settings, model, batch):
         from zoo.presets import load_preset_metadata
 
-        shape = module.example_shape(model, load_preset_metadata(config.preset))
+        shape = module.example_shape(model, load_preset_metadata(settings.preset))
         return ((batch, *shape), "int32" if len(shape) == 1 else "float32"), ((batch,), "int32")
 
-    def check_inputs(self, config, model):
+    def check_inputs(self, settings, model):
         pass
 
 
