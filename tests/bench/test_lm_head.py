@@ -41,4 +41,4 @@ def test_flags_parse_into_the_settings_and_too_many_devices_are_refused():
     )
     assert (settings.devices, settings.per_device_batches, settings.heads) == ((8, 64), (2,), ("tied",))
     with pytest.raises(ValueError, match="64 devices asked for but JAX has 8"):
-        bench.check_config(settings)
+        bench.check_settings(settings)

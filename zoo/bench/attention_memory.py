@@ -66,7 +66,7 @@ def run_benchmark(settings, report=print):
 
     Returns ``{"memory": [rows], "time": [rows], "goals": [Goal]}``.
     """
-    check_config(settings)
+    check_settings(settings)
     programs = {}  # (kernel, T, H, N) -> (compiled, input sharding, memory)
     memory = [memory_row(settings, t, n, programs, report) for t in settings.lengths for n in settings.devices]
     timings = [
@@ -95,7 +95,7 @@ def _plot_title(settings):
     )
 
 
-def check_config(settings):
+def check_settings(settings):
     for name in ("heads", "head_dim", "batch", "block_size", "repeats", "goal_length", "goal_heads", "goal_devices"):
         value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:

@@ -55,7 +55,7 @@ SEED = 0  # data, weights and dropout stream; fixed so runs are comparable
 def run_benchmark(settings, report=print):
     """Measure every layout of ``settings`` (``zoo.config.bench_settings.CNNBenchSettings``),
     report the markdown table, return one dict per layout."""
-    _check_config(settings)
+    _check_settings(settings)
     x, y = load_shapes(
         "train", image_size=settings.image_size, num_examples=settings.steps * settings.batch_size, seed=SEED
     )
@@ -72,7 +72,7 @@ def run_benchmark(settings, report=print):
     return rows
 
 
-def _check_config(settings):
+def _check_settings(settings):
     for name in ("image_size", "batch_size", "steps", "repeats"):
         value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:

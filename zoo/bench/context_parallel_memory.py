@@ -66,7 +66,7 @@ class Run:
 def run_benchmark(settings, report=print):
     """Compile every run's training step; report markdown (``settings``:
     ``zoo.config.bench_settings.ContextBenchSettings``; ``settings.plot``: also the chart). Returns ``{"runs": [Run], "goal": (status, text)}``."""
-    check_config(settings)
+    check_settings(settings)
     runs = [parse_run(text, settings) for text in settings.runs]
     for run in runs:
         measure(run, settings)
@@ -85,7 +85,7 @@ def run_benchmark(settings, report=print):
     return {"runs": runs, "goal": goal}
 
 
-def check_config(settings):
+def check_settings(settings):
     for name in ("sequence_length", "layers", "width", "heads", "head_dim", "hidden_dim", "vocab"):
         value = getattr(settings, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

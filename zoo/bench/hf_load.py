@@ -425,7 +425,7 @@ def measure(folder, layout, mesh, settings, checkpoint_elements):
     return row
 
 
-def check_config(settings):
+def check_settings(settings):
     """Refuse, before writing or building anything, a mesh the devices cannot take or a
     ``--checkpoint`` that is not a Hugging Face folder."""
     for run in settings.runs:
@@ -440,7 +440,7 @@ def run_benchmark(settings, report=print):
     """Load the checkpoint once per run; report the markdown table (also to
     ``settings.output``). Returns ``{"rows": [Row], "failures": [{"error": ...}]}``
     (a bitwise mismatch is a failure: ``zoo bench`` exits 1)."""
-    check_config(settings)
+    check_settings(settings)
     rows = []
     with checkpoint_folder(settings, report) as folder:
         files, nbytes, elements, dtypes = describe_checkpoint(folder)

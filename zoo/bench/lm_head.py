@@ -60,7 +60,7 @@ class Row:
 def run_benchmark(settings, report=print):
     """Compile every row's three programs; report the markdown table (also to
     ``settings.output``). Returns ``{"rows": [Row]}``."""
-    check_config(settings)
+    check_settings(settings)
     rows = []
     for devices in settings.devices:
         for per_device_batch in settings.per_device_batches:
@@ -75,7 +75,7 @@ def run_benchmark(settings, report=print):
     return {"rows": rows}
 
 
-def check_config(settings):
+def check_settings(settings):
     """Refuse, before compiling anything, more devices than JAX has."""
     if max(settings.devices) > len(jax.devices()):
         raise ValueError(

@@ -89,7 +89,7 @@ class Row:
 def run_benchmark(settings, report=print):
     """Compile every (remat, T, layout) row; report the markdown table (also to
     ``settings.output``). Returns ``{"rows": [Row]}``."""
-    check_config(settings)
+    check_settings(settings)
     rows = []
     for remat in settings.remats:
         for length in settings.sequence_lengths:
@@ -107,7 +107,7 @@ def run_benchmark(settings, report=print):
     return {"rows": rows}
 
 
-def check_config(settings):
+def check_settings(settings):
     """Refuse, before compiling anything, sizes the devices or the layouts cannot take."""
     if settings.devices > len(jax.devices()):
         raise ValueError(

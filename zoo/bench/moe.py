@@ -644,7 +644,7 @@ def format_time(settings, row):
 # --- the command ----------------------------------------------------------------------
 
 
-def check_config(settings):
+def check_settings(settings):
     """Refuse, before compiling anything, numbers the meshes, the model or the devices cannot take."""
     if not settings.sections or any(section not in MOE_SECTIONS for section in settings.sections):
         raise ValueError(f"sections must name some of {list(MOE_SECTIONS)}, got {settings.sections!r}")
@@ -705,7 +705,7 @@ def check_config(settings):
 def run_benchmark(settings, report=print):
     """The tables of ``settings.sections``, printed as markdown (``report``) and written to
     ``settings.output``. Returns ``{"exchange": [ExchangeRow], "memory": [MemoryRow], "time": [TimeRow]}``."""
-    check_config(settings)
+    check_settings(settings)
     results, lines = {}, []
     if "exchange" in settings.sections:
         results["exchange"] = exchange_rows(settings, report)

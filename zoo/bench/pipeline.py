@@ -320,7 +320,7 @@ def format_memory(settings, rows):
 # --- the command ----------------------------------------------------------------------
 
 
-def check_config(settings):
+def check_settings(settings):
     """Refuse, before running or compiling anything, numbers the schedule, the mesh or the model cannot take."""
     if not settings.sections or any(section not in PIPELINE_SECTIONS for section in settings.sections):
         raise ValueError(f"sections must name some of {list(PIPELINE_SECTIONS)}, got {settings.sections!r}")
@@ -375,7 +375,7 @@ def check_config(settings):
 def run_benchmark(settings, report=print):
     """The bubble table and the memory table (``settings.sections``), printed as markdown
     (``report``) and written to ``settings.output``. Returns ``{"bubble": [BubbleRow], "memory": [MemoryRow]}``."""
-    check_config(settings)
+    check_settings(settings)
     results, lines = {}, []
     if "bubble" in settings.sections:
         results["bubble"] = bubble_rows(settings, report)

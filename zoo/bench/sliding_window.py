@@ -105,7 +105,7 @@ def run_benchmark(settings, report=print):
 
     Returns ``{"blockwise": [BlockwiseRow], "context": [ContextRow], "goals": [Goal]}``.
     """
-    check_config(settings)
+    check_settings(settings)
     blockwise, context = [], []
     if "blockwise" in settings.sections:
         for window in (None, settings.sliding_window):
@@ -130,7 +130,7 @@ def run_benchmark(settings, report=print):
     return {"blockwise": blockwise, "context": context, "goals": goals}
 
 
-def check_config(settings):
+def check_settings(settings):
     if not 1 <= settings.kv_heads <= settings.heads or settings.heads % settings.kv_heads:
         raise ValueError(f"kv_heads {settings.kv_heads} must divide heads {settings.heads}")
     if "context" not in settings.sections:

@@ -37,7 +37,7 @@ from zoo.measure.comms_report import FAST_COMPILE, comms_report, layer_step
 from zoo.measure.tensor_parallel_mlp import (
     SEED,
     VARIANTS,
-    check_config,
+    check_settings,
     example_input,
     explicit_model,
     gspmd_model,
@@ -49,7 +49,7 @@ from zoo.units import KIB
 def run_benchmark(settings, report=print):
     """Compile and time every variant; report the markdown table; return one dict per row
     (``settings``: ``zoo.config.bench_settings.TPBenchSettings``; ``settings.plot``: also the chart)."""
-    check_config(settings)
+    check_settings(settings)
     rows = []
     try:
         for label, gated, megatron_sp in (VARIANTS[name] for name in settings.variants):

@@ -163,7 +163,7 @@ def _mlp(settings):
     from zoo.config.bench_settings import TPBenchSettings
     from zoo.distribution import default_mesh_spec
     from zoo.measure.tensor_parallel_mlp import (
-        check_config,
+        check_settings,
         example_input,
         explicit_model,
         gspmd_model,
@@ -179,7 +179,7 @@ def _mlp(settings):
         dim=settings.dim,
         hidden=settings.hidden,
     )
-    check_config(shapes)
+    check_settings(shapes)
     if settings.implementation == "explicit":
         distribution, model = explicit_model(
             shapes, settings.gated, settings.megatron_sp, collective=settings.collective_matmul

@@ -16,7 +16,8 @@ import zoo
 from zoo.cli import bench, plot
 from zoo.cli._errors import ArgumentParser, debug_requested, parse, run_guarded
 from zoo.cli.devices import add_simulate_flag
-from zoo.config import schema, settings
+from zoo.config import schema
+from zoo.config import settings as job_settings  # the jobs' *Settings classes
 from zoo.config import types as _types
 
 
@@ -30,23 +31,23 @@ def build_parser():
     _add_trains(commands.add_parser("train", help="train a model with model.fit under a distribution"))
     _add_job(
         commands.add_parser("verify", help="compare training under a distribution with one device"),
-        settings.VerifySettings,
+        job_settings.VerifySettings,
         _run_verify,
         model_choices=("cnn",),
     )
     _add_job(
         commands.add_parser("generate", help="continue a prompt with a GPT saved by zoo train gpt"),
-        settings.GenerateSettings,
+        job_settings.GenerateSettings,
         _run_generate,
     )
     _add_job(
         commands.add_parser("finetune", help="fine-tune a preset: frozen backbone, LoRA or full"),
-        settings.FinetuneSettings,
+        job_settings.FinetuneSettings,
         _run_finetune,
     )
     _add_job(
         commands.add_parser("export", help="write a GPT causal LM as a Hugging Face folder (LoRA merged)"),
-        settings.ExportSettings,
+        job_settings.ExportSettings,
         _run_export,
     )
     bench.add_arguments(
@@ -83,7 +84,7 @@ def _add_trains(parser):
         "encoder": "a Transformer encoder text classifier (python_docs_topics)",
         "vit": "a ViT image classifier (shapes by default)",
     }
-    for model, settings_class in settings.TRAIN_CONFIGS.items():
+    for model, settings_class in job_settings.TRAIN_CONFIGS.items():
         _add_job(models.add_parser(model, help=helps[model]), settings_class, _run_train)
 
 
@@ -112,7 +113,7 @@ def _add_recipe(parser):
 def _add_data(parser):
     actions = parser.add_subparsers(dest="action", required=True)
     data_dir = ArgumentParser(add_help=False)
-    data_dir.add_argument("--data-dir", default=None, metavar="DIR", help=settings.DATA_DIR_HELP)
+    data_dir.add_argument("--data-dir", default=None, metavar="DIR", help=job_settings.DATA_DIR_HELP)
     actions.add_parser("list", parents=[data_dir], help="every dataset, its splits and whether it is prepared")
     show = actions.add_parser("show", parents=[data_dir], help="a few examples; images also as a PNG grid")
     show.add_argument("name", help="a dataset name (zoo data list)")
@@ -153,27 +154,27 @@ def _run_train(args):
 def _run_verify(args):
     from zoo.training.cnn import verify
 
-    return 0 if verify(schema.from_args(settings.VerifySettings, args)).passed else 1
+    return 0 if verify(schema.from_args(job_settings.VerifySettings, args)).passed else 1
 
 
 def _run_generate(args):
     from zoo.training.gpt import generate
 
-    generate(schema.from_args(settings.GenerateSettings, args))
+    generate(schema.from_args(job_settings.GenerateSettings, args))
     return 0
 
 
 def _run_export(args):
     from zoo.training.export import export
 
-    export(schema.from_args(settings.ExportSettings, args))
+    export(schema.from_args(job_settings.ExportSettings, args))
     return 0
 
 
 def _run_finetune(args):
     from zoo.training.finetune import finetune
 
-    finetune(schema.from_args(settings.FinetuneSettings, args))
+    finetune(schema.from_args(job_settings.FinetuneSettings, args))
     return 0
 
 

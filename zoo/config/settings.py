@@ -292,46 +292,46 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         check_pipeline_settings(self)
 
 
-def check_context_settings(config):
+def check_context_settings(settings):
     """Raise ``SettingError`` naming the value unless ``context_attention`` and ``balance``
     (where the job has it) are left out under every layout but ``context`` (and ``auto``,
     which may choose it): off the context layout nothing splits the sequence, so a kernel
     or a balance there would be silently ignored."""
-    if config.layout in ("context", choices.AUTO):
+    if settings.layout in ("context", choices.AUTO):
         return
     for key in CONTEXT_DEFAULTS:
-        value = getattr(config, key, None)
+        value = getattr(settings, key, None)
         if value is not None:
             raise SettingError(
-                f"{type(config).__name__}.{key} (--{key.replace('_', '-')}) = {value!r} is a setting of layout "
-                f"'context', not of layout {config.layout!r}: leave it out, or use layout context"
+                f"{type(settings).__name__}.{key} (--{key.replace('_', '-')}) = {value!r} is a setting of layout "
+                f"'context', not of layout {settings.layout!r}: leave it out, or use layout context"
             )
 
 
-def check_pipeline_settings(config):
+def check_pipeline_settings(settings):
     """Raise ``SettingError`` naming the values unless ``micro_batches``, ``schedule`` and
-    ``repeats`` fit ``config.layout``: left at their defaults for any layout but
+    ``repeats`` fit ``settings.layout``: left at their defaults for any layout but
     ``pipeline``; ``gpipe`` with repeats 1, ``circular`` with repeats >= 2. (Whether M
     divides the batch per data shard, and stages x repeats the layers, is checked once
     the mesh is known: ``zoo.training.gpt``.)"""
-    name = type(config).__name__
-    if config.layout != "pipeline":
+    name = type(settings).__name__
+    if settings.layout != "pipeline":
         for key, default in PIPELINE_DEFAULTS.items():
-            value = getattr(config, key)
+            value = getattr(settings, key)
             if value != default:
                 raise SettingError(
                     f"{name}.{key} (--{key.replace('_', '-')}) = {value!r} is a setting of layout 'pipeline', not of layout "
-                    f"{config.layout!r}: leave it out, or use layout pipeline"
+                    f"{settings.layout!r}: leave it out, or use layout pipeline"
                 )
         return
-    if config.schedule == "gpipe" and config.repeats != 1:
+    if settings.schedule == "gpipe" and settings.repeats != 1:
         raise SettingError(
             f"{name}: schedule 'gpipe' runs each stage's blocks once per micro-batch, so repeats must be 1, got "
-            f"repeats={config.repeats}; use schedule 'circular' for repeats >= 2"
+            f"repeats={settings.repeats}; use schedule 'circular' for repeats >= 2"
         )
-    if config.schedule == "circular" and config.repeats < 2:
+    if settings.schedule == "circular" and settings.repeats < 2:
         raise SettingError(
-            f"{name}: schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got repeats={config.repeats}"
+            f"{name}: schedule 'circular' needs repeats >= 2 (repeats=1 is 'gpipe'), got repeats={settings.repeats}"
         )
 
 

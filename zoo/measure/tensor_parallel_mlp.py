@@ -31,40 +31,40 @@ assert tuple(VARIANTS) == TP_VARIANTS
 SEED = 0
 
 
-def check_config(config):
+def check_settings(settings):
     for name in ("batch_size", "sequence_length", "dim", "hidden", "steps", "repeats"):
-        value = getattr(config, name)
+        value = getattr(settings, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    unknown = [name for name in config.variants if name not in VARIANTS]
-    if unknown or not config.variants:
-        raise ValueError(f"variants must be some of {list(VARIANTS)}, got {list(config.variants)}")
-    mesh = zd.make_mesh(config.mesh)
+    unknown = [name for name in settings.variants if name not in VARIANTS]
+    if unknown or not settings.variants:
+        raise ValueError(f"variants must be some of {list(VARIANTS)}, got {list(settings.variants)}")
+    mesh = zd.make_mesh(settings.mesh)
     require_axes(mesh, (DATA, MODEL), "zoo bench tp")
     data, model = zd.mesh_axis_size(mesh, DATA), zd.mesh_axis_size(mesh, MODEL)
     for what, size, axis, count in (
-        ("batch size", config.batch_size, DATA, data),
-        ("sequence length", config.sequence_length, MODEL, model),
-        ("hidden", config.hidden, MODEL, model),
+        ("batch size", settings.batch_size, DATA, data),
+        ("sequence length", settings.sequence_length, MODEL, model),
+        ("hidden", settings.hidden, MODEL, model),
     ):
         if size % count:
             raise ValueError(f"{what} {size} is not divisible by the {axis!r} mesh axis of size {count}")
 
 
-def minimum_sent_bytes(config, dtype_bytes=4):
+def minimum_sent_bytes(settings, dtype_bytes=4):
     """Megatron's bound for one MLP forward + backward: bytes each device sends over the model axis."""
-    mesh = zd.make_mesh(config.mesh)
+    mesh = zd.make_mesh(settings.mesh)
     data, model = zd.mesh_axis_size(mesh, DATA), zd.mesh_axis_size(mesh, MODEL)
-    activation = config.batch_size // data * config.sequence_length * config.dim * dtype_bytes  # (B/dp, T, D)
+    activation = settings.batch_size // data * settings.sequence_length * settings.dim * dtype_bytes  # (B/dp, T, D)
     return 2 * 2 * (model - 1) / model * activation  # two all-reduces (or 2 AG + 2 RS)
 
 
-def explicit_model(config, gated, megatron_sp, collective=False):
+def explicit_model(settings, gated, megatron_sp, collective=False):
     """(distribution, model) with ``ParallelMLP``; the layers place their own weights."""
-    mesh = zd.make_mesh(config.mesh)
+    mesh = zd.make_mesh(settings.mesh)
     distribution = zd.CheckedModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name=DATA)
     mlp = ParallelMLP(
-        config.hidden,
+        settings.hidden,
         activation="gelu",
         gated=gated,
         use_bias=False,
@@ -72,10 +72,10 @@ def explicit_model(config, gated, megatron_sp, collective=False):
         collective_matmul=collective,
         name="mlp",
     )
-    return distribution, zd.build_distributed(lambda: _functional(config, mlp), distribution)
+    return distribution, zd.build_distributed(lambda: _functional(settings, mlp), distribution)
 
 
-def gspmd_model(config, gated, megatron_sp):
+def gspmd_model(settings, gated, megatron_sp):
     """(distribution, model): plain Dense layers, placed by a layout map, partitioned by GSPMD.
 
     Layout rules (D = dim, F = hidden):
@@ -91,7 +91,7 @@ def gspmd_model(config, gated, megatron_sp):
     down/output      (B, T, D)   (data, model, -)  sequence-parallel
     ===============  ==========  ================  =========================
     """
-    mesh = zd.make_mesh(config.mesh)
+    mesh = zd.make_mesh(settings.mesh)
     layout_map = keras.distribution.LayoutMap(mesh)
     names = ("gate", "up") if gated else ("up",)
     for name in names:
@@ -104,13 +104,13 @@ def gspmd_model(config, gated, megatron_sp):
     distribution = zd.CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA)
 
     def build():
-        x = keras.Input((config.sequence_length, config.dim), name="x")  # (B, T, D)
+        x = keras.Input((settings.sequence_length, settings.dim), name="x")  # (B, T, D)
         dense = lambda units, name, activation=None: keras.layers.Dense(
             units, activation=activation, use_bias=False, name=name
         )
-        up = dense(config.hidden, "up", None if gated else "gelu")(x)  # (B, T, F)
-        h = keras.layers.Multiply(name="glu")([dense(config.hidden, "gate", "gelu")(x), up]) if gated else up
-        return keras.Model(x, dense(config.dim, "down")(h), name="gspmd_mlp")  # (B, T, D)
+        up = dense(settings.hidden, "up", None if gated else "gelu")(x)  # (B, T, F)
+        h = keras.layers.Multiply(name="glu")([dense(settings.hidden, "gate", "gelu")(x), up]) if gated else up
+        return keras.Model(x, dense(settings.dim, "down")(h), name="gspmd_mlp")  # (B, T, D)
 
     model = build_checked(build, distribution)
     return distribution, model
@@ -123,18 +123,18 @@ def build_checked(build, distribution):
     return build()
 
 
-def _functional(config, layer):
-    x = keras.Input((config.sequence_length, config.dim), name="x")  # (B, T, D)
+def _functional(settings, layer):
+    x = keras.Input((settings.sequence_length, settings.dim), name="x")  # (B, T, D)
     return keras.Model(x, layer(x), name="explicit_mlp")
 
 
-def example_input(config, megatron_sp):
+def example_input(settings, megatron_sp):
     """x (B, T, D) placed as the layer before the MLP would leave it: batch over data,
     and the sequence over model in sequence-parallel mode."""
     distribution = keras.distribution.distribution()
     x = (
         np.random.default_rng(SEED)
-        .standard_normal((config.batch_size, config.sequence_length, config.dim))
+        .standard_normal((settings.batch_size, settings.sequence_length, settings.dim))
         .astype("float32")
     )
     spec = P(DATA, MODEL, None) if megatron_sp else P(DATA, None, None)
