@@ -33,7 +33,7 @@ GPT = sorted(path for path in RECIPES.glob("*/pretrain_gpt.toml") if not path.pa
 def _newest_xla():
     if not memory_analysis_reflects_remat():
         pytest.skip(
-            "this JAX's XLA:CPU memory analysis does not reflect jax.checkpoint (JAX 0.10), which the remat recipes need; run this file on Python 3.12 with JAX 0.12 (docs/compatibility.md: .ci/run leaves it out for time)"
+            "this JAX's XLA:CPU memory analysis does not reflect jax.checkpoint (JAX 0.10), which the remat recipes need; .ci/run runs this file on Python 3.12 with JAX 0.12 (docs/compatibility.md)"
         )
 
 

@@ -62,6 +62,45 @@ def dense_reference(x, kernel, *, bias=None):
     return y if bias is None else y + bias
 
 
+@jax.custom_vjp
+def _shard_matmul(x, kernel):
+    """x [..., C] @ kernel [C, F] on one shard, with a backward whose weight gradient
+    XLA:CPU can hand to its matmul library (see ``_shard_matmul_backward``)."""
+    return jnp.matmul(x, kernel)
+
+
+def _shard_matmul_forward(x, kernel):
+    return jnp.matmul(x, kernel), (x, kernel)
+
+
+def _shard_matmul_backward(residuals, dy):
+    """d(x) = dy kernel^T and d(kernel) = x^T dy, the maths of JAX's own transpose.
+
+    JAX's transpose writes d(kernel) as a dot contracting x's leading dims, and inside
+    a ``shard_map`` XLA:CPU (JAX 0.12) then leaves it with its left operand transposed,
+    a form its YNNPACK matmuls refuse: those dots ran on the slow generic path, the
+    tensor-parallel GPT step took 1.6x the fsdp step's time in bfloat16
+    (docs/performance.md). Here x^T is materialised first (an optimisation barrier
+    keeps XLA from folding the transpose back into the dot), as GSPMD's programs do.
+    Each gradient is summed over the mesh axes it varies on and its primal does not
+    (x replicated over ``model``, the kernel over ``data``), as shard_map's transpose would.
+    """
+    x, kernel = residuals
+    dx = jnp.matmul(dy, kernel.T)  # [..., C]
+    x_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)  # [C, N]: N = the leading dims
+    dk = jnp.matmul(x_t, dy.reshape(-1, dy.shape[-1]))  # [C, F]
+    return _summed_like(dx, x), _summed_like(dk, kernel).astype(kernel.dtype)
+
+
+def _summed_like(gradient, primal):
+    """``gradient`` summed over the mesh axes it varies on and ``primal`` does not."""
+    extra = tuple(sorted(_varying_axes(gradient) - _varying_axes(primal)))
+    return jax.lax.psum(gradient, extra) if extra else gradient
+
+
+_shard_matmul.defvjp(_shard_matmul_forward, _shard_matmul_backward)
+
+
 def column_parallel_matmul(x, kernel, *, axis_name, bias=None):
     """Column-parallel dense: the kernel is split on its output features.
 
@@ -71,7 +110,8 @@ def column_parallel_matmul(x, kernel, *, axis_name, bias=None):
     all-reduces d(x) over ``axis_name`` (shard_map does it: x is replicated).
     """
     _check_kernel(x, kernel, axis_name=axis_name, split="output")
-    return dense_reference(x, kernel, bias=bias)  # [..., F/N]
+    y = _shard_matmul(x, kernel)
+    return y if bias is None else y + bias  # [..., F/N]
 
 
 def row_parallel_matmul(x, kernel, *, axis_name, bias=None, scatter_axis=None):
@@ -88,7 +128,7 @@ def row_parallel_matmul(x, kernel, *, axis_name, bias=None, scatter_axis=None):
     The bias [C] (replicated) is added once, after the reduction.
     """
     _check_kernel(x, kernel, axis_name=axis_name, split="input")
-    partial = jnp.matmul(x, kernel)  # [..., C], this device's share of the sum
+    partial = _shard_matmul(x, kernel)  # [..., C], this device's share of the sum
     if scatter_axis is None:
         y = _psum(partial, axis_name)  # [..., C]
     else:
