@@ -58,7 +58,7 @@ from zoo.distribution.distributions import place_batch
 from zoo.kernels import moe
 from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.measure.comms_report import FAST_COMPILE, compiled_report
-from zoo.measure.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_shardings
+from zoo.measure.compiled_step import abstract_build, compile_fit_step, shard_bytes, state_groups, state_shardings
 from zoo.measure.hardware import device_spec, platform_of
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import config_by_name
@@ -276,14 +276,9 @@ def _fill_exchange(row, settings, comms, model, distribution):
 def run_once(compiled, model, distribution, settings):
     """Run the compiled step once on random tokens; ``(max_load, dropped_fraction)`` from its logs."""
     shardings = state_shardings(model, distribution)
-    groups = (
-        model.trainable_variables,
-        model.non_trainable_variables,
-        model.optimizer.variables,
-        model.metrics_variables,
-    )
     state = tuple(
-        [jax.device_put(v.value, s) for v, s in zip(group, layout)] for group, layout in zip(groups, shardings)
+        [jax.device_put(v.value, s) for v, s in zip(group, layout)]
+        for group, layout in zip(state_groups(model), shardings)
     )
     rng = np.random.default_rng(SEED)
     x, y = (

@@ -125,19 +125,24 @@ def slot_reference(slot, trainable):
     )
 
 
+def state_groups(model):
+    """The four variable groups of ``fit``'s step state, in its order: trainable,
+    non-trainable, optimizer, metrics (``state_shardings`` gives their shardings)."""
+    return (
+        model.trainable_variables,
+        model.non_trainable_variables,
+        model.optimizer.variables,
+        model.metrics_variables,
+    )
+
+
 def state_shardings(model, distribution):
     """Shardings of ``(trainable, non_trainable, optimizer, metrics)`` variables, as Keras
     lays them out once initialised (a slot takes its weight's layout)."""
     if distribution is None:
         device = jax.devices()[0]
         single = jax.sharding.SingleDeviceSharding(device)
-        groups = (
-            model.trainable_variables,
-            model.non_trainable_variables,
-            model.optimizer.variables,
-            model.metrics_variables,
-        )
-        return tuple([single] * len(group) for group in groups)
+        return tuple([single] * len(group) for group in state_groups(model))
     mesh = distribution.device_mesh.backend_mesh
     shard = lambda v: _variable_sharding(v, distribution, mesh)
     trainable = [shard(v) for v in model.trainable_variables]
@@ -192,14 +197,9 @@ def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
     with global_distribution(None):  # the metrics' variables are scalars, replicated
         build_compile_state(model, x, y)  # compiled metrics' variables (e.g. accuracy), as fit's first batch makes them
     shardings = state_shardings(model, distribution)
-    groups = (
-        model.trainable_variables,
-        model.non_trainable_variables,
-        model.optimizer.variables,
-        model.metrics_variables,
-    )
     state = tuple(
-        [_abstract(v, s) for v, s in zip(group, group_shardings)] for group, group_shardings in zip(groups, shardings)
+        [_abstract(v, s) for v, s in zip(group, group_shardings)]
+        for group, group_shardings in zip(state_groups(model), shardings)
     )
     data = (_batch_struct(*x, distribution), _batch_struct(*y, distribution))
     out_shardings = None if distribution is None else (None, shardings)
