@@ -85,16 +85,21 @@ def _tp_distribution():
     return CheckedModelParallel(layout_map=layout_map, batch_dim_name="data")
 
 
-def _plain_lora(distribution, merged):
-    keras.distribution.set_distribution(distribution)
-    model = _plain_model()
-    layers = [model.get_layer(name) for name in ("dense", "query", "output")]
+def _enable_lora(model, layers, merged):
+    """LoRA of rank RANK: on ``layers`` computing through Keras' own call (``merged``), or as fine-tuning enables it."""
     if merged:
         for layer in layers:
             layer.enable_lora(RANK)
             _merged(layer)
     else:
         enable_lora(model, RANK)
+
+
+def _plain_lora(distribution, merged):
+    keras.distribution.set_distribution(distribution)
+    model = _plain_model()
+    layers = [model.get_layer(name) for name in ("dense", "query", "output")]
+    _enable_lora(model, layers, merged)
     _factors_nonzero(layers)
     return model
 
@@ -172,12 +177,7 @@ def _gpt_lora(merged):
     model = GPTCausalLM.from_config_name("gpt_tiny")  # C 32, F 64, 4 heads of 8, 2 KV heads, V 256, untied lm_head
     model(np.zeros((GPT_BATCH, GPT_LENGTH), "int32"))
     layers = lora_target_layers(model)  # q, k, v, output, gate, up, down per block; lm_head
-    if merged:
-        for layer in layers:
-            layer.enable_lora(RANK)
-            _merged(layer)
-    else:
-        enable_lora(model, RANK)
+    _enable_lora(model, layers, merged)
     for variable in model.weights:
         variable.trainable = is_lora_variable(variable)
     return model, layers
