@@ -132,13 +132,24 @@ def save_model_atomically(model, path, fallback_folders=()):
 
 
 def write_or_rescue(write, path, fallback_folders=()):
-    """``write(path)``; if it raises ``OSError``, ``write(<folder>/rescued-<time>-<name>)`` in
+    """``write(path)``; if it raises ``OSError`` (or safetensors' ``SafetensorError``, which a full
+    disk raises when a ``.safetensors`` file is written), ``write(<folder>/rescued-<time>-<name>)`` in
     the first of ``fallback_folders``, the working folder or the temporary folder that
     takes it, then ``ModelSaveError`` naming both paths. Returns what ``write`` returned."""
     try:
         return write(path)
-    except OSError as error:
+    except _write_errors() as error:
         raise ModelSaveError(path, error, _rescue(write, path, fallback_folders)) from error
+
+
+def _write_errors():
+    """The exception types a failed write raises: ``OSError``, and ``SafetensorError`` where
+    safetensors is installed (it is not an ``OSError``: ``ENOSPC`` inside its writer arrives as one)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return (OSError,)
+    return (OSError, SafetensorError)
 
 
 def _save_replacing(model, path):
@@ -162,7 +173,7 @@ def _rescue(write, path, fallback_folders):
         target = os.path.join(os.path.abspath(folder), name)
         try:
             write(target)
-        except OSError:
+        except _write_errors():
             continue
         return target
     return None

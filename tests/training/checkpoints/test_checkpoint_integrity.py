@@ -33,8 +33,9 @@ from zoo.training.checkpoints import (
     TrainingPosition,
     fit_from,
 )
+from zoo.training.checkpoints._lock import CheckpointLock
 from zoo.training.cnn import CNNTrainSettings, train
-from zoo.training.paths import ModelSaveError, PathError, save_model_atomically
+from zoo.training.paths import ModelSaveError, PathError, save_model_atomically, write_or_rescue
 
 DATA = {"examples": EXAMPLES, "batch_size": BATCH, "seed": 0}
 STEPS_PER_EPOCH = EXAMPLES // BATCH  # 4
@@ -221,6 +222,32 @@ def test_a_second_run_on_a_locked_folder_is_refused_and_damages_nothing(run, tmp
     assert any(f"took over the lock a stopped run left (process {holder.pid} on" in line for line in lines), lines
 
 
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    """``zoo.lock`` linked to another file (or to nothing): refused in one line naming it, the target
+    neither truncated nor created (the lock is opened with ``O_NOFOLLOW``)."""
+    target = tmp_path / "precious.txt"
+    target.write_text("do not truncate me\n")
+    for name, points_to in [("live", target), ("dangling", tmp_path / "absent.txt")]:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "zoo.lock").symlink_to(points_to)
+        lock = CheckpointLock(str(folder))
+        with pytest.raises(CheckpointError) as caught:
+            lock.acquire()
+        message = str(caught.value)
+        assert "\n" not in message
+        assert re.fullmatch(
+            rf"checkpoint {re.escape(str(folder / 'zoo.lock'))}: "
+            rf"is a symbolic link \(to '{re.escape(str(points_to))}'\), not a lock file; "
+            r"nothing was written through it: "
+            r"remove the link or choose another --checkpoint-dir",
+            message,
+        ), message
+        lock.release()  # nothing held: a no-op
+    assert target.read_text() == "do not truncate me\n"
+    assert not (tmp_path / "absent.txt").exists()
+
+
 def test_an_unwritable_output_is_refused_before_any_work(tmp_path):
     (tmp_path / "a-file").write_text("")
     cases = [
@@ -278,3 +305,28 @@ def test_a_failing_save_rescues_the_model_and_says_where(tmp_path):
     reloaded = keras.saving.load_model(rescued)
     for saved, loaded in zip(model.variables, reloaded.variables, strict=True):
         assert np.array_equal(np.asarray(saved.value), np.asarray(loaded.value)), saved.path
+
+
+def test_a_safetensors_write_failing_on_a_full_disk_is_rescued_like_an_os_error(tmp_path):
+    """safetensors raises ``SafetensorError`` (not an ``OSError``) when the disk fills: the
+    fine-tuned preset is still written to the fallback folder and the error names both paths."""
+    from safetensors import SafetensorError
+
+    output, fallback = tmp_path / "full-disk" / "preset", tmp_path / "checkpoints"
+    fallback.mkdir()
+
+    def save(target):
+        if target == str(output):
+            raise SafetensorError("Error while serializing: IoError(No space left on device (os error 28))")
+        os.makedirs(target)
+        (pathlib.Path(target) / "model.safetensors").write_bytes(b"weights")
+        return target
+
+    with pytest.raises(
+        ModelSaveError,
+        match=rf"could not write the model to {re.escape(str(output))} "
+        r"\(SafetensorError: .*No space left on device.*\); "
+        rf"the trained model was saved to {re.escape(str(fallback))}/rescued-\d{{8}}-\d{{6}}-preset instead",
+    ) as caught:
+        write_or_rescue(save, str(output), fallback_folders=[str(fallback)])
+    assert (pathlib.Path(caught.value.rescued) / "model.safetensors").read_bytes() == b"weights"

@@ -6,7 +6,8 @@ The kernel releases a ``flock`` when its process dies, however it dies: a lock f
 by a killed run is stale by construction, and the next run takes it over (saying whose it
 was). Where the file system has no ``flock`` (some network mounts), the holder's process
 id is checked instead, on the same host. Only process 0 of a multi-process run locks:
-the others write through Orbax under its coordination.
+the others write through Orbax under its coordination. The file is opened without following
+a symbolic link (``O_NOFOLLOW``): a ``zoo.lock`` that is a link is refused, its target untouched.
 """
 
 import errno
@@ -34,7 +35,7 @@ class CheckpointLock:
         if self._handle is not None or not is_primary_process():
             return self
         os.makedirs(self.directory, exist_ok=True)
-        handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        handle = _open_lock_file(self.path)
         try:
             holder = _read_holder(handle)
             if not _locked(handle, holder):
@@ -57,6 +58,21 @@ class CheckpointLock:
         os.ftruncate(self._handle, 0)  # an empty lock file: no holder
         os.close(self._handle)  # closing releases the flock
         self._handle = None
+
+
+def _open_lock_file(path):
+    """Open (creating) the lock file without following a symbolic link: the lock is truncated
+    and rewritten, so a ``zoo.lock`` linked elsewhere would empty whatever it points to."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        if not os.path.islink(path):  # ELOOP (EMLINK on some systems) for a link; anything else is not ours
+            raise
+        raise CheckpointError(
+            path,
+            f"is a symbolic link (to {os.readlink(path)!r}), not a lock file; nothing was written through it: "
+            "remove the link or choose another --checkpoint-dir",
+        ) from None
 
 
 def _locked(handle, holder):
