@@ -120,11 +120,15 @@ def sparse_2gb(folder, outside):
         file.truncate(2**31)  # sparse: no disk, and no loader may read it whole
 
 
-def write_index(text):
+def write_file(name, text):
     def damage(folder, outside):
-        (folder / INDEX_FILE).write_text(text)
+        (folder / name).write_text(text)
 
     return damage
+
+
+def write_index(text):
+    return write_file(INDEX_FILE, text)
 
 
 OUT_OF_FOLDER = "opens nothing outside"
@@ -145,6 +149,10 @@ CASES = [
      r"names 'model.safetensors', a symlink to '.*/outside/model.safetensors' outside the folder", FILES),
     ("config-symlink-outside", link_outside("config.json"), CheckpointError,
      r"names 'config.json', a symlink to '.*/outside/config.json' outside the folder", FILES),
+    ("config-not-json", write_file("config.json", '{"model_type": "llama",\n  "hidden_size": 32'), CheckpointError,
+     r"^[^']*/model/config.json is not JSON: Expecting ',' delimiter: line 2 column 20 \(char 43\)$", FILES),
+    ("tokenizer-symlink-outside", link_outside("tokenizer.json"), CheckpointError,
+     r"names 'tokenizer.json', a symlink to '.*/outside/tokenizer.json' outside the folder", FILES),
     ("tensor-int8", set_tensor(NORM, lambda t: t.astype(np.int8)), CheckpointError,
      rf"tensor '{NORM}' in '.*/model.safetensors' is stored as I8", BUILD),
     ("tensor-int64", set_tensor(EMBEDDING, lambda t: t.astype(np.int64)), CheckpointError, rf"tensor '{EMBEDDING}' .* stored as I64", BUILD),
@@ -285,3 +293,13 @@ def test_the_undamaged_copy_loads_and_its_opens_are_seen(tmp_path, opened):
     with SafetensorsFiles(folder) as files:
         assert files.names() == sorted(load_file(SOURCE / SINGLE_FILE))
     assert str((folder / SINGLE_FILE).resolve()) in opened and str((folder / "config.json").resolve()) in opened
+
+
+def test_zoo_presets_names_a_hugging_face_config_that_is_not_json(tmp_path):
+    """``zoo.presets.from_preset`` on a Hugging Face folder whose config.json is damaged says so,
+    rather than sending the user to ``GPTCausalLM.from_preset`` for a folder it cannot read."""
+    from zoo.presets import PresetError, from_preset
+
+    folder, _ = damaged(tmp_path, write_file("config.json", "not json"))
+    with pytest.raises(PresetError, match=r"^[^']*/model/config.json is not JSON: Expecting value: line 1 column 1"):
+        from_preset(folder)

@@ -7,6 +7,7 @@ whole array on one device first.
 """
 
 import copy
+import json
 import os
 
 import keras
@@ -21,7 +22,7 @@ from zoo.presets._format import (
     check_version,
     read_json,
 )
-from zoo.presets._safety import check_model_config, zoo_class
+from zoo.presets._safety import check_model_config, inside_folder, zoo_class
 from zoo.presets.registry import preset_directory
 from zoo.presets.safetensors_weights import has_safetensors
 from zoo.presets.sharded_weights import load_weights_sharded
@@ -111,12 +112,27 @@ def load_preset_model(model_class, name_or_dir, *, load_weights=True, skip_layer
 
 
 def _refuse_hugging_face_folder(directory):
-    """A Hugging Face folder (safetensors, no metadata.json) is a ``GPTCausalLM``'s to read."""
+    """A Hugging Face folder (safetensors, no metadata.json) is a ``GPTCausalLM``'s to read;
+    one whose ``config.json`` is not JSON is a damaged folder, and the error says that."""
     if not os.path.isfile(os.path.join(directory, METADATA_FILE)) and has_safetensors(directory):
+        _check_json(directory, CONFIG_FILE)
         raise PresetError(
             f"{directory!r} is a Hugging Face folder (config.json + safetensors), not a zoo preset; "
             f"load it with GPTCausalLM.from_preset({directory!r}) (docs/checkpoints-hf.md)"
         )
+
+
+def _check_json(directory, name):
+    """``PresetError`` naming ``directory/name`` and where its JSON breaks, if it is a file that
+    is not JSON (a symlink out of the folder is refused, not followed)."""
+    path = inside_folder(directory, name, listed_in="the folder")
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as file:
+            json.load(file)
+    except ValueError as error:  # json.JSONDecodeError (line and column), UnicodeDecodeError
+        raise PresetError(f"{path} is not JSON: {error}") from None
 
 
 def check_class(directory, found, model_class):

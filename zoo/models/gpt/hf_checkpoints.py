@@ -108,21 +108,26 @@ __all__ = [
 
 def is_hf_directory(directory):
     """A folder with a Hugging Face ``config.json`` (it has ``model_type``) and safetensors
-    weights; ``CheckpointError`` when its ``config.json`` resolves outside the folder."""
+    weights; ``CheckpointError`` when its ``config.json`` resolves outside the folder or is
+    not JSON (a damaged Hugging Face folder, not "not a zoo preset")."""
     if not os.path.isdir(directory) or not has_safetensors(directory):
         return False
     try:
-        return "model_type" in read_config(directory)
-    except (OSError, ValueError):
+        config = read_config(directory)
+    except OSError:  # no config.json (or not a file): not a Hugging Face folder
         return False
+    return isinstance(config, dict) and "model_type" in config
 
 
 def read_config(directory):
-    """The folder's ``config.json`` (refused when it resolves outside the folder)."""
-    with open(
-        inside_folder(directory, CONFIG_FILE, listed_in="the folder", error=CheckpointError), encoding="utf-8"
-    ) as file:
-        return json.load(file)
+    """The folder's ``config.json`` (refused when it resolves outside the folder, or is not JSON,
+    naming the file and where the JSON breaks)."""
+    path = inside_folder(directory, CONFIG_FILE, listed_in="the folder", error=CheckpointError)
+    with open(path, encoding="utf-8") as file:
+        try:
+            return json.load(file)
+        except ValueError as error:  # json.JSONDecodeError (line and column), UnicodeDecodeError
+            raise CheckpointError(f"{path} is not JSON: {error}") from None
 
 
 def weight_views(arguments):
