@@ -60,6 +60,16 @@ CASES = [
         USAGE,
         "argument --simulate-devices: expected an integer >= 1, got '0'",
     ),
+    (  # past zoo.config.types.MAX_DEVICES, refused before XLA starts (issue 27: 100,000 segfaulted XLA:CPU)
+        ["train", "cnn", "--simulate-devices", "100000"],
+        USAGE,
+        "argument --simulate-devices: expected an integer <= 4,096, got '100000'",
+    ),
+    (
+        ["train", "gpt", "--simulate-devices", "1" + "0" * 30],
+        USAGE,
+        "argument --simulate-devices: expected an integer <= 4,096, got '1" + "0" * 30 + "'",
+    ),
     (["train", "cnn", "--layout", "bogus"], USAGE, "argument --layout: invalid choice: 'bogus'"),
     (["train", "cnn", "--output", "model.h5"], USAGE, "'model.h5': a model path must end in .keras"),
     (["train", "cnn", "--output", "{file}/m.keras"], USAGE, "{file} is a file, not a folder"),
@@ -269,6 +279,11 @@ CASES = [
     (["recipe", "check", "{missing}"], USAGE, "{missing}: no such recipe file"),
     (["recipe", "check", "x.toml", "--devices", "0"], USAGE, "argument --devices: expected an integer >= 1, got '0'"),
     (
+        ["recipe", "check", "x.toml", "--devices", "100000"],
+        USAGE,
+        "argument --devices: expected an integer <= 4,096, got '100000'",
+    ),
+    (
         ["recipe", "check", "x.toml", "--depth", "deep"],
         USAGE,
         "argument --depth: expected auto, full or an integer >= 1, got 'deep'",
@@ -281,6 +296,7 @@ CASES = [
     ),
     # zoo plan
     (["plan", "--batch-size", "0"], USAGE, "argument --batch-size: expected an integer >= 1, got '0'"),
+    (["plan", "--devices", "100000"], USAGE, "argument --devices: expected an integer <= 4,096, got '100000'"),
     (["plan", "--depth", "0"], USAGE, "argument --depth: expected auto, full or an integer >= 1, got '0'"),
     (
         ["plan", "--device-memory-gib", "-2"],
