@@ -164,7 +164,8 @@ def test_estimate_equals_what_each_device_holds(name):
 
 def test_numbers_past_their_range_and_a_non_keras_output_are_refused_before_anything_runs(tmp_path):
     """Recipe numbers are range-checked like flags: counts up to 2**31 - 1, devices up to
-    4096 (before XLA sees them); a job that saves a .keras file refuses another suffix."""
+    4096 (before XLA sees them), per host and hosts x devices_per_host in all; a job that
+    saves a .keras file refuses another suffix."""
     path = write(tmp_path, CNN)
     with pytest.raises(
         RecipeError, match=r"\[train\] epochs: expected an integer <= 2,147,483,647, got 100000000000000000000"
@@ -172,6 +173,13 @@ def test_numbers_past_their_range_and_a_non_keras_output_are_refused_before_anyt
         load_recipe(path, {"train.epochs": 10**20})
     with pytest.raises(RecipeError, match=r"\[target\] devices_per_host: expected an integer <= 4,096, got 1000000"):
         load_recipe(path, {"target.devices_per_host": 10**6})
+    # each within its range, the product not: refused naming both (no XLA_FLAGS past the cap)
+    with pytest.raises(
+        RecipeError,
+        match=r"\[target\] hosts = 1,000 x devices_per_host = 4,096 = 4,096,000 devices, above the 4,096 the zoo",
+    ):
+        load_recipe(path, {"target.hosts": 1000, "target.devices_per_host": 4096})
+    assert load_recipe(path, {"target.hosts": 512, "target.devices_per_host": 8}).target.devices == 4096
     with pytest.raises(RecipeError, match=r"\[train\] output = 'model.h5': the job saves a .keras file"):
         check_recipe(load_recipe(path, {"train.output": "model.h5"}))
     from zoo.distribution import simulate_cpu_devices

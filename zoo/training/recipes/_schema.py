@@ -180,7 +180,19 @@ def parse_sections(document, path):
             raise RecipeError(f"{path}: [{name}] must be a table (a [{name}] section), got {values!r}")
         sections[name] = _parse_section(section_class, name, values, path)
         given.update(f"{name}.{key_name}" for key_name in values)
+    _check_device_total(sections["target"], path)
     return sections, frozenset(given)
+
+
+def _check_device_total(target, path):
+    """Each of ``hosts`` and ``devices_per_host`` has its own range; their product, the devices
+    planned for and passed on to XLA, is bounded by the same ``types.MAX_DEVICES``."""
+    if target.hosts * target.devices_per_host > types.MAX_DEVICES:
+        raise RecipeError(
+            f"{path}: [target] hosts = {target.hosts:,} x devices_per_host = {target.devices_per_host:,} "
+            f"= {target.devices:,} devices, above the {types.MAX_DEVICES:,} the zoo plans and simulates "
+            f"(zoo.config.types.MAX_DEVICES)"
+        )
 
 
 def _parse_section(section_class, name, values, path):
