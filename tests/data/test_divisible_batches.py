@@ -20,8 +20,8 @@ def _batches(dataset):
 
 
 def _real_ids(dataset):
-    """Example ids of the real (weight 1) rows, in the order the epoch yields them."""
-    ids = [x[w == 1.0, 0] for x, _, w in _batches(dataset)]
+    """Example ids of the real (weight > 0) rows, in the order the epoch yields them."""
+    ids = [x[w > 0, 0] for x, _, w in _batches(dataset)]
     return np.concatenate(ids).astype(int)
 
 
@@ -47,10 +47,20 @@ def test_pad_rows_copy_the_last_real_row_with_weight_zero():
     bx, by, bw = ds[6]  # 100 = 6 * 16 + 4: four real rows, four padding rows
     np.testing.assert_array_equal(bx[:, 0], [96, 97, 98, 99, 99, 99, 99, 99])
     np.testing.assert_array_equal(by, [960, 970, 980, 990, 990, 990, 990, 990])
-    np.testing.assert_array_equal(bw, [1, 1, 1, 1, 0, 0, 0, 0])
+    real = np.float32(104 / 100)  # (N + P) / N: the loss over the 104 yielded rows is the mean over the 100 real
+    assert ds.real_weight == 104 / 100
+    np.testing.assert_array_equal(bw, [real] * 4 + [0] * 4)
     assert bw.dtype == np.float32
     for i in range(6):
-        np.testing.assert_array_equal(ds[i][2], np.ones(16, np.float32))
+        np.testing.assert_array_equal(ds[i][2], np.full(16, real, np.float32))
+
+
+def test_real_rows_weigh_one_when_nothing_is_padded():
+    x, y = _ids(96)
+    ds = DivisibleBatches(x, y, batch_size=16, multiple_of=8)  # 96 = 6 * 16 + 0
+    assert ds.num_padding == 0 and ds.real_weight == 1.0
+    assert all(np.array_equal(w, np.ones(16, np.float32)) for _, _, w in _batches(ds))
+    assert DivisibleBatches(x, y, batch_size=16, multiple_of=8, remainder="drop").real_weight == 1.0
 
 
 def test_pad_goes_only_to_the_next_multiple_not_the_batch_size():
@@ -225,9 +235,10 @@ def test_fit_evaluate_predict_under_data_parallel_are_exact(data_parallel_8):
     assert logits.shape == (100, 8)
     accuracy = np.mean(logits.argmax(axis=1) == y)
     np.testing.assert_allclose(metrics["accuracy"], accuracy, atol=1e-6)
-    # The reported loss averages over the padded count, N + num_padding.
+    # The reported loss is the mean over the 100 real examples, not over the 104 rows
+    # yielded (the padding rows weigh 0, the real ones 104 / 100): as on one device.
     losses = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-    expected_loss = float(np.sum(losses)) / (100 + inputs.num_padding)
+    expected_loss = float(np.mean(losses))
     np.testing.assert_allclose(metrics["loss"], expected_loss, rtol=1e-4)
 
 
@@ -235,6 +246,7 @@ def test_per_token_labels_get_per_token_padding_weights():
     x = np.zeros((10, 5), np.int32)
     y = np.ones((10, 5), np.int32)  # (N, T) next-token labels
     _, _, weights = DivisibleBatches(x, y, batch_size=8, multiple_of=4)[1]  # 2 real + 2 padding rows
-    np.testing.assert_array_equal(weights, np.repeat([[1.0], [1.0], [0.0], [0.0]], 5, axis=1))
+    real = np.float32(12 / 10)  # (N + P) / N
+    np.testing.assert_array_equal(weights, np.repeat([[real], [real], [0.0], [0.0]], 5, axis=1))
     one_hot = np.eye(3, dtype=np.float32)[np.arange(10) % 3]  # (N, C): loss is per example
     assert DivisibleBatches(x, one_hot, batch_size=8, multiple_of=4)[1][2].shape == (4,)

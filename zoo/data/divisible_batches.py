@@ -5,6 +5,15 @@ data axis, so every batch, the last partial one included, must have a size
 divisible by that axis; otherwise JAX raises an indivisible-shape error.
 ``DivisibleBatches`` feeds ``model.fit`` / ``evaluate`` / ``predict`` with
 batches that satisfy this, by dropping or by padding the last partial batch.
+
+Padding must not change what ``evaluate`` reports, or the validation loss of the same
+weights would depend on the mesh (issue 27: 4.988 on data=8, 5.015 on data=1). Keras
+averages a ``"sum_over_batch_size"`` loss over every row of a batch, padding included
+(the sum of the weighted losses over the batch's size), and then over the batches by
+their row counts: over an epoch, the sum of the weighted losses over the N + P rows it
+yielded. So padding rows weigh 0 and real rows (N + P) / N: the loss is the mean over the
+N real examples, as on one device. Weighted metrics (the sum of weighted values over the
+sum of the weights) do not change with that common factor.
 """
 
 import keras
@@ -21,11 +30,14 @@ class DivisibleBatches(keras.utils.PyDataset):
     (if ``r > 0``). ``remainder`` decides what happens to that partial batch:
 
     - ``"drop"``: it is dropped; batches are ``(x, y)``, or ``x`` when y is None.
-    - ``"pad"``: it is padded up to the next multiple of ``M`` (at most ``M - 1``
+    - ``"pad"``: it is padded up to the next multiple of ``M`` (``P = (-N) mod M``
       padding rows, copies of its last real row). With y, every batch is
-      ``(x, y, sample_weight)`` with weight 1.0 for real rows and 0.0 for
-      padding, so weighted metrics are exact. Without y (for ``predict``),
-      batches are ``x`` alone; ``trim(predictions)`` removes the padding rows.
+      ``(x, y, sample_weight)`` with weight 0.0 for padding and ``real_weight``
+      = (N + P) / N for real rows (1.0 when nothing is padded), so that
+      ``evaluate``'s loss (``"sum_over_batch_size"``) and weighted metrics are
+      the means over the N real examples, whatever M is. Without y (for
+      ``predict``), batches are ``x`` alone; ``trim(predictions)`` removes the
+      padding rows. Meant for evaluation: training data should drop.
 
     Args:
         x: array (N, ...) or a nested structure (dict, list, tuple) of arrays
@@ -79,6 +91,11 @@ class DivisibleBatches(keras.utils.PyDataset):
         return self._num_examples
 
     @property
+    def real_weight(self):
+        """Sample weight of a real row under "pad": (N + num_padding) / N (1.0 for "drop")."""
+        return (self._num_examples + self.num_padding) / self._num_examples
+
+    @property
     def num_batches(self):
         """Batches per epoch: N // B for "drop", ceil(N / B) for "pad"."""
         full, partial = divmod(self._num_examples, self.batch_size)
@@ -104,7 +121,7 @@ class DivisibleBatches(keras.utils.PyDataset):
         y = _take(self._y, rows)
         if self.remainder == "drop":
             return x, y
-        return x, y, _padding_weights(len(rows), num_real, y)
+        return x, y, _padding_weights(len(rows), num_real, y, self.real_weight)
 
     def on_epoch_end(self):
         """Advance to the next epoch; draws a new example order if shuffling."""
@@ -178,14 +195,15 @@ def _take(structure, rows):
     return keras.tree.map_structure(lambda a: a[rows], structure)  # (b, ...)
 
 
-def _padding_weights(batch_rows, num_real, y):
-    """1.0 for real rows, 0.0 for padding: ``(b,)``, or ``y``'s shape for per-token integer labels ``(b, T)``.
+def _padding_weights(batch_rows, num_real, y, real_weight):
+    """``real_weight`` for real rows, 0.0 for padding: ``(b,)``, or ``y``'s shape for per-token integer labels
+    ``(b, T)``.
 
     Keras does not broadcast ``(b,)`` weights against per-token losses ``(b, T)``;
     one-hot (float) labels keep ``(b,)`` weights since their loss is per example.
     """
     weights = np.zeros((batch_rows,), np.float32)  # (b,)
-    weights[:num_real] = 1.0
+    weights[:num_real] = real_weight
     if isinstance(y, np.ndarray) and y.ndim > 1 and np.issubdtype(y.dtype, np.integer):
         weights = np.ascontiguousarray(np.broadcast_to(weights.reshape((batch_rows,) + (1,) * (y.ndim - 1)), y.shape))
     return weights
