@@ -229,3 +229,74 @@ def test_how_a_run_computes_does_not_make_a_checkpoint_another_model():
     written = described()
     assert differences(written, described(context_attention="ring", remat="full")) == []
     assert differences(written, described(hidden_dim=64, intermediate_dim=64)) != []
+
+
+def _gpt(schedule=None, repeats=1, seed=0):
+    """gpt_tiny with 4 blocks as layers (schedule None) or stacked (R, 4/R, ...); AdamW built."""
+    from zoo.models import GPTCausalLM
+
+    keras.utils.set_random_seed(seed)
+    stacked = {"schedule": schedule, "micro_batches": 1, "repeats": repeats} if schedule else {}
+    model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=4, **stacked)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    rng = np.random.default_rng(seed)
+    for variable in model.optimizer.variables[2:]:  # moments made non-zero, so a mix-up shows
+        variable.assign(rng.standard_normal(variable.shape).astype("float32"))
+    model.optimizer.iterations.assign(2)
+    return model
+
+
+def _by_layer(model):
+    """{(group, name, layer): array}: a stacked (R, L/R, ...) weight or slot as its L layers."""
+    from zoo.training.checkpoints._block_forms import _key
+
+    found = {}
+    for group, variables in (("model", model.variables), ("optimizer", model.optimizer.variables)):
+        for variable in variables:
+            key, value = _key(group, variable.path), np.asarray(variable.value)
+            if key.kind == "stacked":
+                for layer, block in enumerate(value.reshape(-1, *value.shape[2:])):
+                    found[group, key.name, layer] = block
+            elif "seed_generator" not in key.name:
+                found[group, key.name, key.layer] = value
+    return found
+
+
+@pytest.mark.parametrize(
+    ("written", "restored"),
+    [((None, 1), ("gpipe", 1)), (("circular", 2), (None, 1)), (("gpipe", 1), ("circular", 2))],
+    ids=["layers-to-stacked", "stacked-to-layers", "restacked"],
+)
+def test_a_gpt_checkpoint_restores_into_the_other_block_form(tmp_path, written, restored):
+    """Blocks as L layers <-> stacked (R, L/R, ...) (layout pipeline): every weight and
+    optimizer slot lands at its layer (stack place (r, j) is layer r * L/R + j)."""
+    saved = _gpt(*written, seed=1)
+    Checkpoints(str(tmp_path), data=DATA).save(saved, TrainingPosition.after(2, STEPS_PER_EPOCH))
+    model = _gpt(*restored, seed=2)
+    position = Checkpoints(str(tmp_path), data=DATA).restore(model)
+    assert position.step == 2 and int(model.optimizer.iterations) == 2
+    expected, found = _by_layer(saved), _by_layer(model)
+    assert sorted(found, key=str) == sorted(expected, key=str)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(found[key], value, err_msg=str(key))
+
+
+def test_a_block_form_change_matches_every_variable_or_nothing():
+    """A stack whose layers the checkpoint lacks, or a layer of another shape, is no form
+    change: the checkpoint stays "a different model"."""
+    from zoo.training.checkpoints._block_forms import BlockFormConversion
+
+    layers = {"model": [["block_0/w", [2, 3], "float32"], ["block_1/w", [2, 3], "float32"], ["e", [5], "float32"]]}
+    assert BlockFormConversion.between(
+        layers, {"model": [["blocks/w", [1, 2, 2, 3], "float32"], ["e", [5], "float32"]]}
+    )
+    for current in (
+        [["blocks/w", [1, 3, 2, 3], "float32"], ["e", [5], "float32"]],  # 3 layers, the checkpoint has 2
+        [["blocks/w", [1, 2, 3, 2], "float32"], ["e", [5], "float32"]],  # a layer of another shape
+        [["blocks/w", [1, 2, 2, 3], "bfloat16"], ["e", [5], "float32"]],  # another dtype
+        [["blocks/w", [1, 2, 2, 3], "float32"]],  # "e" left over in the checkpoint
+        [["blocks/w", [1, 2, 2, 3], "float32"], ["e", [5], "float32"], ["f", [1], "float32"]],  # "f" not in it
+    ):
+        assert BlockFormConversion.between(layers, {"model": current}) is None, current
+    assert BlockFormConversion.between(layers, layers) is None  # one form: nothing to convert

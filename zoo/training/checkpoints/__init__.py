@@ -35,6 +35,7 @@ from zoo._version import __version__
 from zoo.training.checkpoints import _files as files
 from zoo.training.checkpoints import _integrity as integrity
 from zoo.training.checkpoints import _state as state
+from zoo.training.checkpoints._block_forms import BlockFormConversion
 from zoo.training.checkpoints._data_position import ResumableBatches, TrainingPosition, fit_from
 from zoo.training.checkpoints._files import CheckpointError
 from zoo.training.checkpoints._lock import CheckpointLock, describe_holder
@@ -142,9 +143,14 @@ class Checkpoints:
         path = path or self.latest_complete()
         if path is None:
             raise CheckpointError(self.directory, "holds no complete checkpoint")
-        metadata = self._checked_metadata(model, path)
-        tree = self._read_arrays(path, state.abstract_state_tree(model))
-        _check_integrity(path, tree, metadata)
+        metadata, conversion = self._checked_metadata(model, path)
+        if conversion is None:
+            tree = self._read_arrays(path, state.abstract_state_tree(model))
+            _check_integrity(path, tree, metadata)
+        else:  # the other block form: read as saved, then stacked or unstacked into the model's
+            saved = self._read_arrays(path, _saved_abstract_tree(metadata))
+            _check_integrity(path, saved, metadata)
+            tree = conversion.apply(saved, state.state_tree(model))
         position = TrainingPosition(**metadata["position"])
         _check_iterations(path, tree, model, position)
         rate = state.learning_rate(model)
@@ -186,12 +192,7 @@ class Checkpoints:
     def read(self, path):
         """``(metadata, {"model": [np.ndarray], "optimizer": [np.ndarray]})`` of a checkpoint, without a model."""
         metadata = files.read_metadata(path)
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        abstract = {
-            group: [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype), sharding=device) for _, shape, dtype in specs]
-            for group, specs in metadata["description"]["variables"].items()
-        }
-        tree = self._read_arrays(path, abstract)
+        tree = self._read_arrays(path, _saved_abstract_tree(metadata))
         _check_integrity(path, tree, metadata)
         return metadata, {group: [np.asarray(a) for a in arrays] for group, arrays in tree.items()}
 
@@ -222,10 +223,16 @@ class Checkpoints:
             raise CheckpointError(
                 path, f"was written for other training data: {metadata['data']} in the checkpoint, {self.data} now"
             )
-        found = state.differences(metadata["description"], state.describe(model))
-        if found:
+        saved, current = metadata["description"], state.describe(model)
+        found = state.differences(saved, current)
+        if not found:
+            return metadata, None
+        conversion = None
+        if not state.differences(saved, current, variables=False):  # the same model, other variables
+            conversion = BlockFormConversion.between(saved["variables"], current["variables"])
+        if conversion is None:
             raise CheckpointError(path, "was written by a different model or optimizer: " + "; ".join(found))
-        return metadata
+        return metadata, conversion
 
     def _read_arrays(self, path, abstract):
         restore = ocp.args.StandardRestore(abstract)
@@ -267,6 +274,15 @@ def _open_manager(directory, keep):
         files.METADATA_ITEM: ocp.JsonCheckpointHandler(filename=files.METADATA_FILE),
     }
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+
+
+def _saved_abstract_tree(metadata):
+    """The restore target of a checkpoint's arrays as saved: each whole on this process's first device."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return {
+        group: [jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype), sharding=device) for _, shape, dtype in specs]
+        for group, specs in metadata["description"]["variables"].items()
+    }
 
 
 def _check_integrity(path, tree, metadata):

@@ -21,6 +21,8 @@ import jax
 import keras
 import numpy as np
 
+from zoo.training.checkpoints._block_forms import FORM_KEYS
+
 GROUPS = ("model", "optimizer")  # the two lists of the array tree, in this order
 
 
@@ -87,28 +89,31 @@ def describe(model):
 # Model-config keys that say how a run computes, not what its weights are: the kernel the
 # distribution chose (context_attention), Megatron SP (megatron_sp, set by layout tp+sp),
 # remat, and an MoE layer's capacity, exchange and grouped matmul. A checkpoint written
-# under one value resumes under another (a layout change), so they are not compared.
+# under one value resumes under another (a layout change), so they are not compared; nor
+# are the block form's keys (the pipeline's schedule, micro-batches, repeats): a change of
+# form is matched variable by variable (``_block_forms``).
 RUN_KEYS = ("context_attention", "megatron_sp", "remat", "capacity_factor", "expert_exchange", "grouped_matmul")
 
 
 def without_run_keys(config):
-    """``config`` (nested dicts and lists) without the ``RUN_KEYS`` at any depth."""
+    """``config`` (nested dicts and lists) without the ``RUN_KEYS`` and ``FORM_KEYS`` at any depth."""
     if isinstance(config, dict):
-        return {key: without_run_keys(value) for key, value in config.items() if key not in RUN_KEYS}
+        return {key: without_run_keys(value) for key, value in config.items() if key not in RUN_KEYS + FORM_KEYS}
     if isinstance(config, list):
         return [without_run_keys(value) for value in config]
     return config
 
 
-def differences(saved, current, limit=3):
+def differences(saved, current, limit=3, *, variables=True):
     """Human-readable differences between a saved and a current description (at most
-    ``limit``); the model configs compared without their ``RUN_KEYS``."""
+    ``limit``); the model configs compared without their ``RUN_KEYS``; the variables
+    only if ``variables``."""
     found = []
     saved = {**saved, "model_config": without_run_keys(saved.get("model_config"))}
     current = {**current, "model_config": without_run_keys(current["model_config"])}
     for key, label in (("model_class", "model class"), ("model_config", "model config"), ("optimizer", "optimizer")):
         _diff(saved.get(key), current[key], label, found)
-    for group in GROUPS:
+    for group in GROUPS if variables else ():
         _diff_variables(saved.get("variables", {}).get(group), current["variables"][group], group, found)
     if len(found) > limit:
         found = found[:limit] + [f"and {len(found) - limit} more"]
