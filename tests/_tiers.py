@@ -25,6 +25,8 @@ SP_KERNELS = "tests/kernels/test_sequence_parallel.py::test_matches_reference"
 WINDOW_KERNELS = "tests/kernels/test_sliding_window.py::test_matches_masked_reference"
 MOE_KERNELS = "tests/kernels/test_moe.py"
 FINETUNE = "tests/training/test_finetune.py"
+RESUME = "tests/training/checkpoints/test_resume_anywhere.py"
+RESUME_TIER_1 = f"{RESUME}::test_the_pipelines_stacked_blocks_resume_as_layers_and_back (data -> pipeline)"
 
 # test id -> the tier-1 test that checks the same property
 MATRIX = {
@@ -178,6 +180,28 @@ MATRIX = {
     f"{DOCS}[docs/sequence_parallel.md#2]": "tests/layers/test_multi_head_attention_packing.py",
     f"{DOCS}[docs/presets.md#1]": "tests/presets",
     f"{DOCS}[docs/context_parallel.md#2]": "tests/distribution/test_context_parallel.py",
+    # Resume anywhere: tier 1 resumes across the block-form change (a layout change with the
+    # most to convert); the rest goes round every GPT and CNN layout, and onto 4 devices
+    **{
+        f"{RESUME}::test_a_gpt_checkpoint_resumes_under_another_layout[{pair}]": RESUME_TIER_1
+        for pair in (
+            "single-to-data",
+            "data-to-fsdp",
+            "fsdp-to-tp",
+            "tp-to-tp+sp",
+            "tp+sp-to-context",
+            "context-to-pipeline",
+            "pipeline-to-single",
+        )
+    },
+    **{
+        f"{RESUME}::test_a_cnn_checkpoint_resumes_under_another_layout[{pair}]": (
+            "tests/training/checkpoints/test_checkpoints.py::test_restore_puts_arrays_back_in_their_sharded_layout"
+        )
+        for pair in ("data-to-model", "model-to-single", "single-to-data")
+    },
+    f"{RESUME}::test_a_checkpoint_of_8_devices_resumes_on_4[gpt-tp-fsdp]": RESUME_TIER_1,
+    f"{RESUME}::test_a_checkpoint_of_8_devices_resumes_on_4[cnn-model-model]": RESUME_TIER_1,
 }
 
 
