@@ -63,6 +63,17 @@ def test_every_candidate_divides_the_devices_the_model_and_the_batch():
     assert {c.remat for c in found} == {"none", "dots_saveable", "full"}
 
 
+def test_a_resumed_run_keeps_its_batch_split_and_searches_the_rest():
+    """``--layout auto --resume``: the checkpoint's position counts batches of its size,
+    so only the layout, mesh and remat are searched (on whatever devices there are now)."""
+    request = _request(config_name="gpt_1b", batch_size=16, gradient_accumulation_steps=2, sequence_length=2048)
+    free, kept = candidates(request), candidates(request, keep_batch_split=True)
+    assert {(c.micro_batch, c.accumulation) for c in kept} == {(16, 2)}
+    assert {(c.micro_batch, c.accumulation) for c in free} > {(16, 2), (32, 1), (8, 4)}
+    assert {c.layout for c in kept} == {c.layout for c in free} and {c.remat for c in kept} == {c.remat for c in free}
+    assert set(kept) == {c for c in free if c.accumulation == 2}
+
+
 @pytest.fixture(scope="module")
 def ranking():
     return search(_request(), top=2)
@@ -120,18 +131,19 @@ def test_when_nothing_fits_analytically_the_message_says_so():
     assert Ranking(_request(), [], 7, 0).why_none() == "none of 7 candidates fits 8 x cpu by the analytic model"
 
 
-def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, capsys):
+@pytest.mark.parametrize("resume", [False, True], ids=["fresh", "resumed"])
+def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, capsys, tmp_path, resume):
     """``zoo train gpt --layout auto`` on these 8 devices (taken as 1.5 MiB each): the
     planner is asked about this job on them, and the job is called with the first row
     (the planner's search is the fixture's, checked above; the job under each layout is
-    tested elsewhere)."""
+    tested elsewhere). With ``--resume`` the search keeps the batch split."""
     from zoo.cli import main as cli
     from zoo.measure import hardware
     from zoo.planning import search as planner
     from zoo.training import gpt
 
     asked, trained = [], []
-    monkeypatch.setattr(planner, "search", lambda request, **_: asked.append(request) or ranking)
+    monkeypatch.setattr(planner, "search", lambda request, **kw: asked.append((request, kw)) or ranking)
     monkeypatch.setattr(hardware, "local_device", lambda: ("cpu", MEMORY_GIB))
     monkeypatch.setattr(gpt, "train", trained.append)
     code = cli.main(
@@ -148,10 +160,12 @@ def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, 
             "16",
             "--precision",
             "float32",
+            *(["--checkpoint-dir", str(tmp_path), "--resume"] if resume else []),
         ]
     )
     out = capsys.readouterr().out
-    ((request,), (config,)) = asked, trained
+    (((request, options),), (config,)) = asked, trained
+    assert options["keep_batch_split"] is resume  # a fresh run searches the batch split too
     assert (request.devices, request.device, request.device_memory_gib) == (8, "cpu", MEMORY_GIB)
     assert {k: request.config[k] for k in SCENARIO if k not in ("layout", "mesh")} == {
         k: v for k, v in SCENARIO.items() if k not in ("layout", "mesh")

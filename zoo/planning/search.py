@@ -237,8 +237,9 @@ def _axis_sizes(mesh):
     return dict(parse_mesh_spec(mesh)) if mesh else {}
 
 
-def candidates(request):
-    """Every ``Candidate`` for a GPT ``request`` (see the module docstring), in a fixed order."""
+def candidates(request, *, keep_batch_split=False):
+    """Every ``Candidate`` for a GPT ``request`` (see the module docstring), in a fixed
+    order; with ``keep_batch_split`` only those of its own gradient_accumulation_steps."""
     config, devices = request.config, request.devices
     model, spec = _model(request), target_spec(request)
     length = config["sequence_length"]
@@ -248,7 +249,10 @@ def candidates(request):
     for layout in layouts:
         for mesh in _meshes(layout, devices, model, length, spec):
             data = _batch_split(layout, _axis_sizes(mesh))
-            for accumulation in (a for a in _divisors(per_update) if (per_update // a) % data == 0):
+            accumulations = (
+                [config.get("gradient_accumulation_steps", 1)] if keep_batch_split else _divisors(per_update)
+            )
+            for accumulation in (a for a in accumulations if (per_update // a) % data == 0):
                 for remat in REMATS_CHEAPEST_FIRST:
                     for pipeline in _pipelines(
                         layout, mesh, per_update // accumulation // data, model["num_layers"], config.get("precision")
@@ -485,15 +489,19 @@ def _rank_key(row, order):
     return (not row.fits, row.compiled_update_s, row.plan.peak, order[row.candidate])
 
 
-def search(request, *, top=3, report=None):
+def search(request, *, top=3, report=None, keep_batch_split=False):
     """``Ranking`` of the best candidates for a GPT ``request`` (its layout, mesh, remat
-    and batch split are searched; its batch_size x gradient_accumulation_steps is kept)."""
+    and batch split are searched; its batch_size x gradient_accumulation_steps is kept).
+    ``keep_batch_split``: its batch_size and gradient_accumulation_steps are kept as they
+    are too (a resumed run: its checkpoint's position counts batches of that size)."""
     if request.job != "pretrain_gpt":
         raise ValueError(f"zoo plan --auto searches GPT layouts (job pretrain_gpt), not {request.job!r}")
-    found = candidates(request)
+    found = candidates(request, keep_batch_split=keep_batch_split)
     if not found:
+        kept = f" x {request.config.get('gradient_accumulation_steps', 1)} accumulated (kept: --resume)"
         raise ValueError(
-            f"no layout divides {request.devices} devices for {request.config['config_name']} at batch {request.config['batch_size']}"
+            f"no layout divides {request.devices} devices for {request.config['config_name']} at batch "
+            f"{request.config['batch_size']}{kept if keep_batch_split else ''}"
         )
     memory = request.device_memory_gib * GIB if request.device_memory_gib else target_spec(request).memory_bytes
     rows = [Row(c, *estimate(c, request)) for c in found]
@@ -561,7 +569,9 @@ def choose_layout(settings, *, top=3, report=print):
     """``settings`` (a ``GPTTrainSettings`` with ``layout="auto"``) with the best fitting
     layout, mesh, remat and batch split for this process' devices; raises ``ValueError``
     naming the smallest peak when none fits. The batch per optimizer update
-    (``batch_size x gradient_accumulation_steps``) is kept."""
+    (``batch_size x gradient_accumulation_steps``) is kept; with ``settings.resume`` the
+    batch split too, so the run resumes its checkpoint on any device count (the position
+    counts batches of ``batch_size``; layout, mesh and remat are free, docs/checkpoints.md)."""
     import jax
 
     from zoo.measure.hardware import local_device
@@ -576,7 +586,7 @@ def choose_layout(settings, *, top=3, report=print):
         device_memory_gib=memory_gib,
         label=settings.config_name,
     )
-    ranking = search(request, top=top, report=report)
+    ranking = search(request, top=top, report=report, keep_batch_split=settings.resume)
     if ranking.best is None or not ranking.best.fits:
         raise ValueError(f"--layout auto: no layout fits: {ranking.why_none()}")
     for line in format_ranking(ranking)[:-1]:
