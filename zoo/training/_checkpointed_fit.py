@@ -75,7 +75,7 @@ def checkpointed_fit(
     saver = None
     if checkpoints is not None:
         saver = PeriodicCheckpoint(
-            checkpoints, every=settings.checkpoint_every, steps_per_epoch=len(train_data), start=start
+            checkpoints, every=settings.checkpoint_every, steps_per_epoch=len(train_data), start=start, report=report
         )
     # DivisibleBatches reshuffles itself, seeded per epoch (fit_from passes shuffle=False to fit).
     resumable = ResumableBatches(train_data, epoch=start.epoch, start_batch=start.batch)

@@ -79,9 +79,17 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             batch of ``fit`` in (epoch, batch, step).
         start: the ``TrainingPosition`` ``fit`` starts from (its epoch's batches before
             ``start.batch`` are skipped by the data, so ``fit`` numbers batches from 0).
+        report: where the one line about a checkpoint that could not be written goes.
+
+    A save that fails to write (a full disk, a quota, a removed folder: an ``OSError``, or
+    TensorStore's ``ValueError`` carrying an OS error code) does not stop training: one line
+    says which step was not saved, why, and which checkpoint is the last good one; the
+    half-written ``<step>.orbax-checkpoint-tmp`` is removed (freeing its space), Orbax's own
+    tracebacks about it are dropped, and the next multiple of ``every`` tries again.
+    Any other error is raised.
     """
 
-    def __init__(self, checkpoints, *, every, steps_per_epoch, start=None):
+    def __init__(self, checkpoints, *, every, steps_per_epoch, start=None, report=print):
         super().__init__()
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"checkpoint every must be a positive number of steps, got {every!r}")
@@ -91,6 +99,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.start = start or TrainingPosition()
         self.position = self.start  # after the last trained batch
         self.saved_step = self.start.step  # the start is already on disk (or is step 0)
+        self.report = report
+        self.failed_steps = []  # steps whose save failed to write
+        self._tried_step = self.start.step  # the last step a save was tried at, failed or not
         self._epoch = self.start.epoch
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -100,13 +111,15 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         offset = self.start.batch if self._epoch == self.start.epoch else 0
         step = self._epoch * self.steps_per_epoch + offset + batch + 1
         self.position = TrainingPosition.after(step, self.steps_per_epoch)
-        if step // self.every > self.saved_step // self.every:
-            self.save()
+        if step // self.every > self._tried_step // self.every:
+            self.save(then="training goes on")
 
-    def save(self):
-        """Save at the current position, unless that step is already saved; returns the path or None."""
+    def save(self, then=None):
+        """Save at the current position, unless that step is already saved; returns the path,
+        or None (nothing to save, or the write failed: then one line says so, ending with ``then``)."""
         if self.position.step == self.saved_step:
             return None
+        self._tried_step = self.position.step
         model = self.model  # under JAX this syncs the training state back into the variables
         iterations = int(model.optimizer.iterations)
         # with gradient accumulation the optimizer counts updates, one per N batches
@@ -117,6 +130,16 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                 f"({accumulation} batch(es) per update): is steps_per_epoch={self.steps_per_epoch} right, and does "
                 f"fit run one step per batch?"
             )
-        path = self.checkpoints.save(model, self.position)
+        path, reason = self.checkpoints.try_save(model, self.position)
+        if reason is not None:
+            self._failed(reason, then)
+            return None
         self.saved_step = self.position.step
         return path
+
+    def _failed(self, reason, then):
+        step, directory = self.position.step, self.checkpoints.directory
+        self.failed_steps.append(step)
+        last = self.checkpoints.latest_complete() or "none"
+        line = f"zoo: checkpoint {step} not saved to {directory}: {reason}; the last good checkpoint is {last}"
+        self.report(line + (f"; {then}" if then else ""))

@@ -34,13 +34,16 @@ class TrainingInterrupted(KeyboardInterrupt):
 
     Attributes: ``signal_number``; ``step`` (optimizer steps trained); ``checkpoint`` (the
     path of the checkpoint holding that step, or None when the run does not checkpoint);
-    ``exit_code`` (128 + the signal number, as a shell reports a process the signal killed).
+    ``saved`` (False when that step's checkpoint could not be written: ``checkpoint`` is
+    then the newest one on disk, or None); ``exit_code`` (128 + the signal number, as a
+    shell reports a process the signal killed).
     """
 
-    def __init__(self, signal_number, step, checkpoint=None):
+    def __init__(self, signal_number, step, checkpoint=None, saved=True):
         self.signal_number = signal_number
         self.step = step
         self.checkpoint = checkpoint
+        self.saved = saved
         self.exit_code = 128 + signal_number
         super().__init__(self.describe())
 
@@ -49,9 +52,13 @@ class TrainingInterrupted(KeyboardInterrupt):
         name = signal.Signals(self.signal_number).name
         if self.step == 0:
             return f"interrupted by {name} before the first step; nothing was trained or saved"
+        how = resume_command or "the same command with --resume"
+        if not self.saved:
+            if self.checkpoint is None:
+                return f"interrupted by {name} at step {self.step}; its checkpoint could not be written and there is no earlier one, so a new run starts over"
+            return f"interrupted by {name} at step {self.step}; its checkpoint could not be written, the newest is {self.checkpoint}; resume from it with: {how}"
         if self.checkpoint is None:
             return f"interrupted by {name} at step {self.step}; no checkpoint (the run has no --checkpoint-dir), so a new run starts over"
-        how = resume_command or "the same command with --resume"
         return f"interrupted by {name} at step {self.step}; checkpoint saved to {self.checkpoint}; resume with: {how}"
 
 
@@ -117,6 +124,11 @@ class StopAtSignal(keras.callbacks.Callback):
             return
         if self.saver is None:
             raise TrainingInterrupted(self.record.number, int(self.model.optimizer.iterations))
-        self.saver.save()  # the emergency checkpoint (nothing to do if this step is on disk)
+        self.saver.save(then="stopping")  # the emergency checkpoint (nothing to do if this step is on disk)
         step = self.saver.position.step
-        raise TrainingInterrupted(self.record.number, step, os.path.join(self.saver.checkpoints.directory, str(step)))
+        if self.saver.saved_step == step:
+            raise TrainingInterrupted(
+                self.record.number, step, os.path.join(self.saver.checkpoints.directory, str(step))
+            )
+        # its write failed (one line said why): the newest checkpoint on disk is where a resume starts
+        raise TrainingInterrupted(self.record.number, step, self.saver.checkpoints.latest_complete(), saved=False)

@@ -24,7 +24,9 @@ here; array writes are coordinated by Orbax itself.
 On-disk layout: see ``zoo/training/checkpoints/_files.py`` and ``docs/checkpoints.md``.
 """
 
+import gc
 import os
+import shutil
 import warnings
 
 import jax
@@ -39,6 +41,7 @@ from zoo.training.checkpoints._block_forms import BlockFormConversion
 from zoo.training.checkpoints._data_position import ResumableBatches, TrainingPosition, fit_from
 from zoo.training.checkpoints._files import CheckpointError
 from zoo.training.checkpoints._lock import CheckpointLock, describe_holder
+from zoo.training.checkpoints._write_failure import FailedWrites, OrbaxNoise, write_failure
 
 FORMAT = "zoo-checkpoint/2"  # 2: per-array checksums and a checksum of the metadata itself
 READABLE_FORMATS = ("zoo-checkpoint/1", FORMAT)  # 1: read without the integrity checks it lacks
@@ -52,6 +55,7 @@ __all__ = [
     "TrainingPosition",
     "describe_holder",
     "fit_from",
+    "write_failure",
 ]
 
 
@@ -131,6 +135,29 @@ class Checkpoints:
             raise CheckpointError(path, "Orbax declined to save this step")
         files.empty_trash(self.directory)
         return path
+
+    def try_save(self, model, position):
+        """``save``, but a write that fails (a full disk, a quota, a removed folder) returns
+        ``(None, reason)`` instead of raising; ``(path, None)`` when saved.
+
+        The half-written ``<step>.orbax-checkpoint-tmp`` is removed (its space is wanted, and
+        it is never read) and Orbax's tracebacks about the failed writes are dropped, now and
+        when their futures are collected later. Any other error (a ``CheckpointError``: a
+        refused step) is raised."""
+        tmp = os.path.join(self.directory, f"{position.step}{files.TMP_MARKER}")
+        with OrbaxNoise() as noise:
+            try:
+                return self.save(model, position), None
+            except Exception as error:  # noqa: BLE001 (only write failures are kept; the rest is raised)
+                reason = write_failure(error)
+                if reason is None:
+                    raise
+            noise.drop()
+            FailedWrites.instance().add(tmp)
+            gc.collect()  # Orbax's abandoned write tasks end now, while their noise is held
+        if files.is_primary_process():
+            shutil.rmtree(tmp, ignore_errors=True)
+        return None, reason
 
     def restore(self, model, path=None):
         """Restore the checkpoint at ``path`` (default: the newest complete one) into ``model``.

@@ -1,0 +1,126 @@
+"""A checkpoint write that fails (a full disk, a quota, a removed folder): its reason in a
+few words, and Orbax's own noise about it kept off the terminal.
+
+A failed write inside Orbax arrives as an ``OSError`` (its JSON and metadata files) or as
+TensorStore's ``ValueError`` (the arrays), whose text carries the OS error code:
+``RESOURCE_EXHAUSTED: Error writing "optimizer.18/0" in OCDBT database at local file ...:
+Failed to write 1031377 bytes to file 15: No space left on device [os_error_code='28']``.
+Its background writes fail too, each one logged with a traceback by ``asyncio`` or ``absl``
+(75 of them at one periodic save of the 1B GPT), some only when Python collects their
+futures, long after the save returned. ``OrbaxNoise`` holds those records while a save runs
+and drops them if the save failed to write; ``FailedWrites`` drops the late ones that name
+a step directory already reported as not saved.
+"""
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import sys
+import warnings
+
+from zoo.training.checkpoints._files import CheckpointError
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")  # TensorStore's status text: [os_error_code='28']
+_WRITE_FAILED = re.compile(r"\b(Error|Failed) writing\b")
+NOISY_LOGGERS = ("absl", "asyncio")  # where Orbax's failed background writes are logged
+
+
+def write_failure(error):
+    """The reason, in a few words, when ``error`` is a failed write, else None.
+
+    ``No space left on device (ENOSPC)``; a ``CheckpointError`` (a refused step) is not one."""
+    if isinstance(error, CheckpointError):
+        return None
+    if isinstance(error, OSError):
+        code, words = error.errno, error.strerror or str(error)
+    else:
+        text = str(error)
+        found = _OS_ERROR_CODE.search(text)
+        if found:
+            code = int(found.group(1))
+            words = os.strerror(code)
+        elif _WRITE_FAILED.search(text):
+            code, words = None, " ".join(text.split())[:200]
+        else:
+            return None
+    name = errno.errorcode.get(code) if code is not None else None
+    return f"{words} ({name})" if name else words
+
+
+class FailedWrites(logging.Filter):
+    """Drops ``asyncio`` and ``absl`` records that name a step directory whose write failed
+    and was reported (``add``): the futures of its abandoned writes, logged when collected.
+
+    One per process (``FailedWrites.instance()``), installed on those loggers at its first
+    ``add``; a record naming no failed directory passes unchanged."""
+
+    _instance = None
+
+    def __init__(self):
+        super().__init__()
+        self.paths = set()
+
+    @classmethod
+    def instance(cls):
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def add(self, path):
+        if not self.paths:
+            for name in NOISY_LOGGERS:
+                logging.getLogger(name).addFilter(self)
+        self.paths.add(path)
+
+    def filter(self, record):
+        return not any(path in _record_text(record) for path in self.paths)
+
+
+def _record_text(record):
+    text = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+        text += f"\n{record.exc_info[1]}"
+    return text
+
+
+class OrbaxNoise(contextlib.AbstractContextManager):
+    """Holds what Orbax and asyncio print while a save runs: the ``absl`` and ``asyncio`` log
+    records, unraisable exceptions (its abandoned coroutines closing on a closed event loop)
+    and "coroutine ... was never awaited" warnings. ``drop()`` (the save failed to write, and
+    one line says so) discards them; otherwise they are passed on unchanged when the block ends.
+    """
+
+    def __enter__(self):
+        self._records, self._unraisable, self._dropped = [], [], False
+        self._previous_hook = sys.unraisablehook
+        self._warnings = warnings.catch_warnings(record=True)
+        self._caught = self._warnings.__enter__()
+        warnings.simplefilter("always", RuntimeWarning)
+        sys.unraisablehook = self._unraisable.append
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).addFilter(self._hold)
+        return self
+
+    def drop(self):
+        self._dropped = True
+
+    def _hold(self, record):
+        self._records.append(record)
+        return False
+
+    def __exit__(self, *exc_info):
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).removeFilter(self._hold)
+        sys.unraisablehook = self._previous_hook
+        self._warnings.__exit__(None, None, None)
+        if self._dropped:
+            return False
+        for record in self._records:
+            logging.getLogger(record.name).handle(record)
+        for unraisable in self._unraisable:
+            self._previous_hook(unraisable)
+        for caught in self._caught:
+            warnings.warn_explicit(caught.message, caught.category, caught.filename, caught.lineno)
+        return False
