@@ -5,7 +5,7 @@ A job's settings carry ``checkpoint_dir``, ``checkpoint_every``, ``keep`` and ``
 data position refers to, so a resume under other data is refused).
 """
 
-from zoo.training.callbacks import PeriodicCheckpoint
+from zoo.training.callbacks import PeriodicCheckpoint, SynchronousSteps
 from zoo.training.checkpoints import (
     CheckpointError,
     Checkpoints,
@@ -84,7 +84,7 @@ def checkpointed_fit(
             stopper = StopAtSignal(signals, saver)
             # the figures (StepReport, Throughput) first, then the files that log them; the saver's position, then the stop
             logs = run_log_callbacks(run_dir, resume=start.step > 0, initial_step=start.step) if run_dir else []
-            callbacks = [*callbacks, *logs, *([saver] if saver else []), stopper]
+            callbacks = [*callbacks, *logs, *([saver] if saver else []), stopper, SynchronousSteps()]
             history = fit_from(
                 model, resumable, epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose
             )

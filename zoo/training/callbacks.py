@@ -69,6 +69,27 @@ class Throughput(keras.callbacks.Callback):
             self._pending = None
 
 
+class SynchronousSteps(keras.callbacks.Callback):
+    """Makes Keras run every step's callbacks in the main thread: in ``fit``, in its
+    validation passes and in ``evaluate`` / ``predict``.
+
+    Without any batch-end hook of the kind, Keras hands each step's logs to a thread pool,
+    and on XLA:CPU with several devices a pool thread fetching a step's arrays while the
+    main thread dispatches the next step aborts the process ("Fatal Python error: Aborted"
+    in ``pythonify_logs``: it stopped a training run, and a validation pass inside ``fit``
+    in the tests). Overriding the hooks (they do nothing) turns that off; the cost is one
+    host sync per step, which the progress bar makes anyway."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+    def on_test_batch_end(self, batch, logs=None):
+        pass
+
+    def on_predict_batch_end(self, batch, logs=None):
+        pass
+
+
 class PeriodicCheckpoint(keras.callbacks.Callback):
     """Saves a checkpoint every ``every`` optimizer steps during ``fit``.
 

@@ -11,7 +11,7 @@ from zoo.config.settings import (  # noqa: F401 (the settings of these jobs)
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 from zoo.models import TransformerEncoderClassifier, ViTClassifier
-from zoo.training.callbacks import Throughput
+from zoo.training.callbacks import SynchronousSteps, Throughput
 from zoo.training.interrupts import StopAtSignal, stop_on_signals
 from zoo.training.job_setup import (
     evaluate_accuracy,
@@ -72,7 +72,12 @@ def train(settings, report=print):
             ),
             epochs=settings.epochs,
             shuffle=False,
-            callbacks=[throughput, *run_log_callbacks(run_dir_of(settings.output)), StopAtSignal(signals)],
+            callbacks=[
+                throughput,
+                *run_log_callbacks(run_dir_of(settings.output)),
+                StopAtSignal(signals),
+                SynchronousSteps(),
+            ],
             verbose=2,
         )
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=settings.batch_size, replicas=replicas)

@@ -8,6 +8,7 @@ import numpy as np
 from zoo import distribution as zd
 from zoo.config.settings import check_context_settings
 from zoo.data import DivisibleBatches
+from zoo.training.callbacks import SynchronousSteps
 
 
 def job_distribution(model_class, settings, mesh=None, *, model_config=None):
@@ -68,5 +69,5 @@ def train_validation_test_splits(spec):
 def evaluate_accuracy(model, x, y, *, batch_size, replicas):
     """Top-1 accuracy from ``predict`` over every example (padding trimmed)."""
     batches = DivisibleBatches(x, batch_size=batch_size, multiple_of=replicas, remainder="pad")
-    logits = batches.trim(model.predict(batches, verbose=0))
+    logits = batches.trim(model.predict(batches, verbose=0, callbacks=[SynchronousSteps()]))
     return float(np.mean(np.argmax(logits, axis=-1) == y))

@@ -66,6 +66,7 @@ from zoo.presets.save import check_preset_destination
 from zoo.tokenizers import HFTokenizer, Tokenizer
 from zoo.tokenizers.chat import template_of
 from zoo.training._checkpointed_fit import checkpointed_fit
+from zoo.training.callbacks import SynchronousSteps
 from zoo.training.job_setup import job_distribution, report_setup, run_dir_of
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
@@ -250,7 +251,7 @@ def heldout_loss(model, examples, *, batch_size, distribution=None):
 
 
 def _plain_fit(model, batches, *, epochs, callbacks):
-    return model.fit(batches, epochs=epochs, callbacks=list(callbacks), verbose=0).history
+    return model.fit(batches, epochs=epochs, callbacks=[*callbacks, SynchronousSteps()], verbose=0).history
 
 
 def finetune_causal_lm(
