@@ -94,14 +94,41 @@ def test_saved_on_four_stages_loads_on_two_and_on_one_device_with_the_same_logit
     np.testing.assert_allclose(logits["data=4,stage=2"], logits["data=2,stage=4"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(logits[None], logits["data=2,stage=4"], rtol=1e-6, atol=1e-6)
 
-    plain = build_lm(CONFIG | dict(num_layers=LAYERS, dropout=0.0))  # block_0 .. block_3
+    plain = layer_by_layer(model, CONFIG | dict(num_layers=LAYERS, dropout=0.0))
+    np.testing.assert_allclose(plain.predict(tokens, batch_size=BATCH, verbose=0), logits[None], rtol=1e-5, atol=1e-5)
+
+
+def layer_by_layer(model, config):
+    """The LM of ``config`` (no schedule: ``block_0`` .. ``block_<L-1>``) holding the
+    pipelined ``model``'s weights (gpipe: stacked (1, L, ...))."""
+    plain = build_lm(config)
     stacked = model.backbone.pipelined_blocks.stacked
     for index, block in enumerate(plain.backbone.blocks):
         for variable in block.weights:
             variable.assign(stacked[variable.path.split("/", 1)[1]].numpy()[0, index])
     plain.backbone.token_embedding.set_weights(model.backbone.token_embedding.get_weights())
     plain.backbone.final_norm.set_weights(model.backbone.final_norm.get_weights())
-    np.testing.assert_allclose(plain.predict(tokens, batch_size=BATCH, verbose=0), logits[None], rtol=1e-5, atol=1e-5)
+    return plain
+
+
+def test_a_pipelined_window_with_a_local_rope_base_computes_what_the_layers_do():
+    """Every block windowed (W = 4 < T = 16) with Gemma 3's local RoPE base, which differs
+    from the global one: the pipeline's blocks take it as block_<i> do. Without it (the
+    global base in the pipeline) the logits differed by 0.17."""
+    local = dict(dropout=0.0, sliding_window=4, rope_max_wavelength=1e6, local_rope_max_wavelength=1e2)
+    config = pipelined_config(**local)
+    tokens = _data()[0][:BATCH]
+    keras.utils.set_random_seed(2)
+    model = build_lm(config)
+    assert model.backbone.pipelined_blocks.block["rotary_base"] == 1e2
+    plain = layer_by_layer(model, CONFIG | dict(num_layers=LAYERS) | local)
+    assert {block.attention.rotary_base for block in plain.backbone.blocks} == {1e2}
+    np.testing.assert_allclose(
+        plain.predict(tokens, batch_size=BATCH, verbose=0),
+        model.predict(tokens, batch_size=BATCH, verbose=0),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_a_pipelined_backbone_names_what_it_cannot_do():

@@ -72,7 +72,8 @@ class GPTBackbone(ZooModel):
         sliding_window_layers: which blocks use the window: None (every block, when
             ``sliding_window`` is set), or a list of block indices (Qwen2's blocks
             ``max_window_layers``..L-1, say); the others attend fully. Needs
-            ``sliding_window``; a pipelined backbone takes the window in every block only.
+            ``sliding_window``; a pipelined backbone takes the window in every block only
+            (and then ``local_rope_max_wavelength`` in every block too).
         tie_word_embeddings: the causal LM's head is the token embedding used in reverse
             (``x @ E^T``) instead of its own ``lm_head``; the backbone's weights are the same.
         seed: seeds the dropout streams (embedding: seed, block i: seed + 1 + 2i and + 2i + 2).
@@ -195,8 +196,8 @@ class GPTBackbone(ZooModel):
             _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts)
             _check_pipeline_window(sliding_window, window_layers, num_layers)
             x = PipelinedBlocks(
-                num_layers,
-                {**block, "sliding_window": sliding_window},
+                num_layers,  # every block windowed or none: each takes the local RoPE base when windowed
+                {**block, **_local_rope(local_rope_max_wavelength, sliding_window), "sliding_window": sliding_window},
                 schedule=schedule,
                 micro_batches=micro_batches,
                 repeats=repeats,
@@ -206,10 +207,8 @@ class GPTBackbone(ZooModel):
         for index in range(0 if schedule is not None else num_layers):
             sparse = dict(num_experts=num_experts if index in moe_layers else 0, **moe) if num_experts else {}
             window = sliding_window if index in window_layers else None
-            local_rope = {} if local_rope_max_wavelength is None or window is None else {
-                "rotary_base": local_rope_max_wavelength, "rope_scaling": None}  # fmt: skip
             x = TransformerBlock(
-                **{**block, **local_rope},
+                **{**block, **_local_rope(local_rope_max_wavelength, window)},
                 **sparse,
                 sliding_window=window,
                 seed=None if seed is None else seed + 1 + 2 * index,
@@ -380,6 +379,14 @@ def check_sliding_window_layers(sliding_window, sliding_window_layers, num_layer
             f"(at least one; None means every block){f', not {bad}' if bad else ''}"
         )
     return set(sliding_window_layers)
+
+
+def _local_rope(local_rope_max_wavelength, window):
+    """The ``TransformerBlock`` arguments a block with ``window`` (None: global) takes over
+    the backbone's RoPE: the local base, unscaled (Gemma 3), on windowed blocks only."""
+    if local_rope_max_wavelength is None or window is None:
+        return {}
+    return {"rotary_base": local_rope_max_wavelength, "rope_scaling": None}
 
 
 def _check_pipeline_window(sliding_window, window_layers, num_layers):
