@@ -30,7 +30,21 @@ WINDOW_NAMES = ("mistral_window",)  # sliding_window 8 < the 16 tokens of expect
 QK_NORM_NAMES = ("qwen3",)  # greedy too: qk-norm on the KV-cache path
 # Gemma 2 (soft-caps, window on even layers) and Gemma 3 text (qk-norm, local rope base, pattern 3): window 8 < 16
 GEMMA_NAMES = ("gemma2", "gemma3_text")
-NAMES = ("llama_gqa_rope_scaling", "llama_mha_tied", "qwen2", *MOE_NAMES, *WINDOW_NAMES, *QK_NORM_NAMES, *GEMMA_NAMES)
+# Qwen2.5-0.5B-Instruct's config.json key set: sliding_window 8 < 16 and max_window_layers 1, use_sliding_window false
+PUBLISHED_FORM_NAMES = ("qwen2_5",)
+NAMES = (
+    "llama_gqa_rope_scaling",
+    "llama_mha_tied",
+    "qwen2",
+    *MOE_NAMES,
+    *WINDOW_NAMES,
+    *QK_NORM_NAMES,
+    *GEMMA_NAMES,
+    *PUBLISHED_FORM_NAMES,
+)
+# transformers' greedy continuation of two prompts of unequal lengths (6 and 3, left-padded, attention mask) by 10:
+# past the window of 8 in both rows (16 and 13 tokens)
+UNEQUAL_NAMES = ("mistral_window", "gemma2", "gemma3_text", "qwen3", "qwen3_moe", "qwen2_5")
 
 
 def expected(name):
@@ -99,10 +113,65 @@ def test_the_config_is_mapped(loaded):
     ) == (8, None)
 
 
-@pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES + QK_NORM_NAMES + GEMMA_NAMES)
+@pytest.mark.parametrize("name", MOE_NAMES + WINDOW_NAMES + QK_NORM_NAMES + GEMMA_NAMES + PUBLISHED_FORM_NAMES)
 def test_greedy_equals_transformers(loaded, name):
     data = np.load(FIXTURES / name / "expected.npz")
     np.testing.assert_array_equal(loaded[name].generate(data["greedy_prompts"], max_new_tokens=8), data["greedy"])
+
+
+@pytest.mark.parametrize("name", UNEQUAL_NAMES)
+def test_greedy_of_unequal_prompts_equals_transformers(loaded, name):
+    """Prompts of 6 and 3 tokens in one batch: the zoo left-pads the short one itself (its pad id, 2, is the
+    tokenizer's, as transformers was given) and masks it; the result, padding included, is transformers'
+    greedy of the left-padded batch with its attention mask (which make_fixtures.py checked equal, row by row,
+    to each prompt's continuation alone), 10 tokens on: past the window of 8 in both rows."""
+    data = np.load(FIXTURES / name / "expected.npz")
+    padded, mask, expected_ids = data["unequal_prompts"], data["unequal_attention_mask"], data["unequal_greedy"]
+    prompts = [row[keep == 1].tolist() for row, keep in zip(padded, mask, strict=True)]
+    assert [len(prompt) for prompt in prompts] == [6, 3] and expected_ids.shape == (2, 16)
+    new = expected_ids.shape[1] - padded.shape[1]
+    np.testing.assert_array_equal(loaded[name].generate(prompts, max_new_tokens=new), expected_ids)
+
+
+def test_qwen2_5_loads_in_its_published_form_with_the_window_off(loaded):
+    """The fixture's config.json has exactly Qwen2.5-0.5B-Instruct's keys: a window (8, less than the 16 tokens
+    compared) and max_window_layers set, use_sliding_window false: full attention in every block (the logits
+    test checks the numbers; transformers with the window on moves them by up to 3.1, make_fixtures.py prints)."""
+    config = fixture_config("qwen2_5")
+    assert sorted(config) == sorted(QWEN2_5_0_5B_INSTRUCT_KEYS)
+    assert (config["use_sliding_window"], config["sliding_window"], config["max_window_layers"]) == (False, 8, 1)
+    backbone = loaded["qwen2_5"].backbone
+    assert (backbone.sliding_window, backbone.qkv_bias, backbone.tie_word_embeddings) == (None, True, True)
+    windowed = backbone_arguments({**config, "use_sliding_window": True})
+    assert (windowed["sliding_window"], windowed["sliding_window_layers"]) == (8, [1])  # what it would be: layer 1
+
+
+# the keys of Qwen/Qwen2.5-0.5B-Instruct's config.json
+QWEN2_5_0_5B_INSTRUCT_KEYS = (
+    "architectures",
+    "attention_dropout",
+    "bos_token_id",
+    "eos_token_id",
+    "hidden_act",
+    "hidden_size",
+    "initializer_range",
+    "intermediate_size",
+    "max_position_embeddings",
+    "max_window_layers",
+    "model_type",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "rope_theta",
+    "sliding_window",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "transformers_version",
+    "use_cache",
+    "use_sliding_window",
+    "vocab_size",
+)
 
 
 @pytest.mark.parametrize("name", MOE_NAMES)
@@ -185,6 +254,7 @@ DENSE_EXPORT_KEYS = {
         "rope_local_base_freq",
         "attn_logit_softcapping",
     ),
+    "qwen2_5": ("tie_word_embeddings", "use_sliding_window"),  # the inert window is not written back
 }
 
 
