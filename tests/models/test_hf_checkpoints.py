@@ -752,3 +752,12 @@ def test_gemma_under_tp_computes_the_same_logits(name):
     model = zd.build_distributed(lambda: GPTCausalLM.from_preset(FIXTURES / name), distribution)
     rows = np.concatenate([token_ids, token_ids[::-1]])  # (4, 16): a batch the data axis of 4 splits
     np.testing.assert_allclose(np.asarray(model(rows)), np.concatenate([logits, logits[::-1]]), atol=1e-4, rtol=0)
+
+
+def test_a_gemma3_config_as_transformers_saves_it_loads():
+    """transformers 4.57's ``Gemma3TextConfig.save_pretrained`` (a fine-tune, say) writes its
+    own ``_sliding_window_pattern`` beside ``layer_types``, which decides the windowed layers."""
+    published = fixture_config("gemma3_text")  # sliding_window_pattern 3, 3 layers, no layer_types
+    layer_types = ["sliding_attention", "sliding_attention", "full_attention"]
+    saved = {**published, "_sliding_window_pattern": 3, "layer_types": layer_types}
+    assert backbone_arguments(saved) == backbone_arguments(published)

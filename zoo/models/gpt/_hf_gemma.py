@@ -58,6 +58,9 @@ READ = {  # read by _arguments, per model type
         "sliding_window",
         "layer_types",
         "sliding_window_pattern",
+        # transformers >= 4.55 saves Gemma3TextConfig's own copy of the pattern beside layer_types
+        # (which it always writes, and which decides: _sliding_layers); read by nothing else
+        "_sliding_window_pattern",
         "rope_local_base_freq",
         "attn_logit_softcapping",
         "final_logit_softcapping",
