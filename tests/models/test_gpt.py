@@ -17,6 +17,7 @@ from zoo.distribution import (
 )
 from zoo.models._transformer_layouts import layout_overrides
 from zoo.models.gpt import GPT_CONFIGS, GPTBackbone, GPTCausalLM, count_parameters
+from zoo.training import gpt
 
 TINY = dict(GPT_CONFIGS["gpt_tiny"])
 
@@ -326,6 +327,52 @@ def test_a_sliding_window_round_trips_and_applies_to_its_layers_only(tmp_path):
 def test_bad_sliding_windows_name_the_values(overrides, message):
     with pytest.raises(ValueError, match=message):
         GPTBackbone(**TINY | overrides)
+
+
+# Gemma's widths cut to a CPU's (the per-layer pattern and RoPE bases kept): a block as built
+SHRUNK = dict(vocabulary_size=256, hidden_dim=32, intermediate_dim=64, head_dim=8, num_query_heads=4)
+
+
+@pytest.mark.parametrize(
+    ("name", "num_layers", "windowed"),
+    [
+        ("gemma2_2b", 2, [0]),  # 1:1 local/global: block 0 local, block 1 global
+        ("gemma2_2b", 5, [0, 2, 4]),
+        ("gemma3_1b", 2, [0, 1]),  # the first two of a 5:1 period: both local
+        ("gemma3_1b", 12, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]),  # two whole periods: blocks 5 and 11 global
+        ("gemma3_4b", 1, [0]),
+    ],
+)
+def test_a_named_config_at_another_depth_keeps_its_local_global_pattern(name, num_layers, windowed):
+    """``num_layers`` overriding a Gemma config tiles its pattern (before: sliding_window_layers
+    [0, 2, ...] must list block indices in 0..1), through the model's own from_config_name and
+    zoo train gpt's overrides; the local RoPE base goes with the window, an explicit pattern wins."""
+    config = GPT_CONFIGS[name]
+    backbone = GPTBackbone.from_config_name(name, num_layers=num_layers, **SHRUNK)
+    window = [block.sliding_window for block in backbone.blocks]
+    assert window == [config["sliding_window"] if i in windowed else None for i in range(num_layers)]
+    local = config.get("local_rope_max_wavelength") or config["rope_max_wavelength"]
+    bases = [block.attention.rotary_base for block in backbone.blocks]
+    assert bases == [local if i in windowed else config["rope_max_wavelength"] for i in range(num_layers)]
+    settings = gpt.GPTTrainSettings(config_name=name, num_layers=num_layers, layout="fsdp", mesh="data=8")
+    model_config = GPTCausalLM.named_config(name, "fsdp", **gpt._model_overrides(settings))
+    assert model_config == GPTBackbone.named_config(name, "fsdp", num_layers=num_layers)
+    assert gpt.resolve_distribution(settings).layout_map  # the job's layout map, fitted to that config
+    explicit = GPTBackbone.named_config(name, num_layers=num_layers, sliding_window_layers=[0])
+    assert explicit["sliding_window_layers"] == [0]
+
+
+def test_a_pattern_is_tiled_by_its_period_or_trimmed():
+    from zoo.models.gpt.gpt_configs import at_depth, layer_period
+
+    assert [layer_period(GPT_CONFIGS[n]) for n in ("gemma2_2b", "gemma3_1b", "gemma3_4b", "gpt_1b")] == [2, 6, 6, 1]
+    qwen2 = dict(TINY, num_layers=6, sliding_window=4, sliding_window_layers=[4, 5])  # max_window_layers 4: no period
+    assert layer_period(qwen2) is None
+    assert at_depth(qwen2, 5)["sliding_window_layers"] == [4]  # the blocks kept
+    assert (at_depth(qwen2, 2)["sliding_window"], at_depth(qwen2, 2)["sliding_window_layers"]) == (None, None)
+    moe = dict(GPT_CONFIGS["gpt_tiny_moe"], num_layers=4, moe_layers=[1, 3])  # every other block sparse
+    assert layer_period(moe) == 2 and at_depth(moe, 6)["moe_layers"] == [1, 3, 5]
+    assert at_depth(moe, 1) | {"num_layers": 4} == dict(moe, num_experts=0, moe_layers=None)  # no sparse block left
 
 
 def test_decoding_with_a_window_matches_the_full_forward_pass():

@@ -122,7 +122,7 @@ def test_zoo_plan_takes_the_gpt_flags_of_zoo_train_gpt_with_their_defaults():
     ],
 )
 def test_depth_auto_compiles_the_whole_model_under_remat(depth, remat, needs_two, expected):
-    from zoo.planning.plan import _depths
+    from zoo.planning._depth import depths_to_compile as _depths
 
     request = PlanRequest("pretrain_gpt", {}, devices=8, depth=depth)
     assert _depths(request, 22, needs_two=needs_two, whole=remat != "none" and not needs_two) == expected

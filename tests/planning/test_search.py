@@ -217,8 +217,8 @@ def test_pipeline_candidates_split_layers_and_batch_and_price_the_bubble():
 
 
 def test_a_pipelined_plan_compiles_depths_in_steps_of_stages_x_repeats():
+    from zoo.planning._depth import depths_to_compile as _depths
     from zoo.planning.measure import StepMeasure, extrapolate
-    from zoo.planning.plan import _depths
 
     auto = PlanRequest("pretrain_gpt", {}, devices=8)
     assert (

@@ -11,7 +11,9 @@ Depth: a deep model is compiled at two reduced depths (1 and 2 blocks) and every
 is extrapolated per block to the full depth (``depth="auto"`` does this above
 ``FULL_DEPTH_UP_TO`` blocks, except under remat, where the whole model's temporaries
 grow faster than per block and auto compiles it whole; ``depth="full"`` always compiles
-the whole model). The plan says which it did.
+the whole model). The plan says which it did. Under layout pipeline the two depths are
+stages x repeats apart, and for a model whose blocks follow a periodic pattern (Gemma 2's
+local/global alternation, Gemma 3's 5:1) whole periods of it (``_depth``).
 
 Remat on an XLA whose CPU memory analysis does not show it (JAX 0.10:
 ``compiled_step.memory_analysis_reflects_remat``): the compiled per-block temporaries
@@ -30,12 +32,12 @@ from zoo.kernels.moe import compile_for
 from zoo.measure.hardware import device_spec, host_cpu_spec, platform_of
 from zoo.planning import roofline
 from zoo.planning._activations import remat_elements_per_token
+from zoo.planning._depth import FULL_DEPTH_UP_TO, depth_unit, depths_to_compile, period_note
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
 from zoo.units import GIB
 
 __all__ = ["FULL_DEPTH_UP_TO", "Plan", "PlanRequest", "make_plan", "plan_in_process", "remat_saved_per_block"]
 
-FULL_DEPTH_UP_TO = 4  # depth="auto": models this deep or shallower are compiled whole
 RESULT = "PLAN "  # prefix of the worker's result line on stdout
 
 
@@ -206,34 +208,6 @@ def _job_and_config(request):
     return job, module, config_class(**request.config)
 
 
-def _depths(request, full_depth, needs_two, unit=1, whole=False):
-    """The depths to compile: the whole model, or two reduced depths ``unit`` blocks apart
-    (consecutive; under layout pipeline multiples of stages x repeats, ``unit``). ``whole``:
-    depth auto compiles the whole model however deep (remat: see ``plan_in_process``)."""
-    if full_depth is None:
-        return (None,)
-    shallow = full_depth <= FULL_DEPTH_UP_TO * unit
-    if request.depth == "full" or (request.depth == "auto" and (whole or shallow) and not needs_two):
-        return (full_depth,)
-    top = 2 * unit if request.depth in ("auto", "full") else int(request.depth)
-    if not 2 * unit <= top <= full_depth or top % unit:
-        multiple = f" a multiple of {unit} (stages x repeats)" if unit > 1 else ""
-        raise ValueError(
-            f"depth {request.depth!r}: compile at {2 * unit}..{full_depth} blocks{multiple} (or auto, full)"
-        )
-    return (top - unit, top)
-
-
-def _pipeline_unit(request, settings):
-    """Layout pipeline: stages x repeats, the step its depth grows by (1 for other layouts)."""
-    if getattr(settings, "layout", None) != "pipeline":
-        return 1
-    from zoo.distribution.axes import STAGE
-    from zoo.training.recipes import resolve_axes
-
-    return dict(resolve_axes(settings.mesh, "pipeline", request.devices)).get(STAGE, 1) * settings.repeats
-
-
 def plan_in_process(request, *, compiler_options=None):
     """The ``Plan`` of ``request`` compiled on this process' devices (see the module docstring).
 
@@ -247,16 +221,30 @@ def plan_in_process(request, *, compiler_options=None):
     job, module, settings = _job_and_config(request)
     full_depth = job.num_layers(module, settings)
     remat = getattr(settings, "remat", "none")
-    unit = _pipeline_unit(request, settings)
+    # Blocks that differ (Gemma's local and global layers) are compiled in whole periods of
+    # their pattern; a pattern with no period (None) is compiled whole.
+    stages, period, unit, why = depth_unit(request, job, settings)
     # remat inside a pipeline's loop: the per-block correction below is not calibrated there (a note says so)
     correct_remat = (
-        remat != "none" and not memory_analysis_reflects_remat() and unit == 1 and settings.layout != "pipeline"
+        remat != "none"
+        and not memory_analysis_reflects_remat()
+        and stages == 1
+        and settings.layout != "pipeline"
+        and period is not None
     )
     # With remat, the whole model's temporaries grow faster than per block (the gradients'
     # all-reduces, combined, hold more of them at once): 1 and 2 blocks extrapolated
     # under-counted by 16-34% (docs/planning.md), so depth auto compiles every block.
     whole_for_remat = remat != "none" and not correct_remat
-    depths = _depths(request, full_depth, needs_two=correct_remat, unit=unit, whole=whole_for_remat)
+    if period is None and request.depth not in ("auto", "full"):
+        raise ValueError(
+            f"depth {request.depth!r}: {settings.config_name}'s per-layer pattern (which blocks are windowed or "
+            f"sparse) repeats no period, so its blocks do not each add the same; --depth auto or full compiles the "
+            f"whole model"
+        )
+    depths = depths_to_compile(
+        request, full_depth, needs_two=correct_remat, unit=unit, whole=whole_for_remat or period is None, why=why
+    )
     with compile_for(platform_of(request.device)):  # an MoE layer traces the target's grouped matmul, not the CPU's
         steps = [
             measure_step(
@@ -273,11 +261,15 @@ def plan_in_process(request, *, compiler_options=None):
     notes, correction = [], 0
     if len(steps) == 2:
         notes.append(f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}")
+        if (period or 1) > 1:
+            notes.append(period_note(settings, period, depths, full_depth))
         if whole_for_remat:
             notes.append(
                 f"with remat={remat!r} extrapolating per block under-counts the temporaries (16-34% measured): "
                 "--depth auto or full compiles the whole model"
             )
+    elif period is None and request.depth == "auto" and full_depth > FULL_DEPTH_UP_TO:
+        notes.append(f"compiled whole: the per-layer pattern of {settings.config_name} repeats no period")
     elif whole_for_remat and request.depth == "auto" and full_depth > FULL_DEPTH_UP_TO * unit:
         notes.append(
             f"compiled whole under remat={remat!r}: extrapolating per block under-counts its temporaries "
@@ -287,6 +279,11 @@ def plan_in_process(request, *, compiler_options=None):
         notes.append(
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
             "the temporaries are not corrected for it: the peak is an upper bound"
+        )
+    elif remat != "none" and period is None and not memory_analysis_reflects_remat():
+        notes.append(
+            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); compiled whole, the "
+            "temporaries are not corrected for it: the peak is an upper bound"
         )
     if correct_remat and len(steps) == 2:
         correction = _remat_correction(steps, settings, full_depth, step)
@@ -310,9 +307,9 @@ def _model_flops(job, settings, full_depth):
     if job.name != "pretrain_gpt":
         return None
     from zoo.measure.mfu import gpt_flops_per_token
-    from zoo.models.gpt.gpt_configs import config_by_name
+    from zoo.models.gpt.gpt_configs import at_depth, config_by_name
 
-    model_config = {**config_by_name(settings.config_name), "num_layers": full_depth}
+    model_config = at_depth(config_by_name(settings.config_name), full_depth)
     return gpt_flops_per_token(model_config, settings.sequence_length) * settings.batch_size * settings.sequence_length
 
 
@@ -344,14 +341,15 @@ def _remat_correction(steps, settings, full_depth, step):
     weights in the compute dtype); one block's full recomputation stays (the measured
     per-block cost). Checked against JAX 0.12's compiles in docs/planning.md."""
     low, high = steps
-    per_block = high.memory["temp"] - low.memory["temp"]
-    kept = remat_saved_per_block(settings, step) + high.memory["gradients"] - low.memory["gradients"]
+    gap = high.num_layers - low.num_layers  # blocks between the two depths (a pattern's period)
+    per_block = (high.memory["temp"] - low.memory["temp"]) / gap
+    kept = remat_saved_per_block(settings, step) + (high.memory["gradients"] - low.memory["gradients"]) / gap
     if settings.layout in ("fsdp", "fsdp+tp", "fsdp+expert", "context"):
         sizes = step.axis_sizes
         gathered = sizes.get("seq", 1) if settings.layout == "context" else sizes.get("data", 1)
         itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
-        kept += (high.memory["weights"] - low.memory["weights"]) * gathered * itemsize // 4
-    return -(full_depth - 1) * max(per_block - kept, 0)
+        kept += (high.memory["weights"] - low.memory["weights"]) / gap * gathered * itemsize / 4
+    return -int((full_depth - 1) * max(per_block - kept, 0))
 
 
 def main(argv=None):

@@ -177,11 +177,12 @@ def _divisors(n):
 
 
 def _model(request):
-    """The named GPT config of ``request``, its depth replaced by ``num_layers`` if set."""
-    from zoo.models.gpt.gpt_configs import config_by_name
+    """The named GPT config of ``request``, its depth replaced by ``num_layers`` if set (its
+    per-layer pattern with it: ``gpt_configs.at_depth``)."""
+    from zoo.models.gpt.gpt_configs import at_depth, config_by_name
 
     model = config_by_name(request.config["config_name"])
-    return {**model, "num_layers": request.config.get("num_layers") or model["num_layers"]}
+    return at_depth(model, request.config.get("num_layers") or model["num_layers"])
 
 
 def _meshes(layout, devices, model, length, spec):
@@ -227,9 +228,11 @@ def _batch_split(layout, sizes):
 
 def planned_layouts(model):
     """The layouts ``--auto`` tries for ``model``: a Mixture-of-Experts model also the
-    expert layouts, and not tp+sp or pipeline (which an MoE block refuses)."""
+    expert layouts, and not tp+sp or pipeline (which an MoE block refuses); a model with
+    windowed and global blocks (Gemma) not pipeline, whose stacked blocks are all alike."""
     if not model.get("num_experts"):
-        return PLANNED_LAYOUTS
+        mixed = model.get("sliding_window_layers") is not None  # some blocks windowed, not all
+        return tuple(layout for layout in PLANNED_LAYOUTS if not (mixed and layout == "pipeline"))
     return tuple(layout for layout in PLANNED_LAYOUTS if layout not in ("tp+sp", "pipeline")) + EXPERT_LAYOUTS
 
 

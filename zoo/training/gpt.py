@@ -19,6 +19,7 @@ from zoo.distribution.mesh import resolve_mesh_shape
 from zoo.kernels.pipeline import check_schedule, num_ticks
 from zoo.measure import mfu
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
+from zoo.models.gpt.gpt_configs import depth_overrides
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
     job_distribution,
@@ -46,10 +47,13 @@ def resolve_distribution(settings, mesh=None):
     return distribution
 
 
-def _model_overrides(settings, distribution=None):
-    """The named config's entries the job replaces: depth, and layout pipeline's schedule,
-    repeats and (once the mesh is known) micro-batches."""
-    overrides = {} if settings.num_layers is None else {"num_layers": settings.num_layers}
+def _model_overrides(settings, distribution=None, num_layers=None):
+    """The named config's entries the job replaces: depth (``num_layers``, default
+    ``settings.num_layers``) with the per-layer pattern that goes with it (Gemma's windowed
+    blocks, sparse blocks: ``gpt_configs.depth_overrides``), and layout pipeline's
+    schedule, repeats and (once the mesh is known) micro-batches."""
+    num_layers = settings.num_layers if num_layers is None else num_layers
+    overrides = {} if num_layers is None else depth_overrides(settings.config_name, num_layers)
     overrides.update(moe_overrides(settings))
     if settings.layout == "pipeline":
         overrides.update(schedule=settings.schedule, repeats=settings.repeats)
@@ -127,14 +131,15 @@ def build_gpt(settings, overrides=None):
     """``GPTCausalLM`` from a named config with the job's overrides (depth, dropout, seed,
     remat) and what its layout needs (``tp+sp``: ``megatron_sp=True``; ``pipeline``: the
     schedule, repeats and micro-batches, M defaulting to the current distribution's stages)."""
-    pipeline = _model_overrides(settings, keras.distribution.distribution())
+    overrides = overrides or {}
+    pipeline = _model_overrides(settings, keras.distribution.distribution(), overrides.get("num_layers"))
     return GPTCausalLM.from_config_name(
         settings.config_name,
         settings.layout,
         dropout=settings.dropout,
         seed=settings.seed,
         remat=settings.remat,
-        **{**pipeline, **(overrides or {})},
+        **{**pipeline, **overrides},
     )
 
 

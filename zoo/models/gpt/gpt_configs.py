@@ -307,6 +307,54 @@ def config_by_name(name):
     return dict(GPT_CONFIGS[name])
 
 
+# Lists of block indices: a config's per-layer pattern (which blocks are windowed, Gemma's
+# local/global alternation and its local RoPE base with them; which blocks are sparse).
+PER_LAYER_KEYS = ("sliding_window_layers", "moe_layers")
+_PATTERN_SWITCHES = {"sliding_window_layers": "sliding_window", "moe_layers": "num_experts"}  # off: None / 0
+
+
+def layer_period(config):
+    """P: the smallest period of ``config``'s per-layer pattern (``PER_LAYER_KEYS``): every
+    block i < L is like block i mod P (1 for a uniform model; Gemma 2: 2, Gemma 3: 6);
+    None when no P <= L / 2 fits (no period repeats, e.g. Qwen2's last layers windowed)."""
+    layers = config["num_layers"]
+    patterns = [set(config[key]) for key in PER_LAYER_KEYS if config.get(key) is not None]
+    patterns = [pattern for pattern in patterns if not pattern >= set(range(layers))]  # every block: uniform
+    for period in range(1, max(layers // 2, 1) + 1):
+        if all((i in pattern) == (i % period in pattern) for pattern in patterns for i in range(layers)):
+            return period
+    return None
+
+
+def at_depth(config, num_layers):
+    """``config`` with ``num_layers`` blocks, its per-layer pattern kept: a periodic one
+    (``layer_period``) tiled, block i as block i mod P (Gemma 3 at 12 blocks: two 5:1
+    periods); another trimmed to the blocks kept (blocks added past L take no list), a
+    list left empty turning its feature off (``sliding_window`` None, ``num_experts`` 0)."""
+    period = layer_period(config)
+    config = {**config, "num_layers": num_layers}
+    for key in PER_LAYER_KEYS:
+        if config.get(key) is None:
+            continue
+        pattern = set(config[key])
+        kept = [i for i in range(num_layers) if (i % period if period else i) in pattern]
+        if not kept:
+            config.update({key: None, _PATTERN_SWITCHES[key]: None if key == "sliding_window_layers" else 0})
+        else:
+            config[key] = None if len(kept) == num_layers else kept
+    return config
+
+
+def depth_overrides(name, num_layers, overrides=None):
+    """The entries of ``GPT_CONFIGS[name]`` to replace for a depth of ``num_layers``:
+    ``num_layers`` and the per-layer pattern that goes with it (``at_depth``), less what
+    ``overrides`` already sets (an explicit pattern wins)."""
+    config = config_by_name(name)
+    changed = {key: value for key, value in at_depth(config, num_layers).items() if config.get(key, value) != value}
+    changed["num_layers"] = num_layers
+    return {key: value for key, value in changed.items() if key not in (overrides or {})}
+
+
 def backbone_config(config):
     """The ``GPTBackbone`` arguments in ``config``, old keys renamed (``zoo.config.renamed``).
 
