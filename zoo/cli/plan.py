@@ -17,7 +17,9 @@ from zoo.config import schema, types
 from zoo.config.settings import GPTTrainSettings
 
 DEPTH_HELP = (
-    "auto (deep models: compile 1 and 2 blocks, extrapolate per block), full (the whole model), or N (N-1 and N blocks)"
+    "auto (deep models: compile 1 and 2 blocks, extrapolate per block; U and 2U blocks where U is the pipeline's "
+    "stages x repeats or the period of a local/global pattern: Gemma 2: 2, Gemma 3: 6), full (the whole model), "
+    "or N (N-U and N blocks)"
 )
 
 
