@@ -15,6 +15,7 @@ cannot rot silently).
 DOCS = "tests/test_docs.py::test_example_runs"
 GPT_MOE = "tests/models/test_gpt_moe.py::test_three_steps_of_fit_match_one_device"
 GPT_PARITY = "tests/models/test_gpt_parity.py::test_three_steps_of_fit_match_one_device"
+GEMMA_PARITY = "tests/models/test_gpt_parity.py::test_gemma_pieces_train_to_the_one_device_numbers"
 GPT_REMAT = "tests/models/test_gpt_remat.py::test_fit_with_remat_matches_one_device_without"
 MHA_SP = "tests/layers/test_multi_head_attention_parallel.py::test_output_and_gradients_match_plain_layer"
 MHA_TP = (
@@ -34,6 +35,10 @@ MATRIX = {
     f"{GPT_PARITY}[data-data=8]": "every other case's batch split over data",
     f"{GPT_PARITY}[fsdp-data=8]": "fsdp+tp-data=2,model=4",
     f"{GPT_PARITY}[tp-data=2,model=4]": "tp+sp-data=2,model=4, fsdp+tp-data=2,model=4",
+    # the Gemma 2/3 pieces under fit: tier 1 keeps tp+sp (heads and MLP over model, the sequence split)
+    f"{GEMMA_PARITY}[tp-data=2,model=4]": "tp+sp-data=2,model=4",
+    f"{GEMMA_PARITY}[fsdp+tp-data=2,model=4]": "tp+sp-data=2,model=4; fsdp+tp in test_three_steps_of_fit_match_one_device",
+    f"{GEMMA_PARITY}[context-ring-data=2,seq=4]": "tp+sp-data=2,model=4; windows under the ring: tests/kernels/test_sliding_window.py",
     "tests/models/test_lm_head_gather.py::test_fit_gathering_the_table_matches_one_device": (
         "test_the_compiled_step_gathers_what_the_sizes_choose (compile-only); fsdp+tp-data=2,model=4"
     ),
