@@ -14,6 +14,7 @@ cannot rot silently).
 
 DOCS = "tests/test_docs.py::test_example_runs"
 GPT_MOE = "tests/models/test_gpt_moe.py::test_three_steps_of_fit_match_one_device"
+GPT_MOE_GENERATE = "tests/models/test_gpt_moe.py::test_cached_generation_under_the_expert_layouts_equals_one_device"
 GPT_PARITY = "tests/models/test_gpt_parity.py::test_three_steps_of_fit_match_one_device"
 GEMMA_PARITY = "tests/models/test_gpt_parity.py::test_gemma_pieces_train_to_the_one_device_numbers"
 GPT_REMAT = "tests/models/test_gpt_remat.py::test_fit_with_remat_matches_one_device_without"
@@ -47,6 +48,19 @@ MATRIX = {
     f"{GPT_MOE}[k2_shared-fsdp+expert-data=2,expert=4]": "k2_shared-expert+tp; fsdp in test_gpt_parity",
     f"{GPT_MOE}[k1-expert-data=4,expert=2]": "k2_shared-expert+tp (expert); k = 1: tests/kernels/test_moe.py [True-2-1]",
     f"{GPT_MOE}[k1-context-data=2,seq=4]": "k2_shared-expert+tp; the context layout under fit: test_gpt_parity context-ring",
+    # MoE GPT generation against one device: tier 1 keeps expert+tp at 2 prompts (split over data
+    # alone, whole over expert: each device's own experts summed; the shared expert over model)
+    **{
+        f"{GPT_MOE_GENERATE}[{case}]": "expert+tp-data=2,expert=2,model=2-2"
+        for case in (
+            "expert+tp-data=2,expert=2,model=2-1",
+            "expert+tp-data=2,expert=2,model=2-4",
+            "expert-data=2,expert=4-2",
+            "fsdp+expert-data=2,expert=4-2",
+            "fsdp+expert-data=2,expert=4-1",
+            "fsdp+expert-data=2,expert=4-8",
+        )
+    },
     # the loss in chunks: tier 1 keeps the function's parity (sample weights, soft-cap) and the tp fit
     "tests/models/test_chunked_loss.py::test_fit_evaluate_and_predict_tied_softcapped_moe": (
         "test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits (fit), "
@@ -152,6 +166,9 @@ MATRIX = {
     ),
     "tests/recipes/test_run_cpu.py::test_cpu_recipe_runs_end_to_end[cpu-sim-8/finetune.toml]": (
         "[cpu-sim-8/pretrain_gpt.toml]; tests/training/test_lm_finetune.py"
+    ),
+    "tests/recipes/test_run_cpu.py::test_cpu_recipe_runs_end_to_end[cpu-sim-8/pretrain_moe.toml]": (
+        "[cpu-sim-8/pretrain_gpt.toml]; the MoE GPT under expert: tests/models/test_gpt_moe.py"
     ),
     "tests/distribution/test_multihost.py::test_disagreeing_processes_get_a_clear_error[device-counts]": "[config]",
     "tests/data/test_load.py::test_short_fit_on_8_devices[python_docs_topics]": "[python_docs]",

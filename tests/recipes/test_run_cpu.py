@@ -12,6 +12,7 @@ from zoo.training.recipes import RecipeError, load_recipe, run_recipe
 SHRINK = {
     "train_cnn.toml": {"train.epochs": 1, "data.train_examples": 256},
     "pretrain_gpt.toml": {"train.steps_per_epoch": 4},
+    "pretrain_moe.toml": {"train.steps_per_epoch": 4},
     "finetune.toml": {"train.epochs": 1, "data.train_examples": 256, "data.test_examples": 64},
 }
 
