@@ -167,6 +167,9 @@ MATRIX = {
     "tests/recipes/test_run_cpu.py::test_cpu_recipe_runs_end_to_end[cpu-sim-8/finetune.toml]": (
         "[cpu-sim-8/pretrain_gpt.toml]; tests/training/test_lm_finetune.py"
     ),
+    "tests/training/test_lm_finetune.py::test_zoo_finetune_of_a_mixtral_folder_under_an_expert_layout[full-fsdp+expert]": (
+        "[lora-expert]; full fine-tuning: test_finetune.py"
+    ),
     "tests/recipes/test_run_cpu.py::test_cpu_recipe_runs_end_to_end[cpu-sim-8/pretrain_moe.toml]": (
         "[cpu-sim-8/pretrain_gpt.toml]; the MoE GPT under expert: tests/models/test_gpt_moe.py"
     ),
