@@ -1,5 +1,7 @@
 """A Mixture-of-Experts GPTCausalLM trains to the single-device numbers under the expert
-layouts, its experts are placed 1/E_p per device, and it generates with a KV cache.
+layouts, its experts are placed 1/E_p per device, and it generates with a KV cache: on one
+device as a full forward pass does, and under every expert layout, for batches that divide
+data x expert and batches that do not, the one-device tokens.
 
 One block (the MoE block; every shape reaches every branch), C=32, 8 query / 4 KV heads,
 E=4 experts of width 16, T=16, batch 8, 3 SGD steps with dropout, the router's
@@ -107,22 +109,58 @@ def test_bad_meshes_are_named():
         model.predict(language_data(count=BATCH)[0], batch_size=BATCH, verbose=0)
 
 
-def test_cached_generation_on_one_device_and_under_expert():
-    """Greedy KV-cache decoding of an MoE model equals the argmax of a full forward pass on
-    one device, and gives the same tokens with its experts split over 'expert': 2
-    prompts do not split over data x expert = 8, so every device decodes both and runs
-    its own expert on them (an all-reduce instead of the exchange)."""
-    config = model_config("data", **(MODELS["k2_shared"] | dict(dropout=0.0)))
-    keras.utils.set_random_seed(5)
-    model = build_lm(config)
-    prompts = language_data(count=2)[0][:, :4]
-    generated = np.asarray(model.generate(prompts, 3))
-    logits = np.asarray(model(generated[:, :-1]))  # one causal forward pass recomputes every step
-    np.testing.assert_array_equal(generated[:, 4:], logits[:, 3:].argmax(-1))
+GENERATION = MODELS["k2_shared"] | dict(dropout=0.0)
+PROMPT, NEW = 4, 3
 
-    weights = [np.asarray(v) for v in model.weights]
-    keras.distribution.set_distribution(distribution_for(GPTCausalLM, "expert", "data=2,expert=4", config=config))
+
+@pytest.fixture(scope="module")
+def one_device():
+    """The generating model's weights, built on one device, and its greedy tokens per
+    batch size (the first B prompts), computed when a test first asks for them."""
+    keras.utils.set_random_seed(5)
+    model = build_lm(model_config("data", **GENERATION))
+    prompts = language_data(count=8)[0][:, :PROMPT]
+    generated = {}
+
+    def greedy(batch):
+        if batch not in generated:
+            keras.distribution.set_distribution(None)
+            generated[batch] = np.asarray(model.generate(prompts[:batch], NEW))
+        return prompts[:batch], generated[batch]
+
+    return model, [np.asarray(v) for v in model.weights], greedy
+
+
+def test_cached_generation_on_one_device_equals_a_full_forward_pass(one_device):
+    """Greedy KV-cache decoding of an MoE model equals the argmax of a full forward pass."""
+    model, _, greedy = one_device
+    _, generated = greedy(2)
+    logits = np.asarray(model(generated[:, :-1]))  # one causal forward pass recomputes every step
+    np.testing.assert_array_equal(generated[:, PROMPT:], logits[:, PROMPT - 1 :].argmax(-1))
+
+
+@pytest.mark.parametrize(
+    "layout, mesh, batch",
+    [
+        ("expert+tp", "data=2,expert=2,model=2", 2),  # over data alone: each device's expert, the shared one over model
+        ("expert+tp", "data=2,expert=2,model=2", 1),  # whole on every device, shared expert too
+        ("expert+tp", "data=2,expert=2,model=2", 4),  # divides data x expert: the exchange
+        ("expert", "data=2,expert=4", 2),  # over data alone, each device runs its expert on its row
+        ("fsdp+expert", "data=2,expert=4", 2),  # over data: the experts' C gathered over data in the body
+        ("fsdp+expert", "data=2,expert=4", 1),  # whole: the experts arrive whole on C, the output the same everywhere
+        ("fsdp+expert", "data=2,expert=4", 8),  # divides data x expert: the exchange
+    ],
+)
+def test_cached_generation_under_the_expert_layouts_equals_one_device(layout, mesh, batch, one_device):
+    """Any batch decodes under every expert layout, to the one-device greedy tokens: a
+    batch that does not divide data x expert is split over the batch axes it divides
+    (ParallelPlan.for_batch) and whole over the others, where each device runs its own
+    experts on every token and the outputs are summed over 'expert' (no exchange)."""
+    _, weights, greedy = one_device
+    prompts, expected = greedy(batch)
+    config = model_config("data", **GENERATION)
+    keras.distribution.set_distribution(distribution_for(GPTCausalLM, layout, mesh, config=config))
     split = build_lm(config)
     for variable, value in zip(split.weights, weights):
         variable.assign(value)
-    np.testing.assert_array_equal(np.asarray(split.generate(prompts, 3)), generated)
+    np.testing.assert_array_equal(np.asarray(split.generate(prompts, NEW)), expected)

@@ -88,6 +88,29 @@ class ParallelPlan:
     expert_size: int = 1
 
     @property
+    def batch_axes(self):
+        """The mesh axes the batch is split over, major first (a tuple; empty when whole)."""
+        if self.batch_axis is None:
+            return ()
+        return self.batch_axis if isinstance(self.batch_axis, tuple) else (self.batch_axis,)
+
+    def for_batch(self, batch):
+        """This plan for a batch of ``batch`` rows: the batch split over the batch axes, major
+        first, whose running product divides it, the others left out (None: no axis divides it,
+        every device holds the whole batch). The plan itself when ``batch`` divides the whole
+        split or is unknown (None). A decoding batch of a few prompts rarely divides
+        ``data`` x ``expert``: 2 prompts on data=2,expert=4 split over ``data`` alone."""
+        if batch is None or self.batch_axis is None or batch % self.batch_size == 0:
+            return self
+        kept, size = [], 1
+        for axis in self.batch_axes:
+            if batch % (size * mesh_axis_size(self.keras_mesh, axis)) == 0:
+                kept.append(axis)
+                size *= mesh_axis_size(self.keras_mesh, axis)
+        axis = None if not kept else kept[0] if len(kept) == 1 else tuple(kept)
+        return dataclasses.replace(self, batch_axis=axis, batch_size=size)
+
+    @property
     def tensor_parallel(self):
         """Whether the tensor-parallel layers split over a model axis (N > 1)."""
         return self.model_axis is not None

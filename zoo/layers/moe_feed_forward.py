@@ -34,6 +34,10 @@ class MoEFeedForward(keras.layers.Layer):
     ``all_to_all``s), on F over ``model`` when the mesh has one (the outputs summed over
     it), and on C over the distribution's ``weight_shard_axis`` (FSDP; gathered in the
     body). Without an expert axis every device runs all E experts on its own tokens.
+    A batch that does not divide the batch split (decoding a few prompts) is split over
+    the batch axes it divides (``ParallelPlan.for_batch``) and whole over the others;
+    whole over ``expert``, each device runs its own experts on every token and the
+    outputs are summed over the axis (no exchange).
 
     Training adds, through ``add_loss``, ``router_aux_loss_coefficient`` times the
     Switch / Mixtral load-balancing loss and ``router_z_loss_coefficient`` times the
@@ -177,21 +181,14 @@ class MoEFeedForward(keras.layers.Layer):
         weights = {"router": self.router.kernel, **{name: getattr(self, name) for name in EXPERT_WEIGHTS}}
         weights = {name: keras.ops.convert_to_tensor(value) for name, value in weights.items()}  # arrays, not Variables
         if plan.mesh is None:
-            y, aux = self._local(x, weights, plan=plan, replicated=False)
+            y, aux = self._local(x, weights, plan=plan)
         else:
-            # (B, T, C) split as the batch is; a batch that does not split (decoding a few
-            # prompts) stays whole on every device and each runs its own experts on it
-            replicated = x.shape[0] is not None and x.shape[0] % plan.batch_size != 0
-            batch = None if replicated else plan.batch_axis
-            token_spec = P(batch, plan.sequence_axis if len(x.shape) >= 3 else None)
+            # (B, T, C) split as the batch is; a batch that does not divide the split (decoding
+            # a few prompts) is split over the batch axes it divides and whole over the others
+            plan = plan.for_batch(x.shape[0])
+            token_spec = P(plan.batch_axis, plan.sequence_axis if len(x.shape) >= 3 else None)
             y, aux = run_sharded(
-                plan,
-                self._local,
-                (x, weights),
-                (token_spec, self._weight_specs(plan)),
-                (token_spec, P()),
-                plan=plan,
-                replicated=replicated,
+                plan, self._local, (x, weights), (token_spec, self._weight_specs(plan)), (token_spec, P()), plan=plan
             )
         if self.shared_expert is not None:
             gate = jax.nn.sigmoid(self.shared_expert_gate(x))  # (B, T, 1)
@@ -199,12 +196,18 @@ class MoEFeedForward(keras.layers.Layer):
         return y, aux
 
     def _weight_specs(self, plan):
-        e, m, d = plan.expert_axis, plan.model_axis, plan.weight_shard_axis
+        """The experts' C split over the FSDP axis only where the tokens are too: gathered in
+        the body, a weight varies over that axis, so tokens whole over it take the weight
+        whole (gathered before the ``shard_map``) and give an output the same on every device."""
+        e, m, d = plan.expert_axis, plan.model_axis, _gathered_axis(plan)
         return {"router": P(), "expert_gate": P(e, d, m), "expert_up": P(e, d, m), "expert_down": P(e, m, d)}
 
-    def _local(self, x, weights, plan, replicated):
-        """One shard: x [B_l, T_l, C] -> ([B_l, T_l, C], aux of replicated statistics);
-        ``replicated``: every device holds the whole batch."""
+    def _local(self, x, weights, plan):
+        """One shard: x [B_l, T_l, C] -> ([B_l, T_l, C], aux of replicated statistics).
+        Tokens whole over the expert axis (a batch that does not split over it) take the
+        replicated path: each device runs its own experts on all of them, no exchange."""
+        token_axes = _token_axes(plan)
+        replicated = plan.expert_axis is not None and plan.expert_axis not in token_axes
         tokens = x.reshape(-1, x.shape[-1])  # [N, C]
         logits = tokens.astype(jnp.float32) @ weights["router"].astype(jnp.float32)  # f32[N, E]
         routing, expert_ids, probabilities = moe.route(
@@ -214,11 +217,9 @@ class MoEFeedForward(keras.layers.Layer):
             name: self._gathered(weights[name], plan, axis=1 if name != "expert_down" else 2) for name in EXPERT_WEIGHTS
         }
         experts = {name: value.astype(x.dtype) for name, value in experts.items()}
-        if not replicated:  # cast once to vary with the tokens: the backward all-reduces each expert gradient once,
-            experts = {
-                name: vary_over(value, _token_axes(plan)) for name, value in experts.items()
-            }  # not per row block
-        if plan.expert_axis is not None and replicated:
+        if token_axes:  # cast once to vary with the tokens: the backward all-reduces each expert gradient once,
+            experts = {name: vary_over(value, token_axes) for name, value in experts.items()}  # not per row block
+        if replicated:
             y = moe.replicated_expert_parallel_moe(
                 tokens,
                 routing,
@@ -261,11 +262,12 @@ class MoEFeedForward(keras.layers.Layer):
         if plan.model_axis is not None:  # the experts' F split over model: partial sums
             y = jax.lax.psum(y, plan.model_axis)
         aux = _statistics(logits, probabilities, expert_ids, dropped, num_experts=self.num_experts)
-        return y.reshape(x.shape), _mean_over(aux, () if replicated else _token_axes(plan))
+        return y.reshape(x.shape), _mean_over(aux, token_axes)
 
     def _gathered(self, weight, plan, *, axis):
-        """An expert weight whole on its C dimension: all-gathered over the FSDP axis."""
-        if plan.weight_shard_axis is None:
+        """An expert weight whole on its C dimension: all-gathered over the FSDP axis (when
+        it arrives split over it, ``_weight_specs``)."""
+        if _gathered_axis(plan) is None:
             return weight
         return jax.lax.all_gather(weight, plan.weight_shard_axis, axis=axis, tiled=True)
 
@@ -345,8 +347,14 @@ def _statistics(logits, probabilities, expert_ids, dropped, *, num_experts):
 def _token_axes(plan):
     """The mesh axes the tokens are split over (the batch's, and the sequence's under
     context parallelism)."""
-    batch = plan.batch_axis if isinstance(plan.batch_axis, tuple) else (plan.batch_axis,)
-    return tuple(axis for axis in (*batch, plan.sequence_axis) if axis is not None)
+    return tuple(axis for axis in (*plan.batch_axes, plan.sequence_axis) if axis is not None)
+
+
+def _gathered_axis(plan):
+    """The FSDP axis the experts' C arrives split over and is gathered over in the body:
+    the plan's weight-shard axis where the tokens are split over it too, else None."""
+    axis = plan.weight_shard_axis
+    return axis if axis is not None and axis in _token_axes(plan) else None
 
 
 def _mean_over(aux, axes):
