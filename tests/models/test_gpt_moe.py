@@ -1,7 +1,8 @@
 """A Mixture-of-Experts GPTCausalLM trains to the single-device numbers under the expert
 layouts, its experts are placed 1/E_p per device, and it generates with a KV cache: on one
 device as a full forward pass does, and under every expert layout, for batches that divide
-data x expert and batches that do not, the one-device tokens.
+data x expert and batches that do not, the one-device tokens. A LoRA-adapted LM head keeps
+its gather under fsdp and its fit step compiles (compile-only).
 
 One block (the MoE block; every shape reaches every branch), C=32, 8 query / 4 KV heads,
 E=4 experts of width 16, T=16, batch 8, 3 SGD steps with dropout, the router's
@@ -20,9 +21,11 @@ import keras
 import numpy as np
 import pytest
 
-from tests.models._gpt_parity import BATCH, STEPS, build_lm, compile_sgd, language_data, model_config
+from tests.models._gpt_parity import BATCH, LENGTH, STEPS, build_lm, compile_sgd, language_data, model_config
 from zoo.distribution import distribution_for, parity
+from zoo.measure.compiled_step import abstract_build, compile_fit_step
 from zoo.models.gpt import GPTCausalLM
+from zoo.training.finetune import enable_lora, is_lora_variable
 
 MOE = dict(
     num_layers=1,
@@ -164,3 +167,27 @@ def test_cached_generation_under_the_expert_layouts_equals_one_device(layout, me
     for variable, value in zip(split.weights, weights):
         variable.assign(value)
     np.testing.assert_array_equal(np.asarray(split.generate(prompts, NEW)), expected)
+
+
+def test_a_lora_adapted_lm_head_keeps_its_gather_under_fsdp():
+    """LoRA on the LM head (as fine-tuning and the benchmarks' lora rows enable it) makes
+    its ``.kernel`` the merged tensor; the head's gather is chosen from its kernel
+    variable's layout, the same choice as unadapted, and the LoRA fit step compiles
+    with it (it raised AttributeError: LinearizeTracer has no attribute path)."""
+    config = model_config("fsdp", **(MODELS["k2_shared"] | dict(tie_word_embeddings=False)))
+    distribution = distribution_for(GPTCausalLM, "fsdp", "data=8", config=config)
+    choices = []
+
+    def build():
+        model = build_lm(config)
+        choices.append(model.lm_head_gather(32, LENGTH))
+        enable_lora(model, 4)
+        for variable in model.weights:
+            variable.trainable = is_lora_variable(variable)
+        choices.append(model.lm_head_gather(32, LENGTH))
+        return model
+
+    model = abstract_build(build, compile_sgd, distribution)
+    assert choices[1] == choices[0] and choices[0].choice == "table"  # B x T = 512 > V = 256: the (C, V) kernel
+    tokens = ((32, LENGTH), "int32")
+    compile_fit_step(model, distribution, tokens, tokens)

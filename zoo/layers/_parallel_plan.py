@@ -201,7 +201,15 @@ def weight_axes(variable):
     """The mesh axes per dimension of ``variable`` under the global distribution (a tuple,
     None entries for whole dimensions): the layout it was created or initialised with,
     else the distribution's layout map's (a model built abstractly has not initialised
-    it); None without a distribution or a layout (replicated)."""
+    it); None without a distribution or a layout (replicated). A tensor has no layout to
+    read: a LoRA layer's ``.kernel`` is the merged tensor, its variable is
+    ``kernel_variable(layer)``."""
+    if not isinstance(variable, keras.Variable):
+        raise TypeError(
+            f"weight_axes reads a Keras variable's layout, got a {type(variable).__name__} of shape "
+            f"{tuple(variable.shape)}; for a LoRA-adapted layer pass kernel_variable(layer), not layer.kernel "
+            f"(the merged kernel)"
+        )
     distribution = keras.distribution.distribution()
     if distribution is None:
         return None

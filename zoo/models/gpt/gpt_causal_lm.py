@@ -6,7 +6,7 @@ import os
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
-from zoo.layers import lm_head_gather
+from zoo.layers import kernel_variable, lm_head_gather
 from zoo.layers.lm_head_gather import LMHeadGather
 from zoo.layers.logit_softcap import LogitSoftcap
 from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _sampling, hf_checkpoints
@@ -173,8 +173,8 @@ class GPTCausalLM(ZooModel):
         elsewhere; ``describe()`` says it in words). See ``zoo/layers/lm_head_gather.py``."""
         if self.backbone.tie_word_embeddings:
             weight, vocabulary_dim = self.backbone.token_embedding.embeddings, 0  # (V, C)
-        else:
-            weight, vocabulary_dim = self.get_layer("lm_head").kernel, 1  # (C, V)
+        else:  # the kernel variable, which carries the layout: with LoRA ``.kernel`` is the merged tensor
+            weight, vocabulary_dim = kernel_variable(self.get_layer("lm_head")), 1  # (C, V)
         if batch_size is None or sequence_length is None:
             return LMHeadGather()
         return lm_head_gather.lm_head_gather(
