@@ -33,7 +33,7 @@ class CommsSettings:
     gated: bool = False  # mlp: gated (GLU) MLP
     batch_size: int = 8  # global batch; divides by the data axis
     sequence_length: int = 128  # mlp: T
-    dim: int = 256  # mlp: model width D
+    dim: int = 256  # mlp: model width C
     hidden: int = 1024  # mlp: hidden features F
     image_size: int = 32  # cnn: square images
     fast_compile: bool = False  # skip LLVM optimisation: the same collectives and memory, compiled sooner
@@ -82,7 +82,7 @@ def add_arguments(parser):
         help=f"mlp: tokens per example T (default {defaults.sequence_length})",
     )
     parser.add_argument(
-        "--dim", type=types.positive_int, default=defaults.dim, help=f"mlp: model width D (default {defaults.dim})"
+        "--dim", type=types.positive_int, default=defaults.dim, help=f"mlp: model width C (default {defaults.dim})"
     )
     parser.add_argument(
         "--hidden",
@@ -189,7 +189,7 @@ def _mlp(settings):
     import keras
 
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.MeanSquaredError())
-    x = example_input(shapes, settings.megatron_sp)  # (B, T, D)
+    x = example_input(shapes, settings.megatron_sp)  # (B, T, C)
     return distribution, model, x, x  # y: any target of the output's shape and layout
 
 

@@ -3,13 +3,14 @@
 An all-gather followed by a matmul makes the matmul wait for the whole gather. Cut
 the sequence into the N shards the devices already hold and pass them around a ring
 with ``ppermute``: while shard s travels to the next device, the matmul of shard s - 1
-runs. N matmuls of [B, T/N, D] x [D, F/N] and N - 1 hops of [B, T/N, D] replace one
-all-gather of [B, T, D] and one matmul; the bytes each device sends are the same,
-(N - 1)/N of [B, T, D] (the pattern of the JAX shard_map docs and the scaling book).
+runs. N matmuls of [B, T/N, C] x [C, F/N] and N - 1 hops of [B, T/N, C] replace one
+all-gather of [B, T, C] and one matmul; the bytes each device sends are the same,
+(N - 1)/N of [B, T, C] (the pattern of the JAX shard_map docs and the scaling book).
 The reduce-scatter after a row-parallel matmul is overlapped the same way, with a
 travelling accumulator instead of a travelling input.
 
-Letters as in ``tensor_parallel``: B batch, T sequence, D, F features, N axis size.
+Letters as in ``tensor_parallel``: B batch, T sequence, C model width, F hidden (MLP)
+features, N size of the mesh axis ``axis_name``.
 The hops go one way (i -> i + 1); a bidirectional ring would halve the latency. Over an
 axis of one device there is no hop: the ring makes N - 1 = 0 of them (no self
 ``ppermute``), and the result is the plain matmul.
@@ -65,8 +66,8 @@ def _ring(axis_name):
 def all_gather_matmul(x, kernel, *, axis_name, axis=1):
     """``all_gather(x, axis) @ kernel`` with the gather overlapped; inside ``shard_map``.
 
-    One device: x [B, T/N, D] (its sequence shard, the sequence at dimension
-    ``axis``), kernel [D, F/N] -> [B, T, F/N], identical to
+    One device: x [B, T/N, C] (its sequence shard, the sequence at dimension
+    ``axis``), kernel [C, F/N] -> [B, T, F/N], identical to
     ``jnp.matmul(jax.lax.all_gather(x, axis_name, axis=axis, tiled=True), kernel)``.
 
     Step s (0 <= s < N): device i holds the shard of device (i - s) mod N, sends it on
@@ -77,7 +78,7 @@ def all_gather_matmul(x, kernel, *, axis_name, axis=1):
     chunk = x.shape[axis]
     out_shape = x.shape[:axis] + (n * chunk,) + x.shape[axis + 1 : -1] + (kernel.shape[-1],)
     out = jnp.zeros(out_shape, jnp.result_type(x, kernel))  # [B, T, F/N]
-    block = x  # [B, T/N, D], the shard of device (me - step) mod N
+    block = x  # [B, T/N, C], the shard of device (me - step) mod N
     for step in range(n):
         incoming = jax.lax.ppermute(block, axis_name, right) if step < n - 1 else None
         y = jnp.matmul(block, kernel)  # [B, T/N, F/N]; overlaps the ppermute above
@@ -89,8 +90,8 @@ def all_gather_matmul(x, kernel, *, axis_name, axis=1):
 def matmul_reduce_scatter(x, kernel, *, axis_name, axis=1):
     """``psum_scatter(x @ kernel, scatter_dimension=axis)`` overlapped; inside ``shard_map``.
 
-    One device: x [B, T, F/N] (its slice of the hidden features), kernel [F/N, D]
-    -> [B, T/N, D], its sequence shard of the sum over devices, identical to
+    One device: x [B, T, F/N] (its slice of the hidden features), kernel [F/N, C]
+    -> [B, T/N, C], its sequence shard of the sum over devices, identical to
     ``jax.lax.psum_scatter(x @ kernel, axis_name, scatter_dimension=axis, tiled=True)``.
 
     An accumulator for each output shard travels the ring: at step s device i adds its
@@ -103,10 +104,10 @@ def matmul_reduce_scatter(x, kernel, *, axis_name, axis=1):
     if length % n:
         raise ValueError(f"sequence length {length} is not divisible by the {axis_name!r} mesh axis of size {n}")
     chunk = length // n
-    acc = None  # [B, T/N, D]
+    acc = None  # [B, T/N, C]
     for step in range(n):
         rows = jax.lax.dynamic_slice_in_dim(x, ((me - 1 - step) % n) * chunk, chunk, axis)  # [B, T/N, F/N]
-        part = jnp.matmul(rows, kernel)  # [B, T/N, D]; overlaps the hop of the previous sum
+        part = jnp.matmul(rows, kernel)  # [B, T/N, C]; overlaps the hop of the previous sum
         acc = part if acc is None else acc + part
         if step < n - 1:
             acc = jax.lax.ppermute(acc, axis_name, right)

@@ -5,7 +5,7 @@ out. ``gspmd_model``: plain ``keras.layers.Dense`` layers under ``ModelParallel`
 layout map (kernels split as Megatron splits them; sequence-parallel also the
 activations), partitioned by XLA. ``minimum_sent_bytes``: Megatron's bound for one
 forward + backward. The shapes come from ``zoo.config.bench_settings.TPBenchSettings``
-(B = batch_size, T = sequence_length, D = dim, F = hidden).
+(B = batch_size, T = sequence_length, C = dim, F = hidden).
 """
 
 import jax
@@ -55,7 +55,7 @@ def minimum_sent_bytes(settings, dtype_bytes=4):
     """Megatron's bound for one MLP forward + backward: bytes each device sends over the model axis."""
     mesh = zd.make_mesh(settings.mesh)
     data, model = zd.mesh_axis_size(mesh, DATA), zd.mesh_axis_size(mesh, MODEL)
-    activation = settings.batch_size // data * settings.sequence_length * settings.dim * dtype_bytes  # (B/dp, T, D)
+    activation = settings.batch_size // data * settings.sequence_length * settings.dim * dtype_bytes  # (B/N_data, T, C)
     return 2 * 2 * (model - 1) / model * activation  # two all-reduces (or 2 AG + 2 RS)
 
 
@@ -78,17 +78,17 @@ def explicit_model(settings, gated, megatron_sp, collective=False):
 def gspmd_model(settings, gated, megatron_sp):
     """(distribution, model): plain Dense layers, placed by a layout map, partitioned by GSPMD.
 
-    Layout rules (D = dim, F = hidden):
+    Layout rules (C = dim, F = hidden):
 
     ===============  ==========  ================  =========================
     path             shape       layout            when
     ===============  ==========  ================  =========================
-    gate/kernel      (D, F)      (-, model)        gated
-    up/kernel        (D, F)      (-, model)        always
-    down/kernel      (F, D)      (model, -)        always
+    gate/kernel      (C, F)      (-, model)        gated
+    up/kernel        (C, F)      (-, model)        always
+    down/kernel      (F, C)      (model, -)        always
     gate/output      (B, T, F)   (data, -, model)  gated, sequence-parallel
     up/output        (B, T, F)   (data, -, model)  sequence-parallel
-    down/output      (B, T, D)   (data, model, -)  sequence-parallel
+    down/output      (B, T, C)   (data, model, -)  sequence-parallel
     ===============  ==========  ================  =========================
     """
     mesh = zd.make_mesh(settings.mesh)
@@ -104,13 +104,13 @@ def gspmd_model(settings, gated, megatron_sp):
     distribution = zd.CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA)
 
     def build():
-        x = keras.Input((settings.sequence_length, settings.dim), name="x")  # (B, T, D)
+        x = keras.Input((settings.sequence_length, settings.dim), name="x")  # (B, T, C)
         dense = lambda units, name, activation=None: keras.layers.Dense(
             units, activation=activation, use_bias=False, name=name
         )
         up = dense(settings.hidden, "up", None if gated else "gelu")(x)  # (B, T, F)
         h = keras.layers.Multiply(name="glu")([dense(settings.hidden, "gate", "gelu")(x), up]) if gated else up
-        return keras.Model(x, dense(settings.dim, "down")(h), name="gspmd_mlp")  # (B, T, D)
+        return keras.Model(x, dense(settings.dim, "down")(h), name="gspmd_mlp")  # (B, T, C)
 
     model = build_checked(build, distribution)
     return distribution, model
@@ -124,12 +124,12 @@ def build_checked(build, distribution):
 
 
 def _functional(settings, layer):
-    x = keras.Input((settings.sequence_length, settings.dim), name="x")  # (B, T, D)
+    x = keras.Input((settings.sequence_length, settings.dim), name="x")  # (B, T, C)
     return keras.Model(x, layer(x), name="explicit_mlp")
 
 
 def example_input(settings, megatron_sp):
-    """x (B, T, D) placed as the layer before the MLP would leave it: batch over data,
+    """x (B, T, C) placed as the layer before the MLP would leave it: batch over data,
     and the sequence over model in sequence-parallel mode."""
     distribution = keras.distribution.distribution()
     x = (

@@ -3,20 +3,23 @@
 ``TransformerEncoderClassifier`` and ``ViTClassifier`` combine these with
 ``_transformer_layouts.block_rules``. The choices, per layout (``-`` = not split):
 
-===============================  ==========  ==========  ================  ==========
-path                             shape       fsdp        tp / tp+sp        fsdp+tp
-===============================  ==========  ==========  ================  ==========
-token_embedding/embeddings       (V, C)      (data, -)   (model, -)        (model, data)
-position_embedding/embeddings    (L, C)      (-, data)   replicated        (-, data)
-patch_embedding/kernel           (p,p,Ch,C)  (-,-,-,data) replicated       (-,-,-,data)
-classifier_head/kernel           (C, N)      (data, -)   (-, model) [1]    (data, model) [1]
-classifier_head/bias             (N,)        replicated  (model,) [1]      (model,) [1]
-===============================  ==========  ==========  ================  ==========
+===============================  ============  ============  ================  =================
+path                             shape         fsdp          tp / tp+sp        fsdp+tp
+===============================  ============  ============  ================  =================
+token_embedding/embeddings       (V, C)        (data, -)     (model, -)        (model, data)
+position_embedding/embeddings    (T, C)        (-, data)     replicated        (-, data)
+patch_embedding/kernel           (p,p,Ch,C)    (-,-,-,data)  replicated        (-,-,-,data)
+classifier_head/kernel           (C, classes)  (data, -)     (-, model) [1]    (data, model) [1]
+classifier_head/bias             (classes,)    replicated    (model,) [1]      (model,) [1]
+===============================  ============  ============  ================  =================
 
-Under tp the token embedding is vocabulary-parallel (Megatron): each device holds V/M
-rows and the lookup ends in one all-reduce; the GPT models place it the same way. The position and patch embeddings feed the
-residual stream, which tp keeps whole on every model device, and are small (L x C,
-p^2 Ch x C), so tp replicates them; fsdp splits them over data like every large weight.
+Letters as in docs/architecture.md: V vocabulary, C model width, T positions (the
+tokens; the ViT's patches, + 1 with a class token), N size of the ``model`` axis; p the
+patch size, Ch the image's channels. Under tp the token embedding is vocabulary-parallel (Megatron): each device
+holds V/N rows and the lookup ends in one all-reduce; the GPT models place it the same
+way. The position and patch embeddings feed the residual stream, which tp keeps whole on
+every model device, and are small (T x C, p^2 Ch x C), so tp replicates them; fsdp splits
+them over data like every large weight.
 Vectors (norms, biases, the class token) stay replicated.
 
 [1] only when ``num_classes`` is known (``config`` given) and divisible by the model
