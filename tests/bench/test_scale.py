@@ -57,6 +57,31 @@ def test_report_has_a_table_per_section_and_names_errors():
     assert "error in {'kind': 'recipe', 'path': 'x.toml'}: boom" in text and "### Recipes" not in text
 
 
+def test_report_tables_write_sizes_in_the_units_their_headers_name():
+    gib, mib = 2**30, 2**20
+    recipe = {"kind": "recipe", "path": "r.toml", "layout": "fsdp", "mesh": "data=8", "precision": "bfloat16"}
+    recipe |= {"remat": "full", "batch_per_device": 4, "weights": 1.5 * gib, "gradients": gib / 2, "optimizer": 5 * gib}
+    recipe |= {"temp": 12 * mib, "peak": 70 * gib, "target": 80 * gib}
+    rows = [
+        recipe,
+        {"kind": "attention", "path": "ring", "temp": 1234.4 * mib},
+        {"kind": "fsdp+tp", "mesh": "data=2,model=4", "devices": 8, "weights": 1234567890, "analytic": 1200000000},
+        {
+            "kind": "tp",
+            "layout": "tp",
+            "mesh": "m",
+            "sent": 1.5 * mib,
+            "minimum": mib,
+            "collectives": {"all-reduce": 6},
+        },
+    ]
+    text = "\n".join(scale.format_report(rows, ScaleBenchSettings(sections=("recipes", "attention", "fsdp+tp", "tp"))))
+    assert "| r.toml | fsdp, data=8 | bfloat16, full | 4 | 1.50 | 0.50 | 5.00 | 0.01 | 70.00 | 80.00 | yes |" in text
+    assert "| ring | 1,234 |" in text
+    assert "| data=2,model=4 | 8 | 1,177.4 | 1,144.4 | 1.03x |" in text
+    assert "| tp | 6 all-reduce | 1.5 | 1.0 | 1.50x |" in text
+
+
 def test_tasks_run_each_measurement_on_its_device_count():
     settings = ScaleBenchSettings(
         recipes=("recipes/gpu-8/pretrain_gpt.toml", "recipes/tpu-multihost/pretrain_gpt.toml")

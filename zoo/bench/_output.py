@@ -1,8 +1,9 @@
-"""Where a benchmark's markdown report goes besides stdout, and how its tables write sizes."""
+"""Where a benchmark's markdown report goes besides stdout, and how its tables write sizes
+(``zoo.units.format_bytes`` with the benchmarks' decimals)."""
 
 import os
 
-from zoo.units import GIB, KIB, MIB
+from zoo.units import format_bytes
 
 
 def write_text(path, text):
@@ -14,24 +15,16 @@ def write_text(path, text):
 
 
 def size_text(nbytes):
-    """Bytes as ``"5.24 GiB"`` (two decimals), ``"589.5 MiB"`` below 1 GiB, ``"1.9 KiB"`` below 1 MiB."""
-    if nbytes >= GIB:
-        return f"{nbytes / GIB:,.2f} GiB"
-    if nbytes >= MIB:
-        return f"{nbytes / MIB:,.1f} MiB"
-    return f"{nbytes / KIB:,.1f} KiB"
+    """Bytes as ``"5.24 GiB"`` (two decimals), ``"589.5 MiB"`` below 1 GiB, ``"1.9 KiB"`` below
+    1 MiB (``"0.5 KiB"`` below 1 KiB): ``zoo.units.format_bytes`` as the benchmarks' tables write it."""
+    return format_bytes(nbytes, 1, grouping=True, gib_decimals=2, smallest="KiB")
 
 
 def mib_text(nbytes, gib_from=None):
     """Bytes as ``"589.5 MiB"`` (KiB below 1 MiB, so tiny test sizes still show a number;
-    GiB from ``gib_from`` bytes where given), one decimal; ``"-"`` for None."""
-    if nbytes is None:
-        return "-"
-    if gib_from is not None and nbytes >= gib_from:
-        return f"{nbytes / GIB:,.1f} GiB"
-    if nbytes < MIB:
-        return f"{nbytes / KIB:,.1f} KiB"
-    return f"{nbytes / MIB:,.1f} MiB"
+    GiB from ``gib_from`` bytes where given), one decimal; ``"-"`` for None:
+    ``zoo.units.format_bytes`` as the memory benchmarks' tables write it."""
+    return format_bytes(nbytes, 1, grouping=True, gib_from=gib_from, smallest="KiB")
 
 
 def remat_warning(remats):

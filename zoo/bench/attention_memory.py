@@ -45,7 +45,7 @@ from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
 from zoo.layers import sharded_attention
-from zoo.units import GIB
+from zoo.units import GIB, format_bytes_in
 
 AXIS = SEQ
 KERNELS = ("reference", *CONTEXT_ATTENTIONS)  # the materialising reference, then the context_attention kernels
@@ -211,9 +211,7 @@ def _skip_reason(settings, kernel, length, heads, n, programs):
     _, _, memory = compile_program(settings, kernel, length, heads, n, programs)
     host = n * (2 * memory["argument"] + memory["temp"])  # inputs, same-sized grads, temporaries
     if host > settings.memory_limit_gib * GIB:
-        return (
-            f"needs {host / GIB:.1f} GiB of host memory for N = {n} devices > limit {settings.memory_limit_gib:g} GiB"
-        )
+        return f"needs {format_bytes_in(host, GIB, 1)} GiB of host memory for N = {n} devices > limit {settings.memory_limit_gib:g} GiB"
     return None
 
 

@@ -32,7 +32,7 @@ from zoo.bench._output import write_text
 from zoo.config.bench_settings import ScaleBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution.axes import DATA, MODEL, SEQ
-from zoo.units import GIB, MIB
+from zoo.units import GIB, MIB, format_bytes_in
 
 ROW = "ROW "  # prefix of a worker's result lines on stdout
 
@@ -306,7 +306,13 @@ def _count_over(report, axis):
 
 
 def _gib(count):
-    return f"{count / GIB:.2f}"
+    """The recipe table's cells: GiB, two decimals (the header names the unit)."""
+    return format_bytes_in(count, GIB, 2)
+
+
+def _mib(count):
+    """The fsdp+tp and tp tables' cells: MiB, one decimal, thousands grouped."""
+    return format_bytes_in(count, MIB, 1, grouping=True)
 
 
 def format_report(rows, settings):
@@ -347,7 +353,7 @@ def _attention_table(rows, settings):
     return (
         lines
         + ["| path | temp (MiB) |", "| --- | ---: |"]
-        + [f"| {row['path']} | {row['temp'] / MIB:,.0f} |" for row in rows]
+        + [f"| {row['path']} | {format_bytes_in(row['temp'], MIB, 0, grouping=True)} |" for row in rows]
     )
 
 
@@ -359,7 +365,7 @@ def _fsdp_tp_table(rows, settings):
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     return lines + [
-        f"| {row['mesh']} | {row['devices']} | {row['weights'] / MIB:,.1f} | {row['analytic'] / MIB:,.1f} | {row['weights'] / row['analytic']:.2f}x |"
+        f"| {row['mesh']} | {row['devices']} | {_mib(row['weights'])} | {_mib(row['analytic'])} | {row['weights'] / row['analytic']:.2f}x |"
         for row in rows
     ]
 
@@ -375,7 +381,7 @@ def _tp_table(rows, settings):
     for row in rows:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(row["collectives"].items()))
         lines.append(
-            f"| {row['layout']} | {kinds} | {row['sent'] / MIB:,.1f} | {row['minimum'] / MIB:,.1f} | {row['sent'] / row['minimum']:.2f}x |"
+            f"| {row['layout']} | {kinds} | {_mib(row['sent'])} | {_mib(row['minimum'])} | {row['sent'] / row['minimum']:.2f}x |"
         )
     return lines
 
