@@ -10,8 +10,8 @@ maths is compiled three ways on the same mesh and the forward + backward program
 - **GSPMD**: plain ``keras.layers.Dense`` layers under ``ModelParallel`` with a layout
   map (kernels split as Megatron splits them; in sequence-parallel mode also the
   activations' layouts), partitioned by XLA;
-- **minimum**: Megatron's bound, computed: forward one all-reduce of the (B/dp, T, D)
-  output per device, backward one of d(input), i.e. 2 x 2 (M-1)/M x B/dp T D x 4
+- **minimum**: Megatron's bound, computed: forward one all-reduce of the (B/dp, T, C)
+  output per device, backward one of d(input), i.e. 2 x 2 (N-1)/N x B/dp T C x 4
   bytes sent per device; sequence-parallel moves the same bytes as all-gathers and
   reduce-scatters.
 

@@ -250,7 +250,7 @@ class TPBenchSettings:
     mesh: str = setting("data=2,model=4", "mesh with axes data and model (model > 1)", section="bench")
     batch_size: int = _count(8, "global batch B; divides by the data axis")
     sequence_length: int = _count(256, "T; divides by the model axis (Megatron sequence parallelism)")
-    dim: int = _count(256, "model width D (MLP input and output)")
+    dim: int = _count(256, "model width C (MLP input and output)")
     hidden: int = _count(1024, "hidden features F; divides by the model axis")
     steps: int = _count(5, "forward + backward passes per timed measurement")
     repeats: int = _count(3, "alternating explicit / GSPMD measurements; the median of each")

@@ -43,10 +43,10 @@ class MultiHeadAttention(keras.layers.Layer):
     ``zoo.distribution.describe(model)`` says what each layer runs.
 
     Tensor parallelism: under a distribution whose mesh has ``model_axis`` with size
-    M > 1, and no split sequence, the whole layer is one ``shard_map`` (Megatron): each
-    device projects its H/M query heads and their KV heads (column-parallel), attends,
+    N > 1, and no split sequence, the whole layer is one ``shard_map`` (Megatron): each
+    device projects its H/N query heads and their KV heads (column-parallel), attends,
     and multiplies by its rows of ``output`` (row-parallel) before one all-reduce; the
-    backward all-reduces d(x) once. Fewer KV heads than M (M % K == 0) are replicated,
+    backward all-reduces d(x) once. Fewer KV heads than N (N % K == 0) are replicated,
     each device using the one its query heads share. The weights are created with their
     layouts (heads over ``model``; under ``fsdp+tp`` also C over ``data``). See
     ``zoo.layers._tensor_parallel_attention`` and ``docs/tensor_parallel.md``.

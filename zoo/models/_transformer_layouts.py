@@ -41,7 +41,7 @@ attention/{query,key}_norm/scale (qk_norm)      (D,)        replicated replicate
 mesh's model axis has size > 1, at creation, so no layout rule can place them otherwise.
 On a model axis of size 1 the layers are plain and the ``fsdp`` rules apply instead
 (``fsdp+tp``) or nothing is split (``tp``).
-[2] with fewer KV heads than the model axis (K < M, M % K == 0) the key and value
+[2] with fewer KV heads than the model axis (K < N, N % K == 0) the key and value
 kernels are replicated over ``model`` (Megatron's rule): each device computes the one
 KV head its query heads use.
 """
@@ -141,7 +141,7 @@ def check_divisible(mesh, layout, sizes, *, data_axis=DATA, model_axis=MODEL):
 
 def check_kv_heads(mesh, layout, num_key_value_heads, *, model_axis=MODEL):
     """Raise ``LayoutError`` unless the KV heads split over the model axis or the model
-    axis splits them: K % M == 0 (each device holds K/M KV heads) or M % K == 0 (fewer KV
+    axis splits them: K % N == 0 (each device holds K/N KV heads) or N % K == 0 (fewer KV
     heads than devices: replicated, Megatron's rule; each device uses one)."""
     if not uses_model_axis(layout) or model_axis not in mesh.axis_names:
         return
