@@ -50,7 +50,9 @@ FORBIDDEN = {
     "data": {"models", "layers", "training", "planning", "cli", "bench", "presets"},
     # presets (the file format, reading and writing) sits below models: ZooModel.from_preset imports it
     "presets": {"measure", "models", "layers", "data", "training", "planning", "cli", "bench"},
-    "training": {"planning", "cli", "bench"},
+    "training": {"planning", "cli", "bench", "plotting"},
+    # charts of a run's files and of benchmark tables (matplotlib): above training, read by cli and bench
+    "plotting": {"planning", "cli", "bench"},
     "planning": {"cli", "bench"},  # compiles the training jobs' steps: above training, below the entry points
     # measurement (hardware table, HLO parser, compiled steps, FLOPs) that training, planning,
     # the benchmarks and zoo comms read: above the models, below the jobs
