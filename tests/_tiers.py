@@ -180,7 +180,7 @@ MATRIX = {
     # tier 1 by the tests of their feature; tier 2 checks the pages say what runs
     f"{DOCS}[docs/distribution.md#4]": "tests/distribution",
     f"{DOCS}[docs/sequence_parallel.md#3]": "tests/layers/test_multi_head_attention_fit.py",
-    f"{DOCS}[docs/finetuning.md#3]": "tests/training/test_lm_finetune.py",
+    f"{DOCS}[docs/finetuning.md#4]": "tests/training/test_lm_finetune.py",
     f"{DOCS}[docs/context_parallel.md#1]": "tests/distribution/test_context_parallel.py",
     f"{DOCS}[docs/models.md#3]": "tests/models",
     f"{DOCS}[docs/pipeline_parallel.md#0]": "tests/models/test_gpt_pipeline.py",
@@ -188,7 +188,10 @@ MATRIX = {
     f"{DOCS}[docs/checkpoints.md#0]": "tests/training/checkpoints/test_checkpoints.py",
     f"{DOCS}[docs/planning.md#0]": "tests/planning",
     f"{DOCS}[docs/finetuning.md#0]": "tests/training/test_finetune.py",
-    f"{DOCS}[docs/finetuning.md#4]": "tests/training/lora/test_peft_adapters.py",
+    f"{DOCS}[docs/finetuning.md#5]": "tests/training/lora/test_peft_adapters.py",
+    f"{DOCS}[docs/finetuning.md#2]": "tests/training/test_chat_finetune.py, tests/tokenizers/test_chat_template.py",
+    f"{DOCS}[docs/finetuning.md#6]": "tests/models/test_chunked_loss.py::test_the_function_equals_the_plain_loss_and_its_gradients",
+    f"{DOCS}[docs/generation.md#1]": "tests/models/test_gpt_generate.py",
     # the examples of 1.2-4.2 s each (about 22 s together): a model built, fit or compiled
     # on the simulated devices; tier 1 runs what they show in the tests named, and every
     # page's blocks pass the static import-order check (test_docs.py)

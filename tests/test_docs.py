@@ -33,6 +33,7 @@ PAGES = [
     "docs/pipeline_parallel.md",
     "docs/moe.md",
     "docs/chat.md",
+    "docs/generation.md",
 ]
 
 
