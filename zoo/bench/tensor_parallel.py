@@ -43,7 +43,7 @@ from zoo.measure.tensor_parallel_mlp import (
     gspmd_model,
     minimum_sent_bytes,
 )
-from zoo.units import KIB
+from zoo.units import KIB, format_bytes_in
 
 
 def run_benchmark(settings, report=print):
@@ -145,7 +145,7 @@ def _alternate_times(steps, settings):
 
 
 def _kib(count):
-    return "-" if count is None else f"{count / KIB:,.1f}"
+    return format_bytes_in(count, KIB, 1, grouping=True)
 
 
 def format_table(rows, settings):
