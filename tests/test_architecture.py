@@ -338,11 +338,9 @@ def test_the_private_import_rule_tells_own_from_other():
 # --- jax.shard_map runs in the one bridge (DESIGN.md, conventions 11 and 12) ---
 
 # layers/_parallel_plan.py holds the one cached shard_map path (run_sharded for the layers,
-# run_on_mesh for the benchmarks' kernel runs); zoo/_compat.py is where a version shim of it would live.
-# layers/pipelined_blocks.py's shard_map is manual over stage (and the batch axis) only, the
-# other axes GSPMD's inside it; through a cached jit of it (even inlined) its float32 loss
-# moved by 1.5e-5 relative, past the parity test's 1e-5, so it stays a direct call.
-SHARD_MAP_HOMES = ("layers/_parallel_plan.py", "_compat.py", "layers/pipelined_blocks.py")
+# run_manual_over for the pipeline, manual over stage and the batch axis only, run_on_mesh for
+# the benchmarks' kernel runs); zoo/_compat.py is where a version shim of it would live.
+SHARD_MAP_HOMES = ("layers/_parallel_plan.py", "_compat.py")
 
 
 def _shard_map_uses(relative, source):

@@ -112,11 +112,15 @@ def test_outputs_and_gradients_match_one_device(schedule, micro_batches, repeats
     # the 3.12 subset's worker order came 1.2-1.4e-5 apart, with every output and gradient within theirs)
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-4)
     np.testing.assert_allclose(got[1], expected[1], rtol=1e-4, atol=1e-5)
-    for (variable, a), b in zip(zip(layer.trainable_variables, got[2][0]), expected[2][0]):  # float32 sums over B*T
+    # Gradients: float32 sums over B*T through 8 blocks of a loss whose gradients reach ~10^3; XLA:CPU's
+    # threaded reductions round differently from run to run: their worst element sat at 0.12-0.31 of
+    # 2e-5 x the largest in 4 runs, and at 1.4 of it in one run on a loaded machine; 1e-4 x the largest
+    # (the rtol every parity check uses) holds that run at 0.28.
+    for (variable, a), b in zip(zip(layer.trainable_variables, got[2][0]), expected[2][0]):
         b = np.asarray(b).reshape(a.shape)
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5 * np.abs(b).max(), err_msg=variable.path)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max(), err_msg=variable.path)
     np.testing.assert_allclose(
-        got[2][1], expected[2][1], rtol=1e-4, atol=2e-5 * np.abs(expected[2][1]).max(), err_msg="input gradient"
+        got[2][1], expected[2][1], rtol=1e-4, atol=1e-4 * np.abs(expected[2][1]).max(), err_msg="input gradient"
     )
 
 

@@ -41,10 +41,10 @@ anywhere; ``zoo.distribution.describe(model)`` says what runs.
 (body, mesh, specs, settings), kept, so an eager call reuses its compilation
 (a fresh ``shard_map`` per call would recompile every time); inside an outer ``jit`` it
 is inlined. ``run_on_mesh`` is the same program for code that holds a mesh and no plan
-(the benchmarks that measure a kernel on its own). The one other ``jax.shard_map`` in the
-zoo is ``PipelinedBlocks``': manual over ``stage`` (and the batch axis) only, the data and
-model axes left to GSPMD inside it, which this all-manual cache does not express
-(``tests/test_architecture.py`` holds the list).
+(the benchmarks that measure a kernel on its own). ``run_manual_over`` is the same program
+manual over some mesh axes only, the others left to GSPMD inside it: ``PipelinedBlocks``,
+manual over ``stage`` (and the batch axis), its ``model`` axis split by the layout map. No
+other module calls ``jax.shard_map`` (``tests/test_architecture.py``).
 """
 
 import dataclasses
@@ -277,6 +277,14 @@ def run_on_mesh(mesh, body, args, in_specs, out_specs, /, **settings):
     return program(*args)
 
 
+def run_manual_over(plan, axes, body, args, in_specs, out_specs, /, **settings):
+    """``run_sharded`` manual over the mesh axes ``axes`` only: the other axes stay GSPMD's
+    inside ``body`` (the pipeline: manual over ``stage`` and the batch axis, the ``model``
+    axis split by the layout map as outside it). Kept per (body, mesh, axes, specs, settings)."""
+    frozen = (_freeze(in_specs), _freeze(out_specs), tuple(sorted(settings.items())))
+    return _program(body, plan.mesh, *frozen, manual_axes=frozenset(axes))(*args)
+
+
 def program_cache_info():
     """``functools.lru_cache`` statistics of ``run_sharded``'s programs (hits, misses, size)."""
     return _program.cache_info()
@@ -293,7 +301,8 @@ def _freeze(specs):
 
 
 @functools.lru_cache(maxsize=256)
-def _program(body, mesh, in_specs, out_specs, settings):
+def _program(body, mesh, in_specs, out_specs, settings, manual_axes=None):
     thaw = lambda frozen: jax.tree.unflatten(frozen[1], frozen[0])  # noqa: E731
     function = functools.partial(body, **dict(settings))
-    return jax.jit(jax.shard_map(function, mesh=mesh, in_specs=thaw(in_specs), out_specs=thaw(out_specs)))
+    manual = {} if manual_axes is None else {"axis_names": set(manual_axes)}  # default: every axis manual
+    return jax.jit(jax.shard_map(function, mesh=mesh, in_specs=thaw(in_specs), out_specs=thaw(out_specs), **manual))

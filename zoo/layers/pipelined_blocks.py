@@ -2,7 +2,6 @@
 pipeline over the mesh's ``stage`` axis (``zoo.kernels.pipeline``)."""
 
 import contextlib
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ from zoo.distribution.axes import STAGE
 from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
-from zoo.layers._parallel_plan import resolve_plan
+from zoo.layers._parallel_plan import resolve_plan, run_manual_over
 from zoo.layers.transformer_block import REMAT_POLICIES, TransformerBlock
 
 TEMPLATE = "pipelined_block_template"  # the name of the block whose computation runs on each slice
@@ -167,21 +166,20 @@ class PipelinedBlocks(keras.layers.Layer):
         # T on every stage); else every stage gets them whole.
         split_sequence = micro.ndim >= 3 and micro.shape[2] % stages == 0
         outputs = P(None, batch, self.stage_axis) if split_sequence else rows
-        body = functools.partial(
+        manual = {self.stage_axis} | ({batch} if batch else set())  # the model axis stays GSPMD's
+        y, _ = run_manual_over(
+            plan,
+            manual,
             _stages_body,
+            (params, micro, extras),
+            (stacked_spec, rows, extras_spec),
+            (outputs, P(self.stage_axis)),
             stage_fn=stage_fn,
             axis_name=self.stage_axis,
             repeats=self.repeats,
             scatter_dimension=2 if split_sequence else None,
         )
-        run = jax.shard_map(  # manual over stage (and the batch axis) only: not run_sharded's all-manual cache
-            body,
-            mesh=plan.mesh,
-            in_specs=(stacked_spec, rows, extras_spec),
-            out_specs=(outputs, P(self.stage_axis)),
-            axis_names={self.stage_axis} | ({batch} if batch else set()),
-        )
-        return run(params, micro, extras)[0]
+        return y
 
     def _check_rows_split(self, batch, plan):
         """Each micro-batch's B/M rows must divide over the plan's batch axis."""
@@ -230,12 +228,19 @@ class PipelinedBlocks(keras.layers.Layer):
 class _StageFunction:
     """``stage_fn`` of ``zoo.kernels.pipeline``: a group of blocks on one micro-batch.
 
-    Hashable by identity; runs the template ``TransformerBlock`` on each block's slice
+    Equal (and hashed) by (layer, training), so the bridge's program cache keeps one pipeline
+    program per layer and mode; runs the template ``TransformerBlock`` on each block's slice
     of the stacked weights (``keras.StatelessScope``), under no distribution (the
     data and model axes are GSPMD's inside the pipeline's shard_map)."""
 
     def __init__(self, layer, training):
         self.layer, self.training = layer, training
+
+    def __eq__(self, other):
+        return isinstance(other, _StageFunction) and (other.layer, other.training) == (self.layer, self.training)
+
+    def __hash__(self):
+        return hash((id(self.layer), self.training))
 
     def __call__(self, group_params, x, extras, group):
         layer, seed = self.layer, extras.get("seed")  # extras: this micro-batch's rows, key_mask, segment_ids, seed
