@@ -4,6 +4,8 @@ capacity factor 1.0 are the analytic minimum (within the [N_e, E_l] counts), eac
 device holds 1/E_p of every expert weight, nothing gathers an expert weight; and the
 settings refuse what cannot run."""
 
+import jax
+import numpy as np
 import pytest
 
 from tests.bench._cli import parse_bench_args
@@ -11,6 +13,7 @@ from zoo.bench import moe as bench
 from zoo.cli import bench as bench_cli
 from zoo.config.bench_settings import MoEBenchSettings
 from zoo.kernels import moe
+from zoo.measure.comms_report import FAST_COMPILE
 
 TINY = {
     "num_layers": 1,
@@ -65,3 +68,42 @@ def test_settings_parse_and_refuse_bad_numbers(capsys):
     with pytest.raises(SystemExit):
         _parse(["--memory-runs", "frozen:expert:data=1,expert=8"])
     assert "expected ';'-separated '<method>:<layout>:<mesh>' runs" in capsys.readouterr().err
+
+
+def test_ragged_rows_are_each_routed_row_once_per_exchange():
+    """data=2, E_p=2, E=4 (E_l=2), k=1, 2 tokens per shard; shards (0,0), (0,1), (1,0), (1,1).
+    Device (0,0) sends both its rows to device 1 and receives both of (0,1)'s: 2 x (2 + 2)
+    per block; device (1,0) keeps its rows and receives one: 2 x (0 + 1)."""
+    ids = np.array([[2], [3], [0], [1], [0], [1], [0], [3]])
+    rows = bench.ragged_rows_sent([ids, ids], mesh_spec="data=2,expert=2", num_experts=4)
+    assert rows.tolist() == [16, 16, 4, 4]
+    # a balanced routing sends the analytic minimum: each shard 1/E_p of its A = N k rows to each device
+    n, k, experts = 8, 2, 4
+    balanced = np.tile(np.arange(2 * experts).reshape(-1, k), (2 * experts * n * k // (2 * experts), 1))
+    rows = bench.ragged_rows_sent([balanced], mesh_spec="data=2,expert=4", num_experts=2 * experts)
+    minimum = 4 * moe.minimum_exchange_bytes(n, num_experts_per_token=k, width=1, itemsize=1, axis_size=experts)
+    assert rows.tolist() == [minimum] * 8
+
+
+def test_compiled_for_given_devices_without_running():
+    """compile_exchange on this process's CPU devices (a TPU topology's in the recipe):
+    the fixed exchange's buffers and bytes, memory per device, no routing needed; and the
+    routing the ragged rows are counted from, one per block."""
+    settings = MoEBenchSettings(**TINY, meshes=("data=2,expert=4",), capacity_factors=(1.0,))
+    row = bench.compile_exchange(
+        settings, "data=2,expert=4", 1.0, devices=jax.devices(), platform="cpu", compiler_options=FAST_COMPILE
+    )
+    assert (row.token_exchanges, row.count_exchanges, row.capacity) == (4, 1, 8)
+    assert row.buffers == 4 * (4 * 8 * 32 * 4)  # 4 exchanges of [E_p, Q, C] f32
+    assert row.minimum <= row.sent <= 1.05 * row.minimum and row.routed_ratios == (row.ratio, row.ratio)
+    assert row.memory.peak > row.memory.argument > 0 and row.all_reduces >= 1
+    line = bench.format_topology_exchange(settings, [row], ("cpu", jax.devices()))[-1]
+    assert line.startswith(
+        "| data=2,expert=4 | 4 | all_to_all, capacity 1 | 4 (+1) | f32 | 16.0 KiB | 12.0 KiB | = sent |"
+    )
+    routings = bench.recorded_routing(settings)
+    assert [r.shape for r in routings] == [(8 * 16, 2)] and 0 <= routings[0].min() and routings[0].max() < 8
+    row.routed = bench.routed_exchange_bytes(settings, row, routings)
+    assert len(row.routed) == 8 and np.mean(row.routed) == pytest.approx(
+        np.mean(bench.ragged_rows_sent(routings, mesh_spec=row.mesh, num_experts=8)) * 32 * 4
+    )

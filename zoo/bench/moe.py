@@ -70,6 +70,7 @@ EXCHANGES_PER_BLOCK = 4  # dispatch and combine, forward and backward
 EXPERT_WEIGHT = re.compile(r"/expert_(gate|up|down)$")  # MoEFeedForward's (E, C, F) / (E, F, C) weights
 ARRAY_DIMS = re.compile(r"\[([0-9,]*)\]")  # the dims of each array of a CollectiveOp.shape
 FLOAT_ITEMSIZES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}  # HLO dtype -> bytes: the token exchanges' buffers
+EXCHANGE_KINDS = ("all-to-all", "ragged-all-to-all")  # the collectives tokens travel in over 'expert'
 
 
 class TimingMismatch(AssertionError):
@@ -136,11 +137,17 @@ def expert_gradient_reduces(comms, width, hidden):
     )
 
 
+def exchange_ops(comms):
+    """The all-to-alls and ragged all-to-alls over ``expert`` of a ``CommsReport``."""
+    return [op for kind in EXCHANGE_KINDS for op in comms.select(kind, (EXPERT,))]
+
+
 def exchange_totals(comms):
     """``(token all-to-alls executed, count all-to-alls executed, bytes sent, dtype moved)``
-    over ``expert`` per step: the floating exchanges, the integer [N_e, E_l] counts, the
-    bytes of all of them, and the tokens' dtype as compiled (XLA:CPU widens bf16 to f32)."""
-    ops = comms.select("all-to-all", (EXPERT,))
+    over ``expert`` per step: the floating exchanges (ragged ones too), the integer
+    [N_e, E_l] counts and offsets, the bytes of all of them (a ragged all-to-all's: its
+    whole send buffer, a bound), and the tokens' dtype as compiled (XLA:CPU widens bf16 to f32)."""
+    ops = exchange_ops(comms)
     floating = [op for op in ops if _dtype(op) in FLOAT_ITEMSIZES]
     moved = {_dtype(op) for op in floating}
     if len(moved) > 1:
@@ -149,7 +156,7 @@ def exchange_totals(comms):
     return (
         tokens,
         sum(op.executions for op in ops) - tokens,
-        comms.sent_bytes("all-to-all", (EXPERT,)),
+        sum(op.sent_bytes * op.executions for op in ops),
         moved.pop() if moved else None,
     )
 
@@ -192,10 +199,25 @@ class ExchangeRow:
     exact: bool = True
     compile_s: float = 0.0
     compiled: object = dataclasses.field(default=None, repr=False)
+    # compiled ahead of time for a topology (compile_exchange); routed bytes from a routing (routed_exchange_bytes)
+    exchange: str = "all_to_all"  # the layer's expert_exchange
+    buffers: float = 0.0  # bytes of the token exchanges' result (receive) buffers per step
+    routed: tuple = ()  # bytes each device sends per step as routed (ragged), devices in shard order
+    memory: object = None  # compiled_step.StepMemory
+    all_reduces: int = 0  # all-reduces executed per step, over any axes (gradients, statistics, ...)
+    all_reduce_sent: float = 0.0  # bytes each device sends in them per step
 
     @property
     def ratio(self):
         return self.sent / self.minimum
+
+    @property
+    def routed_ratios(self):
+        """(mean, max) over devices of the routed bytes over the minimum (the fixed
+        exchanges send their whole buffers whatever the routing: ``ratio``)."""
+        if not self.routed:
+            return self.ratio, self.ratio
+        return float(np.mean(self.routed)) / self.minimum, max(self.routed) / self.minimum
 
     @property
     def dropped(self):
@@ -203,8 +225,9 @@ class ExchangeRow:
         return self.dropped_fraction * self.assignments
 
 
-def exchange_arguments(settings, capacity_factor):
-    """``GPTBackbone`` arguments of the exchange rows: every block sparse, no dropout."""
+def exchange_arguments(settings, capacity_factor, exchange="all_to_all"):
+    """``GPTBackbone`` arguments of the exchange rows: every block sparse, no dropout;
+    ``exchange``: the layers' ``expert_exchange``."""
     return {
         "vocabulary_size": settings.vocabulary_size,
         "num_layers": settings.num_layers,
@@ -222,6 +245,7 @@ def exchange_arguments(settings, capacity_factor):
         "normalize_router_weights": True,
         "router_aux_loss_coefficient": 0.01,
         "capacity_factor": capacity_factor,
+        "expert_exchange": exchange,
         "remat": "none",
     }
 
@@ -280,13 +304,161 @@ def run_once(compiled, model, distribution, settings):
         [jax.device_put(v.value, s) for v, s in zip(group, layout)]
         for group, layout in zip(state_groups(model), shardings)
     )
+    x, y = random_tokens(settings)
+    logs, _ = compiled(state, tuple(place_batch(distribution, x, y)))
+    return float(logs["router_max_load"]), float(logs["router_dropped_fraction"])
+
+
+# --- the exchange compiled ahead of time for an accelerator's topology ------------------
+
+
+def compile_exchange(
+    settings, mesh_spec, capacity_factor, *, devices, platform, exchange="all_to_all", compiler_options=None
+):
+    """One ``ExchangeRow`` of the exchange rows' fit step compiled for ``devices``, never
+    run: e.g. a TPU slice's compile-only devices (``jax.experimental.topologies``), which
+    the process need not have. The model is built abstractly (nothing allocated), its MoE
+    layers traced for ``platform`` (``moe.compile_for``: ``ragged_dot`` on GPU/TPU) with
+    ``expert_exchange=exchange``, and the step compiled with ``compiler_options`` (None:
+    the backend's own, that compiler's whole pipeline). Fills the exchange's bytes,
+    buffers, the all-reduces and the memory per device; no drops or loads (nothing runs)."""
+    row = ExchangeRow(mesh_spec, capacity_factor, exchange=exchange)
+    start = time.perf_counter()
+    arguments = exchange_arguments(settings, capacity_factor, exchange)
+    mesh = zd.make_mesh(mesh_spec, devices=list(devices)[: mesh_devices(mesh_spec)])
+    distribution = zd.distribution_for(GPTCausalLM, "expert", mesh, config=arguments)
+    keras.backend.clear_session()
+    tokens = ((settings.batch_size, settings.sequence_length), "int32")
+    with moe.compile_for(platform):
+        model = abstract_build(lambda: build_model(arguments, settings.precision), compile_model, distribution)
+        row.compiled, row.memory = compile_fit_step(
+            model, distribution, tokens, tokens, compiler_options=compiler_options
+        )
+    comms = compiled_report(row.compiled, distribution.device_mesh)
+    row.compile_s = time.perf_counter() - start
+    _fill_exchange(row, settings, comms, model, distribution)
+    row.buffers = sum(op.bytes * op.executions for op in exchange_ops(comms) if _dtype(op) in FLOAT_ITEMSIZES)
+    row.all_reduces = comms.count("all-reduce")
+    row.all_reduce_sent = comms.sent_bytes("all-reduce")
+    return row
+
+
+def recorded_routing(settings):
+    """The expert ids (i32[B * T, k], one per MoE block, the global batch in order) the
+    exchange rows' model routes ``run_once``'s tokens to at its initial weights (the same
+    seed), computed on this process's default device with no distribution: the routing
+    that decides what a ragged exchange sends."""
+    arguments = exchange_arguments(settings, None)
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(SEED)
+    with zd.global_distribution(None):
+        model = build_model(arguments, settings.precision)
+    x, _ = random_tokens(settings)
+    routings, route = [], moe.route
+
+    def recording(*args, **kwargs):  # the layers call moe.route once per block
+        result = route(*args, **kwargs)
+        routings.append(np.asarray(result[1]))  # concrete: the model runs eagerly
+        return result
+
+    moe.route = recording
+    try:
+        with zd.global_distribution(None):
+            model(x, training=False)
+    finally:
+        moe.route = route
+    if len(routings) != settings.num_layers:
+        raise RuntimeError(f"recorded {len(routings)} routings for {settings.num_layers} MoE blocks")
+    return routings
+
+
+def ragged_rows_sent(routings, *, mesh_spec, num_experts):
+    """Rows each device sends per step in the ragged exchanges (dispatch and combine,
+    forward and backward) of ``routings`` (i32[B * T, k] expert ids per MoE block), the
+    batch split over data x expert as layout ``expert`` splits it (shard d * E_p + e, on
+    device (d, e), holds the (d * E_p + e)-th slice). Per block device (d, e) dispatches
+    the rows it routes to the other devices of its ``expert`` group (out) and returns
+    those the others routed to it (in); the backward sends the same again (each
+    transpose reverses its exchange): 2 (out + in). Returns f64[D * E_p], shard order."""
+    axes = dict(zd.parse_mesh_spec(mesh_spec))
+    data, experts = axes.get(DATA, 1), axes[EXPERT]
+    local = num_experts // experts
+    rows = np.zeros(data * experts)
+    for expert_ids in routings:
+        shards = np.asarray(expert_ids).reshape(data, experts, -1)  # [D, E_p, N * k]
+        counts = np.array(
+            [[np.bincount(shards[d, e] // local, minlength=experts) for e in range(experts)] for d in range(data)]
+        )  # [D, E_p source, E_p destination]
+        own = np.einsum("dee->de", counts)  # rows a device routes to itself: not sent
+        out, into = counts.sum(axis=2) - own, counts.sum(axis=1) - own  # [D, E_p] each
+        rows += 2.0 * (out + into).reshape(-1)
+    return rows
+
+
+def routed_exchange_bytes(settings, row, routings):
+    """Bytes each device of ``row``'s mesh sends per step in a ragged exchange of
+    ``routings``: ``ragged_rows_sent`` x C x the itemsize moved."""
+    rows = ragged_rows_sent(routings, mesh_spec=row.mesh, num_experts=settings.num_experts)
+    return tuple(float(r) * settings.hidden_dim * FLOAT_ITEMSIZES[row.moved] for r in rows)
+
+
+def random_tokens(settings):
+    """``run_once``'s (x, y): random token ids (B, T), int32."""
     rng = np.random.default_rng(SEED)
-    x, y = (
+    return tuple(
         rng.integers(0, settings.vocabulary_size, (settings.batch_size, settings.sequence_length), dtype=np.int32)
         for _ in range(2)
     )
-    logs, _ = compiled(state, tuple(place_batch(distribution, x, y)))
-    return float(logs["router_max_load"]), float(logs["router_dropped_fraction"])
+
+
+def _exchange_name(row):
+    if row.exchange == "ragged":
+        return "ragged (dropless)"
+    return f"all_to_all, {'dropless' if row.capacity_factor is None else f'capacity {row.capacity_factor:g}'}"
+
+
+def format_topology_exchange(settings, rows, topology):
+    """The table of ``compile_exchange`` rows compiled for ``topology`` (its name and devices)."""
+    name, devices = topology
+    lines = [
+        (
+            f"Exchange compiled ahead of time for {devices[0].platform.upper()} topology {name} ({len(devices)} "
+            f"{devices[0].device_kind} devices), never run: GPTCausalLM, {settings.num_layers} MoE blocks, "
+            f"C={settings.hidden_dim}, H={settings.num_query_heads}, K={settings.num_key_value_heads}, E={settings.num_experts} "
+            f"experts of F={settings.moe_intermediate_dim}, top {settings.num_experts_per_token}, V={settings.vocabulary_size}, "
+            f"T={settings.sequence_length}, global batch {settings.batch_size}, {settings.precision}, remat none; layout "
+            f"expert; the fit step built abstractly and compiled with the backend's default options (experts' grouped "
+            f"matmul {moe.grouped_matmul_implementation(devices[0].platform)}); jax {jax.__version__}, keras {keras.__version__}."
+        ),
+        "",
+        (
+            "Per device and step (all-to-alls and ragged-all-to-alls over 'expert' from the compiled HLO, loop trips "
+            "included; buffers: their result (receive) buffers; sent: a fixed all-to-all's (E_p-1)/E_p of its buffer, a "
+            "ragged one's whole send buffer (a bound); routed: what the ragged exchange sends for the routing of the "
+            "exchange table's random tokens at the initial weights (computed on the attached device; mean and max over "
+            "devices), 2 x (rows out + rows in) per block x C x itemsize; minimum = 4 x blocks x N x k x C x itemsize x "
+            "(E_p-1)/E_p; all-reduces: every one in the step, over any axes, and what a device sends in them; "
+            "memory_analysis: total = arguments + outputs - donated + temporaries):"
+        ),
+        "",
+        (
+            "| mesh | E_p | exchange | token exchanges (+ counts, offsets) | dtype moved | buffers | sent (HLO) | "
+            "routed: mean (max) | minimum | sent / minimum: mean (max) | all-reduces (sent) | arguments | temp | total | compile (s) |"
+        ),
+        "| --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        bound = "" if row.exact else ">= "
+        mean, most = row.routed_ratios
+        routed = f"{size_text(np.mean(row.routed))} ({size_text(max(row.routed))})" if row.routed else "= sent"
+        sent = f"<= {size_text(row.sent)}" if row.exchange == "ragged" else size_text(row.sent)
+        m = row.memory
+        lines.append(
+            f"| {row.mesh} | {row.expert_size} | {_exchange_name(row)} | {bound}{row.token_exchanges} (+{row.count_exchanges}) | "
+            f"{row.moved} | {size_text(row.buffers)} | {sent} | {routed} | {size_text(row.minimum)} | **{mean:.3f}** ({most:.3f}) | "
+            f"{bound}{row.all_reduces} ({size_text(row.all_reduce_sent)}) | {size_text(m.argument)} | {size_text(m.temp)} | {size_text(m.peak)} | {row.compile_s:.0f} |"
+        )
+    return lines
 
 
 def exchange_rows(settings, report=print):

@@ -9,14 +9,23 @@ collective in it:
 field                  meaning (all per device: SPMD programs are the same on each)
 =====================  ============================================================
 kind                   all-reduce, all-gather, reduce-scatter, all-to-all,
-                       collective-permute (async ``*-start`` ops count as their kind)
+                       ragged-all-to-all, collective-permute (async ``*-start`` ops
+                       count as their kind)
 shape                  the result type, e.g. ``f32[2,16,32]``
 bytes                  the full buffer the collective works on: the result of an
                        all-reduce / all-gather / all-to-all / collective-permute, the
-                       *operand* of a reduce-scatter (result x group size)
+                       *operand* of a reduce-scatter (result x group size), the
+                       *receive buffer* of a ragged-all-to-all (its result: sized for
+                       the most a device can receive, not what it does)
+operand_bytes          ragged-all-to-all only: its send buffer (first operand, its type
+                       looked up in the text; None where the text lacks it)
 sent_bytes             what a device sends with the usual ring algorithms:
                        all-reduce 2(n-1)/n x bytes, all-gather, reduce-scatter and
-                       all-to-all (n-1)/n x bytes, collective-permute 1 x bytes
+                       all-to-all (n-1)/n x bytes, collective-permute 1 x bytes; a
+                       ragged-all-to-all: an upper bound, its whole send buffer
+                       (``operand_bytes``; the receive buffer where that is unknown):
+                       the rows it sends are its ``send_sizes`` operand, known only
+                       when it runs (zoo.bench.moe counts them from the routing)
 replica_groups         the device groups (logical ids = positions in the mesh)
 axes                   the mesh axes those groups span, e.g. ``('model',)``
 executions             how often it runs per call of the program (loop trip counts)
@@ -74,7 +83,14 @@ FAST_COMPILE = {
     **({"xla_cpu_use_fusion_emitters": False} if _has_legacy_cpu_emitters() else {}),
 }
 
-COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+COLLECTIVE_KINDS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "ragged-all-to-all",
+    "collective-permute",
+)
 
 _DTYPE_BYTES = {
     "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
@@ -86,7 +102,11 @@ _DTYPE_BYTES = {
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
-    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?P<start>-start)?\("
+    r"(?P<kind>all-reduce|all-gather|reduce-scatter|all-to-all|ragged-all-to-all|collective-permute)(?P<start>-start)?\("
+)
+# a ragged-all-to-all's first operand (its send buffer): its type where printed, its name
+_FIRST_OPERAND = re.compile(
+    r"ragged-all-to-all(?:-start)?\(\s*(?:(?P<type>[a-z]+[0-9a-z]*\[[0-9,]*\])\S*\s+)?%?(?P<name>[\w.\-]+)"
 )
 _ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
@@ -110,11 +130,15 @@ class CollectiveOp:
     axes: tuple | None  # mesh axes the groups span; None without a mesh
     executions: int = 1  # times it runs per call of the program, loop trip counts included
     exact: bool = True  # False: a loop around it has no known trip count (executions is a lower bound)
+    operand_bytes: int | None = None  # ragged-all-to-all: its send buffer (None: not in the text, or another kind)
 
     @property
     def sent_bytes(self):
-        """Bytes one device sends for this collective (ring algorithms)."""
+        """Bytes one device sends for this collective (ring algorithms); for a
+        ragged-all-to-all the most it can send: its whole send buffer."""
         n = self.group_size
+        if self.kind == "ragged-all-to-all":
+            return float(self.bytes if self.operand_bytes is None else self.operand_bytes)
         if self.kind == "collective-permute":
             return float(self.bytes)
         factor = 2.0 if self.kind == "all-reduce" else 1.0
@@ -302,6 +326,7 @@ def parse_collectives(hlo_text, mesh=None):
         size = sum(math.prod(dims) * _DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays)
         if kind == "reduce-scatter":  # the result is 1/n of the buffer reduced
             elements, size = elements * group_size, size * group_size
+        operand = _operand_bytes(hlo_text, line) if kind == "ragged-all-to-all" else None
         ops.append(
             CollectiveOp(
                 name=match["name"],
@@ -315,9 +340,29 @@ def parse_collectives(hlo_text, mesh=None):
                 axes=None if grid is None else _axes_of(groups, grid),
                 executions=times.get(match["name"], 1),
                 exact=match["name"] not in lower_bounds,
+                operand_bytes=operand,
             )
         )
     return ops
+
+
+def _operand_bytes(hlo_text, line):
+    """Bytes of a ragged-all-to-all's first operand (its send buffer): the type printed
+    beside the operand, else the result type of the instruction that defines it; None
+    where neither is in the text."""
+    match = _FIRST_OPERAND.search(line)
+    if match is None:
+        return None
+    type_text = match["type"]
+    if type_text is None:
+        definition = re.search(
+            r"^\s*(?:ROOT\s+)?%?" + re.escape(match["name"]) + r"\s*=\s*(.+?)\s+[\w\-]+\(", hlo_text, re.M
+        )
+        if definition is None:
+            return None
+        type_text = definition.group(1)
+    arrays = _ARRAY.findall(type_text)
+    return int(sum(math.prod(int(x) for x in dims.split(",") if x) * _DTYPE_BYTES.get(d, 4) for d, dims in arrays))
 
 
 def loop_multiplicities(hlo_text):
