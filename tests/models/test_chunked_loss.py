@@ -167,7 +167,9 @@ def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logit
 
 def test_the_compiled_step_holds_no_whole_logits():
     """B = 2, T = 512, V = 8,192: each (B, T, V) float32 buffer is 32 MiB; in chunks of 64
-    the step's temporaries fall by more than three of them (logits, log-softmax, gradient)."""
+    the step's temporaries fall by more than two of them (the logits, their log-softmax and
+    gradient: three, of which XLA:CPU's schedule without its concurrency-optimized scheduler,
+    the suite's, keeps two alive at once)."""
     sizes = dict(num_layers=1, vocabulary_size=8192, max_sequence_length=512)
     temps = []
     for chunk in (None, 64):
@@ -176,4 +178,5 @@ def test_the_compiled_step_holds_no_whole_logits():
         model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         temps.append(compile_fit_step(model, None, ((2, 512), "int32"), ((2, 512), "int32"))[1].temp)
     logits = 2 * 512 * 8192 * 4
-    assert temps[0] - temps[1] > 3 * logits, (temps, logits)  # measured: 141 -> 34 MiB
+    # measured: 107.6 -> 28.8 MiB (141 -> 34 MiB with the concurrency-optimized scheduler)
+    assert temps[0] - temps[1] > 2 * logits, (temps, logits)
