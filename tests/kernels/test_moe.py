@@ -190,3 +190,25 @@ def test_replicated_tokens_equal_dense():
 
     kernel = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS)), out_specs=P()))
     check_against_dense(kernel, k=2, unbalanced=False)
+
+
+def test_the_ragged_exchanges_backward_sums_nothing_over_the_axis():
+    """``jax.lax.ragged_all_to_all`` types its result like its ``output`` buffer: zeros made
+    on each device are typed as equal on every device, and the backward then sums each
+    exchange's gradient over the whole axis (an all-reduce that also makes them wrong). The
+    buffers vary like the rows sent: the backward is two reverse exchanges, no all-reduce
+    (lowered, as XLA:CPU cannot compile the collective)."""
+    mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
+    x, weights, ids = routing(2, False)
+
+    def body(x, weights, ids, weights_of_experts):
+        return moe.ragged_expert_parallel_moe(
+            x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E
+        )[0]
+
+    spec = P(AXIS)
+    step = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)
+    loss = lambda x, weights_of_experts: jnp.sum(step(x, weights, ids, weights_of_experts) ** 2)  # noqa: E731
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, experts()).as_text()
+    assert text.count("ragged_all_to_all") == 4  # dispatch, combine and their transposes
+    assert text.count("all_reduce") == 0

@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.config.choices import EXPERT_EXCHANGES, GROUPED_MATMULS
-from zoo.kernels.collective_matmul import vary_over
+from zoo.kernels.collective_matmul import _varying_axes, vary_over
 
 __all__ = [
     "EXCHANGES",
@@ -417,9 +417,10 @@ def ragged_expert_parallel_moe(
     received_counts = jax.lax.all_to_all(counts, axis_name, 0, 0, tiled=True)  # i32[N_e, E_l] by source
 
     rows = axis_size * num_tokens * min(k, local)  # the worst case any device receives
+    sorted_rows = x[token]  # [A, C]
     received = exchange(
-        x[token],
-        jnp.zeros((rows, x.shape[-1]), x.dtype),
+        sorted_rows,
+        _buffer_like((rows, x.shape[-1]), sorted_rows),
         send_offsets,
         per_device,
         land_offsets,
@@ -450,7 +451,7 @@ def ragged_expert_parallel_moe(
     return_offsets = (jnp.cumsum(sent, axis=1) - sent)[:, me]  # i32[N_e]
     returned = exchange(
         outputs,
-        jnp.zeros((expert.shape[0], x.shape[-1]), x.dtype),
+        _buffer_like((expert.shape[0], x.shape[-1]), outputs),
         receive_offsets,
         receive_sizes,
         return_offsets,
@@ -459,6 +460,14 @@ def ragged_expert_parallel_moe(
     )  # [A, C] in this shard's sorted order
     weighted = returned * weights.reshape(-1)[order][:, None].astype(returned.dtype)
     return jnp.zeros_like(x).at[token].add(weighted), jnp.int32(0)
+
+
+def _buffer_like(shape, rows):
+    """Zeros of ``shape`` typed as varying over the axes ``rows`` (the rows sent) vary over.
+    ``jax.lax.ragged_all_to_all`` types its result like this buffer: plain zeros are typed as
+    equal on every device, though each receives other rows, and the backward would then sum
+    the exchange's gradient over the axis (an all-reduce, and wrong gradients)."""
+    return vary_over(jnp.zeros(shape, rows.dtype), _varying_axes(rows))
 
 
 def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name):
