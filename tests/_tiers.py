@@ -48,6 +48,12 @@ MATRIX = {
     f"{GPT_MOE}[k2_shared-fsdp+expert-data=2,expert=4]": "k2_shared-expert+tp; fsdp in test_gpt_parity",
     f"{GPT_MOE}[k1-expert-data=4,expert=2]": "k2_shared-expert+tp (expert); k = 1: tests/kernels/test_moe.py [True-2-1]",
     f"{GPT_MOE}[k1-context-data=2,seq=4]": "k2_shared-expert+tp; the context layout under fit: test_gpt_parity context-ring",
+    f"{GPT_MOE}[k1_shared-expert-data=2,expert=4]": "k2_shared-expert+tp (k = 2); k = 1: k1-expert-data=4,expert=2",
+    f"{GPT_MOE}[k1_shared-fsdp+expert-data=4,expert=2]": "k2_shared-expert+tp; fsdp in test_gpt_parity",
+    f"{GPT_MOE}[k1_shared-expert+tp-data=1,expert=4,model=2]": "k2_shared-expert+tp-data=2,expert=2,model=2",
+    f"{GPT_MOE}[k2-expert-data=4,expert=2]": "k2_shared-expert+tp (the routed experts; the shared one on top)",
+    f"{GPT_MOE}[k2-fsdp+expert-data=2,expert=4]": "k2_shared-expert+tp; fsdp in test_gpt_parity",
+    f"{GPT_MOE}[k2-expert+tp-data=2,expert=2,model=2]": "k2_shared-expert+tp-data=2,expert=2,model=2",
     # MoE GPT generation against one device: tier 1 keeps expert+tp at 2 prompts (split over data
     # alone, whole over expert: each device's own experts summed; the shared expert over model)
     **{

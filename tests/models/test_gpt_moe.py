@@ -10,7 +10,9 @@ load-balancing loss (0.05) and z-loss (0.01) in the loss. Two models, each with 
 single-device reference run shared by its layouts: k=2 with a shared expert
 (renormalised, Mixtral + Qwen2-MoE), k=1 without one (not renormalised). Between them
 the layouts cover E_p = 2 and 4, k = 1 and 2, shared experts on and off, expert alone,
-data x expert, fsdp x expert and expert x model; and context (the experts replicated,
+data x expert, fsdp x expert and expert x model; two more models (k=1 with a shared
+expert, k=2 without) take each expert layout in tier 2, so every layout meets k = 1 and 2,
+the shared expert on and off, and E_p = 2 and 4 among its cases; and context (the experts replicated,
 each device routes its share of the sequence). tp (no expert axis, the experts' F over
 model) was checked the same way once and not kept: expert+tp's psum over model and
 context's local routing reach its two branches. data, fsdp and fsdp+tp
@@ -37,6 +39,9 @@ MOE = dict(
 MODELS = {
     "k2_shared": MOE | dict(num_experts_per_token=2, shared_expert_dim=24, normalize_router_weights=True),
     "k1": MOE | dict(num_experts_per_token=1, shared_expert_dim=0, normalize_router_weights=False),
+    # tier 2 (tests/_tiers.py): the other pairings of k and the shared expert
+    "k1_shared": MOE | dict(num_experts_per_token=1, shared_expert_dim=24, normalize_router_weights=False),
+    "k2": MOE | dict(num_experts_per_token=2, shared_expert_dim=0, normalize_router_weights=True),
 }
 
 
@@ -64,6 +69,13 @@ def references():
         ("k2_shared", "expert+tp", "data=2,expert=2,model=2"),  # E_p = 2, F over model
         ("k1", "expert", "data=4,expert=2"),  # k = 1, no shared expert
         ("k1", "context", "data=2,seq=4"),  # the sequence split over seq: each device routes its own tokens
+        # the matrix (tier 2): every expert layout with k = 1 and 2, shared expert on and off, E_p = 2 and 4
+        ("k1_shared", "expert", "data=2,expert=4"),
+        ("k1_shared", "fsdp+expert", "data=4,expert=2"),
+        ("k1_shared", "expert+tp", "data=1,expert=4,model=2"),
+        ("k2", "expert", "data=4,expert=2"),
+        ("k2", "fsdp+expert", "data=2,expert=4"),
+        ("k2", "expert+tp", "data=2,expert=2,model=2"),
     ],
 )
 def test_three_steps_of_fit_match_one_device(name, layout, mesh, references):
