@@ -1,10 +1,12 @@
-"""A training call of ``TransformerBlock`` passes its weights through one
+"""Under a split sequence (a ``ContextParallel`` distribution: the long-context layouts), a
+training call of ``TransformerBlock`` passes its weights through one
 ``optimization_barrier`` with the block's input, so no all-gather or cast of a weight can
 be scheduled before the block is reached (issue 29: XLA:CPU ran every block's weight
 all-gathers at the start of the LoRA long-context step and held them through the forward
 pass). The barrier changes no number: output and gradients equal the untied
 ``forward_with_aux`` on the same weights, with and without remat, in float32 and under
-``mixed_bfloat16``.
+``mixed_bfloat16``. Without a split sequence there is no barrier (XLA may gather the next
+block's weights during this one: FSDP's prefetch).
 """
 
 import jax
@@ -13,9 +15,18 @@ import keras
 import numpy as np
 import pytest
 
+from zoo.distribution import ContextParallel
 from zoo.layers import TransformerBlock
 
 B, T, C = 2, 8, 16
+
+
+@pytest.fixture
+def context():
+    """The sequence split over seq=4 (ring attention), the batch over data=2."""
+    keras.distribution.set_distribution(ContextParallel("data=2,seq=4", context_attention="ring"))
+    yield
+    keras.distribution.set_distribution(None)
 
 
 def _block(remat, precision):
@@ -46,7 +57,7 @@ def _losses(block):
 
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
 @pytest.mark.parametrize("remat", ["none", "full"])
-def test_training_call_equals_the_untied_forward(remat, precision):
+def test_training_call_equals_the_untied_forward(remat, precision, context):
     block = _block(remat, precision)
     weights = [v.value for v in block.trainable_variables]
     x = jax.random.normal(jax.random.key(0), (B, T, C))
@@ -83,7 +94,7 @@ def _barriers(jaxpr):
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])
-def test_every_weight_waits_for_the_block_input(remat):
+def test_every_weight_waits_for_the_block_input(remat, context):
     block = _block(remat, "float32")
     weights = [v.value for v in block.trainable_variables]
     tied, _ = _losses(block)
@@ -91,3 +102,11 @@ def test_every_weight_waits_for_the_block_input(remat):
     # one barrier over x and the block's 12 weights (q, k, v, output, two qk-norms, two norms, gate, up, down)
     widths = [len(eqn.invars) for eqn in _barriers(jaxpr.jaxpr)]
     assert 1 + len(block.weights) in widths, (widths, len(block.weights))
+
+
+def test_without_a_split_sequence_the_weights_do_not_wait():
+    """No distribution (or one that keeps the sequence whole): no barrier in the training call."""
+    block = _block("none", "float32")
+    tied, _ = _losses(block)
+    jaxpr = jax.make_jaxpr(tied)([v.value for v in block.trainable_variables], jnp.ones((B, T, C)))
+    assert not list(_barriers(jaxpr.jaxpr))

@@ -7,6 +7,7 @@ from zoo.config.choices import MLPS, NORMS, REMATS
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.layers._activations import gelu_tanh
+from zoo.layers._parallel_plan import resolve_plan
 from zoo.layers._tensor_parallel import activation_spec, tensor_parallel_plan
 from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.layers.multi_head_attention import MultiHeadAttention
@@ -44,6 +45,11 @@ def check_remat(remat):
 
 
 @keras.saving.register_keras_serializable(package="zoo")
+def _sequence_is_split():
+    """Whether the global distribution splits the sequence (a ``ContextParallel``)."""
+    return resolve_plan().sequence_axis is not None
+
+
 class TransformerBlock(keras.layers.Layer):
     """``x + dropout(attention(norm(x)))`` then ``x + dropout(mlp(norm(x)))``.
 
@@ -295,7 +301,7 @@ class TransformerBlock(keras.layers.Layer):
                 raise ValueError(f"TransformerBlock {self.name!r}: segment_ids are not supported with cache")
             return self._call_with_cache(x, cache, cache_index, start_positions, training)
         seeds = self._dropout_seeds(training)  # u32[2] each, or None: drawn here, outside any jax.checkpoint
-        forward = self._forward_after_input if training else self.forward_with_aux
+        forward = self._forward_after_input if training and _sequence_is_split() else self.forward_with_aux
         if training and self.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[self.remat])
         y, aux = forward(x, key_mask, seeds, segment_ids)  # (B, T, C), the MoE's losses and statistics (None: dense)
@@ -312,7 +318,13 @@ class TransformerBlock(keras.layers.Layer):
         through the forward pass (context layout, Llama-3.2-1B, T = 128k on 8
         devices: 3 GiB of 14.6 at the peak). The values are those the sublayers
         read (a float weight in the compute dtype under a mixed policy, as their
-        autocast gives it); the numbers are the same."""
+        autocast gives it); the numbers are the same.
+
+        Training calls take it only when the sequence is split (the context layouts:
+        long sequences, where memory binds and a block's compute dwarfs its weights'
+        all-gathers). Elsewhere it would also stop XLA from gathering the next block's
+        weights during this block's compute (FSDP's prefetch, which a GPU's or TPU's
+        latency-hiding scheduler does within its memory limit), so it is not taken."""
         weights = self.weights
         _, values = jax.lax.optimization_barrier((x, [weight.value for weight in weights]))  # x itself goes on as is
         with keras.StatelessScope(state_mapping=list(zip(weights, values))):
