@@ -160,11 +160,9 @@ def test_ragged_exchange_equals_dense(n, k, unbalanced):
     check_against_dense(kernel, k=k, unbalanced=unbalanced)
 
 
-def test_the_ragged_exchange_lowers_to_the_collective():
-    """With jax.lax.ragged_all_to_all itself the program lowers (shapes and types check);
-    XLA:CPU cannot compile it, so it runs on GPU/TPU only."""
+def _ragged_on_two_devices():
+    """The ragged exchange with ``jax.lax.ragged_all_to_all`` itself on 2 devices, and a routing."""
     mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
-    x, weights, ids = routing(2, False)
 
     def body(x, weights, ids, weights_of_experts):
         return moe.ragged_expert_parallel_moe(
@@ -172,9 +170,14 @@ def test_the_ragged_exchange_lowers_to_the_collective():
         )[0]
 
     spec = P(AXIS)
-    lowered = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)).lower(
-        x, weights, ids, experts()
-    )
+    return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec), routing(2, False)
+
+
+def test_the_ragged_exchange_lowers_to_the_collective():
+    """With jax.lax.ragged_all_to_all itself the program lowers (shapes and types check);
+    XLA:CPU cannot compile it, so it runs on GPU/TPU only."""
+    step, (x, weights, ids) = _ragged_on_two_devices()
+    lowered = jax.jit(step).lower(x, weights, ids, experts())
     assert lowered.as_text().count("ragged_all_to_all") == 2  # dispatch and combine
 
 
@@ -198,16 +201,7 @@ def test_the_ragged_exchanges_backward_sums_nothing_over_the_axis():
     exchange's gradient over the whole axis (an all-reduce that also makes them wrong). The
     buffers vary like the rows sent: the backward is two reverse exchanges, no all-reduce
     (lowered, as XLA:CPU cannot compile the collective)."""
-    mesh = Mesh(np.array(jax.devices()[:2]), (AXIS,))
-    x, weights, ids = routing(2, False)
-
-    def body(x, weights, ids, weights_of_experts):
-        return moe.ragged_expert_parallel_moe(
-            x, weights, ids, **weights_of_experts, axis_name=AXIS, axis_size=2, num_experts=E
-        )[0]
-
-    spec = P(AXIS)
-    step = jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)
+    step, (x, weights, ids) = _ragged_on_two_devices()
     loss = lambda x, weights_of_experts: jnp.sum(step(x, weights, ids, weights_of_experts) ** 2)  # noqa: E731
     text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, experts()).as_text()
     assert text.count("ragged_all_to_all") == 4  # dispatch, combine and their transposes
