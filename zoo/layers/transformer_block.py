@@ -44,12 +44,12 @@ def check_remat(remat):
     return remat
 
 
-@keras.saving.register_keras_serializable(package="zoo")
 def _sequence_is_split():
     """Whether the global distribution splits the sequence (a ``ContextParallel``)."""
     return resolve_plan().sequence_axis is not None
 
 
+@keras.saving.register_keras_serializable(package="zoo")
 class TransformerBlock(keras.layers.Layer):
     """``x + dropout(attention(norm(x)))`` then ``x + dropout(mlp(norm(x)))``.
 
