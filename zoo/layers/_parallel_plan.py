@@ -110,6 +110,15 @@ class ParallelPlan:
         axis = None if not kept else kept[0] if len(kept) == 1 else tuple(kept)
         return dataclasses.replace(self, batch_axis=axis, batch_size=size)
 
+    def weights_whole_unless_batch_split(self):
+        """This plan with the weights whole on the FSDP axis (``weight_shard_axis`` None: GSPMD
+        gathers them before the ``shard_map``) when the batch is not split over it: a body
+        that gathered them over an axis its tokens do not vary on would return a value
+        typed as varying there (``for_batch``'s whole batch: 1 prompt on data=2 under fsdp+tp)."""
+        if self.weight_shard_axis is None or self.weight_shard_axis in self.batch_axes:
+            return self
+        return dataclasses.replace(self, weight_shard_axis=None, weight_shard_size=1)
+
     @property
     def tensor_parallel(self):
         """Whether the tensor-parallel layers split over a model axis (N > 1)."""

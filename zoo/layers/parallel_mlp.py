@@ -39,11 +39,11 @@ class ParallelMLP(keras.layers.Layer):
     sequence instead: one all-gather and one reduce-scatter
     (the same bytes), overlapped with the matmuls when ``collective_matmul=True``.
     Without a distribution, or N = 1, it is the same maths with plain Dense layers.
-    Under an ``ExpertParallel`` distribution (``expert+tp``: the batch split over data x
-    expert) a batch that does not divide the split, such as a few prompts decoding, is
-    split over the batch axes it divides and whole over the others, as in
-    ``MoEFeedForward``; under the other layouts a batch that does not divide the data
-    axis is refused, naming the numbers.
+    A batch that does not divide the batch split, such as a few prompts decoding (1 on
+    ``data=2``; 2 on ``data`` x ``expert`` under ``expert+tp``), is split over the batch axes
+    it divides and whole over the others, as in ``MoEFeedForward``; FSDP-split weights then
+    arrive whole when the batch is not split over their axis
+    (``ParallelPlan.weights_whole_unless_batch_split``).
 
     Args:
         hidden_dim: hidden features F; must divide by the model-axis size.
@@ -156,8 +156,9 @@ class ParallelMLP(keras.layers.Layer):
         if plan is None:
             hidden = self.up(inputs) if self.gate is None else self.gate(inputs) * self.up(inputs)  # (B, T, F)
             return self.down(hidden)  # (B, T, C_out)
-        if plan.expert_axis is not None:  # an MoE model's layout: the batch split is data x expert, which a
-            plan = plan.for_batch(inputs.shape[0])  # decoding batch rarely divides; split over the axes it divides
+        # a batch that does not divide the batch split (a few prompts decoding: 1 on data=2, 2 on data x expert)
+        # is split over the batch axes it divides and whole over the others
+        plan = plan.for_batch(inputs.shape[0]).weights_whole_unless_batch_split()
         check_input(self, plan, inputs.shape, sequence=self.megatron_sp)
         for layer in self.projections:
             layer.check_features(inputs.shape[-1] if layer is not self.down else self.hidden_dim, plan)
