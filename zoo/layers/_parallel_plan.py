@@ -110,12 +110,19 @@ class ParallelPlan:
         axis = None if not kept else kept[0] if len(kept) == 1 else tuple(kept)
         return dataclasses.replace(self, batch_axis=axis, batch_size=size)
 
-    def weights_whole_unless_batch_split(self):
+    @property
+    def token_axes(self):
+        """The mesh axes the tokens are split over: the batch's, and the sequence's under
+        context parallelism (a tuple; empty when every device holds them all)."""
+        return tuple(axis for axis in (*self.batch_axes, self.sequence_axis) if axis is not None)
+
+    def weights_whole_unless_tokens_split(self):
         """This plan with the weights whole on the FSDP axis (``weight_shard_axis`` None: GSPMD
-        gathers them before the ``shard_map``) when the batch is not split over it: a body
+        gathers them before the ``shard_map``) when the tokens are not split over it: a body
         that gathered them over an axis its tokens do not vary on would return a value
-        typed as varying there (``for_batch``'s whole batch: 1 prompt on data=2 under fsdp+tp)."""
-        if self.weight_shard_axis is None or self.weight_shard_axis in self.batch_axes:
+        typed as varying there (``for_batch``'s whole batch: 1 prompt on data=2 under fsdp+tp
+        or fsdp+expert)."""
+        if self.weight_shard_axis is None or self.weight_shard_axis in self.token_axes:
             return self
         return dataclasses.replace(self, weight_shard_axis=None, weight_shard_size=1)
 

@@ -184,8 +184,9 @@ class MoEFeedForward(keras.layers.Layer):
             y, aux = self._local(x, weights, plan=plan)
         else:
             # (B, T, C) split as the batch is; a batch that does not divide the split (decoding
-            # a few prompts) is split over the batch axes it divides and whole over the others
-            plan = plan.for_batch(x.shape[0])
+            # a few prompts) is split over the batch axes it divides and whole over the others,
+            # the experts' C then split over the FSDP axis only where the tokens are too
+            plan = plan.for_batch(x.shape[0]).weights_whole_unless_tokens_split()
             token_spec = P(plan.batch_axis, plan.sequence_axis if len(x.shape) >= 3 else None)
             y, aux = run_sharded(
                 plan, self._local, (x, weights), (token_spec, self._weight_specs(plan)), (token_spec, P()), plan=plan
@@ -196,17 +197,16 @@ class MoEFeedForward(keras.layers.Layer):
         return y, aux
 
     def _weight_specs(self, plan):
-        """The experts' C split over the FSDP axis only where the tokens are too: gathered in
-        the body, a weight varies over that axis, so tokens whole over it take the weight
-        whole (gathered before the ``shard_map``) and give an output the same on every device."""
-        e, m, d = plan.expert_axis, plan.model_axis, _gathered_axis(plan)
+        """The experts split E over ``expert``, F over ``model`` and C over the FSDP axis (which
+        the plan names only where the tokens are split over it too: ``call``)."""
+        e, m, d = plan.expert_axis, plan.model_axis, plan.weight_shard_axis
         return {"router": P(), "expert_gate": P(e, d, m), "expert_up": P(e, d, m), "expert_down": P(e, m, d)}
 
     def _local(self, x, weights, plan):
         """One shard: x [B_l, T_l, C] -> ([B_l, T_l, C], aux of replicated statistics).
         Tokens whole over the expert axis (a batch that does not split over it) take the
         replicated path: each device runs its own experts on all of them, no exchange."""
-        token_axes = _token_axes(plan)
+        token_axes = plan.token_axes
         replicated = plan.expert_axis is not None and plan.expert_axis not in token_axes
         tokens = x.reshape(-1, x.shape[-1])  # [N, C]
         logits = tokens.astype(jnp.float32) @ weights["router"].astype(jnp.float32)  # f32[N, E]
@@ -267,7 +267,7 @@ class MoEFeedForward(keras.layers.Layer):
     def _gathered(self, weight, plan, *, axis):
         """An expert weight whole on its C dimension: all-gathered over the FSDP axis (when
         it arrives split over it, ``_weight_specs``)."""
-        if _gathered_axis(plan) is None:
+        if plan.weight_shard_axis is None:
             return weight
         return jax.lax.all_gather(weight, plan.weight_shard_axis, axis=axis, tiled=True)
 
@@ -342,19 +342,6 @@ def _statistics(logits, probabilities, expert_ids, dropped, *, num_experts):
         "router_z_loss": moe.router_z_loss(logits),
         "dropped_fraction": dropped.astype(jnp.float32) / expert_ids.size,
     }
-
-
-def _token_axes(plan):
-    """The mesh axes the tokens are split over (the batch's, and the sequence's under
-    context parallelism)."""
-    return tuple(axis for axis in (*plan.batch_axes, plan.sequence_axis) if axis is not None)
-
-
-def _gathered_axis(plan):
-    """The FSDP axis the experts' C arrives split over and is gathered over in the body:
-    the plan's weight-shard axis where the tokens are split over it too, else None."""
-    axis = plan.weight_shard_axis
-    return axis if axis is not None and axis in _token_axes(plan) else None
 
 
 def _mean_over(aux, axes):

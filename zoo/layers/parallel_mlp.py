@@ -43,7 +43,7 @@ class ParallelMLP(keras.layers.Layer):
     ``data=2``; 2 on ``data`` x ``expert`` under ``expert+tp``), is split over the batch axes
     it divides and whole over the others, as in ``MoEFeedForward``; FSDP-split weights then
     arrive whole when the batch is not split over their axis
-    (``ParallelPlan.weights_whole_unless_batch_split``).
+    (``ParallelPlan.weights_whole_unless_tokens_split``).
 
     Args:
         hidden_dim: hidden features F; must divide by the model-axis size.
@@ -158,7 +158,7 @@ class ParallelMLP(keras.layers.Layer):
             return self.down(hidden)  # (B, T, C_out)
         # a batch that does not divide the batch split (a few prompts decoding: 1 on data=2, 2 on data x expert)
         # is split over the batch axes it divides and whole over the others
-        plan = plan.for_batch(inputs.shape[0]).weights_whole_unless_batch_split()
+        plan = plan.for_batch(inputs.shape[0]).weights_whole_unless_tokens_split()
         check_input(self, plan, inputs.shape, sequence=self.megatron_sp)
         for layer in self.projections:
             layer.check_features(inputs.shape[-1] if layer is not self.down else self.hidden_dim, plan)

@@ -19,7 +19,6 @@ from zoo.distribution.mesh import resolve_mesh_shape
 from zoo.kernels.pipeline import check_schedule, num_ticks
 from zoo.measure import mfu
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
-from zoo.models.gpt.gpt_configs import depth_overrides
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
     job_distribution,
@@ -49,11 +48,11 @@ def resolve_distribution(settings, mesh=None):
 
 def _model_overrides(settings, distribution=None, num_layers=None):
     """The named config's entries the job replaces: depth (``num_layers``, default
-    ``settings.num_layers``) with the per-layer pattern that goes with it (Gemma's windowed
-    blocks, sparse blocks: ``gpt_configs.depth_overrides``), and layout pipeline's
-    schedule, repeats and (once the mesh is known) micro-batches."""
+    ``settings.num_layers``; ``named_config`` fits the per-layer pattern to it: Gemma's
+    windowed blocks, sparse blocks), and layout pipeline's schedule, repeats and (once the
+    mesh is known) micro-batches."""
     num_layers = settings.num_layers if num_layers is None else num_layers
-    overrides = {} if num_layers is None else depth_overrides(settings.config_name, num_layers)
+    overrides = {} if num_layers is None else {"num_layers": num_layers}
     overrides.update(moe_overrides(settings))
     if settings.layout == "pipeline":
         overrides.update(schedule=settings.schedule, repeats=settings.repeats)

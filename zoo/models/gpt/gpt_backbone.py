@@ -10,7 +10,7 @@ from zoo.layers.offset_rms_normalization import OffsetRMSNormalization
 from zoo.layers.rotary_embedding import check_rope_scaling
 from zoo.layers.transformer_block import check_remat
 from zoo.models.gpt import _gpt_layouts
-from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config, depth_overrides
+from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config, with_depth_pattern
 from zoo.models.zoo_model import ZooModel
 
 
@@ -316,9 +316,7 @@ class GPTBackbone(ZooModel):
         """``ZooModel.named_config``; a ``num_layers`` override keeps the config's per-layer
         pattern (``gpt_configs.depth_overrides``: gemma3_1b at 12 blocks is two 5:1
         local/global periods) unless ``overrides`` sets it."""
-        if "num_layers" in overrides and name in cls.CONFIGS:
-            overrides = {**depth_overrides(name, overrides["num_layers"], overrides), **overrides}
-        return super().named_config(name, layout, **overrides)
+        return super().named_config(name, layout, **with_depth_pattern(name, overrides))
 
     @classmethod
     def get_layout_map(cls, mesh, layout="tp", config=None, *, data_axis=DATA, model_axis=MODEL):

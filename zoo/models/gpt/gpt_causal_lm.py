@@ -11,7 +11,7 @@ from zoo.layers.lm_head_gather import LMHeadGather
 from zoo.layers.logit_softcap import LogitSoftcap
 from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _sampling, hf_checkpoints
 from zoo.models.gpt.gpt_backbone import GPTBackbone
-from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config
+from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config, with_depth_pattern
 from zoo.models.zoo_model import ZooModel
 from zoo.presets import hf_hub
 
@@ -392,6 +392,12 @@ class GPTCausalLM(ZooModel):
         if config.get("preprocessor") is not None:
             config["preprocessor"] = keras.saving.deserialize_keras_object(config["preprocessor"])
         return cls(**config)
+
+    @classmethod
+    def named_config(cls, name, layout=None, **overrides):
+        """``ZooModel.named_config``; a ``num_layers`` override keeps the config's per-layer
+        pattern, as ``GPTBackbone.named_config`` does (``gpt_configs.with_depth_pattern``)."""
+        return super().named_config(name, layout, **with_depth_pattern(name, overrides))
 
     @classmethod
     def from_config_name(cls, name, layout=None, *, loss_chunk_size=None, **overrides):

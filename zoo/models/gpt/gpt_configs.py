@@ -355,6 +355,15 @@ def depth_overrides(name, num_layers, overrides=None):
     return {key: value for key, value in changed.items() if key not in (overrides or {})}
 
 
+def with_depth_pattern(name, overrides):
+    """``overrides`` of the named config ``name``, plus, when they set ``num_layers``, the
+    per-layer pattern that goes with that depth (``depth_overrides``; a pattern they set
+    themselves wins). What ``GPTBackbone.named_config`` and ``GPTCausalLM.named_config`` build."""
+    if "num_layers" not in overrides or name not in GPT_CONFIGS:
+        return overrides
+    return {**depth_overrides(name, overrides["num_layers"], overrides), **overrides}
+
+
 def backbone_config(config):
     """The ``GPTBackbone`` arguments in ``config``, old keys renamed (``zoo.config.renamed``).
 
