@@ -87,6 +87,14 @@ BENCHES = {
         "scale",
         simulate=False,
     ),
+    "peers": Bench(
+        "the zoo and MaxText 0.2.5 side by side on one Llama-style model (each in its own process and environment): "
+        "parameters checked equal, memory, bytes per mesh axis, FLOPs (Llama-3.2-1B, compile-only), interleaved "
+        "step-time ratio",
+        bench_settings.PeersBenchSettings,
+        "peers",
+        simulate=False,
+    ),
     "plan": Bench(
         "zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios",
         bench_settings.PlanBenchSettings,

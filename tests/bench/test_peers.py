@@ -1,0 +1,150 @@
+"""``zoo bench peers``'s own parts, without MaxText and without compiling: the parameter
+check, the medians and ratios, a peer's HLO read by the zoo's parser and named in the
+zoo's words, the worker protocol (two fake workers as real subprocesses, no JAX), a
+missing venv, the flags. The benchmark itself runs MaxText in its own venv: never here."""
+
+import sys
+import textwrap
+
+import pytest
+
+from tests.bench._cli import parse_bench_args
+from zoo.bench import _peer_workers as workers
+from zoo.bench import peers
+
+
+def test_a_parameter_mismatch_is_an_error_naming_both_counts():
+    peers.check_parameters(1_235_814_400, 1_235_814_400, "llama_3_2_1b under fsdp")
+    with pytest.raises(peers.ParameterMismatch, match=r"fsdp: .*1,235,814,400.*1,235,816,448.*-2,048"):
+        peers.check_parameters(1_235_814_400, 1_235_816_448, "llama_3_2_1b under fsdp")
+
+
+def test_medians_per_step_and_ratios():
+    times = {"zoo": [(9.0, 20.0), (6.0, 12.0), (7.5, 15.0)], "MaxText": [(5.0, 10.0), (3.0, 6.0), (4.0, 9.0)]}
+    medians = peers.step_medians(times, steps=3)
+    assert medians == pytest.approx(
+        {
+            "zoo_wall": 2.5,
+            "maxtext_wall": 4.0 / 3,
+            "zoo_cpu": 5.0,
+            "maxtext_cpu": 3.0,
+            "wall_ratio": 1.875,
+            "cpu_ratio": 5 / 3,
+        }
+    )
+    row = peers.format_time_row({"layout": "tp", "parameters": 32_117_248, **medians})
+    assert row == "| tp | 32,117,248 | 2.50 | 1.33 | **1.88** | 5.00 | 3.00 | **1.67** |"
+
+
+# One all-reduce inside a while loop of 3 trips over {0..3},{4..7} and one all-gather over
+# {0,4},{1,5},...: on MaxText's axes (data, fsdp, tensor) the first spans tensor (the zoo's
+# model); the second data, or fsdp (also the zoo's data) when fsdp holds the 2.
+HLO = textwrap.dedent(
+    """\
+    HloModule peers_test, num_partitions=8
+
+    %add (a: f32[], b: f32[]) -> f32[] {
+      %a = f32[] parameter(0)
+      %b = f32[] parameter(1)
+      ROOT %s = f32[] add(%a, %b)
+    }
+
+    %body (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+      %p = (s32[], f32[1024]) parameter(0)
+      %i = s32[] get-tuple-element(%p), index=0
+      %x = f32[1024]{0} get-tuple-element(%p), index=1
+      %ar = f32[1024]{0} all-reduce(%x), replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+      ROOT %t = (s32[], f32[1024]) tuple(%i, %ar)
+    }
+
+    %cond (q: (s32[], f32[1024])) -> pred[] {
+      %q = (s32[], f32[1024]) parameter(0)
+      ROOT %c = pred[] constant(true)
+    }
+
+    ENTRY %main (x: f32[1024]) -> f32[2048] {
+      %x = f32[1024]{0} parameter(0)
+      %zero = s32[] constant(0)
+      %init = (s32[], f32[1024]) tuple(%zero, %x)
+      %w = (s32[], f32[1024]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+      %y = f32[1024]{0} get-tuple-element(%w), index=1
+      ROOT %ag = f32[2048]{0} all-gather(%y), replica_groups={{0,4},{1,5},{2,6},{3,7}}, dimensions={0}
+    }
+    """
+)
+
+
+@pytest.mark.parametrize("sizes", [[2, 1, 4], [1, 2, 4]], ids=["data=2,tensor=4", "fsdp=2,tensor=4"])
+def test_a_peers_hlo_is_counted_per_axis_in_the_zoos_words(sizes):
+    mesh = {"axis_names": ["data", "fsdp", "tensor"], "axis_sizes": sizes}
+    sent = peers.sent_per_zoo_axis(HLO, mesh)
+    # all-reduce: 2 (n-1)/n x 4 KiB, 3 trips; all-gather: (n-1)/n x 8 KiB
+    assert sent == {"model": 3 * 2 * 3 / 4 * 4096, "data": 1 / 2 * 8192}
+    assert peers.maxtext_mesh_text(mesh) == ("data=2,tensor=4" if sizes[0] == 2 else "fsdp=2,tensor=4")
+
+
+FAKE_WORKER = textwrap.dedent(
+    """\
+    import json, sys
+    name, log = sys.argv[1], sys.argv[2]
+    print("noise a real peer prints", flush=True)
+    if name == "broken":
+        print("Traceback: the model did not build", file=sys.stderr)
+        sys.exit(3)
+    print("PEERS " + json.dumps({"ready": {"parameters": 100}}), flush=True)
+    for line in sys.stdin:
+        if line.split()[0] == "quit":
+            break
+        steps = int(line.split()[1])
+        with open(log, "a") as handle:
+            handle.write(name + "\\n")
+        print("PEERS " + json.dumps({"wall": steps * (2.0 if name == "zoo" else 1.0), "cpu": steps * 3.0}), flush=True)
+    """
+)
+
+
+def _fake(tmp_path, name):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    return [sys.executable, str(script), name, str(tmp_path / "order.txt")]
+
+
+def test_the_driver_alternates_the_workers_and_reads_their_results(tmp_path):
+    pair = [workers.Worker("zoo", _fake(tmp_path, "zoo")), workers.Worker("MaxText", _fake(tmp_path, "MaxText"))]
+    try:
+        assert [w.wait_ready() for w in pair] == [{"parameters": 100}] * 2
+        times = workers.interleave(pair, steps=2, repeats=3)
+    finally:
+        for worker in pair:
+            worker.close()
+    assert (tmp_path / "order.txt").read_text().split() == ["zoo", "MaxText"] * 3
+    assert times == {"zoo": [(4.0, 6.0)] * 3, "MaxText": [(2.0, 6.0)] * 3}
+    assert all(w.process.returncode == 0 for w in pair)
+
+
+def test_a_failed_worker_is_named_with_its_stderr(tmp_path):
+    broken = workers.Worker("MaxText", _fake(tmp_path, "broken"))
+    with pytest.raises(workers.WorkerError, match=r"(?s)MaxText worker failed \(exit status 3\).*did not build"):
+        broken.wait_ready()
+    broken.close()
+    with pytest.raises(workers.WorkerError, match="zoo worker failed"):
+        workers.run_worker("zoo", _fake(tmp_path, "broken"))
+    assert workers.run_worker("zoo", [sys.executable, "-c", "print('PEERS {\"flops\": 2.0}')"]) == {"flops": 2.0}
+
+
+def test_a_missing_venv_that_cannot_be_created_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHON312", raising=False)
+    monkeypatch.setattr(peers.shutil, "which", lambda name: None)
+    with pytest.raises(peers.PeerSetupError, match=r"no MaxText virtual environment at '.*nowhere'.*python3\.12"):
+        peers.maxtext_python(str(tmp_path / "nowhere"))
+
+
+def test_flags_and_the_overrides_both_sides_get():
+    args = parse_bench_args("peers", ["--layouts", "tp", "--per-device-batches", "4", "--loss-chunk-size", "256"])
+    settings = peers.PeersBenchSettings(layouts=args.layouts, loss_chunk_size=args.loss_chunk_size)
+    assert (args.layouts, args.per_device_batches, args.scan_layers) == (("tp",), (4,), False)
+    assert peers.zoo_options(settings) == {"loss_chunk_size": 256}
+    assert "zoo options: loss_chunk_size=256" in peers.header(settings)
+    overrides = peers.maxtext_overrides(peers.TIMING_MODEL, "tp", 1, 512, "/tmp/x", scan_layers=False)
+    for expected in ("base_emb_dim=512", "logits_via_embedding=true", "scan_layers=false", "ici_tensor_parallelism=4"):
+        assert expected in overrides

@@ -1,0 +1,439 @@
+"""``zoo bench peers``: the zoo and MaxText on the same Llama-style model, side by side.
+
+Each side runs in its own process (``zoo.bench._peer_workers``): the zoo's
+(``zoo.bench._peers_zoo``, this Python or ``--zoo-python``) and MaxText 0.2.5's
+(``recipes/peers/maxtext_worker.py`` in its own virtual environment, created by
+``recipes/peers/maxtext_venv.sh`` when missing: never a dependency of the zoo), both on 8
+simulated CPU devices. The parameter counts of the two sides must be equal, else
+``ParameterMismatch``.
+
+- memory (compile-only, nothing allocated): Llama-3.2-1B (the zoo's ``llama_3_2_1b``:
+  16 blocks, C=2048, 32/8 heads of 64, F=8192, V=128,256 tied; MaxText's ``base.yml``
+  with the same sizes), T=2048, global batch 8 b, remat full, bf16 compute / f32 weights,
+  AdamW + global-norm clip. Per device: ``memory_analysis()`` (arguments = weights +
+  optimizer state + batch, temporaries, peak), bytes sent per step per mesh axis (both
+  HLOs read by the zoo's parser, ``zoo.measure.hlo``, loop trip counts included; MaxText's
+  axes named in the zoo's words by ``ZOO_AXIS``), compiled FLOPs (``cost_analysis`` plus
+  the dots of loop bodies beyond their first trip, ``zoo.planning.measure.loop_dot_flops``).
+- time: the timing model (``TIMING_MODEL``), each side's real step (the zoo: ``model.fit``
+  as ``zoo train gpt`` compiles it; MaxText: ``train.train_step`` on its synthetic batch),
+  run N steps at a time, alternating zoo, MaxText, zoo, ... ``repeats`` times; medians of
+  wall and process CPU seconds per step, and their ratio zoo / MaxText.
+
+Layouts: fsdp = the zoo's ``data=8`` / MaxText's ``ici_fsdp_parallelism=8``; tp =
+``data=2,model=4`` / ``ici_data_parallelism=2 ici_tensor_parallelism=4``; fsdp+tp =
+``data=2,model=4`` / ``ici_fsdp_parallelism=2 ici_tensor_parallelism=4``.
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from zoo.bench._output import size_text, write_text
+from zoo.bench._peer_workers import Worker, interleave, run_worker
+from zoo.config.bench_settings import PeersBenchSettings  # noqa: F401 (the settings run_benchmark takes)
+
+DEVICES = 8
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds zoo/ and recipes/
+RECIPES = os.path.join(REPOSITORY, "recipes", "peers")
+ZOO_MESH = {"fsdp": "data=8", "tp": "data=2,model=4", "fsdp+tp": "data=2,model=4"}
+MAXTEXT_MESH = {
+    "fsdp": ("ici_fsdp_parallelism=8",),
+    "tp": ("ici_data_parallelism=2", "ici_tensor_parallelism=4"),
+    "fsdp+tp": ("ici_fsdp_parallelism=2", "ici_tensor_parallelism=4"),
+}
+ZOO_AXIS = {"data": "data", "fsdp": "data", "fsdp_transpose": "data", "tensor": "model"}  # MaxText axis -> zoo's word
+AXIS_COLUMNS = ("data", "model", "data,model")
+MEMORY_CONFIG = "llama_3_2_1b"  # the zoo's named config of the memory table
+MEMORY_LENGTH = 2048  # T of the memory table
+# the timing model: C=512, L=4, 8/4 heads of 64, F=2048, V=32,000 tied, T=512, global batch 8
+TIMING_MODEL = dict(
+    vocabulary_size=32000,
+    num_layers=4,
+    hidden_dim=512,
+    num_query_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    intermediate_dim=2048,
+    max_sequence_length=512,
+    tie_word_embeddings=True,
+    remat="full",
+)
+TIMING_BATCH = 8
+PRECISION = "mixed_bfloat16"  # MaxText: dtype=bfloat16 weight_dtype=float32
+# compile-only on both sides: the HLO passes (partitioning, buffer assignment) all run, LLVM's are skipped
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+class ParameterMismatch(ValueError):
+    """The zoo and MaxText built models of different sizes: the comparison is void."""
+
+
+class PeerSetupError(RuntimeError):
+    """A peer's virtual environment is missing and cannot be created."""
+
+
+def check_parameters(zoo, maxtext, what):
+    """Raise ``ParameterMismatch`` naming both counts unless they are equal."""
+    if zoo != maxtext:
+        raise ParameterMismatch(
+            f"{what}: the zoo's model has {zoo:,} parameters but MaxText's has {maxtext:,} "
+            f"(difference {zoo - maxtext:+,}): the two sides do not build the same model"
+        )
+
+
+def run_benchmark(settings, report=print):
+    """Both tables (``settings.sections``); the markdown also to ``settings.output``.
+    Returns ``{"memory": [row dicts], "time": [row dicts]}``."""
+    python = maxtext_python(settings.maxtext_venv)
+    results, parts = {"memory": [], "time": []}, [header(settings)]
+    with tempfile.TemporaryDirectory(prefix="zoo-peers-") as scratch:
+        if "memory" in settings.sections:
+            for layout in settings.layouts:
+                for b in settings.per_device_batches:
+                    rows = memory_rows(settings, python, layout, b, scratch)
+                    report("\n".join(format_memory_row(row) for row in rows))
+                    results["memory"] += rows
+            parts.append(format_memory_table(results["memory"]))
+        if "time" in settings.sections:
+            for layout in settings.layouts:
+                row = time_row(settings, python, layout, scratch)
+                report(format_time_row(row))
+                results["time"].append(row)
+            parts.append(format_time_table(settings, results["time"]))
+    text = "\n\n".join(parts)
+    report(text)
+    if settings.output:
+        write_text(settings.output, text)
+    return results
+
+
+# --- the peers' environments and commands ----------------------------------------------
+
+
+def maxtext_python(venv):
+    """``venv``'s python, the venv created by ``recipes/peers/maxtext_venv.sh`` when missing."""
+    python = os.path.join(venv, "bin", "python")
+    if os.path.exists(python):
+        return python
+    script = os.path.join(RECIPES, "maxtext_venv.sh")
+    python312 = os.environ.get("PYTHON312") or shutil.which("python3.12")
+    if not os.path.exists(script) or python312 is None:
+        raise PeerSetupError(
+            f"no MaxText virtual environment at {venv!r} and cannot create one: "
+            + (f"{script} is missing" if not os.path.exists(script) else "no python3.12 on PATH and $PYTHON312 unset")
+            + "; pass --maxtext-venv DIR of an existing one"
+        )
+    done = subprocess.run(
+        ["bash", script, venv], env=dict(os.environ, PYTHON312=python312), capture_output=True, text=True
+    )
+    if done.returncode or not os.path.exists(python):
+        tail = "\n".join(done.stderr.strip().splitlines()[-10:])
+        raise PeerSetupError(f"creating MaxText's virtual environment at {venv!r} failed ({script}):\n{tail}")
+    return python
+
+
+def worker_env(pythonpath=None):
+    """8 simulated CPU devices, Keras on JAX; ``pythonpath`` put first on the path."""
+    env = dict(
+        os.environ,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+        JAX_PLATFORMS="cpu",
+        KERAS_BACKEND="jax",
+    )
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def zoo_command(settings, mode, spec):
+    return [settings.zoo_python or sys.executable, "-m", "zoo.bench._peers_zoo", mode, json.dumps(spec)]
+
+
+def maxtext_command(python, mode, spec):
+    return [python, os.path.join(RECIPES, "maxtext_worker.py"), mode, json.dumps(spec)]
+
+
+def zoo_options(settings):
+    """The zoo settings passed through (those a user changes from the default)."""
+    options = {}
+    if settings.loss_chunk_size is not None:
+        options["loss_chunk_size"] = settings.loss_chunk_size
+    if settings.scan_layers:
+        options["scan_layers"] = True
+    return options
+
+
+def maxtext_overrides(model, layout, per_device_batch, length, scratch, scan_layers=True):
+    """MaxText ``base.yml`` overrides building ``model`` (``GPTBackbone`` arguments) under ``layout``."""
+    return [
+        f"run_name=peers_{layout.replace('+', '_')}",
+        f"base_output_directory={scratch}",
+        "hardware=cpu",
+        "skip_jax_distributed_system=true",
+        "dataset_type=synthetic",
+        "enable_checkpointing=false",
+        "attention=dot_product",
+        f"base_emb_dim={model['hidden_dim']}",
+        f"base_num_decoder_layers={model['num_layers']}",
+        f"base_num_query_heads={model['num_query_heads']}",
+        f"base_num_kv_heads={model['num_key_value_heads']}",
+        f"head_dim={model['head_dim']}",
+        f"base_mlp_dim={model['intermediate_dim']}",
+        f"vocab_size={model['vocabulary_size']}",
+        f"max_target_length={length}",
+        f"logits_via_embedding={str(bool(model.get('tie_word_embeddings'))).lower()}",
+        f"rope_max_timescale={int(model.get('rope_max_wavelength', 10000))}",
+        "remat_policy=full",
+        "dtype=bfloat16",
+        "weight_dtype=float32",
+        f"per_device_batch_size={per_device_batch}",
+        f"scan_layers={str(scan_layers).lower()}",
+        *MAXTEXT_MESH[layout],
+    ]
+
+
+# --- memory, bytes and FLOPs: compile-only --------------------------------------------
+
+
+def memory_rows(settings, python, layout, per_device_batch, scratch):
+    """Row dicts for (layout, b): the zoo's, MaxText's (and MaxText unrolled); counts checked."""
+    from zoo.models.gpt.gpt_configs import config_by_name
+
+    config = dict(
+        config_name=MEMORY_CONFIG,
+        layout=layout,
+        mesh=ZOO_MESH[layout],
+        batch_size=DEVICES * per_device_batch,
+        sequence_length=MEMORY_LENGTH,
+        remat="full",
+        precision=PRECISION,
+        **zoo_options(settings),
+    )
+    spec = {"config": config, "devices": DEVICES}
+    zoo = run_worker("zoo", zoo_command(settings, "compile", spec), worker_env(REPOSITORY))
+    rows = [zoo_memory_row(zoo, layout, per_device_batch)]
+    scans = (True, False) if settings.maxtext_unscanned else (True,)
+    for scan in scans:
+        overrides = maxtext_overrides(
+            config_by_name(MEMORY_CONFIG), layout, per_device_batch, MEMORY_LENGTH, scratch, scan
+        )
+        rows.append(maxtext_memory_row(python, overrides, layout, per_device_batch, scan, scratch))
+        check_parameters(rows[0]["parameters"], rows[-1]["parameters"], f"{MEMORY_CONFIG} under {layout}")
+    return rows
+
+
+def zoo_memory_row(result, layout, per_device_batch):
+    step = result["plan"]["step"]
+    memory = step["memory"]
+    sent = {}
+    for row in step["collectives"]:
+        if row["axes"]:
+            key = ",".join(row["axes"])
+            sent[key] = sent.get(key, 0.0) + row["sent_bytes"]
+    return dict(
+        side="zoo",
+        layout=layout,
+        mesh=step["mesh"],
+        per_device_batch=per_device_batch,
+        parameters=result["parameters"],
+        argument=memory["argument"],
+        temp=memory["temp"],
+        peak=memory["argument"] + memory["output"] - memory["alias"] + memory["temp"],
+        sent=sent,
+        flops=step["flops"],
+        compile_s=step["compile_s"],
+        jax=result["jax"],
+    )
+
+
+def maxtext_memory_row(python, overrides, layout, per_device_batch, scan, scratch):
+    hlo = os.path.join(scratch, "maxtext.hlo.txt")
+    spec = {"overrides": overrides, "hlo": hlo, "compiler_options": COMPILER_OPTIONS}
+    result = run_worker("MaxText", maxtext_command(python, "compile", spec), worker_env())
+    with open(hlo) as handle:
+        text = handle.read()
+    os.unlink(hlo)
+    memory = result["memory"]
+    mesh = result["mesh"]
+    return dict(
+        side="MaxText" + ("" if scan else " scan_layers=false"),
+        layout=layout,
+        mesh=maxtext_mesh_text(mesh),
+        per_device_batch=per_device_batch,
+        parameters=result["parameters"],
+        argument=memory["argument"],
+        temp=memory["temp"],
+        peak=memory["argument"] + memory["output"] - memory["alias"] + memory["temp"],
+        sent=sent_per_zoo_axis(text, mesh),
+        flops=result["flops"] + _loop_flops(text),
+        compile_s=result["compile_s"],
+        jax=result["jax"],
+    )
+
+
+class NamedMesh:
+    """Axis names and sizes of a mesh (all ``zoo.measure.hlo`` needs to name replica groups:
+    their ids are positions in the mesh, whatever the devices' own ids)."""
+
+    def __init__(self, axis_names, axis_sizes):
+        self.axis_names, self.shape = tuple(axis_names), tuple(axis_sizes)
+
+
+def sent_per_zoo_axis(hlo_text, mesh):
+    """``{"data": bytes, "model": ..., "data,model": ...}`` one device sends per step, from
+    the HLO of a program partitioned for ``mesh`` (``{"axis_names", "axis_sizes"}``, a peer's
+    own axis names), read by the zoo's parser and named in the zoo's words (``ZOO_AXIS``)."""
+    from zoo.measure.hlo import parse_collectives
+
+    sent = {}
+    for op in parse_collectives(hlo_text, NamedMesh(mesh["axis_names"], mesh["axis_sizes"])):
+        words = sorted({ZOO_AXIS.get(axis, axis) for axis in op.axes or ()}, key=_axis_order)
+        if words:
+            key = ",".join(words)
+            sent[key] = sent.get(key, 0.0) + op.sent_bytes * op.executions
+    return sent
+
+
+def _axis_order(word):
+    return ("data", "model").index(word) if word in ("data", "model") else 2
+
+
+def maxtext_mesh_text(mesh):
+    """``"fsdp=8"``: the axes of size > 1, MaxText's names."""
+    return ",".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["axis_sizes"]) if s > 1)
+
+
+def _loop_flops(hlo_text):
+    from zoo.measure.hlo import loop_multiplicities
+    from zoo.planning.measure import loop_dot_flops
+
+    return loop_dot_flops(hlo_text, loop_multiplicities(hlo_text)[0])
+
+
+# --- step time: interleaved -------------------------------------------------------------
+
+
+def time_row(settings, python, layout, scratch):
+    """Row dict of the timing model under ``layout``: medians per step and their ratios."""
+    spec = dict(
+        model=TIMING_MODEL,
+        layout=layout,
+        mesh=ZOO_MESH[layout],
+        batch=TIMING_BATCH,
+        sequence_length=TIMING_MODEL["max_sequence_length"],
+        precision=PRECISION,
+        loss_chunk_size=settings.loss_chunk_size,
+    )
+    if settings.scan_layers:
+        spec["model"] = dict(TIMING_MODEL, scan_layers=True)
+    overrides = maxtext_overrides(
+        TIMING_MODEL, layout, TIMING_BATCH // DEVICES, TIMING_MODEL["max_sequence_length"], scratch
+    )
+    workers = [
+        Worker("zoo", zoo_command(settings, "serve", spec), worker_env(REPOSITORY)),
+        Worker("MaxText", maxtext_command(python, "serve", {"overrides": overrides}), worker_env()),
+    ]
+    try:
+        counts = [worker.wait_ready()["parameters"] for worker in workers]
+        check_parameters(*counts, "the timing model under " + layout)
+        times = interleave(workers, settings.steps, settings.repeats)
+    finally:
+        for worker in workers:
+            worker.close()
+    return dict(layout=layout, parameters=counts[0], **step_medians(times, settings.steps))
+
+
+def step_medians(times, steps):
+    """``{"zoo_wall", "maxtext_wall", "zoo_cpu", "maxtext_cpu", "wall_ratio", "cpu_ratio"}``:
+    medians of seconds per step over the runs (``times``: ``interleave``'s), ratios zoo / MaxText."""
+    medians = {}
+    for name, key in (("zoo", "zoo"), ("MaxText", "maxtext")):
+        medians[f"{key}_wall"] = statistics.median(wall for wall, _ in times[name]) / steps
+        medians[f"{key}_cpu"] = statistics.median(cpu for _, cpu in times[name]) / steps
+    medians["wall_ratio"] = medians["zoo_wall"] / medians["maxtext_wall"]
+    medians["cpu_ratio"] = medians["zoo_cpu"] / medians["maxtext_cpu"]
+    return medians
+
+
+# --- the report --------------------------------------------------------------------------
+
+
+def header(settings):
+    options = ", ".join(f"{k}={v}" for k, v in zoo_options(settings).items()) or "the defaults"
+    return (
+        f"{DEVICES} simulated CPU devices. zoo options: {options} (remat full, {PRECISION}, AdamW + global-norm clip, "
+        "as `zoo train gpt` compiles). MaxText 0.2.5: base.yml with the same sizes, remat_policy=full, "
+        "dtype=bfloat16 weight_dtype=float32, attention=dot_product, its AdamW + clip. MaxText's mesh axes in the "
+        "zoo's words: fsdp and data -> data, tensor -> model."
+    )
+
+
+def format_memory_row(row):
+    sent = " | ".join(size_text(row["sent"][axis]) if row["sent"].get(axis) else "-" for axis in AXIS_COLUMNS)
+    return (
+        f"| {row['layout']} | {row['per_device_batch']} | {row['side']} | {row['mesh']} | {row['parameters']:,} | "
+        f"{size_text(row['argument'])} | {size_text(row['temp'])} | {size_text(row['peak'])} | {sent} | "
+        f"{row['flops'] / 1e12:.2f} | {row['compile_s']:.0f} |"
+    )
+
+
+def format_memory_table(rows):
+    lines = [
+        f"Memory, bytes and FLOPs per device: Llama-3.2-1B (the zoo's {MEMORY_CONFIG}: 16 blocks, C=2,048, 32/8 heads "
+        f"of 64, F=8,192, V=128,256 tied), T={MEMORY_LENGTH:,}, global batch 8 b, compiled, never run. Arguments = "
+        "weights + optimizer state + batch; peak = arguments + outputs - aliased + temporaries (memory_analysis); "
+        "sent = bytes one device sends per step over the axis (ring algorithms, loop trip counts included, both "
+        "HLOs read by zoo.measure.hlo); TFLOP = cost_analysis + loop-body dots beyond their first trip. "
+        + _versions(rows),
+        "",
+        "| layout | b | side | mesh | parameters | arguments | temporaries | peak | sent: data | sent: model | "
+        "sent: data,model | TFLOP | compile s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [format_memory_row(row) for row in rows]
+    lines += ["", "Peak zoo / MaxText: " + "; ".join(_peak_ratios(rows))]
+    return "\n".join(lines)
+
+
+def _versions(rows):
+    """``"JAX: zoo 0.12.0.1, MaxText 0.12.0.1."``"""
+    versions = {}
+    for row in rows:
+        versions.setdefault(row["side"].split()[0], row["jax"])
+    return "JAX: " + ", ".join(f"{side} {version}" for side, version in versions.items()) + "."
+
+
+def _peak_ratios(rows):
+    zoo = {(r["layout"], r["per_device_batch"]): r["peak"] for r in rows if r["side"] == "zoo"}
+    return [
+        f"{r['layout']} b={r['per_device_batch']} {zoo[(r['layout'], r['per_device_batch'])] / r['peak']:.2f}"
+        + ("" if r["side"] == "MaxText" else " (vs scan_layers=false)")
+        for r in rows
+        if r["side"] != "zoo" and (r["layout"], r["per_device_batch"]) in zoo
+    ]
+
+
+def format_time_row(row):
+    return (
+        f"| {row['layout']} | {row['parameters']:,} | {row['zoo_wall']:.2f} | {row['maxtext_wall']:.2f} | "
+        f"**{row['wall_ratio']:.2f}** | {row['zoo_cpu']:.2f} | {row['maxtext_cpu']:.2f} | **{row['cpu_ratio']:.2f}** |"
+    )
+
+
+def format_time_table(settings, rows):
+    lines = [
+        "Step time, the timing model: C=512, 4 blocks, 8/4 heads of 64, F=2,048, V=32,000 tied, T=512, global "
+        f"batch {TIMING_BATCH}; each side's real step (zoo: model.fit; MaxText: train_step on its synthetic batch), "
+        f"{settings.steps} steps per run, runs interleaved zoo, MaxText x {settings.repeats}; seconds per step, "
+        "medians; ratio = zoo / MaxText (CPU: process CPU time, all threads).",
+        "",
+        "| layout | parameters | zoo wall s | MaxText wall s | wall zoo/MaxText | zoo CPU s | MaxText CPU s | "
+        "CPU zoo/MaxText |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(lines + [format_time_row(row) for row in rows])
