@@ -133,7 +133,10 @@ def test_a_pipelined_window_with_a_local_rope_base_computes_what_the_layers_do()
 
 def test_a_pipelined_backbone_names_what_it_cannot_do():
     backbone = GPTBackbone(**pipelined_config())
-    with pytest.raises(ValueError, match=r"is pipelined \(schedule='gpipe'\): its 4 blocks are one PipelinedBlocks"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds its blocks stacked \(pipelined, schedule='gpipe'\): its 4 blocks are one PipelinedBlocks",
+    ):
         backbone.empty_caches(1, 4)  # KV-cache decoding walks the blocks one by one
     with pytest.raises(ValueError, match=r"megatron_sp=True and context_attention=None must be False and None"):
         GPTBackbone(**pipelined_config(megatron_sp=True))

@@ -30,6 +30,7 @@ PLANNED_SETTINGS = (
     "num_layers",
     "capacity_factor",
     "expert_exchange",
+    "scan_layers",
     "layout",
     "mesh",
     "context_attention",

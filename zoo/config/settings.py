@@ -187,6 +187,13 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         section="model",
         parse=types.non_negative_float,
     )
+    scan_layers: bool = setting(
+        False,
+        "hold the blocks stacked and run them in one lax.scan (one block's program: compile time flat in depth; "
+        "under fsdp each block's weights are gathered inside the loop); layouts data and fsdp",
+        section="model",
+        store_true=True,
+    )
     layout: str = setting(
         "data",
         LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto",
@@ -290,6 +297,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         super().__post_init__()
         check_context_settings(self)
         check_pipeline_settings(self)
+        check_scan_settings(self)
 
 
 def check_context_settings(settings):
@@ -306,6 +314,20 @@ def check_context_settings(settings):
                 f"{type(settings).__name__}.{key} (--{key.replace('_', '-')}) = {value!r} is a setting of layout "
                 f"'context', not of layout {settings.layout!r}: leave it out, or use layout context"
             )
+
+
+SCAN_LAYOUTS = ("data", "fsdp")
+
+
+def check_scan_settings(settings):
+    """Raise ``SettingError`` naming the layout unless ``scan_layers`` is off or the
+    layout runs a scanned stack (data, fsdp)."""
+    if settings.scan_layers and settings.layout not in SCAN_LAYOUTS:
+        raise SettingError(
+            f"{type(settings).__name__}.scan_layers (--scan-layers) runs the stacked blocks under layouts data and "
+            f"fsdp, not {settings.layout!r} (tp and the tensor-parallel layouts run their blocks as layers; layout "
+            f"pipeline already stacks them): leave it out, or use layout fsdp"
+        )
 
 
 def check_pipeline_settings(settings):

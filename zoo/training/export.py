@@ -35,7 +35,7 @@ def export(settings, report=print):
     report(
         f"wrote {settings.output}: {type(model).__name__}, {exported_parameter_count(model):,} parameters"
         + (f", {settings.dtype}" if settings.dtype else "")
-        + (f", {model.backbone.num_layers} pipelined blocks as layers" if model.backbone.schedule else "")
+        + (f", {model.backbone.num_layers} stacked blocks as layers" if model.backbone.stacked else "")
     )
     return directory
 

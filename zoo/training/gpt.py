@@ -54,6 +54,8 @@ def _model_overrides(settings, distribution=None, num_layers=None):
     num_layers = settings.num_layers if num_layers is None else num_layers
     overrides = {} if num_layers is None else {"num_layers": num_layers}
     overrides.update(moe_overrides(settings))
+    if getattr(settings, "scan_layers", False):
+        overrides["scan_layers"] = True
     if settings.layout == "pipeline":
         overrides.update(schedule=settings.schedule, repeats=settings.repeats)
         if distribution is not None:
@@ -241,8 +243,10 @@ def _blocks_line(settings, model, distribution):
     """How the blocks run: the attention kernel, or under layout pipeline the schedule,
     its micro-batches and the share of stage-ticks that do work, R*M / (R*M + S - 1)."""
     backbone = model.backbone
-    if backbone.schedule is None:
+    if not backbone.stacked:
         return f"attention: {backbone.blocks[0].attention.describe_implementation(settings.sequence_length)}"
+    if backbone.schedule is None:
+        return f"blocks: {backbone.num_layers} stacked, run by one scan (scan_layers)"
     stages, micro, repeats = _stage_count(distribution.device_mesh), backbone.micro_batches, backbone.repeats
     ticks = num_ticks(num_stages=stages, micro_batches=micro, repeats=repeats)
     rows = settings.batch_size // zd.data_parallel_size(distribution) // micro

@@ -203,8 +203,8 @@ def _decode_fn(model, batch, prompt_length, max_new_tokens, sampler, streaming):
 
 def decoding_model(model):
     """What runs the KV-cache loop for ``model``: ``_Itself`` (its own variables), or for a
-    pipelined backbone (``schedule`` set) its ``LayerByLayer`` twin."""
-    if model.backbone.schedule is None:
+    backbone with stacked blocks (a ``schedule`` or ``scan_layers``) its ``LayerByLayer`` twin."""
+    if not model.backbone.stacked:
         return _Itself(model)
     if model not in _TWINS:
         _TWINS[model] = LayerByLayer(model)
@@ -220,8 +220,8 @@ class _Itself:
 
 
 class LayerByLayer:
-    """A pipelined ``GPTCausalLM``'s twin with blocks ``block_0`` .. ``block_{L-1}``
-    (``schedule`` None), which has the KV-cache path a ``PipelinedBlocks`` lacks.
+    """The twin of a ``GPTCausalLM`` with stacked blocks (pipelined or scanned), with blocks
+    ``block_0`` .. ``block_{L-1}`` (``schedule`` None, ``scan_layers`` False), which has the KV-cache path a ``PipelinedBlocks`` lacks.
 
     Built once, abstractly (no weight of its own is allocated: ``StatelessScope`` without
     initialisation, under no distribution), in the pipelined model's dtype policy. Its
@@ -236,7 +236,7 @@ class LayerByLayer:
 
     def __init__(self, model):
         backbone = model.backbone
-        config = {**backbone.get_config(), "schedule": None, "micro_batches": 1, "repeats": 1}
+        config = {**backbone.get_config(), "schedule": None, "micro_batches": 1, "repeats": 1, "scan_layers": False}
         with _dtype_policy(backbone.token_embedding.dtype_policy), global_distribution(None):
             with forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
                 self.model = type(model)(backbone=type(backbone).from_config(config))

@@ -122,6 +122,8 @@ def layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MO
     shared.check_layout(layout)
     if config is not None:
         check_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)
+    if config is not None and config.get("scan_layers"):
+        return scanned_layout_map(mesh, layout, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
     moe = config if config is not None and config.get("num_experts") else config is None
     rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis, moe=moe)
     if config is None:  # no config: the expert rules only where a model has experts to match
@@ -205,6 +207,29 @@ def _pipeline_block_rules(model_axis, kv_split, qkv_bias, qk_norm=False):
             r".*blocks/(attention|mlp)(_post)?_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
         }
     )
+
+
+SCAN_LAYOUTS = ("data", "fsdp")
+
+
+def scanned_layout_map(mesh, layout, *, with_head, data_axis=DATA, model_axis=MODEL):
+    """The ``LayoutMap`` of a backbone built with ``scan_layers`` (one ``PipelinedBlocks``
+    named ``blocks``, weights (1, L, ...)): layout ``data`` replicates them, ``fsdp``
+    splits each as the layer form's rule splits one block's (``block_rules``), behind
+    the two stacking dimensions; the loop gathers one block's weights per iteration."""
+    if layout not in SCAN_LAYOUTS:
+        raise LayoutError(
+            f"layout {layout!r}: a GPT built with scan_layers=True runs its stacked blocks under layouts "
+            f"{list(SCAN_LAYOUTS)}; build it without scan_layers for {layout!r}"
+        )
+    rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
+    stacked = {}
+    for pattern, axes in rules.items():
+        if pattern in (EMBEDDING, LM_HEAD):
+            stacked[pattern] = axes
+        else:  # a block rule: the same split behind (R, L/R), on the stacked weight only
+            stacked[pattern.replace(".*", r".*blocks/", 1)] = (None, None, *axes)
+    return shared.build_layout_map(mesh, layout, stacked, data_axis=data_axis, model_axis=model_axis)
 
 
 def check_pipeline_config(mesh, config, *, model_axis=MODEL):

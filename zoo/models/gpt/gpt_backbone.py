@@ -88,6 +88,13 @@ class GPTBackbone(ZooModel):
             (weights stacked, layout ``"pipeline"`` splits them over a ``stage`` mesh
             axis); see docs/pipeline_parallel.md.
         micro_batches: M, the pieces a pipelined batch is cut into.
+        scan_layers: the L blocks are one ``PipelinedBlocks`` named ``blocks`` (weights
+            stacked (1, L, ...), as a gpipe pipeline holds them) run by one ``lax.scan``
+            on every device: one block's program, so compile time does not grow with
+            depth, and under ``fsdp`` each block's weights are gathered inside the loop
+            (MaxText's ``scan_layers``). Layouts ``data`` and ``fsdp``; no ``schedule``.
+            The numbers are those of the L-layer form, and checkpoints and ``.keras``
+            files of either form load into the other (``with_block_form``).
         repeats: R, how often a micro-batch goes round the stages (``"circular"``: >= 2).
         num_experts: E; > 0 makes the blocks' MLPs sparse Mixture-of-Experts layers
             (``zoo.layers.MoEFeedForward``: SwiGLU experts, top-k routing, expert
@@ -148,6 +155,7 @@ class GPTBackbone(ZooModel):
         schedule=None,
         micro_batches=1,
         repeats=1,
+        scan_layers=False,
         num_experts=0,
         num_experts_per_token=2,
         moe_intermediate_dim=None,
@@ -192,19 +200,22 @@ class GPTBackbone(ZooModel):
             router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
             capacity_factor=capacity_factor, expert_exchange=expert_exchange,
         )  # fmt: skip
-        if schedule is not None:
-            _check_pipeline(megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts)
-            _check_pipeline_window(sliding_window, window_layers, num_layers)
+        stacked = _stacked_form(schedule, scan_layers)
+        if stacked:
+            _check_pipeline(
+                stacked, megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts
+            )
+            _check_pipeline_window(stacked, sliding_window, window_layers, num_layers)
             x = PipelinedBlocks(
                 num_layers,  # every block windowed or none: each takes the local RoPE base when windowed
                 {**block, **_local_rope(local_rope_max_wavelength, sliding_window), "sliding_window": sliding_window},
-                schedule=schedule,
+                schedule=schedule or "gpipe",
                 micro_batches=micro_batches,
                 repeats=repeats,
                 seed=None if seed is None else seed + 1,
                 name="blocks",
             )(x)  # (B, T, C)
-        for index in range(0 if schedule is not None else num_layers):
+        for index in range(0 if stacked else num_layers):
             sparse = dict(num_experts=num_experts if index in moe_layers else 0, **moe) if num_experts else {}
             window = sliding_window if index in window_layers else None
             x = TransformerBlock(
@@ -230,7 +241,7 @@ class GPTBackbone(ZooModel):
             sliding_window_layers=None if len(window_layers) in (0, num_layers) else sorted(window_layers),
             tie_word_embeddings=bool(tie_word_embeddings), seed=seed, megatron_sp=bool(megatron_sp),
             context_attention=context_attention, remat=remat, schedule=schedule, micro_batches=micro_batches,
-            repeats=repeats, num_experts=num_experts or 0, moe_layers=None if moe_layers is None or len(moe_layers) == num_layers else sorted(moe_layers),
+            repeats=repeats, scan_layers=bool(scan_layers), num_experts=num_experts or 0, moe_layers=None if moe_layers is None or len(moe_layers) == num_layers else sorted(moe_layers),
             **{**moe, "shared_expert_dim": shared_expert_dim or 0, "normalize_router_weights": bool(normalize_router_weights)},
         )  # fmt: skip
 
@@ -244,7 +255,7 @@ class GPTBackbone(ZooModel):
         if self.scale_embeddings:
             x = self.get_layer("embedding_scale")(x)
         x = self.get_layer("embedding_dropout")(x, training=training)
-        if self.schedule is not None:
+        if self.stacked:
             x = self.pipelined_blocks(x, training=training, segment_ids=segment_ids)
         else:
             for block in self.blocks:
@@ -255,7 +266,7 @@ class GPTBackbone(ZooModel):
         """The ``__init__`` arguments, with ``context_attention`` the kernel the blocks use:
         one recorded under a ``ContextParallel`` (``ring``, say) is saved, not ``None``."""
         config = super().get_config()
-        if self.num_layers and self.schedule is None:
+        if self.num_layers and not self.stacked:
             config["context_attention"] = self.blocks[0].context_attention
         return config
 
@@ -266,19 +277,25 @@ class GPTBackbone(ZooModel):
         return self.get_layer("token_embedding")
 
     @property
+    def stacked(self):
+        """True when the blocks are one ``PipelinedBlocks`` with stacked weights (a
+        ``schedule`` or ``scan_layers``), False for the layers ``block_0`` ..."""
+        return _stacked_form(self.schedule, self.scan_layers) is not None
+
+    @property
     def blocks(self):
-        """The ``TransformerBlock``s ``block_0`` .. (a pipelined backbone has one
+        """The ``TransformerBlock``s ``block_0`` .. (a pipelined or scanned backbone has one
         ``PipelinedBlocks`` instead: ``pipelined_blocks``)."""
-        if self.schedule is not None:
+        if self.stacked:
             raise ValueError(
-                f"{self.name} is pipelined (schedule={self.schedule!r}): its {self.num_layers} blocks are one "
-                f"PipelinedBlocks layer with stacked weights, backbone.pipelined_blocks"
+                f"{self.name} holds its blocks stacked ({_stacked_form(self.schedule, self.scan_layers)}): its "
+                f"{self.num_layers} blocks are one PipelinedBlocks layer, backbone.pipelined_blocks"
             )
         return [self.get_layer(f"block_{index}") for index in range(self.num_layers)]
 
     @property
     def pipelined_blocks(self):
-        """The ``PipelinedBlocks`` of a backbone built with a ``schedule``."""
+        """The ``PipelinedBlocks`` of a backbone built with a ``schedule`` or ``scan_layers``."""
         return self.get_layer("blocks")
 
     @property
@@ -396,23 +413,35 @@ def _local_rope(local_rope_max_wavelength, window):
     return {"rotary_base": local_rope_max_wavelength, "rope_scaling": None}
 
 
-def _check_pipeline_window(sliding_window, window_layers, num_layers):
+def _stacked_form(schedule, scan_layers):
+    """None (blocks as L layers), or how a stacked backbone is described in errors."""
+    if schedule is not None and scan_layers:
+        raise ValueError(
+            f"schedule={schedule!r} and scan_layers=True: a pipelined backbone already runs its stacked blocks in a "
+            f"loop; set one of them"
+        )
+    if schedule is not None:
+        return f"pipelined, schedule={schedule!r}"
+    return "scan_layers=True" if scan_layers else None
+
+
+def _check_pipeline_window(stacked, sliding_window, window_layers, num_layers):
     if sliding_window is not None and len(window_layers) != num_layers:
         raise ValueError(
-            f"a pipelined GPTBackbone (schedule set) stacks identical blocks: sliding_window={sliding_window} must "
-            f"apply to every block, not sliding_window_layers={sorted(window_layers)} of {num_layers}"
+            f"a GPTBackbone with stacked blocks ({stacked}) stacks identical blocks: sliding_window={sliding_window} "
+            f"must apply to every block, not sliding_window_layers={sorted(window_layers)} of {num_layers}"
         )
 
 
-def _check_pipeline(*, megatron_sp, context_attention, num_experts=0):
+def _check_pipeline(stacked, *, megatron_sp, context_attention, num_experts=0):
     if num_experts:
         raise ValueError(
-            f"a pipelined GPTBackbone (schedule set) has dense blocks only; num_experts={num_experts} (MoE blocks "
-            f"run under the 'expert' layouts, not in a pipeline)"
+            f"a GPTBackbone with stacked blocks ({stacked}) has dense blocks only; num_experts={num_experts} (MoE "
+            f"blocks run as layers under the 'expert' layouts)"
         )
     if megatron_sp or context_attention is not None:
         raise ValueError(
-            f"a pipelined GPTBackbone (schedule set) runs its blocks as plain layers inside the pipeline: "
+            f"a GPTBackbone with stacked blocks ({stacked}) runs its blocks as plain layers inside a loop: "
             f"megatron_sp={megatron_sp!r} and context_attention={context_attention!r} must be False and None "
             f"(tensor parallelism inside a pipeline comes from the 'pipeline' layout on a mesh with a 'model' axis)"
         )

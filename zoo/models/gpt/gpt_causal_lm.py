@@ -10,6 +10,7 @@ from zoo.layers import kernel_variable, lm_head_gather
 from zoo.layers.lm_head_gather import LMHeadGather
 from zoo.layers.logit_softcap import LogitSoftcap
 from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _sampling, hf_checkpoints
+from zoo.models.gpt._block_form import copy_block_form_weights
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config, with_depth_pattern
 from zoo.models.zoo_model import ZooModel
@@ -381,6 +382,23 @@ class GPTCausalLM(ZooModel):
             else keras.saving.serialize_keras_object(self.preprocessor),
             "loss_chunk_size": self.loss_chunk_size,
         }
+
+    def with_block_form(self, scan_layers):
+        """This model in the other block form with the same weights: ``scan_layers=True``
+        its blocks stacked (1, L, ...) and run by one scan, False as the layers ``block_0``
+        .. (a pipelined model's blocks come out in order, whatever its repeats). A model
+        saved in either form (``.keras``, a preset) loads as saved; this turns it into the
+        other: ``zoo.load("lm.keras").with_block_form(scan_layers=True)``. Built under
+        the current distribution; the LM head, preprocessor and loss chunks are kept."""
+        backbone_config = self.backbone.get_config() | {"scan_layers": bool(scan_layers), "schedule": None}
+        twin = type(self)(
+            backbone=GPTBackbone.from_config(backbone_config),
+            preprocessor=self.preprocessor,
+            loss_chunk_size=self.loss_chunk_size,
+            name=self.name,
+        )
+        copy_block_form_weights(self, twin)
+        return twin
 
     @classmethod
     def from_config(cls, config):

@@ -438,7 +438,7 @@ def _unstacked_blocks(model):
     stage count, so row i of its (L, ...) reshape is layer i."""
     import numpy as np
 
-    if model.backbone.schedule is None:
+    if not model.backbone.stacked:
         return {}
     blocks = {}
     for path, variable in model.backbone.pipelined_blocks.stacked.items():

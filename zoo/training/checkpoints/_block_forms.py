@@ -32,7 +32,7 @@ import numpy as np
 
 # GPTBackbone config keys that choose the form, or how a stacked form runs: not compared
 # when a checkpoint of one form restores into the other.
-FORM_KEYS = ("schedule", "micro_batches", "repeats")
+FORM_KEYS = ("schedule", "micro_batches", "repeats", "scan_layers")
 
 _LAYER_VARIABLE = re.compile(r"^block_(\d+)/(.+)$")  # model variable of block l
 _STACKED_VARIABLE = re.compile(r"^blocks/(.+)$")
