@@ -37,11 +37,11 @@ def reply(values):
 
 
 def make_config(overrides):
+    """``(config, goodput recorder)`` as ``train.initialize`` makes them: ``base.yml`` + ``overrides``."""
     from maxtext.trainers.pre_train import train
 
     base = os.path.join(os.path.dirname(__import__("maxtext").__file__), "configs", "base.yml")
-    config, _ = train.initialize(["maxtext_worker", base, *overrides])
-    return config
+    return train.initialize(["maxtext_worker", base, *overrides])
 
 
 def count_parameters(train_state):
@@ -71,7 +71,7 @@ def compile_only(spec):
     from maxtext.utils import maxtext_utils, sharding
 
     start = time.perf_counter()
-    config = make_config(spec["overrides"])
+    config, _ = make_config(spec["overrides"])
     mesh = maxtext_utils.get_mesh_from_config(config)
     args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
     params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
@@ -114,8 +114,8 @@ def serve(spec):
     from maxtext.trainers.pre_train import train
     from maxtext.utils import maxtext_utils, sharding, train_utils
 
-    config, recorder = _config_and_recorder(spec["overrides"])
-    (_, _, state_shardings, _, mesh, _, _, _, _, eval_iterator, state) = train_utils.setup_train_loop(config, recorder)
+    config, recorder = make_config(spec["overrides"])
+    (_, _, state_shardings, _, mesh, _, _, _, _, _, state) = train_utils.setup_train_loop(config, recorder)
     parameters = count_parameters(state)
     graphdef, state = nnx.split(state)
     params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
@@ -134,13 +134,6 @@ def serve(spec):
         cpu, wall = time.process_time(), time.perf_counter()
         state = _run(step, state, batch, mesh, config, int(command[1]))[0]
         reply({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu})
-
-
-def _config_and_recorder(overrides):
-    from maxtext.trainers.pre_train import train
-
-    base = os.path.join(os.path.dirname(__import__("maxtext").__file__), "configs", "base.yml")
-    return train.initialize(["maxtext_worker", base, *overrides])
 
 
 def _run(step, state, batch, mesh, config, steps):
