@@ -331,6 +331,7 @@ CASES = [
     ),
     (["bench", "lora-context", "--remats", "full,some"], USAGE, "argument --remats: unknown remat(s) ['some']"),
     (["bench", "lm-head", "--heads", "tied,shared"], USAGE, "argument --heads: unknown head(s) ['shared']"),
+    (["bench", "peers", "--layouts", "fsdp,pipeline"], USAGE, "argument --layouts: unknown layout(s) ['pipeline']"),
     (["bench", "hf-load", "--runs", "fsdp"], USAGE, "argument --runs: expected ';'-separated '<layout>:<mesh>' runs"),
     (["bench", "scale", "--sections", "speed"], USAGE, "argument --sections: unknown section(s) ['speed']"),
     (

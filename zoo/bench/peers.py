@@ -158,12 +158,16 @@ def maxtext_command(python, mode, spec):
     return [python, os.path.join(RECIPES, "maxtext_worker.py"), mode, json.dumps(spec)]
 
 
-def zoo_options(settings):
-    """The zoo settings passed through (those a user changes from the default)."""
+SCAN_LAYOUTS = ("fsdp",)  # the peers' layouts a scanned zoo GPT runs under (tp and fsdp+tp run layers)
+
+
+def zoo_options(settings, layout=None):
+    """The zoo settings passed through (those a user changes from the default);
+    ``scan_layers`` only under the layouts that take it (None: every option asked for)."""
     options = {}
     if settings.loss_chunk_size is not None:
         options["loss_chunk_size"] = settings.loss_chunk_size
-    if settings.scan_layers:
+    if settings.scan_layers and (layout is None or layout in SCAN_LAYOUTS):
         options["scan_layers"] = True
     return options
 
@@ -212,7 +216,7 @@ def memory_rows(settings, python, layout, per_device_batch, scratch):
         sequence_length=MEMORY_LENGTH,
         remat="full",
         precision=PRECISION,
-        **zoo_options(settings),
+        **zoo_options(settings, layout),
     )
     spec = {"config": config, "devices": DEVICES}
     zoo = run_worker("zoo", zoo_command(settings, "compile", spec), worker_env(REPOSITORY))
@@ -329,7 +333,7 @@ def time_row(settings, python, layout, scratch):
         precision=PRECISION,
         loss_chunk_size=settings.loss_chunk_size,
     )
-    if settings.scan_layers:
+    if zoo_options(settings, layout).get("scan_layers"):
         spec["model"] = dict(TIMING_MODEL, scan_layers=True)
     overrides = maxtext_overrides(
         TIMING_MODEL, layout, TIMING_BATCH // DEVICES, TIMING_MODEL["max_sequence_length"], scratch
@@ -365,6 +369,8 @@ def step_medians(times, steps):
 
 def header(settings):
     options = ", ".join(f"{k}={v}" for k, v in zoo_options(settings).items()) or "the defaults"
+    if settings.scan_layers:
+        options += f" (scan_layers under {', '.join(SCAN_LAYOUTS)} only)"
     return (
         f"{DEVICES} simulated CPU devices. zoo options: {options} (remat full, {PRECISION}, AdamW + global-norm clip, "
         "as `zoo train gpt` compiles). MaxText 0.2.5: base.yml with the same sizes, remat_policy=full, "
