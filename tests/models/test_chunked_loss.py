@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from zoo import distribution as zd
+from zoo.measure.comms_report import compiled_report
 from zoo.measure.compiled_step import compile_fit_step
 from zoo.models.gpt import GPTCausalLM
 from zoo.models.gpt._chunked_loss import chunked_cross_entropy
@@ -163,6 +164,12 @@ def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logit
     whole = sorted(set(re.findall(r"f32\[[0-9,]*,256\]", text)))  # any buffer of all V logits
     assert not whole, whole
     assert " all-gather(" not in text
+    # gradients are reduced over data once per step, the head's too, not once per chunk
+    # (2 chunks here: the loss runs manual over data, zoo.layers.batch_rows; before, the
+    # head's gradient and the loss were all-reduced in each chunk's iteration)
+    report = compiled_report(compiled, zd.make_mesh("data=2,model=4").backend_mesh, hlo_text=text)
+    over_data = [(row["shape"], row["count"]) for row in report.summary() if row["axes"] == ("data",)]
+    assert over_data and all(count == 1 for _, count in over_data), over_data
 
 
 def test_the_compiled_step_holds_no_whole_logits():

@@ -54,7 +54,7 @@ def token_losses(logits, labels):
 
 
 def chunked_cross_entropy(
-    hidden, head_fn, labels, sample_weight=None, *, chunk_tokens, reduction="mean_with_sample_weight"
+    hidden, head_fn, labels, sample_weight=None, *, chunk_tokens, reduction="mean_with_sample_weight", summed=None
 ):
     """The reduced cross-entropy of ``head_fn(hidden)`` against ``labels``, chunk by chunk.
 
@@ -66,6 +66,10 @@ def chunked_cross_entropy(
         sample_weight: (B, T) weights (0 masks a token), or None (all 1).
         chunk_tokens: t, positions of every row per chunk.
         reduction: one of ``REDUCTIONS``.
+        summed: None, or ``(hidden, labels, weights) -> f32[]`` computing ``chunk_sum``
+            (with ``head_fn`` and ``chunk_tokens``) another way: the causal LM's runs it
+            manual over the batch axes, so the head's gradient is reduced once per step,
+            not once per chunk.
 
     Returns a float32 scalar.
     """
@@ -80,6 +84,23 @@ def chunked_cross_entropy(
         if sample_weight is None
         else jnp.asarray(sample_weight, jnp.float32).reshape(batch, length)
     )
+    if summed is None:
+        total = chunk_sum(hidden, head_fn, labels, weights, chunk_tokens)
+    else:
+        total = summed(hidden, labels, weights)
+    if reduction == "sum":
+        return total
+    if reduction == "mean_with_sample_weight" and sample_weight is not None:
+        divisor = jnp.sum(weights)
+    else:
+        divisor = jnp.asarray(batch * length, jnp.float32)
+    return jnp.where(divisor == 0, 0.0, total / jnp.where(divisor == 0, 1.0, divisor))
+
+
+def chunk_sum(hidden, head_fn, labels, weights, chunk_tokens):
+    """The weighted sum of the token losses of ``head_fn(hidden)``, t positions of every
+    row at a time: (B, T, C), (B, T) int, (B, T) f32 -> f32[]."""
+    batch, length = labels.shape
     chunk = min(chunk_tokens, length)
     chunks = -(-length // chunk)  # n
     padding = chunks * chunk - length
@@ -92,18 +113,13 @@ def chunked_cross_entropy(
         return jnp.moveaxis(x.reshape(batch, chunk, chunks, *x.shape[2:]), 2, 0)
 
     @jax.checkpoint
-    def chunk_sum(h, y, w):  # (B, t, C), (B, t), (B, t) -> f32[]: the backward recomputes the logits
+    def one_chunk(h, y, w):  # (B, t, C), (B, t), (B, t) -> f32[]: the backward recomputes the logits
         logits = head_fn(h).astype(jnp.float32)  # (B, t, V)
         return jnp.sum(token_losses(logits, y) * w)
 
     def body(total, xs):
-        return total + chunk_sum(*xs), None
+        return total + one_chunk(*xs), None
 
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (strided(hidden), strided(labels), strided(weights)))
-    if reduction == "sum":
-        return total
-    if reduction == "mean_with_sample_weight" and sample_weight is not None:
-        divisor = jnp.sum(weights)
-    else:
-        divisor = jnp.asarray(batch * length, jnp.float32)
-    return jnp.where(divisor == 0, 0.0, total / jnp.where(divisor == 0, 1.0, divisor))
+    zero = jnp.sum(weights[:, :0])  # f32 0, typed like the weights (varying over a shard_map's manual axes)
+    total, _ = jax.lax.scan(body, zero, (strided(hidden), strided(labels), strided(weights)))
+    return total

@@ -1,12 +1,14 @@
 """``GPTCausalLM``: a ``GPTBackbone`` with a language-model head, and KV-cache generation."""
 
 import contextlib
+import functools
 import os
 
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers import kernel_variable, lm_head_gather
+from zoo.layers.batch_rows import batch_rows_plan, sum_over_batch_rows
 from zoo.layers.lm_head_gather import LMHeadGather
 from zoo.layers.logit_softcap import LogitSoftcap
 from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _sampling, hf_checkpoints
@@ -142,8 +144,14 @@ class GPTCausalLM(ZooModel):
         (a Mixture-of-Experts router's auxiliary losses) as Keras adds them."""
         if not self._loss_from_hidden:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        head_sum = _HeadChunkSum(self)
+        plan = batch_rows_plan(head_sum.variables, y_pred.shape[0])
+        summed = None if plan is None else functools.partial(sum_over_batch_rows, plan, head_sum)
+        if plan is None:  # fsdp: what the head gathers, gathered once, not per chunk and again in its recompute
+            y_pred = lm_head_gather.constrain_input(y_pred, self.lm_head_gather(*y_pred.shape[:2]))  # (B, T, C)
         total = _chunked_loss.chunked_cross_entropy(
-            y_pred, self._head, y, sample_weight, chunk_tokens=self.loss_chunk_size, reduction=self._chunked_loss_reduction()
+            y_pred, self._head, y, sample_weight, chunk_tokens=self.loss_chunk_size,
+            reduction=self._chunked_loss_reduction(), summed=summed,
         )  # fmt: skip
         for loss in self.losses:
             total = total + keras.ops.cast(keras.ops.sum(loss), "float32")
@@ -465,6 +473,30 @@ class GPTCausalLM(ZooModel):
         return _gpt_layouts.layout_map(
             mesh, layout, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis
         )
+
+
+class _HeadChunkSum:
+    """The chunked loss' sum (``_chunked_loss.chunk_sum``) through ``model``'s LM head, for
+    ``sum_over_batch_rows``: equal per model (its program is cached), with the head's
+    variables (the tied table, or ``lm_head``'s kernel and any LoRA factors)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __eq__(self, other):
+        return isinstance(other, _HeadChunkSum) and other.model is self.model
+
+    def __hash__(self):
+        return hash(id(self.model))
+
+    @property
+    def variables(self):
+        if self.model.backbone.tie_word_embeddings:
+            return [self.model.backbone.token_embedding.embeddings]
+        return list(self.model.get_layer("lm_head").variables)
+
+    def __call__(self, hidden, labels, weights):  # (b, T, C), (b, T), (b, T) -> f32[]
+        return _chunked_loss.chunk_sum(hidden, self.model.logits, labels, weights, self.model.loss_chunk_size)
 
 
 def _float32_logits(softcap=None):
