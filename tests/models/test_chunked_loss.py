@@ -147,11 +147,16 @@ def test_pre_training_takes_the_setting_from_its_flag_and_recipe_key():
     assert model.loss_chunk_size == 8
 
 
-def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits():
-    """tp on data=2,model=4: the head split over V; the chunked step equals the plain one
-    and its compiled HLO holds no all-gather of (B, t, V) logits."""
+@pytest.mark.parametrize("layout", ["tp", "fsdp+tp"])
+def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits(layout):
+    """tp and fsdp+tp on data=2,model=4: the head split over V (and over data on C under
+    fsdp+tp); the chunked step equals the plain one and its compiled HLO holds no
+    all-gather of (B, t, V) logits."""
     distribution = zd.distribution_for(
-        GPTCausalLM, "tp", zd.make_mesh("data=2,model=4"), config=GPTCausalLM.from_config_name("gpt_tiny").get_config()
+        GPTCausalLM,
+        layout,
+        zd.make_mesh("data=2,model=4"),
+        config=GPTCausalLM.from_config_name("gpt_tiny").get_config(),
     )
     try:
         plain, chunked = zd.build_distributed(lambda: _pair(4), distribution)
@@ -163,13 +168,16 @@ def test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logit
     assert "f32[2,4,64]" in text  # a chunk's logits on one device: (B/2, t, V/4)
     whole = sorted(set(re.findall(r"f32\[[0-9,]*,256\]", text)))  # any buffer of all V logits
     assert not whole, whole
-    assert " all-gather(" not in text
-    # gradients are reduced over data once per step, the head's too, not once per chunk
-    # (2 chunks here: the loss runs manual over data, zoo.layers.batch_rows; before, the
-    # head's gradient and the loss were all-reduced in each chunk's iteration)
+    if layout == "tp":
+        assert " all-gather(" not in text
+    # nothing is reduced over data inside a loop: the head's gradient and the loss once per
+    # step, not once per chunk (2 chunks here: the loss runs manual over data,
+    # zoo.layers.batch_rows; before, both ran in each chunk's iteration)
     report = compiled_report(compiled, zd.make_mesh("data=2,model=4").backend_mesh, hlo_text=text)
-    over_data = [(row["shape"], row["count"]) for row in report.summary() if row["axes"] == ("data",)]
-    assert over_data and all(count == 1 for _, count in over_data), over_data
+    reductions = [
+        op for op in report.collectives if op.axes == ("data",) and op.kind in ("all-reduce", "reduce-scatter")
+    ]
+    assert reductions and all(op.executions == 1 for op in reductions), [(op.shape, op.executions) for op in reductions]
 
 
 def test_the_compiled_step_holds_no_whole_logits():

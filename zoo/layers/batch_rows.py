@@ -7,7 +7,9 @@ weight's gradient over the batch axes once per iteration (8 chunks of the Llama-
 step: 8 all-reduces of the (V/model, C) table gradient, 1.96 GiB per step over ``data``
 instead of 0.25). Manual over the batch axes, the gradient is summed on each device
 through the loop and reduced once, where ``shard_map``'s transpose reduces an input
-replicated over them. Other mesh axes (``model``) stay GSPMD's inside.
+replicated over them; a weight the layout splits over a batch axis (``fsdp+tp``'s table,
+(V/model, C/data)) is gathered at that edge, once. Other mesh axes (``model``) stay
+GSPMD's inside.
 """
 
 import jax
@@ -19,28 +21,22 @@ from zoo.kernels.collective_matmul import vary_over
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over
 
 
-def batch_rows_plan(variables, batch):
+def batch_rows_plan(batch):
     """The ``ParallelPlan`` to run ``sum_over_batch_rows`` under, or None where it does not
-    apply: no distribution or batch axis, ``batch`` rows that do not divide over the batch
-    axes, or one of ``variables`` split over a batch axis (FSDP: its gradient is already
-    one shard per device)."""
+    apply: no distribution or batch axis, or ``batch`` rows that do not divide over the
+    batch axes."""
     plan = resolve_plan(model_axis=None)
-    distribution = keras.distribution.distribution()
-    if distribution is None or plan.mesh is None or not plan.batch_axes or batch % plan.batch_size:
+    if keras.distribution.distribution() is None or plan.mesh is None or not plan.batch_axes:
         return None
-    batch_axes = set(plan.batch_axes)
-    for variable in variables:
-        layout = distribution.get_variable_layout(variable)
-        if layout is not None and batch_axes & set(_axis_names(layout.axes)):
-            return None
-    return plan
+    return None if batch % plan.batch_size else plan
 
 
 def sum_over_batch_rows(plan, fn, *arrays):
     """``fn(*arrays)`` (f32[], a sum over the rows, dimension 0, of every array) on each
     device's rows, summed over ``plan``'s batch axes. ``fn`` is hashable (the program is
-    cached by it) and has ``variables``, the Keras variables it reads, which enter
-    replicated over the batch axes (their gradients reduced once)."""
+    cached by it) and has ``variables``, the Keras variables it reads, which enter whole
+    over the batch axes (one gathered over them first where the layout splits it there:
+    ``fsdp+tp``'s table), so their gradients are reduced once, after the loop."""
     values = {variable.path: variable.value for variable in fn.variables}
     rows = P(plan.batch_axis)
     in_specs = (tuple(rows for _ in arrays), {path: P() for path in values})

@@ -144,11 +144,11 @@ class GPTCausalLM(ZooModel):
         (a Mixture-of-Experts router's auxiliary losses) as Keras adds them."""
         if not self._loss_from_hidden:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-        head_sum = _HeadChunkSum(self)
-        plan = batch_rows_plan(head_sum.variables, y_pred.shape[0])
-        summed = None if plan is None else functools.partial(sum_over_batch_rows, plan, head_sum)
-        if plan is None:  # fsdp: what the head gathers, gathered once, not per chunk and again in its recompute
-            y_pred = lm_head_gather.constrain_input(y_pred, self.lm_head_gather(*y_pred.shape[:2]))  # (B, T, C)
+        gather = self.lm_head_gather(*y_pred.shape[:2])
+        plan = None if gather.choice is not None else batch_rows_plan(y_pred.shape[0])
+        summed = None if plan is None else functools.partial(sum_over_batch_rows, plan, _HeadChunkSum(self))
+        if gather.choice is not None:  # fsdp: what the head gathers, gathered once, not per chunk and in its recompute
+            y_pred = lm_head_gather.constrain_input(y_pred, gather)  # (B, T, C)
         total = _chunked_loss.chunked_cross_entropy(
             y_pred, self._head, y, sample_weight, chunk_tokens=self.loss_chunk_size,
             reduction=self._chunked_loss_reduction(), summed=summed,
