@@ -134,9 +134,12 @@ def test_a_failed_worker_is_named_with_its_stderr(tmp_path):
 
 def test_a_missing_venv_that_cannot_be_created_is_named(tmp_path, monkeypatch):
     monkeypatch.delenv("PYTHON312", raising=False)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "no-pyenv"))
     monkeypatch.setattr(peers.shutil, "which", lambda name: None)
-    with pytest.raises(peers.PeerSetupError, match=r"no MaxText virtual environment at '.*nowhere'.*python3\.12"):
+    with pytest.raises(peers.PeerSetupError, match=r"no MaxText virtual environment at '.*nowhere'.*no Python 3\.12"):
         peers.maxtext_python(str(tmp_path / "nowhere"))
+    monkeypatch.setenv("PYTHON312", sys.executable)  # a Python that runs but is not 3.12 is passed over
+    assert peers.find_python312() is None or sys.version_info[:2] == (3, 12)
 
 
 def test_flags_and_the_overrides_both_sides_get():

@@ -25,6 +25,7 @@ Layouts: fsdp = the zoo's ``data=8`` / MaxText's ``ici_fsdp_parallelism=8``; tp 
 ``data=2,model=4`` / ``ici_fsdp_parallelism=2 ici_tensor_parallelism=4``.
 """
 
+import glob
 import json
 import os
 import shutil
@@ -121,13 +122,14 @@ def maxtext_python(venv):
     if os.path.exists(python):
         return python
     script = os.path.join(RECIPES, "maxtext_venv.sh")
-    python312 = os.environ.get("PYTHON312") or shutil.which("python3.12")
+    python312 = find_python312()
     if not os.path.exists(script) or python312 is None:
         raise PeerSetupError(
             f"no MaxText virtual environment at {venv!r} and cannot create one: "
-            + (f"{script} is missing" if not os.path.exists(script) else "no python3.12 on PATH and $PYTHON312 unset")
+            + (f"{script} is missing" if not os.path.exists(script) else "no Python 3.12 found ($PYTHON312, "
+               "python3.12 on PATH, pyenv's versions)")
             + "; pass --maxtext-venv DIR of an existing one"
-        )
+        )  # fmt: skip
     done = subprocess.run(
         ["bash", script, venv], env=dict(os.environ, PYTHON312=python312), capture_output=True, text=True
     )
@@ -135,6 +137,21 @@ def maxtext_python(venv):
         tail = "\n".join(done.stderr.strip().splitlines()[-10:])
         raise PeerSetupError(f"creating MaxText's virtual environment at {venv!r} failed ({script}):\n{tail}")
     return python
+
+
+def find_python312():
+    """A Python 3.12 that runs (MaxText 0.2.5's): ``$PYTHON312``, ``python3.12`` on PATH
+    (a pyenv shim there runs only where pyenv selects a 3.12), pyenv's 3.12 installs; None."""
+    candidates = [os.environ.get("PYTHON312"), shutil.which("python3.12")]
+    pyenv_root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates += sorted(glob.glob(os.path.join(pyenv_root, "versions", "3.12*", "bin", "python3.12")), reverse=True)
+    for candidate in filter(None, candidates):
+        check = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+        )
+        if check.returncode == 0 and check.stdout.strip() == "(3, 12)":
+            return candidate
+    return None
 
 
 def worker_env(pythonpath=None):
