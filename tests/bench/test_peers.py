@@ -151,3 +151,17 @@ def test_flags_and_the_overrides_both_sides_get():
     overrides = peers.maxtext_overrides(peers.TIMING_MODEL, "tp", 1, 512, "/tmp/x", scan_layers=False)
     for expected in ("base_emb_dim=512", "logits_via_embedding=true", "scan_layers=false", "ici_tensor_parallelism=4"):
         assert expected in overrides
+
+
+def test_the_memory_table_compares_peaks_and_carries_the_zoos_notes():
+    common = dict(layout="fsdp", per_device_batch=1, mesh="data=8", parameters=8, argument=2**30, temp=2**30)
+    common.update(sent={"data": 2**30}, flops=1e12, compile_s=1.0)
+    note = "this XLA's CPU memory analysis does not show remat='full' (JAX 0.10)"
+    rows = [
+        dict(common, side="zoo", peak=3 * 2**29, jax="0.10.2", notes=(note,)),
+        dict(common, side="MaxText", peak=2**31, jax="0.12.0.1"),
+    ]
+    table = peers.format_memory_table(rows)
+    assert "JAX: zoo 0.10.2, MaxText 0.12.0.1." in table
+    assert "Peak zoo / MaxText: fsdp b=1 0.75" in table
+    assert table.count(f"zoo note: {note}") == 1

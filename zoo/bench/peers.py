@@ -269,6 +269,7 @@ def zoo_memory_row(result, layout, per_device_batch):
         flops=step["flops"],
         compile_s=step["compile_s"],
         jax=result["jax"],
+        notes=tuple(result["plan"].get("notes", ())),  # the plan's caveats (JAX 0.10: remat not in the memory analysis)
     )
 
 
@@ -420,6 +421,8 @@ def format_memory_table(rows):
     ]
     lines += [format_memory_row(row) for row in rows]
     lines += ["", "Peak zoo / MaxText: " + "; ".join(_peak_ratios(rows))]
+    notes = dict.fromkeys(note for row in rows for note in row.get("notes", ()))  # in order, once each
+    lines += [f"zoo note: {note}" for note in notes]
     return "\n".join(lines)
 
 
