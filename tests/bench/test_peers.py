@@ -161,7 +161,10 @@ def test_the_memory_table_compares_peaks_and_carries_the_zoos_notes():
         dict(common, side="zoo", peak=3 * 2**29, jax="0.10.2", notes=(note,)),
         dict(common, side="MaxText", peak=2**31, jax="0.12.0.1"),
     ]
+    rows.append(dict(common, side="keras-hub (no remat)", peak=2**32, jax="0.12.0.1"))
     table = peers.format_memory_table(rows)
-    assert "JAX: zoo 0.10.2, MaxText 0.12.0.1." in table
-    assert "Peak zoo / MaxText: fsdp b=1 0.75" in table
+    assert "JAX: zoo 0.10.2, MaxText 0.12.0.1, keras-hub 0.12.0.1." in table
+    assert "Peak zoo / MaxText: fsdp b=1 0.75; fsdp b=1 0.38 (vs keras-hub (no remat))" in table
     assert table.count(f"zoo note: {note}") == 1
+    args = parse_bench_args("peers", ["--keras-hub-venv", "/tmp/kh", "--layouts", "fsdp+tp"])
+    assert args.keras_hub_venv == "/tmp/kh" and peers.KERAS_HUB_LAYOUTS == ("fsdp+tp",)

@@ -20,6 +20,11 @@ simulated CPU devices. The parameter counts of the two sides must be equal, else
   run N steps at a time, alternating zoo, MaxText, zoo, ... ``repeats`` times; medians of
   wall and process CPU seconds per step, and their ratio zoo / MaxText.
 
+With ``--keras-hub-venv DIR`` the memory table also holds keras-hub's Llama under
+fsdp+tp (``LlamaBackbone`` with the same sizes and its own ``get_layout_map``, compiled by the
+zoo's ``compile_fit_step`` in keras-hub's environment, ``recipes/peers/keras_hub_worker.py``;
+without remat: ``keras.RematScope`` fails inside keras-hub 0.32's attention).
+
 Layouts: fsdp = the zoo's ``data=8`` / MaxText's ``ici_fsdp_parallelism=8``; tp =
 ``data=2,model=4`` / ``ici_data_parallelism=2 ici_tensor_parallelism=4``; fsdp+tp =
 ``data=2,model=4`` / ``ici_fsdp_parallelism=2 ici_tensor_parallelism=4``.
@@ -118,24 +123,29 @@ def run_benchmark(settings, report=print):
 
 def maxtext_python(venv):
     """``venv``'s python, the venv created by ``recipes/peers/maxtext_venv.sh`` when missing."""
+    return peer_python(venv, "maxtext_venv.sh", "MaxText")
+
+
+def peer_python(venv, script_name, peer):
+    """``venv``'s python, the venv created by ``recipes/peers/<script_name>`` when missing."""
     python = os.path.join(venv, "bin", "python")
     if os.path.exists(python):
         return python
-    script = os.path.join(RECIPES, "maxtext_venv.sh")
+    script = os.path.join(RECIPES, script_name)
     python312 = find_python312()
     if not os.path.exists(script) or python312 is None:
         raise PeerSetupError(
-            f"no MaxText virtual environment at {venv!r} and cannot create one: "
+            f"no {peer} virtual environment at {venv!r} and cannot create one: "
             + (f"{script} is missing" if not os.path.exists(script) else "no Python 3.12 found ($PYTHON312, "
                "python3.12 on PATH, pyenv's versions)")
-            + "; pass --maxtext-venv DIR of an existing one"
+            + f"; pass --{'maxtext' if peer == 'MaxText' else 'keras-hub'}-venv DIR of an existing one"
         )  # fmt: skip
     done = subprocess.run(
         ["bash", script, venv], env=dict(os.environ, PYTHON312=python312), capture_output=True, text=True
     )
     if done.returncode or not os.path.exists(python):
         tail = "\n".join(done.stderr.strip().splitlines()[-10:])
-        raise PeerSetupError(f"creating MaxText's virtual environment at {venv!r} failed ({script}):\n{tail}")
+        raise PeerSetupError(f"creating {peer}'s virtual environment at {venv!r} failed ({script}):\n{tail}")
     return python
 
 
@@ -245,17 +255,52 @@ def memory_rows(settings, python, layout, per_device_batch, scratch):
         )
         rows.append(maxtext_memory_row(python, overrides, layout, per_device_batch, scan, scratch))
         check_parameters(rows[0]["parameters"], rows[-1]["parameters"], f"{MEMORY_CONFIG} under {layout}")
+    if settings.keras_hub_venv and layout in KERAS_HUB_LAYOUTS:
+        rows.append(keras_hub_memory_row(settings.keras_hub_venv, layout, per_device_batch))
+        check_parameters(rows[0]["parameters"], rows[-1]["parameters"], f"keras-hub's Llama under {layout}")
     return rows
+
+
+KERAS_HUB_LAYOUTS = ("fsdp+tp",)  # LlamaBackbone.get_layout_map splits every weight over model and data
+
+
+def keras_hub_memory_row(venv, layout, per_device_batch):
+    """keras-hub's ``LlamaBackbone`` of the same sizes under its own layout map, compiled by
+    the zoo's ``compile_fit_step`` in keras-hub's environment (``keras_hub_worker.py``).
+    No remat: ``keras.RematScope(mode="full")`` fails inside keras-hub 0.32's
+    ``LlamaAttention`` (its ``training`` arrives as a traced bool)."""
+    from zoo.models.gpt.gpt_configs import config_by_name
+
+    spec = dict(
+        model=config_by_name(MEMORY_CONFIG),
+        mesh=ZOO_MESH[layout],
+        batch=DEVICES * per_device_batch,
+        sequence_length=MEMORY_LENGTH,
+        precision=PRECISION,
+        remat=None,
+    )
+    command = [peer_python(venv, "keras_hub_venv.sh", "keras-hub"), os.path.join(RECIPES, "keras_hub_worker.py")]
+    result = run_worker("keras-hub", [*command, "compile", json.dumps(spec)], worker_env(REPOSITORY))
+    memory = result["memory"]
+    return dict(
+        side="keras-hub (no remat)",
+        layout=layout,
+        mesh=ZOO_MESH[layout],
+        per_device_batch=per_device_batch,
+        parameters=result["parameters"],
+        argument=memory["argument"],
+        temp=memory["temp"],
+        peak=memory["argument"] + memory["output"] - memory["alias"] + memory["temp"],
+        sent=_sent_per_axis(result["collectives"]),
+        flops=result["flops"],
+        compile_s=result["compile_s"],
+        jax=result["jax"],
+    )
 
 
 def zoo_memory_row(result, layout, per_device_batch):
     step = result["plan"]["step"]
     memory = step["memory"]
-    sent = {}
-    for row in step["collectives"]:
-        if row["axes"]:
-            key = ",".join(row["axes"])
-            sent[key] = sent.get(key, 0.0) + row["sent_bytes"]
     return dict(
         side="zoo",
         layout=layout,
@@ -265,12 +310,23 @@ def zoo_memory_row(result, layout, per_device_batch):
         argument=memory["argument"],
         temp=memory["temp"],
         peak=memory["argument"] + memory["output"] - memory["alias"] + memory["temp"],
-        sent=sent,
+        sent=_sent_per_axis(step["collectives"]),
         flops=step["flops"],
         compile_s=step["compile_s"],
         jax=result["jax"],
         notes=tuple(result["plan"].get("notes", ())),  # the plan's caveats (JAX 0.10: remat not in the memory analysis)
     )
+
+
+def _sent_per_axis(collectives):
+    """{"data": bytes, "model": ..., "data,model": ...} sent per device per step from
+    ``CommsReport.per_axis()`` rows."""
+    sent = {}
+    for row in collectives:
+        if row["axes"]:
+            key = ",".join(row["axes"])
+            sent[key] = sent.get(key, 0.0) + row["sent_bytes"]
+    return sent
 
 
 def maxtext_memory_row(python, overrides, layout, per_device_batch, scan, scratch):
@@ -438,7 +494,7 @@ def _peak_ratios(rows):
     zoo = {(r["layout"], r["per_device_batch"]): r["peak"] for r in rows if r["side"] == "zoo"}
     return [
         f"{r['layout']} b={r['per_device_batch']} {zoo[(r['layout'], r['per_device_batch'])] / r['peak']:.2f}"
-        + ("" if r["side"] == "MaxText" else " (vs scan_layers=false)")
+        + ("" if r["side"] == "MaxText" else f" (vs {r['side'].removeprefix('MaxText ')})")
         for r in rows
         if r["side"] != "zoo" and (r["layout"], r["per_device_batch"]) in zoo
     ]

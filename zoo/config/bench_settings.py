@@ -677,7 +677,14 @@ class PeersBenchSettings:
     maxtext_venv: str = setting(
         ".peers/maxtext-venv",
         "MaxText 0.2.5's own virtual environment; created by recipes/peers/maxtext_venv.sh when missing "
-        "(Python 3.12: python3.12 on PATH or $PYTHON312)",
+        "(Python 3.12: $PYTHON312, python3.12 on PATH or a pyenv install)",
+        section="bench",
+        metavar="DIR",
+    )
+    keras_hub_venv: str | None = setting(
+        None,
+        "memory: also keras-hub's Llama under fsdp+tp (its own layout map, no remat), from this virtual environment; "
+        "created by recipes/peers/keras_hub_venv.sh when missing; default: not compared",
         section="bench",
         metavar="DIR",
     )
