@@ -78,6 +78,7 @@ class Checkpoints:
         self.data = state.json_ready(data or {})
         self._opened = None  # the Orbax CheckpointManager, opened by the first save: reading touches nothing
         self._lock = CheckpointLock(self.directory)
+        self._half_written = set()  # <step>.orbax-checkpoint-tmp folders of failed saves not yet removed
 
     def lock(self):
         """Hold the folder's lock (``zoo.lock``) until ``close``: a second run gets a
@@ -111,6 +112,7 @@ class Checkpoints:
         Every process must call it (Orbax coordinates the array writes); nothing appears
         under ``<directory>/<step>`` until the whole checkpoint is written.
         """
+        self._remove_half_written()
         tree = state.state_tree(model)
         metadata = files.with_checksum(
             {
@@ -155,9 +157,21 @@ class Checkpoints:
             noise.drop()
             FailedWrites.instance().add(tmp)
             gc.collect()  # Orbax's abandoned write tasks end now, while their noise is held
-        if files.is_primary_process():
-            shutil.rmtree(tmp, ignore_errors=True)
+        self._half_written.add(tmp)
+        self._remove_half_written()
         return None, reason
+
+    def _remove_half_written(self):
+        """Remove the folders failed saves left. One can survive its first removal: an
+        abandoned Orbax writer thread may still add a file while it is removed (seen once
+        in a clean-clone run: ``4.orbax-checkpoint-tmp`` left beside the later steps), so
+        what remains is removed again at the next save and at ``close``."""
+        if not files.is_primary_process():
+            return
+        for tmp in sorted(self._half_written):
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not os.path.exists(tmp):
+                self._half_written.discard(tmp)
 
     def restore(self, model, path=None):
         """Restore the checkpoint at ``path`` (default: the newest complete one) into ``model``.
@@ -227,6 +241,7 @@ class Checkpoints:
         if self._opened is not None:
             self._opened.close()
             self._opened = None
+        self._remove_half_written()
         self._lock.release()
 
     def __enter__(self):
