@@ -72,6 +72,15 @@ MATRIX = {
         "test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits (fit), "
         "test_the_function_equals_the_plain_loss_and_its_gradients[mean_with_sample_weight-True-3.0] (soft-cap, weights)"
     ),
+    # the chunked loss manual over data: tier 1 keeps tp (fsdp+tp adds the table's split over data)
+    "tests/models/test_chunked_loss.py::test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits[fsdp+tp]": (
+        "test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits[tp]"
+    ),
+    # scanned blocks under fsdp: tier 1 keeps their numbers (the layers' on one device) and the fsdp program's bytes
+    "tests/models/test_gpt_scan.py::test_scanned_fit_under_fsdp_matches_one_device": (
+        "test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers, "
+        "test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers"
+    ),
     # windowed decoding on a zoo config: tier 1 decodes past the window against transformers
     "tests/models/test_gpt.py::test_decoding_with_a_window_matches_the_full_forward_pass": (
         "tests/models/test_hf_checkpoints.py::test_greedy_equals_transformers[mistral_window], [gemma2]"
