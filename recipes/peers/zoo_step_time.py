@@ -21,22 +21,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from zoo import distribution as zd  # noqa: E402
+from zoo.bench.peers import TIMING_MODEL  # noqa: E402
 from zoo.models import GPTCausalLM  # noqa: E402
 from zoo.models.gpt.gpt_backbone import GPTBackbone  # noqa: E402
 from zoo.training.gpt import compile_gpt  # noqa: E402
 
-ARGUMENTS = dict(
-    vocabulary_size=32000,
-    num_layers=4,
-    hidden_dim=512,
-    num_query_heads=8,
-    num_key_value_heads=4,
-    head_dim=64,
-    intermediate_dim=2048,
-    max_sequence_length=512,
-    tie_word_embeddings=True,
-    remat=os.environ.get("REMAT", "full"),
-)
+ARGUMENTS = TIMING_MODEL | {"remat": os.environ.get("REMAT", "full")}  # zoo bench peers' timing model
 MESHES = {"fsdp": "data=8", "tp": "data=2,model=4", "fsdp+tp": "data=2,model=4"}
 LENGTH, BATCH, STEPS = 512, 8, 3
 

@@ -41,7 +41,8 @@ import tempfile
 
 from zoo.bench._output import size_text, write_text
 from zoo.bench._peer_workers import Worker, interleave, run_worker
-from zoo.config.bench_settings import PeersBenchSettings  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config import choices
+from zoo.config.bench_settings import PEERS_LAYOUTS, PeersBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 
 DEVICES = 8
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds zoo/ and recipes/
@@ -185,7 +186,8 @@ def maxtext_command(python, mode, spec):
     return [python, os.path.join(RECIPES, "maxtext_worker.py"), mode, json.dumps(spec)]
 
 
-SCAN_LAYOUTS = ("fsdp",)  # the peers' layouts a scanned zoo GPT runs under (tp and fsdp+tp run layers)
+# the peers' layouts a scanned zoo GPT runs under (fsdp; tp and fsdp+tp run their blocks as layers)
+SCAN_LAYOUTS = tuple(layout for layout in PEERS_LAYOUTS if layout in choices.DATA_AXIS_LAYOUTS)
 
 
 def zoo_options(settings, layout=None):
@@ -281,40 +283,37 @@ def keras_hub_memory_row(venv, layout, per_device_batch):
     )
     command = [peer_python(venv, "keras_hub_venv.sh", "keras-hub"), os.path.join(RECIPES, "keras_hub_worker.py")]
     result = run_worker("keras-hub", [*command, "compile", json.dumps(spec)], worker_env(REPOSITORY))
-    memory = result["memory"]
-    return dict(
-        side="keras-hub (no remat)",
-        layout=layout,
-        mesh=ZOO_MESH[layout],
-        per_device_batch=per_device_batch,
-        parameters=result["parameters"],
-        argument=memory["argument"],
-        temp=memory["temp"],
-        peak=memory["argument"] + memory["output"] - memory["alias"] + memory["temp"],
-        sent=_sent_per_axis(result["collectives"]),
-        flops=result["flops"],
-        compile_s=result["compile_s"],
-        jax=result["jax"],
-    )
+    return memory_row(
+        "keras-hub (no remat)", layout, ZOO_MESH[layout], per_device_batch, result,
+        result["memory"], _sent_per_axis(result["collectives"]), result["flops"], result["compile_s"],
+    )  # fmt: skip
 
 
 def zoo_memory_row(result, layout, per_device_batch):
     step = result["plan"]["step"]
-    memory = step["memory"]
+    row = memory_row(
+        "zoo", layout, step["mesh"], per_device_batch, result,
+        step["memory"], _sent_per_axis(step["collectives"]), step["flops"], step["compile_s"],
+    )  # fmt: skip
+    return row | {"notes": tuple(result["plan"].get("notes", ()))}  # the plan's caveats (JAX 0.10: remat unseen)
+
+
+def memory_row(side, layout, mesh, per_device_batch, result, memory, sent, flops, compile_s):
+    """One side's row of the memory table; ``memory``: the compiler's argument, output,
+    alias and temp bytes per device; ``result``: the worker's reply (parameters, jax)."""
     return dict(
-        side="zoo",
+        side=side,
         layout=layout,
-        mesh=step["mesh"],
+        mesh=mesh,
         per_device_batch=per_device_batch,
         parameters=result["parameters"],
         argument=memory["argument"],
         temp=memory["temp"],
         peak=memory["argument"] + memory["output"] - memory["alias"] + memory["temp"],
-        sent=_sent_per_axis(step["collectives"]),
-        flops=step["flops"],
-        compile_s=step["compile_s"],
+        sent=sent,
+        flops=flops,
+        compile_s=compile_s,
         jax=result["jax"],
-        notes=tuple(result["plan"].get("notes", ())),  # the plan's caveats (JAX 0.10: remat not in the memory analysis)
     )
 
 
@@ -336,22 +335,11 @@ def maxtext_memory_row(python, overrides, layout, per_device_batch, scan, scratc
     with open(hlo) as handle:
         text = handle.read()
     os.unlink(hlo)
-    memory = result["memory"]
     mesh = result["mesh"]
-    return dict(
-        side="MaxText" + ("" if scan else " scan_layers=false"),
-        layout=layout,
-        mesh=maxtext_mesh_text(mesh),
-        per_device_batch=per_device_batch,
-        parameters=result["parameters"],
-        argument=memory["argument"],
-        temp=memory["temp"],
-        peak=memory["argument"] + memory["output"] - memory["alias"] + memory["temp"],
-        sent=sent_per_zoo_axis(text, mesh),
-        flops=result["flops"] + _loop_flops(text),
-        compile_s=result["compile_s"],
-        jax=result["jax"],
-    )
+    return memory_row(
+        "MaxText" + ("" if scan else " scan_layers=false"), layout, maxtext_mesh_text(mesh), per_device_batch, result,
+        result["memory"], sent_per_zoo_axis(text, mesh), result["flops"] + _loop_flops(text), result["compile_s"],
+    )  # fmt: skip
 
 
 class NamedMesh:

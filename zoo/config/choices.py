@@ -39,6 +39,7 @@ PRECISIONS = ("float32", "mixed_bfloat16")
 REMATS = ("none", "full", "dots_saveable")
 # schedule: how a pipeline (layout "pipeline") orders its micro-batches over the stages.
 SCHEDULES = ("gpipe", "circular")
+DATA_AXIS_LAYOUTS = ("data", "fsdp")  # a mesh of data alone; a scan_layers GPT runs under these only
 
 # Transformer architecture.
 MLPS = ("swiglu", "geglu", "geglu_tanh", "gelu", "relu")  # geglu_tanh: tanh-approximate GELU (Gemma)

@@ -316,13 +316,10 @@ def check_context_settings(settings):
             )
 
 
-SCAN_LAYOUTS = ("data", "fsdp")
-
-
 def check_scan_settings(settings):
     """Raise ``SettingError`` naming the layout unless ``scan_layers`` is off or the
     layout runs a scanned stack (data, fsdp)."""
-    if settings.scan_layers and settings.layout not in SCAN_LAYOUTS:
+    if settings.scan_layers and settings.layout not in choices.DATA_AXIS_LAYOUTS:
         raise SettingError(
             f"{type(settings).__name__}.scan_layers (--scan-layers) runs the stacked blocks under layouts data and "
             f"fsdp, not {settings.layout!r} (tp and the tensor-parallel layouts run their blocks as layers; layout "

@@ -53,11 +53,3 @@ def _summed_rows(arrays, values, *, fn, axes):
     with keras.StatelessScope(state_mapping=mapping), global_distribution(None):
         total = fn(*arrays)  # f32[]
     return jax.lax.psum(total, axes)
-
-
-def _axis_names(axes):
-    """The mesh axis names in a layout's axes (None, a name or a tuple of names each)."""
-    for axis in axes:
-        if axis is None:
-            continue
-        yield from (axis if isinstance(axis, tuple) else (axis,))

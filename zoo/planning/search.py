@@ -31,7 +31,7 @@
 
 import dataclasses
 
-from zoo.config.choices import DEFAULT_CONTEXT_ATTENTION, EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
+from zoo.config.choices import DATA_AXIS_LAYOUTS, DEFAULT_CONTEXT_ATTENTION, EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
 from zoo.config.settings import CONTEXT_DEFAULTS, PIPELINE_DEFAULTS
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
@@ -189,7 +189,7 @@ def _meshes(layout, devices, model, length, spec):
     """Mesh specs ``layout`` can use on ``devices`` devices for this model and length."""
     if layout == "single":
         return [None] if devices == 1 else []
-    if layout in ("data", "fsdp"):
+    if layout in DATA_AXIS_LAYOUTS:
         return [f"data={devices}"]
     domain = spec.link_domain or devices
     if layout == "context":

@@ -36,7 +36,7 @@ GSPMD all-gathers the table for the lookup as it sees fit.
 
 import keras
 
-from zoo.config.choices import EXPERT_LAYOUTS
+from zoo.config.choices import DATA_AXIS_LAYOUTS, EXPERT_LAYOUTS
 from zoo.distribution.axes import DATA, EXPERT, MODEL, STAGE
 from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
@@ -209,18 +209,15 @@ def _pipeline_block_rules(model_axis, kv_split, qkv_bias, qk_norm=False):
     )
 
 
-SCAN_LAYOUTS = ("data", "fsdp")
-
-
 def scanned_layout_map(mesh, layout, *, with_head, data_axis=DATA, model_axis=MODEL):
     """The ``LayoutMap`` of a backbone built with ``scan_layers`` (one ``PipelinedBlocks``
     named ``blocks``, weights (1, L, ...)): layout ``data`` replicates them, ``fsdp``
     splits each as the layer form's rule splits one block's (``block_rules``), behind
     the two stacking dimensions; the loop gathers one block's weights per iteration."""
-    if layout not in SCAN_LAYOUTS:
+    if layout not in DATA_AXIS_LAYOUTS:
         raise LayoutError(
             f"layout {layout!r}: a GPT built with scan_layers=True runs its stacked blocks under layouts "
-            f"{list(SCAN_LAYOUTS)}; build it without scan_layers for {layout!r}"
+            f"{list(DATA_AXIS_LAYOUTS)}; build it without scan_layers for {layout!r}"
         )
     rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
     stacked = {}

@@ -170,9 +170,8 @@ class GPTCausalLM(ZooModel):
 
     def _head(self, hidden):
         """``logits`` with the gather chosen for the tokens it is applied to at once: all
-        (B, T) of them, or one chunk's (B, t) in the chunked loss, whose scan gathers
-        the table (forward, the backward's recompute) and reduces its gradient once per
-        chunk, as it does the chunk's activations."""
+        (B, T) of them, or one chunk's (B, t) in the chunked loss (under fsdp; elsewhere
+        the chunks run manual over the batch axes, ``compute_loss``)."""
         return self.logits(hidden, gather=self.lm_head_gather(*hidden.shape[:2]))  # (B, T, V)
 
     def lm_head_gather(self, batch_size, sequence_length):

@@ -297,7 +297,7 @@ def pipelined_views(views, config):
     """``views`` for a pipelined backbone (``schedule`` set; else as they are): each block
     weight's L per-layer views stacked as its ``blocks/<path>`` variable (R, L/R, ...),
     stack place (r, j) holding layer r * L/R + j, the order ``save_to_hf`` unstacks
-    them in (``_unstacked_blocks``), so a Hugging Face folder loads into any layout."""
+    them in (``unstacked_blocks``), so a Hugging Face folder loads into any layout."""
     if config.get("schedule") is None:
         return views
     layers, repeats = config["num_layers"], config.get("repeats") or 1
@@ -354,7 +354,7 @@ def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None, extra_files
     ``save_to_directory`` (``HFTokenizer``; ``ByteTokenizer`` as a byte-level
     ``tokenizer.json``). LoRA factors are merged into their kernels (the model is not
     changed); a pipelined backbone's stacked (R, L/R, ...) weights are written as the L
-    layers they hold (``_unstacked_blocks``). ``dtype``: e.g. ``"bfloat16"`` to store a
+    layers they hold (``unstacked_blocks``). ``dtype``: e.g. ``"bfloat16"`` to store a
     smaller copy; default the weights' own. ``extra_files(folder)``, when given, writes
     more files into the folder before it is moved into place (``zoo finetune``'s adapter).
 
@@ -399,7 +399,7 @@ def _file_tensors(model, views, dtype):
     import numpy as np
 
     values = {variable.path: variable for variable in model.weights}
-    values.update(_unstacked_blocks(model))
+    values.update(unstacked_blocks(model))
     values.update(_merged_kernels(model))
     missing = [path for path in views if path not in values]
     if missing:
@@ -431,9 +431,9 @@ def _check_finite(path, array, dtype):
         )
 
 
-def _unstacked_blocks(model):
-    """``{block_<i>/<path>: array}`` of a pipelined backbone (``schedule`` set; {} for
-    another): ``PipelinedBlocks`` keeps block i at ``[i // (L/R), i % (L/R)]`` of each
+def unstacked_blocks(model):
+    """``{block_<i>/<path>: array}`` of a backbone with stacked blocks (a ``schedule`` or
+    ``scan_layers``; {} for another): ``PipelinedBlocks`` keeps block i at ``[i // (L/R), i % (L/R)]`` of each
     (R, L/R, ...) weight whatever the schedule (gpipe R = 1, circular R >= 2) or the
     stage count, so row i of its (L, ...) reshape is layer i."""
     import numpy as np
