@@ -8,6 +8,7 @@ axis of one device (data=4,model=1) the kernels emit no collective at all.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -161,6 +162,37 @@ def test_collective_matmuls_equal_the_collectives_they_overlap(mesh_name):
         run = jax.jit(sharded(overlapped, mesh_name, in_specs, out_spec), compiler_options=FAST_COMPILE)
         want = jax.jit(sharded(plain, mesh_name, in_specs, out_spec), compiler_options=FAST_COMPILE)
         np.testing.assert_allclose(np.asarray(run(*args)), np.asarray(want(*args)), rtol=1e-5, atol=1e-5)
+
+
+def _dot_types(hlo):
+    """The result type of every dot in compiled HLO text, e.g. ['bf16', 'f32']."""
+    return re.findall(r"= (\w+)\[[^\]]*\]\S* dot\(", hlo)
+
+
+def _bf16_dots_stay_bf16():
+    """Whether this XLA:CPU runs a plain bfloat16 matmul in bfloat16 (JAX 0.12's does;
+    JAX 0.10's runs every bf16 dot in float32)."""
+    x = jnp.ones((8, 8), jnp.bfloat16)
+    return _dot_types(jax.jit(jnp.matmul).lower(x, x).compile(FAST_COMPILE).as_text()) == ["bf16"]
+
+
+@pytest.mark.parametrize("case", ["column", "row"])
+def test_bfloat16_weight_gradients_run_in_bfloat16(case):
+    """A bf16 kernel's forward and backward compile to bf16 dots only, on data=2,model=4
+    (x split over data, so d(kernel) is summed over it). The weight gradient written as
+    x^T materialised, then a 2-D dot (before) came out as a float32 dot with both
+    operands upcast: XLA's float normalisation refused the transposed x's layout."""
+    if not _bf16_dots_stay_bf16():
+        pytest.skip("this XLA:CPU runs every bfloat16 dot in float32")
+    body, x_shape, w_shape, x_spec, w_spec, _, out_spec = DENSE_CASES[case]
+    f = sharded(lambda x, w: body(x, w, None), "data2-model4", (x_spec, w_spec), out_spec)
+    x, w = _normal(1, x_shape).astype(jnp.bfloat16), _normal(2, w_shape, 0.3)
+
+    def loss(x, w):  # f32 weights cast to the compute dtype, as mixed precision does
+        return jnp.sum(f(x, w.astype(jnp.bfloat16)).astype(jnp.float32) ** 2)
+
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).compile(FAST_COMPILE).as_text()
+    assert _dot_types(hlo) == ["bf16"] * 3, _dot_types(hlo)  # y, d(x), d(kernel)
 
 
 def test_an_axis_of_one_device_emits_no_collective():

@@ -100,9 +100,17 @@ def test_extrapolated_plan_matches_the_whole_model_compiled():
     assert sent.keys() == expected.keys() and all(sent[k] == pytest.approx(expected[k], rel=0.05) for k in expected)
 
 
+def _plans_at_depths(request, depths):
+    """The plans of ``request`` at each of ``depths``, compiled as ``zoo plan`` compiles them:
+    in a fresh process with XLA's own flags. In this process the suite's fast-compile flags
+    (tests/conftest.py) change the peak: the gpu-8 recipe planned 26.17 GiB at depth auto
+    against 29.15 whole under them, 33.99 against 34.05 (JAX 0.12) with XLA's own."""
+    return plans_in_subprocess([dataclasses.replace(request, depth=depth) for depth in depths])
+
+
 def test_the_gpu8_recipe_plan_is_within_5_percent_of_the_whole_step():
     request = request_from_recipe(load_recipe("recipes/gpu-8/pretrain_gpt.toml"))
-    whole, extrapolated = (make_plan(dataclasses.replace(request, depth=depth)) for depth in ("full", "auto"))
+    whole, extrapolated = _plans_at_depths(request, ("full", "auto"))
     assert extrapolated.compiled_depths == (1, 2) and whole.compiled_depths == (22,)
     assert extrapolated.peak == pytest.approx(whole.peak, rel=0.05)
 
@@ -114,7 +122,7 @@ def test_gemma3_1b_extrapolated_from_whole_periods_matches_the_whole_model():
     both, FLOPs +0.12%; 1 and 2 blocks, both local, under-counted the FLOPs by 1.4%)."""
     gemma = dict(BASE, config_name="gemma3_1b", batch_size=8, sequence_length=2048)
     request = PlanRequest("pretrain_gpt", gemma, devices=8, device="h100")
-    whole, extrapolated = (make_plan(dataclasses.replace(request, depth=depth)) for depth in ("full", "auto"))
+    whole, extrapolated = _plans_at_depths(request, ("full", "auto"))
     assert extrapolated.compiled_depths == (6, 12) and whole.compiled_depths == (26,)
     assert extrapolated.peak == pytest.approx(whole.peak, rel=0.01)
     assert extrapolated.step.flops == pytest.approx(whole.step.flops, rel=0.01)
@@ -130,7 +138,7 @@ def test_a_remat_recipe_is_planned_whole_under_depth_auto():
     if not memory_analysis_reflects_remat():
         pytest.skip("this JAX's CPU memory analysis does not show remat: the plan corrects two depths")
     request = request_from_recipe(load_recipe("recipes/tpu-v5e-8/pretrain_gpt.toml"))
-    auto, quick = (make_plan(dataclasses.replace(request, depth=depth)) for depth in ("auto", 2))
+    auto, quick = _plans_at_depths(request, ("auto", 2))
     assert auto.compiled_depths == (22,) and quick.compiled_depths == (1, 2)
     assert quick.peak < 0.9 * auto.peak  # what extrapolating missed
     assert any("under-counts" in note for note in auto.notes + quick.notes)

@@ -76,19 +76,23 @@ def _shard_matmul_forward(x, kernel):
 def _shard_matmul_backward(residuals, dy):
     """d(x) = dy kernel^T and d(kernel) = x^T dy, the maths of JAX's own transpose.
 
-    JAX's transpose writes d(kernel) as a dot contracting x's leading dims, and inside
-    a ``shard_map`` XLA:CPU (JAX 0.12) then leaves it with its left operand transposed,
-    a form its YNNPACK matmuls refuse: those dots ran on the slow generic path, the
-    tensor-parallel GPT step took 1.6x the fsdp step's time in bfloat16
-    (docs/performance.md). Here x^T is materialised first (an optimisation barrier
-    keeps XLA from folding the transpose back into the dot), as GSPMD's programs do.
-    Each gradient is summed over the mesh axes it varies on and its primal does not
-    (x replicated over ``model``, the kernel over ``data``), as shard_map's transpose would.
+    d(kernel) contracts x's and dy's leading dims, written as one ``tensordot`` over at
+    least two of them (a 2-D x gets a leading dim of 1): XLA's dot canonicalisation
+    then copies x^T into a row-major [C, N] that XLA:CPU's YNNPACK matmuls take in
+    bfloat16. Two forms do not (JAX 0.12): JAX's transpose of a 2-D matmul, a dot
+    contracting dim 0 of both operands, goes to the slow generic emitter (the
+    tensor-parallel GPT step took 1.6x the fsdp step's time); a transpose of 2-D x
+    arrives with a column-major layout that float normalisation refuses in bfloat16,
+    so the dot ran in float32 (f32 [C, F/N] weight gradients, 45 ms against 25 ms
+    for MaxText's bf16 ones; docs/performance.md). Each gradient is summed over the
+    mesh axes it varies on and its primal does not (x replicated over ``model``, the
+    kernel over ``data``), as shard_map's transpose would.
     """
     x, kernel = residuals
     dx = jnp.matmul(dy, kernel.T)  # [..., C]
-    x_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)  # [C, N]: N = the leading dims
-    dk = jnp.matmul(x_t, dy.reshape(-1, dy.shape[-1]))  # [C, F]
+    x_rows = x.reshape(1, -1, x.shape[-1])  # [1, N, C]: N = the leading dims
+    dy_rows = dy.reshape(1, -1, dy.shape[-1])  # [1, N, F]
+    dk = jnp.tensordot(x_rows, dy_rows, axes=((0, 1), (0, 1)))  # [C, F]
     return _summed_like(dx, x), _summed_like(dk, kernel).astype(kernel.dtype)
 
 
