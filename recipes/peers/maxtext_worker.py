@@ -17,7 +17,9 @@ sizes, layout, precision, remat, scan_layers, hardware=cpu, synthetic data).
   the jitted ``train.train_step``) on a synthetic batch (``train.make_synthetic_batch``),
   compiled and warmed up by one step; prints ``PEERS {"ready": ...}``, then for every
   ``run N`` line on stdin runs N steps, blocks on the result and prints
-  ``PEERS {"wall": s, "cpu": s}`` (process CPU time); ``quit`` or end of input stops it.
+  ``PEERS {"wall": s, "cpu": s}`` (process CPU time), and every ``profile DIR`` line with
+  one step under the JAX profiler (its perfetto trace under DIR) and ``PEERS {"profile":
+  DIR}``; ``quit`` or end of input stops it.
 
 Everything else MaxText prints goes to stdout / stderr unprefixed; the driver reads only
 ``PEERS `` lines.
@@ -128,9 +130,15 @@ def serve(spec):
     state = _run(step, state, batch, mesh, config, 1)[0]  # compile and warm up
     reply({"ready": {"parameters": parameters, "mesh": mesh_info(mesh), "jax": jax.__version__}})
     for line in sys.stdin:
-        command = line.split()
+        command = line.split(maxsplit=1)
         if not command or command[0] == "quit":
             break
+        if command[0] == "profile":
+            trace_dir = command[1].strip()
+            with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+                state = _run(step, state, batch, mesh, config, 1)[0]
+            reply({"profile": trace_dir})
+            continue
         cpu, wall = time.process_time(), time.perf_counter()
         state = _run(step, state, batch, mesh, config, int(command[1]))[0]
         reply({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu})

@@ -1,8 +1,11 @@
-"""``zoo bench peers``'s own parts, without MaxText and without compiling: the parameter
-check, the medians and ratios, a peer's HLO read by the zoo's parser and named in the
-zoo's words, the worker protocol (two fake workers as real subprocesses, no JAX), a
-missing venv, the flags. The benchmark itself runs MaxText in its own venv: never here."""
+"""``zoo bench peers``'s own parts, without MaxText and without compiling a model: the
+parameter check, the medians and ratios, a peer's HLO read by the zoo's parser and named in
+the zoo's words, the worker protocol (two fake workers as real subprocesses, no JAX), a
+missing venv, the flags, a profiled step read into categories (a written trace, and a real
+JAX profiler trace of one small matmul). The benchmark itself runs MaxText in its own venv: never here."""
 
+import gzip
+import json
 import sys
 import textwrap
 
@@ -10,6 +13,7 @@ import pytest
 
 from tests.bench._cli import parse_bench_args
 from zoo.bench import _peer_workers as workers
+from zoo.bench import _step_profile as step_profile
 from zoo.bench import peers
 
 
@@ -95,6 +99,9 @@ FAKE_WORKER = textwrap.dedent(
     for line in sys.stdin:
         if line.split()[0] == "quit":
             break
+        if line.split()[0] == "profile":
+            print("PEERS " + json.dumps({"profile": line.split(maxsplit=1)[1].strip()}), flush=True)
+            continue
         steps = int(line.split()[1])
         with open(log, "a") as handle:
             handle.write(name + "\\n")
@@ -114,6 +121,7 @@ def test_the_driver_alternates_the_workers_and_reads_their_results(tmp_path):
     try:
         assert [w.wait_ready() for w in pair] == [{"parameters": 100}] * 2
         times = workers.interleave(pair, steps=2, repeats=3)
+        assert pair[1].profile(str(tmp_path / "a folder")) == str(tmp_path / "a folder")
     finally:
         for worker in pair:
             worker.close()
@@ -168,3 +176,77 @@ def test_the_memory_table_compares_peaks_and_carries_the_zoos_notes():
     assert table.count(f"zoo note: {note}") == 1
     args = parse_bench_args("peers", ["--keras-hub-venv", "/tmp/kh", "--layouts", "fsdp+tp"])
     assert args.keras_hub_venv == "/tmp/kh" and peers.KERAS_HUB_LAYOUTS == ("fsdp+tp",)
+
+
+# One program as XLA:CPU writes it: a YNNPACK fusion holding a bf16 dot, a dot on the
+# generic emitter, an all-reduce, a loop (its body's thunks carry its time) and an
+# elementwise fusion.
+PROFILED_HLO = textwrap.dedent(
+    """\
+    HloModule jit_train_step, num_partitions=2
+
+    %fused_dot (p0: bf16[4,8], p1: bf16[8,4]) -> bf16[4,4] {
+      %p0 = bf16[4,8]{1,0} parameter(0)
+      %p1 = bf16[8,4]{1,0} parameter(1)
+      ROOT %dot.1 = bf16[4,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+    }
+
+    %fused_exp (q0: f32[4,4]) -> f32[4,4] {
+      %q0 = f32[4,4]{1,0} parameter(0)
+      ROOT %e = f32[4,4]{1,0} exponential(%q0)
+    }
+
+    ENTRY %main (a: bf16[4,8], b: bf16[8,4], c: f32[4,8], d: f32[8,4]) -> f32[4,4] {
+      %a = bf16[4,8]{1,0} parameter(0)
+      %b = bf16[8,4]{1,0} parameter(1)
+      %c = f32[4,8]{1,0} parameter(2)
+      %d = f32[8,4]{1,0} parameter(3)
+      %ynn_fusion.3 = bf16[4,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused_dot, metadata={op_name="jit(train_step)/mlp/dot_general"}, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
+      %dot.7 = f32[4,4]{1,0} dot(%c, %d), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+      %all-reduce.2 = f32[4,4]{1,0} all-reduce(%dot.7), replica_groups={{0,1}}, to_apply=%fused_exp
+      %while.1 = f32[4,4]{1,0} while(%all-reduce.2), condition=%fused_exp, body=%fused_exp
+      ROOT %exp_fusion = f32[4,4]{1,0} fusion(%while.1), kind=kLoop, calls=%fused_exp
+    }
+    """
+)
+
+
+def _trace(folder, events):
+    """A perfetto trace as the JAX profiler writes it: complete events (ph X), microseconds."""
+    (folder / "plugins").mkdir(parents=True)
+    with gzip.open(folder / "plugins" / step_profile.TRACE_FILE, "wt") as handle:
+        json.dump({"traceEvents": [{"ph": "M", "name": "process_name"}, *events]}, handle)
+
+
+def test_a_profiled_step_is_read_into_categories_per_device(tmp_path):
+    durations = {"ynn_fusion.3": 6000, "dot.7": 2000, "all-reduce.2": 1000, "while.1": 9999, "exp_fusion": 500}
+    events = [{"ph": "X", "name": name, "dur": micros} for name, micros in durations.items() for _device in range(2)]
+    events.append({"ph": "X", "name": "$python frame", "dur": 1e6})  # not an instruction: left out
+    _trace(tmp_path / "trace", events)
+    profile = step_profile.step_profile(step_profile.thunk_times(tmp_path / "trace"), PROFILED_HLO, devices=2)
+    assert profile.categories == pytest.approx(
+        {"matmul bf16 (YNNPACK)": 6.0, "matmul f32 (generic)": 2.0, "collectives": 1.0, "elementwise and other": 0.5}
+    )
+    assert [(op[2].name, op[1]) for op in profile.ops] == [
+        ("ynn_fusion.3", 1), ("dot.7", 1), ("all-reduce.2", 1), ("exp_fusion", 1)
+    ]  # fmt: skip
+    table = step_profile.format_profiles("tp", {"zoo": profile, "MaxText": profile}, top=1)
+    assert "| matmul bf16 (YNNPACK) | 6 | 63.2% | 6 | 63.2% |" in table
+    assert (
+        "| 6.0 | 1 | ynn_fusion.3 | bf16[4,4]{1,0} | matmul bf16 (YNNPACK) | jit(train_step)/mlp/dot_general |" in table
+    )
+
+
+def test_the_jax_profiler_trace_names_the_thunks_of_the_hlo(tmp_path):
+    """A real trace (``_peer_workers.profile_steps``, as the workers write it) of a jitted
+    matmul: its events carry the compiled program's instruction names."""
+    import jax
+    import jax.numpy as jnp
+
+    matmul = jax.jit(lambda x: x @ x)
+    x = jnp.ones((32, 32), jnp.float32)
+    matmul(x).block_until_ready()
+    workers.profile_steps(lambda steps: matmul(x).block_until_ready(), str(tmp_path / "trace"))
+    hlo = matmul.lower(x).compile().as_text()
+    profile = step_profile.step_profile(step_profile.thunk_times(tmp_path / "trace"), hlo, devices=1)
+    assert [kind for kind in profile.categories if kind.startswith("matmul f32")], (profile.categories, hlo)

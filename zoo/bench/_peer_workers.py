@@ -8,7 +8,9 @@ protocol on stdout / stdin:
 - ``compile`` workers print one result and exit;
 - ``serve`` workers build, compile and warm up their step, print ``PEERS {"ready": {...}}``,
   then answer each stdin line ``run N`` (N steps, blocked on) with
-  ``PEERS {"wall": seconds, "cpu": process CPU seconds}``; ``quit`` stops them.
+  ``PEERS {"wall": seconds, "cpu": process CPU seconds}`` and ``profile DIR`` (one step
+  under the JAX profiler, its trace written under DIR) with ``PEERS {"profile": DIR}``;
+  ``quit`` stops them.
 
 ``run_worker`` runs a compile worker; ``Worker`` keeps a serve worker; ``interleave``
 alternates ``run N`` between serve workers (A, B, A, B ...). A worker that fails raises
@@ -38,15 +40,30 @@ def reply(values):
 
 def serve(run_steps, ready):
     """A serve worker's loop: print ``ready``, then answer ``run N`` lines from stdin with
-    ``{"wall", "cpu"}`` seconds of ``run_steps(N)`` (which must block until done)."""
+    ``{"wall", "cpu"}`` seconds of ``run_steps(N)`` (which must block until done) and
+    ``profile DIR`` lines with ``{"profile": DIR}`` (``profile_steps``)."""
     reply({"ready": ready})
     for line in sys.stdin:
-        command = line.split()
+        command = line.split(maxsplit=1)
         if not command or command[0] == "quit":
             break
+        if command[0] == "profile":
+            reply({"profile": profile_steps(run_steps, command[1].strip())})
+            continue
         cpu, wall = time.process_time(), time.perf_counter()
         run_steps(int(command[1]))
         reply({"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu})
+
+
+def profile_steps(run_steps, trace_dir, steps=1):
+    """``run_steps(steps)`` under the JAX profiler, a perfetto trace written under
+    ``trace_dir`` (``zoo.bench._step_profile`` reads it); returns ``trace_dir``. JAX is
+    imported here, in the worker, never by the driver."""
+    import jax
+
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        run_steps(steps)
+    return trace_dir
 
 
 def _stderr_tail(path, lines=STDERR_LINES):
@@ -111,6 +128,12 @@ class Worker:
         self.process.stdin.flush()
         result = self._read()
         return result["wall"], result["cpu"]
+
+    def profile(self, trace_dir):
+        """One step under the JAX profiler, its trace under ``trace_dir``."""
+        self.process.stdin.write(f"profile {trace_dir}\n")
+        self.process.stdin.flush()
+        return self._read()["profile"]
 
     def close(self):
         if self.process.poll() is None:

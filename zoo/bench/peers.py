@@ -18,7 +18,9 @@ simulated CPU devices. The parameter counts of the two sides must be equal, else
 - time: the timing model (``TIMING_MODEL``), each side's real step (the zoo: ``model.fit``
   as ``zoo train gpt`` compiles it; MaxText: ``train.train_step`` on its synthetic batch),
   run N steps at a time, alternating zoo, MaxText, zoo, ... ``repeats`` times; medians of
-  wall and process CPU seconds per step, and their ratio zoo / MaxText.
+  wall and process CPU seconds per step, and their ratio zoo / MaxText. With ``--profile
+  DIR`` each side then runs one step under the JAX profiler, XLA writing its optimised
+  HLO, and ``zoo.bench._step_profile`` reads the two into where each step's time goes.
 
 With ``--keras-hub-venv DIR`` the memory table also holds keras-hub's Llama under
 fsdp+tp (``LlamaBackbone`` with the same sizes and its own ``get_layout_map``, compiled by the
@@ -39,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 
+from zoo.bench import _step_profile as step_profile
 from zoo.bench._output import size_text, write_text
 from zoo.bench._peer_workers import Worker, interleave, run_worker
 from zoo.config import choices
@@ -112,6 +115,7 @@ def run_benchmark(settings, report=print):
                 report(format_time_row(row))
                 results["time"].append(row)
             parts.append(format_time_table(settings, results["time"]))
+            parts += [row["profile"] for row in results["time"] if "profile" in row]
     text = "\n\n".join(parts)
     report(text)
     if settings.output:
@@ -165,14 +169,14 @@ def find_python312():
     return None
 
 
-def worker_env(pythonpath=None):
-    """8 simulated CPU devices, Keras on JAX; ``pythonpath`` put first on the path."""
-    env = dict(
-        os.environ,
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
-        JAX_PLATFORMS="cpu",
-        KERAS_BACKEND="jax",
-    )
+def worker_env(pythonpath=None, profile_folder=None):
+    """8 simulated CPU devices, Keras on JAX; ``pythonpath`` put first on the path; with a
+    ``profile_folder``, XLA also writes the train step's optimised HLO to its ``hlo/``."""
+    flags = [f"--xla_force_host_platform_device_count={DEVICES}"]
+    if profile_folder:
+        hlo = os.path.join(profile_folder, "hlo")
+        flags += [f"--xla_dump_to={hlo}", "--xla_dump_hlo_as_text", "--xla_dump_hlo_module_re=.*train_step.*"]
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu", KERAS_BACKEND="jax")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
     return env
@@ -400,18 +404,39 @@ def time_row(settings, python, layout, scratch):
     overrides = maxtext_overrides(
         TIMING_MODEL, layout, TIMING_BATCH // DEVICES, TIMING_MODEL["max_sequence_length"], scratch
     )
+    folders = {side: profile_folder(settings, layout, side) for side in ("zoo", "MaxText")}
     workers = [
-        Worker("zoo", zoo_command(settings, "serve", spec), worker_env(REPOSITORY)),
-        Worker("MaxText", maxtext_command(python, "serve", {"overrides": overrides}), worker_env()),
+        Worker("zoo", zoo_command(settings, "serve", spec), worker_env(REPOSITORY, folders["zoo"])),
+        Worker(
+            "MaxText", maxtext_command(python, "serve", {"overrides": overrides}), worker_env(None, folders["MaxText"])
+        ),
     ]
     try:
         counts = [worker.wait_ready()["parameters"] for worker in workers]
         check_parameters(*counts, "the timing model under " + layout)
         times = interleave(workers, settings.steps, settings.repeats)
+        if settings.profile:  # after the timed runs, so tracing never touches them
+            for worker in workers:
+                worker.profile(os.path.join(folders[worker.name], "trace"))
     finally:
         for worker in workers:
             worker.close()
-    return dict(layout=layout, parameters=counts[0], **step_medians(times, settings.steps))
+    row = dict(layout=layout, parameters=counts[0], **step_medians(times, settings.steps))
+    if settings.profile:
+        row["profile"] = step_profile.format_profiles(layout, {side: side_profile(f) for side, f in folders.items()})
+    return row
+
+
+def profile_folder(settings, layout, side):
+    """``DIR/<layout>/<side>`` of ``--profile DIR`` (None without it): the worker's XLA dump
+    (``hlo/``) and profiler trace (``trace/``)."""
+    return os.path.join(settings.profile, layout, side) if settings.profile else None
+
+
+def side_profile(folder):
+    """``step_profile.StepProfile`` of one side's profiled step (``profile_folder``)."""
+    times = step_profile.thunk_times(os.path.join(folder, "trace"))
+    return step_profile.step_profile(times, step_profile.find_hlo(os.path.join(folder, "hlo")), DEVICES)
 
 
 def step_medians(times, steps):

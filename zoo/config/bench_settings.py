@@ -730,6 +730,14 @@ class PeersBenchSettings:
     )
     steps: int = _count(3, "time: steps per timed run (about 5 s each on 8 simulated CPU devices)")
     repeats: int = _count(3, "time: interleaved runs per side (zoo, MaxText, zoo, ...); medians reported")
+    profile: str | None = setting(
+        None,
+        "time: then one step of each side under the JAX profiler, its trace and optimised HLO under "
+        "DIR/<layout>/<side>, and a table of where each side's step time goes (XLA:CPU: matmuls by dtype, "
+        "collectives, the rest; the slowest instructions); default: no profile",
+        section="bench",
+        metavar="DIR",
+    )
     output: str | None = _output()
 
 
