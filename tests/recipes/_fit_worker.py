@@ -1,0 +1,37 @@
+"""The GPU/TPU GPT recipes' fits, compiled in a fresh process (``tests/recipes/test_fit.py``):
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.recipes._fit_worker PATH...
+
+Prints one JSON line: ``{"remat_shows": bool, "fits": [RecipeFit fields, steps as their
+block counts, ...]}``. A fresh process because the suite's own XLA flags (tests/conftest.py)
+turn XLA:CPU's concurrency-optimized scheduler off, and with it off its memory analysis
+shows remat only in part (the probe: 584 -> 304 MiB of temporaries, against 616 -> 136
+with it on, JAX 0.12), too little for the remat recipes' budgets; these steps are compiled,
+never run, so the deadlock that flag avoids cannot happen here.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+
+def main(paths):
+    from zoo.measure.comms_report import FAST_COMPILE
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
+    from zoo.training.recipes import load_recipe
+    from zoo.training.recipes._compile import recipe_fit
+
+    remat_shows = memory_analysis_reflects_remat()
+    fits = []
+    for path in paths if remat_shows else ():
+        fit = recipe_fit(load_recipe(path), num_layers=2, compiler_options=FAST_COMPILE)
+        fields = {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit) if f.name != "steps"}
+        fits.append(dict(fields, steps=[step.num_layers for step in fit.steps]))
+    print(json.dumps({"remat_shows": remat_shows, "fits": fits}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
