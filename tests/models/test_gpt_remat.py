@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import keras
 import pytest
 
+from tests._remat import remat_shows_in_memory_analysis
 from tests.models._gpt_parity import (
     BATCH,
     STEPS,
@@ -29,7 +30,6 @@ from tests.models._gpt_parity import (
 )
 from zoo.distribution import parity
 from zoo.layers import TransformerBlock
-from zoo.measure.compiled_step import memory_analysis_reflects_remat
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_remat_saves_fewer_residuals():
 def test_remat_lowers_compiled_temporaries():
     """Where XLA:CPU's memory analysis shows what jax.checkpoint saves (JAX 0.12; 0.10
     schedules the recomputation with the forward pass): 3 blocks, B=2, T=64, C=64."""
-    if not memory_analysis_reflects_remat():
+    if not remat_shows_in_memory_analysis():  # asked with XLA's own flags: tests/_remat.py
         pytest.skip("this JAX's XLA:CPU memory analysis does not reflect jax.checkpoint (JAX 0.10)")
     temp = {}
     for remat in ("none", "dots_saveable", "full"):

@@ -14,13 +14,11 @@ not in the default run; ``zoo bench plan`` prints the same figures as tables).
 """
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import keras
 import pytest
 
+from tests._remat import remat_shows_in_memory_analysis
 from tests.models._gpt_parity import (
     STEPS,
     TRAIN_LAYERS,
@@ -111,16 +109,6 @@ def _plans_at_depths(request, depths):
     return plans_in_subprocess([dataclasses.replace(request, depth=depth) for depth in depths])
 
 
-def _remat_shows_in_a_fresh_process():
-    """``memory_analysis_reflects_remat()`` where ``_plans_at_depths`` compiles: a fresh
-    process with XLA's own flags (here, under the suite's fast-compile flags, it is False
-    on JAX 0.12 too)."""
-    probe = "from zoo.measure.compiled_step import memory_analysis_reflects_remat as f; print(f())"
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    return done.stdout.split()[-1] == "True"
-
-
 def test_the_gpu8_recipe_plan_is_within_5_percent_of_the_whole_step():
     request = request_from_recipe(load_recipe("recipes/gpu-8/pretrain_gpt.toml"))
     whole, extrapolated = _plans_at_depths(request, ("full", "auto"))
@@ -146,7 +134,7 @@ def test_a_remat_recipe_is_planned_whole_under_depth_auto():
     recipe (gpt_1b, fsdp, remat) extrapolated from 1 and 2 blocks was 10.52 GiB against
     12.56 compiled whole (-16%), so depth auto compiles it whole (JAX 0.12; on JAX 0.10
     remat is corrected from two depths instead)."""
-    if not _remat_shows_in_a_fresh_process():
+    if not remat_shows_in_memory_analysis():
         pytest.skip("this JAX's CPU memory analysis does not show remat: the plan corrects two depths")
     request = request_from_recipe(load_recipe("recipes/tpu-v5e-8/pretrain_gpt.toml"))
     auto, quick = _plans_at_depths(request, ("auto", 2))

@@ -3,11 +3,10 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.recipes._fit_worker PATH...
 
 Prints one JSON line: ``{"remat_shows": bool, "fits": [RecipeFit fields, steps as their
-block counts, ...]}``. A fresh process because the suite's own XLA flags (tests/conftest.py)
-turn XLA:CPU's concurrency-optimized scheduler off, and with it off its memory analysis
-shows remat only in part (the probe: 584 -> 304 MiB of temporaries, against 616 -> 136
-with it on, JAX 0.12), too little for the remat recipes' budgets; these steps are compiled,
-never run, so the deadlock that flag avoids cannot happen here.
+block counts, ...]}``. A fresh process with XLA's own flags: under the suite's, the
+memory analysis shows remat only in part (tests/_remat.py says why), too little for the
+remat recipes' budgets; these steps are compiled, never run, so the deadlock those flags
+avoid cannot happen here.
 """
 
 import dataclasses
