@@ -81,7 +81,7 @@ def compile_only(spec):
 
     from zoo.measure.comms_report import compiled_report, loop_multiplicities
     from zoo.measure.compiled_step import abstract_build, compile_fit_step
-    from zoo.planning.measure import loop_dot_flops
+    from zoo.planning.measure import compiled_cost, loop_dot_flops
 
     start = time.perf_counter()
     keras.config.set_dtype_policy(spec["precision"])
@@ -92,15 +92,13 @@ def compile_only(spec):
     text = compiled.as_text()
     report = compiled_report(compiled, distribution.device_mesh.backend_mesh, hlo_text=text)
     times, _ = loop_multiplicities(text)
-    cost = compiled.cost_analysis()
-    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     print(
         "PEERS "
         + json.dumps(
             {
                 "parameters": int(sum(math.prod(v.shape) for v in model.trainable_variables)),
                 "memory": {part: int(getattr(memory, part)) for part in ("argument", "output", "temp", "alias")},
-                "flops": float(cost.get("flops", 0.0)) + loop_dot_flops(text, times),
+                "flops": compiled_cost(compiled)[0] + loop_dot_flops(text, times),
                 "collectives": report.per_axis(),
                 "compile_s": time.perf_counter() - start,
                 "jax": jax.__version__,

@@ -169,6 +169,7 @@ def _dot_types(hlo):
     return re.findall(r"= (\w+)\[[^\]]*\]\S* dot\(", hlo)
 
 
+@functools.cache
 def _bf16_dots_stay_bf16():
     """Whether this XLA:CPU runs a plain bfloat16 matmul in bfloat16 (JAX 0.12's does;
     JAX 0.10's runs every bf16 dot in float32)."""

@@ -2,8 +2,7 @@
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.recipes._fit_worker PATH...
 
-Prints one JSON line: ``{"remat_shows": bool, "fits": [RecipeFit fields, steps as their
-block counts, ...]}``. A fresh process with XLA's own flags: under the suite's, the
+Prints one JSON line: ``[RecipeFit fields, steps as their block counts, ...]``. A fresh process with XLA's own flags: under the suite's, the
 memory analysis shows remat only in part (tests/_remat.py says why), too little for the
 remat recipes' budgets; these steps are compiled, never run, so the deadlock those flags
 avoid cannot happen here.
@@ -19,17 +18,15 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 def main(paths):
     from zoo.measure.comms_report import FAST_COMPILE
-    from zoo.measure.compiled_step import memory_analysis_reflects_remat
     from zoo.training.recipes import load_recipe
     from zoo.training.recipes._compile import recipe_fit
 
-    remat_shows = memory_analysis_reflects_remat()
     fits = []
-    for path in paths if remat_shows else ():
+    for path in paths:
         fit = recipe_fit(load_recipe(path), num_layers=2, compiler_options=FAST_COMPILE)
         fields = {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit) if f.name != "steps"}
         fits.append(dict(fields, steps=[step.num_layers for step in fit.steps]))
-    print(json.dumps({"remat_shows": remat_shows, "fits": fits}))
+    print(json.dumps(fits))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ data axis and batch: the same per-device shapes. The full-depth steps are in
 
 Recipes with remat need an XLA:CPU whose memory analysis reflects ``jax.checkpoint``
 (JAX 0.12's does, 0.10's does not: ``memory_analysis_reflects_remat``), with XLA's own
-scheduler: so the fits are compiled in one fresh process without the suite's XLA flags
-(``_fit_worker``, which says why). Where the probe says no, the file skips, saying so
+scheduler: so the probe is asked (``tests/_remat.py``) and the fits compiled
+(``_fit_worker``) in fresh processes without the suite's XLA flags. Where the probe says no, the file skips, saying so
 (the two recipes without remat alone would repeat what the newest JAX checks), and
 ``.ci/run`` runs it on Python 3.12 with the newest JAX.
 """
@@ -26,6 +26,7 @@ import sys
 
 import pytest
 
+from tests._remat import remat_shows_in_memory_analysis
 from tests.recipes._recipes import RECIPES, ROOT, ids
 from zoo.training.recipes import load_recipe
 from zoo.training.recipes._compile import RecipeFit, RecipeStep, compile_recipe_step
@@ -35,27 +36,25 @@ GPT = sorted(path for path in RECIPES.glob("*/pretrain_gpt.toml") if not path.pa
 
 @functools.cache
 def _fits():
-    """``(remat shows, {path: RecipeFit})`` of every recipe in ``GPT``, from ``_fit_worker``."""
+    """``{path: RecipeFit}`` of every recipe in ``GPT``, from ``_fit_worker``."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     command = [sys.executable, "-m", "tests.recipes._fit_worker", *map(str, GPT)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
     fits = {}
-    for values in result["fits"]:
+    for values in json.loads(done.stdout.splitlines()[-1]):
         steps = tuple(RecipeStep(values["path"], None, 0, n, memory=None) for n in values.pop("steps"))
         fits[values["path"]] = RecipeFit(**values, steps=steps)
-    return result["remat_shows"], fits
+    return fits
 
 
 def fit_of(path):
-    remat_shows, fits = _fits()
-    if not remat_shows:
+    if not remat_shows_in_memory_analysis():
         pytest.skip(
             "this JAX's XLA:CPU memory analysis does not reflect jax.checkpoint (JAX 0.10), which the remat recipes "
             "need; .ci/run runs this file on Python 3.12 with JAX 0.12 (docs/compatibility.md)"
         )
-    return fits[str(path)]
+    return _fits()[str(path)]
 
 
 @pytest.mark.parametrize("path", GPT, ids=ids(GPT))

@@ -1,5 +1,5 @@
 """Where a step's time goes on XLA:CPU: its profiler trace read against its optimised HLO
-(pure Python: no JAX; ``zoo bench peers --profile DIR``).
+(no JAX: the HLO read by ``zoo.measure.hlo``; ``zoo bench peers --profile DIR``).
 
 XLA:CPU runs a compiled program as a sequence of thunks, one per HLO instruction of the
 entry computation and of the loops' bodies (a fusion, a collective, a copy ...), and the
@@ -27,12 +27,12 @@ import json
 import os
 import re
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute")
+from zoo.measure import hlo
+
 CONTAINERS = ("while", "conditional", "call")
 TRACE_FILE = "perfetto_trace.json.gz"
 HLO_SUFFIX = "after_optimizations.txt"  # what --xla_dump_to writes for the optimised module (XLA:CPU: cpu_after_...)
 
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\(.*?\)|\S+) ([\w\-]+)\(")
 
 
@@ -43,23 +43,21 @@ class Instruction(collections.namedtuple("Instruction", "name type opcode calls 
 
 def read_hlo(text):
     """``(instructions by name, {computation: [Instruction]})`` of optimised HLO text."""
-    instructions, computations, current = {}, {}, None
-    for line in text.splitlines():
-        head = _COMPUTATION.match(line)
-        if head and " = " not in line.split("{")[0]:
-            current = computations.setdefault(head.group(1), [])
-            continue
-        match = _INSTRUCTION.match(line)
-        if not match or current is None:
-            continue
-        name, type_text, opcode = match.groups()
-        calls = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", line)
-        op_name = re.search(r'op_name="([^"]*)"', line)
-        instruction = Instruction(
-            name, type_text, opcode, tuple(calls), "__ynn_fusion" in line, op_name.group(1) if op_name else ""
-        )
-        instructions[name] = instruction
-        current.append(instruction)
+    instructions, computations = {}, {}
+    for computation, lines in hlo.computation_lines(text)[0].items():
+        computations[computation] = []
+        for line in lines:
+            match = _INSTRUCTION.match(line)
+            if not match:
+                continue
+            name, type_text, opcode = match.groups()
+            calls = tuple(callee for _, callee in hlo.called_computations(line))
+            op_name = re.search(r'op_name="([^"]*)"', line)
+            instruction = Instruction(
+                name, type_text, opcode, calls, "__ynn_fusion" in line, op_name.group(1) if op_name else ""
+            )
+            instructions[name] = instruction
+            computations[computation].append(instruction)
     return instructions, computations
 
 
@@ -80,7 +78,7 @@ def category(instruction, computations):
     opcode = instruction.opcode.removesuffix("-start").removesuffix("-done")
     if opcode in CONTAINERS:
         return None
-    if opcode in COLLECTIVES:
+    if opcode in hlo.COLLECTIVE_KINDS:
         return "collectives"
     dot = _dot_type(instruction, computations)
     if dot:

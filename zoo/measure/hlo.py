@@ -58,6 +58,8 @@ __all__ = [
     "CollectiveOp",
     "CommsReport",
     "MemoryUsage",
+    "called_computations",
+    "computation_lines",
     "loop_multiplicities",
     "parse_collectives",
     "report_of",
@@ -375,15 +377,7 @@ def loop_multiplicities(hlo_text):
     known trip count counts once, and its instructions (and those of the computations
     they call) are lower bounds. Text without computations (bare instructions) gives ``({}, set())``.
     """
-    computations, entry, current = {}, None, None
-    for line in hlo_text.splitlines():
-        header = _COMPUTATION.match(line) if line and not line[0].isspace() else None
-        if header and line.rstrip().endswith("{"):
-            current = header.group(1)
-            computations[current] = []
-            entry = current if line.startswith("ENTRY") else entry
-        elif current is not None and line.strip() and line.strip() != "}":
-            computations[current].append(line)
+    computations, entry = computation_lines(hlo_text)
     times, lower_bounds = collections.Counter(), set()
     pending = [(entry, 1, True)]
     while pending:
@@ -396,12 +390,36 @@ def loop_multiplicities(hlo_text):
             if not exact:
                 lower_bounds.add(instruction.group(1))
             trip = _TRIP_COUNT.search(line)
-            for role, called in _CALLED.findall(line):
+            for role, callee in called_computations(line):
                 repeat, known = count, exact
                 if role == "body":
                     repeat, known = count * (int(trip.group(1)) if trip else 1), exact and trip is not None
-                pending += [(callee, repeat, known) for callee in re.findall(r"[\w.\-]+", called.replace("%", " "))]
+                pending.append((callee, repeat, known))
     return dict(times), lower_bounds
+
+
+def computation_lines(hlo_text):
+    """``({computation name: [its instruction lines]}, the entry computation's name)`` of HLO text."""
+    computations, entry, current = {}, None, None
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line) if line and not line[0].isspace() else None
+        if header and line.rstrip().endswith("{"):
+            current = header.group(1)
+            computations[current] = []
+            entry = current if line.startswith("ENTRY") else entry
+        elif current is not None and line.strip() and line.strip() != "}":
+            computations[current].append(line)
+    return computations, entry
+
+
+def called_computations(line):
+    """``[(role, computation)]`` an instruction line calls: role ``body``, ``condition``,
+    ``calls``, ``to_apply`` or ``branch_computations``."""
+    return [
+        (role, callee)
+        for role, called in _CALLED.findall(line)
+        for callee in re.findall(r"[\w.\-]+", called.replace("%", " "))
+    ]
 
 
 def _result_arrays(type_text, kind, is_start):

@@ -26,7 +26,7 @@ import time
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.measure.comms_report import compiled_report, loop_multiplicities
 
-__all__ = ["StepMeasure", "extrapolate", "loop_dot_flops", "measure_step"]
+__all__ = ["StepMeasure", "compiled_cost", "extrapolate", "loop_dot_flops", "measure_step"]
 
 MEMORY_FIELDS = ("weights", "gradients", "optimizer", "temp", "argument", "output", "alias")
 
@@ -85,7 +85,7 @@ def measure_step(job, settings, *, target_devices, label, num_layers=None, compi
     text = step.compiled.as_text()  # printed once: the collectives and the loop FLOPs both read it
     report = compiled_report(step.compiled, _mesh_of(step.mesh), hlo_text=text)
     times, _ = loop_multiplicities(text)
-    flops, accessed = _cost(step.compiled)
+    flops, accessed = compiled_cost(step.compiled)
     return StepMeasure(
         num_layers=step.num_layers,
         mesh=step.mesh,
@@ -109,7 +109,7 @@ def _mesh_of(spec):
     return jax.sharding.AbstractMesh(tuple(size for _, size in axes), tuple(name for name, _ in axes))
 
 
-def _cost(compiled):
+def compiled_cost(compiled):
     """``(flops, bytes accessed)`` per device from XLA's cost analysis (loops counted once)."""
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
