@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from zoo.kernels import _checks
+from zoo.kernels import _checks, splash_attention
 from zoo.kernels._blocking import tile_plan, tile_work
 from zoo.kernels._masking import default_positions, segment_pair
 from zoo.kernels._ring_blocks import (
@@ -48,6 +48,7 @@ __all__ = [
 CUDNN_DTYPES = ("bfloat16", "float16")
 CUDNN_MAX_HEAD_DIM = 128
 CUDNN_PLATFORMS = ("gpu", "cuda")
+SPLASH_PLATFORMS = ("tpu",)  # splash attention: JAX's Pallas TPU kernel
 
 
 def blockwise_attention(
@@ -206,8 +207,16 @@ def attention_implementation(
     q_len=None,
     kv_len=None,
     softcapped=False,
+    key_masked=None,
+    pallas=True,
 ):
-    """``"cudnn"`` or ``"blockwise"``: which kernel ``local_attention`` runs (a pure function).
+    """``"cudnn"``, ``"splash"`` or ``"blockwise"``: which kernel ``local_attention`` runs (a pure function).
+
+    Splash (``zoo.kernels.splash_attention``, JAX's Pallas kernel) when ``platform`` is a
+    TPU, ``pallas`` allows a Pallas kernel (False where GSPMD would partition the call over
+    several devices: it cannot split a Pallas call), and ``splash_attention.supports`` the
+    lengths, head dim and order, with no key mask (``key_masked``; default ``masked``,
+    which also counts segment ids: splash takes those).
 
     cuDNN when all hold: ``platform`` is a GPU ("gpu"/"cuda", as ``jax.default_backend()``
     says), ``dtype`` is bfloat16 or float16, ``head_dim`` is a multiple of 8 and <= 128,
@@ -218,6 +227,15 @@ def attention_implementation(
     array index), and no soft-capping (``softcapped``: cuDNN's scores have none).
     Otherwise the tiled kernel.
     """
+    if platform in SPLASH_PLATFORMS and pallas and q_len is not None and kv_len is not None:
+        if splash_attention.supports(
+            q_len=q_len,
+            kv_len=kv_len,
+            head_dim=head_dim,
+            natural_order=natural_order,
+            key_masked=masked if key_masked is None else key_masked,
+        ):
+            return "splash"
     ok = (
         platform in CUDNN_PLATFORMS
         and str(jnp.dtype(dtype)) in CUDNN_DTYPES
@@ -231,13 +249,18 @@ def attention_implementation(
 
 
 def describe_local_attention(*, q_len, kv_len, block_size=512, cudnn=True, **choice):
-    """``"cudnn"``, ``"blockwise (tile 512)"`` or ``"blockwise (tile 256x512)"`` (query x key tiles).
+    """``"cudnn"``, ``"splash (blocks 512)"``, ``"blockwise (tile 512)"`` or ``"blockwise
+    (tile 256x512)"`` (query x key tiles).
 
     ``choice``: the other arguments of ``attention_implementation``; ``cudnn=False``
-    describes a caller that runs the tiled kernel regardless.
+    describes a caller that runs the tiled kernel regardless (no fused kernel).
     """
-    if cudnn and attention_implementation(q_len=q_len, kv_len=kv_len, **choice) == "cudnn":
+    kernel = attention_implementation(q_len=q_len, kv_len=kv_len, **choice) if cudnn else "blockwise"
+    if kernel == "cudnn":
         return "cudnn"
+    if kernel == "splash":
+        q_edge, k_edge = (splash_attention.block_edge(n, choice["head_dim"]) for n in (q_len, kv_len))
+        return f"splash (blocks {q_edge})" if q_edge == k_edge else f"splash (blocks {q_edge}x{k_edge})"
     q_tile, k_tile = (tile_plan(length, block_size)[0] for length in (q_len, kv_len))
     return f"blockwise (tile {q_tile})" if q_tile == k_tile else f"blockwise (tile {q_tile}x{k_tile})"
 
@@ -257,10 +280,13 @@ def local_attention(
     softcap=None,
     segment_ids=None,
     kv_segment_ids=None,
+    pallas=True,
 ):
-    """Attention on one device's arrays: cuDNN where ``attention_implementation`` allows, else tiled.
+    """Attention on one device's arrays: cuDNN or splash where ``attention_implementation``
+    allows, else tiled.
 
-    Same arguments, shapes and result as ``blockwise_attention``. Positions given as
+    Same arguments, shapes and result as ``blockwise_attention``; ``pallas=False`` where
+    GSPMD partitions the call over several devices (no Pallas kernel then). Positions given as
     None mean natural order; they only matter under causal masking. A sliding window W
     reaches cuDNN as ``local_window_size=(W - 1, 0)`` (keys p - W + 1 .. p, causal).
     Segment ids (packing) always run the tiled kernel: ``jax.nn.dot_product_attention``
@@ -277,7 +303,23 @@ def local_attention(
         q_len=q.shape[1],
         kv_len=k.shape[1],
         softcapped=softcap is not None,
+        key_masked=key_mask is not None,
+        pallas=pallas,
     )
+    if choice == "splash":
+        _checks.check_shapes(q.shape, k.shape, v.shape)
+        window = _checks.check_sliding_window(sliding_window, causal=causal)
+        return splash_attention.splash_attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            scale=scale,
+            sliding_window=window,
+            softcap=softcap,
+            segment_ids=segment_ids,
+            kv_segment_ids=kv_segment_ids,
+        )
     if choice == "cudnn":
         _checks.check_shapes(q.shape, k.shape, v.shape)
         window = _checks.check_sliding_window(sliding_window, causal=causal)

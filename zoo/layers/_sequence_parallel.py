@@ -95,6 +95,7 @@ def attention(
             scale=scale,
             softcap=softcap,
             segment_ids=segment_ids,
+            pallas=plan.mesh is None or plan.mesh.size == 1,  # GSPMD cannot split a Pallas call
         )
     return _sharded(
         q,
@@ -166,8 +167,10 @@ def describe_attention(
     )
 
 
-def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size, platform=None):
-    """``describe_attention`` for a resolved plan."""
+def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size, platform=None, pallas=None):
+    """``describe_attention`` for a resolved plan; ``pallas`` as ``plain_attention``'s
+    (None: as ``attention`` passes it, a Pallas kernel only on a one-device mesh)."""
+    pallas = (plan.mesh is None or plan.mesh.size == 1) if pallas is None else pallas
     n, balance, kernel = plan.sequence_size, plan.balance, plan.context_attention
     local = functools.partial(
         kernels.describe_local_attention,
@@ -179,7 +182,7 @@ def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size
         block_size=block_size,
     )
     if kernel is None:  # plain; on a split axis GSPMD may split T: tiles (see plain_attention)
-        return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, cudnn=n == 1)
+        return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, cudnn=n == 1, pallas=pallas)
     over = f"over {plan.sequence_axis!r} (N={n}"
     if kernel == "ring":
         return f"ring {over}, tile {kernels.block_size_for(seq_len // n, block_size, balance)})"
@@ -212,19 +215,25 @@ def plain_attention(
     scale=None,
     softcap=None,
     segment_ids=None,
+    pallas=True,
 ):
     """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
 
     Works on local arrays inside a ``shard_map`` body too (e.g. one device's heads).
     ``block_size`` is the tile edge of the blockwise kernel (the layer's ``ring_block_size``).
     ``segment_ids`` i32[B, T] or None: the queries' and keys' document ids (packing).
+    ``pallas``: whether a Pallas kernel may run (splash on a TPU): not where GSPMD would
+    partition this call over several devices.
     """
     positions = global_positions(q.shape[1], axis_size=axis_size, axis_name=axis_name, balance=balance)
     if rope is not None:
         rotary_positions = jnp.arange(q.shape[1], dtype=jnp.int32) if positions is None else positions
         q, k = (rope.apply(x, rotary_positions) for x in (q, k))
     # On a split sequence axis GSPMD may shard T, which cuDNN's partitioner refuses: tiles.
-    kernel = kernels.local_attention if axis_size == 1 else kernels.blockwise_attention
+    if axis_size == 1:
+        kernel = functools.partial(kernels.local_attention, pallas=pallas)
+    else:
+        kernel = kernels.blockwise_attention
     return kernel(
         q,
         k,

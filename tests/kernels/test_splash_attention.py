@@ -1,0 +1,119 @@
+"""Splash attention (JAX's Pallas TPU kernel), run here in Pallas' interpreter: every option
+against the float64 reference, outputs and gradients; the choice of kernel per platform.
+
+The kernel is the one a TPU runs (``zoo.kernels.splash_attention``); ``interpret=True``
+runs the same Pallas program on the CPU. Lengths are the smallest the kernel takes
+(128: one block of the TPU's lane width; 256 where the mask must span two blocks).
+"""
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import pytest
+
+from zoo.distribution import CheckedModelParallel, make_mesh
+from zoo.kernels import attention_implementation, attention_reference
+from zoo.kernels.splash_attention import block_edge, splash_attention, supports
+from zoo.layers._sequence_parallel import describe_attention
+
+B, H, K, D = 2, 4, 2, 64  # two KV heads of two query heads each (GQA), the head dim splash takes
+SEGMENTS = np.repeat(np.array([[1, 1, 2, 0], [1, 2, 2, 3]], np.int32), 64, axis=1)  # [2, 256]: packed rows, padding 0
+
+# name: (length, options); each option of the kernel once, GQA in every case.
+CASES = {
+    "causal": (256, dict(causal=True)),
+    "non-causal": (128, dict()),
+    "sliding-window": (256, dict(causal=True, sliding_window=100)),
+    "softcap": (128, dict(causal=True, softcap=5.0)),
+    "segments": (256, dict(causal=True, segment_ids=SEGMENTS)),
+    "scale": (128, dict(causal=True, scale=0.3)),
+}
+
+
+def _inputs(length):
+    keys = jax.random.split(jax.random.key(length), 4)
+    q = jax.random.normal(keys[0], (B, length, H, D), jnp.float32)
+    k = jax.random.normal(keys[1], (B, length, K, D), jnp.float32)
+    v = jax.random.normal(keys[2], (B, length, K, D), jnp.float32)
+    cotangent = jax.random.normal(keys[3], (B, length, H, D), jnp.float32)
+    return q, k, v, cotangent
+
+
+def _output_and_grads(attention, q, k, v, cotangent):
+    out, pullback = jax.vjp(attention, q, k, v)
+    return (out, *pullback(cotangent.astype(out.dtype)))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_the_float64_reference(name):
+    length, options = CASES[name]
+    q, k, v, cotangent = _inputs(length)
+    options = {key: jnp.asarray(value) if key == "segment_ids" else value for key, value in options.items()}
+    got = _output_and_grads(lambda *a: splash_attention(*a, interpret=True, **options), q, k, v, cotangent)
+    with jax.enable_x64():
+        wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
+        want = _output_and_grads(lambda *a: attention_reference(*a, **options), *wide)
+    for what, a, b in zip(("output", "dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), atol=5e-5, rtol=1e-5, err_msg=what)
+    if "segment_ids" in options:  # a padding query (id 0) sees nothing: exactly 0, as the reference gives
+        assert not np.asarray(got[0])[np.asarray(options["segment_ids"]) == 0].any()
+
+
+def test_the_kernel_serves_every_trace():
+    """The kernel is built once per shape and reused: its mask tables must be concrete
+    arrays, not values of the first trace that built it (a leaked tracer otherwise)."""
+    q, k, v, _ = _inputs(128)
+    first = jax.jit(lambda q, k, v: splash_attention(q, k, v, causal=True, interpret=True).sum())(q, k, v)
+    second = jax.jit(lambda q, k, v: splash_attention(2 * q, k, v, causal=True, interpret=True).sum())(q, k, v)
+    assert np.isfinite(float(first)) and np.isfinite(float(second)) and float(first) != float(second)
+
+
+def test_lengths_it_cannot_take_are_refused_by_name():
+    q, k, v, _ = _inputs(128)
+    with pytest.raises(ValueError, match="T=100, S=100, D=64"):
+        splash_attention(q[:, :100], k[:, :100], v[:, :100], interpret=True)
+
+
+@pytest.mark.parametrize(
+    "length, head_dim, edge",
+    [(2048, 64, 512), (8192, 64, 1024), (2048, 128, 1024), (8192, 128, 1024), (1536, 128, 512), (384, 64, 128)],
+)
+def test_block_edges_follow_the_measured_best(length, head_dim, edge):
+    assert block_edge(length, head_dim) == edge
+
+
+TPU = dict(platform="tpu", dtype="bfloat16", head_dim=64, causal=True, q_len=2048, kv_len=2048)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({}, "splash"),
+        ({"causal": False, "dtype": "float32", "head_dim": 128}, "splash"),
+        ({"softcapped": True}, "splash"),
+        ({"masked": True, "key_masked": False}, "splash"),  # segment ids only
+        ({"masked": True}, "blockwise"),  # a key mask (padding)
+        ({"natural_order": False}, "blockwise"),  # causal by positions, not by index
+        ({"q_len": 100, "kv_len": 100}, "blockwise"),  # not a multiple of 128
+        ({"head_dim": 32}, "blockwise"),
+        ({"pallas": False}, "blockwise"),  # GSPMD over several devices cannot split a Pallas call
+        ({"platform": "cpu"}, "blockwise"),
+    ],
+)
+def test_splash_choice(change, expected):
+    assert attention_implementation(**{**TPU, **change}) == expected
+    assert supports(q_len=128, kv_len=256, head_dim=128)
+
+
+def test_describe_attention_names_splash_on_one_tpu_device_only():
+    sizes = dict(seq_len=2048, head_dim=64, causal=True, dtype="bfloat16", platform="tpu")
+    assert describe_attention(**sizes) == "splash (blocks 512)"
+    distribution = CheckedModelParallel(
+        layout_map=keras.distribution.LayoutMap(make_mesh("data=8")), batch_dim_name="data"
+    )
+    keras.distribution.set_distribution(distribution)
+    try:  # GSPMD partitions the plain path over 8 devices: the tiles, which it can split
+        assert describe_attention(**sizes) == "blockwise (tile 512)"
+    finally:
+        keras.distribution.set_distribution(None)

@@ -1,0 +1,136 @@
+"""Splash attention on one TPU device: JAX's own Pallas kernel, grouped-query without repeating K/V.
+
+``jax.experimental.pallas.ops.tpu.splash_attention`` is the flash-attention kernel MaxText
+runs on TPUs: a fused forward and a fused backward (dq, dk and dv in one pass), each tile's
+mask decided ahead of time from a mask object, so causal and sliding-window tiles that no
+query may see are never visited. The zoo calls its multi-query form once per KV head
+(``vmap`` over B and K): the G = H / K query heads of a group share their K/V tile, which is
+read once, never repeated to H heads.
+
+Why this kernel on a TPU rather than the tiled one (``blockwise_attention``): XLA compiles
+the tiled kernel's loops with a ``conditional`` per tile (the causal skip) whose operands are
+the whole float32 accumulators, copied in and out on each run; on one TPU v5e chip a
+gpt_1b-sized block's attention took 15 ms per layer at batch 4 x 2048 tokens, three times
+its batch-2 time for twice the work (docs/performance.md, "The training step on a TPU v5e").
+
+What it takes (``supports``): T and S multiples of 128, natural token order (its causal
+mask is by array index), no key mask (padding reaches it as segment ids, not as a mask),
+head dim a multiple of 64. Soft-capping, sliding windows and segment ids (packing) are
+its own options (a padding query, id 0, gets 0 as in the reference). Scores are ``scale * q.k``: q is multiplied by the scale before the
+kernel, in q's dtype (bf16 under mixed precision), as MaxText does.
+
+Block sizes (``block_sizes``) were measured on the chip, forward + backward, bf16, causal:
+at head dim 64, blocks of 512 (T <= 4,096) and 1,024 (longer); at head dim 128, 1,024.
+The fused backward was faster than the split one (dq apart from dk, dv) in every case.
+
+Letters: B batch, T queries, S keys, H query heads, K KV heads, G = H / K, D head dim.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from zoo.kernels._masking import segment_pair
+
+__all__ = ["block_edge", "splash_attention", "supports"]
+
+LANES = 128  # the TPU's vector lane width: every block edge is a multiple of it
+EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
+
+
+def supports(*, q_len, kv_len, head_dim, natural_order=True, key_masked=False):
+    """Whether ``splash_attention`` takes these shapes and options (module docstring)."""
+    return q_len % LANES == 0 and kv_len % LANES == 0 and head_dim % 64 == 0 and natural_order and not key_masked
+
+
+def block_edge(length, head_dim):
+    """The block edge for ``length`` tokens at ``head_dim``: the measured best (512 at
+    D = 64 up to 4,096 tokens, else 1,024), lowered to the largest of ``EDGES`` that
+    divides ``length``."""
+    best = 512 if head_dim <= 64 and length <= 4096 else 1024
+    return next(edge for edge in EDGES if edge <= best and length % edge == 0)
+
+
+def _mask(q_len, kv_len, groups, causal, sliding_window):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+
+    shape = (q_len, kv_len)
+    if sliding_window is not None:  # keys p - W < k <= p
+        one = masks.LocalMask(shape, window_size=(sliding_window - 1, 0), offset=0)
+    elif causal:
+        one = masks.CausalMask(shape)
+    else:
+        one = masks.FullMask(shape)
+    return masks.MultiHeadMask([one] * groups)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(q_len, kv_len, groups, head_dim, causal, sliding_window, softcap, interpret):
+    """The multi-query kernel for one KV head's G query heads: (G, T, D), (S, D), (S, D) -> (G, T, D)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+
+    bq, bkv = block_edge(q_len, head_dim), block_edge(kv_len, head_dim)
+    sizes = splash.BlockSizes(
+        block_q=bq,
+        block_kv=bkv,
+        block_kv_compute=bkv,
+        block_q_dkv=bq,
+        block_kv_dkv=bkv,
+        block_kv_dkv_compute=bkv,
+        use_fused_bwd_kernel=True,
+    )
+    with jax.ensure_compile_time_eval():  # its mask tables as concrete arrays: the cached kernel serves every trace
+        return splash.make_splash_mqa_single_device(
+            _mask(q_len, kv_len, groups, causal, sliding_window),
+            block_sizes=sizes,
+            attn_logits_soft_cap=softcap,
+            interpret=interpret,
+        )
+
+
+def splash_attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    scale=None,
+    sliding_window=None,
+    softcap=None,
+    segment_ids=None,
+    kv_segment_ids=None,
+    interpret=False,
+):
+    """Attention of q [B, T, H, D] over k, v [B, S, K, D] -> [B, T, H, D], in q's dtype.
+
+    Arguments as ``blockwise_attention``'s (no key mask, natural order: ``supports``);
+    ``interpret=True`` runs the kernel in Pallas' interpreter (any backend; for tests).
+    """
+    b, t, h, d = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    groups = h // kv_heads
+    if not supports(q_len=t, kv_len=s, head_dim=d):
+        raise ValueError(
+            f"splash attention takes lengths that are multiples of {LANES} and a head dim that is a multiple of 64, "
+            f"got T={t}, S={s}, D={d}"
+        )
+    q_ids, kv_ids = segment_pair(segment_ids, kv_segment_ids, q_shape=q.shape, k_shape=k.shape)
+    kernel = _kernel(t, s, groups, d, causal, sliding_window, softcap, interpret)
+    scale = d**-0.5 if scale is None else scale
+    qh = (
+        (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv_heads, groups, d).transpose(0, 2, 3, 1, 4)
+    )  # [B, K, G, T, D]
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, D]
+    per_head = jax.vmap(lambda qg, kg, vg, seg: kernel(qg, kg, vg, segment_ids=seg), in_axes=(0, 0, 0, None))
+    if q_ids is None:
+        out = jax.vmap(lambda qb, kb, vb: per_head(qb, kb, vb, None))(qh, kh, vh)  # [B, K, G, T, D]
+    else:
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+
+        ids = splash.SegmentIds(q=q_ids.astype(jnp.int32), kv=kv_ids.astype(jnp.int32))  # i32[B, T], i32[B, S]
+        out = jax.vmap(per_head)(qh, kh, vh, ids)  # [B, K, G, T, D]
+    out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)  # [B, T, H, D]
+    if q_ids is not None:  # a padding query (id 0) sees no key: 0, as the reference gives (splash: its own ids)
+        out = jnp.where((q_ids == 0)[:, :, None, None], 0, out)
+    return out.astype(q.dtype)
