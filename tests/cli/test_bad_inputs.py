@@ -340,6 +340,7 @@ CASES = [
         "argument --sections: unknown section(s) ['speed']; choose from bubble,memory",
     ),
     (["bench", "plan", "--top", "0"], USAGE, "argument --top: expected an integer >= 1, got '0'"),
+    (["bench", "step", "--method", "qlora"], USAGE, "argument --method: invalid choice: 'qlora'"),
     (
         ["bench", "moe", "--sections", "speed"],
         USAGE,

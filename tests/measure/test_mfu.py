@@ -36,6 +36,14 @@ def test_training_flops_per_token_by_hand():
     assert mfu.transformer_flops_per_token(**EXAMPLE, sequence_length=T, training=False) == 212_992
 
 
+def test_lora_flops_per_token_by_hand():
+    # frozen weights forward and back to their inputs: 4 * N_matmul = 360,448; attention
+    # forward and backward as in training: 98,304 -> 458,752 (the "4 x parameters" convention)
+    config = {**EXAMPLE, "mlp": "swiglu"}
+    assert mfu.gpt_lora_flops_per_token(config, T) == 458_752
+    assert mfu.gpt_flops_per_token(config, T) - mfu.gpt_lora_flops_per_token(config, T) == 2 * 90_112
+
+
 def test_gpt_config_matches_the_explicit_arguments():
     config = {**EXAMPLE, "mlp": "swiglu", "head_dim": None}  # head_dim None: C / H = 16
     assert mfu.gpt_flops_per_token(config, T) == 638_976

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from zoo.cli.devices import add_simulate_flag
-from zoo.config import bench_settings, schema
+from zoo.config import bench_settings, bench_step_settings, schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +94,12 @@ BENCHES = {
         bench_settings.PeersBenchSettings,
         "peers",
         simulate=False,
+    ),
+    "step": Bench(
+        "the training step of a named GPT on this host's devices (TPU, GPU or CPU): step time, tokens/s, MFU, "
+        "compile time, peak memory, where the time goes, zoo plan and keras-hub beside it",
+        bench_step_settings.StepBenchSettings,
+        "step",
     ),
     "plan": Bench(
         "zoo plan on every recipe, gpt_1b at 64/256 devices, the planner's three scenarios",

@@ -190,7 +190,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
     scan_layers: bool = setting(
         False,
         "hold the blocks stacked and run them in one lax.scan (one block's program: compile time flat in depth; "
-        "under fsdp each block's weights are gathered inside the loop); layouts data and fsdp",
+        "under fsdp each block's weights are gathered inside the loop); layouts single, data and fsdp",
         section="model",
         store_true=True,
     )
@@ -318,10 +318,10 @@ def check_context_settings(settings):
 
 def check_scan_settings(settings):
     """Raise ``SettingError`` naming the layout unless ``scan_layers`` is off or the
-    layout runs a scanned stack (data, fsdp)."""
-    if settings.scan_layers and settings.layout not in choices.DATA_AXIS_LAYOUTS:
+    layout runs a scanned stack (single, data, fsdp)."""
+    if settings.scan_layers and settings.layout not in ("single", *choices.DATA_AXIS_LAYOUTS):
         raise SettingError(
-            f"{type(settings).__name__}.scan_layers (--scan-layers) runs the stacked blocks under layouts data and "
+            f"{type(settings).__name__}.scan_layers (--scan-layers) runs the stacked blocks under layouts single, data and "
             f"fsdp, not {settings.layout!r} (tp and the tensor-parallel layouts run their blocks as layers; layout "
             f"pipeline already stacks them): leave it out, or use layout fsdp"
         )

@@ -127,6 +127,20 @@ def gpt_flops_per_token(config, sequence_length, training=True):
     )
 
 
+def gpt_lora_flops_per_token(config, sequence_length):
+    """Model FLOPs per token of a LoRA step of a GPT (the "4 x parameters" convention): the
+    frozen weights' matmuls run forward and back to their inputs (4 x N_matmul, no weight
+    gradients), attention forward and backward (3 x its forward FLOPs, causal halved); the
+    factors' own FLOPs (r << C) are left out."""
+    from zoo.models.gpt.gpt_configs import backbone_config  # zoo.models imports Keras: only when asked
+
+    config = backbone_config(config)
+    head_dim = config.get("head_dim") or config["hidden_dim"] // config["num_query_heads"]
+    attention = 4 * config["num_layers"] * sequence_length * config["num_query_heads"] * head_dim // 2  # causal
+    forward = gpt_flops_per_token(config, sequence_length, training=False)  # 2 * N_matmul + attention
+    return 2 * (forward - attention) + 3 * attention  # 4 * N_matmul + 3 * attention
+
+
 def compiled_flops(function, *args):
     """FLOPs XLA counts for ``jax.jit(function)(*args)`` (its cost analysis).
 

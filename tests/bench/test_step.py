@@ -1,0 +1,107 @@
+"""``zoo bench step`` in-process on a tiny config (CPU, the suite's 8 simulated devices): the
+row's figures against the model and the FLOP formula, the compiled footprint, the table;
+the accelerator profile's reading of a trace; no timing thresholds."""
+
+import gzip
+import json
+
+import keras
+import pytest
+
+from tests.bench._cli import parse_bench_args
+from zoo.bench import _device_profile as profile
+from zoo.bench.step import run_benchmark
+from zoo.cli.bench import settings_from_args
+from zoo.measure import mfu
+from zoo.models.gpt.gpt_configs import at_depth, config_by_name
+
+
+@pytest.mark.parametrize("method", ["train", "lora"])
+def test_the_row_measures_the_jobs_step(method, tmp_path):
+    output = tmp_path / "step.md"
+    args = ["--config-name", "gpt_tiny", "--sequence-length", "32", "--batch-size", "8", "--steps", "2"]
+    args += ["--repeats", "2", "--method", method, "--output", str(output)]
+    if method == "lora":
+        args += ["--lora-rank", "2", "--remat", "full", "--loss-chunk-size", "16"]
+    (row,) = run_benchmark(settings_from_args("step", parse_bench_args("step", args)), report=lambda line: None)
+
+    config = config_by_name("gpt_tiny")
+    per_token = (mfu.gpt_lora_flops_per_token if method == "lora" else mfu.gpt_flops_per_token)(config, 32)
+    assert row["flops_per_step"] == per_token * 8 * 32
+    assert len(row["steps_s"]) == 2 and row["step_s"] == pytest.approx(sum(row["steps_s"]) / 2)  # the median
+    assert row["tokens_per_s"] == pytest.approx(8 * 32 / row["step_s"])
+    assert row["mfu"] is None  # CPU: no peak to divide by
+    base = 34_976  # gpt_tiny's weights; LoRA adds its factors beside them
+    assert row["parameters"] > base if method == "lora" else row["parameters"] == base
+    assert 0 < row["compiled_bytes"] < 64 * 2**20  # the compiled step's footprint per device, a tiny model's
+    table = output.read_text()
+    assert f"| zoo | {row['parameters']:,} |" in table and f"method {method}" in table
+    assert keras.distribution.distribution() is not None  # the job's data layout over the 8 devices
+    keras.distribution.set_distribution(None)
+
+
+def _event(name, ts, dur, tf_op=None, category="loop fusion", flops=0, tid=3):
+    args = {} if tf_op is None else {"tf_op": tf_op, "hlo_category": category, "model_flops": str(flops)}
+    return {"ph": "X", "pid": 1, "tid": tid, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def test_the_profile_counts_innermost_ops_per_part(tmp_path):
+    """Two steps of 100 us; a while loop (20 us) around two attention ops (8 + 7 us): only
+    the two inner ops count; matmul / Pallas / elementwise kinds; the host's share."""
+    meta = [
+        {"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": name}}
+        for tid, name in ((1, "Steps"), (3, "XLA Ops"))
+    ]
+    steps = [_event("1", 0, 100, tid=1), _event("2", 100, 100, tid=1)]
+    ops = []
+    for start in (0, 100):
+        ops += [
+            _event(
+                "fusion.1",
+                start,
+                30,
+                "jit(train_step)/jvp(gpt_backbone)/block_0/mlp/up/dot_general",
+                "convolution fusion",
+                3e6,
+            ),
+            _event("while.2", start + 30, 20, "jit(train_step)/jvp(gpt_backbone)/block_0/attention/while"),
+            _event(
+                "fusion.3",
+                start + 31,
+                8,
+                "jit(train_step)/block_0/attention/while/body/dot_general",
+                "convolution fusion",
+            ),
+            _event("custom.4", start + 40, 7, "jit(train_step)/block_0/attention/splash", "custom-call"),
+            _event("fusion.5", start + 60, 10, "jit(train_step)/adam_w/sub"),
+            _event(
+                "fusion.6", start + 70, 5, "jit(train_step)/transpose(jvp(lm_head))/dot_general", "convolution fusion"
+            ),
+        ]
+    path = tmp_path / "plugins" / "profile" / "run" / profile.TRACE_FILE
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": meta + steps + ops + [_event("host", 0, 50, tid=9)]}, handle)
+
+    result = profile.device_profile(profile.read_trace(str(tmp_path)))
+    assert result.steps == 2 and result.step_ms == pytest.approx(0.1)
+    assert result.parts == pytest.approx(
+        {"MLP": 0.03, "attention": 0.015, "optimizer update": 0.01, "LM head and loss": 0.005}
+    )
+    assert result.kinds == pytest.approx({"matmul": 0.043, "Pallas kernel": 0.007, "elementwise and other": 0.01})
+    assert result.host_ms == pytest.approx(0.1 - 0.06)
+    assert result.flops["MLP"] == 3e6
+    text = profile.format_profile(result, step_s=1e-4)
+    assert "| MLP | 0.0 | 30.0% |" in text and "| host and idle (no device op) | 0.0 | 40.0% | |" in text
+    assert profile.device_profile(meta + steps) is None  # no op names (XLA:CPU's trace): no table
+
+
+def test_parts_and_kinds_are_named_by_the_op_path():
+    assert profile.part_of("jit(train_step)/jvp(gpt_backbone)/blocks/while/body/attention/dot_general") == "attention"
+    assert (
+        profile.part_of("jit(train_step)/jvp(compile_loss)/sparse_categorical_crossentropy/exp") == "LM head and loss"
+    )
+    assert profile.part_of("jit(train_step)/jvp(gpt_backbone)/block_2/post_attention_norm/mul") == "norms"
+    assert profile.part_of("jit(train_step)/convert_element_type") == "other"
+    assert profile.kind_of("all-reduce") == "collective" and profile.kind_of("convolution fusion") == "matmul"
+    assert at_depth(config_by_name("gpt_1b"), 8)["num_layers"] == 8

@@ -1,0 +1,148 @@
+"""Where an accelerator's step time goes: the JAX profiler's trace, per part of the model.
+
+On a TPU (and a GPU) the profiler records one event per HLO instruction the device ran,
+on the device's "XLA Ops" line, and each event carries what XLA knows of it: ``tf_op``
+(the JAX op path, e.g. ``jit(train_step)/transpose(jvp(gpt_backbone))/block_3/mlp/up/
+dot_general``: Keras names every layer's scope), ``hlo_category`` (``convolution fusion``,
+``loop fusion``, ``all-reduce``, ``custom-call`` ...), ``model_flops`` and
+``bytes_accessed``. A loop or a conditional is an event too, around the events of its
+body: only the innermost events (leaves) are counted, so nothing is counted twice.
+
+Each leaf goes to one part by its op path (``PARTS``, first match wins): attention,
+MLP, LM head and loss, optimizer update, embedding, norms, other; and to one kind by its
+category (matmul, collective, Pallas kernel, elementwise and other). The time no
+device op covered between the steps (``Steps`` events) is the host's: input, Python,
+the step's dispatch.
+"""
+
+import collections
+import glob
+import gzip
+import json
+import os
+
+TRACE_FILE = "perfetto_trace.json.gz"
+OPS_LINE = "XLA Ops"
+STEPS_LINE = "Steps"
+# (part, words any of which in the op path puts an op in it); first match wins.
+PARTS = (
+    ("optimizer update", ("adam", "optimizer", "sgd", "/lion", "adafactor")),
+    ("LM head and loss", ("lm_head", "compile_loss", "crossentropy", "/logits", "chunked_loss", "loss_chunk")),
+    ("attention", ("/attention",)),
+    ("MLP", ("/mlp", "/moe", "experts")),
+    ("embedding", ("token_embedding", "embedding")),
+    ("norms", ("norm",)),
+)
+
+
+def part_of(op_path):
+    """The part of the model an op path belongs to (``PARTS``), else ``"other"``."""
+    path = op_path.lower()
+    return next((part for part, words in PARTS if any(word in path for word in words)), "other")
+
+
+def kind_of(category):
+    """matmul, collective, Pallas kernel or elementwise and other, from an ``hlo_category``."""
+    category = category.lower()
+    if "convolution" in category or "dot" in category:
+        return "matmul"
+    if any(word in category for word in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "permute")):
+        return "collective"
+    if "custom" in category:
+        return "Pallas kernel"
+    return "elementwise and other"
+
+
+def read_trace(trace_dir):
+    """The ``traceEvents`` of the newest perfetto trace under ``trace_dir``."""
+    paths = sorted(glob.glob(os.path.join(trace_dir, "**", TRACE_FILE), recursive=True), key=os.path.getmtime)
+    if not paths:
+        raise FileNotFoundError(f"no {TRACE_FILE} under {trace_dir}")
+    with gzip.open(paths[-1], "rt") as handle:
+        trace = json.load(handle)
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def _lines(events):
+    """``{(pid, tid): line name}`` from the trace's thread-name metadata."""
+    return {
+        (e["pid"], e["tid"]): e["args"].get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+
+
+def _leaves(ops):
+    """The events of one line that hold no other event (ops sorted by start)."""
+    ops = sorted(ops, key=lambda e: (e["ts"], -e.get("dur", 0)))
+    leaves = []
+    for i, event in enumerate(ops):
+        end = event["ts"] + event.get("dur", 0)
+        following = ops[i + 1] if i + 1 < len(ops) else None
+        if following is None or following["ts"] >= end:
+            leaves.append(event)
+    return leaves
+
+
+class DeviceProfile(collections.namedtuple("DeviceProfile", "steps step_ms parts kinds flops host_ms")):
+    """Per traced step: ``parts`` {part: ms}, ``kinds`` {kind: ms}, ``flops`` {part: model
+    FLOPs XLA counted}, ``host_ms`` the step time no device op covered; ``step_ms`` the
+    device's mean step time (the ``Steps`` line)."""
+
+    @property
+    def device_ms(self):
+        return sum(self.parts.values())
+
+
+def device_profile(events):
+    """``DeviceProfile`` of a trace's events (``read_trace``), or None when the trace
+    names no device op (XLA:CPU's events carry no op path)."""
+    lines = _lines(events)
+    ops = collections.defaultdict(list)
+    steps = []
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        line = lines.get((event["pid"], event["tid"]))
+        if line == OPS_LINE and "tf_op" in event.get("args", {}):
+            ops[(event["pid"], event["tid"])].append(event)
+        elif line == STEPS_LINE:
+            steps.append(event)
+    if not ops:
+        return None
+    parts, kinds, flops = collections.Counter(), collections.Counter(), collections.Counter()
+    for line_ops in ops.values():
+        for event in _leaves(line_ops):
+            args = event["args"]
+            part = part_of(args.get("tf_op", ""))
+            ms = event.get("dur", 0) / 1e3
+            parts[part] += ms
+            kinds[kind_of(args.get("hlo_category", ""))] += ms
+            flops[part] += float(args.get("model_flops", 0) or 0)
+    count = max(len(steps), 1)
+    step_ms = sum(e.get("dur", 0) for e in steps) / 1e3 / count if steps else None
+    per_step = lambda counter: {key: value / count for key, value in counter.items()}  # noqa: E731
+    parts, kinds, flops = per_step(parts), per_step(kinds), per_step(flops)
+    host_ms = max(step_ms - sum(parts.values()), 0.0) if step_ms else None
+    return DeviceProfile(count, step_ms, parts, kinds, flops, host_ms)
+
+
+def format_profile(profile, step_s):
+    """Markdown: ms per step, share of the measured step and TFLOP/s per part, then per kind."""
+    step_ms = step_s * 1e3
+    lines = [
+        f"Where the device's time goes ({profile.steps} traced steps; ms per step, share of the measured "
+        f"{step_ms:.1f} ms step, XLA's model FLOPs of the part's ops over their time):",
+        "",
+        "| part | ms | share | TFLOP/s |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for part, ms in sorted(profile.parts.items(), key=lambda item: -item[1]):
+        rate = profile.flops.get(part, 0) / (ms / 1e3) / 1e12 if ms else 0.0
+        lines.append(f"| {part} | {ms:.1f} | {ms / step_ms:.1%} | {rate:.1f} |")
+    idle = step_ms - profile.device_ms
+    lines.append(f"| host and idle (no device op) | {max(idle, 0):.1f} | {max(idle, 0) / step_ms:.1%} | |")
+    lines += ["", "| kind | ms | share |", "| --- | ---: | ---: |"]
+    for kind, ms in sorted(profile.kinds.items(), key=lambda item: -item[1]):
+        lines.append(f"| {kind} | {ms:.1f} | {ms / step_ms:.1%} |")
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""What ``zoo bench step`` and its keras-hub peer share: random tokens, the timed fits, one
+table row's figures, the device's memory counters."""
+
+import statistics
+import time
+
+
+def random_tokens(settings, vocabulary_size, rows):
+    """``(x, y)`` int32 (rows, T): uniform random tokens and the next-token targets."""
+    import numpy as np
+
+    x = np.random.default_rng(settings.seed).integers(0, vocabulary_size, (rows, settings.sequence_length), np.int32)
+    return x, np.roll(x, -1, axis=1)
+
+
+def time_fits(fit, settings):
+    """``(compile_s, [step_s per repeat])``: one 1-step fit (compiles), one warm fit, then
+    ``repeats`` timed fits of ``steps`` steps (``fit(steps)`` runs and blocks)."""
+    start = time.perf_counter()
+    fit(1)
+    first = time.perf_counter() - start
+    fit(settings.steps)  # warm: the data adapter, the callbacks
+    steps = []
+    for _ in range(settings.repeats):
+        start = time.perf_counter()
+        fit(settings.steps)
+        steps.append((time.perf_counter() - start) / settings.steps)
+    return max(first - statistics.median(steps), 0.0), steps
+
+
+def step_row(name, params, compile_s, steps, flops, settings):
+    """One table row: the median step, tokens/s, and MFU where the device's peak is known."""
+    import jax
+
+    from zoo.measure import mfu
+
+    step = statistics.median(steps)
+    tokens = settings.batch_size * settings.sequence_length
+    row = {"model": name, "parameters": params, "compile_s": compile_s, "step_s": step, "steps_s": steps}
+    row["tokens_per_s"] = tokens / step
+    row["flops_per_step"] = flops
+    try:
+        peak = mfu.resolve_peak_flops(settings.peak_tflops)
+    except mfu.UnknownDeviceError:
+        peak = None  # CPU: no MFU
+    row["mfu"] = mfu.mfu(flops, step, jax.device_count(), peak) if peak else None
+    return row
+
+
+def device_memory():
+    """``{"peak_bytes": ..., "limit_bytes": ...}`` from the first device's own counters
+    (None where the backend keeps none: CPU)."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"peak_bytes": stats.get("peak_bytes_in_use"), "limit_bytes": stats.get("bytes_limit")}

@@ -1,0 +1,239 @@
+"""``zoo bench step``: the training step of a named GPT, measured on the devices JAX finds.
+
+The step is the one the jobs run: the model ``zoo train gpt`` builds (its precision,
+remat, scan and loss-chunk settings) compiled as ``zoo train gpt`` compiles it (method
+``train``) or as ``zoo finetune`` does (``full``, ``lora``), trained by ``model.fit`` on
+random tokens: on one device with no distribution (layout ``single``), on several under
+layout ``data`` over all of them.
+
+What it reports (one row per model):
+
+- step time: the median over ``repeats`` fits of ``steps`` steps each (after one fit that
+  compiles and one warm fit), wall clock around ``fit`` (its per-step host work included);
+- tokens/s and MFU: model FLOPs (``zoo.measure.mfu``: 6 x matmul weights + attention,
+  causal halved; LoRA 4 x weights, no weight gradients; remat's recomputation not
+  counted) over the step time and the devices' peak;
+- compile: the first fit's time less one step;
+- memory: the device's own counters (``memory_stats()``: peak bytes in use, the limit),
+  and the compiled step's footprint as the device's own compiler lays it out
+  (``zoo.measure.compiled_step.compile_fit_step``: arguments + outputs not aliased to
+  them + temporaries, per device; one more compile of the same step). On a TPU v5e the
+  peak counter showed the weights and optimizer state only (5.53 GiB for gpt_1b at 8
+  layers, batch 2 and batch 4 alike), not the step's temporaries: the compiled figure is
+  the one ``zoo plan`` is compared with;
+- with ``--profile``, where the device's time goes (``_device_profile``);
+- with ``--plan``, what ``zoo plan`` says of the same step on this device kind;
+- with ``--peer keras-hub``, the same sizes in keras-hub's Llama, in a subprocess
+  (``_step_peer``), parameter counts checked equal.
+"""
+
+import tempfile
+
+from zoo.bench._output import size_text, write_text
+from zoo.bench._step_timing import device_memory, random_tokens, step_row, time_fits
+
+
+def run_benchmark(settings, report=print):
+    """Measure ``settings`` (``StepBenchSettings``); report the markdown; return the rows."""
+    row = measure_zoo(settings, report)
+    rows = [row]
+    if settings.peer:
+        from zoo.bench._step_peer import measure_peer
+
+        rows.append(measure_peer(settings, row, report))
+    plan = plan_row(settings, report) if settings.plan else None
+    text = format_report(settings, rows, plan)
+    report(text)
+    if settings.output:
+        write_text(settings.output, text)
+    return rows
+
+
+# --- the zoo's model -----------------------------------------------------------------
+
+
+def train_settings(settings):
+    """The ``GPTTrainSettings`` of the job whose model and step ``settings`` measure."""
+    import jax
+
+    from zoo.config.settings import GPTTrainSettings
+
+    return GPTTrainSettings(
+        config_name=settings.config_name,
+        num_layers=settings.num_layers,
+        layout="single" if jax.device_count() == 1 else "data",
+        precision=settings.precision,
+        remat=settings.remat,
+        scan_layers=settings.scan_layers,
+        sequence_length=settings.sequence_length,
+        batch_size=settings.batch_size,
+        loss_chunk_size=settings.loss_chunk_size,
+        seed=settings.seed,
+    )
+
+
+def build_zoo(settings):
+    """The job's GPT, compiled for ``settings.method``, its distribution set globally."""
+    import keras
+
+    from zoo import distribution as zd
+    from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
+    from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
+
+    job = train_settings(settings)
+    distribution = resolve_distribution(job)
+    keras.utils.set_random_seed(settings.seed)
+    model = zd.build_distributed(lambda: build_for_training(job), distribution)  # stays set: fit reads it
+    if settings.method == "train":
+        compile_gpt(model, 1e-4, 1000, loss_chunk_size=settings.loss_chunk_size)
+    else:
+        prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank)
+        compile_causal_lm(model, make_optimizer("adam", method=settings.method), settings.loss_chunk_size)
+    return model
+
+
+def flops_per_step(settings, model):
+    """Model FLOPs of one step (``zoo.measure.mfu``; LoRA: the 4 x parameters convention)."""
+    from zoo.measure import mfu
+
+    config, length = model.get_config(), settings.sequence_length
+    per_token = (
+        mfu.gpt_lora_flops_per_token(config, length)
+        if settings.method == "lora"
+        else mfu.gpt_flops_per_token(config, length)
+    )
+    return per_token * settings.batch_size * length
+
+
+def compiled_peak(model, settings):
+    """The step's per-device footprint as this backend compiles it (``StepMemory.peak``)."""
+    import keras
+
+    from zoo.measure.compiled_step import compile_fit_step
+
+    batch = (settings.batch_size, settings.sequence_length)
+    _, memory = compile_fit_step(model, keras.distribution.distribution(), (batch, "int32"), (batch, "int32"))
+    return memory.peak
+
+
+def measure_zoo(settings, report=print):
+    """One row: the zoo's GPT step (the module docstring's figures)."""
+    model = build_zoo(settings)
+    x, y = random_tokens(settings, model.backbone.vocabulary_size, settings.steps * settings.batch_size)
+
+    def fit(steps):
+        rows = steps * settings.batch_size
+        model.fit(x[:rows], y[:rows], batch_size=settings.batch_size, epochs=1, shuffle=False, verbose=0)
+
+    report(f"zoo: {settings.config_name}, {model.count_params():,} parameters; compiling and timing ...")
+    compile_s, steps = time_fits(fit, settings)
+    row = step_row("zoo", model.count_params(), compile_s, steps, flops_per_step(settings, model), settings)
+    row.update(device_memory(), compiled_bytes=compiled_peak(model, settings))
+    row["attention"] = _attention_words(model, settings)
+    if settings.profile:
+        row["profile"] = profile_steps(fit)
+    return row
+
+
+def _attention_words(model, settings):
+    block = model.backbone.get_layer("block_0") if not settings.scan_layers else None
+    if block is None:
+        return "scanned blocks"
+    return block.attention.describe_implementation(settings.sequence_length)
+
+
+def profile_steps(fit, steps=3):
+    """``DeviceProfile`` of ``steps`` traced steps (None where the trace names no op)."""
+    import jax
+
+    from zoo.bench._device_profile import device_profile, read_trace
+
+    folder = tempfile.mkdtemp(prefix="zoo-bench-step-trace-")
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+        fit(steps)
+    return device_profile(read_trace(folder))
+
+
+# --- zoo plan beside it ---------------------------------------------------------------
+
+
+def plan_row(settings, report=print):
+    """What ``zoo plan`` says of the same step (method train: the pretrain_gpt job) on this
+    host's device kind, or ``{"error": ...}``."""
+    import jax
+
+    from zoo.measure.hardware import local_device
+    from zoo.planning.plan import PlanRequest, make_plan
+
+    if settings.method != "train":
+        return {"error": f"zoo plan sizes the pre-training step; method {settings.method!r} is not planned"}
+    try:
+        device, _ = local_device()
+    except ValueError as error:
+        return {"error": str(error)}
+    job = train_settings(settings)
+    fields = ("config_name", "num_layers", "layout", "precision", "remat", "scan_layers", "sequence_length")
+    config = {name: getattr(job, name) for name in fields} | {"batch_size": job.batch_size}
+    if job.loss_chunk_size:
+        config["loss_chunk_size"] = job.loss_chunk_size
+    report(f"zoo plan: compiling the same step for {jax.device_count()} x {device} on CPU ...")
+    plan = make_plan(PlanRequest("pretrain_gpt", config, jax.device_count(), device=device, depth="full"))
+    return {"peak_bytes": plan.peak, "step_s": plan.time.step_s, "mfu": plan.mfu, "notes": list(plan.notes)}
+
+
+# --- the report -------------------------------------------------------------------------
+
+
+def format_report(settings, rows, plan=None):
+    """Markdown: the settings line, one table row per model, then the plan and profile."""
+    import jax
+    import keras
+
+    devices = jax.devices()
+    lines = [
+        f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}); {settings.config_name}"
+        + (f" at {settings.num_layers} layers" if settings.num_layers else "")
+        + f", method {settings.method}"
+        + (f" (rank {settings.lora_rank})" if settings.method == "lora" else "")
+        + f", batch {settings.batch_size} x T {settings.sequence_length}, {settings.precision}, remat {settings.remat}"
+        + (", scanned blocks" if settings.scan_layers else "")
+        + (f", loss in chunks of {settings.loss_chunk_size}" if settings.loss_chunk_size else "")
+        + f"; median of {settings.repeats} fits of {settings.steps} steps; jax {jax.__version__}, keras {keras.__version__}",
+        "",
+        "| model | parameters | step | tokens/s | MFU | compile | peak in use | compiled step | attention |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in rows:
+        lines.append(_table_line(row))
+    if plan is not None:
+        lines += ["", _plan_line(rows[0], plan)]
+    for row in rows:
+        if row.get("profile"):
+            from zoo.bench._device_profile import format_profile
+
+            lines += ["", f"{row['model']}: " + format_profile(row["profile"], row["step_s"])]
+        elif settings.profile and "error" not in row:
+            lines += ["", f"{row['model']}: the trace names no device op on this backend (no profile table)."]
+    return "\n".join(lines)
+
+
+def _table_line(row):
+    if "error" in row:
+        return f"| {row['model']} | | | | | | | | {row['error']} |"
+    mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
+    sizes = [size_text(row[key]) if row.get(key) else "-" for key in ("peak_bytes", "compiled_bytes")]
+    return (
+        f"| {row['model']} | {row['parameters']:,} | {row['step_s'] * 1e3:.1f} ms | {row['tokens_per_s']:,.0f} | "
+        f"{mfu} | {row['compile_s']:.1f} s | {sizes[0]} | {sizes[1]} | {row.get('attention', '')} |"
+    )
+
+
+def _plan_line(row, plan):
+    if "error" in plan:
+        return f"zoo plan: {plan['error']}"
+    measured = row.get("compiled_bytes") or row.get("peak_bytes")
+    memory = f"peak {size_text(plan['peak_bytes'])}"
+    if measured:
+        memory += f" ({plan['peak_bytes'] / measured - 1:+.1%} against the {size_text(measured)} measured)"
+    time_text = f"step {plan['step_s'] * 1e3:.1f} ms ({plan['step_s'] / row['step_s'] - 1:+.1%} against the measured)"
+    return f"zoo plan for this step: {memory}, {time_text}" + "".join(f"; {note}" for note in plan["notes"])

@@ -1,0 +1,92 @@
+"""Settings of ``zoo bench step``: one training step of a named GPT measured on the devices JAX finds.
+
+Pure Python (no JAX, no Keras), like every ``zoo.config`` module. The model fields carry
+the training job's names (``zoo train gpt``, ``zoo finetune``): ``config_name``,
+``num_layers``, ``sequence_length``, ``batch_size``, ``precision``, ``remat``,
+``scan_layers``, ``loss_chunk_size``, ``method``, ``lora_rank``.
+"""
+
+import dataclasses
+
+from zoo.config import choices, types
+from zoo.config.schema import setting
+
+# What the measured step trains: the pre-training job's step (AdamW, cosine schedule,
+# clipping: zoo train gpt), or zoo finetune's (Adam) of every weight or of LoRA factors.
+STEP_METHODS = ("train", "full", "lora")
+# keras-hub backbones the same sizes can be run in, beside the zoo's GPT (--peer).
+STEP_PEERS = ("keras-hub",)
+
+
+@dataclasses.dataclass
+class StepBenchSettings:
+    """Settings of ``zoo bench step``: the training step of a named GPT on this host's devices (TPU, GPU or CPU)."""
+
+    config_name: str = setting("gpt_1b", "named size (zoo.models.GPT_CONFIGS)", section="bench")
+    num_layers: int | None = setting(
+        None, "overrides the named config's depth L; default: the config's", section="bench", parse=types.positive_int
+    )
+    method: str = setting(
+        "train",
+        "train: zoo train gpt's step (AdamW, every weight); full: zoo finetune --method full (Adam); "
+        "lora: zoo finetune --method lora (Adam on the LoRA factors, the rest frozen)",
+        section="bench",
+        choices=STEP_METHODS,
+    )
+    lora_rank: int = setting(16, "method lora: rank r of the factors", section="bench", parse=types.positive_int)
+    sequence_length: int = setting(2048, "tokens per example (T)", section="bench", parse=types.sequence_length)
+    batch_size: int = setting(
+        2, "global batch (examples per step over all devices)", section="bench", parse=types.positive_int
+    )
+    precision: str = setting(
+        "mixed_bfloat16",
+        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights and optimizer) or float32",
+        section="bench",
+        choices=choices.PRECISIONS,
+    )
+    remat: str = setting(
+        "none",
+        "what each block keeps for the backward pass (zoo train gpt --remat)",
+        section="bench",
+        choices=choices.REMATS,
+    )
+    scan_layers: bool = setting(
+        False, "hold the blocks stacked and run them in one lax.scan", section="bench", store_true=True
+    )
+    loss_chunk_size: int | None = setting(
+        None,
+        "compute the loss t positions of every row at a time (never the whole float32 logits); default: whole",
+        section="bench",
+        parse=types.positive_int,
+    )
+    steps: int = setting(10, "optimizer steps per timed fit", section="bench", parse=types.positive_int)
+    repeats: int = setting(3, "timed fits; the median step is reported", section="bench", parse=types.positive_int)
+    profile: bool = setting(
+        False,
+        "also trace 3 steps with the JAX profiler and say where the device's time goes, per part of the model "
+        "(accelerators: the trace names each op)",
+        section="bench",
+        store_true=True,
+    )
+    plan: bool = setting(
+        False,
+        "also ask zoo plan for the same step on this device kind (compiled on CPU in a subprocess): its peak "
+        "memory and step time beside the measured ones",
+        section="bench",
+        store_true=True,
+    )
+    peer: str | None = setting(
+        None,
+        "also run the same sizes in this library's Llama (keras-hub: LlamaBackbone + LlamaCausalLM, its best of "
+        "flash attention on/off), parameter counts checked equal, in a subprocess after the zoo's",
+        section="bench",
+        choices=STEP_PEERS,
+    )
+    peak_tflops: float | None = setting(
+        None,
+        "device peak dense TFLOP/s for MFU; default: looked up from the device kind",
+        section="bench",
+        parse=types.positive_float,
+    )
+    seed: int = setting(0, "seed of the weights and the random tokens", section="bench", parse=types.non_negative_int)
+    output: str | None = setting(None, "also write the markdown report to this file", section="bench", metavar="FILE")
