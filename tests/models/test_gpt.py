@@ -168,7 +168,10 @@ def test_layout_config_entries():
         (dict(mlp="swish"), "mlp must be one of ['swiglu', 'geglu', 'geglu_tanh', 'gelu', 'relu'], got 'swish'"),
         (dict(norm="batch"), "norm must be one of ['rms', 'layer', 'rms_offset'], got 'batch'"),
         (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
-        (dict(remat=True), "remat must be one of ['none', 'full', 'dots_saveable'] (or None for 'none'), got True"),
+        (
+            dict(remat=True),
+            "remat must be one of ['none', 'full', 'dots_saveable', 'save_attention', 'offload_attention'] (or None for 'none'), got True",
+        ),
     ],
 )
 def test_bad_config_names_the_numbers(overrides, message):

@@ -1,6 +1,6 @@
 """Rematerialisation (``remat``) changes what the backward pass keeps, never the numbers.
 
-Fit parity: a GPT with ``remat="full"`` or ``"dots_saveable"`` trains 3 steps with dropout
+Fit parity: a GPT with each ``remat`` policy trains 3 steps with dropout
 on to the numbers of the one single-device run *without* remat (the shared ``reference``),
 under every layout layout; the set-up (model, data, optimizer, meshes) is
 ``test_gpt_parity``'s, whose own cases check the layouts without remat.
@@ -47,6 +47,8 @@ def reference():
         ("tp", "data=2,model=4", "full"),
         ("tp+sp", "data=2,model=4", "dots_saveable"),  # fsdp+tp: its two parts are each here (suite budget)
         ("context-ring", "data=2,seq=4", "full"),  # shard_map and the ring's custom VJP under jax.checkpoint
+        ("single", None, "save_attention"),  # the kernel's named residuals kept, the rest recomputed
+        ("tp", "data=2,model=4", "offload_attention"),  # named inside the shard_map, kept in host memory
     ],
 )
 def test_fit_with_remat_matches_one_device_without(layout, mesh, remat, reference):
@@ -116,12 +118,32 @@ def _residual_bytes(remat):
 
 
 def test_remat_saves_fewer_residuals():
-    saved = {remat: _residual_bytes(remat) for remat in ("none", "dots_saveable", "full")}
+    saved = {remat: _residual_bytes(remat) for remat in ("none", "dots_saveable", "save_attention", "full")}
     # "full": each block's input f32[B, T, C] and its two dropout seeds u32[2], nothing else
     assert saved["full"] == LAYERS * (B * T * C * 4 + 2 * 2 * 4), saved
+    # "save_attention" also q f32[B, T, H, D], k and v f32[B, T, K, D], the kernel's output
+    # f32[B, T, H, D] and log-sum-exp f32[B, K, G, T] (H = 4, K = 2, D = C / 4)
+    heads, kv_heads, head_dim = 4, 2, C // 4
+    attention = B * T * (2 * heads + 2 * kv_heads) * head_dim * 4 + B * heads * T * 4
+    assert saved["save_attention"] == saved["full"] + LAYERS * attention, saved
+    assert saved["full"] < saved["save_attention"] < saved["dots_saveable"], saved
     # "dots_saveable" also keeps the matmul outputs; "none" keeps every intermediate
     assert saved["full"] < saved["dots_saveable"] < saved["none"], saved
     assert saved["none"] > 8 * saved["full"], saved
+
+
+def test_offload_attention_moves_the_named_tensors_to_host_memory_and_back():
+    """The backward pass gets the tensors save_attention keeps from host memory: one
+    device_put to the host and one back per tensor (q, k, v, the output, the log-sum-exp)
+    and block; save_attention moves none."""
+    moves = {}
+    for remat in ("save_attention", "offload_attention"):
+        model = _blocks(remat, B, T, C, LAYERS)
+        weights = [v.value for v in model.trainable_variables]
+        loss = lambda w, x: jnp.sum(_training_forward(model)(w, x) ** 2)  # noqa: B023, E731
+        text = str(jax.make_jaxpr(jax.grad(loss))(weights, jnp.ones((B, T, C))))
+        moves[remat] = (text.count("device_put"), "Space.Host" in text)
+    assert moves == {"save_attention": (0, False), "offload_attention": (2 * 5 * LAYERS, True)}, moves
 
 
 def test_remat_lowers_compiled_temporaries():
@@ -130,15 +152,16 @@ def test_remat_lowers_compiled_temporaries():
     if not remat_shows_in_memory_analysis():  # asked with XLA's own flags: tests/_remat.py
         pytest.skip("this JAX's XLA:CPU memory analysis does not reflect jax.checkpoint (JAX 0.10)")
     temp = {}
-    for remat in ("none", "dots_saveable", "full"):
+    for remat in ("none", "dots_saveable", "save_attention", "full"):
         model = _blocks(remat, 2, 64, 64, 3)
         forward = _training_forward(model)
         step = jax.jit(jax.grad(lambda w, x: jnp.sum(forward(w, x) ** 2)))  # noqa: B023 (compiled in this iteration)
         weights = [v.value for v in model.trainable_variables]
         compiled = step.lower(weights, jax.ShapeDtypeStruct((2, 64, 64), jnp.float32)).compile()
         temp[remat] = compiled.memory_analysis().temp_size_in_bytes
-    # measured on JAX 0.12: none 2.68 MiB, dots_saveable 1.28 MiB, full 1.03 MiB
+    # measured on JAX 0.12: none 2.68 MiB, dots_saveable 1.28 MiB, save_attention 1.02 MiB, full 1.03 MiB
     assert temp["full"] < 0.5 * temp["none"] and temp["full"] < temp["dots_saveable"] < temp["none"], temp
+    assert temp["save_attention"] < temp["dots_saveable"], temp
 
 
 # --- the argument -------------------------------------------------------------------------
@@ -149,5 +172,8 @@ def test_remat_argument_round_trips_and_bad_values_are_named():
     assert block.get_config()["remat"] == "dots_saveable"
     assert TransformerBlock.from_config(block.get_config()).remat == "dots_saveable"
     assert TransformerBlock(num_heads=2, head_dim=4, hidden_dim=8, remat=None).remat == "none"
-    with pytest.raises(ValueError, match=r"remat must be one of \['none', 'full', 'dots_saveable'\].*got 'save_dots'"):
+    with pytest.raises(
+        ValueError,
+        match=r"remat must be one of \['none', 'full', 'dots_saveable', 'save_attention', 'offload_attention'\].*got 'save_dots'",
+    ):
         TransformerBlock(num_heads=2, head_dim=4, hidden_dim=8, remat="save_dots")

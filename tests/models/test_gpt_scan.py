@@ -116,7 +116,9 @@ def test_scan_layers_names_what_it_cannot_do():
         GPTBackbone(**SCANNED, num_experts=4)
     with pytest.raises(LayoutError, match=r"layout 'tp': a GPT built with scan_layers=True runs .* \['data', 'fsdp'\]"):
         GPTCausalLM.get_layout_map(make_mesh("data=2,model=4"), "tp", config=SCANNED)
-    with pytest.raises(SettingError, match=r"scan_layers \(--scan-layers\) runs the stacked blocks under layouts data"):
+    with pytest.raises(
+        SettingError, match=r"scan_layers \(--scan-layers\) runs the stacked blocks under layouts single, data"
+    ):
         GPTTrainSettings(scan_layers=True, layout="tp")
     with pytest.raises(ValueError, match=r"holds its blocks stacked \(scan_layers=True\)"):
         GPTBackbone(**SCANNED).empty_caches(1, 4)

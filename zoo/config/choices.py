@@ -35,8 +35,12 @@ LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds
 
 # precision: the Keras dtype policy a job trains under.
 PRECISIONS = ("float32", "mixed_bfloat16")
-# remat: what each Transformer block keeps for the backward pass.
-REMATS = ("none", "full", "dots_saveable")
+# remat: what each Transformer block keeps for the backward pass (zoo.layers.transformer_block.REMAT_POLICIES).
+REMATS = ("none", "full", "dots_saveable", "save_attention", "offload_attention")
+PLANNED_REMATS = ("none", "dots_saveable", "full")  # what zoo plan --auto tries (the attention policies: by hand)
+# The names a block gives the tensors a remat policy keeps (jax.ad_checkpoint.checkpoint_name):
+ATTENTION_QKV = "attention_qkv"  # the q, k, v projections (B, T, H or K, D), before rotary
+ATTENTION_OUT = "attention_out"  # the attention kernel's output (B, T, H, D) and its log-sum-exp
 # schedule: how a pipeline (layout "pipeline") orders its micro-batches over the stages.
 SCHEDULES = ("gpipe", "circular")
 DATA_AXIS_LAYOUTS = ("data", "fsdp")  # a mesh of data alone; a scan_layers GPT runs under these only

@@ -258,7 +258,8 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
     remat: str = setting(
         "none",
         "what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more compute), "
-        "dots_saveable (matmul outputs); --remat alone means full",
+        "dots_saveable (matmul outputs), save_attention (the attention's q, k, v, output and log-sum-exp: the "
+        "attention is never recomputed), offload_attention (the same, in host memory); --remat alone means full",
         section="train",
         choices=choices.REMATS,
         const="full",

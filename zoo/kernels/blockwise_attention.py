@@ -21,7 +21,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
+from zoo.config.choices import ATTENTION_OUT
 from zoo.kernels import _checks, splash_attention
 from zoo.kernels._blocking import tile_plan, tile_work
 from zoo.kernels._masking import default_positions, segment_pair
@@ -181,6 +183,7 @@ def _forward(q, k, v, key_mask, q_pos, k_pos, segments, tiles):
 
 def _blockwise_fwd(q, k, v, key_mask, q_pos, k_pos, segments, tiles):
     out, lse = _forward(q, k, v, key_mask, q_pos, k_pos, segments, tiles)
+    out, lse = checkpoint_name(out, ATTENTION_OUT), checkpoint_name(lse, ATTENTION_OUT)  # a remat policy may keep them
     return out, (q, k, v, key_mask, q_pos, k_pos, segments, out, lse)
 
 

@@ -31,6 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from zoo.config.choices import ATTENTION_OUT
 from zoo.kernels._masking import segment_pair
 
 __all__ = ["block_edge", "splash_attention", "supports"]
@@ -85,6 +86,7 @@ def _kernel(q_len, kv_len, groups, head_dim, causal, sliding_window, softcap, in
             _mask(q_len, kv_len, groups, causal, sliding_window),
             block_sizes=sizes,
             attn_logits_soft_cap=softcap,
+            residual_checkpoint_name=ATTENTION_OUT,  # its output and log-sum-exp, for remat save_attention
             interpret=interpret,
         )
 

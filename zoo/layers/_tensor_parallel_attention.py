@@ -43,9 +43,10 @@ split on C over it, all-gathered inside the ``shard_map`` just in time.
 import jax
 import jax.numpy as jnp
 import keras
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from zoo.config.choices import LORA_WEIGHTS
+from zoo.config.choices import ATTENTION_QKV, LORA_WEIGHTS
 from zoo.distribution.axes import MODEL
 from zoo.kernels.collective_matmul import vary_over
 from zoo.layers import _sequence_parallel
@@ -213,6 +214,7 @@ def _local_attention(x, key_mask, segment_ids, weights, norms, *, layer, plan):
     v = _project(layer.value, x, value, plan, kv=layer.num_kv_heads)  # f32[B/Nd, T, K/N or 1, D]
     if norms:  # per head: each device normalises its own heads
         q, k = _normalize(layer, q, norms["query"]), _normalize(layer, k, norms["key"])
+    q, k, v = (checkpoint_name(t, ATTENTION_QKV) for t in (q, k, v))  # what remat save_attention keeps
     out = _sequence_parallel.plain_attention(
         q,
         k,

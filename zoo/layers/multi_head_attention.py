@@ -3,7 +3,9 @@
 import jax
 import jax.numpy as jnp
 import keras
+from jax.ad_checkpoint import checkpoint_name
 
+from zoo.config.choices import ATTENTION_QKV
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.kernels import (
@@ -282,7 +284,7 @@ class MultiHeadAttention(keras.layers.Layer):
         ):  # Megatron: the whole layer in one shard_map over the model axis
             return _tensor_parallel_attention.attention(self, plan, x, key_mask, segment_ids)  # (B, T, C)
         q, k = self.normalize_qk(self.query(x), self.key(x))  # (B, T, H, D), (B, T, K, D)
-        v = self.value(x)  # (B, T, K, D)
+        q, k, v = (checkpoint_name(t, ATTENTION_QKV) for t in (q, k, self.value(x)))  # v: (B, T, K, D)
         out = _sequence_parallel.attention(
             q,
             k,

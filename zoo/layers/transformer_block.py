@@ -3,7 +3,7 @@
 import jax
 import keras
 
-from zoo.config.choices import MLPS, NORMS, REMATS
+from zoo.config.choices import ATTENTION_OUT, ATTENTION_QKV, MLPS, NORMS, REMATS
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.layers._activations import gelu_tanh
@@ -30,6 +30,18 @@ REMAT_POLICIES = {
     # kernel: the blockwise kernel's score tiles, O(T^2) stacked over its loop (at gpt_1b's
     # shape 2,864 MiB per block, more than the 1,874 MiB of no remat; this policy 560 MiB).
     "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # the attention's q, k, v and its kernel's output and log-sum-exp: the backward pass
+    # never re-runs the attention kernel, only the output projection, norms and MLP
+    "save_attention": jax.checkpoint_policies.save_only_these_names(ATTENTION_QKV, ATTENTION_OUT),
+    # the same tensors, held in the host's memory between the passes (memory kind
+    # pinned_host): the device keeps what "full" keeps, the backward pass what
+    # "save_attention" keeps, for the copies' time
+    "offload_attention": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=[ATTENTION_QKV, ATTENTION_OUT],
+        offload_src="device",
+        offload_dst="pinned_host",
+    ),
 }
 assert set(MLP_ACTIVATIONS) == set(MLPS), "every choice of MLPS needs its activation"
 assert REMATS == ("none", *REMAT_POLICIES), "remat 'none' (every activation kept) and one jax policy per other choice"
@@ -94,8 +106,12 @@ class TransformerBlock(keras.layers.Layer):
             ``jax.checkpoint_policies.nothing_saveable``) or ``"dots_saveable"`` (keep
             the outputs of the weight matmuls, recompute the norms, activations,
             attention and dropout masks: ``dots_with_no_batch_dims_saveable``, which
-            leaves the attention kernel's O(T^2) score tiles out).
-            Inference calls are never rematerialised (there is no backward pass).
+            leaves the attention kernel's O(T^2) score tiles out), ``"save_attention"``
+            (keep the attention's q, k, v and its kernel's output and log-sum-exp, named
+            ``attention_qkv`` / ``attention_out``: the backward pass re-runs the output
+            projection, norms and MLP, never the attention kernel) or
+            ``"offload_attention"`` (the same tensors, kept in host memory between the
+            passes). Inference calls are never rematerialised (there is no backward pass).
         num_experts: E > 0 replaces the MLP by a ``MoEFeedForward`` named ``mlp`` (SwiGLU
             experts; ``mlp`` must be ``"swiglu"``, no ``megatron_sp``); 0: the dense MLP.
         num_experts_per_token, moe_intermediate_dim (None: ``hidden_dim``),

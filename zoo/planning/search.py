@@ -31,7 +31,14 @@
 
 import dataclasses
 
-from zoo.config.choices import DATA_AXIS_LAYOUTS, DEFAULT_CONTEXT_ATTENTION, EXPERT_LAYOUTS, PLANNED_LAYOUTS, REMATS
+from zoo.config.choices import (
+    DATA_AXIS_LAYOUTS,
+    DEFAULT_CONTEXT_ATTENTION,
+    EXPERT_LAYOUTS,
+    PLANNED_LAYOUTS,
+    PLANNED_REMATS,
+    REMATS,
+)
 from zoo.config.settings import CONTEXT_DEFAULTS, PIPELINE_DEFAULTS
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
@@ -58,8 +65,10 @@ __all__ = [
     "search",
 ]
 
-RECOMPUTE = {"none": 1.0, "dots_saveable": 1.1, "full": 4 / 3}  # hardware / model FLOPs: full remat re-runs the forward
-REMATS_CHEAPEST_FIRST = sorted(REMATS, key=RECOMPUTE.__getitem__)  # none, dots_saveable, full
+# hardware / model FLOPs: full remat re-runs the forward; save_attention all of it but the attention
+RECOMPUTE = {"none": 1.0, "dots_saveable": 1.1, "save_attention": 1.25, "offload_attention": 1.25, "full": 4 / 3}
+REMATS_CHEAPEST_FIRST = sorted(PLANNED_REMATS, key=RECOMPUTE.__getitem__)  # what zoo plan --auto tries
+assert set(RECOMPUTE) == set(REMATS), "a recompute factor per remat policy"
 ANALYTIC_HEADROOM = 0.9  # a candidate fits the analytic model below this share of device memory
 
 
