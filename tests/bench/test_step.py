@@ -2,6 +2,7 @@
 row's figures against the model and the FLOP formula, the compiled footprint, the table;
 the accelerator profile's reading of a trace; no timing thresholds."""
 
+import dataclasses
 import gzip
 import json
 
@@ -10,32 +11,35 @@ import pytest
 
 from tests.bench._cli import parse_bench_args
 from zoo.bench import _device_profile as profile
-from zoo.bench.step import run_benchmark
+from zoo.bench.step import flops_per_step, run_benchmark
 from zoo.cli.bench import settings_from_args
 from zoo.measure import mfu
+from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import at_depth, config_by_name
 
 
-@pytest.mark.parametrize("method", ["train", "lora"])
-def test_the_row_measures_the_jobs_step(method, tmp_path):
+def test_the_row_measures_the_jobs_step(tmp_path):
+    """A LoRA step under remat and the loss in chunks: the row against the model and the
+    formula; the train step's FLOPs are the training formula (its row is the same code)."""
     output = tmp_path / "step.md"
     args = ["--config-name", "gpt_tiny", "--sequence-length", "32", "--batch-size", "8", "--steps", "2"]
-    args += ["--repeats", "2", "--method", method, "--output", str(output)]
-    if method == "lora":
-        args += ["--lora-rank", "2", "--remat", "full", "--loss-chunk-size", "16"]
-    (row,) = run_benchmark(settings_from_args("step", parse_bench_args("step", args)), report=lambda line: None)
+    args += ["--repeats", "2", "--method", "lora", "--lora-rank", "2", "--remat", "full", "--loss-chunk-size", "16"]
+    settings = settings_from_args("step", parse_bench_args("step", args + ["--output", str(output)]))
+    (row,) = run_benchmark(settings, report=lambda line: None)
 
     config = config_by_name("gpt_tiny")
-    per_token = (mfu.gpt_lora_flops_per_token if method == "lora" else mfu.gpt_flops_per_token)(config, 32)
-    assert row["flops_per_step"] == per_token * 8 * 32
+    assert row["flops_per_step"] == mfu.gpt_lora_flops_per_token(config, 32) * 8 * 32
+    train = dataclasses.replace(settings, method="train")
+    assert (
+        flops_per_step(train, GPTCausalLM.from_config_name("gpt_tiny")) == mfu.gpt_flops_per_token(config, 32) * 8 * 32
+    )
     assert len(row["steps_s"]) == 2 and row["step_s"] == pytest.approx(sum(row["steps_s"]) / 2)  # the median
     assert row["tokens_per_s"] == pytest.approx(8 * 32 / row["step_s"])
     assert row["mfu"] is None  # CPU: no peak to divide by
-    base = 34_976  # gpt_tiny's weights; LoRA adds its factors beside them
-    assert row["parameters"] > base if method == "lora" else row["parameters"] == base
+    assert row["parameters"] > 34_976  # gpt_tiny's weights and the LoRA factors beside them
     assert 0 < row["compiled_bytes"] < 64 * 2**20  # the compiled step's footprint per device, a tiny model's
     table = output.read_text()
-    assert f"| zoo | {row['parameters']:,} |" in table and f"method {method}" in table
+    assert f"| zoo | {row['parameters']:,} |" in table and "method lora (rank 2)" in table
     assert keras.distribution.distribution() is not None  # the job's data layout over the 8 devices
     keras.distribution.set_distribution(None)
 

@@ -20,14 +20,11 @@ from zoo.layers._sequence_parallel import describe_attention
 B, H, K, D = 2, 4, 2, 64  # two KV heads of two query heads each (GQA), the head dim splash takes
 SEGMENTS = np.repeat(np.array([[1, 1, 2, 0], [1, 2, 2, 3]], np.int32), 64, axis=1)  # [2, 256]: packed rows, padding 0
 
-# name: (length, options); each option of the kernel once, GQA in every case.
+# name: (length, options); every option of the kernel at least once, GQA in every case.
 CASES = {
-    "causal": (256, dict(causal=True)),
+    "causal-segments-softcap": (256, dict(causal=True, segment_ids=SEGMENTS, softcap=5.0)),
+    "window-scale": (256, dict(causal=True, sliding_window=100, scale=0.3)),
     "non-causal": (128, dict()),
-    "sliding-window": (256, dict(causal=True, sliding_window=100)),
-    "softcap": (128, dict(causal=True, softcap=5.0)),
-    "segments": (256, dict(causal=True, segment_ids=SEGMENTS)),
-    "scale": (128, dict(causal=True, scale=0.3)),
 }
 
 

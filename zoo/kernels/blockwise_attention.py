@@ -296,8 +296,9 @@ def local_attention(
     has no document-id argument (cuDNN's packed layout is reached only through private
     APIs), and a [T, S] boolean mask would cost the memory the tiles save.
     """
+    platform = jax.default_backend()
     choice = attention_implementation(
-        platform=jax.default_backend(),
+        platform=platform,
         dtype=q.dtype,
         head_dim=q.shape[-1],
         causal=causal,
@@ -322,6 +323,7 @@ def local_attention(
             softcap=softcap,
             segment_ids=segment_ids,
             kv_segment_ids=kv_segment_ids,
+            interpret=platform != "tpu",  # only where a test adds this platform to SPLASH_PLATFORMS
         )
     if choice == "cudnn":
         _checks.check_shapes(q.shape, k.shape, v.shape)
