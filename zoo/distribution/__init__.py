@@ -10,6 +10,7 @@ from zoo.distribution.devices import (
 from zoo.distribution.distributions import (
     build_distributed,
     data_parallel_size,
+    default_mesh_candidates,
     default_mesh_spec,
     distribution_for,
     global_distribution,
@@ -43,6 +44,7 @@ __all__ = [
     "global_distribution",
     "check_layout_map",
     "data_parallel_size",
+    "default_mesh_candidates",
     "default_mesh_spec",
     "describe",
     "describe_devices",

@@ -108,6 +108,47 @@ def default_mesh_spec(layout, device_count):
     return spec
 
 
+def default_mesh_candidates(layout, device_count):
+    """Mesh specs for ``layout`` on ``device_count`` devices, the default first, then with
+    its split axis (the one sized -1 there) smaller by each factor of it in turn and
+    ``data`` that much larger: ``expert`` on 8 devices: data=1,expert=8, data=2,expert=4,
+    data=4,expert=2, data=8,expert=1."""
+    spec = default_mesh_spec(layout, device_count)
+    if spec is None or "-1" not in spec:
+        return [spec]
+    sizes = dict(part.split("=") for part in spec.split(","))
+    split_axis = next(axis for axis, size in sizes.items() if size == "-1")
+    if split_axis == DATA:  # fsdp: every device on data, nothing else to fit
+        return [spec]
+    fixed = int(np.prod([int(size) for axis, size in sizes.items() if axis != split_axis]))
+    split = device_count // fixed
+    candidates = []
+    for factor in (f for f in range(1, split + 1) if split % f == 0):
+        values = {axis: int(size) for axis, size in sizes.items() if axis != split_axis}
+        values[DATA] = values.get(DATA, 1) * factor
+        values[split_axis] = split // factor
+        candidates.append(",".join(f"{axis}={values[axis]}" for axis in sizes))
+    return candidates
+
+
+def _fitting_default_mesh(model_class, layout, config):
+    """The first of ``default_mesh_candidates`` whose layout map ``config`` fits (its
+    ``LayoutError`` otherwise: the default mesh's)."""
+    import jax
+
+    first_error = None
+    for spec in default_mesh_candidates(layout, len(jax.devices())):
+        mesh = _as_mesh(layout, spec)
+        try:
+            _require_layout_axes(mesh, layout)
+            _layout_map_for(model_class, mesh, layout, {"config": config})
+        except LayoutError as error:
+            first_error = first_error or error
+            continue
+        return mesh
+    raise first_error
+
+
 def make_distribution(layout, mesh=None, layout_map=None, *, context_attention=None, balance=None, shard_weights=None):
     """The distribution for ``layout`` on ``mesh`` with a given layout map (None for ``"single"``).
 
@@ -146,13 +187,17 @@ def distribution_for(
     with ``layout="tp"`` when the mesh has a ``model`` axis (without one every weight is
     replicated but for the FSDP split over ``seq``, and ``model_class`` is not
     consulted). ``config``: the model's config dict when known: the layout map checks
-    its sizes against the mesh and fits it (no ``lm_head`` rule for tied embeddings).
+    its sizes against the mesh and fits it (no ``lm_head`` rule for tied embeddings);
+    with no ``mesh``, the default mesh is the first of ``default_mesh_candidates`` that
+    the model fits (``gpt_tiny_moe``'s 4 experts on 8 devices: ``data=2,expert=4``).
     ``context_attention``, ``balance``, ``shard_weights``: as in ``make_distribution``.
     """
     _check_layout(layout)
     _check_context_options(layout, context_attention, balance, shard_weights)
     if layout in ("single", "data"):
         return make_distribution(layout, mesh)
+    if mesh is None and config is not None and layout not in ("model", "context"):
+        mesh = _fitting_default_mesh(model_class, layout, config)
     mesh = _as_mesh(layout, mesh)
     _require_layout_axes(mesh, layout)
     fitted = {} if config is None else {"config": config}
