@@ -38,7 +38,11 @@ CASES = [
     (["plan", "--strategy", "fsdp"], "--strategy was renamed --layout"),
     (["bench", "tp", "--seq-len", "128"], "--seq-len was renamed --sequence-length"),
     # where the new flag does not exist, the old one is only unknown
-    (["generate", "--seq-len", "3"], "unrecognized arguments: --seq-len 3"),
+    (["generate", "--seq-len", "3"], "unrecognized arguments: --seq-len 3"),  # and nothing near it to suggest
+    # an unknown word: the subcommand's own help, the nearest flag; no flag is abbreviated
+    (["train", "gpt", "--epcohs", "1"], "unrecognized arguments: --epcohs 1 (did you mean --epochs?)"),
+    (["train", "gpt", "--epoch", "1"], "unrecognized arguments: --epoch 1 (did you mean --epochs?)"),
+    (["bench", "step", "--step", "3"], "unrecognized arguments: --step 3 (did you mean --steps?)"),
     (["train", "gpt", "--sequence-parallel"], "--sequence-parallel was renamed --layout tp+sp"),  # a layout now
 ]
 
@@ -118,3 +122,8 @@ def test_plan_with_a_file_named_like_a_config_reads_the_file(tmp_path, monkeypat
     (tmp_path / "gpt_tiny").write_text("not toml [")
     code, _, err = _run(["plan", "gpt_tiny"], capsys)
     assert code == USAGE and "did you mean --config-name" not in err, err
+
+
+def test_an_unknown_flag_points_to_the_subcommands_own_help(capsys):
+    code, _, err = _run(["train", "gpt", "--epcohs", "1"], capsys)
+    assert code == USAGE and err.strip().endswith("(see zoo train gpt --help)"), err

@@ -13,6 +13,7 @@ or ``ZOO_DEBUG=1`` prints the traceback before that line.
 """
 
 import argparse
+import difflib
 import os
 import re
 import shlex
@@ -42,7 +43,13 @@ class ArgumentParser(argparse.ArgumentParser):
     """``argparse`` whose errors are one line, ``zoo: error: <message> (see <prog> --help)``,
     with exit status 2 (argparse's own prints the usage block first). Subparsers made by
     ``add_subparsers`` are of this class too, so each (sub)command answers a renamed flag
-    (``RENAMED_FLAGS``) with the flag that replaced it, where it has that flag."""
+    (``RENAMED_FLAGS``) with the flag that replaced it, where it has that flag, and a word
+    it does not know with its own help and the nearest flag it has. A flag is never
+    abbreviated (``--epoch`` is not ``--epochs``): a flag added later could change what
+    an abbreviation meant."""
+
+    def __init__(self, *args, allow_abbrev=False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message):
         self.exit(USAGE, f"zoo: error: {message} (see {self.prog} --help)\n")
@@ -52,7 +59,10 @@ class ArgumentParser(argparse.ArgumentParser):
         renamed = renamed_flag(self, sys.argv[1:] if args is None else args)
         if renamed:
             self.error(renamed)
-        return super().parse_known_args(args, namespace)
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:  # here, not in the top-level parser: the message names this (sub)command
+            self.error(unknown_words(self, extras))
+        return namespace, extras
 
 
 def renamed_flag(parser, words):
@@ -70,6 +80,20 @@ def renamed_flag(parser, words):
         if new and old not in options:
             return f"{old} was renamed {new}"
     return None
+
+
+def unknown_words(parser, words):
+    """``"unrecognized argument --epcohs (did you mean --epochs?)"`` for the first word of
+    ``words``; the nearest of ``parser``'s flags where one is near, every word named."""
+    first = str(words[0]).split("=", 1)[0]
+    near = (
+        difflib.get_close_matches(first, sorted(_option_words(parser)), n=1, cutoff=0.75)
+        if first.startswith("-")
+        else []
+    )
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    noun = "argument" if len(words) == 1 else "arguments"
+    return f"unrecognized {noun}: {' '.join(map(str, words))}{hint}"
 
 
 def _option_words(parser):
