@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from zoo.presets._safety import inside_folder
+from zoo.presets.permissions import honour_umask
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -361,26 +362,27 @@ def _cast(view, block, dtype):
     return cast
 
 
+def save_tensor_file(tensors, path, metadata):
+    """``{name: numpy array}`` as one safetensors file at ``path``, with the mode the umask
+    allows (the ``safetensors`` library creates it 0600)."""
+    from safetensors.numpy import save_file
+
+    save_file({name: np.ascontiguousarray(array) for name, array in tensors.items()}, path, metadata)
+    honour_umask(path)
+
+
 def write_safetensors(tensors, directory, *, max_file_bytes=None, metadata=None):
     """Write ``{name: numpy array}`` as ``model.safetensors``, or, past ``max_file_bytes``,
     as ``model-0000k-of-0000n.safetensors`` files with ``model.safetensors.index.json``.
     Returns the file names written."""
-    from safetensors.numpy import save_file
-
     groups = _file_groups(tensors, max_file_bytes)
     metadata = {"format": "pt", **(metadata or {})}  # "pt": transformers reads the file as its own
     if len(groups) == 1:
-        save_file(
-            {name: np.ascontiguousarray(tensors[name]) for name in groups[0]},
-            os.path.join(directory, SINGLE_FILE),
-            metadata,
-        )
+        save_tensor_file({name: tensors[name] for name in groups[0]}, os.path.join(directory, SINGLE_FILE), metadata)
         return [SINGLE_FILE]
     names = [f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for k in range(len(groups))]
     for filename, group in zip(names, groups):
-        save_file(
-            {name: np.ascontiguousarray(tensors[name]) for name in group}, os.path.join(directory, filename), metadata
-        )
+        save_tensor_file({name: tensors[name] for name in group}, os.path.join(directory, filename), metadata)
     index = {
         "metadata": {"total_size": int(sum(np.asarray(t).nbytes for t in tensors.values()))},
         "weight_map": {name: filename for filename, group in zip(names, groups) for name in group},

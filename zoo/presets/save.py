@@ -25,6 +25,7 @@ from zoo.presets._format import (
     write_json,
 )
 from zoo.presets._safety import ZOO_PACKAGE
+from zoo.presets.permissions import honour_umask
 
 RESERVED_METADATA = (
     "format_version",
@@ -61,7 +62,7 @@ def save_to_preset(model, directory, *, name=None, tokenizer=None, metadata=None
     check_preset_destination(directory)
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
-    partial = tempfile.mkdtemp(prefix=f".partial-{os.path.basename(directory)}-", dir=parent)
+    partial = honour_umask(tempfile.mkdtemp(prefix=f".partial-{os.path.basename(directory)}-", dir=parent))  # was 0700
     try:
         _write_files(partial, model, tokenizer, _metadata(model, name or os.path.basename(directory), metadata))
         _replace_directory(partial, directory)

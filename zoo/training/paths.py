@@ -16,6 +16,8 @@ import os
 import tempfile
 import time
 
+from zoo.presets.permissions import honour_umask
+
 
 class PathError(ValueError):
     """A path given to a job (``flag`` names where it came from) that cannot be used."""
@@ -161,7 +163,7 @@ def _save_replacing(model, path):
         model.save(partial)
         with open(partial, "rb") as written:
             os.fsync(written.fileno())  # on disk before it takes the place of the previous file
-        os.replace(partial, path)
+        os.replace(honour_umask(partial), path)  # mkstemp made it 0600
     finally:
         if os.path.exists(partial):
             os.remove(partial)

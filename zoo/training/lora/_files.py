@@ -12,6 +12,7 @@ import tempfile
 import h5py
 import numpy as np
 
+from zoo.presets.permissions import honour_umask
 from zoo.presets.sharded_weights import assign_from_host
 from zoo.training.lora._layers import LORA_WEIGHTS, enable_lora, layer_prefix, lora_layers, lora_target_layers
 
@@ -39,7 +40,7 @@ def save_lora(model, path):
                 group.attrs["alpha"] = layer.lora_alpha
                 for name in LORA_WEIGHTS:
                     group.create_dataset(name, data=np.asarray(getattr(layer, name).value))
-        os.replace(partial, path)
+        os.replace(honour_umask(partial), path)  # mkstemp made it 0600
     finally:
         if os.path.exists(partial):
             os.remove(partial)

@@ -33,7 +33,7 @@ import os
 import numpy as np
 
 from zoo.models.gpt.hf_checkpoints import weight_views
-from zoo.presets.safetensors_weights import TensorView
+from zoo.presets.safetensors_weights import TensorView, save_tensor_file
 from zoo.presets.sharded_weights import assign_from_host
 from zoo.training.lora._layers import kernel_path, lora_layers
 
@@ -101,8 +101,6 @@ def peft_delta(factor_a, factor_b, scale, view):
 def save_peft_adapter(model, directory, *, base_model_name_or_path=None):
     """Write the LoRA factors of ``model`` (a ``GPTCausalLM`` with LoRA enabled) into the
     folder ``directory`` as a PEFT adapter (module doc). Returns the folder."""
-    from safetensors.numpy import save_file
-
     layers = lora_layers(model)
     if not layers:
         raise ValueError(f"model {model.name!r} has no LoRA factors to save as a PEFT adapter")
@@ -116,7 +114,7 @@ def save_peft_adapter(model, directory, *, base_model_name_or_path=None):
         ranks[module] = factor_a.shape[0]
         alphas[module] = layer.lora_alpha * factor_a.shape[0] / layer.lora_rank  # the same scale alpha / r
     os.makedirs(directory, exist_ok=True)
-    save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+    save_tensor_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
     config = adapter_config(ranks, alphas, all_modules=list(views), base_model_name_or_path=base_model_name_or_path)
     with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as file:
         json.dump(config, file, indent=2)
