@@ -45,7 +45,8 @@ def digits(count, offset=0):
 
 @pytest.mark.parametrize("method", ["frozen", "lora", "full"])
 @pytest.mark.parametrize("layout", ["data", "model"])
-def test_finetuning_beats_the_zero_shot_head(method, layout, tmp_path):
+def test_finetuning_beats_the_zero_shot_head(method, layout, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # without --output the run's files go to a new folder under ./runs/finetune
     lines = []
     output = tmp_path / "tuned" if (method, layout) == ("lora", "model") else None
     config = FinetuneSettings(

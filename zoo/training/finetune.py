@@ -40,7 +40,7 @@ from zoo.presets import (
 )
 from zoo.presets.save import check_preset_destination
 from zoo.training._checkpointed_fit import checkpointed_fit
-from zoo.training.job_setup import evaluate_accuracy, job_distribution, run_dir_of
+from zoo.training.job_setup import evaluate_accuracy, job_distribution, new_run_folder, run_dir_of
 from zoo.training.lm_finetune import finetune_causal_lm, finetune_lm, is_causal_lm
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, is_lora_variable, load_lora, lora_parameter_count, merge_lora, save_lora
@@ -193,7 +193,9 @@ def finetune(settings, report=print):
         callbacks=[progress],
         report=report,
         verbose=0,
-        run_dir=run_dir_of(settings.output, fallback=settings.checkpoint_dir or "runs/finetune", output_is_folder=True),
+        run_dir=run_dir_of(
+            settings.output, fallback=settings.checkpoint_dir or new_run_folder("runs/finetune"), output_is_folder=True
+        ),
     )
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=settings.batch_size, replicas=replicas)
     report(f"fine-tuned test accuracy: {accuracy:.4f} ({len(yt)} examples; zero-shot {zero_shot:.4f})")

@@ -2,6 +2,7 @@
 data splits and held-out accuracy (helpers used by every job live here, not in one job)."""
 
 import os
+import time
 
 import numpy as np
 
@@ -56,6 +57,19 @@ def run_dir_of(output, fallback="runs", *, output_is_folder=False):
     if not output_is_folder and output.endswith(".keras"):
         output = output[: -len(".keras")]
     return output + RUN_FOLDER_SUFFIX
+
+
+def new_run_folder(parent):
+    """A folder name under ``parent`` that no run has used: ``parent/<date>-<time>-<pid>``
+    (``-2``, ``-3`` ... if taken), for a run with no ``--output`` and no checkpoint folder,
+    so that its run files never overwrite another run's. Only the name: the run creates it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = os.path.join(parent, f"{stamp}-{os.getpid()}")
+    candidate, number = name, 1
+    while os.path.lexists(candidate):
+        number += 1
+        candidate = f"{name}-{number}"
+    return candidate
 
 
 def train_validation_test_splits(spec):

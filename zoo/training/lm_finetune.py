@@ -67,7 +67,7 @@ from zoo.tokenizers import HFTokenizer, Tokenizer
 from zoo.tokenizers.chat import template_of
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.callbacks import SynchronousSteps
-from zoo.training.job_setup import job_distribution, report_setup, run_dir_of
+from zoo.training.job_setup import job_distribution, new_run_folder, report_setup, run_dir_of
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
@@ -431,7 +431,9 @@ def _checkpointed(model, batches, *, epochs, callbacks, settings, data, report):
         callbacks=callbacks,
         report=report,
         verbose=0,
-        run_dir=run_dir_of(settings.output, fallback=settings.checkpoint_dir or "runs/finetune", output_is_folder=True),
+        run_dir=run_dir_of(
+            settings.output, fallback=settings.checkpoint_dir or new_run_folder("runs/finetune"), output_is_folder=True
+        ),
     )
 
 

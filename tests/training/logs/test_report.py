@@ -3,6 +3,7 @@ metrics.csv / steps.csv, config and mesh printouts, profiler traces."""
 
 import csv
 import dataclasses
+import os
 import types
 
 import keras
@@ -179,6 +180,17 @@ def test_every_job_writes_its_run_files_to_its_own_folder_beside_its_output(tmp_
     assert run_dir_of(str(tmp_path / "runs" / "x"), output_is_folder=True) == str(tmp_path / "runs" / "x.run")
     assert run_dir_of("a.keras") != run_dir_of("b.keras")
     assert run_dir_of(None, fallback="runs/finetune") == "runs/finetune"
+
+
+def test_a_run_without_an_output_gets_a_folder_no_run_has_used(tmp_path):
+    """zoo finetune with no --output and no checkpoint folder: never another run's metrics.csv."""
+    from zoo.training.job_setup import new_run_folder
+
+    first = new_run_folder(str(tmp_path))
+    os.makedirs(first)
+    second = new_run_folder(str(tmp_path))
+    assert os.path.dirname(first) == os.path.dirname(second) == str(tmp_path)
+    assert second != first and not os.path.exists(second)  # first-2 within the same second
 
 
 def _csv(path):

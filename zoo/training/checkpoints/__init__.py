@@ -277,19 +277,27 @@ class Checkpoints:
         return metadata, conversion
 
     def _read_arrays(self, path, abstract):
+        """The arrays of checkpoint ``path``; ``CheckpointError`` naming it when damaged data
+        cannot be read. Orbax then leaves the other reads of the restore abandoned: they are
+        closed here, their tracebacks (one error, already reported) dropped, not printed
+        when the garbage collector meets them in some later test or step."""
         restore = ocp.args.StandardRestore(abstract)
         reader = ocp.Checkpointer(ocp.StandardCheckpointHandler())
-        try:
-            return reader.restore(os.path.join(path, files.STATE_ITEM), args=restore)
-        except (TypeError, AttributeError, NameError):
-            raise  # a bug here, not damaged data: no fallback
-        except Exception as error:  # Orbax/TensorStore raise many types for damaged data
-            detail = (str(error).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0][:300]
-            raise CheckpointError(
-                path, f"its array data in {files.STATE_ITEM}/ cannot be read ({type(error).__name__}: {detail})"
-            ) from error
-        finally:
-            reader.close()
+        with OrbaxNoise() as noise:
+            try:
+                return reader.restore(os.path.join(path, files.STATE_ITEM), args=restore)
+            except (TypeError, AttributeError, NameError):
+                raise  # a bug here, not damaged data: no fallback
+            except Exception as error:  # Orbax/TensorStore raise many types for damaged data
+                detail = (str(error).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0][:300]
+                failure = CheckpointError(
+                    path, f"its array data in {files.STATE_ITEM}/ cannot be read ({type(error).__name__}: {detail})"
+                )
+            finally:
+                reader.close()
+            noise.drop()  # (the except clause let go of the error: its traceback held their frames)
+            gc.collect()  # the abandoned reads end now, while their noise is held
+        raise failure
 
     def _set_aside(self, failures, report):
         for error in failures:
