@@ -66,6 +66,9 @@ class Plan:
     remat_correction: int  # bytes added to the temporaries (negative: removed); 0: none applied
     model_flops: float | None  # per step, whole model, all devices (zoo.measure.mfu); None: no formula
     notes: tuple = ()
+    # what the peak means where this XLA's memory analysis cannot show remat ("" where it
+    # can, or without remat): the verdict carries it, so no "fits" is read as exact
+    remat_caveat: str = ""
 
     @property
     def spec(self):
@@ -131,6 +134,7 @@ class Plan:
             "remat_correction": self.remat_correction,
             "model_flops": self.model_flops,
             "notes": list(self.notes),
+            "remat_caveat": self.remat_caveat,
         }
 
     @classmethod
@@ -143,6 +147,7 @@ class Plan:
             remat_correction=values["remat_correction"],
             model_flops=values["model_flops"],
             notes=tuple(values["notes"]),
+            remat_caveat=values.get("remat_caveat", ""),
         )
 
 
@@ -280,7 +285,7 @@ def plan_in_process(request, *, compiler_options=None):
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
             "the temporaries are not corrected for it: the peak is an upper bound"
         )
-    elif remat != "none" and period is None and not memory_analysis_reflects_remat():
+    elif remat != "none" and not (correct_remat and len(steps) == 2) and not memory_analysis_reflects_remat():
         notes.append(
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); compiled whole, the "
             "temporaries are not corrected for it: the peak is an upper bound"
@@ -299,7 +304,19 @@ def plan_in_process(request, *, compiler_options=None):
         correction,
         _model_flops(job, settings, full_depth),
         tuple(notes),
+        _remat_caveat(remat, correction),
     )
+
+
+def _remat_caveat(remat, correction):
+    """The verdict's qualifier where this JAX's XLA:CPU does not show remat (JAX 0.10)."""
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
+
+    if remat == "none" or memory_analysis_reflects_remat():
+        return ""
+    if correction:
+        return f"estimated, not compiled: this JAX's CPU compile does not show remat={remat!r}; Python 3.12's JAX does"
+    return f"an upper bound: this JAX's CPU compile does not show remat={remat!r}; Python 3.12's JAX does"
 
 
 def _model_flops(job, settings, full_depth):

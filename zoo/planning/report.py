@@ -95,12 +95,15 @@ def advice(plan):
 
 
 def verdict(plan):
-    """One line: fits, or does not and why (largest part, the change that would help most)."""
+    """One line: fits, or does not and why (largest part, the change that would help most);
+    where this JAX cannot show remat, what the peak then is (``Plan.remat_caveat``)."""
+    caveat = f" ({plan.remat_caveat})" if plan.remat_caveat else ""
     if plan.fits:
-        return f"fits: peak {size_text(plan.peak)} of {size_text(plan.device_memory)} per device ({100 * plan.peak / plan.device_memory:.0f}%)"
+        share = 100 * plan.peak / plan.device_memory
+        return f"fits: peak {size_text(plan.peak)} of {size_text(plan.device_memory)} per device ({share:.0f}%){caveat}"
     part = largest_part(plan)
     auto = ", or let zoo plan --auto choose" if plan.request.job == "pretrain_gpt" else ""
     return (
-        f"does not fit: peak {size_text(plan.peak)} > {size_text(plan.device_memory)} per device; largest part {part} "
-        f"{size_text(plan.parts()[part])}; {advice(plan)}{auto}"
+        f"does not fit: peak {size_text(plan.peak)} > {size_text(plan.device_memory)} per device{caveat}; largest "
+        f"part {part} {size_text(plan.parts()[part])}; {advice(plan)}{auto}"
     )
