@@ -6,7 +6,7 @@ import math
 import keras
 import pytest
 
-from tests.recipes._recipes import ALL, CNN, RECIPES, checked, ids, plan_of, write
+from tests.recipes._recipes import ALL, CNN, RECIPES, ROOT, checked, ids, plan_of, write
 from zoo.distribution import make_mesh
 from zoo.training.recipes import (
     JobUnavailableError,
@@ -186,3 +186,42 @@ def test_numbers_past_their_range_and_a_non_keras_output_are_refused_before_anyt
 
     with pytest.raises(ValueError, match=r"simulated device count 1,000,000 is above the 4,096"):
         simulate_cpu_devices(10**6)
+
+
+def test_a_causal_lm_fine_tuning_recipe_checks_as_zoo_finetune_runs(tmp_path):
+    """A Hugging Face folder as [model] preset with a [data] data_file, as docs/recipes.md
+    documents: planned and compiled as zoo finetune would train it (it was refused with
+    'has no metadata.json': the job built every preset as a classifier)."""
+    from zoo.planning import make_plan
+    from zoo.planning.recipes import request_from_recipe
+
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": "a b", "completion": " c d"}\n' * 16)
+    folder = ROOT / "tests" / "fixtures" / "hf" / "llama_gqa_rope_scaling"
+    text = f"""
+[recipe]
+job = "finetune"
+[target]
+platform = "cpu"
+hosts = 1
+devices_per_host = 8
+[model]
+preset = "{folder}"
+[finetune]
+method = "lora"
+lora_rank = 2
+[parallel]
+layout = "fsdp"
+mesh = "data=8"
+[data]
+data_file = "{data}"
+[train]
+batch_size = 8
+sequence_length = 32
+"""
+    recipe = load_recipe(write(tmp_path, text))
+    plan = check_recipe(recipe)
+    assert plan.mesh == "data=8" and plan.parameters > 0
+    compiled = make_plan(request_from_recipe(recipe))
+    assert compiled.fits and compiled.step.batch_size == 8
+    assert compiled.step.memory["gradients"] < compiled.step.memory["weights"]  # LoRA: the factors' gradients only

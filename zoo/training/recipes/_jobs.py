@@ -200,7 +200,10 @@ class TrainCNN(Job):
 
 
 class Finetune(Job):
-    """``zoo.training.finetune.finetune``: a classifier preset, trained frozen / LoRA / full."""
+    """``zoo.training.finetune.finetune``: a classifier preset, trained frozen / LoRA / full;
+    or a causal LM (a zoo GPT preset, a Hugging Face folder, ``hf://``) trained with LoRA or
+    fully on its data file or dataset, as ``zoo finetune`` dispatches (``_CausalLM`` does
+    those steps)."""
 
     name = "finetune"
 
@@ -215,12 +218,20 @@ class Finetune(Job):
     def describe_model(self, settings):
         return f"preset {settings.preset}"
 
+    @staticmethod
+    def _causal(settings):
+        from zoo.training import lm_finetune
+
+        return lm_finetune.is_causal_lm(lm_finetune.local_preset(settings.preset))
+
     def _class_name(self, settings):
         from zoo.presets import load_preset_metadata
 
         return load_preset_metadata(settings.preset)["class_name"]
 
     def distribution(self, module, settings, mesh):
+        if self._causal(settings):
+            return _CausalLM.distribution(settings, mesh)
         # The job's own resolver, handed the abstract mesh in place of the spec string.
         return module.resolve_distribution(self._class_name(settings), settings, mesh)
 
@@ -230,6 +241,8 @@ class Finetune(Job):
         from zoo.data import get_spec
         from zoo.presets import from_preset
 
+        if self._causal(settings):
+            return _CausalLM.build(settings)
         head, size_key = module.head_of(self._class_name(settings))
         model = from_preset(settings.preset, load_weights=False, **{size_key: len(get_spec(settings.dataset).classes)})
         module.prepare_finetuning(
@@ -240,6 +253,8 @@ class Finetune(Job):
     def compile(self, module, model, settings):
         import keras
 
+        if self._causal(settings):
+            return _CausalLM.compile(model, settings)
         # As finetune() compiles: Adam (the optimizer state the memory estimate counts).
         model.compile(
             optimizer=keras.optimizers.Adam(learning_rate=settings.learning_rate),
@@ -249,11 +264,55 @@ class Finetune(Job):
     def batch_shapes(self, module, settings, model, batch):
         from zoo.presets import load_preset_metadata
 
+        if self._causal(settings):
+            return _CausalLM.batch_shapes(settings, model, batch)
         shape = module.example_shape(model, load_preset_metadata(settings.preset))
         return ((batch, *shape), "int32" if len(shape) == 1 else "float32"), ((batch,), "int32")
 
     def check_inputs(self, settings, model):
         pass
+
+
+class _CausalLM:
+    """The finetune job's steps for a causal LM, as ``lm_finetune.finetune_lm`` takes them:
+    its distribution (the layout map fitted to the preset's config), the architecture with
+    the method applied (no weights read), its compile (loss chunks, the method's
+    optimizer), and batches of T tokens (``--sequence-length``, else what the preset's
+    preprocessor would give)."""
+
+    @staticmethod
+    def distribution(settings, mesh):
+        from zoo.models import GPTCausalLM
+        from zoo.training.job_setup import job_distribution
+        from zoo.training.lm_finetune import causal_lm_config, local_preset
+
+        config = causal_lm_config(local_preset(settings.preset), settings.layout)
+        return job_distribution(GPTCausalLM, settings, mesh, model_config=config)
+
+    @staticmethod
+    def build(settings):
+        from zoo.models import GPTBackbone, GPTCausalLM
+        from zoo.training.lm_finetune import causal_lm_config, local_preset, prepare_causal_lm
+
+        config = causal_lm_config(local_preset(settings.preset), settings.layout)
+        model = GPTCausalLM(backbone=GPTBackbone(**config))
+        prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha)
+        return model
+
+    @staticmethod
+    def compile(model, settings):
+        from zoo.training.lm_finetune import compile_causal_lm, make_optimizer
+
+        optimizer = make_optimizer(settings.optimizer, settings.learning_rate, settings.method)
+        compile_causal_lm(model, optimizer, settings.loss_chunk_size)
+
+    @staticmethod
+    def batch_shapes(settings, model, batch):
+        from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
+
+        length = settings.sequence_length or min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
+        tokens = (batch, length)  # next-token targets: the inputs' shape
+        return (tokens, "int32"), (tokens, "int32")
 
 
 JOBS = {job.name: job for job in (TrainCNN(), PretrainGPT(), Finetune())}
