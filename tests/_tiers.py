@@ -106,6 +106,10 @@ MATRIX = {
     "tests/planning/test_remat_caveat.py::test_the_verdict_says_what_a_remat_peak_is[auto]": (
         "tests/planning/test_remat_caveat.py::test_the_verdict_says_what_a_remat_peak_is[full]"
     ),
+    "tests/planning/test_remat_caveat.py::test_no_caveat_without_remat": (
+        "tests/planning/test_remat_caveat.py::test_the_verdict_says_what_a_remat_peak_is[full] (the caveat where "
+        "remat runs; this case: none without it)"
+    ),
     # attention layer, sequence parallel: tier 1 keeps one causal and one full case per kernel
     f"{MHA_SP}[gather-data=2_seq=4-causal-h4k2-mask-rope]": "gather-seq=8-causal-h8k8-mask-rope-striped",
     f"{MHA_SP}[ring-data=2_seq=4-causal-h4k4-mask]": "ring-data=2_seq=4-causal-h4k2-mask-rope-zigzag",

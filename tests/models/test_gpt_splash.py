@@ -3,7 +3,7 @@ numbers of the tiled kernel: the layers' path to it (q, k, v laid out per KV hea
 scale, the named residuals under remat) checked here, where the same Pallas program runs
 in Pallas' interpreter (``SPLASH_PLATFORMS`` widened to this CPU for the test).
 
-The smallest shapes splash takes: T = 128 (one block), head dim 64; grouped-query heads.
+The smallest shapes splash takes: T = 128 (one block), head dim 64; grouped-query heads (2 of 1 KV head).
 """
 
 import importlib
@@ -17,12 +17,12 @@ from zoo.models import GPTBackbone, GPTCausalLM
 
 CONFIG = dict(
     vocabulary_size=64,
-    num_layers=2,
-    num_query_heads=4,
-    num_key_value_heads=2,
-    hidden_dim=128,
+    num_layers=1,
+    num_query_heads=2,
+    num_key_value_heads=1,
+    hidden_dim=64,
     head_dim=64,
-    intermediate_dim=128,
+    intermediate_dim=64,
     max_sequence_length=128,
 )
 T, BATCH, STEPS = 128, 2, 2
