@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The rows of issue 43's table on one TPU v5e chip, each one `zoo bench step` in its own
 # process (the device's peak counter is then the row's own), reports appended to
-# $OUT/step.md and the log to $OUT/log.txt. About 60-120 s a row (the compile dominates:
-# 33-41 s at 8 layers before this change); under the device tool's 10 minutes a call, run
-# it in two halves: `issue43_rows.sh 1` then `issue43_rows.sh 2`.
+# $OUT/step.md and the log to $OUT/log.txt. About 100-150 s a row (two compiles of the
+# step, 33-41 s each at 8 layers before this change: fit's, and the compiled footprint's);
+# under the device tool's 10 minutes a call, run it in three parts: `issue43_rows.sh 1`,
+# `2`, `3` (the keras-hub rows, two more processes). zoo plan's figures for the same steps
+# are CPU compiles: take them on any machine with the same JAX, not on the chip's time, e.g.
+# zoo plan --devices 1 --device tpu-v5e --layout single --config-name gpt_1b --num-layers 8 \
+#   --sequence-length 2048 --batch-size 2 --depth full
 #
 #   source .device/tpu-env.sh && OUT=/tmp/out bash recipes/tpu-v5e-1/issue43_rows.sh 1
 set -uo pipefail
-half=${1:-1}
+part=${1:-1}
 row() {  # row SECONDS ARGS...: one zoo bench step, its report appended whatever happens
     local limit=$1
     shift
@@ -19,13 +23,18 @@ row() {  # row SECONDS ARGS...: one zoo bench step, its report appended whatever
     fi
     echo >> "$OUT/step.md"
 }
-if [ "$half" = 1 ]; then
-    row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --profile --plan
+case "$part" in
+1)
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --profile
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --profile
-    row 120 --config-name gpt_1b --num-layers 8 --batch-size 4 --remat save_attention
-    row 120 --config-name qwen3_0.6b --method full --batch-size 4 --remat full --loss-chunk-size 512 --scan-layers
-else
-    row 170 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat full --loss-chunk-size 512
-    row 150 --config-name gpt_350m --sequence-length 1024 --batch-size 8
-    row 240 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
-fi
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --remat save_attention
+    ;;
+2)
+    row 150 --config-name qwen3_0.6b --method full --batch-size 4 --remat full --loss-chunk-size 512 --scan-layers
+    row 200 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat full --loss-chunk-size 512
+    row 200 --config-name gpt_350m --sequence-length 1024 --batch-size 8
+    ;;
+3)
+    row 500 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
+    ;;
+esac
