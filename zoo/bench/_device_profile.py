@@ -16,12 +16,11 @@ the step's dispatch.
 """
 
 import collections
-import glob
-import gzip
-import json
-import os
 
-TRACE_FILE = "perfetto_trace.json.gz"
+from zoo.bench._step_profile import TRACE_FILE, read_trace
+
+__all__ = ["TRACE_FILE", "device_profile", "format_profile", "kind_of", "part_of", "read_trace"]
+
 OPS_LINE = "XLA Ops"
 STEPS_LINE = "Steps"
 # (part, words any of which in the op path puts an op in it); first match wins.
@@ -51,16 +50,6 @@ def kind_of(category):
     if "custom" in category:
         return "Pallas kernel"
     return "elementwise and other"
-
-
-def read_trace(trace_dir):
-    """The ``traceEvents`` of the newest perfetto trace under ``trace_dir``."""
-    paths = sorted(glob.glob(os.path.join(trace_dir, "**", TRACE_FILE), recursive=True), key=os.path.getmtime)
-    if not paths:
-        raise FileNotFoundError(f"no {TRACE_FILE} under {trace_dir}")
-    with gzip.open(paths[-1], "rt") as handle:
-        trace = json.load(handle)
-    return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
 def _lines(events):

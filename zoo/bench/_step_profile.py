@@ -86,14 +86,19 @@ def category(instruction, computations):
     return "elementwise and other"
 
 
-def thunk_times(trace_dir):
-    """``{event name: (total microseconds, runs)}`` of the newest perfetto trace under ``trace_dir``."""
+def read_trace(trace_dir):
+    """The ``traceEvents`` of the newest perfetto trace under ``trace_dir``."""
     paths = sorted(glob.glob(os.path.join(trace_dir, "**", TRACE_FILE), recursive=True), key=os.path.getmtime)
     if not paths:
         raise FileNotFoundError(f"no {TRACE_FILE} under {trace_dir}")
     with gzip.open(paths[-1], "rt") as handle:
         trace = json.load(handle)
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def thunk_times(trace_dir):
+    """``{event name: (total microseconds, runs)}`` of the newest perfetto trace under ``trace_dir``."""
+    events = read_trace(trace_dir)
     totals = collections.defaultdict(lambda: [0.0, 0])
     for event in events:
         if event.get("ph") == "X":
