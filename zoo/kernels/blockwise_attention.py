@@ -292,9 +292,10 @@ def local_attention(
     GSPMD partitions the call over several devices (no Pallas kernel then). Positions given as
     None mean natural order; they only matter under causal masking. A sliding window W
     reaches cuDNN as ``local_window_size=(W - 1, 0)`` (keys p - W + 1 .. p, causal).
-    Segment ids (packing) always run the tiled kernel: ``jax.nn.dot_product_attention``
+    On a GPU, segment ids (packing) run the tiled kernel: ``jax.nn.dot_product_attention``
     has no document-id argument (cuDNN's packed layout is reached only through private
-    APIs), and a [T, S] boolean mask would cost the memory the tiles save.
+    APIs), and a [T, S] boolean mask would cost the memory the tiles save; splash takes
+    them as its own.
     """
     platform = jax.default_backend()
     choice = attention_implementation(
@@ -320,7 +321,7 @@ def local_attention(
             causal=causal,
             scale=scale,
             sliding_window=window,
-            softcap=softcap,
+            softcap=_checks.check_softcap(softcap),
             segment_ids=segment_ids,
             kv_segment_ids=kv_segment_ids,
             interpret=platform != "tpu",  # only where a test adds this platform to SPLASH_PLATFORMS
