@@ -35,11 +35,12 @@ def resolve_distribution(settings, mesh=None):
     """The job's distribution for ``settings`` (on ``mesh``, default ``settings.mesh``), its
     layout map fitted to the named model (e.g. no ``lm_head`` rule for tied embeddings).
     Layout ``pipeline``: the layers must split into stages x repeats groups, and the
-    batch per data shard into the micro-batches (``ValueError`` naming the flags)."""
+    batch per data shard into the micro-batches (``ValueError`` naming the flags); with
+    no mesh, the default's stage axis is fitted to the layers like any layout's split
+    axis (``zd.distribution_for``)."""
     mesh = settings.mesh if mesh is None else mesh
-    if settings.layout == "pipeline":
-        mesh = _fitting_pipeline_mesh(settings) if mesh is None else mesh
-        _check_pipeline_depth(settings, _stage_count(mesh))
+    if settings.layout == "pipeline" and mesh is not None:
+        _check_pipeline_depth(settings, _stage_count(mesh))  # naming the flags, before the layout map's check
     model_config = GPTCausalLM.named_config(settings.config_name, settings.layout, **_model_overrides(settings))
     distribution = job_distribution(GPTCausalLM, settings, mesh, model_config=model_config)
     if settings.layout == "pipeline":
@@ -78,22 +79,6 @@ def moe_overrides(settings):
             f"leave them out or use an MoE config (e.g. gpt_tiny_moe)"
         )
     return given
-
-
-def _fitting_pipeline_mesh(settings):
-    """The first default pipeline mesh (``zd.default_mesh_candidates``: stage=4, then 2 ...)
-    whose stages x repeats divide the model's layers; the default itself when none does
-    (its error names the numbers)."""
-    import jax
-
-    candidates = zd.default_mesh_candidates("pipeline", len(jax.devices()))
-    for spec in candidates:
-        try:
-            _check_pipeline_depth(settings, _stage_count(spec))
-        except ValueError:
-            continue
-        return spec
-    return candidates[0]
 
 
 def _stage_count(mesh):
