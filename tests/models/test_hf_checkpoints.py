@@ -63,6 +63,20 @@ def test_logits_equal_transformers(loaded, name):
     np.testing.assert_allclose(np.asarray(loaded[name](token_ids)), logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_both_config_forms_compute_the_same_logits(loaded, tmp_path, name):
+    """The fixture with its config.json as transformers 5 writes it (rope_parameters, ...:
+    tests/models/test_hf_config_forms.py) computes the logits of the fixture as transformers 4.57 wrote it."""
+    from tests.models.test_hf_config_forms import transformers5_form
+
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES / name, folder)
+    (folder / "config.json").write_text(json.dumps(transformers5_form(fixture_config(name)), indent=2))
+    token_ids, _ = expected(name)
+    model = GPTCausalLM.from_preset(folder)
+    np.testing.assert_array_equal(np.asarray(model(token_ids)), np.asarray(loaded[name](token_ids)))
+
+
 def test_the_config_is_mapped(loaded):
     gqa = loaded["llama_gqa_rope_scaling"].backbone
     assert (gqa.num_query_heads, gqa.num_key_value_heads, gqa.head_dim, gqa.hidden_dim) == (4, 2, 16, 32)

@@ -25,6 +25,16 @@ it and its value, before anything is built. A number out of range (a size that i
 positive integer, heads that do not divide, ``rope_theta`` or ``rms_norm_eps`` not finite
 and positive) is a damaged file rather than another model: ``CheckpointError``, naming
 the key and its value.
+
+Both forms of the file load: transformers 4's, and transformers 5's, which writes RoPE as one
+key, ``rope_parameters`` (``{"rope_type": "default" | "llama3", "rope_theta": ..., and Llama
+3's factors}``; Gemma 3's nested by layer type, ``{"full_attention": {...},
+"sliding_attention": {...}}``, in place of ``rope_theta``, ``rope_scaling`` and
+``rope_local_base_freq``) and Qwen3-MoE's expert count as ``num_local_experts``:
+``transformers4_keys`` turns it into transformers 4's keys before anything else is read.
+Written files (``hf_config``) have transformers 4's keys, every value of the type
+transformers declares for its key (``WRITTEN_TYPES``: transformers 5 refuses ``16.0`` where
+it declares an int, ``1`` where a float), so both versions load them.
 """
 
 import math
@@ -182,6 +192,78 @@ LLAMA3_FACTORS = (
 )  # rope_scaling's numbers, with original_max_position_embeddings
 
 
+# transformers 5's rope_parameters (transformers4_keys): rope_type -> the keys it carries besides
+# rope_type and rope_theta; the zoo's RoPE computes these two kinds
+ROPE_TYPE_KEYS = {"default": (), "llama3": (*LLAMA3_FACTORS, "original_max_position_embeddings")}
+ROPE_TYPES = {"gemma2": ("default",), "gemma3_text": ("default",)}  # others: every kind in ROPE_TYPE_KEYS
+# model type -> its rope_parameters' layer types -> the transformers 4 key of their rope_theta
+# (Gemma3TextConfig nests it; a nested rope_parameters elsewhere is refused)
+NESTED_ROPE = {"gemma3_text": {"full_attention": "rope_theta", "sliding_attention": "rope_local_base_freq"}}
+# model type -> {transformers 5's config.json key: transformers 4's} (Qwen3MoeConfig's attribute_map)
+RENAMED_KEYS = {"qwen3_moe": {"num_local_experts": "num_experts"}}
+
+# config.json key -> the type transformers declares for it, for every key hf_config writes
+# (transformers 5's configs are strict dataclasses: an int where a float is declared, or 16.0
+# where an int is, is refused; rope_theta / rope_local_base_freq / rope_scaling as its
+# rope_parameters declares them); written_types casts and checks
+WRITTEN_TYPES = {
+    **dict.fromkeys(("architectures", "layer_types", "mlp_only_layers"), list),
+    **dict.fromkeys(("model_type", "torch_dtype", "hidden_act", "hidden_activation"), str),
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "hidden_size",
+            "intermediate_size",
+            "head_dim",
+            "max_position_embeddings",
+            "sliding_window",
+            "max_window_layers",
+            "num_experts_per_tok",
+            "num_local_experts",
+            "num_experts",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+            "decoder_sparse_step",
+            "query_pre_attn_scalar",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+        ),
+        int,
+    ),
+    **dict.fromkeys(
+        (
+            "rms_norm_eps",
+            "rope_theta",
+            "rope_local_base_freq",
+            "router_aux_loss_coef",
+            "router_jitter_noise",
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+        ),
+        float,
+    ),
+    **dict.fromkeys(
+        (
+            "tie_word_embeddings",
+            "attention_bias",
+            "mlp_bias",
+            "use_sliding_window",
+            "norm_topk_prob",
+            "output_router_logits",
+            "qkv_bias",
+        ),
+        bool,
+    ),
+    "rope_scaling": dict,
+}
+ROPE_SCALING_TYPES = {"rope_type": str, **dict.fromkeys(LLAMA3_FACTORS, float), "original_max_position_embeddings": int}
+NULLABLE = ("sliding_window", "attn_logit_softcapping", "final_logit_softcapping", "rope_scaling")  # null: none
+
+
 class UnsupportedCheckpoint(ValueError):
     """A Hugging Face config the zoo GPT cannot reproduce; the message names the key."""
 
@@ -202,6 +284,7 @@ def backbone_arguments(config, where="config.json"):
             f"{where}: model_type {model_type!r} is not supported; the zoo GPT loads {list(HF_MODEL_TYPES)} "
             f"(docs/checkpoints-hf.md says why others are refused)"
         )
+    config = transformers4_keys(config, where)
     if model_type in ("gemma2", "gemma3_text"):  # their own keys: _hf_gemma
         from zoo.models.gpt import _hf_gemma
 
@@ -304,16 +387,109 @@ def _check_heads(config, where):
         )
 
 
-def _check_llama3_scaling(scaling, where):
+def _check_llama3_scaling(scaling, where, name="rope_scaling"):
+    """Llama 3's factors finite and > 0, high over low, original_max_position_embeddings a
+    positive integer; ``name``: the config.json key holding them, for the message."""
     for key in LLAMA3_FACTORS:
         if not _finite(scaling.get(key), minimum=0.0) or not scaling[key] > 0:
-            raise CheckpointError(f"{where}: rope_scaling {key} = {scaling.get(key)!r} must be a finite number > 0")
-    positive_int(scaling, "original_max_position_embeddings", f"{where}: rope_scaling", required=True)
+            raise CheckpointError(f"{where}: {name} {key} = {scaling.get(key)!r} must be a finite number > 0")
+    positive_int(scaling, "original_max_position_embeddings", f"{where}: {name}", required=True)
     if not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise CheckpointError(
-            f"{where}: rope_scaling high_freq_factor = {scaling['high_freq_factor']!r} must exceed "
+            f"{where}: {name} high_freq_factor = {scaling['high_freq_factor']!r} must exceed "
             f"low_freq_factor = {scaling['low_freq_factor']!r}"
         )
+
+
+# --- transformers 5's config.json -> transformers 4's keys -----------------------------
+
+
+def transformers4_keys(config, where="config.json"):
+    """``config`` with transformers 5's keys turned into transformers 4's, which the rest of
+    this module reads: ``rope_parameters`` into ``rope_theta`` and ``rope_scaling`` (Gemma 3's,
+    nested by layer type, into ``rope_theta`` and ``rope_local_base_freq``), Qwen3-MoE's
+    ``num_local_experts`` into ``num_experts``; a transformers 4 file comes back as it is.
+
+    What transformers 5 leaves to its defaults stays unset here (a ``rope_parameters`` without
+    ``rope_theta``: the file's ``rope_theta`` if any, else the model type's default). A value
+    given in both forms that differs is refused (``CheckpointError`` naming both), as is a
+    ``rope_parameters`` the zoo cannot compute (``UnsupportedCheckpoint`` naming the key)."""
+    model_type = config.get("model_type")
+    given = {key: value for key, value in config.items() if key != "rope_parameters"}
+    derived = {}  # transformers 4 key -> (value, the transformers 5 key it comes from)
+    for key, old_key in RENAMED_KEYS.get(model_type, {}).items():
+        if key in given:
+            derived[old_key] = (given.pop(key), key)
+    if config.get("rope_parameters") is not None:  # null: transformers 5's defaults, as no key
+        for key, (value, source) in _rope_keys(model_type, config["rope_parameters"], where).items():
+            derived[key] = (value, source)
+    for key, (value, source) in derived.items():
+        if given.get(key) is not None and given[key] != value:
+            raise CheckpointError(
+                f"{where}: {key} = {given[key]!r} and {source} = {value!r} disagree (transformers 4 reads the first, "
+                f"transformers 5 the second); give one of them"
+            )
+    return {**given, **{key: value for key, (value, _) in derived.items()}}
+
+
+def _rope_keys(model_type, rope, where):
+    """``{transformers 4 key: (value, the rope_parameters key it comes from)}`` of a ``rope_parameters``."""
+    if not isinstance(rope, dict):
+        raise CheckpointError(f"{where}: rope_parameters = {rope!r} must be an object of RoPE keys (or null)")
+    nested = NESTED_ROPE.get(model_type)
+    by_layer_type = [key for key in rope if key in LAYER_TYPES]
+    if nested is None:
+        if by_layer_type:
+            raise UnsupportedCheckpoint(
+                f"{where}: rope_parameters nested by layer type ({by_layer_type}) is not supported for model_type "
+                f"{model_type!r}: one RoPE for every layer (transformers nests it for gemma3_text)"
+            )
+        return _one_rope(model_type, rope, "rope_parameters", where, theta_key="rope_theta")
+    unknown = [key for key in rope if key not in nested]
+    if unknown:
+        raise UnsupportedCheckpoint(
+            f"{where}: rope_parameters key {unknown[0]!r} (= {rope[unknown[0]]!r}) is not one the zoo GPT knows for "
+            f"model_type {model_type!r}: its rope_parameters is nested by layer type, {list(nested)}"
+        )
+    keys = {}
+    for layer_type, theta_key in nested.items():
+        if layer_type in rope:  # absent: transformers 5 takes theta_key's value, else its default
+            name = f"rope_parameters.{layer_type}"
+            if rope[layer_type] is None:
+                raise UnsupportedCheckpoint(f"{where}: {name} = None (no RoPE in those layers) is not supported")
+            keys.update(_one_rope(model_type, rope[layer_type], name, where, theta_key=theta_key))
+    return keys
+
+
+def _one_rope(model_type, rope, name, where, *, theta_key):
+    """``{theta_key: ..., "rope_scaling": ...}`` of one flat RoPE dict (``name``: its key, for
+    messages), checked as ``rope_theta`` and ``rope_scaling`` are."""
+    if not isinstance(rope, dict):
+        raise CheckpointError(f"{where}: {name} = {rope!r} must be an object of RoPE keys")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    kinds = ROPE_TYPES.get(model_type, tuple(ROPE_TYPE_KEYS))
+    if kind not in kinds:
+        raise UnsupportedCheckpoint(
+            f"{where}: {name} rope_type = {kind!r} is not supported for model_type {model_type!r} (the zoo GPT "
+            f"computes rope_type {' or '.join(map(repr, kinds))})"
+        )
+    for key, value in rope.items():
+        if key not in ("rope_type", "type", "rope_theta", *ROPE_TYPE_KEYS[kind]):
+            raise UnsupportedCheckpoint(
+                f"{where}: {name} key {key!r} (= {value!r}) is not one the zoo GPT knows for rope_type {kind!r}; it "
+                f"may change the model, so it is refused"
+            )
+    keys = {}
+    if rope.get("rope_theta") is not None:
+        positive_number(rope, "rope_theta", f"{where}: {name}")
+        keys[theta_key] = (rope["rope_theta"], f"{name}.rope_theta")
+    if theta_key == "rope_theta":  # the global layers' RoPE: their scaling too
+        scaling = None
+        if kind == "llama3":
+            scaling = {"rope_type": kind, **{key: rope.get(key) for key in ROPE_TYPE_KEYS[kind]}}
+            _check_llama3_scaling(scaling, where, name=name)
+        keys["rope_scaling"] = (scaling, name)
+    return keys
 
 
 def positive_int(config, key, where, required=False):
@@ -544,12 +720,53 @@ def _qk_norm_model_type(arguments):
 
 def hf_config(backbone_config, *, special_ids=None):
     """The ``config.json`` of a ``GPTBackbone`` config, of the ``hf_model_type`` that
-    computes the same; ``UnsupportedCheckpoint`` for a zoo GPT no Llama-family model
-    reproduces (LayerNorm or a GELU MLP: gpt_125m, say)."""
+    computes the same, each value of the type transformers declares (``written_types``);
+    ``UnsupportedCheckpoint`` for a zoo GPT no Llama-family or Gemma model reproduces
+    (LayerNorm or a GELU MLP: gpt_125m, say)."""
     from zoo.models.gpt import _hf_gemma
 
     if _hf_gemma.is_gemma(backbone_config):
-        return _hf_gemma.hf_config(backbone_config, special_ids=special_ids)
+        return written_types(_hf_gemma.hf_config(backbone_config, special_ids=special_ids))
+    return written_types(_llama_family_config(backbone_config, special_ids=special_ids))
+
+
+def written_types(config):
+    """``config`` with every value cast to the type ``WRITTEN_TYPES`` declares for its key (an
+    int for an int: 16.0 -> 16; a float for a float: 10000 -> 10000.0); ``UnsupportedCheckpoint``
+    naming a value that has no such form (an int key holding 16.5), ``KeyError`` for a key the
+    table lacks (a writer's key without a declared type: a bug here, caught by the tests)."""
+    return {key: _written_value(key, value, WRITTEN_TYPES) for key, value in config.items()}
+
+
+def _written_value(key, value, types):
+    declared = types[key]
+    if value is None and key in NULLABLE:
+        return None
+    if declared is dict:
+        return {inner: _written_value(inner, item, ROPE_SCALING_TYPES) for inner, item in value.items()}
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if declared is float and number:
+        return float(value)
+    if declared is int and number and float(value).is_integer():
+        return int(value)
+    if isinstance(value, declared) and (declared is not int or number):
+        return value
+    raise UnsupportedCheckpoint(
+        f"config.json {key} = {value!r} cannot be written: transformers declares {key} of type {declared.__name__}"
+    )
+
+
+def resolved_heads(arguments):
+    """``num_key_value_heads`` and ``head_dim`` of ``GPTBackbone`` arguments as integers (None: H, C / H),
+    as config.json must state them (transformers 5 declares both ints, with defaults of its own)."""
+    heads = arguments["num_query_heads"]
+    return {
+        "num_key_value_heads": arguments.get("num_key_value_heads") or heads,
+        "head_dim": arguments.get("head_dim") or arguments["hidden_dim"] // heads,
+    }
+
+
+def _llama_family_config(backbone_config, *, special_ids):
     if backbone_config.get("norm", "rms") != "rms" or backbone_config.get("mlp", "swiglu") != "swiglu":
         raise UnsupportedCheckpoint(
             f"a GPT with norm {backbone_config.get('norm')!r} and mlp {backbone_config.get('mlp')!r} has no Hugging Face "
@@ -562,6 +779,7 @@ def hf_config(backbone_config, *, special_ids=None):
         "hidden_act": "silu",
         "torch_dtype": "float32",
         **{key: backbone_config[argument] for key, argument in MAPPED.items() if argument in backbone_config},
+        **resolved_heads(backbone_config),
     }
     if model_type == "llama":
         config.update(attention_bias=False, mlp_bias=False)

@@ -9,11 +9,17 @@ layers, Gemma 3 where (i + 1) % ``sliding_window_pattern`` (default 6) != 0). Ge
 attention-logit and final-logit soft-capping; Gemma 3 adds qk-norm (the same offset
 RMSNorm) and a RoPE base of its own for the sliding layers (``rope_local_base_freq``).
 
-Refused, naming the key: ``rope_scaling`` (Gemma 3 4B and larger: linear scaling of the
-global layers, which the zoo's RoPE does not compute yet), ``use_bidirectional_attention``
+transformers 5's form (``rope_parameters``, Gemma 3's nested by layer type) is read as its
+transformers 4 keys (``_hf_config.transformers4_keys``).
+
+Refused, naming the key: ``rope_scaling`` or a ``rope_parameters`` ``rope_type`` other than
+``"default"`` (Gemma 3 4B and larger: linear scaling of the global layers, which the zoo's
+RoPE does not compute yet), ``use_bidirectional_attention``
 true, ``attention_bias`` true, another ``hidden_activation``, untied embeddings, a key
 neither listed here nor inert.
 """
+
+import math
 
 from zoo.models.gpt import _hf_config as common
 
@@ -42,7 +48,7 @@ ALLOWED_VALUES = {
     "hidden_activation": ("gelu_pytorch_tanh",),
     "attention_bias": (False,),
     "tie_word_embeddings": (True,),  # Gemma's head is the embedding; an untied one has no lm_head tensor name here
-    "use_bidirectional_attention": (False,),
+    "use_bidirectional_attention": (False, None),  # transformers 5 writes Gemma 2's default, null
     "rope_scaling": (None,),
 }
 READ = {  # read by _arguments, per model type
@@ -213,18 +219,17 @@ def hf_config(arguments, *, special_ids=None):
             range(layers) if arguments.get("sliding_window_layers") is None else arguments["sliding_window_layers"]
         )
     )
-    head_dim = arguments.get("head_dim") or arguments["hidden_dim"] // arguments["num_query_heads"]
-    scale = arguments.get("attention_scale")
+    heads = common.resolved_heads(arguments)
     config = {
         "architectures": [ARCHITECTURES[model_type]],
         "model_type": model_type,
         "hidden_activation": "gelu_pytorch_tanh",
         "torch_dtype": "float32",
         **{key: arguments[argument] for key, argument in MAPPED.items() if argument in arguments},
-        "head_dim": head_dim,
+        **heads,
         "tie_word_embeddings": True,
         "attention_bias": False,
-        "query_pre_attn_scalar": head_dim if scale is None else scale**-2,
+        "query_pre_attn_scalar": _query_pre_attn_scalar(arguments.get("attention_scale"), heads["head_dim"]),
         "attn_logit_softcapping": arguments.get("attention_logit_softcap"),
         "final_logit_softcapping": arguments.get("final_logit_softcap"),
         "sliding_window": window if window is not None else arguments.get("max_sequence_length"),
@@ -237,3 +242,19 @@ def hf_config(arguments, *, special_ids=None):
         )
     config.update({key: value for key, value in (special_ids or {}).items() if value is not None})
     return config
+
+
+def _query_pre_attn_scalar(scale, head_dim):
+    """The integer q with ``scale == q ** -0.5`` (None: ``head_dim``), as transformers declares
+    ``query_pre_attn_scalar`` (an int: 5.x refuses 16.0); ``scale ** -2`` rounded off its last
+    bits (``(144 ** -0.5) ** -2`` is 144.00000000000003). ``UnsupportedCheckpoint`` when no
+    integer gives ``scale``."""
+    if scale is None:
+        return head_dim
+    value = float(scale) ** -2
+    if not math.isclose(value, round(value), rel_tol=1e-9):
+        raise common.UnsupportedCheckpoint(
+            f"attention_scale = {scale!r} is not q ** -0.5 for an integer q: Gemma's config.json states it as "
+            f"query_pre_attn_scalar, which transformers declares an integer ({value!r} here)"
+        )
+    return round(value)

@@ -2,11 +2,13 @@
 
 ``GPTCausalLM.from_preset(directory)`` reads a folder holding ``config.json`` (a
 ``model_type`` in ``zoo.config.choices.HF_MODEL_TYPES``; ``_hf_config`` maps and checks
-it), ``model.safetensors`` or its sharded index, and optionally ``tokenizer.json``. The
+it, as transformers 4 writes it or as transformers 5 does, with ``rope_parameters``),
+``model.safetensors`` or its sharded index, and optionally ``tokenizer.json``. The
 model is built under the distribution in force and every weight is read from the file
 straight into its shards (``zoo.presets.safetensors_weights``). ``save_to_hf`` writes
 the same format back (LoRA merged, a pipelined backbone's stacked blocks as its L
-layers), loadable by ``transformers``, as a whole folder or not at all
+layers), loadable by ``transformers`` 4.57 and 5.x (``config.json`` in transformers 4's
+keys, each value of the type transformers declares), as a whole folder or not at all
 (``zoo.presets._atomic_folder``).
 
 The weight table (L layers; H query heads, K KV heads, D head dim, C hidden, F
