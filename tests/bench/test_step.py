@@ -99,6 +99,17 @@ def test_the_profile_counts_innermost_ops_per_part(tmp_path):
     assert "| MLP | 0.0 | 30.0% |" in text and "| host and idle (no device op) | 0.0 | 40.0% | |" in text
     assert profile.device_profile(meta + steps) is None  # no op names (XLA:CPU's trace): no table
 
+    # fit's other programs on the Steps line (3 more events) and an op whose rounded end
+    # overlaps the next one's start: per traced step, and both ops are leaves
+    extra = [_event("metrics", 200 + i, 0.5, tid=1) for i in range(3)]
+    touching = [
+        _event("fusion.7", 300, 10.004, "jit(train_step)/block_0/mlp/down/dot_general", "convolution fusion"),
+        _event("fusion.8", 310, 10, "jit(train_step)/block_0/mlp/down/dot_general", "convolution fusion"),
+    ]
+    result = profile.device_profile(meta + steps + extra + ops + touching, steps=2)
+    assert result.steps == 2 and result.parts["MLP"] == pytest.approx(0.03 + (10.004 + 10) / 2e3)
+    assert result.step_ms == pytest.approx(0.1 + 0.00075)
+
 
 def test_parts_and_kinds_are_named_by_the_op_path():
     assert profile.part_of("jit(train_step)/jvp(gpt_backbone)/blocks/while/body/attention/dot_general") == "attention"

@@ -151,7 +151,7 @@ def profile_steps(fit, steps=3):
     folder = tempfile.mkdtemp(prefix="zoo-bench-step-trace-")
     with jax.profiler.trace(folder, create_perfetto_trace=True):
         fit(steps)
-    return device_profile(read_trace(folder))
+    return device_profile(read_trace(folder), steps=steps)
 
 
 # --- zoo plan beside it ---------------------------------------------------------------
