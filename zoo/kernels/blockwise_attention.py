@@ -262,7 +262,7 @@ def describe_local_attention(*, q_len, kv_len, block_size=512, cudnn=True, **cho
     if kernel == "cudnn":
         return "cudnn"
     if kernel == "splash":
-        q_edge, k_edge = (splash_attention.block_edge(n, choice["head_dim"]) for n in (q_len, kv_len))
+        q_edge, k_edge = (splash_attention.block_edge(n) for n in (q_len, kv_len))
         return f"splash (blocks {q_edge})" if q_edge == k_edge else f"splash (blocks {q_edge}x{k_edge})"
     q_tile, k_tile = (tile_plan(length, block_size)[0] for length in (q_len, kv_len))
     return f"blockwise (tile {q_tile})" if q_tile == k_tile else f"blockwise (tile {q_tile}x{k_tile})"

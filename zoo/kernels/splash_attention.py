@@ -19,9 +19,13 @@ head dim a multiple of 64. Soft-capping, sliding windows and segment ids (packin
 its own options (a padding query, id 0, gets 0 as in the reference). Scores are ``scale * q.k``: q is multiplied by the scale before the
 kernel, in q's dtype (bf16 under mixed precision), as MaxText does.
 
-Block sizes (``block_sizes``) were measured on the chip, forward + backward, bf16, causal:
-at head dim 64, blocks of 512 (T <= 4,096) and 1,024 (longer); at head dim 128, 1,024.
-The fused backward was faster than the split one (dq apart from dk, dv) in every case.
+Block sizes were measured on the chip, forward + backward, bf16, causal, at the shapes of
+gpt_1b, llama_3_2_1b, qwen3_0.6b (T = 2,048) and gpt_350m (T = 1,024), 11 candidates each
+(``recipes/tpu-v5e-1/splash_blocks.py``, docs/performance.md): query and key blocks of
+1,024 with keys computed 512 at a time (forward and fused backward alike) were the best
+or within 1% of it at every shape and head dim: 8% faster than blocks of 512 at gpt_1b's
+batch 4, 12% at llama_3_2_1b's; 2,048-token blocks ran out of the core's VMEM. The fused
+backward was faster than the split one (dq apart from dk, dv) in every case.
 
 Letters: B batch, T queries, S keys, H query heads, K KV heads, G = H / K, D head dim.
 """
@@ -38,6 +42,7 @@ __all__ = ["block_edge", "splash_attention", "supports"]
 
 LANES = 128  # the TPU's vector lane width: every block edge is a multiple of it
 EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
+COMPUTE_EDGE = 512  # keys per inner step of a block (block_kv_compute): the measured best
 
 
 def supports(*, q_len, kv_len, head_dim, natural_order=True, key_masked=False):
@@ -45,12 +50,10 @@ def supports(*, q_len, kv_len, head_dim, natural_order=True, key_masked=False):
     return q_len % LANES == 0 and kv_len % LANES == 0 and head_dim % 64 == 0 and natural_order and not key_masked
 
 
-def block_edge(length, head_dim):
-    """The block edge for ``length`` tokens at ``head_dim``: the measured best (512 at
-    D = 64 up to 4,096 tokens, else 1,024), lowered to the largest of ``EDGES`` that
-    divides ``length``."""
-    best = 512 if head_dim <= 64 and length <= 4096 else 1024
-    return next(edge for edge in EDGES if edge <= best and length % edge == 0)
+def block_edge(length):
+    """The block edge for ``length`` tokens: the measured best, 1,024 (module docstring),
+    lowered to the largest of ``EDGES`` that divides ``length``."""
+    return next(edge for edge in EDGES if length % edge == 0)
 
 
 def _mask(q_len, kv_len, groups, causal, sliding_window):
@@ -71,14 +74,15 @@ def _kernel(q_len, kv_len, groups, head_dim, causal, sliding_window, softcap, in
     """The multi-query kernel for one KV head's G query heads: (G, T, D), (S, D), (S, D) -> (G, T, D)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
-    bq, bkv = block_edge(q_len, head_dim), block_edge(kv_len, head_dim)
+    bq, bkv = block_edge(q_len), block_edge(kv_len)
+    compute = min(COMPUTE_EDGE, bkv)
     sizes = splash.BlockSizes(
         block_q=bq,
         block_kv=bkv,
-        block_kv_compute=bkv,
+        block_kv_compute=compute,
         block_q_dkv=bq,
         block_kv_dkv=bkv,
-        block_kv_dkv_compute=bkv,
+        block_kv_dkv_compute=compute,
         use_fused_bwd_kernel=True,
     )
     with jax.ensure_compile_time_eval():  # its mask tables as concrete arrays: the cached kernel serves every trace

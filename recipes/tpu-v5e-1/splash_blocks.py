@@ -1,0 +1,115 @@
+"""Splash attention's block sizes at the shapes of the zoo's models, forward + backward, on one TPU chip.
+
+    source .device/tpu-env.sh && OUT=/tmp/out python3 recipes/tpu-v5e-1/splash_blocks.py
+
+Shapes (B, T, H, K, D): gpt_1b's at batch 2 and 4 (32 / 4 heads of 64), llama_3_2_1b's
+(32 / 8 of 64), qwen3_0.6b's (16 / 8 of 128), all at 2,048 tokens, and gpt_350m's (16 / 16
+of 64 at 1,024 tokens); causal, bf16. Each candidate is a ``BlockSizes`` (fused backward)
+given as forward (block_q, block_kv, block_kv_compute) and backward (block_q_dkv,
+block_kv_dkv, block_kv_dkv_compute), run as the zoo runs it (``zoo.kernels.splash_attention``:
+the multi-query kernel once per KV head, vmapped over B and K). Each row: the median of 5
+timings of 5 calls of the jitted gradient, model FLOPs 4 B T^2 H D x 3 / 2 (causal halved).
+One JSON line per row, printed and appended to $OUT/blocks.jsonl.
+"""
+
+import json
+import os
+import statistics
+import time
+
+os.environ["KERAS_BACKEND"] = "jax"
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+SHAPES = {
+    "gpt_1b b2": (2, 2048, 32, 4, 64),
+    "gpt_1b b4": (4, 2048, 32, 4, 64),
+    "llama_3_2_1b b4": (4, 2048, 32, 8, 64),
+    "qwen3_0.6b b4": (4, 2048, 16, 8, 128),
+    "gpt_350m b8": (8, 1024, 16, 16, 64),
+}
+# (forward (q, kv, kv_compute), backward (q_dkv, kv_dkv, kv_dkv_compute))
+CANDIDATES = [
+    ((512, 512, 512), (512, 512, 512)),
+    ((1024, 1024, 1024), (1024, 1024, 1024)),
+    ((1024, 512, 512), (1024, 512, 512)),
+    ((1024, 1024, 512), (1024, 1024, 512)),
+    ((2048, 512, 512), (2048, 512, 512)),
+    ((2048, 1024, 512), (1024, 1024, 512)),
+    ((1024, 1024, 512), (512, 1024, 512)),
+    ((512, 1024, 512), (512, 1024, 512)),
+    ((1024, 2048, 512), (1024, 2048, 512)),
+    ((2048, 2048, 1024), (2048, 2048, 1024)),
+    ((256, 512, 256), (256, 512, 256)),
+]
+
+
+def timeit(f, *args):
+    """(median seconds per call, compile seconds) of the gradient of f's sum."""
+    g = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
+    start = time.perf_counter()
+    jax.block_until_ready(g(*args))
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(5):
+            result = g(*args)
+        jax.block_until_ready(result)
+        times.append((time.perf_counter() - start) / 5)
+    return statistics.median(times), compile_s
+
+
+def splash(b, t, h, kv, d, forward, backward):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    groups = h // kv
+    mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(groups)])
+    sizes = sk.BlockSizes(
+        block_q=forward[0],
+        block_kv=forward[1],
+        block_kv_compute=forward[2],
+        block_q_dkv=backward[0],
+        block_kv_dkv=backward[1],
+        block_kv_dkv_compute=backward[2],
+        use_fused_bwd_kernel=True,
+    )
+    kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes)
+
+    def f(q, k, v):  # q (B, T, H, D); k, v (B, T, K, D)
+        qh = (q * jnp.asarray(d**-0.5, q.dtype)).reshape(b, t, kv, groups, d).transpose(0, 2, 3, 1, 4)  # B K G T D
+        kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # B K T D
+        out = jax.vmap(jax.vmap(kernel))(qh, kh, vh)  # B K G T D
+        return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+    return f
+
+
+def main():
+    out = os.environ["OUT"]
+    for name, (b, t, h, kv, d) in SHAPES.items():
+        keys = jax.random.split(jax.random.key(0), 3)
+        q = jax.random.normal(keys[0], (b, t, h, d), jnp.bfloat16)
+        k = jax.random.normal(keys[1], (b, t, kv, d), jnp.bfloat16)
+        v = jax.random.normal(keys[2], (b, t, kv, d), jnp.bfloat16)
+        flops = 4 * b * t * t * h * d * 3 / 2
+        for forward, backward in CANDIDATES:
+            if max(forward + backward) > t:
+                continue
+            row = {"shape": name, "B_T_H_K_D": [b, t, h, kv, d], "forward": forward, "backward": backward}
+            try:
+                seconds, compile_s = timeit(splash(b, t, h, kv, d, forward, backward), q, k, v)
+                row.update(
+                    ms=round(seconds * 1e3, 3), tflops=round(flops / seconds / 1e12, 1), compile_s=round(compile_s, 1)
+                )
+            except Exception as error:  # a block shape the kernel refuses: say so, go on
+                row["error"] = f"{type(error).__name__}: {str(error)[:160]}"
+            line = json.dumps(row)
+            print(line, flush=True)
+            with open(os.path.join(out, "blocks.jsonl"), "a") as handle:
+                handle.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
