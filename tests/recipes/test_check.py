@@ -182,6 +182,11 @@ def test_numbers_past_their_range_and_a_non_keras_output_are_refused_before_anyt
     assert load_recipe(path, {"target.hosts": 512, "target.devices_per_host": 8}).target.devices == 4096
     with pytest.raises(RecipeError, match=r"\[train\] output = 'model.h5': the job saves a .keras file"):
         check_recipe(load_recipe(path, {"train.output": "model.h5"}))
+    (tmp_path / "a_file").write_text("")  # an output under a file: run refuses it, so check does
+    with pytest.raises(
+        RecipeError, match=r"\[train\] output = '.*a_file/m.keras': cannot be written: .*a_file is a file"
+    ):
+        check_recipe(load_recipe(path, {"train.output": str(tmp_path / "a_file" / "m.keras")}))
     from zoo.distribution import simulate_cpu_devices
 
     with pytest.raises(ValueError, match=r"simulated device count 1,000,000 is above the 4,096"):
@@ -222,6 +227,19 @@ sequence_length = 32
     recipe = load_recipe(write(tmp_path, text))
     plan = check_recipe(recipe)
     assert plan.mesh == "data=8" and plan.parameters > 0
+
+    # an output run would refuse (a non-empty folder for a Hugging Face model) is refused
+    # by check, with the run's own words, naming the key; and run refuses it before any work
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    refused = load_recipe(recipe.path, {"train.output": str(taken)})
+    with pytest.raises(RecipeError, match=r"\[train\] output = '.*taken': exists and is not empty"):
+        check_recipe(refused)
+    module, settings, _ = refused._job_config()
+    with pytest.raises(ValueError, match=r"--output '.*taken': exists and is not empty"):
+        refused.job.function(module)(settings)
+    assert (taken / "notes.txt").read_text() == "mine"
     compiled = make_plan(request_from_recipe(recipe))
     assert compiled.fits and compiled.step.batch_size == 8
     assert compiled.step.memory["gradients"] < compiled.step.memory["weights"]  # LoRA: the factors' gradients only

@@ -41,6 +41,7 @@ from zoo.presets import (
 from zoo.presets.save import check_preset_destination
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.job_setup import evaluate_accuracy, job_distribution, new_run_folder, run_dir_of
+from zoo.training.lm_finetune import check_paths as lm_check_paths
 from zoo.training.lm_finetune import finetune_causal_lm, finetune_lm, is_causal_lm
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, is_lora_variable, load_lora, lora_parameter_count, merge_lora, save_lora
@@ -133,15 +134,25 @@ def trainable_parameter_count(model):
     return int(sum(np.prod(v.shape) for v in model.trainable_weights))
 
 
+def check_paths(settings):
+    """Refuse, before any work, the paths ``finetune`` would refuse (``zoo recipe check``
+    calls it too): the output folder, checkpoint folder and data folder; for a classifier,
+    an output that is not a new, empty or preset folder; for a causal LM,
+    ``lm_finetune.check_paths``."""
+    if is_causal_lm(settings.preset):
+        return lm_check_paths(settings)
+    check_job_paths(settings, output_is_folder=True)
+    if settings.output:
+        check_preset_destination(os.path.abspath(settings.output))  # refused now, not after training
+
+
 def finetune(settings, report=print):
     """Fine-tune ``settings.preset``: a classifier on ``settings.dataset``, or a causal LM on
     ``settings.data_file`` (``lm_finetune.finetune_lm``); returns a dict of results."""
     if is_causal_lm(settings.preset):
         return finetune_lm(settings, report)
     _check_classifier_options(settings)
-    check_job_paths(settings, output_is_folder=True)
-    if settings.output:
-        check_preset_destination(os.path.abspath(settings.output))  # refused now, not after training
+    check_paths(settings)
     metadata, spec, head = _check_job(settings)
     distribution = resolve_distribution(metadata["class_name"], settings)
     replicas = zd.data_parallel_size(distribution)

@@ -332,10 +332,9 @@ def finetune_lm(settings, report=print):
     """``zoo finetune`` for a causal LM (``settings``: ``FinetuneSettings``); returns
     ``finetune_causal_lm``'s dict, plus ``"output"`` (where the model went, or None)."""
     _check_options(settings)
-    check_job_paths(settings, output_is_folder=True)
+    check_paths(settings)
     preset = local_preset(settings.preset)
     hf = is_hf_folder(preset)
-    _check_output(settings.output, hf)
     distribution = job_distribution(GPTCausalLM, settings, model_config=causal_lm_config(preset, settings.layout))
     report_setup(distribution, report)
     model = zd.build_distributed(lambda: load_causal_lm(preset, settings.layout), distribution)
@@ -405,6 +404,14 @@ def use_chat_template(tokenizer, path):
             "chat templates go with a Hugging Face tokenizer (tokenizer.json)"
         )
     tokenizer.chat_template = template_of(tokenizer, read_text(path))
+
+
+def check_paths(settings):
+    """Refuse, before any work, the paths ``finetune_lm`` would refuse (``zoo recipe
+    check`` calls it too): output, checkpoint and data folders, and an output folder the
+    fine-tuned model cannot be saved into."""
+    check_job_paths(settings, output_is_folder=True)
+    _check_output(settings.output, is_hf_folder(local_preset(settings.preset)))
 
 
 def _check_output(output, hf):

@@ -26,6 +26,7 @@ class PathError(ValueError):
         super().__init__(f"{flag} {path!r}: {problem}")
         self.flag = flag
         self.path = path
+        self.problem = problem
 
 
 class ModelSaveError(OSError):

@@ -140,6 +140,7 @@ def check_recipe(recipe, device_count=None):
     """
     module, settings, problems = recipe._job_config()
     _check_output(recipe, settings)
+    _check_paths(recipe, module, settings)
     plan = _plan(recipe, module, settings, device_count or recipe.target.devices)
     if problems:
         raise _unsupported(recipe, problems, plan)
@@ -160,6 +161,30 @@ def _check_output(recipe, settings):
         raise RecipeError(
             f"{recipe.path}: [train] output = {output!r}: the job saves a .keras file; give a path ending in .keras"
         )
+
+
+def _check_paths(recipe, module, settings):
+    """What ``zoo recipe run`` would refuse of the job's paths, refused here by the job's
+    own check (``Job.check_paths``), naming the file and the recipe key."""
+    from zoo.presets import PresetError
+    from zoo.training.paths import PathError
+
+    try:
+        recipe.job.check_paths(module, settings)
+    except PathError as error:
+        raise RecipeError(f"{recipe.path}: {_key_of(recipe, error.flag)} = {error.path!r}: {error.problem}") from None
+    except PresetError as error:
+        raise RecipeError(f"{recipe.path}: {_key_of(recipe, '--output')}: {error}") from None
+
+
+def _key_of(recipe, flag):
+    """``[section] key`` of the recipe key a job flag (``--checkpoint-dir``) stands for."""
+    field = flag.lstrip("-$").lower().replace("-", "_")
+    dotted = next((key for key, name in recipe.job.fields().items() if name == field), None)
+    if dotted is None:
+        return flag
+    section, key = dotted.split(".", 1)
+    return f"[{section}] {key}"
 
 
 def _plan(recipe, module, settings, devices):

@@ -110,6 +110,13 @@ class Job:
         """``((x shape, dtype), (y shape, dtype))`` of one global batch of ``batch`` examples."""
         raise RecipeError(f"compiling the step of job {self.name!r} is not supported")
 
+    def check_paths(self, module, settings):
+        """Refuse what the job's run refuses of its paths, with the run's own check
+        (``zoo.training.paths.PathError``, ``PresetError``)."""
+        from zoo.training.paths import check_job_paths
+
+        check_job_paths(settings)
+
 
 class PretrainGPT(Job):
     name = "pretrain_gpt"
@@ -217,6 +224,9 @@ class Finetune(Job):
 
     def describe_model(self, settings):
         return f"preset {settings.preset}"
+
+    def check_paths(self, module, settings):
+        module.check_paths(settings)
 
     @staticmethod
     def _causal(settings):
