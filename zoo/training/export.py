@@ -15,13 +15,15 @@ from zoo.config.settings import ExportSettings  # noqa: F401 (the settings of th
 from zoo.models import GPTCausalLMPreprocessor
 from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
 from zoo.tokenizers import ByteTokenizer
-from zoo.training.lora import is_peft_adapter, load_lora, load_peft_adapter, lora_layers, lora_parameter_count
+from zoo.training.lora import check_lora_file, is_peft_adapter, load_lora, load_peft_adapter, lora_layers, lora_parameter_count
 from zoo.training.saving import load_causal_lm
 from zoo.units import MIB
 
 
 def export(settings, report=print):
     """Write ``settings.model`` (with ``settings.lora`` merged) to ``settings.output``; returns the folder."""
+    if settings.lora and not is_peft_adapter(settings.lora):
+        check_lora_file(settings.lora)  # its headers, before the model is loaded
     model = load_causal_lm(settings.model)
     if settings.lora and is_peft_adapter(settings.lora):
         modules = load_peft_adapter(model, settings.lora)

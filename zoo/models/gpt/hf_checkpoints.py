@@ -62,9 +62,10 @@ import os
 
 from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
+from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
-from zoo.presets import inside_folder, write_folder_atomically
+from zoo.presets import inside_folder, read_json_file, write_folder_atomically
 from zoo.presets.safetensors_weights import (
     CheckpointError,
     SafetensorsFiles,
@@ -122,14 +123,19 @@ def is_hf_directory(directory):
 
 
 def read_config(directory):
-    """The folder's ``config.json`` (refused when it resolves outside the folder, or is not JSON,
-    naming the file and where the JSON breaks)."""
+    """The folder's ``config.json``, refused (``CheckpointError`` naming the file) when it
+    resolves outside the folder, is not a regular file of at most ``MAX_JSON_BYTES``, is not
+    JSON (where it breaks), is not a JSON object, or declares a size above the zoo's bounds
+    (``_hf_bounds.check_size_bounds``); ``FileNotFoundError`` when there is none."""
     path = inside_folder(directory, CONFIG_FILE, listed_in="the folder", error=CheckpointError)
-    with open(path, encoding="utf-8") as file:
-        try:
-            return json.load(file)
-        except ValueError as error:  # json.JSONDecodeError (line and column), UnicodeDecodeError
-            raise CheckpointError(f"{path} is not JSON: {error}") from None
+    config = read_json_file(path, error=CheckpointError)
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{path} holds a JSON {type(config).__name__}, not an object of keys: not a Hugging Face config.json"
+        )
+    if "model_type" in config:
+        check_size_bounds(config, path)
+    return config
 
 
 def weight_views(arguments):
@@ -236,7 +242,9 @@ def load_causal_lm(model_class, directory, *, load_weights=True, **overrides):
     if not load_weights:
         return _build(model_class, arguments, tokenizer)
     with SafetensorsFiles(directory) as files:
-        _check_tensor_names(directory, files.names(), weight_views(arguments))
+        views = weight_views(arguments)
+        _check_tensor_names(directory, files.names(), views)
+        check_header_shapes(directory, files, views, arguments, where)
         model = _build(model_class, arguments, tokenizer)
         _load_from(model, directory, files)
     return model

@@ -9,7 +9,7 @@ PEFT's format.
   as ``peft.PeftModel.from_pretrained`` reads them, written and read.
 """
 
-from zoo.training.lora._files import load_lora, save_lora
+from zoo.training.lora._files import check_lora_file, load_lora, save_lora
 from zoo.training.lora._layers import (
     LORA_WEIGHTS,
     enable_lora,
@@ -25,6 +25,7 @@ from zoo.training.lora.peft_adapters import is_peft_adapter, load_peft_adapter, 
 
 __all__ = [
     "LORA_WEIGHTS",
+    "check_lora_file",
     "enable_lora",
     "is_lora_variable",
     "is_peft_adapter",

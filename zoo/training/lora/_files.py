@@ -6,12 +6,16 @@ and attributes ``rank`` and ``alpha``; the root's attributes say ``format = "zoo
 and ``format_version``. A few hundred kilobytes where the model is megabytes.
 """
 
+import contextlib
+import math
 import os
 import tempfile
 
 import h5py
 import numpy as np
 
+from zoo.layers import kernel_variable
+from zoo.presets import regular_file
 from zoo.presets.permissions import honour_umask
 from zoo.presets.sharded_weights import assign_from_host
 from zoo.training.lora._layers import LORA_WEIGHTS, enable_lora, layer_prefix, lora_layers, lora_target_layers
@@ -51,17 +55,25 @@ def load_lora(model, path):
     """Load an adapter written by ``save_lora`` into ``model``: LoRA is enabled (rank and
     alpha from the file, factors laid out like their kernels) on the layers the file
     names, where not already, and each factor goes from the host into its sharding.
-    Returns the adapted layers."""
-    adapters = read_lora(path)
+    Returns the adapted layers.
+
+    The file is data from elsewhere: every factor's shape and dtype (from the HDF5
+    headers), rank and alpha are checked against the layer it adapts before any factor is
+    read, and each factor read is checked to be finite; errors name the file."""
     targets = {layer_prefix(layer): layer for layer in lora_target_layers(model)}
-    unknown = sorted(set(adapters) - set(targets))
-    if unknown:
-        raise ValueError(
-            f"LoRA file {path!r} adapts {unknown}, which model {model.name!r} lacks; its Dense layers are {sorted(targets)}"
-        )
-    enabled = sorted(layer_prefix(layer) for layer in lora_layers(model) if layer_prefix(layer) not in adapters)
-    if enabled:
-        raise ValueError(f"model {model.name!r} has LoRA on {enabled}, which LoRA file {path!r} does not hold")
+    with _open_lora(path) as (path, file):
+        headers = _lora_headers(path, file)
+        unknown = sorted(set(headers) - set(targets))
+        if unknown:
+            raise ValueError(
+                f"LoRA file {path!r} adapts {unknown}, which model {model.name!r} lacks; its Dense layers are {sorted(targets)}"
+            )
+        enabled = sorted(layer_prefix(layer) for layer in lora_layers(model) if layer_prefix(layer) not in headers)
+        if enabled:
+            raise ValueError(f"model {model.name!r} has LoRA on {enabled}, which LoRA file {path!r} does not hold")
+        for prefix, (rank, alpha, datasets) in headers.items():
+            _check_header(path, prefix, rank, alpha, datasets, tuple(kernel_variable(targets[prefix]).shape))
+        adapters = {prefix: (rank, alpha, _read(path, prefix, datasets)) for prefix, (rank, alpha, datasets) in headers.items()}
     layers = []
     for prefix, (rank, alpha, values) in adapters.items():
         layer = targets[prefix]
@@ -81,15 +93,37 @@ def load_lora(model, path):
 
 
 def read_lora(path):
-    """``{prefix: (rank, alpha, (a, b))}`` from a LoRA file, with clear errors naming it."""
+    """``{prefix: (rank, alpha, (a, b))}`` from a LoRA file, with clear errors naming it
+    (factors stored as floating point and finite; shapes not checked against a model)."""
+    with _open_lora(path) as (path, file):
+        return {
+            prefix: (rank, alpha, _read(path, prefix, datasets))
+            for prefix, (rank, alpha, datasets) in _lora_headers(path, file).items()
+        }
+
+
+@contextlib.contextmanager
+def _open_lora(path):
+    """``(path, h5py.File)`` of a LoRA file, refused by type before opening (a FIFO, a
+    device) and when it is not a zoo LoRA file this version reads."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ValueError(f"no LoRA file at {path!r}")
+    regular_file(path, error=ValueError, what="a LoRA file (.h5)")
     try:
-        with h5py.File(path, "r") as file:
-            _check_format(path, file.attrs)
-            adapters = {}
-            file.visititems(lambda name, item: _collect(path, name, item, adapters))
+        file = h5py.File(path, "r")
+    except OSError as error:
+        raise ValueError(f"LoRA file {path!r} is not a readable HDF5 file: {error}") from None
+    with file:
+        _check_format(path, file.attrs)
+        yield path, file
+
+
+def _lora_headers(path, file):
+    """``{prefix: (rank, alpha, (dataset a, dataset b))}``: what the file declares, no factor read."""
+    adapters = {}
+    try:
+        file.visititems(lambda name, item: _collect(path, name, item, adapters))
     except OSError as error:
         raise ValueError(f"LoRA file {path!r} is not a readable HDF5 file: {error}") from None
     if not adapters:
@@ -110,9 +144,75 @@ def _check_format(path, attrs):
 def _collect(path, name, item, adapters):
     if not isinstance(item, h5py.Group) or "rank" not in item.attrs:
         return
-    missing = [n for n in LORA_WEIGHTS if n not in item]
+    missing = [n for n in LORA_WEIGHTS if not isinstance(item.get(n), h5py.Dataset)]
     if missing:
         raise ValueError(f"LoRA file {path!r}: layer {name!r} lacks {missing}")
-    alpha = item.attrs["alpha"]
+    for factor in LORA_WEIGHTS:
+        _check_stored(path, f"{name}/{factor}", item[factor])
+    rank, alpha = item.attrs["rank"], item.attrs["alpha"]
+    if not (np.ndim(rank) == 0 and np.issubdtype(np.asarray(rank).dtype, np.integer) and int(rank) >= 1):
+        raise ValueError(f"LoRA file {path!r}: layer {name!r} has rank {rank!r}, not a positive integer")
+    if not (np.ndim(alpha) == 0 and np.issubdtype(np.asarray(alpha).dtype, np.number) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"LoRA file {path!r}: layer {name!r} has alpha {alpha!r}, not a finite number > 0")
     alpha = int(alpha) if float(alpha).is_integer() else float(alpha)
-    adapters[name] = (int(item.attrs["rank"]), alpha, tuple(item[n][()] for n in LORA_WEIGHTS))
+    adapters[name] = (int(rank), alpha, tuple(item[n] for n in LORA_WEIGHTS))
+
+
+def _check_stored(path, name, dataset):
+    """A factor stores every value it declares (``save_lora`` writes them whole, uncompressed):
+    a header declaring more than the file holds is refused before anything is read."""
+    declared = dataset.size * dataset.dtype.itemsize
+    stored = dataset.id.get_storage_size()
+    if dataset.compression is not None or stored < declared:
+        raise ValueError(
+            f"LoRA file {path!r}: {name} declares shape {tuple(dataset.shape)} ({declared:,} bytes) but stores "
+            f"{stored:,} bytes{' compressed' if dataset.compression else ''}; zoo LoRA files store their factors whole"
+        )
+
+
+def check_lora_file(path):
+    """Raise ``ValueError`` naming ``path`` unless it is a zoo LoRA file whose headers are
+    sound (type, format, ranks, alphas, each factor's dtype and stored size); no factor is
+    read. ``zoo export --lora`` calls it before loading the model."""
+    with _open_lora(path) as (path, file):
+        for prefix, (_, _, datasets) in _lora_headers(path, file).items():
+            for name, dataset in zip(LORA_WEIGHTS, datasets):
+                if dataset.dtype.kind != "f":
+                    raise ValueError(
+                        f"LoRA file {path!r}: {prefix}/{name} is stored as {dataset.dtype}; LoRA factors are floating point"
+                    )
+
+
+def _check_header(path, prefix, rank, alpha, datasets, kernel_shape):
+    """The factors' declared shapes and dtypes against the kernel they adapt, before reading them."""
+    expected = (kernel_shape[:-1] + (rank,), (rank, kernel_shape[-1]))
+    if rank > min(math.prod(kernel_shape[:-1]), kernel_shape[-1]):
+        raise ValueError(
+            f"LoRA file {path!r}: layer {prefix!r} has rank {rank}, above the kernel {kernel_shape}'s smaller side"
+        )
+    for name, dataset, shape in zip(LORA_WEIGHTS, datasets, expected):
+        if tuple(dataset.shape) != shape:
+            raise ValueError(
+                f"LoRA file {path!r}: {prefix}/{name} declares shape {tuple(dataset.shape)}; the model's kernel "
+                f"{kernel_shape} at rank {rank} takes {shape} (refused before reading it)"
+            )
+        if dataset.dtype.kind != "f":
+            raise ValueError(
+                f"LoRA file {path!r}: {prefix}/{name} is stored as {dataset.dtype}; LoRA factors are floating point"
+            )
+
+
+def _read(path, prefix, datasets):
+    """The factors' values, each finite and floating point."""
+    values = []
+    for name, dataset in zip(LORA_WEIGHTS, datasets):
+        if dataset.dtype.kind != "f":
+            raise ValueError(
+                f"LoRA file {path!r}: {prefix}/{name} is stored as {dataset.dtype}; LoRA factors are floating point"
+            )
+        value = dataset[()]
+        bad = np.size(value) - np.count_nonzero(np.isfinite(value))
+        if bad:
+            raise ValueError(f"LoRA file {path!r}: {prefix}/{name} holds {bad} NaN or infinite value(s)")
+        values.append(value)
+    return tuple(values)
