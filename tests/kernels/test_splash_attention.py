@@ -14,7 +14,7 @@ import pytest
 
 from zoo.distribution import CheckedModelParallel, make_mesh
 from zoo.kernels import attention_implementation, attention_reference
-from zoo.kernels.splash_attention import block_edge, splash_attention, supports
+from zoo.kernels.splash_attention import COMPUTE_EDGE, block_edge, splash_attention, supports
 from zoo.layers._sequence_parallel import describe_attention
 
 B, H, K, D = 2, 4, 2, 64  # two KV heads of two query heads each (GQA), the head dim splash takes
@@ -111,3 +111,19 @@ def test_describe_attention_names_splash_on_one_tpu_device_only():
         assert describe_attention(**sizes) == "blockwise (tile 512)"
     finally:
         keras.distribution.set_distribution(None)
+
+
+def test_blocks_computed_in_parts_match_the_reference():
+    """At 1,024 tokens a block is 1,024 keys computed 512 at a time (``COMPUTE_EDGE``):
+    the inner steps of the forward and the fused backward, against the float64 reference."""
+    keys = jax.random.split(jax.random.key(7), 4)
+    q = jax.random.normal(keys[0], (1, 1024, 2, D), jnp.float32)  # one KV head of two query heads
+    k, v = (jax.random.normal(key, (1, 1024, 1, D), jnp.float32) for key in keys[1:3])
+    cotangent = jax.random.normal(keys[3], q.shape, jnp.float32)
+    assert block_edge(1024) == 1024 and COMPUTE_EDGE == 512
+    got = _output_and_grads(lambda *a: splash_attention(*a, causal=True, interpret=True), q, k, v, cotangent)
+    with jax.enable_x64():
+        wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
+        want = _output_and_grads(lambda *a: attention_reference(*a, causal=True), *wide)
+    for what, a, b in zip(("output", "dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), atol=5e-5, rtol=1e-5, err_msg=what)
