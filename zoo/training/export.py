@@ -15,7 +15,14 @@ from zoo.config.settings import ExportSettings  # noqa: F401 (the settings of th
 from zoo.models import GPTCausalLMPreprocessor
 from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
 from zoo.tokenizers import ByteTokenizer
-from zoo.training.lora import check_lora_file, is_peft_adapter, load_lora, load_peft_adapter, lora_layers, lora_parameter_count
+from zoo.training.lora import (
+    check_lora_file,
+    is_peft_adapter,
+    load_lora,
+    load_peft_adapter,
+    lora_layers,
+    lora_parameter_count,
+)
 from zoo.training.saving import load_causal_lm
 from zoo.units import MIB
 

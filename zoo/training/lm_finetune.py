@@ -59,7 +59,7 @@ from zoo.data.text_files import (
     split_held_out,
 )
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
-from zoo.models.gpt import hf_checkpoints
+from zoo.models.gpt import check_finite_logits, hf_checkpoints
 from zoo.models.gpt.gpt_configs import backbone_config
 from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, save_to_preset
 from zoo.presets.save import check_preset_destination
@@ -525,6 +525,7 @@ def _save(settings, result, hf, preprocessor, report):
         directory = write_or_rescue(save, settings.output, fallback_folders=[settings.checkpoint_dir])
     else:
         final = merge_lora(model) if adapted else model
+        check_finite_logits(final, settings.output)  # before anything is written (save_to_hf does the same)
         metadata = {
             "dataset": _data_source(settings),
             "task": LANGUAGE_MODELING,

@@ -1,6 +1,7 @@
 """GPT-style decoder language models: backbone, causal LM with KV-cache generation, its preprocessor, named sizes."""
 
 from zoo.models.gpt._generation import check_lengths
+from zoo.models.gpt._probe import NonFiniteModelError, check_finite_logits
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_causal_lm import GPTCausalLM
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -11,6 +12,8 @@ __all__ = [
     "GPTBackbone",
     "GPTCausalLM",
     "GPTCausalLMPreprocessor",
+    "NonFiniteModelError",
+    "check_finite_logits",
     "check_lengths",
     "count_parameters",
 ]

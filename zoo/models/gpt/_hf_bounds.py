@@ -62,7 +62,10 @@ def check_size_bounds(config, where):
             f"{where}: num_hidden_layers = {layers!r} x {experts!r} experts is {layers * experts * 3:,.0f} expert "
             f"tensors, above the {MAX_EXPERT_TENSORS:,} the zoo reads: a damaged file, refused before anything is built"
         )
-    if isinstance(config.get("mlp_only_layers"), list) and len(config["mlp_only_layers"]) > SIZE_BOUNDS["num_hidden_layers"]:
+    if (
+        isinstance(config.get("mlp_only_layers"), list)
+        and len(config["mlp_only_layers"]) > SIZE_BOUNDS["num_hidden_layers"]
+    ):
         raise CheckpointError(
             f"{where}: mlp_only_layers lists {len(config['mlp_only_layers']):,} blocks, above the "
             f"{SIZE_BOUNDS['num_hidden_layers']:,} layers the zoo reads"

@@ -64,6 +64,7 @@ from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
+from zoo.models.gpt._probe import check_finite_logits
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from zoo.presets import inside_folder, read_json_file, write_folder_atomically
 from zoo.presets.safetensors_weights import (
@@ -382,6 +383,7 @@ def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None, extra_files
     if dtype is not None:
         config["torch_dtype"] = str(dtype)
     tensors = _file_tensors(model, weight_views(arguments), dtype)
+    check_finite_logits(model, directory)  # finite weights can still compute NaN (a 1e38 alpha merged)
 
     def write(folder):
         write_safetensors(tensors, folder, max_file_bytes=max_file_bytes)

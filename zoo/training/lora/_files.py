@@ -73,7 +73,9 @@ def load_lora(model, path):
             raise ValueError(f"model {model.name!r} has LoRA on {enabled}, which LoRA file {path!r} does not hold")
         for prefix, (rank, alpha, datasets) in headers.items():
             _check_header(path, prefix, rank, alpha, datasets, tuple(kernel_variable(targets[prefix]).shape))
-        adapters = {prefix: (rank, alpha, _read(path, prefix, datasets)) for prefix, (rank, alpha, datasets) in headers.items()}
+        adapters = {
+            prefix: (rank, alpha, _read(path, prefix, datasets)) for prefix, (rank, alpha, datasets) in headers.items()
+        }
     layers = []
     for prefix, (rank, alpha, values) in adapters.items():
         layer = targets[prefix]
@@ -152,7 +154,9 @@ def _collect(path, name, item, adapters):
     rank, alpha = item.attrs["rank"], item.attrs["alpha"]
     if not (np.ndim(rank) == 0 and np.issubdtype(np.asarray(rank).dtype, np.integer) and int(rank) >= 1):
         raise ValueError(f"LoRA file {path!r}: layer {name!r} has rank {rank!r}, not a positive integer")
-    if not (np.ndim(alpha) == 0 and np.issubdtype(np.asarray(alpha).dtype, np.number) and math.isfinite(alpha) and alpha > 0):
+    if not (
+        np.ndim(alpha) == 0 and np.issubdtype(np.asarray(alpha).dtype, np.number) and math.isfinite(alpha) and alpha > 0
+    ):
         raise ValueError(f"LoRA file {path!r}: layer {name!r} has alpha {alpha!r}, not a finite number > 0")
     alpha = int(alpha) if float(alpha).is_integer() else float(alpha)
     adapters[name] = (int(rank), alpha, tuple(item[n] for n in LORA_WEIGHTS))

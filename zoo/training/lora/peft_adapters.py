@@ -29,11 +29,14 @@ import collections
 import json
 import math
 import os
+import re
 
 import numpy as np
 
+from zoo.models.gpt import check_finite_logits
 from zoo.models.gpt.hf_checkpoints import weight_views
-from zoo.presets.safetensors_weights import TensorView, save_tensor_file
+from zoo.presets import inside_folder, read_json_file, regular_file
+from zoo.presets.safetensors_weights import FLOAT_DTYPES, TensorView, save_tensor_file
 from zoo.presets.sharded_weights import assign_from_host
 from zoo.training.lora._layers import kernel_path, lora_layers
 
@@ -53,12 +56,20 @@ UNSUPPORTED = {  # adapter_config.json key -> the value the zoo reads (another v
     "target_parameters": None,
 }
 
-__all__ = ["is_peft_adapter", "load_peft_adapter", "peft_factors", "read_peft_adapter", "save_peft_adapter"]
+__all__ = [
+    "is_peft_adapter",
+    "is_targeted",
+    "load_peft_adapter",
+    "peft_factors",
+    "read_peft_adapter",
+    "save_peft_adapter",
+]
 
 
 def is_peft_adapter(path):
-    """Whether ``path`` is a folder holding a PEFT adapter's ``adapter_config.json``."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, CONFIG_FILE))
+    """Whether ``path`` is a folder holding a PEFT adapter's ``adapter_config.json`` (any
+    kind of file by that name: reading it refuses a FIFO or a link out of the folder)."""
+    return os.path.isdir(path) and os.path.lexists(os.path.join(path, CONFIG_FILE))
 
 
 # --- the factors, zoo <-> PEFT ---------------------------------------------------------------
@@ -104,6 +115,7 @@ def save_peft_adapter(model, directory, *, base_model_name_or_path=None):
     layers = lora_layers(model)
     if not layers:
         raise ValueError(f"model {model.name!r} has no LoRA factors to save as a PEFT adapter")
+    check_finite_logits(model, directory)
     views = _module_views(model)
     tensors, ranks, alphas = {}, {}, {}
     for layer in layers:
@@ -175,34 +187,123 @@ def _number(value):
 
 
 def read_peft_adapter(directory):
-    """``(config, {module: (A, B)})`` of the PEFT adapter in ``directory``, refusing what
-    the zoo does not read (``UNSUPPORTED``) with the key and its value."""
-    from safetensors.numpy import load_file
+    """``(config, {module: (A, B)})`` of the PEFT adapter in ``directory``, checked as a
+    Hugging Face model folder is: both files inside the folder (a symlink out of it is
+    refused, ``inside_folder``) and regular files (a FIFO or device is refused before it is
+    opened), ``adapter_config.json`` a JSON object whose ``r`` and ``lora_alpha`` (and their
+    patterns) are finite and positive, every factor stored as floating point (from the
+    header, before it is read) and finite; what the zoo does not read (``UNSUPPORTED``) is
+    refused with the key and its value. Errors are ``ValueError`` naming the file."""
+    from safetensors import SafetensorError, safe_open
 
     directory = os.fspath(directory)
     if not is_peft_adapter(directory):
         raise ValueError(f"{directory!r} holds no PEFT adapter ({CONFIG_FILE})")
-    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as file:
-        config = json.load(file)
+    config_path = inside_folder(directory, CONFIG_FILE, listed_in="the adapter folder", error=ValueError)
+    config = read_json_file(config_path, error=ValueError)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: holds a JSON {type(config).__name__}, not an object of keys")
     for key, expected in UNSUPPORTED.items():
         value = config.get(key, None if key == "peft_type" else expected)
         if value != expected and not (expected is None and value in ([], {})):
             raise ValueError(
                 f"{directory}/{CONFIG_FILE}: {key} = {value!r}; the zoo reads PEFT LoRA adapters with {key} = {expected!r}"
             )
+    _check_scales(config_path, config)
     weights = os.path.join(directory, WEIGHTS_FILE)
-    if not os.path.isfile(weights):
+    if not os.path.lexists(weights):
         raise ValueError(
             f"{directory!r} has no {WEIGHTS_FILE} (a PyTorch adapter_model.bin is not read: save with safe_serialization)"
         )
+    regular_file(
+        inside_folder(directory, WEIGHTS_FILE, listed_in="the adapter folder", error=ValueError),
+        error=ValueError,
+        what="a safetensors file",
+    )
     factors = collections.defaultdict(dict)
-    for name, array in load_file(weights).items():
-        module, factor = _split_name(directory, name)
-        factors[module][factor] = array
+    try:
+        with safe_open(weights, framework="numpy") as file:
+            names = list(file.keys())
+            for name in names:  # every name and dtype from the header before any tensor is read
+                _split_name(directory, name)
+                stored = file.get_slice(name).get_dtype()
+                if stored not in FLOAT_DTYPES:
+                    raise ValueError(
+                        f"{weights}: tensor {name!r} is stored as {stored}; LoRA factors are floating point "
+                        f"({sorted(FLOAT_DTYPES)})"
+                    )
+            for name in names:
+                array = file.get_tensor(name)
+                bad = array.size - np.count_nonzero(np.isfinite(array))
+                if bad:
+                    raise ValueError(f"{weights}: tensor {name!r} holds {bad} NaN or infinite value(s)")
+                module, factor = _split_name(directory, name)
+                factors[module][factor] = array
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"{weights} is not a readable safetensors file: {error}") from None
     incomplete = sorted(m for m, pair in factors.items() if set(pair) != set(FACTORS))
     if incomplete:
         raise ValueError(f"{weights}: {incomplete[:3]} lack lora_A or lora_B")
     return config, {module: (pair["lora_A"], pair["lora_B"]) for module, pair in factors.items()}
+
+
+def _check_scales(path, config):
+    """``r`` and ``rank_pattern``'s values positive integers, ``lora_alpha`` and
+    ``alpha_pattern``'s finite numbers > 0 (an alpha of 1e38 merges to NaN logits)."""
+    ranks = [("r", config.get("r"))] + [
+        (f"rank_pattern[{k!r}]", v) for k, v in (config.get("rank_pattern") or {}).items()
+    ]
+    alphas = [("lora_alpha", config.get("lora_alpha"))] + [
+        (f"alpha_pattern[{k!r}]", v) for k, v in (config.get("alpha_pattern") or {}).items()
+    ]
+    for key, value in ranks:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{path}: {key} = {value!r} must be a positive integer")
+    for key, value in alphas:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{path}: {key} = {value!r} must be a finite number > 0")
+
+
+def is_targeted(config, module):
+    """Whether PEFT puts LoRA on ``module`` (``model.layers.0.self_attn.q_proj``) under
+    ``config``, as ``peft.tuners.tuners_utils.check_target_module_exists`` decides: not
+    excluded (``exclude_modules``: a regex matched whole, a name, or a name's last parts),
+    and named by ``target_modules`` (a string: a regex matched whole; a list: the module's
+    name or its last parts; ``"all-linear"``: every linear layer but the output head),
+    in ``layers_to_transform`` when it is set (the block index after ``layers_pattern``, or
+    after the first ``<name>.<index>.`` when no pattern is given)."""
+    if _named(config.get("exclude_modules"), module):
+        return False
+    targets = config.get("target_modules")
+    if targets == "all-linear":
+        return module != "lm_head"
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    if not targets or not _named(targets, module):
+        return False
+    if module in targets:
+        return True
+    indexes, patterns = config.get("layers_to_transform"), config.get("layers_pattern")
+    if indexes is None or indexes == []:
+        return True
+    patterns = [patterns] if isinstance(patterns, str) else (patterns or [])
+    found = None
+    for pattern in patterns or [r"[^.]*"]:
+        found = re.match(rf".*\.{pattern}\.(\d+)\.", module)
+        if found is not None:
+            break
+    if found is None:
+        return False
+    index = int(found.group(1))
+    return index == indexes if isinstance(indexes, int) else index in indexes
+
+
+def _named(names, module):
+    if names is None or names == []:
+        return False
+    if isinstance(names, str):
+        return re.fullmatch(names, module) is not None
+    return module in names or any(module.endswith(f".{name}") for name in names)
 
 
 def _split_name(directory, name):
@@ -236,6 +337,12 @@ def load_peft_adapter(model, directory):
     layout (each is read to the host once and written back shard by shard). Returns the
     adapted modules' names."""
     config, factors = read_peft_adapter(directory)
+    factors = {module: pair for module, pair in factors.items() if is_targeted(config, module)}  # as PEFT loads them
+    if not factors:
+        raise ValueError(
+            f"{directory}/{CONFIG_FILE}: target_modules = {config.get('target_modules')!r} names none of the "
+            f"modules {WEIGHTS_FILE} holds factors for: nothing to merge"
+        )
     views = _module_views(model)
     weights = {variable.path: variable for variable in model.weights}
     unknown = sorted(set(factors) - set(views))
