@@ -1,7 +1,7 @@
 """Imports run one way: config -> kernels -> distribution -> layers -> models -> data/training -> planning -> cli/bench;
 config -> tokenizers -> models, data (the tokenizers are a side branch that needs none of the parallel code);
 models -> measure (hardware table, HLO parser, compiled steps, FLOPs) -> training, planning, bench, cli;
-zoo/units.py (byte units) under everything."""
+zoo/units.py (byte units) and zoo/file_kinds.py (regular files, write targets) under everything."""
 
 import ast
 import pathlib

@@ -127,6 +127,17 @@ def write_file(name, text):
     return damage
 
 
+def special(name, kind):
+    """``name`` replaced by a FIFO or a directory: refused by type, never opened (a FIFO would block)."""
+
+    def damage(folder, outside):
+        if os.path.lexists(folder / name):
+            os.remove(folder / name)
+        os.mkfifo(folder / name) if kind == "fifo" else os.mkdir(folder / name)
+
+    return damage
+
+
 def write_index(text):
     return write_file(INDEX_FILE, text)
 
@@ -178,6 +189,27 @@ CASES = [
     ("missing-tensor", drop_tensor(NORM), CheckpointError, rf"lacks 1 tensor\(s\) its config.json implies, e.g. \['{NORM}'\]", BUILD),
     ("extra-tensor", set_tensor("model.layers.0.self_attn.o_proj.bias", lambda _: np.zeros(32, np.float32)), UnsupportedCheckpoint,
      r"holds 1 tensor\(s\) the zoo GPT has no weight for, e.g. \['model.layers.0.self_attn.o_proj.bias'\]", BUILD),
+    # issue 46: special files, JSON that is not a config, a broken tokenizer, sizes beyond bounds or the headers
+    ("config-fifo", special("config.json", "fifo"), CheckpointError, r"/model/config.json is a FIFO \(named pipe\), not a JSON file", FILES),
+    ("config-directory", special("config.json", "dir"), CheckpointError, r"/model/config.json is a directory, not a JSON file", FILES),
+    ("weights-fifo", special(SINGLE_FILE, "fifo"), CheckpointError, r"/model/model.safetensors is a FIFO \(named pipe\), not a safetensors file", BUILD),
+    ("weights-directory", special(SINGLE_FILE, "dir"), CheckpointError, r"/model/model.safetensors is a directory, not a safetensors file", BUILD),
+    ("index-fifo", special(INDEX_FILE, "fifo"), CheckpointError, r"model.safetensors.index.json is a FIFO", FILES),
+    ("tokenizer-fifo", special("tokenizer.json", "fifo"), CheckpointError, r"/model/tokenizer.json is a FIFO \(named pipe\), not a tokenizer.json", FILES),
+    ("tokenizer-broken", write_file("tokenizer.json", '{"version": "1.0", "model": 5}'), CheckpointError,
+     r"^[^ ]*/model/tokenizer.json is not a tokenizer the tokenizers library reads: ", FILES),
+    ("tokenizer-config-array", write_file("tokenizer_config.json", "[]"), CheckpointError,
+     r"/model/tokenizer_config.json holds a JSON list, not an object of keys", FILES),
+    ("config-array", write_file("config.json", "[1, 2]"), CheckpointError, r"/model/config.json holds a JSON list, not an object", FILES),
+    ("config-nested-too-deep", write_file("config.json", "[" * 100_000 + "]" * 100_000), CheckpointError,
+     r"/model/config.json is not JSON the zoo reads: nested too deeply", FILES),
+    ("hidden-size-beyond-bound", set_config(hidden_size=10**9), CheckpointError, r"/model/config.json: hidden_size = 1000000000 is above 65,536", FILES),
+    ("layers-beyond-bound", set_config(num_hidden_layers=10**5), CheckpointError, r"num_hidden_layers = 100000 is above 1,024", FILES),
+    ("hidden-size-infinite", set_config(hidden_size=float("inf")), CheckpointError, r"hidden_size = inf is above 65,536", FILES),
+    ("mlp-beyond-weights", set_config(intermediate_size=4096), CheckpointError,
+     r"config.json implies block_0/mlp/gate/kernel of shape \(32, 4096\) .* but 'model.layers.0.mlp.gate_proj.weight' in .* gives \(32, 48\)", BUILD),
+    ("vocab-beyond-weights", set_config(vocab_size=100_000), CheckpointError,
+     r"config.json implies token_embedding/embeddings of shape \(100000, 32\)", BUILD),
 ]  # fmt: skip
 
 

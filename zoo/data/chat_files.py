@@ -67,9 +67,10 @@ def read_messages_jsonl(path):
 def chat_examples(conversations, tokenizer, sequence_length, where="conversations", **variables):
     """``LMExamples`` (N, T) of conversations (lists of messages): see the module doc.
     ``variables`` reach the chat template (``date_string=...``)."""
-    rows, masks = [], []
+    rows, masks, lengths = [], [], []
     for conversation in conversations:
         ids, mask = encode_chat(tokenizer, conversation, **variables)
+        lengths.append(len(ids))
         rows.append(ids[: sequence_length + 1])
         masks.append(mask[: sequence_length + 1])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -78,13 +79,26 @@ def chat_examples(conversations, tokenizer, sequence_length, where="conversation
     for index, (row, mask) in enumerate(zip(rows, masks)):
         packed[index, : len(row)] = row
         weight[index, : len(mask)] = mask
-    examples = LMExamples(packed[:, :-1], packed[:, 1:], weight[:, 1:])
-    keep = examples.sample_weight.sum(axis=1) > 0
+    keep = weight[:, 1:].sum(axis=1) > 0
     if not keep.any():
         raise ValueError(
             f"{where}: no conversation has an assistant token within sequence length {sequence_length}; "
             "raise --sequence-length"
         )
+    longest = max(lengths) - 1  # the --sequence-length that keeps every conversation whole
+    dropped = []
+    if not keep.all():
+        dropped.append(
+            f"left out {np.count_nonzero(~keep)} of {len(keep)} conversations (no assistant token within sequence "
+            f"length {sequence_length}; --sequence-length {longest} keeps them)"
+        )
+    cut = sum(1 for length, kept in zip(lengths, keep) if kept and length > sequence_length + 1)
+    if cut:
+        dropped.append(
+            f"cut {cut} of {len(keep)} conversations at sequence length {sequence_length}, losing their later tokens "
+            f"(--sequence-length {longest} keeps them whole)"
+        )
+    examples = LMExamples(packed[:, :-1], packed[:, 1:], weight[:, 1:], dropped=tuple(dropped))
     return examples if keep.all() else examples[np.flatnonzero(keep)]
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from zoo.data import catalog, tfds_source
 from zoo.data._windows import next_token_windows
+from zoo.file_kinds import regular_file
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # read as JSONL; any other file is plain text
 PROMPT_KEYS = ("prompt", "completion")
@@ -43,12 +44,16 @@ class LMExamples:
     end tokens; every real token of packed text), 0 on prompts and padding.
     segment_ids: int32 (N, T) or None: packed rows (``zoo.data.packing``), the document of
     each token in its row (1, 2, ...; 0 = padding); attention stays within a document.
+    dropped: what the loader left out or cut to make these rows, one phrase per reason with
+    its count and the setting that keeps them (``"left out 32 of 64 conversations: ..."``);
+    kept by row selection, so ``zoo finetune`` can say it in one line at the start.
     """
 
     token_ids: np.ndarray
     labels: np.ndarray
     sample_weight: np.ndarray
     segment_ids: np.ndarray | None = None
+    dropped: tuple = ()
 
     def __len__(self):
         return len(self.token_ids)
@@ -58,7 +63,7 @@ class LMExamples:
         if isinstance(rows, (int, np.integer)):
             rows = slice(rows, rows + 1)
         segments = None if self.segment_ids is None else self.segment_ids[rows]
-        return LMExamples(self.token_ids[rows], self.labels[rows], self.sample_weight[rows], segments)
+        return LMExamples(self.token_ids[rows], self.labels[rows], self.sample_weight[rows], segments, self.dropped)
 
     @property
     def sequence_length(self):
@@ -105,7 +110,7 @@ def load_text_file(path, preprocessor, *, segments=False):
         kind, columns = read_jsonl(path)
         if kind == TEXT_KEY:
             return pack_texts(columns[0], preprocessor, segments=segments)
-        return _with_loss(preprocessor(*columns), path)
+        return _with_loss(preprocessor(*columns), path, end_token_id=preprocessor.tokenizer.end_token_id)
     return pack_texts([read_text(path)], preprocessor, segments=segments)
 
 
@@ -146,6 +151,7 @@ def _read_bytes(path):
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a folder; give a .jsonl or text file")
     try:
+        regular_file(path, what="a .jsonl or text file")  # a FIFO would block, /dev/zero never end
         with open(path, "rb") as file:
             return file.read()
     except FileNotFoundError:
@@ -192,14 +198,33 @@ def _short(text, limit=60):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _with_loss(arrays, where):
-    """``LMExamples`` of the preprocessor's arrays, without rows that have no label in the loss."""
+def _with_loss(arrays, where, end_token_id=None):
+    """``LMExamples`` of the preprocessor's arrays, without rows that have no label in the
+    loss; ``dropped`` counts them, and the rows cut before their end (``end_token_id`` not
+    among their labels in the loss; with no end token, a completion reaching the row's end)."""
     examples = LMExamples(*(np.asarray(array) for array in arrays))
     keep = examples.sample_weight.sum(axis=1) > 0
     if not keep.any():
         raise ValueError(
             f"{where}: no example has a completion token within sequence length {examples.sequence_length}; raise --sequence-length"
         )
+    length, dropped = examples.sequence_length, []
+    if not keep.all():
+        dropped.append(
+            f"left out {np.count_nonzero(~keep)} of {len(keep)} examples (no completion token within sequence length "
+            f"{length}; a larger --sequence-length keeps them)"
+        )
+    if end_token_id is not None:  # a row whose end token is in the loss ended within it
+        ended = ((examples.labels == end_token_id) & (examples.sample_weight > 0)).any(axis=1)
+    else:  # no end token (bytes): a row whose completion runs to its last position was cut (or just fits)
+        ended = examples.sample_weight[:, -1] == 0
+    cut = np.count_nonzero(keep & ~ended)
+    if cut:
+        dropped.append(
+            f"cut {cut} of {len(keep)} examples at sequence length {length}, losing their end"
+            f"{' token' if end_token_id is not None else ''} (a larger --sequence-length keeps them whole)"
+        )
+    examples = dataclasses.replace(examples, dropped=tuple(dropped))
     return examples if keep.all() else examples[np.flatnonzero(keep)]
 
 

@@ -14,7 +14,7 @@ other folders (``zoo.models.gpt.hf_checkpoints``) use its ``write_folder_atomica
 
 from zoo.presets._atomic_folder import write_folder_atomically
 from zoo.presets._format import FORMAT_VERSION, PresetError
-from zoo.presets._safety import inside_folder, read_json_file, regular_file
+from zoo.presets._safety import inside_folder
 from zoo.presets.load import (
     from_preset,
     load_preset_config,
@@ -44,8 +44,6 @@ __all__ = [
     "load_tokenizer",
     "preset_directory",
     "preset_metadata",
-    "read_json_file",
-    "regular_file",
     "resolve_preset",
     "save_to_preset",
     "write_folder_atomically",

@@ -16,6 +16,8 @@ import os
 import secrets
 import shutil
 
+from zoo.file_kinds import write_target
+
 try:
     import fcntl  # the lock on a folder being written (POSIX)
 except ImportError:  # pragma: no cover (Windows)
@@ -32,7 +34,7 @@ def write_folder_atomically(directory, write, *, report=print):
     kill leaves it, and the next call for the same ``directory`` removes it (naming it
     through ``report``) unless another process is still writing it (it holds a lock on
     it). Returns ``directory``."""
-    directory = os.path.abspath(directory)
+    directory = write_target(directory, error=FileExistsError)  # not "", the working folder or a symlink
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     _remove_unfinished(directory, report)

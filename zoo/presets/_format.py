@@ -21,6 +21,7 @@ import json
 import os
 
 from zoo._version import __version__
+from zoo.file_kinds import regular_file
 
 FORMAT_VERSION = 1  # the newest preset format this keras-zoo reads and the one it writes
 CONFIG_FILE = "config.json"
@@ -38,13 +39,16 @@ def read_json(directory, filename):
     """The parsed JSON object in ``directory/filename``; a missing or broken file raises
     ``PresetError`` naming it."""
     path = os.path.join(directory, filename)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise PresetError(f"preset {directory!r} has no {filename} (expected {path!r})")
+    regular_file(path, error=PresetError, what="a JSON file")
     try:
         with open(path, encoding="utf-8") as file:
             value = json.load(file)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PresetError(f"preset file {path!r} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise PresetError(f"preset file {path!r} is not JSON the zoo reads: nested too deeply") from None
     if not isinstance(value, dict):
         raise PresetError(f"preset file {path!r} must hold a JSON object, got {type(value).__name__}")
     return value

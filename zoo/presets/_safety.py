@@ -17,9 +17,7 @@ name that is absolute, climbs out with ``..`` or resolves outside the folder, be
 anything is opened.
 """
 
-import json
 import os
-import stat
 
 import keras
 
@@ -134,44 +132,3 @@ def inside_folder(directory, name, *, listed_in, error=PresetError):
             f"{where} names {name!r}, a symlink to {real!r} outside the folder; copy the file into the folder instead"
         )
     return path
-
-
-# --- special files are refused by type, before anything opens them ---------------------
-
-MAX_JSON_BYTES = 1 << 20  # a config.json is a few kilobytes; 1 MiB of JSON is not one
-FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def regular_file(path, *, error=PresetError, what="a file"):
-    """``path`` after checking, without opening it, that it is a regular file (symlinks
-    followed): a directory, FIFO, device or socket where ``what`` is expected raises
-    ``error`` naming it (a FIFO would block the reader, ``/dev/zero`` never ends).
-    ``FileNotFoundError`` when nothing is there."""
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in FILE_KINDS if test(mode)), "not a regular file")
-        raise error(f"{path} is {kind}, not {what}: refused without opening it")
-    return path
-
-
-def read_json_file(path, *, error=PresetError, max_bytes=MAX_JSON_BYTES):
-    """The JSON value in ``path``, a regular file of at most ``max_bytes``; ``error`` naming
-    the file and what is wrong (a special file, its size, where the JSON breaks, nesting
-    too deep for the parser). ``FileNotFoundError`` when there is none."""
-    regular_file(path, error=error, what="a JSON file")
-    size = os.path.getsize(path)
-    if size > max_bytes:
-        raise error(f"{path} is {size:,} bytes, above the {max_bytes:,} a JSON file of this kind may have")
-    with open(path, encoding="utf-8") as file:
-        try:
-            return json.load(file)
-        except ValueError as failure:  # json.JSONDecodeError (line and column), UnicodeDecodeError, 4,300+ digits
-            raise error(f"{path} is not JSON: {failure}") from None
-        except RecursionError:
-            raise error(f"{path} is not JSON the zoo reads: nested too deeply") from None

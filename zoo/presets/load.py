@@ -7,11 +7,11 @@ whole array on one device first.
 """
 
 import copy
-import json
 import os
 
 import keras
 
+from zoo.file_kinds import read_json_file
 from zoo.presets._format import (
     CONFIG_FILE,
     METADATA_FILE,
@@ -126,13 +126,11 @@ def _check_json(directory, name):
     """``PresetError`` naming ``directory/name`` and where its JSON breaks, if it is a file that
     is not JSON (a symlink out of the folder is refused, not followed)."""
     path = inside_folder(directory, name, listed_in="the folder")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return
-    try:
-        with open(path, encoding="utf-8") as file:
-            json.load(file)
-    except ValueError as error:  # json.JSONDecodeError (line and column), UnicodeDecodeError
-        raise PresetError(f"{path} is not JSON: {error}") from None
+    value = read_json_file(path, error=PresetError)  # a FIFO or directory refused, unopened
+    if not isinstance(value, dict):
+        raise PresetError(f"{path} holds a JSON {type(value).__name__}, not an object of keys: not a config.json")
 
 
 def check_class(directory, found, model_class):

@@ -32,6 +32,7 @@ import os
 import jax
 import numpy as np
 
+from zoo.file_kinds import regular_file
 from zoo.presets._safety import inside_folder
 from zoo.presets.permissions import honour_umask
 
@@ -50,8 +51,9 @@ class CheckpointError(RuntimeError):
 
 
 def has_safetensors(directory):
-    """True when ``directory`` holds ``model.safetensors`` or its sharded index."""
-    return any(os.path.isfile(os.path.join(directory, name)) for name in (INDEX_FILE, SINGLE_FILE))
+    """True when ``directory`` holds ``model.safetensors`` or its sharded index (of any kind:
+    a directory or FIFO by that name is a damaged checkpoint, which opening it refuses)."""
+    return any(os.path.lexists(os.path.join(directory, name)) for name in (INDEX_FILE, SINGLE_FILE))
 
 
 class SafetensorsFiles:
@@ -153,10 +155,11 @@ def _read_index(directory):
             raise CheckpointError(f"{directory!r} holds no {SINGLE_FILE} and no {INDEX_FILE}")
         return None
     inside_folder(directory, INDEX_FILE, listed_in="the folder", error=CheckpointError)
+    regular_file(index_path, error=CheckpointError, what="a JSON file")
     try:
         with open(index_path, encoding="utf-8") as file:
             index = json.load(file)
-    except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON, or not UTF-8
         raise CheckpointError(f"{index_path!r} cannot be read as JSON ({error})") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
@@ -166,8 +169,9 @@ def _read_index(directory):
         first_tensor.setdefault(filename if isinstance(filename, str) else repr(filename), (name, filename))
     for name, filename in first_tensor.values():
         path = inside_folder(directory, filename, listed_in=f"{INDEX_FILE} (tensor {name!r})", error=CheckpointError)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise CheckpointError(f"{index_path!r} places tensor {name!r} in {filename!r}, which is missing")
+        regular_file(path, error=CheckpointError, what="a safetensors file")
     return weight_map
 
 
@@ -175,9 +179,9 @@ def _weight_file(directory, filename):
     path = inside_folder(
         directory, filename, listed_in=INDEX_FILE if filename != SINGLE_FILE else "the folder", error=CheckpointError
     )
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise CheckpointError(f"{path!r} is missing")
-    return path
+    return regular_file(path, error=CheckpointError, what="a safetensors file")
 
 
 def _open_safetensors(path):

@@ -32,15 +32,16 @@ the model is to produce, where an assistant-only loss goes (TRL's ``assistant_on
 ``jinja2`` is needed to render (``pip install 'keras-zoo[hf]'``), not to read a template.
 """
 
-import json
 import os
 
+from zoo.file_kinds import read_json_file, regular_file
 from zoo.tokenizers._jinja import GENERATION_TAG, compile_template, jinja2_module, render_with_spans
 
 TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATES_DIR = "additional_chat_templates"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+MAX_TEMPLATE_BYTES = 1 << 20  # published templates are a few KiB (the largest in the fixtures under 20 KiB)
 SPECIAL_TOKEN_KEYS = (
     "bos_token",
     "eos_token",
@@ -196,7 +197,7 @@ def _templates(path, config):
     elif isinstance(value, dict):
         templates.update(value)
     file = os.path.join(path, TEMPLATE_FILE)
-    if os.path.isfile(file):
+    if os.path.lexists(file):  # a FIFO or a directory by that name is refused, not skipped
         templates[DEFAULT_NAME] = _read_text(file)
     folder = os.path.join(path, TEMPLATES_DIR)
     if os.path.isdir(folder):
@@ -235,13 +236,25 @@ def _differ(first, second):
 
 
 def _read_text(file):
+    """A template file's text; ``ValueError`` naming it when it is a special file, above
+    ``MAX_TEMPLATE_BYTES`` or not UTF-8."""
+    regular_file(file, what="a chat template file")
+    if os.path.getsize(file) > MAX_TEMPLATE_BYTES:
+        raise ValueError(
+            f"{file} is {os.path.getsize(file):,} bytes, above the {MAX_TEMPLATE_BYTES:,} a chat template may have"
+        )
     with open(file, encoding="utf-8") as f:
-        return f.read()
+        try:
+            return f.read()
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{file} is not UTF-8 text: {error}") from None
 
 
 def _read_json(path, name):
     file = os.path.join(path, name)
-    if not os.path.isfile(file):
+    if not os.path.lexists(file):
         return {}
-    with open(file, encoding="utf-8") as f:
-        return json.load(f)
+    value = read_json_file(file, max_bytes=64 << 20)  # tokenizer_config.json: a few MiB with 256k added tokens
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} holds a JSON {type(value).__name__}, not an object of keys")
+    return value

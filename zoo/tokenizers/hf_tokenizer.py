@@ -11,6 +11,7 @@ import os
 import keras
 import numpy as np
 
+from zoo.file_kinds import read_json_file, regular_file
 from zoo.tokenizers import chat
 from zoo.tokenizers.chat_template import ChatTemplate
 from zoo.tokenizers.tokenizer import Tokenizer
@@ -18,6 +19,7 @@ from zoo.tokenizers.tokenizer import Tokenizer
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 GENERATION_FILE = "generation_config.json"
+MAX_TOKENIZER_JSON_BYTES = 64 << 20  # a tokenizer_config.json with 256k added tokens is a few MiB
 MODEL_INPUTS = ["input_ids", "attention_mask"]  # transformers' model_input_names: a causal LM takes no token_type_ids
 
 
@@ -97,12 +99,19 @@ class HFTokenizer(Tokenizer):
         """
         path = os.fspath(path)
         file = os.path.join(path, TOKENIZER_FILE)
-        if not os.path.isfile(file):
+        if not os.path.lexists(file):
             raise ValueError(f"no {TOKENIZER_FILE} in {path!r}: HFTokenizer.from_directory needs {file!r}")
+        regular_file(file, what=f"a {TOKENIZER_FILE}")
         with open(file, encoding="utf-8") as f:
-            tokenizer_json = f.read()
+            try:
+                tokenizer_json = f.read()
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{file} is not UTF-8 text: {error}") from None
         config, generation = _read_json(path, CONFIG_FILE), _read_json(path, GENERATION_FILE)
-        library = _library().Tokenizer.from_str(tokenizer_json)
+        try:
+            library = _library().Tokenizer.from_str(tokenizer_json)
+        except Exception as error:  # noqa: BLE001 (the tokenizers library raises a bare Exception)
+            raise ValueError(f"{file} is not a tokenizer the tokenizers library reads: {error}") from None
         eos_ids = _id_list(generation.get("eos_token_id"))
         padding = library.padding or {}
         tokens = {
@@ -236,12 +245,15 @@ def _library():
 
 
 def _read_json(path, name):
-    """The JSON object in ``path/name``, or {} when there is no such file."""
+    """The JSON object in ``path/name``, or {} when there is no such file; ``ValueError``
+    naming it when it is a special file, not JSON or not an object."""
     file = os.path.join(path, name)
-    if not os.path.isfile(file):
+    if not os.path.lexists(file):
         return {}
-    with open(file, encoding="utf-8") as f:
-        return json.load(f)
+    value = read_json_file(file, max_bytes=MAX_TOKENIZER_JSON_BYTES)
+    if not isinstance(value, dict):
+        raise ValueError(f"{file} holds a JSON {type(value).__name__}, not an object of keys")
+    return value
 
 
 def _write_json(path, name, value):

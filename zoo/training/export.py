@@ -23,12 +23,14 @@ from zoo.training.lora import (
     lora_layers,
     lora_parameter_count,
 )
+from zoo.training.paths import resolve_output
 from zoo.training.saving import load_causal_lm
 from zoo.units import MIB
 
 
 def export(settings, report=print):
     """Write ``settings.model`` (with ``settings.lora`` merged) to ``settings.output``; returns the folder."""
+    settings.output = resolve_output(settings.output)  # where the OS writes; "" and symlinks refused
     if settings.lora and not is_peft_adapter(settings.lora):
         check_lora_file(settings.lora)  # its headers, before the model is loaded
     model = load_causal_lm(settings.model)

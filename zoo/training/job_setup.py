@@ -9,7 +9,9 @@ import numpy as np
 from zoo import distribution as zd
 from zoo.config.settings import check_context_settings
 from zoo.data import DivisibleBatches
+from zoo.file_kinds import write_target
 from zoo.training.callbacks import SynchronousSteps
+from zoo.training.paths import PathError
 
 
 def job_distribution(model_class, settings, mesh=None, *, model_config=None):
@@ -53,10 +55,13 @@ def run_dir_of(output, fallback="runs", *, output_is_folder=False):
     folder written whole at the end does not get them inside. Without an output: ``fallback``."""
     if not output:
         return fallback
-    output = os.path.abspath(output)
+    output = write_target(output)
     if not output_is_folder and output.endswith(".keras"):
         output = output[: -len(".keras")]
-    return output + RUN_FOLDER_SUFFIX
+    run = output + RUN_FOLDER_SUFFIX
+    if os.path.islink(run):  # its metrics.csv would overwrite another folder's
+        write_target(run, error=lambda message: PathError("--output", output, f"its run folder {message}"))
+    return run
 
 
 def new_run_folder(parent):

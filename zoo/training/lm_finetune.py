@@ -464,6 +464,13 @@ def lm_data(settings, preprocessor, report=print):
             segments=settings.packing,
         )
     train, held_out = train[: settings.train_examples], held_out[: settings.test_examples]
+    if settings.data_file:  # every example left out or cut, counted, in one line before training
+        files = [(settings.data_file, examples)]
+        if settings.validation_file:
+            files.append((settings.validation_file, held_out))
+        dropped = [f"{path}: {', '.join(part.dropped)}" for path, part in files if part.dropped]
+        if dropped:
+            report(f"data {'; '.join(dropped)}")
     if settings.packing:
         train, held_out = (
             packed(examples, name, report) for examples, name in ((train, "training"), (held_out, "held-out"))

@@ -16,6 +16,7 @@ import os
 import tempfile
 import time
 
+from zoo.file_kinds import write_target
 from zoo.presets.permissions import honour_umask
 
 
@@ -45,13 +46,29 @@ class ModelSaveError(OSError):
 
 def check_job_paths(settings, output_is_folder=False):
     """Check the ``output`` (a ``.keras`` file, or a folder), ``checkpoint_dir`` and
-    ``data_dir`` of a job's settings (those it has), before any work."""
-    if getattr(settings, "output", None) is not None:
-        (check_writable_folder if output_is_folder else check_output_file)(settings.output, "--output")
+    ``data_dir`` of a job's settings (those it has), before any work. ``settings.output``
+    becomes the path the OS will write (``resolve_output``), so every line naming it names
+    where the files are."""
+    given = getattr(settings, "output", None)
+    if given is not None:
+        if not output_is_folder:
+            check_model_path(given, "--output")
+        resolved = resolve_output(given, "--output")
+        if output_is_folder:
+            check_writable_folder(resolved, "--output", named=given)
+        else:
+            check_output_file(resolved, "--output", named=given)
+        settings.output = resolved
     if getattr(settings, "checkpoint_dir", None):
         check_writable_folder(settings.checkpoint_dir, "--checkpoint-dir")
     if hasattr(settings, "data_dir"):
         check_data_dir(settings.data_dir)
+
+
+def resolve_output(path, flag="--output"):
+    """``path`` as the OS will write it (``zoo.file_kinds.write_target``: folders' symlinks
+    resolved before ``..``); ``PathError`` for an empty or root-like path or a symlink."""
+    return write_target(path, error=lambda message: PathError(flag, path, message.split(": ", 1)[1]))
 
 
 def check_model_path(path, flag="--output"):
@@ -59,12 +76,14 @@ def check_model_path(path, flag="--output"):
         raise PathError(flag, path, "a model path must end in .keras")
 
 
-def check_output_file(path, flag="--output"):
-    """``path`` can be written as a ``.keras`` file: its folder exists or is created, and takes a file."""
-    check_model_path(path, flag)
+def check_output_file(path, flag="--output", named=None):
+    """``path`` can be written as a ``.keras`` file: its folder exists or is created, and takes
+    a file. Errors name ``named`` (the path as given; default ``path``)."""
+    named = path if named is None else named
+    check_model_path(named, flag)
     if os.path.isdir(path):
-        raise PathError(flag, path, "is a folder; give a file name ending in .keras")
-    check_writable_folder(os.path.dirname(os.path.abspath(path)), flag, named=path)
+        raise PathError(flag, named, "is a folder; give a file name ending in .keras")
+    check_writable_folder(os.path.dirname(os.path.abspath(path)), flag, named=named)
 
 
 def check_writable_folder(folder, flag, named=None):

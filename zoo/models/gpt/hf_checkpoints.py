@@ -62,11 +62,12 @@ import os
 
 from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
+from zoo.file_kinds import read_json_file
 from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt._probe import check_finite_logits
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
-from zoo.presets import inside_folder, read_json_file, write_folder_atomically
+from zoo.presets import inside_folder, write_folder_atomically
 from zoo.presets.safetensors_weights import (
     CheckpointError,
     SafetensorsFiles,
@@ -268,7 +269,10 @@ def _tokenizer(directory):
     for name in TOKENIZER_FILES:
         if os.path.lexists(os.path.join(directory, name)):
             inside_folder(directory, name, listed_in="the folder", error=CheckpointError)
-    return HFTokenizer.from_directory(directory)
+    try:
+        return HFTokenizer.from_directory(directory)
+    except ValueError as error:  # each names its file: a FIFO, not JSON, not a tokenizer the library reads
+        raise CheckpointError(str(error)) from None
 
 
 def _check_vocabulary(where, vocabulary_size, tokenizer):

@@ -14,8 +14,8 @@ import tempfile
 import h5py
 import numpy as np
 
+from zoo.file_kinds import regular_file
 from zoo.layers import kernel_variable
-from zoo.presets import regular_file
 from zoo.presets.permissions import honour_umask
 from zoo.presets.sharded_weights import assign_from_host
 from zoo.training.lora._layers import LORA_WEIGHTS, enable_lora, layer_prefix, lora_layers, lora_target_layers

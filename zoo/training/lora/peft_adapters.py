@@ -33,9 +33,10 @@ import re
 
 import numpy as np
 
+from zoo.file_kinds import read_json_file, regular_file
 from zoo.models.gpt import check_finite_logits
 from zoo.models.gpt.hf_checkpoints import weight_views
-from zoo.presets import inside_folder, read_json_file, regular_file
+from zoo.presets import inside_folder
 from zoo.presets.safetensors_weights import FLOAT_DTYPES, TensorView, save_tensor_file
 from zoo.presets.sharded_weights import assign_from_host
 from zoo.training.lora._layers import kernel_path, lora_layers
