@@ -41,6 +41,8 @@ TEMPLATE_FILE = "chat_template.jinja"
 TEMPLATES_DIR = "additional_chat_templates"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+RENDER_SECONDS = 10.0  # a chat template's budget per rendering (a published one takes milliseconds)
+MAX_RENDER_CHARS = 16 << 20  # ... and its output: 16M characters, a conversation of ~4M tokens
 MAX_TEMPLATE_BYTES = 1 << 20  # published templates are a few KiB (the largest in the fixtures under 20 KiB)
 SPECIAL_TOKEN_KEYS = (
     "bos_token",
@@ -63,12 +65,19 @@ class ChatTemplate:
         special_tokens: ``{name: token}`` given to the template as variables
             (``{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}``); a list for
             ``additional_special_tokens``. Empty values are dropped, as transformers does.
+        render_seconds: the most one rendering may take (``RENDER_SECONDS``; the published
+            templates in tests/fixtures take milliseconds); None: no limit.
+        max_render_chars: the most characters one rendering may produce, or one ``*``,
+            ``**`` or width argument ask for (``MAX_RENDER_CHARS``); None: no limit.
+        Past either, ``TemplateBudgetError`` (a ``ValueError``) names the budget.
     """
 
-    def __init__(self, template, special_tokens=None):
+    def __init__(self, template, special_tokens=None, render_seconds=None, max_render_chars=None):
         if not isinstance(template, str) or not template.strip():
             raise ValueError(f"template must be the non-empty text of a Jinja chat template, got {template!r:.80}")
         self.template = template
+        self.render_seconds = RENDER_SECONDS if render_seconds is None else render_seconds
+        self.max_render_chars = MAX_RENDER_CHARS if max_render_chars is None else max_render_chars
         tokens = {key: _token_value(value) for key, value in dict(special_tokens or {}).items()}
         self.special_tokens = {key: value for key, value in tokens.items() if value}
 
@@ -116,7 +125,7 @@ class ChatTemplate:
         context.update(messages=list(messages), add_generation_prompt=bool(add_generation_prompt))
         context.setdefault("tools", None)
         context.setdefault("documents", None)
-        return render_with_spans(template, context)
+        return render_with_spans(template, context, seconds=self.render_seconds, max_chars=self.max_render_chars)
 
     def assistant_spans(self, messages, add_generation_prompt=False, **variables):
         """``(text, spans)``: the rendered conversation and the ``(start, end)`` character
