@@ -22,6 +22,7 @@ from zoo.training.job_setup import (
 )
 from zoo.training.logs.run_logs import run_log_callbacks
 from zoo.training.paths import check_job_paths, save_model_atomically
+from zoo.training.shifted_batches import ShiftedBatches
 
 # model name -> (class, task its dataset must have, unit of throughput)
 MODELS = {
@@ -42,10 +43,15 @@ def train(settings, report=print):
     replicas = zd.data_parallel_size(distribution)
     (x, y), (xv, yv), (xt, yt) = (_load(settings, split) for split in train_validation_test_splits(spec))
     report(f"dataset: {spec.name}: {len(x)} training examples of shape {x.shape[1:]}, {len(spec.classes)} classes")
+    batches = DivisibleBatches(
+        x, y, batch_size=settings.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=settings.seed
+    )
+    if settings.model == "vit":
+        batches = _shifted(settings, batches, x.shape[1:3], report)
     keras.utils.set_random_seed(settings.seed)
     model = zd.build_distributed(lambda: _build(settings, model_class, spec, x.shape[1:], distribution), distribution)
     model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate=settings.learning_rate),
+        optimizer=keras.optimizers.AdamW(learning_rate=_learning_rate(settings, settings.epochs * len(batches))),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         weighted_metrics=["accuracy"],
     )
@@ -58,15 +64,7 @@ def train(settings, report=print):
     )  # steps.csv: one row per step
     with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: stop at a step boundary (no checkpoints here)
         history = model.fit(
-            DivisibleBatches(
-                x,
-                y,
-                batch_size=settings.batch_size,
-                multiple_of=replicas,
-                remainder="drop",
-                shuffle=True,
-                seed=settings.seed,
-            ),
+            batches,
             validation_data=DivisibleBatches(
                 xv, yv, batch_size=settings.batch_size, multiple_of=replicas, remainder="pad"
             ),
@@ -85,6 +83,25 @@ def train(settings, report=print):
     save_model_atomically(model, settings.output)
     report(f"saved model to {settings.output}")
     return {"history": history.history, "test_accuracy": accuracy, "model": model}
+
+
+def _learning_rate(settings, total_steps):
+    """The encoder's: ``learning_rate`` throughout. The ViT's: ``learning_rate`` cosine-decayed
+    to 10% over the run's ``total_steps`` (as ``zoo train gpt``'s), which ends it steadier."""
+    if settings.model != "vit":
+        return settings.learning_rate
+    return keras.optimizers.schedules.CosineDecay(settings.learning_rate, decay_steps=max(total_steps, 1), alpha=0.1)
+
+
+def _shifted(settings, batches, image_shape, report):
+    """The ViT's training batches with random shifts of up to ``random_shift`` pixels
+    (default: an eighth of the image's shorter side), checked against the image."""
+    side = min(image_shape)
+    shift = side // 8 if settings.random_shift is None else settings.random_shift
+    if shift > side // 2:
+        raise ValueError(f"random_shift {shift} is more than half the image side {side}: at most {side // 2} pixels")
+    report(f"augmentation: training images shifted by up to {shift} pixels each way" if shift else "augmentation: none")
+    return ShiftedBatches(batches, shift, seed=settings.seed)
 
 
 def _load(settings, split):
