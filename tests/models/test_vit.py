@@ -1,4 +1,7 @@
+import jax
+import jax.numpy as jnp
 import keras
+import numpy as np
 import pytest
 
 from tests.models.harness import check_model_contract
@@ -145,3 +148,80 @@ def test_mean_pooling_fits_sequence_parallel_layout():
     config = {**VIT_CONFIGS["vit_tiny"], "pooling": "mean", "megatron_sp": True}
     layout_map = ViTClassifier.get_layout_map(make_mesh("data=2,model=4"), "tp+sp", config)
     assert layout_map[r".*attention/(query|key|value)/kernel"] is None  # MultiHeadAttention places its own weights
+
+
+def _reference_vit(weights, images, *, patch, layers, pooling, epsilon=1e-6):
+    """The ViT of Dosovitskiy et al. (2021), pre-norm, written out from the paper in jnp:
+    images (B, S, S, Ch) -> logits (B, N). ``weights``: {variable path: array}."""
+
+    def norm(x, path):  # LayerNorm over C
+        mean = x.mean(-1, keepdims=True)
+        variance = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / jnp.sqrt(variance + epsilon) * weights[f"{path}/gamma"] + weights[f"{path}/beta"]
+
+    batch, side, _, channels = images.shape
+    grid = side // patch
+    pieces = images.reshape(batch, grid, patch, grid, patch, channels).transpose(0, 1, 3, 2, 4, 5)
+    pieces = pieces.reshape(batch, grid * grid, patch * patch * channels)  # (B, P, p p Ch), row-major patches
+    kernel = weights["patch_embedding/kernel"]  # (p, p, Ch, C)
+    x = pieces @ kernel.reshape(-1, kernel.shape[-1]) + weights["patch_embedding/bias"]  # (B, P, C)
+    if pooling == "cls":
+        token = jnp.broadcast_to(weights["class_token/token"], (batch, 1, x.shape[-1]))
+        x = jnp.concatenate([token, x], axis=1)  # (B, 1 + P, C)
+    x = x + weights["position_embedding/embeddings"][None]  # (B, T, C)
+    for index in range(layers):
+        block = f"block_{index}"
+        h = norm(x, f"{block}/attention_norm")
+        q, k, v = (
+            jnp.einsum("btc,chd->bthd", h, weights[f"{block}/attention/{name}/kernel"])
+            + weights[f"{block}/attention/{name}/bias"]
+            for name in ("query", "key", "value")
+        )  # (B, T, H, D)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1])  # (B, H, T, T): no mask
+        attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)  # (B, T, H, D)
+        x = x + jnp.einsum("bthd,hdc->btc", attended, weights[f"{block}/attention/output/kernel"])
+        x = x + weights[f"{block}/attention/output/bias"]
+        h = norm(x, f"{block}/mlp_norm")
+        h = jax.nn.gelu(h @ weights[f"{block}/mlp/up/kernel"] + weights[f"{block}/mlp/up/bias"], approximate=False)
+        x = x + h @ weights[f"{block}/mlp/down/kernel"] + weights[f"{block}/mlp/down/bias"]  # (B, T, C)
+    x = norm(x, "final_norm")
+    pooled = x[:, 0] if pooling == "cls" else x.mean(axis=1)  # (B, C): the class token's state, or the patches' mean
+    return pooled @ weights["classifier_head/kernel"] + weights["classifier_head/bias"]  # (B, N)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_outputs_and_gradients_match_the_papers_vit(pooling, shapes):
+    """The model against ``_reference_vit``: logits and the gradient of the cross-entropy
+    with respect to every weight. Every weight (class token and biases too, zero at
+    initialisation) is drawn at random first, so a weight the model skips, a token pooled
+    from the wrong place, or a patch cut in another order shows in the numbers."""
+    model = _tiny(image_size=8, num_layers=1, pooling=pooling)  # 4 patches of 4 x 4
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.5, variable.shape).astype("float32"))
+    x, y = shapes[0][:2, :8, :8], shapes[1][:2]  # (2, 8, 8, 3), (2,)
+    trainable = [variable.value for variable in model.trainable_variables]
+    paths = [variable.path for variable in model.trainable_variables]
+
+    def model_loss(values):
+        logits, _ = model.stateless_call(values, [], x)
+        return _cross_entropy(logits, y), logits
+
+    def reference_loss(values):
+        logits = _reference_vit(dict(zip(paths, values)), jnp.asarray(x), patch=4, layers=1, pooling=pooling)
+        return _cross_entropy(logits, y), logits
+
+    (loss, logits), grads = jax.jit(jax.value_and_grad(model_loss, has_aux=True))(trainable)
+    (expected_loss, expected_logits), expected_grads = jax.jit(jax.value_and_grad(reference_loss, has_aux=True))(
+        trainable
+    )
+    np.testing.assert_allclose(logits, expected_logits, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(expected_logits).max()) > 1.0  # not a trivially small output
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    for path, grad, expected in zip(paths, grads, expected_grads):
+        np.testing.assert_allclose(grad, expected, rtol=1e-4, atol=1e-5, err_msg=path)
+    assert all(float(jnp.abs(expected).max()) > 0 for expected in expected_grads)  # every weight reaches the loss
+
+
+def _cross_entropy(logits, labels):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), labels[:, None], axis=-1))
