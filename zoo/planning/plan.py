@@ -66,9 +66,10 @@ class Plan:
     remat_correction: int  # bytes added to the temporaries (negative: removed); 0: none applied
     model_flops: float | None  # per step, whole model, all devices (zoo.measure.mfu); None: no formula
     notes: tuple = ()
-    # what the peak means where this XLA's memory analysis cannot show remat ("" where it
-    # can, or without remat): the verdict carries it, so no "fits" is read as exact
-    remat_caveat: str = ""
+    # what the peak means where this XLA's memory analysis cannot show remat, or where a
+    # TPU's step was compiled by XLA:CPU ("" where neither): the verdict carries it, so no
+    # "fits" or "does not fit" is read as exact
+    caveat: str = ""
 
     @property
     def spec(self):
@@ -134,7 +135,7 @@ class Plan:
             "remat_correction": self.remat_correction,
             "model_flops": self.model_flops,
             "notes": list(self.notes),
-            "remat_caveat": self.remat_caveat,
+            "caveat": self.caveat,
         }
 
     @classmethod
@@ -147,7 +148,7 @@ class Plan:
             remat_correction=values["remat_correction"],
             model_flops=values["model_flops"],
             notes=tuple(values["notes"]),
-            remat_caveat=values.get("remat_caveat", ""),
+            caveat=values.get("caveat", ""),
         )
 
 
@@ -304,7 +305,21 @@ def plan_in_process(request, *, compiler_options=None):
         correction,
         _model_flops(job, settings, full_depth),
         tuple(notes),
-        _remat_caveat(remat, correction),
+        "; ".join(part for part in (_remat_caveat(remat, correction), compiler_caveat(request.device)) if part),
+    )
+
+
+def compiler_caveat(device):
+    """The verdict's qualifier where a TPU's step is compiled here by XLA:CPU: the TPU
+    compiler schedules (and rematerialises) temporaries to fit its HBM, which XLA:CPU does
+    not; on a v5e chip gpt_1b's step needed about half the planned peak (docs/planning.md)."""
+    import jax
+
+    if platform_of(device) != "tpu" or jax.default_backend() == "tpu":
+        return ""
+    return (
+        "an upper bound for a TPU: XLA:CPU compiled this step, and the TPU compiler fits temporaries to HBM "
+        "(zoo bench step on the chip reports its own figure)"
     )
 
 

@@ -96,8 +96,9 @@ def advice(plan):
 
 def verdict(plan):
     """One line: fits, or does not and why (largest part, the change that would help most);
-    where this JAX cannot show remat, what the peak then is (``Plan.remat_caveat``)."""
-    caveat = f" ({plan.remat_caveat})" if plan.remat_caveat else ""
+    where this JAX cannot show remat, or XLA:CPU compiled a TPU's step, what the peak then
+    is (``Plan.caveat``)."""
+    caveat = f" ({plan.caveat})" if plan.caveat else ""
     if plan.fits:
         share = 100 * plan.peak / plan.device_memory
         return f"fits: peak {size_text(plan.peak)} of {size_text(plan.device_memory)} per device ({share:.0f}%){caveat}"
