@@ -80,6 +80,8 @@ CASES = [
     ("rank-zero", set_config(r=0), r"adapter_config.json: r = 0 must be a positive integer"),
     ("config-array", lambda folder, outside: (folder / CONFIG).write_text("[1, 2]"), r"adapter_config.json: holds a JSON list"),
     ("targets-nothing-held", set_config(target_modules=["embed_tokens"]), r"target_modules = \['embed_tokens'\] names none"),
+    ("regex-with-layers", set_config(target_modules=".*q_proj", layers_to_transform=[0]), r"adapter_config.json: layers_to_transform = \[0\] with target_modules = '.\*q_proj', a string; peft refuses"),
+    ("pattern-without-layers", set_config(layers_pattern="layers"), r"adapter_config.json: layers_pattern = 'layers' without layers_to_transform; peft refuses it"),
 ]  # fmt: skip
 
 
@@ -124,6 +126,9 @@ def test_target_modules_is_honoured_as_peft_honours_it(tmp_path, base):
     assert changed == [f"block_{i}/attention/query/kernel" for i in range(layers)]
 
 
+EXPERT_W1 = "model.layers.1.block_sparse_moe.experts.0.w1"  # mixtral's (transformers 4): block 1, expert 0
+
+
 @pytest.mark.parametrize(
     ("config", "module", "targeted"),
     [
@@ -134,17 +139,46 @@ def test_target_modules_is_honoured_as_peft_honours_it(tmp_path, base):
         ({"target_modules": ".*\\.(q|v)_proj"}, "model.layers.3.self_attn.v_proj", True),
         ({"target_modules": "q_proj"}, "model.layers.3.self_attn.q_proj", False),  # a string is a regex matched whole
         ({"target_modules": "all-linear"}, "model.layers.0.mlp.down_proj", True),
+        ({"target_modules": "All-Linear"}, "model.layers.0.mlp.down_proj", True),  # any case
         ({"target_modules": "all-linear"}, "lm_head", False),
         ({"target_modules": ["q_proj"], "layers_to_transform": [1]}, "model.layers.0.self_attn.q_proj", False),
         ({"target_modules": ["q_proj"], "layers_to_transform": 1}, "model.layers.1.self_attn.q_proj", True),
+        ({"target_modules": ["q_proj"], "layers_to_transform": []}, "model.layers.1.self_attn.q_proj", True),  # unset
         ({"target_modules": ["q_proj"], "layers_to_transform": [0], "layers_pattern": "blocks"}, "model.layers.0.self_attn.q_proj", False),
+        ({"target_modules": ["q_proj"], "layers_to_transform": [1], "layers_pattern": "model\\.layers"}, "model.layers.1.self_attn.q_proj", True),  # a pattern at the start
+        ({"target_modules": ["q_proj"], "layers_to_transform": [1], "layers_pattern": ""}, "model.layers.1.self_attn.q_proj", True),  # empty: none
+        ({"target_modules": ["w1"], "layers_to_transform": [1]}, EXPERT_W1, True),  # the first index, not the expert's
+        ({"target_modules": ["w1"], "layers_to_transform": [0]}, EXPERT_W1, False),
+        ({"target_modules": ["w1"], "layers_to_transform": [1], "layers_pattern": "layers"}, EXPERT_W1, True),
+        ({"target_modules": ["model.layers.1.self_attn.q_proj"], "layers_to_transform": [0]}, "model.layers.1.self_attn.q_proj", True),  # a full name: no layer check
         ({"target_modules": ["q_proj"], "exclude_modules": ["model.layers.0.self_attn.q_proj"]}, "model.layers.0.self_attn.q_proj", False),
+        ({"target_modules": ["q_proj"], "exclude_modules": ".*layers\\.0\\..*"}, "model.layers.0.self_attn.q_proj", False),
+        ({"target_modules": ["q_proj"], "exclude_modules": "layers"}, "model.layers.0.self_attn.q_proj", True),  # matched whole
+        ({"target_modules": "all-linear", "exclude_modules": ["down_proj"]}, "model.layers.0.mlp.down_proj", False),
         ({"target_modules": ["lm_head"]}, "lm_head", True),
-        ({"target_modules": None}, "model.layers.0.self_attn.q_proj", False),
+        ({"target_modules": []}, "model.layers.0.self_attn.q_proj", False),
+        ({"target_modules": None}, "model.layers.0.self_attn.q_proj", True),  # peft's default for llama: q_proj, v_proj
+        ({"target_modules": None}, "model.layers.0.self_attn.k_proj", False),
+        ({"target_modules": None, "layers_to_transform": [1]}, "model.layers.0.self_attn.v_proj", False),
     ],
 )  # fmt: skip
 def test_which_modules_peft_targets(config, module, targeted):
-    assert is_targeted(config, module) is targeted
+    """Rows as peft 0.21.2 decides them (tests/training/lora/test_peft_oracle.py asks peft itself)."""
+    assert is_targeted(config, module, model_type="llama") is targeted
+
+
+@pytest.mark.parametrize(
+    ("config", "model_type", "message"),
+    [
+        ({"target_modules": ".*q_proj", "layers_to_transform": [0]}, "llama", r"layers_to_transform = \[0\] with target_modules = '.\*q_proj', a string"),
+        ({"target_modules": "all-linear", "layers_pattern": "layers"}, "llama", r"layers_pattern = 'layers' with target_modules = 'all-linear'"),
+        ({"target_modules": ["q_proj"], "layers_pattern": "layers"}, "llama", r"layers_pattern = 'layers' without layers_to_transform"),
+        ({"target_modules": None}, "qwen2_moe", r"target_modules is null and peft has no default target_modules for model type 'qwen2_moe'"),
+    ],
+)  # fmt: skip
+def test_a_config_peft_refuses_is_refused(config, model_type, message):
+    with pytest.raises(ValueError, match=message):
+        is_targeted(config, "model.layers.0.self_attn.q_proj", model_type=model_type)
 
 
 def test_the_fixture_reads_whole(tmp_path):

@@ -29,17 +29,17 @@ import collections
 import json
 import math
 import os
-import re
 
 import numpy as np
 
 from zoo.file_kinds import read_json_file, regular_file
 from zoo.models.gpt import check_finite_logits
-from zoo.models.gpt.hf_checkpoints import weight_views
+from zoo.models.gpt.hf_checkpoints import UnsupportedCheckpoint, hf_model_type, weight_views
 from zoo.presets import inside_folder
 from zoo.presets.safetensors_weights import FLOAT_DTYPES, TensorView, save_tensor_file
 from zoo.presets.sharded_weights import assign_from_host
 from zoo.training.lora._layers import kernel_path, lora_layers
+from zoo.training.lora._peft_targets import check_targeting, is_targeted
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -211,6 +211,7 @@ def read_peft_adapter(directory):
                 f"{directory}/{CONFIG_FILE}: {key} = {value!r}; the zoo reads PEFT LoRA adapters with {key} = {expected!r}"
             )
     _check_scales(config_path, config)
+    check_targeting(config_path, config)
     weights = os.path.join(directory, WEIGHTS_FILE)
     if not os.path.lexists(weights):
         raise ValueError(
@@ -265,48 +266,6 @@ def _check_scales(path, config):
             raise ValueError(f"{path}: {key} = {value!r} must be a finite number > 0")
 
 
-def is_targeted(config, module):
-    """Whether PEFT puts LoRA on ``module`` (``model.layers.0.self_attn.q_proj``) under
-    ``config``, as ``peft.tuners.tuners_utils.check_target_module_exists`` decides: not
-    excluded (``exclude_modules``: a regex matched whole, a name, or a name's last parts),
-    and named by ``target_modules`` (a string: a regex matched whole; a list: the module's
-    name or its last parts; ``"all-linear"``: every linear layer but the output head),
-    in ``layers_to_transform`` when it is set (the block index after ``layers_pattern``, or
-    after the first ``<name>.<index>.`` when no pattern is given)."""
-    if _named(config.get("exclude_modules"), module):
-        return False
-    targets = config.get("target_modules")
-    if targets == "all-linear":
-        return module != "lm_head"
-    if isinstance(targets, str):
-        return re.fullmatch(targets, module) is not None
-    if not targets or not _named(targets, module):
-        return False
-    if module in targets:
-        return True
-    indexes, patterns = config.get("layers_to_transform"), config.get("layers_pattern")
-    if indexes is None or indexes == []:
-        return True
-    patterns = [patterns] if isinstance(patterns, str) else (patterns or [])
-    found = None
-    for pattern in patterns or [r"[^.]*"]:
-        found = re.match(rf".*\.{pattern}\.(\d+)\.", module)
-        if found is not None:
-            break
-    if found is None:
-        return False
-    index = int(found.group(1))
-    return index == indexes if isinstance(indexes, int) else index in indexes
-
-
-def _named(names, module):
-    if names is None or names == []:
-        return False
-    if isinstance(names, str):
-        return re.fullmatch(names, module) is not None
-    return module in names or any(module.endswith(f".{name}") for name in names)
-
-
 def _split_name(directory, name):
     """``base_model.model.<module>.lora_A.weight`` -> ``(<module>, "lora_A")``."""
     parts = name.split(".")
@@ -338,7 +297,13 @@ def load_peft_adapter(model, directory):
     layout (each is read to the host once and written back shard by shard). Returns the
     adapted modules' names."""
     config, factors = read_peft_adapter(directory)
-    factors = {module: pair for module, pair in factors.items() if is_targeted(config, module)}  # as PEFT loads them
+    model_type = _model_type(model) if config.get("target_modules") is None else None
+    where = os.path.join(directory, CONFIG_FILE)
+    factors = {  # as PEFT loads them
+        module: pair
+        for module, pair in factors.items()
+        if is_targeted(config, module, model_type=model_type, where=where)
+    }
     if not factors:
         raise ValueError(
             f"{directory}/{CONFIG_FILE}: target_modules = {config.get('target_modules')!r} names none of the "
@@ -366,6 +331,15 @@ def load_peft_adapter(model, directory):
         with assign_from_host([kernel]):
             kernel.assign((np.asarray(kernel.value, np.float32) + delta).astype(kernel.dtype))
     return sorted(factors)
+
+
+def _model_type(model):
+    """The Hugging Face ``model_type`` of ``model`` (what a null ``target_modules`` means depends
+    on it), or None for a model no Hugging Face type computes."""
+    try:
+        return hf_model_type(model.backbone.get_config())
+    except UnsupportedCheckpoint:
+        return None
 
 
 def _check_no_lora(model, path, directory):
