@@ -14,12 +14,11 @@ One JSON line per row, printed and appended to $OUT/blocks.jsonl.
 
 import json
 import os
-import statistics
-import time
 
 os.environ["KERAS_BACKEND"] = "jax"
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from attention_kernels import timeit  # noqa: E402  (this folder: the same timing as the kernel table)
 
 SHAPES = {
     "gpt_1b b2": (2, 2048, 32, 4, 64),
@@ -42,22 +41,6 @@ CANDIDATES = [
     ((2048, 2048, 1024), (2048, 2048, 1024)),
     ((256, 512, 256), (256, 512, 256)),
 ]
-
-
-def timeit(f, *args):
-    """(median seconds per call, compile seconds) of the gradient of f's sum."""
-    g = jax.jit(jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2)))
-    start = time.perf_counter()
-    jax.block_until_ready(g(*args))
-    compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(5):
-            result = g(*args)
-        jax.block_until_ready(result)
-        times.append((time.perf_counter() - start) / 5)
-    return statistics.median(times), compile_s
 
 
 def splash(b, t, h, kv, d, forward, backward):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from tests.presets.test_hostile_folders import link_outside
 from zoo.config.settings import ExportSettings
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import NonFiniteModelError
@@ -42,14 +43,6 @@ def set_tensor(name, change):
         tensors = load_file(folder / WEIGHTS)
         tensors[name] = change(tensors[name])
         save_file(tensors, folder / WEIGHTS)
-
-    return damage
-
-
-def link_outside(name):
-    def damage(folder, outside):
-        os.remove(folder / name)
-        os.symlink(outside / name, folder / name)
 
     return damage
 
