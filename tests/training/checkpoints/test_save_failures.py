@@ -158,3 +158,33 @@ def test_a_full_disk_at_the_emergency_checkpoint_names_the_newest_one_on_disk(di
         "resume from it with: zoo train cnn --resume"
     )
     assert _orbax_noise(caplog, capfd) == []
+
+
+def test_a_callback_on_a_closed_event_loop_is_dropped_and_nothing_else(monkeypatch):
+    """Orbax's reads can end on their own thread after their save or restore returned,
+    scheduling on a closed loop: that unraisable (from asyncio's _check_closed) is dropped
+    for good, once installed; the same words raised elsewhere, and anything else, pass on."""
+    import asyncio
+    import sys
+    import types
+
+    from zoo.training.checkpoints import _write_failure
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    with pytest.raises(RuntimeError, match="Event loop is closed") as closed:
+        loop.call_soon_threadsafe(print)
+    elsewhere = RuntimeError("Event loop is closed")  # same words, not from the loop: passed on
+    other = ValueError("other")
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    _write_failure.drop_closed_loop_callbacks()
+    _write_failure.drop_closed_loop_callbacks()  # once: not wrapped twice
+    assert sys.unraisablehook.hook == seen.append
+    for error in (closed.value, elsewhere, other):  # what Python hands the hook (sys.UnraisableHookArgs' fields)
+        sys.unraisablehook(
+            types.SimpleNamespace(
+                exc_type=type(error), exc_value=error, exc_traceback=error.__traceback__, err_msg=None, object=None
+            )
+        )
+    assert [args.exc_value for args in seen] == [elsewhere, other]

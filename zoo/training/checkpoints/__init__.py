@@ -41,7 +41,7 @@ from zoo.training.checkpoints._block_forms import BlockFormConversion
 from zoo.training.checkpoints._data_position import ResumableBatches, TrainingPosition, fit_from
 from zoo.training.checkpoints._files import CheckpointError
 from zoo.training.checkpoints._lock import CheckpointLock, describe_holder
-from zoo.training.checkpoints._write_failure import FailedWrites, OrbaxNoise, write_failure
+from zoo.training.checkpoints._write_failure import FailedWrites, OrbaxNoise, drop_closed_loop_callbacks, write_failure
 
 FORMAT = "zoo-checkpoint/2"  # 2: per-array checksums and a checksum of the metadata itself
 READABLE_FORMATS = ("zoo-checkpoint/1", FORMAT)  # 1: read without the integrity checks it lacks
@@ -311,6 +311,7 @@ class Checkpoints:
 
 
 def _open_manager(directory, keep):
+    drop_closed_loop_callbacks()
     policy = None if keep is None else ocp.checkpoint_managers.LatestN(keep)
     options = ocp.CheckpointManagerOptions(
         preservation_policy=policy,

@@ -85,6 +85,40 @@ def _record_text(record):
     return text
 
 
+def _is_closed_loop_callback(unraisable):
+    """An asyncio callback scheduled on an event loop already closed (``RuntimeError:
+    Event loop is closed`` from ``_check_closed``): Orbax's TensorStore reads finishing on
+    their own thread after the save or restore that started them has returned or failed.
+    Nothing is lost then: the operation already has its result, or its one error."""
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+        return False
+    frames, tb = set(), unraisable.exc_traceback
+    while tb is not None:
+        frames.add(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return "_check_closed" in frames
+
+
+class _ClosedLoopFilter:
+    """An unraisable hook that drops ``_is_closed_loop_callback`` and passes everything else on."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __call__(self, unraisable):
+        if not _is_closed_loop_callback(unraisable):
+            self.hook(unraisable)
+
+
+def drop_closed_loop_callbacks():
+    """Install ``_ClosedLoopFilter`` around ``sys.unraisablehook`` for the rest of the
+    process, once (a checkpoint's reads may end after any block that could hold them:
+    without it Python prints their tracebacks, at random, in a later step or test)."""
+    if not isinstance(sys.unraisablehook, _ClosedLoopFilter):
+        sys.unraisablehook = _ClosedLoopFilter(sys.unraisablehook)
+
+
 class OrbaxNoise(contextlib.AbstractContextManager):
     """Holds what Orbax and asyncio print while a save runs: the ``absl`` and ``asyncio`` log
     records, unraisable exceptions (its abandoned coroutines closing on a closed event loop)
@@ -93,6 +127,7 @@ class OrbaxNoise(contextlib.AbstractContextManager):
     """
 
     def __enter__(self):
+        drop_closed_loop_callbacks()
         self._records, self._unraisable, self._dropped = [], [], False
         self._previous_hook = sys.unraisablehook
         self._warnings = warnings.catch_warnings(record=True)
