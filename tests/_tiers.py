@@ -82,6 +82,15 @@ MATRIX = {
         "test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers, "
         "test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers"
     ),
+    # greedy decoding of two more MoE families against transformers: tier 1 keeps Qwen3-MoE's
+    # (equal and unequal prompts) and every family's logits
+    **{
+        f"tests/models/test_hf_checkpoints.py::test_greedy_equals_transformers[{name}]": (
+            "test_greedy_equals_transformers[qwen3_moe], test_greedy_of_unequal_prompts_equals_transformers[qwen3_moe], "
+            f"test_logits_equal_transformers[{name}]"
+        )
+        for name in ("mixtral", "qwen2_moe")
+    },
     # windowed decoding on a zoo config: tier 1 decodes past the window against transformers
     "tests/models/test_gpt.py::test_decoding_with_a_window_matches_the_full_forward_pass": (
         "tests/models/test_hf_checkpoints.py::test_greedy_equals_transformers[mistral_window], [gemma2]"

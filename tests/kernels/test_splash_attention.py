@@ -17,8 +17,8 @@ from zoo.kernels import attention_implementation, attention_reference
 from zoo.kernels.splash_attention import COMPUTE_EDGE, block_edge, splash_attention, supports
 from zoo.layers._sequence_parallel import describe_attention
 
-B, H, K, D = 2, 4, 2, 64  # two KV heads of two query heads each (GQA), the head dim splash takes
-SEGMENTS = np.repeat(np.array([[1, 1, 2, 0], [1, 2, 2, 3]], np.int32), 64, axis=1)  # [2, 256]: packed rows, padding 0
+B, H, K, D = 1, 4, 2, 64  # two KV heads of two query heads each (GQA), the head dim splash takes
+SEGMENTS = np.repeat(np.array([[1, 2, 2, 0]], np.int32), 64, axis=1)  # [1, 256]: two packed documents, then padding (0)
 
 # name: (length, options); every option of the kernel at least once, GQA in every case.
 CASES = {
