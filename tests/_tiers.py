@@ -28,7 +28,6 @@ WINDOW_KERNELS = "tests/kernels/test_sliding_window.py::test_matches_masked_refe
 MOE_KERNELS = "tests/kernels/test_moe.py"
 FINETUNE = "tests/training/test_finetune.py"
 RESUME = "tests/training/checkpoints/test_resume_anywhere.py"
-DEFAULTS_LEARN = "tests/training/test_defaults_learn.py"
 RESUME_TIER_1 = f"{RESUME}::test_the_pipelines_stacked_blocks_resume_as_layers_and_back (data -> pipeline)"
 
 # test id -> the tier-1 test that checks the same property
@@ -207,14 +206,6 @@ MATRIX = {
     "tests/models/test_vit.py::test_outputs_and_gradients_match_the_papers_vit[mean]": (
         "[cls]; mean pooling: tests/layers/test_classifier_layers.py::test_token_pooling_averages_kept_tokens_or_takes_the_first"
     ),
-    # zoo train cnn|encoder|vit with no flags, to held-out accuracy (30-90 s each): tier 1 keeps
-    # each job's default model and optimizer fitting one batch of its default data
-    **{
-        f"{DEFAULTS_LEARN}::test_zoo_train_with_its_defaults_beats_chance_on_held_out_data[{model}]": (
-            f"{DEFAULTS_LEARN}::test_the_default_model_and_optimizer_fit_a_batch[{model}]"
-        )
-        for model in ("cnn", "encoder", "vit")
-    },
     # the attention layer under fit: tier 1 keeps ring (causal, GQA, key mask); gather and
     # Ulysses under fit: tests/distribution/test_context_parallel.py's [gather], [ulysses]
     "tests/layers/test_multi_head_attention_fit.py::test_fit_matches_one_device[gather-data=1,seq=4-False]": (

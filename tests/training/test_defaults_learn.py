@@ -1,7 +1,9 @@
 """Every ``zoo train`` classifier learns with its defaults (issue 45, item 1: ``zoo train vit``
 ended at 0.156 held-out accuracy, chance 0.125, and no test noticed).
 
-Tier 2 runs ``zoo train cnn|encoder|vit`` with no flags but ``--output``, in a process of
+On demand (``python -m pytest -m realsize tests/training/test_defaults_learn.py``: 3 minutes
+serial on 2 cores, which CI's 15 minutes could not hold: ``.ci/run`` took 934 s with them in
+tier 2) it runs ``zoo train cnn|encoder|vit`` with no flags but ``--output``, in a process of
 its own started as a user starts it (without the suite's XLA flags and compilation cache:
 the 8 simulated devices the command picks, XLA's normal optimisation), and checks the
 held-out accuracy it prints beats chance by a margin: the figures the docs quote, less a
@@ -43,6 +45,7 @@ AS_A_USER_HAS_NOT = ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_C
 SMALLEST = {"cnn": {"image_size": 16}, "encoder": {"sequence_length": 16}, "vit": {"image_size": 16}}
 
 
+@pytest.mark.realsize
 @pytest.mark.parametrize("model", list(JOBS))
 def test_zoo_train_with_its_defaults_beats_chance_on_held_out_data(model, tmp_path):
     settings_class, floor = JOBS[model]
