@@ -31,6 +31,23 @@ def with_config(source, folder, **changes):
     return str(folder)
 
 
+def zoo_preset_bomb(folder):
+    """A zoo preset (the shipped gpt_tiny_python_docs) declaring 10**9 blocks, its metadata's
+    SHA-256 of config.json recorded anew (as whoever edits the file can)."""
+    import hashlib
+
+    from zoo.presets.registry import preset_directory
+
+    shutil.copytree(preset_directory("gpt_tiny_python_docs"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["config"]["backbone"]["config"]["num_layers"] = 10**9
+    (folder / "config.json").write_text(json.dumps(config))
+    metadata = json.loads((folder / "metadata.json").read_text())
+    metadata["files"]["config.json"] = hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    return str(folder)
+
+
 def lora_bomb(path):
     """22 KB: a zoo LoRA file declaring a (2, 10**9) float32 factor (chunked, nothing stored)."""
     import h5py
@@ -60,6 +77,9 @@ def main(scratch, source):
         ],
         "num_hidden_layers 10**5, zoo export": lambda: [
             "export", with_config(source, scratch / "deeper", num_hidden_layers=10**5), str(scratch / "out2")
+        ],
+        "zoo preset num_layers 10**9, zoo generate": lambda: [
+            "generate", "--model", zoo_preset_bomb(scratch / "zoo_deep"), "--prompt", "hi"
         ],
         "LoRA factor (2, 10**9), zoo export --lora": lambda: [
             "export", str(source), str(scratch / "out3"), "--lora", lora_bomb(scratch / "bomb.h5")

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,9 @@ EXPECTED = {  # case -> what its one error line must hold
     "hidden_size 10**9, zoo generate": "/wide/config.json: hidden_size = 1000000000 is above 65,536",
     "num_hidden_layers 10**9, zoo export": "/deep/config.json: num_hidden_layers = 1000000000 is above 1,024",
     "num_hidden_layers 10**5, zoo export": "/deeper/config.json: num_hidden_layers = 100000 is above 1,024",
+    "zoo preset num_layers 10**9, zoo generate": (
+        "zoo_deep': config.json's config.backbone.config.num_layers = 1000000000 is above 1,024"
+    ),
     "LoRA factor (2, 10**9), zoo export --lora": "bomb.h5': block_0/attention/query/lora_kernel_a declares shape (2, 1000000000)",
 }
 SECONDS, GROWTH_MIB, PEAK_MIB = 2.0, 300, 400  # the peak: the process's, JAX imported (~290 MiB here)
@@ -36,3 +40,18 @@ def test_each_bomb_is_refused_in_one_line_in_under_2_s_and_300_mib(tmp_path):
         assert EXPECTED[row["case"]] in row["error"], row
         assert row["seconds"] < SECONDS and row["growth_mib"] < GROWTH_MIB and row["peak_mib"] < PEAK_MIB, row
     assert rows[-1]["size_bytes"] < 32 * 1024  # the file is small; what it declares is 8 GB
+
+
+def test_a_zoo_preset_size_in_a_list_or_nested_is_bounded_and_shipped_presets_pass():
+    """Every number of a list is bounded (a CNN's image_size [32, 10**6]); the four shipped
+    presets' configs are within the bounds."""
+    from zoo.presets import list_presets
+    from zoo.presets._bounds import check_config_sizes
+    from zoo.presets._format import PresetError
+    from zoo.presets.registry import preset_directory
+
+    config = {"class_name": "SmallCNN", "config": {"image_size": [32, 10**6], "filters": [8, 16]}}
+    with pytest.raises(PresetError, match=r"config.json's config.image_size = 1000000 is above 16,384"):
+        check_config_sizes("p", config)
+    for name in list_presets():
+        check_config_sizes(name, json.loads((Path(preset_directory(name)) / "config.json").read_text()))

@@ -21,6 +21,7 @@ import os
 
 import keras
 
+from zoo.presets._bounds import check_config_sizes
 from zoo.presets._format import CONFIG_FILE, PresetError
 
 ZOO_PACKAGE = "zoo"
@@ -41,6 +42,7 @@ def check_model_config(directory, config):
         raise PresetError(f"preset {directory!r}: {config['registered_name']!r} is not a model class")
     for path, item in _serialised_objects(config, "config"):
         _check_object(directory, path, item)
+    check_config_sizes(directory, config)  # before Keras builds anything from them
     return model_class
 
 
