@@ -3,6 +3,7 @@ expected is refused by type before it is opened (issue 46, item 7): a FIFO would
 reader for ever, /dev/zero never ends. Each refusal is one line naming the file."""
 
 import os
+import pathlib
 
 import pytest
 
@@ -38,3 +39,22 @@ def test_a_tokenizer_folder_with_special_files_is_refused(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
     with pytest.raises(ValueError, match=r"tokenizer.json is not a tokenizer the tokenizers library reads"):
         HFTokenizer.from_directory(tmp_path)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_zoo_finetune_refuses_a_special_data_file_before_any_work(fifo):
+    """Before the model is loaded (``finetune.check_paths``, which ``zoo recipe check`` runs
+    too): a device or FIFO as --data-file / --validation-file, named with its flag."""
+    from tests.models.test_hf_checkpoints import FIXTURES
+    from zoo.config.settings import FinetuneSettings
+    from zoo.training.finetune import check_paths
+    from zoo.training.paths import PathError
+
+    preset = str(FIXTURES / "llama_mha_tied")
+    with pytest.raises(PathError, match=r"^--data-file '/dev/zero': is a character device, not a file"):
+        check_paths(FinetuneSettings(preset=preset, data_file="/dev/zero"))
+    data = pathlib.Path(fifo).parent / "data.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    with pytest.raises(PathError, match=r"^--validation-file '.*': is a FIFO \(named pipe\), not a file"):
+        check_paths(FinetuneSettings(preset=preset, data_file=str(data), validation_file=str(fifo)))
+    check_paths(FinetuneSettings(preset=preset, data_file=str(data)))  # a regular file passes

@@ -58,6 +58,7 @@ from zoo.data.text_files import (
     read_text,
     split_held_out,
 )
+from zoo.file_kinds import regular_file
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
 from zoo.models.gpt import check_finite_logits, hf_checkpoints
 from zoo.models.gpt.gpt_configs import backbone_config
@@ -411,6 +412,13 @@ def check_paths(settings):
     check`` calls it too): output, checkpoint and data folders, and an output folder the
     fine-tuned model cannot be saved into."""
     check_job_paths(settings, output_is_folder=True)
+    for flag in ("data_file", "validation_file", "chat_template"):  # a FIFO or /dev/zero: refused now, unopened
+        path = getattr(settings, flag, None)
+        if path and os.path.exists(path):
+            try:
+                regular_file(path)
+            except ValueError as error:
+                raise PathError(f"--{flag.replace('_', '-')}", path, str(error).removeprefix(f"{path} ")) from None
     _check_output(settings.output, is_hf_folder(local_preset(settings.preset)))
 
 
