@@ -147,9 +147,10 @@ def profile_steps(fit, steps=3):
     import jax
 
     from zoo.bench._device_profile import device_profile, read_trace
+    from zoo.training.logs.profile import trace_options
 
     folder = tempfile.mkdtemp(prefix="zoo-bench-step-trace-")
-    with jax.profiler.trace(folder, create_perfetto_trace=True):
+    with jax.profiler.trace(folder, create_perfetto_trace=True, profiler_options=trace_options()):
         fit(steps)
     return device_profile(read_trace(folder), steps=steps)
 

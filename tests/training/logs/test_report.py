@@ -338,6 +338,9 @@ def test_print_mesh_of_a_distribution():
 
 
 def test_profile_writes_a_trace_of_the_chosen_steps(tmp_path):
+    from zoo.training.logs.profile import trace_options
+
+    assert trace_options().python_tracer_level == 0  # device and host ops; JAX's default also traces Python
     callback = ProfileSteps(tmp_path, start_step=1, num_steps=2)
     _fit([callback], steps=4)
     assert callback.traced_steps == [1, 2]

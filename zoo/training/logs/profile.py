@@ -11,6 +11,16 @@ import keras
 from zoo.distribution.multihost import is_primary
 
 
+def trace_options():
+    """``jax.profiler.ProfileOptions`` for a training trace: device and host ops, no Python
+    tracer (JAX's default records every Python call of the traced steps, which slows the
+    very steps measured; a CI worker was once found spinning inside such a traced step for
+    minutes, its memory at 4.3 GB)."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    return options
+
+
 class ProfileSteps(keras.callbacks.Callback):
     """Trace training steps ``[start_step, start_step + num_steps)`` into ``log_dir``.
 
@@ -46,7 +56,7 @@ class ProfileSteps(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._enabled and self._step == self.start_step:
-            jax.profiler.start_trace(self.log_dir)
+            jax.profiler.start_trace(self.log_dir, profiler_options=trace_options())
             self._tracing = True
 
     def on_train_batch_end(self, batch, logs=None):
