@@ -48,6 +48,25 @@ def zoo_preset_bomb(folder):
     return str(folder)
 
 
+def keras_bomb(path):
+    """A .keras file of the shipped gpt preset whose config.json declares 10**9 blocks."""
+    import zipfile
+
+    from zoo.models import GPTCausalLM
+
+    model_file = path.with_name("tiny.keras")
+    GPTCausalLM.from_preset("gpt_tiny_python_docs").save(model_file)
+    with zipfile.ZipFile(model_file) as source, zipfile.ZipFile(path, "w") as target:
+        for member in source.namelist():
+            data = source.read(member)
+            if member == "config.json":
+                config = json.loads(data)
+                config["config"]["backbone"]["config"]["num_layers"] = 10**9
+                data = json.dumps(config).encode()
+            target.writestr(member, data)
+    return str(path)
+
+
 def lora_bomb(path):
     """22 KB: a zoo LoRA file declaring a (2, 10**9) float32 factor (chunked, nothing stored)."""
     import h5py
@@ -80,6 +99,9 @@ def main(scratch, source):
         ],
         "zoo preset num_layers 10**9, zoo generate": lambda: [
             "generate", "--model", zoo_preset_bomb(scratch / "zoo_deep"), "--prompt", "hi"
+        ],
+        ".keras num_layers 10**9, zoo generate": lambda: [
+            "generate", "--model", keras_bomb(scratch / "deep.keras"), "--prompt", "hi", "--max-new-tokens", "8"
         ],
         "LoRA factor (2, 10**9), zoo export --lora": lambda: [
             "export", str(source), str(scratch / "out3"), "--lora", lora_bomb(scratch / "bomb.h5")

@@ -22,6 +22,9 @@ EXPECTED = {  # case -> what its one error line must hold
     "zoo preset num_layers 10**9, zoo generate": (
         "zoo_deep': config.json's config.backbone.config.num_layers = 1000000000 is above 1,024"
     ),
+    ".keras num_layers 10**9, zoo generate": (
+        "deep.keras': config.json's config.backbone.config.num_layers = 1000000000 is above 1,024"
+    ),
     "LoRA factor (2, 10**9), zoo export --lora": "bomb.h5': block_0/attention/query/lora_kernel_a declares shape (2, 1000000000)",
 }
 SECONDS, GROWTH_MIB, PEAK_MIB = 2.0, 300, 400  # the peak: the process's, JAX imported (~290 MiB here)
@@ -45,9 +48,7 @@ def test_each_bomb_is_refused_in_one_line_in_under_2_s_and_300_mib(tmp_path):
 def test_a_zoo_preset_size_in_a_list_or_nested_is_bounded_and_shipped_presets_pass():
     """Every number of a list is bounded (a CNN's image_size [32, 10**6]); the four shipped
     presets' configs are within the bounds."""
-    from zoo.presets import list_presets
-    from zoo.presets._bounds import check_config_sizes
-    from zoo.presets._format import PresetError
+    from zoo.presets import PresetError, check_config_sizes, list_presets
     from zoo.presets.registry import preset_directory
 
     config = {"class_name": "SmallCNN", "config": {"image_size": [32, 10**6], "filters": [8, 16]}}

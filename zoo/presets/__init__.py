@@ -13,6 +13,7 @@ other folders (``zoo.models.gpt.hf_checkpoints``) use its ``write_folder_atomica
 """
 
 from zoo.presets._atomic_folder import write_folder_atomically
+from zoo.presets._bounds import check_config_sizes
 from zoo.presets._format import FORMAT_VERSION, PresetError
 from zoo.presets._safety import inside_folder
 from zoo.presets.load import (
@@ -36,6 +37,7 @@ __all__ = [
     "PRESETS",
     "PresetError",
     "PresetSpec",
+    "check_config_sizes",
     "from_preset",
     "inside_folder",
     "list_presets",

@@ -1,4 +1,4 @@
-"""Bounds on the sizes a zoo preset's ``config.json`` declares, checked before Keras builds anything.
+"""Bounds on the sizes a zoo preset's or ``.keras`` file's ``config.json`` declares, checked before Keras builds anything.
 
 A preset's ``metadata.json`` records each file's SHA-256, which stops an accident, not a
 folder made to harm: whoever edits ``config.json`` can record its new digest too. A
@@ -37,14 +37,15 @@ SIZE_BOUNDS = {
 }
 
 
-def check_config_sizes(directory, config):
-    """``PresetError`` naming ``directory``'s config.json, where in it, the key and its value,
-    when a size anywhere in ``config`` (a number, or each number of a list) is above its bound."""
+def check_config_sizes(where, config, error=PresetError):
+    """``error`` naming ``where`` (the preset or ``.keras`` file), where in its config.json,
+    the key and its value, when a size anywhere in ``config`` (a number, or each number of a
+    list) is above its bound."""
     for path, key, value in _sizes(config, ""):
         bound = SIZE_BOUNDS[key]
         if not value <= bound:
-            raise PresetError(
-                f"preset {directory!r}: config.json's {path} = {value!r} is above {bound:,}, the most the zoo builds "
+            raise error(
+                f"{where}: config.json's {path} = {value!r} is above {bound:,}, the most the zoo builds "
                 f"(no published model comes near it): a damaged or hostile file, refused before anything is built"
             )
 

@@ -42,7 +42,7 @@ def check_model_config(directory, config):
         raise PresetError(f"preset {directory!r}: {config['registered_name']!r} is not a model class")
     for path, item in _serialised_objects(config, "config"):
         _check_object(directory, path, item)
-    check_config_sizes(directory, config)  # before Keras builds anything from them
+    check_config_sizes(f"preset {directory!r}", config)  # before Keras builds anything from them
     return model_class
 
 

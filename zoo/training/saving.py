@@ -9,11 +9,12 @@ import zlib
 import keras
 
 import zoo.models  # noqa: F401  (registers the zoo's serialisable classes)
+from zoo.file_kinds import MAX_JSON_BYTES
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
 from zoo.models.gpt import check_lengths
 from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH, backbone_arguments, is_hf_directory
 from zoo.models.gpt.hf_checkpoints import read_config as read_hf_config
-from zoo.presets import PresetError, load_preset_config, load_tokenizer
+from zoo.presets import PresetError, check_config_sizes, load_preset_config, load_tokenizer
 from zoo.tokenizers import ByteTokenizer, HFTokenizer
 
 KERAS_CONFIG = "config.json"  # the member every .keras archive holds (Keras' saving_lib)
@@ -50,7 +51,10 @@ def _check_keras_archive(path):
         raise _not_valid(path, f"{size:,} bytes that are not a zip archive (truncated, or another format)")
     try:
         with zipfile.ZipFile(path) as archive:
-            json.loads(archive.read(KERAS_CONFIG))
+            declared = archive.getinfo(KERAS_CONFIG).file_size
+            if declared > MAX_JSON_BYTES:  # a compressed member can declare gigabytes: refused unread
+                raise _not_valid(path, f"its {KERAS_CONFIG} declares {declared:,} bytes, above {MAX_JSON_BYTES:,}")
+            config = json.loads(archive.read(KERAS_CONFIG))
     except KeyError:
         raise _not_valid(path, f"the archive has no {KERAS_CONFIG}") from None
     except (
@@ -60,6 +64,9 @@ def _check_keras_archive(path):
         ValueError,
     ) as error:  # a damaged member, a config that is not JSON
         raise _not_valid(path, f"its {KERAS_CONFIG} cannot be read ({error})") from None
+    if not isinstance(config, dict):
+        raise _not_valid(path, f"its {KERAS_CONFIG} holds a JSON {type(config).__name__}, not a model's config")
+    check_config_sizes(repr(path), config, error=ValueError)  # before Keras builds a model of those sizes
 
 
 def _not_valid(path, why):
