@@ -93,6 +93,32 @@ def test_a_failing_save_leaves_the_previous_file_intact(tmp_path):
     np.testing.assert_array_equal(restored.get_layer("dense").kernel.numpy(), good.get_layer("dense").kernel.numpy())
 
 
+def test_a_model_failing_its_check_is_not_written_at_the_target_but_rescued(tmp_path):
+    """``zoo train gpt`` checks its model's logits before saving (``check``): a model that
+    fails it (a diverged run: NaN logits) leaves the previous file at the target, and is
+    kept beside the run for inspection, the error (the check's own type) saying where."""
+    from zoo.models import GPTCausalLM
+    from zoo.models.gpt import NonFiniteModelError, check_finite_logits
+
+    path = str(tmp_path / "model.keras")
+    good = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense")])
+    save_model_atomically(good, path)
+    before = pathlib.Path(path).read_bytes()
+    diverged = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, max_sequence_length=16)
+    diverged.backbone.token_embedding.embeddings.assign(
+        np.full(diverged.backbone.token_embedding.embeddings.shape, np.nan)
+    )
+    with pytest.raises(
+        NonFiniteModelError, match=r"model.keras: not written: .* NaN .*; the model was saved to .*rescued-"
+    ):
+        save_model_atomically(
+            diverged, path, fallback_folders=[str(tmp_path / "run")], check=lambda m: check_finite_logits(m, path)
+        )
+    assert pathlib.Path(path).read_bytes() == before
+    (rescued,) = os.listdir(tmp_path / "run")
+    assert rescued.startswith("rescued-") and rescued.endswith("model.keras")
+
+
 # ``zoo export`` in a process that SIGKILLs itself once the weights are written, as it
 # starts the config.json: the moment a kill 1-2 s into a big export hits.
 _KILLED_EXPORT = """

@@ -236,7 +236,9 @@ def train(settings, report=print):
         run_dir=run_dir_of(settings.output),
     )
     if multihost.is_primary():
-        save_model_atomically(model, settings.output, fallback_folders=[settings.checkpoint_dir])
+        save_model_atomically(
+            model, settings.output, fallback_folders=[settings.checkpoint_dir], check=_finite_logits(settings.output)
+        )
         report(f"saved model to {settings.output}")
     return {"history": history, "unigram_entropy": entropy, "model": model}
 
@@ -257,6 +259,13 @@ def _blocks_line(settings, model, distribution):
         f"block(s), {micro} micro-batches of {rows} row(s) per data shard; {ticks} ticks, useful {repeats * micro}/{ticks} "
         f"= {100 * repeats * micro / ticks:.0f}%"
     )
+
+
+def _finite_logits(path):
+    """The check before the trained model is saved: its logits on a probe batch are finite."""
+    from zoo.models.gpt import check_finite_logits
+
+    return lambda model: check_finite_logits(model, path)
 
 
 def _check_dataset(name):
