@@ -44,11 +44,6 @@ def timeit(f, *args):
 
 
 def splash(b, t, h, kv, d, block_q, block_kv, fused):
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-
-    groups = h // kv
-    mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(groups)])
     sizes = dict(
         block_q=block_q,
         block_kv=block_kv,
@@ -61,6 +56,17 @@ def splash(b, t, h, kv, d, block_q, block_kv, fused):
         sizes["use_fused_bwd_kernel"] = True
     else:
         sizes.update(block_q_dq=block_q, block_kv_dq=block_kv)
+    return splash_with(b, t, h, kv, d, sizes)
+
+
+def splash_with(b, t, h, kv, d, sizes):
+    """Causal splash at these ``BlockSizes`` arguments, as the zoo runs it: the multi-query
+    kernel once per KV head (vmapped over B and K), q pre-scaled."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    groups = h // kv
+    mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(groups)])
     kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sk.BlockSizes(**sizes))
 
     def f(q, k, v):  # q (B, T, H, D); k, v (B, T, K, D)

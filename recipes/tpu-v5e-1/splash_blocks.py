@@ -18,7 +18,7 @@ import os
 os.environ["KERAS_BACKEND"] = "jax"
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from attention_kernels import timeit  # noqa: E402  (this folder: the same timing as the kernel table)
+from attention_kernels import splash_with, timeit  # noqa: E402  (this folder: the kernel table's own)
 
 SHAPES = {
     "gpt_1b b2": (2, 2048, 32, 4, 64),
@@ -44,29 +44,10 @@ CANDIDATES = [
 
 
 def splash(b, t, h, kv, d, forward, backward):
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-
-    groups = h // kv
-    mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(groups)])
-    sizes = sk.BlockSizes(
-        block_q=forward[0],
-        block_kv=forward[1],
-        block_kv_compute=forward[2],
-        block_q_dkv=backward[0],
-        block_kv_dkv=backward[1],
-        block_kv_dkv_compute=backward[2],
-        use_fused_bwd_kernel=True,
-    )
-    kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes)
-
-    def f(q, k, v):  # q (B, T, H, D); k, v (B, T, K, D)
-        qh = (q * jnp.asarray(d**-0.5, q.dtype)).reshape(b, t, kv, groups, d).transpose(0, 2, 3, 1, 4)  # B K G T D
-        kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # B K T D
-        out = jax.vmap(jax.vmap(kernel))(qh, kh, vh)  # B K G T D
-        return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
-
-    return f
+    """Causal splash with the fused backward at these forward and backward block sizes."""
+    names = ("block_q", "block_kv", "block_kv_compute"), ("block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")
+    sizes = dict(zip(names[0], forward)) | dict(zip(names[1], backward)) | {"use_fused_bwd_kernel": True}
+    return splash_with(b, t, h, kv, d, sizes)
 
 
 def main():
