@@ -53,7 +53,7 @@ def test_zoo_finetune_refuses_a_special_data_file_before_any_work(fifo):
     preset = str(FIXTURES / "llama_mha_tied")
     with pytest.raises(PathError, match=r"^--data-file '/dev/zero': is a character device, not a file"):
         check_paths(FinetuneSettings(preset=preset, data_file="/dev/zero"))
-    data = pathlib.Path(fifo).parent / "data.jsonl"
+    data = pathlib.Path(fifo).parent / "train.jsonl"  # (the fifo fixture is data.jsonl)
     data.write_text('{"prompt": "a", "completion": "b"}\n')
     with pytest.raises(PathError, match=r"^--validation-file '.*': is a FIFO \(named pipe\), not a file"):
         check_paths(FinetuneSettings(preset=preset, data_file=str(data), validation_file=str(fifo)))
