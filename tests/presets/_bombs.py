@@ -5,6 +5,8 @@ ran (Linux's VmHWM, reset before each case through /proc/self/clear_refs) above 
 memory before it, and the process's peak.
 
 argv: the scratch folder, the fixture folder (a Hugging Face folder copied and damaged).
+The scratch folder already holds ``deep.keras`` (``keras_bomb``, made by the caller: building
+and saving a model here would raise this process's peak before the cases).
 """
 
 import contextlib
@@ -49,7 +51,8 @@ def zoo_preset_bomb(folder):
 
 
 def keras_bomb(path):
-    """A .keras file of the shipped gpt preset whose config.json declares 10**9 blocks."""
+    """A .keras file of the shipped gpt preset whose config.json declares 10**9 blocks
+    (``path``; a ``tiny.keras`` beside it is the model as saved)."""
     import zipfile
 
     from zoo.models import GPTCausalLM
@@ -101,7 +104,7 @@ def main(scratch, source):
             "generate", "--model", zoo_preset_bomb(scratch / "zoo_deep"), "--prompt", "hi"
         ],
         ".keras num_layers 10**9, zoo generate": lambda: [
-            "generate", "--model", keras_bomb(scratch / "deep.keras"), "--prompt", "hi", "--max-new-tokens", "8"
+            "generate", "--model", str(scratch / "deep.keras"), "--prompt", "hi", "--max-new-tokens", "8"
         ],
         "LoRA factor (2, 10**9), zoo export --lora": lambda: [
             "export", str(source), str(scratch / "out3"), "--lora", lora_bomb(scratch / "bomb.h5")

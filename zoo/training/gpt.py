@@ -19,6 +19,7 @@ from zoo.distribution.mesh import resolve_mesh_shape
 from zoo.kernels.pipeline import check_schedule, num_ticks
 from zoo.measure import mfu
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
+from zoo.models.gpt import non_finite_error
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
     job_distribution,
@@ -235,11 +236,17 @@ def train(settings, report=print):
         verbose=verbose,
         run_dir=run_dir_of(settings.output),
     )
+    problem = non_finite_error(model, settings.output)  # every process runs the probe (its collectives)
     if multihost.is_primary():
         save_model_atomically(
-            model, settings.output, fallback_folders=[settings.checkpoint_dir], check=_finite_logits(settings.output)
+            model,
+            settings.output,
+            fallback_folders=[settings.checkpoint_dir, run_dir_of(settings.output)],  # beside the run, not in cwd
+            check=lambda _: _raise(problem),
         )
         report(f"saved model to {settings.output}")
+    elif problem is not None:
+        raise problem
     return {"history": history, "unigram_entropy": entropy, "model": model}
 
 
@@ -261,11 +268,10 @@ def _blocks_line(settings, model, distribution):
     )
 
 
-def _finite_logits(path):
-    """The check before the trained model is saved: its logits on a probe batch are finite."""
-    from zoo.models.gpt import check_finite_logits
-
-    return lambda model: check_finite_logits(model, path)
+def _raise(error):
+    """``save_model_atomically``'s check: raise the probe's error, if it found one."""
+    if error is not None:
+        raise error
 
 
 def _check_dataset(name):

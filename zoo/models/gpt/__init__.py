@@ -1,7 +1,7 @@
 """GPT-style decoder language models: backbone, causal LM with KV-cache generation, its preprocessor, named sizes."""
 
 from zoo.models.gpt._generation import check_lengths
-from zoo.models.gpt._probe import NonFiniteModelError, check_finite_logits
+from zoo.models.gpt._probe import NonFiniteModelError, check_finite_logits, non_finite_error
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_causal_lm import GPTCausalLM
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -14,6 +14,7 @@ __all__ = [
     "GPTCausalLMPreprocessor",
     "NonFiniteModelError",
     "check_finite_logits",
+    "non_finite_error",
     "check_lengths",
     "count_parameters",
 ]

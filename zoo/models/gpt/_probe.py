@@ -21,11 +21,12 @@ class NonFiniteModelError(CheckpointError):
 
 
 def probe_batch(model):
-    """``{"token_ids": (B, T)}``, ids 0..V-1 in turn, B one row per device (a layout's
-    data axes divide it), T ``PROBE_TOKENS`` or the model's ``max_sequence_length``."""
+    """``{"token_ids": (B, T)}``, ids 0..V-1 in turn, B one row per device per micro-batch
+    (a layout's data axes divide it, and a pipeline's micro-batches split it into whole rows
+    per data shard), T ``PROBE_TOKENS`` or the model's ``max_sequence_length``."""
     backbone = model.backbone
     tokens = min(PROBE_TOKENS, backbone.max_sequence_length)
-    rows = jax.device_count()
+    rows = jax.device_count() * (backbone.get_config().get("micro_batches") or 1)
     ids = (np.arange(rows * tokens) % backbone.vocabulary_size).reshape(rows, tokens).astype("int32")
     return ids
 
@@ -41,3 +42,13 @@ def check_finite_logits(model, target):
             f"tokens hold {bad:,} NaN or infinite value(s) of {logits.size:,}, although its weights are finite (an "
             f"adapter's alpha or factors too large, or a damaged checkpoint): it would compute NaN"
         )
+
+
+def non_finite_error(model, target):
+    """``check_finite_logits``' ``NonFiniteModelError``, returned (None: the logits are
+    finite): every process of a multi-host run computes it, only one of them saves."""
+    try:
+        check_finite_logits(model, target)
+    except NonFiniteModelError as error:
+        return error
+    return None
