@@ -94,11 +94,11 @@ def test_a_failing_save_leaves_the_previous_file_intact(tmp_path):
 
 
 def test_a_model_failing_its_check_is_not_written_at_the_target_but_rescued(tmp_path):
-    """``zoo train gpt`` checks its model's logits before saving (``check``): a model that
-    fails it (a diverged run: NaN logits) leaves the previous file at the target, and is
+    """``zoo train gpt`` checks its model's logits before saving (``refused``: the probe's
+    error): a model that fails it (a diverged run: NaN logits) leaves the previous file at the target, and is
     kept beside the run for inspection, the error (the check's own type) saying where."""
     from zoo.models import GPTCausalLM
-    from zoo.models.gpt import NonFiniteModelError, check_finite_logits
+    from zoo.models.gpt import NonFiniteModelError, non_finite_error
 
     path = str(tmp_path / "model.keras")
     good = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="dense")])
@@ -112,7 +112,7 @@ def test_a_model_failing_its_check_is_not_written_at_the_target_but_rescued(tmp_
         NonFiniteModelError, match=r"model.keras: not written: .* NaN .*; the model was saved to .*rescued-"
     ):
         save_model_atomically(
-            diverged, path, fallback_folders=[str(tmp_path / "run")], check=lambda m: check_finite_logits(m, path)
+            diverged, path, fallback_folders=[str(tmp_path / "run")], refused=non_finite_error(diverged, path)
         )
     assert pathlib.Path(path).read_bytes() == before
     (rescued,) = os.listdir(tmp_path / "run")

@@ -99,10 +99,9 @@ def device_profile(events, steps=None):
     """``DeviceProfile`` of a trace's events (``read_trace``) per step of the ``steps``
     the caller traced (None: the ``Steps`` line's count), or None when the trace names no
     device op (XLA:CPU's events carry no op path)."""
-    steps_traced = steps
     lines = _lines(events)
     ops = collections.defaultdict(list)
-    steps = []
+    step_events = []
     for event in events:
         if event.get("ph") != "X":
             continue
@@ -110,7 +109,7 @@ def device_profile(events, steps=None):
         if line == OPS_LINE and "tf_op" in event.get("args", {}):
             ops[(event["pid"], event["tid"])].append(event)
         elif line == STEPS_LINE:
-            steps.append(event)
+            step_events.append(event)
     if not ops:
         return None
     parts, kinds, flops = collections.Counter(), collections.Counter(), collections.Counter()
@@ -122,8 +121,8 @@ def device_profile(events, steps=None):
             parts[part] += ms
             kinds[kind_of(args.get("hlo_category", ""))] += ms
             flops[part] += float(args.get("model_flops", 0) or 0)
-    count = steps_traced or max(len(steps), 1)
-    step_ms = sum(e.get("dur", 0) for e in steps) / 1e3 / count if steps else None
+    count = steps or max(len(step_events), 1)
+    step_ms = sum(e.get("dur", 0) for e in step_events) / 1e3 / count if step_events else None
     per_step = lambda counter: {key: value / count for key, value in counter.items()}  # noqa: E731
     parts, kinds, flops = per_step(parts), per_step(kinds), per_step(flops)
     host_ms = max(step_ms - sum(parts.values()), 0.0) if step_ms else None

@@ -70,7 +70,7 @@ def _mask(q_len, kv_len, groups, causal, sliding_window):
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel(q_len, kv_len, groups, head_dim, causal, sliding_window, softcap, interpret):
+def _kernel(q_len, kv_len, groups, causal, sliding_window, softcap, interpret):
     """The multi-query kernel for one KV head's G query heads: (G, T, D), (S, D), (S, D) -> (G, T, D)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
@@ -122,7 +122,7 @@ def splash_attention(
             f"got T={t}, S={s}, D={d}"
         )
     q_ids, kv_ids = segment_pair(segment_ids, kv_segment_ids, q_shape=q.shape, k_shape=k.shape)
-    kernel = _kernel(t, s, groups, d, causal, sliding_window, softcap, interpret)
+    kernel = _kernel(t, s, groups, causal, sliding_window, softcap, interpret)
     scale = d**-0.5 if scale is None else scale
     qh = (
         (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv_heads, groups, d).transpose(0, 2, 3, 1, 4)

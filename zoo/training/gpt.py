@@ -242,7 +242,7 @@ def train(settings, report=print):
             model,
             settings.output,
             fallback_folders=[settings.checkpoint_dir, run_dir_of(settings.output)],  # beside the run, not in cwd
-            check=lambda _: _raise(problem),
+            refused=problem,
         )
         report(f"saved model to {settings.output}")
     elif problem is not None:
@@ -266,12 +266,6 @@ def _blocks_line(settings, model, distribution):
         f"block(s), {micro} micro-batches of {rows} row(s) per data shard; {ticks} ticks, useful {repeats * micro}/{ticks} "
         f"= {100 * repeats * micro / ticks:.0f}%"
     )
-
-
-def _raise(error):
-    """``save_model_atomically``'s check: raise the probe's error, if it found one."""
-    if error is not None:
-        raise error
 
 
 def _check_dataset(name):

@@ -142,25 +142,22 @@ def _file_on_the_way(folder):
         path = parent
 
 
-def save_model_atomically(model, path, fallback_folders=(), check=None):
+def save_model_atomically(model, path, fallback_folders=(), refused=None):
     """Save a ``.keras`` file so that a crash mid-write never leaves a broken file at ``path``.
 
     If ``path`` cannot be written, the model goes to ``<folder>/rescued-<time>-<name>`` in
     the first of ``fallback_folders`` (then the working folder, then the temporary folder)
-    that takes it, and ``ModelSaveError`` names both paths. ``check(model)`` runs first
-    (``zoo train gpt``: its logits on a probe batch are finite): when it raises, nothing is
-    written at ``path``, the model goes to the rescue path for inspection (a diverged run
-    is not lost), and the error, of the same type, says where.
+    that takes it, and ``ModelSaveError`` names both paths. ``refused``: an error found
+    before saving (``zoo train gpt``: its logits on a probe batch are not finite); then
+    nothing is written at ``path``, the model goes to the rescue path for inspection (a
+    diverged run is not lost), and the error, of the same type, says where.
     """
     check_model_path(path)
     write = lambda target: _save_replacing(model, target)  # noqa: E731
-    if check is not None:
-        try:
-            check(model)
-        except (ValueError, RuntimeError) as error:
-            rescued = _rescue(write, path, fallback_folders)
-            where = f"the model was saved to {rescued} instead, for inspection" if rescued else "nothing was saved"
-            raise type(error)(f"{error}; {where}") from None
+    if refused is not None:
+        rescued = _rescue(write, path, fallback_folders)
+        where = f"the model was saved to {rescued} instead, for inspection" if rescued else "nothing was saved"
+        raise type(refused)(f"{refused}; {where}") from None
     write_or_rescue(write, path, fallback_folders)
 
 
