@@ -3,11 +3,10 @@
 # process (the device's peak counter is then the row's own), reports appended to
 # $OUT/step.md and the log to $OUT/log.txt. About 100-150 s a row (two compiles of the
 # step, 33-41 s each at 8 layers before this change: fit's, and the compiled footprint's);
-# under the device tool's 10 minutes a call, run it in three parts: `issue43_rows.sh 1`,
-# `2`, `3` (the keras-hub rows, two more processes). zoo plan's figures for the same steps
-# are CPU compiles: take them on any machine with the same JAX, not on the chip's time, e.g.
-# zoo plan --devices 1 --device tpu-v5e --layout single --config-name gpt_1b --num-layers 8 \
-#   --sequence-length 2048 --batch-size 2 --depth full
+# under the device tool's 10 minutes a call, run it in parts: `issue43_rows.sh 1`,
+# `2`, `3` (the keras-hub rows, two more processes), `4` (gpt_350m), `5` (zoo plan on the chip
+# for part 1's and part 4's steps: memory from the chip's compiler, time from XLA:CPU's count;
+# on any other machine zoo plan compiles them on simulated CPU devices, an upper bound).
 #
 #   source .device/tpu-env.sh && OUT=/tmp/out bash recipes/tpu-v5e-1/issue43_rows.sh 1
 set -uo pipefail
@@ -23,6 +22,14 @@ row() {  # row SECONDS ARGS...: one zoo bench step, its report appended whatever
     fi
     echo >> "$OUT/step.md"
 }
+plan() {  # plan SECONDS ARGS...: zoo plan of one chip's step, whole depth, appended whatever happens
+    local limit=$1
+    shift
+    echo "### zoo plan --devices 1 --device tpu-v5e --layout single --precision mixed_bfloat16 --depth full $*" >> "$OUT/step.md"
+    timeout "$limit" python3 -m zoo plan --devices 1 --device tpu-v5e --layout single --precision mixed_bfloat16 \
+        --depth full "$@" >> "$OUT/step.md" 2>> "$OUT/log.txt" || echo "FAILED or timed out (exit $?)" >> "$OUT/step.md"
+    echo >> "$OUT/step.md"
+}
 case "$part" in
 1)
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --profile
@@ -36,5 +43,14 @@ case "$part" in
     ;;
 3)
     row 500 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
+    ;;
+4)
+    row 300 --config-name gpt_350m --sequence-length 1024 --batch-size 8
+    ;;
+5)  # zoo plan on the chip itself (compiles_here: memory from the TPU compiler, FLOPs and bytes
+    # from an XLA:CPU compile of the same step), beside the "compiled step" of parts 1 and 4
+    plan 200 --config-name gpt_1b --num-layers 8 --sequence-length 2048 --batch-size 2
+    plan 200 --config-name gpt_1b --num-layers 8 --sequence-length 2048 --batch-size 4
+    plan 200 --config-name gpt_350m --sequence-length 1024 --batch-size 8
     ;;
 esac

@@ -120,3 +120,24 @@ def test_parts_and_kinds_are_named_by_the_op_path():
     assert profile.part_of("jit(train_step)/convert_element_type") == "other"
     assert profile.kind_of("all-reduce") == "collective" and profile.kind_of("convolution fusion") == "matmul"
     assert at_depth(config_by_name("gpt_1b"), 8)["num_layers"] == 8
+
+
+def test_the_peers_error_is_its_exception_line_and_its_parameters_are_checked():
+    """A worker's failure is reported by its exception line, not by what JAX printed
+    after it (on a TPU the peer once showed only "For simplicity, JAX has removed ...")."""
+    import subprocess
+
+    from zoo.bench._step_peer import ParameterMismatch, check_same_parameters, error_line
+
+    stderr = (
+        "Traceback (most recent call last):\n  File 'x.py', line 1\n"
+        "jax.errors.JaxRuntimeError: UNAVAILABLE: TPU in use by process 7\n"
+        "--------------------\nFor simplicity, JAX has removed its internal frames from the traceback\n"
+    )
+    done = subprocess.CompletedProcess([], 1, "", stderr)
+    assert error_line(done) == "jax.errors.JaxRuntimeError: UNAVAILABLE: TPU in use by process 7"
+    assert error_line(subprocess.CompletedProcess([], -9, "", "")) == "exit -9"
+    check_same_parameters({"parameters": 5}, {"parameters": 5})
+    check_same_parameters({"error": "x"}, {"parameters": 5})
+    with pytest.raises(ParameterMismatch, match="keras-hub's Llama has 4 parameters, the zoo's 5"):
+        check_same_parameters({"parameters": 4}, {"parameters": 5})

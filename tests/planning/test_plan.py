@@ -138,3 +138,31 @@ def test_the_gpt_job_fits_its_layout_map_to_tied_embeddings(strategy, mesh):
     assert not any("lm_head" in rule for rule in tied.layout_map) and any(
         "lm_head" in rule for rule in untied.layout_map
     )
+
+
+def test_a_plan_compiles_here_on_its_own_devices_and_takes_its_cost_from_xla_cpu(monkeypatch):
+    """Simulated CPU devices compile a plan of their count for any target; an accelerator
+    host compiles only a plan for its own kind and count (its device kind stood in for
+    here), and such a plan keeps its memory and takes XLA:CPU's FLOPs and bytes."""
+    from zoo.measure import hardware
+    from zoo.planning.measure import StepMeasure
+    from zoo.planning.plan import Plan, compiles_here, with_simulated_cost
+
+    assert compiles_here(PlanRequest("pretrain_gpt", TINY, devices=8, device="tpu-v5e"))
+    assert not compiles_here(PlanRequest("pretrain_gpt", TINY, devices=4, device="cpu"))
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    monkeypatch.setattr(hardware, "local_device", lambda: ("tpu-v5e", 15.75))
+    assert compiles_here(PlanRequest("pretrain_gpt", TINY, devices=8, device="tpu-v5e"))
+    assert not compiles_here(PlanRequest("pretrain_gpt", TINY, devices=8, device="h100"))
+    assert not compiles_here(PlanRequest("pretrain_gpt", TINY, devices=4, device="tpu-v5e"))
+
+    def plan(temp, flops, bytes_accessed):
+        memory = dict(weights=1, gradients=1, optimizer=2, temp=temp, argument=4, output=4, alias=4)
+        step = StepMeasure(1, None, 2, memory, flops, bytes_accessed, [], True, 1.0)
+        return Plan(PlanRequest("pretrain_gpt", TINY, devices=1, device="tpu-v5e"), step, (1,), 1, 0, 3e12, ("n",))
+
+    merged = with_simulated_cost(
+        plan(temp=7, flops=1e12, bytes_accessed=1e9), plan(temp=99, flops=3e12, bytes_accessed=5e10)
+    )
+    assert (merged.step.memory["temp"], merged.step.flops, merged.step.bytes_accessed) == (7, 3e12, 5e10)
+    assert merged.peak == 11 and merged.notes[0] == "n" and "XLA:CPU" in merged.notes[1]

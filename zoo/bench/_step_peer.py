@@ -13,6 +13,7 @@ equal the zoo's (``ParameterMismatch`` otherwise).
 
 import dataclasses
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -24,33 +25,37 @@ class ParameterMismatch(ValueError):
     """The peer's model and the zoo's do not hold the same number of parameters."""
 
 
-def _spec(settings, zoo_row):
+def _spec(settings):
     from zoo.models.gpt.gpt_configs import at_depth, config_by_name
 
     config = config_by_name(settings.config_name)
     if settings.num_layers:
         config = at_depth(config, settings.num_layers)
-    return {"settings": dataclasses.asdict(settings), "model": config, "zoo_parameters": zoo_row["parameters"]}
+    return {"settings": dataclasses.asdict(settings), "model": config}
 
 
-def measure_peer(settings, zoo_row, report=print):
+def measure_peer(settings, report=print):
     """The keras-hub row (the faster of flash attention off and on), or ``{"error": ...}``."""
     if settings.method != "train":
         return {"model": "keras-hub Llama", "error": f"method {settings.method!r}: the peer runs method train only"}
     runs = []
     for flash in (False, True):
         report(f"keras-hub Llama, flash attention {'on' if flash else 'off'}: compiling and timing ...")
-        runs.append(_run(dict(_spec(settings, zoo_row), flash=flash)))
+        runs.append(_run(dict(_spec(settings), flash=flash)))
     done = [run for run in runs if "error" not in run]
     if not done:
         return runs[0]
     best = min(done, key=lambda run: run["step_s"])
     best["flash_steps_s"] = {("on" if run["flash"] else "off"): run.get("step_s") for run in runs}
-    if best["parameters"] != zoo_row["parameters"]:
-        raise ParameterMismatch(
-            f"keras-hub's Llama has {best['parameters']:,} parameters, the zoo's {zoo_row['parameters']:,}"
-        )
     return best
+
+
+def check_same_parameters(peer, zoo_row):
+    """Raise ``ParameterMismatch`` unless the peer's model holds the zoo's parameter count."""
+    if "error" not in peer and peer["parameters"] != zoo_row["parameters"]:
+        raise ParameterMismatch(
+            f"keras-hub's Llama has {peer['parameters']:,} parameters, the zoo's {zoo_row['parameters']:,}"
+        )
 
 
 def _run(spec):
@@ -59,9 +64,16 @@ def _run(spec):
     )
     lines = [line[len(RESULT) :] for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode or not lines:
-        tail = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), f"exit {done.returncode}")
-        return {"model": "keras-hub Llama", "flash": spec["flash"], "error": tail[-300:]}
+        return {"model": "keras-hub Llama", "flash": spec["flash"], "error": error_line(done)[-300:]}
     return json.loads(lines[-1])
+
+
+def error_line(done):
+    """The worker's exception line (``ValueError: ...``), the last one its stderr names,
+    rather than whatever JAX or Python printed after it; else its last line or exit status."""
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b", line)]
+    return (raised or lines or [f"exit {done.returncode}"])[-1]
 
 
 def build_llama(sizes, precision):

@@ -24,7 +24,7 @@ What it reports (one row per model):
 - with ``--profile``, where the device's time goes (``_device_profile``);
 - with ``--plan``, what ``zoo plan`` says of the same step on this device kind;
 - with ``--peer keras-hub``, the same sizes in keras-hub's Llama, in a subprocess
-  (``_step_peer``), parameter counts checked equal.
+  (``_step_peer``) run before this process opens the devices, parameter counts checked equal.
 """
 
 import tempfile
@@ -35,12 +35,20 @@ from zoo.bench._step_timing import device_memory, random_tokens, step_row, time_
 
 def run_benchmark(settings, report=print):
     """Measure ``settings`` (``StepBenchSettings``); report the markdown; return the rows."""
-    row = measure_zoo(settings, report)
-    rows = [row]
+    # The peer first, in its subprocess, before this process opens the devices: a TPU chip
+    # is held by one process at a time (with the zoo's row first, the peer found it taken).
+    peer = None
     if settings.peer:
         from zoo.bench._step_peer import measure_peer
 
-        rows.append(measure_peer(settings, row, report))
+        peer = measure_peer(settings, report)
+    row = measure_zoo(settings, report)
+    rows = [row]
+    if peer:
+        from zoo.bench._step_peer import check_same_parameters
+
+        check_same_parameters(peer, row)
+        rows.append(peer)
     plan = plan_row(settings, report) if settings.plan else None
     text = format_report(settings, rows, plan)
     report(text)
@@ -177,7 +185,8 @@ def plan_row(settings, report=print):
     config = {name: getattr(job, name) for name in fields} | {"batch_size": job.batch_size}
     if job.loss_chunk_size:
         config["loss_chunk_size"] = job.loss_chunk_size
-    report(f"zoo plan: compiling the same step for {jax.device_count()} x {device} on CPU ...")
+    where = "here" if device != "cpu" else "on CPU"  # compiles_here: by the chip's own compiler
+    report(f"zoo plan: compiling the same step for {jax.device_count()} x {device} {where} ...")
     plan = make_plan(PlanRequest("pretrain_gpt", config, jax.device_count(), device=device, depth="full"))
     return {"peak_bytes": plan.peak, "step_s": plan.time.step_s, "mfu": plan.mfu, "notes": list(plan.notes)}
 

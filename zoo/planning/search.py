@@ -45,6 +45,7 @@ from zoo.kernels.moe import capacity
 from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.plan import (
     PlanRequest,
+    compiles_here,
     make_plan,
     plans_in_subprocess,
     target_spec,
@@ -542,9 +543,7 @@ def _compile_rows(request, rows):
 
 
 def _compile(requests):
-    import jax
-
-    if jax.devices()[0].platform == "cpu" and len(jax.devices()) == requests[0].devices:
+    if compiles_here(requests[0]):
         return [make_plan(r) for r in requests]
     return plans_in_subprocess(requests)
 
