@@ -15,6 +15,7 @@ from zoo.training.callbacks import SynchronousSteps, Throughput
 from zoo.training.interrupts import StopAtSignal, stop_on_signals
 from zoo.training.job_setup import (
     evaluate_accuracy,
+    evaluation_batches,
     job_distribution,
     report_setup,
     run_dir_of,
@@ -65,9 +66,7 @@ def train(settings, report=print):
     with stop_on_signals() as signals:  # Ctrl-C / SIGTERM: stop at a step boundary (no checkpoints here)
         history = model.fit(
             batches,
-            validation_data=DivisibleBatches(
-                xv, yv, batch_size=settings.batch_size, multiple_of=replicas, remainder="pad"
-            ),
+            validation_data=evaluation_batches(xv, yv, batch_size=settings.batch_size, replicas=replicas),
             epochs=settings.epochs,
             shuffle=False,
             callbacks=[

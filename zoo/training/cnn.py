@@ -12,6 +12,7 @@ from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointe
 from zoo.training.callbacks import Throughput
 from zoo.training.job_setup import (
     evaluate_accuracy,
+    evaluation_batches,
     job_distribution,
     report_setup,
     run_dir_of,
@@ -113,7 +114,7 @@ def _datasets(settings, replicas):
     train_data = DivisibleBatches(
         x, y, batch_size=settings.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=settings.seed
     )
-    validation_data = DivisibleBatches(xv, yv, batch_size=settings.batch_size, multiple_of=replicas, remainder="pad")
+    validation_data = evaluation_batches(xv, yv, batch_size=settings.batch_size, replicas=replicas)
     return train_data, validation_data, test
 
 

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from zoo._compat import standard_handler_with_min_replica_slice
 from zoo._version import __version__
 from zoo.training.checkpoints import _files as files
 from zoo.training.checkpoints import _integrity as integrity
@@ -310,6 +311,14 @@ class Checkpoints:
                 self._opened.reload()
 
 
+# A replicated array is saved in slices, one per replica, only where each slice holds at
+# least this much: below it a slice's dispatch (and on the first save, a compile for each
+# shape) costs more than the transfer it shares out. gpt_tiny on 8 simulated devices: 275
+# compiles and 1.4 s a save with Orbax's default (every array sliced); the resume test
+# 17.8 -> 11.5 s.
+MIN_REPLICA_SLICE_BYTES = 1 << 20
+
+
 def _open_manager(directory, keep):
     drop_closed_loop_callbacks()
     policy = None if keep is None else ocp.checkpoint_managers.LatestN(keep)
@@ -321,7 +330,7 @@ def _open_manager(directory, keep):
         multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=0),
     )
     handlers = {
-        files.STATE_ITEM: ocp.StandardCheckpointHandler(),
+        files.STATE_ITEM: standard_handler_with_min_replica_slice(MIN_REPLICA_SLICE_BYTES),
         files.METADATA_ITEM: ocp.JsonCheckpointHandler(filename=files.METADATA_FILE),
     }
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
