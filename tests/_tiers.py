@@ -254,7 +254,8 @@ MATRIX = {
     f"{DOCS}[docs/sequence_parallel.md#3]": "tests/layers/test_multi_head_attention_fit.py",
     f"{DOCS}[docs/finetuning.md#4]": "tests/training/test_lm_finetune.py",
     f"{DOCS}[docs/context_parallel.md#1]": "tests/distribution/test_context_parallel.py",
-    f"{DOCS}[docs/models.md#3]": "tests/models",
+    f"{DOCS}[docs/models.md#4]": "tests/models",
+    f"{DOCS}[docs/models.md#3]": "tests/training/test_optimizers.py",
     f"{DOCS}[docs/pipeline_parallel.md#0]": "tests/models/test_gpt_pipeline.py",
     f"{DOCS}[docs/moe.md#0]": "tests/models/test_gpt_moe.py",
     f"{DOCS}[docs/checkpoints.md#0]": "tests/training/checkpoints/test_checkpoints.py",
@@ -269,7 +270,7 @@ MATRIX = {
     # page's blocks pass the static import-order check (test_docs.py)
     f"{DOCS}[docs/models.md#0]": "tests/models",
     f"{DOCS}[docs/models.md#1]": "tests/models",
-    f"{DOCS}[docs/models.md#5]": "tests/models",
+    f"{DOCS}[docs/models.md#6]": "tests/models",
     f"{DOCS}[docs/checkpoints-hf.md#0]": "tests/models/test_hf_checkpoints.py",
     f"{DOCS}[docs/data.md#3]": "tests/data",
     f"{DOCS}[docs/distribution.md#5]": "tests/distribution",

@@ -168,6 +168,8 @@ def test_import_zoo_alone_lets_plain_keras_load_every_saved_zoo_model_and_preset
     gpt.preprocessor = zoo.models.GPTCausalLMPreprocessor(
         zoo.tokenizers.HFTokenizer.from_directory(fixture), sequence_length=16
     )
+    # compiled with the zoo's AdamW: its file's compile config names zoo>AdamW
+    gpt.compile(optimizer=zoo.training.optimizers.AdamW(moment_dtype="bfloat16"), loss="mse")
     to_save = {name: by_class[name] for name in FAMILIES}
     to_save.update(GPTBackbone=gpt.backbone, zoo_layers=_layers_model())
     files = {}

@@ -32,6 +32,7 @@ def load_all():
     """Import every module that registers a Keras-serialisable class (``tests/test_loading.py``
     fails if a registered class is missed); returns the four packages."""
     from zoo import data, layers, models, presets
+    from zoo.training import optimizers  # noqa: F401 (zoo>AdamW, saved with a compiled model)
 
     return data, layers, models, presets
 

@@ -6,7 +6,8 @@
 # under the device tool's 10 minutes a call, run it in parts: `issue43_rows.sh 1`,
 # `2`, `3` (the keras-hub rows, two more processes), `4` (gpt_350m), `5` (zoo plan on the chip
 # for part 1's and part 4's steps: memory from the chip's compiler, time from XLA:CPU's count;
-# on any other machine zoo plan compiles them on simulated CPU devices, an upper bound).
+# on any other machine zoo plan compiles them on simulated CPU devices, an upper bound),
+# `6` (part 1's gpt_1b rows with AdamW's moments in bfloat16).
 #
 #   source .device/tpu-env.sh && OUT=/tmp/out bash recipes/tpu-v5e-1/issue43_rows.sh 1
 set -uo pipefail
@@ -49,8 +50,12 @@ case "$part" in
     ;;
 5)  # zoo plan on the chip itself (compiles_here: memory from the TPU compiler, FLOPs and bytes
     # from an XLA:CPU compile of the same step), beside the "compiled step" of parts 1 and 4
-    plan 200 --config-name gpt_1b --num-layers 8 --sequence-length 2048 --batch-size 2
-    plan 200 --config-name gpt_1b --num-layers 8 --sequence-length 2048 --batch-size 4
-    plan 200 --config-name gpt_350m --sequence-length 1024 --batch-size 8
+    plan 170 --config-name gpt_1b --num-layers 8 --sequence-length 2048 --batch-size 2
+    plan 170 --config-name gpt_1b --num-layers 8 --sequence-length 2048 --batch-size 4
+    plan 170 --config-name gpt_350m --sequence-length 1024 --batch-size 8
+    ;;
+6)  # AdamW's moments in bfloat16 (zoo.training.optimizers), against part 1's float32 rows
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16
     ;;
 esac

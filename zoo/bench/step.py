@@ -93,7 +93,7 @@ def build_zoo(settings):
     keras.utils.set_random_seed(settings.seed)
     model = zd.build_distributed(lambda: build_for_training(job), distribution)  # stays set: fit reads it
     if settings.method == "train":
-        compile_gpt(model, 1e-4, 1000, loss_chunk_size=settings.loss_chunk_size)
+        compile_gpt(model, 1e-4, 1000, loss_chunk_size=settings.loss_chunk_size, moment_dtype=settings.moment_dtype)
     else:
         prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank)
         compile_causal_lm(model, make_optimizer("adam", method=settings.method), settings.loss_chunk_size)

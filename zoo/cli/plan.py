@@ -44,6 +44,7 @@ PLANNED_SETTINGS = (
     "precision",
     "remat",
     "gradient_accumulation_steps",
+    "moment_dtype",
 )
 
 

@@ -25,7 +25,6 @@ PIPELINE_SECTIONS = ("bubble", "memory")  # zoo bench pipeline: its tables
 MOE_SECTIONS = ("exchange", "memory", "time")  # zoo bench moe: its tables
 MOE_METHODS = ("lora", "full")  # zoo bench moe --memory-runs: what the real-size step trains
 WINDOW_SECTIONS = ("blockwise", "context")  # zoo bench window: its tables
-WINDOW_DTYPES = ("bfloat16", "float32")  # zoo bench window: q, k, v dtypes compiled
 SCALE_RECIPES = (
     "recipes/gpu-1/pretrain_gpt.toml",
     "recipes/gpu-8/pretrain_gpt.toml",
@@ -632,7 +631,7 @@ class WindowBenchSettings:
     kv_heads: int = _count(8, "key/value heads K (divides H; K = H: MHA)")
     head_dim: int = _count(128, "head dim D")
     dtype: str = setting(
-        "bfloat16", "dtype of q, k, v (softmax in float32 either way)", section="bench", choices=WINDOW_DTYPES
+        "bfloat16", "dtype of q, k, v (softmax in float32 either way)", section="bench", choices=choices.FLOAT_DTYPES
     )
     # 512: the default block_size of every kernel (blockwise_attention, ring_attention, gather, Ulysses)
     block_size: int = _count(512, "tile edge of every kernel (their default)")

@@ -59,6 +59,12 @@ class StepBenchSettings:
         section="bench",
         parse=types.positive_int,
     )
+    moment_dtype: str = setting(
+        "float32",
+        "method train: AdamW's moments: float32, or bfloat16 stored with stochastic rounding (4 bytes a parameter less; docs/performance.md)",
+        section="bench",
+        choices=choices.FLOAT_DTYPES,
+    )
     steps: int = setting(10, "optimizer steps per timed fit", section="bench", parse=types.positive_int)
     repeats: int = setting(3, "timed fits; the median step is reported", section="bench", parse=types.positive_int)
     profile: bool = setting(

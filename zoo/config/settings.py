@@ -268,6 +268,12 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
     gradient_accumulation_steps: int = setting(
         1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int
     )
+    moment_dtype: str = setting(
+        "float32",
+        "AdamW's moments: float32, or bfloat16 stored with stochastic rounding (4 bytes a parameter less; docs/performance.md)",
+        section="train",
+        choices=choices.FLOAT_DTYPES,
+    )
     loss_chunk_size: int | None = _loss_chunk_size()
     seed: int = _seed()
     output: str = setting(

@@ -28,6 +28,7 @@ from zoo.training.job_setup import (
 )
 from zoo.training.logs.profile import ProfileSteps
 from zoo.training.logs.report import StepReport
+from zoo.training.optimizers import AdamW
 from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.saving import check_prompt_fits, load_causal_lm
 
@@ -160,21 +161,29 @@ def build_for_training(settings, **model_overrides):
 
 
 def compile_gpt(
-    model, learning_rate, total_steps, weight_decay=0.01, gradient_accumulation_steps=1, loss_chunk_size=None
+    model,
+    learning_rate,
+    total_steps,
+    weight_decay=0.01,
+    gradient_accumulation_steps=1,
+    loss_chunk_size=None,
+    moment_dtype="float32",
 ):
-    """AdamW with a cosine schedule over ``total_steps`` updates, global-norm clipping at 1;
-    ``loss_chunk_size`` t: the loss from the hidden states, t positions of every row at a
-    time, never the whole (B, T, V) float32 logits (``GPTCausalLM(loss_chunk_size=...)``)."""
+    """AdamW with a cosine schedule over ``total_steps`` updates, global-norm clipping at 1,
+    its moments in ``moment_dtype`` (``zoo.training.optimizers.AdamW``); ``loss_chunk_size``
+    t: the loss from the hidden states, t positions of every row at a time, never the whole
+    (B, T, V) float32 logits (``GPTCausalLM(loss_chunk_size=...)``)."""
     if loss_chunk_size is not None:
         model.loss_chunk_size = loss_chunk_size  # checked by the model
     schedule = keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=max(total_steps, 1), alpha=0.1)
     accumulate = gradient_accumulation_steps if gradient_accumulation_steps > 1 else None
     model.compile(
-        optimizer=keras.optimizers.AdamW(
+        optimizer=AdamW(
             learning_rate=schedule,
             weight_decay=weight_decay,
             global_clipnorm=1.0,
             gradient_accumulation_steps=accumulate,
+            moment_dtype=moment_dtype,
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
@@ -209,6 +218,7 @@ def train(settings, report=print):
         settings.weight_decay,
         settings.gradient_accumulation_steps,
         settings.loss_chunk_size,
+        settings.moment_dtype,
     )
     report(f"model: {settings.config_name}, {model.count_params():,} parameters, remat {settings.remat}")
     for line in zd.format_sharding_summary(model):

@@ -152,6 +152,7 @@ class PretrainGPT(Job):
             settings.weight_decay,
             settings.gradient_accumulation_steps,
             settings.loss_chunk_size,
+            settings.moment_dtype,
         )
 
     def flops_per_step(self, settings, model):

@@ -1,0 +1,103 @@
+"""AdamW whose moments are stored in bfloat16: 4 bytes a parameter less optimizer state.
+
+``AdamW(moment_dtype="bfloat16")`` keeps the weights (the master copy) in float32 and
+stores the first and second moments in bfloat16. Each step reads them into float32,
+updates them there exactly as ``keras.optimizers.AdamW`` does, updates the weight from the
+float32 values, and writes the moments back **with stochastic rounding**.
+
+Why stochastic rounding, not round-to-nearest: with beta_2 = 0.999 the second moment
+changes by 0.1% of ``g**2 - v`` a step. bfloat16 has 8 significant bits, so half of one
+unit in the last place is about 0.2% of v. Rounded to nearest, v could only grow when
+``g**2`` exceeds about 3 v, and it could never decay. Rounded stochastically (up with
+probability equal to the dropped fraction), its expected value follows the float32
+recursion. The rounding bits come from an integer hash of each element's position, the
+step and the moment's index. They use no PRNG state and no random-number kernel, only a
+few integer operations fused into the update, which is bound by memory bandwidth. A run is
+as reproducible as with float32 moments.
+
+``float32`` (the default) is ``keras.optimizers.AdamW`` itself.
+"""
+
+import jax
+import jax.numpy as jnp
+import keras
+
+from zoo._compat import variable_layout
+from zoo.config.choices import FLOAT_DTYPES as MOMENT_DTYPES
+
+__all__ = ["MOMENT_DTYPES", "AdamW", "stochastic_round_to_bfloat16"]
+
+_MOMENTS = ("momentum", "velocity")
+
+
+def _hash_bits(shape, step, salt):
+    """uint32 bits per element of ``shape`` (a murmur3-style finaliser of the position,
+    the step and ``salt``): different every step and for every moment, the same on a rerun."""
+    position = jax.lax.iota(jnp.uint32, max(1, _size(shape))).reshape(shape)  # flat index, reshaped
+    h = position * jnp.uint32(0x9E3779B1) + step.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.uint32(salt)
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x7FEB352D)
+    h = h ^ (h >> 15)
+    h = h * jnp.uint32(0x846CA68B)
+    return h ^ (h >> 16)
+
+
+def _size(shape):
+    size = 1
+    for dimension in shape:
+        size *= dimension
+    return size
+
+
+def stochastic_round_to_bfloat16(x, bits):
+    """``x`` (float32) rounded to bfloat16 up with probability equal to the dropped fraction
+    of its 16 low mantissa bits, given uniform ``bits`` (uint32, same shape)."""
+    raw = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    rounded = (raw + (bits & jnp.uint32(0xFFFF))) & jnp.uint32(0xFFFF0000)  # carry into the kept bits, or not
+    rounded = jnp.where(jnp.isfinite(x), rounded, raw)  # inf and NaN unchanged
+    return jax.lax.bitcast_convert_type(rounded, jnp.float32).astype(jnp.bfloat16)  # exact: low bits are 0
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class AdamW(keras.optimizers.AdamW):
+    """``keras.optimizers.AdamW`` with ``moment_dtype`` "float32" (Keras' own) or "bfloat16"
+    (the module docstring). Every other argument is Keras'."""
+
+    def __init__(self, *args, moment_dtype="float32", **kwargs):
+        if moment_dtype not in MOMENT_DTYPES:
+            raise ValueError(f"moment_dtype must be one of {MOMENT_DTYPES}, got {moment_dtype!r}")
+        super().__init__(*args, **kwargs)
+        if moment_dtype != "float32" and self.amsgrad:
+            raise ValueError(f"moment_dtype={moment_dtype!r} is not implemented with amsgrad=True")
+        self.moment_dtype = moment_dtype
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        if self.moment_dtype == "float32" or name not in _MOMENTS:
+            return super().add_variable_from_reference(reference_variable, name, initializer)
+        return self.add_variable(  # Keras' naming and layout, in bfloat16
+            shape=reference_variable.shape,
+            initializer=initializer,
+            dtype=self.moment_dtype,
+            name=f"{reference_variable.path.replace('/', '_')}_{name}",
+            layout=variable_layout(reference_variable),
+        )
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.moment_dtype == "float32":
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype  # float32: the master weights
+        cast = keras.ops.cast
+        gradient = cast(gradient, dtype)
+        iterations = keras.ops.convert_to_tensor(self.iterations)  # int64 under x64, else int32
+        step = cast(iterations + 1, dtype)
+        alpha = cast(learning_rate, dtype) * jnp.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
+        index = self._get_variable_index(variable)
+        m_slot, v_slot = self._momentums[index], self._velocities[index]
+        m = cast(m_slot, dtype) + (gradient - cast(m_slot, dtype)) * (1 - self.beta_1)  # Keras' AdamW, in float32
+        v = cast(v_slot, dtype) + (gradient * gradient - cast(v_slot, dtype)) * (1 - self.beta_2)
+        self.assign(m_slot, stochastic_round_to_bfloat16(m, _hash_bits(m.shape, iterations, 2 * index)))
+        self.assign(v_slot, stochastic_round_to_bfloat16(v, _hash_bits(v.shape, iterations, 2 * index + 1)))
+        self.assign_sub(variable, m * alpha / (jnp.sqrt(v) + self.epsilon))
+
+    def get_config(self):
+        return {**super().get_config(), "moment_dtype": self.moment_dtype}
