@@ -95,3 +95,15 @@ def test_the_gpt_job_and_its_recipes_take_the_moment_dtype():
     compile_gpt(model, 1e-3, 10, moment_dtype=GPTTrainSettings(moment_dtype="bfloat16").moment_dtype)
     assert isinstance(model.optimizer, AdamW) and model.optimizer.moment_dtype == "bfloat16"
     assert GPTTrainSettings().moment_dtype == "float32"  # Keras' own AdamW unless asked
+
+
+def test_the_fine_tuning_jobs_take_the_moment_dtype():
+    from zoo.training.lm_finetune import make_optimizer
+
+    assert type(make_optimizer("adam", method="full")) is keras.optimizers.Adam  # Keras' own unless asked
+    optimizer = make_optimizer("adam", method="full", moment_dtype="bfloat16")
+    assert isinstance(optimizer, AdamW) and (optimizer.moment_dtype, optimizer.weight_decay) == ("bfloat16", 0.0)
+    with pytest.raises(
+        ValueError, match="optimizer sgd keeps no moments; --moment-dtype bfloat16 needs optimizer adam"
+    ):
+        make_optimizer("sgd", 1e-3, moment_dtype="bfloat16")

@@ -61,7 +61,11 @@ def profile_steps(run_steps, trace_dir, steps=1):
     imported here, in the worker, never by the driver."""
     import jax
 
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    options = jax.profiler.ProfileOptions()
+    # No Python tracer, as zoo.training.logs.profile.trace_options (which imports Keras; a
+    # worker may not): with it, this module's own trace test spun for minutes in a tier-1 run
+    options.python_tracer_level = 0
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True, profiler_options=options):
         run_steps(steps)
     return trace_dir
 

@@ -96,7 +96,8 @@ def build_zoo(settings):
         compile_gpt(model, 1e-4, 1000, loss_chunk_size=settings.loss_chunk_size, moment_dtype=settings.moment_dtype)
     else:
         prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank)
-        compile_causal_lm(model, make_optimizer("adam", method=settings.method), settings.loss_chunk_size)
+        optimizer = make_optimizer("adam", method=settings.method, moment_dtype=settings.moment_dtype)
+        compile_causal_lm(model, optimizer, settings.loss_chunk_size)
     return model
 
 

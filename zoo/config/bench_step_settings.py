@@ -61,7 +61,7 @@ class StepBenchSettings:
     )
     moment_dtype: str = setting(
         "float32",
-        "method train: AdamW's moments: float32, or bfloat16 stored with stochastic rounding (4 bytes a parameter less; docs/performance.md)",
+        "the optimizer's moments (AdamW for method train, Adam for full and lora): float32, or bfloat16 stored with stochastic rounding (4 bytes a trained parameter less)",
         section="bench",
         choices=choices.FLOAT_DTYPES,
     )

@@ -551,6 +551,13 @@ class FinetuneSettings(CheckpointSettings, _Checked):
         section="train",
         parse=types.positive_float,
     )
+    moment_dtype: str = setting(
+        "float32",
+        "optimizer adam: its moments in float32, or bfloat16 stored with stochastic rounding (4 bytes a trained "
+        "parameter less)",
+        section="train",
+        choices=choices.FLOAT_DTYPES,
+    )
     seed: int = _seed("LoRA factors' initialisation and shuffling")
     adapter_format: str = setting(
         "zoo",

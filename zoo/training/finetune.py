@@ -39,6 +39,7 @@ from zoo.presets import (
     save_to_preset,
 )
 from zoo.presets.save import check_preset_destination
+from zoo.training import optimizers
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.job_setup import evaluate_accuracy, job_distribution, new_run_folder, run_dir_of
 from zoo.training.lm_finetune import check_paths as lm_check_paths
@@ -275,10 +276,10 @@ def _check_job(settings):
 
 
 def _compile(model, settings):
-    if settings.optimizer == "sgd":
-        optimizer = keras.optimizers.SGD(learning_rate=settings.learning_rate)
-    else:
-        optimizer = keras.optimizers.Adam(learning_rate=settings.learning_rate or LEARNING_RATES[settings.method])
+    learning_rate = settings.learning_rate
+    if settings.optimizer == "adam":
+        learning_rate = learning_rate or LEARNING_RATES[settings.method]
+    optimizer = optimizers.make_optimizer(settings.optimizer, learning_rate, settings.moment_dtype)
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

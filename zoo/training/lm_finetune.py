@@ -66,6 +66,7 @@ from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, save_t
 from zoo.presets.save import check_preset_destination
 from zoo.tokenizers import HFTokenizer, Tokenizer
 from zoo.tokenizers.chat import template_of
+from zoo.training import optimizers
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.callbacks import SynchronousSteps
 from zoo.training.job_setup import job_distribution, new_run_folder, report_setup, run_dir_of
@@ -166,16 +167,12 @@ def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None):
     return adapted
 
 
-def make_optimizer(name="adam", learning_rate=None, method="lora"):
-    """``adam`` (default learning rate per method, ``LM_LEARNING_RATES``) or ``sgd``
-    (plain ``w -= lr * g``: its steps are the gradients; needs ``learning_rate``)."""
-    if name == "sgd":
-        if learning_rate is None:
-            raise ValueError("optimizer sgd has no default learning rate; give one (--learning-rate)")
-        return keras.optimizers.SGD(learning_rate)
-    if name != "adam":
-        raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
-    return keras.optimizers.Adam(learning_rate or LM_LEARNING_RATES[method])
+def make_optimizer(name="adam", learning_rate=None, method="lora", moment_dtype="float32"):
+    """``zoo.training.optimizers.make_optimizer``: ``adam``, its learning rate by default
+    ``LM_LEARNING_RATES[method]``, or ``sgd`` (needs ``learning_rate``)."""
+    if name == "adam":
+        learning_rate = learning_rate or LM_LEARNING_RATES[method]
+    return optimizers.make_optimizer(name, learning_rate, moment_dtype)
 
 
 def compile_causal_lm(model, optimizer, loss_chunk_size=None):
@@ -367,7 +364,7 @@ def finetune_lm(settings, report=print):
         method=settings.method,
         lora_rank=settings.lora_rank,
         lora_alpha=settings.lora_alpha,
-        optimizer=make_optimizer(settings.optimizer, settings.learning_rate, settings.method),
+        optimizer=make_optimizer(settings.optimizer, settings.learning_rate, settings.method, settings.moment_dtype),
         loss_chunk_size=settings.loss_chunk_size,
         epochs=settings.epochs,
         batch_size=settings.batch_size,

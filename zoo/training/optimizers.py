@@ -25,7 +25,7 @@ import keras
 from zoo._compat import variable_layout
 from zoo.config.choices import FLOAT_DTYPES as MOMENT_DTYPES
 
-__all__ = ["MOMENT_DTYPES", "AdamW", "stochastic_round_to_bfloat16"]
+__all__ = ["MOMENT_DTYPES", "AdamW", "make_optimizer", "stochastic_round_to_bfloat16"]
 
 _MOMENTS = ("momentum", "velocity")
 
@@ -101,3 +101,20 @@ class AdamW(keras.optimizers.AdamW):
 
     def get_config(self):
         return {**super().get_config(), "moment_dtype": self.moment_dtype}
+
+
+def make_optimizer(name, learning_rate, moment_dtype="float32"):
+    """The fine-tuning jobs' optimizer: ``adam`` (``keras.optimizers.Adam`` with float32
+    moments, else this module's ``AdamW`` with no weight decay, the same update, and
+    ``moment_dtype``) or ``sgd`` (plain ``w -= lr * g``: its steps are the gradients)."""
+    if name == "sgd":
+        if learning_rate is None:
+            raise ValueError("optimizer sgd has no default learning rate; give one (--learning-rate)")
+        if moment_dtype != "float32":
+            raise ValueError(f"optimizer sgd keeps no moments; --moment-dtype {moment_dtype} needs optimizer adam")
+        return keras.optimizers.SGD(learning_rate)
+    if name != "adam":
+        raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
+    if moment_dtype == "float32":
+        return keras.optimizers.Adam(learning_rate)
+    return AdamW(learning_rate, weight_decay=0.0, moment_dtype=moment_dtype)

@@ -314,7 +314,7 @@ class _CausalLM:
     def compile(model, settings):
         from zoo.training.lm_finetune import compile_causal_lm, make_optimizer
 
-        optimizer = make_optimizer(settings.optimizer, settings.learning_rate, settings.method)
+        optimizer = make_optimizer(settings.optimizer, settings.learning_rate, settings.method, settings.moment_dtype)
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
 
     @staticmethod
