@@ -91,7 +91,7 @@ class AdamW(keras.optimizers.AdamW):
         iterations = keras.ops.convert_to_tensor(self.iterations)  # int64 under x64, else int32
         step = cast(iterations + 1, dtype)
         alpha = cast(learning_rate, dtype) * jnp.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
-        index = self._get_variable_index(variable)
+        index = self._get_variable_index(variable)  # Keras' Adam's own slots (checked on Keras 3.15.1)
         m_slot, v_slot = self._momentums[index], self._velocities[index]
         m = cast(m_slot, dtype) + (gradient - cast(m_slot, dtype)) * (1 - self.beta_1)  # Keras' AdamW, in float32
         v = cast(v_slot, dtype) + (gradient * gradient - cast(v_slot, dtype)) * (1 - self.beta_2)
