@@ -37,16 +37,12 @@ def run_benchmark(settings, report=print):
     """Measure ``settings`` (``StepBenchSettings``); report the markdown; return the rows."""
     # The peer first, in its subprocess, before this process opens the devices: a TPU chip
     # is held by one process at a time (with the zoo's row first, the peer found it taken).
-    peer = None
-    if settings.peer:
-        from zoo.bench._step_peer import measure_peer
+    from zoo.bench._step_peer import check_same_parameters, measure_peer  # pure Python until a peer runs
 
-        peer = measure_peer(settings, report)
+    peer = measure_peer(settings, report) if settings.peer else None
     row = measure_zoo(settings, report)
     rows = [row]
     if peer:
-        from zoo.bench._step_peer import check_same_parameters
-
         check_same_parameters(peer, row)
         rows.append(peer)
     plan = plan_row(settings, report) if settings.plan else None

@@ -10,6 +10,7 @@ import dataclasses
 
 from zoo.config import choices, types
 from zoo.config.schema import setting
+from zoo.config.settings import moment_dtype_setting
 
 # What the measured step trains: the pre-training job's step (AdamW, cosine schedule,
 # clipping: zoo train gpt), or zoo finetune's (Adam) of every weight or of LoRA factors.
@@ -59,11 +60,8 @@ class StepBenchSettings:
         section="bench",
         parse=types.positive_int,
     )
-    moment_dtype: str = setting(
-        "float32",
-        "the optimizer's moments (AdamW for method train, Adam for full and lora): float32, or bfloat16 stored with stochastic rounding (4 bytes a trained parameter less)",
-        section="bench",
-        choices=choices.FLOAT_DTYPES,
+    moment_dtype: str = moment_dtype_setting(
+        "the optimizer's (AdamW for method train, Adam for full and lora)", "bench"
     )
     steps: int = setting(10, "optimizer steps per timed fit", section="bench", parse=types.positive_int)
     repeats: int = setting(3, "timed fits; the median step is reported", section="bench", parse=types.positive_int)

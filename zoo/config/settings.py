@@ -40,6 +40,23 @@ def _seed(help="weight initialisation, dropout and shuffling"):
     return setting(0, help, section="train", parse=types.non_negative_int)
 
 
+def _cosine_peak_learning_rate(default):
+    return setting(
+        default, "AdamW peak, cosine-decayed to 10% over the run", section="train", parse=types.positive_float
+    )
+
+
+def moment_dtype_setting(whose, section="train"):
+    """The setting of an Adam optimizer's moment dtype (``zoo.training.optimizers``); ``whose``
+    begins its help, e.g. "AdamW's"."""
+    return setting(
+        "float32",
+        f"{whose} moments: float32, or bfloat16 stored with stochastic rounding (4 bytes a trained parameter less)",
+        section=section,
+        choices=choices.FLOAT_DTYPES,
+    )
+
+
 def _loss_chunk_size(who=""):
     return setting(
         None,
@@ -245,9 +262,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         section="train",
         parse=types.positive_int,
     )
-    learning_rate: float = setting(
-        2e-3, "AdamW peak, cosine-decayed to 10% over the run", section="train", parse=types.positive_float
-    )
+    learning_rate: float = _cosine_peak_learning_rate(2e-3)
     weight_decay: float = setting(0.01, "AdamW weight decay", section="train", parse=types.non_negative_float)
     precision: str = setting(
         "float32",
@@ -268,12 +283,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
     gradient_accumulation_steps: int = setting(
         1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int
     )
-    moment_dtype: str = setting(
-        "float32",
-        "AdamW's moments: float32, or bfloat16 stored with stochastic rounding (4 bytes a parameter less; docs/performance.md)",
-        section="train",
-        choices=choices.FLOAT_DTYPES,
-    )
+    moment_dtype: str = moment_dtype_setting("AdamW's")
     loss_chunk_size: int | None = _loss_chunk_size()
     seed: int = _seed()
     output: str = setting(
@@ -421,9 +431,7 @@ class ViTTrainSettings(ClassifierTrainSettings):
         parse=types.dropout,
     )
     epochs: int = setting(40, "passes over the training split", section="train", parse=types.positive_int)
-    learning_rate: float = setting(
-        2e-3, "AdamW peak, cosine-decayed to 10% over the run", section="train", parse=types.positive_float
-    )
+    learning_rate: float = _cosine_peak_learning_rate(2e-3)
     image_size: int | None = setting(
         None,
         "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)",
@@ -551,13 +559,7 @@ class FinetuneSettings(CheckpointSettings, _Checked):
         section="train",
         parse=types.positive_float,
     )
-    moment_dtype: str = setting(
-        "float32",
-        "optimizer adam: its moments in float32, or bfloat16 stored with stochastic rounding (4 bytes a trained "
-        "parameter less)",
-        section="train",
-        choices=choices.FLOAT_DTYPES,
-    )
+    moment_dtype: str = moment_dtype_setting("optimizer adam: Adam's")
     seed: int = _seed("LoRA factors' initialisation and shuffling")
     adapter_format: str = setting(
         "zoo",

@@ -42,6 +42,7 @@ __all__ = [
     "PlanRequest",
     "compiles_here",
     "make_plan",
+    "make_plans",
     "plan_in_process",
     "remat_saved_per_block",
     "with_simulated_cost",
@@ -177,17 +178,22 @@ def target_spec(request):
 
 
 def make_plan(request, *, compiler_options=None):
-    """The ``Plan`` of ``request``: compiled here when ``compiles_here`` (on an accelerator by
-    its own compiler, with ``with_simulated_cost``), else in a fresh process that simulates
-    the devices on CPU."""
+    """The ``Plan`` of ``request`` (``make_plans``)."""
+    return make_plans([request], compiler_options=compiler_options)[0]
+
+
+def make_plans(requests, *, compiler_options=None):
+    """The plans of ``requests`` (one device count): compiled here when ``compiles_here`` (on
+    an accelerator by its own compiler, with ``with_simulated_cost`` from one CPU subprocess
+    for them all), else in one fresh process that simulates the devices on CPU."""
     import jax
 
-    if not compiles_here(request):
-        return plans_in_subprocess([request])[0]
-    plan = plan_in_process(request, compiler_options=compiler_options)
+    if not compiles_here(requests[0]):
+        return plans_in_subprocess(requests)
+    plans = [plan_in_process(request, compiler_options=compiler_options) for request in requests]
     if jax.default_backend() == "cpu":
-        return plan
-    return with_simulated_cost(plan, plans_in_subprocess([request])[0])
+        return plans
+    return [with_simulated_cost(plan, cpu) for plan, cpu in zip(plans, plans_in_subprocess(requests), strict=True)]
 
 
 def with_simulated_cost(device_plan, cpu_plan):

@@ -45,9 +45,7 @@ from zoo.kernels.moe import capacity
 from zoo.planning._activations import remat_elements_per_token
 from zoo.planning.plan import (
     PlanRequest,
-    compiles_here,
-    make_plan,
-    plans_in_subprocess,
+    make_plans,
     target_spec,
 )
 from zoo.planning.report import size_text
@@ -538,14 +536,8 @@ def search(request, *, top=3, report=None, keep_batch_split=False):
 
 def _compile_rows(request, rows):
     if rows:
-        for row, plan in zip(rows, _compile([_request_for(request, r.candidate) for r in rows])):
+        for row, plan in zip(rows, make_plans([_request_for(request, r.candidate) for r in rows])):
             row.plan = plan
-
-
-def _compile(requests):
-    if compiles_here(requests[0]):
-        return [make_plan(r) for r in requests]
-    return plans_in_subprocess(requests)
 
 
 def format_ranking(ranking):

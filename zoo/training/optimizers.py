@@ -18,6 +18,8 @@ as reproducible as with float32 moments.
 ``float32`` (the default) is ``keras.optimizers.AdamW`` itself.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import keras
@@ -33,20 +35,13 @@ _MOMENTS = ("momentum", "velocity")
 def _hash_bits(shape, step, salt):
     """uint32 bits per element of ``shape`` (a murmur3-style finaliser of the position,
     the step and ``salt``): different every step and for every moment, the same on a rerun."""
-    position = jax.lax.iota(jnp.uint32, max(1, _size(shape))).reshape(shape)  # flat index, reshaped
+    position = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)  # flat index, reshaped
     h = position * jnp.uint32(0x9E3779B1) + step.astype(jnp.uint32) * jnp.uint32(0x85EBCA77) + jnp.uint32(salt)
     h = h ^ (h >> 16)
     h = h * jnp.uint32(0x7FEB352D)
     h = h ^ (h >> 15)
     h = h * jnp.uint32(0x846CA68B)
     return h ^ (h >> 16)
-
-
-def _size(shape):
-    size = 1
-    for dimension in shape:
-        size *= dimension
-    return size
 
 
 def stochastic_round_to_bfloat16(x, bits):
@@ -93,8 +88,9 @@ class AdamW(keras.optimizers.AdamW):
         alpha = cast(learning_rate, dtype) * jnp.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
         index = self._get_variable_index(variable)  # Keras' Adam's own slots (checked on Keras 3.15.1)
         m_slot, v_slot = self._momentums[index], self._velocities[index]
-        m = cast(m_slot, dtype) + (gradient - cast(m_slot, dtype)) * (1 - self.beta_1)  # Keras' AdamW, in float32
-        v = cast(v_slot, dtype) + (gradient * gradient - cast(v_slot, dtype)) * (1 - self.beta_2)
+        m, v = cast(m_slot, dtype), cast(v_slot, dtype)
+        m = m + (gradient - m) * (1 - self.beta_1)  # Keras' AdamW, in float32
+        v = v + (gradient * gradient - v) * (1 - self.beta_2)
         self.assign(m_slot, stochastic_round_to_bfloat16(m, _hash_bits(m.shape, iterations, 2 * index)))
         self.assign(v_slot, stochastic_round_to_bfloat16(v, _hash_bits(v.shape, iterations, 2 * index + 1)))
         self.assign_sub(variable, m * alpha / (jnp.sqrt(v) + self.epsilon))
