@@ -1,10 +1,12 @@
 """What a Transformer block keeps for its backward pass, per token, by remat policy: the
 one formula the planner's analytic model (``search.estimate``) and the remat correction
-(``plan.remat_saved_per_block``) share."""
+(``remat_saved_per_block``) share; and, where this JAX's XLA:CPU cannot show remat
+(JAX 0.10), the correction a plan applies (``remat_correction``) and what its verdict
+then says (``remat_caveat``)."""
 
-from zoo.config.choices import GATED_MLPS
+from zoo.config.choices import EXPERT_LAYOUTS, GATED_MLPS
 
-__all__ = ["remat_elements_per_token"]
+__all__ = ["remat_caveat", "remat_correction", "remat_elements_per_token", "remat_saved_per_block"]
 
 
 def remat_elements_per_token(remat, model, tp_divisor):
@@ -38,3 +40,53 @@ def _routed_width(model):
         return model["intermediate_dim"]
     expert_width = model.get("moe_intermediate_dim") or model["intermediate_dim"]
     return (model.get("num_experts_per_token") or 2) * expert_width + (model.get("shared_expert_dim") or 0)
+
+
+def remat_caveat(remat, correction):
+    """The verdict's qualifier where this JAX's XLA:CPU does not show remat (JAX 0.10)."""
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
+
+    if remat == "none" or memory_analysis_reflects_remat():
+        return ""
+    if correction:
+        return f"estimated, not compiled: this JAX's CPU compile does not show remat={remat!r}; Python 3.12's JAX does"
+    return f"an upper bound: this JAX's CPU compile does not show remat={remat!r}; Python 3.12's JAX does"
+
+
+def remat_saved_per_block(settings, step):
+    """Bytes per device one Transformer block keeps for the backward pass under the
+    job's remat policy (a GPT job), from the shapes alone
+    (``_activations.remat_elements_per_token``: full keeps the block's input; dots_saveable
+    the outputs of its matmuls without batch dimensions, JAX's
+    ``dots_with_no_batch_dims_saveable``), per token of this device's share of the batch
+    and sequence."""
+    from zoo.models.gpt.gpt_configs import config_by_name
+
+    sizes = step.axis_sizes
+    model_axis = sizes.get("model", 1) if settings.layout in ("tp", "tp+sp", "fsdp+tp", "expert+tp") else 1
+    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(settings.layout, 1)  # the sequence's split
+    batch_split = sizes.get("data", 1) * (sizes.get("expert", 1) if settings.layout in EXPERT_LAYOUTS else 1)
+    tokens = step.batch_size // batch_split * settings.sequence_length // split
+    divisor = model_axis if settings.layout in ("tp", "fsdp+tp", "expert+tp") else 1  # heads and MLP split over model
+    itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
+    return int(
+        tokens * remat_elements_per_token(settings.remat, config_by_name(settings.config_name), divisor) * itemsize
+    )
+
+
+def remat_correction(steps, settings, full_depth, step):
+    """Bytes to add to the extrapolated temporaries: every block but one keeps only what
+    the policy saves plus what a block holds whatever the policy (its weights' gradients
+    and, where the layout splits weights over the data or seq axis, its all-gathered
+    weights in the compute dtype); one block's full recomputation stays (the measured
+    per-block cost). Checked against JAX 0.12's compiles in docs/planning.md."""
+    low, high = steps
+    gap = high.num_layers - low.num_layers  # blocks between the two depths (a pattern's period)
+    per_block = (high.memory["temp"] - low.memory["temp"]) / gap
+    kept = remat_saved_per_block(settings, step) + (high.memory["gradients"] - low.memory["gradients"]) / gap
+    if settings.layout in ("fsdp", "fsdp+tp", "fsdp+expert", "context"):
+        sizes = step.axis_sizes
+        gathered = sizes.get("seq", 1) if settings.layout == "context" else sizes.get("data", 1)
+        itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
+        kept += (high.memory["weights"] - low.memory["weights"]) / gap * gathered * itemsize / 4
+    return -int((full_depth - 1) * max(per_block - kept, 0))

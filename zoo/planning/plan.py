@@ -27,12 +27,12 @@ import os
 import subprocess
 import sys
 
-from zoo.config.choices import EXPERT_LAYOUTS
 from zoo.kernels.moe import compile_for
 from zoo.measure.hardware import device_spec, host_cpu_spec, platform_of
 from zoo.planning import roofline
-from zoo.planning._activations import remat_elements_per_token
+from zoo.planning._activations import remat_caveat, remat_correction, remat_saved_per_block
 from zoo.planning._depth import FULL_DEPTH_UP_TO, depth_unit, depths_to_compile, period_note
+from zoo.planning._where import compiler_caveat, compiles_here, with_simulated_cost
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
 from zoo.units import GIB
 
@@ -196,40 +196,6 @@ def make_plans(requests, *, compiler_options=None):
     return [with_simulated_cost(plan, cpu) for plan, cpu in zip(plans, plans_in_subprocess(requests), strict=True)]
 
 
-def with_simulated_cost(device_plan, cpu_plan):
-    """``device_plan`` (compiled by an accelerator's own compiler: its memory as that
-    compiler lays the step out) with the FLOPs and bytes of ``cpu_plan``, the same request
-    compiled on simulated CPU devices. An accelerator's cost analysis does not see inside
-    Pallas kernels: on a TPU v5e it counted none of gpt_1b's attention FLOPs, and its
-    roofline came out 34% under the measured step; XLA:CPU compiles the same attention as
-    XLA ops and counts them (docs/planning.md)."""
-    step = dataclasses.replace(device_plan.step, flops=cpu_plan.step.flops, bytes_accessed=cpu_plan.step.bytes_accessed)
-    note = (
-        "memory as this device's compiler lays the step out; FLOPs and bytes from an XLA:CPU compile of the same "
-        "step (this device's cost analysis does not count inside Pallas kernels)"
-    )
-    return dataclasses.replace(device_plan, step=step, notes=(*device_plan.notes, note))
-
-
-def compiles_here(request):
-    """Whether this process has exactly ``request.devices`` devices that can compile its step:
-    simulated CPU devices (any target), or accelerators of the target's own kind (a plan for
-    one ``tpu-v5e`` made on a v5e chip is the TPU compiler's step, temporaries as it lays them
-    out, not XLA:CPU's upper bound)."""
-    import jax
-
-    from zoo.measure.hardware import UnknownDeviceError, local_device
-
-    if len(jax.devices()) != request.devices:
-        return False
-    if jax.default_backend() == "cpu":
-        return True
-    try:
-        return local_device()[0] == device_spec(request.device).name
-    except UnknownDeviceError:
-        return False
-
-
 def plans_in_subprocess(requests):
     """The plans of ``requests`` (one device count) compiled in one fresh process."""
     devices = {r.devices for r in requests}
@@ -349,7 +315,7 @@ def plan_in_process(request, *, compiler_options=None):
             "temporaries are not corrected for it: the peak is an upper bound"
         )
     if correct_remat and len(steps) == 2:
-        correction = _remat_correction(steps, settings, full_depth, step)
+        correction = remat_correction(steps, settings, full_depth, step)
         notes.append(
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); temporaries corrected by "
             f"{correction / GIB:+.2f} GiB: per block, what the policy saves instead of every activation (docs/planning.md)"
@@ -362,33 +328,8 @@ def plan_in_process(request, *, compiler_options=None):
         correction,
         _model_flops(job, settings, full_depth),
         tuple(notes),
-        "; ".join(part for part in (_remat_caveat(remat, correction), compiler_caveat(request.device)) if part),
+        "; ".join(part for part in (remat_caveat(remat, correction), compiler_caveat(request.device)) if part),
     )
-
-
-def compiler_caveat(device):
-    """The verdict's qualifier where a TPU's step is compiled here by XLA:CPU: the TPU
-    compiler schedules (and rematerialises) temporaries to fit its HBM, which XLA:CPU does
-    not; on a v5e chip gpt_1b's step needed about half the planned peak (docs/planning.md)."""
-    import jax
-
-    if platform_of(device) != "tpu" or jax.default_backend() == "tpu":
-        return ""
-    return (
-        "an upper bound for a TPU: XLA:CPU compiled this step, and the TPU compiler fits temporaries to HBM "
-        "(zoo bench step on the chip reports its own figure)"
-    )
-
-
-def _remat_caveat(remat, correction):
-    """The verdict's qualifier where this JAX's XLA:CPU does not show remat (JAX 0.10)."""
-    from zoo.measure.compiled_step import memory_analysis_reflects_remat
-
-    if remat == "none" or memory_analysis_reflects_remat():
-        return ""
-    if correction:
-        return f"estimated, not compiled: this JAX's CPU compile does not show remat={remat!r}; Python 3.12's JAX does"
-    return f"an upper bound: this JAX's CPU compile does not show remat={remat!r}; Python 3.12's JAX does"
 
 
 def _model_flops(job, settings, full_depth):
@@ -400,45 +341,6 @@ def _model_flops(job, settings, full_depth):
 
     model_config = at_depth(config_by_name(settings.config_name), full_depth)
     return gpt_flops_per_token(model_config, settings.sequence_length) * settings.batch_size * settings.sequence_length
-
-
-def remat_saved_per_block(settings, step):
-    """Bytes per device one Transformer block keeps for the backward pass under the
-    job's remat policy (a GPT job), from the shapes alone
-    (``_activations.remat_elements_per_token``: full keeps the block's input; dots_saveable
-    the outputs of its matmuls without batch dimensions, JAX's
-    ``dots_with_no_batch_dims_saveable``), per token of this device's share of the batch
-    and sequence."""
-    from zoo.models.gpt.gpt_configs import config_by_name
-
-    sizes = step.axis_sizes
-    model_axis = sizes.get("model", 1) if settings.layout in ("tp", "tp+sp", "fsdp+tp", "expert+tp") else 1
-    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(settings.layout, 1)  # the sequence's split
-    batch_split = sizes.get("data", 1) * (sizes.get("expert", 1) if settings.layout in EXPERT_LAYOUTS else 1)
-    tokens = step.batch_size // batch_split * settings.sequence_length // split
-    divisor = model_axis if settings.layout in ("tp", "fsdp+tp", "expert+tp") else 1  # heads and MLP split over model
-    itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
-    return int(
-        tokens * remat_elements_per_token(settings.remat, config_by_name(settings.config_name), divisor) * itemsize
-    )
-
-
-def _remat_correction(steps, settings, full_depth, step):
-    """Bytes to add to the extrapolated temporaries: every block but one keeps only what
-    the policy saves plus what a block holds whatever the policy (its weights' gradients
-    and, where the layout splits weights over the data or seq axis, its all-gathered
-    weights in the compute dtype); one block's full recomputation stays (the measured
-    per-block cost). Checked against JAX 0.12's compiles in docs/planning.md."""
-    low, high = steps
-    gap = high.num_layers - low.num_layers  # blocks between the two depths (a pattern's period)
-    per_block = (high.memory["temp"] - low.memory["temp"]) / gap
-    kept = remat_saved_per_block(settings, step) + (high.memory["gradients"] - low.memory["gradients"]) / gap
-    if settings.layout in ("fsdp", "fsdp+tp", "fsdp+expert", "context"):
-        sizes = step.axis_sizes
-        gathered = sizes.get("seq", 1) if settings.layout == "context" else sizes.get("data", 1)
-        itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
-        kept += (high.memory["weights"] - low.memory["weights"]) / gap * gathered * itemsize / 4
-    return -int((full_depth - 1) * max(per_block - kept, 0))
 
 
 def main(argv=None):

@@ -1,0 +1,63 @@
+"""Where a plan's step is compiled, and what that compiler can and cannot see.
+
+A plan compiles in this process when it has the target's devices: simulated CPU devices
+of the target's count, or accelerators of the target's own kind (``compiles_here``). An
+accelerator's compiler lays out the step's memory as the chip will, but its cost analysis
+does not see inside Pallas kernels, so such a plan takes its FLOPs and bytes from an
+XLA:CPU compile of the same step (``with_simulated_cost``). Where XLA:CPU compiles a TPU's
+step, its peak is an upper bound, and the verdict says so (``compiler_caveat``).
+"""
+
+import dataclasses
+
+from zoo.measure.hardware import device_spec, platform_of
+
+__all__ = ["compiler_caveat", "compiles_here", "with_simulated_cost"]
+
+
+def compiles_here(request):
+    """Whether this process has exactly ``request.devices`` devices that can compile its step:
+    simulated CPU devices (any target), or accelerators of the target's own kind (a plan for
+    one ``tpu-v5e`` made on a v5e chip is the TPU compiler's step, temporaries as it lays them
+    out, not XLA:CPU's upper bound)."""
+    import jax
+
+    from zoo.measure.hardware import UnknownDeviceError, local_device
+
+    if len(jax.devices()) != request.devices:
+        return False
+    if jax.default_backend() == "cpu":
+        return True
+    try:
+        return local_device()[0] == device_spec(request.device).name
+    except UnknownDeviceError:
+        return False
+
+
+def with_simulated_cost(device_plan, cpu_plan):
+    """``device_plan`` (compiled by an accelerator's own compiler: its memory as that
+    compiler lays the step out) with the FLOPs and bytes of ``cpu_plan``, the same request
+    compiled on simulated CPU devices. An accelerator's cost analysis does not see inside
+    Pallas kernels: on a TPU v5e it counted none of gpt_1b's attention FLOPs, and its
+    roofline came out 34% under the measured step; XLA:CPU compiles the same attention as
+    XLA ops and counts them (docs/planning.md)."""
+    step = dataclasses.replace(device_plan.step, flops=cpu_plan.step.flops, bytes_accessed=cpu_plan.step.bytes_accessed)
+    note = (
+        "memory as this device's compiler lays the step out; FLOPs and bytes from an XLA:CPU compile of the same "
+        "step (this device's cost analysis does not count inside Pallas kernels)"
+    )
+    return dataclasses.replace(device_plan, step=step, notes=(*device_plan.notes, note))
+
+
+def compiler_caveat(device):
+    """The verdict's qualifier where a TPU's step is compiled here by XLA:CPU: the TPU
+    compiler schedules (and rematerialises) temporaries to fit its HBM, which XLA:CPU does
+    not; on a v5e chip gpt_1b's step needed about half the planned peak (docs/planning.md)."""
+    import jax
+
+    if platform_of(device) != "tpu" or jax.default_backend() == "tpu":
+        return ""
+    return (
+        "an upper bound for a TPU: XLA:CPU compiled this step, and the TPU compiler fits temporaries to HBM "
+        "(zoo bench step on the chip reports its own figure)"
+    )
