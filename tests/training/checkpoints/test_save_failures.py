@@ -47,6 +47,34 @@ def test_the_reason_a_write_failed_is_read_from_the_error(error, reason):
     assert write_failure(error) == reason
 
 
+def test_late_orbax_records_about_a_reported_failure_are_dropped_and_others_kept():
+    """After a reported failure, a record naming its step directory, and an Orbax thread's
+    one-line report of the same OS error (no path in it), are dropped; a record of another
+    error, or of another folder, is kept."""
+    import logging
+
+    from zoo.training.checkpoints._write_failure import FailedWrites
+
+    writes = FailedWrites()  # not the process' one: nothing installed on the loggers
+
+    def record(text):
+        return logging.LogRecord("absl", logging.WARNING, __file__, 1, text, None, None)
+
+    thread = "[process=0][thread=array_type_handler][operation_id=49] _SignalingThread.run() raised an exception: "
+    writes.add("/ck/4.orbax-checkpoint-tmp", ValueError(TENSORSTORE_FULL))
+    kept = [
+        text
+        for text in (
+            "Error writing /ck/4.orbax-checkpoint-tmp/d/6d64",
+            thread + "[Errno 28] No space left on device",
+            thread + "[Errno 13] Permission denied",
+            "Error writing /ck/6.orbax-checkpoint-tmp/d/6d64",
+        )
+        if writes.filter(record(text))
+    ]
+    assert kept == [thread + "[Errno 13] Permission denied", "Error writing /ck/6.orbax-checkpoint-tmp/d/6d64"]
+
+
 @pytest.fixture
 def disk(tmp_path):
     """A 16 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""

@@ -155,8 +155,9 @@ class Checkpoints:
                 reason = write_failure(error)
                 if reason is None:
                     raise
+                failure = error
             noise.drop()
-            FailedWrites.instance().add(tmp)
+            FailedWrites.instance().add(tmp, failure)
             gc.collect()  # Orbax's abandoned write tasks end now, while their noise is held
         self._half_written.add(tmp)
         self._remove_half_written()

@@ -33,34 +33,34 @@ def write_failure(error):
     ``No space left on device (ENOSPC)``; a ``CheckpointError`` (a refused step) is not one."""
     if isinstance(error, CheckpointError):
         return None
+    code = _os_error_code(error)
     if isinstance(error, OSError):
-        code, words = error.errno, error.strerror or str(error)
+        words = error.strerror or str(error)
+    elif code is not None:
+        words = os.strerror(code)
+    elif _WRITE_FAILED.search(str(error)):
+        words = " ".join(str(error).split())[:200]
     else:
-        text = str(error)
-        found = _OS_ERROR_CODE.search(text)
-        if found:
-            code = int(found.group(1))
-            words = os.strerror(code)
-        elif _WRITE_FAILED.search(text):
-            code, words = None, " ".join(text.split())[:200]
-        else:
-            return None
+        return None
     name = errno.errorcode.get(code) if code is not None else None
     return f"{words} ({name})" if name else words
 
 
 class FailedWrites(logging.Filter):
-    """Drops ``asyncio`` and ``absl`` records that name a step directory whose write failed
-    and was reported (``add``): the futures of its abandoned writes, logged when collected.
+    """Drops ``asyncio`` and ``absl`` records about a write that failed and was reported
+    (``add``): those that name its step directory (the futures of its abandoned writes,
+    logged when collected), and Orbax's background threads' one-line reports of the same
+    OS error, which name no path (``_SignalingThread.run() raised an exception: [Errno 28]
+    No space left on device``, seen once in a tier-1 run).
 
     One per process (``FailedWrites.instance()``), installed on those loggers at its first
-    ``add``; a record naming no failed directory passes unchanged."""
+    ``add``; any other record passes unchanged."""
 
     _instance = None
 
     def __init__(self):
         super().__init__()
-        self.paths = set()
+        self.paths, self.thread_reports = set(), set()
 
     @classmethod
     def instance(cls):
@@ -68,14 +68,27 @@ class FailedWrites(logging.Filter):
             cls._instance = cls()
         return cls._instance
 
-    def add(self, path):
+    def add(self, path, error=None):
+        """``path``: the failed step's directory; ``error``: the exception its save raised."""
         if not self.paths:
             for name in NOISY_LOGGERS:
                 logging.getLogger(name).addFilter(self)
         self.paths.add(path)
+        code = _os_error_code(error)
+        if code is not None:
+            self.thread_reports.add(f"raised an exception: [Errno {code}]")
 
     def filter(self, record):
-        return not any(path in _record_text(record) for path in self.paths)
+        text = _record_text(record)
+        return not any(part in text for part in (*self.paths, *self.thread_reports))
+
+
+def _os_error_code(error):
+    """The OS error number behind a failed write, or None."""
+    if isinstance(error, OSError):
+        return error.errno
+    found = _OS_ERROR_CODE.search(str(error)) if error is not None else None
+    return int(found.group(1)) if found else None
 
 
 def _record_text(record):
