@@ -159,7 +159,7 @@ def forgetting_deferred_variables():
 
 def build_compile_state(model, x, y):
     """Create the compiled loss' and metrics' variables of ``model`` for a batch of
-    ``x``, ``y`` (``(shape, dtype)`` each), as ``fit`` does before its first step; the
+    ``x``, ``y`` (``jax.ShapeDtypeStruct``s, any nesting), as ``fit`` does before its first step; the
     step's state then has every variable it will update.
 
     Private: ``Trainer._symbolic_build(data_batch=...)``. Checked on Keras 3.15.1 (JAX
@@ -170,7 +170,12 @@ def build_compile_state(model, x, y):
     symbolic = getattr(model, "_symbolic_build", None)
     if symbolic is None:
         raise _missing("keras Trainer._symbolic_build", AttributeError("_symbolic_build"))
-    symbolic(data_batch=tuple(keras.KerasTensor(shape, dtype=dtype) for shape, dtype in (x, y)))
+    symbolic(
+        data_batch=tuple(
+            keras.tree.map_structure(lambda spec: keras.KerasTensor(spec.shape, dtype=spec.dtype), part)
+            for part in (x, y)
+        )
+    )
 
 
 def keras_layer_test_case():

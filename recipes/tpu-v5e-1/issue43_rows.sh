@@ -7,7 +7,11 @@
 # `2`, `3` (the keras-hub rows, two more processes), `4` (gpt_350m), `5` (zoo plan on the chip
 # for part 1's and part 4's steps: memory from the chip's compiler, time from XLA:CPU's count;
 # on any other machine zoo plan compiles them on simulated CPU devices, an upper bound),
-# `6` (part 1's gpt_1b rows with AdamW's moments in bfloat16).
+# `6` (part 1's gpt_1b rows with AdamW's moments in bfloat16), `7` (llama_3_2_1b's LoRA under
+# lighter remat policies), `8` (qwen3_0.6b's full fine-tune: other remat policies and batches),
+# `9` (`--remat auto` choosing on the chip, for part 7's and part 8's steps).
+# Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
+# footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
 #   source .device/tpu-env.sh && OUT=/tmp/out bash recipes/tpu-v5e-1/issue43_rows.sh 1
 set -uo pipefail
@@ -57,5 +61,22 @@ case "$part" in
 6)  # AdamW's moments in bfloat16 (zoo.training.optimizers), against part 1's float32 rows
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16
+    ;;
+7)  # llama_3_2_1b LoRA: full remat recomputes a forward that LoRA's backward (no weight gradients) barely outweighs
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 260 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none --loss-chunk-size 512
+    row 260 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat save_attention --loss-chunk-size 512
+    ;;
+8)  # qwen3_0.6b full fine-tune, float32 AdamW (issue 43's row): remat policies and the largest batch
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 120 --config-name qwen3_0.6b --method full --batch-size 4 --remat dots_saveable --loss-chunk-size 512 --scan-layers
+    row 120 --config-name qwen3_0.6b --method full --batch-size 8 --remat full --loss-chunk-size 512 --scan-layers
+    row 120 --config-name qwen3_0.6b --method full --batch-size 8 --remat save_attention --loss-chunk-size 512 --scan-layers
+    ;;
+9)  # --remat auto (zoo.training.remat_choice): the policy each step gets, and fit's compile read back from the cache
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 280 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat auto --loss-chunk-size 512
+    row 250 --config-name qwen3_0.6b --method full --batch-size 8 --remat auto --loss-chunk-size 512 --scan-layers
+    grep "^remat " "$OUT/log.txt" >> "$OUT/step.md"
     ;;
 esac

@@ -74,8 +74,8 @@ def test_remat_flag_values():
     gpt = ["train", "gpt"]
     assert [
         parser.parse_args(gpt + flags).remat
-        for flags in ([], ["--remat"], ["--remat", "dots_saveable"], ["--remat", "none"])
-    ] == ["none", "full", "dots_saveable", "none"]
+        for flags in ([], ["--remat"], ["--remat", "dots_saveable"], ["--remat", "none"], ["--remat", "auto"])
+    ] == ["auto", "full", "dots_saveable", "none", "auto"]
 
 
 def test_verify_passes_and_fails_by_tolerance(capsys):

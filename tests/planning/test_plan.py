@@ -51,6 +51,13 @@ def test_plan_state_equals_what_a_real_run_holds_per_device():
     assert plan.step.memory["temp"] > plan.step.memory["gradients"] > 0
 
 
+def test_remat_auto_is_planned_as_the_fastest_policy_that_fits():
+    """remat auto (zoo train gpt's default) plans what the job would run: none, where it fits."""
+    plan = make_plan(PlanRequest("pretrain_gpt", {**TINY, "remat": "auto"}, devices=8, device="cpu"))
+    assert plan.request.config["remat"] == "none" and plan.fits
+    assert plan.notes[0].startswith("remat auto: none, the fastest that fits (planned: none ")
+
+
 def test_zoo_plan_exits_1_with_one_line_naming_the_largest_part(capsys):
     """A plan for 4 devices (a subprocess: this process has 8) on devices of 256 KiB."""
     code = cli.main(
@@ -72,6 +79,8 @@ def test_zoo_plan_exits_1_with_one_line_naming_the_largest_part(capsys):
             "32",
             "--precision",
             "float32",
+            "--remat",
+            "none",
         ]
     )
     out, err = capsys.readouterr()

@@ -52,11 +52,11 @@ def test_accelerator_recipes_pretrain_a_large_gpt_in_bfloat16():
         ({"train.epochs": True}, r"\[train\] epochs: expected an integer >= 1, got True \(bool\)"),
         (
             {"train.remat": 1},
-            r"\[train\] remat: expected one of none, full, dots_saveable, save_attention, offload_attention, or true \(= 'full'\), or false \(= 'none'\), got 1 \(int\)",
+            r"\[train\] remat: expected one of auto, none, full, dots_saveable, save_attention, offload_attention, or true \(= 'full'\), or false \(= 'none'\), got 1 \(int\)",
         ),
         (
             {"train.remat": "save_dots"},
-            r"\[train\] remat: 'save_dots' is not one of the allowed values \['none', 'full', 'dots_saveable', 'save_attention', 'offload_attention'\]",
+            r"\[train\] remat: 'save_dots' is not one of the allowed values \['auto', 'none', 'full', 'dots_saveable', 'save_attention', 'offload_attention'\]",
         ),
         (
             {"multihost.process_id": 3},

@@ -315,6 +315,8 @@ def test_refused_options(data, tmp_path):
         finetune(FinetuneSettings(data_file=str(data.train_file)))
     with pytest.raises(ValueError, match="^--packing: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
         finetune(FinetuneSettings(packing=True))
+    with pytest.raises(ValueError, match="^--remat full: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
+        finetune(FinetuneSettings(remat="full"))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="--output .*full': exists and is not empty"):

@@ -27,6 +27,7 @@ What it reports (one row per model):
   (``_step_peer``) run before this process opens the devices, parameter counts checked equal.
 """
 
+import dataclasses
 import tempfile
 
 from zoo.bench._output import size_text, write_text
@@ -45,7 +46,9 @@ def run_benchmark(settings, report=print):
     if peer:
         check_same_parameters(peer, row)
         rows.append(peer)
-    plan = plan_row(settings, report) if settings.plan else None
+    plan = (
+        plan_row(dataclasses.replace(settings, remat=row["remat"]), report) if settings.plan else None
+    )  # the step measured
     text = format_report(settings, rows, plan)
     report(text)
     if settings.output:
@@ -76,13 +79,15 @@ def train_settings(settings):
     )
 
 
-def build_zoo(settings):
-    """The job's GPT, compiled for ``settings.method``, its distribution set globally."""
+def build_zoo(settings, report=print):
+    """The job's GPT, compiled for ``settings.method``, its distribution set globally, its
+    remat resolved (``--remat auto``: ``zoo.training.remat_choice``, the choice reported)."""
     import keras
 
     from zoo import distribution as zd
     from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
     from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
+    from zoo.training.remat_choice import resolve_remat
 
     job = train_settings(settings)
     distribution = resolve_distribution(job)
@@ -94,6 +99,8 @@ def build_zoo(settings):
         prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank)
         optimizer = make_optimizer("adam", method=settings.method, moment_dtype=settings.moment_dtype)
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
+    batch = ((settings.batch_size, settings.sequence_length), "int32")
+    resolve_remat(model, settings.remat, batch, batch, report=report)
     return model
 
 
@@ -123,7 +130,7 @@ def compiled_peak(model, settings):
 
 def measure_zoo(settings, report=print):
     """One row: the zoo's GPT step (the module docstring's figures)."""
-    model = build_zoo(settings)
+    model = build_zoo(settings, report)
     x, y = random_tokens(settings, model.backbone.vocabulary_size, settings.steps * settings.batch_size)
 
     def fit(steps):
@@ -135,6 +142,7 @@ def measure_zoo(settings, report=print):
     row = step_row("zoo", model.count_params(), compile_s, steps, flops_per_step(settings, model), settings)
     row.update(device_memory(), compiled_bytes=compiled_peak(model, settings))
     row["attention"] = _attention_words(model, settings)
+    row["remat"] = model.backbone.remat
     if settings.profile:
         row["profile"] = profile_steps(fit)
     return row
@@ -191,6 +199,12 @@ def plan_row(settings, report=print):
 # --- the report -------------------------------------------------------------------------
 
 
+def _remat_words(settings, rows):
+    """The zoo row's remat policy, "(auto)" after it when ``--remat auto`` chose it."""
+    chosen = rows[0].get("remat", settings.remat)
+    return f"{chosen} (auto)" if settings.remat == "auto" else chosen
+
+
 def format_report(settings, rows, plan=None):
     """Markdown: the settings line, one table row per model, then the plan and profile."""
     import jax
@@ -202,7 +216,7 @@ def format_report(settings, rows, plan=None):
         + (f" at {settings.num_layers} layers" if settings.num_layers else "")
         + f", method {settings.method}"
         + (f" (rank {settings.lora_rank})" if settings.method == "lora" else "")
-        + f", batch {settings.batch_size} x T {settings.sequence_length}, {settings.precision}, remat {settings.remat}"
+        + f", batch {settings.batch_size} x T {settings.sequence_length}, {settings.precision}, remat {_remat_words(settings, rows)}"
         + (", scanned blocks" if settings.scan_layers else "")
         + (f", loss in chunks of {settings.loss_chunk_size}" if settings.loss_chunk_size else "")
         + f"; median of {settings.repeats} fits of {settings.steps} steps; jax {jax.__version__}, keras {keras.__version__}",

@@ -47,9 +47,10 @@ class StepBenchSettings:
     )
     remat: str = setting(
         "none",
-        "what each block keeps for the backward pass (zoo train gpt --remat)",
+        "what each block keeps for the backward pass (zoo train gpt --remat; auto: the first of none, "
+        "save_attention, dots_saveable, full whose compiled step fits the device)",
         section="bench",
-        choices=choices.REMATS,
+        choices=choices.JOB_REMATS,
     )
     scan_layers: bool = setting(
         False, "hold the blocks stacked and run them in one lax.scan", section="bench", store_true=True

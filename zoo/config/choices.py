@@ -39,6 +39,10 @@ FLOAT_DTYPES = ("float32", "bfloat16")  # AdamW's moments (--moment-dtype); zoo 
 # remat: what each Transformer block keeps for the backward pass (zoo.layers.transformer_block.REMAT_POLICIES).
 REMATS = ("none", "full", "dots_saveable", "save_attention", "offload_attention")
 PLANNED_REMATS = ("none", "dots_saveable", "full")  # what zoo plan --auto tries (the attention policies: by hand)
+# --remat auto (zoo.training.remat_choice): the policies a job tries on an accelerator, fastest first as
+# measured on a TPU v5e (docs/performance.md); the first whose compiled step fits the device is kept.
+REMATS_FASTEST_FIRST = ("none", "save_attention", "dots_saveable", "full")
+JOB_REMATS = (AUTO, *REMATS)  # what zoo train gpt, zoo finetune and zoo bench step take
 # The names a block gives the tensors a remat policy keeps (jax.ad_checkpoint.checkpoint_name):
 ATTENTION_QKV = "attention_qkv"  # the q, k, v projections (B, T, H or K, D), before rotary
 ATTENTION_OUT = "attention_out"  # the attention kernel's output (B, T, H, D) and its log-sum-exp

@@ -76,6 +76,21 @@ def _context_attention():
     )
 
 
+def _remat(who=""):
+    return setting(
+        choices.AUTO,
+        f"{who}what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more "
+        "compute), dots_saveable (matmul outputs), save_attention (the attention's q, k, v, output and log-sum-exp: "
+        "the attention is never recomputed), offload_attention (the same, in host memory), or auto: on a TPU or "
+        "GPU the first of none, save_attention, dots_saveable, full whose compiled step fits the device (printed), "
+        "on CPU none; --remat alone means full",
+        section="train",
+        choices=choices.JOB_REMATS,
+        const="full",
+        booleans={True: "full", False: "none"},
+    )
+
+
 @dataclasses.dataclass
 class CheckpointSettings:
     """Orbax checkpoints during fit (docs/checkpoints.md): shared by every training job."""
@@ -270,16 +285,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         section="train",
         choices=choices.PRECISIONS,
     )
-    remat: str = setting(
-        "none",
-        "what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more compute), "
-        "dots_saveable (matmul outputs), save_attention (the attention's q, k, v, output and log-sum-exp: the "
-        "attention is never recomputed), offload_attention (the same, in host memory); --remat alone means full",
-        section="train",
-        choices=choices.REMATS,
-        const="full",
-        booleans={True: "full", False: "none"},
-    )
+    remat: str = _remat()
     gradient_accumulation_steps: int = setting(
         1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int
     )
@@ -537,6 +543,7 @@ class FinetuneSettings(CheckpointSettings, _Checked):
         parse=types.sequence_length,
     )
     loss_chunk_size: int | None = _loss_chunk_size("causal LMs: ")
+    remat: str = _remat("causal LMs: ")
     packing: bool = setting(
         False,
         "causal LMs: several examples per row of T tokens (best-fit decreasing), attention and the loss within each "

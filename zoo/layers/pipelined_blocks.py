@@ -212,6 +212,13 @@ class PipelinedBlocks(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
+    def set_remat(self, remat):
+        """Rematerialise every block in the loop as ``remat`` from the next traced step on
+        (``TransformerBlock``'s choices; weights untouched)."""
+        self.block["remat"] = remat
+        if self._template is not None:
+            self._template.value[0].remat = remat
+
     def get_config(self):
         config = super().get_config()
         config.update(

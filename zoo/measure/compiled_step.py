@@ -178,6 +178,14 @@ def shard_bytes(variable, sharding):
     return math.prod(shape) * jax.numpy.dtype(variable.dtype).itemsize
 
 
+def batch_specs(part):
+    """One part of a batch, given as ``(shape, dtype)`` or as arrays (any nesting), as
+    ``jax.ShapeDtypeStruct``s in the same nesting."""
+    if isinstance(part, tuple) and len(part) == 2 and isinstance(part[1], str):
+        return jax.ShapeDtypeStruct(tuple(part[0]), jax.numpy.dtype(part[1]))
+    return keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(tuple(a.shape), a.dtype), part)
+
+
 def _batch_struct(shape, dtype, distribution):
     if distribution is None:
         return jax.ShapeDtypeStruct(shape, jax.numpy.dtype(dtype))
@@ -187,21 +195,28 @@ def _batch_struct(shape, dtype, distribution):
     )
 
 
-def compile_fit_step(model, distribution, x, y, *, compiler_options=None):
+def compile_fit_step(model, distribution, x, y, *, sample_weight=None, compiler_options=None):
     """``(compiled, StepMemory)`` of ``model.train_step`` for one batch.
 
     ``model`` comes from ``abstract_build`` (or is an ordinary compiled model);
-    ``x``, ``y`` are ``(shape, dtype)`` of one global batch. The step is jitted as
-    ``fit`` jits it: the state donated, its outputs laid out like its inputs.
+    ``x``, ``y`` (and ``sample_weight``, if fit gets one) are ``(shape, dtype)`` of one
+    global batch, or one batch's arrays (any nesting: a dict of inputs, say). The step is
+    jitted as ``fit`` jits it: the state donated, its outputs laid out like its inputs.
     """
+    parts = [batch_specs(part) for part in (x, y, sample_weight) if part is not None]
     with global_distribution(None):  # the metrics' variables are scalars, replicated
-        build_compile_state(model, x, y)  # compiled metrics' variables (e.g. accuracy), as fit's first batch makes them
+        build_compile_state(
+            model, *parts[:2]
+        )  # compiled metrics' variables (e.g. accuracy), as fit's first batch makes them
     shardings = state_shardings(model, distribution)
     state = tuple(
         [_abstract(v, s) for v, s in zip(group, group_shardings)]
         for group, group_shardings in zip(state_groups(model), shardings)
     )
-    data = (_batch_struct(*x, distribution), _batch_struct(*y, distribution))
+    data = tuple(
+        keras.tree.map_structure(lambda spec: _batch_struct(spec.shape, spec.dtype, distribution), part)
+        for part in parts
+    )
     out_shardings = None if distribution is None else (None, shardings)
     with global_distribution(distribution):
         step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)

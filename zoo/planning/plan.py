@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 
+from zoo.config.choices import AUTO, REMATS_FASTEST_FIRST
 from zoo.kernels.moe import compile_for
 from zoo.measure.hardware import device_spec, host_cpu_spec, platform_of
 from zoo.planning import roofline
@@ -248,6 +249,8 @@ def plan_in_process(request, *, compiler_options=None):
         compiler_options = FAST_COMPILE if jax.default_backend() == "cpu" else {}
     device_spec(request.device)  # an unknown device is refused before compiling
     job, module, settings = _job_and_config(request)
+    if getattr(settings, "remat", None) == AUTO:
+        return _plan_remat_auto(request, compiler_options)
     full_depth = job.num_layers(module, settings)
     remat = getattr(settings, "remat", "none")
     # Blocks that differ (Gemma's local and global layers) are compiled in whole periods of
@@ -330,6 +333,23 @@ def plan_in_process(request, *, compiler_options=None):
         tuple(notes),
         "; ".join(part for part in (remat_caveat(remat, correction), compiler_caveat(request.device)) if part),
     )
+
+
+def _plan_remat_auto(request, compiler_options):
+    """``remat = "auto"`` planned as the job decides it on its device
+    (``zoo.training.remat_choice``): the first of ``REMATS_FASTEST_FIRST`` whose plan fits
+    the target, else the last; a note names the policy and what each tried needed."""
+    tried = []
+    for remat in REMATS_FASTEST_FIRST:
+        plan = plan_in_process(
+            dataclasses.replace(request, config={**request.config, "remat": remat}), compiler_options=compiler_options
+        )
+        tried.append(f"{remat} {plan.peak / GIB:.2f} GiB")
+        if plan.fits:
+            break
+    verdict = "the fastest that fits" if plan.fits else "none fits: the lightest"
+    note = f"remat auto: {remat}, {verdict} (planned: {', '.join(tried)})"
+    return dataclasses.replace(plan, notes=(note, *plan.notes))
 
 
 def _model_flops(job, settings, full_depth):

@@ -27,7 +27,7 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo._compat import sublayers
-from zoo.config.choices import CLASSIFIER_FINETUNE_LAYOUTS, METHODS
+from zoo.config.choices import AUTO, CLASSIFIER_FINETUNE_LAYOUTS, METHODS
 from zoo.config.settings import FinetuneSettings
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
@@ -241,6 +241,8 @@ def _check_classifier_options(settings):
         given.append(f"--adapter-format {settings.adapter_format}")
     if settings.packing:
         given.append("--packing")
+    if settings.remat != AUTO:
+        given.append(f"--remat {settings.remat}")
     if given:
         raise ValueError(
             f"{', '.join(given)}: for causal LMs; preset {settings.preset!r} is a classifier, fine-tuned on --dataset"

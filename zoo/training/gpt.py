@@ -4,6 +4,7 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
+from zoo.config.choices import AUTO
 from zoo.config.settings import GenerateSettings, GPTTrainSettings  # noqa: F401 (the settings of these jobs)
 from zoo.data import (
     ByteTokenizer,
@@ -30,6 +31,7 @@ from zoo.training.logs.profile import ProfileSteps
 from zoo.training.logs.report import StepReport
 from zoo.training.optimizers import AdamW
 from zoo.training.paths import check_job_paths, save_model_atomically
+from zoo.training.remat_choice import resolve_remat
 from zoo.training.saving import check_prompt_fits, load_causal_lm
 
 
@@ -143,7 +145,8 @@ def build_gpt(settings, overrides=None):
         settings.layout,
         dropout=settings.dropout,
         seed=settings.seed,
-        remat=settings.remat,
+        # auto is decided on the built model (remat_choice.resolve_remat); until then nothing is recomputed
+        remat="none" if settings.remat == AUTO else settings.remat,
         **{**pipeline, **overrides},
     )
 
@@ -220,7 +223,9 @@ def train(settings, report=print):
         settings.loss_chunk_size,
         settings.moment_dtype,
     )
-    report(f"model: {settings.config_name}, {model.count_params():,} parameters, remat {settings.remat}")
+    batch = ((settings.batch_size, settings.sequence_length), "int32")
+    remat = resolve_remat(model, settings.remat, batch, batch, report=report)
+    report(f"model: {settings.config_name}, {model.count_params():,} parameters, remat {remat}")
     for line in zd.format_sharding_summary(model):
         report("  " + line)
     report(_blocks_line(settings, model, distribution))

@@ -73,6 +73,7 @@ from zoo.training.job_setup import job_distribution, new_run_folder, report_setu
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
+from zoo.training.remat_choice import resolve_remat
 from zoo.training.saving import load_causal_lm
 
 # Adam learning rates per method: the usual ones for Llama-family checkpoints (LoRA as in
@@ -268,6 +269,7 @@ def finetune_causal_lm(
     callbacks=(),
     report=print,
     fit=None,
+    remat=None,
 ):
     """Fine-tune a freshly loaded ``GPTCausalLM`` on ``train`` (``LMExamples``) under the
     distribution it was built with; returns a dict of results.
@@ -288,6 +290,9 @@ def finetune_causal_lm(
         callbacks: Keras callbacks for ``fit``.
         fit: ``fit(model, batches, epochs=, callbacks=) -> history dict``; default
             ``model.fit`` (the ``zoo finetune`` job passes its checkpointed fit).
+        remat: what each block keeps for the backward pass (``GPTBackbone``'s choices),
+            or ``"auto"``: ``zoo.training.remat_choice`` compiles the step to choose;
+            None leaves the model's own.
 
     Returns ``{"heldout_loss_before", "heldout_loss", "history", "trainable_parameters",
     "adapted_layers", "model"}`` (held-out losses None without ``held_out``).
@@ -301,6 +306,8 @@ def finetune_causal_lm(
     )
     compile_causal_lm(model, optimizer or make_optimizer("adam", method=method), loss_chunk_size=loss_chunk_size)
     batches = token_batches(train, batch_size=batch_size, shuffle=True, seed=seed)
+    if remat is not None:
+        resolve_remat(model, remat, *batches[0], report=report)  # one batch's arrays: the shapes fit will see
     measure = (
         functools.partial(heldout_loss, model, held_out, batch_size=batch_size)
         if held_out is not None
@@ -372,6 +379,7 @@ def finetune_lm(settings, report=print):
         callbacks=[progress],
         report=report,
         fit=fit,
+        remat=settings.remat,
     )
     result["output"] = _save(settings, result, hf, preprocessor, report) if settings.output else None
     return result

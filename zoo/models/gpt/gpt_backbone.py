@@ -262,6 +262,18 @@ class GPTBackbone(ZooModel):
                 x = block(x, training=training, segment_ids=segment_ids)  # (B, T, C)
         return self.final_norm(x)  # (B, T, C)
 
+    def set_remat(self, remat):
+        """Rematerialise every block as ``remat`` (``__init__``'s choices) from the next
+        traced training step on; the weights are untouched and ``get_config`` saves it.
+        ``--remat auto`` (``zoo.training.remat_choice``) compiles one built model's step
+        under each policy it tries."""
+        self.remat = check_remat(remat)
+        if self.stacked:
+            self.pipelined_blocks.set_remat(self.remat)
+        else:
+            for block in self.blocks:
+                block.remat = self.remat
+
     def get_config(self):
         """The ``__init__`` arguments, with ``context_attention`` the kernel the blocks use:
         one recorded under a ``ContextParallel`` (``ring``, say) is saved, not ``None``."""
