@@ -167,9 +167,11 @@ def test_zoo_train_gpt_strategy_auto_trains_the_first_row(ranking, monkeypatch, 
     (((request, options),), (config,)) = asked, trained
     assert options["keep_batch_split"] is resume  # a fresh run searches the batch split too
     assert (request.devices, request.device, request.device_memory_gib) == (8, "cpu", MEMORY_GIB)
-    assert {k: request.config[k] for k in SCENARIO if k not in ("layout", "mesh")} == {
-        k: v for k, v in SCENARIO.items() if k not in ("layout", "mesh")
+    searched = ("layout", "mesh", "remat")  # remat auto, the default: the search picks each candidate's
+    assert {k: request.config[k] for k in SCENARIO if k not in searched} == {
+        k: v for k, v in SCENARIO.items() if k not in searched
     }
+    assert request.config["remat"] == "auto"
     best = ranking.best.candidate
     assert code == 0 and (config.layout, config.mesh, config.remat) == (best.layout, best.mesh, best.remat)
     assert (config.batch_size, config.gradient_accumulation_steps) == (best.micro_batch, best.accumulation)
