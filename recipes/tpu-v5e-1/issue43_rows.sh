@@ -9,7 +9,8 @@
 # on any other machine zoo plan compiles them on simulated CPU devices, an upper bound),
 # `6` (part 1's gpt_1b rows with AdamW's moments in bfloat16), `7` (llama_3_2_1b's LoRA under
 # lighter remat policies), `8` (qwen3_0.6b's full fine-tune: other remat policies and batches),
-# `9` (`--remat auto` choosing on the chip, for part 7's and part 8's steps).
+# `9` (`--remat auto` choosing on the chip, for part 7's and part 8's steps), `10` (part 6's
+# gpt_1b batch-2 row, bfloat16 moments, with the loss in chunks: the keras-hub comparison's step).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -78,5 +79,9 @@ case "$part" in
     row 280 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat auto --loss-chunk-size 512
     row 250 --config-name qwen3_0.6b --method full --batch-size 8 --remat auto --loss-chunk-size 512 --scan-layers
     grep "^remat " "$OUT/log.txt" >> "$OUT/step.md"
+    ;;
+10)  # gpt_1b b2 with bf16 moments: the loss in chunks of 1,024 and 512 positions (no (B, T, V) float32 logits)
+    row 170 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --loss-chunk-size 1024
+    row 170 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --loss-chunk-size 512
     ;;
 esac
