@@ -42,6 +42,11 @@ def test_the_row_measures_the_jobs_step(tmp_path):
     assert f"| zoo | {row['parameters']:,} |" in table and "method lora (rank 2)" in table
     assert keras.distribution.distribution() is not None  # the job's data layout over the 8 devices
     keras.distribution.set_distribution(None)
+    odd = dataclasses.replace(settings, batch_size=2)  # refused in one line, before anything is built
+    with pytest.raises(
+        ValueError, match="^--batch-size 2 does not split over this host's 8 devices .* a multiple of 8"
+    ):
+        run_benchmark(odd, report=lambda line: None)
 
 
 def _event(name, ts, dur, tf_op=None, category="loop fusion", flops=0, tid=3):

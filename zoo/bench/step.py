@@ -65,10 +65,16 @@ def train_settings(settings):
 
     from zoo.config.settings import GPTTrainSettings
 
+    devices = jax.device_count()
+    if settings.batch_size % devices:
+        raise ValueError(
+            f"--batch-size {settings.batch_size} does not split over this host's {devices} devices (layout data): "
+            f"use a multiple of {devices}" + (", or --simulate-devices 1" if jax.default_backend() == "cpu" else "")
+        )
     return GPTTrainSettings(
         config_name=settings.config_name,
         num_layers=settings.num_layers,
-        layout="single" if jax.device_count() == 1 else "data",
+        layout="single" if devices == 1 else "data",
         precision=settings.precision,
         remat=settings.remat,
         scan_layers=settings.scan_layers,
