@@ -35,7 +35,7 @@ from zoo.planning._activations import remat_caveat, remat_correction, remat_save
 from zoo.planning._depth import FULL_DEPTH_UP_TO, depth_unit, depths_to_compile, period_note
 from zoo.planning._where import compiler_caveat, compiles_here, with_simulated_cost
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
-from zoo.units import GIB
+from zoo.units import GIB, format_bytes
 
 __all__ = [
     "FULL_DEPTH_UP_TO",
@@ -344,7 +344,7 @@ def _plan_remat_auto(request, compiler_options):
         plan = plan_in_process(
             dataclasses.replace(request, config={**request.config, "remat": remat}), compiler_options=compiler_options
         )
-        tried.append(f"{remat} {plan.peak / GIB:.2f} GiB")
+        tried.append(f"{remat} {format_bytes(plan.peak, 2)}")
         if plan.fits:
             break
     verdict = "the fastest that fits" if plan.fits else "none fits: the lightest"
