@@ -6,11 +6,14 @@ session's compilation cache serves."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from zoo.config.settings import GPTTrainSettings
+from zoo.data.text_files import LMExamples
 from zoo.training.gpt import build_for_training, compile_gpt
-from zoo.training.remat_choice import choose_remat
+from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm, token_batches
+from zoo.training.remat_choice import choose_remat, resolve_remat
 
 BATCH = ((2, 32), "int32")
 
@@ -70,3 +73,23 @@ def test_auto_keeps_the_first_policy_whose_compiled_step_fits():
     here = choose_remat(model, BATCH, BATCH)
     assert (here.remat, here.peaks) == ("none", {})
     assert model.backbone.remat == "none"
+
+
+def test_a_packed_lora_batch_is_compiled_as_fit_gets_it():
+    """zoo finetune's probe: the step of a LoRA model on packed rows (inputs a dict with
+    segment ids, labels, sample weights: one batch of ``token_batches``) compiles under a
+    limit, and the model keeps the choice; the same batch then trains under it."""
+    model = _model()
+    prepare_causal_lm(model, "lora", lora_rank=2)
+    compile_causal_lm(model, make_optimizer("adam", method="lora"), loss_chunk_size=None)
+    rows = np.arange(4 * 32, dtype="int32").reshape(4, 32) % 256
+    segments = np.repeat(np.array([[1] * 20 + [2] * 12]), 4, axis=0).astype("int32")
+    examples = LMExamples(rows, (rows + 1) % 256, np.ones((4, 32), "float32"), segments)
+    batches = token_batches(examples, batch_size=2)
+    inputs, labels, weights = batches[0]
+    assert set(inputs) == {"token_ids", "segment_ids"}
+    lines = []
+    remat = resolve_remat(model, "auto", inputs, labels, weights, report=lines.append, memory_limit=1 << 40)
+    assert remat == "none" and model.backbone.remat == "none"
+    assert lines[0].startswith("remat none (--remat auto: the fastest whose step fits 1024.00 GiB of this cpu")
+    assert np.isfinite(model.fit(batches, epochs=1, verbose=0).history["loss"][-1])

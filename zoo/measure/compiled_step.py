@@ -204,10 +204,9 @@ def compile_fit_step(model, distribution, x, y, *, sample_weight=None, compiler_
     jitted as ``fit`` jits it: the state donated, its outputs laid out like its inputs.
     """
     parts = [batch_specs(part) for part in (x, y, sample_weight) if part is not None]
-    with global_distribution(None):  # the metrics' variables are scalars, replicated
-        build_compile_state(
-            model, *parts[:2]
-        )  # compiled metrics' variables (e.g. accuracy), as fit's first batch makes them
+    # the compiled metrics' variables (e.g. accuracy), as fit's first batch makes them; scalars, replicated
+    with global_distribution(None):
+        build_compile_state(model, *parts[:2])
     shardings = state_shardings(model, distribution)
     state = tuple(
         [_abstract(v, s) for v, s in zip(group, group_shardings)]
