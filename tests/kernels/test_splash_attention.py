@@ -20,12 +20,22 @@ from zoo.layers._sequence_parallel import describe_attention
 B, H, K, D = 1, 4, 2, 64  # two KV heads of two query heads each (GQA), the head dim splash takes
 SEGMENTS = np.repeat(np.array([[1, 2, 2, 0]], np.int32), 64, axis=1)  # [1, 256]: two packed documents, then padding (0)
 
+LEFT_PADDED = np.arange(256)[None] >= 100  # bool[1, 256]: causal queries 0..99 see no key (output 0)
+GAP = (np.arange(256)[None] < 100) | (
+    np.arange(256)[None] >= 220
+)  # keys 100..219 padded: a window of 64 sees none at 163..219
+RIGHT_PADDED = np.arange(128)[None] < 100  # an encoder's padded batch
+
 # name: (length, options); every option of the kernel at least once, GQA in every case.
 CASES = {
     "causal-segments-softcap": (256, dict(causal=True, segment_ids=SEGMENTS, softcap=5.0)),
     "window-scale": (256, dict(causal=True, sliding_window=100, scale=0.3)),
     "non-causal": (128, dict()),
+    "causal-padding": (256, dict(causal=True, key_mask=LEFT_PADDED)),
+    "window-padding": (256, dict(causal=True, sliding_window=64, key_mask=GAP)),
+    "non-causal-padding": (128, dict(key_mask=RIGHT_PADDED)),
 }
+ARRAYS = ("segment_ids", "key_mask")  # options given as arrays
 
 
 def _inputs(length):
@@ -46,7 +56,7 @@ def _output_and_grads(attention, q, k, v, cotangent):
 def test_matches_the_float64_reference(name):
     length, options = CASES[name]
     q, k, v, cotangent = _inputs(length)
-    options = {key: jnp.asarray(value) if key == "segment_ids" else value for key, value in options.items()}
+    options = {key: jnp.asarray(value) if key in ARRAYS else value for key, value in options.items()}
     got = _output_and_grads(lambda *a: splash_attention(*a, interpret=True, **options), q, k, v, cotangent)
     with jax.enable_x64():
         wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
@@ -55,6 +65,8 @@ def test_matches_the_float64_reference(name):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), atol=5e-5, rtol=1e-5, err_msg=what)
     if "segment_ids" in options:  # a padding query (id 0) sees nothing: exactly 0, as the reference gives
         assert not np.asarray(got[0])[np.asarray(options["segment_ids"]) == 0].any()
+    if name == "causal-padding":  # the queries before the first kept key: exactly 0, not the padded values' mean
+        assert not np.asarray(got[0])[0, :100].any() and np.asarray(got[0])[0, 100:].any()
 
 
 def test_the_kernel_serves_every_trace():
@@ -70,6 +82,8 @@ def test_lengths_it_cannot_take_are_refused_by_name():
     q, k, v, _ = _inputs(128)
     with pytest.raises(ValueError, match="T=100, S=100, D=64"):
         splash_attention(q[:, :100], k[:, :100], v[:, :100], interpret=True)
+    with pytest.raises(ValueError, match="a key mask or segment ids, not both"):
+        splash_attention(q, k, v, key_mask=jnp.asarray(RIGHT_PADDED), segment_ids=jnp.ones((1, 128), jnp.int32))
 
 
 @pytest.mark.parametrize("length, edge", [(2048, 1024), (8192, 1024), (1024, 1024), (1536, 512), (384, 128)])
@@ -86,8 +100,9 @@ TPU = dict(platform="tpu", dtype="bfloat16", head_dim=64, causal=True, q_len=204
         ({}, "splash"),
         ({"causal": False, "dtype": "float32", "head_dim": 128}, "splash"),
         ({"softcapped": True}, "splash"),
-        ({"masked": True, "key_masked": False}, "splash"),  # segment ids only
-        ({"masked": True}, "blockwise"),  # a key mask (padding)
+        ({"masked": True, "key_masked": False, "segmented": True}, "splash"),  # segment ids only
+        ({"masked": True}, "splash"),  # a key mask (padding), as segment ids
+        ({"masked": True, "segmented": True}, "blockwise"),  # a key mask and segment ids
         ({"natural_order": False}, "blockwise"),  # causal by positions, not by index
         ({"q_len": 100, "kv_len": 100}, "blockwise"),  # not a multiple of 128
         ({"head_dim": 32}, "blockwise"),

@@ -211,6 +211,7 @@ def attention_implementation(
     kv_len=None,
     softcapped=False,
     key_masked=None,
+    segmented=False,
     pallas=True,
 ):
     """``"cudnn"``, ``"splash"`` or ``"blockwise"``: which kernel ``local_attention`` runs (a pure function).
@@ -218,8 +219,8 @@ def attention_implementation(
     Splash (``zoo.kernels.splash_attention``, JAX's Pallas kernel) when ``platform`` is a
     TPU, ``pallas`` allows a Pallas kernel (False where GSPMD would partition the call over
     several devices: it cannot split a Pallas call), and ``splash_attention.supports`` the
-    lengths, head dim and order, with no key mask (``key_masked``; default ``masked``,
-    which also counts segment ids: splash takes those).
+    lengths, head dim and order, and not both a key mask (``key_masked``; default
+    ``masked``) and segment ids (``segmented``).
 
     cuDNN when all hold: ``platform`` is a GPU ("gpu"/"cuda", as ``jax.default_backend()``
     says), ``dtype`` is bfloat16 or float16, ``head_dim`` is a multiple of 8 and <= 128,
@@ -237,6 +238,7 @@ def attention_implementation(
             head_dim=head_dim,
             natural_order=natural_order,
             key_masked=masked if key_masked is None else key_masked,
+            segmented=segmented,
         ):
             return "splash"
     ok = (
@@ -309,10 +311,11 @@ def local_attention(
         kv_len=k.shape[1],
         softcapped=softcap is not None,
         key_masked=key_mask is not None,
+        segmented=segment_ids is not None,
         pallas=pallas,
     )
     if choice == "splash":
-        _checks.check_shapes(q.shape, k.shape, v.shape)
+        _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
         window = _checks.check_sliding_window(sliding_window, causal=causal)
         return splash_attention.splash_attention(
             q,
@@ -324,6 +327,7 @@ def local_attention(
             softcap=_checks.check_softcap(softcap),
             segment_ids=segment_ids,
             kv_segment_ids=kv_segment_ids,
+            key_mask=key_mask,
             interpret=platform != "tpu",  # only where a test adds this platform to SPLASH_PLATFORMS
         )
     if choice == "cudnn":

@@ -14,9 +14,13 @@ gpt_1b-sized block's attention took 15 ms per layer at batch 4 x 2048 tokens, th
 its batch-2 time for twice the work (docs/performance.md, "The training step on a TPU v5e").
 
 What it takes (``supports``): T and S multiples of 128, natural token order (its causal
-mask is by array index), no key mask (padding reaches it as segment ids, not as a mask),
-head dim a multiple of 64. Soft-capping, sliding windows and segment ids (packing) are
-its own options (a padding query, id 0, gets 0 as in the reference). Scores are ``scale * q.k``: q is multiplied by the scale before the
+mask is by array index), head dim a multiple of 64, and a key mask (padding) or segment
+ids (packing) but not both. Soft-capping, sliding windows and segment ids are its own
+options (a padding query, id 0, gets 0 as in the reference). A key mask reaches it as
+segment ids: every query id 1, each key its mask (a padded key, id 0, is seen by no
+query). A query that then sees no key at all (the first rows of a left-padded causal
+batch) would get the mean of the masked values from the kernel, whose mask is a finite
+large negative number; it gets 0, as the reference gives (``_sees_no_key``). Scores are ``scale * q.k``: q is multiplied by the scale before the
 kernel, in q's dtype (bf16 under mixed precision), as MaxText does.
 
 Block sizes were measured on the chip, forward + backward, bf16, causal, at the shapes of
@@ -45,9 +49,10 @@ EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
 COMPUTE_EDGE = 512  # keys per inner step of a block (block_kv_compute): the measured best
 
 
-def supports(*, q_len, kv_len, head_dim, natural_order=True, key_masked=False):
+def supports(*, q_len, kv_len, head_dim, natural_order=True, key_masked=False, segmented=False):
     """Whether ``splash_attention`` takes these shapes and options (module docstring)."""
-    return q_len % LANES == 0 and kv_len % LANES == 0 and head_dim % 64 == 0 and natural_order and not key_masked
+    shapes = q_len % LANES == 0 and kv_len % LANES == 0 and head_dim % 64 == 0
+    return shapes and natural_order and not (key_masked and segmented)
 
 
 def block_edge(length):
@@ -106,12 +111,14 @@ def splash_attention(
     softcap=None,
     segment_ids=None,
     kv_segment_ids=None,
+    key_mask=None,
     interpret=False,
 ):
     """Attention of q [B, T, H, D] over k, v [B, S, K, D] -> [B, T, H, D], in q's dtype.
 
-    Arguments as ``blockwise_attention``'s (no key mask, natural order: ``supports``);
-    ``interpret=True`` runs the kernel in Pallas' interpreter (any backend; for tests).
+    Arguments as ``blockwise_attention``'s (natural order, not both a key mask and segment
+    ids: ``supports``); ``interpret=True`` runs the kernel in Pallas' interpreter (any
+    backend; for tests).
     """
     b, t, h, d = q.shape
     s, kv_heads = k.shape[1], k.shape[2]
@@ -121,6 +128,11 @@ def splash_attention(
             f"splash attention takes lengths that are multiples of {LANES} and a head dim that is a multiple of 64, "
             f"got T={t}, S={s}, D={d}"
         )
+    if key_mask is not None and segment_ids is not None:
+        raise ValueError("splash attention takes a key mask or segment ids, not both; the tiled kernel takes both")
+    if key_mask is not None:  # padding as segment ids: every query 1, each key its mask
+        segment_ids = jnp.ones((b, t), jnp.int32)
+        kv_segment_ids = key_mask.astype(jnp.int32)  # i32[B, S]
     q_ids, kv_ids = segment_pair(segment_ids, kv_segment_ids, q_shape=q.shape, k_shape=k.shape)
     kernel = _kernel(t, s, groups, causal, sliding_window, softcap, interpret)
     scale = d**-0.5 if scale is None else scale
@@ -139,4 +151,22 @@ def splash_attention(
     out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)  # [B, T, H, D]
     if q_ids is not None:  # a padding query (id 0) sees no key: 0, as the reference gives (splash: its own ids)
         out = jnp.where((q_ids == 0)[:, :, None, None], 0, out)
+    if key_mask is not None:
+        blind = _sees_no_key(key_mask, q_len=t, causal=causal or sliding_window is not None, window=sliding_window)
+        out = jnp.where(blind[:, :, None, None], 0, out)
     return out.astype(q.dtype)
+
+
+def _sees_no_key(key_mask, *, q_len, causal, window):
+    """bool[B, T]: the queries that no kept key is visible to, from the key mask [B, S]
+    alone (natural order): none kept at all; causal, none of keys 0..t; a window W, none
+    of keys t - W + 1 .. t."""
+    kept = jnp.cumsum(key_mask.astype(jnp.int32), axis=-1)  # i32[B, S]: kept keys among 0..j
+    if not causal:
+        return jnp.broadcast_to(kept[:, -1:] == 0, (kept.shape[0], q_len))
+    last = jnp.minimum(jnp.arange(q_len), kept.shape[1] - 1)  # the last key query t may see
+    seen = kept[:, last]  # i32[B, T]
+    if window is not None:  # less the kept keys before t - W + 1
+        before = jnp.arange(q_len) - window
+        seen = seen - jnp.where(before >= 0, kept[:, jnp.maximum(before, 0)], 0)
+    return seen == 0
