@@ -65,6 +65,7 @@ def test_the_function_equals_the_plain_loss_and_its_gradients(reduction, weighte
 def _pair(chunk, **overrides):
     """A plain and a chunked ``GPTCausalLM`` of the same weights, compiled alike
     (``compile_causal_lm``: the fine-tuning loss, with SGD)."""
+    keras.utils.set_random_seed(0)  # the same weights every run: a failure reproduces
     plain = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, **overrides)
     chunked = GPTCausalLM.from_config(plain.get_config())
     chunked.set_weights(plain.get_weights())
@@ -93,8 +94,8 @@ def _check_step(plain, chunked, batch, evaluate=False):
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     for start, a, b in zip(before, plain.get_weights(), chunked.get_weights()):  # SGD(1): the update is the gradient
         np.testing.assert_allclose(b - start, a - start, rtol=1e-4, atol=1e-6)
-    if evaluate:  # predict still gives the whole logits
-        np.testing.assert_allclose(chunked.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+    if evaluate:  # predict still gives the whole logits, of weights updated within the tolerance above
+        np.testing.assert_allclose(chunked.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-4, atol=1e-6)
 
 
 def test_fit_evaluate_and_predict_tied_softcapped_moe():

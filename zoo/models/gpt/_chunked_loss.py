@@ -4,10 +4,19 @@ logits, their log-softmax and their gradient are never whole in memory.
 ``chunked_cross_entropy(hidden, head_fn, labels, sample_weight, chunk_tokens=t)`` equals
 ``SparseCategoricalCrossentropy(from_logits=True, reduction=...)(labels, head_fn(hidden),
 sample_weight)``, forward and gradients, but runs the head ``head_fn`` (B, t, C) -> (B, t,
-V) on one chunk of t positions of every row at a time, inside a ``jax.lax.scan`` whose
-body is a ``jax.checkpoint``: the forward keeps only a running sum, the backward recomputes
-each chunk's logits and frees them before the next. Peak: one chunk's (B, t, V) float32
-logits and their gradient, instead of three (B, T, V) buffers.
+V) on one chunk of t positions of every row at a time, inside a ``jax.lax.scan``. Peak:
+one chunk's (B, t, V) float32 logits and their gradient, instead of three (B, T, V)
+buffers.
+
+The gradient is computed in the forward scan, chunk by chunk (a ``jax.custom_vjp``): each
+chunk's logits give its loss and, at once, the gradients of that loss with respect to the
+chunk's hidden states and the head's weights (summed over the chunks); the backward only
+scales them by the loss' cotangent. The head's matmul then runs three times per chunk
+(logits, their gradient with respect to the hidden states and to the weights), not four:
+a loss whose backward recomputed each chunk's logits (``jax.checkpoint``, before) ran the
+forward matmul twice. The head's weights reach the custom VJP as explicit arguments
+through ``jax.closure_convert`` (``head_fn`` closes over them: Keras' traced variables).
+Residuals: the hidden states' gradient (B, T, C), in their dtype, and the head's.
 
 Chunk ``i`` of ``n = ceil(T / t)`` holds the positions ``a * n + i`` (a < t), strided, not
 contiguous: a sequence split over a mesh axis (the ``context`` layout's ``seq``) is split
@@ -26,8 +35,11 @@ B x T weighted losses) and ``mean_with_sample_weight`` (over the sum of the weig
 without weights, as ``sum_over_batch_size``); a zero divisor gives 0 (``divide_no_nan``).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 REDUCTIONS = ("sum", "sum_over_batch_size", "mean_with_sample_weight")
 
@@ -112,14 +124,49 @@ def chunk_sum(hidden, head_fn, labels, weights, chunk_tokens):
     def strided(x):  # (B, n * t, ...) -> (n, B, t, ...): chunk i holds positions a * n + i
         return jnp.moveaxis(x.reshape(batch, chunk, chunks, *x.shape[2:]), 2, 0)
 
-    @jax.checkpoint
-    def one_chunk(h, y, w):  # (B, t, C), (B, t), (B, t) -> f32[]: the backward recomputes the logits
+    def one_chunk(h, y, w):  # (B, t, C), (B, t), (B, t) -> f32[]
         logits = head_fn(h).astype(jnp.float32)  # (B, t, V)
         return jnp.sum(token_losses(logits, y) * w)
 
-    def body(total, xs):
-        return total + one_chunk(*xs), None
+    hs, ys, ws = strided(hidden), strided(labels), strided(weights)  # (n, B, t, ...)
+    chunk_loss, head = jax.closure_convert(one_chunk, hs[0], ys[0], ws[0])  # the head's weights, explicit
+    return _fused_sum(chunk_loss, hs, ys, ws, head)
 
-    zero = jnp.sum(weights[:, :0])  # f32 0, typed like the weights (varying over a shard_map's manual axes)
-    total, _ = jax.lax.scan(body, zero, (strided(hidden), strided(labels), strided(weights)))
-    return total
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused_sum(chunk_loss, hs, ys, ws, head):
+    """sum over chunks i of ``chunk_loss(hs[i], ys[i], ws[i], *head)`` -> f32[]."""
+    return _scan_with_gradients(chunk_loss, hs, ys, ws, head)[0]
+
+
+def _scan_with_gradients(chunk_loss, hs, ys, ws, head):
+    """(the sum, d sum / d hs (n, B, t, C), d sum / d head): each chunk's gradients taken as
+    its loss is, the head's summed in the scan's carry."""
+
+    def body(carry, xs):
+        total, head_grad = carry
+        h, y, w = xs
+        loss, pullback = jax.vjp(lambda h, head: chunk_loss(h, y, w, *head), h, head)
+        h_grad, chunk_head_grad = pullback(jnp.ones_like(loss))
+        return (total + loss, jax.tree.map(jnp.add, head_grad, chunk_head_grad)), h_grad
+
+    zero = jnp.sum(ws[0, :, :0])  # f32 0, typed like the weights (varying over a shard_map's manual axes)
+    head_zero = jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype) + zero.astype(p.dtype), head)  # varying too
+    # in reverse: the order in which a checkpointed scan's backward summed the head's gradient (the same rounding)
+    (total, head_grad), hs_grad = jax.lax.scan(body, (zero, head_zero), (hs, ys, ws), reverse=True)
+    return total, hs_grad, head_grad
+
+
+def _fused_sum_forward(chunk_loss, hs, ys, ws, head):
+    total, hs_grad, head_grad = _scan_with_gradients(chunk_loss, hs, ys, ws, head)
+    return total, (hs_grad, head_grad, ys, ws)
+
+
+def _fused_sum_backward(chunk_loss, residuals, cotangent):  # the loss' cotangent scales the gradients taken
+    hs_grad, head_grad, ys, ws = residuals
+    scale = lambda grad: (grad * cotangent).astype(grad.dtype)  # noqa: E731
+    labels_zero = np.zeros(ys.shape, jax.dtypes.float0)  # integer labels: no gradient
+    return scale(hs_grad), labels_zero, jnp.zeros_like(ws), jax.tree.map(scale, head_grad)
+
+
+_fused_sum.defvjp(_fused_sum_forward, _fused_sum_backward)
