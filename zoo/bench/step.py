@@ -100,10 +100,19 @@ def build_zoo(settings, report=print):
     keras.utils.set_random_seed(settings.seed)
     model = zd.build_distributed(lambda: build_for_training(job), distribution)  # stays set: fit reads it
     if settings.method == "train":
-        compile_gpt(model, 1e-4, 1000, loss_chunk_size=settings.loss_chunk_size, moment_dtype=settings.moment_dtype)
+        compile_gpt(
+            model,
+            1e-4,
+            1000,
+            loss_chunk_size=settings.loss_chunk_size,
+            moment_dtype=settings.moment_dtype,
+            second_moment=settings.second_moment,
+        )
     else:
         prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank)
-        optimizer = make_optimizer("adam", method=settings.method, moment_dtype=settings.moment_dtype)
+        optimizer = make_optimizer(
+            "adam", method=settings.method, moment_dtype=settings.moment_dtype, second_moment=settings.second_moment
+        )
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
     batch = ((settings.batch_size, settings.sequence_length), "int32")
     resolve_remat(model, settings.remat, batch, batch, report=report)

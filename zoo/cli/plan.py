@@ -45,6 +45,7 @@ PLANNED_SETTINGS = (
     "remat",
     "gradient_accumulation_steps",
     "moment_dtype",
+    "second_moment",
 )
 
 

@@ -57,6 +57,18 @@ def moment_dtype_setting(whose, section="train"):
     )
 
 
+def second_moment_setting(whose, section="train"):
+    """The setting of an Adam optimizer's second moment (``zoo.training.optimizers``);
+    ``whose`` begins its help, e.g. "AdamW's"."""
+    return setting(
+        "full",
+        f"{whose} second moment: full, or factored into row and column means as Adafactor keeps it "
+        "(4 bytes a trained parameter less for every weight of 2 or more dimensions)",
+        section=section,
+        choices=choices.SECOND_MOMENTS,
+    )
+
+
 def _loss_chunk_size(who=""):
     return setting(
         None,
@@ -290,6 +302,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int
     )
     moment_dtype: str = moment_dtype_setting("AdamW's")
+    second_moment: str = second_moment_setting("AdamW's")
     loss_chunk_size: int | None = _loss_chunk_size()
     seed: int = _seed()
     output: str = setting(
@@ -567,6 +580,7 @@ class FinetuneSettings(CheckpointSettings, _Checked):
         parse=types.positive_float,
     )
     moment_dtype: str = moment_dtype_setting("optimizer adam: Adam's")
+    second_moment: str = second_moment_setting("optimizer adam: Adam's")
     seed: int = _seed("LoRA factors' initialisation and shuffling")
     adapter_format: str = setting(
         "zoo",

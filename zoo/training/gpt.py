@@ -171,9 +171,11 @@ def compile_gpt(
     gradient_accumulation_steps=1,
     loss_chunk_size=None,
     moment_dtype="float32",
+    second_moment="full",
 ):
     """AdamW with a cosine schedule over ``total_steps`` updates, global-norm clipping at 1,
-    its moments in ``moment_dtype`` (``zoo.training.optimizers.AdamW``); ``loss_chunk_size``
+    its moments in ``moment_dtype``, its second moment whole or factored (``second_moment``;
+    ``zoo.training.optimizers.AdamW``); ``loss_chunk_size``
     t: the loss from the hidden states, t positions of every row at a time, never the whole
     (B, T, V) float32 logits (``GPTCausalLM(loss_chunk_size=...)``)."""
     if loss_chunk_size is not None:
@@ -187,6 +189,7 @@ def compile_gpt(
             global_clipnorm=1.0,
             gradient_accumulation_steps=accumulate,
             moment_dtype=moment_dtype,
+            second_moment=second_moment,
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
@@ -222,6 +225,7 @@ def train(settings, report=print):
         settings.gradient_accumulation_steps,
         settings.loss_chunk_size,
         settings.moment_dtype,
+        settings.second_moment,
     )
     batch = ((settings.batch_size, settings.sequence_length), "int32")
     remat = resolve_remat(model, settings.remat, batch, batch, report=report)

@@ -16,6 +16,19 @@ few integer operations fused into the update, which is bound by memory bandwidth
 as reproducible as with float32 moments.
 
 ``float32`` (the default) is ``keras.optimizers.AdamW`` itself.
+
+``AdamW(second_moment="factored")`` keeps, for each weight of two or more dimensions
+(..., n), the second moment as two float32 running means of the squared gradient: over its
+last dimension (shape (...)) and over all the others (shape (n,)), as Adafactor does
+(Shazeer and Stern, 2018). Their outer product over the mean of the first stands for the
+(..., n) second moment: 4 bytes a parameter less state, for C + F floats per (C, F)
+kernel. The update is otherwise AdamW's, the first moment kept whole (in
+``moment_dtype``), the learning rate meaning what it means for AdamW: a zero-initialised
+LoRA factor moves as under AdamW. Why by hand, not ``keras.optimizers.Adafactor``: Keras'
+Adafactor scales every step by the weight's RMS (at least 1e-3), so a zero-initialised
+LoRA factor starts 1,000 times slower, its learning rate means something else than
+AdamW's, and it keeps no first moment. Weights of fewer than two dimensions (norms,
+biases) keep the whole second moment.
 """
 
 import math
@@ -26,8 +39,9 @@ import keras
 
 from zoo._compat import variable_layout
 from zoo.config.choices import FLOAT_DTYPES as MOMENT_DTYPES
+from zoo.config.choices import SECOND_MOMENTS
 
-__all__ = ["MOMENT_DTYPES", "AdamW", "make_optimizer", "stochastic_round_to_bfloat16"]
+__all__ = ["MOMENT_DTYPES", "SECOND_MOMENTS", "AdamW", "make_optimizer", "stochastic_round_to_bfloat16"]
 
 _MOMENTS = ("momentum", "velocity")
 
@@ -55,18 +69,30 @@ def stochastic_round_to_bfloat16(x, bits):
 
 @keras.saving.register_keras_serializable(package="zoo")
 class AdamW(keras.optimizers.AdamW):
-    """``keras.optimizers.AdamW`` with ``moment_dtype`` "float32" (Keras' own) or "bfloat16"
-    (the module docstring). Every other argument is Keras'."""
+    """``keras.optimizers.AdamW`` with ``moment_dtype`` "float32" (Keras' own) or "bfloat16",
+    and ``second_moment`` "full" (Keras' own) or "factored" (the module docstring). Every
+    other argument is Keras'."""
 
-    def __init__(self, *args, moment_dtype="float32", **kwargs):
+    def __init__(self, *args, moment_dtype="float32", second_moment="full", **kwargs):
         if moment_dtype not in MOMENT_DTYPES:
             raise ValueError(f"moment_dtype must be one of {MOMENT_DTYPES}, got {moment_dtype!r}")
+        if second_moment not in SECOND_MOMENTS:
+            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
         super().__init__(*args, **kwargs)
-        if moment_dtype != "float32" and self.amsgrad:
-            raise ValueError(f"moment_dtype={moment_dtype!r} is not implemented with amsgrad=True")
-        self.moment_dtype = moment_dtype
+        if (moment_dtype, second_moment) != ("float32", "full") and self.amsgrad:
+            raise ValueError(
+                f"moment_dtype={moment_dtype!r}, second_moment={second_moment!r} is not implemented with amsgrad=True"
+            )
+        self.moment_dtype, self.second_moment = moment_dtype, second_moment
+        self._factors = {}  # a factored weight's path -> (its rows' running mean (...), its columns' (n,))
+
+    @property
+    def _keras_own(self):
+        return self.moment_dtype == "float32" and self.second_moment == "full"
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        if name == "velocity" and self._factored(reference_variable):
+            return self._add_factors(reference_variable)
         if self.moment_dtype == "float32" or name not in _MOMENTS:
             return super().add_variable_from_reference(reference_variable, name, initializer)
         return self.add_variable(  # Keras' naming and layout, in bfloat16
@@ -77,8 +103,23 @@ class AdamW(keras.optimizers.AdamW):
             layout=variable_layout(reference_variable),
         )
 
+    def _factored(self, variable):
+        return self.second_moment == "factored" and len(variable.shape) >= 2
+
+    def _add_factors(self, reference_variable):
+        """The running means of a factored weight's squared gradient, float32: over its last
+        dimension (shape (...), returned: Keras' velocity slot) and over the others ((n,))."""
+        prefix = reference_variable.path.replace("/", "_")
+        shape = tuple(reference_variable.shape)
+        rows = self.add_variable(shape=shape[:-1], initializer="zeros", dtype="float32", name=f"{prefix}_velocity_rows")
+        columns = self.add_variable(
+            shape=shape[-1:], initializer="zeros", dtype="float32", name=f"{prefix}_velocity_columns"
+        )
+        self._factors[reference_variable.path] = (rows, columns)
+        return rows
+
     def update_step(self, gradient, variable, learning_rate):
-        if self.moment_dtype == "float32":
+        if self._keras_own:
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype  # float32: the master weights
         cast = keras.ops.cast
@@ -87,30 +128,60 @@ class AdamW(keras.optimizers.AdamW):
         step = cast(iterations + 1, dtype)
         alpha = cast(learning_rate, dtype) * jnp.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
         index = self._get_variable_index(variable)  # Keras' Adam's own slots (checked on Keras 3.15.1)
-        m_slot, v_slot = self._momentums[index], self._velocities[index]
-        m, v = cast(m_slot, dtype), cast(v_slot, dtype)
+        m_slot = self._momentums[index]
+        m = cast(m_slot, dtype)
         m = m + (gradient - m) * (1 - self.beta_1)  # Keras' AdamW, in float32
-        v = v + (gradient * gradient - v) * (1 - self.beta_2)
-        self.assign(m_slot, stochastic_round_to_bfloat16(m, _hash_bits(m.shape, iterations, 2 * index)))
-        self.assign(v_slot, stochastic_round_to_bfloat16(v, _hash_bits(v.shape, iterations, 2 * index + 1)))
+        self._store(m_slot, m, iterations, 2 * index)
+        if self._factored(variable):
+            v = self._factored_second_moment(variable, gradient)
+        else:
+            v_slot = self._velocities[index]
+            v = cast(v_slot, dtype)
+            v = v + (gradient * gradient - v) * (1 - self.beta_2)
+            self._store(v_slot, v, iterations, 2 * index + 1)
         self.assign_sub(variable, m * alpha / (jnp.sqrt(v) + self.epsilon))
 
+    def _store(self, slot, value, iterations, salt):
+        """Write a float32 moment into its slot: as is, or rounded stochastically to bfloat16."""
+        if slot.dtype == "float32":
+            self.assign(slot, value)
+        else:
+            self.assign(slot, stochastic_round_to_bfloat16(value, _hash_bits(value.shape, iterations, salt)))
+
+    def _factored_second_moment(self, variable, gradient):
+        """Update the two running means from ``gradient`` (..., n) and return the second
+        moment they stand for: rows (...) x columns (n,) / the rows' mean."""
+        rows_slot, columns_slot = self._factors[variable.path]
+        squared = gradient * gradient + 1e-30  # Adafactor's epsilon_1: no row or column of exact zeros
+        rows = rows_slot + (jnp.mean(squared, axis=-1) - rows_slot) * (1 - self.beta_2)  # (...)
+        columns = columns_slot + (jnp.mean(squared, axis=tuple(range(gradient.ndim - 1))) - columns_slot) * (
+            1 - self.beta_2
+        )  # (n,)
+        self.assign(rows_slot, rows)
+        self.assign(columns_slot, columns)
+        return rows[..., None] * columns / jnp.mean(rows)  # (..., n)
+
     def get_config(self):
-        return {**super().get_config(), "moment_dtype": self.moment_dtype}
+        return {**super().get_config(), "moment_dtype": self.moment_dtype, "second_moment": self.second_moment}
 
 
-def make_optimizer(name, learning_rate, moment_dtype="float32"):
+def make_optimizer(name, learning_rate, moment_dtype="float32", second_moment="full"):
     """The fine-tuning jobs' optimizer: ``adam`` (``keras.optimizers.Adam`` with float32
-    moments, else this module's ``AdamW`` with no weight decay, the same update, and
-    ``moment_dtype``) or ``sgd`` (plain ``w -= lr * g``: its steps are the gradients)."""
+    moments, whole, else this module's ``AdamW`` with no weight decay, the same update,
+    ``moment_dtype`` and ``second_moment``) or ``sgd`` (plain ``w -= lr * g``: its steps
+    are the gradients)."""
     if name == "sgd":
         if learning_rate is None:
             raise ValueError("optimizer sgd has no default learning rate; give one (--learning-rate)")
-        if moment_dtype != "float32":
-            raise ValueError(f"optimizer sgd keeps no moments; --moment-dtype {moment_dtype} needs optimizer adam")
+        for flag, value, default in (
+            ("--moment-dtype", moment_dtype, "float32"),
+            ("--second-moment", second_moment, "full"),
+        ):
+            if value != default:
+                raise ValueError(f"optimizer sgd keeps no moments; {flag} {value} needs optimizer adam")
         return keras.optimizers.SGD(learning_rate)
     if name != "adam":
         raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
-    if moment_dtype == "float32":
+    if (moment_dtype, second_moment) == ("float32", "full"):
         return keras.optimizers.Adam(learning_rate)
-    return AdamW(learning_rate, weight_decay=0.0, moment_dtype=moment_dtype)
+    return AdamW(learning_rate, weight_decay=0.0, moment_dtype=moment_dtype, second_moment=second_moment)

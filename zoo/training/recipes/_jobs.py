@@ -153,6 +153,7 @@ class PretrainGPT(Job):
             settings.gradient_accumulation_steps,
             settings.loss_chunk_size,
             settings.moment_dtype,
+            settings.second_moment,
         )
 
     def flops_per_step(self, settings, model):
@@ -314,7 +315,9 @@ class _CausalLM:
     def compile(model, settings):
         from zoo.training.lm_finetune import compile_causal_lm, make_optimizer
 
-        optimizer = make_optimizer(settings.optimizer, settings.learning_rate, settings.method, settings.moment_dtype)
+        optimizer = make_optimizer(
+            settings.optimizer, settings.learning_rate, settings.method, settings.moment_dtype, settings.second_moment
+        )
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
 
     @staticmethod
