@@ -135,8 +135,14 @@ def chunk_sum(hidden, head_fn, labels, weights, chunk_tokens):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fused_sum(chunk_loss, hs, ys, ws, head):
-    """sum over chunks i of ``chunk_loss(hs[i], ys[i], ws[i], *head)`` -> f32[]."""
-    return _scan_with_gradients(chunk_loss, hs, ys, ws, head)[0]
+    """sum over chunks i of ``chunk_loss(hs[i], ys[i], ws[i], *head)`` -> f32[]; undifferentiated
+    (evaluate, the held-out loss) no gradient is taken."""
+
+    def body(total, xs):
+        return total + chunk_loss(*xs, *head), None
+
+    zero = jnp.sum(ws[0, :, :0])  # f32 0, typed like the weights (varying over a shard_map's manual axes)
+    return jax.lax.scan(body, zero, (hs, ys, ws), reverse=True)[0]
 
 
 def _scan_with_gradients(chunk_loss, hs, ys, ws, head):
@@ -166,6 +172,7 @@ def _fused_sum_backward(chunk_loss, residuals, cotangent):  # the loss' cotangen
     hs_grad, head_grad, ys, ws = residuals
     scale = lambda grad: (grad * cotangent).astype(grad.dtype)  # noqa: E731
     labels_zero = np.zeros(ys.shape, jax.dtypes.float0)  # integer labels: no gradient
+    # the weights (sample weights, padding) are data, never trained: no gradient is taken for them
     return scale(hs_grad), labels_zero, jnp.zeros_like(ws), jax.tree.map(scale, head_grad)
 
 
