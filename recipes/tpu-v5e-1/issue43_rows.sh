@@ -10,7 +10,9 @@
 # `6` (part 1's gpt_1b rows with AdamW's moments in bfloat16), `7` (llama_3_2_1b's LoRA under
 # lighter remat policies), `8` (qwen3_0.6b's full fine-tune: other remat policies and batches),
 # `9` (`--remat auto` choosing on the chip, for part 7's and part 8's steps), `10` (part 6's
-# gpt_1b batch-2 row, bfloat16 moments, with the loss in chunks: the keras-hub comparison's step).
+# gpt_1b batch-2 row, bfloat16 moments, with the loss in chunks: the keras-hub comparison's step),
+# `11` (not yet run: the loss in chunks with its gradient in the forward pass, on qwen3_0.6b's
+# best row; llama_3_2_1b's full fine-tune with AdamW's state in bfloat16 and factored, issue 48).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -83,5 +85,12 @@ case "$part" in
 10)  # gpt_1b b2 with bf16 moments: the loss in chunks of 1,024 and 512 positions (no (B, T, V) float32 logits)
     row 170 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --loss-chunk-size 1024
     row 170 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --loss-chunk-size 512
+    ;;
+11)  # not yet run on the chip (written after session 17's device time was spent)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 150 --config-name qwen3_0.6b --method full --batch-size 4 --remat save_attention --loss-chunk-size 512 --scan-layers
+    row 400 --config-name llama_3_2_1b --method full --batch-size 2 --remat auto --loss-chunk-size 512 \
+        --moment-dtype bfloat16 --second-moment factored
+    grep "^remat " "$OUT/log.txt" >> "$OUT/step.md"
     ;;
 esac

@@ -6,12 +6,13 @@ import dataclasses
 import gzip
 import json
 
+import jax
 import keras
 import pytest
 
 from tests.bench._cli import parse_bench_args
 from zoo.bench import _device_profile as profile
-from zoo.bench.step import flops_per_step, run_benchmark
+from zoo.bench.step import flops_per_step, format_report, run_benchmark
 from zoo.cli.bench import settings_from_args
 from zoo.measure import mfu
 from zoo.models import GPTCausalLM
@@ -42,6 +43,16 @@ def test_the_row_measures_the_jobs_step(tmp_path):
     assert f"| zoo | {row['parameters']:,} |" in table and "method lora (rank 2)" in table
     assert keras.distribution.distribution() is not None  # the job's data layout over the 8 devices
     keras.distribution.set_distribution(None)
+    assert "moments" not in table and "second moment" not in table  # the defaults go unsaid
+    state = dataclasses.replace(settings, moment_dtype="bfloat16", second_moment="factored")
+    assert (
+        format_report(state, [row])
+        .splitlines()[0]
+        .endswith(
+            "loss in chunks of 16, moments bfloat16, second moment factored; median of 2 fits of 2 steps; "
+            f"jax {jax.__version__}, keras {keras.__version__}"
+        )
+    )
     odd = dataclasses.replace(settings, batch_size=2)  # refused in one line, before anything is built
     with pytest.raises(
         ValueError, match="^--batch-size 2 does not split over this host's 8 devices .* a multiple of 8"

@@ -214,6 +214,13 @@ def plan_row(settings, report=print):
 # --- the report -------------------------------------------------------------------------
 
 
+def _optimizer_words(settings):
+    """ ", moments bfloat16, second moment factored" where they are not the defaults; else nothing."""
+    words = [f"moments {settings.moment_dtype}"] if settings.moment_dtype != "float32" else []
+    words += [f"second moment {settings.second_moment}"] if settings.second_moment != "full" else []
+    return "".join(f", {word}" for word in words)
+
+
 def _remat_words(settings, rows):
     """The zoo row's remat policy, "(auto)" after it when ``--remat auto`` chose it."""
     chosen = rows[0].get("remat", settings.remat)
@@ -234,6 +241,7 @@ def format_report(settings, rows, plan=None):
         + f", batch {settings.batch_size} x T {settings.sequence_length}, {settings.precision}, remat {_remat_words(settings, rows)}"
         + (", scanned blocks" if settings.scan_layers else "")
         + (f", loss in chunks of {settings.loss_chunk_size}" if settings.loss_chunk_size else "")
+        + _optimizer_words(settings)
         + f"; median of {settings.repeats} fits of {settings.steps} steps; jax {jax.__version__}, keras {keras.__version__}",
         "",
         "| model | parameters | step | tokens/s | MFU | compile | peak in use | compiled step | attention |",
