@@ -86,14 +86,15 @@ def train_settings(settings):
 
 
 def build_zoo(settings, report=print):
-    """The job's GPT, compiled for ``settings.method``, its distribution set globally, its
-    remat resolved (``--remat auto``: ``zoo.training.remat_choice``, the choice reported)."""
+    """``(model, RematChoice)``: the job's GPT, compiled for ``settings.method``, its
+    distribution set globally, its remat applied (``--remat auto``:
+    ``zoo.training.remat_choice``, the choice reported)."""
     import keras
 
     from zoo import distribution as zd
     from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
     from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
-    from zoo.training.remat_choice import resolve_remat
+    from zoo.training.remat_choice import apply_remat
 
     job = train_settings(settings)
     distribution = resolve_distribution(job)
@@ -115,8 +116,7 @@ def build_zoo(settings, report=print):
         )
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
     batch = ((settings.batch_size, settings.sequence_length), "int32")
-    resolve_remat(model, settings.remat, batch, batch, report=report)
-    return model
+    return model, apply_remat(model, settings.remat, batch, batch, report=report)
 
 
 def flops_per_step(settings, model):
@@ -145,7 +145,7 @@ def compiled_peak(model, settings):
 
 def measure_zoo(settings, report=print):
     """One row: the zoo's GPT step (the module docstring's figures)."""
-    model = build_zoo(settings, report)
+    model, remat = build_zoo(settings, report)
     x, y = random_tokens(settings, model.backbone.vocabulary_size, settings.steps * settings.batch_size)
 
     def fit(steps):
@@ -155,9 +155,10 @@ def measure_zoo(settings, report=print):
     report(f"zoo: {settings.config_name}, {model.count_params():,} parameters; compiling and timing ...")
     compile_s, steps = time_fits(fit, settings)
     row = step_row("zoo", model.count_params(), compile_s, steps, flops_per_step(settings, model), settings)
-    row.update(device_memory(), compiled_bytes=compiled_peak(model, settings))
+    # --remat auto compiled this very step (model, batch) to choose: its footprint, not one more compile
+    row.update(device_memory(), compiled_bytes=remat.peaks.get(remat.remat) or compiled_peak(model, settings))
     row["attention"] = _attention_words(model, settings)
-    row["remat"] = model.backbone.remat
+    row["remat"] = remat.remat
     if settings.profile:
         row["profile"] = profile_steps(fit)
     return row

@@ -79,16 +79,16 @@ class AdamW(keras.optimizers.AdamW):
         if second_moment not in SECOND_MOMENTS:
             raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
         super().__init__(*args, **kwargs)
-        if (moment_dtype, second_moment) != ("float32", "full") and self.amsgrad:
+        self.moment_dtype, self.second_moment = moment_dtype, second_moment
+        if not self._keras_own and self.amsgrad:
             raise ValueError(
                 f"moment_dtype={moment_dtype!r}, second_moment={second_moment!r} is not implemented with amsgrad=True"
             )
-        self.moment_dtype, self.second_moment = moment_dtype, second_moment
-        self._factors = {}  # a factored weight's path -> (its rows' running mean (...), its columns' (n,))
+        self._columns = {}  # a factored weight's path -> its columns' running mean (n,); its rows' is the velocity slot
 
     @property
     def _keras_own(self):
-        return self.moment_dtype == "float32" and self.second_moment == "full"
+        return is_keras_own(self.moment_dtype, self.second_moment)
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         if name == "velocity" and self._factored(reference_variable):
@@ -112,10 +112,9 @@ class AdamW(keras.optimizers.AdamW):
         prefix = reference_variable.path.replace("/", "_")
         shape = tuple(reference_variable.shape)
         rows = self.add_variable(shape=shape[:-1], initializer="zeros", dtype="float32", name=f"{prefix}_velocity_rows")
-        columns = self.add_variable(
+        self._columns[reference_variable.path] = self.add_variable(
             shape=shape[-1:], initializer="zeros", dtype="float32", name=f"{prefix}_velocity_columns"
         )
-        self._factors[reference_variable.path] = (rows, columns)
         return rows
 
     def update_step(self, gradient, variable, learning_rate):
@@ -133,7 +132,7 @@ class AdamW(keras.optimizers.AdamW):
         m = m + (gradient - m) * (1 - self.beta_1)  # Keras' AdamW, in float32
         self._store(m_slot, m, iterations, 2 * index)
         if self._factored(variable):
-            v = self._factored_second_moment(variable, gradient)
+            v = self._factored_second_moment(self._velocities[index], self._columns[variable.path], gradient)
         else:
             v_slot = self._velocities[index]
             v = cast(v_slot, dtype)
@@ -148,10 +147,9 @@ class AdamW(keras.optimizers.AdamW):
         else:
             self.assign(slot, stochastic_round_to_bfloat16(value, _hash_bits(value.shape, iterations, salt)))
 
-    def _factored_second_moment(self, variable, gradient):
+    def _factored_second_moment(self, rows_slot, columns_slot, gradient):
         """Update the two running means from ``gradient`` (..., n) and return the second
         moment they stand for: rows (...) x columns (n,) / the rows' mean."""
-        rows_slot, columns_slot = self._factors[variable.path]
         squared = gradient * gradient + 1e-30  # Adafactor's epsilon_1: no row or column of exact zeros
         rows = rows_slot + (jnp.mean(squared, axis=-1) - rows_slot) * (1 - self.beta_2)  # (...)
         columns = columns_slot + (jnp.mean(squared, axis=tuple(range(gradient.ndim - 1))) - columns_slot) * (
@@ -163,6 +161,11 @@ class AdamW(keras.optimizers.AdamW):
 
     def get_config(self):
         return {**super().get_config(), "moment_dtype": self.moment_dtype, "second_moment": self.second_moment}
+
+
+def is_keras_own(moment_dtype, second_moment):
+    """Whether these settings are Keras' own Adam(W): float32 moments, the second one whole."""
+    return moment_dtype == "float32" and second_moment == "full"
 
 
 def make_optimizer(name, learning_rate, moment_dtype="float32", second_moment="full"):
@@ -182,6 +185,6 @@ def make_optimizer(name, learning_rate, moment_dtype="float32", second_moment="f
         return keras.optimizers.SGD(learning_rate)
     if name != "adam":
         raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
-    if (moment_dtype, second_moment) == ("float32", "full"):
+    if is_keras_own(moment_dtype, second_moment):
         return keras.optimizers.Adam(learning_rate)
     return AdamW(learning_rate, weight_decay=0.0, moment_dtype=moment_dtype, second_moment=second_moment)

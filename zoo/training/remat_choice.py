@@ -34,7 +34,7 @@ from zoo.config.choices import AUTO, REMATS_FASTEST_FIRST
 from zoo.measure.compiled_step import compile_fit_step
 from zoo.units import format_bytes
 
-__all__ = ["RematChoice", "choose_remat", "resolve_remat"]
+__all__ = ["RematChoice", "apply_remat", "choose_remat", "resolve_remat"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,17 +45,23 @@ class RematChoice:
 
 
 def resolve_remat(model, remat, x, y, sample_weight=None, *, report=print, memory_limit=None):
+    """``apply_remat``'s policy: the name the model is now rematerialised by."""
+    return apply_remat(model, remat, x, y, sample_weight, report=report, memory_limit=memory_limit).remat
+
+
+def apply_remat(model, remat, x, y, sample_weight=None, *, report=print, memory_limit=None):
     """Set ``model``'s remat (a ``GPTCausalLM``, compiled with its optimizer) to ``remat``,
-    or to ``choose_remat``'s when it is ``"auto"``; report the choice; return the policy.
+    or to ``choose_remat``'s when it is ``"auto"`` (reported); return the ``RematChoice``
+    (its ``peaks`` hold the compiled footprints auto measured; none for a given policy).
 
     ``x``, ``y``, ``sample_weight``: one global batch as ``compile_fit_step`` takes it
     (``(shape, dtype)`` or arrays)."""
-    if remat == AUTO:
-        choice = choose_remat(model, x, y, sample_weight, memory_limit=memory_limit)
-        report(f"remat {choice.remat} (--remat auto: {choice.why}; --remat chooses)")
-        remat = choice.remat
-    model.backbone.set_remat(remat)
-    return remat
+    if remat != AUTO:
+        model.backbone.set_remat(remat)
+        return RematChoice(remat, "given")
+    choice = choose_remat(model, x, y, sample_weight, memory_limit=memory_limit)  # leaves the model as chosen
+    report(f"remat {choice.remat} (--remat auto: {choice.why}; --remat chooses)")
+    return choice
 
 
 def choose_remat(model, x, y, sample_weight=None, *, memory_limit=None):

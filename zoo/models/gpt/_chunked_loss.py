@@ -141,8 +141,12 @@ def _fused_sum(chunk_loss, hs, ys, ws, head):
     def body(total, xs):
         return total + chunk_loss(*xs, *head), None
 
-    zero = jnp.sum(ws[0, :, :0])  # f32 0, typed like the weights (varying over a shard_map's manual axes)
-    return jax.lax.scan(body, zero, (hs, ys, ws), reverse=True)[0]
+    return jax.lax.scan(body, _zero_like(ws), (hs, ys, ws), reverse=True)[0]
+
+
+def _zero_like(ws):
+    """f32 0, typed like the weights (varying over a shard_map's manual axes, as the chunks' sums are)."""
+    return jnp.sum(ws[0, :, :0])
 
 
 def _scan_with_gradients(chunk_loss, hs, ys, ws, head):
@@ -156,7 +160,7 @@ def _scan_with_gradients(chunk_loss, hs, ys, ws, head):
         h_grad, chunk_head_grad = pullback(jnp.ones_like(loss))
         return (total + loss, jax.tree.map(jnp.add, head_grad, chunk_head_grad)), h_grad
 
-    zero = jnp.sum(ws[0, :, :0])  # f32 0, typed like the weights (varying over a shard_map's manual axes)
+    zero = _zero_like(ws)
     head_zero = jax.tree.map(lambda p: jnp.zeros(p.shape, p.dtype) + zero.astype(p.dtype), head)  # varying too
     # in reverse: the order in which a checkpointed scan's backward summed the head's gradient (the same rounding)
     (total, head_grad), hs_grad = jax.lax.scan(body, (zero, head_zero), (hs, ys, ws), reverse=True)
