@@ -11,8 +11,10 @@
 # lighter remat policies), `8` (qwen3_0.6b's full fine-tune: other remat policies and batches),
 # `9` (`--remat auto` choosing on the chip, for part 7's and part 8's steps), `10` (part 6's
 # gpt_1b batch-2 row, bfloat16 moments, with the loss in chunks: the keras-hub comparison's step),
-# `11` (not yet run: the loss in chunks with its gradient in the forward pass, on qwen3_0.6b's
-# best row; llama_3_2_1b's full fine-tune with AdamW's state in bfloat16 and factored, issue 48).
+# `11` (the loss in chunks with its gradient in the forward pass, on qwen3_0.6b's best row; 8 vs
+# 28 scanned layers' compile; llama_3_2_1b's full fine-tune with AdamW's state in bfloat16 and
+# factored, issue 48), `12` (gpt_1b with bfloat16 and factored moments), `13` (gpt_350m profiled), `14` (part 12's rows and qwen3_0.6b's best, a step timed
+# apart from the fit's start and end), `15` (keras-hub beside gpt_1b, timed as part 14).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -86,11 +88,35 @@ case "$part" in
     row 170 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --loss-chunk-size 1024
     row 170 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --loss-chunk-size 512
     ;;
-11)  # not yet run on the chip (written after session 17's device time was spent)
+11)  # the loss in chunks with its gradient in the forward pass, on qwen3_0.6b's best row; compile
+    # time in depth (8 vs 28 scanned layers); llama_3_2_1b's full fine-tune with AdamW's state in
+    # bfloat16 and factored (issue 48), scanned
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 150 --config-name qwen3_0.6b --method full --batch-size 4 --remat save_attention --loss-chunk-size 512 --scan-layers
-    row 400 --config-name llama_3_2_1b --method full --batch-size 2 --remat auto --loss-chunk-size 512 \
-        --moment-dtype bfloat16 --second-moment factored
+    row 120 --config-name qwen3_0.6b --num-layers 8 --method full --batch-size 4 --remat save_attention --loss-chunk-size 512 --scan-layers
+    row 300 --config-name llama_3_2_1b --method full --batch-size 2 --remat auto --loss-chunk-size 512 \
+        --moment-dtype bfloat16 --second-moment factored --scan-layers
     grep "^remat " "$OUT/log.txt" >> "$OUT/step.md"
+    ;;
+12)  # gpt_1b b2 and b4 with AdamW's first moment in bfloat16 and its second factored (a weight's
+    # rows and columns, issue 48): the update's bytes a parameter 28 -> 16; b2 profiled
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 200 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored --profile
+    row 170 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored
+    ;;
+13)  # gpt_350m profiled, AdamW's moments in bfloat16: where its 38% goes
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 400 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --profile
+    ;;
+14)  # a step timed as what a fit's 10 more steps add (zoo.bench._step_timing.time_fits), a
+    # fit's own start and end apart: gpt_1b b2 (float32, and bfloat16 + factored AdamW), b4, qwen3
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 2
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored
+    row 120 --config-name qwen3_0.6b --method full --batch-size 4 --remat save_attention --loss-chunk-size 512 --scan-layers
+    ;;
+15)  # keras-hub side by side, both timed as part 14 times a step
+    row 500 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
     ;;
 esac

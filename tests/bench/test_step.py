@@ -49,7 +49,8 @@ def test_the_row_measures_the_jobs_step(tmp_path):
         format_report(state, [row])
         .splitlines()[0]
         .endswith(
-            "loss in chunks of 16, moments bfloat16, second moment factored; median of 2 fits of 2 steps; "
+            "loss in chunks of 16, moments bfloat16, second moment factored; a step: what a fit of 4 steps adds "
+                "over one of 2, median of 2 interleaved pairs; "
             f"jax {jax.__version__}, keras {keras.__version__}"
         )
     )
@@ -157,3 +158,25 @@ def test_the_peers_error_is_its_exception_line_and_its_parameters_are_checked():
     check_same_parameters({"error": "x"}, {"parameters": 5})
     with pytest.raises(ParameterMismatch, match="keras-hub's Llama has 4 parameters, the zoo's 5"):
         check_same_parameters({"parameters": 4}, {"parameters": 5})
+
+
+
+def test_a_step_is_what_more_steps_add_and_the_fits_own_cost_is_apart(monkeypatch):
+    """``time_fits`` on a fake clock: each fit takes 50 ms (its start and end) + 100 ms a step,
+    the compiling one 2 s more; in the third pair noise makes the 6-step fit shorter than the
+    3-step one, and that pair's step falls back to the 6-step fit's mean."""
+    from zoo.bench import _step_timing
+
+    # calls: the compiling fit(1), the warm fit(3), then (fit(3), fit(6)) x 3
+    durations = iter([2.15, 0.35, 0.35, 0.65, 0.35, 0.65, 0.35, 0.25])
+    clock = {"now": 0.0}
+    monkeypatch.setattr(_step_timing.time, "perf_counter", lambda: clock["now"])
+
+    def fit(steps):
+        clock["now"] += next(durations)
+
+    settings = dataclasses.make_dataclass("Settings", ["steps", "repeats"])(steps=3, repeats=3)
+    compile_s, steps, overhead = _step_timing.time_fits(fit, settings)
+    assert steps == pytest.approx([0.1, 0.1, 0.25 / 6])
+    assert compile_s == pytest.approx(2.15 - 0.1)  # the first fit less one (median) step
+    assert overhead == pytest.approx(0.35 - 3 * 0.1)  # the 3-step fit less its steps

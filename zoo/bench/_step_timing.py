@@ -14,18 +14,33 @@ def random_tokens(settings, vocabulary_size, rows):
 
 
 def time_fits(fit, settings):
-    """``(compile_s, [step_s per repeat])``: one 1-step fit (compiles), one warm fit, then
-    ``repeats`` timed fits of ``steps`` steps (``fit(steps)`` runs and blocks)."""
+    """``(compile_s, [step_s per repeat], fit_overhead_s)``: one 1-step fit (compiles), one warm
+    fit, then ``repeats`` pairs of fits of N and 2N steps (N = ``settings.steps``), interleaved.
+
+    A step is what a fit's N more steps add, per step: ``(t(2N) - t(N)) / N``, the time a
+    step takes inside a long epoch. The fit's own fixed cost (its data adapter and callbacks
+    at the start, writing the variables back at the end) is reported beside it, not spread
+    over the steps: ``t(N) - N x step``, the median. Where noise makes a pair's 2N-step fit
+    no slower than its N-step one (tiny CPU steps), that pair's step is ``t(2N) / 2N``.
+    """
     start = time.perf_counter()
     fit(1)
     first = time.perf_counter() - start
-    fit(settings.steps)  # warm: the data adapter, the callbacks
-    steps = []
+    n = settings.steps
+    fit(n)  # warm: the data adapter, the callbacks
+    steps, short_fits = [], []
     for _ in range(settings.repeats):
-        start = time.perf_counter()
-        fit(settings.steps)
-        steps.append((time.perf_counter() - start) / settings.steps)
-    return max(first - statistics.median(steps), 0.0), steps
+        short, long = _timed(fit, n), _timed(fit, 2 * n)
+        steps.append((long - short) / n if long > short else long / (2 * n))
+        short_fits.append(short)
+    step = statistics.median(steps)
+    return max(first - step, 0.0), steps, max(statistics.median(short_fits) - n * step, 0.0)
+
+
+def _timed(fit, steps):
+    start = time.perf_counter()
+    fit(steps)
+    return time.perf_counter() - start
 
 
 def step_row(name, params, compile_s, steps, flops, settings):

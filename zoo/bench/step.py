@@ -8,8 +8,11 @@ layout ``data`` over all of them.
 
 What it reports (one row per model):
 
-- step time: the median over ``repeats`` fits of ``steps`` steps each (after one fit that
-  compiles and one warm fit), wall clock around ``fit`` (its per-step host work included);
+- step time: what a fit of 2 x ``steps`` steps takes more than a fit of ``steps``, per
+  step (wall clock around ``fit``, its per-step host work included), the median of
+  ``repeats`` interleaved pairs after one fit that compiles and one warm fit: a step inside
+  a long epoch. A fit's own fixed cost (its data adapter and callbacks, the variables
+  written back at the end) is its own column, not spread over the steps;
 - tokens/s and MFU: model FLOPs (``zoo.measure.mfu``: 6 x matmul weights + attention,
   causal halved; LoRA 4 x weights, no weight gradients; remat's recomputation not
   counted) over the step time and the devices' peak;
@@ -146,15 +149,16 @@ def compiled_peak(model, settings):
 def measure_zoo(settings, report=print):
     """One row: the zoo's GPT step (the module docstring's figures)."""
     model, remat = build_zoo(settings, report)
-    x, y = random_tokens(settings, model.backbone.vocabulary_size, settings.steps * settings.batch_size)
+    x, y = random_tokens(settings, model.backbone.vocabulary_size, 2 * settings.steps * settings.batch_size)
 
     def fit(steps):
         rows = steps * settings.batch_size
         model.fit(x[:rows], y[:rows], batch_size=settings.batch_size, epochs=1, shuffle=False, verbose=0)
 
     report(f"zoo: {settings.config_name}, {model.count_params():,} parameters; compiling and timing ...")
-    compile_s, steps = time_fits(fit, settings)
+    compile_s, steps, fit_overhead = time_fits(fit, settings)
     row = step_row("zoo", model.count_params(), compile_s, steps, flops_per_step(settings, model), settings)
+    row["fit_overhead_s"] = fit_overhead
     # --remat auto compiled this very step (model, batch) to choose: its footprint, not one more compile
     row.update(device_memory(), compiled_bytes=remat.peaks.get(remat.remat) or compiled_peak(model, settings))
     row["attention"] = _attention_words(model, settings)
@@ -243,10 +247,11 @@ def format_report(settings, rows, plan=None):
         + (", scanned blocks" if settings.scan_layers else "")
         + (f", loss in chunks of {settings.loss_chunk_size}" if settings.loss_chunk_size else "")
         + _optimizer_words(settings)
-        + f"; median of {settings.repeats} fits of {settings.steps} steps; jax {jax.__version__}, keras {keras.__version__}",
+        + f"; a step: what a fit of {2 * settings.steps} steps adds over one of {settings.steps}, median of"
+        + f" {settings.repeats} interleaved pairs; jax {jax.__version__}, keras {keras.__version__}",
         "",
-        "| model | parameters | step | tokens/s | MFU | compile | peak in use | compiled step | attention |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| model | parameters | step | tokens/s | MFU | compile | a fit's start and end | peak in use | compiled step | attention |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for row in rows:
         lines.append(_table_line(row))
@@ -264,12 +269,13 @@ def format_report(settings, rows, plan=None):
 
 def _table_line(row):
     if "error" in row:
-        return f"| {row['model']} | | | | | | | | {row['error']} |"
+        return f"| {row['model']} | | | | | | | | | {row['error']} |"
     mfu = f"{row['mfu']:.1%}" if row.get("mfu") else "-"
     sizes = [size_text(row[key]) if row.get(key) else "-" for key in ("peak_bytes", "compiled_bytes")]
     return (
         f"| {row['model']} | {row['parameters']:,} | {row['step_s'] * 1e3:.1f} ms | {row['tokens_per_s']:,.0f} | "
-        f"{mfu} | {row['compile_s']:.1f} s | {sizes[0]} | {sizes[1]} | {row.get('attention', '')} |"
+        f"{mfu} | {row['compile_s']:.1f} s | {row.get('fit_overhead_s', 0) * 1e3:.0f} ms | {sizes[0]} | {sizes[1]} | "
+        f"{row.get('attention', '')} |"
     )
 
 
