@@ -50,7 +50,7 @@ def test_the_row_measures_the_jobs_step(tmp_path):
         .splitlines()[0]
         .endswith(
             "loss in chunks of 16, moments bfloat16, second moment factored; a step: what a fit of 4 steps adds "
-                "over one of 2, median of 2 interleaved pairs; "
+            "over one of 2, median of 2 interleaved pairs; "
             f"jax {jax.__version__}, keras {keras.__version__}"
         )
     )
@@ -158,7 +158,6 @@ def test_the_peers_error_is_its_exception_line_and_its_parameters_are_checked():
     check_same_parameters({"error": "x"}, {"parameters": 5})
     with pytest.raises(ParameterMismatch, match="keras-hub's Llama has 4 parameters, the zoo's 5"):
         check_same_parameters({"parameters": 4}, {"parameters": 5})
-
 
 
 def test_a_step_is_what_more_steps_add_and_the_fits_own_cost_is_apart(monkeypatch):

@@ -1,6 +1,6 @@
 """``scan_layers``: a GPT whose L blocks are stacked (1, L, ...) and run by one ``lax.scan``
-trains to the numbers of the same weights as L layers, under ``fsdp`` to the one-device
-numbers, and converts between the two forms (``GPTCausalLM.with_block_form``).
+trains to the numbers of the same weights as L layers, under ``fsdp``, ``tp`` and
+``fsdp+tp`` to the one-device numbers (tp with the blocks split as the layers'), and converts between the two forms (``GPTCausalLM.with_block_form``).
 
 8 simulated devices; the tiny GPT of ``_gpt_parity`` (2 blocks, dropout off so the two
 forms draw no masks), batch 8, T = 16, 3 SGD-with-momentum steps. One reference run of
@@ -63,12 +63,38 @@ def test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers(scanned_refe
     assert scanned_reference.loss["step 3"] < scanned_reference.loss["step 1"]  # not vacuous: it trained
 
 
-def test_scanned_fit_under_fsdp_matches_one_device(scanned_reference):
-    distribution = distribution_for(GPTCausalLM, "fsdp", "data=8", config=SCANNED)
+@pytest.mark.parametrize("layout, mesh", [("fsdp", "data=8"), ("tp", "data=2,model=4"), ("fsdp+tp", "data=2,model=4")])
+def test_scanned_fit_matches_one_device(scanned_reference, layout, mesh):
+    distribution = distribution_for(GPTCausalLM, layout, mesh, config=SCANNED)
     report = parity.check_parity(
         lambda: build_lm(SCANNED), compile_sgd, distribution, *_data(), steps=STEPS, reference=scanned_reference
     )
     assert report.passed, "\n".join(report.format())
+
+
+def test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do():
+    """Under tp the stacked weights are split over model as the layers' (the same bytes per
+    device), the loop keeps each block's slice split (no weight gathered over model: the
+    matmuls run Megatron's split, its activations all-reduced over model), and it sends at
+    most 1.7x the layers' bytes over model: GSPMD all-reduces the q, k, v (and gate, up)
+    projections' input gradients one by one where the layers' shard_map sums them first."""
+    tokens, targets = _data()
+    reports = {}
+    for scan in (False, True):
+        config = SCANNED | dict(scan_layers=scan)
+        distribution = distribution_for(GPTCausalLM, "tp", "data=2,model=4", config=config)
+        with distribution.scope():
+            keras.utils.set_random_seed(0)
+            model = build_lm(config)
+            compile_sgd(model)
+            reports[scan] = train_step_comms_report(
+                model, tokens[:BATCH], targets[:BATCH], mesh=make_mesh("data=2,model=4")
+            )
+    layers, scanned = reports[False], reports[True]
+    assert scanned.memory.argument_bytes == pytest.approx(layers.memory.argument_bytes, rel=0.01)
+    assert scanned.count("all-gather", "model") == 0
+    assert scanned.count("all-reduce", "model") >= 2 * LAYERS  # each block's attention and MLP outputs
+    assert scanned.sent_bytes(axes="model") <= 1.7 * layers.sent_bytes(axes="model")
 
 
 def test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers(monkeypatch):
@@ -114,11 +140,16 @@ def test_scan_layers_names_what_it_cannot_do():
         GPTBackbone(**SCANNED, schedule="gpipe")
     with pytest.raises(ValueError, match=r"stacked blocks \(scan_layers=True\) has dense blocks only; num_experts=4"):
         GPTBackbone(**SCANNED, num_experts=4)
-    with pytest.raises(LayoutError, match=r"layout 'tp': a GPT built with scan_layers=True runs .* \['data', 'fsdp'\]"):
-        GPTCausalLM.get_layout_map(make_mesh("data=2,model=4"), "tp", config=SCANNED)
     with pytest.raises(
-        SettingError, match=r"scan_layers \(--scan-layers\) runs the stacked blocks under layouts single, data"
+        LayoutError,
+        match=r"layout 'tp\+sp': a GPT built with scan_layers=True runs .* \['data', 'fsdp', 'tp', 'fsdp\+tp'\]",
     ):
-        GPTTrainSettings(scan_layers=True, layout="tp")
+        GPTCausalLM.get_layout_map(make_mesh("data=2,model=4"), "tp+sp", config=SCANNED | dict(megatron_sp=True))
+    with pytest.raises(
+        SettingError,
+        match=r"scan_layers \(--scan-layers\) runs the stacked blocks under layouts single, data, fsdp, tp, fsdp\+tp, "
+        r"not 'tp\+sp'",
+    ):
+        GPTTrainSettings(scan_layers=True, layout="tp+sp")
     with pytest.raises(ValueError, match=r"holds its blocks stacked \(scan_layers=True\)"):
         GPTBackbone(**SCANNED).empty_caches(1, 4)

@@ -190,8 +190,8 @@ def maxtext_command(python, mode, spec):
     return [python, os.path.join(RECIPES, "maxtext_worker.py"), mode, json.dumps(spec)]
 
 
-# the peers' layouts a scanned zoo GPT runs under (fsdp; tp and fsdp+tp run their blocks as layers)
-SCAN_LAYOUTS = tuple(layout for layout in PEERS_LAYOUTS if layout in choices.DATA_AXIS_LAYOUTS)
+# the peers' layouts a scanned zoo GPT runs under (all of fsdp, tp and fsdp+tp)
+SCAN_LAYOUTS = tuple(layout for layout in PEERS_LAYOUTS if layout in choices.SCANNED_LAYOUTS)
 
 
 def zoo_options(settings, layout=None):

@@ -49,7 +49,10 @@ ATTENTION_QKV = "attention_qkv"  # the q, k, v projections (B, T, H or K, D), be
 ATTENTION_OUT = "attention_out"  # the attention kernel's output (B, T, H, D) and its log-sum-exp
 # schedule: how a pipeline (layout "pipeline") orders its micro-batches over the stages.
 SCHEDULES = ("gpipe", "circular")
-DATA_AXIS_LAYOUTS = ("data", "fsdp")  # a mesh of data alone; a scan_layers GPT runs under these only
+DATA_AXIS_LAYOUTS = ("data", "fsdp")  # a mesh of data alone
+# the layouts a scan_layers GPT (one loop over its stacked blocks) runs under: the block's
+# weights placed by layout rules on the stack, a model axis GSPMD's (Megatron's split)
+SCANNED_LAYOUTS = ("data", "fsdp", "tp", "fsdp+tp")
 
 # Transformer architecture.
 MLPS = ("swiglu", "geglu", "geglu_tanh", "gelu", "relu")  # geglu_tanh: tanh-approximate GELU (Gemma)

@@ -19,7 +19,9 @@ batch's activations, whichever moves fewer bytes (``zoo.layers.lm_head_gather``)
 Layout ``pipeline`` (a backbone built with a ``schedule``: one ``PipelinedBlocks``
 named ``blocks``, every block weight stacked (R, L/R, ...)): dimension 1 (the blocks of
 a repeat) over ``stage``, and with a ``model`` axis Megatron's split of the rest
-(``_pipeline_block_rules``); the batch over ``data``.
+(``_stacked_block_rules``); the batch over ``data``. A backbone built with ``scan_layers``
+(the same ``PipelinedBlocks``, one stage) takes the same rules behind (1, L), under
+``SCANNED_LAYOUTS``: the model axis' split as above, the data axis' as fsdp's.
 
 Tensor parallelism splits the *vocabulary* of both (Megatron's vocab-parallel
 embedding and column-parallel output layer): each device holds V/model rows of the table,
@@ -36,7 +38,7 @@ GSPMD all-gathers the table for the lookup as it sees fit.
 
 import keras
 
-from zoo.config.choices import DATA_AXIS_LAYOUTS, EXPERT_LAYOUTS
+from zoo.config.choices import EXPERT_LAYOUTS, SCANNED_LAYOUTS
 from zoo.distribution.axes import DATA, EXPERT, MODEL, STAGE
 from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
@@ -123,7 +125,7 @@ def layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MO
     if config is not None:
         check_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)
     if config is not None and config.get("scan_layers"):
-        return scanned_layout_map(mesh, layout, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
+        return scanned_layout_map(mesh, layout, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
     moe = config if config is not None and config.get("num_experts") else config is None
     rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis, moe=moe)
     if config is None:  # no config: the expert rules only where a model has experts to match
@@ -183,50 +185,55 @@ def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_
     return layout_map
 
 
-def _pipeline_block_rules(model_axis, kv_split, qkv_bias, qk_norm=False):
-    """{regex: axes} for the stacked (R, L/R, ...) weights of ``PipelinedBlocks`` named
-    ``blocks``: dimension 1 over ``stage``; with ``model_axis`` the heads and the MLP's
-    hidden features over it (the key/value heads only if ``kv_split``); the qk-norm
-    scales (``qk_norm``) on the stages only (per head, whole on every device of a stage)."""
-    m, kv = model_axis, model_axis if kv_split else None
-    lead = (None, STAGE)
-    biases = {
-        r".*blocks/attention/query/bias": (*lead, m, None),  # (R, L/R, H, D)
-        r".*blocks/attention/(key|value)/bias": (*lead, kv, None),  # (R, L/R, K, D)
+def _stacked_block_rules(lead, config, mesh, *, model_axis=None, data_axis=None):
+    """{regex: axes} for the stacked (R, L/R, ...) weights of a ``PipelinedBlocks`` named
+    ``blocks``: ``lead`` the axes of the two stacking dimensions; behind them, with
+    ``model_axis`` Megatron's split (the heads and the MLP's hidden features over it; the
+    key/value heads only when they divide over it, else whole as the layer form keeps
+    them), with ``data_axis`` FSDP's (each matrix's C over it). Norms and qk-norm scales
+    stay whole behind ``lead``. ``config``: the backbone's arguments (None: K splits)."""
+    m, d = model_axis, data_axis
+    kv_heads = None if config is None else (config.get("num_key_value_heads") or config["num_query_heads"])
+    kv = m if m is not None and (kv_heads is None or kv_heads % mesh_axis_size(mesh, m) == 0) else None
+    rules = {
+        r".*blocks/attention/query/kernel": (*lead, d, m, None),  # (R, L/R, C, H, D)
+        r".*blocks/attention/(key|value)/kernel": (*lead, d, kv, None),  # (R, L/R, C, K, D)
+        r".*blocks/attention/output/kernel": (*lead, m, None, d),  # (R, L/R, H, D, C)
+        r".*blocks/mlp/(gate|up)/kernel": (*lead, d, m),  # (R, L/R, C, F)
+        r".*blocks/mlp/down/kernel": (*lead, m, d),  # (R, L/R, F, C)
+        r".*blocks/(attention|mlp)(_post)?_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
     }
-    norms = {r".*blocks/attention/(query|key)_norm/scale": (*lead, None)}  # (R, L/R, D)
-    return (
-        (biases if qkv_bias else {})
-        | (norms if qk_norm else {})
-        | {
-            r".*blocks/attention/query/kernel": (*lead, None, m, None),  # (R, L/R, C, H, D)
-            r".*blocks/attention/(key|value)/kernel": (*lead, None, kv, None),  # (R, L/R, C, K, D)
-            r".*blocks/attention/output/kernel": (*lead, m, None, None),  # (R, L/R, H, D, C)
-            r".*blocks/mlp/(gate|up)/kernel": (*lead, None, m),  # (R, L/R, C, F)
-            r".*blocks/mlp/down/kernel": (*lead, m, None),  # (R, L/R, F, C)
-            r".*blocks/(attention|mlp)(_post)?_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
-        }
-    )
+    if config is not None and config.get("qkv_bias", False):
+        rules[r".*blocks/attention/query/bias"] = (*lead, m, None)  # (R, L/R, H, D)
+        rules[r".*blocks/attention/(key|value)/bias"] = (*lead, kv, None)  # (R, L/R, K, D)
+    if config is not None and config.get("qk_norm", False):
+        rules[r".*blocks/attention/(query|key)_norm/scale"] = (*lead, None)  # (R, L/R, D): whole on every device
+    return rules
 
 
-def scanned_layout_map(mesh, layout, *, with_head, data_axis=DATA, model_axis=MODEL):
+def scanned_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MODEL):
     """The ``LayoutMap`` of a backbone built with ``scan_layers`` (one ``PipelinedBlocks``
-    named ``blocks``, weights (1, L, ...)): layout ``data`` replicates them, ``fsdp``
-    splits each as the layer form's rule splits one block's (``block_rules``), behind
-    the two stacking dimensions; the loop gathers one block's weights per iteration."""
-    if layout not in DATA_AXIS_LAYOUTS:
+    named ``blocks``, weights (1, L, ...)), under ``SCANNED_LAYOUTS``: ``data`` replicates
+    the blocks, ``fsdp`` splits each matrix's C over data, ``tp`` Megatron's split over
+    model, ``fsdp+tp`` both (``_stacked_block_rules`` behind the two stacking dimensions);
+    the embedding and head as the layer form's. The loop gathers one block's weights per
+    iteration over the data axis and keeps the model axis' split (``PipelinedBlocks``)."""
+    if layout not in SCANNED_LAYOUTS:
         raise LayoutError(
             f"layout {layout!r}: a GPT built with scan_layers=True runs its stacked blocks under layouts "
-            f"{list(DATA_AXIS_LAYOUTS)}; build it without scan_layers for {layout!r}"
+            f"{list(SCANNED_LAYOUTS)}; build it without scan_layers for {layout!r}"
         )
-    rules = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
-    stacked = {}
-    for pattern, axes in rules.items():
-        if pattern in (EMBEDDING, LM_HEAD):
-            stacked[pattern] = axes
-        else:  # a block rule: the same split behind (R, L/R), on the stacked weight only
-            stacked[pattern.replace(".*", r".*blocks/", 1)] = (None, None, *axes)
-    return shared.build_layout_map(mesh, layout, stacked, data_axis=data_axis, model_axis=model_axis)
+    head = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
+    split = shared.layers_place_weights(layout, mesh, model_axis=model_axis)  # a model axis of size > 1
+    blocks = _stacked_block_rules(
+        (None, None),
+        config,
+        mesh,
+        model_axis=model_axis if split else None,
+        data_axis=data_axis if shared.uses_data_axis_for_weights(layout) else None,
+    )
+    rules = {pattern: axes for pattern, axes in head.items() if pattern in (EMBEDDING, LM_HEAD)} | blocks
+    return shared.build_layout_map(mesh, layout, rules, data_axis=data_axis, model_axis=model_axis)
 
 
 def check_pipeline_config(mesh, config, *, model_axis=MODEL):
@@ -267,10 +274,7 @@ def pipeline_layout_map(mesh, config, *, with_head, model_axis=MODEL):
         check_pipeline_config(mesh, config, model_axis=model_axis)
     model = mesh_axis_size(mesh, model_axis) if model_axis in mesh.axis_names else 1
     m = model_axis if model > 1 else None
-    kv_heads = None if config is None else (config.get("num_key_value_heads") or config["num_query_heads"])
-    qkv_bias, qk_norm = (config is not None and config.get(key, False) for key in ("qkv_bias", "qk_norm"))
-    kv_split = m is not None and (kv_heads is None or kv_heads % model == 0)
-    rules = _pipeline_block_rules(m, kv_split=kv_split, qkv_bias=qkv_bias, qk_norm=qk_norm)
+    rules = _stacked_block_rules((None, STAGE), config, mesh, model_axis=m)
     if m is not None:
         rules[EMBEDDING] = (m, None)  # (V/model, C)
         if with_head:

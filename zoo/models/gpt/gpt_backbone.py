@@ -92,7 +92,8 @@ class GPTBackbone(ZooModel):
             stacked (1, L, ...), as a gpipe pipeline holds them) run by one ``lax.scan``
             on every device: one block's program, so compile time does not grow with
             depth, and under ``fsdp`` each block's weights are gathered inside the loop
-            (MaxText's ``scan_layers``). Layouts ``data`` and ``fsdp``; no ``schedule``.
+            (MaxText's ``scan_layers``), under ``tp`` each keeps Megatron's split over
+            ``model``. Layouts ``choices.SCANNED_LAYOUTS``; no ``schedule``.
             The numbers are those of the L-layer form, and checkpoints and ``.keras``
             files of either form load into the other (``with_block_form``).
         repeats: R, how often a micro-batch goes round the stages (``"circular"``: >= 2).
