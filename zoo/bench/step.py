@@ -97,6 +97,7 @@ def build_zoo(settings, report=print):
     from zoo import distribution as zd
     from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
     from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
+    from zoo.training.optimizers import state_options
     from zoo.training.remat_choice import apply_remat
 
     job = train_settings(settings)
@@ -109,14 +110,11 @@ def build_zoo(settings, report=print):
             1e-4,
             1000,
             loss_chunk_size=settings.loss_chunk_size,
-            moment_dtype=settings.moment_dtype,
-            second_moment=settings.second_moment,
+            **state_options(settings),
         )
     else:
         prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank)
-        optimizer = make_optimizer(
-            "adam", method=settings.method, moment_dtype=settings.moment_dtype, second_moment=settings.second_moment
-        )
+        optimizer = make_optimizer("adam", method=settings.method, **state_options(settings))
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
     batch = ((settings.batch_size, settings.sequence_length), "int32")
     return model, apply_remat(model, settings.remat, batch, batch, report=report)
@@ -223,6 +221,7 @@ def _optimizer_words(settings):
     """ ", moments bfloat16, second moment factored" where they are not the defaults; else nothing."""
     words = [f"moments {settings.moment_dtype}"] if settings.moment_dtype != "float32" else []
     words += [f"second moment {settings.second_moment}"] if settings.second_moment != "full" else []
+    words += [f"moments in {settings.state_memory} memory"] if settings.state_memory != "device" else []
     return "".join(f", {word}" for word in words)
 
 

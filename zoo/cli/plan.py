@@ -46,6 +46,7 @@ PLANNED_SETTINGS = (
     "gradient_accumulation_steps",
     "moment_dtype",
     "second_moment",
+    "state_memory",
 )
 
 

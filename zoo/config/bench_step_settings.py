@@ -10,7 +10,7 @@ import dataclasses
 
 from zoo.config import choices, types
 from zoo.config.schema import setting
-from zoo.config.settings import moment_dtype_setting, second_moment_setting
+from zoo.config.settings import moment_dtype_setting, second_moment_setting, state_memory_setting
 
 # What the measured step trains: the pre-training job's step (AdamW, cosine schedule,
 # clipping: zoo train gpt), or zoo finetune's (Adam) of every weight or of LoRA factors.
@@ -65,6 +65,7 @@ class StepBenchSettings:
         "the optimizer's (AdamW for method train, Adam for full and lora)", "bench"
     )
     second_moment: str = second_moment_setting("the optimizer's", "bench")
+    state_memory: str = state_memory_setting("the optimizer's", "bench")
     steps: int = setting(10, "optimizer steps per timed fit", section="bench", parse=types.positive_int)
     repeats: int = setting(3, "timed fits; the median step is reported", section="bench", parse=types.positive_int)
     profile: bool = setting(

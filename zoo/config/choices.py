@@ -37,6 +37,9 @@ LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds
 PRECISIONS = ("float32", "mixed_bfloat16")
 FLOAT_DTYPES = ("float32", "bfloat16")  # AdamW's moments (--moment-dtype); zoo bench window's q, k, v
 SECOND_MOMENTS = ("full", "factored")  # AdamW's second moment (--second-moment): whole, or row and column means
+# where AdamW's moments live between steps (--state-memory): the device's memory, or the host's
+# (pinned host memory, JAX's memory kinds), moved to the device for each update and back
+STATE_MEMORIES = ("device", "host")
 # remat: what each Transformer block keeps for the backward pass (zoo.layers.transformer_block.REMAT_POLICIES).
 REMATS = ("none", "full", "dots_saveable", "save_attention", "offload_attention")
 PLANNED_REMATS = ("none", "dots_saveable", "full")  # what zoo plan --auto tries (the attention policies: by hand)

@@ -69,6 +69,18 @@ def second_moment_setting(whose, section="train"):
     )
 
 
+def state_memory_setting(whose, section="train"):
+    """The setting of where an Adam optimizer's moments live between steps
+    (``zoo.training.optimizers``); ``whose`` begins its help, e.g. "AdamW's"."""
+    return setting(
+        "device",
+        f"{whose} moments between steps: device, or host (pinned host memory, moved to the device for each "
+        "update and back: the device holds none of them; TPU and GPU)",
+        section=section,
+        choices=choices.STATE_MEMORIES,
+    )
+
+
 def _loss_chunk_size(who=""):
     return setting(
         None,
@@ -304,6 +316,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
     )
     moment_dtype: str = moment_dtype_setting("AdamW's")
     second_moment: str = second_moment_setting("AdamW's")
+    state_memory: str = state_memory_setting("AdamW's")
     loss_chunk_size: int | None = _loss_chunk_size()
     seed: int = _seed()
     output: str = setting(
@@ -582,6 +595,7 @@ class FinetuneSettings(CheckpointSettings, _Checked):
     )
     moment_dtype: str = moment_dtype_setting("optimizer adam: Adam's")
     second_moment: str = second_moment_setting("optimizer adam: Adam's")
+    state_memory: str = state_memory_setting("optimizer adam: Adam's")
     seed: int = _seed("LoRA factors' initialisation and shuffling")
     adapter_format: str = setting(
         "zoo",

@@ -50,6 +50,9 @@ __all__ = [
 ]
 
 
+PINNED_HOST = "pinned_host"  # JAX's memory kind of host memory a device reaches directly
+
+
 @dataclasses.dataclass(frozen=True)
 class StepMemory:
     """Bytes per device of one compiled training step."""
@@ -58,14 +61,15 @@ class StepMemory:
     gradients: int  # one per trainable weight, laid out like it (inside ``temp``)
     optimizer: int  # optimizer slots and scalars
     temp: int  # the compiler's temporaries: activations, gradients, workspace
-    argument: int  # the compiler's argument bytes (state + batch)
-    output: int  # the compiler's output bytes
+    argument: int  # the compiler's argument bytes in device memory (state + batch)
+    output: int  # the compiler's output bytes in device memory
     alias: int  # outputs that reuse an argument's buffer (the donated state)
+    host: int = 0  # the optimizer state held in host memory (``AdamW(state_memory="host")``): not in the above
 
     @property
     def state(self):
-        """Weights + optimizer state: what stays on the device between steps."""
-        return self.weights + self.optimizer
+        """Weights + optimizer state in device memory: what stays on the device between steps."""
+        return self.weights + self.optimizer - self.host
 
     @property
     def peak(self):
@@ -142,18 +146,36 @@ def state_shardings(model, distribution):
     if distribution is None:
         device = jax.devices()[0]
         single = jax.sharding.SingleDeviceSharding(device)
-        return tuple([single] * len(group) for group in state_groups(model))
+        groups = [[single] * len(group) for group in state_groups(model)]
+        host = _host_slots(model)
+        groups[2] = [
+            single.with_memory_kind(PINNED_HOST) if id(slot) in host else single for slot in model.optimizer.variables
+        ]
+        return tuple(groups)
     mesh = distribution.device_mesh.backend_mesh
     shard = lambda v: _variable_sharding(v, distribution, mesh)
     trainable = [shard(v) for v in model.trainable_variables]
     non_trainable = [shard(v) for v in model.non_trainable_variables]
     by_id = {id(v): s for v, s in zip(model.trainable_variables, trainable)}
+    host = _host_slots(model)
     optimizer = []
     for slot in model.optimizer.variables:
         reference = slot_reference(slot, model.trainable_variables)
-        optimizer.append(by_id[id(reference)] if reference is not None else NamedSharding(mesh, P()))
+        sharding = by_id[id(reference)] if reference is not None else NamedSharding(mesh, P())
+        optimizer.append(sharding.with_memory_kind(PINNED_HOST) if id(slot) in host else sharding)
     metrics = [NamedSharding(mesh, P()) for _ in model.metrics_variables]
     return trainable, non_trainable, optimizer, metrics
+
+
+def _host_slots(model):
+    """ids of the optimizer's slots kept in host memory between steps (``AdamW.host_slots``)."""
+    return {id(slot) for slot in getattr(model.optimizer, "host_slots", list)()}
+
+
+def host_state_bytes(model, shardings):
+    """Bytes per device of the optimizer state ``state_shardings`` puts in host memory."""
+    optimizer = shardings[2]
+    return sum(shard_bytes(v, s) for v, s in zip(model.optimizer.variables, optimizer) if s.memory_kind == PINNED_HOST)
 
 
 def state_bytes(model, shardings):
@@ -222,14 +244,19 @@ def compile_fit_step(model, distribution, x, y, *, sample_weight=None, compiler_
         compiled = step.lower(state, data).compile(compiler_options)
     analysis = compiled.memory_analysis()
     weights, gradients, optimizer = state_bytes(model, shardings)
+    host = host_state_bytes(model, shardings)
+    # A TPU's or GPU's analysis counts host-memory arguments apart; XLA:CPU's (one memory)
+    # counts them with the rest: take them out, in and out of the step alike (donated).
+    lumped = host if not getattr(analysis, "host_argument_size_in_bytes", 0) else 0
     memory = StepMemory(
         weights=weights,
         gradients=gradients,
         optimizer=optimizer,
         temp=int(analysis.temp_size_in_bytes),
-        argument=int(analysis.argument_size_in_bytes),
-        output=int(analysis.output_size_in_bytes),
-        alias=int(analysis.alias_size_in_bytes),
+        argument=int(analysis.argument_size_in_bytes) - lumped,
+        output=int(analysis.output_size_in_bytes) - lumped,
+        alias=max(int(analysis.alias_size_in_bytes) - lumped, 0),
+        host=host,
     )
     return compiled, memory
 

@@ -28,7 +28,7 @@ from zoo.measure.comms_report import compiled_report, loop_multiplicities
 
 __all__ = ["StepMeasure", "compiled_cost", "extrapolate", "loop_dot_flops", "measure_step"]
 
-MEMORY_FIELDS = ("weights", "gradients", "optimizer", "temp", "argument", "output", "alias")
+MEMORY_FIELDS = ("weights", "gradients", "optimizer", "temp", "argument", "output", "alias", "host")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +161,9 @@ def extrapolate(low, high, num_layers):
         raise ValueError(f"extrapolation needs a deeper second step, got {low.num_layers} and {high.num_layers} blocks")
     steps = (num_layers - high.num_layers) / gap
     steps = int(steps) if steps == int(steps) else steps  # whole steps keep counts integers
-    memory = {name: int(_linear(low.memory[name], high.memory[name], steps)) for name in MEMORY_FIELDS}
+    memory = {  # "host": 0 where a step measured before it was a field leaves it out
+        name: int(_linear(low.memory.get(name, 0), high.memory.get(name, 0), steps)) for name in MEMORY_FIELDS
+    }
     rows = {(tuple(r["axes"]), r["kind"]): r for r in high.collectives}
     lows = {(tuple(r["axes"]), r["kind"]): r for r in low.collectives}
     zero = {"count": 0, "bytes": 0, "sent_bytes": 0.0}

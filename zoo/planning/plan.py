@@ -110,7 +110,7 @@ class Plan:
         return {
             "weights": m["weights"],
             "gradients": m["gradients"],
-            "optimizer state": m["optimizer"],
+            "optimizer state": m["optimizer"] - m.get("host", 0),
             "activations and workspace": max(self.temp - m["gradients"], 0),
         }
 

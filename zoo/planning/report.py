@@ -39,6 +39,8 @@ def format_plan(plan):
     ]
     lines += [f"| {part} | {size_text(count)} |" for part, count in plan.parts().items()]
     lines.append(f"| **peak** (of {size_text(plan.device_memory)}) | **{size_text(plan.peak)}** |")
+    if plan.step.memory.get("host"):
+        lines.append(f"| optimizer state in host memory (not in the peak) | {size_text(plan.step.memory['host'])} |")
     lines += _collective_lines(plan)
     time = plan.time
     lines.append(

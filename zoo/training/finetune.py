@@ -281,9 +281,7 @@ def _compile(model, settings):
     learning_rate = settings.learning_rate
     if settings.optimizer == "adam":
         learning_rate = learning_rate or LEARNING_RATES[settings.method]
-    optimizer = optimizers.make_optimizer(
-        settings.optimizer, learning_rate, settings.moment_dtype, settings.second_moment
-    )
+    optimizer = optimizers.make_optimizer(settings.optimizer, learning_rate, **optimizers.state_options(settings))
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

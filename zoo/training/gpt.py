@@ -29,7 +29,7 @@ from zoo.training.job_setup import (
 )
 from zoo.training.logs.profile import ProfileSteps
 from zoo.training.logs.report import StepReport
-from zoo.training.optimizers import AdamW
+from zoo.training.optimizers import AdamW, state_options
 from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.remat_choice import resolve_remat
 from zoo.training.saving import check_prompt_fits, load_causal_lm
@@ -170,12 +170,11 @@ def compile_gpt(
     weight_decay=0.01,
     gradient_accumulation_steps=1,
     loss_chunk_size=None,
-    moment_dtype="float32",
-    second_moment="full",
+    **state,
 ):
     """AdamW with a cosine schedule over ``total_steps`` updates, global-norm clipping at 1,
-    its moments in ``moment_dtype``, its second moment whole or factored (``second_moment``;
-    ``zoo.training.optimizers.AdamW``); ``loss_chunk_size``
+    its state shaped by ``state`` (``moment_dtype``, ``second_moment``, ``state_memory``:
+    ``zoo.training.optimizers.AdamW``, ``state_options``); ``loss_chunk_size``
     t: the loss from the hidden states, t positions of every row at a time, never the whole
     (B, T, V) float32 logits (``GPTCausalLM(loss_chunk_size=...)``)."""
     if loss_chunk_size is not None:
@@ -188,8 +187,7 @@ def compile_gpt(
             weight_decay=weight_decay,
             global_clipnorm=1.0,
             gradient_accumulation_steps=accumulate,
-            moment_dtype=moment_dtype,
-            second_moment=second_moment,
+            **state,
         ),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
@@ -224,8 +222,7 @@ def train(settings, report=print):
         settings.weight_decay,
         settings.gradient_accumulation_steps,
         settings.loss_chunk_size,
-        settings.moment_dtype,
-        settings.second_moment,
+        **state_options(settings),
     )
     batch = ((settings.batch_size, settings.sequence_length), "int32")
     remat = resolve_remat(model, settings.remat, batch, batch, report=report)

@@ -168,12 +168,13 @@ def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None):
     return adapted
 
 
-def make_optimizer(name="adam", learning_rate=None, method="lora", moment_dtype="float32", second_moment="full"):
+def make_optimizer(name="adam", learning_rate=None, method="lora", **state):
     """``zoo.training.optimizers.make_optimizer``: ``adam``, its learning rate by default
-    ``LM_LEARNING_RATES[method]``, or ``sgd`` (needs ``learning_rate``)."""
+    ``LM_LEARNING_RATES[method]``, its state shaped by ``state`` (``state_options``), or
+    ``sgd`` (needs ``learning_rate``)."""
     if name == "adam":
         learning_rate = learning_rate or LM_LEARNING_RATES[method]
-    return optimizers.make_optimizer(name, learning_rate, moment_dtype, second_moment)
+    return optimizers.make_optimizer(name, learning_rate, **state)
 
 
 def compile_causal_lm(model, optimizer, loss_chunk_size=None):
@@ -372,7 +373,7 @@ def finetune_lm(settings, report=print):
         lora_rank=settings.lora_rank,
         lora_alpha=settings.lora_alpha,
         optimizer=make_optimizer(
-            settings.optimizer, settings.learning_rate, settings.method, settings.moment_dtype, settings.second_moment
+            settings.optimizer, settings.learning_rate, settings.method, **optimizers.state_options(settings)
         ),
         loss_chunk_size=settings.loss_chunk_size,
         epochs=settings.epochs,

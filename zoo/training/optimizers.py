@@ -29,6 +29,14 @@ Adafactor scales every step by the weight's RMS (at least 1e-3), so a zero-initi
 LoRA factor starts 1,000 times slower, its learning rate means something else than
 AdamW's, and it keeps no first moment. Weights of fewer than two dimensions (norms,
 biases) keep the whole second moment.
+
+``AdamW(state_memory="host")`` keeps every moment (and factored mean) in the host's pinned
+memory between steps (JAX's memory kinds: TPU, GPU; on a CPU both kinds are the same RAM):
+the device holds the weights, the gradients and the step's activations, and each update
+moves a weight's moments to the device, updates them and moves them back (8 bytes a
+parameter of transfers each way with float32 moments, over PCIe or the TPU host link). The
+numbers are those of the same optimizer with its state on the device. MaxText's
+``optimizer_memory_host_offload`` does the same for its optax state.
 """
 
 import math
@@ -37,11 +45,20 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from zoo._compat import variable_layout
+from zoo._compat import place_variable_in_memory, variable_layout
 from zoo.config.choices import FLOAT_DTYPES as MOMENT_DTYPES
-from zoo.config.choices import SECOND_MOMENTS
+from zoo.config.choices import SECOND_MOMENTS, STATE_MEMORIES
 
-__all__ = ["MOMENT_DTYPES", "SECOND_MOMENTS", "AdamW", "make_optimizer", "stochastic_round_to_bfloat16"]
+__all__ = [
+    "MOMENT_DTYPES",
+    "SECOND_MOMENTS",
+    "STATE_MEMORIES",
+    "AdamW",
+    "STATE_SETTINGS",
+    "make_optimizer",
+    "state_options",
+    "stochastic_round_to_bfloat16",
+]
 
 _MOMENTS = ("momentum", "velocity")
 
@@ -70,25 +87,41 @@ def stochastic_round_to_bfloat16(x, bits):
 @keras.saving.register_keras_serializable(package="zoo")
 class AdamW(keras.optimizers.AdamW):
     """``keras.optimizers.AdamW`` with ``moment_dtype`` "float32" (Keras' own) or "bfloat16",
-    and ``second_moment`` "full" (Keras' own) or "factored" (the module docstring). Every
-    other argument is Keras'."""
+    ``second_moment`` "full" (Keras' own) or "factored", and ``state_memory`` "device"
+    (Keras' own) or "host" (the module docstring). Every other argument is Keras'."""
 
-    def __init__(self, *args, moment_dtype="float32", second_moment="full", **kwargs):
-        if moment_dtype not in MOMENT_DTYPES:
-            raise ValueError(f"moment_dtype must be one of {MOMENT_DTYPES}, got {moment_dtype!r}")
-        if second_moment not in SECOND_MOMENTS:
-            raise ValueError(f"second_moment must be one of {SECOND_MOMENTS}, got {second_moment!r}")
+    def __init__(self, *args, moment_dtype="float32", second_moment="full", state_memory="device", **kwargs):
+        for name, value, allowed in (
+            ("moment_dtype", moment_dtype, MOMENT_DTYPES),
+            ("second_moment", second_moment, SECOND_MOMENTS),
+            ("state_memory", state_memory, STATE_MEMORIES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         super().__init__(*args, **kwargs)
-        self.moment_dtype, self.second_moment = moment_dtype, second_moment
+        self.moment_dtype, self.second_moment, self.state_memory = moment_dtype, second_moment, state_memory
         if not self._keras_own and self.amsgrad:
             raise ValueError(
-                f"moment_dtype={moment_dtype!r}, second_moment={second_moment!r} is not implemented with amsgrad=True"
+                f"moment_dtype={moment_dtype!r}, second_moment={second_moment!r}, state_memory={state_memory!r} is not "
+                "implemented with amsgrad=True"
             )
         self._columns = {}  # a factored weight's path -> its columns' running mean (n,); its rows' is the velocity slot
 
     @property
     def _keras_own(self):
-        return is_keras_own(self.moment_dtype, self.second_moment)
+        return is_keras_own(self.moment_dtype, self.second_moment, self.state_memory)
+
+    def build(self, var_list):
+        super().build(var_list)
+        for slot in self.host_slots():
+            place_variable_in_memory(slot, "pinned_host")
+
+    def host_slots(self):
+        """The slots kept in host memory between steps: every moment and factored mean
+        under ``state_memory="host"``, else none."""
+        if self.state_memory != "host":
+            return []
+        return [*self._momentums, *self._velocities, *self._columns.values()]
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         if name == "velocity" and self._factored(reference_variable):
@@ -128,47 +161,69 @@ class AdamW(keras.optimizers.AdamW):
         alpha = cast(learning_rate, dtype) * jnp.sqrt(1 - self.beta_2**step) / (1 - self.beta_1**step)
         index = self._get_variable_index(variable)  # Keras' Adam's own slots (checked on Keras 3.15.1)
         m_slot = self._momentums[index]
-        m = cast(m_slot, dtype)
+        m = cast(self._read(m_slot), dtype)
         m = m + (gradient - m) * (1 - self.beta_1)  # Keras' AdamW, in float32
         self._store(m_slot, m, iterations, 2 * index)
         if self._factored(variable):
             v = self._factored_second_moment(self._velocities[index], self._columns[variable.path], gradient)
         else:
             v_slot = self._velocities[index]
-            v = cast(v_slot, dtype)
+            v = cast(self._read(v_slot), dtype)
             v = v + (gradient * gradient - v) * (1 - self.beta_2)
             self._store(v_slot, v, iterations, 2 * index + 1)
         self.assign_sub(variable, m * alpha / (jnp.sqrt(v) + self.epsilon))
 
+    def _read(self, slot):
+        """A slot's value on the device (moved there from the host's memory under "host")."""
+        value = slot.value
+        return jax.device_put(value, jax.memory.Space.Device) if self.state_memory == "host" else value
+
+    def _write(self, slot, value):
+        """Assign ``value`` to ``slot``, moved back to the host's memory under "host"."""
+        self.assign(slot, jax.device_put(value, jax.memory.Space.Host) if self.state_memory == "host" else value)
+
     def _store(self, slot, value, iterations, salt):
         """Write a float32 moment into its slot: as is, or rounded stochastically to bfloat16."""
-        if slot.dtype == "float32":
-            self.assign(slot, value)
-        else:
-            self.assign(slot, stochastic_round_to_bfloat16(value, _hash_bits(value.shape, iterations, salt)))
+        if slot.dtype != "float32":
+            value = stochastic_round_to_bfloat16(value, _hash_bits(value.shape, iterations, salt))
+        self._write(slot, value)
 
     def _factored_second_moment(self, rows_slot, columns_slot, gradient):
         """Update the two running means from ``gradient`` (..., n) and return the second
         moment they stand for: rows (...) x columns (n,) / the rows' mean."""
         squared = gradient * gradient + 1e-30  # Adafactor's epsilon_1: no row or column of exact zeros
-        rows = rows_slot + (jnp.mean(squared, axis=-1) - rows_slot) * (1 - self.beta_2)  # (...)
-        columns = columns_slot + (jnp.mean(squared, axis=tuple(range(gradient.ndim - 1))) - columns_slot) * (
-            1 - self.beta_2
-        )  # (n,)
-        self.assign(rows_slot, rows)
-        self.assign(columns_slot, columns)
+        rows, columns = self._read(rows_slot), self._read(columns_slot)
+        rows = rows + (jnp.mean(squared, axis=-1) - rows) * (1 - self.beta_2)  # (...)
+        columns = columns + (jnp.mean(squared, axis=tuple(range(gradient.ndim - 1))) - columns) * (1 - self.beta_2)
+        self._write(rows_slot, rows)  # (...)
+        self._write(columns_slot, columns)  # (n,)
         return rows[..., None] * columns / jnp.mean(rows)  # (..., n)
 
     def get_config(self):
-        return {**super().get_config(), "moment_dtype": self.moment_dtype, "second_moment": self.second_moment}
+        return {
+            **super().get_config(),
+            "moment_dtype": self.moment_dtype,
+            "second_moment": self.second_moment,
+            "state_memory": self.state_memory,
+        }
 
 
-def is_keras_own(moment_dtype, second_moment):
-    """Whether these settings are Keras' own Adam(W): float32 moments, the second one whole."""
-    return moment_dtype == "float32" and second_moment == "full"
+STATE_SETTINGS = ("moment_dtype", "second_moment", "state_memory")  # the jobs' settings of AdamW's state
 
 
-def make_optimizer(name, learning_rate, moment_dtype="float32", second_moment="full"):
+def state_options(settings):
+    """``{moment_dtype, second_moment, state_memory}`` of a job's ``settings``: the keyword
+    arguments of ``AdamW`` and ``make_optimizer`` that shape the optimizer's state."""
+    return {name: getattr(settings, name) for name in STATE_SETTINGS}
+
+
+def is_keras_own(moment_dtype, second_moment, state_memory="device"):
+    """Whether these settings are Keras' own Adam(W): float32 moments, the second one whole,
+    on the device."""
+    return moment_dtype == "float32" and second_moment == "full" and state_memory == "device"
+
+
+def make_optimizer(name, learning_rate, *, moment_dtype="float32", second_moment="full", state_memory="device"):
     """The fine-tuning jobs' optimizer: ``adam`` (``keras.optimizers.Adam`` with float32
     moments, whole, else this module's ``AdamW`` with no weight decay, the same update,
     ``moment_dtype`` and ``second_moment``) or ``sgd`` (plain ``w -= lr * g``: its steps
@@ -179,12 +234,19 @@ def make_optimizer(name, learning_rate, moment_dtype="float32", second_moment="f
         for flag, value, default in (
             ("--moment-dtype", moment_dtype, "float32"),
             ("--second-moment", second_moment, "full"),
+            ("--state-memory", state_memory, "device"),
         ):
             if value != default:
                 raise ValueError(f"optimizer sgd keeps no moments; {flag} {value} needs optimizer adam")
         return keras.optimizers.SGD(learning_rate)
     if name != "adam":
         raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
-    if is_keras_own(moment_dtype, second_moment):
+    if is_keras_own(moment_dtype, second_moment, state_memory):
         return keras.optimizers.Adam(learning_rate)
-    return AdamW(learning_rate, weight_decay=0.0, moment_dtype=moment_dtype, second_moment=second_moment)
+    return AdamW(
+        learning_rate,
+        weight_decay=0.0,
+        moment_dtype=moment_dtype,
+        second_moment=second_moment,
+        state_memory=state_memory,
+    )

@@ -145,6 +145,8 @@ class PretrainGPT(Job):
         return (tokens, "int32"), (tokens, "int32")
 
     def compile(self, module, model, settings):
+        from zoo.training.optimizers import state_options
+
         module.compile_gpt(
             model,
             settings.learning_rate,
@@ -152,8 +154,7 @@ class PretrainGPT(Job):
             settings.weight_decay,
             settings.gradient_accumulation_steps,
             settings.loss_chunk_size,
-            settings.moment_dtype,
-            settings.second_moment,
+            **state_options(settings),
         )
 
     def flops_per_step(self, settings, model):
@@ -314,9 +315,10 @@ class _CausalLM:
     @staticmethod
     def compile(model, settings):
         from zoo.training.lm_finetune import compile_causal_lm, make_optimizer
+        from zoo.training.optimizers import state_options
 
         optimizer = make_optimizer(
-            settings.optimizer, settings.learning_rate, settings.method, settings.moment_dtype, settings.second_moment
+            settings.optimizer, settings.learning_rate, settings.method, **state_options(settings)
         )
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
 
