@@ -72,46 +72,36 @@ def test_scanned_fit_matches_one_device(scanned_reference, layout, mesh):
     assert report.passed, "\n".join(report.format())
 
 
+def _step_comms(layout, mesh, scan):
+    """The ``CommsReport`` of one compiled fit step of the tiny GPT, scanned or as layers."""
+    tokens, targets = _data()
+    config = SCANNED | dict(scan_layers=scan)
+    distribution = distribution_for(GPTCausalLM, layout, mesh, config=config)
+    with distribution.scope():
+        keras.utils.set_random_seed(0)
+        model = build_lm(config)
+        compile_sgd(model)
+        return train_step_comms_report(model, tokens[:BATCH], targets[:BATCH], mesh=make_mesh(mesh))
+
+
 def test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do():
     """Under tp the stacked weights are split over model as the layers' (the same bytes per
     device), the loop keeps each block's slice split (no weight gathered over model: the
     matmuls run Megatron's split, its activations all-reduced over model), and it sends at
     most 1.7x the layers' bytes over model: GSPMD all-reduces the q, k, v (and gate, up)
     projections' input gradients one by one where the layers' shard_map sums them first."""
-    tokens, targets = _data()
-    reports = {}
-    for scan in (False, True):
-        config = SCANNED | dict(scan_layers=scan)
-        distribution = distribution_for(GPTCausalLM, "tp", "data=2,model=4", config=config)
-        with distribution.scope():
-            keras.utils.set_random_seed(0)
-            model = build_lm(config)
-            compile_sgd(model)
-            reports[scan] = train_step_comms_report(
-                model, tokens[:BATCH], targets[:BATCH], mesh=make_mesh("data=2,model=4")
-            )
-    layers, scanned = reports[False], reports[True]
+    layers, scanned = (_step_comms("tp", "data=2,model=4", scan) for scan in (False, True))
     assert scanned.memory.argument_bytes == pytest.approx(layers.memory.argument_bytes, rel=0.01)
     assert scanned.count("all-gather", "model") == 0
     assert scanned.count("all-reduce", "model") >= 2 * LAYERS  # each block's attention and MLP outputs
     assert scanned.sent_bytes(axes="model") <= 1.7 * layers.sent_bytes(axes="model")
 
 
-def test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers(monkeypatch):
+def test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers():
     """Each block's weights are gathered inside the loop. Without that GSPMD splits the
     loop's matmuls on their contracting dimension and all-reduces activations (at
     Llama-3.2-1B dims: 84 GiB per step instead of 7)."""
-    tokens, targets = _data()
-    sent = {}
-    for scan in (False, True):
-        config = SCANNED | dict(scan_layers=scan)
-        distribution = distribution_for(GPTCausalLM, "fsdp", "data=8", config=config)
-        with distribution.scope():
-            keras.utils.set_random_seed(0)
-            model = build_lm(config)
-            compile_sgd(model)
-            report = train_step_comms_report(model, tokens[:BATCH], targets[:BATCH], mesh=make_mesh("data=8"))
-        sent[scan] = report.sent_bytes()
+    sent = {scan: _step_comms("fsdp", "data=8", scan).sent_bytes() for scan in (False, True)}
     assert sent[True] <= sent[False], sent
 
 
