@@ -76,15 +76,22 @@ MATRIX = {
     "tests/models/test_chunked_loss.py::test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits[fsdp+tp]": (
         "test_vocabulary_parallel_under_tp_equals_the_plain_loss_and_gathers_no_logits[tp]"
     ),
-    # scanned blocks under fsdp and tp: tier 1 keeps fsdp+tp (both splits at once), their numbers
-    # (the layers' on one device), the fsdp program's bytes and the tp program's split
+    # bfloat16 moments alone under fsdp: tier 1 keeps them with a factored second moment (and in
+    # host memory), and the rounding's own checks
+    "tests/training/test_optimizers.py::test_bfloat16_moments_train_like_float32_under_fsdp": (
+        "test_factored_second_moments_train_like_adamw_under_fsdp, "
+        "test_moments_in_host_memory_train_as_on_the_device_under_fsdp, "
+        "test_a_decaying_second_moment_keeps_decaying_in_bfloat16"
+    ),
+    # scanned blocks under fsdp, tp and fsdp+tp: tier 1 keeps their numbers (the layers' on one
+    # device), the fsdp program's bytes and the tp program's split
     **{
         f"tests/models/test_gpt_scan.py::test_scanned_fit_matches_one_device[{case}]": (
-            "test_scanned_fit_matches_one_device[fsdp+tp-data=2,model=4], "
+            "test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers, "
             "test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers, "
             "test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do"
         )
-        for case in ("fsdp-data=8", "tp-data=2,model=4")
+        for case in ("fsdp-data=8", "tp-data=2,model=4", "fsdp+tp-data=2,model=4")
     },
     # greedy decoding of two more MoE families against transformers: tier 1 keeps Qwen3-MoE's
     # (equal and unequal prompts) and every family's logits

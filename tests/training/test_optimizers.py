@@ -68,11 +68,25 @@ def _train(moment_dtype, distribution=None, steps=12, second_moment="full", stat
     return model, losses
 
 
-def test_bfloat16_moments_train_like_float32_under_fsdp(tmp_path):
+@pytest.fixture(scope="module")
+def float32_losses():
+    """Keras' own AdamW (float32 moments, whole) on one device: the reference losses."""
+    return _train("float32")[1]
+
+
+@pytest.fixture(scope="module")
+def factored_under_fsdp():
+    """(model, losses) of bfloat16 first moments and factored second ones, under fsdp on data=8."""
+    run = _train("bfloat16", distribution_for(GPTCausalLM, "fsdp", "data=8"), second_moment="factored")
+    keras.distribution.set_distribution(None)
+    return run
+
+
+def test_bfloat16_moments_train_like_float32_under_fsdp(tmp_path, float32_losses):
     """gpt_tiny, 12 AdamW steps under fsdp on data=8: the moments are bfloat16 (the weights
     float32, placed as Keras' own moments are), every loss within 1% of float32 AdamW's on
     one device, and the model saves and loads with its optimizer."""
-    _, reference = _train("float32")
+    reference = float32_losses
     model, losses = _train("bfloat16", distribution_for(GPTCausalLM, "fsdp", "data=8"))
     keras.distribution.set_distribution(None)
     moments = [v for v in model.optimizer.variables if v.path.endswith(("momentum", "velocity"))]
@@ -88,16 +102,14 @@ def test_bfloat16_moments_train_like_float32_under_fsdp(tmp_path):
     assert loaded.optimizer.moment_dtype == "bfloat16"
 
 
-def test_factored_second_moments_train_like_adamw_under_fsdp(tmp_path):
+def test_factored_second_moments_train_like_adamw_under_fsdp(tmp_path, float32_losses, factored_under_fsdp):
     """gpt_tiny, 12 steps under fsdp on data=8 with the second moment factored (and the first
     in bfloat16): every loss within 2% of float32 AdamW's on one device (24 steps measured:
     within 2.0%, 2.625 against 2.678 at the end); each kernel's second moment is a row and a
     column mean, so the optimizer holds the first moment and 2,000 floats more (AdamW: twice
     the weights); the model saves and loads with its optimizer."""
-    _, reference = _train("float32")
-    model, losses = _train("bfloat16", distribution_for(GPTCausalLM, "fsdp", "data=8"), second_moment="factored")
-    keras.distribution.set_distribution(None)
-    np.testing.assert_allclose(losses, reference, rtol=0.02)
+    model, losses = factored_under_fsdp
+    np.testing.assert_allclose(losses, float32_losses, rtol=0.02)
     kernel = next(v for v in model.trainable_variables if len(v.shape) == 2)
     prefix = kernel.path.replace("/", "_")
     slots = {v.path.rsplit("/", 1)[-1]: v for v in model.optimizer.variables}
@@ -112,17 +124,16 @@ def test_factored_second_moments_train_like_adamw_under_fsdp(tmp_path):
     assert (loaded.optimizer.moment_dtype, loaded.optimizer.second_moment) == ("bfloat16", "factored")
 
 
-def test_moments_in_host_memory_train_as_on_the_device_under_fsdp(tmp_path):
-    """gpt_tiny, 6 steps under fsdp on data=8 with AdamW's moments (bfloat16, the second
+def test_moments_in_host_memory_train_as_on_the_device_under_fsdp(tmp_path, factored_under_fsdp):
+    """gpt_tiny, 12 steps under fsdp on data=8 with AdamW's moments (bfloat16, the second
     factored) in the host's pinned memory between steps: the losses are those of the same
     optimizer with its state on the device, every moment lives in host memory split as its
     weight (or its factor's shape) is, the weights stay in device memory, and the model saves
     and loads with its optimizer."""
     fsdp = distribution_for(GPTCausalLM, "fsdp", "data=8")
-    _, reference = _train("bfloat16", fsdp, steps=6, second_moment="factored")
-    model, losses = _train("bfloat16", fsdp, steps=6, second_moment="factored", state_memory="host")
+    model, losses = _train("bfloat16", fsdp, second_moment="factored", state_memory="host")
     keras.distribution.set_distribution(None)
-    np.testing.assert_allclose(losses, reference, rtol=1e-6)
+    np.testing.assert_allclose(losses, factored_under_fsdp[1], rtol=1e-6)
     slots = [v for v in model.optimizer.variables if "velocity" in v.path or v.path.endswith("momentum")]
     assert slots and {v.value.sharding.memory_kind for v in slots} == {"pinned_host"}
     assert {v.value.sharding.memory_kind for v in model.trainable_variables} == {"device"}
