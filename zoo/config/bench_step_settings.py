@@ -66,8 +66,18 @@ class StepBenchSettings:
     )
     second_moment: str = second_moment_setting("the optimizer's", "bench")
     state_memory: str = state_memory_setting("the optimizer's", "bench")
-    steps: int = setting(10, "optimizer steps per timed fit", section="bench", parse=types.positive_int)
-    repeats: int = setting(3, "timed fits; the median step is reported", section="bench", parse=types.positive_int)
+    steps: int = setting(
+        10,
+        "N: a step is timed as what a fit of 2N steps takes more than a fit of N",
+        section="bench",
+        parse=types.positive_int,
+    )
+    repeats: int = setting(
+        3,
+        "interleaved pairs of timed fits (N and 2N steps); the median step is reported",
+        section="bench",
+        parse=types.positive_int,
+    )
     profile: bool = setting(
         False,
         "also trace 3 steps with the JAX profiler and say where the device's time goes, per part of the model "
