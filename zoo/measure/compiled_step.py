@@ -36,6 +36,7 @@ from zoo._compat import (
     forgetting_deferred_variables,
     variable_layout,
 )
+from zoo.config.choices import PINNED_HOST
 from zoo.distribution.distributions import global_distribution
 from zoo.distribution.layouts import raise_if_unmatched
 
@@ -48,9 +49,6 @@ __all__ = [
     "state_bytes",
     "state_shardings",
 ]
-
-
-PINNED_HOST = "pinned_host"  # JAX's memory kind of host memory a device reaches directly
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,34 +140,33 @@ def state_groups(model):
 
 def state_shardings(model, distribution):
     """Shardings of ``(trainable, non_trainable, optimizer, metrics)`` variables, as Keras
-    lays them out once initialised (a slot takes its weight's layout)."""
+    lays them out once initialised (a slot takes its weight's layout, in host memory where
+    the optimizer keeps it there: ``AdamW.host_slots``)."""
+    trainable, non_trainable, optimizer, metrics = _device_shardings(model, distribution)
+    host = {id(slot) for slot in getattr(model.optimizer, "host_slots", list)()}
+    optimizer = [
+        sharding.with_memory_kind(PINNED_HOST) if id(slot) in host else sharding
+        for slot, sharding in zip(model.optimizer.variables, optimizer)
+    ]
+    return trainable, non_trainable, optimizer, metrics
+
+
+def _device_shardings(model, distribution):
+    """``state_shardings`` all in device memory."""
     if distribution is None:
-        device = jax.devices()[0]
-        single = jax.sharding.SingleDeviceSharding(device)
-        groups = [[single] * len(group) for group in state_groups(model)]
-        host = _host_slots(model)
-        groups[2] = [
-            single.with_memory_kind(PINNED_HOST) if id(slot) in host else single for slot in model.optimizer.variables
-        ]
-        return tuple(groups)
+        single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return tuple([single] * len(group) for group in state_groups(model))
     mesh = distribution.device_mesh.backend_mesh
     shard = lambda v: _variable_sharding(v, distribution, mesh)
     trainable = [shard(v) for v in model.trainable_variables]
     non_trainable = [shard(v) for v in model.non_trainable_variables]
     by_id = {id(v): s for v, s in zip(model.trainable_variables, trainable)}
-    host = _host_slots(model)
     optimizer = []
     for slot in model.optimizer.variables:
         reference = slot_reference(slot, model.trainable_variables)
-        sharding = by_id[id(reference)] if reference is not None else NamedSharding(mesh, P())
-        optimizer.append(sharding.with_memory_kind(PINNED_HOST) if id(slot) in host else sharding)
+        optimizer.append(by_id[id(reference)] if reference is not None else NamedSharding(mesh, P()))
     metrics = [NamedSharding(mesh, P()) for _ in model.metrics_variables]
     return trainable, non_trainable, optimizer, metrics
-
-
-def _host_slots(model):
-    """ids of the optimizer's slots kept in host memory between steps (``AdamW.host_slots``)."""
-    return {id(slot) for slot in getattr(model.optimizer, "host_slots", list)()}
 
 
 def host_state_bytes(model, shardings):

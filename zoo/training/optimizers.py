@@ -47,7 +47,7 @@ import keras
 
 from zoo._compat import place_variable_in_memory, variable_layout
 from zoo.config.choices import FLOAT_DTYPES as MOMENT_DTYPES
-from zoo.config.choices import SECOND_MOMENTS, STATE_MEMORIES
+from zoo.config.choices import PINNED_HOST, SECOND_MOMENTS, STATE_MEMORIES
 
 __all__ = [
     "MOMENT_DTYPES",
@@ -114,7 +114,7 @@ class AdamW(keras.optimizers.AdamW):
     def build(self, var_list):
         super().build(var_list)
         for slot in self.host_slots():
-            place_variable_in_memory(slot, "pinned_host")
+            place_variable_in_memory(slot, PINNED_HOST)
 
     def host_slots(self):
         """The slots kept in host memory between steps: every moment and factored mean
