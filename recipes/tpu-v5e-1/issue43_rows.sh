@@ -14,8 +14,9 @@
 # `11` (the loss in chunks with its gradient in the forward pass, on qwen3_0.6b's best row; 8 vs
 # 28 scanned layers' compile; llama_3_2_1b's full fine-tune with AdamW's state in bfloat16 and
 # factored, issue 48), `12` (gpt_1b with bfloat16 and factored moments), `13` (gpt_350m profiled), `14` (part 12's rows and qwen3_0.6b's best, a step timed
-# apart from the fit's start and end), `15` (keras-hub beside gpt_1b, timed as part 14), `16` and `17` (not yet run: scanned vs
-# unscanned steps; AdamW's moments in host memory, and the plan of the 1B full fine-tune).
+# apart from the fit's start and end), `15` (keras-hub beside gpt_1b, timed as part 14), `16` (scanned vs unscanned steps), `17` (AdamW's
+# moments in host memory, and the plan of the 1B full fine-tune), `18` (part 17's host-memory row
+# again; qwen3_0.6b at batch 8, unscanned).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -120,14 +121,14 @@ case "$part" in
 15)  # keras-hub side by side, both timed as part 14 times a step
     row 500 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
     ;;
-16)  # not yet run: is the scanned step slower per step? (issue 43 item 4: scan as the default
+16)  # is the scanned step slower per step? (issue 43 item 4: scan as the default
     # where it is not) gpt_1b b2 scanned, against part 14's unscanned row; qwen3_0.6b b4 unscanned,
     # against part 14's scanned row
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored --scan-layers
     row 400 --config-name qwen3_0.6b --method full --batch-size 4 --remat save_attention --loss-chunk-size 512
     ;;
-17)  # not yet run: AdamW's moments in host memory on the chip (issue 48): the HBM they free and
+17)  # AdamW's moments in host memory on the chip (issue 48): the HBM they free and
     # the transfer's cost a step, llama_3_2_1b full fine-tune (part 11's row) and gpt_1b b4
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 300 --config-name llama_3_2_1b --method full --batch-size 2 --remat auto --loss-chunk-size 512 \
@@ -136,5 +137,14 @@ case "$part" in
     plan 170 --config-name llama_3_2_1b --sequence-length 2048 --batch-size 2 --remat save_attention \
         --loss-chunk-size 512 --moment-dtype bfloat16 --second-moment factored --scan-layers
     grep "^remat " "$OUT/log.txt" >> "$OUT/step.md"
+    ;;
+18)  # run once with an experiment not kept (each host moment fetched behind an optimization barrier
+    # with its gradient; no change on the chip: docs/performance.md, sixth session): part 17's
+    # llama_3_2_1b row again; qwen3_0.6b's float32 AdamW at batch 8, unscanned, full remat
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 250 --config-name llama_3_2_1b --method full --batch-size 2 --remat auto --loss-chunk-size 512 \
+        --moment-dtype bfloat16 --second-moment factored --state-memory host --scan-layers
+    grep "^remat " "$OUT/log.txt" >> "$OUT/step.md"
+    row 330 --config-name qwen3_0.6b --method full --batch-size 8 --remat full --loss-chunk-size 512
     ;;
 esac

@@ -5,6 +5,7 @@ import pytest
 
 from zoo.measure.compiled_step import memory_analysis_reflects_remat
 from zoo.planning import make_plan, verdict
+from zoo.planning._where import host_state_note
 from zoo.planning.plan import Plan, PlanRequest, compiler_caveat
 
 CONFIG = {"config_name": "gpt_tiny", "num_layers": 2, "sequence_length": 32, "batch_size": 8}
@@ -36,5 +37,12 @@ def test_a_tpu_step_compiled_by_xla_cpu_is_called_an_upper_bound():
 
 
 def test_a_tpu_plan_carries_the_compiler_caveat_in_its_verdict():
-    plan = make_plan(PlanRequest("pretrain_gpt", {**CONFIG, "remat": "none"}, devices=1, device="tpu-v5e"))
+    """And, with the optimizer's moments in host memory, a note that a TPU v5e's compiler
+    did not take them out of its footprint as XLA:CPU does (docs/performance.md)."""
+    plan = make_plan(
+        PlanRequest("pretrain_gpt", {**CONFIG, "remat": "none", "state_memory": "host"}, devices=1, device="tpu-v5e")
+    )
     assert plan.caveat == compiler_caveat("tpu-v5e") and "upper bound for a TPU" in verdict(plan)
+    assert plan.step.memory["host"] > 0 and host_state_note("tpu-v5e", "host") in plan.notes
+    assert "footprint did not shrink" in host_state_note("tpu-v5e", "host")
+    assert host_state_note("tpu-v5e", "device") == host_state_note("h100", "host") == ""

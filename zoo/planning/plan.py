@@ -33,7 +33,7 @@ from zoo.measure.hardware import device_spec, host_cpu_spec, platform_of
 from zoo.planning import roofline
 from zoo.planning._activations import remat_caveat, remat_correction, remat_saved_per_block
 from zoo.planning._depth import FULL_DEPTH_UP_TO, depth_unit, depths_to_compile, period_note
-from zoo.planning._where import compiler_caveat, compiles_here, with_simulated_cost
+from zoo.planning._where import compiler_caveat, compiles_here, host_state_note, with_simulated_cost
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
 from zoo.units import GIB, format_bytes
 
@@ -317,6 +317,8 @@ def plan_in_process(request, *, compiler_options=None):
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); compiled whole, the "
             "temporaries are not corrected for it: the peak is an upper bound"
         )
+    if note := host_state_note(request.device, getattr(settings, "state_memory", "device")):
+        notes.append(note)
     if correct_remat and len(steps) == 2:
         correction = remat_correction(steps, settings, full_depth, step)
         notes.append(
