@@ -23,6 +23,7 @@ PAGES = [
     "docs/data.md",
     "docs/tensor_parallel.md",
     "docs/sequence_parallel.md",
+    "docs/attention.md",
     "docs/context_parallel.md",
     "docs/recipes.md",
     "docs/checkpoints.md",

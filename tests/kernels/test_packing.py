@@ -266,7 +266,7 @@ def test_local_attention_runs_the_tiles_with_ids_where_cudnn_would_apply(monkeyp
     """On a GPU, bfloat16 causal self-attention in natural order goes to cuDNN, which takes
     no document ids: with ids the tiled kernel runs instead (cuDNN stubbed out here; the
     tiled kernel's numbers with ids: the tests above)."""
-    module = importlib.import_module("zoo.kernels.blockwise_attention")  # the package exports the function
+    module = importlib.import_module("zoo.kernels.attention_seam")  # the package exports the function
 
     def no_cudnn(*args, **kwargs):
         raise AssertionError("cuDNN was called")

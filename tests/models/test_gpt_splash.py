@@ -1,7 +1,7 @@
 """A GPT trains through the TPU's attention kernel (splash, JAX's Pallas kernel) to the
 numbers of the tiled kernel: the layers' path to it (q, k, v laid out per KV head, the
 scale, the named residuals under remat) checked here, where the same Pallas program runs
-in Pallas' interpreter (``SPLASH_PLATFORMS`` widened to this CPU for the test).
+in Pallas' interpreter (``PLATFORMS`` widened to this CPU for the test).
 
 The smallest shapes splash takes: T = 128 (one block), head dim 64; grouped-query heads (2 of 1 KV head).
 """
@@ -26,9 +26,7 @@ CONFIG = dict(
     max_sequence_length=128,
 )
 T, BATCH, STEPS = 128, 2, 2
-kernels_module = importlib.import_module(
-    "zoo.kernels.blockwise_attention"
-)  # the package exports a function of that name
+kernels_module = importlib.import_module("zoo.kernels.splash_attention")  # the package exports a function of that name
 
 
 def _data():
@@ -52,7 +50,7 @@ def test_fit_through_splash_under_remat_equals_the_tiled_kernel(monkeypatch):
     """Under remat save_attention: splash's named residuals are what the backward pass keeps."""
     remat = "save_attention"
     tiled = _run(remat)
-    monkeypatch.setattr(kernels_module, "SPLASH_PLATFORMS", ("tpu", "cpu"))
+    monkeypatch.setattr(kernels_module, "PLATFORMS", ("tpu", "cpu"))
     assert describe_attention(seq_len=T, head_dim=64, causal=True) == "splash (blocks 128)"
     splashed = _run(remat)
     report = parity.compare_runs(tiled, splashed, rtol=1e-5, atol=1e-5)
@@ -81,7 +79,7 @@ def test_a_padded_encoder_trains_through_splash_to_the_tiled_kernels_numbers(mon
         return parity.reference_run(build, _compile, tokens, labels, steps=STEPS, batch_size=BATCH)
 
     tiled = run()
-    monkeypatch.setattr(kernels_module, "SPLASH_PLATFORMS", ("tpu", "cpu"))
+    monkeypatch.setattr(kernels_module, "PLATFORMS", ("tpu", "cpu"))
     assert describe_attention(seq_len=T, head_dim=64, masked=True) == "splash (blocks 128)"
     splashed = run()
     report = parity.compare_runs(tiled, splashed, rtol=1e-5, atol=1e-5)

@@ -16,13 +16,14 @@ from zoo.kernels._checks import (
     check_softcap,
 )
 from zoo.kernels.attention_reference import attention_reference
-from zoo.kernels.blockwise_attention import (
+from zoo.kernels.attention_seam import (
+    AttentionSpec,
     attention_implementation,
-    blockwise_attention,
-    blockwise_tiles,
     describe_local_attention,
     local_attention,
+    select_local_kernel,
 )
+from zoo.kernels.blockwise_attention import blockwise_attention, blockwise_tiles
 from zoo.kernels.gather_attention import gather_kv_attention
 from zoo.kernels.load_balance import (
     causal_block_work,
@@ -36,6 +37,7 @@ from zoo.kernels.ring_attention import ring_attention, ring_attention_tiles
 from zoo.kernels.ulysses_attention import ulysses_attention
 
 __all__ = [
+    "AttentionSpec",
     "attention_implementation",
     "attention_reference",
     "block_size_for",
@@ -58,6 +60,7 @@ __all__ = [
     "ring_attention",
     "ring_attention_tiles",
     "ring_steps",
+    "select_local_kernel",
     "shard_positions",
     "tile_plan",
     "ulysses_attention",

@@ -9,9 +9,8 @@ exp(score - lse) (flash-attention style). Under causal masking tiles that no que
 window W (``sliding_window=``) the loops visit only the tiles the window touches, so the
 work is O(T x W), and ``blockwise_tiles`` says which tiles those are, in plain numpy.
 
-``local_attention`` picks, per call, between this kernel and cuDNN's fused attention
-(``jax.nn.dot_product_attention(implementation="cudnn")``) on a CUDA GPU;
-``attention_implementation`` is that choice as a pure function, testable anywhere.
+``BLOCKWISE`` is its entry in the attention seam's registry (``zoo.kernels.attention_seam``):
+the kernel that takes every platform, shape and option, chosen where no other does.
 
 Letters: B batch, T queries, S keys, H query heads, K KV heads (K divides H), D head dim.
 """
@@ -24,7 +23,8 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from zoo.config.choices import ATTENTION_OUT
-from zoo.kernels import _checks, splash_attention
+from zoo.kernels import _checks
+from zoo.kernels._attention_spec import LocalKernel
 from zoo.kernels._blocking import tile_plan, tile_work
 from zoo.kernels._masking import default_positions, segment_pair
 from zoo.kernels._ring_blocks import (
@@ -36,21 +36,7 @@ from zoo.kernels._ring_blocks import (
     start_forward,
 )
 
-__all__ = [
-    "attention_implementation",
-    "blockwise_attention",
-    "blockwise_tiles",
-    "describe_local_attention",
-    "local_attention",
-]
-
-# cuDNN's fused attention (flash attention) as jax.nn.dot_product_attention runs it:
-# fp16/bf16 inputs, head dim a multiple of 8 and <= 128 (<= 256 from Hopper on; 128 is
-# what every SM80+ GPU takes), padding only as sequence lengths (not a boolean mask).
-CUDNN_DTYPES = ("bfloat16", "float16")
-CUDNN_MAX_HEAD_DIM = 128
-CUDNN_PLATFORMS = ("gpu", "cuda")
-SPLASH_PLATFORMS = ("tpu",)  # splash attention: JAX's Pallas TPU kernel
+__all__ = ["BLOCKWISE", "blockwise_attention", "blockwise_tiles"]
 
 
 def blockwise_attention(
@@ -199,156 +185,27 @@ def _blockwise_bwd(tiles, residuals, d_out):
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
-def attention_implementation(
-    *,
-    platform,
-    dtype,
-    head_dim,
-    causal=False,
-    masked=False,
-    natural_order=True,
-    q_len=None,
-    kv_len=None,
-    softcapped=False,
-    key_masked=None,
-    segmented=False,
-    pallas=True,
-):
-    """``"cudnn"``, ``"splash"`` or ``"blockwise"``: which kernel ``local_attention`` runs (a pure function).
-
-    Splash (``zoo.kernels.splash_attention``, JAX's Pallas kernel) when ``platform`` is a
-    TPU, ``pallas`` allows a Pallas kernel (False where GSPMD would partition the call over
-    several devices: it cannot split a Pallas call), and ``splash_attention.supports`` the
-    lengths, head dim and order, and not both a key mask (``key_masked``; default
-    ``masked``) and segment ids (``segmented``).
-
-    cuDNN when all hold: ``platform`` is a GPU ("gpu"/"cuda", as ``jax.default_backend()``
-    says), ``dtype`` is bfloat16 or float16, ``head_dim`` is a multiple of 8 and <= 128,
-    no key mask and no segment ids (``masked`` False: a boolean mask would cost cuDNN a
-    [T, S] bias; ``jax.nn.dot_product_attention`` takes no document ids), and
-    under causal masking the tokens are in natural order (``natural_order``: positions
-    0..T-1 for queries and keys) with ``q_len == kv_len`` (cuDNN's causal mask is by
-    array index), and no soft-capping (``softcapped``: cuDNN's scores have none).
-    Otherwise the tiled kernel.
-    """
-    if platform in SPLASH_PLATFORMS and pallas and q_len is not None and kv_len is not None:
-        if splash_attention.supports(
-            q_len=q_len,
-            kv_len=kv_len,
-            head_dim=head_dim,
-            natural_order=natural_order,
-            key_masked=masked if key_masked is None else key_masked,
-            segmented=segmented,
-        ):
-            return "splash"
-    ok = (
-        platform in CUDNN_PLATFORMS
-        and str(jnp.dtype(dtype)) in CUDNN_DTYPES
-        and head_dim % 8 == 0
-        and head_dim <= CUDNN_MAX_HEAD_DIM
-        and not masked
-        and not softcapped
-        and (not causal or (natural_order and q_len == kv_len))
-    )
-    return "cudnn" if ok else "blockwise"
-
-
-def describe_local_attention(*, q_len, kv_len, block_size=512, cudnn=True, **choice):
-    """``"cudnn"``, ``"splash (blocks 512)"``, ``"blockwise (tile 512)"`` or ``"blockwise
-    (tile 256x512)"`` (query x key tiles).
-
-    ``choice``: the other arguments of ``attention_implementation``; ``cudnn=False``
-    describes a caller that runs the tiled kernel regardless (no fused kernel).
-    """
-    kernel = attention_implementation(q_len=q_len, kv_len=kv_len, **choice) if cudnn else "blockwise"
-    if kernel == "cudnn":
-        return "cudnn"
-    if kernel == "splash":
-        q_edge, k_edge = (splash_attention.block_edge(n) for n in (q_len, kv_len))
-        return f"splash (blocks {q_edge})" if q_edge == k_edge else f"splash (blocks {q_edge}x{k_edge})"
-    q_tile, k_tile = (tile_plan(length, block_size)[0] for length in (q_len, kv_len))
-    return f"blockwise (tile {q_tile})" if q_tile == k_tile else f"blockwise (tile {q_tile}x{k_tile})"
-
-
-def local_attention(
-    q,
-    k,
-    v,
-    *,
-    causal=False,
-    key_mask=None,
-    scale=None,
-    q_positions=None,
-    k_positions=None,
-    block_size=512,
-    sliding_window=None,
-    softcap=None,
-    segment_ids=None,
-    kv_segment_ids=None,
-    pallas=True,
-):
-    """Attention on one device's arrays: cuDNN or splash where ``attention_implementation``
-    allows, else tiled.
-
-    Same arguments, shapes and result as ``blockwise_attention``; ``pallas=False`` where
-    GSPMD partitions the call over several devices (no Pallas kernel then). Positions given as
-    None mean natural order; they only matter under causal masking. A sliding window W
-    reaches cuDNN as ``local_window_size=(W - 1, 0)`` (keys p - W + 1 .. p, causal).
-    On a GPU, segment ids (packing) run the tiled kernel: ``jax.nn.dot_product_attention``
-    has no document-id argument (cuDNN's packed layout is reached only through private
-    APIs), and a [T, S] boolean mask would cost the memory the tiles save; splash takes
-    them as its own.
-    """
-    platform = jax.default_backend()
-    choice = attention_implementation(
-        platform=platform,
-        dtype=q.dtype,
-        head_dim=q.shape[-1],
-        causal=causal,
-        masked=key_mask is not None or segment_ids is not None,
-        natural_order=q_positions is None and k_positions is None,
-        q_len=q.shape[1],
-        kv_len=k.shape[1],
-        softcapped=softcap is not None,
-        key_masked=key_mask is not None,
-        segmented=segment_ids is not None,
-        pallas=pallas,
-    )
-    if choice == "splash":
-        _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
-        window = _checks.check_sliding_window(sliding_window, causal=causal)
-        return splash_attention.splash_attention(
-            q,
-            k,
-            v,
-            causal=causal,
-            scale=scale,
-            sliding_window=window,
-            softcap=_checks.check_softcap(softcap),
-            segment_ids=segment_ids,
-            kv_segment_ids=kv_segment_ids,
-            key_mask=key_mask,
-            interpret=platform != "tpu",  # only where a test adds this platform to SPLASH_PLATFORMS
-        )
-    if choice == "cudnn":
-        _checks.check_shapes(q.shape, k.shape, v.shape)
-        window = _checks.check_sliding_window(sliding_window, causal=causal)
-        local_window = None if window is None else (window - 1, 0)
-        return jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=causal, local_window_size=local_window, implementation="cudnn"
-        )
+def _run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_segment_ids):
     return blockwise_attention(
         q,
         k,
         v,
-        causal=causal,
+        causal=spec.causal,
         key_mask=key_mask,
-        scale=scale,
+        scale=spec.scale,
         q_positions=q_positions,
         k_positions=k_positions,
-        block_size=block_size,
-        sliding_window=sliding_window,
-        softcap=softcap,
+        block_size=spec.block_size,
+        sliding_window=spec.sliding_window,
+        softcap=spec.softcap,
         segment_ids=segment_ids,
         kv_segment_ids=kv_segment_ids,
     )
+
+
+def _describe(query, block_size):
+    q_tile, k_tile = (tile_plan(length, block_size)[0] for length in (query.q_len, query.kv_len))
+    return f"blockwise (tile {q_tile})" if q_tile == k_tile else f"blockwise (tile {q_tile}x{k_tile})"
+
+
+BLOCKWISE = LocalKernel("blockwise", lambda query: True, _run, _describe)  # every platform, shape and option

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from zoo.kernels import _checks
 from zoo.kernels._masking import segment_pair
-from zoo.kernels.blockwise_attention import local_attention
+from zoo.kernels.attention_seam import local_attention
 from zoo.kernels.load_balance import permutation, shard_positions
 
 __all__ = ["gather_kv_attention"]

@@ -40,10 +40,13 @@ import jax
 import jax.numpy as jnp
 
 from zoo.config.choices import ATTENTION_OUT
+from zoo.kernels import _checks
+from zoo.kernels._attention_spec import LocalKernel
 from zoo.kernels._masking import segment_pair
 
-__all__ = ["block_edge", "splash_attention", "supports"]
+__all__ = ["PLATFORMS", "SPLASH", "block_edge", "splash_attention", "supports"]
 
+PLATFORMS = ("tpu",)  # where the seam runs it (a test widens it to the CPU: Pallas' interpreter)
 LANES = 128  # the TPU's vector lane width: every block edge is a multiple of it
 EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
 COMPUTE_EDGE = 512  # keys per inner step of a block (block_kv_compute): the measured best
@@ -170,3 +173,50 @@ def _sees_no_key(key_mask, *, q_len, causal, window):
         before = jnp.arange(q_len) - window
         seen = seen - jnp.where(before >= 0, kept[:, jnp.maximum(before, 0)], 0)
     return seen == 0
+
+
+def _supports(query):
+    """Splash runs a call on a TPU where a Pallas kernel may run (``query.pallas``) and
+    ``supports`` takes its lengths, head dim, order and masks."""
+    return (
+        query.platform in PLATFORMS
+        and query.pallas
+        and not query.sequence_split
+        and query.q_len is not None
+        and query.kv_len is not None
+        and supports(
+            q_len=query.q_len,
+            kv_len=query.kv_len,
+            head_dim=query.head_dim,
+            natural_order=query.natural_order,
+            key_masked=query.key_masked,
+            segmented=query.segmented,
+        )
+    )
+
+
+def _run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_segment_ids):
+    del q_positions, k_positions  # None: natural order, by _supports
+    _checks.check_shapes(q.shape, k.shape, v.shape, None if key_mask is None else key_mask.shape)
+    return splash_attention(
+        q,
+        k,
+        v,
+        causal=spec.causal,
+        scale=spec.scale,
+        sliding_window=_checks.check_sliding_window(spec.sliding_window, causal=spec.causal),
+        softcap=_checks.check_softcap(spec.softcap),
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        key_mask=key_mask,
+        interpret=jax.default_backend() != "tpu",  # only where a test adds this platform to PLATFORMS
+    )
+
+
+def _describe(query, block_size):
+    del block_size  # splash's blocks are its own (block_edge)
+    q_edge, k_edge = block_edge(query.q_len), block_edge(query.kv_len)
+    return f"splash (blocks {q_edge})" if q_edge == k_edge else f"splash (blocks {q_edge}x{k_edge})"
+
+
+SPLASH = LocalKernel("splash", _supports, _run, _describe)

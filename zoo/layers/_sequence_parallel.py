@@ -8,9 +8,9 @@ path, checks sizes on the *global* shapes before any tracing of a kernel, and ru
 
 Paths:
 
-- plain: ``kernels.local_attention`` on whole arrays: the tiled online-softmax kernel
-  (``blockwise_attention``, memory O(T x tile)), or cuDNN's fused attention on a GPU
-  where it applies (``kernels.attention_implementation``). GSPMD partitions it if the
+- plain: ``kernels.local_attention`` on whole arrays: the kernel the attention seam
+  selects (``zoo.kernels.attention_seam``: splash on a TPU, cuDNN on a GPU where they
+  apply, else the tiled online-softmax kernel, memory O(T x tile)). GSPMD partitions it if the
   arrays are sharded (batch or heads). Taken when the plan has no ``context_attention``:
   the layer names no kernel and no ``ContextParallel`` is active, no distribution is
   set, or the mesh has no sequence axis of size > 1 (one device, ``DataParallel``,
@@ -182,7 +182,7 @@ def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size
         block_size=block_size,
     )
     if kernel is None:  # plain; on a split axis GSPMD may split T: tiles (see plain_attention)
-        return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, cudnn=n == 1, pallas=pallas)
+        return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, sequence_split=n > 1, pallas=pallas)
     over = f"over {plan.sequence_axis!r} (N={n}"
     if kernel == "ring":
         return f"ring {over}, tile {kernels.block_size_for(seq_len // n, block_size, balance)})"
@@ -229,12 +229,7 @@ def plain_attention(
     if rope is not None:
         rotary_positions = jnp.arange(q.shape[1], dtype=jnp.int32) if positions is None else positions
         q, k = (rope.apply(x, rotary_positions) for x in (q, k))
-    # On a split sequence axis GSPMD may shard T, which cuDNN's partitioner refuses: tiles.
-    if axis_size == 1:
-        kernel = functools.partial(kernels.local_attention, pallas=pallas)
-    else:
-        kernel = kernels.blockwise_attention
-    return kernel(
+    return kernels.local_attention(
         q,
         k,
         v,
@@ -247,6 +242,8 @@ def plain_attention(
         scale=scale,
         softcap=softcap,
         segment_ids=segment_ids,
+        pallas=pallas,
+        sequence_split=axis_size > 1,  # GSPMD may shard T on a split sequence axis: the tiled kernel
     )
 
 

@@ -9,11 +9,11 @@ from zoo.config.choices import ATTENTION_QKV
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.kernels import (
-    attention_reference,
     check_kv_heads,
     check_segment_ids,
     check_sliding_window,
     check_softcap,
+    local_attention,
 )
 from zoo.layers import _sequence_parallel, _tensor_parallel_attention
 from zoo.layers._parallel_plan import (
@@ -388,7 +388,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )  # (B, 2, S', K, D), i32[S'], (B, 2, S, K, D)
         filled = (key_positions[None, :] >= start[:, None]) & (key_positions[None, :] >= 0)  # bool[B, S']
         filled = filled & (key_positions[None, :] < cache_index + length)
-        out = attention_reference(
+        out = local_attention(  # the seam's kernel for these cache positions (zoo.kernels.attention_seam)
             q,
             keys[:, 0].astype(q.dtype),
             keys[:, 1].astype(q.dtype),
@@ -396,6 +396,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_mask=filled,
             q_positions=positions,
             k_positions=key_positions,
+            block_size=self.ring_block_size,
             sliding_window=self.sliding_window,
             scale=self.attention_scale,
             softcap=self.softcap,

@@ -1,0 +1,127 @@
+"""The attention seam (``zoo.kernels.attention_seam``): every local attention call is chosen
+by one selector, and a kernel added to its registry runs wherever it says it applies:
+plain calls, the local step of the all-gather and Ulysses context kernels, and a layer's
+cached decoding. The registry's own kernels are checked against the float64 reference in
+their modules' tests (blockwise, splash in Pallas' interpreter, cuDNN's choice)."""
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from tests.kernels import _harness as h
+from zoo.kernels import (
+    attention_reference,
+    attention_seam,
+    describe_local_attention,
+    gather_kv_attention,
+    local_attention,
+    ulysses_attention,
+)
+from zoo.kernels._attention_spec import LocalKernel
+from zoo.layers import MultiHeadAttention
+
+HEAD_DIM = 16  # the test kernel's own; the tiled kernel takes any other
+
+
+@pytest.fixture
+def dense_kernel(monkeypatch):
+    """A kernel that materialises the scores (``attention_reference``) for head dim 16 on
+    this CPU, put first in the registry: the list of the specs it was run with."""
+    calls = []
+
+    def run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_segment_ids):
+        calls.append(spec)
+        return attention_reference(
+            q,
+            k,
+            v,
+            causal=spec.causal,
+            key_mask=key_mask,
+            scale=spec.scale,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            sliding_window=spec.sliding_window,
+            softcap=spec.softcap,
+            segment_ids=segment_ids,
+            kv_segment_ids=kv_segment_ids,
+        ).astype(q.dtype)
+
+    dense = LocalKernel(
+        "dense", lambda query: query.platform == "cpu" and query.head_dim == HEAD_DIM, run, lambda *_: "dense"
+    )
+    monkeypatch.setattr(attention_seam, "LOCAL_KERNELS", (dense, *attention_seam.LOCAL_KERNELS))
+    return calls
+
+
+def _value_and_grads(attend, q, k, v, mask, cotangent):
+    out, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, mask), q, k, v)
+    return out, pullback(cotangent)
+
+
+def test_a_registered_kernel_runs_the_calls_it_supports_with_the_tiled_kernels_numbers(dense_kernel):
+    """Causal, windowed and soft-capped, with a key mask: the added kernel runs the call
+    and its output and gradients are the tiled kernel's (which runs it unregistered); a
+    head dim it does not take still goes to the tiled kernel."""
+    options = dict(causal=True, sliding_window=24, softcap=20.0, block_size=16)
+    q, k, v, mask, cotangent = h.inputs(heads=4, kv_heads=2, length=64)
+
+    def seam(q, k, v, mask):
+        return local_attention(q, k, v, key_mask=mask, **options)
+
+    def tiled(q, k, v, mask):
+        return attention_seam.BLOCKWISE.run(
+            q, k, v, attention_seam.AttentionSpec(**options), key_mask=mask, q_positions=None, k_positions=None,
+            segment_ids=None, kv_segment_ids=None,
+        )  # fmt: skip
+
+    got, want = _value_and_grads(seam, q, k, v, mask, cotangent), _value_and_grads(tiled, q, k, v, mask, cotangent)
+    assert [(s.causal, s.sliding_window, s.softcap) for s in dense_kernel] == [(True, 24, 20.0)]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    wide = h.inputs(heads=4, kv_heads=2, length=64, head_dim=32)
+    local_attention(*wide[:3], causal=True)
+    assert len(dense_kernel) == 1
+    described = dict(platform="cpu", dtype="float32", q_len=64, kv_len=64, block_size=16)
+    assert describe_local_attention(head_dim=HEAD_DIM, **described) == "dense"
+    assert describe_local_attention(head_dim=32, **described) == "blockwise (tile 16)"
+
+
+@pytest.mark.parametrize("context_kernel", [gather_kv_attention, ulysses_attention], ids=lambda f: f.__name__)
+def test_the_context_kernels_run_the_selected_kernel_as_their_local_step(dense_kernel, context_kernel):
+    """On 4 devices: the all-gather and Ulysses kernels run the registered kernel for their
+    local step, once per device program, and still equal the reference."""
+    q, k, v, mask, _ = h.inputs(heads=4, kv_heads=4, length=64)
+    out = h.sharded(context_kernel, n=4, causal=True, block_size=16)(q, k, v, mask)
+    assert len(dense_kernel) == 1
+    want = h.reference(causal=True)(q, k, v, mask)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
+def test_cached_decoding_asks_the_seam(dense_kernel):
+    """A layer's cached call (generation) gets its kernel from the same selector as
+    training, and its output is the uncached call's."""
+    layer = MultiHeadAttention(num_heads=4, head_dim=HEAD_DIM, num_kv_heads=2, causal=True, rotary=True)
+    x = np.random.default_rng(0).normal(size=(2, 8, 32)).astype("float32")
+    whole = layer(x)
+    trained = len(dense_kernel)
+    cache = layer.empty_cache(2, 8)
+    out, _ = layer(x, cache=cache, cache_index=0)
+    assert trained == 1 and len(dense_kernel) == 2
+    np.testing.assert_allclose(out, whole, rtol=2e-5, atol=2e-5)
+
+
+def test_one_selector_chooses_every_local_kernel():
+    """Only the seam reads the registry or asks a kernel whether it applies, and no layer,
+    model or context kernel calls a local kernel by name."""
+    zoo = pathlib.Path(attention_seam.__file__).parents[1]
+    sources = {path: path.read_text() for path in zoo.rglob("*.py")}
+    asking = {path.name for path, text in sources.items() if "LOCAL_KERNELS" in text or ".supports(query" in text}
+    assert asking == {"attention_seam.py"}
+    by_name = ("blockwise_attention(", "splash_attention(", 'implementation="cudnn"')
+    for folder in ("layers", "models", "training"):
+        for path in (zoo / folder).rglob("*.py"):
+            assert not [name for name in by_name if name in sources[path]], path
+    for path in ("kernels/gather_attention.py", "kernels/ulysses_attention.py"):
+        assert not [name for name in by_name if name in sources[zoo / path]], path
