@@ -32,6 +32,9 @@ RESUME_TIER_1 = f"{RESUME}::test_the_pipelines_stacked_blocks_resume_as_layers_a
 
 # test id -> the tier-1 test that checks the same property
 MATRIX = {
+    # the seam's inner kernel under a context kernel: tier 1 keeps Ulysses (the same local_attention call)
+    "tests/kernels/test_attention_seam.py::test_the_context_kernels_run_the_selected_kernel_as_their_local_step"
+    "[gather_kv_attention]": "[ulysses_attention]",
     # GPT fit parity: tier 1 keeps fsdp+tp (fsdp and tp together), tp+sp and context-ring
     f"{GPT_PARITY}[data-data=8]": "every other case's batch split over data",
     f"{GPT_PARITY}[fsdp-data=8]": "fsdp+tp-data=2,model=4",

@@ -64,8 +64,8 @@ def test_a_registered_kernel_runs_the_calls_it_supports_with_the_tiled_kernels_n
     """Causal, windowed and soft-capped, with a key mask: the added kernel runs the call
     and its output and gradients are the tiled kernel's (which runs it unregistered); a
     head dim it does not take still goes to the tiled kernel."""
-    options = dict(causal=True, sliding_window=24, softcap=20.0, block_size=16)
-    q, k, v, mask, cotangent = h.inputs(heads=4, kv_heads=2, length=64)
+    options = dict(causal=True, sliding_window=12, softcap=20.0, block_size=8)
+    q, k, v, mask, cotangent = h.inputs(heads=4, kv_heads=2, length=32)
 
     def seam(q, k, v, mask):
         return local_attention(q, k, v, key_mask=mask, **options)
@@ -77,23 +77,23 @@ def test_a_registered_kernel_runs_the_calls_it_supports_with_the_tiled_kernels_n
         )  # fmt: skip
 
     got, want = _value_and_grads(seam, q, k, v, mask, cotangent), _value_and_grads(tiled, q, k, v, mask, cotangent)
-    assert [(s.causal, s.sliding_window, s.softcap) for s in dense_kernel] == [(True, 24, 20.0)]
+    assert [(s.causal, s.sliding_window, s.softcap) for s in dense_kernel] == [(True, 12, 20.0)]
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
-    wide = h.inputs(heads=4, kv_heads=2, length=64, head_dim=32)
-    local_attention(*wide[:3], causal=True)
+    wide = h.inputs(heads=2, kv_heads=2, length=16, head_dim=32)
+    jax.eval_shape(lambda q, k, v: local_attention(q, k, v, causal=True), *wide[:3])  # the choice is made tracing
     assert len(dense_kernel) == 1
-    described = dict(platform="cpu", dtype="float32", q_len=64, kv_len=64, block_size=16)
+    described = dict(platform="cpu", dtype="float32", q_len=32, kv_len=32, block_size=8)
     assert describe_local_attention(head_dim=HEAD_DIM, **described) == "dense"
-    assert describe_local_attention(head_dim=32, **described) == "blockwise (tile 16)"
+    assert describe_local_attention(head_dim=32, **described) == "blockwise (tile 8)"
 
 
 @pytest.mark.parametrize("context_kernel", [gather_kv_attention, ulysses_attention], ids=lambda f: f.__name__)
 def test_the_context_kernels_run_the_selected_kernel_as_their_local_step(dense_kernel, context_kernel):
     """On 4 devices: the all-gather and Ulysses kernels run the registered kernel for their
     local step, once per device program, and still equal the reference."""
-    q, k, v, mask, _ = h.inputs(heads=4, kv_heads=4, length=64)
-    out = h.sharded(context_kernel, n=4, causal=True, block_size=16)(q, k, v, mask)
+    q, k, v, mask, _ = h.inputs(heads=4, kv_heads=4, length=32)
+    out = h.sharded(context_kernel, n=4, causal=True, block_size=8)(q, k, v, mask)
     assert len(dense_kernel) == 1
     want = h.reference(causal=True)(q, k, v, mask)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
