@@ -130,14 +130,13 @@ def attention_fn(kernel, mesh, settings):
             k,
             v,
             mesh=mesh,
+            spec=kernels.AttentionSpec(causal=settings.causal, block_size=settings.block_size),
             key_mask=None,
             context_attention=kernel,
-            causal=settings.causal,
             balance=settings.balance if kernel == "ring" else None,
             rope=None,
             sequence_axis=AXIS,
             batch_axis=None,
-            ring_block_size=settings.block_size,
         )
 
     return attention

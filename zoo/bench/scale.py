@@ -162,7 +162,8 @@ def attention_rows(seq):
         compiled = jax.jit(step).lower(q, kv, kv, q).compile()
         return int(compiled.memory_analysis().temp_size_in_bytes)
 
-    plain = {"key_mask": None, "causal": True, "balance": None, "rope": None, "axis_size": 1, "axis_name": SEQ}
+    causal = kernels.AttentionSpec(causal=True)  # tiles of 512, every kernel's default
+    plain = {"spec": causal, "key_mask": None, "balance": None, "rope": None, "axis_size": 1, "axis_name": SEQ}
     rows.append(
         {
             "kind": "attention",
@@ -193,6 +194,7 @@ def _describe(kernel):
 
 
 def _sharded(mesh, kernel):
+    from zoo import kernels
     from zoo.layers import sharded_attention
 
     def fn(q, k, v):
@@ -201,14 +203,13 @@ def _sharded(mesh, kernel):
             k,
             v,
             mesh=mesh,
+            spec=kernels.AttentionSpec(causal=True),  # tiles of 512
             key_mask=None,
             context_attention=kernel,
-            causal=True,
             balance=None,
             rope=None,
             sequence_axis=SEQ,
             batch_axis=None,
-            ring_block_size=512,
         )
 
     return fn

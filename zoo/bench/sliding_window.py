@@ -234,15 +234,13 @@ def context_row(settings, kernel, balance, window):
     attention = functools.partial(
         sharded_attention,
         mesh=mesh,
+        spec=kernels.AttentionSpec(causal=True, sliding_window=window, block_size=settings.block_size),
         key_mask=None,
         context_attention=kernel,
-        causal=True,
         balance=balance,
         rope=None,
         sequence_axis=SEQ,
         batch_axis=None,
-        ring_block_size=settings.block_size,
-        sliding_window=window,
     )
     step = (
         jax.jit(_forward_backward(attention), out_shardings=(sharding,) * 3).lower(q, kv, kv, q).compile(FAST_COMPILE)

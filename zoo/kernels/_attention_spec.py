@@ -25,6 +25,11 @@ class AttentionSpec:
     softcap: float | None = None
     block_size: int = 512
 
+    def options(self):
+        """The spec as the kernels' keyword arguments (``local_attention``, ``ring_attention``,
+        ``gather_kv_attention``, ``ulysses_attention``, ``blockwise_attention``)."""
+        return dataclasses.asdict(self)
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelQuery:

@@ -58,59 +58,36 @@ def attention(
     v,
     *,
     plan,
+    spec,
     key_mask=None,
-    causal=False,
     rope=None,
-    ring_block_size=512,
-    sliding_window=None,
-    scale=None,
-    softcap=None,
     segment_ids=None,
 ):
     """Self-attention of q [B, T, H, D] over k, v [B, T, K, D]; returns [B, T, H, D].
 
-    plan: the layer's ``ParallelPlan``. key_mask: bool[B, T] or None (True keeps the
+    plan: the layer's ``ParallelPlan``. spec: the layer's ``kernels.AttentionSpec`` (causal,
+    scale, sliding window, soft-cap, tile edge), the same on every path: plain, ring, and
+    the local step of gather and Ulysses. key_mask: bool[B, T] or None (True keeps the
     key). rope: None for no rotary embedding, else the layer's ``Rope`` (applied to q and
-    k at their global positions). ring_block_size: tile edge of every tiled kernel (plain
-    path, ring, and the local step of gather and Ulysses). sliding_window: None, or W
-    (causal): a query at global position p sees keys p - W < k <= p, on every path.
-    scale: multiplies q.k (None: 1 / sqrt(D)); softcap: None, or c: scores c * tanh(scores
-    / c) before the mask (Gemma 2), on every path (every kernel's tiles take both).
-    segment_ids: i32[B, T] or None, document ids of packed rows (0 = padding): a token
-    attends only within its document, on every path (split over the sequence like x).
+    k at their global positions). segment_ids: i32[B, T] or None, document ids of packed
+    rows (0 = padding): a token attends only within its document, on every path (split
+    over the sequence like x).
     """
     if plan.context_attention is None:
         return plain_attention(
             q,
             k,
             v,
+            spec=spec,
             key_mask=key_mask,
-            causal=causal,
             balance=plan.balance,
             rope=rope,
             axis_size=plan.sequence_size,
             axis_name=plan.sequence_axis,
-            block_size=ring_block_size,
-            sliding_window=sliding_window,
-            scale=scale,
-            softcap=softcap,
             segment_ids=segment_ids,
             pallas=plan.mesh is None or plan.mesh.size == 1,  # GSPMD cannot split a Pallas call
         )
-    return _sharded(
-        q,
-        k,
-        v,
-        plan=plan,
-        key_mask=key_mask,
-        causal=causal,
-        rope=rope,
-        ring_block_size=ring_block_size,
-        sliding_window=sliding_window,
-        scale=scale,
-        softcap=softcap,
-        segment_ids=segment_ids,
-    )
+    return _sharded(q, k, v, plan=plan, spec=spec, key_mask=key_mask, rope=rope, segment_ids=segment_ids)
 
 
 def describe_plan(plan):
@@ -204,24 +181,19 @@ def plain_attention(
     k,
     v,
     *,
+    spec,
     key_mask,
-    causal,
     balance,
     rope,
     axis_size,
     axis_name,
-    block_size=512,
-    sliding_window=None,
-    scale=None,
-    softcap=None,
     segment_ids=None,
     pallas=True,
 ):
     """The single-program path on whole arrays (GSPMD partitions it if they are sharded).
 
     Works on local arrays inside a ``shard_map`` body too (e.g. one device's heads).
-    ``block_size`` is the tile edge of the blockwise kernel (the layer's ``ring_block_size``).
-    ``segment_ids`` i32[B, T] or None: the queries' and keys' document ids (packing).
+    ``spec``: the layer's ``kernels.AttentionSpec``. ``segment_ids`` i32[B, T] or None: the queries' and keys' document ids (packing).
     ``pallas``: whether a Pallas kernel may run (splash on a TPU): not where GSPMD would
     partition this call over several devices.
     """
@@ -233,17 +205,13 @@ def plain_attention(
         q,
         k,
         v,
-        causal=causal,
         key_mask=key_mask,
         q_positions=positions,
         k_positions=positions,
-        block_size=block_size,
-        sliding_window=sliding_window,
-        scale=scale,
-        softcap=softcap,
         segment_ids=segment_ids,
         pallas=pallas,
         sequence_split=axis_size > 1,  # GSPMD may shard T on a split sequence axis: the tiled kernel
+        **spec.options(),
     )
 
 
@@ -253,15 +221,13 @@ def sharded_attention(
     v,
     *,
     mesh,
+    spec,
     key_mask,
     context_attention,
-    causal,
     balance,
     rope,
     sequence_axis,
     batch_axis,
-    ring_block_size,
-    sliding_window=None,
     segment_ids=None,
 ):
     """Runs the ``context_attention`` kernel under ``jax.shard_map`` on ``mesh`` (a Keras
@@ -277,35 +243,10 @@ def sharded_attention(
         context_attention=context_attention,
         balance=balance,
     )
-    return _sharded(
-        q,
-        k,
-        v,
-        plan=plan,
-        key_mask=key_mask,
-        causal=causal,
-        rope=rope,
-        ring_block_size=ring_block_size,
-        sliding_window=sliding_window,
-        segment_ids=segment_ids,
-    )
+    return _sharded(q, k, v, plan=plan, spec=spec, key_mask=key_mask, rope=rope, segment_ids=segment_ids)
 
 
-def _sharded(
-    q,
-    k,
-    v,
-    *,
-    plan,
-    key_mask,
-    causal,
-    rope,
-    ring_block_size,
-    sliding_window=None,
-    scale=None,
-    softcap=None,
-    segment_ids=None,
-):
+def _sharded(q, k, v, *, plan, spec, key_mask, rope, segment_ids=None):
     """Runs the plan's kernel under ``jax.shard_map`` on its mesh (one cached program per setting)."""
     batch, seq_len, num_heads, _ = q.shape
     kernels.check_sequence_parallel(
@@ -322,24 +263,20 @@ def _sharded(
             f"batch size {batch} is not divisible by the {plan.batch_axis!r} mesh axis of size "
             f"{plan.batch_size} (sequence-parallel attention splits the batch over it)"
         )
-    spec = P(plan.batch_axis, plan.sequence_axis, None, None)  # q, k, v, out: [B, T, heads, D]
-    mask_spec = None if key_mask is None else P(plan.batch_axis, plan.sequence_axis)  # bool[B, T]
-    ids_spec = None if segment_ids is None else P(plan.batch_axis, plan.sequence_axis)  # i32[B, T]
+    split = P(plan.batch_axis, plan.sequence_axis, None, None)  # q, k, v, out: [B, T, heads, D]
+    mask_split = None if key_mask is None else P(plan.batch_axis, plan.sequence_axis)  # bool[B, T]
+    ids_split = None if segment_ids is None else P(plan.batch_axis, plan.sequence_axis)  # i32[B, T]
     return run_sharded(
         plan,
         _shard_body,
         (q, k, v, key_mask, segment_ids),
-        (spec, spec, spec, mask_spec, ids_spec),
-        spec,
+        (split, split, split, mask_split, ids_split),
+        split,
         context_attention=plan.context_attention,
         axis_name=plan.sequence_axis,
-        causal=causal,
+        spec=spec,
         balance=plan.balance,
         rope=rope,
-        ring_block_size=ring_block_size,
-        sliding_window=sliding_window,
-        scale=scale,
-        softcap=softcap,
     )
 
 
@@ -352,13 +289,9 @@ def _shard_body(
     *,
     context_attention,
     axis_name,
-    causal,
+    spec,
     balance,
     rope,
-    ring_block_size,
-    sliding_window=None,
-    scale=None,
-    softcap=None,
 ):
     """One device's share. Nb = batch-axis size (1 if none), N = sequence-axis size.
 
@@ -379,12 +312,8 @@ def _shard_body(
         k,
         v,
         axis_name=axis_name,
-        causal=causal,
         key_mask=key_mask,
         balance=balance,
-        block_size=ring_block_size,
-        sliding_window=sliding_window,
-        scale=scale,
-        softcap=softcap,
         segment_ids=segment_ids,
+        **spec.options(),
     )

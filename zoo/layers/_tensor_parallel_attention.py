@@ -219,16 +219,12 @@ def _local_attention(x, key_mask, segment_ids, weights, norms, *, layer, plan):
         q,
         k,
         v,
+        spec=layer.attention_spec,
         key_mask=key_mask,
-        causal=layer.causal,
         balance=None,
         rope=layer.rope,
         axis_size=1,
         axis_name=None,
-        block_size=layer.ring_block_size,
-        sliding_window=layer.sliding_window,
-        scale=layer.attention_scale,
-        softcap=layer.softcap,
         segment_ids=segment_ids,
     )  # f32[B/Nd, T, H/N, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/N, D, C]

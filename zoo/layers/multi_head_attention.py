@@ -9,6 +9,7 @@ from zoo.config.choices import ATTENTION_QKV
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.kernels import (
+    AttentionSpec,
     check_kv_heads,
     check_segment_ids,
     check_sliding_window,
@@ -286,20 +287,21 @@ class MultiHeadAttention(keras.layers.Layer):
         q, k = self.normalize_qk(self.query(x), self.key(x))  # (B, T, H, D), (B, T, K, D)
         q, k, v = (checkpoint_name(t, ATTENTION_QKV) for t in (q, k, self.value(x)))  # v: (B, T, K, D)
         out = _sequence_parallel.attention(
-            q,
-            k,
-            v,
-            plan=plan,
-            key_mask=key_mask,
-            causal=self.causal,
-            rope=self.rope,
-            ring_block_size=self.ring_block_size,
-            sliding_window=self.sliding_window,
-            scale=self.attention_scale,
-            softcap=self.softcap,
-            segment_ids=segment_ids,
+            q, k, v, plan=plan, spec=self.attention_spec, key_mask=key_mask, rope=self.rope, segment_ids=segment_ids
         )  # (B, T, H, D)
         return self.output_dense(out)  # (B, T, C)
+
+    @property
+    def attention_spec(self):
+        """What every call's attention computes (``kernels.AttentionSpec``), whichever path
+        and kernel runs it: causal, scale, sliding window, soft-cap, tile edge."""
+        return AttentionSpec(
+            causal=self.causal,
+            scale=self.attention_scale,
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
+            block_size=self.ring_block_size,
+        )
 
     def _checked_segment_ids(self, segment_ids, x_shape):
         """segment_ids as int32 (B, T), or None; raises naming the shapes (or the dtype)."""
@@ -392,14 +394,10 @@ class MultiHeadAttention(keras.layers.Layer):
             q,
             keys[:, 0].astype(q.dtype),
             keys[:, 1].astype(q.dtype),
-            causal=self.causal,
             key_mask=filled,
             q_positions=positions,
             k_positions=key_positions,
-            block_size=self.ring_block_size,
-            sliding_window=self.sliding_window,
-            scale=self.attention_scale,
-            softcap=self.softcap,
+            **self.attention_spec.options(),
         )  # window over cache positions: left padding shifts queries and keys alike  # (B, T, H, D)
         return self.output_dense(out), cache  # (B, T, C)
 
