@@ -90,14 +90,23 @@ def block_rules(layout, *, mesh=None, data_axis=DATA, model_axis=MODEL):
     check_layout(layout)
     if layers_place_weights(layout, mesh, model_axis=model_axis):
         return {}
-    d = data_axis if uses_data_axis_for_weights(layout) else None
-    if d is None:
+    if not uses_data_axis_for_weights(layout):
         return {}
+    return block_matrix_rules(data_axis=data_axis)
+
+
+def block_matrix_rules(*, prefix=".*", lead=(), data_axis=None, model_axis=None, kv_axis=None):
+    """{regex: axes} of a block's matrices, the one statement of how a layout splits them:
+    behind ``lead`` (a stacked block's stacking dimensions; none for a layer), each matrix's
+    C over ``data_axis`` (FSDP), the query heads, the output's heads and the MLP's hidden
+    features over ``model_axis`` (Megatron), the key/value heads over ``kv_axis``."""
+    d, m = data_axis, model_axis
     return {
-        r".*attention/(query|key|value)/kernel": (d, None, None),  # (C, H|K, D)
-        r".*attention/output/kernel": (None, None, d),  # (H, D, C)
-        r".*mlp/(gate|up)/kernel": (d, None),  # (C, F)
-        r".*mlp/down/kernel": (None, d),  # (F, C)
+        rf"{prefix}attention/query/kernel": (*lead, d, m, None),  # (..., C, H, D)
+        rf"{prefix}attention/(key|value)/kernel": (*lead, d, kv_axis, None),  # (..., C, K, D)
+        rf"{prefix}attention/output/kernel": (*lead, m, None, d),  # (..., H, D, C)
+        rf"{prefix}mlp/(gate|up)/kernel": (*lead, d, m),  # (..., C, F)
+        rf"{prefix}mlp/down/kernel": (*lead, m, d),  # (..., F, C)
     }
 
 

@@ -195,12 +195,8 @@ def _stacked_block_rules(lead, config, mesh, *, model_axis=None, data_axis=None)
     m, d = model_axis, data_axis
     kv_heads = None if config is None else (config.get("num_key_value_heads") or config["num_query_heads"])
     kv = m if m is not None and (kv_heads is None or kv_heads % mesh_axis_size(mesh, m) == 0) else None
-    rules = {
-        r".*blocks/attention/query/kernel": (*lead, d, m, None),  # (R, L/R, C, H, D)
-        r".*blocks/attention/(key|value)/kernel": (*lead, d, kv, None),  # (R, L/R, C, K, D)
-        r".*blocks/attention/output/kernel": (*lead, m, None, d),  # (R, L/R, H, D, C)
-        r".*blocks/mlp/(gate|up)/kernel": (*lead, d, m),  # (R, L/R, C, F)
-        r".*blocks/mlp/down/kernel": (*lead, m, d),  # (R, L/R, F, C)
+    rules = {  # (R, L/R, ...): the layer form's matrices behind the two stacking dimensions
+        **shared.block_matrix_rules(prefix=".*blocks/", lead=lead, data_axis=d, model_axis=m, kv_axis=kv),
         r".*blocks/(attention|mlp)(_post)?_norm/(scale|gamma|beta)": (*lead, None),  # (R, L/R, C)
     }
     if config is not None and config.get("qkv_bias", False):
