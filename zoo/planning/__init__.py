@@ -3,6 +3,8 @@
 ``make_plan(PlanRequest(...))`` compiles (never runs) the exact step ``model.fit`` runs
 for a target's device count and kind and reports per-device memory, collectives and a
 roofline step time (docs/planning.md). ``zoo plan`` is its command line.
+``zoo.planning.comms`` is ``zoo comms``' work: every collective of one compiled step (a
+tensor-parallel MLP block, or ``SmallCNN`` under a layout) with its bytes.
 """
 
 from zoo.measure.hardware import DEVICES, DeviceSpec, UnknownDeviceError, device_spec
