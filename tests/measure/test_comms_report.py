@@ -22,6 +22,7 @@ from zoo.measure.comms_report import (
     parse_collectives,
     train_step_comms_report,
 )
+from zoo.planning.comms import CommsSettings, comms_for
 
 
 def _mesh():
@@ -242,4 +243,4 @@ def test_zoo_comms_cnn_model_parallel_train_step(capsys):
 
 def test_zoo_comms_rejects_contradictory_options():
     with pytest.raises(ValueError, match="--collective-matmul is a feature of the explicit implementation"):
-        comms.comms_for(comms.CommsSettings(implementation="gspmd", megatron_sp=True, collective_matmul=True))
+        comms_for(CommsSettings(implementation="gspmd", megatron_sp=True, collective_matmul=True))

@@ -15,7 +15,7 @@ import dataclasses
 from zoo.cli.devices import add_simulate_flag
 from zoo.config import types
 from zoo.config.choices import CNN_LAYOUTS
-from zoo.planning.comms import COMMS_MODELS, STEPS, CommsSettings, comms_for
+from zoo.config.comms_settings import COMMS_MODELS, COMMS_STEPS, CommsSettings
 
 
 def add_arguments(parser):
@@ -31,7 +31,7 @@ def add_arguments(parser):
     )
     parser.add_argument("--mesh", default=None, help="mesh spec such as data=2,model=4; default: the layout's")
     parser.add_argument(
-        "--step", choices=STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)"
+        "--step", choices=COMMS_STEPS, default=defaults.step, help="what to compile (default train: one optimizer step)"
     )
     parser.add_argument(
         "--implementation",
@@ -81,6 +81,8 @@ def run(args):
     """Print the report of the step ``args`` describe; returns the exit code."""
     fields = {f.name for f in dataclasses.fields(CommsSettings)}
     settings = CommsSettings(**{k: v for k, v in vars(args).items() if k in fields})
+    from zoo.planning.comms import comms_for  # JAX and the models: only once a step is asked for
+
     report = comms_for(settings)
     print("\n".join(report.format()))
     return 0

@@ -4,30 +4,9 @@ step's memory. ``comms_for(CommsSettings(...))`` is the command without its flag
 (``zoo.cli.comms`` holds its flags).
 """
 
-import dataclasses
+from zoo.config.comms_settings import COMMS_MODELS, COMMS_STEPS, CommsSettings
 
-COMMS_MODELS = ("mlp", "cnn")
-STEPS = ("forward", "backward", "train")
-
-
-@dataclasses.dataclass
-class CommsSettings:
-    """Settings of ``zoo comms``; every default is the CLI's default."""
-
-    model: str = "mlp"  # mlp: a tensor-parallel MLP block; cnn: zoo.models.SmallCNN
-    layout: str = "model"  # cnn: single | data | model; mlp: always model (tensor parallel)
-    mesh: str | None = None  # e.g. data=2,model=4; None: the layout's default (data=2,model=-1)
-    step: str = "train"  # forward | backward (forward + gradients) | train (one SGD step)
-    implementation: str = "explicit"  # mlp: explicit (zoo ParallelMLP) | gspmd (Dense + layout map)
-    megatron_sp: bool = False  # mlp: input and output split over the sequence (Megatron sequence parallelism)
-    collective_matmul: bool = False  # mlp, explicit, sequence-parallel: ring matmuls
-    gated: bool = False  # mlp: gated (GLU) MLP
-    batch_size: int = 8  # global batch; divides by the data axis
-    sequence_length: int = 128  # mlp: T
-    dim: int = 256  # mlp: model width C
-    hidden: int = 1024  # mlp: hidden features F
-    image_size: int = 32  # cnn: square images
-    fast_compile: bool = False  # skip LLVM optimisation: the same collectives and memory, compiled sooner
+__all__ = ["CommsSettings", "comms_for"]
 
 
 def comms_for(settings, say=print):
@@ -39,8 +18,8 @@ def comms_for(settings, say=print):
         train_step,
     )
 
-    if settings.step not in STEPS:
-        raise ValueError(f"step must be one of {list(STEPS)}, got {settings.step!r}")
+    if settings.step not in COMMS_STEPS:
+        raise ValueError(f"step must be one of {list(COMMS_STEPS)}, got {settings.step!r}")
     try:
         if settings.model == "mlp":
             distribution, model, x, y = _mlp(settings)
