@@ -12,6 +12,7 @@ import pytest
 
 from tests.kernels import _harness as h
 from zoo.kernels import (
+    attention_implementation,
     attention_reference,
     attention_seam,
     describe_local_attention,
@@ -110,6 +111,16 @@ def test_cached_decoding_asks_the_seam(dense_kernel):
     out, _ = layer(x, cache=cache, cache_index=0)
     assert trained == 1 and len(dense_kernel) == 2
     np.testing.assert_allclose(out, whole, rtol=2e-5, atol=2e-5)
+
+
+def test_a_decoding_step_no_bigger_than_a_tile_materialises_its_scores():
+    """No gradient and T x S <= 512 x 512 (one new token over the cache): the reference;
+    the same call where a gradient may be taken, or a long prompt's prefill: the tiles."""
+    call = dict(platform="cpu", dtype="float32", head_dim=32, causal=True, natural_order=False)
+    assert attention_implementation(q_len=1, kv_len=8192, inference=True, **call) == "reference"
+    assert attention_implementation(q_len=1, kv_len=8192, **call) == "blockwise"
+    assert attention_implementation(q_len=2048, kv_len=2048, inference=True, **call) == "blockwise"
+    assert attention_implementation(q_len=1, kv_len=8192, inference=True, **{**call, "platform": "tpu"}) == "reference"
 
 
 def test_one_selector_chooses_every_local_kernel():

@@ -37,7 +37,8 @@ class KernelQuery:
     and arrays it has. ``natural_order``: no positions given (tokens 0..T-1, queries and keys
     alike); ``pallas``: False where GSPMD partitions the call over several devices (it cannot
     split a Pallas call); ``sequence_split``: GSPMD may split T itself, which only the tiled
-    kernel takes (cuDNN's partitioner refuses it)."""
+    kernel takes (cuDNN's partitioner refuses it); ``inference``: no gradient is taken (a
+    cached decoding step)."""
 
     platform: str
     dtype: str
@@ -51,9 +52,10 @@ class KernelQuery:
     softcapped: bool = False
     pallas: bool = True
     sequence_split: bool = False
+    inference: bool = False
 
     @classmethod
-    def of_call(cls, spec, q, k, *, key_mask, segment_ids, natural_order, platform, pallas, sequence_split):
+    def of_call(cls, spec, q, k, *, key_mask, segment_ids, natural_order, platform, pallas, sequence_split, inference):
         """The query of one call: q [B, T, H, D], k [B, S, K, D] under ``spec``."""
         return cls(
             platform=platform,
@@ -68,6 +70,7 @@ class KernelQuery:
             softcapped=spec.softcap is not None,
             pallas=pallas,
             sequence_split=sequence_split,
+            inference=inference,
         )
 
 

@@ -1,13 +1,22 @@
-"""Single-device scaled dot-product attention: the reference every parallel kernel matches."""
+"""Single-device scaled dot-product attention: the reference every parallel kernel matches.
+
+It materialises the [B, H, T, S] scores. In the attention seam's registry (``REFERENCE``) it
+runs a cached decoding step whose scores are no bigger than one tile of the tiled kernel
+(T x S <= 512 x 512, e.g. one new token over a cache of 8,192): there the tiles' loops and
+custom VJP buy nothing and cost compile time.
+"""
 
 import jax
 import jax.numpy as jnp
 
 from zoo.kernels import _checks
+from zoo.kernels._attention_spec import LocalKernel
 from zoo.kernels._masking import apply_mask, attention_mask, default_positions, segment_pair
 from zoo.kernels._online_softmax import F32, block_scores, group_heads
 
-__all__ = ["attention_reference"]
+__all__ = ["REFERENCE", "attention_reference"]
+
+ONE_TILE = 512 * 512  # scores: the tiled kernel's default tile, T x S
 
 
 def attention_reference(
@@ -88,3 +97,27 @@ def _softmax_or_zero(scores):
     weights = jnp.exp(scores - row_max)
     total = weights.sum(axis=-1, keepdims=True)
     return weights / jnp.where(total > 0, total, 1.0)
+
+
+def _supports(query):
+    return query.inference and query.q_len is not None and query.q_len * query.kv_len <= ONE_TILE
+
+
+def _run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_segment_ids):
+    return attention_reference(
+        q,
+        k,
+        v,
+        causal=spec.causal,
+        key_mask=key_mask,
+        scale=spec.scale,
+        q_positions=q_positions,
+        k_positions=k_positions,
+        sliding_window=spec.sliding_window,
+        softcap=spec.softcap,
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
+    )
+
+
+REFERENCE = LocalKernel("reference", _supports, _run, lambda query, block_size: "reference (scores materialised)")

@@ -9,6 +9,8 @@ its own module; the first whose ``supports`` takes the query runs:
 - ``splash`` (``splash_attention.py``): JAX's Pallas flash-attention kernel on a TPU,
   grouped-query without repeating K/V; not where GSPMD partitions the call.
 - ``cudnn`` (``cudnn_attention.py``): cuDNN's fused attention on a CUDA GPU.
+- ``reference`` (``attention_reference.py``): the materialised scores, for a cached
+  decoding step no bigger than one tile (one new token over the cache, say).
 - ``blockwise`` (``blockwise_attention.py``): the tiled online-softmax kernel, every
   platform, shape and option; the float64-checkable ``attention_reference`` is its oracle.
 
@@ -22,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from zoo.kernels._attention_spec import AttentionSpec, KernelQuery, LocalKernel
+from zoo.kernels.attention_reference import REFERENCE
 from zoo.kernels.blockwise_attention import BLOCKWISE
 from zoo.kernels.cudnn_attention import CUDNN
 from zoo.kernels.splash_attention import SPLASH
@@ -37,7 +40,7 @@ __all__ = [
     "select_local_kernel",
 ]
 
-LOCAL_KERNELS = (SPLASH, CUDNN, BLOCKWISE)  # in order of preference; the last takes every call
+LOCAL_KERNELS = (SPLASH, CUDNN, REFERENCE, BLOCKWISE)  # in order of preference; the last takes every call
 
 
 def select_local_kernel(query):
@@ -86,12 +89,14 @@ def local_attention(
     kv_segment_ids=None,
     pallas=True,
     sequence_split=False,
+    inference=False,
 ):
     """Attention on one device's arrays, by the kernel ``select_local_kernel`` picks.
 
     Same arguments, shapes and result as ``blockwise_attention``; ``pallas=False`` where
     GSPMD partitions the call over several devices (no Pallas kernel then),
-    ``sequence_split=True`` where it may split T (the tiled kernel then). Positions given
+    ``sequence_split=True`` where it may split T (the tiled kernel then), ``inference=True``
+    where no gradient is taken (a cached decoding step). Positions given
     as None mean natural order; they only matter under causal masking.
     """
     spec = AttentionSpec(
@@ -107,6 +112,7 @@ def local_attention(
         platform=jax.default_backend(),
         pallas=pallas,
         sequence_split=sequence_split,
+        inference=inference,
     )
     return select_local_kernel(query).run(
         q,

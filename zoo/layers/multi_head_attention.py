@@ -397,6 +397,7 @@ class MultiHeadAttention(keras.layers.Layer):
             key_mask=filled,
             q_positions=positions,
             k_positions=key_positions,
+            inference=True,  # no gradient: one new token's scores are no bigger than a tile
             **self.attention_spec.options(),
         )  # window over cache positions: left padding shifts queries and keys alike  # (B, T, H, D)
         return self.output_dense(out), cache  # (B, T, C)
