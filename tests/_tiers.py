@@ -266,6 +266,16 @@ MATRIX = {
     # doc examples that train or compile for several seconds: what they run is checked in
     # tier 1 by the tests of their feature; tier 2 checks the pages say what runs
     f"{DOCS}[docs/distribution.md#4]": "tests/distribution",
+    f"{DOCS}[docs/models.md#2]": "tests/models/test_small_cnn.py::test_keras_file_round_trip_reproduces_outputs",
+    f"{DOCS}[docs/models.md#5]": (
+        "tests/training/test_optimizers.py::test_moments_in_host_memory_train_as_on_the_device_under_fsdp"
+    ),
+    f"{DOCS}[docs/models.md#8]": "tests/models/test_encoder.py::test_padding_does_not_change_the_logits",
+    f"{DOCS}[docs/models.md#9]": "tests/models/test_vit.py::test_tensor_parallel_shards_the_weights",
+    f"{DOCS}[docs/sequence_parallel.md#0]": "tests/kernels/test_blockwise_attention.py (outputs and gradients vs the reference)",
+    "tests/models/test_gpt_scan.py::test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers": (
+        "test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do (the scanned step's collectives against the layers')"
+    ),
     f"{DOCS}[docs/sequence_parallel.md#3]": "tests/layers/test_multi_head_attention_fit.py",
     f"{DOCS}[docs/finetuning.md#4]": "tests/training/test_lm_finetune.py",
     f"{DOCS}[docs/context_parallel.md#1]": "tests/distribution/test_context_parallel.py",

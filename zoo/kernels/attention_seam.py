@@ -48,28 +48,28 @@ def select_local_kernel(query):
     return next(kernel for kernel in LOCAL_KERNELS if kernel.supports(query))
 
 
-def attention_implementation(*, platform, dtype, head_dim, masked=False, key_masked=None, **features):
-    """The name of the kernel ``select_local_kernel`` picks for a call with these features
-    (``KernelQuery``'s fields; ``masked``: a key mask, where ``key_masked`` is not given)."""
-    query = KernelQuery(
-        platform=platform,
-        dtype=str(jnp.dtype(dtype)),
-        head_dim=head_dim,
-        key_masked=masked if key_masked is None else key_masked,
-        **features,
+def _query(*, platform, dtype, head_dim, masked=False, key_masked=None, **features):
+    """A ``KernelQuery`` from a call's features (``masked``: a key mask, where ``key_masked``
+    is not given)."""
+    key_masked = masked if key_masked is None else key_masked
+    return KernelQuery(
+        platform=platform, dtype=str(jnp.dtype(dtype)), head_dim=head_dim, key_masked=key_masked, **features
     )
-    return select_local_kernel(query).name
 
 
-def describe_local_attention(*, q_len, kv_len, block_size=512, **features):
+def attention_implementation(**features):
+    """The name of the kernel ``select_local_kernel`` picks for a call with these features:
+    ``KernelQuery``'s fields (``platform``, ``dtype``, ``head_dim``, ``q_len``, ...), and
+    ``masked`` for a key mask."""
+    return select_local_kernel(_query(**features)).name
+
+
+def describe_local_attention(*, block_size=512, **features):
     """``"cudnn"``, ``"splash (blocks 512)"``, ``"blockwise (tile 512)"`` or ``"blockwise
-    (tile 256x512)"`` (query x key tiles): the selected kernel in words.
-
-    ``features``: the other arguments of ``attention_implementation``.
-    """
-    name = attention_implementation(q_len=q_len, kv_len=kv_len, **features)
-    kernel = next(kernel for kernel in LOCAL_KERNELS if kernel.name == name)
-    return kernel.describe(KernelQuery(platform="", dtype="", head_dim=0, q_len=q_len, kv_len=kv_len), block_size)
+    (tile 256x512)"`` (query x key tiles): the selected kernel in words; ``features`` as
+    ``attention_implementation``'s."""
+    query = _query(**features)
+    return select_local_kernel(query).describe(query, block_size)
 
 
 def local_attention(
