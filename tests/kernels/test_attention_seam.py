@@ -15,6 +15,7 @@ from zoo.kernels import (
     attention_implementation,
     attention_reference,
     attention_seam,
+    blockwise_attention,
     describe_local_attention,
     gather_kv_attention,
     local_attention,
@@ -72,10 +73,7 @@ def test_a_registered_kernel_runs_the_calls_it_supports_with_the_tiled_kernels_n
         return local_attention(q, k, v, key_mask=mask, **options)
 
     def tiled(q, k, v, mask):
-        return attention_seam.BLOCKWISE.run(
-            q, k, v, attention_seam.AttentionSpec(**options), key_mask=mask, q_positions=None, k_positions=None,
-            segment_ids=None, kv_segment_ids=None,
-        )  # fmt: skip
+        return blockwise_attention(q, k, v, key_mask=mask, **options)
 
     got, want = _value_and_grads(seam, q, k, v, mask, cotangent), _value_and_grads(tiled, q, k, v, mask, cotangent)
     assert [(s.causal, s.sliding_window, s.softcap) for s in dense_kernel] == [(True, 12, 20.0)]
