@@ -4,9 +4,10 @@ memory verdict says what its peak then is, at any depth: never a silent "fits"."
 import pytest
 
 from zoo.measure.compiled_step import memory_analysis_reflects_remat
-from zoo.planning import make_plan, verdict
+from zoo.planning import device_spec, format_plan, make_plan, verdict
 from zoo.planning._where import host_state_note
 from zoo.planning.plan import Plan, PlanRequest, compiler_caveat
+from zoo.planning.roofline import measured_error
 
 CONFIG = {"config_name": "gpt_tiny", "num_layers": 2, "sequence_length": 32, "batch_size": 8}
 
@@ -46,3 +47,9 @@ def test_a_tpu_plan_carries_the_compiler_caveat_in_its_verdict():
     assert plan.step.memory["host"] > 0 and host_state_note("tpu-v5e", "host") in plan.notes
     assert "footprint did not shrink" in host_state_note("tpu-v5e", "host")
     assert host_state_note("tpu-v5e", "device") == host_state_note("h100", "host") == ""
+    measured = [line for line in format_plan(plan) if line.startswith("measured against tpu-v5e")]
+    assert measured == [
+        "measured against tpu-v5e: the roofline's step was 0.62x-1.53x the measured step over 4 steps "
+        "(docs/planning.md, known errors): read it as a range, not a prediction"
+    ]
+    assert measured_error(device_spec("h100")) is None  # no step measured there

@@ -1,5 +1,6 @@
 """A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
 
+from zoo.planning.roofline import measured_error
 from zoo.units import format_bytes
 
 __all__ = ["advice", "format_plan", "largest_part", "size_text", "verdict"]
@@ -48,6 +49,12 @@ def format_plan(plan):
         f"communication {_ms(time.communication_s)} -> {_ms(time.step_s)} ({_ms(time.overlapped_s)} if communication "
         f"overlaps compute); {time.bound}-bound"
     )
+    if error := measured_error(spec):
+        low, high, rows = error
+        lines.append(
+            f"measured against {spec.name}: the roofline's step was {low:.2f}x-{high:.2f}x the measured step over "
+            f"{rows} steps (docs/planning.md, known errors): read it as a range, not a prediction"
+        )
     if plan.mfu is not None:
         lines.append(f"estimated MFU: {100 * plan.mfu:.1f}% ({_flops_text(plan.model_flops)} of model FLOPs per step)")
     lines += [f"note: {note}" for note in plan.notes]

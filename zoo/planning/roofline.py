@@ -23,7 +23,29 @@ import math
 
 import numpy as np
 
-__all__ = ["StepTime", "axes_bandwidth", "estimate_step_time", "mfu"]
+__all__ = ["MEASURED_STEPS", "StepTime", "axes_bandwidth", "estimate_step_time", "measured_error", "mfu"]
+
+# The roofline against steps measured on a device (docs/planning.md, "Known errors"): per
+# device name, (step, planned seconds, measured seconds); the plan and ``zoo bench step``
+# of the same step on the chip (recipes/tpu-v5e-1/issue43_rows.sh 5 and 17; JAX 0.10.2).
+MEASURED_STEPS = {
+    "tpu-v5e": (
+        ("gpt_1b 8 layers, batch 2 x 2,048", 127.4e-3, 104.9e-3),
+        ("gpt_1b 8 layers, batch 4 x 2,048", 212.6e-3, 196.2e-3),
+        ("gpt_350m, batch 8 x 1,024", 380.8e-3, 248.7e-3),
+        ("llama_3_2_1b full fine-tune, batch 2 x 2,048", 199.2e-3, 323.7e-3),
+    ),
+}
+
+
+def measured_error(spec):
+    """``(lowest, highest, rows)``: the planned step over the measured one across
+    ``MEASURED_STEPS`` for ``spec``'s device, or None where none was measured."""
+    rows = MEASURED_STEPS.get(spec.name)
+    if not rows:
+        return None
+    ratios = [planned / measured for _, planned, measured in rows]
+    return min(ratios), max(ratios), len(rows)
 
 
 @dataclasses.dataclass(frozen=True)
