@@ -13,7 +13,6 @@ import pytest
 from tests.kernels import _harness as h
 from zoo.kernels import (
     attention_implementation,
-    attention_reference,
     attention_seam,
     blockwise_attention,
     describe_local_attention,
@@ -29,26 +28,14 @@ HEAD_DIM = 16  # the test kernel's own; the tiled kernel takes any other
 
 @pytest.fixture
 def dense_kernel(monkeypatch):
-    """A kernel that materialises the scores (``attention_reference``) for head dim 16 on
-    this CPU, put first in the registry: the list of the specs it was run with."""
+    """A kernel that materialises the scores (the reference kernel's ``run``) for head dim
+    16 on this CPU, whatever the call, put first in the registry: the list of the specs it
+    was run with."""
     calls = []
 
-    def run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_segment_ids):
+    def run(q, k, v, spec, **arrays):
         calls.append(spec)
-        return attention_reference(
-            q,
-            k,
-            v,
-            causal=spec.causal,
-            key_mask=key_mask,
-            scale=spec.scale,
-            q_positions=q_positions,
-            k_positions=k_positions,
-            sliding_window=spec.sliding_window,
-            softcap=spec.softcap,
-            segment_ids=segment_ids,
-            kv_segment_ids=kv_segment_ids,
-        ).astype(q.dtype)
+        return attention_seam.REFERENCE.run(q, k, v, spec, **arrays)  # the registry's own, under another rule
 
     dense = LocalKernel(
         "dense", lambda query: query.platform == "cpu" and query.head_dim == HEAD_DIM, run, lambda *_: "dense"

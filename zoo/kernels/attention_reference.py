@@ -103,21 +103,9 @@ def _supports(query):
     return query.inference and query.q_len is not None and query.q_len * query.kv_len <= ONE_TILE
 
 
-def _run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_segment_ids):
-    return attention_reference(
-        q,
-        k,
-        v,
-        causal=spec.causal,
-        key_mask=key_mask,
-        scale=spec.scale,
-        q_positions=q_positions,
-        k_positions=k_positions,
-        sliding_window=spec.sliding_window,
-        softcap=spec.softcap,
-        segment_ids=segment_ids,
-        kv_segment_ids=kv_segment_ids,
-    )
+def _run(q, k, v, spec, **arrays):  # arrays: key_mask, q_positions, k_positions, segment_ids, kv_segment_ids
+    options = {name: value for name, value in spec.options().items() if name != "block_size"}  # no tiles
+    return attention_reference(q, k, v, **arrays, **options)
 
 
 REFERENCE = LocalKernel("reference", _supports, _run, lambda query, block_size: "reference (scores materialised)")

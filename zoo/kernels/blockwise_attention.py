@@ -185,22 +185,8 @@ def _blockwise_bwd(tiles, residuals, d_out):
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
-def _run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_segment_ids):
-    return blockwise_attention(
-        q,
-        k,
-        v,
-        causal=spec.causal,
-        key_mask=key_mask,
-        scale=spec.scale,
-        q_positions=q_positions,
-        k_positions=k_positions,
-        block_size=spec.block_size,
-        sliding_window=spec.sliding_window,
-        softcap=spec.softcap,
-        segment_ids=segment_ids,
-        kv_segment_ids=kv_segment_ids,
-    )
+def _run(q, k, v, spec, **arrays):  # arrays: key_mask, q_positions, k_positions, segment_ids, kv_segment_ids
+    return blockwise_attention(q, k, v, **arrays, **spec.options())
 
 
 def _describe(query, block_size):
