@@ -55,9 +55,7 @@ def compiler_caveat(device):
     """The verdict's qualifier where a TPU's step is compiled here by XLA:CPU: the TPU
     compiler schedules (and rematerialises) temporaries to fit its HBM, which XLA:CPU does
     not; on a v5e chip gpt_1b's step needed about half the planned peak (docs/planning.md)."""
-    import jax
-
-    if platform_of(device) != "tpu" or jax.default_backend() == "tpu":
+    if not _xla_cpu_compiles_a_tpu_step(device):
         return ""
     return (
         "an upper bound for a TPU: XLA:CPU compiled this step, and the TPU compiler fits temporaries to HBM "
@@ -69,10 +67,17 @@ def host_state_note(device, state_memory):
     """A note where XLA:CPU compiles a TPU's step with the optimizer state in host memory:
     XLA:CPU counts that state outside the device's peak, and a TPU v5e's compiler did not
     lower its step's footprint for it (docs/performance.md, "Sixth session"); else ""."""
-    if state_memory != "host" or not compiler_caveat(device):
+    if state_memory != "host" or not _xla_cpu_compiles_a_tpu_step(device):
         return ""
     return (
         "the optimizer state in host memory is outside this peak as XLA:CPU compiles the step; on a TPU v5e the TPU "
         "compiler's footprint did not shrink for it (llama_3_2_1b full fine-tune: 15.56 GiB with the moments in host "
         "memory, 14.97 GiB on the device) and a step took 516 ms against 324: docs/performance.md"
     )
+
+
+def _xla_cpu_compiles_a_tpu_step(device):
+    """Whether a plan for ``device`` is a TPU's step compiled here, off a TPU, by XLA:CPU."""
+    import jax
+
+    return platform_of(device) == "tpu" and jax.default_backend() != "tpu"

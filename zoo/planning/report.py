@@ -1,6 +1,6 @@
 """A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
 
-from zoo.planning.roofline import measured_error
+from zoo.planning.roofline import axes_bandwidth, measured_error
 from zoo.units import format_bytes
 
 __all__ = ["advice", "format_plan", "largest_part", "size_text", "verdict"]
@@ -67,8 +67,6 @@ def _collective_lines(plan):
     if not rows:
         return ["collectives: none"]
     mesh_axes = plan.step.mesh_axes
-    from zoo.planning.roofline import axes_bandwidth
-
     lines = ["| mesh axes | collective | per step | sent per device | link |", "| --- | --- | ---: | ---: | --- |"]
     for row in sorted(rows, key=lambda r: (r["axes"], r["kind"])):
         bandwidth = axes_bandwidth(row["axes"], mesh_axes, plan.spec)
