@@ -77,7 +77,24 @@ def test_sparse_moe_equals_dense(implementation, unbalanced):
 @pytest.mark.parametrize("n, k", [(2, 1), (4, 2)])
 @pytest.mark.parametrize("unbalanced", [False, True])
 def test_expert_parallel_dropless_equals_dense(n, k, unbalanced):
-    kernel = expert_parallel(n)
+    check_dropless_expert_parallel(expert_parallel(n), k, unbalanced)
+
+
+def test_megablox_refuses_the_expert_parallel_shard_map():
+    """JAX's grouped-matmul kernel cannot be traced inside a shard_map that checks varying
+    axes: the exchange's received rows get one line naming the axes, not JAX's error."""
+    x, weights, ids = routing(2, False)
+    with pytest.raises(ValueError, match=r"grouped_matmul='megablox' .* vary over \['expert'\]\); use 'ragged_dot'"):
+        expert_parallel(2, implementation="megablox")(x, weights, ids, experts())
+
+
+def test_megablox_under_remat_equals_dense():
+    """The Pallas grouped matmul inside ``jax.checkpoint`` (remat traces it again)."""
+    run = jax.checkpoint(lambda x, w, ids, params: moe.sparse_moe(x, w, ids, **params, implementation="megablox"))
+    check_against_dense(jax.jit(run), k=2, unbalanced=False)
+
+
+def check_dropless_expert_parallel(kernel, k, unbalanced):
     dropped = []
 
     def run(x, w, ids, params):

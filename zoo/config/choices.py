@@ -13,7 +13,7 @@ EXPERT_LAYOUTS = ("expert", "fsdp+expert", "expert+tp")
 # buffers (any backend), or exactly the routed rows (ragged_all_to_all: GPU/TPU, dropless)
 EXPERT_EXCHANGES = ("all_to_all", "ragged")
 # grouped_matmul: how the expert MLPs run over their token groups (blocks: a loop over row blocks, for XLA:CPU)
-GROUPED_MATMULS = ("ragged_dot", "blocks")
+GROUPED_MATMULS = ("ragged_dot", "megablox", "blocks")
 LAYOUTS = BASIC_LAYOUTS + TRANSFORMER_LAYOUTS
 CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
 COMMS_MODELS = ("mlp", "cnn")  # zoo comms: a tensor-parallel MLP block, SmallCNN

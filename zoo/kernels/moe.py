@@ -76,6 +76,7 @@ __all__ = [
     "expert_parallel_moe",
     "grouped_matmul_implementation",
     "load_balance_loss",
+    "megablox_tiling",
     "minimum_exchange_bytes",
     "dense_moe",
     "moe_reference",
@@ -86,6 +87,8 @@ __all__ = [
 
 EXCHANGES = EXPERT_EXCHANGES  # how tokens travel over the expert axis: padded buffers, or exactly the routed rows
 MAX_BLOCK_ROWS = 128  # rows per block of the "blocks" grouped matmul
+MEGABLOX_ROW_TILE = 128  # megablox's rows are padded to a multiple of this
+MEGABLOX_TILING = (512, 1024, 1024)  # megablox's largest (rows, depth, width) tiles; megablox_tiling halves them to fit
 
 
 # --- routing --------------------------------------------------------------------------
@@ -153,8 +156,12 @@ _COMPILING_FOR = []  # the platforms compile_for() says the programs being trace
 def grouped_matmul_implementation(platform=None):
     """``"ragged_dot"`` on GPU and TPU, ``"blocks"`` on CPU (whose ragged_dot is dense).
     The platform: ``platform``, else the one ``compile_for`` names, else JAX's backend."""
-    platform = platform or (_COMPILING_FOR[-1] if _COMPILING_FOR else jax.default_backend())
-    return "blocks" if platform == "cpu" else "ragged_dot"
+    return "blocks" if (platform or _target_platform()) == "cpu" else "ragged_dot"
+
+
+def _target_platform():
+    """The platform the programs being traced are for: the one ``compile_for`` names, else JAX's backend."""
+    return _COMPILING_FOR[-1] if _COMPILING_FOR else jax.default_backend()
 
 
 @contextlib.contextmanager
@@ -177,11 +184,54 @@ def expert_mlp(rows, group_sizes, *, expert_gate, expert_up, expert_down, implem
     implementation = implementation or grouped_matmul_implementation()
     if implementation not in GROUPED_MATMULS:
         raise ValueError(f"implementation must be one of {GROUPED_MATMULS}, got {implementation!r}")
-    if implementation == "ragged_dot":
-        gate = jax.lax.ragged_dot(rows, expert_gate, group_sizes)  # [R, F]
-        up = jax.lax.ragged_dot(rows, expert_up, group_sizes)  # [R, F]
-        return jax.lax.ragged_dot(jax.nn.silu(gate) * up, expert_down, group_sizes)  # [R, C]
-    return _blocked_expert_mlp(rows, group_sizes, expert_gate, expert_up, expert_down)
+    if implementation == "blocks":
+        return _blocked_expert_mlp(rows, group_sizes, expert_gate, expert_up, expert_down)
+    matmul = jax.lax.ragged_dot if implementation == "ragged_dot" else _megablox_matmul
+    gate = matmul(rows, expert_gate, group_sizes)  # [R, F]
+    up = matmul(rows, expert_up, group_sizes)  # [R, F]
+    return matmul(jax.nn.silu(gate) * up, expert_down, group_sizes)  # [R, C]
+
+
+def megablox_tiling(num_rows, depth, width, largest=None):
+    """(tm, tk, tn) for ``gmm`` of [m, k] rows by [G, k, n] weights: each edge the largest
+    of ``largest``'s (default ``MEGABLOX_TILING``) halvings, down to 128, that divides the
+    dimension, else the whole dimension; ``num_rows`` is already a multiple of 128
+    (``_megablox_matmul`` pads)."""
+    largest = MEGABLOX_TILING if largest is None else largest
+
+    def edge(size, most):
+        candidates = [most >> shift for shift in range(8) if (most >> shift) >= 128]
+        return next((tile for tile in candidates if size % tile == 0), size)
+
+    return tuple(edge(size, most) for size, most in zip((num_rows, depth, width), largest))
+
+
+def _megablox_matmul(rows, weights, group_sizes):
+    """JAX's Pallas grouped matmul (megablox ``gmm``, with its own backward: ``gmm`` for the
+    rows' gradient, ``tgmm`` for the weights'): rows [R, k] by weights [G, k, n] -> [R, n],
+    rows past ``sum(group_sizes)`` zero, as ``ragged_dot`` gives them. R is padded to a
+    multiple of 128 (the kernel's row tiles). Traced for any platform but a TPU, it runs in
+    Pallas' interpreter (the tests' way on CPU: slow, exact).
+
+    Not inside a ``shard_map`` (the expert layouts' exchange): JAX refuses the kernel's
+    ``pallas_call`` there, its output shape naming no varying mesh axes, and tracing it
+    outside that check breaks under remat, which traces the kernel's bookkeeping again
+    with the check on (tried; docs/moe.md)."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm  # Pallas' TPU kernels: imported where used
+
+    if _varying_axes(rows) or _varying_axes(weights):
+        raise ValueError(
+            "grouped_matmul='megablox' runs on one device or under GSPMD, not inside the expert layouts' shard_map "
+            f"(the rows vary over {sorted(_varying_axes(rows) | _varying_axes(weights))}); use 'ragged_dot' there"
+        )
+    num_rows, depth = rows.shape
+    padded = -(-num_rows // MEGABLOX_ROW_TILE) * MEGABLOX_ROW_TILE
+    lhs = jnp.pad(rows, ((0, padded - num_rows), (0, 0)))  # [R', k]
+    tiling = megablox_tiling(padded, depth, weights.shape[-1])  # the forward's; gmm's VJP reuses it
+    out = gmm(
+        lhs, weights.astype(rows.dtype), group_sizes, rows.dtype, tiling, None, None, False, _target_platform() != "tpu"
+    )
+    return out[:num_rows]  # [R, n]
 
 
 def block_rows(num_rows, num_groups):
