@@ -11,9 +11,11 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from zoo.distribution import CheckedModelParallel, make_mesh
-from zoo.kernels import attention_implementation, attention_reference
+from zoo.kernels import attention_implementation, attention_reference, local_attention
+from zoo.kernels import splash_attention as splash_module
 from zoo.kernels.splash_attention import COMPUTE_EDGE, block_edge, splash_attention, supports
 from zoo.layers._sequence_parallel import describe_attention
 
@@ -137,6 +139,26 @@ def test_blocks_computed_in_parts_match_the_reference():
     cotangent = jax.random.normal(keys[3], q.shape, jnp.float32)
     assert block_edge(1024) == 1024 and COMPUTE_EDGE == 512
     got = _output_and_grads(lambda *a: splash_attention(*a, causal=True, interpret=True), q, k, v, cotangent)
+    with jax.enable_x64():
+        wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
+        want = _output_and_grads(lambda *a: attention_reference(*a, causal=True), *wide)
+    for what, a, b in zip(("output", "dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), atol=5e-5, rtol=1e-5, err_msg=what)
+
+
+def test_inside_a_shard_map_the_seam_runs_the_tiled_kernel(monkeypatch):
+    """JAX refuses splash's ``pallas_call`` inside a ``shard_map`` that checks varying axes
+    (its output shapes name none; the zoo's tensor-parallel and context kernels run there):
+    the seam picks the tiled kernel there, splash outside, with splash's platforms widened
+    to this CPU as a TPU has them. Outputs and gradients against the float64 reference."""
+    monkeypatch.setattr(splash_module, "PLATFORMS", ("tpu", "cpu"))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    q, k, v, cotangent = (jnp.concatenate([x, x[:, ::-1]]) for x in _inputs(128))  # B = 2: a row per device
+    attention = lambda q, k, v: local_attention(q, k, v, causal=True)  # noqa: E731
+    split = jax.shard_map(attention, mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+    assert "pallas_call" in str(jax.make_jaxpr(attention)(q, k, v))  # one device: splash
+    assert "pallas_call" not in str(jax.make_jaxpr(split)(q, k, v))  # its shard_map: the tiles
+    got = _output_and_grads(jax.jit(split), q, k, v, cotangent)
     with jax.enable_x64():
         wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
         want = _output_and_grads(lambda *a: attention_reference(*a, causal=True), *wide)

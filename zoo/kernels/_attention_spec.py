@@ -8,6 +8,8 @@ importing the registry that lists it.
 import dataclasses
 from collections.abc import Callable
 
+from zoo.kernels.collective_matmul import _varying_axes
+
 __all__ = ["AttentionSpec", "KernelQuery", "LocalKernel"]
 
 
@@ -36,7 +38,9 @@ class KernelQuery:
     """What a kernel's ``supports`` reads: the platform, the call's shapes and which options
     and arrays it has. ``natural_order``: no positions given (tokens 0..T-1, queries and keys
     alike); ``pallas``: False where GSPMD partitions the call over several devices (it cannot
-    split a Pallas call); ``sequence_split``: GSPMD may split T itself, which only the tiled
+    split a Pallas call) and inside a ``shard_map`` (``of_call``: q varies over mesh axes),
+    where JAX refuses its Pallas TPU kernels' calls (their output shapes name no varying
+    axes; docs/attention.md, "Inside a shard_map"); ``sequence_split``: GSPMD may split T itself, which only the tiled
     kernel takes (cuDNN's partitioner refuses it); ``inference``: no gradient is taken (a
     cached decoding step)."""
 
@@ -68,7 +72,7 @@ class KernelQuery:
             key_masked=key_mask is not None,
             segmented=segment_ids is not None,
             softcapped=spec.softcap is not None,
-            pallas=pallas,
+            pallas=pallas and not _varying_axes(q),  # inside a shard_map: no Pallas kernel (class docstring)
             sequence_split=sequence_split,
             inference=inference,
         )

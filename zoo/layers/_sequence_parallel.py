@@ -163,9 +163,10 @@ def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size
     over = f"over {plan.sequence_axis!r} (N={n}"
     if kernel == "ring":
         return f"ring {over}, tile {kernels.block_size_for(seq_len // n, block_size, balance)})"
+    inside = functools.partial(local, pallas=False)  # a shard_map's body: no Pallas kernel (KernelQuery)
     if kernel == "gather":  # local queries are one shard: not in natural order when N > 1
-        return f"all-gather {over}), then {local(q_len=seq_len // n, kv_len=seq_len, natural_order=False)}"
-    return f"Ulysses {over}), then {local(q_len=seq_len, kv_len=seq_len, natural_order=balance is None)}"
+        return f"all-gather {over}), then {inside(q_len=seq_len // n, kv_len=seq_len, natural_order=False)}"
+    return f"Ulysses {over}), then {inside(q_len=seq_len, kv_len=seq_len, natural_order=balance is None)}"
 
 
 def global_positions(seq_len, *, axis_size, axis_name, balance):
