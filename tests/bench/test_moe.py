@@ -59,6 +59,8 @@ def test_settings_parse_and_refuse_bad_numbers(capsys):
         "moe", _parse(["--capacity-factors", "1,dropless", "--memory-partial-layers", "none"])
     )
     assert settings.capacity_factors == (1.0, None) and settings.memory_partial_layers == ()
+    settings = bench_cli.settings_from_args("moe", _parse(["--time-grouped-matmuls", "ragged_dot,megablox"]))
+    assert settings.time_grouped_matmuls == ("ragged_dot", "megablox")
     with pytest.raises(ValueError, match="num_experts 6 is not divisible by the 'expert' axis of size 4"):
         bench.run_benchmark(MoEBenchSettings(**(TINY | {"num_experts": 6})), report=lambda line: None)
     with pytest.raises(ValueError, match="batch_size 4 is not divisible by data x expert = 8"):
@@ -68,6 +70,22 @@ def test_settings_parse_and_refuse_bad_numbers(capsys):
     with pytest.raises(SystemExit):
         _parse(["--memory-runs", "frozen:expert:data=1,expert=8"])
     assert "expected ';'-separated '<method>:<layout>:<mesh>' runs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parse(["--time-grouped-matmuls", "dense"])
+    assert "unknown grouped matmul(s) ['dense']; choose from ragged_dot,megablox,blocks" in capsys.readouterr().err
+
+
+def test_the_time_rows_refuse_a_sparse_result_the_dense_one_does_not_give():
+    """The timing compares like with like: a gradient off by more than bf16's rounding, of
+    the largest value, stops the benchmark before anything is timed."""
+    dense = [np.ones((4, 8)), np.linspace(-2.0, 2.0, 32).reshape(4, 8)]
+    rounded = [dense[0] + 0.02, dense[1] * (1 + 2e-3)]  # bf16-sized differences pass
+    bench.check_agreement(rounded, dense, "mixed_bfloat16")
+    with pytest.raises(bench.TimingMismatch, match=r"differ by up to 0.02 .*float32"):
+        bench.check_agreement(rounded, dense, "float32")
+    wrong = [dense[0], np.where(dense[1] == -2.0, 0.0, dense[1])]  # one entry off by its whole value
+    with pytest.raises(bench.TimingMismatch, match=r"differ by up to 2 \(largest 2"):
+        bench.check_agreement(wrong, dense, "mixed_bfloat16")
 
 
 def test_ragged_rows_are_each_routed_row_once_per_exchange():

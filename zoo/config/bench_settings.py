@@ -607,6 +607,20 @@ class MoEBenchSettings:
     time_intermediate_dim: int = _count(1024, "time: each expert's hidden width F")
     time_experts: int = _count(8, "time: experts E")
     time_experts_per_token: int = _count(2, "time: experts per token k")
+    time_grouped_matmuls: tuple = setting(
+        (),
+        "time: comma-separated grouped matmuls of the sparse layer, each a row "
+        f"(of {','.join(choices.GROUPED_MATMULS)}; none given: the layer's default on this backend)",
+        section="bench",
+        parse=types.comma_separated(choices.GROUPED_MATMULS, "grouped matmul"),
+        metavar="MATMULS",
+    )
+    time_precision: str = setting(
+        "float32",
+        "time: Keras dtype policy of the layer and the dense-masked computation (bf16 compute, float32 weights)",
+        section="bench",
+        choices=choices.PRECISIONS,
+    )
     steps: int = _count(2, "time: forward + backward passes per timed measurement")
     repeats: int = _count(5, "time: alternating sparse / dense measurements; the median of their ratios")
     output: str | None = _output()
