@@ -4,7 +4,7 @@ Pallas grouped matmul (megablox) at several tilings, forward + backward, bf16.
 For each (E, k, C, F) at N tokens: ``zoo.kernels.moe.sparse_moe`` (route-sorted rows, the
 three SwiGLU matmuls grouped by expert, weighted scatter back) under ``jax.jit`` with
 gradients of x and every expert weight; ``megablox`` once per largest tiling
-(``zoo.kernels.moe.MEGABLOX_TILING``, halved per dimension to divide it). Timed as the
+(``zoo.kernels.grouped_matmul.MEGABLOX_TILING``, halved per dimension to divide it). Timed as the
 median of 5 runs of 10 calls after a warm-up call; TFLOP/s counts the routed work only
 (3 matmuls of 2 N k C F, times 3 for forward + backward). Writes $OUT/moe_tiles.md.
 
@@ -18,7 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from zoo.kernels import moe
+from zoo.kernels import grouped_matmul, moe
 
 CONFIGS = [(8, 2, 2048, 4096), (64, 8, 2048, 1024)]  # (E, k, C, F): Mixtral-like, fine-grained (OLMoE-like)
 TOKENS = 4096
@@ -54,7 +54,7 @@ def main():
         "| E | k | C | F | ragged_dot | " + " | ".join(f"megablox {'x'.join(map(str, t))}" for t in TILINGS) + " |",
         "| ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in TILINGS) + " |",
     ]
-    default_tiling = moe.MEGABLOX_TILING
+    default_tiling = grouped_matmul.MEGABLOX_TILING
     for num_experts, k, width, hidden in CONFIGS:
         keys = jax.random.split(jax.random.key(0), 5)
         x = jax.random.normal(keys[0], (TOKENS, width), jnp.bfloat16)
@@ -67,7 +67,7 @@ def main():
         flops = 3 * 3 * 2 * TOKENS * k * width * hidden
         cells = []
         for implementation, tiling in [("ragged_dot", None)] + [("megablox", t) for t in TILINGS]:
-            moe.MEGABLOX_TILING = tiling or default_tiling
+            grouped_matmul.MEGABLOX_TILING = tiling or default_tiling
             try:
                 seconds = timed(step_of(implementation, num_experts, k), x, router, experts)
                 cells.append(f"{seconds * 1e3:.2f} ({flops / seconds / 1e12:.1f})")
@@ -75,7 +75,7 @@ def main():
                 cells.append(f"failed: {type(error).__name__}")
             print(num_experts, k, implementation, tiling, cells[-1], flush=True)
         lines.append(f"| {num_experts} | {k} | {width} | {hidden} | " + " | ".join(cells) + " |")
-    moe.MEGABLOX_TILING = default_tiling
+    grouped_matmul.MEGABLOX_TILING = default_tiling
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(os.environ.get("OUT", "."), "moe_tiles.md"), "w") as f:
