@@ -105,6 +105,14 @@ MATRIX = {
         )
         for name in ("mixtral", "qwen2_moe")
     },
+    # a windowed GPT's fit under ring context parallelism: tier 1 keeps the ring kernels with windows
+    # reaching past a shard (outputs and gradients), the windowed layer split over the sequence, and the
+    # GPT's fit under context-ring
+    "tests/models/test_gpt.py::test_a_windowed_gpt_trains_under_ring_context_parallelism_as_on_one_device": (
+        "tests/kernels/test_sliding_window.py::test_matches_masked_reference[ring], [ring-zigzag]; "
+        "tests/layers/test_multi_head_attention.py::test_a_sliding_window_matches_one_device_when_split[ulysses]; "
+        f"{GPT_PARITY}[context-ring-data=2,seq=4]"
+    ),
     # windowed decoding on a zoo config: tier 1 decodes past the window against transformers
     "tests/models/test_gpt.py::test_decoding_with_a_window_matches_the_full_forward_pass": (
         "tests/models/test_hf_checkpoints.py::test_greedy_equals_transformers[mistral_window], [gemma2]"
