@@ -50,6 +50,8 @@ def test_train_gpt_with_remat_in_process(tmp_path, capsys):
     tiny = [
         "--config-name",
         "gpt_tiny",
+        "--num-layers",
+        "1",
         "--epochs",
         "1",
         "--steps-per-epoch",
@@ -61,7 +63,7 @@ def test_train_gpt_with_remat_in_process(tmp_path, capsys):
     ]
     assert main(["train", "gpt", "--layout", "tp", "--remat", "--dropout", "0.1", *tiny, "--output", str(output)]) == 0
     out = capsys.readouterr().out
-    assert "model: gpt_tiny, 34,976 parameters, remat full" in out and "epoch 1: validation loss" in out
+    assert "model: gpt_tiny, 25,696 parameters, remat full" in out and "epoch 1: validation loss" in out
     assert "attention: one shard_map over 'model' (M=4: 1 of 4 heads per device), then blockwise (tile 16)" in out
     assert keras.saving.load_model(output, safe_mode=True).backbone.remat == "full"
     assert (tmp_path / "gpt.run" / "metrics.csv").is_file() and not (
