@@ -13,8 +13,8 @@ The GPT goes round every layout on 8 simulated devices, ``single`` being the one
 case, ``pipeline`` the stacked-block form (``zoo/training/checkpoints/_block_forms.py``; 2 blocks
 on its default mesh data=4,stage=2, so the other layouts compile 2 blocks, not 4);
 the CNN round its layouts; two readers run in their own process on 4 devices.
-Tier 1 keeps data -> pipeline (the form change) and the CNN's data -> model; the rest
-is tier 2 (tests/_tiers.py).
+Tier 1 keeps data -> pipeline (the form change); the rest, the CNN's pairs too, is tier 2
+(tests/_tiers.py).
 """
 
 import os
