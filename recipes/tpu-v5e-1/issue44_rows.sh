@@ -5,6 +5,7 @@
 #           E = 64, k = 8, bf16, each grouped matmul against the dense-masked computation.
 #   part 2: the loss at V = 128,256 in llama_3_2_1b's LoRA step: in chunks of 512 (the
 #           head and cross-entropy per chunk, gradient in the forward pass) vs whole logits.
+#   part 3: part 1's `zoo bench moe` rows alone (after the rows' permutations became gathers).
 #
 #   source .device/tpu-env.sh && OUT=/tmp/out bash recipes/tpu-v5e-1/issue44_rows.sh 1
 set -uo pipefail
@@ -21,6 +22,10 @@ moe_row() {  # moe_row E K F: zoo bench moe's time rows for both TPU grouped mat
 case $part in
     1)
         timeout 240 python3 recipes/tpu-v5e-1/moe_tiles.py >> "$OUT/log.txt" 2>&1 || echo "moe_tiles failed (exit $?)" >> "$OUT/log.txt"
+        moe_row 8 2 4096
+        moe_row 64 8 1024
+        ;;
+    3)
         moe_row 8 2 4096
         moe_row 64 8 1024
         ;;
