@@ -381,7 +381,7 @@ def test_a_pattern_is_tiled_by_its_period_or_trimmed():
 def test_decoding_with_a_window_matches_the_full_forward_pass():
     """A cached decode at position p attends only to cache positions p - W < k <= p: the
     cached logits of every step equal the uncached forward pass's (which windows too)."""
-    model = GPTCausalLM.from_config_name("gpt_tiny", sliding_window=3)
+    model = GPTCausalLM.from_config_name("gpt_tiny", num_layers=1, sliding_window=3)
     tokens = _tokens(2, 7)
     expected = np.asarray(model(tokens))  # (B, T, V)
     caches = model.backbone.empty_caches(2, 7)

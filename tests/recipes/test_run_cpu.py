@@ -8,12 +8,12 @@ import pytest
 from tests.recipes._recipes import CPU, RECIPES, ids
 from zoo.training.recipes import RecipeError, load_recipe, run_recipe
 
-# Overrides that keep each run to a few steps, the pre-training GPT at one block (the recipes
+# Overrides that keep each run to a few steps, the pre-training GPTs at one block (the recipes
 # themselves run ~1 min each; every key of the file still maps onto the job: job_config()).
 SHRINK = {
     "train_cnn.toml": {"train.epochs": 1, "data.train_examples": 256},
     "pretrain_gpt.toml": {"train.steps_per_epoch": 4, "model.num_layers": 1},
-    "pretrain_moe.toml": {"train.steps_per_epoch": 4},
+    "pretrain_moe.toml": {"train.steps_per_epoch": 4, "model.num_layers": 1},
     "finetune.toml": {"train.epochs": 1, "data.train_examples": 256, "data.test_examples": 64},
 }
 
