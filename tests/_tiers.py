@@ -281,6 +281,7 @@ MATRIX = {
     f"{DOCS}[docs/models.md#8]": "tests/models/test_encoder.py::test_padding_does_not_change_the_logits",
     f"{DOCS}[docs/models.md#9]": "tests/models/test_vit.py::test_tensor_parallel_shards_the_weights",
     f"{DOCS}[docs/sequence_parallel.md#0]": "tests/kernels/test_blockwise_attention.py (outputs and gradients vs the reference)",
+    f"{DOCS}[docs/moe.md#1]": "tests/kernels/test_moe.py::test_sparse_moe_equals_dense (every grouped matmul, outputs and gradients)",
     "tests/models/test_gpt_scan.py::test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers": (
         "test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do (the scanned step's collectives against the layers')"
     ),

@@ -154,53 +154,20 @@ def _sorted_assignments(expert_ids):
 
 def sparse_moe(x, weights, expert_ids, *, expert_gate, expert_up, expert_down, implementation=None):
     """Every expert on this device: x [N, C], weights f32[N, k], expert_ids i32[N, k],
-    expert weights [E, ...] -> [N, C]. Only each token's k experts run.
-
-    The rows go to the experts and come back by permutations (``permute_rows``), whose
-    backward is the inverse permutation, a gather: indexing x by token instead would make
-    the backward a scatter-add of A rows into N, which a TPU runs serially."""
-    num_tokens, k = expert_ids.shape
+    expert weights [E, ...] -> [N, C]. Only each token's k experts run."""
     num_experts = expert_gate.shape[0]
-    order, _, expert = _sorted_assignments(expert_ids)
-    inverse = inverse_permutation(order)
-    rows = permute_rows(jnp.repeat(x, k, axis=0), order, inverse)  # [A, C]: row a is token a // k's, sorted by expert
+    order, token, expert = _sorted_assignments(expert_ids)
     group_sizes = jnp.bincount(expert, length=num_experts).astype(jnp.int32)  # i32[E]
     outputs = expert_mlp(
-        rows,
+        x[token],
         group_sizes,
         expert_gate=expert_gate,
         expert_up=expert_up,
         expert_down=expert_down,
         implementation=implementation,
     )  # [A, C]
-    per_slot = permute_rows(outputs, inverse, order).reshape(
-        num_tokens, k, -1
-    )  # [N, k, C]: back in (token, slot) order
-    return jnp.sum(per_slot * weights[..., None].astype(outputs.dtype), axis=1)  # [N, C]
-
-
-def inverse_permutation(order):
-    """i32[A] -> i32[A]: ``inverse[order[a]] = a``."""
-    return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype), unique_indices=True)
-
-
-@jax.custom_vjp
-def permute_rows(x, order, inverse):
-    """x [A, ...] -> x[order], ``inverse`` its inverse permutation: the backward gathers the
-    cotangent by ``inverse`` (a permutation's transpose) instead of scattering it."""
-    return jnp.take(x, order, axis=0, unique_indices=True)
-
-
-def _permute_rows_forward(x, order, inverse):
-    return permute_rows(x, order, inverse), (order, inverse)
-
-
-def _permute_rows_backward(residuals, cotangent):
-    order, inverse = residuals
-    return jnp.take(cotangent, inverse, axis=0, unique_indices=True), None, None
-
-
-permute_rows.defvjp(_permute_rows_forward, _permute_rows_backward)
+    weighted = outputs * weights.reshape(-1)[order][:, None].astype(outputs.dtype)  # [A, C]
+    return jnp.zeros_like(x).at[token].add(weighted)  # [N, C]
 
 
 # --- expert parallelism ---------------------------------------------------------------------
