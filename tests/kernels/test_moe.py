@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from zoo.kernels import moe
+from zoo.kernels import grouped_matmul, moe
 
 E, C, F, N = 4, 8, 12, 16  # experts, width, expert width, tokens (split over the shards)
 AXIS = "expert"
@@ -86,6 +86,22 @@ def test_megablox_refuses_the_expert_parallel_shard_map():
     x, weights, ids = routing(2, False)
     with pytest.raises(ValueError, match=r"grouped_matmul='megablox' .* vary over \['expert'\]\); use 'ragged_dot'"):
         expert_parallel(2, implementation="megablox")(x, weights, ids, experts())
+
+
+@pytest.mark.parametrize(
+    "platform, in_shard_map, expected",
+    [("cpu", False, "blocks"), ("gpu", False, "ragged_dot"), ("tpu", True, "ragged_dot"), ("tpu", False, "ragged_dot")],
+)
+def test_the_default_grouped_matmul_per_platform(platform, in_shard_map, expected):
+    """megablox only where a TPU runs the program (this CPU compiling a TPU's step gets
+    ragged_dot: XLA:CPU cannot compile the Mosaic kernel) and no shard_map holds it."""
+    assert moe.grouped_matmul_implementation(platform, in_shard_map=in_shard_map) == expected
+
+
+def test_the_default_grouped_matmul_on_a_tpu_is_megablox(monkeypatch):
+    monkeypatch.setattr(grouped_matmul.jax, "default_backend", lambda: "tpu")
+    assert moe.grouped_matmul_implementation("tpu") == "megablox"
+    assert moe.grouped_matmul_implementation("tpu", in_shard_map=True) == "ragged_dot"
 
 
 def test_megablox_under_remat_equals_dense():

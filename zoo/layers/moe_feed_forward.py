@@ -58,8 +58,9 @@ class MoEFeedForward(keras.layers.Layer):
         expert_exchange: ``"all_to_all"`` (padded buffers, any backend) or ``"ragged"``
             (``jax.lax.ragged_all_to_all``: exactly the routed rows, dropless; GPU and
             TPU only: XLA:CPU cannot run it).
-        grouped_matmul: None (``"ragged_dot"`` on GPU/TPU, ``"blocks"`` on CPU) or one
-            of ``zoo.kernels.moe.GROUPED_MATMULS``.
+        grouped_matmul: None (the platform's: ``"megablox"`` on a TPU outside the expert
+            layouts' shard_map, ``"ragged_dot"`` there and on GPU, ``"blocks"`` on CPU;
+            ``zoo.kernels.grouped_matmul``) or one of ``zoo.kernels.moe.GROUPED_MATMULS``.
         model_axis: the mesh axis tensor parallelism splits F (and the shared expert) over.
         kernel_initializer: for the router, experts and shared expert.
 
