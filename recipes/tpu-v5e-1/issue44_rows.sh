@@ -5,7 +5,8 @@
 #           E = 64, k = 8, bf16, each grouped matmul against the dense-masked computation.
 #   part 2: the loss at V = 128,256 in llama_3_2_1b's LoRA step: in chunks of 512 (the
 #           head and cross-entropy per chunk, gradient in the forward pass) vs whole logits.
-#   part 3: part 1's `zoo bench moe` rows alone (after the rows' permutations became gathers).
+#   part 3: part 1's `zoo bench moe` rows alone (run once for an experiment not kept: the
+#           sorted rows moved by permutations whose backward is a gather; no gain).
 #
 #   source .device/tpu-env.sh && OUT=/tmp/out bash recipes/tpu-v5e-1/issue44_rows.sh 1
 set -uo pipefail
