@@ -28,29 +28,24 @@ temporaries, against 80 GiB (H100); expert weights per device; the exchange's by
 all-to-all against the minimum. Rows of fewer blocks than the model has are flagged
 partial; the whole depth is always compiled (the figure that counts).
 
-Time (section ``time``): on one device, a jitted forward + backward (gradients of every
-weight and of x) of ``MoEFeedForward`` (its own default grouped matmul: ``blocks`` on
-CPU) against the dense-masked computation (``zoo.kernels.moe.dense_moe``: every expert
-on every token, weighted by the same router: keras-hub's way) at the same shapes and
-weights; their outputs must agree (else ``TimingMismatch``). Timed in turns (sparse,
-dense, sparse, dense, ...), ``steps`` calls a turn; the ratio dense / sparse per pair,
-the median of ``repeats`` pairs.
+Time (section ``time``, ``zoo.bench._moe_time``): on one device, the sparse layer's
+forward + backward through each grouped matmul against the dense-masked computation
+(every expert on every token, keras-hub's way), results checked equal, timed in turns.
 """
 
 import collections
 import dataclasses
 import re
-import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import keras
 import numpy as np
 
 from zoo import distribution as zd
 from zoo._compat import sublayers
 from zoo.bench._gpt import build_model, compile_model
+from zoo.bench._moe_time import TimingMismatch, check_agreement, format_time, time_rows  # noqa: F401 (the time section)
 from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, EXPERT
@@ -71,11 +66,6 @@ EXPERT_WEIGHT = re.compile(r"/expert_(gate|up|down)$")  # MoEFeedForward's (E, C
 ARRAY_DIMS = re.compile(r"\[([0-9,]*)\]")  # the dims of each array of a CollectiveOp.shape
 FLOAT_ITEMSIZES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8}  # HLO dtype -> bytes: the token exchanges' buffers
 EXCHANGE_KINDS = ("all-to-all", "ragged-all-to-all")  # the collectives tokens travel in over 'expert'
-MISMATCH = {"float32": 2e-3, "mixed_bfloat16": 5e-2}  # the time rows' sparse vs dense agreement, of the largest value
-
-
-class TimingMismatch(AssertionError):
-    """The sparse layer and the dense-masked computation gave different outputs."""
 
 
 # --- what every section shares ----------------------------------------------------------
@@ -680,168 +670,6 @@ def format_memory(settings, rows):
             f"{bound}{row.token_exchanges} | {_moved(row.moved, row.compute)} | {row.exchange_ratio:.3f} | {row.weight_gathers} | {bound}{collectives} | {row.compile_s:.0f} | {note} |"
         )
     return lines
-
-
-# --- time on one device -----------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class TimeRow:
-    tokens: int
-    width: int
-    hidden: int
-    experts: int
-    k: int
-    grouped_matmul: str
-    ratios: tuple = ()  # dense / sparse per pair of turns
-    sparse_s: float = 0.0  # median seconds per forward + backward (this CPU; for the log only)
-    dense_s: float = 0.0
-
-    @property
-    def ratio(self):
-        return statistics.median(self.ratios)
-
-    @property
-    def goal(self):
-        """E / (2k): the issue's bound on dense / sparse."""
-        return self.experts / (2 * self.k)
-
-
-def time_layer(settings, grouped_matmul=None):
-    """The ``MoEFeedForward`` of the time rows (its grouped matmul ``grouped_matmul``, None:
-    its default), built on one device under ``settings.time_precision``, and its input
-    x (1, N, C) in the compute dtype."""
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(SEED)
-    with zd.global_distribution(None):
-        layer = MoEFeedForward(
-            settings.time_experts,
-            settings.time_experts_per_token,
-            settings.time_intermediate_dim,
-            grouped_matmul=grouped_matmul,
-            dtype=settings.time_precision,
-            name="moe",
-        )
-        layer.build((1, settings.time_tokens, settings.time_width))
-    x = jax.random.normal(jax.random.key(SEED), (1, settings.time_tokens, settings.time_width), jnp.float32)
-    return layer, x.astype(
-        layer.compute_dtype
-    )  # as a model's previous layer hands it over (the layer follows x's dtype)
-
-
-def dense_masked(layer):
-    """keras-hub's way at the layer's weights: route as the layer does (float32 router),
-    then every expert on every token in the layer's compute dtype, weighted by the router
-    (``moe.dense_moe``). (weights, x (1, N, C)) -> (1, N, C) in the compute dtype."""
-    names = [
-        variable.path.rsplit("/", 2)[-2] if variable.path.endswith("/kernel") else variable.path.rsplit("/", 1)[-1]
-        for variable in layer.trainable_variables
-    ]
-    compute = layer.compute_dtype
-
-    def forward(weights, x):
-        named = dict(zip(names, weights))
-        tokens = x.reshape(-1, x.shape[-1]).astype(compute)  # [N, C]
-        logits = tokens.astype(jnp.float32) @ named["router"].astype(jnp.float32)  # f32[N, E]
-        routing, expert_ids, _ = moe.route(
-            logits, num_experts_per_token=layer.num_experts_per_token, normalize=layer.normalize_router_weights
-        )
-        y = moe.dense_moe(
-            tokens,
-            routing,
-            expert_ids,
-            **{name: named[name].astype(compute) for name in ("expert_gate", "expert_up", "expert_down")},
-        )
-        return y.reshape(x.shape)
-
-    return forward
-
-
-def forward_backward(forward, x):
-    """jit of (weights, x) -> (y, d(weights), d(x)) of sum(y * cotangent), a fixed cotangent."""
-    cotangent = jax.random.normal(jax.random.key(SEED + 1), x.shape, x.dtype)
-
-    def step(weights, x):
-        y, pullback = jax.vjp(forward, weights, x)
-        return y, *pullback(cotangent.astype(y.dtype))
-
-    return jax.jit(step)
-
-
-def check_agreement(sparse, dense, precision):
-    """The sparse layer's outputs and gradients against the dense-masked ones: within
-    ``MISMATCH[precision]`` of each array's largest magnitude (bf16 sums in other orders)."""
-    for a, b in zip(jax.tree.leaves(sparse), jax.tree.leaves(dense)):
-        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        error, scale = float(np.max(np.abs(a - b))), float(np.max(np.abs(b)))
-        if error > MISMATCH[precision] * max(scale, 1.0):
-            raise TimingMismatch(
-                f"sparse and dense-masked results differ by up to {error:.3g} (largest {scale:.3g}, shape {a.shape}, {precision})"
-            )
-
-
-def measure_time(settings, grouped_matmul=None):
-    """One ``TimeRow``: the layer through ``grouped_matmul`` against the dense-masked computation."""
-    layer, x = time_layer(settings, grouped_matmul)
-    weights = [variable.value for variable in layer.trainable_variables]
-    non_trainable = [variable.value for variable in layer.non_trainable_variables]
-    sparse = forward_backward(lambda w, x: layer.stateless_call(w, non_trainable, x)[0], x)
-    dense = forward_backward(dense_masked(layer), x)
-    outputs = [jax.block_until_ready(step(weights, x)) for step in (sparse, dense)]  # warm up (compiles)
-    check_agreement(*outputs, settings.time_precision)
-    times = {"sparse": [], "dense": []}
-    for _ in range(settings.repeats):
-        for name, step in (("sparse", sparse), ("dense", dense)):
-            start = time.perf_counter()
-            for _ in range(settings.steps):
-                jax.block_until_ready(step(weights, x))
-            times[name].append((time.perf_counter() - start) / settings.steps)
-    row = TimeRow(
-        settings.time_tokens,
-        settings.time_width,
-        settings.time_intermediate_dim,
-        settings.time_experts,
-        settings.time_experts_per_token,
-        layer.grouped_matmul or moe.grouped_matmul_implementation(),
-    )
-    row.ratios = tuple(d / s for s, d in zip(times["sparse"], times["dense"]))
-    row.sparse_s, row.dense_s = statistics.median(times["sparse"]), statistics.median(times["dense"])
-    return row
-
-
-def time_rows(settings, report=print):
-    """A ``TimeRow`` per grouped matmul of ``settings.time_grouped_matmuls`` (none: the layer's default)."""
-    rows = []
-    for grouped_matmul in settings.time_grouped_matmuls or (None,):
-        row = measure_time(settings, grouped_matmul)
-        report(
-            f"time: {row.grouped_matmul} {row.sparse_s * 1e3:.2f} ms, dense-masked {row.dense_s * 1e3:.2f} ms per "
-            "forward + backward (medians)"
-        )
-        rows.append(row)
-    return rows
-
-
-def format_time(settings, rows):
-    return [
-        (
-            f"Time: one {jax.devices()[0].platform} device, jitted forward + backward (gradients of every weight and of x), "
-            f"{settings.time_precision}; sparse = MoEFeedForward through the grouped matmul named (ragged_dot: "
-            "jax.lax.ragged_dot; megablox: JAX's Pallas grouped matmul; blocks: a loop over row blocks); dense-masked = "
-            "every expert on every token weighted by the same router (zoo.kernels.moe.dense_moe, keras-hub's way); "
-            f"outputs and gradients checked equal; ms: medians of {settings.repeats} turns of {settings.steps} passes, "
-            f"sparse and dense alternating; jax {jax.__version__}."
-        ),
-        "",
-        "| N tokens | C | F | E | k | sparse path | sparse ms | dense ms | dense / sparse (median of pairs) | range | E/k (FLOP ratio) | goal E/(2k) | met |",
-        "| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
-        *(
-            f"| {row.tokens:,} | {row.width} | {row.hidden} | {row.experts} | {row.k} | {row.grouped_matmul} | "
-            f"{row.sparse_s * 1e3:.2f} | {row.dense_s * 1e3:.2f} | **{row.ratio:.2f}** | {min(row.ratios):.2f} to "
-            f"{max(row.ratios):.2f} | {row.experts / row.k:g} | {row.goal:g} | {'yes' if row.ratio >= row.goal else 'no'} |"
-            for row in rows
-        ),
-    ]
 
 
 # --- the command ----------------------------------------------------------------------
