@@ -118,7 +118,7 @@ def _megablox_matmul(rows, weights, group_sizes):
     Not inside a ``shard_map`` (the MoE layer's, under any distribution): JAX refuses the kernel's
     ``pallas_call`` there, its output shape naming no varying mesh axes, and tracing it
     outside that check breaks under remat, which traces the kernel's bookkeeping again
-    with the check on (tried; docs/moe.md)."""
+    with the check on (tried; docs/attention.md, "Inside a shard_map")."""
     from jax.experimental.pallas.ops.tpu.megablox import gmm  # Pallas' TPU kernels: imported where used
 
     if _varying_axes(rows) or _varying_axes(weights):
