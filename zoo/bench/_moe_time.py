@@ -125,22 +125,14 @@ def check_agreement(sparse, dense, precision):
             )
 
 
-def measure_time(settings, grouped_matmul=None):
-    """One ``TimeRow``: the layer through ``grouped_matmul`` against the dense-masked computation."""
-    layer, x = time_layer(settings, grouped_matmul)
+def measure_time(settings, layer, x, dense):
+    """One ``TimeRow``: ``layer`` (its grouped matmul) against ``dense``, the dense-masked
+    (step, outputs) at the same weights, timed in alternating turns."""
     weights = [variable.value for variable in layer.trainable_variables]
     non_trainable = [variable.value for variable in layer.non_trainable_variables]
     sparse = forward_backward(lambda w, x: layer.stateless_call(w, non_trainable, x)[0], x)
-    dense = forward_backward(dense_masked(layer), x)
-    outputs = [jax.block_until_ready(step(weights, x)) for step in (sparse, dense)]  # warm up (compiles)
-    check_agreement(*outputs, settings.time_precision)
-    times = {"sparse": [], "dense": []}
-    for _ in range(settings.repeats):
-        for name, step in (("sparse", sparse), ("dense", dense)):
-            start = time.perf_counter()
-            for _ in range(settings.steps):
-                jax.block_until_ready(step(weights, x))
-            times[name].append((time.perf_counter() - start) / settings.steps)
+    check_agreement(jax.block_until_ready(sparse(weights, x)), dense[1], settings.time_precision)  # and compiles it
+    times = alternating_times(settings, {"sparse": sparse, "dense": dense[0]}, weights, x)
     row = TimeRow(
         settings.time_tokens,
         settings.time_width,
@@ -154,11 +146,30 @@ def measure_time(settings, grouped_matmul=None):
     return row
 
 
+def alternating_times(settings, steps, weights, x):
+    """{name: [seconds per call of each turn]}: ``repeats`` turns of ``steps`` calls per
+    step, the steps alternating within each turn."""
+    times = {name: [] for name in steps}
+    for _ in range(settings.repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(settings.steps):
+                jax.block_until_ready(step(weights, x))
+            times[name].append((time.perf_counter() - start) / settings.steps)
+    return times
+
+
 def time_rows(settings, report=print):
-    """A ``TimeRow`` per grouped matmul of ``settings.time_grouped_matmuls`` (none: the layer's default)."""
-    rows = []
+    """A ``TimeRow`` per grouped matmul of ``settings.time_grouped_matmuls`` (none: the
+    layer's default). Every row's layer is built from the same seed, so the dense-masked
+    program is compiled and run for its outputs once, for the first row, and serves all."""
+    rows, dense = [], None
     for grouped_matmul in settings.time_grouped_matmuls or (None,):
-        row = measure_time(settings, grouped_matmul)
+        layer, x = time_layer(settings, grouped_matmul)
+        if dense is None:
+            step = forward_backward(dense_masked(layer), x)
+            dense = (step, jax.block_until_ready(step([variable.value for variable in layer.trainable_variables], x)))
+        row = measure_time(settings, layer, x, dense)
         report(
             f"time: {row.grouped_matmul} {row.sparse_s * 1e3:.2f} ms, dense-masked {row.dense_s * 1e3:.2f} ms per "
             "forward + backward (medians)"

@@ -60,6 +60,11 @@ def grouped_matmul_implementation(platform=None, *, in_shard_map=False):
     return "megablox" if runs_here and not in_shard_map else "ragged_dot"
 
 
+def _manual_axes(*arrays):
+    """The shard_map mesh axes any of ``arrays`` varies over (empty outside a shard_map)."""
+    return frozenset().union(*(_varying_axes(array) for array in arrays))
+
+
 def _target_platform():
     """The platform the programs being traced are for: the one ``compile_for`` names, else JAX's backend."""
     return _COMPILING_FOR[-1] if _COMPILING_FOR else jax.default_backend()
@@ -82,8 +87,7 @@ def expert_mlp(rows, group_sizes, *, expert_gate, expert_up, expert_down, implem
     ``group_sizes[0]`` rows belong to expert 0, the next to expert 1, ...; group_sizes
     i32[G] (their sum at most R: the rows past it give zeros); expert_gate / expert_up
     [G, C, F], expert_down [G, F, C] -> [R, C]."""
-    in_shard_map = bool(_varying_axes(rows) | _varying_axes(expert_gate))
-    implementation = implementation or grouped_matmul_implementation(in_shard_map=in_shard_map)
+    implementation = implementation or grouped_matmul_implementation(in_shard_map=bool(_manual_axes(rows, expert_gate)))
     if implementation not in GROUPED_MATMULS:
         raise ValueError(f"implementation must be one of {GROUPED_MATMULS}, got {implementation!r}")
     if implementation == "blocks":
@@ -121,11 +125,12 @@ def _megablox_matmul(rows, weights, group_sizes):
     with the check on (tried; docs/attention.md, "Inside a shard_map")."""
     from jax.experimental.pallas.ops.tpu.megablox import gmm  # Pallas' TPU kernels: imported where used
 
-    if _varying_axes(rows) or _varying_axes(weights):
+    axes = _manual_axes(rows, weights)
+    if axes:
         raise ValueError(
             "grouped_matmul='megablox' runs outside a shard_map (an MoE layer with no distribution, a function GSPMD "
             "partitions), not inside one such as the MoE layer's under a distribution "
-            f"(the rows vary over {sorted(_varying_axes(rows) | _varying_axes(weights))}); use 'ragged_dot' there"
+            f"(the rows vary over {sorted(axes)}); use 'ragged_dot' there"
         )
     num_rows, depth = rows.shape
     padded = -(-num_rows // MEGABLOX_ROW_TILE) * MEGABLOX_ROW_TILE
