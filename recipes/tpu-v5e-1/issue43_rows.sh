@@ -16,7 +16,8 @@
 # factored, issue 48), `12` (gpt_1b with bfloat16 and factored moments), `13` (gpt_350m profiled), `14` (part 12's rows and qwen3_0.6b's best, a step timed
 # apart from the fit's start and end), `15` (keras-hub beside gpt_1b, timed as part 14), `16` (scanned vs unscanned steps), `17` (AdamW's
 # moments in host memory, and the plan of the 1B full fine-tune), `18` (part 17's host-memory row
-# again; qwen3_0.6b at batch 8, unscanned).
+# again; qwen3_0.6b at batch 8, unscanned), `19` (gpt_1b b2 profiled with its trace kept in
+# $OUT for a per-op reading, then b2 and b4 with XLA's scoped VMEM raised to 96 MiB).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -146,5 +147,18 @@ case "$part" in
         --moment-dtype bfloat16 --second-moment factored --state-memory host --scan-layers
     grep "^remat " "$OUT/log.txt" >> "$OUT/step.md"
     row 330 --config-name qwen3_0.6b --method full --batch-size 8 --remat full --loss-chunk-size 512
+    ;;
+19)  # where gpt_1b's b2 step goes op by op: the profiler's trace copied to $OUT (read with
+    # recipes/tpu-v5e-1/top_ops.py); then b2 and b4 compiled with the TPU compiler's scoped
+    # VMEM limit raised from its default to 96 MiB (a flag MaxText's v6e recipes set), each in
+    # its own compilation cache: the persistent cache's key does not hold LIBTPU_INIT_ARGS
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    rm -rf /tmp/zoo-bench-step-trace-*
+    row 200 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored --profile
+    find /tmp/zoo-bench-step-trace-* \( -name "*.trace.json.gz" -o -name perfetto_trace.json.gz \) | head -2 |
+        while read -r f; do cp "$f" "$OUT/gpt_1b_b2_$(basename "$f")"; done
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache-vmem LIBTPU_INIT_ARGS="--xla_tpu_scoped_vmem_limit_kib=98304"
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored
     ;;
 esac

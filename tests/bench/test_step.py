@@ -114,6 +114,13 @@ def test_the_profile_counts_innermost_ops_per_part(tmp_path):
     assert result.flops["MLP"] == 3e6
     text = profile.format_profile(result, step_s=1e-4)
     assert "| MLP | 0.0 | 30.0% |" in text and "| host and idle (no device op) | 0.0 | 40.0% | |" in text
+    # the slowest ops: every block's same op one row, per step, its FLOP rate
+    assert result.ops[("jit(train_step)/jvp(gpt_backbone)/block_*/mlp/up/dot_general", "convolution fusion")] == (
+        pytest.approx(0.03),
+        pytest.approx(3e6),
+        0.0,
+    )
+    assert "| `jvp(gpt_backbone)/block_*/mlp/up/dot_general` | convolution fusion | 0.03 | 30.0% | 0.1 | 0 |" in text
     assert profile.device_profile(meta + steps) is None  # no op names (XLA:CPU's trace): no table
 
     # fit's other programs on the Steps line (3 more events) and an op whose rounded end

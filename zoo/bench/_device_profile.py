@@ -18,6 +18,7 @@ events: that line also holds the other programs ``fit`` runs (on a v5e chip, 10 
 """
 
 import collections
+import re
 
 from zoo.bench._step_profile import TRACE_FILE, read_trace
 
@@ -85,10 +86,21 @@ def _leaves(ops):
     return leaves
 
 
-class DeviceProfile(collections.namedtuple("DeviceProfile", "steps step_ms parts kinds flops host_ms")):
+SLOWEST = 15  # ops listed by format_profile
+_BLOCK_INDEX = re.compile(r"(block)_\d+")
+
+
+def op_key(op_path, category):
+    """An op's row in the slowest list: its path with the block index dropped (the same op of
+    every block is one row) and its category."""
+    return _BLOCK_INDEX.sub(r"\1_*", op_path), category
+
+
+class DeviceProfile(collections.namedtuple("DeviceProfile", "steps step_ms parts kinds flops host_ms ops")):
     """Per traced step: ``parts`` {part: ms}, ``kinds`` {kind: ms}, ``flops`` {part: model
     FLOPs XLA counted}, ``host_ms`` the step time no device op covered; ``step_ms`` the
-    device's mean step time (the ``Steps`` line)."""
+    device's mean step time (the ``Steps`` line); ``ops`` {``op_key``: (ms, model FLOPs,
+    bytes accessed)}."""
 
     @property
     def device_ms(self):
@@ -113,20 +125,27 @@ def device_profile(events, steps=None):
     if not ops:
         return None
     parts, kinds, flops = collections.Counter(), collections.Counter(), collections.Counter()
+    by_op = collections.defaultdict(lambda: [0.0, 0.0, 0.0])  # op_key: [ms, flops, bytes]
     for line_ops in ops.values():
         for event in _leaves(line_ops):
             args = event["args"]
             part = part_of(args.get("tf_op", ""))
             ms = event.get("dur", 0) / 1e3
+            model_flops = float(args.get("model_flops", 0) or 0)
             parts[part] += ms
             kinds[kind_of(args.get("hlo_category", ""))] += ms
-            flops[part] += float(args.get("model_flops", 0) or 0)
+            flops[part] += model_flops
+            row = by_op[op_key(args.get("tf_op", ""), args.get("hlo_category", ""))]
+            row[0] += ms
+            row[1] += model_flops
+            row[2] += float(args.get("bytes_accessed", 0) or 0)
     count = steps or max(len(step_events), 1)
     step_ms = sum(e.get("dur", 0) for e in step_events) / 1e3 / count if step_events else None
     per_step = lambda counter: {key: value / count for key, value in counter.items()}  # noqa: E731
     parts, kinds, flops = per_step(parts), per_step(kinds), per_step(flops)
     host_ms = max(step_ms - sum(parts.values()), 0.0) if step_ms else None
-    return DeviceProfile(count, step_ms, parts, kinds, flops, host_ms)
+    ops_per_step = {key: tuple(value / count for value in row) for key, row in by_op.items()}
+    return DeviceProfile(count, step_ms, parts, kinds, flops, host_ms, ops_per_step)
 
 
 def format_profile(profile, step_s):
@@ -147,4 +166,24 @@ def format_profile(profile, step_s):
     lines += ["", "| kind | ms | share |", "| --- | ---: | ---: |"]
     for kind, ms in sorted(profile.kinds.items(), key=lambda item: -item[1]):
         lines.append(f"| {kind} | {ms:.1f} | {ms / step_ms:.1%} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", *_slowest_lines(profile, step_ms)])
+
+
+def _slowest_lines(profile, step_ms, count=SLOWEST):
+    """Markdown: the ``count`` slowest ops of a step (every block's same op summed), with
+    the rate of XLA's model FLOPs and bytes accessed over their time."""
+    lines = [
+        f"The {count} slowest ops (every block's same op summed; ms per step, share, TFLOP/s, GB/s):",
+        "",
+        "| op | category | ms | share | TFLOP/s | GB/s |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    slowest = sorted(profile.ops.items(), key=lambda item: -item[1][0])[:count]
+    for (path, category), (ms, flops, moved) in slowest:
+        seconds = ms / 1e3 if ms else float("inf")
+        name = path.removeprefix("jit(train_step)/")
+        lines.append(
+            f"| `{name}` | {category or '-'} | {ms:.2f} | {ms / step_ms:.1%} | "
+            f"{flops / seconds / 1e12:.1f} | {moved / seconds / 1e9:.0f} |"
+        )
+    return lines
