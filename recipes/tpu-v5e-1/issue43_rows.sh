@@ -17,8 +17,7 @@
 # apart from the fit's start and end), `15` (keras-hub beside gpt_1b, timed as part 14), `16` (scanned vs unscanned steps), `17` (AdamW's
 # moments in host memory, and the plan of the 1B full fine-tune), `18` (part 17's host-memory row
 # again; qwen3_0.6b at batch 8, unscanned), `19` (gpt_1b b2 profiled with its trace kept in
-# $OUT for a per-op reading, then b2 and b4 with XLA's scoped VMEM raised to 96 MiB), `20`
-# (gpt_1b b2 profiled and b4, the attention's output projection one (B, T, H*D) x (H*D, C) matmul).
+# $OUT for a per-op reading, then b2 and b4 with XLA's scoped VMEM raised to 96 MiB).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -161,11 +160,5 @@ case "$part" in
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache-vmem LIBTPU_INIT_ARGS="--xla_tpu_scoped_vmem_limit_kib=98304"
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored
-    ;;
-20)  # part 19's profile showed the output projection's einsum over (h, d) at 126-131 TFLOP/s
-    # where the query projection's ran at 179-188: now one matmul over H*D (heads_in_matmul)
-    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
-    row 240 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored --profile
-    row 230 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored
     ;;
 esac

@@ -122,14 +122,6 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
 
     creation_axes = weight_axes  # WeightsPlacedAtCreation.add_weight places them
 
-    def call(self, inputs, training=None):
-        if self.role != "heads_in" or self.quantization_mode is not None:
-            return super().call(inputs, training=training)
-        y = heads_in_matmul(inputs, self.kernel)  # (B, T, C)
-        if self.bias is not None:
-            y = keras.ops.add(y, self.bias)
-        return y if self.activation is None else self.activation(y)
-
     def quantize(self, mode=None, **kwargs):
         raise NotImplementedError(
             f"{type(self).__name__} does not support quantization: the tensor-parallel attention multiplies "
@@ -156,20 +148,6 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
         if "lora_kernel_a" not in weights:
             return None
         return weights["lora_kernel_a"], weights["lora_kernel_b"], self.lora_alpha / self.lora_rank
-
-
-def heads_in_matmul(out, kernel):
-    """(B, T, H, D) x (H, D, C) -> (B, T, C), as one (B, T, H * D) x (H * D, C) matmul.
-
-    Not as the einsum over (h, d): a TPU lays an array whose minor dim is a head dim of 64
-    in 128-lane tiles, half empty, and on a v5e chip gpt_1b's output projection ran at
-    126-131 TFLOP/s as that einsum where its query projection, the same FLOPs, ran at
-    179-188 (docs/performance.md, eighth session). Merged, the heads' reshape folds into
-    the copy that already brings the attention kernel's output to (B, T, H, D).
-    """
-    heads, head_dim, channels = kernel.shape
-    merged = keras.ops.reshape(out, (*out.shape[:-2], heads * head_dim))  # (B, T, H*D)
-    return keras.ops.matmul(merged, keras.ops.reshape(kernel, (heads * head_dim, channels)))
 
 
 def takes_this_path(plan):
@@ -250,7 +228,7 @@ def _local_attention(x, key_mask, segment_ids, weights, norms, *, layer, plan):
         segment_ids=segment_ids,
     )  # f32[B/Nd, T, H/N, D]
     kernel = layer.output_dense.local_kernel(output, plan)  # f32[H/N, D, C]
-    partial = heads_in_matmul(out, kernel)  # f32[B/Nd, T, C], this device's heads' share
+    partial = jnp.einsum("bthd,hdc->btc", out, kernel)  # f32[B/Nd, T, C], this device's heads' share
     lora = layer.output_dense.local_lora(output)  # a f32[H/N, D, r], b f32[r, C]
     if lora is not None:  # factored, summed with the heads' shares: no extra collective
         a, b, scale = lora
