@@ -161,4 +161,19 @@ case "$part" in
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored
     ;;
+20)  # part 19's profile showed the output projection's einsum over (h, d) at 126-131 TFLOP/s
+    # where the query projection's ran at 179-188; run at e85b2df, where it was one matmul over
+    # H*D (not kept: docs/performance.md, eighth session); at any later commit it measures the einsum
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 240 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored --profile
+    row 230 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored
+    ;;
+21)  # gpt_350m's step op by op (part 13 profiled it by part: MLP at 116 TFLOP/s, 24 ms of gaps)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 420 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --profile
+    ;;
+*)
+    echo "issue43_rows.sh: no part $part (parts 1 to 21)" >&2
+    exit 2
+    ;;
 esac
