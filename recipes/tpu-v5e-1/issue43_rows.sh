@@ -17,7 +17,8 @@
 # apart from the fit's start and end), `15` (keras-hub beside gpt_1b, timed as part 14), `16` (scanned vs unscanned steps), `17` (AdamW's
 # moments in host memory, and the plan of the 1B full fine-tune), `18` (part 17's host-memory row
 # again; qwen3_0.6b at batch 8, unscanned), `19` (gpt_1b b2 profiled with its trace kept in
-# $OUT for a per-op reading, then b2 and b4 with XLA's scoped VMEM raised to 96 MiB).
+# $OUT for a per-op reading, then b2 and b4 with XLA's scoped VMEM raised to 96 MiB), `20`
+# (an experiment run at e85b2df, not kept), `21` (gpt_350m profiled op by op).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
