@@ -94,7 +94,7 @@ def pytest_unconfigure(config):
 # pytest-xdist's loadscope hands each worker the next module when it is free, so the
 # long ones must not be left for the end, where one worker would run them alone while
 # the other idles (longest-first scheduling; docs/testing.md). Order only: nothing is skipped.
-LONGEST_FIRST = (  # seconds of test time per module, tier 1 on 2 workers (2026-12-06: 649 s in all; now 3 workers)
+LONGEST_FIRST = (  # seconds of test time per module, tier 1 on 2 workers (2026-12-06: 649 s in all)
     "tests/models/test_hf_checkpoints.py",  # 39
     "tests/distribution/test_multihost.py",  # 28
     "tests/models/test_gpt_parity.py",  # 21
