@@ -26,7 +26,7 @@ from jax.experimental import topologies
 
 from zoo.bench import moe as bench
 from zoo.bench._output import write_text
-from zoo.config.bench_settings import MoEBenchSettings, capacity_factor_list
+from zoo.config.bench_moe_settings import MoEBenchSettings, capacity_factor_list
 
 
 def exchanges(text):

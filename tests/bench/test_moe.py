@@ -11,7 +11,7 @@ import pytest
 from tests.bench._cli import parse_bench_args
 from zoo.bench import moe as bench
 from zoo.cli import bench as bench_cli
-from zoo.config.bench_settings import MoEBenchSettings
+from zoo.config.bench_moe_settings import MoEBenchSettings
 from zoo.kernels import moe
 from zoo.measure.comms_report import FAST_COMPILE
 

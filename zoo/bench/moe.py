@@ -47,7 +47,7 @@ from zoo._compat import sublayers
 from zoo.bench._gpt import build_model, compile_model
 from zoo.bench._moe_time import TimingMismatch, check_agreement, format_time, time_rows  # noqa: F401 (the time section)
 from zoo.bench._output import remat_warning, size_text, write_text
-from zoo.config.bench_settings import MOE_SECTIONS, MoEBenchSettings  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_moe_settings import MOE_SECTIONS, MoEBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, EXPERT
 from zoo.distribution.distributions import place_batch
 from zoo.kernels import moe

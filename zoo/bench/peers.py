@@ -45,7 +45,7 @@ from zoo.bench import _step_profile as step_profile
 from zoo.bench._output import size_text, write_text
 from zoo.bench._peer_workers import Worker, interleave, run_worker
 from zoo.config import choices
-from zoo.config.bench_settings import PEERS_LAYOUTS, PeersBenchSettings  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.bench_peers_settings import PEERS_LAYOUTS, PeersBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 
 DEVICES = 8
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds zoo/ and recipes/

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from zoo.cli.devices import add_simulate_flag
-from zoo.config import bench_settings, bench_step_settings, schema
+from zoo.config import bench_moe_settings, bench_peers_settings, bench_settings, bench_step_settings, schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +72,7 @@ BENCHES = {
     "moe": Bench(
         "Mixture-of-Experts: all-to-all bytes vs the minimum, expert weights per device, tokens dropped, Mixtral-8x7B "
         "LoRA / full steps compile-only, sparse vs dense-masked time",
-        bench_settings.MoEBenchSettings,
+        bench_moe_settings.MoEBenchSettings,
         "moe",
     ),
     "window": Bench(
@@ -91,7 +91,7 @@ BENCHES = {
         "the zoo and MaxText 0.2.5 side by side on one Llama-style model (each in its own process and environment): "
         "parameters checked equal, memory, bytes per mesh axis, FLOPs (Llama-3.2-1B, compile-only), interleaved "
         "step-time ratio",
-        bench_settings.PeersBenchSettings,
+        bench_peers_settings.PeersBenchSettings,
         "peers",
         simulate=False,
     ),

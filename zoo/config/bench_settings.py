@@ -1,6 +1,6 @@
-"""The settings of every ``zoo bench`` command: one dataclass each (``zoo.config.schema``).
-
-Each field is the flag of the same name (``head_dim`` -> ``--head-dim``) with the same
+"""The settings of the ``zoo bench`` commands: one dataclass each (``zoo.config.schema``);
+``moe``, ``peers`` and ``step`` have theirs in ``bench_moe_settings``,
+``bench_peers_settings`` and ``bench_step_settings``. Each field is the flag of the same name (``head_dim`` -> ``--head-dim``) with the same
 default, range and help; ``zoo.bench.<module>.run_benchmark(settings)`` takes the
 instance. Pure Python (no JAX, no Keras): ``zoo bench X --help`` builds from here.
 """
@@ -8,7 +8,10 @@ instance. Pure Python (no JAX, no Keras): ``zoo bench X --help`` builds from her
 import argparse
 import dataclasses
 
+from zoo.config import _bench_fields as fields
 from zoo.config import choices, renamed, types
+from zoo.config.bench_moe_settings import MOE_SECTIONS, MoEBenchSettings, capacity_factor_list  # noqa: F401 (moved)
+from zoo.config.bench_peers_settings import PEERS_LAYOUTS, PeersBenchSettings  # noqa: F401 (moved)
 from zoo.config.schema import setting
 
 # The benchmarks' own closed sets (defined here once; zoo.bench imports them).
@@ -22,8 +25,6 @@ TP_VARIANTS = (
 SCALE_SECTIONS = ("recipes", "attention", "fsdp+tp", "tp")  # zoo bench scale: its tables
 PLAN_SECTIONS = ("recipes", "scale", "auto", "depth")  # zoo bench plan: its tables
 PIPELINE_SECTIONS = ("bubble", "memory")  # zoo bench pipeline: its tables
-MOE_SECTIONS = ("exchange", "memory", "time")  # zoo bench moe: its tables
-MOE_METHODS = ("lora", "full")  # zoo bench moe --memory-runs: what the real-size step trains
 WINDOW_SECTIONS = ("blockwise", "context")  # zoo bench window: its tables
 SCALE_RECIPES = (
     "recipes/gpu-1/pretrain_gpt.toml",
@@ -34,43 +35,6 @@ SCALE_RECIPES = (
     "recipes/tpu-multihost/pretrain_gpt.toml",
 )
 
-OUTPUT_HELP = "also write the markdown report to this file"
-PLOT_HELP = 'also draw {what} to this PNG (matplotlib: pip install "keras-zoo[plot]")'
-
-
-def _count(default, help):
-    return setting(default, help, section="bench", parse=types.positive_int)
-
-
-def _precision():
-    return setting(
-        "mixed_bfloat16",
-        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights)",
-        section="bench",
-        choices=choices.PRECISIONS,
-    )
-
-
-def _output():
-    return setting(None, OUTPUT_HELP, section="bench", metavar="FILE")
-
-
-def _plot(what):
-    return setting(None, PLOT_HELP.format(what=what), section="bench", metavar="PNG")
-
-
-def _separated(separator, what, example):
-    """``"a;b"`` -> ``("a", "b")``: non-empty parts, stripped."""
-
-    def parse(text):
-        parts = tuple(part.strip() for part in text.split(separator) if part.strip())
-        if not parts:
-            raise argparse.ArgumentTypeError(f"expected {what} such as {example!r}, got {text!r}")
-        return parts
-
-    parse.__name__ = what
-    return parse
-
 
 def context_runs(text):
     """``"data=8:8;data=1,seq=8:1"`` -> ``("data=8:8", "data=1,seq=8:1")``: ``<mesh>:<global batch>`` runs."""
@@ -80,41 +44,6 @@ def context_runs(text):
             f"expected ';'-separated '<mesh>:<global batch>' runs such as 'data=8:8;data=1,seq=8:1', got {text!r}"
         )
     return runs
-
-
-def capacity_factor_list(text):
-    """``"1.0,1.25,dropless"`` -> ``(1.0, 1.25, None)``: MoE capacity factors, each > 0 or
-    ``dropless`` (None: the exchange's buffers hold every assignment)."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    values = []
-    for part in parts:
-        try:
-            values.append(None if part == "dropless" else types.positive_float(part))
-        except argparse.ArgumentTypeError:
-            break
-    if not parts or len(values) != len(parts):
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated capacity factors > 0 or 'dropless', such as 1.0,1.25,dropless, got {text!r}"
-        )
-    return tuple(values)
-
-
-def moe_memory_runs(text):
-    """``"lora:expert:data=1,expert=8;full:fsdp+expert:data=8,expert=8"`` -> the
-    ``<method>:<layout>:<mesh>`` runs, method one of ``MOE_METHODS``, layout an expert layout."""
-    runs = tuple(part.strip() for part in text.split(";") if part.strip())
-    parts = [run.split(":", 2) for run in runs]
-    if not runs or any(len(p) != 3 or p[0] not in MOE_METHODS or p[1] not in choices.EXPERT_LAYOUTS for p in parts):
-        raise argparse.ArgumentTypeError(
-            f"expected ';'-separated '<method>:<layout>:<mesh>' runs such as 'lora:expert:data=1,expert=8', method one of "
-            f"{','.join(MOE_METHODS)} and layout one of {','.join(choices.EXPERT_LAYOUTS)}, got {text!r}"
-        )
-    return runs
-
-
-def block_counts(text):
-    """``"2,4"`` -> ``(2, 4)``; ``"none"`` -> ``()``: partial depths compiled besides the whole model."""
-    return () if text.strip() == "none" else types.positive_ints(text)
 
 
 def layout_runs(text):
@@ -137,10 +66,10 @@ class CNNBenchSettings:
     image_size: int = setting(
         64, "square images drawn in memory, any size >= 16", section="bench", parse=types.generated_image_size
     )
-    batch_size: int = _count(64, "global batch; divides by the data axis (8 and 2 here)")
-    steps: int = _count(20, "timed optimizer steps per measurement (= one fit epoch)")
-    repeats: int = _count(3, "alternating fit / jit measurements; the median of each is reported")
-    output: str | None = _output()
+    batch_size: int = fields.count(64, "global batch; divides by the data axis (8 and 2 here)")
+    steps: int = fields.count(20, "timed optimizer steps per measurement (= one fit epoch)")
+    repeats: int = fields.count(3, "alternating fit / jit measurements; the median of each is reported")
+    output: str | None = fields.output()
 
 
 @dataclasses.dataclass
@@ -151,9 +80,9 @@ class GPTBenchSettings:
     sequence_length: int = setting(
         128, "tokens per example (T); divides by the seq axis", section="bench", parse=types.sequence_length
     )
-    batch_size: int = _count(32, "global batch; divides by the data axis")
-    steps: int = _count(10, "timed optimizer steps per measurement (= one fit epoch)")
-    repeats: int = _count(3, "alternating fit / jit measurements; the median of each is reported")
+    batch_size: int = fields.count(32, "global batch; divides by the data axis")
+    steps: int = fields.count(10, "timed optimizer steps per measurement (= one fit epoch)")
+    repeats: int = fields.count(3, "alternating fit / jit measurements; the median of each is reported")
     layouts: tuple = setting(
         GPT_BENCH_LAYOUTS,
         f"comma-separated layouts measured, of {','.join(GPT_BENCH_LAYOUTS)}",
@@ -161,7 +90,7 @@ class GPTBenchSettings:
         parse=types.comma_separated(GPT_BENCH_LAYOUTS, "layout"),
         metavar="LAYOUTS",
     )
-    output: str | None = _output()
+    output: str | None = fields.output()
 
 
 @dataclasses.dataclass
@@ -182,13 +111,13 @@ class AttentionBenchSettings:
         parse=types.positive_ints,
         metavar="N,N",
     )
-    heads: int = _count(8, "attention heads H = K (MHA)")
-    head_dim: int = _count(64, "head dim D")
-    batch: int = _count(1, "batch size B")
+    heads: int = fields.count(8, "attention heads H = K (MHA)")
+    head_dim: int = fields.count(64, "head dim D")
+    batch: int = fields.count(1, "batch size B")
     causal: bool = setting(
         True, "causal attention (--no-causal: full; the ring then visits every tile)", section="bench"
     )
-    block_size: int = _count(512, "ring tile edge (MultiHeadAttention's ring_block_size)")
+    block_size: int = fields.count(512, "ring tile edge (MultiHeadAttention's ring_block_size)")
     balance: str | None = setting("zigzag", "ring's causal load balancing", section="bench", choices=choices.BALANCES)
     time_lengths: tuple = setting(
         (4096,),
@@ -197,18 +126,18 @@ class AttentionBenchSettings:
         parse=types.positive_ints,
         metavar="T,T",
     )
-    goal_length: int = _count(16384, "T of the goal 'ring time <= all-gather time'")
-    goal_heads: int = _count(1, "heads of that timing (all-gather at 8 heads needs ~40 GiB of host memory)")
-    goal_devices: int = _count(8, "N of that timing")
-    repeats: int = _count(3, "timed runs per kernel after one warm-up; the median is kept")
+    goal_length: int = fields.count(16384, "T of the goal 'ring time <= all-gather time'")
+    goal_heads: int = fields.count(1, "heads of that timing (all-gather at 8 heads needs ~40 GiB of host memory)")
+    goal_devices: int = fields.count(8, "N of that timing")
+    repeats: int = fields.count(3, "timed runs per kernel after one warm-up; the median is kept")
     memory_limit_gib: float = setting(
         8.0,
         "skip a timing whose N devices together need more host memory (GiB)",
         section="bench",
         parse=types.positive_float,
     )
-    output: str | None = _output()
-    plot: str | None = _plot("per-device memory against T, one line per kernel and N")
+    output: str | None = fields.output()
+    plot: str | None = fields.plot("per-device memory against T, one line per kernel and N")
 
 
 @dataclasses.dataclass
@@ -223,12 +152,12 @@ class ContextBenchSettings:
         parse=context_runs,
         metavar="RUNS",
     )
-    layers: int = _count(2, "Transformer blocks L")
-    width: int = _count(256, "model width C")
-    heads: int = _count(8, "attention heads H = K (MHA)")
-    head_dim: int = _count(32, "head dim D")
-    hidden_dim: int = _count(1024, "MLP hidden features F (4C)")
-    vocab: int = _count(256, "vocabulary size V (byte-level)")
+    layers: int = fields.count(2, "Transformer blocks L")
+    width: int = fields.count(256, "model width C")
+    heads: int = fields.count(8, "attention heads H = K (MHA)")
+    head_dim: int = fields.count(32, "head dim D")
+    hidden_dim: int = fields.count(1024, "MLP hidden features F (4C)")
+    vocab: int = fields.count(256, "vocabulary size V (byte-level)")
     context_attention: str = setting(
         choices.DEFAULT_CONTEXT_ATTENTION,
         "the context-parallel runs' attention kernel",
@@ -238,8 +167,8 @@ class ContextBenchSettings:
     balance: str | None = setting(
         "zigzag", "causal load balancing of the context-parallel runs", section="bench", choices=choices.BALANCES
     )
-    output: str | None = _output()
-    plot: str | None = _plot("per-device temporary memory and bytes sent per run (layout)")
+    output: str | None = fields.output()
+    plot: str | None = fields.plot("per-device temporary memory and bytes sent per run (layout)")
 
 
 @dataclasses.dataclass
@@ -247,12 +176,12 @@ class TPBenchSettings:
     """Settings of ``zoo bench tp``: bytes moved by the explicit tensor-parallel MLP vs GSPMD vs Megatron's minimum."""
 
     mesh: str = setting("data=2,model=4", "mesh with axes data and model (model > 1)", section="bench")
-    batch_size: int = _count(8, "global batch B; divides by the data axis")
-    sequence_length: int = _count(256, "T; divides by the model axis (Megatron sequence parallelism)")
-    dim: int = _count(256, "model width C (MLP input and output)")
-    hidden: int = _count(1024, "hidden features F; divides by the model axis")
-    steps: int = _count(5, "forward + backward passes per timed measurement")
-    repeats: int = _count(3, "alternating explicit / GSPMD measurements; the median of each")
+    batch_size: int = fields.count(8, "global batch B; divides by the data axis")
+    sequence_length: int = fields.count(256, "T; divides by the model axis (Megatron sequence parallelism)")
+    dim: int = fields.count(256, "model width C (MLP input and output)")
+    hidden: int = fields.count(1024, "hidden features F; divides by the model axis")
+    steps: int = fields.count(5, "forward + backward passes per timed measurement")
+    repeats: int = fields.count(3, "alternating explicit / GSPMD measurements; the median of each")
     variants: tuple = setting(
         TP_VARIANTS,
         f"comma-separated MLPs, of {','.join(TP_VARIANTS)} (sp: Megatron sequence parallelism)",
@@ -263,8 +192,10 @@ class TPBenchSettings:
     fast_compile: bool = setting(
         False, "skip LLVM optimisation: same bytes and memory, times meaningless", section="bench"
     )
-    output: str | None = _output()
-    plot: str | None = _plot("bytes each device sends over 'model' per implementation, against Megatron's minimum")
+    output: str | None = fields.output()
+    plot: str | None = fields.plot(
+        "bytes each device sends over 'model' per implementation, against Megatron's minimum"
+    )
 
 
 @dataclasses.dataclass
@@ -275,22 +206,22 @@ class ScaleBenchSettings:
         SCALE_RECIPES,
         "comma-separated recipe files whose step is compiled at full depth",
         section="bench",
-        parse=_separated(",", "comma-separated recipe files", "recipes/gpu-8/pretrain_gpt.toml"),
+        parse=fields.separated(",", "comma-separated recipe files", "recipes/gpu-8/pretrain_gpt.toml"),
         metavar="FILES",
     )
     fsdp_tp_meshes: tuple = setting(
         ("data=16,model=4", "data=64,model=4"),
         "';'-separated meshes of the fsdp+tp weights table",
         section="bench",
-        parse=_separated(";", "';'-separated meshes", "data=16,model=4;data=64,model=4"),
+        parse=fields.separated(";", "';'-separated meshes", "data=16,model=4;data=64,model=4"),
         metavar="MESHES",
     )
-    attention_seq: int = _count(4, "'seq' axis size of the sequence-parallel attention rows")
+    attention_seq: int = fields.count(4, "'seq' axis size of the sequence-parallel attention rows")
     tp_mesh: str = setting("data=2,model=4", "mesh of the tensor-parallel bytes table", section="bench")
-    tp_layers: int = _count(4, "tensor-parallel bytes table: Transformer blocks L")
-    tp_width: int = _count(512, "tensor-parallel bytes table: model width C")
-    tp_length: int = _count(1024, "tensor-parallel bytes table: sequence length T")
-    tp_batch: int = _count(8, "tensor-parallel bytes table: global batch B")
+    tp_layers: int = fields.count(4, "tensor-parallel bytes table: Transformer blocks L")
+    tp_width: int = fields.count(512, "tensor-parallel bytes table: model width C")
+    tp_length: int = fields.count(1024, "tensor-parallel bytes table: sequence length T")
+    tp_batch: int = fields.count(8, "tensor-parallel bytes table: global batch B")
     sections: tuple = setting(
         SCALE_SECTIONS,
         f"comma-separated tables, of {','.join(SCALE_SECTIONS)}",
@@ -298,7 +229,7 @@ class ScaleBenchSettings:
         parse=types.comma_separated(SCALE_SECTIONS, "section"),
         metavar="SECTIONS",
     )
-    output: str | None = _output()
+    output: str | None = fields.output()
 
 
 @dataclasses.dataclass
@@ -313,8 +244,8 @@ class PlanBenchSettings:
         metavar="SECTIONS",
     )
     recipes: str = setting("recipes/*/*.toml", "glob of the recipe files planned", section="bench")
-    top: int = _count(3, "auto: candidates compiled per scenario")
-    output: str | None = _output()
+    top: int = fields.count(3, "auto: candidates compiled per scenario")
+    output: str | None = fields.output()
 
 
 @dataclasses.dataclass
@@ -322,21 +253,21 @@ class Llama32Sizes:
     """Llama-3.2-1B's sizes (its config.json), the model of the long-context and loading
     benchmarks; tied embeddings and llama3 RoPE are fixed in the benchmarks."""
 
-    vocabulary_size: int = _count(128256, "vocabulary V (Llama 3)")
-    num_layers: int = _count(16, "Transformer blocks L")
-    hidden_dim: int = _count(2048, "model width C")
-    num_query_heads: int = _count(32, "query heads H")
-    num_key_value_heads: int = _count(8, "key/value heads K (GQA)")
-    head_dim: int = _count(64, "head dim D")
-    intermediate_dim: int = _count(8192, "SwiGLU hidden features F")
-    output: str | None = _output()
+    vocabulary_size: int = fields.count(128256, "vocabulary V (Llama 3)")
+    num_layers: int = fields.count(16, "Transformer blocks L")
+    hidden_dim: int = fields.count(2048, "model width C")
+    num_query_heads: int = fields.count(32, "query heads H")
+    num_key_value_heads: int = fields.count(8, "key/value heads K (GQA)")
+    head_dim: int = fields.count(64, "head dim D")
+    intermediate_dim: int = fields.count(8192, "SwiGLU hidden features F")
+    output: str | None = fields.output()
 
 
 @dataclasses.dataclass
 class LMHeadBenchSettings(Llama32Sizes):
     """Settings of ``zoo bench lm-head``: under fsdp, the LM head's gather (its weight or the batch's activations) chosen by size vs each forced, compile-only."""
 
-    num_layers: int = _count(2, "Transformer blocks L (the head's collectives do not depend on depth)")
+    num_layers: int = fields.count(2, "Transformer blocks L (the head's collectives do not depend on depth)")
     devices: tuple = setting(
         (8, 64),
         "comma-separated device counts N of the data axis (simulated CPU devices)",
@@ -354,9 +285,9 @@ class LMHeadBenchSettings(Llama32Sizes):
         parse=types.comma_separated(("tied", "untied"), "head"),
         metavar="HEADS",
     )
-    sequence_length: int = _count(2048, "tokens per sequence T")
-    precision: str = _precision()
-    output: str | None = _output()
+    sequence_length: int = fields.count(2048, "tokens per sequence T")
+    precision: str = fields.precision()
+    output: str | None = fields.output()
 
 
 @dataclasses.dataclass
@@ -378,7 +309,7 @@ class LoraContextBenchSettings(Llama32Sizes):
         parse=types.comma_separated(choices.LAYOUTS, "layout"),
         metavar="LAYOUTS",
     )
-    devices: int = _count(8, "devices N the step is compiled for (simulated CPU devices)")
+    devices: int = fields.count(8, "devices N the step is compiled for (simulated CPU devices)")
     remats: tuple = setting(
         ("full", "none"),
         f"comma-separated remat policies of the blocks, of {','.join(choices.REMATS)}",
@@ -386,8 +317,8 @@ class LoraContextBenchSettings(Llama32Sizes):
         parse=types.comma_separated(choices.REMATS, "remat"),
         metavar="REMATS",
     )
-    precision: str = _precision()
-    lora_rank: int = _count(16, "LoRA rank r on every Dense / EinsumDense (only the LoRA factors train)")
+    precision: str = fields.precision()
+    lora_rank: int = fields.count(16, "LoRA rank r on every Dense / EinsumDense (only the LoRA factors train)")
     context_attention: str = setting(
         choices.DEFAULT_CONTEXT_ATTENTION,
         "layout context: the sequence-parallel attention kernel",
@@ -453,7 +384,7 @@ class PipelineBenchSettings(Llama32Sizes):
         metavar="SECTIONS",
     )
     # bubble: the issue's table is S = 4, M = 4..32; R = 4 costs nothing here (a tiny array)
-    stages: int = _count(4, "bubble: stages S (a 'stage' mesh axis of S simulated devices)")
+    stages: int = fields.count(4, "bubble: stages S (a 'stage' mesh axis of S simulated devices)")
     micro_batches: tuple = setting(
         (4, 8, 16, 32),
         "bubble: comma-separated micro-batch counts M (circular: M >= S)",
@@ -491,7 +422,7 @@ class PipelineBenchSettings(Llama32Sizes):
         metavar="R,R",
     )
     # 64 = 32 rows per data shard (data=2): M = 32 still gives each micro-batch a row per shard
-    batch_size: int = _count(64, "memory: global batch B; B / data divides by every M")
+    batch_size: int = fields.count(64, "memory: global batch B; B / data divides by every M")
     # T = 1024: a modest training context; the logits (B/2 x T x V) are already the largest activation
     sequence_length: int = setting(1024, "memory: tokens per example T", section="bench", parse=types.sequence_length)
     # none: JAX 0.10's XLA:CPU memory analysis does not show remat (compiled_step.memory_analysis_reflects_remat)
@@ -512,121 +443,6 @@ class PipelineBenchSettings(Llama32Sizes):
 
 
 @dataclasses.dataclass
-class MoEBenchSettings:
-    """Settings of ``zoo bench moe``: all-to-all bytes against the analytic minimum, expert weights per device, tokens dropped, a Mixtral-8x7B step at real size (compile-only) and the sparse layer's time against the dense-masked one."""
-
-    sections: tuple = setting(
-        MOE_SECTIONS,
-        f"comma-separated tables, of {','.join(MOE_SECTIONS)}",
-        section="bench",
-        parse=types.comma_separated(MOE_SECTIONS, "section"),
-        metavar="SECTIONS",
-    )
-    # exchange: a GPT MoE fit step (compile_fit_step) under layout expert, run once for the drops
-    meshes: tuple = setting(
-        ("data=2,expert=4", "data=1,expert=8"),
-        "exchange: ';'-separated meshes of layout expert (axes data and expert)",
-        section="bench",
-        parse=_separated(";", "';'-separated meshes", "data=2,expert=4;data=1,expert=8"),
-        metavar="MESHES",
-    )
-    capacity_factors: tuple = setting(
-        (1.0, 1.25, None),
-        "exchange: comma-separated capacity factors (dropless: buffers for every assignment)",
-        section="bench",
-        parse=capacity_factor_list,
-        metavar="CF,CF",
-    )
-    # small but not tiny: C = 256, 8 experts of width 512, 512 tokens per device on data=2,expert=4
-    num_layers: int = _count(2, "exchange: Transformer blocks L, each a MoE block")
-    hidden_dim: int = _count(256, "exchange: model width C")
-    num_query_heads: int = _count(4, "exchange: query heads H")
-    num_key_value_heads: int = _count(2, "exchange: key/value heads K")
-    num_experts: int = _count(8, "exchange: experts E; divides by every mesh's expert axis")
-    num_experts_per_token: int = _count(2, "exchange: experts per token k")
-    moe_intermediate_dim: int = _count(512, "exchange: each expert's hidden width F")
-    vocabulary_size: int = _count(256, "exchange: vocabulary V (byte-level)")
-    sequence_length: int = setting(256, "exchange: tokens per example T", section="bench", parse=types.sequence_length)
-    batch_size: int = _count(16, "exchange: global batch B; divides by data x expert of every mesh")
-    precision: str = setting(
-        "float32",
-        "exchange: Keras dtype policy (the exchange moves the compute dtype)",
-        section="bench",
-        choices=choices.PRECISIONS,
-    )
-    # memory: Mixtral-8x7B at real size, compiled, never run; one sequence of T tokens per device of data x expert
-    memory_config: str = setting("mixtral_8x7b", "memory: named MoE size (zoo.models.GPT_CONFIGS)", section="bench")
-    # LoRA on 8 devices two ways (experts 1/8 each: over expert, or over expert and F over model), full training on 64
-    memory_runs: tuple = setting(
-        ("lora:expert:data=1,expert=8", "lora:expert+tp:data=1,expert=4,model=2", "full:fsdp+expert:data=8,expert=8"),
-        "memory: ';'-separated '<method>:<layout>:<mesh>' runs (method lora or full)",
-        section="bench",
-        parse=moe_memory_runs,
-        metavar="RUNS",
-    )
-    memory_sequence_length: int = setting(
-        4096, "memory: tokens per sequence T", section="bench", parse=types.sequence_length
-    )
-    memory_capacity_factors: tuple = setting(
-        (1.0, None),
-        "memory: comma-separated capacity factors (dropless: buffers for every assignment)",
-        section="bench",
-        parse=capacity_factor_list,
-        metavar="CF,CF",
-    )
-    memory_partial_layers: tuple = setting(
-        (),
-        "memory: comma-separated block counts also compiled (flagged partial), or none; "
-        "the whole depth is always compiled",
-        section="bench",
-        parse=block_counts,
-        metavar="L,L",
-    )
-    # full: JAX 0.10's XLA:CPU memory analysis does not show it (compiled_step.memory_analysis_reflects_remat; the report warns)
-    memory_remat: str = setting("full", "memory: remat policy of the blocks", section="bench", choices=choices.REMATS)
-    memory_precision: str = setting(
-        "mixed_bfloat16",
-        "memory: Keras dtype policy (bf16 compute, float32 weights)",
-        section="bench",
-        choices=choices.PRECISIONS,
-    )
-    # h100: 80 GiB; the MoE layers trace its grouped matmul (ragged_dot), not XLA:CPU's block loop (zoo.kernels.moe.compile_for)
-    memory_target: str = setting(
-        "h100",
-        "memory: the device kind the step is compiled for (zoo.measure.hardware): the fits column and "
-        "the grouped matmul traced",
-        section="bench",
-    )
-    lora_rank: int = _count(
-        16,
-        "memory: LoRA rank r on every Dense / EinsumDense of the lora runs but the routers (the experts stay frozen)",
-    )
-    # time: one device, forward + backward, the layer's own grouped matmul against every expert on every token
-    time_tokens: int = _count(4096, "time: tokens N of one forward + backward")
-    time_width: int = _count(512, "time: model width C")
-    time_intermediate_dim: int = _count(1024, "time: each expert's hidden width F")
-    time_experts: int = _count(8, "time: experts E")
-    time_experts_per_token: int = _count(2, "time: experts per token k")
-    time_grouped_matmuls: tuple = setting(
-        (),
-        "time: comma-separated grouped matmuls of the sparse layer, each a row "
-        f"(of {','.join(choices.GROUPED_MATMULS)}; none given: the layer's default on this backend)",
-        section="bench",
-        parse=types.comma_separated(choices.GROUPED_MATMULS, "grouped matmul"),
-        metavar="MATMULS",
-    )
-    time_precision: str = setting(
-        "float32",
-        "time: Keras dtype policy of the layer and the dense-masked computation (bf16 compute, float32 weights)",
-        section="bench",
-        choices=choices.PRECISIONS,
-    )
-    steps: int = _count(2, "time: forward + backward passes per timed measurement")
-    repeats: int = _count(5, "time: alternating sparse / dense measurements; the median of their ratios")
-    output: str | None = _output()
-
-
-@dataclasses.dataclass
 class WindowBenchSettings:
     """Settings of ``zoo bench window``: what a sliding window W saves in every attention kernel (tiles, memory, ring hops and bytes), compile-only and counted through the kernels' code paths."""
 
@@ -638,17 +454,17 @@ class WindowBenchSettings:
         metavar="SECTIONS",
     )
     # W = 4096: Mistral v0.1's window; both tables compare it with full causal attention
-    sliding_window: int = _count(4096, "the window W: a query at p sees keys p - W < k <= p")
+    sliding_window: int = fields.count(4096, "the window W: a query at p sees keys p - W < k <= p")
     # one head config for both tables: a shard of 8 heads of 128 (Mistral's head dim), bf16 as trained
-    batch: int = _count(1, "batch size B")
-    heads: int = _count(8, "query heads H; Ulysses needs H divisible by --devices")
-    kv_heads: int = _count(8, "key/value heads K (divides H; K = H: MHA)")
-    head_dim: int = _count(128, "head dim D")
+    batch: int = fields.count(1, "batch size B")
+    heads: int = fields.count(8, "query heads H; Ulysses needs H divisible by --devices")
+    kv_heads: int = fields.count(8, "key/value heads K (divides H; K = H: MHA)")
+    head_dim: int = fields.count(128, "head dim D")
     dtype: str = setting(
         "bfloat16", "dtype of q, k, v (softmax in float32 either way)", section="bench", choices=choices.FLOAT_DTYPES
     )
     # 512: the default block_size of every kernel (blockwise_attention, ring_attention, gather, Ulysses)
-    block_size: int = _count(512, "tile edge of every kernel (their default)")
+    block_size: int = fields.count(512, "tile edge of every kernel (their default)")
     # blockwise: one device, the whole sequence (issue 28: T = 32k, W = 4k)
     blockwise_length: int = setting(
         32768, "blockwise: sequence length T on one device", section="bench", parse=types.sequence_length
@@ -660,7 +476,7 @@ class WindowBenchSettings:
         section="bench",
         parse=types.sequence_length,
     )
-    devices: int = _count(8, "context: devices N of the seq mesh axis (simulated CPU devices)")
+    devices: int = fields.count(8, "context: devices N of the seq mesh axis (simulated CPU devices)")
     context_attentions: tuple = setting(
         choices.CONTEXT_ATTENTIONS,
         f"context: comma-separated kernels, of {','.join(choices.CONTEXT_ATTENTIONS)}",
@@ -676,82 +492,7 @@ class WindowBenchSettings:
         parse=types.comma_separated(choices.BALANCES, "balance"),
         metavar="BALANCES",
     )
-    output: str | None = _output()
-
-
-PEERS_LAYOUTS = ("fsdp", "tp", "fsdp+tp")  # zoo bench peers: layouts both peers build (mesh data=8 / data=2,model=4)
-PEERS_SECTIONS = ("memory", "time")  # zoo bench peers: its tables
-
-
-@dataclasses.dataclass
-class PeersBenchSettings:
-    """Settings of ``zoo bench peers``: the zoo and MaxText side by side on the same Llama-style model, parameter counts checked: memory, bytes per mesh axis and FLOPs (Llama-3.2-1B, compile-only) and the interleaved step-time ratio (a small model)."""
-
-    maxtext_venv: str = setting(
-        ".peers/maxtext-venv",
-        "MaxText 0.2.5's own virtual environment; created by recipes/peers/maxtext_venv.sh when missing "
-        "(Python 3.12: $PYTHON312, python3.12 on PATH or a pyenv install)",
-        section="bench",
-        metavar="DIR",
-    )
-    keras_hub_venv: str | None = setting(
-        None,
-        "memory: also keras-hub's Llama under fsdp+tp (its own layout map, no remat), from this virtual environment; "
-        "created by recipes/peers/keras_hub_venv.sh when missing; default: not compared",
-        section="bench",
-        metavar="DIR",
-    )
-    zoo_python: str | None = setting(
-        None,
-        "the Python that runs the zoo's side (e.g. a JAX 0.12 env, MaxText's JAX); default: this one",
-        section="bench",
-        metavar="PYTHON",
-    )
-    sections: tuple = setting(
-        PEERS_SECTIONS,
-        f"comma-separated tables, of {','.join(PEERS_SECTIONS)}",
-        section="bench",
-        parse=types.comma_separated(PEERS_SECTIONS, "section"),
-        metavar="SECTIONS",
-    )
-    layouts: tuple = setting(
-        ("fsdp", "tp"),
-        f"comma-separated layouts, of {','.join(PEERS_LAYOUTS)}",
-        section="bench",
-        parse=types.comma_separated(PEERS_LAYOUTS, "layout"),
-        metavar="LAYOUTS",
-    )
-    per_device_batches: tuple = setting(
-        (1, 4),
-        "memory: comma-separated sequences per device b (global batch 8 b)",
-        section="bench",
-        parse=types.positive_ints,
-        metavar="B,B",
-    )
-    maxtext_unscanned: bool = setting(
-        False, "memory: also compile MaxText with scan_layers=false (its blocks unrolled)", section="bench"
-    )
-    # the zoo's own settings, passed through to its side (default: what a user gets by default)
-    loss_chunk_size: int | None = setting(
-        None,
-        "the zoo's GPT setting loss_chunk_size (the loss t positions at a time); default: whole",
-        section="bench",
-        parse=types.positive_int,
-    )
-    scan_layers: bool = setting(
-        False, "the zoo's GPT setting scan_layers (its blocks stacked, run in one lax.scan)", section="bench"
-    )
-    steps: int = _count(3, "time: steps per timed run (about 5 s each on 8 simulated CPU devices)")
-    repeats: int = _count(3, "time: interleaved runs per side (zoo, MaxText, zoo, ...); medians reported")
-    profile: str | None = setting(
-        None,
-        "time: then one step of each side under the JAX profiler, its trace and optimised HLO under "
-        "DIR/<layout>/<side>, and a table of where each side's step time goes (XLA:CPU: matmuls by dtype, "
-        "collectives, the rest; the slowest instructions); default: no profile",
-        section="bench",
-        metavar="DIR",
-    )
-    output: str | None = _output()
+    output: str | None = fields.output()
 
 
 def __getattr__(name):
