@@ -1,4 +1,6 @@
-"""The settings of every job: one dataclass each, the single source of its names.
+"""The settings of every job: one dataclass each, the single source of its names. The
+training jobs' are here; ``zoo finetune``'s, ``zoo generate``'s and ``zoo export``'s in
+``finetune_settings``, the fields several share in ``_job_fields``; all import from here.
 
 Each field is a flag (``batch_size`` -> ``--batch-size``) and a recipe key (``[train]
 batch_size``) under the same name, with the same default, range and help
@@ -8,146 +10,34 @@ Python API refuses what the command line refuses, in the same words.
 
 import dataclasses
 
+from zoo.config import _job_fields as fields
 from zoo.config import choices, renamed, types
-from zoo.config.schema import SettingError, check_settings, setting
+from zoo.config._job_fields import (  # noqa: F401 (moved; the old import paths keep working)
+    CONTEXT_DEFAULTS,
+    DATA_DIR_HELP,
+    LAYOUT_HELP,
+    MESH_HELP,
+    CheckpointSettings,
+    check_context_settings,
+    moment_dtype_setting,
+    second_moment_setting,
+    state_memory_setting,
+)
+from zoo.config.finetune_settings import ExportSettings, FinetuneSettings, GenerateSettings  # noqa: F401 (moved)
+from zoo.config.schema import SettingError, setting
 
-DATA_DIR_HELP = "TFDS data folder (default $ZOO_DATA_DIR, $TFDS_DATA_DIR, ~/tensorflow_datasets)"
-MESH_HELP = "mesh spec such as data=2,model=4 or data=2,seq=4 (one axis may be -1); default: the layout's"
-LAYOUT_HELP = "how weights and inputs are split over the devices (docs/distribution.md)"
 # layout pipeline's settings and their defaults (micro_batches None: as many as stages, resolved with the mesh)
 PIPELINE_DEFAULTS = {"micro_batches": None, "schedule": "gpipe", "repeats": 1}
-# layout context's settings and their defaults (context_attention None: ring, the distribution's default)
-CONTEXT_DEFAULTS = {"context_attention": None, "balance": None}
-
-
-class _Checked:
-    def __post_init__(self):
-        check_settings(self)
-
-
-# --- pieces several jobs share ---------------------------------------------------------
-
-
-def _mesh():
-    return setting(None, MESH_HELP, section="parallel")
-
-
-def _data_dir():
-    return setting(None, DATA_DIR_HELP, section="data", metavar="DIR")
-
-
-def _seed(help="weight initialisation, dropout and shuffling"):
-    return setting(0, help, section="train", parse=types.non_negative_int)
-
-
-def _cosine_peak_learning_rate(default):
-    return setting(
-        default, "AdamW peak, cosine-decayed to 10% over the run", section="train", parse=types.positive_float
-    )
-
-
-def moment_dtype_setting(whose, section="train"):
-    """The setting of an Adam optimizer's moment dtype (``zoo.training.optimizers``); ``whose``
-    begins its help, e.g. "AdamW's"."""
-    return setting(
-        "float32",
-        f"{whose} moments: float32, or bfloat16 stored with stochastic rounding (4 bytes a trained parameter less)",
-        section=section,
-        choices=choices.FLOAT_DTYPES,
-    )
-
-
-def second_moment_setting(whose, section="train"):
-    """The setting of an Adam optimizer's second moment (``zoo.training.optimizers``);
-    ``whose`` begins its help, e.g. "AdamW's"."""
-    return setting(
-        "full",
-        f"{whose} second moment: full, or factored into row and column means as Adafactor keeps it "
-        "(4 bytes a trained parameter less for every weight of 2 or more dimensions)",
-        section=section,
-        choices=choices.SECOND_MOMENTS,
-    )
-
-
-def state_memory_setting(whose, section="train"):
-    """The setting of where an Adam optimizer's moments live between steps
-    (``zoo.training.optimizers``); ``whose`` begins its help, e.g. "AdamW's"."""
-    return setting(
-        "device",
-        f"{whose} moments between steps: device, or host (pinned host memory, moved to the device for each "
-        "update and back; TPU and GPU). On a TPU v5e with JAX 0.10.2 host did not lower the step's footprint and "
-        "added 190 ms a step to a 1B fine-tune: shrink the state first (--moment-dtype, --second-moment; docs/models.md)",
-        section=section,
-        choices=choices.STATE_MEMORIES,
-    )
-
-
-def _loss_chunk_size(who=""):
-    return setting(
-        None,
-        f"{who}compute the loss from the hidden states t positions of every row at a time, never the whole "
-        "(B, T, V) float32 logits (memory at long context, or at a large vocabulary); default: whole",
-        section="train",
-        parse=types.positive_int,
-    )
-
-
-def _context_attention():
-    return setting(
-        None,
-        f"layout context: the sequence-parallel attention kernel; default {choices.DEFAULT_CONTEXT_ATTENTION}",
-        section="parallel",
-        choices=choices.CONTEXT_ATTENTIONS,
-    )
-
-
-def _remat(who=""):
-    return setting(
-        choices.AUTO,
-        f"{who}what each block keeps for the backward pass: none (everything), full (only its input; ~1/3 more "
-        "compute), dots_saveable (matmul outputs), save_attention (the attention's q, k, v, output and log-sum-exp: "
-        "the attention is never recomputed), offload_attention (the same, in host memory), or auto: on a TPU or "
-        "GPU the first of none, save_attention, dots_saveable, full whose compiled step fits the device (printed), "
-        "on CPU none; --remat alone means full",
-        section="train",
-        choices=choices.JOB_REMATS,
-        const="full",
-        booleans={True: "full", False: "none"},
-    )
 
 
 @dataclasses.dataclass
-class CheckpointSettings:
-    """Orbax checkpoints during fit (docs/checkpoints.md): shared by every training job."""
-
-    checkpoint_dir: str | None = setting(
-        None, "save checkpoints during fit here (default: none)", section="checkpoint", metavar="DIR"
-    )
-    checkpoint_every: int = setting(
-        100, "optimizer steps between checkpoints, plus one at the end", section="checkpoint", parse=types.positive_int
-    )
-    keep: int = setting(
-        3, "newest complete checkpoints kept; older ones are deleted", section="checkpoint", parse=types.positive_int
-    )
-    resume: bool = setting(
-        False,
-        "continue from the newest usable checkpoint in checkpoint_dir (none there: start)",
-        section="checkpoint",
-        store_true=True,
-    )
-
-
-# --- the jobs ------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class CNNTrainSettings(CheckpointSettings, _Checked):
+class CNNTrainSettings(fields.CheckpointSettings, fields.Checked):
     """Settings of ``zoo train cnn`` (recipe job ``train_cnn``)."""
 
-    layout: str = setting("model", LAYOUT_HELP, section="parallel", choices=choices.CNN_LAYOUTS)
-    mesh: str | None = _mesh()
+    layout: str = setting("model", fields.LAYOUT_HELP, section="parallel", choices=choices.CNN_LAYOUTS)
+    mesh: str | None = fields.mesh()
     dataset: str = setting("shapes", "an image-classification dataset (zoo data list)", section="data")
-    data_dir: str | None = _data_dir()
+    data_dir: str | None = fields.data_dir()
     image_size: int | None = setting(
         None,
         "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)",
@@ -166,7 +56,7 @@ class CNNTrainSettings(CheckpointSettings, _Checked):
         32, "global batch: examples per step over all devices", section="train", parse=types.positive_int
     )
     learning_rate: float = setting(1e-3, "Adam learning rate", section="train", parse=types.positive_float)
-    seed: int = _seed("data, weight initialisation and shuffling")
+    seed: int = fields.seed("data, weight initialisation and shuffling")
     output: str = setting(
         "runs/cnn/small_cnn.keras",
         "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras",
@@ -175,11 +65,11 @@ class CNNTrainSettings(CheckpointSettings, _Checked):
 
 
 @dataclasses.dataclass
-class VerifySettings(_Checked):
+class VerifySettings(fields.Checked):
     """Settings of ``zoo verify cnn``: a distributed run against one device."""
 
-    layout: str = setting("model", LAYOUT_HELP, section="parallel", choices=("data", "model"))
-    mesh: str | None = _mesh()
+    layout: str = setting("model", fields.LAYOUT_HELP, section="parallel", choices=("data", "model"))
+    mesh: str | None = fields.mesh()
     steps: int = setting(3, "optimizer steps compared", section="verify", parse=types.positive_int)
     batch_size: int = setting(32, "global batch", section="verify", parse=types.positive_int)
     image_size: int = setting(
@@ -198,11 +88,11 @@ class VerifySettings(_Checked):
         parse=types.non_negative_float,
     )
     atol: float = setting(1e-5, "absolute tolerance", section="verify", parse=types.non_negative_float)
-    seed: int = _seed()
+    seed: int = fields.seed()
 
 
 @dataclasses.dataclass
-class GPTTrainSettings(CheckpointSettings, _Checked):
+class GPTTrainSettings(fields.CheckpointSettings, fields.Checked):
     """Settings of ``zoo train gpt`` (recipe job ``pretrain_gpt``)."""
 
     config_name: str = setting(
@@ -254,12 +144,12 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
     )
     layout: str = setting(
         "data",
-        LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto",
+        fields.LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto",
         section="parallel",
         choices=choices.TRANSFORMER_JOB_LAYOUTS + (choices.AUTO,),
     )
-    mesh: str | None = _mesh()
-    context_attention: str | None = _context_attention()
+    mesh: str | None = fields.mesh()
+    context_attention: str | None = fields.context_attention()
     balance: str | None = setting(
         None,
         "layout context: causal load balancing of the sequence order",
@@ -288,7 +178,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         parse=types.positive_int,
     )
     dataset: str = setting("python_docs", "a language-modelling dataset (zoo data list)", section="data")
-    data_dir: str | None = _data_dir()
+    data_dir: str | None = fields.data_dir()
     sequence_length: int = setting(128, "tokens per example (T)", section="train", parse=types.sequence_length)
     batch_size: int = setting(
         32,
@@ -303,7 +193,7 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         section="train",
         parse=types.positive_int,
     )
-    learning_rate: float = _cosine_peak_learning_rate(2e-3)
+    learning_rate: float = fields.cosine_peak_learning_rate(2e-3)
     weight_decay: float = setting(0.01, "AdamW weight decay", section="train", parse=types.non_negative_float)
     precision: str = setting(
         "float32",
@@ -311,15 +201,15 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
         section="train",
         choices=choices.PRECISIONS,
     )
-    remat: str = _remat()
+    remat: str = fields.remat()
     gradient_accumulation_steps: int = setting(
         1, "optimizer update every N batches (global batch x N per update)", section="train", parse=types.positive_int
     )
-    moment_dtype: str = moment_dtype_setting("AdamW's")
-    second_moment: str = second_moment_setting("AdamW's")
-    state_memory: str = state_memory_setting("AdamW's")
-    loss_chunk_size: int | None = _loss_chunk_size()
-    seed: int = _seed()
+    moment_dtype: str = fields.moment_dtype_setting("AdamW's")
+    second_moment: str = fields.second_moment_setting("AdamW's")
+    state_memory: str = fields.state_memory_setting("AdamW's")
+    loss_chunk_size: int | None = fields.loss_chunk_size()
+    seed: int = fields.seed()
     output: str = setting(
         "runs/gpt/gpt.keras",
         "where the trained model is saved (.keras); its run files (metrics.csv, steps.csv) go to OUTPUT.run beside it, without .keras",
@@ -346,25 +236,9 @@ class GPTTrainSettings(CheckpointSettings, _Checked):
 
     def __post_init__(self):
         super().__post_init__()
-        check_context_settings(self)
+        fields.check_context_settings(self)
         check_pipeline_settings(self)
         check_scan_settings(self)
-
-
-def check_context_settings(settings):
-    """Raise ``SettingError`` naming the value unless ``context_attention`` and ``balance``
-    (where the job has it) are left out under every layout but ``context`` (and ``auto``,
-    which may choose it): off the context layout nothing splits the sequence, so a kernel
-    or a balance there would be silently ignored."""
-    if settings.layout in ("context", choices.AUTO):
-        return
-    for key in CONTEXT_DEFAULTS:
-        value = getattr(settings, key, None)
-        if value is not None:
-            raise SettingError(
-                f"{type(settings).__name__}.{key} (--{key.replace('_', '-')}) = {value!r} is a setting of layout "
-                f"'context', not of layout {settings.layout!r}: leave it out, or use layout context"
-            )
 
 
 def check_scan_settings(settings):
@@ -406,7 +280,7 @@ def check_pipeline_settings(settings):
 
 
 @dataclasses.dataclass
-class ClassifierTrainSettings(_Checked):
+class ClassifierTrainSettings(fields.Checked):
     """Settings shared by ``zoo train encoder`` and ``zoo train vit``."""
 
     model = None  # "encoder" | "vit": set by the subclass
@@ -414,24 +288,24 @@ class ClassifierTrainSettings(_Checked):
     dropout: float = setting(
         0.1, "overrides the named config's dropout, in [0, 1)", section="model", parse=types.dropout
     )
-    layout: str = setting("data", LAYOUT_HELP, section="parallel", choices=choices.TRANSFORMER_JOB_LAYOUTS)
-    mesh: str | None = _mesh()
-    context_attention: str | None = _context_attention()
+    layout: str = setting("data", fields.LAYOUT_HELP, section="parallel", choices=choices.TRANSFORMER_JOB_LAYOUTS)
+    mesh: str | None = fields.mesh()
+    context_attention: str | None = fields.context_attention()
     dataset: str | None = setting(
         None, "dataset (zoo data list); default python_docs_topics (encoder), shapes (vit)", section="data"
     )
-    data_dir: str | None = _data_dir()
+    data_dir: str | None = fields.data_dir()
     batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
     epochs: int = setting(5, "passes over the training split", section="train", parse=types.positive_int)
     learning_rate: float = setting(1e-3, "AdamW learning rate", section="train", parse=types.positive_float)
-    seed: int = _seed()
+    seed: int = fields.seed()
     output: str | None = setting(
         None, "where the trained model is saved (.keras); default runs/<model>/<model>.keras", section="train"
     )
 
     def __post_init__(self):
         super().__post_init__()
-        check_context_settings(self)
+        fields.check_context_settings(self)
         self.config_name = self.config_name or f"{self.model}_tiny"
         self.dataset = self.dataset or ("python_docs_topics" if self.model == "encoder" else "shapes")
         self.output = self.output or f"runs/{self.model}/{self.model}.keras"
@@ -465,7 +339,7 @@ class ViTTrainSettings(ClassifierTrainSettings):
         parse=types.dropout,
     )
     epochs: int = setting(40, "passes over the training split", section="train", parse=types.positive_int)
-    learning_rate: float = _cosine_peak_learning_rate(2e-3)
+    learning_rate: float = fields.cosine_peak_learning_rate(2e-3)
     image_size: int | None = setting(
         None,
         "image side; default: the dataset's own (shapes: 16, 32, 64 or 128)",
@@ -478,247 +352,6 @@ class ViTTrainSettings(ClassifierTrainSettings):
         "at most half the image side); default: an eighth of the image side (4 at 32); 0: no shifts",
         section="train",
         parse=types.non_negative_int,
-    )
-
-
-@dataclasses.dataclass
-class FinetuneSettings(CheckpointSettings, _Checked):
-    """Settings of ``zoo finetune`` (recipe job ``finetune``)."""
-
-    preset: str = setting(
-        "small_cnn_shapes",
-        "a shipped preset's name (e.g. small_cnn_shapes, gpt_tiny_python_docs), a preset folder (a path with '/'), "
-        "or for a causal LM a Hugging Face folder or hf://org/name",
-        section="model",
-        positional=True,
-    )
-    method: str = setting(
-        "lora",
-        "what trains: frozen (a classifier's head), lora (LoRA factors, and a classifier's head), full (everything); "
-        "a causal LM takes lora or full",
-        section="finetune",
-        choices=choices.METHODS,
-    )
-    lora_rank: int = setting(4, "rank r of the LoRA factors", section="finetune", parse=types.positive_int)
-    lora_alpha: float | None = setting(
-        None,
-        "LoRA scale alpha (the update is scaled by alpha / r); default alpha = r",
-        section="finetune",
-        parse=types.positive_float,
-    )
-    layout: str = setting(
-        "single",
-        LAYOUT_HELP + "; model uses the preset's layout map, the others the Transformer presets'; "
-        "tp+sp, fsdp+tp and context are for causal LMs",
-        section="parallel",
-        choices=choices.LAYOUTS,
-    )
-    mesh: str | None = _mesh()
-    context_attention: str | None = _context_attention()
-    balance: str | None = setting(
-        None,
-        "layout context: causal load balancing of the sequence order",
-        section="parallel",
-        choices=choices.BALANCES,
-    )
-    dataset: str = setting(
-        "digits",
-        "a classification dataset (zoo data list); a causal LM without --data-file: a language-modelling one",
-        section="data",
-    )
-    data_dir: str | None = _data_dir()
-    data_file: str | None = setting(
-        None,
-        'causal LMs: train on this file: .jsonl with {"messages": [...]} a line (through the chat template, '
-        'loss on the assistant turns), {"prompt", "completion"} a line (loss on the completion) '
-        'or {"text"} a line (packed), or plain text (packed); docs/finetuning.md',
-        section="data",
-        metavar="FILE",
-    )
-    chat_template: str | None = setting(
-        None,
-        'causal LMs: a Jinja chat template file (as chat_template.jinja) for {"messages"} data, '
-        "used and saved instead of the tokenizer's own; default: the tokenizer's",
-        section="data",
-        metavar="FILE",
-    )
-    validation_file: str | None = setting(
-        None,
-        "causal LMs: the held-out examples, a file like --data-file; default: the last "
-        "--validation-fraction of --data-file",
-        section="data",
-        metavar="FILE",
-    )
-    validation_fraction: float = setting(
-        0.1,
-        "causal LMs without --validation-file: the share of --data-file's examples held out (the last), in [0, 1)",
-        section="data",
-        parse=types.dropout,
-    )
-    train_examples: int | None = setting(
-        None,
-        "use only the first N training examples; default: the whole split",
-        section="data",
-        parse=types.positive_int,
-    )
-    test_examples: int | None = setting(
-        None, "evaluate on the first N test (held-out) examples; default: all", section="data", parse=types.positive_int
-    )
-    sequence_length: int | None = setting(
-        None,
-        "causal LMs: tokens per example T; default: the model's preprocessor's, else min(1024, max_sequence_length)",
-        section="train",
-        parse=types.sequence_length,
-    )
-    loss_chunk_size: int | None = _loss_chunk_size("causal LMs: ")
-    remat: str = _remat("causal LMs: ")
-    packing: bool = setting(
-        False,
-        "causal LMs: several examples per row of T tokens (best-fit decreasing), attention and the loss within each "
-        "(segment ids); plain text: documents kept apart in its windows; prints the padding before and after",
-        section="data",
-        store_true=True,
-    )
-    epochs: int = setting(3, "passes over the training examples", section="train", parse=types.positive_int)
-    batch_size: int = setting(32, "global batch, split over the data axis", section="train", parse=types.positive_int)
-    optimizer: str = setting(
-        "adam",
-        "adam, or sgd (w -= lr * gradient: steps that are the gradients, to compare layouts; needs --learning-rate)",
-        section="train",
-        choices=choices.OPTIMIZERS,
-    )
-    learning_rate: float | None = setting(
-        None,
-        "learning rate; default for adam per method: classifiers frozen, lora 1e-2, full 3e-3; "
-        "causal LMs lora 2e-4, full 2e-5",
-        section="train",
-        parse=types.positive_float,
-    )
-    moment_dtype: str = moment_dtype_setting("optimizer adam: Adam's")
-    second_moment: str = second_moment_setting("optimizer adam: Adam's")
-    state_memory: str = state_memory_setting("optimizer adam: Adam's")
-    seed: int = _seed("LoRA factors' initialisation and shuffling")
-    adapter_format: str = setting(
-        "zoo",
-        "method lora: the adapter saved beside the merged model: zoo (OUTPUT/lora.weights.h5) or peft "
-        "(OUTPUT/adapter/: adapter_config.json, adapter_model.safetensors, for peft.PeftModel.from_pretrained)",
-        section="finetune",
-        choices=choices.ADAPTER_FORMATS,
-    )
-    output: str | None = setting(
-        None,
-        "save the fine-tuned model here (LoRA merged; the adapter beside it, --adapter-format; metrics.csv in OUTPUT.run): "
-        "a preset, or a Hugging Face folder when the model came from one",
-        section="train",
-    )
-    report_every: int = setting(
-        50,
-        "print step time and examples/s every N steps (also into the Keras logs)",
-        section="logging",
-        parse=types.positive_int,
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_context_settings(self)
-
-
-@dataclasses.dataclass
-class GenerateSettings(_Checked):
-    """Settings of ``zoo generate``."""
-
-    model: str = setting(
-        "runs/gpt/gpt.keras",
-        "a .keras file saved by zoo train gpt, a shipped preset's name, a preset folder, "
-        "or a Hugging Face folder or hf://org/name",
-        section="generate",
-    )
-    prompt: str = setting("def ", "UTF-8 text, at least one character", section="generate", parse=types.text)
-    chat: bool = setting(
-        False,
-        "the prompt is a user's message: through the model's chat template with the generation prompt; "
-        "prints the assistant's reply",
-        section="generate",
-        store_true=True,
-    )
-    max_new_tokens: int = setting(
-        200, "tokens generated after the prompt", section="generate", parse=types.positive_int
-    )
-    sampler: str = setting(
-        "top_k", "greedy (argmax), top_k or top_p sampling", section="generate", choices=choices.SAMPLERS
-    )
-    temperature: float = setting(
-        0.8, "divides the logits before sampling", section="generate", parse=types.positive_float
-    )
-    top_k: int = setting(
-        10, "top_k sampler: sample among the k most likely tokens", section="generate", parse=types.positive_int
-    )
-    top_p: float = setting(
-        0.9,
-        "top_p sampler: the smallest set holding this probability, in (0, 1]",
-        section="generate",
-        parse=types.probability,
-    )
-    seed: int = setting(0, "sampling is reproducible for a seed", section="generate", parse=types.non_negative_int)
-    stop_token_ids: str | None = setting(
-        None,
-        "comma-separated token ids that end generation, e.g. 2,32000 ('' for none); "
-        "default: the tokenizer's stop tokens",
-        section="generate",
-        metavar="ID,ID",
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.stop_ids()  # a malformed list is refused here, as the other settings are
-
-    def stop_ids(self):
-        """``stop_token_ids`` as ``GPTCausalLM.generate`` takes it: a tuple of ints, or None
-        (the tokenizer's stop tokens); ``""`` is ``()``, no stop token."""
-        if self.stop_token_ids is None:
-            return None
-        parts = [part.strip() for part in self.stop_token_ids.split(",") if part.strip()]
-        if not all(part.isdigit() for part in parts):
-            raise ValueError(
-                f"GenerateSettings.stop_token_ids: expected comma-separated token ids >= 0 such as 2,32000 (or '' for none), "
-                f"got {self.stop_token_ids!r}"
-            )
-        return tuple(int(part) for part in parts)
-
-
-@dataclasses.dataclass
-class ExportSettings(_Checked):
-    """Settings of ``zoo export``."""
-
-    model: str = setting(
-        "runs/gpt/gpt.keras",
-        "a .keras file, a zoo preset or a Hugging Face folder holding a GPTCausalLM",
-        section="export",
-        positional=True,
-    )
-    output: str = setting(
-        "runs/gpt/hf",
-        "the new Hugging Face folder (config.json, safetensors, tokenizer); must not exist or be empty",
-        section="export",
-        positional=True,
-    )
-    lora: str | None = setting(
-        None,
-        "a LoRA adapter to merge into the exported weights: lora.weights.h5 from zoo finetune, "
-        "or a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)",
-        section="export",
-    )
-    dtype: str | None = setting(
-        None,
-        "store the weights as this dtype; default: as the model holds them",
-        section="export",
-        choices=choices.EXPORT_DTYPES,
-    )
-    max_file_size_mb: float | None = setting(
-        None,
-        "cut the weights into files of at most this many MiB, with an index (transformers' max_shard_size)",
-        section="export",
-        parse=types.positive_float,
     )
 
 
