@@ -30,8 +30,14 @@ FINETUNE = "tests/training/test_finetune.py"
 RESUME = "tests/training/checkpoints/test_resume_anywhere.py"
 RESUME_TIER_1 = f"{RESUME}::test_the_pipelines_stacked_blocks_resume_as_layers_and_back (data -> pipeline)"
 
+QLORA = "tests/training/lora/test_qlora.py"
+
 # test id -> the tier-1 test that checks the same property
 MATRIX = {
+    # QLoRA: tier 1 keeps fsdp over int8 (a sharded quantized kernel), int4 in fit through zoo finetune, and
+    # both modes against their bound layer by layer
+    f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[data-int4]": "[fsdp-int8]",
+    f"{QLORA}::test_int8_logits_stay_within_ten_percent_of_the_float_models": "test_a_quantized_layer_stays_within_its_bound",
     # the seam's inner kernel under a context kernel: tier 1 keeps Ulysses (the same local_attention call)
     "tests/kernels/test_attention_seam.py::test_the_context_kernels_run_the_selected_kernel_as_their_local_step"
     "[gather_kv_attention]": "[ulysses_attention]",
@@ -300,6 +306,7 @@ MATRIX = {
     f"{DOCS}[docs/finetuning.md#0]": "tests/training/test_finetune.py",
     f"{DOCS}[docs/finetuning.md#5]": "tests/training/lora/test_peft_adapters.py",
     f"{DOCS}[docs/finetuning.md#2]": "tests/training/test_chat_finetune.py, tests/tokenizers/test_chat_template.py",
+    f"{DOCS}[docs/finetuning.md#7]": QLORA,
     f"{DOCS}[docs/finetuning.md#6]": "tests/models/test_chunked_loss.py::test_the_function_equals_the_plain_loss_and_its_gradients",
     f"{DOCS}[docs/generation.md#1]": "tests/models/test_gpt_generate.py",
     # the examples of 1.2-4.2 s each (about 22 s together): a model built, fit or compiled

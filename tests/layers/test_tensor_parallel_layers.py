@@ -276,9 +276,13 @@ def test_bad_options_are_rejected():
         ColumnParallelDense(F, collective_matmul=True)
     with pytest.raises(ValueError, match="collective_matmul needs megatron_sp=True"):
         ParallelMLP(F, collective_matmul=True)
-    layer = ColumnParallelDense(F)
-    layer.build((B, D))
-    with pytest.raises(NotImplementedError, match="does not support quantization"):
+    # quantized only where nothing splits it (tests/training/lora/test_qlora.py): not under tp
+    layer = build(lambda: ColumnParallelDense(F, name="up"), (B, D), tensor_parallel("data=2,model=4"))
+    with pytest.raises(
+        NotImplementedError,
+        match=r"ColumnParallelDense 'up' cannot be quantized under a tensor-parallel layout \(the 'model' axis of "
+        r"size 4 splits it",
+    ):
         layer.quantize("int8")
 
 

@@ -237,7 +237,7 @@ def test_cli_arguments_and_errors(capsys):
         finetune(FinetuneSettings(dataset="python_docs"))
     with pytest.raises(
         ValueError,
-        match=r"FinetuneSettings.method: 'half' is not one of the allowed values \['frozen', 'lora', 'full'\]",
+        match=r"FinetuneSettings.method: 'half' is not one of the allowed values \['frozen', 'lora', 'qlora', 'full'\]",
     ):
         FinetuneSettings(method="half")
     with pytest.raises(ValueError, match="unknown preset 'nope'"):

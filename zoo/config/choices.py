@@ -30,8 +30,11 @@ DEFAULT_CONTEXT_ATTENTION = "ring"  # what runs under the context layout when no
 # balance: causal load balancing of the sequence order under the context layout (None: none).
 BALANCES = (None, "zigzag", "striped")
 
-# method: what a fine-tune trains.
-METHODS = ("frozen", "lora", "full")
+# method: what a fine-tune trains (qlora: LoRA over a base quantized to int8 or int4; causal LMs).
+METHODS = ("frozen", "lora", "qlora", "full")
+CLASSIFIER_METHODS = ("frozen", "lora", "full")
+QUANTIZATIONS = ("int8", "int4")  # --quantize: how qlora stores the frozen base's kernels
+QLORA_LAYOUTS = ("single", "data", "fsdp")  # where no tensor-parallel layer splits a quantized kernel
 ADAPTER_FORMATS = ("zoo", "peft")  # zoo finetune's LoRA adapter file: lora.weights.h5, or a PEFT folder
 LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds to Dense / EinsumDense
 

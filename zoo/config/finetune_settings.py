@@ -5,7 +5,7 @@ import dataclasses
 
 from zoo.config import _job_fields as fields
 from zoo.config import choices, types
-from zoo.config.schema import setting
+from zoo.config.schema import SettingError, setting
 
 
 @dataclasses.dataclass
@@ -21,12 +21,20 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
     )
     method: str = setting(
         "lora",
-        "what trains: frozen (a classifier's head), lora (LoRA factors, and a classifier's head), full (everything); "
-        "a causal LM takes lora or full",
+        "what trains: frozen (a classifier's head), lora (LoRA factors, and a classifier's head), qlora (LoRA "
+        "factors over a base stored in int8 or int4: --quantize), full (everything); a causal LM takes lora, qlora "
+        "or full",
         section="finetune",
         choices=choices.METHODS,
     )
     lora_rank: int = setting(4, "rank r of the LoRA factors", section="finetune", parse=types.positive_int)
+    quantize: str | None = setting(
+        None,
+        "method qlora: the frozen base's kernels in int8 (one scale per output channel) or int4 (a scale and zero "
+        "point per 128 input rows); default int8",
+        section="finetune",
+        choices=choices.QUANTIZATIONS,
+    )
     lora_alpha: float | None = setting(
         None,
         "LoRA scale alpha (the update is scaled by alpha / r); default alpha = r",
@@ -148,6 +156,16 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
     def __post_init__(self):
         super().__post_init__()
         fields.check_context_settings(self)
+        if self.quantize is not None and self.method != "qlora":
+            raise SettingError(
+                f"FinetuneSettings.quantize (--quantize) = {self.quantize!r} is a setting of method qlora, not of "
+                f"method {self.method!r}: leave it out, or use --method qlora"
+            )
+        if self.method == "qlora" and self.layout not in choices.QLORA_LAYOUTS:
+            raise SettingError(
+                f"FinetuneSettings.method (--method) = 'qlora' runs under layouts {', '.join(choices.QLORA_LAYOUTS)}, "
+                f"not {self.layout!r}: the tensor-parallel, context, expert and pipeline layers multiply float kernels"
+            )
 
 
 @dataclasses.dataclass

@@ -110,6 +110,22 @@ def tensor_parallel_plan(model_axis):
     return plan if plan.tensor_parallel else None
 
 
+def quantize_unless_split(layer, kind, mode, **kwargs):
+    """Keras' quantization of a zoo ``Dense`` / ``EinsumDense`` subclass (``kind.quantize``:
+    the kernel stored in int8 or int4 with its scales, Keras' quantized call from then on)
+    where no tensor-parallel plan splits the layer: there it is a plain Keras layer, its
+    weights laid out by the layout map. Under a tensor-parallel plan its ``shard_map``
+    kernels multiply float kernels: refused in one line."""
+    plan = tensor_parallel_plan(layer.model_axis)
+    if plan is not None:
+        raise NotImplementedError(
+            f"{type(layer).__name__} {layer.name!r} cannot be quantized under a tensor-parallel layout (the "
+            f"{plan.model_axis!r} axis of size {plan.model_size} splits it, and its shard_map kernels multiply "
+            f"float kernels): quantize under layouts single, data or fsdp"
+        )
+    kind.quantize(layer, mode, type_check=False, **kwargs)
+
+
 def resolve_axes(axes, plan):
     """Layout axes with the placeholders resolved: ``"model"`` -> the plan's model axis,
     ``"shard"`` -> its weight-shard axis (None without one)."""
@@ -248,10 +264,7 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
         return self.weight_axes(name, plan)
 
     def quantize(self, mode=None, **kwargs):
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support quantization: its shard_map kernels multiply "
-            f"float kernels; quantize after merging into a plain Dense"
-        )
+        quantize_unless_split(self, keras.layers.Dense, mode, **kwargs)
 
     # --- calls ---------------------------------------------------------------------
 

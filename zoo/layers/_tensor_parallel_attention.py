@@ -58,6 +58,7 @@ from zoo.layers._tensor_parallel import (
     describe_split,
     gather_weight,
     kernel_variable,
+    quantize_unless_split,
 )
 
 # Which dimension of each weight holds the heads (split over model), and which holds C
@@ -123,10 +124,7 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
     creation_axes = weight_axes  # WeightsPlacedAtCreation.add_weight places them
 
     def quantize(self, mode=None, **kwargs):
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support quantization: the tensor-parallel attention multiplies "
-            f"float kernels inside a shard_map"
-        )
+        quantize_unless_split(self, keras.layers.EinsumDense, mode, **kwargs)
 
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""

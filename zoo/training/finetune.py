@@ -27,7 +27,7 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo._compat import sublayers
-from zoo.config.choices import AUTO, CLASSIFIER_FINETUNE_LAYOUTS, METHODS
+from zoo.config.choices import AUTO, CLASSIFIER_FINETUNE_LAYOUTS, CLASSIFIER_METHODS
 from zoo.config.settings import FinetuneSettings
 from zoo.data import DivisibleBatches, get_spec, load
 from zoo.data.catalog import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
@@ -109,8 +109,11 @@ def prepare_finetuning(model, method, *, head, lora_rank=4, lora_alpha=None):
     """Set which weights train under ``method`` (see the module doc); call once, on a
     freshly loaded model, under the distribution it was built with. Returns the
     LoRA-adapted layers (empty unless ``method == "lora"``)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown fine-tuning method {method!r}; choose one of {list(METHODS)}")
+    if method not in CLASSIFIER_METHODS:
+        raise ValueError(
+            f"fine-tuning method {method!r} is not one a classifier takes; choose one of {list(CLASSIFIER_METHODS)}"
+            + (" (qlora fine-tunes a causal LM)" if method == "qlora" else "")
+        )
     head_layer = model.get_layer(head)
     trainable_by_design = list(model.trainable_weights)  # not batch-norm statistics, say
     adapted = enable_lora(model, lora_rank, alpha=lora_alpha, exclude=[head_layer]) if method == "lora" else []

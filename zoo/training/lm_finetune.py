@@ -13,6 +13,10 @@ Methods (what the optimizer updates):
 lora    rank-r LoRA factors on every Dense / EinsumDense of the backbone (attention
         query, key, value, output; MLP gate, up, down); everything else frozen,
         embeddings and LM head included
+qlora   the same factors over those layers' kernels stored in int8 or int4
+        (``quantize``; ``zoo.training.lora.quantized``), under layouts single, data
+        and fsdp; the job writes the adapter, merged onto the float base by
+        ``zoo export BASE OUT --lora ADAPTER``
 full    every weight
 frozen  refused: it trains a classifier's new head, and a causal LM has none
 ======  =========================================================================
@@ -72,13 +76,14 @@ from zoo.training.callbacks import SynchronousSteps
 from zoo.training.job_setup import job_distribution, new_run_folder, report_setup, run_dir_of
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
+from zoo.training.lora.quantized import quantize_frozen
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
 from zoo.training.remat_choice import resolve_remat
 from zoo.training.saving import load_causal_lm
 
 # Adam learning rates per method: the usual ones for Llama-family checkpoints (LoRA as in
 # QLoRA, Dettmers et al. 2023; full fine-tuning an order of magnitude below pre-training).
-LM_LEARNING_RATES = {"lora": 2e-4, "full": 2e-5}
+LM_LEARNING_RATES = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5}
 LORA_FILE = "lora.weights.h5"  # the adapter, written beside the merged model
 PEFT_FOLDER = "adapter"  # --adapter-format peft: the adapter's folder inside the output (not its top: transformers
 # would read a top-level adapter_config.json as "load the base model, then this adapter")
@@ -152,16 +157,21 @@ def lm_preprocessor(model, sequence_length=None, tokenizer=None):
     return GPTCausalLMPreprocessor(tokenizer, sequence_length)
 
 
-def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None):
+def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None, quantize=None):
     """Set which weights train under ``method`` (the module doc's table); call once, on a
-    freshly loaded model, under its distribution. Returns the LoRA layers (empty for ``full``)."""
+    freshly loaded model, under its distribution. ``quantize`` (``qlora``): ``"int8"`` (the
+    default) or ``"int4"``. Returns the LoRA layers (empty for ``full``)."""
     if method == "frozen":
         raise ValueError(FROZEN_REFUSED)
     if method not in METHODS:
-        raise ValueError(f"unknown fine-tuning method {method!r}; choose lora or full")
+        raise ValueError(f"unknown fine-tuning method {method!r}; choose lora, qlora or full")
+    if quantize is not None and method != "qlora":
+        raise ValueError(f"quantize={quantize!r} is a setting of method qlora, not of method {method!r}")
     if method == "full":
         return []
     trainable = list(model.trainable_weights)
+    if method == "qlora":
+        quantize_frozen(model.backbone, quantize or "int8")
     adapted = enable_lora(model.backbone, lora_rank, alpha=lora_alpha)  # the backbone's layers: not lm_head
     for variable in trainable:
         variable.trainable = False
@@ -271,6 +281,7 @@ def finetune_causal_lm(
     report=print,
     fit=None,
     remat=None,
+    quantize=None,
 ):
     """Fine-tune a freshly loaded ``GPTCausalLM`` on ``train`` (``LMExamples``) under the
     distribution it was built with; returns a dict of results.
@@ -280,8 +291,9 @@ def finetune_causal_lm(
             yet prepared or compiled.
         train, held_out: ``LMExamples`` (``zoo.data.text_files``); ``held_out`` None skips
             the held-out loss.
-        method: ``"lora"`` or ``"full"`` (``prepare_causal_lm``).
+        method: ``"lora"``, ``"qlora"`` or ``"full"`` (``prepare_causal_lm``).
         lora_rank, lora_alpha: the LoRA factors' rank r and scale alpha (default r).
+        quantize: ``qlora``'s base, ``"int8"`` (default) or ``"int4"``.
         optimizer: a Keras optimizer; default Adam at ``LM_LEARNING_RATES[method]``.
         loss_chunk_size: the loss in chunks of this many positions per row
             (``compile_causal_lm``); default the model's own (None: whole logits).
@@ -299,7 +311,7 @@ def finetune_causal_lm(
     "adapted_layers", "model"}`` (held-out losses None without ``held_out``).
     """
     keras.utils.set_random_seed(seed)
-    adapted = prepare_causal_lm(model, method, lora_rank=lora_rank, lora_alpha=lora_alpha)
+    adapted = prepare_causal_lm(model, method, lora_rank=lora_rank, lora_alpha=lora_alpha, quantize=quantize)
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
     report(
         f"method {method}: {trainable:,} trainable parameters"
@@ -332,6 +344,23 @@ def finetune_causal_lm(
 
 
 # --- the zoo finetune job ------------------------------------------------------------------
+
+
+def _save_adapter_alone(settings, adapter, adapter_path, report):
+    """``--method qlora``: the adapter alone in ``settings.output``, and the command that
+    merges it onto the float base (the quantized kernels are not the base's weights)."""
+
+    def write(folder):
+        os.makedirs(folder, exist_ok=True)
+        adapter(folder)
+        return folder
+
+    directory = write_or_rescue(write, settings.output, fallback_folders=[settings.checkpoint_dir])
+    report(
+        f"saved the LoRA adapter to {adapter_path(directory)} (the base stays as {settings.preset}); merge it "
+        f"with: zoo export {settings.preset} MERGED --lora {adapter_path(directory)}"
+    )
+    return directory
 
 
 def finetune_lm(settings, report=print):
@@ -383,6 +412,7 @@ def finetune_lm(settings, report=print):
         report=report,
         fit=fit,
         remat=settings.remat,
+        quantize=settings.quantize,
     )
     result["output"] = _save(settings, result, hf, preprocessor, report) if settings.output else None
     return result
@@ -543,6 +573,8 @@ def _save(settings, result, hf, preprocessor, report):
     else:
         adapter = lambda folder: save_lora(model, adapter_path(folder))
     adapter = adapter if adapted else None
+    if settings.method == "qlora":  # the base is int8 / int4 here: merged onto the float one by zoo export
+        return _save_adapter_alone(settings, adapter, adapter_path, report)
     if hf:  # save_to_hf merges the LoRA factors into the kernels it writes
         save = lambda target: model.save_to_hf(target, extra_files=adapter, report=report)
         directory = write_or_rescue(save, settings.output, fallback_folders=[settings.checkpoint_dir])
