@@ -125,7 +125,7 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
     learning_rate: float | None = setting(
         None,
         "learning rate; default for adam per method: classifiers frozen, lora 1e-2, full 3e-3; "
-        "causal LMs lora 2e-4, full 2e-5",
+        "causal LMs lora and qlora 2e-4, full 2e-5",
         section="train",
         parse=types.positive_float,
     )
@@ -135,7 +135,7 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
     seed: int = fields.seed("LoRA factors' initialisation and shuffling")
     adapter_format: str = setting(
         "zoo",
-        "method lora: the adapter saved beside the merged model: zoo (OUTPUT/lora.weights.h5) or peft "
+        "methods lora and qlora: the adapter saved beside the merged model (qlora: alone): zoo (OUTPUT/lora.weights.h5) or peft "
         "(OUTPUT/adapter/: adapter_config.json, adapter_model.safetensors, for peft.PeftModel.from_pretrained)",
         section="finetune",
         choices=choices.ADAPTER_FORMATS,
@@ -143,7 +143,7 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
     output: str | None = setting(
         None,
         "save the fine-tuned model here (LoRA merged; the adapter beside it, --adapter-format; metrics.csv in OUTPUT.run): "
-        "a preset, or a Hugging Face folder when the model came from one",
+        "a preset, or a Hugging Face folder when the model came from one; method qlora: the adapter alone",
         section="train",
     )
     report_every: int = setting(
