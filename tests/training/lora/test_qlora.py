@@ -19,6 +19,7 @@ check is int8's, at 10%; int4 is held to its bound layer by layer.
 
 import json
 import pathlib
+import weakref
 
 import keras
 import numpy as np
@@ -37,7 +38,7 @@ from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import HFTokenizer
 from zoo.training.finetune import FinetuneSettings, finetune
 from zoo.training.lm_finetune import causal_lm_config, finetune_causal_lm, load_causal_lm
-from zoo.training.lora import enable_lora, lora_layers
+from zoo.training.lora import enable_lora, lora_layers, lora_target_layers
 from zoo.training.lora.quantized import quantize_frozen, weight_only_config
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama_mha_tied"  # V 320, C 32, 2 blocks
@@ -163,7 +164,9 @@ def test_int8_logits_stay_within_ten_percent_of_the_float_models():
     x = np.random.default_rng(0).integers(0, 300, (2, LENGTH))
     model = load_causal_lm(FIXTURE, None)
     exact = np.asarray(model.predict_on_batch(x), "float64")
+    floats = [weakref.ref(kernel_variable(layer).value) for layer in lora_target_layers(model.backbone)]
     quantize_frozen(model.backbone, "int8")
+    assert [ref() for ref in floats] == [None] * 14  # each float kernel freed as its layer is quantized
     quantized = np.asarray(model.predict_on_batch(x), "float64")
     assert 0 < np.abs(quantized - exact).max() <= 0.10 * np.abs(exact).max()
     with pytest.raises(ValueError, match="quantize must be one of int8, int4, got 'nf4'"):

@@ -20,6 +20,7 @@ memory to quantize it), so the float model must fit first.
 
 import keras
 
+from zoo._compat import deleting_variables_without_full_collections
 from zoo.config.choices import QUANTIZATIONS
 from zoo.training.lora._layers import layer_prefix, lora_target_layers
 
@@ -42,6 +43,7 @@ def quantize_frozen(model, mode, *, exclude=()):
     adapted = [layer_prefix(layer) for layer in layers if layer.lora_enabled]
     if adapted:
         raise ValueError(f"LoRA is already enabled on {adapted}: quantize the base first, then enable LoRA")
-    for layer in layers:
-        layer.quantize(mode, config=weight_only_config(mode))
+    with deleting_variables_without_full_collections():  # one gc.collect a layer otherwise (zoo._compat)
+        for layer in layers:
+            layer.quantize(mode, config=weight_only_config(mode))
     return layers
