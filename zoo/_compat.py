@@ -157,9 +157,10 @@ def deleting_variables_without_full_collections():
     Keras' ``Layer.__delattr__`` runs ``gc.collect()`` each time a variable attribute is
     deleted, which ``layer.quantize`` does once a layer (its float kernel): 0.6 s a call in
     a test process holding many compiled models, 14 calls for a 2-block model, and a few
-    hundred for an 8B one. The deleted kernel is released by reference counting alone
-    (``tests/training/lora/test_qlora.py`` checks that no float kernel outlives its
-    layer's quantization), so the collections free nothing more. Inside this context
+    hundred for an 8B one. The deleted kernel is released by reference counting alone,
+    once nothing else holds it (Keras keeps a predict's values until its next call; a
+    collection does not free them sooner): ``tests/training/lora/test_qlora.py`` checks
+    that every float kernel is freed with no collection. Inside this context
     ``gc.collect`` is a no-op (process-wide: nothing else should collect meanwhile).
 
     Not a private API, a Keras behaviour: ``keras.src.layers.layer.Layer.__delattr__``.
