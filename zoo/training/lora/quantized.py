@@ -9,7 +9,7 @@ output channel, abs-max) or half a byte (int4, blocks of ``INT4_BLOCK`` input ro
 with its scale and zero point), against 2 in bfloat16 and 4 in float32.
 
 Why Keras' quantizers and not the zoo's own: they are the layers' own weight formats, so
-``.keras`` files, LoRA on a quantized layer and the quantized call come with them. What the
+LoRA on a quantized layer and the quantized call come with them. What the
 zoo adds: its tensor-parallel layers take them where nothing splits them (layouts single,
 data, fsdp; ``zoo.layers``: under a tensor-parallel layout their shard_map kernels multiply
 float kernels, and quantizing is refused in one line), and the order (quantize, then
