@@ -2,9 +2,10 @@
 
 ``quantize_frozen(model, "int8")`` quantizes the kernel of every layer LoRA adapts
 (``lora_target_layers``) with Keras' own weight quantization (``layer.quantize``), weights
-only: the activations stay in the compute dtype, and each matmul multiplies them by the
-stored integers and rescales the product (Keras' quantized call, which also adds the
-layer's LoRA update factored). So the base takes 1 byte a weight (int8, one scale per
+only: the activations stay in the compute dtype; each matmul multiplies them by the
+stored int8 kernel and rescales the product, or by the int4 kernel unpacked and
+dequantized block by block (Keras' quantized calls, which also add the layer's LoRA
+update factored). So the base takes 1 byte a weight (int8, one scale per
 output channel, abs-max) or half a byte (int4, blocks of ``INT4_BLOCK`` input rows, each
 with its scale and zero point), against 2 in bfloat16 and 4 in float32.
 
