@@ -50,17 +50,10 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo.config.choices import METHODS
-from zoo.data import DivisibleBatches, get_spec, pack_examples, padding_fraction
+from zoo.data import DivisibleBatches, get_spec
 from zoo.data.catalog import LANGUAGE_MODELING
-from zoo.data.chat_files import is_messages_jsonl, load_chat_file
 from zoo.data.text_files import (
-    JSONL_SUFFIXES,
     LMExamples,
-    dataset_text,
-    load_text_file,
-    pack_texts,
-    read_text,
-    split_held_out,
 )
 from zoo.file_kinds import regular_file
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
@@ -68,12 +61,12 @@ from zoo.models.gpt import check_finite_logits, hf_checkpoints
 from zoo.models.gpt.gpt_configs import backbone_config
 from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, save_to_preset
 from zoo.presets.save import check_preset_destination
-from zoo.tokenizers import HFTokenizer, Tokenizer
-from zoo.tokenizers.chat import template_of
+from zoo.tokenizers import Tokenizer
 from zoo.training import optimizers
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.callbacks import SynchronousSteps
 from zoo.training.job_setup import job_distribution, new_run_folder, report_setup, run_dir_of
+from zoo.training.lm_data import data_source, lm_data, load_lm_file, use_chat_template  # noqa: F401 (load_lm_file: moved)
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
 from zoo.training.lora.quantized import quantize_frozen
@@ -383,7 +376,7 @@ def finetune_lm(settings, report=print):
     steps = len(train) // settings.batch_size
     data = {
         "preset": str(settings.preset),
-        "data": _data_source(settings),
+        "data": data_source(settings),
         "examples": len(train),
         "batch_size": settings.batch_size,
         "sequence_length": preprocessor.sequence_length,
@@ -434,17 +427,6 @@ def _check_options(settings):
             )
 
 
-def use_chat_template(tokenizer, path):
-    """Make the Jinja template in the file ``path`` the tokenizer's chat template: read
-    for ``{"messages"}`` data and saved with the tokenizer (``--chat-template``)."""
-    if not isinstance(tokenizer, HFTokenizer):
-        raise ValueError(
-            f"--chat-template {path}: the model's tokenizer is a {type(tokenizer).__name__}; "
-            "chat templates go with a Hugging Face tokenizer (tokenizer.json)"
-        )
-    tokenizer.chat_template = template_of(tokenizer, read_text(path))
-
-
 def check_paths(settings):
     """Refuse, before any work, the paths ``finetune_lm`` would refuse (``zoo recipe
     check`` calls it too): output, checkpoint and data folders, and an output folder the
@@ -490,75 +472,6 @@ def _checkpointed(model, batches, *, epochs, callbacks, settings, data, report):
     )
 
 
-def lm_data(settings, preprocessor, report=print):
-    """``(train, held_out)`` ``LMExamples`` from ``settings.data_file`` (and
-    ``validation_file``, else its last ``validation_fraction``) or from the
-    language-modelling ``settings.dataset`` (its validation split); ``train_examples`` /
-    ``test_examples`` keep the first N of each."""
-    if settings.data_file:
-        examples = load_lm_file(settings.data_file, preprocessor, packing=settings.packing)
-        if settings.validation_file:
-            train, held_out = examples, load_lm_file(settings.validation_file, preprocessor, packing=settings.packing)
-        else:
-            train, held_out = split_held_out(examples, settings.validation_fraction)
-    else:
-        text = dataset_text(settings.dataset, "train", data_dir=settings.data_dir)  # refuses a classification dataset
-        train = pack_texts([text], preprocessor, segments=settings.packing)
-        held_out = pack_texts(
-            [dataset_text(settings.dataset, "validation", data_dir=settings.data_dir)],
-            preprocessor,
-            segments=settings.packing,
-        )
-    train, held_out = train[: settings.train_examples], held_out[: settings.test_examples]
-    if settings.data_file:  # every example left out or cut, counted, in one line before training
-        files = [(settings.data_file, examples)]
-        if settings.validation_file:
-            files.append((settings.validation_file, held_out))
-        dropped = [f"{path}: {', '.join(part.dropped)}" for path, part in files if part.dropped]
-        if dropped:
-            report(f"data {'; '.join(dropped)}")
-    if settings.packing:
-        train, held_out = (
-            packed(examples, name, report) for examples, name in ((train, "training"), (held_out, "held-out"))
-        )
-    report(
-        f"data {_data_source(settings)}: {len(train)} training examples ({train.loss_tokens:,} tokens in the loss), "
-        f"{len(held_out)} held out ({held_out.loss_tokens:,})"
-    )
-    return train, (held_out if len(held_out) else None)
-
-
-def packed(examples, name, report=print):
-    """``examples`` packed (``zoo.data.pack_examples``; windows of text already in rows keep
-    their rows), with a line saying the padding before and after."""
-    if not len(examples) or examples.segment_ids is not None:
-        return examples
-    result = pack_examples(examples)
-    report(
-        f"packing {name}: {len(examples)} rows -> {len(result)}, padding {padding_fraction(examples):.1%} -> "
-        f"{padding_fraction(result):.1%} of the tokens"
-    )
-    return result
-
-
-def load_lm_file(path, preprocessor, *, packing=False):
-    """``LMExamples`` of a data file: ``{"messages": [...]}`` JSONL through the tokenizer's
-    chat template, the loss on the assistant turns (``zoo.data.chat_files``); any other
-    JSONL or text as ``zoo.data.text_files`` reads it."""
-    if os.fspath(path).lower().endswith(JSONL_SUFFIXES) and is_messages_jsonl(path):
-        if getattr(preprocessor.tokenizer, "chat_template", None) is None:
-            raise ValueError(
-                f'{path}: {{"messages"}} data goes through a chat template, and the model\'s tokenizer '
-                f"({type(preprocessor.tokenizer).__name__}) has none; give --chat-template FILE (a Jinja template)"
-            )
-        return load_chat_file(path, preprocessor)
-    return load_text_file(path, preprocessor, segments=packing)
-
-
-def _data_source(settings):
-    return settings.data_file or settings.dataset
-
-
 def _save(settings, result, hf, preprocessor, report):
     """The model with LoRA merged (a Hugging Face folder when the base was one, else a zoo
     preset) at ``settings.output``, and the LoRA adapter alone in it (``lora.weights.h5``, or
@@ -582,7 +495,7 @@ def _save(settings, result, hf, preprocessor, report):
         final = merge_lora(model) if adapted else model
         check_finite_logits(final, settings.output)  # before anything is written (save_to_hf does the same)
         metadata = {
-            "dataset": _data_source(settings),
+            "dataset": data_source(settings),
             "task": LANGUAGE_MODELING,
             "input_shape": [preprocessor.sequence_length],
             "finetuned_from": str(settings.preset),
