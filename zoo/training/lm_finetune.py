@@ -162,9 +162,9 @@ def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None, quantize=N
         raise ValueError(f"quantize={quantize!r} is a setting of method qlora, not of method {method!r}")
     if method == "full":
         return []
-    trainable = list(model.trainable_weights)
-    if method == "qlora":
+    if method == "qlora":  # before the weights are listed: the list would keep every float kernel alive
         quantize_frozen(model.backbone, quantize or "int8")
+    trainable = list(model.trainable_weights)
     adapted = enable_lora(model.backbone, lora_rank, alpha=lora_alpha)  # the backbone's layers: not lm_head
     for variable in trainable:
         variable.trainable = False
