@@ -64,7 +64,7 @@ DATA_AXIS_LAYOUTS = ("data", "fsdp")  # a mesh of data alone
 SCANNED_LAYOUTS = ("data", "fsdp", "tp", "fsdp+tp")
 
 # Transformer architecture.
-MLPS = ("swiglu", "geglu", "geglu_tanh", "gelu", "relu")  # geglu_tanh: tanh-approximate GELU (Gemma)
+MLPS = ("swiglu", "geglu", "geglu_tanh", "gelu", "gelu_tanh", "relu")  # *_tanh: tanh-approximate GELU (Gemma, GPT-2)
 GATED_MLPS = ("swiglu", "geglu", "geglu_tanh")  # the MLPS with a gate: three weight matrices
 NORMS = ("rms", "layer", "rms_offset")  # rms_offset: RMSNorm times (1 + weight), Gemma's
 POOLINGS = ("cls", "mean")  # how a classifier reduces its tokens to one vector

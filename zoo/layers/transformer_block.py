@@ -16,7 +16,8 @@ from zoo.layers.parallel_mlp import ParallelMLP
 
 MLP_ACTIVATIONS = {
     # mlp name (one of MLPS): (activation, gated)
-    "gelu": ("gelu", False),
+    "gelu": ("gelu", False),  # exact: an erf per element
+    "gelu_tanh": (gelu_tanh, False),  # GPT-2's gelu_new: a tanh per element
     "relu": ("relu", False),
     "geglu": ("gelu", True),
     "geglu_tanh": (gelu_tanh, True),  # Gemma's GeGLU: tanh-approximate GELU

@@ -48,8 +48,9 @@ GPT_CONFIGS = {
         "max_sequence_length": 512,
         "tie_word_embeddings": False,
     },
-    # GPT-2 small (124M) shape: LayerNorm, GELU MLP, tied embeddings; rotary instead of
-    # learned positions; vocabulary 50304 = GPT-2's 50257 padded to a multiple of 128.
+    # GPT-2 small (124M) shape: LayerNorm, GELU MLP (tanh-approximate: GPT-2's gelu_new),
+    # tied embeddings; rotary instead of learned positions; vocabulary 50304 = GPT-2's
+    # 50257 padded to a multiple of 128.
     "gpt_125m": {
         "vocabulary_size": 50304,
         "num_layers": 12,
@@ -57,7 +58,7 @@ GPT_CONFIGS = {
         "num_key_value_heads": 12,
         "hidden_dim": 768,
         "intermediate_dim": 3072,
-        "mlp": "gelu",
+        "mlp": "gelu_tanh",
         "norm": "layer",
         "max_sequence_length": 1024,
         "tie_word_embeddings": True,
@@ -70,7 +71,7 @@ GPT_CONFIGS = {
         "num_key_value_heads": 16,
         "hidden_dim": 1024,
         "intermediate_dim": 4096,
-        "mlp": "gelu",
+        "mlp": "gelu_tanh",
         "norm": "layer",
         "max_sequence_length": 1024,
         "tie_word_embeddings": True,
