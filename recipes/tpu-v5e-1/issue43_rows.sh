@@ -18,7 +18,7 @@
 # moments in host memory, and the plan of the 1B full fine-tune), `18` (part 17's host-memory row
 # again; qwen3_0.6b at batch 8, unscanned), `19` (gpt_1b b2 profiled with its trace kept in
 # $OUT for a per-op reading, then b2 and b4 with XLA's scoped VMEM raised to 96 MiB), `20`
-# (an experiment run at e85b2df, not kept), `21` (gpt_350m profiled op by op), `22` (part 21 with the tanh GELU).
+# (an experiment run at e85b2df, not kept), `21` (gpt_350m profiled op by op), `22` (part 21 with the tanh GELU), `23` and `24` (issue 48: qwen3_8b's QLoRA, int8 base, remat save_attention / full).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -177,8 +177,18 @@ case "$part" in
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 420 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --profile
     ;;
+23)  # issue 48: qwen3_8b's LoRA over an int8 base built quantized (8.2B parameters; 16.4 GB in bf16)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 540 --config-name qwen3_8b --method qlora --quantize int8 --batch-size 1 --remat save_attention \
+        --loss-chunk-size 512 --steps 5 --repeats 2
+    ;;
+24)  # part 23's row under remat full (if save_attention's does not fit)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 540 --config-name qwen3_8b --method qlora --quantize int8 --batch-size 1 --remat full \
+        --loss-chunk-size 512 --steps 5 --repeats 2
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 22)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 24)" >&2
     exit 2
     ;;
 esac

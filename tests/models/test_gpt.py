@@ -165,7 +165,10 @@ def test_layout_config_entries():
         (dict(head_dim=5), "rotary embedding needs an even head_dim, got head_dim 5"),
         (dict(num_layers=0), "num_layers must be a positive integer, got 0"),
         (dict(vocabulary_size=2.5), "vocabulary_size must be a positive integer, got 2.5"),
-        (dict(mlp="swish"), "mlp must be one of ['swiglu', 'geglu', 'geglu_tanh', 'gelu', 'gelu_tanh', 'relu'], got 'swish'"),
+        (
+            dict(mlp="swish"),
+            "mlp must be one of ['swiglu', 'geglu', 'geglu_tanh', 'gelu', 'gelu_tanh', 'relu'], got 'swish'",
+        ),
         (dict(norm="batch"), "norm must be one of ['rms', 'layer', 'rms_offset'], got 'batch'"),
         (dict(dropout=1.0), "dropout must be in [0, 1), got 1.0"),
         (

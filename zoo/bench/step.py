@@ -95,15 +95,25 @@ def build_zoo(settings, report=print):
     import keras
 
     from zoo import distribution as zd
+    from zoo._compat import sublayers
+    from zoo.layers import fill_quantized, is_built_quantized
     from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
     from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
+    from zoo.training.lora.quantized import quantized_policy
     from zoo.training.optimizers import state_options
     from zoo.training.remat_choice import apply_remat
 
     job = train_settings(settings)
     distribution = resolve_distribution(job)
     keras.utils.set_random_seed(settings.seed)
-    model = zd.build_distributed(lambda: build_for_training(job), distribution)  # stays set: fit reads it
+    policy = None
+    if settings.method == "qlora":  # the base built quantized, each kernel from its initializer, quantized
+        policy = quantized_policy(settings.precision, settings.quantize or "int8")
+    model = zd.build_distributed(lambda: build_for_training(job, policy), distribution)  # stays set: fit reads it
+    if policy is not None:
+        for layer in sublayers(model):
+            if is_built_quantized(layer):
+                fill_quantized(layer)
     if settings.method == "train":
         compile_gpt(
             model,
@@ -113,11 +123,22 @@ def build_zoo(settings, report=print):
             **state_options(settings),
         )
     else:
-        prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank)
+        prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank, quantize=settings.quantize)
         optimizer = make_optimizer("adam", method=settings.method, **state_options(settings))
         compile_causal_lm(model, optimizer, settings.loss_chunk_size)
     batch = ((settings.batch_size, settings.sequence_length), "int32")
     return model, apply_remat(model, settings.remat, batch, batch, report=report)
+
+
+def _parameters(model, settings):
+    """The model's parameters; a QLoRA base's as the float model counts them (Keras counts
+    an int8 or packed int4 array's elements, and its scales)."""
+    if settings.method != "qlora":
+        return model.count_params()
+    from zoo.models.gpt.gpt_configs import count_parameters
+    from zoo.training.lora import lora_layers, lora_parameter_count
+
+    return count_parameters(model.backbone.get_config()) + lora_parameter_count(lora_layers(model))
 
 
 def flops_per_step(settings, model):
@@ -127,7 +148,7 @@ def flops_per_step(settings, model):
     config, length = model.get_config(), settings.sequence_length
     per_token = (
         mfu.gpt_lora_flops_per_token(config, length)
-        if settings.method == "lora"
+        if settings.method in ("lora", "qlora")
         else mfu.gpt_flops_per_token(config, length)
     )
     return per_token * settings.batch_size * length
@@ -153,9 +174,10 @@ def measure_zoo(settings, report=print):
         rows = steps * settings.batch_size
         model.fit(x[:rows], y[:rows], batch_size=settings.batch_size, epochs=1, shuffle=False, verbose=0)
 
-    report(f"zoo: {settings.config_name}, {model.count_params():,} parameters; compiling and timing ...")
+    parameters = _parameters(model, settings)
+    report(f"zoo: {settings.config_name}, {parameters:,} parameters; compiling and timing ...")
     compile_s, steps, fit_overhead = time_fits(fit, settings)
-    row = step_row("zoo", model.count_params(), compile_s, steps, flops_per_step(settings, model), settings)
+    row = step_row("zoo", parameters, compile_s, steps, flops_per_step(settings, model), settings)
     row["fit_overhead_s"] = fit_overhead
     # --remat auto compiled this very step (model, batch) to choose: its footprint, not one more compile
     row.update(device_memory(), compiled_bytes=remat.peaks.get(remat.remat) or compiled_peak(model, settings))
@@ -241,7 +263,8 @@ def format_report(settings, rows, plan=None):
         f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}); {settings.config_name}"
         + (f" at {settings.num_layers} layers" if settings.num_layers else "")
         + f", method {settings.method}"
-        + (f" (rank {settings.lora_rank})" if settings.method == "lora" else "")
+        + (f" (rank {settings.lora_rank})" if settings.method in ("lora", "qlora") else "")
+        + (f", base {settings.quantize or 'int8'}" if settings.method == "qlora" else "")
         + f", batch {settings.batch_size} x T {settings.sequence_length}, {settings.precision}, remat {_remat_words(settings, rows)}"
         + (", scanned blocks" if settings.scan_layers else "")
         + (f", loss in chunks of {settings.loss_chunk_size}" if settings.loss_chunk_size else "")

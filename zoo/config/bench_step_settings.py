@@ -9,12 +9,12 @@ the training job's names (``zoo train gpt``, ``zoo finetune``): ``config_name``,
 import dataclasses
 
 from zoo.config import choices, types
-from zoo.config.schema import setting
+from zoo.config.schema import SettingError, setting
 from zoo.config.settings import moment_dtype_setting, second_moment_setting, state_memory_setting
 
 # What the measured step trains: the pre-training job's step (AdamW, cosine schedule,
 # clipping: zoo train gpt), or zoo finetune's (Adam) of every weight or of LoRA factors.
-STEP_METHODS = ("train", "full", "lora")
+STEP_METHODS = ("train", "full", "lora", "qlora")
 # keras-hub backbones the same sizes can be run in, beside the zoo's GPT (--peer).
 STEP_PEERS = ("keras-hub",)
 
@@ -30,11 +30,21 @@ class StepBenchSettings:
     method: str = setting(
         "train",
         "train: zoo train gpt's step (AdamW, every weight); full: zoo finetune --method full (Adam); "
-        "lora: zoo finetune --method lora (Adam on the LoRA factors, the rest frozen)",
+        "lora: zoo finetune --method lora (Adam on the LoRA factors, the rest frozen); qlora: the same over a base "
+        "built quantized (--quantize)",
         section="bench",
         choices=STEP_METHODS,
     )
-    lora_rank: int = setting(16, "method lora: rank r of the factors", section="bench", parse=types.positive_int)
+    lora_rank: int = setting(
+        16, "methods lora, qlora: rank r of the factors", section="bench", parse=types.positive_int
+    )
+    quantize: str | None = setting(
+        None,
+        "method qlora: the base's kernels built in int8 or int4 (random, quantized as zoo finetune's are), the "
+        "embedding and LM head in the compute dtype; default int8",
+        section="bench",
+        choices=choices.QUANTIZATIONS,
+    )
     sequence_length: int = setting(2048, "tokens per example (T)", section="bench", parse=types.sequence_length)
     batch_size: int = setting(
         2, "global batch (examples per step over all devices)", section="bench", parse=types.positive_int
@@ -107,3 +117,10 @@ class StepBenchSettings:
     )
     seed: int = setting(0, "seed of the weights and the random tokens", section="bench", parse=types.non_negative_int)
     output: str | None = setting(None, "also write the markdown report to this file", section="bench", metavar="FILE")
+
+    def __post_init__(self):
+        if self.quantize is not None and self.method != "qlora":
+            raise SettingError(
+                f"StepBenchSettings.quantize (--quantize) = {self.quantize!r} is a setting of method qlora, not of "
+                f"method {self.method!r}: leave it out, or use --method qlora"
+            )

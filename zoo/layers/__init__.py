@@ -4,10 +4,13 @@ path for code that runs a kernel on a mesh of its own: the benchmarks).
 Besides the layers: the attention paths the layers run (``plain_attention``,
 ``sharded_attention``, ``describe_attention``) and the factored LoRA call of a Keras
 ``Dense`` / ``EinsumDense`` (``factored_lora_call``, ``kernel_variable``), for the
-benchmarks and ``zoo.training``'s LoRA.
+benchmarks and ``zoo.training``'s LoRA; the weights-only quantization config the layers
+take by default (``weight_only_config``, ``INT4_BLOCK``) and a quantized-built layer's
+fill (``fill_quantized``, ``is_built_quantized``), for QLoRA and the checkpoint loaders.
 """
 
 from zoo.layers._parallel_plan import run_on_mesh
+from zoo.layers._quantized import INT4_BLOCK, fill_quantized, is_built_quantized, weight_only_config
 from zoo.layers._sequence_parallel import describe_attention, plain_attention, sharded_attention
 from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
 from zoo.layers.class_token import ClassToken
@@ -25,6 +28,7 @@ from zoo.layers.token_pooling import TokenPooling
 from zoo.layers.transformer_block import TransformerBlock
 
 __all__ = [
+    "INT4_BLOCK",
     "ClassToken",
     "ColumnParallelDense",
     "LearnedPositionEmbedding",
@@ -40,9 +44,12 @@ __all__ = [
     "apply_rotary_embedding",
     "describe_attention",
     "factored_lora_call",
+    "fill_quantized",
+    "is_built_quantized",
     "kernel_variable",
     "plain_attention",
     "rotary_angles",
     "run_on_mesh",
     "sharded_attention",
+    "weight_only_config",
 ]

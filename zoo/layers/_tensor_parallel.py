@@ -54,6 +54,7 @@ from zoo.distribution.axes import MODEL
 from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import check_divisible, sequence_parallel_row_matmul
 from zoo.layers._parallel_plan import resolve_plan, run_sharded
+from zoo.layers._quantized import weight_only_config
 
 SHARD = "shard"  # placeholder in layout axes for the plan's weight-shard axis (FSDP inside TP)
 
@@ -110,12 +111,7 @@ def tensor_parallel_plan(model_axis):
     return plan if plan.tensor_parallel else None
 
 
-def quantize_unless_split(layer, kind, mode, **kwargs):
-    """Keras' quantization of a zoo ``Dense`` / ``EinsumDense`` subclass (``kind.quantize``:
-    the kernel stored in int8 or int4 with its scales, Keras' quantized call from then on)
-    where no tensor-parallel plan splits the layer: there it is a plain Keras layer, its
-    weights laid out by the layout map. Under a tensor-parallel plan its ``shard_map``
-    kernels multiply float kernels: refused in one line."""
+def _refuse_if_split(layer):
     plan = tensor_parallel_plan(layer.model_axis)
     if plan is not None:
         raise NotImplementedError(
@@ -123,7 +119,28 @@ def quantize_unless_split(layer, kind, mode, **kwargs):
             f"{plan.model_axis!r} axis of size {plan.model_size} splits it, and its shard_map kernels multiply "
             f"float kernels): quantize under layouts single, data or fsdp"
         )
+
+
+def quantize_unless_split(layer, kind, mode, **kwargs):
+    """Keras' quantization of a zoo ``Dense`` / ``EinsumDense`` subclass (``kind.quantize``:
+    the kernel stored in int8 or int4 with its scales, Keras' quantized call from then on)
+    where no tensor-parallel plan splits the layer: there it is a plain Keras layer, its
+    weights laid out by the layout map. Under a tensor-parallel plan its ``shard_map``
+    kernels multiply float kernels: refused in one line. (Keras resolves a missing
+    ``config`` to its default, the inputs quantized too, before the layer sees the call:
+    QLoRA passes ``weight_only_config``.)"""
+    _refuse_if_split(layer)
     kind.quantize(layer, mode, type_check=False, **kwargs)
+
+
+def quantized_build_unless_split(layer, kind, kernel_shape, mode, config=None):
+    """``kind.quantized_build``: the int8 / int4 kernel and its scales created as such, no
+    float kernel first, when the layer is built under a quantized dtype policy
+    (``"int8_from_mixed_bfloat16"``, a ``DTypePolicyMap`` naming it; QLoRA's quantized
+    build); the same refusal. Built so, a layer without a ``quantization_config``
+    quantizes its weights alone (``weight_only_config``)."""
+    _refuse_if_split(layer)
+    kind.quantized_build(layer, kernel_shape, mode, config or weight_only_config(mode))
 
 
 def resolve_axes(axes, plan):
@@ -265,6 +282,9 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
 
     def quantize(self, mode=None, **kwargs):
         quantize_unless_split(self, keras.layers.Dense, mode, **kwargs)
+
+    def quantized_build(self, kernel_shape, mode, config=None):
+        quantized_build_unless_split(self, keras.layers.Dense, kernel_shape, mode, config)
 
     # --- calls ---------------------------------------------------------------------
 

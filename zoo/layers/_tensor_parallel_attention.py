@@ -59,6 +59,7 @@ from zoo.layers._tensor_parallel import (
     gather_weight,
     kernel_variable,
     quantize_unless_split,
+    quantized_build_unless_split,
 )
 
 # Which dimension of each weight holds the heads (split over model), and which holds C
@@ -123,8 +124,14 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
 
     creation_axes = weight_axes  # WeightsPlacedAtCreation.add_weight places them
 
+    def get_config(self):
+        return {**super().get_config(), "role": self.role, "model_axis": self.model_axis}
+
     def quantize(self, mode=None, **kwargs):
         quantize_unless_split(self, keras.layers.EinsumDense, mode, **kwargs)
+
+    def quantized_build(self, kernel_shape, mode, config=None):
+        quantized_build_unless_split(self, keras.layers.EinsumDense, kernel_shape, mode, config)
 
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""

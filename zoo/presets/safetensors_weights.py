@@ -354,6 +354,12 @@ def load_into(variable, files, view, on_read=None):
     variable.assign(jax.make_array_from_callback(shape, sharding, read_slice))
 
 
+def read_whole(view, files, dtype=np.float32):
+    """The whole weight ``view`` names, read into host memory as ``dtype``: a kernel quantized
+    as it is read (``zoo.layers.fill_quantized``), whose device variable is no float array."""
+    return _cast(view, view.read(files, ()), np.dtype(dtype))
+
+
 def _cast(view, block, dtype):
     """``block`` (finite, as read) as the variable's ``dtype``; ``CheckpointError`` when a
     value is beyond that dtype's range (a float64 1e300 into float32 becomes infinite)."""

@@ -151,12 +151,13 @@ def build_gpt(settings, overrides=None):
     )
 
 
-def build_for_training(settings, **model_overrides):
-    """The GPT under the job's precision policy, with its blocks rematerialised as
+def build_for_training(settings, policy=None, **model_overrides):
+    """The GPT under the job's precision policy (or ``policy``: a QLoRA base's
+    ``zoo.training.lora.quantized.quantized_policy``), with its blocks rematerialised as
     ``settings.remat`` says (``TransformerBlock``'s ``remat``). ``model_overrides``
     replace config entries (e.g. ``num_layers=2`` for a compile-only memory check)."""
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(settings.precision)
+    keras.config.set_dtype_policy(settings.precision if policy is None else policy)
     try:
         return build_gpt(settings, model_overrides)
     finally:

@@ -69,7 +69,7 @@ from zoo.training.job_setup import job_distribution, new_run_folder, report_setu
 from zoo.training.lm_data import data_source, lm_data, load_lm_file, use_chat_template  # noqa: F401 (load_lm_file: moved)
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
-from zoo.training.lora.quantized import quantize_frozen
+from zoo.training.lora.quantized import building_quantized, quantize_frozen
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
 from zoo.training.remat_choice import resolve_remat
 from zoo.training.saving import load_causal_lm
@@ -365,7 +365,7 @@ def finetune_lm(settings, report=print):
     hf = is_hf_folder(preset)
     distribution = job_distribution(GPTCausalLM, settings, model_config=causal_lm_config(preset, settings.layout))
     report_setup(distribution, report)
-    model = zd.build_distributed(lambda: load_causal_lm(preset, settings.layout), distribution)
+    model = zd.build_distributed(lambda: _load_base(preset, settings), distribution)
     preprocessor = lm_preprocessor(model, settings.sequence_length)
     if settings.chat_template:
         use_chat_template(preprocessor.tokenizer, settings.chat_template)
@@ -409,6 +409,15 @@ def finetune_lm(settings, report=print):
     )
     result["output"] = _save(settings, result, hf, preprocessor, report) if settings.output else None
     return result
+
+
+def _load_base(preset, settings):
+    """The model to fine-tune; ``--method qlora``: its base built quantized, each kernel
+    quantized as it is read (``building_quantized``): never the whole model in float."""
+    if settings.method != "qlora":
+        return load_causal_lm(preset, settings.layout)
+    with building_quantized(settings.quantize or "int8"):
+        return load_causal_lm(preset, settings.layout)
 
 
 def _check_options(settings):

@@ -34,14 +34,14 @@ from zoo.config import schema
 from zoo.config.schema import SettingError
 from zoo.data.text_files import load_text_file
 from zoo.distribution.parity import StepLosses, compare
-from zoo.layers import ColumnParallelDense, kernel_variable
+from zoo.layers import ColumnParallelDense, fill_quantized, kernel_variable, weight_only_config
 from zoo.layers._tensor_parallel_attention import AttentionProjection
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import HFTokenizer
 from zoo.training.finetune import FinetuneSettings, finetune
 from zoo.training.lm_finetune import causal_lm_config, finetune_causal_lm, load_causal_lm
 from zoo.training.lora import enable_lora, lora_layers, lora_target_layers
-from zoo.training.lora.quantized import quantize_frozen, weight_only_config
+from zoo.training.lora.quantized import building_quantized, quantize_frozen, quantized_build_paths
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama_mha_tied"  # V 320, C 32, 2 blocks
 BATCH, LENGTH, STEPS, RANK, LEARNING_RATE = 8, 16, 3, 2, 1.0
@@ -58,9 +58,11 @@ def _column_errors(kernel, mode, contracted):
 @pytest.mark.parametrize(
     "make, x_shape, equation",
     [
-        (lambda: ColumnParallelDense(24, name="up"), (3, 32), "bi,ij->bj"),
+        (lambda **dtype: ColumnParallelDense(24, name="up", **dtype), (3, 32), "bi,ij->bj"),
         (
-            lambda: AttentionProjection("btc,chd->bthd", role="heads_out", output_shape=(None, 4, 8), name="query"),
+            lambda **dtype: AttentionProjection(
+                "btc,chd->bthd", role="heads_out", output_shape=(None, 4, 8), name="query", **dtype
+            ),
             (2, 5, 32),
             "btc,chd->bthd",
         ),
@@ -76,8 +78,12 @@ def test_a_quantized_layer_stays_within_its_bound(make, x_shape, equation, mode)
     exact = np.einsum(equation, x.astype("float64"), kernel)
     with deleting_variables_without_full_collections():  # as quantize_frozen does (0.6-1.8 s a layer late in a worker)
         layer.quantize(mode, config=weight_only_config(mode))  # the zoo's layers take it where nothing splits them
-    assert layer.quantization_mode == mode
+    assert layer.quantization_mode == mode and layer.quantization_config.activation_quantizer is None
     quantized = np.asarray(layer(x), "float64")
+    built = make(dtype=f"{mode}_from_float32")  # the same layer built quantized (QLoRA's quantized build) ...
+    built.build(x_shape)
+    fill_quantized(built, kernel.astype("float32"))  # ... given the same float kernel
+    np.testing.assert_array_equal(np.asarray(built(x), "float64"), quantized)
     errors = _column_errors(kernel, mode, contracted=0)  # the input's axis: c (dense i)
     bound = np.einsum(equation, np.abs(x).astype("float64"), np.broadcast_to(errors, kernel.shape))
     slack = 1e-5 * np.einsum(equation, np.abs(x).astype("float64"), np.abs(kernel))  # float32 rounding
@@ -113,7 +119,14 @@ def _qlora(layout, data, quantize):
     if layout is not None:
         config = causal_lm_config(FIXTURE, layout)
         distribution = zd.distribution_for(GPTCausalLM, layout, "data=8", config=config)
-    model = zd.build_distributed(lambda: load_causal_lm(FIXTURE, layout), distribution)
+
+    def load():  # under a layout the base is built quantized, each kernel quantized as read; one device
+        if layout is None:  # quantizes the float model after loading (quantize_frozen): the same weights
+            return load_causal_lm(FIXTURE, layout)
+        with building_quantized(quantize):
+            return load_causal_lm(FIXTURE, layout)
+
+    model = zd.build_distributed(load, distribution)
     losses = StepLosses()
     before = {}
 
@@ -181,6 +194,38 @@ def test_int8_logits_stay_within_ten_percent_of_the_float_models():
     enable_lora(model.backbone, RANK)
     with pytest.raises(ValueError, match=r"LoRA is already enabled on \['block_0/mlp/down', 'block_0/mlp/up',"):
         quantize_frozen(model.backbone, "int8")
+
+
+def test_a_base_built_quantized_holds_what_quantizing_the_loaded_float_model_gives():
+    """``building_quantized``: the checkpoint's kernels quantized as they are read, never a
+    float model first; the frozen embedding in the compute dtype."""
+    keras.distribution.set_distribution(None)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        with building_quantized("int4"):
+            built = load_causal_lm(FIXTURE, None)
+        loaded = load_causal_lm(FIXTURE, None)
+        quantize_frozen(loaded.backbone, "int4")
+        x = np.random.default_rng(3).integers(0, 300, (2, LENGTH))
+        np.testing.assert_array_equal(built.predict_on_batch(x), loaded.predict_on_batch(x))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    targets = [layer.path for layer in lora_target_layers(built.backbone)]
+    assert quantized_build_paths(built.backbone) == targets and len(targets) == 14
+    stored = {v.path: v for v in loaded.weights}
+    for variable in built.weights:
+        expected = np.asarray(stored[variable.path].value).astype(variable.dtype)  # the embedding: bfloat16
+        np.testing.assert_array_equal(np.asarray(variable.value), expected, err_msg=variable.path)
+    assert built.backbone.token_embedding.embeddings.dtype == "bfloat16"
+    query = built.backbone.get_layer("block_0").attention.query
+    with pytest.raises(
+        ValueError,
+        match=r"'block_0/attention/query': a float kernel of shape \(3, 3\) given for a kernel of shape \(32, 4, 8\)",
+    ):
+        fill_quantized(query, np.zeros((3, 3), "float32"))
+    with pytest.raises(ValueError, match=r"'token_embedding' is not built quantized \(quantization mode None"):
+        fill_quantized(loaded.backbone.token_embedding)  # the tied embedding and head: stored in the compute dtype
 
 
 def test_zoo_finetune_qlora_writes_the_adapter_and_zoo_export_merges_it_onto_the_float_base(data, tmp_path):

@@ -63,6 +63,7 @@ import os
 from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.file_kinds import read_json_file
+from zoo.layers import fill_quantized, is_built_quantized
 from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt._probe import check_finite_logits
@@ -75,6 +76,7 @@ from zoo.presets.safetensors_weights import (
     TensorView,
     has_safetensors,
     load_into,
+    read_whole,
     write_safetensors,
 )
 from zoo.tokenizers import HFTokenizer
@@ -303,9 +305,13 @@ def _load_from(model, directory, files, on_read=None):
     _check_tensor_names(directory, files.names(), weight_views(config))
     views = pipelined_views(weight_views(config), config)
     variables = {variable.path: variable for variable in model.weights}
-    _check_variables(views, variables)
+    quantized = {f"{layer.path}/kernel": layer for layer in sublayers(model) if is_built_quantized(layer)}
+    _check_variables(views, variables, quantized)
     for path, view in views.items():
-        load_into(variables[path], files, view, on_read)
+        if path in quantized:  # QLoRA's base: quantized as read, one float kernel at a time on the host
+            fill_quantized(quantized[path], read_whole(view, files))
+        else:
+            load_into(variables[path], files, view, on_read)
 
 
 def pipelined_views(views, config):
@@ -345,9 +351,13 @@ def _check_tensor_names(directory, names, views):
         )
 
 
-def _check_variables(views, variables):
+def _check_variables(views, variables, quantized):
+    """Every variable has a tensor, but LoRA factors, state, and a quantized kernel's scales."""
+    scales = tuple(kernel.rsplit("/", 1)[0] + "/" for kernel in quantized)
     unmapped = sorted(
-        path for path in variables if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES))
+        path
+        for path in variables
+        if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES)) and not path.startswith(scales)
     )
     if unmapped:
         raise CheckpointError(f"the model has weights no Hugging Face tensor maps to: {unmapped[:3]}")

@@ -15,24 +15,66 @@ zoo adds: its tensor-parallel layers take them where nothing splits them (layout
 data, fsdp; ``zoo.layers``: under a tensor-parallel layout their shard_map kernels multiply
 float kernels, and quantizing is refused in one line), and the order (quantize, then
 LoRA). What is left out: the Mixture-of-Experts experts (stacked weights, not Dense
-layers) stay in float; each kernel is quantized after loading (Keras reads it into host
-memory to quantize it), so the float model must fit first.
+layers) stay in float.
+
+Two ways in. ``quantize_frozen`` quantizes a built float model (Keras reads each kernel
+into host memory to quantize it), so the float model must fit first. ``quantized_policy``
+is the dtype policy to build the model under instead (``build_for_training(...,
+policy=...)``): the targets' kernels are created in int8 / int4 as they are built (Keras'
+quantized build, zeros until loaded), never in float, and the embedding and LM head,
+frozen under (Q)LoRA, are stored in the compute dtype (bfloat16 under mixed_bfloat16, which
+casts them to it for every use anyway). So an 8B base is 1 byte a block weight plus 2 an
+embedding weight on the device from the start.
 """
+
+import contextlib
+import re
 
 import keras
 
 from zoo._compat import deleting_variables_without_full_collections
 from zoo.config.choices import QUANTIZATIONS
+from zoo.layers import INT4_BLOCK, fill_quantized, weight_only_config  # noqa: F401 (this module's names for them too)
 from zoo.training.lora._layers import layer_prefix, lora_target_layers
 
-INT4_BLOCK = 128  # input rows per int4 scale (Keras' default block size)
+# The layers quantized_policy builds quantized, by path: the attention's and the dense
+# MLP's projections (a MoE block's shared expert's too), the zoo's own Dense / EinsumDense
+# subclasses, whose quantized build stores the weights alone (weight_only_config).
+QUANTIZED_BUILD_PATHS = r"(.*/)?(attention/(query|key|value|output)|mlp/(shared_expert/)?(gate|up|down))"
+# The frozen float layers quantized_policy stores in the compute dtype (a tied head is the embedding).
+COMPUTE_DTYPE_PATHS = r"(.*/)?(token_embedding|lm_head)"
 
 
-def weight_only_config(mode):
-    """Keras' quantization config of ``mode`` for weights alone (activations unquantized)."""
-    if mode == "int8":
-        return keras.quantizers.Int8QuantizationConfig(activation_quantizer=None)
-    return keras.quantizers.Int4QuantizationConfig(activation_quantizer=None, block_size=INT4_BLOCK)
+def quantized_policy(precision, mode):
+    """The ``DTypePolicyMap`` a QLoRA base is built under: ``precision`` (a Keras policy
+    name, ``"mixed_bfloat16"``) everywhere but ``QUANTIZED_BUILD_PATHS`` (``mode``:
+    ``"int8_from_<precision>"``) and ``COMPUTE_DTYPE_PATHS`` (the compute dtype)."""
+    if mode not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {mode!r}")
+    base = keras.dtype_policies.get(precision)
+    policies = keras.dtype_policies.DTypePolicyMap(default_policy=base)
+    policies[QUANTIZED_BUILD_PATHS] = keras.dtype_policies.get(f"{mode}_from_{base.name}")
+    policies[COMPUTE_DTYPE_PATHS] = keras.dtype_policies.get(base.compute_dtype)
+    return policies
+
+
+@contextlib.contextmanager
+def building_quantized(mode):
+    """While active, models built (a preset or Hugging Face folder loaded by
+    ``load_causal_lm``: its kernels quantized as read) are built under
+    ``quantized_policy`` of the current global policy and ``mode``."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(quantized_policy(previous.name, mode))
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def quantized_build_paths(model):
+    """The paths of ``model``'s layers ``QUANTIZED_BUILD_PATHS`` names (built quantized)."""
+    pattern = re.compile(QUANTIZED_BUILD_PATHS)
+    return [layer_prefix(layer) for layer in lora_target_layers(model) if pattern.fullmatch(layer_prefix(layer))]
 
 
 def quantize_frozen(model, mode, *, exclude=()):
@@ -44,7 +86,15 @@ def quantize_frozen(model, mode, *, exclude=()):
     adapted = [layer_prefix(layer) for layer in layers if layer.lora_enabled]
     if adapted:
         raise ValueError(f"LoRA is already enabled on {adapted}: quantize the base first, then enable LoRA")
+    other = [
+        f"{layer_prefix(layer)} ({layer.quantization_mode})"
+        for layer in layers
+        if layer.quantization_mode not in (None, mode)
+    ]
+    if other:
+        raise ValueError(f"quantize={mode!r}, but these layers are built quantized otherwise: {', '.join(other)}")
     with deleting_variables_without_full_collections():  # one gc.collect a layer otherwise (zoo._compat)
         for layer in layers:
-            layer.quantize(mode, config=weight_only_config(mode))
+            if layer.quantization_mode is None:  # those built quantized (quantized_policy) are already
+                layer.quantize(mode, config=weight_only_config(mode))
     return layers

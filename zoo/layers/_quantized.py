@@ -1,0 +1,72 @@
+"""Quantized weights of the zoo's Dense / EinsumDense layers: Keras' own formats.
+
+The zoo's projection layers (``AttentionProjection``, ``ColumnParallelDense``,
+``RowParallelDense``) built under a quantized dtype policy create their int8 / int4 kernel
+and scales as such (Keras' quantized build, zeros), for the weights alone
+(``weight_only_config``: the activations stay in the compute dtype, as QLoRA's base
+does; Keras' own default for int8 quantizes each input too). ``fill_quantized`` then
+gives such a layer the quantized form of a float kernel: a checkpoint's tensor, or a
+fresh one from the layer's initializer. ``layer.quantize(mode, config=...)`` quantizes
+a built float layer instead (``zoo.training.lora.quantized.quantize_frozen``).
+"""
+
+import keras
+
+from zoo._compat import deleting_variables_without_full_collections
+from zoo.config.choices import LORA_WEIGHTS, QUANTIZATIONS
+
+INT4_BLOCK = 128  # input rows per int4 scale (Keras' default block size)
+
+
+def weight_only_config(mode):
+    """Keras' quantization config of ``mode`` (``"int8"``, ``"int4"``) for the weights alone:
+    the activations stay in the compute dtype (QLoRA's base); None for any other mode."""
+    if mode == "int8":
+        return keras.quantizers.Int8QuantizationConfig(activation_quantizer=None)
+    if mode == "int4":
+        return keras.quantizers.Int4QuantizationConfig(activation_quantizer=None, block_size=INT4_BLOCK)
+    return None
+
+
+def fill_quantized(layer, kernel=None):
+    """Give ``layer``, built quantized (int8 or int4), the quantized form of a float kernel:
+    ``kernel`` (an array of the float kernel's shape: a checkpoint's tensor), or without it
+    a fresh one from the layer's own initializer. Keras quantizes it, through a float twin
+    of the layer (its config and build config, public Keras) quantized as ``layer.quantize``
+    would have; the twin's kernel, scales and zero points are then assigned to the layer's
+    (its bias and LoRA factors keep their values). One kernel in float at a time."""
+    mode = layer.quantization_mode
+    if mode not in QUANTIZATIONS:
+        raise ValueError(f"{layer.path!r} is not built quantized (quantization mode {mode!r}; int8 or int4 expected)")
+    twin = type(layer).from_config({**layer.get_config(), "dtype": _float_policy(layer)})
+    twin.build_from_config(layer.get_build_config())
+    if kernel is not None:
+        if tuple(kernel.shape) != tuple(twin.kernel.shape):
+            raise ValueError(
+                f"{layer.path!r}: a float kernel of shape {tuple(kernel.shape)} given for a kernel of shape "
+                f"{tuple(twin.kernel.shape)}"
+            )
+        twin.kernel.assign(kernel)
+    with deleting_variables_without_full_collections():  # the twin's float kernel goes: no gc.collect
+        twin.quantize(mode, config=weight_only_config(mode))
+    quantized = {_weight_name(v): v for v in twin.weights if _weight_name(v) not in ("bias", *LORA_WEIGHTS)}
+    for variable in layer.weights:
+        if _weight_name(variable) in quantized:
+            variable.assign(quantized[_weight_name(variable)])
+
+
+def is_built_quantized(layer):
+    """Whether ``layer`` holds an int8 or int4 kernel (built quantized or quantized since)."""
+    return getattr(layer, "quantization_mode", None) in QUANTIZATIONS
+
+
+def _float_policy(layer):
+    """The float policy a quantized one was derived from: ``int8_from_mixed_bfloat16`` -> ``mixed_bfloat16``."""
+    policy = layer.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+        policy = policy[layer.path]
+    return policy.name.split("_from_")[-1]
+
+
+def _weight_name(variable):
+    return variable.path.rsplit("/", 1)[-1]
