@@ -36,7 +36,8 @@ QLORA = "tests/training/lora/test_qlora.py"
 MATRIX = {
     # QLoRA: tier 1 keeps fsdp over int8 (a sharded quantized kernel), int4 in fit through zoo finetune, and
     # both modes against their bound layer by layer
-    f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[data-int4]": "[fsdp-int8]",
+    f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[data-int4]": "[fsdp-int4]",
+    f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[fsdp-int8]": "[fsdp-int4]",
     f"{QLORA}::test_int8_logits_stay_within_ten_percent_of_the_float_models": "test_a_quantized_layer_stays_within_its_bound",
     # the seam's inner kernel under a context kernel: tier 1 keeps Ulysses (the same local_attention call)
     "tests/kernels/test_attention_seam.py::test_the_context_kernels_run_the_selected_kernel_as_their_local_step"

@@ -9,6 +9,8 @@ and divisibility, naming the numbers) and remembers which rules matched, so
 
 import keras
 
+INT4_PARTS = ("kernel", "kernel_scale", "kernel_zero")  # Keras' int4 kernel, flattened to 2-D, and its blocks' scales
+
 
 class LayoutError(ValueError):
     """A layout rule that matches nothing, or a layout that does not fit its variable."""
@@ -112,8 +114,34 @@ class CheckedModelParallel(keras.distribution.ModelParallel):
         rule = rule_for_path(self._layout_map, variable.path)
         if rule is not None:
             self.matched_rules.add(rule)
+        packed = self._packed_int4_layout(variable)
+        if packed is not None:
+            return packed
         check_variable_layout(variable.path, variable.shape, layout, self.device_mesh, rule)
         return layout
+
+    def _packed_int4_layout(self, variable):
+        """The layout of a part of Keras' int4 kernel, or None for any other variable.
+
+        Keras stores an int4 kernel flattened to 2-D, (input rows, output columns packed two
+        to a byte), with its scales and zero points (row blocks, output columns), where the
+        layout rule was written for the float kernel (e.g. FSDP's (C, H, D) ->
+        ``("data", None, None)``). Each part is split on its row dimension over the axes the
+        rule splits the kernel over, when they divide it, else replicated: the input rows
+        carry FSDP's split, and no part is whole on every device."""
+        base, _, name = variable.path.rpartition("/")
+        if name not in INT4_PARTS or len(variable.shape) != 2:
+            return None
+        rule = rule_for_path(self._layout_map, f"{base}/kernel")
+        if rule is None or len(self._layout_map[rule].axes) == 2:
+            return None  # no rule, or a 2-D kernel's: the float kernel's layout fits as it is
+        self.matched_rules.add(rule)
+        axes = tuple(name for axis in self._layout_map[rule].axes for name in _axis_names(axis))
+        sizes = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
+        split = axes if axes and variable.shape[0] % _split_count(axes, sizes) == 0 else None
+        return keras.distribution.TensorLayout(
+            [split[0] if split and len(split) == 1 else split, None], self.device_mesh
+        )
 
     @property
     def layout_map(self):

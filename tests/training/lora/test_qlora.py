@@ -150,7 +150,7 @@ def _qlora(layout, data, quantize):
     return result, losses.losses, before, after
 
 
-@pytest.mark.parametrize("layout, quantize", [("fsdp", "int8"), ("data", "int4")])
+@pytest.mark.parametrize("layout, quantize", [("fsdp", "int4"), ("fsdp", "int8"), ("data", "int4")])
 def test_qlora_under_a_layout_trains_like_one_device(layout, quantize, data):
     keras.distribution.set_distribution(None)
     reference = _qlora(None, data, quantize)

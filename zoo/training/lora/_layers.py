@@ -118,8 +118,19 @@ def factor_axes(kernel, distribution=None):
         spec = getattr(layout, "axes", None) or getattr(layout, "spec", None)
     else:
         spec = getattr(getattr(kernel.value, "sharding", None), "spec", None)
-    axes = tuple(spec) if spec is not None else ()
-    axes = axes + (None,) * (len(kernel.shape) - len(axes))  # (d_0, ..., d_last)
+    return _factors_laid_out_like(tuple(spec) if spec is not None else (), len(kernel.shape))
+
+
+def _int4_factor_axes(layer, layout_map):
+    """An EinsumDense's int4 kernel is stored flattened to 2-D and packed (``zoo.distribution.layouts``):
+    its factors take the layout the map's rule gives the float kernel it stands for."""
+    layout = layout_map[kernel_path(layer)]
+    return _factors_laid_out_like(tuple(layout.axes) if layout is not None else (), len(layer.original_kernel_shape))
+
+
+def _factors_laid_out_like(axes, rank):
+    """The factors' axes for a kernel of ``rank`` laid out as ``axes`` (missing: None)."""
+    axes = axes + (None,) * (rank - len(axes))  # (d_0, ..., d_last)
     return {"lora_kernel_a": axes[:-1] + (None,), "lora_kernel_b": (None, axes[-1])}
 
 
@@ -134,7 +145,10 @@ def _factor_layouts(layer):
         return
     prefix = layer_prefix(layer)
     added, keys = [], set(iter(layout_map))  # not ``key in layout_map``: its regex lookup says True for any match
-    factors = factor_axes(kernel_variable(layer), distribution)
+    if layer.quantization_mode == "int4" and hasattr(layer, "original_kernel_shape"):  # EinsumDense's: flattened
+        factors = _int4_factor_axes(layer, layout_map)
+    else:
+        factors = factor_axes(kernel_variable(layer), distribution)
     try:
         for name, axes in factors.items():
             key = f"{prefix}/{name}"
