@@ -317,6 +317,8 @@ def test_refused_options(data, tmp_path):
         finetune(FinetuneSettings(packing=True))
     with pytest.raises(ValueError, match="^--remat full: for causal LMs; preset 'small_cnn_shapes' is a classifier"):
         finetune(FinetuneSettings(remat="full"))
+    with pytest.raises(ValueError, match="^--precision mixed_bfloat16: for causal LMs; preset 'small_cnn_shapes'"):
+        finetune(FinetuneSettings(precision="mixed_bfloat16"))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="--output .*full': exists and is not empty"):

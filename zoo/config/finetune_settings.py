@@ -107,6 +107,13 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
     )
     loss_chunk_size: int | None = fields.loss_chunk_size("causal LMs: ")
     remat: str = fields.remat("causal LMs: ")
+    precision: str = setting(
+        "float32",
+        "causal LMs: the Keras dtype policy the model is built under: float32, or mixed_bfloat16 (bf16 compute, "
+        "float32 weights and optimizer; method qlora: the frozen embedding and LM head stored in bf16)",
+        section="train",
+        choices=choices.PRECISIONS,
+    )
     packing: bool = setting(
         False,
         "causal LMs: several examples per row of T tokens (best-fit decreasing), attention and the loss within each "

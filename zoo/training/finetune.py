@@ -246,6 +246,8 @@ def _check_classifier_options(settings):
         given.append("--packing")
     if settings.remat != AUTO:
         given.append(f"--remat {settings.remat}")
+    if settings.precision != "float32":
+        given.append(f"--precision {settings.precision}")
     if given:
         raise ValueError(
             f"{', '.join(given)}: for causal LMs; preset {settings.preset!r} is a classifier, fine-tuned on --dataset"

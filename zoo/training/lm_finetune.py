@@ -65,11 +65,11 @@ from zoo.tokenizers import Tokenizer
 from zoo.training import optimizers
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.callbacks import SynchronousSteps
-from zoo.training.job_setup import job_distribution, new_run_folder, report_setup, run_dir_of
+from zoo.training.job_setup import dtype_policy_scope, job_distribution, new_run_folder, report_setup, run_dir_of
 from zoo.training.lm_data import data_source, lm_data, load_lm_file, use_chat_template  # noqa: F401 (load_lm_file: moved)
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
-from zoo.training.lora.quantized import building_quantized, quantize_frozen
+from zoo.training.lora.quantized import quantize_frozen, quantized_policy
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
 from zoo.training.remat_choice import resolve_remat
 from zoo.training.saving import load_causal_lm
@@ -411,12 +411,17 @@ def finetune_lm(settings, report=print):
     return result
 
 
+def base_policy(settings):
+    """The dtype policy a causal LM's fine-tune builds it under: ``settings.precision``;
+    ``--method qlora``: its ``quantized_policy`` (the base built quantized, each kernel
+    quantized as it is read: never the whole model in float)."""
+    if settings.method == "qlora":
+        return quantized_policy(settings.precision, settings.quantize or "int8")
+    return settings.precision
+
+
 def _load_base(preset, settings):
-    """The model to fine-tune; ``--method qlora``: its base built quantized, each kernel
-    quantized as it is read (``building_quantized``): never the whole model in float."""
-    if settings.method != "qlora":
-        return load_causal_lm(preset, settings.layout)
-    with building_quantized(settings.quantize or "int8"):
+    with dtype_policy_scope(base_policy(settings)):
         return load_causal_lm(preset, settings.layout)
 
 

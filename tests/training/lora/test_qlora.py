@@ -234,11 +234,14 @@ def test_zoo_finetune_qlora_writes_the_adapter_and_zoo_export_merges_it_onto_the
     argv = (
         f"finetune {FIXTURE} --method qlora --quantize int4 --data-file {files['train']} --validation-file "
         f"{files['held_out']} --layout single --sequence-length {LENGTH} --batch-size {BATCH} --epochs 1 "
-        f"--lora-rank {RANK} --optimizer sgd --learning-rate {LEARNING_RATE} --adapter-format peft --output {output}"
+        f"--lora-rank {RANK} --optimizer sgd --learning-rate {LEARNING_RATE} --adapter-format peft --output {output} "
+        "--precision mixed_bfloat16"
     ).split()
     lines = []
     result = finetune(schema.from_args(FinetuneSettings, build_parser().parse_args(argv)), report=lines.append)
     assert result["heldout_loss"] < result["heldout_loss_before"], lines  # 3 steps over an int4 base
+    embedding = result["model"].backbone.token_embedding.embeddings  # frozen: stored in the compute dtype
+    assert embedding.dtype == "bfloat16" and keras.config.dtype_policy().name == "float32"  # the policy restored
     assert {p.name for p in (output / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
     assert not (output / "model.safetensors").exists()  # no model from the quantized base
     assert any(f"zoo export {FIXTURE} MERGED --lora {output / 'adapter'}" in line for line in lines), lines

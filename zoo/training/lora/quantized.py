@@ -27,7 +27,6 @@ casts them to it for every use anyway). So an 8B base is 1 byte a block weight p
 embedding weight on the device from the start.
 """
 
-import contextlib
 import re
 
 import keras
@@ -35,6 +34,7 @@ import keras
 from zoo._compat import deleting_variables_without_full_collections
 from zoo.config.choices import QUANTIZATIONS
 from zoo.layers import INT4_BLOCK, fill_quantized, weight_only_config  # noqa: F401 (this module's names for them too)
+from zoo.training.job_setup import dtype_policy_scope
 from zoo.training.lora._layers import layer_prefix, lora_target_layers
 
 # The layers quantized_policy builds quantized, by path: the attention's and the dense
@@ -58,17 +58,11 @@ def quantized_policy(precision, mode):
     return policies
 
 
-@contextlib.contextmanager
 def building_quantized(mode):
-    """While active, models built (a preset or Hugging Face folder loaded by
-    ``load_causal_lm``: its kernels quantized as read) are built under
-    ``quantized_policy`` of the current global policy and ``mode``."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(quantized_policy(previous.name, mode))
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
+    """A block in which models built (a preset or Hugging Face folder loaded by
+    ``load_causal_lm``: its kernels quantized as read) are built under ``quantized_policy``
+    of the current global policy and ``mode``."""
+    return dtype_policy_scope(quantized_policy(keras.config.dtype_policy().name, mode))
 
 
 def quantized_build_paths(model):

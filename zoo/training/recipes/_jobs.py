@@ -305,11 +305,16 @@ class _CausalLM:
     @staticmethod
     def build(settings):
         from zoo.models import GPTBackbone, GPTCausalLM
-        from zoo.training.lm_finetune import causal_lm_config, local_preset, prepare_causal_lm
+        from zoo.training.job_setup import dtype_policy_scope
+        from zoo.training.lm_finetune import base_policy, causal_lm_config, local_preset, prepare_causal_lm
 
         config = causal_lm_config(local_preset(settings.preset), settings.layout)
-        model = GPTCausalLM(backbone=GPTBackbone(**config))
-        prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha)
+        with dtype_policy_scope(base_policy(settings)):  # as finetune_lm loads it
+            model = GPTCausalLM(backbone=GPTBackbone(**config))
+        quantize = settings.quantize or "int8" if settings.method == "qlora" else None
+        prepare_causal_lm(
+            model, settings.method, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha, quantize=quantize
+        )
         return model
 
     @staticmethod
