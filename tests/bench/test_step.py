@@ -8,39 +8,57 @@ import json
 
 import jax
 import keras
+import numpy as np
 import pytest
 
 from tests.bench._cli import parse_bench_args
 from zoo.bench import _device_profile as profile
-from zoo.bench.step import flops_per_step, format_report, run_benchmark
+from zoo.bench.step import WEIGHT_STD, flops_per_step, format_report, random_quantized_weights, run_benchmark
 from zoo.cli.bench import settings_from_args
+from zoo.layers import ColumnParallelDense
 from zoo.measure import mfu
 from zoo.models import GPTCausalLM
-from zoo.models.gpt.gpt_configs import at_depth, config_by_name
+from zoo.models.gpt.gpt_configs import at_depth, config_by_name, count_parameters
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_the_random_quantized_base_has_weights_of_the_stated_spread(mode):
+    """``random_quantized_weights``: a layer built quantized gets weights (as its own
+    quantized call dequantizes them) uniform with standard deviation 0.02."""
+    layer = ColumnParallelDense(96, dtype=f"{mode}_from_float32")
+    layer.build((None, 256))
+    random_quantized_weights([layer], seed=0)
+    weights = np.asarray(layer(np.eye(256, dtype="float32")))  # (256, 96): x = I gives the kernel
+    step = WEIGHT_STD * 3**0.5 / (127 if mode == "int8" else 8)  # one quantization level
+    assert weights.std() == pytest.approx(WEIGHT_STD, rel=0.05)
+    assert abs(weights.mean()) < 0.6 * step + 0.001  # int4's levels -8..7 sit half a level low
+    assert np.abs(weights).max() <= WEIGHT_STD * 3**0.5 * 1.01  # uniform on [-a, a]
 
 
 def test_the_row_measures_the_jobs_step(tmp_path):
-    """A LoRA step under remat and the loss in chunks: the row against the model and the
-    formula; the train step's FLOPs are the training formula (its row is the same code)."""
+    """A QLoRA step (int4 base) under remat and the loss in chunks: the row against the model
+    and the formula (LoRA's); the train step's FLOPs are the training formula (its row is
+    the same code)."""
     output = tmp_path / "step.md"
     args = ["--config-name", "gpt_tiny", "--sequence-length", "32", "--batch-size", "8", "--steps", "1"]
-    args += ["--repeats", "2", "--method", "lora", "--lora-rank", "2", "--remat", "full", "--loss-chunk-size", "16"]
+    args += ["--repeats", "2", "--method", "qlora", "--quantize", "int4", "--lora-rank", "2", "--remat", "full"]
+    args += ["--loss-chunk-size", "16"]
     settings = settings_from_args("step", parse_bench_args("step", args + ["--output", str(output)]))
     (row,) = run_benchmark(settings, report=lambda line: None)
 
     config = config_by_name("gpt_tiny")
     assert row["flops_per_step"] == mfu.gpt_lora_flops_per_token(config, 32) * 8 * 32
-    train = dataclasses.replace(settings, method="train")
+    train = dataclasses.replace(settings, method="train", quantize=None)
     assert (
         flops_per_step(train, GPTCausalLM.from_config_name("gpt_tiny")) == mfu.gpt_flops_per_token(config, 32) * 8 * 32
     )
     assert len(row["steps_s"]) == 2 and row["step_s"] == pytest.approx(sum(row["steps_s"]) / 2)  # the median
     assert row["tokens_per_s"] == pytest.approx(8 * 32 / row["step_s"])
     assert row["mfu"] is None  # CPU: no peak to divide by
-    assert row["parameters"] > 34_976  # gpt_tiny's weights and the LoRA factors beside them
+    assert row["parameters"] > count_parameters(config)  # gpt_tiny's float count and the LoRA factors beside it
     assert 0 < row["compiled_bytes"] < 64 * 2**20  # the compiled step's footprint per device, a tiny model's
     table = output.read_text()
-    assert f"| zoo | {row['parameters']:,} |" in table and "method lora (rank 2)" in table
+    assert f"| zoo | {row['parameters']:,} |" in table and "method qlora (rank 2), base int4" in table
     assert keras.distribution.distribution() is not None  # the job's data layout over the 8 devices
     keras.distribution.set_distribution(None)
     assert "moments" not in table and "second moment" not in table  # the defaults go unsaid

@@ -340,7 +340,11 @@ CASES = [
         "argument --sections: unknown section(s) ['speed']; choose from bubble,memory",
     ),
     (["bench", "plan", "--top", "0"], USAGE, "argument --top: expected an integer >= 1, got '0'"),
-    (["bench", "step", "--method", "qlora"], USAGE, "argument --method: invalid choice: 'qlora'"),
+    (
+        ["bench", "step", "--quantize", "int8"],
+        USAGE,
+        "quantize (--quantize) = 'int8' is a setting of method qlora, not of method 'train'",
+    ),
     (
         ["bench", "moe", "--sections", "speed"],
         USAGE,

@@ -96,7 +96,7 @@ def build_zoo(settings, report=print):
 
     from zoo import distribution as zd
     from zoo._compat import sublayers
-    from zoo.layers import fill_quantized, is_built_quantized
+    from zoo.layers import is_built_quantized
     from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
     from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
     from zoo.training.lora.quantized import quantized_policy
@@ -111,9 +111,7 @@ def build_zoo(settings, report=print):
         policy = quantized_policy(settings.precision, settings.quantize or "int8")
     model = zd.build_distributed(lambda: build_for_training(job, policy), distribution)  # stays set: fit reads it
     if policy is not None:
-        for layer in sublayers(model):
-            if is_built_quantized(layer):
-                fill_quantized(layer)
+        random_quantized_weights([layer for layer in sublayers(model) if is_built_quantized(layer)], settings.seed)
     if settings.method == "train":
         compile_gpt(
             model,
@@ -130,15 +128,39 @@ def build_zoo(settings, report=print):
     return model, apply_remat(model, settings.remat, batch, batch, report=report)
 
 
+WEIGHT_STD = 0.02  # the random base's weights: uniform with this standard deviation
+
+
+def random_quantized_weights(layers, seed):
+    """Random values for the int8 / int4 kernels of ``layers`` (built quantized, zeros),
+    drawn on the device: the step's time does not depend on them, and quantizing 8B float
+    weights through Keras' host-side quantizer (``fill_quantized``) takes minutes. int8:
+    q uniform in [-127, 127], w = q / scale; int4: two nibbles a byte, each uniform in
+    [-8, 7], zero point 0, w = q * scale; scales so that w has std ``WEIGHT_STD``."""
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.key(seed)
+    for layer in layers:
+        weights = {variable.path.rsplit("/", 1)[-1]: variable for variable in layer.weights}
+        key, draw = jax.random.split(key)
+        kernel = weights["kernel"]
+        kernel.assign(
+            jax.random.randint(draw, kernel.shape, -128 if layer.quantization_mode == "int4" else -127, 128, jnp.int8)
+        )
+        half_range = WEIGHT_STD * 3**0.5  # uniform on [-a, a] has std a / sqrt(3)
+        scale = 127 / half_range if layer.quantization_mode == "int8" else half_range / 8
+        weights["kernel_scale"].assign(jnp.full(weights["kernel_scale"].shape, scale, weights["kernel_scale"].dtype))
+        if "kernel_zero" in weights:
+            weights["kernel_zero"].assign(jnp.zeros(weights["kernel_zero"].shape, weights["kernel_zero"].dtype))
+
+
 def _parameters(model, settings):
     """The model's parameters; a QLoRA base's as the float model counts them (Keras counts
     an int8 or packed int4 array's elements, and its scales)."""
-    if settings.method != "qlora":
-        return model.count_params()
-    from zoo.models.gpt.gpt_configs import count_parameters
-    from zoo.training.lora import lora_layers, lora_parameter_count
+    from zoo.layers import float_parameter_count
 
-    return count_parameters(model.backbone.get_config()) + lora_parameter_count(lora_layers(model))
+    return float_parameter_count(model)
 
 
 def flops_per_step(settings, model):

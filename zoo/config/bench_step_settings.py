@@ -40,7 +40,7 @@ class StepBenchSettings:
     )
     quantize: str | None = setting(
         None,
-        "method qlora: the base's kernels built in int8 or int4 (random, quantized as zoo finetune's are), the "
+        "method qlora: the base's kernels built in int8 or int4 (random values drawn on the device, std 0.02), the "
         "embedding and LM head in the compute dtype; default int8",
         section="bench",
         choices=choices.QUANTIZATIONS,

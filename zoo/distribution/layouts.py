@@ -128,13 +128,14 @@ class CheckedModelParallel(keras.distribution.ModelParallel):
         layout rule was written for the float kernel (e.g. FSDP's (C, H, D) ->
         ``("data", None, None)``). Each part is split on its row dimension over the axes the
         rule splits the kernel over, when they divide it, else replicated: the input rows
-        carry FSDP's split, and no part is whole on every device."""
+        carry FSDP's split, and no part is whole on every device (a Dense's packed kernel
+        keeps its float kernel's 2-D layout; its scales and zero points are split so too)."""
         base, _, name = variable.path.rpartition("/")
         if name not in INT4_PARTS or len(variable.shape) != 2:
             return None
         rule = rule_for_path(self._layout_map, f"{base}/kernel")
-        if rule is None or len(self._layout_map[rule].axes) == 2:
-            return None  # no rule, or a 2-D kernel's: the float kernel's layout fits as it is
+        if rule is None or (name == "kernel" and len(self._layout_map[rule].axes) == 2):
+            return None  # no rule, or a Dense's packed kernel: the float kernel's 2-D layout fits it as it is
         self.matched_rules.add(rule)
         axes = tuple(name for axis in self._layout_map[rule].axes for name in _axis_names(axis))
         sizes = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))

@@ -10,7 +10,13 @@ fill (``fill_quantized``, ``is_built_quantized``), for QLoRA and the checkpoint 
 """
 
 from zoo.layers._parallel_plan import run_on_mesh
-from zoo.layers._quantized import INT4_BLOCK, fill_quantized, is_built_quantized, weight_only_config
+from zoo.layers._quantized import (
+    INT4_BLOCK,
+    fill_quantized,
+    float_parameter_count,
+    is_built_quantized,
+    weight_only_config,
+)
 from zoo.layers._sequence_parallel import describe_attention, plain_attention, sharded_attention
 from zoo.layers._tensor_parallel import factored_lora_call, kernel_variable
 from zoo.layers.class_token import ClassToken
@@ -45,6 +51,7 @@ __all__ = [
     "describe_attention",
     "factored_lora_call",
     "fill_quantized",
+    "float_parameter_count",
     "is_built_quantized",
     "kernel_variable",
     "plain_attention",

@@ -10,12 +10,15 @@ fresh one from the layer's initializer. ``layer.quantize(mode, config=...)`` qua
 a built float layer instead (``zoo.training.lora.quantized.quantize_frozen``).
 """
 
+import math
+
 import keras
 
-from zoo._compat import deleting_variables_without_full_collections
+from zoo._compat import deleting_variables_without_full_collections, sublayers
 from zoo.config.choices import LORA_WEIGHTS, QUANTIZATIONS
 
 INT4_BLOCK = 128  # input rows per int4 scale (Keras' default block size)
+QUANTIZATION_WEIGHTS = ("kernel_scale", "kernel_zero", "g_idx")  # what Keras stores beside a quantized kernel
 
 
 def weight_only_config(mode):
@@ -70,3 +73,28 @@ def _float_policy(layer):
 
 def _weight_name(variable):
     return variable.path.rsplit("/", 1)[-1]
+
+
+def float_parameter_count(model):
+    """``model.count_params()`` as the float model counts it: a quantized kernel as the float
+    kernel it stands for (Keras' int4 kernel holds two weights a byte), its scales, zero
+    points and indices not at all."""
+    quantized = {layer.path: layer for layer in sublayers(model) if is_built_quantized(layer)}
+    total = 0
+    for variable in model.weights:
+        owner, _, name = variable.path.rpartition("/")
+        layer = quantized.get(owner)
+        if layer is not None and name in QUANTIZATION_WEIGHTS:
+            continue
+        total += math.prod(
+            _float_kernel_shape(layer, variable) if layer is not None and name == "kernel" else variable.shape
+        )
+    return total
+
+
+def _float_kernel_shape(layer, kernel):
+    if layer.quantization_mode != "int4":
+        return kernel.shape
+    if hasattr(layer, "original_kernel_shape"):  # EinsumDense: flattened to (input rows, packed columns)
+        return layer.original_kernel_shape
+    return (kernel.shape[0], layer.units)  # Dense: (input, units packed two to a byte)

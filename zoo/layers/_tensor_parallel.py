@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import keras
 from jax.sharding import PartitionSpec as P
 
-from zoo._compat import add_weight_with_layout
+from zoo._compat import add_weight_with_layout, record_int4_input_dim
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.config.renamed import TENSOR_PARALLEL_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
@@ -141,6 +141,8 @@ def quantized_build_unless_split(layer, kind, kernel_shape, mode, config=None):
     quantizes its weights alone (``weight_only_config``)."""
     _refuse_if_split(layer)
     kind.quantized_build(layer, kernel_shape, mode, config or weight_only_config(mode))
+    if mode == "int4" and kind is keras.layers.Dense:  # else enable_lora unpacks the kernel for its shape
+        record_int4_input_dim(layer, kernel_shape[0])
 
 
 def resolve_axes(axes, plan):

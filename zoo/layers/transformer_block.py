@@ -3,11 +3,13 @@
 import jax
 import keras
 
+from zoo._compat import sublayers
 from zoo.config.choices import ATTENTION_OUT, ATTENTION_QKV, MLPS, NORMS, REMATS
 from zoo.config.renamed import ATTENTION_KEYS, renamed_keys
 from zoo.distribution.axes import MODEL
 from zoo.layers._activations import gelu_tanh
 from zoo.layers._parallel_plan import resolve_plan
+from zoo.layers._quantized import is_built_quantized
 from zoo.layers._tensor_parallel import activation_spec, tensor_parallel_plan
 from zoo.layers.moe_feed_forward import MoEFeedForward
 from zoo.layers.multi_head_attention import MultiHeadAttention
@@ -318,13 +320,17 @@ class TransformerBlock(keras.layers.Layer):
                 raise ValueError(f"TransformerBlock {self.name!r}: segment_ids are not supported with cache")
             return self._call_with_cache(x, cache, cache_index, start_positions, training)
         seeds = self._dropout_seeds(training)  # u32[2] each, or None: drawn here, outside any jax.checkpoint
-        forward = self._forward_after_input if training and _sequence_is_split() else self.forward_with_aux
+        after_input = training and (_sequence_is_split() or self._holds_quantized_weights())
+        forward = self._forward_after_input if after_input else self.forward_with_aux
         if training and self.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[self.remat])
         y, aux = forward(x, key_mask, seeds, segment_ids)  # (B, T, C), the MoE's losses and statistics (None: dense)
         if training and aux is not None:  # outside jax.checkpoint: adds losses, assigns the statistics
             self.mlp.record(aux)
         return y
+
+    def _holds_quantized_weights(self):
+        return any(is_built_quantized(layer) for layer in sublayers(self))
 
     def _forward_after_input(self, x, key_mask, seeds, segment_ids):
         """``forward_with_aux`` on the block's weights passed through one
@@ -337,11 +343,15 @@ class TransformerBlock(keras.layers.Layer):
         read (a float weight in the compute dtype under a mixed policy, as their
         autocast gives it); the numbers are the same.
 
-        Training calls take it only when the sequence is split (the context layouts:
-        long sequences, where memory binds and a block's compute dwarfs its weights'
-        all-gathers). Elsewhere it would also stop XLA from gathering the next block's
-        weights during this block's compute (FSDP's prefetch, which a GPU's or TPU's
-        latency-hiding scheduler does within its memory limit), so it is not taken."""
+        Training calls take it when the sequence is split (the context layouts: long
+        sequences, where memory binds and a block's compute dwarfs its weights'
+        all-gathers), and when the block holds int8 / int4 kernels (QLoRA's base: each
+        kernel's dequantized form is 2-8x what is stored, and XLA:CPU held every block's,
+        gathered, through the step: a Llama-3-70B-shaped int4 step under fsdp on 8
+        devices planned 328 GiB of temporaries a device). Elsewhere it would also stop
+        XLA from gathering the next block's weights during this block's compute (FSDP's
+        prefetch, which a GPU's or TPU's latency-hiding scheduler does within its memory
+        limit), so it is not taken."""
         weights = self.weights
         _, values = jax.lax.optimization_barrier((x, [weight.value for weight in weights]))  # x itself goes on as is
         with keras.StatelessScope(state_mapping=list(zip(weights, values))):

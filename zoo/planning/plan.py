@@ -300,6 +300,8 @@ def plan_in_process(request, *, compiler_options=None):
                 f"with remat={remat!r} extrapolating per block under-counts the temporaries (16-34% measured): "
                 "--depth auto or full compiles the whole model"
             )
+    elif full_depth is None:  # a job that compiles only whole (a fine-tune's preset)
+        pass
     elif period is None and request.depth == "auto" and full_depth > FULL_DEPTH_UP_TO:
         notes.append(f"compiled whole: the per-layer pattern of {settings.config_name} repeats no period")
     elif whole_for_remat and request.depth == "auto" and full_depth > FULL_DEPTH_UP_TO * unit:

@@ -114,10 +114,14 @@ __all__ = [
 
 
 def is_hf_directory(directory):
-    """A folder with a Hugging Face ``config.json`` (it has ``model_type``) and safetensors
-    weights; ``CheckpointError`` when its ``config.json`` resolves outside the folder or is
+    """A folder with a Hugging Face ``config.json`` (it has ``model_type``): with safetensors
+    weights, or its config alone (a model's shape: built with ``load_weights=False``, sized
+    and compiled, e.g. by ``zoo recipe check``; loading its weights names the missing
+    files); ``CheckpointError`` when its ``config.json`` resolves outside the folder or is
     not JSON (a damaged Hugging Face folder, not "not a zoo preset")."""
-    if not os.path.isdir(directory) or not has_safetensors(directory):
+    if not os.path.isdir(directory):
+        return False
+    if not has_safetensors(directory) and not os.path.isfile(os.path.join(directory, CONFIG_FILE)):
         return False
     try:
         config = read_config(directory)

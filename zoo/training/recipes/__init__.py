@@ -198,6 +198,8 @@ def _plan(recipe, module, settings, devices):
         distribution = job.distribution(module, settings, mesh)
         batch, sequence = settings.batch_size, job.sequence_length(settings)
         data_shards, sequence_shards = plans.check_batch(distribution, axes, layout, batch, sequence, target.hosts)
+        from zoo.layers import float_parameter_count  # Keras: imported once a model is built
+
         model, slots, layout_axes = plans.build_abstract(job, module, settings, distribution)
         job.check_inputs(settings, model)
         weights, gradients, optimizer = plans.memory_per_device(model, slots, layout_axes, dict(axes or []))
@@ -212,7 +214,7 @@ def _plan(recipe, module, settings, devices):
         platform=target.platform,
         hosts=target.hosts,
         devices=devices,
-        parameters=model.count_params(),
+        parameters=float_parameter_count(model),  # a quantized kernel as its float one
         trainable_parameters=int(sum(math.prod(v.shape) for v in model.trainable_variables)),
         weight_bytes=weights,
         gradient_bytes=gradients,

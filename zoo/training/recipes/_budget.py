@@ -22,7 +22,7 @@ import numpy as np
 from zoo import distribution as zd
 from zoo.distribution.axes import MODEL, SEQ
 from zoo.distribution.mesh import resolve_mesh_shape
-from zoo.measure.compiled_step import abstract_build, layout_under, slot_reference
+from zoo.measure.compiled_step import abstract_build, layout_under, slot_references
 from zoo.units import GIB, format_bytes
 
 TIGHT_MEMORY_FRACTION = 0.75  # state above this share of device memory leaves little for activations
@@ -198,10 +198,11 @@ def memory_per_device(model, optimizer_variables, axes, mesh_sizes):
 
     weights = sum(per_device(v, axes[id(v)]) for v in model.variables)
     gradients = sum(per_device(v, axes[id(v)]) for v in model.trainable_variables)
-    optimizer = 0
-    for slot in optimizer_variables:
-        reference = slot_reference(slot, model.trainable_variables)
-        optimizer += per_device(slot, axes[id(reference)] if reference is not None else ())
+    references = slot_references(optimizer_variables, model.trainable_variables)
+    optimizer = sum(
+        per_device(slot, axes[id(reference)] if reference is not None else ())
+        for slot, reference in zip(optimizer_variables, references, strict=True)
+    )
     return weights, gradients, optimizer
 
 

@@ -8,6 +8,7 @@ name (``[train] batch_size`` -> ``batch_size``); a key another job has but this 
 settings lack is reported, never dropped (``UnsupportedKeyError``).
 """
 
+from zoo.config.choices import AUTO
 from zoo.config.schema import recipe_fields
 from zoo.training.recipes._schema import JOB_SETTINGS, SECTIONS, RecipeError
 
@@ -315,6 +316,8 @@ class _CausalLM:
         prepare_causal_lm(
             model, settings.method, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha, quantize=quantize
         )
+        if settings.remat != AUTO:  # as finetune_causal_lm sets it (auto: the planner compiles each policy)
+            model.backbone.set_remat(settings.remat)
         return model
 
     @staticmethod
