@@ -1,11 +1,9 @@
 """What every training job shares: settings -> distribution, the opening report lines,
 data splits and held-out accuracy (helpers used by every job live here, not in one job)."""
 
-import contextlib
 import os
 import time
 
-import keras
 import numpy as np
 
 from zoo import distribution as zd
@@ -33,18 +31,6 @@ def job_distribution(model_class, settings, mesh=None, *, model_config=None):
     return zd.distribution_for(
         model_class, settings.layout, settings.mesh if mesh is None else mesh, config=fitted, **context
     )
-
-
-@contextlib.contextmanager
-def dtype_policy_scope(policy):
-    """Keras' global dtype policy set to ``policy`` (a name, a policy or a ``DTypePolicyMap``)
-    while the block builds a model (its layers keep it), the previous one restored after."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def report_setup(distribution, report):

@@ -57,6 +57,7 @@ from zoo.data.text_files import (
 )
 from zoo.file_kinds import regular_file
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor, layout_overrides
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.models.gpt import check_finite_logits, hf_checkpoints
 from zoo.models.gpt.gpt_configs import backbone_config
 from zoo.presets import hf_hub, load_preset_config, load_preset_metadata, save_to_preset
@@ -65,7 +66,7 @@ from zoo.tokenizers import Tokenizer
 from zoo.training import optimizers
 from zoo.training._checkpointed_fit import checkpointed_fit
 from zoo.training.callbacks import SynchronousSteps
-from zoo.training.job_setup import dtype_policy_scope, job_distribution, new_run_folder, report_setup, run_dir_of
+from zoo.training.job_setup import job_distribution, new_run_folder, report_setup, run_dir_of
 from zoo.training.lm_data import data_source, lm_data, load_lm_file, use_chat_template  # noqa: F401 (load_lm_file: moved)
 from zoo.training.logs.report import StepReport
 from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter

@@ -25,6 +25,7 @@ from jax.experimental import io_callback
 
 from zoo._compat import forgetting_deferred_variables
 from zoo.distribution.distributions import global_distribution
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.models.gpt import _sampling
 
 # model -> {static settings: jitted program}; dropped with the model.
@@ -237,7 +238,7 @@ class LayerByLayer:
     def __init__(self, model):
         backbone = model.backbone
         config = {**backbone.get_config(), "schedule": None, "micro_batches": 1, "repeats": 1, "scan_layers": False}
-        with _dtype_policy(backbone.token_embedding.dtype_policy), global_distribution(None):
+        with dtype_policy_scope(backbone.token_embedding.dtype_policy), global_distribution(None):
             with forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
                 self.model = type(model)(backbone=type(backbone).from_config(config))
         own = {variable.path: index for index, variable in enumerate(model.variables)}
@@ -272,16 +273,6 @@ class LayerByLayer:
                 value = jnp.zeros(first, second)
             mapping.append((variable, value))
         return mapping
-
-
-@contextlib.contextmanager
-def _dtype_policy(policy):
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 # --- streaming: the host side ---------------------------------------------------------------

@@ -306,7 +306,7 @@ class _CausalLM:
     @staticmethod
     def build(settings):
         from zoo.models import GPTBackbone, GPTCausalLM
-        from zoo.training.job_setup import dtype_policy_scope
+        from zoo.models.dtype_policy import dtype_policy_scope
         from zoo.training.lm_finetune import base_policy, causal_lm_config, local_preset, prepare_causal_lm
 
         config = causal_lm_config(local_preset(settings.preset), settings.layout)
