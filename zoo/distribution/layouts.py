@@ -131,13 +131,13 @@ class CheckedModelParallel(keras.distribution.ModelParallel):
         carry FSDP's split, and no part is whole on every device (a Dense's packed kernel
         keeps its float kernel's 2-D layout; its scales and zero points are split so too)."""
         base, _, name = variable.path.rpartition("/")
-        if name not in INT4_PARTS or len(variable.shape) != 2:
-            return None
+        if name not in INT4_PARTS or len(variable.shape) != 2 or (name == "kernel" and variable.dtype != "int8"):
+            return None  # a float kernel of the wrong rank stays an error (check_variable_layout)
         rule = rule_for_path(self._layout_map, f"{base}/kernel")
         if rule is None or (name == "kernel" and len(self._layout_map[rule].axes) == 2):
             return None  # no rule, or a Dense's packed kernel: the float kernel's 2-D layout fits it as it is
         self.matched_rules.add(rule)
-        axes = tuple(name for axis in self._layout_map[rule].axes for name in _axis_names(axis))
+        axes = tuple(axis_name for axis in self._layout_map[rule].axes for axis_name in _axis_names(axis))
         sizes = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
         split = axes if axes and variable.shape[0] % _split_count(axes, sizes) == 0 else None
         return keras.distribution.TensorLayout(
