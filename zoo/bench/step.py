@@ -107,7 +107,7 @@ def build_zoo(settings, report=print):
     distribution = resolve_distribution(job)
     keras.utils.set_random_seed(settings.seed)
     policy = None
-    if settings.method == "qlora":  # the base built quantized, each kernel from its initializer, quantized
+    if settings.method == "qlora":  # the base built quantized, its values random (random_quantized_weights)
         policy = quantized_policy(settings.precision, settings.quantize or "int8")
     model = zd.build_distributed(lambda: build_for_training(job, policy), distribution)  # stays set: fit reads it
     if policy is not None:
