@@ -155,14 +155,6 @@ def random_quantized_weights(layers, seed):
             weights["kernel_zero"].assign(jnp.zeros(weights["kernel_zero"].shape, weights["kernel_zero"].dtype))
 
 
-def _parameters(model, settings):
-    """The model's parameters; a QLoRA base's as the float model counts them (Keras counts
-    an int8 or packed int4 array's elements, and its scales)."""
-    from zoo.layers import float_parameter_count
-
-    return float_parameter_count(model)
-
-
 def flops_per_step(settings, model):
     """Model FLOPs of one step (``zoo.measure.mfu``; LoRA: the 4 x parameters convention)."""
     from zoo.measure import mfu
@@ -189,6 +181,8 @@ def compiled_peak(model, settings):
 
 def measure_zoo(settings, report=print):
     """One row: the zoo's GPT step (the module docstring's figures)."""
+    from zoo.layers import float_parameter_count
+
     model, remat = build_zoo(settings, report)
     x, y = random_tokens(settings, model.backbone.vocabulary_size, 2 * settings.steps * settings.batch_size)
 
@@ -196,7 +190,7 @@ def measure_zoo(settings, report=print):
         rows = steps * settings.batch_size
         model.fit(x[:rows], y[:rows], batch_size=settings.batch_size, epochs=1, shuffle=False, verbose=0)
 
-    parameters = _parameters(model, settings)
+    parameters = float_parameter_count(model)  # a QLoRA base as its float model counts it
     report(f"zoo: {settings.config_name}, {parameters:,} parameters; compiling and timing ...")
     compile_s, steps, fit_overhead = time_fits(fit, settings)
     row = step_row("zoo", parameters, compile_s, steps, flops_per_step(settings, model), settings)

@@ -12,6 +12,7 @@ fill (``fill_quantized``, ``is_built_quantized``), for QLoRA and the checkpoint 
 from zoo.layers._parallel_plan import run_on_mesh
 from zoo.layers._quantized import (
     INT4_BLOCK,
+    QUANTIZATION_WEIGHTS,
     fill_quantized,
     float_parameter_count,
     is_built_quantized,
@@ -35,6 +36,7 @@ from zoo.layers.transformer_block import TransformerBlock
 
 __all__ = [
     "INT4_BLOCK",
+    "QUANTIZATION_WEIGHTS",
     "ClassToken",
     "ColumnParallelDense",
     "LearnedPositionEmbedding",

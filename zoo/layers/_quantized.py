@@ -41,7 +41,10 @@ def fill_quantized(layer, kernel=None):
     mode = layer.quantization_mode
     if mode not in QUANTIZATIONS:
         raise ValueError(f"{layer.path!r} is not built quantized (quantization mode {mode!r}; int8 or int4 expected)")
-    twin = type(layer).from_config({**layer.get_config(), "dtype": _float_policy(layer)})
+    config = {**layer.get_config(), "dtype": _float_policy(layer)}
+    if kernel is not None:  # no random draw for a kernel about to be replaced
+        config["kernel_initializer"] = "zeros"
+    twin = type(layer).from_config(config)
     twin.build_from_config(layer.get_build_config())
     if kernel is not None:
         if tuple(kernel.shape) != tuple(twin.kernel.shape):

@@ -118,15 +118,11 @@ def _variable_sharding(variable, distribution, mesh):
     return _sharding(layout_under(variable, distribution), mesh)
 
 
-def slot_reference(slot, trainable):
-    """The trainable variable an optimizer slot was made from (its path, ``/`` as ``_``,
-    prefixes the slot's name; same shape), or None for the optimizer's own scalars."""
-    return slot_references([slot], trainable)[0]
-
-
 def slot_references(slots, trainable):
-    """``slot_reference`` of each of ``slots``, the trainable variables' names read once
-    (a 70B model's 2,240 LoRA slots against its 1,120 factors: one pass, not one a slot)."""
+    """The trainable variable each of ``slots`` (optimizer slots) was made from (its path,
+    ``/`` as ``_``, prefixes the slot's name; same shape), or None for the optimizer's own
+    scalars; the trainable variables' names read once (a 70B model's 2,240 LoRA slots
+    against its 1,120 factors: one pass, not one a slot)."""
     prefixes = sorted(((v.path.replace("/", "_") + "_", v) for v in trainable), key=lambda p: -len(p[0]))
     return [
         next(

@@ -63,7 +63,7 @@ import os
 from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.file_kinds import read_json_file
-from zoo.layers import fill_quantized, is_built_quantized
+from zoo.layers import QUANTIZATION_WEIGHTS, fill_quantized, is_built_quantized
 from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds
 from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
 from zoo.models.gpt._probe import check_finite_logits
@@ -310,7 +310,7 @@ def _load_from(model, directory, files, on_read=None):
     views = pipelined_views(weight_views(config), config)
     variables = {variable.path: variable for variable in model.weights}
     quantized = {f"{layer.path}/kernel": layer for layer in sublayers(model) if is_built_quantized(layer)}
-    _check_variables(views, variables, quantized)
+    _check_variables(views, variables)
     for path, view in views.items():
         if path in quantized:  # QLoRA's base: quantized as read, one float kernel at a time on the host
             fill_quantized(quantized[path], read_whole(view, files))
@@ -355,13 +355,12 @@ def _check_tensor_names(directory, names, views):
         )
 
 
-def _check_variables(views, variables, quantized):
+def _check_variables(views, variables):
     """Every variable has a tensor, but LoRA factors, state, and a quantized kernel's scales."""
-    scales = tuple(kernel.rsplit("/", 1)[0] + "/" for kernel in quantized)
     unmapped = sorted(
         path
         for path in variables
-        if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES)) and not path.startswith(scales)
+        if path not in views and not path.endswith((*LORA_WEIGHTS, *STATE_VARIABLES, *QUANTIZATION_WEIGHTS))
     )
     if unmapped:
         raise CheckpointError(f"the model has weights no Hugging Face tensor maps to: {unmapped[:3]}")

@@ -33,7 +33,7 @@ import keras
 
 from zoo._compat import deleting_variables_without_full_collections
 from zoo.config.choices import QUANTIZATIONS
-from zoo.layers import INT4_BLOCK, fill_quantized, weight_only_config  # noqa: F401 (this module's names for them too)
+from zoo.layers import weight_only_config
 from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.training.lora._layers import layer_prefix, lora_target_layers
 

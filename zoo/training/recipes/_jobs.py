@@ -312,9 +312,12 @@ class _CausalLM:
         config = causal_lm_config(local_preset(settings.preset), settings.layout)
         with dtype_policy_scope(base_policy(settings)):  # as finetune_lm loads it
             model = GPTCausalLM(backbone=GPTBackbone(**config))
-        quantize = settings.quantize or "int8" if settings.method == "qlora" else None
         prepare_causal_lm(
-            model, settings.method, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha, quantize=quantize
+            model,
+            settings.method,
+            lora_rank=settings.lora_rank,
+            lora_alpha=settings.lora_alpha,
+            quantize=settings.quantize,
         )
         if settings.remat != AUTO:  # as finetune_causal_lm sets it (auto: the planner compiles each policy)
             model.backbone.set_remat(settings.remat)
