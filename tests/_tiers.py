@@ -186,6 +186,9 @@ MATRIX = {
     f"{MHA_SP}[ring-data=2_seq=4-causal-h4k4-mask]": "ring-data=2_seq=4-causal-h4k2-mask-rope-zigzag",
     f"{MHA_SP}[ring-seq=8-causal-h8k2-mask-rope]": "ring-data=2_seq=4-causal-h4k2-mask-rope-zigzag",
     f"{MHA_SP}[ulysses-seq=8-causal-h8k1-mask-rope]": "ulysses-data=2_seq=4-causal-h4k2-mask-rope-zigzag",
+    f"{MHA_SP}[ring-data=1_seq=4-full-h4k2-mask-rope]": (
+        "ring-data=2_seq=4-causal-h4k2-mask-rope-zigzag; non-causal: gather-data=1_seq=4-full-h4k4"
+    ),
     # attention layer, tensor parallel: tier 1 keeps sp (replicated KV heads), fsdp and data=1,model=8
     f"{MHA_TP}[data=2_model=4-h4k4-bias]": "data=2_model=4-h4k2-sp-bias",
     f"{MHA_TP}[data=2_model=4-h8k2]": "data=2_model=4-h4k2-sp-bias (2 KV heads on 4 devices)",
@@ -279,6 +282,26 @@ MATRIX = {
         "[cpu-sim-8/pretrain_gpt.toml]; the MoE GPT under expert: tests/models/test_gpt_moe.py"
     ),
     "tests/distribution/test_multihost.py::test_disagreeing_processes_get_a_clear_error[device-counts]": "[config]",
+    # a worker process that cannot reach its coordinator: tier 1 keeps the same bounded wait in-process
+    "tests/distribution/test_multihost.py::test_unreachable_coordinator_fails_clearly_within_bounded_time": (
+        "test_waiting_for_a_silent_coordinator_is_bounded_and_names_the_address; a real 2-process group: "
+        "test_a_coordinator_whose_peers_never_come_fails_within_bounded_time"
+    ),
+    # splash in Pallas' interpreter: tier 1 keeps non-causal with padding, causal with segments and softcap
+    "tests/kernels/test_splash_attention.py::test_matches_the_float64_reference[non-causal]": "[non-causal-padding]",
+    # the block's weights read after its input: tier 1 keeps remat full under mixed_bfloat16 and no remat in float32
+    **{
+        f"tests/layers/test_transformer_block_weights_after_input.py::test_training_call_equals_the_untied_forward[{case}]": (
+            "[full-mixed_bfloat16], [none-float32]"
+        )
+        for case in ("none-mixed_bfloat16", "full-float32")
+    },
+    # the installed entry point in a fresh process with no device count set: tier 1 keeps the simulation
+    # in a fresh process (tests/distribution/test_devices.py) and zoo train cnn in-process
+    "tests/cli/test_cli.py::test_command_line_simulates_8_devices_on_a_cpu_host": (
+        "tests/distribution/test_devices.py::test_simulation_before_jax_starts_in_a_fresh_process; "
+        "test_train_end_to_end_in_process"
+    ),
     "tests/data/test_load.py::test_short_fit_on_8_devices[python_docs_topics]": "[python_docs]",
     "tests/kernels/test_blockwise_attention.py::test_matches_reference[full-mha-8tiles]": "[causal-gqa-4tiles]",
     # doc examples that train or compile for several seconds: what they run is checked in

@@ -394,3 +394,50 @@ def test_benchmarks_export_nothing():
             if not inside or not parts[2].startswith("_"):
                 bad.append(f"{path.relative_to(ROOT.parent)} imports {name}")
     assert not bad, "a benchmark exports code:\n" + "\n".join(bad)
+
+
+# --- a layout's meaning is its record in the layout table (zoo/config/layouts.py) ---
+
+# The layout names that name nothing else (data, expert and seq are also mesh axes, context a
+# word of its own); the library branches on the record's fields, never on these strings.
+# The benchmarks and the command line may name a layout to run (a row, a section, a flag).
+LAYOUT_ONLY_NAMES = ("tp+sp", "fsdp+tp", "pipeline", "fsdp+expert", "expert+tp")
+LAYOUT_LITERAL_HOMES = ("config/layouts.py",)
+
+
+def _layout_literals(relative, source):
+    """``relative:line: "name"`` for each string constant in ``source`` that is one of
+    ``LAYOUT_ONLY_NAMES``, docstrings left out."""
+    if relative.startswith(("bench/", "cli/", "config/bench_")):
+        return []
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"zoo/{relative}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in LAYOUT_ONLY_NAMES and id(node) not in docstrings
+    ]
+
+
+def test_layout_names_are_written_only_in_the_layout_table():
+    bad = _every_source(_layout_literals, skip=LAYOUT_LITERAL_HOMES)
+    assert not bad, (
+        "read the layout's record (zoo.config.layouts.layout_record: its axes, fsdp_axis, model_axis, "
+        "sequence_axis, expert_axis, stage_axis, model_options) instead of comparing its name:\n" + "\n".join(bad)
+    )
+
+
+def test_the_layout_literal_rule_finds_a_comparison_and_not_a_docstring():
+    source = '"""Layout ``"tp+sp"`` splits the tokens."""\nif layout == "tp+sp":\n    pass\nX = ("fsdp+tp",)\n'
+    assert _layout_literals("planning/x.py", source) == [
+        "zoo/planning/x.py:2: 'tp+sp'",
+        "zoo/planning/x.py:4: 'fsdp+tp'",
+    ]
+    assert _layout_literals("bench/x.py", source) == []

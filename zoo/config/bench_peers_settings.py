@@ -5,9 +5,10 @@ import dataclasses
 
 from zoo.config import _bench_fields as fields
 from zoo.config import types
+from zoo.config.layouts import PEERS, layouts_in
 from zoo.config.schema import setting
 
-PEERS_LAYOUTS = ("fsdp", "tp", "fsdp+tp")  # zoo bench peers: layouts both peers build (mesh data=8 / data=2,model=4)
+PEERS_LAYOUTS = layouts_in(PEERS)  # zoo bench peers: layouts both peers build (mesh data=8 / data=2,model=4)
 PEERS_SECTIONS = ("memory", "time")  # zoo bench peers: its tables
 
 

@@ -3,25 +3,39 @@
 Code, command-line flags, recipe keys and docs all take their choices from here.
 """
 
-# layout: how the weights and the inputs are split over the devices (zoo.distribution).
-BASIC_LAYOUTS = ("single", "data", "model")  # every model; "model" uses its own layout map
-# get_layout_map(mesh, layout=...); "pipeline" is the GPT's only (PipelinedBlocks over a "stage" axis)
-TRANSFORMER_LAYOUTS = ("fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline", "expert", "fsdp+expert", "expert+tp")
+from zoo.config.layouts import (
+    BASIC,
+    CLASSIFIER_FINETUNE,
+    DATA,
+    LAYOUT_TABLE,
+    PLANNED,
+    QLORA,
+    SCANNED,
+    TRANSFORMER,
+    WEIGHT_MAP,
+    layouts_in,
+    layouts_where,
+)
+
+# layout: how the weights and the inputs are split over the devices (zoo.distribution); each
+# layout's meaning is its record in zoo.config.layouts.LAYOUT_TABLE, and these sets come from it.
+BASIC_LAYOUTS = layouts_in(BASIC)  # every model; "model" uses its own layout map
+TRANSFORMER_LAYOUTS = layouts_in(TRANSFORMER)  # get_layout_map(mesh, layout=...) of the Transformer models
 # the GPT's Mixture-of-Experts layouts: experts over an "expert" mesh axis, the batch over data x expert
-EXPERT_LAYOUTS = ("expert", "fsdp+expert", "expert+tp")
+EXPERT_LAYOUTS = layouts_where(lambda layout: layout.expert_axis is not None)
 # expert_exchange: how an MoE layer's tokens travel over the expert axis: padded all_to_all
 # buffers (any backend), or exactly the routed rows (ragged_all_to_all: GPU/TPU, dropless)
 EXPERT_EXCHANGES = ("all_to_all", "ragged")
 # grouped_matmul: how the expert MLPs run over their token groups (blocks: a loop over row blocks, for XLA:CPU)
 GROUPED_MATMULS = ("ragged_dot", "megablox", "blocks")
-LAYOUTS = BASIC_LAYOUTS + TRANSFORMER_LAYOUTS
+LAYOUTS = tuple(LAYOUT_TABLE)
 CNN_LAYOUTS = BASIC_LAYOUTS  # zoo train cnn
 COMMS_MODELS = ("mlp", "cnn")  # zoo comms: a tensor-parallel MLP block, SmallCNN
 COMMS_STEPS = ("forward", "backward", "train")  # zoo comms --step
 TRANSFORMER_JOB_LAYOUTS = ("single", "data") + TRANSFORMER_LAYOUTS  # zoo train gpt | encoder | vit
-WEIGHT_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp")  # layouts a Transformer's layout map describes
-CLASSIFIER_FINETUNE_LAYOUTS = ("single", "data", "model", "fsdp", "tp")  # zoo finetune of a classifier preset
-PLANNED_LAYOUTS = ("data", "fsdp", "tp", "tp+sp", "fsdp+tp", "context", "pipeline")  # what zoo plan --auto searches
+WEIGHT_LAYOUTS = layouts_in(WEIGHT_MAP)  # layouts a Transformer's layout map describes
+CLASSIFIER_FINETUNE_LAYOUTS = layouts_in(CLASSIFIER_FINETUNE)  # zoo finetune of a classifier preset
+PLANNED_LAYOUTS = layouts_in(PLANNED)  # what zoo plan --auto searches
 AUTO = "auto"  # zoo train gpt --layout auto: the planner's choice
 
 # context_attention: the sequence-parallel attention kernel under the context layout.
@@ -34,7 +48,7 @@ BALANCES = (None, "zigzag", "striped")
 METHODS = ("frozen", "lora", "qlora", "full")
 CLASSIFIER_METHODS = ("frozen", "lora", "full")
 QUANTIZATIONS = ("int8", "int4")  # --quantize: how qlora stores the frozen base's kernels
-QLORA_LAYOUTS = ("single", "data", "fsdp")  # where no tensor-parallel layer splits a quantized kernel
+QLORA_LAYOUTS = layouts_in(QLORA)  # where no tensor-parallel layer splits a quantized kernel
 ADAPTER_FORMATS = ("zoo", "peft")  # zoo finetune's LoRA adapter file: lora.weights.h5, or a PEFT folder
 LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds to Dense / EinsumDense
 
@@ -58,10 +72,10 @@ ATTENTION_QKV = "attention_qkv"  # the q, k, v projections (B, T, H or K, D), be
 ATTENTION_OUT = "attention_out"  # the attention kernel's output (B, T, H, D) and its log-sum-exp
 # schedule: how a pipeline (layout "pipeline") orders its micro-batches over the stages.
 SCHEDULES = ("gpipe", "circular")
-DATA_AXIS_LAYOUTS = ("data", "fsdp")  # a mesh of data alone
+DATA_AXIS_LAYOUTS = layouts_where(lambda layout: layout.axes == (DATA,))  # a mesh of data alone
 # the layouts a scan_layers GPT (one loop over its stacked blocks) runs under: the block's
 # weights placed by layout rules on the stack, a model axis GSPMD's (Megatron's split)
-SCANNED_LAYOUTS = ("data", "fsdp", "tp", "fsdp+tp")
+SCANNED_LAYOUTS = layouts_in(SCANNED)
 
 # Transformer architecture.
 MLPS = ("swiglu", "geglu", "geglu_tanh", "gelu", "gelu_tanh", "relu")  # *_tanh: tanh-approximate GELU (Gemma, GPT-2)

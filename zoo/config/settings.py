@@ -24,6 +24,7 @@ from zoo.config._job_fields import (  # noqa: F401 (moved; the old import paths 
     state_memory_setting,
 )
 from zoo.config.finetune_settings import ExportSettings, FinetuneSettings, GenerateSettings  # noqa: F401 (moved)
+from zoo.config.layouts import pipelined
 from zoo.config.schema import SettingError, setting
 
 # layout pipeline's settings and their defaults (micro_batches None: as many as stages, resolved with the mesh)
@@ -259,7 +260,7 @@ def check_pipeline_settings(settings):
     divides the batch per data shard, and stages x repeats the layers, is checked once
     the mesh is known: ``zoo.training.gpt``.)"""
     name = type(settings).__name__
-    if settings.layout != "pipeline":
+    if not pipelined(settings.layout):
         for key, default in PIPELINE_DEFAULTS.items():
             value = getattr(settings, key)
             if value != default:

@@ -6,9 +6,5 @@ which weight dimension splits over which axis; there are no logical axis names b
 the two, so a layout changes in the family's layout map, not in model code.
 """
 
-# Mesh axis names used by the built-in layouts.
-DATA = "data"  # splits the batch: data parallelism
-MODEL = "model"  # splits features / channels / heads: model (tensor) parallelism
-SEQ = "seq"  # splits the sequence: context parallelism
-STAGE = "stage"  # splits the stack of blocks: pipeline parallelism
-EXPERT = "expert"  # splits the experts of Mixture-of-Experts layers (and the batch): expert parallelism
+# Mesh axis names used by the built-in layouts (defined with the layout table, which names them).
+from zoo.config.layouts import DATA, EXPERT, MODEL, SEQ, STAGE  # noqa: F401

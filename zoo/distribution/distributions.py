@@ -47,11 +47,11 @@ import numpy as np
 from zoo.config.choices import (
     BASIC_LAYOUTS,
     DEFAULT_CONTEXT_ATTENTION,
-    EXPERT_LAYOUTS,
     LAYOUTS,
     TRANSFORMER_LAYOUTS,
 )
-from zoo.distribution.axes import DATA, EXPERT, MODEL, SEQ, STAGE
+from zoo.config.layouts import layout_record
+from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.distribution.context_parallel import ContextParallel
 from zoo.distribution.expert_parallel import ExpertParallel
 from zoo.distribution.layouts import (
@@ -67,42 +67,11 @@ from zoo.distribution.mesh import (
     require_axes,
 )
 
-MODEL_PARALLEL_AXES = (DATA, MODEL)
-CONTEXT_AXES = (DATA, SEQ)
-
-# Mesh each layout uses when the user names none (resolved against the device count).
-DEFAULT_MESH_SPECS = {
-    "data": "data=-1",
-    "model": "data=2,model=-1",
-    "fsdp": "data=-1",
-    "tp": "data=2,model=-1",
-    "tp+sp": "data=2,model=-1",
-    "fsdp+tp": "data=2,model=-1",
-    "context": "data=2,seq=-1",
-    "pipeline": "data=2,stage=-1",
-    "expert": "data=1,expert=-1",
-    "fsdp+expert": "data=2,expert=-1",
-    "expert+tp": "data=1,expert=2,model=-1",
-}
-# Axes each layout's mesh must have.
-REQUIRED_AXES = {
-    "model": MODEL_PARALLEL_AXES,
-    "fsdp": (DATA,),
-    "tp": MODEL_PARALLEL_AXES,
-    "tp+sp": MODEL_PARALLEL_AXES,
-    "fsdp+tp": MODEL_PARALLEL_AXES,
-    "context": CONTEXT_AXES,
-    "pipeline": (DATA, STAGE),
-    "expert": (DATA, EXPERT),
-    "fsdp+expert": (DATA, EXPERT),
-    "expert+tp": (DATA, EXPERT, MODEL),
-}
-
 
 def default_mesh_spec(layout, device_count):
     """The mesh spec a layout uses by default on ``device_count`` devices."""
     _check_layout(layout)
-    spec = DEFAULT_MESH_SPECS.get(layout)
+    spec = layout_record(layout).default_mesh
     if spec is not None and spec.startswith("data=2,") and device_count % 2:
         return spec.replace("data=2,", "data=1,")
     return spec
@@ -237,7 +206,8 @@ def _as_mesh(layout, mesh):
         import jax
 
         mesh = default_mesh_spec(layout, len(jax.devices()))
-    if (layout == "pipeline" or layout in EXPERT_LAYOUTS) and isinstance(mesh, str) and DATA not in _spec_axes(mesh):
+    record = layout_record(layout)
+    if (record.stage_axis or record.expert_axis) and isinstance(mesh, str) and DATA not in _spec_axes(mesh):
         mesh = f"{DATA}=1,{mesh}"  # "stage=2,model=4", "expert=8": no data axis of its own
     return make_mesh(mesh) if isinstance(mesh, str) else mesh
 
@@ -247,8 +217,7 @@ def _spec_axes(spec):
 
 
 def _require_layout_axes(mesh, layout):
-    if layout in REQUIRED_AXES:
-        require_axes(mesh, REQUIRED_AXES[layout], f"layout {layout!r}")
+    require_axes(mesh, layout_record(layout).axes, f"layout {layout!r}")
 
 
 def _layout_map_for(model_class, mesh, layout, fitted):
@@ -292,10 +261,11 @@ def _model_parallel(mesh, layout_map, layout="model"):
     if layout_map is None:
         raise LayoutError(f"layout {layout!r} needs a layout_map (e.g. from the model's get_layout_map(mesh))")
     _check_layout_map_mesh(layout_map, mesh)
-    if layout in EXPERT_LAYOUTS:  # the batch over data x expert; fsdp+expert's map is marked for data
-        return ExpertParallel(layout_map=layout_map, batch_dim_name=DATA, expert_dim_name=EXPERT)
+    record = layout_record(layout)
+    if record.expert_axis:  # the batch over data x expert; fsdp+expert's map is marked for data
+        return ExpertParallel(layout_map=layout_map, batch_dim_name=DATA, expert_dim_name=record.expert_axis)
     # fsdp+tp: the tensor-parallel layers also split their weights over data (FSDP inside TP)
-    weight_shard_axis = DATA if layout == "fsdp+tp" else None
+    weight_shard_axis = record.fsdp_axis if record.model_axis else None
     return CheckedModelParallel(layout_map=layout_map, batch_dim_name=DATA, weight_shard_axis=weight_shard_axis)
 
 

@@ -34,6 +34,7 @@ from zoo.models._transformer_layouts import (
     build_layout_map,
     check_divisible,
     check_kv_heads,
+    splits_sequence_over_model,
     uses_data_axis_for_weights,
     uses_model_axis,
 )
@@ -70,7 +71,7 @@ def head_rules(layout, mesh, num_classes):
 
 def check_sizes(mesh, layout, config, extra_sizes=None):
     """Raise ``LayoutError`` naming the numbers unless ``config``'s sizes split evenly."""
-    if layout == "tp+sp" and not config["megatron_sp"]:
+    if splits_sequence_over_model(layout) and not config["megatron_sp"]:
         raise LayoutError(
             "layout 'tp+sp' needs the model built with megatron_sp=True "
             "(see _transformer_layouts.layout_overrides('tp+sp')), but the config has megatron_sp=False"

@@ -49,6 +49,7 @@ KV head its query heads use.
 import keras
 
 from zoo.config.choices import WEIGHT_LAYOUTS
+from zoo.config.layouts import LAYOUT_TABLE, layout_record
 from zoo.distribution.axes import DATA, MODEL
 from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
@@ -60,11 +61,20 @@ def check_layout(layout):
 
 
 def uses_model_axis(layout):
-    return layout in ("tp", "tp+sp", "fsdp+tp")
+    """The layout's blocks split over the model axis (Megatron)."""
+    return layout_record(layout).model_axis is not None
 
 
 def uses_data_axis_for_weights(layout):
-    return layout in ("fsdp", "fsdp+tp")
+    """The layout splits the weights over the data axis (FSDP)."""
+    return layout_record(layout).fsdp_axis == DATA
+
+
+def splits_sequence_over_model(layout):
+    """Megatron sequence parallelism (tp+sp): outside attention the blocks split the tokens
+    over the model axis, so the model must be built with ``megatron_sp=True``."""
+    record = LAYOUT_TABLE.get(layout)
+    return record is not None and record.sequence_over_model
 
 
 def layout_overrides(layout):
@@ -72,7 +82,7 @@ def layout_overrides(layout):
     (the blocks run Megatron sequence-parallel), ``{"schedule": "gpipe"}`` for
     ``"pipeline"`` (a GPT whose blocks are one ``PipelinedBlocks``; a schedule already
     in the config is kept, see ``named_config``), ``{}`` for any other layout name."""
-    return {"tp+sp": {"megatron_sp": True}, "pipeline": {"schedule": "gpipe"}}.get(layout, {})
+    return dict(layout_record(layout).model_options) if layout in LAYOUT_TABLE else {}
 
 
 def layers_place_weights(layout, mesh=None, *, model_axis=MODEL):
@@ -122,7 +132,9 @@ def build_layout_map(mesh, layout, rules, *, data_axis=DATA, model_axis=MODEL):
     for pattern, axes in rules.items():
         if any(axis is not None for axis in axes):
             layout_map[pattern] = axes
-    if layout == "fsdp+tp":  # the tensor-parallel layers split their own weights over data too
+    if uses_model_axis(layout) and uses_data_axis_for_weights(
+        layout
+    ):  # the TP layers split their weights over data too
         mark_weight_shard_axis(layout_map, data_axis)
     return layout_map
 

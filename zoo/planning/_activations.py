@@ -4,7 +4,8 @@ one formula the planner's analytic model (``search.estimate``) and the remat cor
 (JAX 0.10), the correction a plan applies (``remat_correction``) and what its verdict
 then says (``remat_caveat``)."""
 
-from zoo.config.choices import EXPERT_LAYOUTS, GATED_MLPS
+from zoo.config.choices import GATED_MLPS
+from zoo.config.layouts import DATA, layout_record
 
 __all__ = ["remat_caveat", "remat_correction", "remat_elements_per_token", "remat_saved_per_block"]
 
@@ -62,12 +63,11 @@ def remat_saved_per_block(settings, step):
     and sequence."""
     from zoo.models.gpt.gpt_configs import config_by_name
 
-    sizes = step.axis_sizes
-    model_axis = sizes.get("model", 1) if settings.layout in ("tp", "tp+sp", "fsdp+tp", "expert+tp") else 1
-    split = {"context": sizes.get("seq", 1), "tp+sp": model_axis}.get(settings.layout, 1)  # the sequence's split
-    batch_split = sizes.get("data", 1) * (sizes.get("expert", 1) if settings.layout in EXPERT_LAYOUTS else 1)
+    sizes, layout = step.axis_sizes, layout_record(settings.layout)
+    split = layout.split(sizes, layout.sequence_axis)  # the sequence's split
+    batch_split = layout.split(sizes, DATA, layout.expert_axis)
     tokens = step.batch_size // batch_split * settings.sequence_length // split
-    divisor = model_axis if settings.layout in ("tp", "fsdp+tp", "expert+tp") else 1  # heads and MLP split over model
+    divisor = layout.split(sizes, layout.model_axis) if layout.heads_split else 1  # heads and MLP split over model
     itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
     return int(
         tokens * remat_elements_per_token(settings.remat, config_by_name(settings.config_name), divisor) * itemsize
@@ -84,9 +84,9 @@ def remat_correction(steps, settings, full_depth, step):
     gap = high.num_layers - low.num_layers  # blocks between the two depths (a pattern's period)
     per_block = (high.memory["temp"] - low.memory["temp"]) / gap
     kept = remat_saved_per_block(settings, step) + (high.memory["gradients"] - low.memory["gradients"]) / gap
-    if settings.layout in ("fsdp", "fsdp+tp", "fsdp+expert", "context"):
-        sizes = step.axis_sizes
-        gathered = sizes.get("seq", 1) if settings.layout == "context" else sizes.get("data", 1)
+    layout = layout_record(settings.layout)
+    if layout.fsdp_axis is not None:  # the weights gathered over it, block by block
+        gathered = layout.split(step.axis_sizes, layout.fsdp_axis)
         itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
         kept += (high.memory["weights"] - low.memory["weights"]) / gap * gathered * itemsize / 4
     return -int((full_depth - 1) * max(per_block - kept, 0))

@@ -6,6 +6,8 @@ step from one to the other adds what the same blocks of the full model add."""
 
 import math
 
+from zoo.config.layouts import pipelined
+
 FULL_DEPTH_UP_TO = 4  # depth="auto": models this deep or shallower are compiled whole
 
 
@@ -61,12 +63,12 @@ def period_note(settings, period, depths, full_depth):
 
 def pipeline_unit(request, settings):
     """Layout pipeline: stages x repeats, the step its depth grows by (1 for other layouts)."""
-    if getattr(settings, "layout", None) != "pipeline":
+    if not pipelined(getattr(settings, "layout", None)):
         return 1
     from zoo.distribution.axes import STAGE
     from zoo.training.recipes import resolve_axes
 
-    return dict(resolve_axes(settings.mesh, "pipeline", request.devices)).get(STAGE, 1) * settings.repeats
+    return dict(resolve_axes(settings.mesh, settings.layout, request.devices)).get(STAGE, 1) * settings.repeats
 
 
 def depth_unit(request, job, settings):

@@ -28,6 +28,7 @@ import subprocess
 import sys
 
 from zoo.config.choices import AUTO, REMATS_FASTEST_FIRST
+from zoo.config.layouts import pipelined
 from zoo.kernels.moe import compile_for
 from zoo.measure.hardware import device_spec, host_cpu_spec, platform_of
 from zoo.planning import roofline
@@ -261,7 +262,7 @@ def plan_in_process(request, *, compiler_options=None):
         remat != "none"
         and not memory_analysis_reflects_remat()
         and stages == 1
-        and settings.layout != "pipeline"
+        and not pipelined(settings.layout)
         and period is not None
     )
     # With remat, the whole model's temporaries grow faster than per block (the gradients'
@@ -309,7 +310,7 @@ def plan_in_process(request, *, compiler_options=None):
             f"compiled whole under remat={remat!r}: extrapolating per block under-counts its temporaries "
             "(16-34% measured; --depth N for a quick estimate)"
         )
-    if remat != "none" and settings.layout == "pipeline" and not memory_analysis_reflects_remat():
+    if remat != "none" and pipelined(settings.layout) and not memory_analysis_reflects_remat():
         notes.append(
             f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
             "the temporaries are not corrected for it: the peak is an upper bound"

@@ -1,5 +1,6 @@
 """A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
 
+from zoo.config.layouts import LAYOUT_TABLE
 from zoo.planning.roofline import axes_bandwidth, measured_error
 from zoo.units import format_bytes
 
@@ -96,7 +97,7 @@ def advice(plan):
         if batch % 2 == 0:
             return f"halve the batch per step ({batch // 2})"
         return "split the sequence over devices (layout context)" if "sequence_length" in config else "use more devices"
-    if layout in ("single", "data", "tp", "tp+sp", "model"):
+    if layout in LAYOUT_TABLE and LAYOUT_TABLE[layout].gradients_all_reduced:  # whole weights on every replica
         return "split weights, gradients and optimizer state over the data axis (layout fsdp, or fsdp+tp)"
     return "use more devices, or a smaller model"
 

@@ -39,6 +39,7 @@ from zoo.config.choices import (
     PLANNED_REMATS,
     REMATS,
 )
+from zoo.config.layouts import DATA, layout_record, pipelined
 from zoo.config.settings import CONTEXT_DEFAULTS, PIPELINE_DEFAULTS
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
@@ -86,7 +87,7 @@ class Candidate:
     @property
     def schedule(self):
         """Layout pipeline's schedule (None for the other layouts)."""
-        if self.layout != "pipeline":
+        if not pipelined(self.layout):
             return None
         return "gpipe" if self.repeats == 1 else "circular"
 
@@ -99,7 +100,7 @@ class Candidate:
             batch_size=self.micro_batch,
             gradient_accumulation_steps=self.accumulation,
         )
-        if self.layout == "pipeline":
+        if pipelined(self.layout):
             chosen.update(micro_batches=self.micro_batches, schedule=self.schedule, repeats=self.repeats)
         else:
             chosen.update(PIPELINE_DEFAULTS)
@@ -110,7 +111,7 @@ class Candidate:
     def describe(self):
         pipeline = (
             f" M={self.micro_batches} {self.schedule}" + (f" R={self.repeats}" if self.repeats > 1 else "")
-            if self.layout == "pipeline"
+            if pipelined(self.layout)
             else ""
         )
         return f"{self.layout} {self.mesh or '(one device)'}{pipeline} remat={self.remat} batch {self.micro_batch}x{self.accumulation}"
@@ -162,7 +163,7 @@ class Ranking:
             if c.layout == "context"
             else []
         )
-        if c.layout == "pipeline":
+        if pipelined(c.layout):
             parts += [f"--micro-batches {c.micro_batches}", f"--schedule {c.schedule}"] + (
                 [f"--repeats {c.repeats}"] if c.repeats > 1 else []
             )
@@ -202,12 +203,12 @@ def _meshes(layout, devices, model, length, spec):
     domain = spec.link_domain or devices
     if layout == "context":
         return [f"data={devices // s},seq={s}" for s in _divisors(devices) if s > 1 and length % s == 0]
-    if layout == "pipeline":
+    if pipelined(layout):
         return [f"data={devices // s},stage={s}" for s in _divisors(devices) if s > 1 and model["num_layers"] % s == 0]
     if layout in EXPERT_LAYOUTS:
         return _expert_meshes(layout, devices, model, domain)
     sizes = _model_axis_sizes(devices, model, domain)
-    if layout == "tp+sp":
+    if layout_record(layout).sequence_over_model:  # tp+sp: the tokens split over model too
         sizes = [m for m in sizes if length % m == 0]
     return [f"data={devices // m},model={m}" for m in sizes]
 
@@ -222,7 +223,7 @@ def _model_axis_sizes(devices, model, domain):
 def _expert_meshes(layout, devices, model, domain):
     """``data=N_data,expert=E_p`` (``expert+tp``: ``,model=N_model``) with E_p > 1 dividing the experts."""
     meshes = []
-    for tp in [1] if layout != "expert+tp" else _model_axis_sizes(devices, model, domain):
+    for tp in _model_axis_sizes(devices, model, domain) if layout_record(layout).model_axis else [1]:
         rest = devices // tp
         for e in (e for e in _divisors(rest) if e > 1 and model["num_experts"] % e == 0):
             meshes.append(f"data={rest // e},expert={e}" + (f",model={tp}" if tp > 1 else ""))
@@ -240,8 +241,9 @@ def planned_layouts(model):
     windowed and global blocks (Gemma) not pipeline, whose stacked blocks are all alike."""
     if not model.get("num_experts"):
         mixed = model.get("sliding_window_layers") is not None  # some blocks windowed, not all
-        return tuple(layout for layout in PLANNED_LAYOUTS if not (mixed and layout == "pipeline"))
-    return tuple(layout for layout in PLANNED_LAYOUTS if layout not in ("tp+sp", "pipeline")) + EXPERT_LAYOUTS
+        return tuple(layout for layout in PLANNED_LAYOUTS if not (mixed and pipelined(layout)))
+    refused = lambda layout: layout_record(layout).sequence_over_model or pipelined(layout)  # noqa: E731
+    return tuple(layout for layout in PLANNED_LAYOUTS if not refused(layout)) + EXPERT_LAYOUTS
 
 
 def _axis_sizes(mesh):
@@ -278,7 +280,7 @@ def _pipelines(layout, mesh, rows, layers, precision):
     """The ``{micro_batches, repeats}`` to try under layout pipeline ([{}] for the others):
     M = S, 2S, 4S dividing the ``rows`` per data shard; R = 1 (gpipe), and 2 (circular)
     where 2S divides the ``layers``."""
-    if layout != "pipeline":
+    if not pipelined(layout):
         return [{}]
     stages = _axis_sizes(mesh)["stage"]
     repeats = [1] + ([2] if layers % (2 * stages) == 0 else [])
@@ -296,7 +298,7 @@ def estimate(candidate, request):
     from zoo.models.gpt.gpt_configs import count_parameters
 
     model, spec, config = _model(request), target_spec(request), request.config
-    if candidate.layout == "pipeline":
+    if pipelined(candidate.layout):
         return _estimate_pipeline(candidate, request)
     if candidate.layout in EXPERT_LAYOUTS:
         return _estimate_expert(candidate, request)
@@ -304,12 +306,13 @@ def estimate(candidate, request):
     data, tp, seq = sizes.get("data", 1), sizes.get("model", 1), sizes.get("seq", 1)
     params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
     itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
-    state_split = {"fsdp": data, "fsdp+tp": data * tp, "tp": tp, "tp+sp": tp, "context": seq}.get(candidate.layout, 1)
+    record = layout_record(candidate.layout)
+    state_split = record.split(sizes, record.fsdp_axis, record.model_axis)
     state = (
         params * 4 * (4 + (candidate.accumulation > 1)) / state_split
     )  # weights, gradients, 2 Adam slots (+ accumulators)
-    tokens = candidate.micro_batch // data * length // (seq * (tp if candidate.layout == "tp+sp" else 1))
-    divisor = tp if candidate.layout in ("tp", "fsdp+tp") else 1
+    tokens = candidate.micro_batch // data * length // record.split(sizes, record.sequence_axis)
+    divisor = tp if record.heads_split else 1
     per_block = tokens * remat_elements_per_token(candidate.remat, model, divisor) * itemsize
     workspace = 0 if candidate.remat == "none" else tokens * remat_elements_per_token("none", model, divisor) * itemsize
     logits = candidate.micro_batch // data * length // seq * model["vocabulary_size"] // max(tp, 1) * 4 * 3
@@ -400,8 +403,9 @@ def expert_figures(candidate, request):
     expert_width = model.get("moe_intermediate_dim") or model["intermediate_dim"]
     expert_params = sparse_layer_count(model) * experts * 3 * width * expert_width
     other = count_parameters(model) - expert_params
-    expert_split = e_p * tp * (data if candidate.layout == "fsdp+expert" else 1)
-    other_split = {"expert": 1, "fsdp+expert": data, "expert+tp": tp}[candidate.layout]
+    layout = layout_record(candidate.layout)
+    other_split = layout.split(sizes, layout.fsdp_axis, layout.model_axis)  # the dense weights' split
+    expert_split = e_p * tp * layout.split(sizes, layout.fsdp_axis)
     slots = 4 + (candidate.accumulation > 1)  # weights, gradients, 2 Adam slots (+ accumulators), f32
     state = 4 * slots * (expert_params / expert_split + other / other_split)
     tokens = candidate.micro_batch // (data * e_p) * config["sequence_length"]
@@ -439,10 +443,10 @@ def _estimate_expert(candidate, request):
         return 0.0 if n == 1 else sent * (n - 1) / n / axes_bandwidth((axis,), axes, spec)
 
     exchange = 0.0 if sizes["expert"] == 1 else figures["sent"] / axes_bandwidth(("expert",), axes, spec)
-    other = figures["other_params"] / (tp if candidate.layout == "expert+tp" else 1)
-    gradients = over("data", (3 if candidate.layout == "fsdp+expert" else 2) * 4 * other) + over(
-        "expert", 2 * 4 * other
-    )
+    layout = layout_record(candidate.layout)
+    other = figures["other_params"] / layout.split(sizes, layout.model_axis)  # the dense weights on one device
+    # FSDP over data: all-gathered twice and reduce-scattered once; else all-reduced (2 passes)
+    gradients = over("data", (3 if layout.fsdp_axis else 2) * 4 * other) + over("expert", 2 * 4 * other)
     return peak, (flops / (request.devices * spec.peak_flops) + exchange + gradients) * candidate.accumulation
 
 
@@ -457,13 +461,13 @@ def _communication_s(candidate, request, params, itemsize, tokens):
         n = sizes.get(axis, 1)
         return 0.0 if n == 1 else sent * (n - 1) / n / axes_bandwidth((axis,), axes, spec)
 
-    s = candidate.layout
-    shard = params * 4 / (sizes.get("model", 1) if s == "fsdp+tp" else 1)
-    if s in ("data", "tp", "tp+sp"):
+    s, record = candidate.layout, layout_record(candidate.layout)
+    shard = params * 4 / record.split(sizes, record.model_axis)
+    if record.gradients_all_reduced:
         time += over("data", 2 * 4 * params / sizes.get("model", 1))  # all-reduce of the gradients
-    if s in ("fsdp", "fsdp+tp"):
+    if record.fsdp_axis == DATA:
         time += over("data", 3 * shard)  # all-gather forward and backward, reduce-scatter the gradients
-    if s in ("tp", "tp+sp", "fsdp+tp"):
+    if record.model_axis:
         activation = (
             candidate.micro_batch
             // sizes.get("data", 1)
@@ -561,7 +565,7 @@ def format_ranking(ranking):
 
 
 def _pipeline_text(candidate):
-    if candidate.layout != "pipeline":
+    if not pipelined(candidate.layout):
         return ""
     return f" M={candidate.micro_batches} {candidate.schedule}" + (
         f" R={candidate.repeats}" if candidate.repeats > 1 else ""

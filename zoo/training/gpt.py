@@ -5,6 +5,7 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo.config.choices import AUTO
+from zoo.config.layouts import pipelined
 from zoo.config.settings import GenerateSettings, GPTTrainSettings  # noqa: F401 (the settings of these jobs)
 from zoo.data import (
     ByteTokenizer,
@@ -43,11 +44,13 @@ def resolve_distribution(settings, mesh=None):
     no mesh, the default's stage axis is fitted to the layers like any layout's split
     axis (``zd.distribution_for``)."""
     mesh = settings.mesh if mesh is None else mesh
-    if settings.layout == "pipeline" and mesh is not None:
-        _check_pipeline_depth(settings, _stage_count(mesh))  # naming the flags, before the layout map's check
+    if pipelined(settings.layout) and mesh is not None:
+        _check_pipeline_depth(
+            settings, _stage_count(mesh, settings.layout)
+        )  # naming the flags, before the layout map's check
     model_config = GPTCausalLM.named_config(settings.config_name, settings.layout, **_model_overrides(settings))
     distribution = job_distribution(GPTCausalLM, settings, mesh, model_config=model_config)
-    if settings.layout == "pipeline":
+    if pipelined(settings.layout):
         check_pipeline_batch(settings, distribution)
     return distribution
 
@@ -62,7 +65,7 @@ def _model_overrides(settings, distribution=None, num_layers=None):
     overrides.update(moe_overrides(settings))
     if getattr(settings, "scan_layers", False):
         overrides["scan_layers"] = True
-    if settings.layout == "pipeline":
+    if pipelined(settings.layout):
         overrides.update(schedule=settings.schedule, repeats=settings.repeats)
         if distribution is not None:
             overrides["micro_batches"] = micro_batches_of(settings, distribution)
@@ -85,12 +88,12 @@ def moe_overrides(settings):
     return given
 
 
-def _stage_count(mesh):
-    """S: the ``stage`` axis of ``mesh`` (a spec, None for the layout's default, or a mesh)."""
+def _stage_count(mesh, layout=None):
+    """S: the ``stage`` axis of ``mesh`` (a spec, None for ``layout``'s default, or a mesh)."""
     import jax
 
     if mesh is None or isinstance(mesh, str):
-        spec = mesh or zd.default_mesh_spec("pipeline", len(jax.devices()))
+        spec = mesh or zd.default_mesh_spec(layout, len(jax.devices()))
         return dict(resolve_mesh_shape(zd.parse_mesh_spec(spec), len(jax.devices()))).get(STAGE, 1)
     return zd.mesh_axis_size(mesh, STAGE) if STAGE in mesh.axis_names else 1
 
@@ -311,7 +314,7 @@ def _batches(settings, distribution, x, y, xv, yv):
     """Training (shuffled, last partial batch dropped) and validation (padded) batches of
     this process's share of the global batch, in the distribution's sequence order."""
     multiple = zd.data_parallel_size(distribution)
-    if settings.layout == "pipeline":  # a padded last batch still divides into the micro-batches on every data shard
+    if pipelined(settings.layout):  # a padded last batch still divides into the micro-batches on every data shard
         multiple *= micro_batches_of(settings, distribution)
     batch_size, multiple_of = local_batching(settings.batch_size, multiple)
     if settings.steps_per_epoch is not None:  # a fixed subset, so an epoch (and a resumable data position) is N steps

@@ -38,7 +38,8 @@ GSPMD all-gathers the table for the lookup as it sees fit.
 
 import keras
 
-from zoo.config.choices import EXPERT_LAYOUTS, SCANNED_LAYOUTS
+from zoo.config.choices import SCANNED_LAYOUTS
+from zoo.config.layouts import LAYOUT_TABLE, layout_record
 from zoo.distribution.axes import DATA, EXPERT, MODEL, STAGE
 from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
@@ -48,8 +49,13 @@ EMBEDDING = r".*token_embedding/embeddings"  # (V, C)
 LM_HEAD = r".*lm_head/kernel"  # (C, V)
 EXPERT_IN = r".*mlp/expert_(gate|up)"  # (E, C, F)
 EXPERT_OUT = r".*mlp/expert_down"  # (E, F, C)
-# expert layout -> the layout whose rules the dense weights take
-EXPERT_BASE_LAYOUTS = {"expert": "data", "fsdp+expert": "fsdp", "expert+tp": "tp"}
+
+
+def expert_base_layout(layout):
+    """The layout whose rules an expert layout's dense weights take: fsdp (fsdp+expert),
+    tp (expert+tp) or data (expert)."""
+    record = layout_record(layout)
+    return "fsdp" if record.fsdp_axis else "tp" if record.model_axis else "data"
 
 
 def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL, moe=False, expert_axis=None):
@@ -64,9 +70,8 @@ def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL,
     m = model_axis if shared.uses_model_axis(layout) else None
     if moe:  # the experts as MoEFeedForward's shard_map takes them (its weight_shard_axis only under fsdp+tp)
         _moe_block_rules(rules, moe if isinstance(moe, dict) else {})
-        weight_shard = data_axis if layout == "fsdp+tp" else None
-        rules[EXPERT_IN] = (expert_axis, weight_shard if m else d, m)  # (E[/N_e], C[/data], F[/model])
-        rules[EXPERT_OUT] = (expert_axis, m, weight_shard if m else d)  # (E[/N_e], F[/model], C[/data])
+        rules[EXPERT_IN] = (expert_axis, d, m)  # (E[/N_e], C[/data], F[/model])
+        rules[EXPERT_OUT] = (expert_axis, m, d)  # (E[/N_e], F[/model], C[/data])
     if m is not None:
         rules[EMBEDDING] = (m, d)  # (V/model, C[/data])
         if with_head:
@@ -108,7 +113,7 @@ def check_config(mesh, layout, config, *, data_axis=DATA, model_axis=MODEL):
         sizes[("vocabulary_size", data_axis)] = config["vocabulary_size"]
     shared.check_divisible(mesh, layout, sizes, data_axis=data_axis, model_axis=model_axis)
     shared.check_kv_heads(mesh, layout, config.get("num_key_value_heads") or heads, model_axis=model_axis)
-    if layout == "tp+sp" and not config.get("megatron_sp", False):
+    if shared.splits_sequence_over_model(layout) and not config.get("megatron_sp", False):
         raise ValueError(
             "layout 'tp+sp' needs a model built with megatron_sp=True, but the config has "
             "megatron_sp=False; build it with from_config_name(name, layout='tp+sp') or megatron_sp=True"
@@ -117,9 +122,10 @@ def check_config(mesh, layout, config, *, data_axis=DATA, model_axis=MODEL):
 
 def layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MODEL):
     """The ``LayoutMap`` for ``layout`` on ``mesh``, after checking ``config`` if given."""
-    if layout == "pipeline":
+    record = LAYOUT_TABLE.get(layout)  # None: check_layout names the choices
+    if record is not None and record.stage_axis:
         return pipeline_layout_map(mesh, config, with_head=with_head, model_axis=model_axis)
-    if layout in EXPERT_LAYOUTS:
+    if record is not None and record.expert_axis:
         return expert_layout_map(mesh, layout, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis)
     shared.check_layout(layout)
     if config is not None:
@@ -147,7 +153,7 @@ def check_expert_config(mesh, layout, config, *, data_axis=DATA, model_axis=MODE
             f"layout {layout!r}: num_experts={experts} is not divisible by the {EXPERT!r} mesh axis of size {split} "
             f"(mesh {describe_mesh(mesh)}); choose an expert axis that divides {experts}"
         )
-    base = EXPERT_BASE_LAYOUTS[layout]
+    base = expert_base_layout(layout)
     check_config(mesh, base, config, data_axis=data_axis, model_axis=model_axis)
     moe_width = config.get("moe_intermediate_dim") or config["intermediate_dim"]
     shared.check_divisible(mesh, base, {"moe_intermediate_dim": moe_width}, data_axis=data_axis, model_axis=model_axis)
@@ -160,7 +166,7 @@ def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_
     needs ``data`` and ``expert`` (and ``model`` for ``expert+tp``); use the distribution
     from ``zoo.distribution.distribution_for`` (``ExpertParallel``: the batch over
     data x expert)."""
-    base = EXPERT_BASE_LAYOUTS[layout]
+    base = expert_base_layout(layout)
     require_axes(mesh, [data_axis, EXPERT] + ([model_axis] if base == "tp" else []), f"layout {layout!r}")
     if config is not None:
         check_expert_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)

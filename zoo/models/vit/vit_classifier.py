@@ -145,7 +145,7 @@ class ViTClassifier(EncoderClassifier):
 
     @classmethod
     def extra_layout_sizes(cls, layout, config):
-        if layout != "tp+sp":
+        if not layouts.splits_sequence_over_model(layout):
             return {}
         what = "token count (patches + class token)" if config["pooling"] == "cls" else "patch count"
         return {(what, MODEL): _token_count(config)}

@@ -20,7 +20,7 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
-from zoo.distribution.axes import MODEL, SEQ
+from zoo.config.layouts import layout_record
 from zoo.distribution.mesh import resolve_mesh_shape
 from zoo.measure.compiled_step import abstract_build, layout_under, slot_references
 from zoo.units import GIB, format_bytes
@@ -151,10 +151,8 @@ def check_batch(distribution, axes, layout, batch_size, sequence_length, hosts):
         raise ValueError(
             f"[train] batch_size {batch_size} is not divisible by the {hosts} hosts (each process feeds an equal share)"
         )
-    split = {
-        SEQ: sizes.get(SEQ, 1) if layout == "context" else 1,
-        MODEL: sizes.get(MODEL, 1) if layout == "tp+sp" else 1,
-    }
+    axis = layout_record(layout).sequence_axis  # context: seq; tp+sp: model
+    split = {axis: sizes.get(axis, 1)} if axis else {}
     shards = math.prod(split.values())
     if sequence_length is not None and sequence_length % shards:
         named = " x ".join(f"{axis!r} ({size})" for axis, size in split.items() if size > 1)

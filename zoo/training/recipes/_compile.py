@@ -22,12 +22,11 @@ import math
 
 import jax
 
+from zoo.config.layouts import layout_record
 from zoo.distribution.mesh import make_mesh
 from zoo.measure.compiled_step import StepMemory, abstract_build, compile_fit_step
 from zoo.training.recipes import _budget as plans
 from zoo.units import GIB
-
-WEIGHTS_SPLIT_OVER_DATA = ("fsdp", "fsdp+tp", "context")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +82,7 @@ def _mesh_axes(job, settings, target_devices, devices, label):
         return axes, batch
     shrink = target_devices // devices
     sizes = dict(axes)
-    if layout in WEIGHTS_SPLIT_OVER_DATA or target_devices % devices or sizes.get("data", 1) % shrink:
+    if layout_record(layout).fsdp_axis or target_devices % devices or sizes.get("data", 1) % shrink:
         raise ValueError(
             f"{label}: layout {layout!r} on mesh {plans.describe_axes(axes)} needs its "
             f"{target_devices} devices to be compiled faithfully; this process has {devices}"
