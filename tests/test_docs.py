@@ -35,6 +35,7 @@ PAGES = [
     "docs/moe.md",
     "docs/chat.md",
     "docs/generation.md",
+    "docs/architecture.md",
 ]
 
 
