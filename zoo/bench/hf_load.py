@@ -52,6 +52,7 @@ from zoo import distribution as zd
 from zoo.bench._output import size_text, write_text
 from zoo.config.bench_settings import HFLoadBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.models import GPTCausalLM
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.models.gpt import hf_checkpoints
 from zoo.models.gpt.hf_checkpoints import backbone_arguments
 from zoo.presets.safetensors_weights import SafetensorsFiles, write_safetensors
@@ -387,13 +388,8 @@ class Row:
 def build(folder, distribution, dtype):
     """The ``GPTCausalLM`` of ``folder``, its weights initialised, not loaded, under
     ``distribution`` and the ``dtype`` policy (None: the current one)."""
-    previous = keras.config.dtype_policy()
-    if dtype is not None:
-        keras.config.set_dtype_policy(dtype)
-    try:
+    with dtype_policy_scope(dtype or keras.config.dtype_policy()):
         return zd.build_distributed(lambda: GPTCausalLM.from_preset(folder, load_weights=False), distribution)
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def measure(folder, layout, mesh, settings, checkpoint_elements):

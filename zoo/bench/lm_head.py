@@ -28,6 +28,7 @@ from zoo.layers.lm_head_gather import ACTIVATIONS, TABLE
 from zoo.measure.comms_report import FAST_COMPILE, compiled_report
 from zoo.measure.compiled_step import abstract_build, compile_fit_step
 from zoo.models import GPTCausalLM
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 
 CHOICES = ("chosen", TABLE, ACTIVATIONS)  # the head's own choice, then each forced
@@ -112,17 +113,13 @@ def measure(settings, devices, per_device_batch, head):
     distribution = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name=DATA)
     batch = devices * per_device_batch
     start = time.perf_counter()
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(settings.precision)
-    try:
+    with dtype_policy_scope(settings.precision):
         for program in CHOICES:
             row.sent[program], row.peak[program], chosen = compile_program(
                 arguments, distribution, batch, settings.sequence_length, program
             )
             if program == "chosen":
                 row.choice, row.description = chosen.choice, chosen.describe()
-    finally:
-        keras.config.set_dtype_policy(previous)
     row.compile_s = time.perf_counter() - start
     return row
 

@@ -49,6 +49,7 @@ from zoo.measure.comms_report import FAST_COMPILE, compiled_report
 from zoo.measure.compiled_step import abstract_build, compile_fit_step
 from zoo.measure.hardware import device_spec
 from zoo.models import GPTCausalLM
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.training.finetune import enable_lora, is_lora_variable
 
@@ -155,12 +156,8 @@ def row_distribution(settings, layout, mesh, arguments):
 def build_lora_model(arguments, settings):
     """``GPTCausalLM`` of ``arguments`` under the precision policy, LoRA on every Dense /
     EinsumDense, only the factors trainable; call under the row's distribution."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(settings.precision)
-    try:
+    with dtype_policy_scope(settings.precision):
         model = GPTCausalLM(backbone=GPTBackbone(**arguments), loss_chunk_size=settings.loss_chunk_size)
-    finally:
-        keras.config.set_dtype_policy(previous)
     enable_lora(model, settings.lora_rank)  # factors laid out like their kernels, abstract build too
     for variable in model.weights:
         variable.trainable = is_lora_variable(variable)

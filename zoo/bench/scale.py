@@ -32,6 +32,7 @@ from zoo.bench._output import write_text
 from zoo.config.bench_settings import ScaleBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution.axes import DATA, MODEL, SEQ
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.units import GIB, MIB, format_bytes_in
 
 ROW = "ROW "  # prefix of a worker's result lines on stdout
@@ -217,7 +218,6 @@ def _sharded(mesh, kernel):
 
 def fsdp_tp_row(mesh):
     """gpt_1b's weights per device under fsdp+tp on ``mesh``, from the variables' shardings."""
-    import keras
 
     from zoo import distribution as zd
     from zoo.measure.compiled_step import (
@@ -230,16 +230,12 @@ def fsdp_tp_row(mesh):
     from zoo.training.gpt import compile_gpt
 
     distribution = zd.distribution_for(GPTCausalLM, "fsdp+tp", mesh)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_bfloat16")  # as the recipes train it: float32 weights
-    try:
+    with dtype_policy_scope("mixed_bfloat16"):  # as the recipes train it: float32 weights
         model = abstract_build(
             lambda: GPTCausalLM.from_config_name("gpt_1b", "fsdp+tp"),
             lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1),
             distribution,
         )
-    finally:
-        keras.config.set_dtype_policy(previous)
     weights, _, _ = state_bytes(model, state_shardings(model, distribution))
     devices = _devices(mesh)
     return {

@@ -31,6 +31,8 @@ What it reports (one row per model):
 """
 
 import dataclasses
+import functools
+import math
 import tempfile
 
 from zoo.bench._output import size_text, write_text
@@ -133,26 +135,47 @@ WEIGHT_STD = 0.02  # the random base's weights: uniform with this standard devia
 
 def random_quantized_weights(layers, seed):
     """Random values for the int8 / int4 kernels of ``layers`` (built quantized, zeros),
-    drawn on the device: the step's time does not depend on them, and quantizing 8B float
+    made on the device: the step's time does not depend on them, and quantizing 8B float
     weights through Keras' host-side quantizer (``fill_quantized``) takes minutes. int8:
     q uniform in [-127, 127], w = q / scale; int4: two nibbles a byte, each uniform in
     [-8, 7], zero point 0, w = q * scale; scales so that w has std ``WEIGHT_STD``."""
-    import jax
     import jax.numpy as jnp
 
-    key = jax.random.key(seed)
-    for layer in layers:
+    for index, layer in enumerate(layers):
         weights = {variable.path.rsplit("/", 1)[-1]: variable for variable in layer.weights}
-        key, draw = jax.random.split(key)
         kernel = weights["kernel"]
-        kernel.assign(
-            jax.random.randint(draw, kernel.shape, -128 if layer.quantization_mode == "int4" else -127, 128, jnp.int8)
-        )
+        values = hashed_bytes(tuple(kernel.shape), jnp.uint32((seed * 1_000_003 + index) % 2**32))
+        kernel.assign(values if layer.quantization_mode == "int4" else jnp.maximum(values, -127))
         half_range = WEIGHT_STD * 3**0.5  # uniform on [-a, a] has std a / sqrt(3)
         scale = 127 / half_range if layer.quantization_mode == "int8" else half_range / 8
         weights["kernel_scale"].assign(jnp.full(weights["kernel_scale"].shape, scale, weights["kernel_scale"].dtype))
         if "kernel_zero" in weights:
             weights["kernel_zero"].assign(jnp.zeros(weights["kernel_zero"].shape, weights["kernel_zero"].dtype))
+
+
+def hashed_bytes(shape, seed):
+    """int8 (``shape``), each byte uniform over [-128, 127]: the top byte of the murmur3
+    finalizer of the element's index mixed with ``seed`` (uint32). An integer hash, not
+    ``jax.random``: on a TPU v5e, XLA took 27-52 s to compile each ``jax.random.randint``
+    at qwen3_8b's kernel shapes (183 s for five of them); this compiles like any
+    elementwise program, once a shape."""
+    return _hash_program(tuple(shape))(seed)
+
+
+@functools.cache
+def _hash_program(shape):
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def draw(seed):
+        h = jax.lax.iota(jnp.uint32, math.prod(shape)) * jnp.uint32(0x9E3779B1) + seed  # (size,) u32
+        for shift, factor in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+            h = (h ^ (h >> shift)) * jnp.uint32(factor)
+        h = h ^ (h >> 16)
+        return jax.lax.bitcast_convert_type((h >> 24).astype(jnp.uint8), jnp.int8).reshape(shape)
+
+    return draw
 
 
 def flops_per_step(settings, model):

@@ -230,9 +230,14 @@ def compile_fit_step(model, distribution, x, y, *, sample_weight=None, compiler_
     with global_distribution(None):
         build_compile_state(model, *parts[:2])
     shardings = state_shardings(model, distribution)
+    host = host_state_bytes(model, shardings)
+    # One device and no host memory: no sharding given, as fit's first call has none (its
+    # arrays uncommitted), so this is fit's own program (a persistent-cache hit, not a second
+    # compile of minutes at 8B on a TPU)
+    given = shardings if distribution is not None or host else [[None] * len(group) for group in shardings]
     state = tuple(
         [_abstract(v, s) for v, s in zip(group, group_shardings)]
-        for group, group_shardings in zip(state_groups(model), shardings)
+        for group, group_shardings in zip(state_groups(model), given)
     )
     data = tuple(
         keras.tree.map_structure(lambda spec: _batch_struct(spec.shape, spec.dtype, distribution), part)
@@ -244,7 +249,6 @@ def compile_fit_step(model, distribution, x, y, *, sample_weight=None, compiler_
         compiled = step.lower(state, data).compile(compiler_options)
     analysis = compiled.memory_analysis()
     weights, gradients, optimizer = state_bytes(model, shardings)
-    host = host_state_bytes(model, shardings)
     # A TPU's or GPU's analysis counts host-memory arguments apart; XLA:CPU's (one memory)
     # counts them with the rest: take them out, in and out of the step alike (donated).
     lumped = host if not getattr(analysis, "host_argument_size_in_bytes", 0) else 0

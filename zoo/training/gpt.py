@@ -21,6 +21,7 @@ from zoo.distribution.mesh import resolve_mesh_shape
 from zoo.kernels.pipeline import check_schedule, num_ticks
 from zoo.measure import mfu
 from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.models.gpt import non_finite_error
 from zoo.training._checkpointed_fit import check_checkpoint_options, checkpointed_fit
 from zoo.training.job_setup import (
@@ -159,12 +160,8 @@ def build_for_training(settings, policy=None, **model_overrides):
     ``zoo.training.lora.quantized.quantized_policy``), with its blocks rematerialised as
     ``settings.remat`` says (``TransformerBlock``'s ``remat``). ``model_overrides``
     replace config entries (e.g. ``num_layers=2`` for a compile-only memory check)."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(settings.precision if policy is None else policy)
-    try:
+    with dtype_policy_scope(settings.precision if policy is None else policy):
         return build_gpt(settings, model_overrides)
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def compile_gpt(
