@@ -22,7 +22,8 @@ from zoo import distribution as zd
 from zoo.bench.hf_load import live_bytes_per_device  # per device, from shard shapes (never shard.data)
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
-from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments
+from zoo.models.gpt._hf_config import backbone_arguments
+from zoo.models.gpt._hf_keys import UnsupportedCheckpoint
 from zoo.presets.safetensors_weights import CheckpointError
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf"
@@ -454,7 +455,7 @@ def test_an_inert_window_and_qwen_sparse_patterns_are_mapped():
 
 
 def test_a_moe_gpt_no_hugging_face_model_computes_is_refused_on_export():
-    from zoo.models.gpt._hf_config import hf_config
+    from zoo.models.gpt._hf_export_config import hf_config
 
     mixtral_like = {
         **backbone_arguments(fixture_config("mixtral")),
@@ -526,7 +527,7 @@ def test_window_keys_map_as_transformers_reads_them():
 
 
 def test_window_patterns_are_written_back_or_refused_naming_them():
-    from zoo.models.gpt._hf_config import hf_config
+    from zoo.models.gpt._hf_export_config import hf_config
 
     qwen2 = {
         **backbone_arguments(fixture_config("qwen2")),

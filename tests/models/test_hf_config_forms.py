@@ -20,16 +20,15 @@ import pathlib
 import numpy as np
 import pytest
 
-from zoo.models.gpt._hf_config import (
+from zoo.models.gpt._hf_config import backbone_arguments
+from zoo.models.gpt._hf_export_config import hf_config, written_types
+from zoo.models.gpt._hf_keys import (
     NULLABLE,
     ROPE_SCALING_TYPES,
     WRITTEN_TYPES,
     UnsupportedCheckpoint,
-    backbone_arguments,
-    hf_config,
     resolved_heads,
     transformers4_keys,
-    written_types,
 )
 from zoo.presets.safetensors_weights import CheckpointError
 

@@ -25,7 +25,7 @@ from safetensors.numpy import load_file, save_file
 from tests.models.test_hf_checkpoints import FIXTURES
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import hf_checkpoints
-from zoo.models.gpt._hf_config import UnsupportedCheckpoint
+from zoo.models.gpt._hf_keys import UnsupportedCheckpoint
 from zoo.presets.safetensors_weights import INDEX_FILE, SINGLE_FILE, CheckpointError, SafetensorsFiles
 
 SOURCE = FIXTURES / "llama_mha_tied"

@@ -10,7 +10,7 @@ attention-logit and final-logit soft-capping; Gemma 3 adds qk-norm (the same off
 RMSNorm) and a RoPE base of its own for the sliding layers (``rope_local_base_freq``).
 
 transformers 5's form (``rope_parameters``, Gemma 3's nested by layer type) is read as its
-transformers 4 keys (``_hf_config.transformers4_keys``).
+transformers 4 keys (``_hf_keys.transformers4_keys``).
 
 Refused, naming the key: ``rope_scaling`` or a ``rope_parameters`` ``rope_type`` other than
 ``"default"`` (Gemma 3 4B and larger: linear scaling of the global layers, which the zoo's
@@ -21,7 +21,7 @@ neither listed here nor inert.
 
 import math
 
-from zoo.models.gpt import _hf_config as common
+from zoo.models.gpt import _hf_keys as common
 
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 ARCHITECTURES = {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}

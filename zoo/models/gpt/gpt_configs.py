@@ -8,7 +8,8 @@ train on a CPU; the larger ones size real runs.
 
 from zoo.config.choices import GATED_MLPS
 from zoo.config.renamed import MODEL_KEYS, renamed_keys
-from zoo.models.gpt._hf_config import backbone_arguments, is_hf_config
+from zoo.models.gpt._hf_config import backbone_arguments
+from zoo.models.gpt._hf_keys import is_hf_config
 
 # what every Gemma 2 / Gemma 3 config shares (see the gemma entries of GPT_CONFIGS)
 _GEMMA = {

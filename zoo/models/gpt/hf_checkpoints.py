@@ -65,7 +65,9 @@ from zoo.config.choices import LORA_WEIGHTS
 from zoo.file_kinds import read_json_file
 from zoo.layers import QUANTIZATION_WEIGHTS, fill_quantized, is_built_quantized
 from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds
-from zoo.models.gpt._hf_config import UnsupportedCheckpoint, backbone_arguments, hf_config, hf_model_type, sparse_layers
+from zoo.models.gpt._hf_config import backbone_arguments
+from zoo.models.gpt._hf_export_config import hf_config, hf_model_type, sparse_layers
+from zoo.models.gpt._hf_keys import UnsupportedCheckpoint
 from zoo.models.gpt._probe import check_finite_logits
 from zoo.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from zoo.presets import inside_folder, write_folder_atomically
@@ -376,7 +378,7 @@ def save_to_hf(model, directory, *, max_file_bytes=None, dtype=None, extra_files
     block, ``qwen2`` with q/k/v biases (a window in blocks m..L-1 as ``use_sliding_window``
     and ``max_window_layers`` m), ``qwen3`` with ``qk_norm``, ``mixtral`` for experts alone,
     ``qwen2_moe`` for experts and a shared expert, ``qwen3_moe`` for ``qk_norm`` and experts:
-    ``_hf_config.hf_model_type``; another window pattern is refused),
+    ``_hf_export_config.hf_model_type``; another window pattern is refused),
     ``generation_config.json``, the weights as safetensors (one file, or files of at most
     ``max_file_bytes`` with an index), and the tokenizer when the preprocessor's has
     ``save_to_directory`` (``HFTokenizer``; ``ByteTokenizer`` as a byte-level
