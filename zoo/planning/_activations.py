@@ -1,5 +1,5 @@
 """What a Transformer block keeps for its backward pass, per token, by remat policy: the
-one formula the planner's analytic model (``search.estimate``) and the remat correction
+one formula the planner's analytic model (``analytic.estimate``) and the remat correction
 (``remat_saved_per_block``) share; and, where this JAX's XLA:CPU cannot show remat
 (JAX 0.10), the correction a plan applies (``remat_correction``) and what its verdict
 then says (``remat_caveat``)."""
