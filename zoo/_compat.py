@@ -47,6 +47,25 @@ def sublayers(layer):
     return list(flatten(include_self=False))
 
 
+@contextlib.contextmanager
+def adding_state_after_build(layer):
+    """Lets a built layer take new variables (Keras locks its state after ``build``), as
+    Keras' own ``Dense.enable_lora`` does. Private: ``Layer._tracker`` (Keras 3.10-3.15)."""
+    layer._tracker.unlock()
+    try:
+        yield
+    finally:
+        layer._tracker.lock()
+
+
+def saved_variables(layer):
+    """A layer's own variables in the order Keras' ``Layer.save_own_variables`` writes them
+    (and ``load_own_variables`` reads them): those made trainable, then the others, each in
+    the order made, whatever their ``trainable`` is now. Private: ``Layer._trainable_variables``
+    and ``_non_trainable_variables`` (Keras 3.10-3.15); no public API lists them so."""
+    return list(layer._trainable_variables) + list(layer._non_trainable_variables)
+
+
 def distribution_layout_map(distribution):
     """The ``LayoutMap`` of a ``ModelParallel`` distribution (the object itself, so
     keys added to it take effect); None for no distribution or one without a map

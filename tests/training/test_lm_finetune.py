@@ -171,6 +171,35 @@ def test_lora_finetuning_matches_one_device_and_lowers_the_held_out_loss(layout,
     assert after < before - 0.5, (before, after)  # 6.47 -> 5.2 nats per completion token
 
 
+def test_zoo_finetune_scan_layers_trains_the_stacked_blocks_and_writes_the_layers_files(data, reference):
+    """``zoo finetune FIXTURE --scan-layers``: the Hugging Face folder loads into stacked blocks
+    (one scan), LoRA on them under fsdp lowers the held-out loss from the layers form's, and
+    the folder and the PEFT adapter are the layers' (the adapter on the fixture gives the
+    merged folder's weights)."""
+    output = data.folder / "tuned_scanned"
+    argv = ["finetune", str(FIXTURE), "--data-file", str(data.train_file), "--validation-file", str(data.held_out_file)]
+    argv += ["--scan-layers", "--layout", "fsdp", "--mesh", "data=8", "--sequence-length", str(LENGTH)]
+    argv += ["--batch-size", "8", "--epochs", "1", "--lora-rank", str(RANK), "--optimizer", "sgd"]
+    argv += ["--learning-rate", str(LEARNING_RATE), "--adapter-format", "peft", "--output", str(output)]
+    lines = []
+    result = finetune(schema.from_args(FinetuneSettings, build_parser().parse_args(argv)), report=lines.append)
+    keras.distribution.set_distribution(None)
+    assert result["model"].backbone.stacked
+    assert any("LoRA in 14 layers" in line for line in lines), lines  # 7 in each of the 2 stacked blocks
+    assert result["heldout_loss_before"] == pytest.approx(reference.result["heldout_loss_before"], rel=1e-5)
+    assert result["heldout_loss"] < result["heldout_loss_before"] - 0.5, lines
+    saved = {v.path: np.asarray(v.value) for v in GPTCausalLM.from_preset(output).weights}
+    assert "block_1/attention/query/kernel" in saved and not any("lora" in path for path in saved)
+    from zoo.training.lora.peft_adapters import load_peft_adapter
+
+    with_adapter = GPTCausalLM.from_preset(FIXTURE)
+    assert len(load_peft_adapter(with_adapter, output / "adapter")) == 14
+    for variable in with_adapter.weights:
+        np.testing.assert_allclose(
+            np.asarray(variable.value), saved[variable.path], rtol=1e-5, atol=1e-6, err_msg=variable.path
+        )
+
+
 def test_zoo_finetune_writes_the_merged_hf_folder_and_the_adapter(data, reference):
     """``zoo finetune FIXTURE --data-file ...`` under the context layout, in-process."""
     output = data.folder / "tuned"

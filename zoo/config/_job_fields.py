@@ -95,6 +95,28 @@ def context_attention():
     )
 
 
+def scan_layers(who=""):
+    return setting(
+        False,
+        f"{who}hold the blocks stacked and run them in one lax.scan (one block's program: compile time flat in "
+        "depth; under fsdp each block's weights are gathered inside the loop, under tp each keeps Megatron's split); "
+        "layouts single, data, fsdp, tp and fsdp+tp",
+        section="model",
+        store_true=True,
+    )
+
+
+def check_scan_settings(settings):
+    """Raise ``SettingError`` naming the layout unless ``scan_layers`` is off or the
+    layout runs a scanned stack (single and ``choices.SCANNED_LAYOUTS``)."""
+    if settings.scan_layers and settings.layout not in ("single", *choices.SCANNED_LAYOUTS):
+        raise SettingError(
+            f"{type(settings).__name__}.scan_layers (--scan-layers) runs the stacked blocks under layouts "
+            f"{', '.join(('single', *choices.SCANNED_LAYOUTS))}, not {settings.layout!r} (its blocks run as layers; "
+            f"layout pipeline already stacks them): leave it out, or use one of those"
+        )
+
+
 def remat(who=""):
     return setting(
         choices.AUTO,

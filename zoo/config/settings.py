@@ -19,6 +19,7 @@ from zoo.config._job_fields import (  # noqa: F401 (moved; the old import paths 
     MESH_HELP,
     CheckpointSettings,
     check_context_settings,
+    check_scan_settings,
     moment_dtype_setting,
     second_moment_setting,
     state_memory_setting,
@@ -135,14 +136,7 @@ class GPTTrainSettings(fields.CheckpointSettings, fields.Checked):
         section="model",
         parse=types.non_negative_float,
     )
-    scan_layers: bool = setting(
-        False,
-        "hold the blocks stacked and run them in one lax.scan (one block's program: compile time flat in depth; "
-        "under fsdp each block's weights are gathered inside the loop, under tp each keeps Megatron's split); "
-        "layouts single, data, fsdp, tp and fsdp+tp",
-        section="model",
-        store_true=True,
-    )
+    scan_layers: bool = fields.scan_layers()
     layout: str = setting(
         "data",
         fields.LAYOUT_HELP + "; auto: the best that fits, by zoo plan --auto",
@@ -240,17 +234,6 @@ class GPTTrainSettings(fields.CheckpointSettings, fields.Checked):
         fields.check_context_settings(self)
         check_pipeline_settings(self)
         check_scan_settings(self)
-
-
-def check_scan_settings(settings):
-    """Raise ``SettingError`` naming the layout unless ``scan_layers`` is off or the
-    layout runs a scanned stack (single and ``choices.SCANNED_LAYOUTS``)."""
-    if settings.scan_layers and settings.layout not in ("single", *choices.SCANNED_LAYOUTS):
-        raise SettingError(
-            f"{type(settings).__name__}.scan_layers (--scan-layers) runs the stacked blocks under layouts "
-            f"{', '.join(('single', *choices.SCANNED_LAYOUTS))}, not {settings.layout!r} (its blocks run as layers; "
-            f"layout pipeline already stacks them): leave it out, or use one of those"
-        )
 
 
 def check_pipeline_settings(settings):

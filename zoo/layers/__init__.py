@@ -9,6 +9,7 @@ take by default (``weight_only_config``, ``INT4_BLOCK``) and a quantized-built l
 fill (``fill_quantized``, ``is_built_quantized``), for QLoRA and the checkpoint loaders.
 """
 
+from zoo.layers._lora import LORA_LAYER_TYPES, check_lora_rank, enable_layer_lora, lora_target_layers
 from zoo.layers._parallel_plan import run_on_mesh
 from zoo.layers._quantized import (
     INT4_BLOCK,
@@ -36,6 +37,7 @@ from zoo.layers.transformer_block import TransformerBlock
 
 __all__ = [
     "INT4_BLOCK",
+    "LORA_LAYER_TYPES",
     "QUANTIZATION_WEIGHTS",
     "ClassToken",
     "ColumnParallelDense",
@@ -50,12 +52,15 @@ __all__ = [
     "TokenPooling",
     "TransformerBlock",
     "apply_rotary_embedding",
+    "check_lora_rank",
     "describe_attention",
+    "enable_layer_lora",
     "factored_lora_call",
     "fill_quantized",
     "float_parameter_count",
     "is_built_quantized",
     "kernel_variable",
+    "lora_target_layers",
     "plain_attention",
     "rotary_angles",
     "run_on_mesh",

@@ -10,12 +10,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from zoo._compat import deferred_initializer, forgetting_deferred_variables
-from zoo.config.choices import SCHEDULES
+from zoo._compat import adding_state_after_build, deferred_initializer, forgetting_deferred_variables, saved_variables
+from zoo.config.choices import LORA_WEIGHTS, SCHEDULES
 from zoo.distribution.axes import STAGE
 from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
+from zoo.layers._lora import check_lora_rank, enable_layer_lora, lora_target_layers
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over
 from zoo.layers.transformer_block import REMAT_POLICIES, TransformerBlock
 
@@ -58,6 +59,12 @@ class PipelinedBlocks(keras.layers.Layer):
         seed: seed of the dropout stream. Dropout masks depend on (block, row of the
             batch) only, so they are the same whatever M, S or data split.
 
+    LoRA (``enable_lora``): the template block's Dense / EinsumDense layers get their
+    factors, stacked like every other weight (``<name>/attention/query/lora_kernel_a``
+    (R, L/R, C, H, r)), each block's update computed factored on its slice; the stacked
+    kernels are frozen. Saved (``.keras``) with each kernel merged, ``kernel + (alpha / r)
+    a @ b``, as Keras saves a LoRA layer (``merged_weights``).
+
     Call: ``blocks(x, key_mask=None, training=None, segment_ids=None)``; x (B, T, C) ->
     (B, T, C); segment_ids int (B, T) or None: document ids of packed rows (0 = padding),
     cut into micro-batches like key_mask and passed to every block's attention.
@@ -78,6 +85,7 @@ class PipelinedBlocks(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator")
         self._template = None  # (TransformerBlock, {relative path: its variable}), made in build
         self.stacked = {}  # relative path -> variable (R, L/R, *block shape)
+        self.lora = None  # (rank, alpha) once enable_lora ran
 
     # --- weights ----------------------------------------------------------------------
 
@@ -85,9 +93,14 @@ class PipelinedBlocks(keras.layers.Layer):
         self._num_stages()  # blocks that do not split over the stages are named before any weight is made
         template, variables = _template_block(self.block, input_shape, self.dtype_policy)
         self._template = _Untracked((template, variables))
+        self._stack_new_variables()
+
+    def _stack_new_variables(self):
+        """A stacked weight for each template variable that has none yet."""
         per_repeat = self.num_blocks // self.repeats
-        for path, variable in variables.items():
-            self.stacked[path] = self._stacked_weight(path, variable, per_repeat)
+        for path, variable in self.template[1].items():
+            if path not in self.stacked:
+                self.stacked[path] = self._stacked_weight(path, variable, per_repeat)
 
     def _stacked_weight(self, path, variable, per_repeat):
         """A variable (R, L/R, *variable.shape) at ``<name>/<path>``, each block's slice
@@ -114,10 +127,59 @@ class PipelinedBlocks(keras.layers.Layer):
         initialised; not the layer's weights)."""
         return self._template.value
 
+    def enable_lora(self, rank, alpha=None):
+        """LoRA of ``rank`` (scale ``alpha / rank``; Keras' default alpha = rank) on every
+        block's Dense / EinsumDense layers but MoE routers (``lora_target_layers``), as
+        Keras' ``layer.enable_lora`` does on one layer: the factors stacked and trainable
+        (``lora_kernel_a`` initialised as Keras does, ``lora_kernel_b`` zeros, so the
+        blocks compute what they did), the stacked kernels frozen."""
+        check_lora_rank(rank)
+        if self.lora is not None:
+            raise ValueError(f"{self.name}: LoRA is already enabled (rank {self.lora[0]}); load a fresh model")
+        if not self.built:
+            raise ValueError(f"{self.name}: build the layer (call the model once) before enabling LoRA")
+        template, variables = self.template
+        with _abstract_scope():
+            targets = lora_target_layers(template)
+            for layer in targets:
+                enable_layer_lora(layer, rank, alpha)
+        variables.update(_block_variables(template))
+        with adding_state_after_build(self):
+            self._stack_new_variables()
+        for path, variable in variables.items():  # the kernels Keras froze in the template, frozen here
+            self.stacked[path].trainable = variable.trainable
+        self.lora = (rank, targets[0].lora_alpha if targets else alpha)
+
+    def merged_weights(self):
+        """``{relative path: array (R, L/R, ...)}`` of every stacked weight but the LoRA
+        factors, each adapted kernel ``kernel + (alpha / r) a @ b`` (the blocks' weights as
+        one model without LoRA holds them)."""
+        weights = {path: variable.value for path, variable in self.stacked.items() if not _is_factor(path)}
+        if self.lora is None:
+            return weights
+        rank, alpha = self.lora
+        for path in weights:
+            prefix = path.rsplit("/", 1)[0]
+            if path.endswith("/kernel") and f"{prefix}/lora_kernel_a" in self.stacked:
+                a, b = (self.stacked[f"{prefix}/lora_kernel_{name}"].value for name in ("a", "b"))
+                update = jnp.einsum("rl...k,rlko->rl...o", a, b) * (alpha / rank)  # (R, L/R, *kernel shape)
+                weights[path] = (weights[path] + update.astype(weights[path].dtype)).astype(weights[path].dtype)
+        return weights
+
+    def save_own_variables(self, store):
+        """Keras' saving, LoRA merged into the kernels and its factors left out (a model
+        without LoRA loads the file, as from a LoRA Dense layer's)."""
+        merged = self.merged_weights()
+        paths = {id(variable): path for path, variable in self.stacked.items()}
+        kept = [v for v in saved_variables(self) if not _is_factor(paths.get(id(v), ""))]
+        for index, variable in enumerate(kept):
+            path = paths.get(id(variable))
+            store[str(index)] = merged[path] if path is not None else variable
+
     def load_own_variables(self, store):
         """Keras' loading, with weights saved under another ``repeats`` reshaped (same
         blocks in the same order)."""
-        variables = self.trainable_weights + self.non_trainable_weights  # the order Keras saves them in
+        variables = saved_variables(self)  # the order Keras saves them in
         saved = {key: store[key][...] for key in store.keys()}
         for index, variable in enumerate(variables):
             value = saved.get(str(index))
@@ -373,19 +435,35 @@ class _Untracked:
         self.value = value
 
 
-def _template_block(block, input_shape, dtype_policy):
-    """A ``TransformerBlock`` built abstractly (no weight allocated, under no distribution)
-    and {path relative to the block: variable} of its weights (seed states left out)."""
+@contextlib.contextmanager
+def _abstract_scope():
+    """The template's variables made abstractly: no weight allocated, under no distribution."""
     with global_distribution(None), forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
+        yield
+
+
+def _template_block(block, input_shape, dtype_policy):
+    """A ``TransformerBlock`` built abstractly and {path relative to the block: variable}
+    of its weights (``_block_variables``)."""
+    with _abstract_scope():
         template = TransformerBlock(**block, dtype=dtype_policy, name=TEMPLATE)
         template.build(tuple(input_shape))
+    return template, _block_variables(template)
+
+
+def _block_variables(template):
+    """{path relative to the block: variable} of the template's weights (seed states left out)."""
     prefix = template.name + "/"
     variables = {}
     for variable in template.weights:
         path = variable.path.split(prefix, 1)[-1]
         if SEED_GENERATOR not in path:
             variables[path] = variable
-    return template, variables
+    return variables
+
+
+def _is_factor(path):
+    return path.rsplit("/", 1)[-1] in LORA_WEIGHTS
 
 
 def _check_arguments(num_blocks, block, schedule, micro_batches, repeats):

@@ -20,7 +20,6 @@ from zoo.training.lora import (
     is_peft_adapter,
     load_lora,
     load_peft_adapter,
-    lora_layers,
     lora_parameter_count,
 )
 from zoo.training.paths import resolve_output
@@ -54,7 +53,7 @@ def export(settings, report=print):
 def exported_parameter_count(model):
     """The parameters the folder holds: the model's, less the LoRA factors (merged into
     the kernels they adapt, not written)."""
-    return model.count_params() - lora_parameter_count(lora_layers(model))
+    return model.count_params() - lora_parameter_count(model)
 
 
 def _attach_tokenizer(model, source, report):

@@ -176,7 +176,7 @@ def finetune(settings, report=print):
     report(
         f"method {settings.method}: {trainable:,} trainable parameters"
         + (
-            f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})"
+            f" ({lora_parameter_count(model):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})"
             if adapted
             else ""
         )
@@ -248,6 +248,8 @@ def _check_classifier_options(settings):
         given.append(f"--remat {settings.remat}")
     if settings.precision != "float32":
         given.append(f"--precision {settings.precision}")
+    if settings.scan_layers:
+        given.append("--scan-layers")
     if given:
         raise ValueError(
             f"{', '.join(given)}: for causal LMs; preset {settings.preset!r} is a classifier, fine-tuned on --dataset"

@@ -69,7 +69,14 @@ from zoo.training.callbacks import SynchronousSteps
 from zoo.training.job_setup import job_distribution, new_run_folder, report_setup, run_dir_of
 from zoo.training.lm_data import data_source, lm_data, load_lm_file, use_chat_template  # noqa: F401 (load_lm_file: moved)
 from zoo.training.logs.report import StepReport
-from zoo.training.lora import enable_lora, lora_parameter_count, merge_lora, save_lora, save_peft_adapter
+from zoo.training.lora import (
+    adapted_layer_count,
+    enable_lora,
+    lora_parameter_count,
+    merge_lora,
+    save_lora,
+    save_peft_adapter,
+)
 from zoo.training.lora.quantized import quantize_frozen, quantized_policy
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
 from zoo.training.remat_choice import resolve_remat
@@ -123,12 +130,13 @@ def is_causal_lm(preset):
     return load_preset_metadata(preset)["class_name"] == GPTCausalLM.__name__
 
 
-def causal_lm_config(preset, layout=None):
+def causal_lm_config(preset, layout=None, *, scan_layers=False):
     """The ``GPTBackbone`` arguments of a local ``preset`` (zoo preset or Hugging Face
     folder), read without building the model, with what ``layout`` needs (``tp+sp``:
-    ``megatron_sp``): what ``get_layout_map`` checks against the mesh (``config=``)."""
+    ``megatron_sp``) and ``scan_layers`` when set: what ``get_layout_map`` checks against
+    the mesh (``config=``), and what the job builds."""
     config = hf_checkpoints.read_config(os.fspath(preset)) if is_hf_folder(preset) else load_preset_config(preset)
-    return {**backbone_config(config), **layout_overrides(layout)}
+    return {**backbone_config(config), **layout_overrides(layout), **({"scan_layers": True} if scan_layers else {})}
 
 
 def lm_preprocessor(model, sequence_length=None, tokenizer=None):
@@ -163,6 +171,13 @@ def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None, quantize=N
         raise ValueError(f"quantize={quantize!r} is a setting of method qlora, not of method {method!r}")
     if method == "full":
         return []
+    if method == "qlora" and model.backbone.stacked:
+        raise ValueError(
+            f"method qlora on a GPT whose blocks are stacked (schedule={model.backbone.schedule!r}, scan_layers="
+            f"{model.backbone.scan_layers}): its kernels are "
+            "stacked weights, not Dense layers Keras quantizes; build it with its blocks as layers "
+            "(model.with_block_form(scan_layers=False)), or use method lora"
+        )
     if method == "qlora":  # before the weights are listed: the list would keep every float kernel alive
         quantize_frozen(model.backbone, quantize or "int8")
     trainable = list(model.trainable_weights)
@@ -309,7 +324,7 @@ def finetune_causal_lm(
     trainable = int(sum(np.prod(v.shape) for v in model.trainable_weights))
     report(
         f"method {method}: {trainable:,} trainable parameters"
-        + (f" ({lora_parameter_count(adapted):,} LoRA in {len(adapted)} layers)" if adapted else "")
+        + (f" ({lora_parameter_count(model):,} LoRA in {adapted_layer_count(model)} layers)" if adapted else "")
     )
     compile_causal_lm(model, optimizer or make_optimizer("adam", method=method), loss_chunk_size=loss_chunk_size)
     batches = token_batches(train, batch_size=batch_size, shuffle=True, seed=seed)
@@ -364,7 +379,8 @@ def finetune_lm(settings, report=print):
     check_paths(settings)
     preset = local_preset(settings.preset)
     hf = is_hf_folder(preset)
-    distribution = job_distribution(GPTCausalLM, settings, model_config=causal_lm_config(preset, settings.layout))
+    config = causal_lm_config(preset, settings.layout, scan_layers=settings.scan_layers)
+    distribution = job_distribution(GPTCausalLM, settings, model_config=config)
     report_setup(distribution, report)
     model = zd.build_distributed(lambda: _load_base(preset, settings), distribution)
     preprocessor = lm_preprocessor(model, settings.sequence_length)
@@ -423,7 +439,7 @@ def base_policy(settings):
 
 def _load_base(preset, settings):
     with dtype_policy_scope(base_policy(settings)):
-        return load_causal_lm(preset, settings.layout)
+        return load_causal_lm(preset, settings.layout, **({"scan_layers": True} if settings.scan_layers else {}))
 
 
 def _check_options(settings):

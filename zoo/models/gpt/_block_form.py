@@ -43,4 +43,4 @@ def _layer_form_values(model):
         for variable in model.variables
         if not variable.path.startswith("blocks/") and "seed_generator" not in variable.path
     }
-    return values | unstacked_blocks(model)
+    return values | unstacked_blocks(model, merged=False)

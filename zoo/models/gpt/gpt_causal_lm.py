@@ -390,13 +390,15 @@ class GPTCausalLM(ZooModel):
             "loss_chunk_size": self.loss_chunk_size,
         }
 
-    def with_block_form(self, scan_layers):
+    def with_block_form(self, scan_layers, *, prepare=None):
         """This model in the other block form with the same weights: ``scan_layers=True``
         its blocks stacked (1, L, ...) and run by one scan, False as the layers ``block_0``
         .. (a pipelined model's blocks come out in order, whatever its repeats). A model
         saved in either form (``.keras``, a preset) loads as saved; this turns it into the
         other: ``zoo.load("lm.keras").with_block_form(scan_layers=True)``. Built under
-        the current distribution; the LM head, preprocessor and loss chunks are kept."""
+        the current distribution; the LM head, preprocessor and loss chunks are kept.
+        ``prepare(twin)`` runs on the new model before the weights are copied (LoRA enabled
+        on it, so the factors have somewhere to go: ``zoo.training.lora.in_layers_form``)."""
         backbone_config = self.backbone.get_config() | {"scan_layers": bool(scan_layers), "schedule": None}
         twin = type(self)(
             backbone=GPTBackbone.from_config(backbone_config),
@@ -404,6 +406,8 @@ class GPTCausalLM(ZooModel):
             loss_chunk_size=self.loss_chunk_size,
             name=self.name,
         )
+        if prepare is not None:
+            prepare(twin)
         copy_block_form_weights(self, twin)
         return twin
 

@@ -321,13 +321,14 @@ def _load_from(model, directory, files, on_read=None):
 
 
 def pipelined_views(views, config):
-    """``views`` for a pipelined backbone (``schedule`` set; else as they are): each block
-    weight's L per-layer views stacked as its ``blocks/<path>`` variable (R, L/R, ...),
+    """``views`` for a backbone with stacked blocks (``schedule`` or ``scan_layers`` set; else
+    as they are): each block weight's L per-layer views stacked as its ``blocks/<path>``
+    variable (R, L/R, ...; scanned: R = 1),
     stack place (r, j) holding layer r * L/R + j, the order ``save_to_hf`` unstacks
     them in (``unstacked_blocks``), so a Hugging Face folder loads into any layout."""
-    if config.get("schedule") is None:
+    if config.get("schedule") is None and not config.get("scan_layers"):
         return views
-    layers, repeats = config["num_layers"], config.get("repeats") or 1
+    layers, repeats = config["num_layers"], (config.get("repeats") or 1) if config.get("schedule") else 1
     per_group = layers // repeats  # L/R
     stacked = {path: view for path, view in views.items() if not path.startswith("block_")}
     for suffix in sorted({path.split("/", 1)[1] for path in views if path.startswith("block_")}):
@@ -462,18 +463,26 @@ def _check_finite(path, array, dtype):
         )
 
 
-def unstacked_blocks(model):
+def unstacked_blocks(model, *, merged=True):
     """``{block_<i>/<path>: array}`` of a backbone with stacked blocks (a ``schedule`` or
     ``scan_layers``; {} for another): ``PipelinedBlocks`` keeps block i at ``[i // (L/R), i % (L/R)]`` of each
     (R, L/R, ...) weight whatever the schedule (gpipe R = 1, circular R >= 2) or the
-    stage count, so row i of its (L, ...) reshape is layer i."""
+    stage count, so row i of its (L, ...) reshape is layer i. ``merged``: LoRA folded into
+    the kernels and its factors left out (``PipelinedBlocks.merged_weights``); else the
+    weights as held, factors included."""
     import numpy as np
 
     if not model.backbone.stacked:
         return {}
+    blocks_layer = model.backbone.pipelined_blocks
+    weights = (
+        blocks_layer.merged_weights()
+        if merged
+        else {path: variable.value for path, variable in blocks_layer.stacked.items()}
+    )
     blocks = {}
-    for path, variable in model.backbone.pipelined_blocks.stacked.items():
-        stacked = np.asarray(variable.value)  # (R, L/R, *block shape)
+    for path, value in weights.items():
+        stacked = np.asarray(value)  # (R, L/R, *block shape)
         for index, value in enumerate(stacked.reshape(-1, *stacked.shape[2:])):  # (L, *block shape)
             blocks[f"block_{index}/{path}"] = value
     return blocks

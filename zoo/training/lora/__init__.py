@@ -12,7 +12,9 @@ PEFT's format.
 from zoo.training.lora._files import check_lora_file, load_lora, save_lora
 from zoo.training.lora._layers import (
     LORA_WEIGHTS,
+    adapted_layer_count,
     enable_lora,
+    in_layers_form,
     is_lora_variable,
     kernel_path,
     layer_prefix,
@@ -25,8 +27,10 @@ from zoo.training.lora.peft_adapters import is_peft_adapter, load_peft_adapter, 
 
 __all__ = [
     "LORA_WEIGHTS",
+    "adapted_layer_count",
     "check_lora_file",
     "enable_lora",
+    "in_layers_form",
     "is_lora_variable",
     "is_peft_adapter",
     "kernel_path",

@@ -18,15 +18,23 @@ from zoo.file_kinds import regular_file
 from zoo.layers import kernel_variable
 from zoo.presets.permissions import honour_umask
 from zoo.presets.sharded_weights import assign_from_host
-from zoo.training.lora._layers import LORA_WEIGHTS, enable_lora, layer_prefix, lora_layers, lora_target_layers
+from zoo.training.lora._layers import (
+    LORA_WEIGHTS,
+    enable_lora,
+    in_layers_form,
+    layer_prefix,
+    lora_layers,
+    lora_target_layers,
+)
 
 LORA_FORMAT = "zoo-lora"
 LORA_FORMAT_VERSION = 1
 
 
 def save_lora(model, path):
-    """Write the LoRA factors of ``model`` to ``path`` (``.h5``), atomically."""
-    layers = lora_layers(model)
+    """Write the LoRA factors of ``model`` to ``path`` (``.h5``), atomically; a stacked
+    GPT's, block by block as its layers would hold them (``in_layers_form``)."""
+    layers = lora_layers(in_layers_form(model))
     if not layers:
         raise ValueError(f"model {model.name!r} has no LoRA-enabled layer; enable LoRA before saving an adapter")
     path = os.fspath(path)

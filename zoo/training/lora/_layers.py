@@ -29,7 +29,6 @@ Saving is unchanged: ``.keras`` files hold the merged kernel, as Keras writes th
 
 import contextlib
 import math
-import types
 
 import keras
 
@@ -41,28 +40,17 @@ from zoo._compat import (
     variable_layout,
 )
 from zoo.config.choices import LORA_WEIGHTS
-from zoo.layers import MoEFeedForward, factored_lora_call, kernel_variable
-
-LORA_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense)  # zoo's TP layers are Dense subclasses
+from zoo.layers import (
+    PipelinedBlocks,
+    check_lora_rank,
+    enable_layer_lora,
+    kernel_variable,
+    lora_target_layers,
+)
 
 
 def is_lora_variable(variable):
     return variable.path.rsplit("/", 1)[-1] in LORA_WEIGHTS
-
-
-def lora_target_layers(model, exclude=()):
-    """Every Dense / EinsumDense layer inside ``model`` (zoo TP layers too), in model
-    order, except the layer objects in ``exclude`` (a classification head, say) and the
-    routers of Mixture-of-Experts layers: ``MoEFeedForward`` reads its router's kernel
-    itself (a LoRA update there would be ignored) and the routing stays as pretrained, as
-    PEFT's usual targets leave it. The stacked expert weights are not Dense layers: they
-    stay frozen under LoRA; the shared expert and its gate are adapted."""
-    excluded = {id(layer) for layer in exclude} | {id(router) for router in _routers(model)}
-    return [layer for layer in sublayers(model) if isinstance(layer, LORA_LAYER_TYPES) and id(layer) not in excluded]
-
-
-def _routers(model):
-    return [layer.router for layer in sublayers(model) if isinstance(layer, MoEFeedForward)]
 
 
 def lora_layers(model):
@@ -83,30 +71,57 @@ def kernel_path(layer):
 
 def enable_lora(model, rank, *, alpha=None, exclude=(), layers=None):
     """Enable Keras LoRA of ``rank`` on ``layers`` (default: every target layer of
-    ``model`` but ``exclude``), each factor laid out like its kernel, the update computed
-    factored (module docstring). Returns the layers."""
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}")
+    ``model`` but ``exclude``, and the blocks of each ``PipelinedBlocks``: a scanned or
+    pipelined GPT's, stacked), each factor laid out like its kernel, the update computed
+    factored (module docstring). Returns the layers (a stack's template layers each stand
+    for its L blocks' layer: ``adapted_layer_count``)."""
+    check_lora_rank(rank)
+    stacks = [layer for layer in sublayers(model) if isinstance(layer, PipelinedBlocks)] if layers is None else []
     layers = lora_target_layers(model, exclude) if layers is None else list(layers)
-    if not layers:
+    if not layers and not stacks:
         raise ValueError(f"model {model.name!r} has no Dense or EinsumDense layer to adapt with LoRA")
     already = [layer_prefix(layer) for layer in layers if layer.lora_enabled]
+    already += [stack.name for stack in stacks if stack.lora is not None]
     if already:
         raise ValueError(f"LoRA is already enabled on {already}; load a fresh model to enable it again")
     for layer in layers:
         with _factor_layouts(layer):
-            layer.enable_lora(rank, lora_alpha=alpha)
-        _factor_the_call(layer)
+            enable_layer_lora(layer, rank, alpha)
+    for stack in stacks:
+        stack.enable_lora(rank, alpha)
+        layers += lora_layers(stack.template[0])
     return layers
 
 
-def _factor_the_call(layer):
-    """Give a plain Keras Dense / EinsumDense LoRA layer the factored call. The zoo's
-    Dense subclasses factor in their own ``call``; a class with its own ``call`` keeps it."""
-    for kind in (keras.layers.EinsumDense, keras.layers.Dense):
-        if isinstance(layer, kind) and type(layer).call is kind.call:
-            layer.call = types.MethodType(factored_lora_call, layer)
-            return
+def lora_stacks(model):
+    """The ``PipelinedBlocks`` of ``model`` with LoRA enabled (their factors stacked)."""
+    return [layer for layer in sublayers(model) if isinstance(layer, PipelinedBlocks) and layer.lora is not None]
+
+
+def adapted_layer_count(model):
+    """The layers of ``model`` LoRA adapts, a stack's counted once for each of its blocks."""
+    stacked = sum(len(lora_layers(stack.template[0])) * stack.num_blocks for stack in lora_stacks(model))
+    return len(lora_layers(model)) + stacked
+
+
+def in_layers_form(model):
+    """``model`` with no LoRA on stacked blocks: itself, or (a scanned or pipelined GPT whose
+    blocks LoRA adapts) the same model as L layers with the same weights and factors
+    (``GPTCausalLM.with_block_form``), for what reads adapters layer by layer (the adapter
+    files, PEFT's format). Both are held at once while the weights are copied."""
+    stacks = lora_stacks(model)
+    if not stacks:
+        return model
+    rank, alpha = stacks[0].lora
+    template_prefix = stacks[0].template[0].name + "/"
+    in_blocks = [layer_prefix(layer).split(template_prefix, 1)[-1] for layer in lora_layers(stacks[0].template[0])]
+    wanted = {layer_prefix(layer) for layer in lora_layers(model)}
+    wanted |= {f"block_{index}/{path}" for index in range(stacks[0].num_blocks) for path in in_blocks}
+
+    def adapt(twin):
+        enable_lora(twin, rank, alpha=alpha, layers=[t for t in lora_target_layers(twin) if layer_prefix(t) in wanted])
+
+    return model.with_block_form(scan_layers=False, prepare=adapt)
 
 
 def factor_axes(kernel, distribution=None):
@@ -165,9 +180,10 @@ def _factor_layouts(layer):
             del layout_map[key]
 
 
-def lora_parameter_count(layers):
-    """LoRA parameters of ``layers``: r * (prod(kernel dims but the last) + last kernel dim) each."""
-    return sum(math.prod(layer.lora_kernel_a.shape) + math.prod(layer.lora_kernel_b.shape) for layer in layers)
+def lora_parameter_count(model):
+    """LoRA parameters of ``model``: its factors' sizes, r * (prod(kernel dims but the last)
+    + last kernel dim) for each adapted layer (each block of a stack)."""
+    return sum(math.prod(variable.shape) for variable in model.weights if is_lora_variable(variable))
 
 
 def merge_lora(model):
@@ -179,7 +195,13 @@ def merge_lora(model):
     LoRA model's up to float rounding.
     """
     adapted = {layer_prefix(layer): layer for layer in lora_layers(model)}
-    if not adapted:
+    stacked = {  # a stack's kernels, merged: {variable path: (R, L/R, ...)}
+        variable.path: stack.merged_weights()[path]
+        for stack in lora_stacks(model)
+        for path, variable in stack.stacked.items()
+        if not is_lora_variable(variable)
+    }
+    if not adapted and not stacked:
         raise ValueError(f"model {model.name!r} has no LoRA-enabled layer to merge")
     source = _weights_by_path(model, skip_lora=True)
     merged = type(model).from_config(model.get_config())
@@ -192,6 +214,7 @@ def merge_lora(model):
     for path, variable in target.items():
         prefix, name = path.rsplit("/", 1)
         value = adapted[prefix].kernel if name == "kernel" and prefix in adapted else source[path].value
+        value = stacked.get(path, value)
         # a copy: Keras' compiled steps donate variable buffers, so two models must not share one
         variable.assign(keras.ops.copy(keras.ops.cast(value, variable.dtype)))
     return merged

@@ -38,7 +38,7 @@ from zoo.models.gpt.hf_checkpoints import UnsupportedCheckpoint, hf_model_type, 
 from zoo.presets import inside_folder
 from zoo.presets.safetensors_weights import FLOAT_DTYPES, TensorView, save_tensor_file
 from zoo.presets.sharded_weights import assign_from_host
-from zoo.training.lora._layers import kernel_path, lora_layers
+from zoo.training.lora._layers import in_layers_form, kernel_path, lora_layers
 from zoo.training.lora._peft_targets import check_targeting, is_targeted
 
 CONFIG_FILE = "adapter_config.json"
@@ -112,7 +112,9 @@ def peft_delta(factor_a, factor_b, scale, view):
 
 def save_peft_adapter(model, directory, *, base_model_name_or_path=None):
     """Write the LoRA factors of ``model`` (a ``GPTCausalLM`` with LoRA enabled) into the
-    folder ``directory`` as a PEFT adapter (module doc). Returns the folder."""
+    folder ``directory`` as a PEFT adapter (module doc); a stacked GPT's block by block
+    (``in_layers_form``). Returns the folder."""
+    model = in_layers_form(model)
     layers = lora_layers(model)
     if not layers:
         raise ValueError(f"model {model.name!r} has no LoRA factors to save as a PEFT adapter")

@@ -300,7 +300,7 @@ class _CausalLM:
         from zoo.training.job_setup import job_distribution
         from zoo.training.lm_finetune import causal_lm_config, local_preset
 
-        config = causal_lm_config(local_preset(settings.preset), settings.layout)
+        config = causal_lm_config(local_preset(settings.preset), settings.layout, scan_layers=settings.scan_layers)
         return job_distribution(GPTCausalLM, settings, mesh, model_config=config)
 
     @staticmethod
@@ -309,7 +309,7 @@ class _CausalLM:
         from zoo.models.dtype_policy import dtype_policy_scope
         from zoo.training.lm_finetune import base_policy, causal_lm_config, local_preset, prepare_causal_lm
 
-        config = causal_lm_config(local_preset(settings.preset), settings.layout)
+        config = causal_lm_config(local_preset(settings.preset), settings.layout, scan_layers=settings.scan_layers)
         with dtype_policy_scope(base_policy(settings)):  # as finetune_lm loads it
             model = GPTCausalLM(backbone=GPTBackbone(**config))
         prepare_causal_lm(

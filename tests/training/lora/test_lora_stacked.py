@@ -1,0 +1,152 @@
+"""LoRA on a GPT whose blocks are stacked (``scan_layers=True``: one ``PipelinedBlocks`` run
+by one scan): its factors stacked like the other weights, trained to the numbers of the
+same model as L layers, and written as the layers' adapters, merged exports and files.
+
+The reference is the model in the layers form (``with_block_form``) with the same weights
+and factors (``in_layers_form``), on one device; the stacked model trains under fsdp on
+8 devices."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from tests.models._gpt_parity import BATCH, CONFIG, language_data
+from zoo.distribution import CheckedModelParallel, build_distributed, make_mesh
+from zoo.models import GPTCausalLM
+from zoo.models.gpt import GPTBackbone
+from zoo.training.lm_finetune import prepare_causal_lm
+from zoo.training.lora import (
+    adapted_layer_count,
+    in_layers_form,
+    is_lora_variable,
+    load_lora,
+    load_peft_adapter,
+    lora_parameter_count,
+    merge_lora,
+    save_lora,
+    save_peft_adapter,
+)
+
+RANK, LAYERS, STEPS = 2, 2, 2
+STACKED = CONFIG | dict(num_layers=LAYERS, dropout=0.0, scan_layers=True)
+
+
+def _random_factors(model, seed=1):
+    """Non-zero factors (b starts at zero: the adapters would change nothing)."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        if is_lora_variable(variable):
+            variable.assign(rng.normal(0, 0.2, variable.shape).astype("float32"))
+
+
+def _compile(model):
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+
+def _stacked_lora_model():
+    """The stacked model with LoRA as ``zoo finetune --method lora`` prepares it, random factors."""
+    keras.utils.set_random_seed(0)
+    model = GPTCausalLM(backbone=GPTBackbone(**STACKED))
+    model(language_data(BATCH)[0])  # a batch that splits over data=8
+    prepare_causal_lm(model, "lora", lora_rank=RANK)
+    _random_factors(model)
+    return model
+
+
+def _as_layers(model):
+    """``in_layers_form`` with only the factors trainable, as ``prepare_causal_lm`` leaves them."""
+    twin = in_layers_form(model)
+    for variable in twin.weights:
+        variable.trainable = is_lora_variable(variable)
+    return twin
+
+
+def _factors_by_layer(model):
+    """{block_<i>/<path>: factor} of either form."""
+    factors = {}
+    for variable in model.weights:
+        if not is_lora_variable(variable):
+            continue
+        value = np.asarray(variable.value)
+        if variable.path.startswith("blocks/"):  # (1, L, ...): row i is block i
+            for index, block in enumerate(value.reshape(-1, *value.shape[2:])):
+                factors[f"block_{index}/{variable.path.split('/', 1)[1]}"] = block
+        else:
+            factors[variable.path] = value
+    return factors
+
+
+def test_lora_on_stacked_blocks_trains_like_the_layers_under_fsdp():
+    """Factors stacked (1, L, ...), the stacked kernels frozen; 2 Adam steps of the stacked
+    model under fsdp (data=8) give the per-step losses and final factors of the layers
+    form on one device; the adapters change the logits."""
+    x, y = language_data(STEPS * BATCH)
+    reference = _as_layers(_stacked_lora_model())
+    assert adapted_layer_count(reference) == 7 * LAYERS  # q, k, v, out, gate, up, down in each block
+    _compile(reference)
+    expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
+
+    mesh = make_mesh("data=8")
+    config = STACKED | {"vocabulary_size": CONFIG["vocabulary_size"]}
+    layout_map = GPTCausalLM.get_layout_map(mesh, "fsdp", config=config)
+    distribution = CheckedModelParallel(layout_map=layout_map, batch_dim_name="data")
+    stacked = build_distributed(_stacked_lora_model, distribution)
+    assert lora_parameter_count(stacked) == lora_parameter_count(reference)
+    assert adapted_layer_count(stacked) == 7 * LAYERS
+    trained = stacked.trainable_weights  # the stacked factors alone: kernels, norms, embedding frozen
+    assert trained and all(v.path.startswith("blocks/") and is_lora_variable(v) for v in trained), trained
+    with distribution.scope():
+        _compile(stacked)
+        losses = stacked.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
+    keras.distribution.set_distribution(None)
+    np.testing.assert_allclose(losses, expected, rtol=2e-5)
+    after, want = _factors_by_layer(stacked), _factors_by_layer(reference)
+    assert sorted(after) == sorted(want)
+    for path, value in want.items():
+        np.testing.assert_allclose(after[path], value, atol=2e-5, err_msg=path)
+
+
+def test_a_stacked_lora_model_writes_the_layers_adapters_and_merged_files(tmp_path):
+    """The adapter (zoo's file and PEFT's folder) holds block i's factors as layer i's:
+    loaded onto the model as layers, it computes the stacked model's logits; merged, the
+    model stays stacked; ``.keras`` and Hugging Face files hold the merged kernels."""
+    model = _stacked_lora_model()
+    x = language_data(2)[0]
+    logits = np.asarray(model(x))
+    save_lora(model, tmp_path / "lora.weights.h5")
+    base = model.with_block_form(scan_layers=False)  # the base's weights as layers, no LoRA
+    assert np.abs(np.asarray(base(x)) - logits).max() > 1e-3  # without the adapter: other logits
+    load_lora(base, tmp_path / "lora.weights.h5")
+    np.testing.assert_allclose(np.asarray(base(x)), logits, atol=1e-5)
+
+    save_peft_adapter(model, tmp_path / "adapter")
+    peft = model.with_block_form(scan_layers=False)
+    load_peft_adapter(peft, tmp_path / "adapter")
+    np.testing.assert_allclose(np.asarray(peft(x)), logits, atol=1e-5)
+
+    merged = merge_lora(model)
+    assert merged.backbone.stacked and not any(is_lora_variable(v) for v in merged.weights)
+    np.testing.assert_allclose(np.asarray(merged(x)), logits, atol=1e-5)
+
+    model.save(tmp_path / "lm.keras")  # the kernels merged, the factors left out, as Keras saves a LoRA layer
+    reloaded = keras.saving.load_model(tmp_path / "lm.keras")
+    assert not any(is_lora_variable(v) for v in reloaded.weights)
+    np.testing.assert_allclose(np.asarray(reloaded(x)), logits, atol=1e-5)
+
+    model.save_to_hf(tmp_path / "hf", report=lambda line: None)
+    np.testing.assert_allclose(np.asarray(GPTCausalLM.from_preset(tmp_path / "hf")(x)), logits, atol=1e-5)
+    assert sorted(os.listdir(tmp_path / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_qlora_is_refused_on_stacked_blocks_in_one_line():
+    model = GPTCausalLM(backbone=GPTBackbone(**STACKED))
+    model(language_data(1)[0])
+    with pytest.raises(
+        ValueError, match=r"^method qlora on a GPT whose blocks are stacked \(schedule=None, scan_layers=True\)"
+    ):
+        prepare_causal_lm(model, "qlora", lora_rank=RANK)
