@@ -39,6 +39,10 @@ MATRIX = {
     f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[data-int4]": "[fsdp-int4]",
     f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[fsdp-int8]": "[fsdp-int4]",
     f"{QLORA}::test_int8_logits_stay_within_ten_percent_of_the_float_models": "test_a_quantized_layer_stays_within_its_bound",
+    # LoRA on stacked blocks: tier 1 keeps the scanned form under fsdp (the same PipelinedBlocks loop as one stage)
+    "tests/training/lora/test_lora_stacked.py::test_lora_on_stacked_blocks_trains_like_the_layers[pipelined]": (
+        "[scanned-fsdp]"
+    ),
     # the seam's inner kernel under a context kernel: tier 1 keeps Ulysses (the same local_attention call)
     "tests/kernels/test_attention_seam.py::test_the_context_kernels_run_the_selected_kernel_as_their_local_step"
     "[gather_kv_attention]": "[ulysses_attention]",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.models._gpt_parity import BATCH, CONFIG, language_data
-from zoo.distribution import CheckedModelParallel, build_distributed, make_mesh
+from zoo.distribution import build_distributed, distribution_for
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import GPTBackbone
 from zoo.training.lm_finetune import prepare_causal_lm
@@ -48,10 +48,10 @@ def _compile(model):
     )
 
 
-def _stacked_lora_model():
+def _stacked_lora_model(config=STACKED):
     """The stacked model with LoRA as ``zoo finetune --method lora`` prepares it, random factors."""
     keras.utils.set_random_seed(0)
-    model = GPTCausalLM(backbone=GPTBackbone(**STACKED))
+    model = GPTCausalLM(backbone=GPTBackbone(**config))
     model(language_data(BATCH)[0])  # a batch that splits over data=8
     prepare_causal_lm(model, "lora", lora_rank=RANK)
     _random_factors(model)
@@ -81,21 +81,26 @@ def _factors_by_layer(model):
     return factors
 
 
-def test_lora_on_stacked_blocks_trains_like_the_layers_under_fsdp():
-    """Factors stacked (1, L, ...), the stacked kernels frozen; 2 Adam steps of the stacked
-    model under fsdp (data=8) give the per-step losses and final factors of the layers
-    form on one device; the adapters change the logits."""
+PIPELINED = STACKED | dict(scan_layers=False, schedule="gpipe", micro_batches=2)
+
+
+@pytest.mark.parametrize(
+    "config, layout, mesh",
+    [(STACKED, "fsdp", "data=8"), (PIPELINED, "pipeline", "data=4,stage=2")],
+    ids=["scanned-fsdp", "pipelined"],
+)
+def test_lora_on_stacked_blocks_trains_like_the_layers(config, layout, mesh):
+    """Factors stacked (R, L/R, ...), the stacked kernels frozen; 2 Adam steps of the stacked
+    model (scanned under fsdp on data=8; a gpipe pipeline over 2 stages) give the loss and
+    the final factors of the layers form on one device."""
     x, y = language_data(STEPS * BATCH)
-    reference = _as_layers(_stacked_lora_model())
+    reference = _as_layers(_stacked_lora_model(config))
     assert adapted_layer_count(reference) == 7 * LAYERS  # q, k, v, out, gate, up, down in each block
     _compile(reference)
     expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
 
-    mesh = make_mesh("data=8")
-    config = STACKED | {"vocabulary_size": CONFIG["vocabulary_size"]}
-    layout_map = GPTCausalLM.get_layout_map(mesh, "fsdp", config=config)
-    distribution = CheckedModelParallel(layout_map=layout_map, batch_dim_name="data")
-    stacked = build_distributed(_stacked_lora_model, distribution)
+    distribution = distribution_for(GPTCausalLM, layout, mesh, config=config)
+    stacked = build_distributed(lambda: _stacked_lora_model(config), distribution)
     assert lora_parameter_count(stacked) == lora_parameter_count(reference)
     assert adapted_layer_count(stacked) == 7 * LAYERS
     trained = stacked.trainable_weights  # the stacked factors alone: kernels, norms, embedding frozen
