@@ -94,7 +94,57 @@ def pytest_unconfigure(config):
 # pytest-xdist's loadscope hands each worker the next module when it is free, so the
 # long ones must not be left for the end, where one worker would run them alone while
 # the other idles (longest-first scheduling; docs/testing.md). Order only: nothing is skipped.
-LONGEST_FIRST = (  # seconds of test time per module, tier 1 on 2 workers (2026-12-06: 649 s in all)
+LONGEST_FIRST = (  # seconds of test time per module, tier 1 on 2 workers (2026-12-07: 735 s in all)
+    "tests/models/test_hf_checkpoints.py",  # 39
+    "tests/distribution/test_multihost.py",  # 30
+    "tests/models/test_gpt_parity.py",  # 22
+    "tests/training/checkpoints/test_kill_resume.py",  # 22
+    "tests/training/test_lm_finetune.py",  # 21
+    "tests/training/lora/test_qlora.py",  # 20
+    "tests/models/test_gpt_moe.py",  # 18
+    "tests/cli/test_cli.py",  # 17
+    "tests/kernels/test_moe.py",  # 16
+    "tests/training/checkpoints/test_checkpoints.py",  # 16
+    "tests/training/checkpoints/test_save_failures.py",  # 14
+    "tests/layers/test_multi_head_attention_parallel.py",  # 14
+    "tests/models/test_gpt_remat.py",  # 14
+    "tests/layers/test_mixed_precision.py",  # 12
+    "tests/models/test_gpt_pipeline.py",  # 12
+    "tests/layers/test_pipelined_blocks.py",  # 11
+    "tests/kernels/test_splash_attention.py",  # 11
+    "tests/training/test_finetune.py",  # 11
+    "tests/models/test_gpt_scan.py",  # 11
+    "tests/layers/test_tensor_parallel_layers.py",  # 11
+    "tests/training/test_remat_choice.py",  # 11
+    "tests/kernels/test_sequence_parallel.py",  # 10
+    "tests/training/lora/test_lora_stacked.py",  # 10
+    "tests/layers/test_multi_head_attention.py",  # 9
+    "tests/training/test_optimizers.py",  # 9
+    "tests/bench/test_moe.py",  # 9
+    "tests/models/test_vit.py",  # 9
+    "tests/models/test_chunked_loss.py",  # 9
+    "tests/planning/test_search.py",  # 9
+    "tests/kernels/test_attention_seam.py",  # 9
+    "tests/models/test_small_cnn.py",  # 8
+    "tests/training/checkpoints/test_resume_anywhere.py",  # 8
+    "tests/models/test_gpt_generate.py",  # 8
+    "tests/distribution/test_context_parallel.py",  # 8
+    "tests/planning/test_plan.py",  # 8
+    "tests/layers/test_transformer_block_weights_after_input.py",  # 8
+    "tests/test_docs.py",  # 8
+    "tests/models/test_encoder.py",  # 8
+    "tests/training/test_model_files.py",  # 7
+    "tests/bench/test_step.py",  # 7
+    "tests/kernels/test_sliding_window.py",  # 7
+    "tests/bench/test_sliding_window_bench.py",  # 7
+    "tests/test_loading.py",  # 7
+    "tests/training/checkpoints/test_checkpoint_integrity.py",  # 7
+    "tests/cli/test_data_cli.py",  # 7
+    "tests/models/test_gpt.py",  # 6
+    "tests/layers/test_moe_feed_forward.py",  # 6
+    "tests/training/test_packing.py",  # 6
+    "tests/training/test_validation_loss.py",  # 6
+)
     "tests/models/test_hf_checkpoints.py",  # 39
     "tests/distribution/test_multihost.py",  # 28
     "tests/models/test_gpt_parity.py",  # 21

@@ -6,8 +6,6 @@ The reference is the model in the layers form (``with_block_form``) with the sam
 and factors (``in_layers_form``), on one device; the stacked model trains under fsdp on
 8 devices."""
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -22,11 +20,9 @@ from zoo.training.lora import (
     in_layers_form,
     is_lora_variable,
     load_lora,
-    load_peft_adapter,
     lora_parameter_count,
     merge_lora,
     save_lora,
-    save_peft_adapter,
 )
 
 RANK, LAYERS, STEPS = 2, 2, 2
@@ -116,23 +112,20 @@ def test_lora_on_stacked_blocks_trains_like_the_layers(config, layout, mesh):
         np.testing.assert_allclose(after[path], value, atol=2e-5, err_msg=path)
 
 
-def test_a_stacked_lora_model_writes_the_layers_adapters_and_merged_files(tmp_path):
-    """The adapter (zoo's file and PEFT's folder) holds block i's factors as layer i's:
-    loaded onto the model as layers, it computes the stacked model's logits; merged, the
-    model stays stacked; ``.keras`` and Hugging Face files hold the merged kernels."""
+def test_a_stacked_lora_model_writes_the_layers_adapter_and_merged_files(tmp_path):
+    """The adapter file holds block i's factors as layer i's: loaded onto the model as
+    layers, it computes the stacked model's logits; merged, the model stays stacked; a
+    ``.keras`` file holds the merged kernels. (PEFT's folder and the merged Hugging Face
+    folder: tests/training/test_lm_finetune.py's ``--scan-layers`` job.)"""
     model = _stacked_lora_model()
     x = language_data(2)[0]
     logits = np.asarray(model(x))
+
     save_lora(model, tmp_path / "lora.weights.h5")
     base = model.with_block_form(scan_layers=False)  # the base's weights as layers, no LoRA
     assert np.abs(np.asarray(base(x)) - logits).max() > 1e-3  # without the adapter: other logits
     load_lora(base, tmp_path / "lora.weights.h5")
     np.testing.assert_allclose(np.asarray(base(x)), logits, atol=1e-5)
-
-    save_peft_adapter(model, tmp_path / "adapter")
-    peft = model.with_block_form(scan_layers=False)
-    load_peft_adapter(peft, tmp_path / "adapter")
-    np.testing.assert_allclose(np.asarray(peft(x)), logits, atol=1e-5)
 
     merged = merge_lora(model)
     assert merged.backbone.stacked and not any(is_lora_variable(v) for v in merged.weights)
@@ -142,10 +135,6 @@ def test_a_stacked_lora_model_writes_the_layers_adapters_and_merged_files(tmp_pa
     reloaded = keras.saving.load_model(tmp_path / "lm.keras")
     assert not any(is_lora_variable(v) for v in reloaded.weights)
     np.testing.assert_allclose(np.asarray(reloaded(x)), logits, atol=1e-5)
-
-    model.save_to_hf(tmp_path / "hf", report=lambda line: None)
-    np.testing.assert_allclose(np.asarray(GPTCausalLM.from_preset(tmp_path / "hf")(x)), logits, atol=1e-5)
-    assert sorted(os.listdir(tmp_path / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
 
 
 def test_qlora_is_refused_on_stacked_blocks_in_one_line():
