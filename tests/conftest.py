@@ -145,53 +145,6 @@ LONGEST_FIRST = (  # seconds of test time per module, tier 1 on 2 workers (2026-
     "tests/training/test_packing.py",  # 6
     "tests/training/test_validation_loss.py",  # 6
 )
-    "tests/models/test_hf_checkpoints.py",  # 39
-    "tests/distribution/test_multihost.py",  # 28
-    "tests/models/test_gpt_parity.py",  # 21
-    "tests/test_docs.py",  # 20
-    "tests/cli/test_cli.py",  # 20
-    "tests/training/checkpoints/test_kill_resume.py",  # 19
-    "tests/training/checkpoints/test_checkpoints.py",  # 17
-    "tests/training/test_lm_finetune.py",  # 16
-    "tests/models/test_gpt_moe.py",  # 16
-    "tests/layers/test_multi_head_attention_parallel.py",  # 13
-    "tests/kernels/test_moe.py",  # 13
-    "tests/training/checkpoints/test_resume_anywhere.py",  # 12
-    "tests/training/test_finetune.py",  # 12
-    "tests/models/test_gpt_remat.py",  # 12
-    "tests/layers/test_pipelined_blocks.py",  # 12
-    "tests/layers/test_mixed_precision.py",  # 11
-    "tests/layers/test_tensor_parallel_layers.py",  # 11
-    "tests/models/test_gpt_pipeline.py",  # 11
-    "tests/models/test_gpt.py",  # 11
-    "tests/models/test_gpt_scan.py",  # 11
-    "tests/training/checkpoints/test_checkpoint_integrity.py",  # 11
-    "tests/kernels/test_sequence_parallel.py",  # 10
-    "tests/models/test_encoder.py",  # 10
-    "tests/bench/test_moe.py",  # 10
-    "tests/distribution/test_context_parallel.py",  # 9
-    "tests/planning/test_plan.py",  # 8
-    "tests/test_loading.py",  # 8
-    "tests/layers/test_multi_head_attention.py",  # 8
-    "tests/layers/test_transformer_block_weights_after_input.py",  # 8
-    "tests/kernels/test_splash_attention.py",  # 8
-    "tests/models/test_small_cnn.py",  # 7
-    "tests/kernels/test_sliding_window.py",  # 7
-    "tests/models/test_vit.py",  # 7
-    "tests/planning/test_search.py",  # 7
-    "tests/models/test_gpt_generate.py",  # 7
-    "tests/models/test_chunked_loss.py",  # 7
-    "tests/bench/test_sliding_window_bench.py",  # 6
-    "tests/training/test_packing.py",  # 6
-    "tests/recipes/test_check.py",  # 6
-    "tests/training/test_chat_finetune.py",  # 6
-    "tests/training/checkpoints/test_save_failures.py",  # 6
-    "tests/cli/test_data_cli.py",  # 6
-    "tests/recipes/test_run_cpu.py",  # 6
-    "tests/training/test_defaults_learn.py",  # 6
-    "tests/training/test_model_files.py",  # 6
-    "tests/training/test_validation_loss.py",  # 6
-)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the matrix marker must be on the items by then
