@@ -60,7 +60,7 @@ SECOND_MOMENTS = ("full", "factored")  # AdamW's second moment (--second-moment)
 # (pinned host memory, JAX's memory kinds), moved to the device for each update and back
 STATE_MEMORIES = ("device", "host")
 PINNED_HOST = "pinned_host"  # JAX's memory kind of the host memory "host" means (a device reaches it directly)
-# remat: what each Transformer block keeps for the backward pass (zoo.layers.transformer_block.REMAT_POLICIES).
+# remat: what each Transformer block keeps for the backward pass (zoo.layers._remat.REMAT_POLICIES).
 REMATS = ("none", "full", "dots_saveable", "save_attention", "offload_attention")
 PLANNED_REMATS = ("none", "dots_saveable", "full")  # what zoo plan --auto tries (the attention policies: by hand)
 # --remat auto (zoo.training.remat_choice): the policies a job tries on an accelerator, fastest first as

@@ -1,6 +1,5 @@
 """Multi-head self-attention (MHA, GQA, MQA) that can split the sequence across devices."""
 
-import jax
 import jax.numpy as jnp
 import keras
 from jax.ad_checkpoint import checkpoint_name
@@ -17,6 +16,7 @@ from zoo.kernels import (
     local_attention,
 )
 from zoo.layers import _sequence_parallel, _tensor_parallel_attention
+from zoo.layers._kv_cache import write_linear, write_ring
 from zoo.layers._parallel_plan import (
     check_choices,
     distribution_context_attention,
@@ -384,7 +384,7 @@ class MultiHeadAttention(keras.layers.Layer):
             token_positions = positions[None, :] - start[:, None]  # i32[B, T]: positions within each row's own text
             q, k = (self.rope.apply(t, token_positions) for t in (q, k))
         new = jnp.stack([k, v], axis=1).astype(cache.dtype)  # (B, 2, T, K, D)
-        write = _write_ring if self.sliding_window is not None else _write_linear
+        write = write_ring if self.sliding_window is not None else write_linear
         keys, key_positions, cache = write(
             cache, new, cache_index, positions
         )  # (B, 2, S', K, D), i32[S'], (B, 2, S, K, D)
@@ -409,7 +409,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"MultiHeadAttention {self.name!r}: cache shape {tuple(cache_shape)} must be (batch, 2, "
                 f"cache length, num_kv_heads, head_dim) = ({x_shape[0]}, 2, S, {self.num_kv_heads}, {self.head_dim})"
             )
-        if x_shape[1] > cache_shape[2] and self.sliding_window is None:  # a ring buffer takes any T (_write_ring)
+        if x_shape[1] > cache_shape[2] and self.sliding_window is None:  # a ring buffer takes any T (write_ring)
             raise ValueError(
                 f"MultiHeadAttention {self.name!r}: {x_shape[1]} new tokens do not fit a cache of length {cache_shape[2]}"
             )
@@ -477,28 +477,3 @@ def _check_config(num_heads, head_dim, num_kv_heads, rotary, ring_block_size):
     check_kv_heads(num_heads, num_kv_heads)
     if rotary:
         check_rotary_head_dim(head_dim)
-
-
-def _write_linear(cache, new, cache_index, positions):
-    """The whole-length cache: ``new`` (B, 2, T, K, D) written at cache positions
-    ``cache_index``..; the queries attend to the updated cache, its slot s holding
-    position s. Returns ``(keys (B, 2, S, K, D), their positions i32[S], the cache)``."""
-    cache = jax.lax.dynamic_update_slice(cache, new, (0, 0, cache_index, 0, 0))  # (B, 2, S, K, D)
-    return cache, jnp.arange(cache.shape[2], dtype=jnp.int32), cache
-
-
-def _write_ring(cache, new, cache_index, positions):
-    """A window-sized ring buffer (S = W slots): slot s holds the latest position p <
-    ``cache_index`` with p % S == s (negative: never written). The T new tokens' queries
-    attend to the buffer and to the new keys themselves (a prefill longer than the window
-    included), masked by position; then the last min(T, S) new tokens are written into
-    their slots (distinct, so the scatter is well defined). Returns ``(keys (B, 2, S + T,
-    K, D), their positions i32[S + T], the new buffer (B, 2, S, K, D))``."""
-    slots = cache.shape[2]
-    slot = jnp.arange(slots, dtype=jnp.int32)  # i32[S]
-    held = slot + slots * jnp.floor_divide(cache_index - 1 - slot, slots)  # i32[S]: < 0 where never written
-    keys = jnp.concatenate([cache, new], axis=2)  # (B, 2, S + T, K, D)
-    kept = min(new.shape[2], slots)
-    tail_positions = positions[-kept:]  # i32[kept]
-    cache = cache.at[:, :, tail_positions % slots].set(new[:, :, -kept:])  # (B, 2, S, K, D)
-    return keys, jnp.concatenate([held, positions]), cache

@@ -18,7 +18,8 @@ from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
 from zoo.layers._lora import check_lora_rank, enable_layer_lora, lora_target_layers
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over
-from zoo.layers.transformer_block import REMAT_POLICIES, TransformerBlock
+from zoo.layers._remat import REMAT_POLICIES
+from zoo.layers.transformer_block import TransformerBlock
 
 TEMPLATE = "pipelined_block_template"  # the name of the block whose computation runs on each slice
 SEED_GENERATOR = "seed_generator"  # the dropout layers' seed state: not stacked (one seed for the stack)
