@@ -368,3 +368,41 @@ class TextStream:
             self.written[row] = max(self.written[row], len(ready))
         if any(pieces):
             self.write(pieces)
+
+
+def check_prompts_or_messages(prompts, messages, max_new_tokens):
+    """``generate`` takes ``prompts`` or ``messages`` (one of them), and ``max_new_tokens``."""
+    if (prompts is None) == (messages is None):
+        raise ValueError("generate takes prompts (text or token ids) or messages (a conversation), one of them; "
+                         f"got {'both' if messages is not None else 'neither'}")  # fmt: skip
+    if max_new_tokens is None:
+        raise ValueError("generate needs max_new_tokens (N >= 1)")
+
+
+def tokenize_conversations(model, messages, vocabulary_size, pad_id):
+    """A conversation or a list of them -> ``(token_ids (B, P), start_positions (B,))``
+    through the tokenizer's chat template with the generation prompt, left-padded."""
+    tokenizer = getattr(model.preprocessor, "tokenizer", None)
+    if not hasattr(tokenizer, "apply_chat_template"):
+        raise ValueError(f"messages go through a chat template, and this {type(model).__name__}'s preprocessor has "
+                         f"{'no tokenizer' if tokenizer is None else 'a ' + type(tokenizer).__name__} (a Hugging Face "
+                         "tokenizer with a chat template has one); pass text prompts or token ids")  # fmt: skip
+    conversations = messages if is_conversation_list(messages) else [messages]
+    rows = [
+        list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True))
+        for conversation in conversations
+    ]
+    return as_prompts(rows, vocabulary_size, pad_id)
+
+
+def tokenize_prompts(model, prompts):
+    """Text prompts -> ``(token_ids (B, P), start_positions (B,))`` through the preprocessor."""
+    if not hasattr(model.preprocessor, "generate_preprocess"):
+        held = (
+            "no preprocessor" if model.preprocessor is None else f"a {type(model.preprocessor).__name__} preprocessor"
+        )
+        raise ValueError(
+            f"prompts are text, but this {type(model).__name__} has {held} to tokenize them: attach one "
+            f"(model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=...)) or pass token ids"
+        )
+    return from_padding_mask(*model.preprocessor.generate_preprocess(prompts))  # (B, P) left-padded

@@ -263,15 +263,17 @@ class GPTCausalLM(ZooModel):
             stop_token_ids = () if tokenizer is None else tokenizer.stop_token_ids
         stop_ids = _generation.stop_mask(stop_token_ids, vocabulary_size)  # bool[V]
         pad_id = 0 if getattr(tokenizer, "pad_token_id", None) is None else tokenizer.pad_token_id
-        _check_prompts_or_messages(prompts, messages, max_new_tokens)
+        _generation.check_prompts_or_messages(prompts, messages, max_new_tokens)
         chat = messages is not None
         text = chat or _generation.is_text(prompts)
         if text and return_padding_mask:
             raise ValueError("return_padding_mask is for token-id prompts; text prompts and messages return text")
         if chat:
-            token_ids, starts = self._tokenize_conversations(messages, vocabulary_size, pad_id)  # (B, P), (B,)
+            token_ids, starts = _generation.tokenize_conversations(
+                self, messages, vocabulary_size, pad_id
+            )  # (B, P), (B,)
         elif text:
-            token_ids, starts = self._tokenize_prompts(prompts)  # (B, P), (B,)
+            token_ids, starts = _generation.tokenize_prompts(self, prompts)  # (B, P), (B,)
         else:
             token_ids, starts = _generation.as_prompts(prompts, vocabulary_size, pad_id)  # (B, P), (B,)
         batch, prompt_length = token_ids.shape
@@ -310,41 +312,16 @@ class GPTCausalLM(ZooModel):
     def check_prompt_length(self, prompts=None, max_new_tokens=None, messages=None):
         """Raises the ``ValueError`` ``generate`` would when the prompts (text or token ids)
         or ``messages`` and ``max_new_tokens`` do not fit ``max_sequence_length``, without generating."""
-        _check_prompts_or_messages(prompts, messages, max_new_tokens)
+        _generation.check_prompts_or_messages(prompts, messages, max_new_tokens)
         if messages is not None:
-            prompt_length = self._tokenize_conversations(messages, self.backbone.vocabulary_size, 0)[0].shape[1]
+            prompt_length = _generation.tokenize_conversations(self, messages, self.backbone.vocabulary_size, 0)[
+                0
+            ].shape[1]
         elif _generation.is_text(prompts):
-            prompt_length = self._tokenize_prompts(prompts)[0].shape[1]
+            prompt_length = _generation.tokenize_prompts(self, prompts)[0].shape[1]
         else:
             prompt_length = _generation.as_prompts(prompts, self.backbone.vocabulary_size, 0)[0].shape[1]
         _generation.check_lengths(prompt_length, max_new_tokens, self.backbone.max_sequence_length)
-
-    def _tokenize_conversations(self, messages, vocabulary_size, pad_id):
-        """A conversation or a list of them -> ``(token_ids (B, P), start_positions (B,))``
-        through the tokenizer's chat template with the generation prompt, left-padded."""
-        tokenizer = getattr(self.preprocessor, "tokenizer", None)
-        if not hasattr(tokenizer, "apply_chat_template"):
-            raise ValueError(f"messages go through a chat template, and this {type(self).__name__}'s preprocessor has "
-                             f"{'no tokenizer' if tokenizer is None else 'a ' + type(tokenizer).__name__} (a Hugging Face "
-                             "tokenizer with a chat template has one); pass text prompts or token ids")  # fmt: skip
-        conversations = messages if _generation.is_conversation_list(messages) else [messages]
-        rows = [
-            list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True))
-            for conversation in conversations
-        ]
-        return _generation.as_prompts(rows, vocabulary_size, pad_id)
-
-    def _tokenize_prompts(self, prompts):
-        """Text prompts -> ``(token_ids (B, P), start_positions (B,))`` through the preprocessor."""
-        if not hasattr(self.preprocessor, "generate_preprocess"):
-            held = (
-                "no preprocessor" if self.preprocessor is None else f"a {type(self.preprocessor).__name__} preprocessor"
-            )
-            raise ValueError(
-                f"prompts are text, but this {type(self).__name__} has {held} to tokenize them: attach one "
-                f"(model.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=...)) or pass token ids"
-            )
-        return _generation.from_padding_mask(*self.preprocessor.generate_preprocess(prompts))  # (B, P) left-padded
 
     # --- Hugging Face checkpoints -------------------------------------------------------
 
@@ -508,12 +485,3 @@ def _float32_logits(softcap=None):
     if softcap is not None:
         return LogitSoftcap(softcap, dtype="float32", name="logits")
     return keras.layers.Activation("linear", dtype="float32", name="logits")
-
-
-def _check_prompts_or_messages(prompts, messages, max_new_tokens):
-    """``generate`` takes ``prompts`` or ``messages`` (one of them), and ``max_new_tokens``."""
-    if (prompts is None) == (messages is None):
-        raise ValueError("generate takes prompts (text or token ids) or messages (a conversation), one of them; "
-                         f"got {'both' if messages is not None else 'neither'}")  # fmt: skip
-    if max_new_tokens is None:
-        raise ValueError("generate needs max_new_tokens (N >= 1)")
