@@ -21,6 +21,7 @@ from zoo.config import schema
 from zoo.config.settings import GenerateSettings
 from zoo.data.chat_files import load_chat_file
 from zoo.models import GPTBackbone, GPTCausalLM, GPTCausalLMPreprocessor
+from zoo.models.gpt._generation import tokenize_conversations
 from zoo.tokenizers import HFTokenizer
 from zoo.training.finetune import FinetuneSettings, finetune
 from zoo.training.lm_finetune import causal_lm_config, compile_causal_lm, heldout_loss, load_lm_file, use_chat_template
@@ -191,7 +192,7 @@ def test_generate_a_reply_to_messages_in_python_and_with_zoo_generate_chat(folde
     tokens = model.generate([list(ids)], 6, stop_token_ids=())  # (1, P + 6)
     assert reply == tokenizer.decode(tokens[0, len(ids) :]) == "".join(streamed) and reply
     # a list of conversations: each row its template's ids, left-padded
-    batch, starts = model._tokenize_conversations([first, second], model.backbone.vocabulary_size, 0)
+    batch, starts = tokenize_conversations(model, [first, second], model.backbone.vocabulary_size, 0)
     for row, start, conversation in zip(batch, starts, (first, second)):
         np.testing.assert_array_equal(
             row[start:], tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
