@@ -124,9 +124,9 @@ def test_a_model_failing_its_check_is_not_written_at_the_target_but_rescued(tmp_
 _KILLED_EXPORT = """
 import os, signal, sys
 from zoo.config.settings import ExportSettings
-from zoo.models.gpt import hf_checkpoints
+from zoo.models.gpt import _hf_save
 from zoo.training.export import export
-hf_checkpoints._write_json = lambda *arguments: os.kill(os.getpid(), signal.SIGKILL)
+_hf_save._write_json = lambda *arguments: os.kill(os.getpid(), signal.SIGKILL)
 export(ExportSettings(model=sys.argv[1], output=sys.argv[2]))
 """
 

@@ -9,7 +9,7 @@ generator states are left as the target has them (the forms draw dropout differe
 
 import numpy as np
 
-from zoo.models.gpt.hf_checkpoints import unstacked_blocks
+from zoo.models.gpt._hf_save import unstacked_blocks
 
 
 def copy_block_form_weights(source, target):
@@ -37,7 +37,7 @@ def copy_block_form_weights(source, target):
 
 def _layer_form_values(model):
     """{path: host array} of ``model``'s weights as the L-layer form names them: its own
-    paths, a stacked backbone's blocks unstacked (``hf_checkpoints.unstacked_blocks``)."""
+    paths, a stacked backbone's blocks unstacked (``_hf_save.unstacked_blocks``)."""
     values = {
         variable.path: np.asarray(variable.value)
         for variable in model.variables

@@ -11,7 +11,7 @@ from zoo.layers import kernel_variable, lm_head_gather
 from zoo.layers.batch_rows import batch_rows_plan, sum_over_batch_rows
 from zoo.layers.lm_head_gather import LMHeadGather
 from zoo.layers.logit_softcap import LogitSoftcap
-from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _sampling, hf_checkpoints
+from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _hf_save, _sampling, hf_checkpoints
 from zoo.models.gpt._block_form import copy_block_form_weights
 from zoo.models.gpt.gpt_backbone import GPTBackbone
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config, with_depth_pattern
@@ -345,10 +345,10 @@ class GPTCausalLM(ZooModel):
         return super().from_preset(directory, load_weights=load_weights, skip_layers=skip_layers, **config_overrides)
 
     def save_to_hf(self, directory, *, max_file_bytes=None, dtype=None, extra_files=None, report=print):
-        """Write this model as a Hugging Face folder (``hf_checkpoints.save_to_hf``), whole
+        """Write this model as a Hugging Face folder (``_hf_save.save_to_hf``), whole
         or not at all: config.json, safetensors (LoRA merged, pipelined blocks unstacked),
         generation_config.json, the tokenizer, and what ``extra_files(folder)`` writes."""
-        return hf_checkpoints.save_to_hf(
+        return _hf_save.save_to_hf(
             self, directory, max_file_bytes=max_file_bytes, dtype=dtype, extra_files=extra_files, report=report
         )
 
