@@ -164,7 +164,7 @@ class PipelinedBlocks(keras.layers.Layer):
             if path.endswith("/kernel") and f"{prefix}/lora_kernel_a" in self.stacked:
                 a, b = (self.stacked[f"{prefix}/lora_kernel_{name}"].value for name in ("a", "b"))
                 update = jnp.einsum("rl...k,rlko->rl...o", a, b) * (alpha / rank)  # (R, L/R, *kernel shape)
-                weights[path] = (weights[path] + update.astype(weights[path].dtype)).astype(weights[path].dtype)
+                weights[path] = (weights[path] + update).astype(weights[path].dtype)
         return weights
 
     def save_own_variables(self, store):

@@ -195,12 +195,10 @@ def merge_lora(model):
     LoRA model's up to float rounding.
     """
     adapted = {layer_prefix(layer): layer for layer in lora_layers(model)}
-    stacked = {  # a stack's kernels, merged: {variable path: (R, L/R, ...)}
-        variable.path: stack.merged_weights()[path]
-        for stack in lora_stacks(model)
-        for path, variable in stack.stacked.items()
-        if not is_lora_variable(variable)
-    }
+    stacked = {}  # a stack's weights, its kernels merged: {variable path: (R, L/R, ...)}
+    for stack in lora_stacks(model):
+        merged_stack = stack.merged_weights()
+        stacked.update({stack.stacked[path].path: value for path, value in merged_stack.items()})
     if not adapted and not stacked:
         raise ValueError(f"model {model.name!r} has no LoRA-enabled layer to merge")
     source = _weights_by_path(model, skip_lora=True)
