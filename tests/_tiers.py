@@ -311,6 +311,12 @@ MATRIX = {
             "test_gather_and_ulysses_send_the_same_with_a_window",
         )
     },
+    # the GPT's held-out loss on 8 devices: tier 1 keeps the CNN's padded last batch on 8 devices and the GPT's
+    # held-out loss under a layout against one device
+    "tests/training/test_validation_loss.py::test_gpt_validation_loss_is_the_same_on_8_devices_and_one": (
+        "test_cnn_validation_metrics_are_the_same_on_8_devices_and_one[loss]; tests/training/test_lm_finetune.py::"
+        "test_lora_finetuning_matches_one_device_and_lowers_the_held_out_loss[context]"
+    ),
     # the stacked LoRA's files: tier 1 writes them through the job (PEFT, the merged Hugging Face folder)
     "tests/training/lora/test_lora_stacked.py::test_a_stacked_lora_model_writes_the_layers_adapter_and_merged_files": (
         "tests/training/test_lm_finetune.py::test_zoo_finetune_scan_layers_trains_the_stacked_blocks_and_writes_the_"
