@@ -1,7 +1,7 @@
 """``comms_report`` on the pipeline kernel (``zoo.kernels.pipeline``) under shard_map,
 forward and backward: the stage loop's collective-permutes are counted with the loop's
 trip count, R*M + S - 1 ticks forward and as many backward, each one micro-batch's
-activations (b, T, C); the planner's analytic figure (``zoo.planning.search.pipeline_figures``)
+activations (b, T, C); the planner's analytic figure (``zoo.planning.analytic.pipeline_figures``)
 is the same. (The pipelined GPT's whole fit step, by ``zoo plan``, shows the same
 counts: docs/planning.md.)"""
 
@@ -17,7 +17,8 @@ from jax.sharding import PartitionSpec as P
 from zoo.kernels.pipeline import num_ticks, pipeline
 from zoo.measure.comms_report import FAST_COMPILE, comms_report
 from zoo.planning import PlanRequest
-from zoo.planning.search import Candidate, pipeline_figures
+from zoo.planning.analytic import pipeline_figures
+from zoo.planning.search import Candidate
 
 STAGES, B, T, C, LAYERS = 4, 16, 8, 32, 8  # mesh data=2,stage=4; a global batch of 16
 

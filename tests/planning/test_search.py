@@ -183,7 +183,7 @@ def test_pipeline_candidates_split_layers_and_batch_and_price_the_bubble():
     dividing the rows per data shard; circular (R=2) where 2S divides the layers. More
     stages hold less state; more micro-batches shrink the bubble; the command carries the
     pipeline's flags."""
-    from zoo.planning.search import estimate
+    from zoo.planning.analytic import estimate
 
     request = _request(num_layers=8, batch_size=32)
     pipelined = [c for c in candidates(request) if c.layout == "pipeline" and c.accumulation == 1 and c.remat == "none"]
@@ -244,7 +244,7 @@ def test_a_mixture_of_experts_model_gets_the_expert_layouts_priced_by_their_exch
     MoE block refuses them); each device sends 4 exchanges per sparse block of Q =
     ceil(1.25 x tokens x k / E_p) rows of C to each other device (the kernel's buffers);
     fsdp+expert holds less state than expert."""
-    from zoo.planning.search import estimate, expert_figures
+    from zoo.planning.analytic import estimate, expert_figures
 
     request = _request(config_name="gpt_tiny_moe", batch_size=16, precision="mixed_bfloat16", capacity_factor=1.25)
     found = candidates(request)

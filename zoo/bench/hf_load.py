@@ -45,7 +45,7 @@ import numpy as np
 
 from zoo import distribution as zd
 from zoo.bench._output import size_text, write_text
-from zoo.bench._synthetic_hf import SEED, checkpoint_folder, describe_checkpoint, synthetic_config, weight_shapes  # noqa: F401 (the checkpoint's pieces)
+from zoo.bench._synthetic_hf import checkpoint_folder, describe_checkpoint
 from zoo.config.bench_settings import HFLoadBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.models import GPTCausalLM
 from zoo.models.dtype_policy import dtype_policy_scope

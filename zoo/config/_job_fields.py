@@ -95,12 +95,15 @@ def context_attention():
     )
 
 
+SCAN_JOB_LAYOUTS = ("single", *choices.SCANNED_LAYOUTS)  # where a job's --scan-layers runs
+
+
 def scan_layers(who=""):
     return setting(
         False,
         f"{who}hold the blocks stacked and run them in one lax.scan (one block's program: compile time flat in "
         "depth; under fsdp each block's weights are gathered inside the loop, under tp each keeps Megatron's split); "
-        "layouts single, data, fsdp, tp and fsdp+tp",
+        f"layouts {', '.join(SCAN_JOB_LAYOUTS)}",
         section="model",
         store_true=True,
     )
@@ -109,10 +112,10 @@ def scan_layers(who=""):
 def check_scan_settings(settings):
     """Raise ``SettingError`` naming the layout unless ``scan_layers`` is off or the
     layout runs a scanned stack (single and ``choices.SCANNED_LAYOUTS``)."""
-    if settings.scan_layers and settings.layout not in ("single", *choices.SCANNED_LAYOUTS):
+    if settings.scan_layers and settings.layout not in SCAN_JOB_LAYOUTS:
         raise SettingError(
             f"{type(settings).__name__}.scan_layers (--scan-layers) runs the stacked blocks under layouts "
-            f"{', '.join(('single', *choices.SCANNED_LAYOUTS))}, not {settings.layout!r} (its blocks run as layers; "
+            f"{', '.join(SCAN_JOB_LAYOUTS)}, not {settings.layout!r} (its blocks run as layers; "
             f"layout pipeline already stacks them): leave it out, or use one of those"
         )
 

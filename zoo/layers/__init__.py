@@ -9,7 +9,7 @@ take by default (``weight_only_config``, ``INT4_BLOCK``) and a quantized-built l
 fill (``fill_quantized``, ``is_built_quantized``), for QLoRA and the checkpoint loaders.
 """
 
-from zoo.layers._lora import LORA_LAYER_TYPES, check_lora_rank, enable_layer_lora, lora_target_layers
+from zoo.layers._lora import check_lora_rank, enable_layer_lora, lora_target_layers
 from zoo.layers._parallel_plan import run_on_mesh
 from zoo.layers._quantized import (
     INT4_BLOCK,
@@ -37,7 +37,6 @@ from zoo.layers.transformer_block import TransformerBlock
 
 __all__ = [
     "INT4_BLOCK",
-    "LORA_LAYER_TYPES",
     "QUANTIZATION_WEIGHTS",
     "ClassToken",
     "ColumnParallelDense",

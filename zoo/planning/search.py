@@ -40,15 +40,7 @@ from zoo.config.choices import (
 )
 from zoo.config.layouts import layout_record, pipelined
 from zoo.config.settings import CONTEXT_DEFAULTS, PIPELINE_DEFAULTS
-from zoo.planning.analytic import (  # noqa: F401 (the analytic model's figures, read with the search)
-    RECOMPUTE,
-    REMATS_CHEAPEST_FIRST,
-    axis_sizes,
-    estimate,
-    expert_figures,
-    named_model,
-    pipeline_figures,
-)
+from zoo.planning.analytic import RECOMPUTE, REMATS_CHEAPEST_FIRST, axis_sizes, estimate, named_model
 from zoo.planning.plan import (
     PlanRequest,
     make_plans,
@@ -62,8 +54,6 @@ __all__ = [
     "Ranking",
     "candidates",
     "choose_layout",
-    "estimate",
-    "expert_figures",
     "format_ranking",
     "planned_layouts",
     "search",
@@ -234,8 +224,10 @@ def planned_layouts(model):
     if not model.get("num_experts"):
         mixed = model.get("sliding_window_layers") is not None  # some blocks windowed, not all
         return tuple(layout for layout in PLANNED_LAYOUTS if not (mixed and pipelined(layout)))
-    refused = lambda layout: layout_record(layout).sequence_over_model or pipelined(layout)  # noqa: E731
-    return tuple(layout for layout in PLANNED_LAYOUTS if not refused(layout)) + EXPERT_LAYOUTS
+    dense = (
+        layout for layout in PLANNED_LAYOUTS if not (layout_record(layout).sequence_over_model or pipelined(layout))
+    )
+    return (*dense, *EXPERT_LAYOUTS)
 
 
 def candidates(request, *, keep_batch_split=False):
