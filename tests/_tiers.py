@@ -97,16 +97,23 @@ MATRIX = {
         "test_moments_in_host_memory_train_as_on_the_device_under_fsdp, "
         "test_a_decaying_second_moment_keeps_decaying_in_bfloat16"
     ),
-    # scanned blocks under fsdp, tp and fsdp+tp: tier 1 keeps their numbers (the layers' on one
-    # device), the fsdp program's bytes and the tp program's split
+    # scanned blocks under fsdp, tp, tp+sp and fsdp+tp: tier 1 keeps their numbers (the layers' on one
+    # device), context's against one device, the fsdp program's bytes, the tp program's split and
+    # tp+sp's sequence-parallel collectives
     **{
         f"tests/models/test_gpt_scan.py::test_scanned_fit_matches_one_device[{case}]": (
-            "test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers, "
+            "test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers, [context-data=2,seq=4], "
             "test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers, "
-            "test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do"
+            "test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do, "
+            "test_a_scanned_step_splits_the_tokens_as_the_layers_do[tp+sp-...]"
         )
-        for case in ("fsdp-data=8", "tp-data=2,model=4", "fsdp+tp-data=2,model=4")
+        for case in ("fsdp-data=8", "tp-data=2,model=4", "tp+sp-data=2,model=4", "fsdp+tp-data=2,model=4")
     },
+    "tests/models/test_gpt_scan.py::test_a_scanned_step_splits_the_tokens_as_the_layers_do"
+    "[context-data=2,seq=4-seq-collective-permute]": (
+        "[tp+sp-data=2,model=4-model-reduce-scatter] (the layers' kernels in the loop); "
+        "test_scanned_fit_matches_one_device[context-data=2,seq=4] (the ring in the loop, against one device)"
+    ),
     # greedy decoding of two more MoE families against transformers: tier 1 keeps Qwen3-MoE's
     # (equal and unequal prompts) and every family's logits
     **{

@@ -20,7 +20,8 @@
 # $OUT for a per-op reading, then b2 and b4 with XLA's scoped VMEM raised to 96 MiB), `20`
 # (an experiment run at e85b2df, not kept), `21` (gpt_350m profiled op by op), `22` (part 21 with the tanh GELU), `23` and `24` (issue 48: qwen3_8b's QLoRA, int8 base, remat save_attention / full), `25` (part 23 with
 # fewer steps timed and every compile's seconds in log.txt: part 23 ran past a call's 590 s twice), `26`
-# (part 7's LoRA rows with the blocks stacked: LoRA on scanned blocks).
+# (part 7's LoRA rows with the blocks stacked: LoRA on scanned blocks), `27` (part 26 at batch 8, and
+# without remat at batch 4).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -200,6 +201,13 @@ case "$part" in
     row 260 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat save_attention \
         --loss-chunk-size 512 --scan-layers
     row 260 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat full \
+        --loss-chunk-size 512 --scan-layers
+    ;;
+27)  # part 26's LoRA with the room scanning left: batch 8, and no remat at batch 4
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 260 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 8 --remat save_attention \
+        --loss-chunk-size 512 --scan-layers
+    row 260 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
         --loss-chunk-size 512 --scan-layers
     ;;
 *)

@@ -1,6 +1,8 @@
 """``scan_layers``: a GPT whose L blocks are stacked (1, L, ...) and run by one ``lax.scan``
-trains to the numbers of the same weights as L layers, under ``fsdp``, ``tp`` and
-``fsdp+tp`` to the one-device numbers (tp with the blocks split as the layers'), and converts between the two forms (``GPTCausalLM.with_block_form``).
+trains to the numbers of the same weights as L layers, under ``context``, ``fsdp``, ``tp``,
+``tp+sp`` and ``fsdp+tp`` to the one-device numbers (tp with the blocks split as the
+layers'; tp+sp and context with the layers' sequence-parallel collectives), and converts
+between the two forms (``GPTCausalLM.with_block_form``).
 
 8 simulated devices; the tiny GPT of ``_gpt_parity`` (2 blocks, dropout off so the two
 forms draw no masks), batch 8, T = 16, 3 SGD-with-momentum steps. One reference run of
@@ -17,8 +19,8 @@ import pytest
 from tests.models._gpt_parity import BATCH, CONFIG, STEPS, build_lm, compile_sgd, language_data
 from zoo.config.settings import GPTTrainSettings, SettingError
 from zoo.distribution import distribution_for, make_mesh, parity
-from zoo.distribution.layouts import LayoutError
 from zoo.measure.comms_report import train_step_comms_report
+from zoo.models._transformer_layouts import layout_overrides
 from zoo.models.gpt import GPTBackbone, GPTCausalLM
 
 LAYERS = 2
@@ -63,19 +65,32 @@ def test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers(scanned_refe
     assert scanned_reference.loss["step 3"] < scanned_reference.loss["step 1"]  # not vacuous: it trained
 
 
-@pytest.mark.parametrize("layout, mesh", [("fsdp", "data=8"), ("tp", "data=2,model=4"), ("fsdp+tp", "data=2,model=4")])
+@pytest.mark.parametrize(
+    "layout, mesh",
+    [
+        ("context", "data=2,seq=4"),  # the ring attention inside the loop; weights split over seq behind (1, L)
+        ("fsdp", "data=8"),
+        ("tp", "data=2,model=4"),
+        ("tp+sp", "data=2,model=4"),  # Megatron's sequence-parallel layers inside the loop
+        ("fsdp+tp", "data=2,model=4"),
+    ],
+)
 def test_scanned_fit_matches_one_device(scanned_reference, layout, mesh):
-    distribution = distribution_for(GPTCausalLM, layout, mesh, config=SCANNED)
+    config = SCANNED | layout_overrides(layout)  # tp+sp: megatron_sp (the same weights, the same numbers on one device)
+    distribution = distribution_for(GPTCausalLM, layout, mesh, config=config)
     report = parity.check_parity(
-        lambda: build_lm(SCANNED), compile_sgd, distribution, *_data(), steps=STEPS, reference=scanned_reference
+        lambda: build_lm(config), compile_sgd, distribution, *_data(), steps=STEPS, reference=scanned_reference
     )
     assert report.passed, "\n".join(report.format())
+    if layout == "context":  # each block's weights split over seq on a block's own dimension, never on L
+        kernel = distribution.get_variable_layout(build_lm(config).backbone.pipelined_blocks.stacked["mlp/up/kernel"])
+        assert tuple(kernel.axes) == (None, None, "seq", None)  # (1, L, C/seq, F)
 
 
 def _step_comms(layout, mesh, scan):
     """The ``CommsReport`` of one compiled fit step of the tiny GPT, scanned or as layers."""
     tokens, targets = _data()
-    config = SCANNED | dict(scan_layers=scan)
+    config = SCANNED | dict(scan_layers=scan) | layout_overrides(layout)
     distribution = distribution_for(GPTCausalLM, layout, mesh, config=config)
     with distribution.scope():
         keras.utils.set_random_seed(0)
@@ -95,6 +110,21 @@ def test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do():
     assert scanned.count("all-gather", "model") == 0
     assert scanned.count("all-reduce", "model") >= 2 * LAYERS  # each block's attention and MLP outputs
     assert scanned.sent_bytes(axes="model") <= 1.7 * layers.sent_bytes(axes="model")
+
+
+@pytest.mark.parametrize(
+    "layout, mesh, axis, kind",
+    [("tp+sp", "data=2,model=4", "model", "reduce-scatter"), ("context", "data=2,seq=4", "seq", "collective-permute")],
+)
+def test_a_scanned_step_splits_the_tokens_as_the_layers_do(layout, mesh, axis, kind):
+    """Where the tokens are split the loop runs the layers' own kernels: Megatron's
+    sequence-parallel all-gathers and reduce-scatters over model (tp+sp), the ring
+    attention's K/V permutes over seq (context), as many as the layers' and the same bytes
+    over that axis (within 1%: the context loop gathers each block's weights over seq)."""
+    layers, scanned = (_step_comms(layout, mesh, scan) for scan in (False, True))
+    assert scanned.count(kind, axis) == layers.count(kind, axis) > 0
+    assert scanned.count("all-gather", axis) >= layers.count("all-gather", axis)
+    assert scanned.sent_bytes(axes=axis) == pytest.approx(layers.sent_bytes(axes=axis), rel=0.01)
 
 
 def test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers():
@@ -130,16 +160,13 @@ def test_scan_layers_names_what_it_cannot_do():
         GPTBackbone(**SCANNED, schedule="gpipe")
     with pytest.raises(ValueError, match=r"stacked blocks \(scan_layers=True\) has dense blocks only; num_experts=4"):
         GPTBackbone(**SCANNED, num_experts=4)
-    with pytest.raises(
-        LayoutError,
-        match=r"layout 'tp\+sp': a GPT built with scan_layers=True runs .* \['data', 'fsdp', 'tp', 'fsdp\+tp'\]",
-    ):
-        GPTCausalLM.get_layout_map(make_mesh("data=2,model=4"), "tp+sp", config=SCANNED | dict(megatron_sp=True))
+    with pytest.raises(ValueError, match=r"megatron_sp=True and context_attention=None must be False and None"):
+        GPTBackbone(**(SCANNED | dict(scan_layers=False)), schedule="gpipe", megatron_sp=True)  # a pipeline's blocks
     with pytest.raises(
         SettingError,
-        match=r"scan_layers \(--scan-layers\) runs the stacked blocks under layouts single, data, fsdp, tp, fsdp\+tp, "
-        r"not 'tp\+sp'",
+        match=r"scan_layers \(--scan-layers\) runs the stacked blocks under layouts single, data, fsdp, tp, tp\+sp, "
+        r"fsdp\+tp, context, not 'expert'",
     ):
-        GPTTrainSettings(scan_layers=True, layout="tp+sp")
+        GPTTrainSettings(scan_layers=True, layout="expert")
     with pytest.raises(ValueError, match=r"holds its blocks stacked \(scan_layers=True\)"):
         GPTBackbone(**SCANNED).empty_caches(1, 4)

@@ -102,7 +102,8 @@ def scan_layers(who=""):
     return setting(
         False,
         f"{who}hold the blocks stacked and run them in one lax.scan (one block's program: compile time flat in "
-        "depth; under fsdp each block's weights are gathered inside the loop, under tp each keeps Megatron's split); "
+        "depth; under fsdp each block's weights are gathered inside the loop, under tp each keeps Megatron's split, "
+        "under tp+sp and context the loop runs the layers' sequence-parallel kernels); "
         f"layouts {', '.join(SCAN_JOB_LAYOUTS)}",
         section="model",
         store_true=True,

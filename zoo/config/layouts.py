@@ -26,7 +26,7 @@ BASIC = "basic"  # every model: zoo train cnn too ("model" uses the model's own 
 TRANSFORMER = "transformer"  # the Transformer models' layouts (zoo train gpt | encoder | vit)
 WEIGHT_MAP = "weight_map"  # a Transformer's layout map describes its weights (get_layout_map(mesh, layout=...))
 PLANNED = "planned"  # what zoo plan --auto searches
-SCANNED = "scanned"  # a scan_layers GPT runs under it (layout rules on the stack; a model axis GSPMD's)
+SCANNED = "scanned"  # a scan_layers GPT runs under it (layout rules on the stack; split tokens: the layers' kernels)
 QLORA = "qlora"  # QLoRA: no tensor-parallel layer splits a quantized kernel
 CLASSIFIER_FINETUNE = "classifier_finetune"  # zoo finetune of a classifier preset
 PEERS = "peers"  # zoo bench peers: both peers build it
@@ -94,11 +94,11 @@ LAYOUT_TABLE = {
                 fsdp_axis=DATA),
         _layout("tp", _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, CLASSIFIER_FINETUNE, PEERS,
                 model_axis=MODEL),
-        _layout("tp+sp", _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED,
+        _layout("tp+sp", _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED,
                 model_axis=MODEL, sequence_axis=MODEL, options={"megatron_sp": True}),
         _layout("fsdp+tp", _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, PEERS,
                 fsdp_axis=DATA, model_axis=MODEL),
-        _layout("context", (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, fsdp_axis=SEQ, sequence_axis=SEQ),
+        _layout("context", (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, SCANNED, fsdp_axis=SEQ, sequence_axis=SEQ),
         _layout("pipeline", (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED,
                 stage_axis=STAGE, options={"schedule": "gpipe"}),
         _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, expert_axis=EXPERT),

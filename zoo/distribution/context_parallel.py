@@ -42,7 +42,7 @@ from zoo import kernels
 from zoo._compat import variable_layout
 from zoo.config.choices import BALANCES, CONTEXT_ATTENTIONS, DEFAULT_CONTEXT_ATTENTION
 from zoo.distribution.axes import DATA, SEQ
-from zoo.distribution.layouts import CheckedModelParallel, LayoutError
+from zoo.distribution.layouts import CheckedModelParallel, LayoutError, stacking_dimensions
 from zoo.distribution.mesh import MeshError, describe_mesh, make_mesh, mesh_axis_size
 
 
@@ -139,15 +139,16 @@ class ContextParallel(CheckedModelParallel):
         layout = super().get_variable_layout(variable)
         if not self._shard_weights or variable_layout(variable) is not None or len(variable.shape) < 2:
             return layout
-        return self._split_over_sequence(variable.shape, layout)
+        stacked = stacking_dimensions(self._layout_map, variable.path)  # a scanned stack's (R, L/R): not split
+        return self._split_over_sequence(variable.shape, layout, first=stacked)
 
-    def _split_over_sequence(self, shape, layout):
+    def _split_over_sequence(self, shape, layout, first=0):
         size, axis = self.sequence_parallel_size, self._sequence_dim_name
         axes = list(layout.axes)
         if size == 1 or any(axis == a or (isinstance(a, (tuple, list)) and axis in a) for a in axes):
             return layout
         for dim, (length, current) in enumerate(zip(shape, axes)):
-            if current is None and length % size == 0:
+            if dim >= first and current is None and length % size == 0:
                 axes[dim] = axis
                 return keras.distribution.TensorLayout(axes, self.device_mesh)
         return layout  # no dimension divides: replicated over the sequence axis

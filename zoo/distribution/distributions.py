@@ -153,9 +153,9 @@ def distribution_for(
 
     ``"model"`` calls ``model_class.get_layout_map(mesh)``; ``"fsdp"``, ``"tp"``,
     ``"tp+sp"``, ``"fsdp+tp"`` call it with ``layout=`` that layout, and ``"context"``
-    with ``layout="tp"`` when the mesh has a ``model`` axis (without one every weight is
-    replicated but for the FSDP split over ``seq``, and ``model_class`` is not
-    consulted). ``config``: the model's config dict when known: the layout map checks
+    with ``layout="tp"`` when the mesh has a ``model`` axis, with ``layout="context"`` for
+    a ``config`` with ``scan_layers`` (without either every weight is replicated but for
+    the FSDP split over ``seq``, and ``model_class`` is not consulted). ``config``: the model's config dict when known: the layout map checks
     its sizes against the mesh and fits it (no ``lm_head`` rule for tied embeddings);
     with no ``mesh``, the default mesh is the first of ``default_mesh_candidates`` that
     the model fits (``gpt_tiny_moe``'s 4 experts on 8 devices: ``data=2,expert=4``).
@@ -173,7 +173,7 @@ def distribution_for(
     if layout == "model":
         return _model_parallel(mesh, model_class.get_layout_map(mesh), layout)
     if layout == "context":
-        layout_map = _layout_map_for(model_class, mesh, "tp", fitted) if MODEL in mesh.axis_names else None
+        layout_map = _context_layout_map(model_class, mesh, fitted)
         return _context_parallel(mesh, layout_map, context_attention, balance, shard_weights)
     return _model_parallel(mesh, _layout_map_for(model_class, mesh, layout, fitted), layout)
 
@@ -230,6 +230,18 @@ def _layout_map_for(model_class, mesh, layout, fitted):
             f"have; it is for the Transformer models (GPT, encoder, ViT). Use layout 'data' or 'model'"
         )
     return get_layout_map(mesh, layout=layout, **fitted)
+
+
+def _context_layout_map(model_class, mesh, fitted):
+    """Layout ``context``'s weight rules: ``tp``'s on a mesh with a ``model`` axis; for a
+    model built with stacked blocks (``scan_layers``), its ``data`` map (no rule: every
+    weight whole), which marks their stacking dimensions (``mark_stacked_weights``); else
+    None. ``ContextParallel`` adds the FSDP split over ``seq``."""
+    if MODEL in mesh.axis_names:
+        return _layout_map_for(model_class, mesh, "tp", fitted)
+    if fitted.get("config", {}).get("scan_layers"):
+        return _layout_map_for(model_class, mesh, "data", fitted)
+    return None
 
 
 def _data_parallel(mesh):

@@ -7,6 +7,8 @@ and divisibility, naming the numbers) and remembers which rules matched, so
 ``check_layout_map`` can reject rules that matched nothing.
 """
 
+import re
+
 import keras
 
 INT4_PARTS = ("kernel", "kernel_scale", "kernel_zero")  # Keras' int4 kernel, flattened to 2-D, and its blocks' scales
@@ -77,6 +79,26 @@ def marked_weight_shard_axis(layout_map):
 
 
 _WEIGHT_SHARD_AXIS = "zoo_weight_shard_axis"  # attribute name on a keras LayoutMap
+
+
+def mark_stacked_weights(layout_map, pattern, lead):
+    """Record on ``layout_map`` that the weights whose path matches ``pattern`` (a regex,
+    as a rule's) are stacked blocks', each ``lead`` stacking dimensions ((R, L/R) of a
+    ``PipelinedBlocks``) before a block's own; returns ``layout_map``. A split that a
+    distribution adds by itself (``ContextParallel``'s FSDP over ``seq``) then lands on
+    a block's own dimensions, never on one the loop over the blocks slices."""
+    setattr(layout_map, _STACKED_WEIGHTS, (re.compile(pattern), lead))
+    return layout_map
+
+
+def stacking_dimensions(layout_map, path):
+    """How many leading stacking dimensions the weight at ``path`` has, as marked by
+    ``mark_stacked_weights`` on ``layout_map`` (0: not stacked, or no mark, or no map)."""
+    mark = getattr(layout_map, _STACKED_WEIGHTS, None)
+    return mark[1] if mark is not None and mark[0].match(path) else 0
+
+
+_STACKED_WEIGHTS = "zoo_stacked_weights"  # attribute name on a keras LayoutMap
 
 
 class CheckedModelParallel(keras.distribution.ModelParallel):

@@ -19,6 +19,7 @@ from zoo.kernels.pipeline import check_schedule, pipeline
 from zoo.layers._lora import check_lora_rank, enable_layer_lora, lora_target_layers
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over
 from zoo.layers._remat import REMAT_POLICIES
+from zoo.layers._tensor_parallel import tensor_parallel_plan
 from zoo.layers.transformer_block import TransformerBlock
 
 TEMPLATE = "pipelined_block_template"  # the name of the block whose computation runs on each slice
@@ -45,7 +46,10 @@ class PipelinedBlocks(keras.layers.Layer):
     stage with ``ppermute``. Without a stage axis the same loop runs on each device, one
     stage: the single-device reference, with the same numbers. The ``data`` and
     ``model`` axes stay GSPMD's: the blocks inside run as plain layers on weights split
-    by the layout map (Megatron's split over ``model``).
+    by the layout map (Megatron's split over ``model``). One stage under a distribution
+    that splits the tokens (a ``ContextParallel``'s ``seq``, or ``megatron_sp`` blocks
+    over ``model``), the loop runs under it: each block's layers run their layer form's
+    kernels (the ring, gather or Ulysses attention; Megatron's sequence-parallel matmuls).
 
     Args:
         num_blocks: L.
@@ -298,14 +302,22 @@ class PipelinedBlocks(keras.layers.Layer):
 
 class _LoopShardings:
     """Where one block's values sit inside the one-stage loop under a distribution: each
-    weight slice as the layout splits it but whole over the batch axes (FSDP's split,
-    gathered one block per iteration, as MaxText's scanned layers are), and the hidden
-    states' rows over the batch axes. Without them GSPMD splits the loop's matmuls on
-    their contracting dimension and all-reduces activations instead (Llama-3.2-1B dims,
-    fsdp on 8 devices: 84 GiB all-reduced per step instead of 7)."""
+    weight slice as the layout splits it but whole over the batch axes and the FSDP axis
+    (FSDP's split, gathered one block per iteration, as MaxText's scanned layers are), and
+    the hidden states as the layer form leaves them between blocks: rows over the batch
+    axes, and the tokens over the sequence axis (context) or the model axis (Megatron's
+    sequence parallelism, tp+sp). Without them GSPMD splits the loop's matmuls on their
+    contracting dimension and all-reduces activations instead (Llama-3.2-1B dims, fsdp on
+    8 devices: 84 GiB all-reduced per step instead of 7).
 
-    def __init__(self, weights, rows):
+    ``layers_split_tokens``: the tokens are split (context, tp+sp), so the block's layers run
+    their layer form's kernels inside the loop (the context attention's ring or gather,
+    the Megatron layers' sequence-parallel collectives), under the distribution; otherwise
+    the loop runs under none and GSPMD splits the blocks by the weights' layout."""
+
+    def __init__(self, weights, rows, layers_split_tokens):
         self.weights, self.rows = weights, rows  # {path: NamedSharding of one block's slice}, NamedSharding or None
+        self.layers_split_tokens = layers_split_tokens
 
     @classmethod
     def under(cls, layer, plan):
@@ -313,15 +325,18 @@ class _LoopShardings:
         distribution = keras.distribution.distribution()
         if distribution is None or plan.mesh is None:
             return None
-        batch_axes = set(plan.batch_axes)
+        gathered = set(plan.batch_axes) | ({plan.weight_shard_axis} if plan.weight_shard_axis else set())
         weights = {}
         for path, variable in layer.stacked.items():
             layout = distribution.get_variable_layout(variable)
             axes = [None] * (variable.ndim - 2) if layout is None else list(layout.axes[2:])
-            kept = [_without(axis, batch_axes) for axis in axes]  # one block's dims, the batch axes gathered
+            kept = [_without(axis, gathered) for axis in axes]  # one block's dims, the batch and FSDP axes gathered
             weights[path] = NamedSharding(plan.mesh, P(*kept))
-        rows = NamedSharding(plan.mesh, P(plan.batch_axis)) if plan.batch_axis is not None else None
-        return cls(weights, rows)
+        megatron = tensor_parallel_plan(layer.template[0].model_axis) if layer.block.get("megatron_sp") else None
+        tokens = megatron.model_axis if megatron is not None else plan.sequence_axis  # None: whole
+        spec = P(plan.batch_axis, tokens)  # (b, T[/N], C)
+        rows = NamedSharding(plan.mesh, spec) if plan.batch_axis is not None or tokens is not None else None
+        return cls(weights, rows, layers_split_tokens=tokens is not None)
 
     def place(self, params, h):
         """One block's weights gathered, and its input's rows split."""
@@ -345,8 +360,10 @@ class _StageFunction:
     Equal (and hashed) by (layer, training), so the bridge's program cache keeps one pipeline
     program per layer and mode; runs the template ``TransformerBlock`` on each block's slice
     of the stacked weights (``keras.StatelessScope``), under no distribution (the
-    data and model axes are GSPMD's inside the pipeline's shard_map). ``loop``: the
-    ``_LoopShardings`` of a one-stage loop under a distribution (None: none placed)."""
+    data and model axes are GSPMD's inside the pipeline's shard_map), but for a
+    one-stage loop whose ``loop`` says the tokens are split (``layers_split_tokens``).
+    ``loop``: the ``_LoopShardings`` of a one-stage loop under a distribution (None: none
+    placed)."""
 
     def __init__(self, layer, training, loop=None):
         self.layer, self.training, self.loop = layer, training, loop
@@ -381,7 +398,8 @@ class _StageFunction:
         forward = block_forward
         if self.training and template.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[template.remat])
-        with global_distribution(None):
+        keep = self.loop is not None and self.loop.layers_split_tokens  # the layers' own kernels, as layers
+        with contextlib.nullcontext() if keep else global_distribution(None):
             y, _ = jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
         return y
 

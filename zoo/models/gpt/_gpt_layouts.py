@@ -38,10 +38,9 @@ GSPMD all-gathers the table for the lookup as it sees fit.
 
 import keras
 
-from zoo.config.choices import SCANNED_LAYOUTS
 from zoo.config.layouts import LAYOUT_TABLE, layout_record
 from zoo.distribution.axes import DATA, EXPERT, MODEL, STAGE
-from zoo.distribution.layouts import LayoutError, mark_weight_shard_axis
+from zoo.distribution.layouts import LayoutError, mark_stacked_weights, mark_weight_shard_axis
 from zoo.distribution.mesh import describe_mesh, mesh_axis_size, require_axes
 from zoo.models import _transformer_layouts as shared
 
@@ -49,6 +48,7 @@ EMBEDDING = r".*token_embedding/embeddings"  # (V, C)
 LM_HEAD = r".*lm_head/kernel"  # (C, V)
 EXPERT_IN = r".*mlp/expert_(gate|up)"  # (E, C, F)
 EXPERT_OUT = r".*mlp/expert_down"  # (E, F, C)
+STACKED_BLOCKS = r".*blocks/"  # the weights of a stacked backbone's PipelinedBlocks: (R, L/R, *a block's shape)
 
 
 def expert_base_layout(layout):
@@ -216,15 +216,12 @@ def _stacked_block_rules(lead, config, mesh, *, model_axis=None, data_axis=None)
 def scanned_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_axis=MODEL):
     """The ``LayoutMap`` of a backbone built with ``scan_layers`` (one ``PipelinedBlocks``
     named ``blocks``, weights (1, L, ...)), under ``SCANNED_LAYOUTS``: ``data`` replicates
-    the blocks, ``fsdp`` splits each matrix's C over data, ``tp`` Megatron's split over
-    model, ``fsdp+tp`` both (``_stacked_block_rules`` behind the two stacking dimensions);
-    the embedding and head as the layer form's. The loop gathers one block's weights per
+    the blocks, ``fsdp`` splits each matrix's C over data, ``tp`` and ``tp+sp`` Megatron's
+    split over model, ``fsdp+tp`` both (``_stacked_block_rules`` behind the two stacking
+    dimensions); the embedding and head as the layer form's. The map marks the stacking
+    dimensions (``mark_stacked_weights``: ``context`` takes the ``data`` map and splits
+    each weight over seq behind them). The loop gathers one block's weights per
     iteration over the data axis and keeps the model axis' split (``PipelinedBlocks``)."""
-    if layout not in SCANNED_LAYOUTS:
-        raise LayoutError(
-            f"layout {layout!r}: a GPT built with scan_layers=True runs its stacked blocks under layouts "
-            f"{list(SCANNED_LAYOUTS)}; build it without scan_layers for {layout!r}"
-        )
     head = gpt_rules(layout, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
     split = shared.layers_place_weights(layout, mesh, model_axis=model_axis)  # a model axis of size > 1
     blocks = _stacked_block_rules(
@@ -235,7 +232,8 @@ def scanned_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model
         data_axis=data_axis if shared.uses_data_axis_for_weights(layout) else None,
     )
     rules = {pattern: axes for pattern, axes in head.items() if pattern in (EMBEDDING, LM_HEAD)} | blocks
-    return shared.build_layout_map(mesh, layout, rules, data_axis=data_axis, model_axis=model_axis)
+    layout_map = shared.build_layout_map(mesh, layout, rules, data_axis=data_axis, model_axis=model_axis)
+    return mark_stacked_weights(layout_map, STACKED_BLOCKS, lead=2)  # context's split over seq behind (1, L)
 
 
 def check_pipeline_config(mesh, config, *, model_axis=MODEL):

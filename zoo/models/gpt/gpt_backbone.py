@@ -93,7 +93,10 @@ class GPTBackbone(ZooModel):
             on every device: one block's program, so compile time does not grow with
             depth, and under ``fsdp`` each block's weights are gathered inside the loop
             (MaxText's ``scan_layers``), under ``tp`` each keeps Megatron's split over
-            ``model``. Layouts ``choices.SCANNED_LAYOUTS``; no ``schedule``.
+            ``model``, under ``tp+sp`` (``megatron_sp``) and ``context`` the loop runs
+            the layers' own sequence-parallel kernels (Megatron's all-gather and
+            reduce-scatter over ``model``; the ring, gather or Ulysses attention over
+            ``seq``). Layouts ``choices.SCANNED_LAYOUTS``; no ``schedule``.
             The numbers are those of the L-layer form, and checkpoints and ``.keras``
             files of either form load into the other (``with_block_form``).
         repeats: R, how often a micro-batch goes round the stages (``"circular"``: >= 2).
@@ -204,7 +207,11 @@ class GPTBackbone(ZooModel):
         stacked = _stacked_form(schedule, scan_layers)
         if stacked:
             _check_pipeline(
-                stacked, megatron_sp=megatron_sp, context_attention=context_attention, num_experts=num_experts
+                stacked,
+                megatron_sp=megatron_sp,
+                context_attention=context_attention,
+                num_experts=num_experts,
+                pipelined=schedule is not None,
             )
             _check_pipeline_window(stacked, sliding_window, window_layers, num_layers)
             x = PipelinedBlocks(
@@ -446,13 +453,15 @@ def _check_pipeline_window(stacked, sliding_window, window_layers, num_layers):
         )
 
 
-def _check_pipeline(stacked, *, megatron_sp, context_attention, num_experts=0):
+def _check_pipeline(stacked, *, megatron_sp, context_attention, num_experts=0, pipelined=True):
+    """Stacked blocks are dense; a pipeline's (not a scanned stack's, whose loop runs the
+    layers' own sequence-parallel kernels) run as plain layers inside its shard_map."""
     if num_experts:
         raise ValueError(
             f"a GPTBackbone with stacked blocks ({stacked}) has dense blocks only; num_experts={num_experts} (MoE "
             f"blocks run as layers under the 'expert' layouts)"
         )
-    if megatron_sp or context_attention is not None:
+    if pipelined and (megatron_sp or context_attention is not None):
         raise ValueError(
             f"a GPTBackbone with stacked blocks ({stacked}) runs its blocks as plain layers inside a loop: "
             f"megatron_sp={megatron_sp!r} and context_attention={context_attention!r} must be False and None "
