@@ -109,9 +109,17 @@ MATRIX = {
         )
         for case in ("fsdp-data=8", "tp-data=2,model=4", "tp+sp-data=2,model=4", "fsdp+tp-data=2,model=4")
     },
+    # stacked MoE blocks: tier 1 keeps expert+tp (the exchange and the tensor-parallel shared expert in the loop)
+    **{
+        f"tests/models/test_gpt_moe.py::test_stacked_moe_fit_matches_one_device[{case}]": (
+            "[expert+tp-data=2,expert=2,model=2]; fsdp+expert's gather of the experts' C: "
+            "test_three_steps_of_fit_match_one_device[k2_shared-fsdp+expert-...] as layers"
+        )
+        for case in ("expert-data=2,expert=4", "fsdp+expert-data=2,expert=4")
+    },
     "tests/models/test_gpt_scan.py::test_a_scanned_step_splits_the_tokens_as_the_layers_do"
-    "[context-data=2,seq=4-seq-collective-permute]": (
-        "[tp+sp-data=2,model=4-model-reduce-scatter] (the layers' kernels in the loop); "
+    "[context-data=2,seq=4-seq-collective-permute-1.0]": (
+        "[tp+sp-data=2,model=4-model-reduce-scatter-1.0] (the layers' kernels in the loop); "
         "test_scanned_fit_matches_one_device[context-data=2,seq=4] (the ring in the loop, against one device)"
     ),
     # greedy decoding of two more MoE families against transformers: tier 1 keeps Qwen3-MoE's

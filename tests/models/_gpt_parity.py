@@ -1,6 +1,8 @@
 """What the GPT parity tests share (``test_gpt_parity.py``, ``test_gpt_remat.py``): the
 tiny model, its layouts' distributions, the optimizer and the data."""
 
+import dataclasses
+
 import keras
 import numpy as np
 
@@ -48,3 +50,19 @@ def language_data(count=STEPS * BATCH, seed=0):
     starts = rng.integers(0, 200, size=(count, 1))
     sequence = (starts + np.arange(LENGTH + 1)[None, :] * rng.integers(1, 4, size=(count, 1))) % 256
     return sequence[:, :-1].astype("int32"), sequence[:, 1:].astype("int32")
+
+
+def as_stacked(run, layers):
+    """``run`` (a ``parity`` run of the L-layer form) with its per-block arrays stacked as
+    the scanned form holds them: ``block_<l>/<path>`` -> ``blocks/<path>`` (1, L, ...)."""
+
+    def stacked(arrays):
+        out = {path: array for path, array in arrays.items() if not path.startswith("block_")}
+        for path in arrays:
+            if path.startswith("block_0/"):
+                relative = path.split("/", 1)[1]
+                blocks = [arrays[f"block_{index}/{relative}"] for index in range(layers)]
+                out[f"blocks/{relative}"] = np.stack(blocks)[None]  # (1, L, ...)
+        return out
+
+    return dataclasses.replace(run, gradients=stacked(run.gradients), weights=stacked(run.weights))

@@ -23,7 +23,16 @@ import keras
 import numpy as np
 import pytest
 
-from tests.models._gpt_parity import BATCH, LENGTH, STEPS, build_lm, compile_sgd, language_data, model_config
+from tests.models._gpt_parity import (
+    BATCH,
+    LENGTH,
+    STEPS,
+    as_stacked,
+    build_lm,
+    compile_sgd,
+    language_data,
+    model_config,
+)
 from zoo.distribution import distribution_for, parity
 from zoo.measure.compiled_step import abstract_build, compile_fit_step
 from zoo.models.gpt import GPTCausalLM
@@ -106,6 +115,58 @@ def test_experts_are_split_and_the_router_statistics_reach_the_logs():
     history = model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0).history
     assert history["router_dropped_fraction"] == [0.0]
     assert 1.0 <= history["router_max_load"][0] <= 4.0 / 2  # at most every assignment on k of E experts
+
+
+# scan_layers: the MoE blocks stacked (every block sparse), two of them, dropout off (the two forms draw no masks)
+SCANNED_MOE = model_config("data", **MODELS["k2_shared"]) | dict(num_layers=2, scan_layers=True, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def scanned_reference():
+    return parity.reference_run(
+        lambda: build_lm(SCANNED_MOE), compile_sgd, *language_data(), steps=STEPS, batch_size=BATCH
+    )
+
+
+def test_stacked_moe_blocks_train_to_the_layers_numbers(scanned_reference):
+    """The same weights as two layers compute the same losses (the router's load-balancing
+    and z-losses included: each block's, summed), gradients, outputs and weights; fit's
+    logs carry the router statistics, the mean over the stacked blocks."""
+    layers = parity.reference_run(
+        lambda: build_lm(SCANNED_MOE).with_block_form(scan_layers=False),
+        compile_sgd,
+        *language_data(),
+        steps=STEPS,
+        batch_size=BATCH,
+    )
+    report = parity.compare_runs(scanned_reference, as_stacked(layers, 2))
+    assert report.passed, "\n".join(report.format())
+    model = build_lm(SCANNED_MOE)
+    compile_sgd(model)
+    x, y = language_data()
+    history = model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0).history
+    assert history["router_dropped_fraction"] == [0.0]
+    assert 1.0 <= history["router_max_load"][0] <= 4.0 / 2
+    assert model.backbone.pipelined_blocks.stacked["mlp/router_statistics"].shape == (1, 2, 2)  # (1, L, 2)
+
+
+@pytest.mark.parametrize(
+    "layout, mesh",
+    [
+        ("expert+tp", "data=2,expert=2,model=2"),  # the exchange and Megatron's shared expert inside the loop
+        ("expert", "data=2,expert=4"),
+        ("fsdp+expert", "data=2,expert=4"),  # the experts' C over data, gathered by the MoE layer in the loop
+    ],
+)
+def test_stacked_moe_fit_matches_one_device(scanned_reference, layout, mesh):
+    distribution = distribution_for(GPTCausalLM, layout, mesh, config=SCANNED_MOE)
+    report = parity.check_parity(
+        lambda: build_lm(SCANNED_MOE), compile_sgd, distribution, *language_data(), steps=STEPS,
+        reference=scanned_reference,
+    )  # fmt: skip
+    assert report.passed, "\n".join(report.format())
+    experts = distribution.get_variable_layout(build_lm(SCANNED_MOE).backbone.pipelined_blocks.stacked["mlp/expert_up"])
+    assert tuple(experts.axes)[:3] == (None, None, "expert")  # (1, L, E/N_e, C, F): E split behind (1, L)
 
 
 def test_bad_meshes_are_named():

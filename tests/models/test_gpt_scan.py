@@ -10,13 +10,11 @@ the scanned model serves both checks. The real-size figures (Llama-3.2-1B dims, 
 devices: 5.73 GiB per device vs 7.33 unrolled, with --loss-chunk-size 256, the same bytes): docs/performance.md.
 """
 
-import dataclasses
-
 import keras
 import numpy as np
 import pytest
 
-from tests.models._gpt_parity import BATCH, CONFIG, STEPS, build_lm, compile_sgd, language_data
+from tests.models._gpt_parity import BATCH, CONFIG, STEPS, as_stacked, build_lm, compile_sgd, language_data
 from zoo.config.settings import GPTTrainSettings, SettingError
 from zoo.distribution import distribution_for, make_mesh, parity
 from zoo.measure.comms_report import train_step_comms_report
@@ -40,27 +38,12 @@ def scanned_reference():
     return _reference(lambda: build_lm(SCANNED))
 
 
-def as_stacked(run):
-    """``run`` (of the L-layer form) with its per-block arrays stacked as the scanned form holds them."""
-
-    def stacked(arrays):
-        out = {path: array for path, array in arrays.items() if not path.startswith("block_")}
-        for path in arrays:
-            if path.startswith("block_0/"):
-                relative = path.split("/", 1)[1]
-                layers = [arrays[f"block_{index}/{relative}"] for index in range(LAYERS)]
-                out[f"blocks/{relative}"] = np.stack(layers)[None]  # (1, L, ...)
-        return out
-
-    return dataclasses.replace(run, gradients=stacked(run.gradients), weights=stacked(run.weights))
-
-
 def test_the_scanned_blocks_train_to_the_numbers_of_the_same_layers(scanned_reference):
     """Losses, first-batch gradients, outputs and weights after 3 steps: the layer form
     built from the scanned model's weights (``with_block_form``) computes the same."""
     layers = _reference(lambda: build_lm(SCANNED).with_block_form(scan_layers=False))
     assert not any(path.startswith("blocks/") for path in layers.weights)  # really the layer form
-    report = parity.compare_runs(scanned_reference, as_stacked(layers))
+    report = parity.compare_runs(scanned_reference, as_stacked(layers, LAYERS))
     assert report.passed, "\n".join(report.format())
     assert scanned_reference.loss["step 3"] < scanned_reference.loss["step 1"]  # not vacuous: it trained
 
@@ -113,18 +96,26 @@ def test_a_scanned_tp_step_splits_the_blocks_as_the_layers_do():
 
 
 @pytest.mark.parametrize(
-    "layout, mesh, axis, kind",
-    [("tp+sp", "data=2,model=4", "model", "reduce-scatter"), ("context", "data=2,seq=4", "seq", "collective-permute")],
+    "layout, mesh, axis, kind, ratio",
+    [
+        ("tp+sp", "data=2,model=4", "model", "reduce-scatter", 1.0),
+        ("context", "data=2,seq=4", "seq", "collective-permute", 1.0),
+    ],
 )
-def test_a_scanned_step_splits_the_tokens_as_the_layers_do(layout, mesh, axis, kind):
+def test_a_scanned_step_splits_the_tokens_as_the_layers_do(layout, mesh, axis, kind, ratio):
     """Where the tokens are split the loop runs the layers' own kernels: Megatron's
-    sequence-parallel all-gathers and reduce-scatters over model (tp+sp), the ring
-    attention's K/V permutes over seq (context), as many as the layers' and the same bytes
-    over that axis (within 1%: the context loop gathers each block's weights over seq)."""
+    sequence-parallel all-gathers and reduce-scatters over model (tp+sp: the same bytes
+    over model as the layers'), the ring attention's K/V permutes over seq (context), as
+    many as the layers' and the same bytes over that axis (within 1%: the context loop
+    gathers each block's weights over seq)."""
     layers, scanned = (_step_comms(layout, mesh, scan) for scan in (False, True))
     assert scanned.count(kind, axis) == layers.count(kind, axis) > 0
     assert scanned.count("all-gather", axis) >= layers.count("all-gather", axis)
-    assert scanned.sent_bytes(axes=axis) == pytest.approx(layers.sent_bytes(axes=axis), rel=0.01)
+    assert (
+        layers.sent_bytes(axes=axis) * 0.99
+        <= scanned.sent_bytes(axes=axis)
+        <= ratio * 1.01 * layers.sent_bytes(axes=axis)
+    )
 
 
 def test_a_scanned_fsdp_step_moves_no_more_bytes_than_the_layers():
@@ -158,15 +149,15 @@ def test_either_form_saved_as_keras_loads_and_converts_to_the_other(tmp_path):
 def test_scan_layers_names_what_it_cannot_do():
     with pytest.raises(ValueError, match=r"schedule='gpipe' and scan_layers=True"):
         GPTBackbone(**SCANNED, schedule="gpipe")
-    with pytest.raises(ValueError, match=r"stacked blocks \(scan_layers=True\) has dense blocks only; num_experts=4"):
-        GPTBackbone(**SCANNED, num_experts=4)
+    with pytest.raises(ValueError, match=r"stacks identical blocks: MoE in 1 of its 2 blocks \(moe_layers\) cannot"):
+        GPTBackbone(**SCANNED, num_experts=4, moe_layers=[1])
     with pytest.raises(ValueError, match=r"megatron_sp=True and context_attention=None must be False and None"):
         GPTBackbone(**(SCANNED | dict(scan_layers=False)), schedule="gpipe", megatron_sp=True)  # a pipeline's blocks
     with pytest.raises(
         SettingError,
         match=r"scan_layers \(--scan-layers\) runs the stacked blocks under layouts single, data, fsdp, tp, tp\+sp, "
-        r"fsdp\+tp, context, not 'expert'",
+        r"fsdp\+tp, context, expert, fsdp\+expert, expert\+tp, not 'pipeline'",
     ):
-        GPTTrainSettings(scan_layers=True, layout="expert")
+        GPTTrainSettings(scan_layers=True, layout="pipeline")
     with pytest.raises(ValueError, match=r"holds its blocks stacked \(scan_layers=True\)"):
         GPTBackbone(**SCANNED).empty_caches(1, 4)

@@ -103,7 +103,8 @@ def scan_layers(who=""):
         False,
         f"{who}hold the blocks stacked and run them in one lax.scan (one block's program: compile time flat in "
         "depth; under fsdp each block's weights are gathered inside the loop, under tp each keeps Megatron's split, "
-        "under tp+sp and context the loop runs the layers' sequence-parallel kernels); "
+        "under tp+sp and context the loop runs the layers' sequence-parallel kernels, under the expert layouts "
+        "the MoE exchange, every block sparse); "
         f"layouts {', '.join(SCAN_JOB_LAYOUTS)}",
         section="model",
         store_true=True,

@@ -75,7 +75,7 @@ SCHEDULES = ("gpipe", "circular")
 DATA_AXIS_LAYOUTS = layouts_where(lambda layout: layout.axes == (DATA,))  # a mesh of data alone
 # the layouts a scan_layers GPT (one loop over its stacked blocks) runs under: the block's
 # weights placed by layout rules on the stack, a model axis GSPMD's (Megatron's split), and
-# where the tokens are split (tp+sp, context) the layers' own sequence-parallel kernels
+# where the tokens or experts are split (tp+sp, context, the expert layouts) the layers' own kernels
 SCANNED_LAYOUTS = layouts_in(SCANNED)
 
 # Transformer architecture.

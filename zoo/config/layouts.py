@@ -101,9 +101,10 @@ LAYOUT_TABLE = {
         _layout("context", (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, SCANNED, fsdp_axis=SEQ, sequence_axis=SEQ),
         _layout("pipeline", (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED,
                 stage_axis=STAGE, options={"schedule": "gpipe"}),
-        _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, expert_axis=EXPERT),
-        _layout("fsdp+expert", (DATA, EXPERT), "data=2,expert=-1", TRANSFORMER, fsdp_axis=DATA, expert_axis=EXPERT),
-        _layout("expert+tp", (DATA, EXPERT, MODEL), "data=1,expert=2,model=-1", TRANSFORMER,
+        _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, SCANNED, expert_axis=EXPERT),
+        _layout("fsdp+expert", (DATA, EXPERT), "data=2,expert=-1", TRANSFORMER, SCANNED, fsdp_axis=DATA,
+                expert_axis=EXPERT),
+        _layout("expert+tp", (DATA, EXPERT, MODEL), "data=1,expert=2,model=-1", TRANSFORMER, SCANNED,
                 model_axis=MODEL, expert_axis=EXPERT),
     )
 }  # fmt: skip

@@ -274,11 +274,18 @@ class MoEFeedForward(keras.layers.Layer):
 
     def record(self, aux):
         """Add the auxiliary losses and store the step's router statistics (training only)."""
-        if self.router_aux_loss_coefficient:
-            self.add_loss(self.router_aux_loss_coefficient * aux["load_balance_loss"])
-        if self.router_z_loss_coefficient:
-            self.add_loss(self.router_z_loss_coefficient * aux["router_z_loss"])
-        self.router_statistics.assign(jnp.stack([aux["max_load"], aux["dropped_fraction"]]).astype("float32"))
+        for loss in self.router_losses(aux):
+            self.add_loss(loss)
+        self.router_statistics.assign(router_statistics(aux))
+
+    def router_losses(self, aux):
+        """The weighted auxiliary losses to add (those with a nonzero coefficient), each a
+        scalar: ``aux``'s, summed over any leading dimensions (a stack of blocks' aux (L, ...))."""
+        weighted = (
+            (self.router_aux_loss_coefficient, aux["load_balance_loss"]),
+            (self.router_z_loss_coefficient, aux["router_z_loss"]),
+        )
+        return [coefficient * jnp.sum(loss) for coefficient, loss in weighted if coefficient]
 
     def statistics(self):
         """{name: value} of the last training step's router statistics."""
@@ -343,6 +350,11 @@ def _statistics(logits, probabilities, expert_ids, dropped, *, num_experts):
         "router_z_loss": moe.router_z_loss(logits),
         "dropped_fraction": dropped.astype(jnp.float32) / expert_ids.size,
     }
+
+
+def router_statistics(aux):
+    """f32[..., 2]: ``ROUTER_STATISTICS`` from ``aux`` (a stack of blocks' aux: one row each)."""
+    return jnp.stack([aux["max_load"], aux["dropped_fraction"]], axis=-1).astype("float32")
 
 
 def _mean_over(aux, axes):

@@ -2,6 +2,7 @@
 pipeline over the mesh's ``stage`` axis (``zoo.kernels.pipeline``)."""
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +21,11 @@ from zoo.layers._lora import check_lora_rank, enable_layer_lora, lora_target_lay
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over
 from zoo.layers._remat import REMAT_POLICIES
 from zoo.layers._tensor_parallel import tensor_parallel_plan
+from zoo.layers.moe_feed_forward import router_statistics
 from zoo.layers.transformer_block import TransformerBlock
 
 TEMPLATE = "pipelined_block_template"  # the name of the block whose computation runs on each slice
+ROUTER_STATISTICS_PATH = "mlp/router_statistics"  # a MoE block's per-step statistics, stacked (R, L/R, 2)
 SEED_GENERATOR = "seed_generator"  # the dropout layers' seed state: not stacked (one seed for the stack)
 
 
@@ -214,12 +217,43 @@ class PipelinedBlocks(keras.layers.Layer):
         if seed is not None:  # the same u32[2] for every micro-batch
             extras["seed"] = jnp.broadcast_to(seed, (self.micro_batches, *seed.shape))
         params = {path: variable.value for path, variable in self.stacked.items()}
-        if stages == 1:  # one loop on every device: each block's weights gathered inside it (FSDP)
+        aux = None  # a MoE stack's router losses and statistics, one entry per block (L, ...)
+        if self._one_group(stages):  # the blocks' loop on the whole batch, a MoE stack's aux out
+            loop = _LoopShardings.under(self, plan.for_batch(batch))
+            first = functools.partial(jax.tree.map, lambda value: value[0])  # (1, ...) -> (...): the one group
+            y, aux = _StageFunction(self, bool(training), loop).with_aux(first(params), first(micro), first(extras), 0)
+            y = y[None]  # (M=1, B, T, C)
+        elif stages == 1:  # one loop over the micro-batches and repeats on every device
             loop = _LoopShardings.under(self, plan.for_batch(batch // self.micro_batches))
             y, _ = pipeline(_StageFunction(self, bool(training), loop), params, micro, extras, repeats=self.repeats)
         else:
             y = self._run_on_stages(_StageFunction(self, bool(training)), params, micro, extras, plan, stages)
+        if training and aux is not None:
+            self._record_router(aux)
         return _from_micro_batches(y)  # (B, T, C)
+
+    def _one_group(self, stages):
+        """Whether the blocks run as one group on the whole batch (one stage, one
+        micro-batch, one repeat: a scanned stack): the blocks' loop alone, without
+        ``pipeline``'s schedule around it. MoE blocks must (their router losses leave the
+        loop once)."""
+        one = (stages, self.micro_batches, self.repeats) == (1, 1, 1)
+        if self.block.get("num_experts") and not one:
+            raise ValueError(
+                f"{self.name}: Mixture-of-Experts blocks (num_experts={self.block['num_experts']}) stack as one loop "
+                f"on the whole batch (scan_layers), not in a pipeline: stages={stages}, micro_batches="
+                f"{self.micro_batches}, repeats={self.repeats} must all be 1"
+            )
+        return one
+
+    def _record_router(self, aux):
+        """A MoE stack's router losses, each block's summed (as the layers add theirs), and
+        each block's statistics into the stacked ``router_statistics`` (R, L/R, 2)."""
+        mlp = self.template[0].mlp
+        for loss in mlp.router_losses(aux):
+            self.add_loss(loss)
+        statistics = self.stacked[ROUTER_STATISTICS_PATH]
+        statistics.assign(router_statistics(aux).reshape(statistics.shape))
 
     def _run_on_stages(self, stage_fn, params, micro, extras, plan, stages):
         """The pipeline in a ``shard_map`` manual over the stage axis and the batch axis
@@ -310,14 +344,16 @@ class _LoopShardings:
     contracting dimension and all-reduces activations instead (Llama-3.2-1B dims, fsdp on
     8 devices: 84 GiB all-reduced per step instead of 7).
 
-    ``layers_split_tokens``: the tokens are split (context, tp+sp), so the block's layers run
-    their layer form's kernels inside the loop (the context attention's ring or gather,
-    the Megatron layers' sequence-parallel collectives), under the distribution; otherwise
-    the loop runs under none and GSPMD splits the blocks by the weights' layout."""
+    ``own_kernels``: the tokens are split (context, tp+sp) or the experts (the expert
+    layouts), so the block's layers run their layer form's kernels inside the loop, under
+    the distribution (the context attention's ring or gather, the Megatron layers'
+    sequence-parallel collectives, the MoE layer's exchange; the experts' weights arrive
+    as the MoE layer takes them, which gathers their C itself); otherwise the loop runs
+    under none and GSPMD splits the blocks by the weights' layout."""
 
-    def __init__(self, weights, rows, layers_split_tokens):
+    def __init__(self, weights, rows, own_kernels):
         self.weights, self.rows = weights, rows  # {path: NamedSharding of one block's slice}, NamedSharding or None
-        self.layers_split_tokens = layers_split_tokens
+        self.own_kernels = own_kernels
 
     @classmethod
     def under(cls, layer, plan):
@@ -325,18 +361,21 @@ class _LoopShardings:
         distribution = keras.distribution.distribution()
         if distribution is None or plan.mesh is None:
             return None
-        gathered = set(plan.batch_axes) | ({plan.weight_shard_axis} if plan.weight_shard_axis else set())
+        megatron = tensor_parallel_plan(layer.template[0].model_axis) if layer.block.get("megatron_sp") else None
+        tokens = megatron.model_axis if megatron is not None else plan.sequence_axis  # None: whole
+        own_kernels = tokens is not None or plan.expert_axis is not None
+        # FSDP's axes, gathered per block by the loop: the batch axes, context's seq; not the experts'
+        gathered = (set(plan.batch_axes) | {plan.weight_shard_axis}) - {plan.expert_axis, None}
         weights = {}
         for path, variable in layer.stacked.items():
             layout = distribution.get_variable_layout(variable)
             axes = [None] * (variable.ndim - 2) if layout is None else list(layout.axes[2:])
-            kept = [_without(axis, gathered) for axis in axes]  # one block's dims, the batch and FSDP axes gathered
-            weights[path] = NamedSharding(plan.mesh, P(*kept))
-        megatron = tensor_parallel_plan(layer.template[0].model_axis) if layer.block.get("megatron_sp") else None
-        tokens = megatron.model_axis if megatron is not None else plan.sequence_axis  # None: whole
+            if plan.expert_axis is None or plan.expert_axis not in axes:  # the experts' C: their MoE layer gathers it
+                axes = [_without(axis, gathered) for axis in axes]  # one block's dims
+            weights[path] = NamedSharding(plan.mesh, P(*axes))
         spec = P(plan.batch_axis, tokens)  # (b, T[/N], C)
         rows = NamedSharding(plan.mesh, spec) if plan.batch_axis is not None or tokens is not None else None
-        return cls(weights, rows, layers_split_tokens=tokens is not None)
+        return cls(weights, rows, own_kernels)
 
     def place(self, params, h):
         """One block's weights gathered, and its input's rows split."""
@@ -379,29 +418,32 @@ class _StageFunction:
         return hash((id(self.layer), self.training))
 
     def __call__(self, group_params, x, extras, group):
+        return self.with_aux(group_params, x, extras, group)[0]  # dense blocks (_check_sparse)
+
+    def with_aux(self, group_params, x, extras, group):
+        """(y, aux): the group's output, and a MoE block's aux per block (Lg, ...) or None."""
         layer, seed = self.layer, extras.get("seed")  # extras: this micro-batch's rows, key_mask, segment_ids, seed
         template, variables = layer.template
         per_group = jax.tree.leaves(group_params)[0].shape[0]  # Lg
 
-        def block_forward(h, params, seeds):  # (b, T, C) -> (b, T, C): one block on its weights
+        def block_forward(h, params, seeds):  # (b, T, C) -> ((b, T, C), aux): one block on its weights
             if self.loop is not None:
                 params, h = self.loop.place(params, h)  # inside remat: the saved slice stays split
             with keras.StatelessScope(state_mapping=[(variables[path], value) for path, value in params.items()]):
-                return template.forward(h, extras.get("key_mask"), seeds, extras.get("segment_ids"))
+                return template.forward_with_aux(h, extras.get("key_mask"), seeds, extras.get("segment_ids"))
 
         def one_block(h, params_and_index):
             params, index = params_and_index  # leaves of one block; i32 block index within the group
             block_index = group * per_group + index  # the block's place in the whole stack
             seeds = None if seed is None else _dropout_seeds(seed, block_index, extras["rows"])
-            return forward(h, params, seeds), None
+            return forward(h, params, seeds)  # (h, aux: stacked by the scan)
 
         forward = block_forward
         if self.training and template.remat != "none":
             forward = jax.checkpoint(forward, policy=REMAT_POLICIES[template.remat])
-        keep = self.loop is not None and self.loop.layers_split_tokens  # the layers' own kernels, as layers
-        with contextlib.nullcontext() if keep else global_distribution(None):
-            y, _ = jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
-        return y
+        own = self.loop is not None and self.loop.own_kernels  # the layers' own parallel kernels, as layers
+        with contextlib.nullcontext() if own else global_distribution(None):
+            return jax.lax.scan(one_block, x, (group_params, jnp.arange(per_group)))
 
 
 def _stages_body(params, micro, extras, *, stage_fn, axis_name, repeats, scatter_dimension):

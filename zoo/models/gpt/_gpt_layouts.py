@@ -170,7 +170,11 @@ def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_
     require_axes(mesh, [data_axis, EXPERT] + ([model_axis] if base == "tp" else []), f"layout {layout!r}")
     if config is not None:
         check_expert_config(mesh, layout, config, data_axis=data_axis, model_axis=model_axis)
-    if base == "data":  # dense weights replicated, the experts split on E
+    if config is not None and config.get("scan_layers"):
+        rules = _scanned_expert_rules(
+            mesh, base, config, with_head=with_head, data_axis=data_axis, model_axis=model_axis
+        )
+    elif base == "data":  # dense weights replicated, the experts split on E
         rules = {EXPERT_IN: (EXPERT, None, None), EXPERT_OUT: (EXPERT, None, None)}
     else:  # fsdp: the experts' C over data too (gathered in the MoE layer); tp: their F over model
         rules = gpt_rules(
@@ -188,7 +192,36 @@ def expert_layout_map(mesh, layout, config, *, with_head, data_axis=DATA, model_
             layout_map[pattern] = axes
     if base == "fsdp":
         mark_weight_shard_axis(layout_map, data_axis)
+    if config is not None and config.get("scan_layers"):
+        mark_stacked_weights(layout_map, STACKED_BLOCKS, lead=2)
     return layout_map
+
+
+def _scanned_expert_rules(mesh, base, config, *, with_head, data_axis, model_axis):
+    """{regex: axes} of a MoE backbone built with ``scan_layers`` (every block sparse) under
+    an expert layout whose dense weights take ``base``'s rules (data, fsdp or tp): the
+    stacked blocks' as ``_stacked_block_rules`` (the dense MLP's are the shared expert's),
+    the experts' E over ``expert`` behind (1, L), and the embedding and head as the layer
+    form's."""
+    d = data_axis if base == "fsdp" else None
+    m = model_axis if base == "tp" else None
+    head = (
+        {}
+        if base == "data"
+        else gpt_rules(base, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
+    )
+    rules = {pattern: axes for pattern, axes in head.items() if pattern in (EMBEDDING, LM_HEAD)}
+    for pattern, axes in _stacked_block_rules((None, None), config, mesh, model_axis=m, data_axis=d).items():
+        if pattern.endswith(
+            ("mlp/(gate|up)/kernel", "mlp/down/kernel")
+        ):  # a sparse block's dense MLP: its shared expert
+            if config.get("shared_expert_dim"):
+                rules[pattern.replace("mlp/", "mlp/shared_expert/")] = axes
+        else:
+            rules[pattern] = axes
+    rules[r".*blocks/mlp/expert_(gate|up)"] = (None, None, EXPERT, d, m)  # (1, L, E/N_e, C[/data], F[/model])
+    rules[r".*blocks/mlp/expert_down"] = (None, None, EXPERT, m, d)  # (1, L, E/N_e, F[/model], C[/data])
+    return rules
 
 
 def _stacked_block_rules(lead, config, mesh, *, model_axis=None, data_axis=None):

@@ -96,7 +96,9 @@ class GPTBackbone(ZooModel):
             ``model``, under ``tp+sp`` (``megatron_sp``) and ``context`` the loop runs
             the layers' own sequence-parallel kernels (Megatron's all-gather and
             reduce-scatter over ``model``; the ring, gather or Ulysses attention over
-            ``seq``). Layouts ``choices.SCANNED_LAYOUTS``; no ``schedule``.
+            ``seq``), and under the expert layouts MoE blocks (every block sparse: no
+            ``moe_layers`` subset) their exchange, the router losses summed over the
+            blocks. Layouts ``choices.SCANNED_LAYOUTS``; no ``schedule``.
             The numbers are those of the L-layer form, and checkpoints and ``.keras``
             files of either form load into the other (``with_block_form``).
         repeats: R, how often a micro-batch goes round the stages (``"circular"``: >= 2).
@@ -210,13 +212,20 @@ class GPTBackbone(ZooModel):
                 stacked,
                 megatron_sp=megatron_sp,
                 context_attention=context_attention,
-                num_experts=num_experts,
+                sparse_blocks=len(moe_layers) if num_experts else 0,
+                num_layers=num_layers,
                 pipelined=schedule is not None,
             )
             _check_pipeline_window(stacked, sliding_window, window_layers, num_layers)
+            sparse = dict(num_experts=num_experts, **moe) if num_experts else {}  # every block's MoE (checked)
             x = PipelinedBlocks(
                 num_layers,  # every block windowed or none: each takes the local RoPE base when windowed
-                {**block, **_local_rope(local_rope_max_wavelength, sliding_window), "sliding_window": sliding_window},
+                {
+                    **block,
+                    **sparse,
+                    **_local_rope(local_rope_max_wavelength, sliding_window),
+                    "sliding_window": sliding_window,
+                },
                 schedule=schedule or "gpipe",
                 micro_batches=micro_batches,
                 repeats=repeats,
@@ -453,13 +462,15 @@ def _check_pipeline_window(stacked, sliding_window, window_layers, num_layers):
         )
 
 
-def _check_pipeline(stacked, *, megatron_sp, context_attention, num_experts=0, pipelined=True):
-    """Stacked blocks are dense; a pipeline's (not a scanned stack's, whose loop runs the
-    layers' own sequence-parallel kernels) run as plain layers inside its shard_map."""
-    if num_experts:
+def _check_pipeline(stacked, *, megatron_sp, context_attention, sparse_blocks, num_layers, pipelined=True):
+    """Stacked blocks are identical: all dense, or (scan_layers) all MoE; a pipeline's
+    blocks (not a scanned stack's, whose loop runs the layers' own parallel kernels) are
+    dense and run as plain layers inside its shard_map."""
+    if sparse_blocks and (pipelined or sparse_blocks != num_layers):
         raise ValueError(
-            f"a GPTBackbone with stacked blocks ({stacked}) has dense blocks only; num_experts={num_experts} (MoE "
-            f"blocks run as layers under the 'expert' layouts)"
+            f"a GPTBackbone with stacked blocks ({stacked}) stacks identical blocks: MoE in {sparse_blocks} of its "
+            f"{num_layers} blocks (moe_layers) {'in a pipeline ' if pipelined else ''}cannot be stacked; "
+            "scan_layers=True takes MoE in every block (moe_layers=None), a pipeline dense blocks only"
         )
     if pipelined and (megatron_sp or context_attention is not None):
         raise ValueError(

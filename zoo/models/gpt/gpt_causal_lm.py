@@ -4,6 +4,7 @@ import contextlib
 import functools
 import os
 
+import jax.numpy as jnp
 import keras
 
 from zoo.distribution.axes import DATA, MODEL
@@ -71,8 +72,8 @@ class GPTCausalLM(ZooModel):
             logs, state = super().train_step(state, data)
         statistics = [index for index, variable in enumerate(self.non_trainable_variables)
                       if variable.path.endswith("/router_statistics")]  # fmt: skip
-        if statistics:
-            values = sum(state[1][index] for index in statistics) / len(statistics)  # f32[2]
+        if statistics:  # one f32[2] per sparse block (a stack's: f32[R, L/R, 2]): their mean
+            values = jnp.concatenate([jnp.reshape(state[1][index], (-1, 2)) for index in statistics]).mean(axis=0)
             logs = {**logs, "router_max_load": values[0], "router_dropped_fraction": values[1]}
         return logs, state
 
