@@ -21,7 +21,7 @@
 # (an experiment run at e85b2df, not kept), `21` (gpt_350m profiled op by op), `22` (part 21 with the tanh GELU), `23` and `24` (issue 48: qwen3_8b's QLoRA, int8 base, remat save_attention / full), `25` (part 23 with
 # fewer steps timed and every compile's seconds in log.txt: part 23 ran past a call's 590 s twice), `26`
 # (part 7's LoRA rows with the blocks stacked: LoRA on scanned blocks), `27` (part 26 at batch 8, and
-# without remat at batch 4).
+# without remat at batch 4), `28` (part 25's QLoRA with the int8 blocks stacked, batch 1 and 2).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -209,6 +209,13 @@ case "$part" in
         --loss-chunk-size 512 --scan-layers
     row 260 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
         --loss-chunk-size 512 --scan-layers
+    ;;
+28)  # part 25's qwen3_8b QLoRA with its int8 blocks stacked (--scan-layers): one block's compile; then batch 2
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1 PYTHONUNBUFFERED=1
+    row 300 --config-name qwen3_8b --method qlora --quantize int8 --batch-size 1 --remat save_attention \
+        --loss-chunk-size 512 --scan-layers --steps 5 --repeats 2
+    row 240 --config-name qwen3_8b --method qlora --quantize int8 --batch-size 2 --remat save_attention \
+        --loss-chunk-size 512 --scan-layers --steps 5 --repeats 2
     ;;
 *)
     echo "issue43_rows.sh: no part $part (parts 1 to 26)" >&2

@@ -27,7 +27,7 @@ def test_the_random_quantized_base_has_weights_of_the_stated_spread(mode):
     quantized call dequantizes them) uniform with standard deviation 0.02."""
     layer = ColumnParallelDense(96, dtype=f"{mode}_from_float32")
     layer.build((None, 256))
-    random_quantized_weights([layer], seed=0)
+    random_quantized_weights(layer, seed=0)
     weights = np.asarray(layer(np.eye(256, dtype="float32")))  # (256, 96): x = I gives the kernel
     step = WEIGHT_STD * 3**0.5 / (127 if mode == "int8" else 8)  # one quantization level
     assert weights.std() == pytest.approx(WEIGHT_STD, rel=0.05)

@@ -97,8 +97,6 @@ def build_zoo(settings, report=print):
     import keras
 
     from zoo import distribution as zd
-    from zoo._compat import sublayers
-    from zoo.layers import is_built_quantized
     from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
     from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
     from zoo.training.lora.quantized import quantized_policy
@@ -113,7 +111,7 @@ def build_zoo(settings, report=print):
         policy = quantized_policy(settings.precision, settings.quantize or "int8")
     model = zd.build_distributed(lambda: build_for_training(job, policy), distribution)  # stays set: fit reads it
     if policy is not None:
-        random_quantized_weights([layer for layer in sublayers(model) if is_built_quantized(layer)], settings.seed)
+        random_quantized_weights(model, settings.seed)
     if settings.method == "train":
         compile_gpt(
             model,
@@ -133,24 +131,36 @@ def build_zoo(settings, report=print):
 WEIGHT_STD = 0.02  # the random base's weights: uniform with this standard deviation
 
 
-def random_quantized_weights(layers, seed):
-    """Random values for the int8 / int4 kernels of ``layers`` (built quantized, zeros),
-    made on the device: the step's time does not depend on them, and quantizing 8B float
-    weights through Keras' host-side quantizer (``fill_quantized``) takes minutes. int8:
-    q uniform in [-127, 127], w = q / scale; int4: two nibbles a byte, each uniform in
-    [-8, 7], zero point 0, w = q * scale; scales so that w has std ``WEIGHT_STD``."""
+def random_quantized_weights(model, seed):
+    """Random values for the int8 / int4 kernels of ``model`` (or a layer; built quantized, zeros: a
+    layer's, or a stack's of every block, ``blocks/.../kernel`` (1, L, ...)), made on the
+    device: the step's time does not depend on them, and quantizing 8B float weights
+    through Keras' host-side quantizer (``fill_quantized``) takes minutes. int8: q uniform
+    in [-127, 127], w = q / scale; int4 (a kernel with a ``kernel_zero``): two nibbles a
+    byte, each uniform in [-8, 7], zero point 0, w = q * scale; scales so that w has std
+    ``WEIGHT_STD``."""
     import jax.numpy as jnp
 
-    for index, layer in enumerate(layers):
-        weights = {variable.path.rsplit("/", 1)[-1]: variable for variable in layer.weights}
+    for index, weights in enumerate(_quantized_kernels(model)):
+        int4 = "kernel_zero" in weights
         kernel = weights["kernel"]
         values = hashed_bytes(tuple(kernel.shape), jnp.uint32((seed * 1_000_003 + index) % 2**32))
-        kernel.assign(values if layer.quantization_mode == "int4" else jnp.maximum(values, -127))
+        kernel.assign(values if int4 else jnp.maximum(values, -127))
         half_range = WEIGHT_STD * 3**0.5  # uniform on [-a, a] has std a / sqrt(3)
-        scale = 127 / half_range if layer.quantization_mode == "int8" else half_range / 8
+        scale = half_range / 8 if int4 else 127 / half_range
         weights["kernel_scale"].assign(jnp.full(weights["kernel_scale"].shape, scale, weights["kernel_scale"].dtype))
         if "kernel_zero" in weights:
             weights["kernel_zero"].assign(jnp.zeros(weights["kernel_zero"].shape, weights["kernel_zero"].dtype))
+
+
+def _quantized_kernels(model):
+    """``[{name: variable}]``: each quantized kernel of ``model`` (an int8 ``.../kernel``)
+    with its siblings (``kernel_scale``, and int4's ``kernel_zero``), in ``model.weights``' order."""
+    groups = {}
+    for variable in model.weights:
+        prefix, _, name = variable.path.rpartition("/")
+        groups.setdefault(prefix, {})[name] = variable
+    return [group for group in groups.values() if "kernel" in group and "kernel_scale" in group]
 
 
 def hashed_bytes(shape, seed):

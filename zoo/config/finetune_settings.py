@@ -107,7 +107,7 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
     )
     loss_chunk_size: int | None = fields.loss_chunk_size("causal LMs: ")
     remat: str = fields.remat("causal LMs: ")
-    scan_layers: bool = fields.scan_layers("causal LMs, methods lora and full: ")
+    scan_layers: bool = fields.scan_layers("causal LMs: ")
     precision: str = setting(
         "float32",
         "causal LMs: the Keras dtype policy the model is built under: float32, or mixed_bfloat16 (bf16 compute, "
@@ -170,11 +170,6 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
                 f"method {self.method!r}: leave it out, or use --method qlora"
             )
         fields.check_scan_settings(self)
-        if self.scan_layers and self.method == "qlora":
-            raise SettingError(
-                "FinetuneSettings.scan_layers (--scan-layers) stacks the blocks' kernels into weights Keras does not "
-                "quantize; method qlora needs them as layers: leave --scan-layers out, or use --method lora"
-            )
         if self.method == "qlora" and self.layout not in choices.QLORA_LAYOUTS:
             raise SettingError(
                 f"FinetuneSettings.method (--method) = 'qlora' runs under layouts {', '.join(choices.QLORA_LAYOUTS)}, "

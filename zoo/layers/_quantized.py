@@ -38,6 +38,16 @@ def fill_quantized(layer, kernel=None):
     of the layer (its config and build config, public Keras) quantized as ``layer.quantize``
     would have; the twin's kernel, scales and zero points are then assigned to the layer's
     (its bias and LoRA factors keep their values). One kernel in float at a time."""
+    quantized = quantized_weights(layer, kernel)
+    for variable in layer.weights:
+        if _weight_name(variable) in quantized:
+            variable.assign(quantized[_weight_name(variable)])
+
+
+def quantized_weights(layer, kernel=None):
+    """``{name: array}``: the weights ``fill_quantized`` gives ``layer`` (``kernel``, and
+    its ``kernel_scale``, ``kernel_zero``, ``g_idx`` as Keras stores them), as values; a
+    stacked block's (``PipelinedBlocks.fill_quantized``) are those of its template's layer."""
     mode = layer.quantization_mode
     if mode not in QUANTIZATIONS:
         raise ValueError(f"{layer.path!r} is not built quantized (quantization mode {mode!r}; int8 or int4 expected)")
@@ -55,10 +65,7 @@ def fill_quantized(layer, kernel=None):
         twin.kernel.assign(kernel)
     with deleting_variables_without_full_collections():  # the twin's float kernel goes: no gc.collect
         twin.quantize(mode, config=weight_only_config(mode))
-    quantized = {_weight_name(v): v for v in twin.weights if _weight_name(v) not in ("bias", *LORA_WEIGHTS)}
-    for variable in layer.weights:
-        if _weight_name(variable) in quantized:
-            variable.assign(quantized[_weight_name(variable)])
+    return {_weight_name(v): v.value for v in twin.weights if _weight_name(v) not in ("bias", *LORA_WEIGHTS)}
 
 
 def is_built_quantized(layer):
@@ -82,22 +89,25 @@ def float_parameter_count(model):
     """``model.count_params()`` as the float model counts it: a quantized kernel as the float
     kernel it stands for (Keras' int4 kernel holds two weights a byte), its scales, zero
     points and indices not at all."""
-    quantized = {layer.path: layer for layer in sublayers(model) if is_built_quantized(layer)}
+    quantized = {layer.path: (layer, 1) for layer in sublayers(model) if is_built_quantized(layer)}
+    for stack in sublayers(model):  # a PipelinedBlocks' quantized stack: its template's layer, L blocks
+        for path, layer in getattr(stack, "quantized_layers", dict)().items():
+            quantized[f"{stack.path}/{path.rsplit('/', 1)[0]}"] = (layer, stack.num_blocks)
     total = 0
     for variable in model.weights:
         owner, _, name = variable.path.rpartition("/")
-        layer = quantized.get(owner)
+        layer, blocks = quantized.get(owner, (None, 1))
         if layer is not None and name in QUANTIZATION_WEIGHTS:
             continue
-        total += math.prod(
-            _float_kernel_shape(layer, variable) if layer is not None and name == "kernel" else variable.shape
-        )
+        if layer is not None and name == "kernel" and layer.quantization_mode == "int4":
+            total += blocks * math.prod(_int4_float_shape(layer))
+        else:  # a float weight, or an int8 kernel (one weight a byte, the float kernel's shape)
+            total += math.prod(variable.shape)
     return total
 
 
-def _float_kernel_shape(layer, kernel):
-    if layer.quantization_mode != "int4":
-        return kernel.shape
+def _int4_float_shape(layer):
+    """The float kernel an int4 layer's packed kernel stands for."""
     if hasattr(layer, "original_kernel_shape"):  # EinsumDense: flattened to (input rows, packed columns)
         return layer.original_kernel_shape
-    return (kernel.shape[0], layer.units)  # Dense: (input, units packed two to a byte)
+    return (layer.kernel.shape[0], layer.units)  # Dense: (input, units packed two to a byte)

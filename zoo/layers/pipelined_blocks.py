@@ -11,7 +11,13 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from zoo._compat import adding_state_after_build, deferred_initializer, forgetting_deferred_variables, saved_variables
+from zoo._compat import (
+    adding_state_after_build,
+    deferred_initializer,
+    forgetting_deferred_variables,
+    saved_variables,
+    sublayers,
+)
 from zoo.config.choices import LORA_WEIGHTS, SCHEDULES
 from zoo.distribution.axes import STAGE
 from zoo.distribution.distributions import global_distribution
@@ -19,6 +25,7 @@ from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
 from zoo.layers._lora import check_lora_rank, enable_layer_lora, lora_target_layers
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over
+from zoo.layers._quantized import is_built_quantized, quantized_weights
 from zoo.layers._remat import REMAT_POLICIES
 from zoo.layers._tensor_parallel import tensor_parallel_plan
 from zoo.layers.moe_feed_forward import router_statistics
@@ -158,6 +165,30 @@ class PipelinedBlocks(keras.layers.Layer):
             self.stacked[path].trainable = variable.trainable
         self.lora = (rank, targets[0].lora_alpha if targets else alpha)
 
+    def quantized_layers(self):
+        """``{relative path of a kernel: the template's layer}`` for the template's layers
+        built quantized (int8 / int4: the stack of a QLoRA base, built under
+        ``zoo.training.lora.quantized.quantized_policy``)."""
+        prefix = TEMPLATE + "/"
+        return {
+            f"{layer.path.split(prefix, 1)[-1]}/kernel": layer
+            for layer in sublayers(self.template[0])
+            if is_built_quantized(layer)
+        }
+
+    def fill_quantized(self, path, kernel):
+        """Give the quantized stack at ``path`` (``"attention/query/kernel"``: a key of
+        ``quantized_layers``) the quantized form of each block's float kernel,
+        ``kernel(l)`` for block l (a checkpoint's tensor), as ``zoo.layers.fill_quantized``
+        gives a layer its: quantized block by block on the host (one float kernel at a
+        time), then stacked into the kernel and its scales (R, L/R, ...)."""
+        layer = self.quantized_layers()[path]
+        blocks = [quantized_weights(layer, kernel(index)) for index in range(self.num_blocks)]  # [{name: array}]
+        prefix = path.rsplit("/", 1)[0]
+        for name in blocks[0]:
+            stacked = self.stacked[f"{prefix}/{name}"]
+            stacked.assign(np.stack([np.asarray(block[name]) for block in blocks]).reshape(stacked.shape))
+
     def merged_weights(self):
         """``{relative path: array (R, L/R, ...)}`` of every stacked weight but the LoRA
         factors, each adapted kernel ``kernel + (alpha / r) a @ b`` (the blocks' weights as
@@ -166,6 +197,12 @@ class PipelinedBlocks(keras.layers.Layer):
         if self.lora is None:
             return weights
         rank, alpha = self.lora
+        if self.quantized_layers():
+            raise ValueError(
+                f"{self.name}: LoRA over a quantized stack (QLoRA) has no float kernel to merge into: save the "
+                "adapter alone (zoo.training.lora.save_lora / save_peft_adapter) and merge it onto the float base "
+                "(zoo export), as zoo finetune --method qlora does"
+            )
         for path in weights:
             prefix = path.rsplit("/", 1)[0]
             if path.endswith("/kernel") and f"{prefix}/lora_kernel_a" in self.stacked:

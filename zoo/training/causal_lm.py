@@ -92,19 +92,26 @@ def prepare_causal_lm(model, method, *, lora_rank=4, lora_alpha=None, quantize=N
     if method == "full":
         return []
     if method == "qlora" and model.backbone.stacked:
-        raise ValueError(
-            f"method qlora on a GPT whose blocks are stacked (schedule={model.backbone.schedule!r}, scan_layers="
-            f"{model.backbone.scan_layers}): its kernels are "
-            "stacked weights, not Dense layers Keras quantizes; build it with its blocks as layers "
-            "(model.with_block_form(scan_layers=False)), or use method lora"
-        )
-    if method == "qlora":  # before the weights are listed: the list would keep every float kernel alive
+        _check_quantized_stack(model.backbone.pipelined_blocks, quantize or "int8")
+    elif method == "qlora":  # before the weights are listed: the list would keep every float kernel alive
         quantize_frozen(model.backbone, quantize or "int8")
     trainable = list(model.trainable_weights)
     adapted = enable_lora(model.backbone, lora_rank, alpha=lora_alpha)  # the backbone's layers: not lm_head
     for variable in trainable:
         variable.trainable = False
     return adapted
+
+
+def _check_quantized_stack(stack, mode):
+    """A stacked GPT's QLoRA base is quantized as it is built (``quantized_policy``: its
+    template's layers int8 / int4, the stack made in that form); raise naming what is not."""
+    modes = sorted({layer.quantization_mode for layer in stack.quantized_layers().values()})
+    if modes != [mode]:
+        raise ValueError(
+            f"method qlora on a GPT whose blocks are stacked ({stack.name}: quantized {modes or 'not at all'}) needs "
+            f"them built in {mode}: load or build it under zoo.training.lora.quantized.quantized_policy(precision, "
+            f"{mode!r}) (zoo finetune does), or use method lora"
+        )
 
 
 def make_optimizer(name="adam", learning_rate=None, method="lora", **state):

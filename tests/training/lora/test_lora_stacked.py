@@ -6,11 +6,14 @@ The reference is the model in the layers form (``with_block_form``) with the sam
 and factors (``in_layers_form``), on one device; the stacked model trains under fsdp on
 8 devices."""
 
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
 
 from tests.models._gpt_parity import BATCH, CONFIG, language_data
+from zoo.bench.step import random_quantized_weights
 from zoo.distribution import build_distributed, distribution_for
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import GPTBackbone
@@ -24,6 +27,9 @@ from zoo.training.lora import (
     merge_lora,
     save_lora,
 )
+from zoo.training.lora.quantized import building_quantized
+
+LLAMA = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama_gqa_rope_scaling"
 
 RANK, LAYERS, STEPS = 2, 2, 2
 STACKED = CONFIG | dict(num_layers=LAYERS, dropout=0.0, scan_layers=True)
@@ -137,10 +143,76 @@ def test_a_stacked_lora_model_writes_the_layers_adapter_and_merged_files(tmp_pat
     np.testing.assert_allclose(np.asarray(reloaded(x)), logits, atol=1e-5)
 
 
-def test_qlora_is_refused_on_stacked_blocks_in_one_line():
+def _qlora_model(scan_layers, mode="int8"):
+    """A QLoRA model built quantized (``quantized_policy``), as ``zoo finetune --method
+    qlora`` prepares it, its int8 base random (the bench's), its factors random: stacked, or
+    as layers."""
+    keras.utils.set_random_seed(0)
+    with building_quantized(mode):
+        model = GPTCausalLM(backbone=GPTBackbone(**(STACKED | dict(scan_layers=scan_layers))))
+    model(language_data(BATCH)[0])
+    random_quantized_weights(model, seed=0)
+    prepare_causal_lm(model, "qlora", lora_rank=RANK, quantize=mode)
+    _random_factors(model)
+    return model
+
+
+def _copy_into_layers(stacked, layers):
+    """``layers`` given ``stacked``'s values: block i's slice of each ``blocks/<path>`` as
+    ``block_<i>/<path>`` (the int8 kernels and their scales included)."""
+    targets = {variable.path: variable for variable in layers.weights}
+    for variable in stacked.weights:
+        value = np.asarray(variable.value)
+        if variable.path.startswith("blocks/"):
+            for index, block in enumerate(value.reshape(-1, *value.shape[2:])):
+                targets[f"block_{index}/{variable.path.split('/', 1)[1]}"].assign(block)
+        elif variable.path in targets:
+            targets[variable.path].assign(value)
+
+
+def test_qlora_on_stacked_blocks_trains_like_the_layers():
+    """QLoRA over a stacked int8 base: the template's layers built quantized, so the stack
+    holds int8 kernels (1, L, ...) and their scales; 2 Adam steps under fsdp on data=8 give
+    the loss and the factors of the same int8 weights as layers on one device. The stacked
+    model refuses to merge (no float kernel) and names the way: its adapter."""
+    x, y = language_data(STEPS * BATCH)
+    stacked_reference = _qlora_model(scan_layers=True)
+    assert str(stacked_reference.backbone.pipelined_blocks.stacked["mlp/up/kernel"].dtype) == "int8"
+    reference = _qlora_model(scan_layers=False)
+    _copy_into_layers(stacked_reference, reference)
+    _compile(reference)
+    expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
+
+    distribution = distribution_for(GPTCausalLM, "fsdp", "data=8", config=STACKED)
+    stacked = build_distributed(lambda: _qlora_model(scan_layers=True), distribution)
+    assert lora_parameter_count(stacked) == lora_parameter_count(reference)
+    with distribution.scope():
+        _compile(stacked)
+        losses = stacked.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
+    keras.distribution.set_distribution(None)
+    np.testing.assert_allclose(losses, expected, rtol=2e-5)
+    after, want = _factors_by_layer(stacked), _factors_by_layer(reference)
+    for path, value in want.items():
+        np.testing.assert_allclose(after[path], value, atol=2e-5, err_msg=path)
+    with pytest.raises(ValueError, match=r"has no float kernel to merge into: save the adapter alone"):
+        merge_lora(stacked)
+
+
+def test_qlora_on_a_stacked_float_base_is_refused_in_one_line():
     model = GPTCausalLM(backbone=GPTBackbone(**STACKED))
     model(language_data(1)[0])
     with pytest.raises(
-        ValueError, match=r"^method qlora on a GPT whose blocks are stacked \(schedule=None, scan_layers=True\)"
+        ValueError, match=r"^method qlora on a GPT whose blocks are stacked \(blocks: quantized not at all\) needs"
     ):
         prepare_causal_lm(model, "qlora", lora_rank=RANK)
+
+
+def test_a_hugging_face_folder_loads_quantized_into_the_stack():
+    """Each block's kernel quantized as it is read (one float kernel at a time), into the
+    stack: the logits of the same folder loaded quantized as layers, exactly."""
+    x = language_data(2)[0] % 100
+    with building_quantized("int8"):
+        layers = GPTCausalLM.from_preset(LLAMA)
+        stacked = GPTCausalLM.from_preset(LLAMA, scan_layers=True)
+    assert str(stacked.backbone.pipelined_blocks.stacked["attention/query/kernel"].dtype) == "int8"
+    np.testing.assert_array_equal(np.asarray(stacked(x)), np.asarray(layers(x)))

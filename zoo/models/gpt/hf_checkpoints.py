@@ -57,6 +57,7 @@ shared_expert_gate/kernel (C, 1) [4]     mlp.shared_expert_gate.weight          
 (what the last training step routed) is state, not a weight: neither read nor written.
 """
 
+import functools
 import os
 
 from zoo._compat import sublayers
@@ -308,12 +309,22 @@ def _load_from(model, directory, files, on_read=None):
     views = pipelined_views(weight_views(config), config)
     variables = {variable.path: variable for variable in model.weights}
     quantized = {f"{layer.path}/kernel": layer for layer in sublayers(model) if is_built_quantized(layer)}
+    stack = model.backbone.pipelined_blocks if model.backbone.stacked else None
+    stacked_quantized = {f"blocks/{path}" for path in stack.quantized_layers()} if stack is not None else set()
     _check_variables(views, variables)
     for path, view in views.items():
         if path in quantized:  # QLoRA's base: quantized as read, one float kernel at a time on the host
             fill_quantized(quantized[path], read_whole(view, files))
+        elif path in stacked_quantized:  # the same, block by block, into the stack
+            stack.fill_quantized(path.split("/", 1)[1], functools.partial(_block_kernel, view, files))
         else:
             load_into(variables[path], files, view, on_read)
+
+
+def _block_kernel(view, files, index):
+    """Block ``index``'s float kernel, read whole from a stacked view ((R, L/R) block views)."""
+    per_group = len(view.parts[0].parts)
+    return read_whole(view.parts[index // per_group].parts[index % per_group], files)
 
 
 def pipelined_views(views, config):
