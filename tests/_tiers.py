@@ -39,9 +39,20 @@ MATRIX = {
     f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[data-int4]": "[fsdp-int4]",
     f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[fsdp-int8]": "[fsdp-int4]",
     f"{QLORA}::test_int8_logits_stay_within_ten_percent_of_the_float_models": "test_a_quantized_layer_stays_within_its_bound",
-    # LoRA on stacked blocks: tier 1 keeps the scanned form under fsdp (the same PipelinedBlocks loop as one stage)
+    # LoRA on stacked blocks: tier 1 keeps QLoRA on the scanned form under fsdp (the same loop and factors
+    # over an int8 stack)
     "tests/training/lora/test_lora_stacked.py::test_lora_on_stacked_blocks_trains_like_the_layers[pipelined]": (
-        "[scanned-fsdp]"
+        "test_qlora_on_stacked_blocks_trains_like_the_layers[int8] (the same PipelinedBlocks loop as one stage)"
+    ),
+    "tests/training/lora/test_lora_stacked.py::test_lora_on_stacked_blocks_trains_like_the_layers[scanned-fsdp]": (
+        "test_qlora_on_stacked_blocks_trains_like_the_layers[int8] (LoRA on the scanned stack under fsdp, its base int8)"
+    ),
+    "tests/training/lora/test_lora_stacked.py::test_qlora_on_stacked_blocks_trains_like_the_layers[int4]": (
+        "[int8] (the same stack); int4's packed parts under fsdp: test_qlora.py [fsdp-int4] as layers"
+    ),
+    "tests/models/test_gpt_moe.py::test_experts_are_split_and_the_router_statistics_reach_the_logs": (
+        "test_stacked_moe_blocks_train_to_the_layers_numbers (the statistics in fit's logs), "
+        "test_stacked_moe_fit_matches_one_device (E split over expert) and the layers' expert parity"
     ),
     # the seam's inner kernel under a context kernel: tier 1 keeps Ulysses (the same local_attention call)
     "tests/kernels/test_attention_seam.py::test_the_context_kernels_run_the_selected_kernel_as_their_local_step"

@@ -151,20 +151,22 @@ class CheckedModelParallel(keras.distribution.ModelParallel):
         ``("data", None, None)``). Each part is split on its row dimension over the axes the
         rule splits the kernel over, when they divide it, else replicated: the input rows
         carry FSDP's split, and no part is whole on every device (a Dense's packed kernel
-        keeps its float kernel's 2-D layout; its scales and zero points are split so too)."""
+        keeps its float kernel's 2-D layout; its scales and zero points are split so too).
+        A stacked block's parts (``mark_stacked_weights``) are the same behind their
+        stacking dimensions, which stay whole."""
         base, _, name = variable.path.rpartition("/")
-        if name not in INT4_PARTS or len(variable.shape) != 2 or (name == "kernel" and variable.dtype != "int8"):
+        lead = stacking_dimensions(self._layout_map, variable.path)  # (R, L/R) of a stack, else none
+        if name not in INT4_PARTS or len(variable.shape) != lead + 2 or (name == "kernel" and variable.dtype != "int8"):
             return None  # a float kernel of the wrong rank stays an error (check_variable_layout)
         rule = rule_for_path(self._layout_map, f"{base}/kernel")
-        if rule is None or (name == "kernel" and len(self._layout_map[rule].axes) == 2):
+        if rule is None or (name == "kernel" and len(self._layout_map[rule].axes) == lead + 2):
             return None  # no rule, or a Dense's packed kernel: the float kernel's 2-D layout fits it as it is
         self.matched_rules.add(rule)
-        axes = tuple(axis_name for axis in self._layout_map[rule].axes for axis_name in _axis_names(axis))
+        axes = tuple(axis_name for axis in self._layout_map[rule].axes[lead:] for axis_name in _axis_names(axis))
         sizes = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
-        split = axes if axes and variable.shape[0] % _split_count(axes, sizes) == 0 else None
-        return keras.distribution.TensorLayout(
-            [split[0] if split and len(split) == 1 else split, None], self.device_mesh
-        )
+        split = axes if axes and variable.shape[lead] % _split_count(axes, sizes) == 0 else None
+        rows = split[0] if split and len(split) == 1 else split
+        return keras.distribution.TensorLayout([*self._layout_map[rule].axes[:lead], rows, None], self.device_mesh)
 
     @property
     def layout_map(self):

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from zoo._compat import (
     adding_state_after_build,
     deferred_initializer,
+    distribution_layout_map,
     forgetting_deferred_variables,
     saved_variables,
     sublayers,
@@ -159,7 +160,7 @@ class PipelinedBlocks(keras.layers.Layer):
             for layer in targets:
                 enable_layer_lora(layer, rank, alpha)
         variables.update(_block_variables(template))
-        with adding_state_after_build(self):
+        with adding_state_after_build(self), _factors_laid_out_like_kernels(self, variables):
             self._stack_new_variables()
         for path, variable in variables.items():  # the kernels Keras froze in the template, frozen here
             self.stacked[path].trainable = variable.trainable
@@ -531,6 +532,36 @@ class _Untracked:
 
     def __init__(self, value):
         self.value = value
+
+
+@contextlib.contextmanager
+def _factors_laid_out_like_kernels(layer, variables):
+    """While the stacked LoRA factors among ``variables`` are made: exact layout-map keys
+    placing each like its stacked kernel (R, L/R, *k) is placed, as ``zoo.training``'s
+    ``enable_lora`` places a layer's: ``lora_kernel_a`` (R, L/R, *k[:-1], r) as the kernel
+    but its last axis, ``lora_kernel_b`` (R, L/R, r, k[-1]) the stacking axes and the last
+    (under fsdp the factors split as the kernels, not replicated). Without a layout map
+    (no distribution, data parallelism), or for a kernel stored in another shape (int4's
+    packed), nothing is added: Keras replicates them."""
+    layout_map = distribution_layout_map(keras.distribution.distribution())
+    added, keys = [], set(iter(layout_map or ()))  # not ``key in layout_map``: its regex lookup says True for any match
+    for path, variable in variables.items() if layout_map is not None else ():
+        prefix, name = path.rsplit("/", 1)
+        kernel = layer.stacked.get(f"{prefix}/kernel")
+        if name not in LORA_WEIGHTS or path in layer.stacked or kernel is None:
+            continue
+        spec = tuple(getattr(getattr(kernel.value, "sharding", None), "spec", ()) or ())
+        axes = spec + (None,) * (kernel.ndim - len(spec))  # (R, L/R, *k)
+        wanted = axes[:-1] + (None,) if name == "lora_kernel_a" else axes[:2] + (None, axes[-1])
+        key = f"{layer.path}/{path}"
+        if len(wanted) == 2 + len(variable.shape) and key not in keys:
+            layout_map[key] = wanted
+            added.append(key)
+    try:
+        yield
+    finally:
+        for key in added:
+            del layout_map[key]
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from zoo.bench.step import random_quantized_weights
 from zoo.distribution import build_distributed, distribution_for
 from zoo.models import GPTCausalLM
 from zoo.models.gpt import GPTBackbone
+from zoo.models.gpt._block_form import copy_block_form_weights
 from zoo.training.lm_finetune import prepare_causal_lm
 from zoo.training.lora import (
     adapted_layer_count,
@@ -143,13 +144,12 @@ def test_a_stacked_lora_model_writes_the_layers_adapter_and_merged_files(tmp_pat
     np.testing.assert_allclose(np.asarray(reloaded(x)), logits, atol=1e-5)
 
 
-def _qlora_model(scan_layers, mode="int8"):
+def _stacked_qlora_model(mode="int8"):
     """A QLoRA model built quantized (``quantized_policy``), as ``zoo finetune --method
-    qlora`` prepares it, its int8 base random (the bench's), its factors random: stacked, or
-    as layers."""
+    qlora`` prepares it, its int8 base random (the bench's), its factors random."""
     keras.utils.set_random_seed(0)
     with building_quantized(mode):
-        model = GPTCausalLM(backbone=GPTBackbone(**(STACKED | dict(scan_layers=scan_layers))))
+        model = GPTCausalLM(backbone=GPTBackbone(**STACKED))
     model(language_data(BATCH)[0])
     random_quantized_weights(model, seed=0)
     prepare_causal_lm(model, "qlora", lora_rank=RANK, quantize=mode)
@@ -157,35 +157,30 @@ def _qlora_model(scan_layers, mode="int8"):
     return model
 
 
-def _copy_into_layers(stacked, layers):
-    """``layers`` given ``stacked``'s values: block i's slice of each ``blocks/<path>`` as
-    ``block_<i>/<path>`` (the int8 kernels and their scales included)."""
-    targets = {variable.path: variable for variable in layers.weights}
-    for variable in stacked.weights:
-        value = np.asarray(variable.value)
-        if variable.path.startswith("blocks/"):
-            for index, block in enumerate(value.reshape(-1, *value.shape[2:])):
-                targets[f"block_{index}/{variable.path.split('/', 1)[1]}"].assign(block)
-        elif variable.path in targets:
-            targets[variable.path].assign(value)
-
-
-def test_qlora_on_stacked_blocks_trains_like_the_layers():
-    """QLoRA over a stacked int8 base: the template's layers built quantized, so the stack
-    holds int8 kernels (1, L, ...) and their scales; 2 Adam steps under fsdp on data=8 give
-    the loss and the factors of the same int8 weights as layers on one device. The stacked
-    model refuses to merge (no float kernel) and names the way: its adapter."""
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_qlora_on_stacked_blocks_trains_like_the_layers(mode):
+    """QLoRA over a stacked int8 / int4 base: the template's layers built quantized, so the
+    stack holds int8 kernels (1, L, ...; int4 packed two to a byte) and their scales, the
+    factors laid out as the kernels
+    (their C over data); 2 Adam steps under fsdp on data=8 give
+    the loss and the factors of the same int8 weights as layers on one device (``in_layers_form``:
+    int8 layers too). The stacked model refuses to merge (no float kernel) and names the
+    way: its adapter."""
     x, y = language_data(STEPS * BATCH)
-    stacked_reference = _qlora_model(scan_layers=True)
-    assert str(stacked_reference.backbone.pipelined_blocks.stacked["mlp/up/kernel"].dtype) == "int8"
-    reference = _qlora_model(scan_layers=False)
-    _copy_into_layers(stacked_reference, reference)
+    stacked_reference = _stacked_qlora_model(mode)
+    assert str(stacked_reference.backbone.pipelined_blocks.stacked["mlp/up/kernel"].dtype) == "int8"  # int4: packed
+    reference = _as_layers(stacked_reference)  # quantized layers: built under the stacked model's policy
+    assert {v.path: str(v.dtype) for v in reference.weights}["block_1/mlp/up/kernel"] == "int8"
     _compile(reference)
     expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
 
     distribution = distribution_for(GPTCausalLM, "fsdp", "data=8", config=STACKED)
-    stacked = build_distributed(lambda: _qlora_model(scan_layers=True), distribution)
+    stacked = build_distributed(lambda: _stacked_qlora_model(mode), distribution)
     assert lora_parameter_count(stacked) == lora_parameter_count(reference)
+    factors = stacked.backbone.pipelined_blocks.stacked  # laid out as their stacked kernel: C over data
+    assert tuple(factors["mlp/up/lora_kernel_a"].value.sharding.spec) == (None, None, "data", None)
+    if mode == "int8":  # int4's packed down kernel splits its rows (F) instead: b whole
+        assert tuple(factors["mlp/down/lora_kernel_b"].value.sharding.spec) == (None, None, None, "data")
     with distribution.scope():
         _compile(stacked)
         losses = stacked.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
@@ -205,6 +200,10 @@ def test_qlora_on_a_stacked_float_base_is_refused_in_one_line():
         ValueError, match=r"^method qlora on a GPT whose blocks are stacked \(blocks: quantized not at all\) needs"
     ):
         prepare_causal_lm(model, "qlora", lora_rank=RANK)
+    with building_quantized("int8"):
+        quantized = GPTCausalLM(backbone=GPTBackbone(**STACKED))
+    with pytest.raises(ValueError, match=r"'block_0/attention/query/kernel': the source holds int8, the .* float32"):
+        copy_block_form_weights(quantized, model.with_block_form(scan_layers=False))  # never cast into floats
 
 
 def test_a_hugging_face_folder_loads_quantized_into_the_stack():

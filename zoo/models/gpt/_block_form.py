@@ -14,8 +14,10 @@ from zoo.models.gpt._hf_save import unstacked_blocks
 
 def copy_block_form_weights(source, target):
     """Assign ``target``'s variables (a GPTCausalLM) from ``source``'s (the same config in
-    either block form); ``ValueError`` naming a variable that has no counterpart."""
+    either block form); ``ValueError`` naming a variable that has no counterpart, or a
+    value of another dtype (an int8 kernel is never cast into a float one)."""
     by_layer = _layer_form_values(source)  # {path as the L-layer form names it: host array}
+    _check_dtypes(by_layer, target)
     stacked = target.backbone.pipelined_blocks.stacked if target.backbone.stacked else {}
     stacked = {variable.path: relative for relative, variable in stacked.items()}
     for variable in target.variables:
@@ -33,6 +35,29 @@ def copy_block_form_weights(source, target):
                 f"{variable.path!r} of the {target.name!r} being built has no counterpart in the source model"
             )
         variable.assign(value.astype(variable.dtype))
+
+
+def _check_dtypes(by_layer, target):
+    """Raise naming the first weight whose dtype differs between the two forms."""
+    for path, dtype in _layer_form_dtypes(target).items():
+        value = by_layer.get(path)
+        if value is not None and np.dtype(value.dtype) != np.dtype(dtype):
+            raise ValueError(
+                f"{path!r}: the source holds {value.dtype}, the {target.name!r} being built {dtype} (a quantized "
+                "base converts only into a model built under the same quantized_policy)"
+            )
+
+
+def _layer_form_dtypes(model):
+    """{path as the L-layer form names it: dtype} of ``model``'s weights."""
+    dtypes = {}
+    for variable in model.variables:
+        if variable.path.startswith("blocks/"):
+            for index in range(model.backbone.num_layers):
+                dtypes[f"block_{index}/{variable.path.split('/', 1)[1]}"] = variable.dtype
+        elif "seed_generator" not in variable.path:
+            dtypes[variable.path] = variable.dtype
+    return dtypes
 
 
 def _layer_form_values(model):

@@ -12,6 +12,7 @@ from zoo.layers import kernel_variable, lm_head_gather
 from zoo.layers.batch_rows import batch_rows_plan, sum_over_batch_rows
 from zoo.layers.lm_head_gather import LMHeadGather
 from zoo.layers.logit_softcap import LogitSoftcap
+from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.models.gpt import _chunked_loss, _generation, _gpt_layouts, _hf_save, _sampling, hf_checkpoints
 from zoo.models.gpt._block_form import copy_block_form_weights
 from zoo.models.gpt.gpt_backbone import GPTBackbone
@@ -376,14 +377,17 @@ class GPTCausalLM(ZooModel):
         other: ``zoo.load("lm.keras").with_block_form(scan_layers=True)``. Built under
         the current distribution; the LM head, preprocessor and loss chunks are kept.
         ``prepare(twin)`` runs on the new model before the weights are copied (LoRA enabled
-        on it, so the factors have somewhere to go: ``zoo.training.lora.in_layers_form``)."""
+        on it, so the factors have somewhere to go: ``zoo.training.lora.in_layers_form``).
+        Built under this model's dtype policy: a QLoRA base's int8 / int4 kernels (a
+        ``quantized_policy``) stay int8 / int4 in the other form."""
         backbone_config = self.backbone.get_config() | {"scan_layers": bool(scan_layers), "schedule": None}
-        twin = type(self)(
-            backbone=GPTBackbone.from_config(backbone_config),
-            preprocessor=self.preprocessor,
-            loss_chunk_size=self.loss_chunk_size,
-            name=self.name,
-        )
+        with dtype_policy_scope(self.backbone.dtype_policy):
+            twin = type(self)(
+                backbone=GPTBackbone.from_config(backbone_config),
+                preprocessor=self.preprocessor,
+                loss_chunk_size=self.loss_chunk_size,
+                name=self.name,
+            )
         if prepare is not None:
             prepare(twin)
         copy_block_form_weights(self, twin)
