@@ -59,8 +59,12 @@ class PipelinedBlocks(keras.layers.Layer):
     ``model`` axes stay GSPMD's: the blocks inside run as plain layers on weights split
     by the layout map (Megatron's split over ``model``). One stage under a distribution
     that splits the tokens (a ``ContextParallel``'s ``seq``, or ``megatron_sp`` blocks
-    over ``model``), the loop runs under it: each block's layers run their layer form's
-    kernels (the ring, gather or Ulysses attention; Megatron's sequence-parallel matmuls).
+    over ``model``) or the experts (``ExpertParallel``), the loop runs under it: each
+    block's layers run their layer form's kernels (the ring, gather or Ulysses attention;
+    Megatron's sequence-parallel matmuls; the MoE exchange). MoE blocks (every block
+    sparse) stack as one group on the whole batch, their router losses and statistics
+    recorded once after the loop; a quantized template (QLoRA's base, built under a
+    quantized dtype policy) makes an int8 / int4 stack (``fill_quantized``).
 
     Args:
         num_blocks: L.
@@ -438,7 +442,7 @@ class _StageFunction:
     program per layer and mode; runs the template ``TransformerBlock`` on each block's slice
     of the stacked weights (``keras.StatelessScope``), under no distribution (the
     data and model axes are GSPMD's inside the pipeline's shard_map), but for a
-    one-stage loop whose ``loop`` says the tokens are split (``layers_split_tokens``).
+    one-stage loop whose ``loop`` runs the layers' own kernels (``own_kernels``).
     ``loop``: the ``_LoopShardings`` of a one-stage loop under a distribution (None: none
     placed)."""
 
@@ -456,7 +460,7 @@ class _StageFunction:
         return hash((id(self.layer), self.training))
 
     def __call__(self, group_params, x, extras, group):
-        return self.with_aux(group_params, x, extras, group)[0]  # dense blocks (_check_sparse)
+        return self.with_aux(group_params, x, extras, group)[0]  # dense blocks (MoE: _one_group)
 
     def with_aux(self, group_params, x, extras, group):
         """(y, aux): the group's output, and a MoE block's aux per block (Lg, ...) or None."""

@@ -84,6 +84,20 @@ def _factors_by_layer(model):
     return factors
 
 
+def _assert_trains_like(stacked, distribution, reference, expected, x, y):
+    """``stacked`` fit under ``distribution`` gives ``expected`` (the reference's losses)
+    and, after, the factors the ``reference`` (the layers form, trained) holds."""
+    with distribution.scope():
+        _compile(stacked)
+        losses = stacked.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
+    keras.distribution.set_distribution(None)
+    np.testing.assert_allclose(losses, expected, rtol=2e-5)
+    after, want = _factors_by_layer(stacked), _factors_by_layer(reference)
+    assert sorted(after) == sorted(want)
+    for path, value in want.items():
+        np.testing.assert_allclose(after[path], value, atol=2e-5, err_msg=path)
+
+
 PIPELINED = STACKED | dict(scan_layers=False, schedule="gpipe", micro_batches=2)
 
 
@@ -108,15 +122,7 @@ def test_lora_on_stacked_blocks_trains_like_the_layers(config, layout, mesh):
     assert adapted_layer_count(stacked) == 7 * LAYERS
     trained = stacked.trainable_weights  # the stacked factors alone: kernels, norms, embedding frozen
     assert trained and all(v.path.startswith("blocks/") and is_lora_variable(v) for v in trained), trained
-    with distribution.scope():
-        _compile(stacked)
-        losses = stacked.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
-    keras.distribution.set_distribution(None)
-    np.testing.assert_allclose(losses, expected, rtol=2e-5)
-    after, want = _factors_by_layer(stacked), _factors_by_layer(reference)
-    assert sorted(after) == sorted(want)
-    for path, value in want.items():
-        np.testing.assert_allclose(after[path], value, atol=2e-5, err_msg=path)
+    _assert_trains_like(stacked, distribution, reference, expected, x, y)
 
 
 def test_a_stacked_lora_model_writes_the_layers_adapter_and_merged_files(tmp_path):
@@ -181,14 +187,7 @@ def test_qlora_on_stacked_blocks_trains_like_the_layers(mode):
     assert tuple(factors["mlp/up/lora_kernel_a"].value.sharding.spec) == (None, None, "data", None)
     if mode == "int8":  # int4's packed down kernel splits its rows (F) instead: b whole
         assert tuple(factors["mlp/down/lora_kernel_b"].value.sharding.spec) == (None, None, None, "data")
-    with distribution.scope():
-        _compile(stacked)
-        losses = stacked.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
-    keras.distribution.set_distribution(None)
-    np.testing.assert_allclose(losses, expected, rtol=2e-5)
-    after, want = _factors_by_layer(stacked), _factors_by_layer(reference)
-    for path, value in want.items():
-        np.testing.assert_allclose(after[path], value, atol=2e-5, err_msg=path)
+    _assert_trains_like(stacked, distribution, reference, expected, x, y)
     with pytest.raises(ValueError, match=r"has no float kernel to merge into: save the adapter alone"):
         merge_lora(stacked)
 
