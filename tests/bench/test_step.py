@@ -5,6 +5,7 @@ the accelerator profile's reading of a trace; no timing thresholds."""
 import dataclasses
 import gzip
 import json
+import types
 
 import jax
 import keras
@@ -13,7 +14,14 @@ import pytest
 
 from tests.bench._cli import parse_bench_args
 from zoo.bench import _device_profile as profile
-from zoo.bench.step import WEIGHT_STD, flops_per_step, format_report, random_quantized_weights, run_benchmark
+from zoo.bench.step import (
+    WEIGHT_STD,
+    _attention_words,
+    flops_per_step,
+    format_report,
+    random_quantized_weights,
+    run_benchmark,
+)
 from zoo.cli.bench import settings_from_args
 from zoo.layers import ColumnParallelDense
 from zoo.measure import mfu
@@ -33,6 +41,18 @@ def test_the_random_quantized_base_has_weights_of_the_stated_spread(mode):
     assert weights.std() == pytest.approx(WEIGHT_STD, rel=0.05)
     assert abs(weights.mean()) < 0.6 * step + 0.001  # int4's levels -8..7 sit half a level low
     assert np.abs(weights).max() <= WEIGHT_STD * 3**0.5 * 1.01  # uniform on [-a, a]
+
+
+def test_a_scanned_row_names_the_attention_its_blocks_run():
+    """The attention column of a ``--scan-layers`` row: the stacked blocks' template's kernel,
+    as the layers' row names its first block's (not just "scanned blocks")."""
+    settings = types.SimpleNamespace(sequence_length=32)
+    words = {}
+    for scan in (False, True):
+        model = GPTCausalLM.from_config_name("gpt_tiny", scan_layers=scan)
+        model(np.zeros((1, 32), "int32"))
+        words[scan] = _attention_words(model, settings)
+    assert words[True] == words[False] == "blockwise (tile 32)"
 
 
 def test_the_row_measures_the_jobs_step(tmp_path):

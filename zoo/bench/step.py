@@ -238,9 +238,9 @@ def measure_zoo(settings, report=print):
 
 
 def _attention_words(model, settings):
-    block = model.backbone.get_layer("block_0") if not settings.scan_layers else None
-    if block is None:
-        return "scanned blocks"
+    """What the blocks' attention runs, in words: the first block's, or a stack's template's."""
+    backbone = model.backbone
+    block = backbone.pipelined_blocks.template[0] if backbone.stacked else backbone.get_layer("block_0")
     return block.attention.describe_implementation(settings.sequence_length)
 
 
