@@ -153,9 +153,10 @@ def distribution_for(
 
     ``"model"`` calls ``model_class.get_layout_map(mesh)``; ``"fsdp"``, ``"tp"``,
     ``"tp+sp"``, ``"fsdp+tp"`` call it with ``layout=`` that layout, and ``"context"``
-    with ``layout="tp"`` when the mesh has a ``model`` axis, with ``layout="context"`` for
-    a ``config`` with ``scan_layers`` (without either every weight is replicated but for
-    the FSDP split over ``seq``, and ``model_class`` is not consulted). ``config``: the model's config dict when known: the layout map checks
+    with ``layout="tp"`` when the mesh has a ``model`` axis, with ``layout="data"`` for a
+    ``config`` with ``scan_layers`` (its stacked weights marked; without either every
+    weight is replicated but for the FSDP split over ``seq``, and ``model_class`` is not
+    consulted). ``config``: the model's config dict when known: the layout map checks
     its sizes against the mesh and fits it (no ``lm_head`` rule for tied embeddings);
     with no ``mesh``, the default mesh is the first of ``default_mesh_candidates`` that
     the model fits (``gpt_tiny_moe``'s 4 experts on 8 devices: ``data=2,expert=4``).
