@@ -66,27 +66,7 @@ def synthetic_config(settings):
 def weight_shapes(arguments):
     """``{zoo variable path: shape}`` of a ``GPTBackbone`` (hf_checkpoints' table), from
     its arguments, without building it; ``load_into`` checks each against the model's."""
-    V, C, H, F = (arguments[k] for k in ("vocabulary_size", "hidden_dim", "num_query_heads", "intermediate_dim"))
-    K = arguments.get("num_key_value_heads") or H
-    D = arguments.get("head_dim") or C // H
-    by_name = {
-        "token_embedding/embeddings": (V, C),
-        "lm_head/kernel": (C, V),
-        "attention/query/kernel": (C, H, D),
-        "attention/key/kernel": (C, K, D),
-        "attention/value/kernel": (C, K, D),
-        "attention/query/bias": (H, D),
-        "attention/key/bias": (K, D),
-        "attention/value/bias": (K, D),
-        "attention/output/kernel": (H, D, C),
-        "mlp/gate/kernel": (C, F),
-        "mlp/up/kernel": (C, F),
-        "mlp/down/kernel": (F, C),
-    }
-    views = hf_checkpoints.weight_views(arguments)
-    return {
-        path: by_name.get(path.split("/", 1)[1] if path.startswith("block_") else path, (C,)) for path in views
-    }  # (C,): the norms
+    return {path: hf_checkpoints.weight_shape(path, arguments) for path in hf_checkpoints.weight_views(arguments)}
 
 
 def random_bfloat16(shape, seed):

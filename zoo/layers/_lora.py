@@ -41,3 +41,11 @@ def enable_layer_lora(layer, rank, alpha=None):
 def check_lora_rank(rank):
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"LoRA rank must be a positive integer, got {rank!r}")
+
+
+def factor_axes_like(axes, rank):
+    """Layout axes ``{name: axes}`` of the LoRA factors of a kernel of ``rank`` laid out as
+    ``axes`` (missing: None): ``lora_kernel_a`` as the kernel but its last axis (r whole),
+    ``lora_kernel_b`` (r whole, the kernel's last axis)."""
+    axes = tuple(axes) + (None,) * (rank - len(axes))  # (d_0, ..., d_last)
+    return {"lora_kernel_a": axes[:-1] + (None,), "lora_kernel_b": (None, axes[-1])}

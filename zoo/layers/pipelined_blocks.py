@@ -23,7 +23,7 @@ from zoo.distribution.axes import STAGE
 from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
-from zoo.layers._lora import check_lora_rank, enable_layer_lora, lora_target_layers
+from zoo.layers._lora import check_lora_rank, enable_layer_lora, factor_axes_like, lora_target_layers
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over
 from zoo.layers._quantized import is_built_quantized, quantized_weights
 from zoo.layers._stacked_loop import LoopShardings, StageFunction, stages_body
@@ -186,11 +186,14 @@ class PipelinedBlocks(keras.layers.Layer):
         gives a layer its: quantized block by block on the host (one float kernel at a
         time), then stacked into the kernel and its scales (R, L/R, ...)."""
         layer = self.quantized_layers()[path]
-        blocks = [quantized_weights(layer, kernel(index)) for index in range(self.num_blocks)]  # [{name: array}]
+        blocks = [  # [{name: host array}]: each block's quantized weights off the device before the next
+            {name: np.asarray(value) for name, value in quantized_weights(layer, kernel(index)).items()}
+            for index in range(self.num_blocks)
+        ]
         prefix = path.rsplit("/", 1)[0]
         for name in blocks[0]:
             stacked = self.stacked[f"{prefix}/{name}"]
-            stacked.assign(np.stack([np.asarray(block[name]) for block in blocks]).reshape(stacked.shape))
+            stacked.assign(np.stack([block[name] for block in blocks]).reshape(stacked.shape))
 
     def merged_weights(self):
         """``{relative path: array (R, L/R, ...)}`` of every stacked weight but the LoRA
@@ -425,7 +428,7 @@ def _factors_laid_out_like_kernels(layer, variables):
             continue
         spec = tuple(getattr(getattr(kernel.value, "sharding", None), "spec", ()) or ())
         axes = spec + (None,) * (kernel.ndim - len(spec))  # (R, L/R, *k)
-        wanted = axes[:-1] + (None,) if name == "lora_kernel_a" else axes[:2] + (None, axes[-1])
+        wanted = axes[:2] + factor_axes_like(axes[2:], kernel.ndim - 2)[name]  # a block's factor behind (R, L/R)
         key = f"{layer.path}/{path}"
         if len(wanted) == 2 + len(variable.shape) and key not in keys:
             layout_map[key] = wanted

@@ -17,47 +17,26 @@ def copy_block_form_weights(source, target):
     either block form); ``ValueError`` naming a variable that has no counterpart, or a
     value of another dtype (an int8 kernel is never cast into a float one)."""
     by_layer = _layer_form_values(source)  # {path as the L-layer form names it: host array}
-    _check_dtypes(by_layer, target)
     stacked = target.backbone.pipelined_blocks.stacked if target.backbone.stacked else {}
     stacked = {variable.path: relative for relative, variable in stacked.items()}
     for variable in target.variables:
         if "seed_generator" in variable.path:
             continue
-        if variable.path in stacked:  # (R, L/R, ...) from the L layers in order
-            layers = [
-                by_layer.get(f"block_{index}/{stacked[variable.path]}") for index in range(target.backbone.num_layers)
-            ]
-            value = None if any(layer is None for layer in layers) else np.stack(layers).reshape(variable.shape)
-        else:
-            value = by_layer.get(variable.path)
-        if value is None:
+        paths = [variable.path]  # as the L-layer form names it; a stack's (R, L/R, ...): the L layers in order
+        if variable.path in stacked:
+            paths = [f"block_{index}/{stacked[variable.path]}" for index in range(target.backbone.num_layers)]
+        layers = [by_layer.get(path) for path in paths]
+        if any(layer is None for layer in layers):
             raise ValueError(
                 f"{variable.path!r} of the {target.name!r} being built has no counterpart in the source model"
             )
-        variable.assign(value.astype(variable.dtype))
-
-
-def _check_dtypes(by_layer, target):
-    """Raise naming the first weight whose dtype differs between the two forms."""
-    for path, dtype in _layer_form_dtypes(target).items():
-        value = by_layer.get(path)
-        if value is not None and np.dtype(value.dtype) != np.dtype(dtype):
+        if np.dtype(layers[0].dtype) != np.dtype(variable.dtype):
             raise ValueError(
-                f"{path!r}: the source holds {value.dtype}, the {target.name!r} being built {dtype} (a quantized "
-                "base converts only into a model built under the same quantized_policy)"
+                f"{paths[0]!r}: the source holds {layers[0].dtype}, the {target.name!r} being built {variable.dtype} "
+                "(a quantized base converts only into a model built under the same quantized_policy)"
             )
-
-
-def _layer_form_dtypes(model):
-    """{path as the L-layer form names it: dtype} of ``model``'s weights."""
-    dtypes = {}
-    for variable in model.variables:
-        if variable.path.startswith("blocks/"):
-            for index in range(model.backbone.num_layers):
-                dtypes[f"block_{index}/{variable.path.split('/', 1)[1]}"] = variable.dtype
-        elif "seed_generator" not in variable.path:
-            dtypes[variable.path] = variable.dtype
-    return dtypes
+        value = layers[0] if len(layers) == 1 else np.stack(layers).reshape(variable.shape)
+        variable.assign(value.astype(variable.dtype))
 
 
 def _layer_form_values(model):

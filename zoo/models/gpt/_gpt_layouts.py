@@ -83,14 +83,15 @@ def gpt_rules(layout, *, with_head, mesh=None, data_axis=DATA, model_axis=MODEL,
     return rules
 
 
-DENSE_MLP_RULES = (r".*mlp/(gate|up)/kernel", r".*mlp/down/kernel")
+DENSE_MLP_RULES = (r"mlp/(gate|up)/kernel", r"mlp/down/kernel")  # behind a prefix (".*", a stack's ".*blocks/")
 
 
-def _moe_block_rules(rules, config):
-    """The dense MLP's rules also for a shared expert (``mlp/shared_expert/...``), and
-    left out when ``config`` (a MoE config) has no dense block to match."""
+def _moe_block_rules(rules, config, prefix=".*"):
+    """The dense MLP's rules (``prefix`` + ``DENSE_MLP_RULES``) also for a shared expert
+    (``mlp/shared_expert/...``), and left out when ``config`` (a MoE config) has no dense
+    block to match."""
     every_block_sparse = config.get("moe_layers") is None or len(config["moe_layers"]) == config.get("num_layers")
-    for pattern in DENSE_MLP_RULES:
+    for pattern in (prefix + rule for rule in DENSE_MLP_RULES):
         if pattern not in rules:
             continue
         if config.get("shared_expert_dim"):
@@ -211,14 +212,8 @@ def _scanned_expert_rules(mesh, base, config, *, with_head, data_axis, model_axi
         else gpt_rules(base, with_head=with_head, mesh=mesh, data_axis=data_axis, model_axis=model_axis)
     )
     rules = {pattern: axes for pattern, axes in head.items() if pattern in (EMBEDDING, LM_HEAD)}
-    for pattern, axes in _stacked_block_rules((None, None), config, mesh, model_axis=m, data_axis=d).items():
-        if pattern.endswith(
-            ("mlp/(gate|up)/kernel", "mlp/down/kernel")
-        ):  # a sparse block's dense MLP: its shared expert
-            if config.get("shared_expert_dim"):
-                rules[pattern.replace("mlp/", "mlp/shared_expert/")] = axes
-        else:
-            rules[pattern] = axes
+    rules |= _stacked_block_rules((None, None), config, mesh, model_axis=m, data_axis=d)
+    _moe_block_rules(rules, config, prefix=STACKED_BLOCKS)  # the dense MLP's rules: the shared expert's
     rules[r".*blocks/mlp/expert_(gate|up)"] = (None, None, EXPERT, d, m)  # (1, L, E/N_e, C[/data], F[/model])
     rules[r".*blocks/mlp/expert_down"] = (None, None, EXPERT, m, d)  # (1, L, E/N_e, F[/model], C[/data])
     return rules

@@ -64,7 +64,7 @@ from zoo._compat import sublayers
 from zoo.config.choices import LORA_WEIGHTS
 from zoo.file_kinds import read_json_file
 from zoo.layers import QUANTIZATION_WEIGHTS, fill_quantized, is_built_quantized
-from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds
+from zoo.models.gpt._hf_bounds import check_header_shapes, check_size_bounds, weight_shape
 from zoo.models.gpt._hf_config import backbone_arguments
 from zoo.models.gpt._hf_export_config import hf_model_type, sparse_layers
 from zoo.models.gpt._hf_keys import UnsupportedCheckpoint
@@ -108,6 +108,7 @@ __all__ = [
     "load_causal_lm",
     "load_hf_weights",
     "read_config",
+    "weight_shape",
     "weight_views",
 ]
 

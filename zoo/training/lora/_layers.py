@@ -44,6 +44,7 @@ from zoo.layers import (
     PipelinedBlocks,
     check_lora_rank,
     enable_layer_lora,
+    factor_axes_like,
     kernel_variable,
     lora_target_layers,
 )
@@ -133,20 +134,14 @@ def factor_axes(kernel, distribution=None):
         spec = getattr(layout, "axes", None) or getattr(layout, "spec", None)
     else:
         spec = getattr(getattr(kernel.value, "sharding", None), "spec", None)
-    return _factors_laid_out_like(tuple(spec) if spec is not None else (), len(kernel.shape))
+    return factor_axes_like(tuple(spec) if spec is not None else (), len(kernel.shape))
 
 
 def _int4_factor_axes(layer, layout_map):
     """An EinsumDense's int4 kernel is stored flattened to 2-D and packed (``zoo.distribution.layouts``):
     its factors take the layout the map's rule gives the float kernel it stands for."""
     layout = layout_map[kernel_path(layer)]
-    return _factors_laid_out_like(tuple(layout.axes) if layout is not None else (), len(layer.original_kernel_shape))
-
-
-def _factors_laid_out_like(axes, rank):
-    """The factors' axes for a kernel of ``rank`` laid out as ``axes`` (missing: None)."""
-    axes = axes + (None,) * (rank - len(axes))  # (d_0, ..., d_last)
-    return {"lora_kernel_a": axes[:-1] + (None,), "lora_kernel_b": (None, axes[-1])}
+    return factor_axes_like(tuple(layout.axes) if layout is not None else (), len(layer.original_kernel_shape))
 
 
 @contextlib.contextmanager
