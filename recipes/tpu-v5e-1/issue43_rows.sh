@@ -21,7 +21,8 @@
 # (an experiment run at e85b2df, not kept), `21` (gpt_350m profiled op by op), `22` (part 21 with the tanh GELU), `23` and `24` (issue 48: qwen3_8b's QLoRA, int8 base, remat save_attention / full), `25` (part 23 with
 # fewer steps timed and every compile's seconds in log.txt: part 23 ran past a call's 590 s twice), `26`
 # (part 7's LoRA rows with the blocks stacked: LoRA on scanned blocks), `27` (part 26 at batch 8, and
-# without remat at batch 4), `28` (part 25's QLoRA with the int8 blocks stacked, batch 1 and 2).
+# without remat at batch 4), `28` (part 25's QLoRA with the int8 blocks stacked, batch 1 and 2), `29` (gpt_1b b2, gpt_350m b8 and
+# llama_3_2_1b's LoRA profiled with their optimised HLO and device ops kept: the per-op time model's inputs).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -217,8 +218,33 @@ case "$part" in
     row 240 --config-name qwen3_8b --method qlora --quantize int8 --batch-size 2 --remat save_attention \
         --loss-chunk-size 512 --scan-layers --steps 5 --repeats 2
     ;;
+29)  # the per-op time model's inputs (issue 43 item 5): each row profiled with XLA's optimised HLO
+    # dumped; its trace's device ops (recipes/tpu-v5e-1/trace_ops.py) and the HLO come back in two
+    # archives; then the keys of the TPU's cost analysis of one matmul
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache-29 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    mkdir -p /tmp/ops-29 /tmp/hlo-29
+    traced() {  # traced TAG SECONDS ARGS...: one profiled row, its HLO dumped and its ops kept
+        local tag=$1 limit=$2
+        shift 2
+        rm -rf /tmp/zoo-bench-step-trace-*
+        XLA_FLAGS="--xla_dump_to=/tmp/hlo-29/$tag --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train_step.*" \
+            row "$limit" "$@" --profile
+        local trace
+        trace=$(find /tmp/zoo-bench-step-trace-* -maxdepth 0 2>/dev/null | head -1)
+        [ -n "$trace" ] && python3 recipes/tpu-v5e-1/trace_ops.py "$trace" "/tmp/ops-29/$tag.jsonl.gz" >> "$OUT/log.txt" 2>&1
+    }
+    traced gpt_1b_b2 170 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored
+    traced gpt_350m_b8 260 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16
+    traced llama_lora_b4 150 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
+        --loss-chunk-size 512
+    tar -czf "$OUT/ops.tar.gz" -C /tmp/ops-29 .
+    find /tmp/hlo-29 -name '*after_optimizations.txt' > /tmp/hlo-29/files
+    tar -czf "$OUT/hlo.tar.gz" -C / -T /tmp/hlo-29/files
+    timeout 60 python3 -c "import jax, jax.numpy as jnp; a = jnp.ones((4096, 4096), jnp.bfloat16); \
+print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >> "$OUT/cost_keys.txt" 2>&1
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 26)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 29)" >&2
     exit 2
     ;;
 esac
