@@ -22,7 +22,8 @@
 # fewer steps timed and every compile's seconds in log.txt: part 23 ran past a call's 590 s twice), `26`
 # (part 7's LoRA rows with the blocks stacked: LoRA on scanned blocks), `27` (part 26 at batch 8, and
 # without remat at batch 4), `28` (part 25's QLoRA with the int8 blocks stacked, batch 1 and 2), `29` (gpt_1b b2, gpt_350m b8 and
-# llama_3_2_1b's LoRA profiled with their optimised HLO and device ops kept: the per-op time model's inputs).
+# llama_3_2_1b's LoRA profiled with their optimised HLO and device ops kept: the per-op time model's inputs),
+# `30` and `31` (zoo plan's op-by-op time beside the measured step, on rows it was not calibrated on).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -243,8 +244,21 @@ case "$part" in
     timeout 60 python3 -c "import jax, jax.numpy as jnp; a = jnp.ones((4096, 4096), jnp.bfloat16); \
 print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >> "$OUT/cost_keys.txt" 2>&1
     ;;
+30)  # zoo plan's op-by-op time beside the measured step (issue 43 item 5), on rows it was not
+    # calibrated on: gpt_350m with the full-width RoPE (its program changed), gpt_1b at batch 4
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 280 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
+    row 170 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored --plan
+    ;;
+31)  # part 30 on the fine-tune rows: qwen3_0.6b's full fine-tune (layers, batch 4, save_attention) and
+    # llama_3_2_1b's LoRA (the calibration's row, re-measured), each with the plan's time of its own program
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 250 --config-name qwen3_0.6b --method full --batch-size 4 --remat save_attention --loss-chunk-size 512 --plan
+    row 170 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
+        --loss-chunk-size 512 --plan
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 29)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 31)" >&2
     exit 2
     ;;
 esac

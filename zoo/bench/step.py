@@ -51,9 +51,9 @@ def run_benchmark(settings, report=print):
     if peer:
         check_same_parameters(peer, row)
         rows.append(peer)
-    plan = (
-        plan_row(dataclasses.replace(settings, remat=row["remat"]), report) if settings.plan else None
-    )  # the step measured
+    plan = None
+    if settings.plan:  # the step measured: zoo plan of the job, or the plan's time of this step's own program
+        plan = row.pop("own_plan", None) or plan_row(dataclasses.replace(settings, remat=row["remat"]), report)
     text = format_report(settings, rows, plan)
     report(text)
     if settings.output:
@@ -232,6 +232,8 @@ def measure_zoo(settings, report=print):
     row.update(device_memory(), compiled_bytes=remat.peaks.get(remat.remat) or compiled_peak(model, settings))
     row["attention"] = _attention_words(model, settings)
     row["remat"] = remat.remat
+    if settings.plan and settings.method != "train":
+        row["own_plan"] = own_step_plan(model, settings, row["compiled_bytes"])
     if settings.profile:
         row["profile"] = profile_steps(fit)
     return row
@@ -283,6 +285,31 @@ def plan_row(settings, report=print):
     report(f"zoo plan: compiling the same step for {jax.device_count()} x {device} {where} ...")
     plan = make_plan(PlanRequest("pretrain_gpt", config, jax.device_count(), device=device, depth="full"))
     return {"peak_bytes": plan.peak, "step_s": plan.time.step_s, "mfu": plan.mfu, "notes": list(plan.notes)}
+
+
+def own_step_plan(model, settings, peak_bytes):
+    """What ``zoo plan``'s time model says of this very step where ``zoo plan`` has no job for
+    it (a fine-tune of a named config): its compiled program's ops at the measured rates of
+    this device (``roofline.op_step_time``), or ``{"error": ...}`` where none were measured."""
+    import keras
+
+    from zoo.measure.compiled_step import compile_fit_step
+    from zoo.measure.hardware import UnknownDeviceError, local_device
+    from zoo.planning.measure import timed_ops
+    from zoo.planning.roofline import MEASURED_RATES
+
+    try:
+        rates = MEASURED_RATES.get(local_device()[0])
+    except (UnknownDeviceError, ValueError):
+        rates = None
+    if rates is None:
+        return {"error": "no measured rates for this device (zoo.planning.roofline.MEASURED_RATES)"}
+    batch = (settings.batch_size, settings.sequence_length)
+    compiled, _ = compile_fit_step(model, keras.distribution.distribution(), (batch, "int32"), (batch, "int32"))
+    op_time = timed_ops(compiled.as_text(), rates)
+    step_s = sum(op_time[key] for key in ("matmul_s", "memory_s", "kernel_s", "gaps_s"))
+    note = f"method {settings.method}: the plan's op-by-op time of this step's own compiled program ({op_time['ops']:,} ops)"
+    return {"peak_bytes": peak_bytes, "step_s": step_s, "mfu": None, "notes": [note]}
 
 
 # --- the report -------------------------------------------------------------------------

@@ -44,6 +44,9 @@ class StepMeasure:
     collectives: list  # CommsReport.per_axis() rows: {"axes", "kind", "count", "bytes", "sent_bytes"}
     collectives_exact: bool  # False: some loop around a collective had no known trip count
     compile_s: float  # seconds to build and compile
+    # the step's ops at the measured rates of the device that compiled it (roofline.OpTime's
+    # fields), None where this device's rates were never measured (roofline.MEASURED_RATES)
+    op_time: dict | None = None
 
     @property
     def mesh_axes(self):
@@ -69,8 +72,9 @@ class StepMeasure:
         return cls(**values)
 
 
-def measure_step(job, settings, *, target_devices, label, num_layers=None, compiler_options=None):
-    """``StepMeasure`` of ``job``'s step for ``settings`` compiled for ``target_devices``."""
+def measure_step(job, settings, *, target_devices, label, num_layers=None, compiler_options=None, rates=None):
+    """``StepMeasure`` of ``job``'s step for ``settings`` compiled for ``target_devices``;
+    with ``rates`` (``roofline.OpRates`` of the device compiling it), its ops timed at them."""
     from zoo.training.recipes import compile_job_step
 
     start = time.perf_counter()
@@ -96,7 +100,18 @@ def measure_step(job, settings, *, target_devices, label, num_layers=None, compi
         collectives=report.per_axis(),
         collectives_exact=report.exact,
         compile_s=time.perf_counter() - start,
+        op_time=timed_ops(text, rates),
     )
+
+
+def timed_ops(hlo_text, rates):
+    """``roofline.op_step_time`` of a program's optimised HLO as a plain dict, or None without rates."""
+    if rates is None:
+        return None
+    from zoo.measure.hlo_ops import executed_ops
+    from zoo.planning.roofline import op_step_time
+
+    return dataclasses.asdict(op_step_time(executed_ops(hlo_text), rates))
 
 
 def _mesh_of(spec):
@@ -184,4 +199,16 @@ def extrapolate(low, high, num_layers):
         bytes_accessed=_linear(low.bytes_accessed, high.bytes_accessed, steps),
         collectives_exact=low.collectives_exact and high.collectives_exact,
         compile_s=low.compile_s + high.compile_s,
+        op_time=_extrapolated_op_time(low.op_time, high.op_time, steps),
     )
+
+
+def _extrapolated_op_time(low, high, steps):
+    if low is None or high is None:
+        return None
+    values = {key: _linear(low[key], high[key], steps) for key in ("matmul_s", "memory_s", "kernel_s", "gaps_s", "ops")}
+    return {
+        **values,
+        "ops": int(values["ops"]),
+        "unknown_kernels": sorted({*low["unknown_kernels"], *high["unknown_kernels"]}),
+    }

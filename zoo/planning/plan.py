@@ -123,6 +123,7 @@ class Plan:
             collectives=self.step.collectives,
             mesh_axes=self.step.mesh_axes,
             spec=self.spec,
+            op_time=self.step.op_time,
         )
 
     @property
@@ -193,8 +194,8 @@ def make_plans(requests, *, compiler_options=None):
     if not compiles_here(requests[0]):
         return plans_in_subprocess(requests)
     plans = [plan_in_process(request, compiler_options=compiler_options) for request in requests]
-    if jax.default_backend() == "cpu":
-        return plans
+    if jax.default_backend() == "cpu" or all(plan.step.op_time is not None for plan in plans):
+        return plans  # timed op by op at this device's measured rates: XLA:CPU's count is not needed
     return [with_simulated_cost(plan, cpu) for plan, cpu in zip(plans, plans_in_subprocess(requests), strict=True)]
 
 
@@ -248,7 +249,9 @@ def plan_in_process(request, *, compiler_options=None):
 
     if compiler_options is None:  # FAST_COMPILE's flags are XLA:CPU's
         compiler_options = FAST_COMPILE if jax.default_backend() == "cpu" else {}
-    device_spec(request.device)  # an unknown device is refused before compiling
+    spec = device_spec(request.device)  # an unknown device is refused before compiling
+    # on the device itself its ops are timed at the rates it was measured to reach (XLA:CPU's program is not the device's)
+    rates = roofline.MEASURED_RATES.get(spec.name) if jax.default_backend() != "cpu" else None
     job, module, settings = _job_and_config(request)
     if getattr(settings, "remat", None) == AUTO:
         return _plan_remat_auto(request, compiler_options)
@@ -287,6 +290,7 @@ def plan_in_process(request, *, compiler_options=None):
                 label=request.label or request.job,
                 num_layers=d,
                 compiler_options=compiler_options,
+                rates=rates,
             )
             for d in depths
         ]

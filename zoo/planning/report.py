@@ -45,15 +45,19 @@ def format_plan(plan):
         lines.append(f"| optimizer state in host memory (not in the peak) | {size_text(plan.step.memory['host'])} |")
     lines += _collective_lines(plan)
     time = plan.time
-    lines.append(
-        f"time per step (roofline, {spec.name}): compute {_ms(time.compute_s)}, memory {_ms(time.memory_s)}, "
-        f"communication {_ms(time.communication_s)} -> {_ms(time.step_s)} ({_ms(time.overlapped_s)} if communication "
-        f"overlaps compute); {time.bound}-bound"
-    )
-    if error := measured_error(spec):
-        low, high, rows = error
+    if plan.step.op_time is not None:
+        lines.append(_op_time_line(plan.step.op_time, spec, time))
+    else:
         lines.append(
-            f"measured against {spec.name}: the roofline's step was {low:.2f}x-{high:.2f}x the measured step over "
+            f"time per step (roofline, {spec.name}): compute {_ms(time.compute_s)}, memory {_ms(time.memory_s)}, "
+            f"communication {_ms(time.communication_s)} -> {_ms(time.step_s)} ({_ms(time.overlapped_s)} if "
+            f"communication overlaps compute); {time.bound}-bound"
+        )
+    if error := measured_error(spec, by_ops=plan.step.op_time is not None):
+        low, high, rows = error
+        what = "this op-by-op time" if plan.step.op_time is not None else "the roofline's step"
+        lines.append(
+            f"measured against {spec.name}: {what} was {low:.2f}x-{high:.2f}x the measured step over "
             f"{rows} steps (docs/planning.md, known errors): read it as a range, not a prediction"
         )
     if plan.mfu is not None:
@@ -61,6 +65,17 @@ def format_plan(plan):
     lines += [f"note: {note}" for note in plan.notes]
     lines.append(verdict(plan))
     return lines
+
+
+def _op_time_line(op_time, spec, time):
+    """The step's ops at the rates ``spec``'s device was measured to reach (``roofline.OpTime``)."""
+    unknown = op_time["unknown_kernels"]
+    return (
+        f"time per step (its {op_time['ops']:,} ops at {spec.name}'s measured rates): matmuls "
+        f"{_ms(op_time['matmul_s'])}, memory-bound ops {_ms(op_time['memory_s'])}, kernels {_ms(op_time['kernel_s'])}, "
+        f"gaps between ops {_ms(op_time['gaps_s'])}, communication {_ms(time.communication_s)} -> {_ms(time.step_s)}"
+        + (f" (kernels without a measured rate, by their bytes: {', '.join(unknown)})" if unknown else "")
+    )
 
 
 def _collective_lines(plan):
