@@ -247,8 +247,8 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
 30)  # zoo plan's op-by-op time beside the measured step (issue 43 item 5), on rows it was not
     # calibrated on: gpt_350m with the full-width RoPE (its program changed), gpt_1b at batch 4
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
-    row 280 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
-    row 170 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored --plan
+    row 200 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored --plan
+    row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
     ;;
 31)  # part 30 on the fine-tune rows: qwen3_0.6b's full fine-tune (layers, batch 4, save_attention) and
     # llama_3_2_1b's LoRA (the calibration's row, re-measured), each with the plan's time of its own program

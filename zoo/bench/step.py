@@ -269,6 +269,7 @@ def plan_row(settings, report=print):
 
     from zoo.measure.hardware import local_device
     from zoo.planning.plan import PlanRequest, make_plan
+    from zoo.training.optimizers import state_options
 
     if settings.method != "train":
         return {"error": f"zoo plan sizes the pre-training step; method {settings.method!r} is not planned"}
@@ -279,6 +280,7 @@ def plan_row(settings, report=print):
     job = train_settings(settings)
     fields = ("config_name", "num_layers", "layout", "precision", "remat", "scan_layers", "sequence_length")
     config = {name: getattr(job, name) for name in fields} | {"batch_size": job.batch_size}
+    config |= state_options(settings)  # the optimizer state the bench's step holds (bfloat16, factored ...)
     if job.loss_chunk_size:
         config["loss_chunk_size"] = job.loss_chunk_size
     where = "here" if device != "cpu" else "on CPU"  # compiles_here: by the chip's own compiler
