@@ -239,7 +239,8 @@ def _fusion_bytes(instruction, computations, by_name):
             continue
         inner = parameters.get(number)
         uses = users.get(inner.name, []) if inner is not None else []
-        if uses and all(use.opcode in ("dynamic-slice", "slice", "gather") for use in uses):
+        sliced = ("dynamic-slice", "slice", "gather")  # of their first operand (the others are indices)
+        if uses and all(use.opcode in sliced and use.operands[0] == inner.name for use in uses):
             total += sum(_size(_arrays(use.type)) for use in uses)
         elif uses and all(use.opcode == "dynamic-update-slice" and use.operands[0] == inner.name for use in uses):
             continue  # the buffer updated in place: its update is counted below
