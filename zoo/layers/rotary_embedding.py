@@ -120,21 +120,15 @@ def apply_rotary_embedding(x, positions, *, base=10000.0, scaling=None):
     tokens of x, in the order x holds them. Computed in float32 for any input dtype.
     scaling: None or a Llama 3 ``rope_scaling`` dict (``check_rope_scaling``).
     """
-    head_dim, x_dtype = x.shape[-1], x.dtype
+    head_dim = x.shape[-1]
     angles = rotary_angles(positions, head_dim=head_dim, base=base, scaling=scaling)  # f32[B|, T, D/2]
     if angles.ndim == 2:
         angles = angles[None]
-    # At full width: x * [cos, cos] + x's halves swapped * [-sin, sin], the same products and
-    # sums as (first cos - second sin, second cos + first sin). Computed half by half, XLA on a
-    # TPU kept the D/2-wide halves as arrays whose minor dimension (32 at D = 64) its (8, 128)
-    # tiles pad 4x: 18 ms of gpt_350m's 210 ms step (docs/performance.md, twelfth session).
     cos = jnp.cos(angles)[:, :, None, :]  # f32[B|1, T, 1, D/2]
     sin = jnp.sin(angles)[:, :, None, :]
-    cos_full = jnp.concatenate([cos, cos], axis=-1)  # f32[B|1, T, 1, D]
-    sin_signed = jnp.concatenate([-sin, sin], axis=-1)
-    x = x.astype(F32)
-    swapped = jnp.roll(x, head_dim // 2, axis=-1)  # f32[B, T, H, D]: (second, first)
-    return (x * cos_full + swapped * sin_signed).astype(x_dtype)
+    first, second = jnp.split(x.astype(F32), 2, axis=-1)  # f32[B, T, H, D/2] each
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
