@@ -37,8 +37,6 @@ FREE = frozenset(
     (
         "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
         "after-all", "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain",
-        "copy-done", "send-done", "recv-done", "all-gather-done", "all-reduce-done", "collective-permute-done",
-        "async-done", "async-update",
     )
 )  # fmt: skip
 FREE_TARGETS = (
@@ -48,7 +46,6 @@ FREE_TARGETS = (
     "SPMDFullToShardShape",
     "SPMDShardToFullShape",
 )  # custom calls that run nothing
-ASYNC_COPIES = ("copy-start", "async-start")  # a DMA the device runs beside its compute: not on the op timeline
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute")
 CONTROL_ROLES = ("body", "condition", "branch_computations")  # and a call's to_apply
 
@@ -277,15 +274,25 @@ def _block_fraction(operands):
     return sum(1 for x in numbers if x) / len(numbers)
 
 
+def _is_free(instruction):
+    """Whether an instruction moves no data of its own: ``FREE``'s, a custom call that runs
+    nothing (``FREE_TARGETS``), or the end of an asynchronous op (``*-done``, ``*-update``:
+    an async op is printed as ``async-start`` / ``async-done``, or as ``slice-start`` /
+    ``slice-done`` where the printer's syntax sugar names the op it wraps)."""
+    opcode = instruction.opcode
+    return opcode in FREE or opcode.endswith(("-done", "-update")) or _target(instruction) in FREE_TARGETS
+
+
 def _kind(instruction, flops):
     if flops:
         return "matmul"
     if instruction.opcode == "custom-call":
         return "kernel"
-    if instruction.opcode in ASYNC_COPIES:
-        return "async"
-    if instruction.opcode.removesuffix("-start") in COLLECTIVES:
+    base = instruction.opcode.removesuffix("-start")
+    if base in COLLECTIVES:
         return "collective"
+    if instruction.opcode.endswith("-start"):
+        return "async"  # copy-start, async-start, or its sugar (slice-start ...): a DMA beside the compute
     return "memory"
 
 
@@ -296,7 +303,7 @@ def executed_ops(hlo_text):
     ops = []
     for computation in _control_computations(computations, entry):
         for instruction in computations[computation]:
-            if instruction.opcode in FREE or _target(instruction) in FREE_TARGETS:
+            if _is_free(instruction):
                 continue
             if instruction.opcode == "fusion":
                 callee = next((c for role, c in called_computations(instruction.line) if role == "calls"), None)
