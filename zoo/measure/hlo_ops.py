@@ -68,7 +68,7 @@ class HloOp:
 
     name: str
     opcode: str
-    kind: str  # matmul | kernel | collective | memory
+    kind: str  # matmul | kernel | collective | async | memory
     flops: float  # per run
     bytes: float  # per run
     runs: int
