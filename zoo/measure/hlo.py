@@ -42,7 +42,6 @@ a loop around a collective has no known trip count it counts once, and
 ``CommsReport.exact`` is False: the totals are lower bounds.
 """
 
-import collections
 import dataclasses
 import importlib.metadata
 import math
@@ -50,6 +49,7 @@ import re
 
 import numpy as np
 
+from zoo.measure.hlo_text import ARRAY, DTYPE_BYTES, called_computations, computation_lines, loop_multiplicities
 from zoo.units import format_bytes
 
 __all__ = [
@@ -94,13 +94,6 @@ COLLECTIVE_KINDS = (
     "collective-permute",
 )
 
-_DTYPE_BYTES = {
-    "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-    "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-    "s4": 0.5, "u4": 0.5,
-}  # fmt: skip
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
@@ -110,11 +103,6 @@ _INSTRUCTION = re.compile(
 _FIRST_OPERAND = re.compile(
     r"ragged-all-to-all(?:-start)?\(\s*(?:(?P<type>[a-z]+[0-9a-z]*\[[0-9,]*\])\S*\s+)?%?(?P<name>[\w.\-]+)"
 )
-_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(")
-_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
-_CALLED = re.compile(r"\b(body|condition|calls|to_apply|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,7 +313,7 @@ def parse_collectives(hlo_text, mesh=None):
             groups = _replica_groups(line, num_devices)
             group_size = len(groups[0]) if groups else 1
         elements = sum(math.prod(dims) for _, dims in arrays)
-        size = sum(math.prod(dims) * _DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays)
+        size = sum(math.prod(dims) * DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays)
         if kind == "reduce-scatter":  # the result is 1/n of the buffer reduced
             elements, size = elements * group_size, size * group_size
         operand = _operand_bytes(hlo_text, line) if kind == "ragged-all-to-all" else None
@@ -363,68 +351,13 @@ def _operand_bytes(hlo_text, line):
         if definition is None:
             return None
         type_text = definition.group(1)
-    arrays = _ARRAY.findall(type_text)
-    return int(sum(math.prod(int(x) for x in dims.split(",") if x) * _DTYPE_BYTES.get(d, 4) for d, dims in arrays))
-
-
-def loop_multiplicities(hlo_text):
-    """``({instruction name: executions per call}, {names whose count is a lower bound})``
-    from optimised HLO text.
-
-    The entry computation runs once; a computation called by an instruction (``calls``,
-    ``to_apply``, a conditional's branches, a ``while`` condition) runs as often as that
-    instruction, a ``while`` body ``known_trip_count`` times as often. A body without a
-    known trip count counts once, and its instructions (and those of the computations
-    they call) are lower bounds. Text without computations (bare instructions) gives ``({}, set())``.
-    """
-    computations, entry = computation_lines(hlo_text)
-    times, lower_bounds = collections.Counter(), set()
-    pending = [(entry, 1, True)]
-    while pending:
-        name, count, exact = pending.pop()
-        for line in computations.get(name, ()):
-            instruction = _NAME.match(line)
-            if instruction is None:
-                continue
-            times[instruction.group(1)] += count
-            if not exact:
-                lower_bounds.add(instruction.group(1))
-            trip = _TRIP_COUNT.search(line)
-            for role, callee in called_computations(line):
-                repeat, known = count, exact
-                if role == "body":
-                    repeat, known = count * (int(trip.group(1)) if trip else 1), exact and trip is not None
-                pending.append((callee, repeat, known))
-    return dict(times), lower_bounds
-
-
-def computation_lines(hlo_text):
-    """``({computation name: [its instruction lines]}, the entry computation's name)`` of HLO text."""
-    computations, entry, current = {}, None, None
-    for line in hlo_text.splitlines():
-        header = _COMPUTATION.match(line) if line and not line[0].isspace() else None
-        if header and line.rstrip().endswith("{"):
-            current = header.group(1)
-            computations[current] = []
-            entry = current if line.startswith("ENTRY") else entry
-        elif current is not None and line.strip() and line.strip() != "}":
-            computations[current].append(line)
-    return computations, entry
-
-
-def called_computations(line):
-    """``[(role, computation)]`` an instruction line calls: role ``body``, ``condition``,
-    ``calls``, ``to_apply`` or ``branch_computations``."""
-    return [
-        (role, callee)
-        for role, called in _CALLED.findall(line)
-        for callee in re.findall(r"[\w.\-]+", called.replace("%", " "))
-    ]
+    arrays = ARRAY.findall(type_text)
+    return int(sum(math.prod(int(x) for x in dims.split(",") if x) * DTYPE_BYTES.get(d, 4) for d, dims in arrays))
 
 
 def _result_arrays(type_text, kind, is_start):
     """[(dtype, dims)] of the data a collective produces (async starts also list inputs)."""
-    arrays = [(d, tuple(int(x) for x in s.split(",") if x)) for d, s in _ARRAY.findall(type_text)]
+    arrays = [(d, tuple(int(x) for x in s.split(",") if x)) for d, s in ARRAY.findall(type_text)]
     if is_start and kind in ("all-gather", "collective-permute"):
         arrays = [a for a in arrays if a[1]]  # drop u32[] context scalars
         arrays = arrays[len(arrays) // 2 :]  # (inputs..., outputs...)

@@ -28,7 +28,7 @@ import dataclasses
 import math
 import re
 
-from zoo.measure.hlo import _ARRAY, _DTYPE_BYTES, called_computations, computation_lines, loop_multiplicities
+from zoo.measure.hlo_text import ARRAY, DTYPE_BYTES, called_computations, computation_lines, loop_multiplicities
 
 __all__ = ["HloOp", "executed_ops"]
 
@@ -109,11 +109,11 @@ def _arrays(type_text):
 
 def _logical_arrays(type_text):
     """[(dtype, dims)] of a type as its shape says (no tile padding): what a dot multiplies."""
-    return [(dtype, tuple(int(x) for x in dims.split(",") if x)) for dtype, dims in _ARRAY.findall(type_text)]
+    return [(dtype, tuple(int(x) for x in dims.split(",") if x)) for dtype, dims in ARRAY.findall(type_text)]
 
 
 def _size(arrays):
-    return sum(math.prod(dims) * _DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays)
+    return sum(math.prod(dims) * DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays)
 
 
 def _operand_names(args):
