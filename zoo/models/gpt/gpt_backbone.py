@@ -2,13 +2,12 @@
 
 import keras
 
-from zoo.config.choices import MLPS, NORMS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers import PipelinedBlocks, TransformerBlock
-from zoo.layers.multi_head_attention import check_sliding_window
 from zoo.layers.offset_rms_normalization import OffsetRMSNormalization
 from zoo.layers.rotary_embedding import check_rope_scaling
 from zoo.layers.transformer_block import check_remat
+from zoo.models.gpt import _backbone_checks as _checks
 from zoo.models.gpt import _gpt_layouts
 from zoo.models.gpt.gpt_configs import GPT_CONFIGS, backbone_config, with_depth_pattern
 from zoo.models.zoo_model import ZooModel
@@ -176,9 +175,9 @@ class GPTBackbone(ZooModel):
         **kwargs,
     ):
         num_key_value_heads = num_query_heads if num_key_value_heads is None else num_key_value_heads
-        head_dim = _default_head_dim(hidden_dim, num_query_heads) if head_dim is None else head_dim
+        head_dim = _checks.default_head_dim(hidden_dim, num_query_heads) if head_dim is None else head_dim
         remat = check_remat(remat)
-        check_config(
+        _checks.check_config(
             vocabulary_size=vocabulary_size, num_layers=num_layers, num_query_heads=num_query_heads,
             hidden_dim=hidden_dim, intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads,
             head_dim=head_dim, mlp=mlp, norm=norm, dropout=dropout, max_sequence_length=max_sequence_length,
@@ -198,17 +197,17 @@ class GPTBackbone(ZooModel):
             attention_softcap=attention_logit_softcap, mlp=mlp, norm=norm, norm_epsilon=layer_norm_epsilon, dropout=dropout, context_attention=context_attention,
             megatron_sp=megatron_sp, remat=remat,
         )  # fmt: skip
-        moe_layers = _check_moe_layers(moe_layers, num_layers, num_experts)
-        window_layers = check_sliding_window_layers(sliding_window, sliding_window_layers, num_layers)
+        moe_layers = _checks.check_moe_layers(moe_layers, num_layers, num_experts)
+        window_layers = _checks.check_sliding_window_layers(sliding_window, sliding_window_layers, num_layers)
         moe = dict(
             num_experts_per_token=num_experts_per_token, moe_intermediate_dim=moe_intermediate_dim,
             shared_expert_dim=shared_expert_dim, normalize_router_weights=normalize_router_weights,
             router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
             capacity_factor=capacity_factor, expert_exchange=expert_exchange,
         )  # fmt: skip
-        stacked = _stacked_form(schedule, scan_layers)
+        stacked = _checks.stacked_form(schedule, scan_layers)
         if stacked:
-            _check_pipeline(
+            _checks.check_pipeline(
                 stacked,
                 megatron_sp=megatron_sp,
                 context_attention=context_attention,
@@ -216,7 +215,7 @@ class GPTBackbone(ZooModel):
                 num_layers=num_layers,
                 pipelined=schedule is not None,
             )
-            _check_pipeline_window(stacked, sliding_window, window_layers, num_layers)
+            _checks.check_pipeline_window(stacked, sliding_window, window_layers, num_layers)
             sparse = dict(num_experts=num_experts, **moe) if num_experts else {}  # every block's MoE (checked)
             x = PipelinedBlocks(
                 num_layers,  # every block windowed or none: each takes the local RoPE base when windowed
@@ -309,7 +308,7 @@ class GPTBackbone(ZooModel):
     def stacked(self):
         """True when the blocks are one ``PipelinedBlocks`` with stacked weights (a
         ``schedule`` or ``scan_layers``), False for the layers ``block_0`` ..."""
-        return _stacked_form(self.schedule, self.scan_layers) is not None
+        return _checks.stacked_form(self.schedule, self.scan_layers) is not None
 
     @property
     def blocks(self):
@@ -317,7 +316,7 @@ class GPTBackbone(ZooModel):
         ``PipelinedBlocks`` instead: ``pipelined_blocks``)."""
         if self.stacked:
             raise ValueError(
-                f"{self.name} holds its blocks stacked ({_stacked_form(self.schedule, self.scan_layers)}): its "
+                f"{self.name} holds its blocks stacked ({_checks.stacked_form(self.schedule, self.scan_layers)}): its "
                 f"{self.num_layers} blocks are one PipelinedBlocks layer, backbone.pipelined_blocks"
             )
         return [self.get_layer(f"block_{index}") for index in range(self.num_layers)]
@@ -380,19 +379,6 @@ class GPTBackbone(ZooModel):
         )
 
 
-def _default_head_dim(hidden_dim, num_query_heads):
-    if (
-        isinstance(hidden_dim, int)
-        and isinstance(num_query_heads, int)
-        and num_query_heads > 0
-        and hidden_dim % num_query_heads == 0
-    ):
-        return hidden_dim // num_query_heads
-    raise ValueError(
-        f"hidden_dim {hidden_dim} is not divisible by num_query_heads {num_query_heads}; pass head_dim explicitly"
-    )
-
-
 def _norm(kind, epsilon, name):
     if kind == "rms_offset":
         return OffsetRMSNormalization(epsilon=epsilon, name=name)
@@ -401,104 +387,12 @@ def _norm(kind, epsilon, name):
     return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
 
 
-def _check_moe_layers(moe_layers, num_layers, num_experts):
-    """The sparse blocks' indices as a set (every block for None); raises naming a bad one."""
-    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts < 0:
-        raise ValueError(f"num_experts must be a non-negative integer (0: dense), got {num_experts!r}")
-    if moe_layers is None:
-        return set(range(num_layers))
-    bad = [index for index in moe_layers if not isinstance(index, int) or not 0 <= index < num_layers]
-    if bad:
-        raise ValueError(f"moe_layers {list(moe_layers)} names block(s) {bad} outside 0..{num_layers - 1}")
-    if not num_experts:
-        raise ValueError(f"moe_layers {list(moe_layers)} needs num_experts > 0")
-    return set(moe_layers)
-
-
-def check_sliding_window_layers(sliding_window, sliding_window_layers, num_layers):
-    """The windowed blocks' indices as a set (every block for None, none without a
-    window); raises naming a bad window or index."""
-    check_sliding_window(sliding_window, causal=True)
-    if sliding_window is None:
-        if sliding_window_layers is not None:
-            raise ValueError(f"sliding_window_layers {list(sliding_window_layers)} needs sliding_window (got None)")
-        return set()
-    if sliding_window_layers is None:
-        return set(range(num_layers))
-    bad = [i for i in sliding_window_layers if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers]
-    if bad or not sliding_window_layers:
-        raise ValueError(
-            f"sliding_window_layers {list(sliding_window_layers)} must list block indices in 0..{num_layers - 1} "
-            f"(at least one; None means every block){f', not {bad}' if bad else ''}"
-        )
-    return set(sliding_window_layers)
-
-
 def _local_rope(local_rope_max_wavelength, window):
     """The ``TransformerBlock`` arguments a block with ``window`` (None: global) takes over
     the backbone's RoPE: the local base, unscaled (Gemma 3), on windowed blocks only."""
     if local_rope_max_wavelength is None or window is None:
         return {}
     return {"rotary_base": local_rope_max_wavelength, "rope_scaling": None}
-
-
-def _stacked_form(schedule, scan_layers):
-    """None (blocks as L layers), or how a stacked backbone is described in errors."""
-    if schedule is not None and scan_layers:
-        raise ValueError(
-            f"schedule={schedule!r} and scan_layers=True: a pipelined backbone already runs its stacked blocks in a "
-            f"loop; set one of them"
-        )
-    if schedule is not None:
-        return f"pipelined, schedule={schedule!r}"
-    return "scan_layers=True" if scan_layers else None
-
-
-def _check_pipeline_window(stacked, sliding_window, window_layers, num_layers):
-    if sliding_window is not None and len(window_layers) != num_layers:
-        raise ValueError(
-            f"a GPTBackbone with stacked blocks ({stacked}) stacks identical blocks: sliding_window={sliding_window} "
-            f"must apply to every block, not sliding_window_layers={sorted(window_layers)} of {num_layers}"
-        )
-
-
-def _check_pipeline(stacked, *, megatron_sp, context_attention, sparse_blocks, num_layers, pipelined=True):
-    """Stacked blocks are identical: all dense, or (scan_layers) all MoE; a pipeline's
-    blocks (not a scanned stack's, whose loop runs the layers' own parallel kernels) are
-    dense and run as plain layers inside its shard_map."""
-    if sparse_blocks and (pipelined or sparse_blocks != num_layers):
-        raise ValueError(
-            f"a GPTBackbone with stacked blocks ({stacked}) stacks identical blocks: MoE in {sparse_blocks} of its "
-            f"{num_layers} blocks (moe_layers) {'in a pipeline ' if pipelined else ''}cannot be stacked; "
-            "scan_layers=True takes MoE in every block (moe_layers=None), a pipeline dense blocks only"
-        )
-    if pipelined and (megatron_sp or context_attention is not None):
-        raise ValueError(
-            f"a GPTBackbone with stacked blocks ({stacked}) runs its blocks as plain layers inside a loop: "
-            f"megatron_sp={megatron_sp!r} and context_attention={context_attention!r} must be False and None "
-            f"(tensor parallelism inside a pipeline comes from the 'pipeline' layout on a mesh with a 'model' axis)"
-        )
-
-
-def check_config(*, mlp, norm, dropout, num_query_heads, num_key_value_heads, head_dim, **sizes):
-    """Raise ``ValueError`` naming the offending numbers for a bad GPT configuration."""
-    sizes.update(num_query_heads=num_query_heads, num_key_value_heads=num_key_value_heads, head_dim=head_dim)
-    for key, value in sizes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    if num_query_heads % num_key_value_heads:
-        raise ValueError(
-            f"num_key_value_heads {num_key_value_heads} does not divide num_query_heads {num_query_heads}: "
-            f"each KV head serves a whole group of query heads"
-        )
-    if head_dim % 2:
-        raise ValueError(f"rotary embedding needs an even head_dim, got head_dim {head_dim}")
-    if mlp not in MLPS:
-        raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
-    if norm not in NORMS:
-        raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
 
 PACKED_KEYS = ("token_ids", "segment_ids")
