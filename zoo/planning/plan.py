@@ -281,51 +281,11 @@ def plan_in_process(request, *, compiler_options=None):
     depths = depths_to_compile(
         request, full_depth, needs_two=correct_remat, unit=unit, whole=whole_for_remat or period is None, why=why
     )
-    with compile_for(platform_of(request.device)):  # an MoE layer traces the target's grouped matmul, not the CPU's
-        steps = [
-            measure_step(
-                job,
-                settings,
-                target_devices=request.devices,
-                label=request.label or request.job,
-                num_layers=d,
-                compiler_options=compiler_options,
-                rates=rates,
-            )
-            for d in depths
-        ]
+    steps = _measure_depths(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
     step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
-    notes, correction = [], 0
-    if len(steps) == 2:
-        notes.append(f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}")
-        if (period or 1) > 1:
-            notes.append(period_note(settings, period, depths, full_depth))
-        if whole_for_remat:
-            notes.append(
-                f"with remat={remat!r} extrapolating per block under-counts the temporaries (16-34% measured): "
-                "--depth auto or full compiles the whole model"
-            )
-    elif full_depth is None:  # a job that compiles only whole (a fine-tune's preset)
-        pass
-    elif period is None and request.depth == "auto" and full_depth > FULL_DEPTH_UP_TO:
-        notes.append(f"compiled whole: the per-layer pattern of {settings.config_name} repeats no period")
-    elif whole_for_remat and request.depth == "auto" and full_depth > FULL_DEPTH_UP_TO * unit:
-        notes.append(
-            f"compiled whole under remat={remat!r}: extrapolating per block under-counts its temporaries "
-            "(16-34% measured; --depth N for a quick estimate)"
-        )
-    if remat != "none" and pipelined(settings.layout) and not memory_analysis_reflects_remat():
-        notes.append(
-            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
-            "the temporaries are not corrected for it: the peak is an upper bound"
-        )
-    elif remat != "none" and not (correct_remat and len(steps) == 2) and not memory_analysis_reflects_remat():
-        notes.append(
-            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); compiled whole, the "
-            "temporaries are not corrected for it: the peak is an upper bound"
-        )
-    if note := host_state_note(request.device, getattr(settings, "state_memory", "device")):
-        notes.append(note)
+    notes = _depth_notes(request, settings, depths, full_depth, period=period, unit=unit, whole=whole_for_remat)
+    notes += _remat_notes(request, settings, corrected=correct_remat and len(steps) == 2)
+    correction = 0
     if correct_remat and len(steps) == 2:
         correction = remat_correction(steps, settings, full_depth, step)
         notes.append(
@@ -342,6 +302,70 @@ def plan_in_process(request, *, compiler_options=None):
         tuple(notes),
         "; ".join(part for part in (remat_caveat(remat, correction), compiler_caveat(request.device)) if part),
     )
+
+
+def _measure_depths(job, settings, request, depths, *, compiler_options, rates):
+    """The ``StepMeasure`` of ``job``'s step at each of ``depths`` blocks."""
+    with compile_for(platform_of(request.device)):  # an MoE layer traces the target's grouped matmul, not the CPU's
+        return [
+            measure_step(
+                job,
+                settings,
+                target_devices=request.devices,
+                label=request.label or request.job,
+                num_layers=depth,
+                compiler_options=compiler_options,
+                rates=rates,
+            )
+            for depth in depths
+        ]
+
+
+def _depth_notes(request, settings, depths, full_depth, *, period, unit, whole):
+    """What the plan says of the depths it compiled (``plan_in_process``): extrapolated from
+    two, or compiled whole and why."""
+    remat = getattr(settings, "remat", "none")
+    if len(depths) == 2 and depths[0] is not None:
+        notes = [f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}"]
+        if (period or 1) > 1:
+            notes.append(period_note(settings, period, depths, full_depth))
+        if whole:
+            notes.append(
+                f"with remat={remat!r} extrapolating per block under-counts the temporaries (16-34% measured): "
+                "--depth auto or full compiles the whole model"
+            )
+        return notes
+    if full_depth is None or request.depth != "auto":  # a job that compiles only whole (a fine-tune's preset)
+        return []
+    if period is None and full_depth > FULL_DEPTH_UP_TO:
+        return [f"compiled whole: the per-layer pattern of {settings.config_name} repeats no period"]
+    if whole and full_depth > FULL_DEPTH_UP_TO * unit:
+        return [
+            f"compiled whole under remat={remat!r}: extrapolating per block under-counts its temporaries "
+            "(16-34% measured; --depth N for a quick estimate)"
+        ]
+    return []
+
+
+def _remat_notes(request, settings, *, corrected):
+    """Where this XLA's CPU memory analysis cannot show remat and the plan did not correct
+    for it, what the peak then is; and where the optimizer state lives on a TPU."""
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
+
+    remat, notes = getattr(settings, "remat", "none"), []
+    if remat != "none" and pipelined(settings.layout) and not memory_analysis_reflects_remat():
+        notes.append(
+            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
+            "the temporaries are not corrected for it: the peak is an upper bound"
+        )
+    elif remat != "none" and not corrected and not memory_analysis_reflects_remat():
+        notes.append(
+            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); compiled whole, the "
+            "temporaries are not corrected for it: the peak is an upper bound"
+        )
+    if note := host_state_note(request.device, getattr(settings, "state_memory", "device")):
+        notes.append(note)
+    return notes
 
 
 def _plan_remat_auto(request, compiler_options):
