@@ -172,46 +172,13 @@ def finetune(settings, report=print):
     adapted = prepare_finetuning(
         model, settings.method, head=head, lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha
     )
-    trainable = trainable_parameter_count(model)
-    report(
-        f"method {settings.method}: {trainable:,} trainable parameters"
-        + (
-            f" ({lora_parameter_count(model):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})"
-            if adapted
-            else ""
-        )
-    )
+    trainable = _report_trainable(model, settings.method, adapted, report)
     _compile(model, settings)
     # Evaluated after compile() so one predict function serves both evaluations; LoRA's
     # b factors start at zero, so this is still the preset's (new head's) output.
     zero_shot = evaluate_accuracy(model, xt, yt, batch_size=settings.batch_size, replicas=replicas)
     report(f"zero-shot test accuracy: {zero_shot:.4f} (chance {1 / len(spec.classes):.4f})")
-    batches = DivisibleBatches(
-        x, y, batch_size=settings.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=settings.seed
-    )
-    data = {
-        "preset": settings.preset,
-        "dataset": settings.dataset,
-        "examples": batches.num_examples,
-        "batch_size": settings.batch_size,
-        "seed": settings.seed,
-        "steps_per_epoch": len(batches),
-    }
-    progress = StepReport(settings.batch_size, unit="examples", every=settings.report_every, report=report)
-    history = checkpointed_fit(
-        model,
-        batches,
-        settings=settings,
-        data=data,
-        epochs=settings.epochs,
-        validation_data=None,
-        callbacks=[progress],
-        report=report,
-        verbose=0,
-        run_dir=run_dir_of(
-            settings.output, fallback=settings.checkpoint_dir or new_run_folder("runs/finetune"), output_is_folder=True
-        ),
-    )
+    history = _fit(model, x, y, settings, replicas, report)
     accuracy = evaluate_accuracy(model, xt, yt, batch_size=settings.batch_size, replicas=replicas)
     report(f"fine-tuned test accuracy: {accuracy:.4f} ({len(yt)} examples; zero-shot {zero_shot:.4f})")
     result = {
@@ -225,6 +192,47 @@ def finetune(settings, report=print):
     if settings.output:
         _save(settings, spec, model, input_shape, adapted, result, report)
     return result
+
+
+def _report_trainable(model, method, adapted, report):
+    """Reports and returns the trainable parameter count (the LoRA factors' where adapted)."""
+    trainable = trainable_parameter_count(model)
+    lora = (
+        f" ({lora_parameter_count(model):,} LoRA in {len(adapted)} layer{'s' * (len(adapted) > 1)})" if adapted else ""
+    )
+    report(f"method {method}: {trainable:,} trainable parameters{lora}")
+    return trainable
+
+
+def _fit(model, x, y, settings, replicas, report):
+    """The classifier's fit over batches that split over ``replicas``, checkpointed as the
+    settings say; returns its history."""
+    batches = DivisibleBatches(
+        x, y, batch_size=settings.batch_size, multiple_of=replicas, remainder="drop", shuffle=True, seed=settings.seed
+    )
+    data = {
+        "preset": settings.preset,
+        "dataset": settings.dataset,
+        "examples": batches.num_examples,
+        "batch_size": settings.batch_size,
+        "seed": settings.seed,
+        "steps_per_epoch": len(batches),
+    }
+    progress = StepReport(settings.batch_size, unit="examples", every=settings.report_every, report=report)
+    return checkpointed_fit(
+        model,
+        batches,
+        settings=settings,
+        data=data,
+        epochs=settings.epochs,
+        validation_data=None,
+        callbacks=[progress],
+        report=report,
+        verbose=0,
+        run_dir=run_dir_of(
+            settings.output, fallback=settings.checkpoint_dir or new_run_folder("runs/finetune"), output_is_folder=True
+        ),
+    )
 
 
 def _check_classifier_options(settings):

@@ -216,10 +216,11 @@ def train(settings, report=print):
     steps = len(train_data)
     keras.utils.set_random_seed(settings.seed)
     model = zd.build_distributed(lambda: build_for_training(settings), distribution)
+    updates = steps * settings.epochs // settings.gradient_accumulation_steps
     compile_gpt(
         model,
         settings.learning_rate,
-        steps * settings.epochs // settings.gradient_accumulation_steps,
+        updates,
         settings.weight_decay,
         settings.gradient_accumulation_steps,
         settings.loss_chunk_size,
@@ -253,6 +254,13 @@ def train(settings, report=print):
         verbose=verbose,
         run_dir=run_dir_of(settings.output),
     )
+    _save(model, settings, report)
+    return {"history": history, "unigram_entropy": entropy, "model": model}
+
+
+def _save(model, settings, report):
+    """The trained model to ``settings.output`` from process 0, refused (and the run's
+    folder kept) where a weight is not finite; every process runs the probe."""
     problem = non_finite_error(model, settings.output)  # every process runs the probe (its collectives)
     if multihost.is_primary():
         save_model_atomically(
@@ -264,7 +272,6 @@ def train(settings, report=print):
         report(f"saved model to {settings.output}")
     elif problem is not None:
         raise problem
-    return {"history": history, "unigram_entropy": entropy, "model": model}
 
 
 def _blocks_line(settings, model, distribution):
