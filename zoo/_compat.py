@@ -411,3 +411,20 @@ def standard_handler_with_min_replica_slice(min_slice_bytes):
     except (ImportError, AttributeError) as error:
         raise _missing("orbax.checkpoint's StandardCheckpointHandler._impl and type registry", error) from None
     return handler
+
+
+def reprinted_hlo(hlo_text):
+    """``hlo_text`` parsed and printed again by XLA's own HLO printer: the one
+    ``jax.stages.Compiled.as_text()`` prints with, which spells an async slice
+    ``slice-start`` where XLA's dumps write ``async-start``.
+
+    Private: ``jax._src.lib.xla_client.hlo.hlo_module_from_text``. Checked on JAX 0.10.2
+    and 0.12.0.1. Public replacement: none (JAX exports no HLO text parser).
+    """
+    try:
+        from jax._src.lib import xla_client
+
+        parse = xla_client.hlo.hlo_module_from_text
+    except (ImportError, AttributeError) as error:
+        raise _missing("jax._src.lib.xla_client.hlo.hlo_module_from_text", error) from None
+    return parse(hlo_text).to_string()
