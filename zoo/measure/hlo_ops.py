@@ -4,21 +4,26 @@ A device runs the instructions of the entry computation and of the computations 
 control flow calls (a ``while`` body and condition, a ``conditional``'s branches, a
 ``call``); everything else a fusion or a reduction calls runs inside that instruction.
 ``executed_ops`` lists the instructions that do work, each once with ``runs``: how often
-it runs per call of the program (``hlo.loop_multiplicities``: loop trip counts
+it runs per call of the program (``hlo_text.loop_multiplicities``: loop trip counts
 included). Per op:
 
 - ``flops``: 2 x output elements x contracted size of every ``dot`` and ``convolution``
-  it holds (a fusion: those of its fused computation); elementwise work is not counted,
-  as XLA's model FLOPs do not count it;
-- ``bytes``: what it reads and writes, as XLA's cost analysis counts it: its operands and
-  its result, except that an operand a fusion only slices (``dynamic-slice``, ``slice``:
-  a scanned stack's one block) counts the slices, and a result updated in place
-  (``dynamic-update-slice`` at the fusion's root) counts the update;
+  it holds (a fusion: those of its fused computation; a convolution over a padded window,
+  a TPU's way to write a projection, counts the taps that land on its input); elementwise
+  work is not counted, as XLA's model FLOPs do not count it;
+- ``bytes``: what it reads and writes, as XLA's cost analysis counts it (its operands and
+  its result), except that an operand a fusion only slices (``dynamic-slice``, ``slice``,
+  ``gather``: a scanned stack's one block, an embedding's rows) counts the slices, a result
+  updated in place (``dynamic-update-slice`` at the fusion's root) counts the update, and
+  each array is counted as its layout's tiles hold it (a TPU pads a minor dimension to 128);
 - ``kind``: ``matmul`` (a dot or convolution in it), ``kernel`` (a custom call: a Pallas
-  kernel, a library call), ``collective``, else ``memory`` (elementwise, copies,
-  reductions, gathers: bound by HBM);
+  kernel, a library call), ``collective``, ``async`` (``copy-start``, ``async-start`` or
+  the printer's ``slice-start``: a DMA beside the compute), else ``memory`` (elementwise,
+  copies, reductions, gathers: bound by HBM);
 - ``op_name``: the JAX op path from its metadata (``jit(train_step)/.../attention/...``);
-  ``operands``: its operands' array shapes (a kernel's cost is read from them).
+  ``operands`` and ``results``: their arrays' shapes as written (a kernel's cost is read
+  from them); ``block_fraction``: for a splash-style kernel, the share of its block mask
+  it visits.
 
 ``zoo.planning.roofline.op_step_time`` turns these into a step time.
 """

@@ -16,6 +16,12 @@ the last mesh axes are the ones that stay on a host.
 
 MFU = model FLOPs per step / (step x devices x peak): the model's FLOPs
 (``zoo.measure.mfu``), not the compiled program's, which include rematerialisation.
+
+Where the device that compiled the step had its rates measured (``MEASURED_RATES``: what
+its profiler showed its matmuls, its memory-bound ops, a Pallas kernel per attention score
+and the gap between two ops reach), the device's work is instead the sum of its ops, each
+at its own bound (``op_step_time`` over ``zoo.measure.hlo_ops.executed_ops``), and
+``step = ops + collective``. docs/planning.md, "The step's time op by op".
 """
 
 import dataclasses
