@@ -297,8 +297,8 @@ def own_step_plan(model, settings, peak_bytes):
 
     from zoo.measure.compiled_step import compile_fit_step
     from zoo.measure.hardware import UnknownDeviceError, local_device
-    from zoo.planning.measure import timed_ops
-    from zoo.planning.roofline import MEASURED_RATES
+    from zoo.measure.hlo_ops import executed_ops
+    from zoo.planning.roofline import MEASURED_RATES, op_step_time
 
     try:
         rates = MEASURED_RATES.get(local_device()[0])
@@ -308,10 +308,11 @@ def own_step_plan(model, settings, peak_bytes):
         return {"error": "no measured rates for this device (zoo.planning.roofline.MEASURED_RATES)"}
     batch = (settings.batch_size, settings.sequence_length)
     compiled, _ = compile_fit_step(model, keras.distribution.distribution(), (batch, "int32"), (batch, "int32"))
-    op_time = timed_ops(compiled.as_text(), rates)
-    step_s = sum(op_time[key] for key in ("matmul_s", "memory_s", "kernel_s", "gaps_s"))
-    note = f"method {settings.method}: the plan's op-by-op time of this step's own compiled program ({op_time['ops']:,} ops)"
-    return {"peak_bytes": peak_bytes, "step_s": step_s, "mfu": None, "notes": [note]}
+    op_time = op_step_time(executed_ops(compiled.as_text()), rates)
+    note = (
+        f"method {settings.method}: the plan's op-by-op time of this step's own compiled program ({op_time.ops:,} ops)"
+    )
+    return {"peak_bytes": peak_bytes, "step_s": op_time.step_s, "mfu": None, "notes": [note]}
 
 
 # --- the report -------------------------------------------------------------------------
