@@ -5,6 +5,8 @@ the accelerator profile's reading of a trace; no timing thresholds."""
 import dataclasses
 import gzip
 import json
+import math
+import re
 import types
 
 import jax
@@ -27,6 +29,7 @@ from zoo.layers import ColumnParallelDense
 from zoo.measure import mfu
 from zoo.models import GPTCausalLM
 from zoo.models.gpt.gpt_configs import at_depth, config_by_name, count_parameters
+from zoo.planning.roofline import MEASURED_RATES, OpRates
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -55,16 +58,22 @@ def test_a_scanned_row_names_the_attention_its_blocks_run():
     assert words[True] == words[False] == "blockwise (tile 32)"
 
 
-def test_the_row_measures_the_jobs_step(tmp_path):
+def test_the_row_measures_the_jobs_step(tmp_path, monkeypatch):
     """A QLoRA step (int4 base) under remat and the loss in chunks: the row against the model
     and the formula (LoRA's); the train step's FLOPs are the training formula (its row is
-    the same code)."""
+    the same code); ``--plan`` times a fine-tune's own program op by op (rates where every op
+    costs 1 ms: the planned step is its op count in ms)."""
+    rates = OpRates(matmul_flops=math.inf, bandwidth=math.inf, op_gap_s=1e-3, kernel_score_s=(), source="test")
+    monkeypatch.setitem(MEASURED_RATES, "cpu", rates)
     output = tmp_path / "step.md"
     args = ["--config-name", "gpt_tiny", "--sequence-length", "32", "--batch-size", "8", "--steps", "1"]
     args += ["--repeats", "2", "--method", "qlora", "--quantize", "int4", "--lora-rank", "2", "--remat", "full"]
-    args += ["--loss-chunk-size", "16"]
+    args += ["--loss-chunk-size", "16", "--plan"]
     settings = settings_from_args("step", parse_bench_args("step", args + ["--output", str(output)]))
     (row,) = run_benchmark(settings, report=lambda line: None)
+    plan_line = next(line for line in output.read_text().splitlines() if line.startswith("zoo plan for this step"))
+    ops = int(re.search(r"own compiled program \(([0-9,]+) ops\)", plan_line).group(1).replace(",", ""))
+    assert ops > 100 and f"step {ops:.1f} ms" in plan_line and "peak " in plan_line
 
     config = config_by_name("gpt_tiny")
     assert row["flops_per_step"] == mfu.gpt_lora_flops_per_token(config, 32) * 8 * 32
