@@ -28,6 +28,16 @@ MLP_ACTIVATIONS = {
 }
 
 
+def check_block_options(*, mlp, norm, dropout):
+    """Raise ``ValueError`` naming the value for an unknown MLP or norm, or a dropout outside [0, 1)."""
+    if mlp not in MLPS:
+        raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+
+
 def _sequence_is_split():
     """Whether the global distribution splits the sequence (a ``ContextParallel``)."""
     return resolve_plan().sequence_axis is not None
@@ -168,12 +178,7 @@ class TransformerBlock(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         self.remat = check_remat(remat)
-        if mlp not in MLPS:
-            raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_block_options(mlp=mlp, norm=norm, dropout=dropout)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.hidden_dim = hidden_dim

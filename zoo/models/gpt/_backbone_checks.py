@@ -1,7 +1,7 @@
 """The checks of ``GPTBackbone``'s arguments: each raises one line naming the offending values."""
 
-from zoo.config.choices import MLPS, NORMS
 from zoo.layers.multi_head_attention import check_sliding_window
+from zoo.layers.transformer_block import check_block_options
 
 __all__ = [
     "check_config",
@@ -111,9 +111,4 @@ def check_config(*, mlp, norm, dropout, num_query_heads, num_key_value_heads, he
         )
     if head_dim % 2:
         raise ValueError(f"rotary embedding needs an even head_dim, got head_dim {head_dim}")
-    if mlp not in MLPS:
-        raise ValueError(f"mlp must be one of {list(MLPS)}, got {mlp!r}")
-    if norm not in NORMS:
-        raise ValueError(f"norm must be one of {list(NORMS)}, got {norm!r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    check_block_options(mlp=mlp, norm=norm, dropout=dropout)
