@@ -245,7 +245,7 @@ case "$part" in
 print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >> "$OUT/cost_keys.txt" 2>&1
     ;;
 30)  # zoo plan's op-by-op time beside the measured step (issue 43 item 5), on rows it was not
-    # calibrated on: gpt_350m with the full-width RoPE (its program changed), gpt_1b at batch 4
+    # calibrated on: gpt_1b at batch 4, gpt_350m (first run with the full-width RoPE experiment, since reverted)
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 200 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored --plan
     row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
