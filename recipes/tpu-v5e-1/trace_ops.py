@@ -2,9 +2,8 @@
 
     python3 recipes/tpu-v5e-1/trace_ops.py TRACE_DIR OUT.jsonl.gz
 
-Writes every innermost event of the device's "XLA Ops" line (``_device_profile``'s
-leaves: a loop's events are inside its own), with its start, duration and all the
-arguments the TPU's profiler gives it (``tf_op``, ``hlo_category``, ``model_flops``,
+Writes every innermost event of the device's "XLA Ops" line (``_device_profile.innermost``:
+a loop's events are inside its own), with its start, duration and all the arguments the TPU's profiler gives it (``tf_op``, ``hlo_category``, ``model_flops``,
 ``bytes_accessed`` ...), then one line per ``Steps`` event. A perfetto trace of a few
 steps is tens of MB; these lines are what ``zoo.planning``'s per-op time model is checked
 against (docs/planning.md), at a tenth of the size.
@@ -14,24 +13,14 @@ import gzip
 import json
 import sys
 
-from zoo.bench._device_profile import OPS_LINE, STEPS_LINE, _leaves, _lines, read_trace
+from zoo.bench._device_profile import device_lines, innermost, read_trace
 
 
 def main(trace_dir, out_path):
-    events = read_trace(trace_dir)
-    lines = _lines(events)
-    ops, steps = {}, []
-    for event in events:
-        if event.get("ph") != "X":
-            continue
-        line = lines.get((event["pid"], event["tid"]))
-        if line == OPS_LINE:
-            ops.setdefault((event["pid"], event["tid"]), []).append(event)
-        elif line == STEPS_LINE:
-            steps.append(event)
+    ops, steps = device_lines(read_trace(trace_dir))
     with gzip.open(out_path, "wt") as handle:
         for line_ops in ops.values():
-            for event in _leaves(line_ops):
+            for event in innermost(line_ops):
                 row = {"line": "op", "name": event["name"], "ts": event["ts"], "dur": event.get("dur", 0)}
                 handle.write(json.dumps({**row, **event.get("args", {})}) + "\n")
         for event in steps:

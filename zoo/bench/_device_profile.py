@@ -22,7 +22,16 @@ import re
 
 from zoo.bench._step_profile import TRACE_FILE, read_trace
 
-__all__ = ["TRACE_FILE", "device_profile", "format_profile", "kind_of", "part_of", "read_trace"]
+__all__ = [
+    "TRACE_FILE",
+    "device_lines",
+    "device_profile",
+    "format_profile",
+    "innermost",
+    "kind_of",
+    "part_of",
+    "read_trace",
+]
 
 OPS_LINE = "XLA Ops"
 STEPS_LINE = "Steps"
@@ -67,7 +76,7 @@ def _lines(events):
 NESTING_SLACK_US = 0.01  # start and end times are rounded: an event ending this much past its parent is inside
 
 
-def _leaves(ops):
+def innermost(ops):
     """The events of one line that hold no other event (ops sorted by start): an event
     is a parent when the next one starts and ends inside it; two ops that merely touch,
     by a rounding of their times, are both leaves."""
@@ -107,10 +116,9 @@ class DeviceProfile(collections.namedtuple("DeviceProfile", "steps step_ms parts
         return sum(self.parts.values())
 
 
-def device_profile(events, steps=None):
-    """``DeviceProfile`` of a trace's events (``read_trace``) per step of the ``steps``
-    the caller traced (None: the ``Steps`` line's count), or None when the trace names no
-    device op (XLA:CPU's events carry no op path)."""
+def device_lines(events, with_op_path=False):
+    """``({(pid, tid): [its events]}, [step events])``: the events of each device's "XLA Ops"
+    line (with ``with_op_path``, those that carry a JAX op path) and of its "Steps" line."""
     lines = _lines(events)
     ops = collections.defaultdict(list)
     step_events = []
@@ -118,16 +126,24 @@ def device_profile(events, steps=None):
         if event.get("ph") != "X":
             continue
         line = lines.get((event["pid"], event["tid"]))
-        if line == OPS_LINE and "tf_op" in event.get("args", {}):
+        if line == OPS_LINE and (not with_op_path or "tf_op" in event.get("args", {})):
             ops[(event["pid"], event["tid"])].append(event)
         elif line == STEPS_LINE:
             step_events.append(event)
+    return ops, step_events
+
+
+def device_profile(events, steps=None):
+    """``DeviceProfile`` of a trace's events (``read_trace``) per step of the ``steps``
+    the caller traced (None: the ``Steps`` line's count), or None when the trace names no
+    device op (XLA:CPU's events carry no op path)."""
+    ops, step_events = device_lines(events, with_op_path=True)
     if not ops:
         return None
     parts, kinds, flops = collections.Counter(), collections.Counter(), collections.Counter()
     by_op = collections.defaultdict(lambda: [0.0, 0.0, 0.0])  # op_key: [ms, flops, bytes]
     for line_ops in ops.values():
-        for event in _leaves(line_ops):
+        for event in innermost(line_ops):
             args = event["args"]
             part = part_of(args.get("tf_op", ""))
             ms = event.get("dur", 0) / 1e3

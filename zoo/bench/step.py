@@ -201,15 +201,15 @@ def flops_per_step(settings, model):
     return per_token * settings.batch_size * length
 
 
-def compiled_peak(model, settings):
-    """The step's per-device footprint as this backend compiles it (``StepMemory.peak``)."""
+def compiled_step(model, settings):
+    """``(compiled, StepMemory)``: the step as this backend compiles it (its per-device
+    footprint: ``StepMemory.peak``)."""
     import keras
 
     from zoo.measure.compiled_step import compile_fit_step
 
     batch = (settings.batch_size, settings.sequence_length)
-    _, memory = compile_fit_step(model, keras.distribution.distribution(), (batch, "int32"), (batch, "int32"))
-    return memory.peak
+    return compile_fit_step(model, keras.distribution.distribution(), (batch, "int32"), (batch, "int32"))
 
 
 def measure_zoo(settings, report=print):
@@ -228,12 +228,18 @@ def measure_zoo(settings, report=print):
     compile_s, steps, fit_overhead = time_fits(fit, settings)
     row = step_row("zoo", parameters, compile_s, steps, flops_per_step(settings, model), settings)
     row["fit_overhead_s"] = fit_overhead
-    # --remat auto compiled this very step (model, batch) to choose: its footprint, not one more compile
-    row.update(device_memory(), compiled_bytes=remat.peaks.get(remat.remat) or compiled_peak(model, settings))
+    # --remat auto compiled this very step (model, batch) to choose: its footprint, not one more compile,
+    # unless the plan of a fine-tune reads the compiled program itself
+    own_plan = settings.plan and settings.method != "train"
+    peak, compiled = remat.peaks.get(remat.remat), None
+    if peak is None or own_plan:
+        compiled, memory = compiled_step(model, settings)
+        peak = peak or memory.peak
+    row.update(device_memory(), compiled_bytes=peak)
     row["attention"] = _attention_words(model, settings)
     row["remat"] = remat.remat
-    if settings.plan and settings.method != "train":
-        row["own_plan"] = own_step_plan(model, settings, row["compiled_bytes"])
+    if own_plan:
+        row["own_plan"] = own_step_plan(compiled.as_text(), settings, peak)
     if settings.profile:
         row["profile"] = profile_steps(fit)
     return row
@@ -289,13 +295,11 @@ def plan_row(settings, report=print):
     return {"peak_bytes": plan.peak, "step_s": plan.time.step_s, "mfu": plan.mfu, "notes": list(plan.notes)}
 
 
-def own_step_plan(model, settings, peak_bytes):
+def own_step_plan(hlo_text, settings, peak_bytes):
     """What ``zoo plan``'s time model says of this very step where ``zoo plan`` has no job for
-    it (a fine-tune of a named config): its compiled program's ops at the measured rates of
-    this device (``roofline.op_step_time``), or ``{"error": ...}`` where none were measured."""
-    import keras
-
-    from zoo.measure.compiled_step import compile_fit_step
+    it (a fine-tune of a named config): the ops of its compiled program (``hlo_text``) at the
+    measured rates of this device (``roofline.op_step_time``), or ``{"error": ...}`` where
+    none were measured."""
     from zoo.measure.hardware import UnknownDeviceError, local_device
     from zoo.measure.hlo_ops import executed_ops
     from zoo.planning.roofline import MEASURED_RATES, op_step_time
@@ -306,9 +310,7 @@ def own_step_plan(model, settings, peak_bytes):
         rates = None
     if rates is None:
         return {"error": "no measured rates for this device (zoo.planning.roofline.MEASURED_RATES)"}
-    batch = (settings.batch_size, settings.sequence_length)
-    compiled, _ = compile_fit_step(model, keras.distribution.distribution(), (batch, "int32"), (batch, "int32"))
-    op_time = op_step_time(executed_ops(compiled.as_text()), rates)
+    op_time = op_step_time(executed_ops(hlo_text), rates)
     note = (
         f"method {settings.method}: the plan's op-by-op time of this step's own compiled program ({op_time.ops:,} ops)"
     )

@@ -33,7 +33,7 @@ import dataclasses
 import math
 import re
 
-from zoo.measure.hlo_text import ARRAY, DTYPE_BYTES, called_computations, computation_lines, loop_multiplicities
+from zoo.measure.hlo_text import ARRAY, DTYPE_BYTES, called_computations, computation_lines, multiplicities_of
 
 __all__ = ["HloOp", "executed_ops"]
 
@@ -121,6 +121,16 @@ def _size(arrays):
     return sum(math.prod(dims) * DTYPE_BYTES.get(dtype, 4) for dtype, dims in arrays)
 
 
+def _bytes(instruction):
+    """The bytes of an instruction's result as its layout's tiles hold them."""
+    return _size(_arrays(instruction.type))
+
+
+def _fused_computation(instruction):
+    """The computation a fusion calls (None for other instructions)."""
+    return next((callee for role, callee in called_computations(instruction.line) if role == "calls"), None)
+
+
 def _operand_names(args):
     """The operand names of an instruction's argument text (up to its closing parenthesis)."""
     depth, end = 1, len(args)
@@ -133,7 +143,8 @@ def _operand_names(args):
 
 
 def _parse(hlo_text):
-    """``({computation: [_Instruction]}, entry, {name: _Instruction})``."""
+    """``({computation: [_Instruction]}, entry, {name: _Instruction}, {name: runs})``: the text
+    split into computations once, for the instructions and their loop trip counts alike."""
     lines, entry = computation_lines(hlo_text)
     computations, by_name = {}, {}
     for computation, body in lines.items():
@@ -147,7 +158,7 @@ def _parse(hlo_text):
             )
             computations[computation].append(instruction)
             by_name[instruction.name] = instruction
-    return computations, entry, by_name
+    return computations, entry, by_name, multiplicities_of(lines, entry)[0]
 
 
 def _control_computations(computations, entry):
@@ -179,23 +190,29 @@ def _dot_flops(instruction, by_name):
         contracting = _CONTRACTING.search(instruction.line)
         dims = [int(k) for k in contracting.group(1).split(",") if k] if contracting else []
         return 2.0 * out * math.prod(lhs[k] for k in dims)
-    if instruction.opcode == "convolution":
-        labels = _DIM_LABELS.search(instruction.line)
-        if labels is None or "o" not in labels.group(2) or len(labels.group(2)) != len(rhs):
-            return 0.0
-        lhs_labels, rhs_labels = labels.group(1), labels.group(2)
-        macs = out * rhs[rhs_labels.index("i")]  # per output element: the input features ...
-        window = _WINDOW.search(instruction.line)
-        if window:  # ... times the taps that land on the input, not on its padding (XLA's dots as convolutions)
-            sizes = [int(x) for x in window["size"].split("x")]
-            pads = [tuple(int(p) for p in pad.split("_")) for pad in window["pad"].split("x")] if window["pad"] else []
-            for d, w in enumerate(sizes):
-                n = lhs[lhs_labels.index(str(d))] if str(d) in lhs_labels else 1
-                lo, hi = pads[d] if d < len(pads) else (0, 0)
-                macs *= _valid_taps(n, w, lo, hi)
-        groups = re.search(r"batch_group_count=(\d+)", instruction.line)
-        return 2.0 * macs / (int(groups.group(1)) if groups else 1)
-    return 0.0
+    return _convolution_flops(instruction.line, lhs, rhs, out)
+
+
+def _convolution_flops(line, lhs, rhs, out):
+    """2 x output elements x input features x the taps per output that land on the input,
+    not on its padding (a TPU writes a projection as a convolution over a padded window);
+    0 where the dimension labels do not read."""
+    labels = _DIM_LABELS.search(line)
+    if labels is None or "o" not in labels.group(2) or len(labels.group(2)) != len(rhs):
+        return 0.0
+    lhs_labels, rhs_labels = labels.group(1), labels.group(2)
+    macs = out * rhs[rhs_labels.index("i")]
+    window = _WINDOW.search(line)
+    sizes = [int(x) for x in window["size"].split("x")] if window else []
+    pads = (
+        [tuple(int(p) for p in pad.split("_")) for pad in window["pad"].split("x")] if window and window["pad"] else []
+    )
+    for d, w in enumerate(sizes):
+        n = lhs[lhs_labels.index(str(d))] if str(d) in lhs_labels else 1
+        lo, hi = pads[d] if d < len(pads) else (0, 0)
+        macs *= _valid_taps(n, w, lo, hi)
+    groups = re.search(r"batch_group_count=(\d+)", line)
+    return 2.0 * macs / (int(groups.group(1)) if groups else 1)
 
 
 def _valid_taps(n, w, lo, hi):
@@ -223,8 +240,7 @@ def _fused_flops(computation, computations, by_name, depth=0):
 
 def _fusion_bytes(instruction, computations, by_name):
     """A fusion's operand and result bytes, slices and in-place updates counted as such."""
-    callee = next((c for role, c in called_computations(instruction.line) if role == "calls"), None)
-    body = computations.get(callee, [])
+    body = computations.get(_fused_computation(instruction), [])
     parameters = {}  # parameter number -> instruction in the fused computation
     users = collections.defaultdict(list)
     for inner in body:
@@ -243,16 +259,16 @@ def _fusion_bytes(instruction, computations, by_name):
         uses = users.get(inner.name, []) if inner is not None else []
         sliced = ("dynamic-slice", "slice", "gather")  # of their first operand (the others are indices)
         if uses and all(use.opcode in sliced and use.operands[0] == inner.name for use in uses):
-            total += sum(_size(_arrays(use.type)) for use in uses)
+            total += sum(_bytes(use) for use in uses)
         elif uses and all(use.opcode == "dynamic-update-slice" and use.operands[0] == inner.name for use in uses):
             continue  # the buffer updated in place: its update is counted below
         else:
-            total += _size(_arrays(operand.type))
+            total += _bytes(operand)
     root = next((inner for inner in body if inner.line.lstrip().startswith("ROOT")), None)
     if root is not None and root.opcode == "dynamic-update-slice":
         update = by_name.get(root.operands[1]) if len(root.operands) > 1 else None
-        return total + (2 * _size(_arrays(update.type)) if update is not None else 0)
-    return total + _size(_arrays(instruction.type))
+        return total + (2 * _bytes(update) if update is not None else 0)
+    return total + _bytes(instruction)
 
 
 def _target(instruction):
@@ -303,24 +319,20 @@ def _kind(instruction, flops):
 
 def executed_ops(hlo_text):
     """[``HloOp``] of optimised HLO text: the instructions that do work (module docstring)."""
-    computations, entry, by_name = _parse(hlo_text)
-    runs, _ = loop_multiplicities(hlo_text)
+    computations, entry, by_name, runs = _parse(hlo_text)
     ops = []
     for computation in _control_computations(computations, entry):
         for instruction in computations[computation]:
             if _is_free(instruction):
                 continue
+            operands = [by_name[name] for name in instruction.operands if name in by_name]
             if instruction.opcode == "fusion":
-                callee = next((c for role, c in called_computations(instruction.line) if role == "calls"), None)
-                flops = _fused_flops(callee, computations, by_name)
+                flops = _fused_flops(_fused_computation(instruction), computations, by_name)
                 moved = _fusion_bytes(instruction, computations, by_name)
             else:
                 flops = _dot_flops(instruction, by_name)
-                moved = _size(_arrays(instruction.type)) + sum(
-                    _size(_arrays(by_name[name].type)) for name in instruction.operands if name in by_name
-                )
+                moved = _bytes(instruction) + sum(_bytes(operand) for operand in operands)
             op_name = _OP_NAME.search(instruction.line)
-            operands = [by_name[name] for name in instruction.operands if name in by_name]
             ops.append(
                 HloOp(
                     name=instruction.name,

@@ -8,7 +8,14 @@ instruction runs, and the bytes of its arrays' element types.
 import collections
 import re
 
-__all__ = ["ARRAY", "DTYPE_BYTES", "called_computations", "computation_lines", "loop_multiplicities"]
+__all__ = [
+    "ARRAY",
+    "DTYPE_BYTES",
+    "called_computations",
+    "computation_lines",
+    "loop_multiplicities",
+    "multiplicities_of",
+]
 
 DTYPE_BYTES = {  # bytes per element
     "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
@@ -34,7 +41,11 @@ def loop_multiplicities(hlo_text):
     known trip count counts once, and its instructions (and those of the computations
     they call) are lower bounds. Text without computations (bare instructions) gives ``({}, set())``.
     """
-    computations, entry = computation_lines(hlo_text)
+    return multiplicities_of(*computation_lines(hlo_text))
+
+
+def multiplicities_of(computations, entry):
+    """``loop_multiplicities`` of text already split by ``computation_lines``."""
     times, lower_bounds = collections.Counter(), set()
     pending = [(entry, 1, True)]
     while pending:

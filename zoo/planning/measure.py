@@ -206,7 +206,7 @@ def extrapolate(low, high, num_layers):
 def _extrapolated_op_time(low, high, steps):
     if low is None or high is None:
         return None
-    values = {key: _linear(low[key], high[key], steps) for key in ("matmul_s", "memory_s", "kernel_s", "gaps_s", "ops")}
+    values = {key: _linear(low[key], high[key], steps) for key in low if key != "unknown_kernels"}
     return {
         **values,
         "ops": int(values["ops"]),

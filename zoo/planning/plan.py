@@ -325,7 +325,7 @@ def _depth_notes(request, settings, depths, full_depth, *, period, unit, whole):
     """What the plan says of the depths it compiled (``plan_in_process``): extrapolated from
     two, or compiled whole and why."""
     remat = getattr(settings, "remat", "none")
-    if len(depths) == 2 and depths[0] is not None:
+    if len(depths) == 2:
         notes = [f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}"]
         if (period or 1) > 1:
             notes.append(period_note(settings, period, depths, full_depth))

@@ -256,8 +256,7 @@ def op_step_time(ops, rates):
                 times["kernel"] += scores * rate * op.runs
                 continue
             unknown.add(op.name.rsplit(".", 1)[0])
-        seconds = max(op.flops / rates.matmul_flops, op.bytes / rates.bandwidth) * op.runs
-        times["matmul" if op.kind == "matmul" else "memory" if op.kind == "memory" else "kernel"] += seconds
+        times[op.kind] += max(op.flops / rates.matmul_flops, op.bytes / rates.bandwidth) * op.runs
     return OpTime(
         times["matmul"], times["memory"], times["kernel"], count * rates.op_gap_s, count, tuple(sorted(unknown))
     )
