@@ -5,9 +5,15 @@ one formula the planner's analytic model (``analytic.estimate``) and the remat c
 then says (``remat_caveat``)."""
 
 from zoo.config.choices import GATED_MLPS
-from zoo.config.layouts import DATA, layout_record
+from zoo.config.layouts import DATA, layout_record, pipelined
 
-__all__ = ["remat_caveat", "remat_correction", "remat_elements_per_token", "remat_saved_per_block"]
+__all__ = [
+    "remat_caveat",
+    "remat_correction",
+    "remat_elements_per_token",
+    "remat_notes",
+    "remat_saved_per_block",
+]
 
 
 def remat_elements_per_token(remat, model, tp_divisor):
@@ -90,3 +96,22 @@ def remat_correction(steps, settings, full_depth, step):
         itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
         kept += (high.memory["weights"] - low.memory["weights"]) / gap * gathered * itemsize / 4
     return -int((full_depth - 1) * max(per_block - kept, 0))
+
+
+def remat_notes(settings, *, corrected):
+    """Where this XLA's CPU memory analysis cannot show remat and the plan did not correct
+    for it (``corrected``: ``remat_correction`` did), what the peak then is."""
+    from zoo.measure.compiled_step import memory_analysis_reflects_remat
+
+    remat, notes = getattr(settings, "remat", "none"), []
+    if remat != "none" and pipelined(settings.layout) and not memory_analysis_reflects_remat():
+        notes.append(
+            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
+            "the temporaries are not corrected for it: the peak is an upper bound"
+        )
+    elif remat != "none" and not corrected and not memory_analysis_reflects_remat():
+        notes.append(
+            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); compiled whole, the "
+            "temporaries are not corrected for it: the peak is an upper bound"
+        )
+    return notes

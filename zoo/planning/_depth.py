@@ -81,3 +81,29 @@ def depth_unit(request, job, settings):
         + ([f"the period of {pattern_words(settings, period)}, {period}"] if (period or 1) > 1 else [])
     )
     return stages, period, math.lcm(stages, period or 1), why
+
+
+def depth_notes(request, settings, depths, full_depth, *, period, unit, whole):
+    """What the plan says of the depths it compiled (``plan_in_process``): extrapolated from
+    two, or compiled whole and why."""
+    remat = getattr(settings, "remat", "none")
+    if len(depths) == 2:
+        notes = [f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}"]
+        if (period or 1) > 1:
+            notes.append(period_note(settings, period, depths, full_depth))
+        if whole:
+            notes.append(
+                f"with remat={remat!r} extrapolating per block under-counts the temporaries (16-34% measured): "
+                "--depth auto or full compiles the whole model"
+            )
+        return notes
+    if full_depth is None or request.depth != "auto":  # a job that compiles only whole (a fine-tune's preset)
+        return []
+    if period is None and full_depth > FULL_DEPTH_UP_TO:
+        return [f"compiled whole: the per-layer pattern of {settings.config_name} repeats no period"]
+    if whole and full_depth > FULL_DEPTH_UP_TO * unit:
+        return [
+            f"compiled whole under remat={remat!r}: extrapolating per block under-counts its temporaries "
+            "(16-34% measured; --depth N for a quick estimate)"
+        ]
+    return []

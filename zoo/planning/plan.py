@@ -32,8 +32,8 @@ from zoo.config.layouts import pipelined
 from zoo.kernels.moe import compile_for
 from zoo.measure.hardware import device_spec, host_cpu_spec, platform_of
 from zoo.planning import roofline
-from zoo.planning._activations import remat_caveat, remat_correction, remat_saved_per_block
-from zoo.planning._depth import FULL_DEPTH_UP_TO, depth_unit, depths_to_compile, period_note
+from zoo.planning._activations import remat_caveat, remat_correction, remat_notes, remat_saved_per_block
+from zoo.planning._depth import FULL_DEPTH_UP_TO, depth_notes, depth_unit, depths_to_compile
 from zoo.planning._where import compiler_caveat, compiles_here, host_state_note, with_simulated_cost
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
 from zoo.units import GIB, format_bytes
@@ -283,8 +283,10 @@ def plan_in_process(request, *, compiler_options=None):
     )
     steps = _measure_depths(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
     step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
-    notes = _depth_notes(request, settings, depths, full_depth, period=period, unit=unit, whole=whole_for_remat)
-    notes += _remat_notes(request, settings, corrected=correct_remat and len(steps) == 2)
+    notes = depth_notes(request, settings, depths, full_depth, period=period, unit=unit, whole=whole_for_remat)
+    notes += remat_notes(settings, corrected=correct_remat and len(steps) == 2)
+    if note := host_state_note(request.device, getattr(settings, "state_memory", "device")):
+        notes.append(note)
     correction = 0
     if correct_remat and len(steps) == 2:
         correction = remat_correction(steps, settings, full_depth, step)
@@ -319,53 +321,6 @@ def _measure_depths(job, settings, request, depths, *, compiler_options, rates):
             )
             for depth in depths
         ]
-
-
-def _depth_notes(request, settings, depths, full_depth, *, period, unit, whole):
-    """What the plan says of the depths it compiled (``plan_in_process``): extrapolated from
-    two, or compiled whole and why."""
-    remat = getattr(settings, "remat", "none")
-    if len(depths) == 2:
-        notes = [f"compiled at {depths[0]} and {depths[1]} blocks and extrapolated per block to {full_depth}"]
-        if (period or 1) > 1:
-            notes.append(period_note(settings, period, depths, full_depth))
-        if whole:
-            notes.append(
-                f"with remat={remat!r} extrapolating per block under-counts the temporaries (16-34% measured): "
-                "--depth auto or full compiles the whole model"
-            )
-        return notes
-    if full_depth is None or request.depth != "auto":  # a job that compiles only whole (a fine-tune's preset)
-        return []
-    if period is None and full_depth > FULL_DEPTH_UP_TO:
-        return [f"compiled whole: the per-layer pattern of {settings.config_name} repeats no period"]
-    if whole and full_depth > FULL_DEPTH_UP_TO * unit:
-        return [
-            f"compiled whole under remat={remat!r}: extrapolating per block under-counts its temporaries "
-            "(16-34% measured; --depth N for a quick estimate)"
-        ]
-    return []
-
-
-def _remat_notes(request, settings, *, corrected):
-    """Where this XLA's CPU memory analysis cannot show remat and the plan did not correct
-    for it, what the peak then is; and where the optimizer state lives on a TPU."""
-    from zoo.measure.compiled_step import memory_analysis_reflects_remat
-
-    remat, notes = getattr(settings, "remat", "none"), []
-    if remat != "none" and pipelined(settings.layout) and not memory_analysis_reflects_remat():
-        notes.append(
-            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); inside the pipeline's loop "
-            "the temporaries are not corrected for it: the peak is an upper bound"
-        )
-    elif remat != "none" and not corrected and not memory_analysis_reflects_remat():
-        notes.append(
-            f"this XLA's CPU memory analysis does not show remat={remat!r} (JAX 0.10); compiled whole, the "
-            "temporaries are not corrected for it: the peak is an upper bound"
-        )
-    if note := host_state_note(request.device, getattr(settings, "state_memory", "device")):
-        notes.append(note)
-    return notes
 
 
 def _plan_remat_auto(request, compiler_options):
