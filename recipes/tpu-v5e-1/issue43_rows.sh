@@ -23,7 +23,8 @@
 # (part 7's LoRA rows with the blocks stacked: LoRA on scanned blocks), `27` (part 26 at batch 8, and
 # without remat at batch 4), `28` (part 25's QLoRA with the int8 blocks stacked, batch 1 and 2), `29` (gpt_1b b2, gpt_350m b8 and
 # llama_3_2_1b's LoRA profiled with their optimised HLO and device ops kept: the per-op time model's inputs),
-# `30` and `31` (zoo plan's op-by-op time beside the measured step, on rows it was not calibrated on).
+# `30` and `31` (zoo plan's op-by-op time beside the measured step, on rows it was not calibrated on),
+# `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -257,8 +258,14 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     row 170 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
         --loss-chunk-size 512 --plan
     ;;
+32)  # the attention sublayer's projections and RoPE written six ways (recipes/tpu-v5e-1/attention_layouts.py),
+    # then part 31's qwen3_0.6b row with the plan's time (a row the op rates were not read from)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    timeout 280 python3 recipes/tpu-v5e-1/attention_layouts.py >> "$OUT/log.txt" 2>&1 || echo "attention_layouts.py: exit $?" >> "$OUT/log.txt"
+    row 290 --config-name qwen3_0.6b --method full --batch-size 4 --remat save_attention --loss-chunk-size 512 --plan
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 31)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 32)" >&2
     exit 2
     ;;
 esac
