@@ -17,6 +17,10 @@ form ("zoo"). One JSON line per row, printed and appended to $OUT/layouts.jsonl.
 - fused_bf16: fused with RoPE in bfloat16.
 - no_rope: the zoo's form without RoPE (what RoPE costs).
 - fused_flat_bf16: fused as one 2-D matmul, the output projection 2-D too, RoPE in bfloat16.
+- matmul_f32, matmul_bf16: RoPE at full width, x's rotated halves ([-x2, x1]) a matmul by a
+  fixed [D, D] matrix of +-1 (exact), so no array is D/2 wide; in float32 / bfloat16.
+
+``VARIANTS=zoo,rope_bf16`` runs a subset.
 """
 
 import json
@@ -43,17 +47,44 @@ if INTERPRET:
     SHAPES = {"tiny": (1, 256, 128, 4, 2, 64)}
 
 
-def rope_bf16(x, positions):
+def _cos_sin(x, positions, base, scaling, *, full_width):
+    """cos, sin f32[B|1, T, 1, D/2] (or D at full width) for x [B, T, H, D] at i32[T] / i32[B, T]."""
+    angles = rotary_angles(positions, head_dim=x.shape[-1], base=base, scaling=scaling)  # f32[B|, T, D/2]
+    if angles.ndim == 2:
+        angles = angles[None]
+    if full_width:
+        angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+
+
+def rope_bf16(x, positions, base=BASE, scaling=None):
     """RoPE in x's dtype: cos and sin cast to it, as transformers' Llama does."""
-    angles = rotary_angles(positions, head_dim=x.shape[-1], base=BASE)  # f32[T, D/2]
-    cos = jnp.cos(angles).astype(x.dtype)[None, :, None, :]
-    sin = jnp.sin(angles).astype(x.dtype)[None, :, None, :]
+    cos, sin = (t.astype(x.dtype) for t in _cos_sin(x, positions, base, scaling, full_width=False))
     first, second = jnp.split(x, 2, axis=-1)
     return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
-def rope_f32(x, positions):
-    return apply_rotary_embedding(x, positions, base=BASE)
+def rotate_half_matrix(d, dtype):
+    """P [D, D] with x @ P = rotate_half(x) = [-x2, x1]: exact (one +-1 per column)."""
+    half = d // 2
+    eye = jnp.eye(half, dtype=dtype)
+    zero = jnp.zeros((half, half), dtype)
+    return jnp.block([[zero, eye], [-eye, zero]])
+
+
+def rope_by_matmul(compute_dtype):
+    """RoPE at full width, its rotated half a matmul by P (no D/2-wide array)."""
+
+    def rope(x, positions, base=BASE, scaling=None):
+        cos, sin = (t.astype(compute_dtype) for t in _cos_sin(x, positions, base, scaling, full_width=True))
+        rotated = jnp.einsum("bthd,de->bthe", x, rotate_half_matrix(x.shape[-1], x.dtype))
+        return (x.astype(compute_dtype) * cos + rotated.astype(compute_dtype) * sin).astype(x.dtype)
+
+    return rope
+
+
+def rope_f32(x, positions, base=BASE, scaling=None):
+    return apply_rotary_embedding(x, positions, base=base, scaling=scaling)
 
 
 def no_rope(x, positions):
@@ -105,7 +136,11 @@ VARIANTS = {
     "fused_bf16": (fused_qkv, rope_bf16),
     "no_rope": (einsum_qkv, no_rope),
     "fused_flat_bf16": (fused_flat_qkv, rope_bf16, flat_out),
+    "matmul_f32": (einsum_qkv, rope_by_matmul(jnp.float32)),
+    "matmul_bf16": (einsum_qkv, rope_by_matmul(jnp.bfloat16)),
 }
+if os.environ.get("VARIANTS"):  # a comma-separated subset, e.g. VARIANTS=zoo,rope_bf16
+    VARIANTS = {name: VARIANTS[name] for name in os.environ["VARIANTS"].split(",")}
 
 
 def sublayer(project, rope, output=einsum_out):

@@ -24,7 +24,8 @@
 # without remat at batch 4), `28` (part 25's QLoRA with the int8 blocks stacked, batch 1 and 2), `29` (gpt_1b b2, gpt_350m b8 and
 # llama_3_2_1b's LoRA profiled with their optimised HLO and device ops kept: the per-op time model's inputs),
 # `30` and `31` (zoo plan's op-by-op time beside the measured step, on rows it was not calibrated on),
-# `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again).
+# `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again), `33` (RoPE four ways,
+# then gpt_350m's and the LoRA's rows with the fastest).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -264,8 +265,25 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     timeout 280 python3 recipes/tpu-v5e-1/attention_layouts.py >> "$OUT/log.txt" 2>&1 || echo "attention_layouts.py: exit $?" >> "$OUT/log.txt"
     row 290 --config-name qwen3_0.6b --method full --batch-size 4 --remat save_attention --loss-chunk-size 512 --plan
     ;;
+33)  # RoPE written four ways in the attention sublayer, then gpt_350m's and the LoRA's rows with the
+    # fastest form at their shapes (recipes/tpu-v5e-1/rope_row.py: the library's RoPE replaced in that process)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    VARIANTS=zoo,rope_bf16,matmul_f32,matmul_bf16,no_rope timeout 200 python3 recipes/tpu-v5e-1/attention_layouts.py \
+        >> "$OUT/log.txt" 2>&1 || echo "attention_layouts.py: exit $?" >> "$OUT/log.txt"
+    rope_row() {  # rope_row SECONDS SHAPE ARGS...: one bench row with the fastest RoPE form at SHAPE
+        local limit=$1 shape=$2
+        shift 2
+        echo "### rope_row.py best:$shape -- $*" >> "$OUT/step.md"
+        timeout "$limit" python3 recipes/tpu-v5e-1/rope_row.py "best:$shape" -- "$@" --output /tmp/row.md >> "$OUT/log.txt" 2>&1 \
+            && cat /tmp/row.md >> "$OUT/step.md" || echo "FAILED or timed out (exit $?)" >> "$OUT/step.md"
+        echo >> "$OUT/step.md"
+    }
+    rope_row 260 "gpt_350m b8" --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16
+    rope_row 170 "llama_3_2_1b b4" --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
+        --loss-chunk-size 512
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 32)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33)" >&2
     exit 2
     ;;
 esac
