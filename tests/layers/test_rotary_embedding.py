@@ -99,3 +99,18 @@ def test_other_rope_scalings_are_refused_by_name(scaling, named):
     with pytest.raises(ValueError) as error:
         check_rope_scaling(scaling)
     assert named in str(error.value)
+
+
+def test_rotate_half_is_an_exact_product_and_bfloat16_stays_near_float32():
+    """x @ P is [-x2, x1] bit for bit (one +-1 per column); the rotation in bfloat16 (x's
+    dtype, as transformers computes it) is within bfloat16's rounding of float32's."""
+    from zoo.layers.rotary_embedding import rotate_half_matrix
+
+    x = _x((2, 5, 3, 8))
+    halves = np.concatenate([-np.asarray(x[..., 4:]), np.asarray(x[..., :4])], axis=-1)
+    np.testing.assert_array_equal(np.asarray(x @ rotate_half_matrix(8)), halves)
+    positions = jnp.arange(100, 105)
+    exact = apply_rotary_embedding(x, positions)
+    low = apply_rotary_embedding(x.astype(jnp.bfloat16), positions)
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(low, np.float32), exact, atol=3 * 2**-8 * float(jnp.max(jnp.abs(x))))

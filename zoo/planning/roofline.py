@@ -65,6 +65,10 @@ MEASURED_OP_STEPS = {
         ("gpt_1b 8 layers, batch 2 x 2,048 (calibration)", 102.2e-3, 97.8e-3),
         ("gpt_350m, batch 8 x 1,024 (calibration)", 202.6e-3, 210.2e-3),
         ("llama_3_2_1b LoRA, batch 4 x 2,048 (calibration)", 390.7e-3, 407.2e-3),
+        # planned on the chip by zoo bench step --plan, rows the rates were not read from
+        ("gpt_1b 8 layers, batch 4 x 2,048", 200.5e-3, 188.6e-3),
+        ("gpt_350m, batch 8 x 1,024 (planned from its compiled text)", 202.6e-3, 210.1e-3),
+        ("qwen3_0.6b full fine-tune, batch 4 x 2,048, save_attention", 359.4e-3, 335.3e-3),
     ),
 }
 
