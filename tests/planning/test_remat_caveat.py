@@ -45,6 +45,8 @@ def test_a_tpu_plan_carries_the_compiler_caveat_in_its_verdict():
     )
     assert plan.caveat == compiler_caveat("tpu-v5e") and "upper bound for a TPU" in verdict(plan)
     assert plan.step.memory["host"] > 0 and host_state_note("tpu-v5e", "host") in plan.notes
+    # --loss-chunk-size auto sized for the target (a 15.75 GiB TPU), not for the CPU the plan compiled on
+    assert any(note.startswith("loss_chunk_size auto: from the whole logits (float32 logits") for note in plan.notes)
     assert "footprint did not shrink" in host_state_note("tpu-v5e", "host")
     assert host_state_note("tpu-v5e", "device") == host_state_note("h100", "host") == ""
     measured = [line for line in format_plan(plan) if line.startswith("measured against tpu-v5e")]

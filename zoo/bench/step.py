@@ -100,6 +100,7 @@ def build_zoo(settings, report=print):
     from zoo.training.gpt import build_for_training, compile_gpt, resolve_distribution
     from zoo.training.lm_finetune import compile_causal_lm, make_optimizer, prepare_causal_lm
     from zoo.training.lora.quantized import quantized_policy
+    from zoo.training.loss_chunk_choice import resolve_loss_chunk
     from zoo.training.optimizers import state_options
     from zoo.training.remat_choice import apply_remat
 
@@ -112,18 +113,15 @@ def build_zoo(settings, report=print):
     model = zd.build_distributed(lambda: build_for_training(job, policy), distribution)  # stays set: fit reads it
     if policy is not None:
         random_quantized_weights(model, settings.seed)
+    chunk = resolve_loss_chunk(
+        settings.loss_chunk_size, model, settings.batch_size, settings.sequence_length, report=report
+    )  # --loss-chunk-size auto: reported
     if settings.method == "train":
-        compile_gpt(
-            model,
-            1e-4,
-            1000,
-            loss_chunk_size=settings.loss_chunk_size,
-            **state_options(settings),
-        )
+        compile_gpt(model, 1e-4, 1000, loss_chunk_size=chunk, **state_options(settings))
     else:
         prepare_causal_lm(model, settings.method, lora_rank=settings.lora_rank, quantize=settings.quantize)
         optimizer = make_optimizer("adam", method=settings.method, **state_options(settings))
-        compile_causal_lm(model, optimizer, settings.loss_chunk_size)
+        compile_causal_lm(model, optimizer, chunk)
     batch = ((settings.batch_size, settings.sequence_length), "int32")
     return model, apply_remat(model, settings.remat, batch, batch, report=report)
 
@@ -238,6 +236,7 @@ def measure_zoo(settings, report=print):
     row.update(device_memory(), compiled_bytes=peak)
     row["attention"] = _attention_words(model, settings)
     row["remat"] = remat.remat
+    row["loss_chunk"] = model.loss_chunk_size
     if own_plan:
         row["own_plan"] = own_step_plan(compiled.as_text(), settings, peak)
     if settings.profile:
@@ -334,6 +333,15 @@ def _remat_words(settings, rows):
     return f"{chosen} (auto)" if settings.remat == "auto" else chosen
 
 
+def _loss_words(settings, rows):
+    """ ", loss in chunks of 512" (", ... (auto)" when --loss-chunk-size auto chose it); nothing for the whole."""
+    chunk = rows[0].get(
+        "loss_chunk", None if settings.loss_chunk_size in ("auto", "whole") else settings.loss_chunk_size
+    )
+    auto = " (auto)" if settings.loss_chunk_size == "auto" else ""
+    return f", loss in chunks of {chunk}{auto}" if chunk else (f", loss from the whole logits{auto}" if auto else "")
+
+
 def format_report(settings, rows, plan=None):
     """Markdown: the settings line, one table row per model, then the plan and profile."""
     import jax
@@ -348,7 +356,7 @@ def format_report(settings, rows, plan=None):
         + (f", base {settings.quantize or 'int8'}" if settings.method == "qlora" else "")
         + f", batch {settings.batch_size} x T {settings.sequence_length}, {settings.precision}, remat {_remat_words(settings, rows)}"
         + (", scanned blocks" if settings.scan_layers else "")
-        + (f", loss in chunks of {settings.loss_chunk_size}" if settings.loss_chunk_size else "")
+        + _loss_words(settings, rows)
         + _optimizer_words(settings)
         + f"; a step: what a fit of {2 * settings.steps} steps adds over one of {settings.steps}, median of"
         + f" {settings.repeats} interleaved pairs; jax {jax.__version__}, keras {keras.__version__}",

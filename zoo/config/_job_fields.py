@@ -78,11 +78,13 @@ def state_memory_setting(whose, section="train"):
 
 def loss_chunk_size(who=""):
     return setting(
-        None,
+        choices.AUTO,
         f"{who}compute the loss from the hidden states t positions of every row at a time, never the whole "
-        "(B, T, V) float32 logits (memory at long context, or at a large vocabulary); default: whole",
+        "(B, T, V) float32 logits (memory at long context, or at a large vocabulary); whole: from the whole logits; "
+        "auto: on a TPU or GPU chunks of 512 where the float32 logits per device exceed 1/8 of its memory, else "
+        "whole (printed)",
         section="train",
-        parse=types.positive_int,
+        parse=types.loss_chunk,
     )
 
 

@@ -65,11 +65,13 @@ class StepBenchSettings:
     scan_layers: bool = setting(
         False, "hold the blocks stacked and run them in one lax.scan", section="bench", store_true=True
     )
-    loss_chunk_size: int | None = setting(
-        None,
-        "compute the loss t positions of every row at a time (never the whole float32 logits); default: whole",
+    loss_chunk_size: int | str | None = setting(
+        choices.AUTO,
+        "compute the loss t positions of every row at a time (never the whole float32 logits); whole: from the "
+        "whole logits; auto: as zoo train gpt chooses (chunks of 512 on a TPU or GPU where the float32 logits per "
+        "device exceed 1/8 of its memory)",
         section="bench",
-        parse=types.positive_int,
+        parse=types.loss_chunk,
     )
     moment_dtype: str = moment_dtype_setting(
         "the optimizer's (AdamW for method train, Adam for full and lora)", "bench"

@@ -37,6 +37,7 @@ WEIGHT_LAYOUTS = layouts_in(WEIGHT_MAP)  # layouts a Transformer's layout map de
 CLASSIFIER_FINETUNE_LAYOUTS = layouts_in(CLASSIFIER_FINETUNE)  # zoo finetune of a classifier preset
 PLANNED_LAYOUTS = layouts_in(PLANNED)  # what zoo plan --auto searches
 AUTO = "auto"  # zoo train gpt --layout auto: the planner's choice
+WHOLE = "whole"  # --loss-chunk-size whole: the loss from the whole logits (auto may chunk them)
 
 # context_attention: the sequence-parallel attention kernel under the context layout.
 CONTEXT_ATTENTIONS = ("gather", "ring", "ulysses")

@@ -105,7 +105,7 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
         section="train",
         parse=types.sequence_length,
     )
-    loss_chunk_size: int | None = fields.loss_chunk_size("causal LMs: ")
+    loss_chunk_size: int | str | None = fields.loss_chunk_size("causal LMs: ")
     remat: str = fields.remat("causal LMs: ")
     scan_layers: bool = fields.scan_layers("causal LMs: ")
     precision: str = setting(

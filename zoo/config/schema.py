@@ -181,6 +181,8 @@ def check_value(field, value, where):
         if meta["choices"] and None not in meta["choices"] and field.default is not None:
             raise SettingError(f"{where}: expected {describe(field)}, got None")
         return value
+    if isinstance(value, str) and value in getattr(meta["parse"], "words", ()):  # a word an int setting takes
+        return value
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -203,7 +203,7 @@ class GPTTrainSettings(fields.CheckpointSettings, fields.Checked):
     moment_dtype: str = fields.moment_dtype_setting("AdamW's")
     second_moment: str = fields.second_moment_setting("AdamW's")
     state_memory: str = fields.state_memory_setting("AdamW's")
-    loss_chunk_size: int | None = fields.loss_chunk_size()
+    loss_chunk_size: int | str | None = fields.loss_chunk_size()
     seed: int = fields.seed()
     output: str = setting(
         "runs/gpt/gpt.keras",

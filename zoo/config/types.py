@@ -16,6 +16,7 @@ A value out of range is a usage error named by its flag and value, before any wo
 ``dropout``                     in [0, 1)
 ``probability``                 top-p: in (0, 1]
 ``depth``                       auto, full or an integer >= 1
+``loss_chunk``                  auto, whole or an integer >= 1
 ``text``                        UTF-8 text (a prompt): not empty, no undecodable bytes
 ==============================  ====================================================
 """
@@ -87,6 +88,27 @@ def depth(text):
     if text in ("auto", "full") or (text.isdigit() and int(text) >= 1):
         return text
     raise argparse.ArgumentTypeError(f"expected auto, full or an integer >= 1, got {text!r}")
+
+
+def int_or_words(words, minimum=1):
+    """One of ``words`` (returned as given) or an integer >= ``minimum``."""
+    number = at_least(minimum)
+    expected = f"{', '.join(words)} or an integer >= {minimum}"
+
+    def parse(text):
+        if text in words:
+            return text
+        try:
+            return number(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+    parse.__name__ = expected
+    parse.kind, parse.words, parse.maximum, parse.expected = int, tuple(words), MAX_INTEGER, expected
+    return parse
+
+
+loss_chunk = int_or_words(("auto", "whole"))  # --loss-chunk-size
 
 
 def text(value):

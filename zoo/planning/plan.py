@@ -36,6 +36,8 @@ from zoo.planning._activations import remat_caveat, remat_correction, remat_note
 from zoo.planning._depth import FULL_DEPTH_UP_TO, depth_notes, depth_unit, depths_to_compile
 from zoo.planning._where import compiler_caveat, compiles_here, host_state_note, with_simulated_cost
 from zoo.planning.measure import StepMeasure, extrapolate, measure_step
+from zoo.training.loss_chunk_choice import describe as describe_chunk
+from zoo.training.loss_chunk_choice import sized_for
 from zoo.units import GIB, format_bytes
 
 __all__ = [
@@ -281,9 +283,12 @@ def plan_in_process(request, *, compiler_options=None):
     depths = depths_to_compile(
         request, full_depth, needs_two=correct_remat, unit=unit, whole=whole_for_remat or period is None, why=why
     )
-    steps = _measure_depths(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
+    memory = None if spec.name == "cpu" else spec.memory_bytes  # --loss-chunk-size auto sizes for the target
+    with sized_for(memory, request.devices) as sizing:
+        steps = _measure_depths(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
     step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
     notes = depth_notes(request, settings, depths, full_depth, period=period, unit=unit, whole=whole_for_remat)
+    notes += [f"loss_chunk_size auto: {describe_chunk(c.chunk)} ({c.why})" for c in sizing.choices[:1]]
     notes += remat_notes(settings, corrected=correct_remat and len(steps) == 2)
     if note := host_state_note(request.device, getattr(settings, "state_memory", "device")):
         notes.append(note)

@@ -244,10 +244,11 @@ def _check_classifier_options(settings):
             ("--validation-file", settings.validation_file),
             ("--sequence-length", settings.sequence_length),
             ("--chat-template", settings.chat_template),
-            ("--loss-chunk-size", settings.loss_chunk_size),
         )
         if value is not None
     ]
+    if settings.loss_chunk_size != AUTO:
+        given.append(f"--loss-chunk-size {settings.loss_chunk_size}")
     if settings.adapter_format != "zoo":
         given.append(f"--adapter-format {settings.adapter_format}")
     if settings.packing:

@@ -31,6 +31,7 @@ from zoo.training.job_setup import (
 )
 from zoo.training.logs.profile import ProfileSteps
 from zoo.training.logs.report import StepReport
+from zoo.training.loss_chunk_choice import resolve_loss_chunk
 from zoo.training.optimizers import AdamW, state_options
 from zoo.training.paths import check_job_paths, save_model_atomically
 from zoo.training.remat_choice import resolve_remat
@@ -223,7 +224,9 @@ def train(settings, report=print):
         updates,
         settings.weight_decay,
         settings.gradient_accumulation_steps,
-        settings.loss_chunk_size,
+        resolve_loss_chunk(
+            settings.loss_chunk_size, model, settings.batch_size, settings.sequence_length, report=report
+        ),
         **state_options(settings),
     )
     batch = ((settings.batch_size, settings.sequence_length), "int32")

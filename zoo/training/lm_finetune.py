@@ -86,6 +86,7 @@ from zoo.training.lora import (
     save_lora,
     save_peft_adapter,
 )
+from zoo.training.loss_chunk_choice import resolve_loss_chunk
 from zoo.training.paths import PathError, check_job_paths, write_or_rescue
 from zoo.training.remat_choice import resolve_remat
 from zoo.training.saving import load_causal_lm
@@ -314,7 +315,9 @@ def finetune_lm(settings, report=print):
         optimizer=make_optimizer(
             settings.optimizer, settings.learning_rate, settings.method, **optimizers.state_options(settings)
         ),
-        loss_chunk_size=settings.loss_chunk_size,
+        loss_chunk_size=resolve_loss_chunk(
+            settings.loss_chunk_size, model, settings.batch_size, preprocessor.sequence_length, report=report
+        ),
         epochs=settings.epochs,
         batch_size=settings.batch_size,
         seed=settings.seed,

@@ -146,6 +146,7 @@ class PretrainGPT(Job):
         return (tokens, "int32"), (tokens, "int32")
 
     def compile(self, module, model, settings):
+        from zoo.training.loss_chunk_choice import resolve_loss_chunk
         from zoo.training.optimizers import state_options
 
         module.compile_gpt(
@@ -154,7 +155,7 @@ class PretrainGPT(Job):
             1,
             settings.weight_decay,
             settings.gradient_accumulation_steps,
-            settings.loss_chunk_size,
+            resolve_loss_chunk(settings.loss_chunk_size, model, settings.batch_size, settings.sequence_length),
             **state_options(settings),
         )
 
@@ -326,19 +327,27 @@ class _CausalLM:
     @staticmethod
     def compile(model, settings):
         from zoo.training.lm_finetune import compile_causal_lm, make_optimizer
+        from zoo.training.loss_chunk_choice import resolve_loss_chunk
         from zoo.training.optimizers import state_options
 
         optimizer = make_optimizer(
             settings.optimizer, settings.learning_rate, settings.method, **state_options(settings)
         )
-        compile_causal_lm(model, optimizer, settings.loss_chunk_size)
+        length = _CausalLM.length(settings, model)
+        compile_causal_lm(
+            model, optimizer, resolve_loss_chunk(settings.loss_chunk_size, model, settings.batch_size, length)
+        )
+
+    @staticmethod
+    def length(settings, model):
+        """T: ``--sequence-length``, else what the preset's preprocessor would give."""
+        from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
+
+        return settings.sequence_length or min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
 
     @staticmethod
     def batch_shapes(settings, model, batch):
-        from zoo.models.gpt.hf_checkpoints import PREPROCESSOR_LENGTH
-
-        length = settings.sequence_length or min(PREPROCESSOR_LENGTH, model.backbone.max_sequence_length)
-        tokens = (batch, length)  # next-token targets: the inputs' shape
+        tokens = (batch, _CausalLM.length(settings, model))  # next-token targets: the inputs' shape
         return (tokens, "int32"), (tokens, "int32")
 
 
