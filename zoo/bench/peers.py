@@ -55,15 +55,16 @@ from zoo.bench._peers_report import (
 )
 from zoo.config import choices
 from zoo.config.bench_peers_settings import PEERS_LAYOUTS, PeersBenchSettings  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.layouts import FSDP, FSDP_TP, TP
 
 DEVICES = 8
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds zoo/ and recipes/
 RECIPES = os.path.join(REPOSITORY, "recipes", "peers")
-ZOO_MESH = {"fsdp": "data=8", "tp": "data=2,model=4", "fsdp+tp": "data=2,model=4"}
+ZOO_MESH = {FSDP: "data=8", TP: "data=2,model=4", FSDP_TP: "data=2,model=4"}
 MAXTEXT_MESH = {
-    "fsdp": ("ici_fsdp_parallelism=8",),
-    "tp": ("ici_data_parallelism=2", "ici_tensor_parallelism=4"),
-    "fsdp+tp": ("ici_fsdp_parallelism=2", "ici_tensor_parallelism=4"),
+    FSDP: ("ici_fsdp_parallelism=8",),
+    TP: ("ici_data_parallelism=2", "ici_tensor_parallelism=4"),
+    FSDP_TP: ("ici_fsdp_parallelism=2", "ici_tensor_parallelism=4"),
 }
 ZOO_AXIS = {"data": "data", "fsdp": "data", "fsdp_transpose": "data", "tensor": "model"}  # MaxText axis -> zoo's word
 # the timing model: C=512, L=4, 8/4 heads of 64, F=2048, V=32,000 tied, T=512, global batch 8
@@ -272,7 +273,7 @@ def memory_rows(settings, python, layout, per_device_batch, scratch):
     return rows
 
 
-KERAS_HUB_LAYOUTS = ("fsdp+tp",)  # LlamaBackbone.get_layout_map splits every weight over model and data
+KERAS_HUB_LAYOUTS = (FSDP_TP,)  # LlamaBackbone.get_layout_map splits every weight over model and data
 
 
 def keras_hub_memory_row(venv, layout, per_device_batch):

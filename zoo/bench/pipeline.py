@@ -45,6 +45,7 @@ from zoo import distribution as zd
 from zoo.bench._gpt import LLAMA_3_2_1B, SIZES, build_model, compile_model
 from zoo.bench._output import remat_warning, size_text, write_text
 from zoo.config.bench_settings import PIPELINE_SECTIONS, PipelineBenchSettings  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.layouts import PIPELINE
 from zoo.distribution.axes import DATA, STAGE
 from zoo.kernels.pipeline import check_schedule, num_ticks, pipeline
 from zoo.layers import run_on_mesh
@@ -216,7 +217,7 @@ def measure_memory(settings, remat, repeats=None, micro_batches=None):
     """One ``MemoryRow``: the fit step compiled (never run) for the pipeline on
     ``settings.mesh`` (``repeats`` set) or unpipelined on ``settings.reference_mesh``."""
     pipelined = repeats is not None
-    layout, mesh_spec = ("pipeline", settings.mesh) if pipelined else ("data", settings.reference_mesh)
+    layout, mesh_spec = (PIPELINE, settings.mesh) if pipelined else ("data", settings.reference_mesh)
     row = MemoryRow(layout, mesh_spec, remat, repeats, micro_batches)
     start = time.perf_counter()
     arguments = model_arguments(settings, remat, repeats, micro_batches)

@@ -21,14 +21,15 @@ import time
 
 from zoo.bench._output import write_text
 from zoo.config.bench_settings import PLAN_SECTIONS, PlanBenchSettings  # noqa: F401 (the settings run_benchmark takes)
+from zoo.config.layouts import FSDP, FSDP_TP
 from zoo.planning.plan import PlanRequest, make_plan
 from zoo.units import GIB
 
 SECTIONS = PLAN_SECTIONS
 SCALE = (
-    ("fsdp", "data=64", 64, 256),
-    ("fsdp", "data=256", 256, 1024),
-    ("fsdp+tp", "data=64,model=4", 256, 1024),
+    (FSDP, "data=64", 64, 256),
+    (FSDP, "data=256", 256, 1024),
+    (FSDP_TP, "data=64,model=4", 256, 1024),
 )  # layout, mesh, devices, global batch
 SCENARIOS = (
     ("gpt_1b on 8 x 16 GiB", {"config_name": "gpt_1b", "batch_size": 32, "sequence_length": 2048}, "tpu-v5e"),

@@ -31,6 +31,7 @@ import sys
 from zoo.bench._output import write_text
 from zoo.config.bench_settings import ScaleBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
+from zoo.config.layouts import FSDP_TP, TP, TP_SP
 from zoo.distribution.axes import DATA, MODEL, SEQ
 from zoo.models.dtype_policy import dtype_policy_scope
 from zoo.units import GIB, MIB, format_bytes_in
@@ -50,13 +51,11 @@ def tasks(settings):
         work += [(load_recipe(path).target.devices, {"kind": "recipe", "path": path}) for path in settings.recipes]
     if "attention" in settings.sections:
         work.append((settings.attention_seq, {"kind": "attention", "seq": settings.attention_seq}))
-    if "fsdp+tp" in settings.sections:
-        work += [(_devices(mesh), {"kind": "fsdp+tp", "mesh": mesh}) for mesh in settings.fsdp_tp_meshes]
-    if "tp" in settings.sections:
+    if FSDP_TP in settings.sections:
+        work += [(_devices(mesh), {"kind": FSDP_TP, "mesh": mesh}) for mesh in settings.fsdp_tp_meshes]
+    if TP in settings.sections:
         tp_fields = {k: getattr(settings, k) for k in ("tp_mesh", "tp_layers", "tp_width", "tp_length", "tp_batch")}
-        work += [
-            (_devices(settings.tp_mesh), {"kind": "tp", "layout": layout, **tp_fields}) for layout in ("tp", "tp+sp")
-        ]
+        work += [(_devices(settings.tp_mesh), {"kind": TP, "layout": layout, **tp_fields}) for layout in (TP, TP_SP)]
     return work
 
 
@@ -100,9 +99,9 @@ def measure(task):
         return [recipe_row(task["path"])]
     if kind == "attention":
         return attention_rows(task["seq"])
-    if kind == "fsdp+tp":
+    if kind == FSDP_TP:
         return [fsdp_tp_row(task["mesh"])]
-    if kind == "tp":
+    if kind == TP:
         return [tp_bytes_row(task)]
     raise ValueError(f"unknown task kind {kind!r}")
 
@@ -229,17 +228,17 @@ def fsdp_tp_row(mesh):
     from zoo.models import GPTCausalLM
     from zoo.training.gpt import compile_gpt
 
-    distribution = zd.distribution_for(GPTCausalLM, "fsdp+tp", mesh)
+    distribution = zd.distribution_for(GPTCausalLM, FSDP_TP, mesh)
     with dtype_policy_scope("mixed_bfloat16"):  # as the recipes train it: float32 weights
         model = abstract_build(
-            lambda: GPTCausalLM.from_config_name("gpt_1b", "fsdp+tp"),
+            lambda: GPTCausalLM.from_config_name("gpt_1b", FSDP_TP),
             lambda m: compile_gpt(m, 3e-4, 1, 0.1, 1),
             distribution,
         )
     weights, _, _ = state_bytes(model, state_shardings(model, distribution))
     devices = _devices(mesh)
     return {
-        "kind": "fsdp+tp",
+        "kind": FSDP_TP,
         "mesh": mesh,
         "devices": devices,
         "weights": weights,
@@ -314,7 +313,7 @@ def _mib(count):
 
 def format_report(rows, settings):
     """The markdown report: one table per section asked for, then any worker's error."""
-    tables = {"recipes": _recipe_table, "attention": _attention_table, "fsdp+tp": _fsdp_tp_table, "tp": _tp_table}
+    tables = {"recipes": _recipe_table, "attention": _attention_table, FSDP_TP: _fsdp_tp_table, TP: _tp_table}
     lines = []
     for section in settings.sections:
         lines += tables[section](
@@ -324,7 +323,7 @@ def format_report(rows, settings):
     return lines
 
 
-_KINDS = {"recipes": "recipe", "attention": "attention", "fsdp+tp": "fsdp+tp", "tp": "tp"}
+_KINDS = {"recipes": "recipe", "attention": "attention", FSDP_TP: FSDP_TP, TP: TP}
 
 
 def _recipe_table(rows, settings):

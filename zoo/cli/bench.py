@@ -13,6 +13,7 @@ import sys
 
 from zoo.cli.devices import add_simulate_flag
 from zoo.config import bench_moe_settings, bench_peers_settings, bench_settings, bench_step_settings, schema
+from zoo.config.layouts import PIPELINE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +64,11 @@ BENCHES = {
         bench_settings.HFLoadBenchSettings,
         "hf_load",
     ),
-    "pipeline": Bench(
+    PIPELINE: Bench(  # the pipeline layout's bench
         "the pipeline's bubble measured through the kernel (S=4, M=4..32, GPipe and circular) and per-device memory of a "
         "pipelined Llama-3.2-1B-sized GPT, compile-only",
         bench_settings.PipelineBenchSettings,
-        "pipeline",
+        PIPELINE,  # its module, zoo.bench.pipeline, is named after the layout
     ),
     "moe": Bench(
         "Mixture-of-Experts: all-to-all bytes vs the minimum, expert weights per device, tokens dropped, Mixtral-8x7B "

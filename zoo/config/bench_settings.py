@@ -12,6 +12,7 @@ from zoo.config import _bench_fields as fields
 from zoo.config import choices, renamed, types
 from zoo.config.bench_moe_settings import MOE_SECTIONS, MoEBenchSettings, capacity_factor_list  # noqa: F401 (moved)
 from zoo.config.bench_peers_settings import PEERS_LAYOUTS, PeersBenchSettings  # noqa: F401 (moved)
+from zoo.config.layouts import FSDP_TP, TP
 from zoo.config.schema import setting
 
 # The benchmarks' own closed sets (defined here once; zoo.bench imports them).
@@ -22,7 +23,7 @@ TP_VARIANTS = (
     "sp",
     "gated-sp",
 )  # zoo bench tp: MLPs; "sp" = Megatron sequence parallelism (megatron_sp)
-SCALE_SECTIONS = ("recipes", "attention", "fsdp+tp", "tp")  # zoo bench scale: its tables
+SCALE_SECTIONS = ("recipes", "attention", FSDP_TP, TP)  # zoo bench scale: its tables
 PLAN_SECTIONS = ("recipes", "scale", "auto", "depth")  # zoo bench plan: its tables
 PIPELINE_SECTIONS = ("bubble", "memory")  # zoo bench pipeline: its tables
 WINDOW_SECTIONS = ("blockwise", "context")  # zoo bench window: its tables

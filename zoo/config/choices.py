@@ -71,7 +71,7 @@ JOB_REMATS = (AUTO, *REMATS)  # what zoo train gpt, zoo finetune and zoo bench s
 # The names a block gives the tensors a remat policy keeps (jax.ad_checkpoint.checkpoint_name):
 ATTENTION_QKV = "attention_qkv"  # the q, k, v projections (B, T, H or K, D), before rotary
 ATTENTION_OUT = "attention_out"  # the attention kernel's output (B, T, H, D) and its log-sum-exp
-# schedule: how a pipeline (layout "pipeline") orders its micro-batches over the stages.
+# schedule: how a pipeline (the pipeline layout) orders its micro-batches over the stages.
 SCHEDULES = ("gpipe", "circular")
 DATA_AXIS_LAYOUTS = layouts_where(lambda layout: layout.axes == (DATA,))  # a mesh of data alone
 # the layouts a scan_layers GPT (one loop over its stacked blocks) runs under: the block's

@@ -83,6 +83,14 @@ def _layout(name, axes, default_mesh, *groups, options=None, **splits):
     )
 
 
+# The names code outside this table writes (every other module imports them from here, never
+# spells them: tests/test_architecture.py checks)
+FSDP = "fsdp"
+TP = "tp"
+TP_SP = "tp+sp"
+FSDP_TP = "fsdp+tp"
+PIPELINE = "pipeline"
+
 _TP = (DATA, MODEL)
 LAYOUT_TABLE = {
     layout.name: layout
@@ -90,16 +98,16 @@ LAYOUT_TABLE = {
         _layout("single", (), None, BASIC, CLASSIFIER_FINETUNE, QLORA),
         _layout("data", (DATA,), "data=-1", BASIC, WEIGHT_MAP, PLANNED, SCANNED, QLORA, CLASSIFIER_FINETUNE),
         _layout("model", _TP, "data=2,model=-1", BASIC, CLASSIFIER_FINETUNE),
-        _layout("fsdp", (DATA,), "data=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, QLORA, CLASSIFIER_FINETUNE, PEERS,
+        _layout(FSDP, (DATA,), "data=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, QLORA, CLASSIFIER_FINETUNE, PEERS,
                 fsdp_axis=DATA),
-        _layout("tp", _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, CLASSIFIER_FINETUNE, PEERS,
+        _layout(TP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, CLASSIFIER_FINETUNE, PEERS,
                 model_axis=MODEL),
-        _layout("tp+sp", _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED,
+        _layout(TP_SP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED,
                 model_axis=MODEL, sequence_axis=MODEL, options={"megatron_sp": True}),
-        _layout("fsdp+tp", _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, PEERS,
+        _layout(FSDP_TP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, PEERS,
                 fsdp_axis=DATA, model_axis=MODEL),
         _layout("context", (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, SCANNED, fsdp_axis=SEQ, sequence_axis=SEQ),
-        _layout("pipeline", (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED,
+        _layout(PIPELINE, (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED,
                 stage_axis=STAGE, options={"schedule": "gpipe"}),
         _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, SCANNED, expert_axis=EXPERT),
         _layout("fsdp+expert", (DATA, EXPERT), "data=2,expert=-1", TRANSFORMER, SCANNED, fsdp_axis=DATA,

@@ -126,7 +126,7 @@ def make_distribution(layout, mesh=None, layout_map=None, *, context_attention=N
         mesh: a ``keras.distribution.DeviceMesh`` or a spec string such as
             ``"data=2,model=4"``; defaults to ``default_mesh_spec(layout, ...)``.
         layout_map: a ``keras.distribution.LayoutMap`` (required for ``"model"``,
-            ``"fsdp"``, ``"tp"``, ``"tp+sp"``, ``"fsdp+tp"``; optional for ``"context"``), usually from
+            fsdp, tp, tp+sp, fsdp+tp; optional for context), usually from
             the model class's ``get_layout_map(mesh, ...)``.
         context_attention, balance, shard_weights: ``"context"`` only: the attention
             kernel (default ``"ring"``), causal load balancing, and whether weights are
@@ -152,7 +152,7 @@ def distribution_for(
     (None for ``"single"``): the one entry from (model, layout, mesh).
 
     ``"model"`` calls ``model_class.get_layout_map(mesh)``; ``"fsdp"``, ``"tp"``,
-    ``"tp+sp"``, ``"fsdp+tp"`` call it with ``layout=`` that layout, and ``"context"``
+    tp+sp, fsdp+tp call it with ``layout=`` that layout, and ``"context"``
     with ``layout="tp"`` when the mesh has a ``model`` axis, with ``layout="data"`` for a
     ``config`` with ``scan_layers`` (its stacked weights marked; without either every
     weight is replicated but for the FSDP split over ``seq``, and ``model_class`` is not

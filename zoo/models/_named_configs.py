@@ -15,7 +15,7 @@ def lookup_config(configs, name, family):
 
 def named_config(configs, name, family, layout=None, overrides=None):
     """``configs[name]`` updated with ``overrides``, then with the entries ``layout`` needs
-    (``"tp+sp"`` sets ``megatron_sp=True``; see ``layout_overrides``)."""
+    (tp+sp sets ``megatron_sp=True``; see ``layout_overrides``)."""
     config = {**lookup_config(configs, name, family), **(overrides or {})}
     if layout is None:
         return config

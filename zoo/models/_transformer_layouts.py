@@ -78,9 +78,9 @@ def splits_sequence_over_model(layout):
 
 
 def layout_overrides(layout):
-    """Model-config entries ``layout`` needs: ``{"megatron_sp": True}`` for ``"tp+sp"``
+    """Model-config entries ``layout`` needs: ``{"megatron_sp": True}`` for tp+sp
     (the blocks run Megatron sequence-parallel), ``{"schedule": "gpipe"}`` for
-    ``"pipeline"`` (a GPT whose blocks are one ``PipelinedBlocks``; a schedule already
+    pipeline (a GPT whose blocks are one ``PipelinedBlocks``; a schedule already
     in the config is kept, see ``named_config``), ``{}`` for any other layout name."""
     return dict(layout_record(layout).model_options) if layout in LAYOUT_TABLE else {}
 

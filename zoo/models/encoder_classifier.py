@@ -25,7 +25,7 @@ class EncoderClassifier(ZooModel):
         Args:
             mesh: the ``keras.distribution.DeviceMesh``; needs the ``data`` axis for
                 fsdp, the ``model`` axis for tp, tp+sp and fsdp+tp.
-            layout: ``"data"``, ``"fsdp"``, ``"tp"``, ``"tp+sp"`` or ``"fsdp+tp"``.
+            layout: data, fsdp, tp, tp+sp or fsdp+tp (``zoo.config.layouts``).
             config: None, a name in ``CONFIGS`` or a dict of ``__init__`` arguments
                 (``model.get_config()``). When given, every size is checked against the
                 mesh up front (``LayoutError`` naming the numbers) and the head is split

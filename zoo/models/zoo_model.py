@@ -50,7 +50,7 @@ class ZooModel(keras.Model):
     @classmethod
     def from_config_name(cls, name, layout=None, **overrides):
         """The model of ``CONFIGS[name]`` with ``overrides`` replacing entries, and with a
-        ``layout``, the entries it needs (``"tp+sp"``: ``megatron_sp=True``; see
+        ``layout``, the entries it needs (tp+sp: ``megatron_sp=True``; see
         ``_transformer_layouts.layout_overrides``). An unknown name raises, listing the names."""
         return cls(**cls.named_config(name, layout, **overrides))
 

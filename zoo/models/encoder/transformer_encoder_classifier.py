@@ -52,7 +52,7 @@ class TransformerEncoderClassifier(EncoderClassifier):
         use_bias: biases on the blocks' projections.
         pad_id: the padding token id (``zoo.data.ByteTokenizer`` pads with 0).
         seed: seeds the dropout layers' random streams (each layer its own).
-        megatron_sp: build the blocks Megatron sequence-parallel (layout ``"tp+sp"``).
+        megatron_sp: build the blocks Megatron sequence-parallel (layout tp+sp).
         remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
             ``"dots_saveable"`` (``TransformerBlock``); memory and compute change, not the numbers.
 

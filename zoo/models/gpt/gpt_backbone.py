@@ -76,7 +76,7 @@ class GPTBackbone(ZooModel):
         tie_word_embeddings: the causal LM's head is the token embedding used in reverse
             (``x @ E^T``) instead of its own ``lm_head``; the backbone's weights are the same.
         seed: seeds the dropout streams (embedding: seed, block i: seed + 1 + 2i and + 2i + 2).
-        megatron_sp: Megatron sequence parallelism in every block (layout ``"tp+sp"``).
+        megatron_sp: Megatron sequence parallelism in every block (layout tp+sp).
         context_attention: every attention's sequence-parallel kernel (None, ``"gather"``,
             ``"ring"``, ``"ulysses"``); None lets a context-parallel distribution choose.
         remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
@@ -84,7 +84,7 @@ class GPTBackbone(ZooModel):
             only memory and compute change.
         schedule: None (blocks ``block_0`` .. ``block_{L-1}``), or ``"gpipe"`` /
             ``"circular"``: the L blocks are one ``PipelinedBlocks`` named ``blocks``
-            (weights stacked, layout ``"pipeline"`` splits them over a ``stage`` mesh
+            (weights stacked, layout pipeline splits them over a ``stage`` mesh
             axis); see docs/pipeline_parallel.md.
         micro_batches: M, the pieces a pipelined batch is cut into.
         scan_layers: the L blocks are one ``PipelinedBlocks`` named ``blocks`` (weights

@@ -423,7 +423,7 @@ class GPTCausalLM(ZooModel):
         Layouts (``zoo.models._transformer_layouts``): ``data`` (no rules: use with
         ``DataParallel`` or an empty ``ModelParallel``), ``fsdp`` (weights split over
         ``data``), ``tp`` (Megatron over ``model``), ``tp+sp`` (as ``tp``; build the model
-        with ``from_config_name(name, layout="tp+sp")`` or ``megatron_sp=True``),
+        with ``from_config_name(name, layout=TP_SP)`` or ``megatron_sp=True``),
         ``fsdp+tp`` (both, on a 2-D mesh).
 
         ``config``: this model's or its backbone's ``get_config()``, or a ``GPT_CONFIGS``

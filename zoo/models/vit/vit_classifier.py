@@ -45,7 +45,7 @@ class ViTClassifier(EncoderClassifier):
         dropout: rate after the embeddings, inside every block and before the head.
         use_bias: biases on the blocks' projections.
         seed: seeds the dropout layers' random streams (each layer its own).
-        megatron_sp: build the blocks Megatron sequence-parallel (layout ``"tp+sp"``;
+        megatron_sp: build the blocks Megatron sequence-parallel (layout tp+sp;
             the token count P (+1) must divide by the model axis).
         remat: every block's rematerialisation in training: ``"none"``, ``"full"`` or
             ``"dots_saveable"`` (``TransformerBlock``); memory and compute change, not the numbers.
