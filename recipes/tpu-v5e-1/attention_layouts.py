@@ -10,7 +10,8 @@ causal splash attention, output projection); the gradient of y's sum with respec
 the four kernels is timed (median of 5 timings of 5 calls) and compared with the zoo's
 form ("zoo"). One JSON line per row, printed and appended to $OUT/layouts.jsonl.
 
-- zoo: the layer as it is (einsum per projection, RoPE in float32).
+- zoo: the layer as parts 32 and 33 ran it (einsum per projection, RoPE by halves in float32).
+- library: the layer as it is now (RoPE by matmul in x's dtype since e6f0438).
 - rope_bf16: RoPE in the activations' dtype (what Hugging Face's Llama does).
 - flat: each projection a 2-D matmul of [B*T, C] by [C, H*D], reshaped after.
 - fused: one matmul for q, k and v (their kernels concatenated over heads), split after.
@@ -25,12 +26,11 @@ form ("zoo"). One JSON line per row, printed and appended to $OUT/layouts.jsonl.
 
 import json
 import os
-import statistics
-import time
 
 os.environ["KERAS_BACKEND"] = "jax"
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from attention_kernels import timed_gradient  # noqa: E402  (this folder)
 
 from zoo.kernels.splash_attention import splash_attention  # noqa: E402
 from zoo.layers.rotary_embedding import apply_rotary_embedding, rotary_angles  # noqa: E402
@@ -83,8 +83,16 @@ def rope_by_matmul(compute_dtype):
     return rope
 
 
-def rope_f32(x, positions, base=BASE, scaling=None):
+def rope_library(x, positions, base=BASE, scaling=None):
+    """The library's RoPE as it is (the matmul form in x's dtype since e6f0438)."""
     return apply_rotary_embedding(x, positions, base=base, scaling=scaling)
+
+
+def rope_f32(x, positions, base=BASE, scaling=None):
+    """RoPE by halves in float32: the library's form until e6f0438 (parts 32 and 33's "zoo")."""
+    cos, sin = _cos_sin(x, positions, base, scaling, full_width=False)
+    first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x.dtype)
 
 
 def no_rope(x, positions):
@@ -129,7 +137,8 @@ def flat_out(out, wo):
 
 
 VARIANTS = {
-    "zoo": (einsum_qkv, rope_f32),
+    "zoo": (einsum_qkv, rope_f32),  # the library's form when parts 32 and 33 ran
+    "library": (einsum_qkv, rope_library),
     "rope_bf16": (einsum_qkv, rope_bf16),
     "flat": (flat_qkv, rope_f32),
     "fused": (fused_qkv, rope_f32),
@@ -154,22 +163,6 @@ def sublayer(project, rope, output=einsum_out):
     return f
 
 
-def timed(f, args):
-    """(median seconds per call, compile seconds, gradients) of the gradient of f's sum."""
-    g = jax.jit(jax.grad(lambda *a: f(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3, 4)))
-    start = time.perf_counter()
-    grads = jax.block_until_ready(g(*args))
-    compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(5):
-            result = g(*args)
-        jax.block_until_ready(result)
-        times.append((time.perf_counter() - start) / 5)
-    return statistics.median(times), compile_s, grads
-
-
 def relative_gap(a, reference):
     """max |a - reference| / max |reference|, in float32."""
     a, reference = a.astype(jnp.float32), reference.astype(jnp.float32)
@@ -187,7 +180,7 @@ def main():
         ]
         reference = None
         for variant, parts in VARIANTS.items():
-            seconds, compile_s, grads = timed(sublayer(*parts), [x, *ws])
+            seconds, compile_s, grads = timed_gradient(sublayer(*parts), [x, *ws])
             if reference is None:
                 reference = grads
             drift = max(relative_gap(a, r) for a, r in zip(grads, reference))
