@@ -35,7 +35,7 @@ def test_auto_weighs_the_float32_logits_per_device_against_an_eighth_of_its_memo
 
 def test_auto_keeps_the_whole_logits_in_host_memory():
     choice = choose_loss_chunk("auto", batch_size=64, length=8192, vocabulary=152_064, memory_bytes=None, devices=1)
-    assert choice.chunk is None and "host memory" in choice.why
+    assert choice.chunk is None and choice.why == "on CPU, in host memory: no device memory to weigh the logits against"
 
 
 def test_a_job_resolves_auto_for_its_device_or_for_the_planned_one_and_reports_it():
@@ -49,7 +49,7 @@ def test_a_job_resolves_auto_for_its_device_or_for_the_planned_one_and_reports_i
     with sized_for(8 * logits, 1):
         assert resolve_loss_chunk("auto", model, 2, 64) is None
     assert [choice.chunk for choice in sizing.choices] == [AUTO_CHUNK]
-    assert said[0].startswith("loss from the whole logits (--loss-chunk-size auto: host memory")
+    assert said[0].startswith("loss from the whole logits (--loss-chunk-size auto: on CPU, in host memory")
     assert said[1].startswith(f"loss in chunks of {AUTO_CHUNK} (--loss-chunk-size auto: float32 logits of 2 x 64")
     assert len(said) == 2
 

@@ -86,7 +86,7 @@ def choose_loss_chunk(setting, *, batch_size, length, vocabulary, memory_bytes, 
     if setting != AUTO:
         return LossChunkChoice(setting, "given")
     if memory_bytes is None:
-        return LossChunkChoice(None, "host memory: the whole logits")
+        return LossChunkChoice(None, "on CPU, in host memory: no device memory to weigh the logits against")
     logits = FLOAT32_BYTES * batch_size * length * vocabulary / devices
     weighed = (
         f"float32 logits of {batch_size} x {length:,} x {vocabulary:,} tokens x words are {format_bytes(logits, 2)} "
