@@ -25,8 +25,8 @@
 # llama_3_2_1b's LoRA profiled with their optimised HLO and device ops kept: the per-op time model's inputs),
 # `30` and `31` (zoo plan's op-by-op time beside the measured step, on rows it was not calibrated on),
 # `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again), `33` (RoPE four ways,
-# then gpt_350m's and the LoRA's rows with the fastest), `34` (part 15 with the library's RoPE by matmul),
-# `35` (gpt_1b b4 and gpt_350m with the library's RoPE by matmul, and --plan; not run yet).
+# then gpt_350m's and the LoRA's rows with the fastest), `36` (part 15 with the library's RoPE by matmul),
+# `37` (gpt_1b b4 and gpt_350m with the library's RoPE by matmul, and --plan; 36 and 37 not run yet).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -283,16 +283,16 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     rope_row 170 "llama_3_2_1b b4" --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
         --loss-chunk-size 512
     ;;
-34)  # part 15 again with the library's RoPE by matmul (e6f0438): zoo / keras-hub in one call
+36)  # part 15 again with the library's RoPE by matmul (e6f0438): zoo / keras-hub in one call
     row 500 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
     ;;
-35)  # the library's RoPE by matmul in the rows rope_row.py measured it in (part 33), and gpt_1b at batch 4
+37)  # the library's RoPE by matmul in the rows rope_row.py measured it in (part 33), and gpt_1b at batch 4
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 200 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored --plan
     row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
     ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 35)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 and 37; "part 35" in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac
