@@ -292,7 +292,7 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
     ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 and 37; "part 35" in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 and 37; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac
