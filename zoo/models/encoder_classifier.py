@@ -8,7 +8,7 @@ configs and the layout map come from here; each model adds its own embedding rul
 import keras
 
 from zoo.layers.token_pooling import TokenPooling
-from zoo.layers.transformer_block import TransformerBlock
+from zoo.layers.transformer_block import TransformerBlock, check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._named_configs import complete_config
 from zoo.models.zoo_model import ZooModel
@@ -51,6 +51,20 @@ class EncoderClassifier(ZooModel):
     def extra_layout_sizes(cls, layout, config):
         """{(name, mesh axis): size} the model needs divisible besides the blocks' sizes."""
         return {}
+
+
+STACK_ARGUMENTS = (
+    "num_classes", "num_layers", "num_query_heads", "hidden_dim", "intermediate_dim", "num_key_value_heads", "mlp",
+    "norm", "layer_norm_epsilon", "pooling", "dropout", "use_bias", "seed", "megatron_sp", "remat",
+)  # fmt: skip
+
+
+def stack_arguments(arguments):
+    """``{name: value}`` of ``STACK_ARGUMENTS`` from a classifier's ``__init__`` arguments
+    (its ``locals()``): what ``classify`` builds the blocks and head from and the model keeps
+    in its config, ``megatron_sp`` as a bool and ``remat`` checked."""
+    stack = {name: arguments[name] for name in STACK_ARGUMENTS}
+    return stack | {"megatron_sp": bool(stack["megatron_sp"]), "remat": check_remat(stack["remat"])}
 
 
 def classify(

@@ -6,11 +6,10 @@ from zoo.config.choices import POSITION_EMBEDDINGS
 from zoo.distribution.axes import DATA, MODEL
 from zoo.layers.class_token import ClassToken
 from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
-from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._classifier_checks import check_common
 from zoo.models.encoder.encoder_configs import ENCODER_CONFIGS
-from zoo.models.encoder_classifier import EncoderClassifier, classify
+from zoo.models.encoder_classifier import EncoderClassifier, classify, stack_arguments
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -115,23 +114,7 @@ class TransformerEncoderClassifier(EncoderClassifier):
             intermediate_dim=intermediate_dim,
         )
         _check_config(sizes, position_embedding, pooling, dropout, pad_id)
-        stack = {
-            "num_classes": num_classes,
-            "num_layers": num_layers,
-            "num_query_heads": num_query_heads,
-            "hidden_dim": hidden_dim,
-            "intermediate_dim": intermediate_dim,
-            "num_key_value_heads": num_key_value_heads,
-            "mlp": mlp,
-            "norm": norm,
-            "layer_norm_epsilon": layer_norm_epsilon,
-            "pooling": pooling,
-            "dropout": dropout,
-            "use_bias": use_bias,
-            "seed": seed,
-            "megatron_sp": bool(megatron_sp),
-            "remat": check_remat(remat),
-        }  # (what ``classify`` builds)
+        stack = stack_arguments(locals())  # (what ``classify`` builds)
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
         x, key_mask = _embed(
             token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id

@@ -5,10 +5,9 @@ import keras
 from zoo.distribution.axes import MODEL
 from zoo.layers.class_token import ClassToken
 from zoo.layers.learned_position_embedding import LearnedPositionEmbedding
-from zoo.layers.transformer_block import check_remat
 from zoo.models import _classifier_layouts as layouts
 from zoo.models._classifier_checks import check_common
-from zoo.models.encoder_classifier import EncoderClassifier, classify
+from zoo.models.encoder_classifier import EncoderClassifier, classify, stack_arguments
 from zoo.models.vit.vit_configs import VIT_CONFIGS
 
 
@@ -109,23 +108,7 @@ class ViTClassifier(EncoderClassifier):
             channels=channels,
         )
         check_common(sizes, pooling, dropout)
-        stack = {
-            "num_classes": num_classes,
-            "num_layers": num_layers,
-            "num_query_heads": num_query_heads,
-            "hidden_dim": hidden_dim,
-            "intermediate_dim": intermediate_dim,
-            "num_key_value_heads": num_key_value_heads,
-            "mlp": mlp,
-            "norm": norm,
-            "layer_norm_epsilon": layer_norm_epsilon,
-            "pooling": pooling,
-            "dropout": dropout,
-            "use_bias": use_bias,
-            "seed": seed,
-            "megatron_sp": bool(megatron_sp),
-            "remat": check_remat(remat),
-        }  # (what ``classify`` builds)
+        stack = stack_arguments(locals())  # (what ``classify`` builds)
         grid = _patch_grid(image_size, patch_size)
         images = keras.Input(shape=(*image_size, channels), name="images")  # (B, H, W, Ch)
         x = _embed(images, hidden_dim, patch_size, grid, pooling)  # (B, P (+1), C)
