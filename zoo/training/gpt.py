@@ -277,12 +277,20 @@ def _save(model, settings, report):
         raise problem
 
 
+# Why blocks stay layers unless --scan-layers (docs/performance.md, sixth session): on one TPU v5e a scanned
+# step was 7% (qwen3_0.6b, 28 blocks) to 17% (gpt_1b, 8 blocks) slower and compiled 2.9-8.9x faster.
+SCAN_TRADE = "--scan-layers stacks them: compile time flat in depth, a step 7-17% slower on a TPU v5e"
+
+
 def _blocks_line(settings, model, distribution):
     """How the blocks run: the attention kernel, or under layout pipeline the schedule,
     its micro-batches and the share of stage-ticks that do work, R*M / (R*M + S - 1)."""
     backbone = model.backbone
     if not backbone.stacked:
-        return f"attention: {backbone.blocks[0].attention.describe_implementation(settings.sequence_length)}"
+        return (
+            f"attention: {backbone.blocks[0].attention.describe_implementation(settings.sequence_length)}; "
+            f"blocks as {backbone.num_layers} layers ({SCAN_TRADE})"
+        )
     if backbone.schedule is None:
         return f"blocks: {backbone.num_layers} stacked, run by one scan (scan_layers)"
     stages, micro, repeats = _stage_count(distribution.device_mesh), backbone.micro_batches, backbone.repeats
