@@ -53,18 +53,18 @@ class EncoderClassifier(ZooModel):
         return {}
 
 
-STACK_ARGUMENTS = (
-    "num_classes", "num_layers", "num_query_heads", "hidden_dim", "intermediate_dim", "num_key_value_heads", "mlp",
-    "norm", "layer_norm_epsilon", "pooling", "dropout", "use_bias", "seed", "megatron_sp", "remat",
-)  # fmt: skip
-
-
-def stack_arguments(arguments):
-    """``{name: value}`` of ``STACK_ARGUMENTS`` from a classifier's ``__init__`` arguments
-    (its ``locals()``): what ``classify`` builds the blocks and head from and the model keeps
-    in its config, ``megatron_sp`` as a bool and ``remat`` checked."""
-    stack = {name: arguments[name] for name in STACK_ARGUMENTS}
-    return stack | {"megatron_sp": bool(stack["megatron_sp"]), "remat": check_remat(stack["remat"])}
+def stack_arguments(
+    num_classes, num_layers, num_query_heads, hidden_dim, intermediate_dim, num_key_value_heads, mlp, norm,
+    layer_norm_epsilon, pooling, dropout, use_bias, seed, megatron_sp, remat,
+):  # fmt: skip
+    """What ``classify`` builds the blocks and head from, as a classifier keeps it in its
+    config: ``megatron_sp`` as a bool, ``remat`` checked."""
+    return dict(
+        num_classes=num_classes, num_layers=num_layers, num_query_heads=num_query_heads, hidden_dim=hidden_dim,
+        intermediate_dim=intermediate_dim, num_key_value_heads=num_key_value_heads, mlp=mlp, norm=norm,
+        layer_norm_epsilon=layer_norm_epsilon, pooling=pooling, dropout=dropout, use_bias=use_bias, seed=seed,
+        megatron_sp=bool(megatron_sp), remat=check_remat(remat),
+    )  # fmt: skip
 
 
 def classify(

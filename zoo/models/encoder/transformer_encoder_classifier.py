@@ -114,7 +114,11 @@ class TransformerEncoderClassifier(EncoderClassifier):
             intermediate_dim=intermediate_dim,
         )
         _check_config(sizes, position_embedding, pooling, dropout, pad_id)
-        stack = stack_arguments(locals())  # (what ``classify`` builds)
+        # what ``classify`` builds the blocks and head from
+        stack = stack_arguments(
+            num_classes, num_layers, num_query_heads, hidden_dim, intermediate_dim, num_key_value_heads, mlp, norm,
+            layer_norm_epsilon, pooling, dropout, use_bias, seed, megatron_sp, remat,
+        )  # fmt: skip
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
         x, key_mask = _embed(
             token_ids, vocabulary_size, hidden_dim, max_sequence_length, position_embedding, pooling, pad_id

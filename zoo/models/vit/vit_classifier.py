@@ -108,7 +108,11 @@ class ViTClassifier(EncoderClassifier):
             channels=channels,
         )
         check_common(sizes, pooling, dropout)
-        stack = stack_arguments(locals())  # (what ``classify`` builds)
+        # what ``classify`` builds the blocks and head from
+        stack = stack_arguments(
+            num_classes, num_layers, num_query_heads, hidden_dim, intermediate_dim, num_key_value_heads, mlp, norm,
+            layer_norm_epsilon, pooling, dropout, use_bias, seed, megatron_sp, remat,
+        )  # fmt: skip
         grid = _patch_grid(image_size, patch_size)
         images = keras.Input(shape=(*image_size, channels), name="images")  # (B, H, W, Ch)
         x = _embed(images, hidden_dim, patch_size, grid, pooling)  # (B, P (+1), C)
