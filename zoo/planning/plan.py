@@ -274,22 +274,14 @@ def plan_in_process(request, *, compiler_options=None):
     # all-reduces, combined, hold more of them at once): 1 and 2 blocks extrapolated
     # under-counted by 16-34% (docs/planning.md), so depth auto compiles every block.
     whole_for_remat = remat != "none" and not correct_remat
-    if period is None and request.depth not in ("auto", "full"):
-        raise ValueError(
-            f"depth {request.depth!r}: {settings.config_name}'s per-layer pattern (which blocks are windowed or "
-            f"sparse) repeats no period, so its blocks do not each add the same; --depth auto or full compiles the "
-            f"whole model"
-        )
+    _check_depth(request, settings, period)
     depths = depths_to_compile(
         request, full_depth, needs_two=correct_remat, unit=unit, whole=whole_for_remat or period is None, why=why
     )
-    memory = None if spec.name == "cpu" else spec.memory_bytes  # --loss-chunk-size auto sizes for the target
-    with sized_for(memory, request.devices) as sizing:
-        steps = _measure_depths(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
+    steps, loss_notes = _measure_sized(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
     step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
     notes = depth_notes(request, settings, depths, full_depth, period=period, unit=unit, whole=whole_for_remat)
-    notes += [f"loss_chunk_size auto: {describe_chunk(c.chunk)} ({c.why})" for c in sizing.choices[:1]]
-    notes += remat_notes(settings, corrected=correct_remat and len(steps) == 2)
+    notes += loss_notes + remat_notes(settings, corrected=correct_remat and len(steps) == 2)
     if note := host_state_note(request.device, getattr(settings, "state_memory", "device")):
         notes.append(note)
     correction = 0
@@ -309,6 +301,26 @@ def plan_in_process(request, *, compiler_options=None):
         tuple(notes),
         "; ".join(part for part in (remat_caveat(remat, correction), compiler_caveat(request.device)) if part),
     )
+
+
+def _check_depth(request, settings, period):
+    """Refuse a block count to compile at where the blocks repeat no period (each block does
+    not add the same)."""
+    if period is None and request.depth not in ("auto", "full"):
+        raise ValueError(
+            f"depth {request.depth!r}: {settings.config_name}'s per-layer pattern (which blocks are windowed or "
+            f"sparse) repeats no period, so its blocks do not each add the same; --depth auto or full compiles the "
+            f"whole model"
+        )
+
+
+def _measure_sized(job, settings, request, depths, *, compiler_options, rates):
+    """``(steps, notes)``: ``_measure_depths`` with ``--loss-chunk-size auto`` sized for the
+    planned device (``sized_for``), not this process' one; a note names auto's choice."""
+    spec = device_spec(request.device)
+    with sized_for(None if spec.name == "cpu" else spec.memory_bytes, request.devices) as sizing:
+        steps = _measure_depths(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
+    return steps, [f"loss_chunk_size auto: {describe_chunk(c.chunk)} ({c.why})" for c in sizing.choices[:1]]
 
 
 def _measure_depths(job, settings, request, depths, *, compiler_options, rates):
