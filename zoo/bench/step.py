@@ -335,10 +335,7 @@ def _remat_words(settings, rows):
 
 def _loss_words(settings, rows):
     """ ", loss in chunks of 512" (", ... (auto)" when --loss-chunk-size auto chose it); nothing for the whole."""
-    chunk = rows[0].get(
-        "loss_chunk", None if settings.loss_chunk_size in ("auto", "whole") else settings.loss_chunk_size
-    )
-    auto = " (auto)" if settings.loss_chunk_size == "auto" else ""
+    chunk, auto = rows[0].get("loss_chunk"), " (auto)" if settings.loss_chunk_size == "auto" else ""
     return f", loss in chunks of {chunk}{auto}" if chunk else (f", loss from the whole logits{auto}" if auto else "")
 
 

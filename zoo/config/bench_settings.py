@@ -9,10 +9,9 @@ import argparse
 import dataclasses
 
 from zoo.config import _bench_fields as fields
-from zoo.config import choices, renamed, types
+from zoo.config import choices, layouts, renamed, types
 from zoo.config.bench_moe_settings import MOE_SECTIONS, MoEBenchSettings, capacity_factor_list  # noqa: F401 (moved)
 from zoo.config.bench_peers_settings import PEERS_LAYOUTS, PeersBenchSettings  # noqa: F401 (moved)
-from zoo.config.layouts import FSDP_TP, TP
 from zoo.config.schema import setting
 
 # The benchmarks' own closed sets (defined here once; zoo.bench imports them).
@@ -23,7 +22,7 @@ TP_VARIANTS = (
     "sp",
     "gated-sp",
 )  # zoo bench tp: MLPs; "sp" = Megatron sequence parallelism (megatron_sp)
-SCALE_SECTIONS = ("recipes", "attention", FSDP_TP, TP)  # zoo bench scale: its tables
+SCALE_SECTIONS = ("recipes", "attention", layouts.FSDP_TP, layouts.TP)  # zoo bench scale: its tables
 PLAN_SECTIONS = ("recipes", "scale", "auto", "depth")  # zoo bench plan: its tables
 PIPELINE_SECTIONS = ("bubble", "memory")  # zoo bench pipeline: its tables
 WINDOW_SECTIONS = ("blockwise", "context")  # zoo bench window: its tables
