@@ -9,7 +9,9 @@ and never holds them whole. What was measured on one TPU v5e chip (docs/performa
 "The training step on one TPU v5e chip"):
 
 - gpt_1b (V = 32,000) at batch 4 x 2,048, logits 0.98 GiB: the whole loss was faster
-  (0.2691 s a step against 0.2798 s in chunks of 512);
+  (0.2691 s a step against 0.2798 s in chunks of 512, at 2847a1b: before the chunks took
+  their gradient in the forward pass, which saved one head matmul per chunk; not measured
+  since);
 - llama_3_2_1b (V = 128,256) and qwen3_0.6b (V = 151,936) at batch 4 x 2,048, logits
   3.9 and 4.6 GiB: every fast row ran in chunks of 512 (the LoRA at 391.9 ms, 56.7% MFU;
   the full fine-tune at 335.1 ms, 53.1%); the LoRA's whole-logits row did not finish
