@@ -1,7 +1,6 @@
 """Test session set-up: 8 simulated CPU devices, the JAX backend and one persistent
 compilation cache for the whole session, before JAX starts."""
 
-import gc
 import importlib.metadata
 import os
 import shutil
@@ -83,16 +82,6 @@ def no_distribution_leaks():
     keras.distribution.set_distribution(None)
     yield
     keras.distribution.set_distribution(None)
-
-
-def pytest_sessionfinish(session):
-    """An xdist worker collects its garbage before it reports itself finished (xdist's hook
-    sends that after this one). Once told to stop, execnet gives the worker 5 s and then
-    sends it a SIGINT (``execnet/gateway_base.py``, ``_terminate_execution``); on a slow
-    machine the worker was still in a garbage collection then (JAX's callback freeing XLA's
-    buffers), and a green run ended with a ``KeyboardInterrupt`` warning (docs/testing.md)."""
-    if hasattr(session.config, "workerinput"):
-        gc.collect()
 
 
 def pytest_unconfigure(config):
