@@ -37,6 +37,7 @@ import tempfile
 
 from zoo.bench._output import size_text, write_text
 from zoo.bench._step_timing import device_memory, random_tokens, step_row, time_fits
+from zoo.config.choices import AUTO
 
 
 def run_benchmark(settings, report=print):
@@ -335,7 +336,7 @@ def _remat_words(settings, rows):
 
 def _loss_words(settings, rows):
     """ ", loss in chunks of 512" (", ... (auto)" when --loss-chunk-size auto chose it); nothing for the whole."""
-    chunk, auto = rows[0].get("loss_chunk"), " (auto)" if settings.loss_chunk_size == "auto" else ""
+    chunk, auto = rows[0].get("loss_chunk"), " (auto)" if settings.loss_chunk_size == AUTO else ""
     return f", loss in chunks of {chunk}{auto}" if chunk else (f", loss from the whole logits{auto}" if auto else "")
 
 

@@ -24,6 +24,8 @@ A value out of range is a usage error named by its flag and value, before any wo
 import argparse
 import math
 
+from zoo.config.choices import AUTO, WHOLE
+
 MAX_INTEGER = 2**31 - 1  # every count is an int32 somewhere (XLA shapes, loop bounds, step counters)
 MAX_DEVICES = 4096  # simulated CPU devices and planned targets: XLA:CPU starts 4096, and no pod is larger per mesh here
 
@@ -108,7 +110,7 @@ def int_or_words(words, minimum=1):
     return parse
 
 
-loss_chunk = int_or_words(("auto", "whole"))  # --loss-chunk-size
+loss_chunk = int_or_words((AUTO, WHOLE))  # --loss-chunk-size
 
 
 def text(value):

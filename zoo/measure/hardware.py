@@ -52,6 +52,7 @@ __all__ = [
     "host_cpu_spec",
     "local_device",
     "match_device_kind",
+    "memory_limit",
     "platform_of",
 ]
 
@@ -227,9 +228,14 @@ def local_device():
         raise UnknownDeviceError(
             f"device kind {devices[0].device_kind!r} is not in zoo.planning.DEVICES; plan with --device"
         )
-    stats = devices[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
+    limit = memory_limit(devices[0])
     return name, (limit / GIB if limit else None)
+
+
+def memory_limit(device):
+    """The bytes JAX may use on ``device`` (its ``bytes_limit``), or None where the backend
+    reports none."""
+    return (device.memory_stats() or {}).get("bytes_limit")
 
 
 def platform_of(kind):

@@ -278,7 +278,9 @@ def plan_in_process(request, *, compiler_options=None):
     depths = depths_to_compile(
         request, full_depth, needs_two=correct_remat, unit=unit, whole=whole_for_remat or period is None, why=why
     )
-    steps, loss_notes = _measure_sized(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
+    steps, loss_notes = _measure_sized(
+        job, settings, request, depths, spec=spec, compiler_options=compiler_options, rates=rates
+    )
     step = steps[0] if len(steps) == 1 else extrapolate(steps[0], steps[1], full_depth)
     notes = depth_notes(request, settings, depths, full_depth, period=period, unit=unit, whole=whole_for_remat)
     notes += loss_notes + remat_notes(settings, corrected=correct_remat and len(steps) == 2)
@@ -314,10 +316,9 @@ def _check_depth(request, settings, period):
         )
 
 
-def _measure_sized(job, settings, request, depths, *, compiler_options, rates):
+def _measure_sized(job, settings, request, depths, *, spec, compiler_options, rates):
     """``(steps, notes)``: ``_measure_depths`` with ``--loss-chunk-size auto`` sized for the
-    planned device (``sized_for``), not this process' one; a note names auto's choice."""
-    spec = device_spec(request.device)
+    planned device ``spec`` (``sized_for``), not this process' one; a note names auto's choice."""
     with sized_for(None if spec.name == "cpu" else spec.memory_bytes, request.devices) as sizing:
         steps = _measure_depths(job, settings, request, depths, compiler_options=compiler_options, rates=rates)
     return steps, [f"loss_chunk_size auto: {describe_chunk(c.chunk)} ({c.why})" for c in sizing.choices[:1]]

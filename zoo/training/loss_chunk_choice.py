@@ -74,9 +74,10 @@ def sized_for(memory_bytes, devices):
 def _local_sizing():
     import jax
 
+    from zoo.measure.hardware import memory_limit
+
     device = jax.devices()[0]
-    limit = None if device.platform == "cpu" else (device.memory_stats() or {}).get("bytes_limit")
-    return Sizing(limit, jax.device_count())
+    return Sizing(None if device.platform == "cpu" else memory_limit(device), jax.device_count())
 
 
 def choose_loss_chunk(setting, *, batch_size, length, vocabulary, memory_bytes, devices):
@@ -90,14 +91,12 @@ def choose_loss_chunk(setting, *, batch_size, length, vocabulary, memory_bytes, 
     if memory_bytes is None:
         return LossChunkChoice(None, "on CPU, in host memory: no device memory to weigh the logits against")
     logits = FLOAT32_BYTES * batch_size * length * vocabulary / devices
+    small = logits * LOGITS_SHARE <= memory_bytes
     weighed = (
         f"float32 logits of {batch_size} x {length:,} x {vocabulary:,} tokens x words are {format_bytes(logits, 2)} "
-        f"per device, {'at most' if logits * LOGITS_SHARE <= memory_bytes else 'over'} 1/{LOGITS_SHARE} of its "
-        f"{format_bytes(memory_bytes, 2)}"
+        f"per device, {'at most' if small else 'over'} 1/{LOGITS_SHARE} of its {format_bytes(memory_bytes, 2)}"
     )
-    if logits * LOGITS_SHARE <= memory_bytes:
-        return LossChunkChoice(None, weighed)
-    return LossChunkChoice(AUTO_CHUNK, weighed)
+    return LossChunkChoice(None if small else AUTO_CHUNK, weighed)
 
 
 def resolve_loss_chunk(setting, model, batch_size, length, *, report=None):

@@ -32,6 +32,7 @@ import keras
 
 from zoo.config.choices import AUTO, REMATS_FASTEST_FIRST
 from zoo.measure.compiled_step import compile_fit_step
+from zoo.measure.hardware import memory_limit as device_memory_limit
 from zoo.units import format_bytes
 
 __all__ = ["RematChoice", "apply_remat", "choose_remat", "resolve_remat"]
@@ -72,7 +73,7 @@ def choose_remat(model, x, y, sample_weight=None, *, memory_limit=None):
     if memory_limit is None and device.platform == "cpu":
         model.backbone.set_remat("none")
         return RematChoice("none", "on CPU the step runs in host memory: nothing recomputed")
-    limit = memory_limit if memory_limit is not None else _device_limit(device)
+    limit = memory_limit if memory_limit is not None else device_memory_limit(device)
     by_compiler = memory_limit is None and device.platform == "tpu"  # the TPU compiler refuses what does not fit
     peaks = {}
     for remat in REMATS_FASTEST_FIRST:
@@ -93,11 +94,6 @@ def _compiled_peak(model, x, y, sample_weight):
             raise
         return None
     return memory.peak
-
-
-def _device_limit(device):
-    stats = device.memory_stats() or {}
-    return stats.get("bytes_limit")
 
 
 def _where(device, limit):
