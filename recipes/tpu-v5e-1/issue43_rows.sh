@@ -26,7 +26,8 @@
 # `30` and `31` (zoo plan's op-by-op time beside the measured step, on rows it was not calibrated on),
 # `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again), `33` (RoPE four ways,
 # then gpt_350m's and the LoRA's rows with the fastest), `36` (part 15 with the library's RoPE by matmul),
-# `37` (gpt_1b b4 and gpt_350m with the library's RoPE by matmul, and --plan; 36 and 37 not run yet).
+# `37` (gpt_1b b4 and gpt_350m with the library's RoPE by matmul, and --plan), `38` (splash's q, k, v
+# layouts, then gpt_1b b2 and b4 with the fastest).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -283,16 +284,30 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     rope_row 170 "llama_3_2_1b b4" --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none \
         --loss-chunk-size 512
     ;;
-36)  # part 15 again with the library's RoPE by matmul (e6f0438): zoo / keras-hub in one call
-    row 500 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
+36)  # part 15 again with the library's RoPE by matmul (e6f0438): zoo / keras-hub in one call, the zoo
+    # with float32 AdamW (keras-hub's optimizer) beside keras-hub, then with bfloat16 + factored AdamW
+    row 420 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
+    row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored
     ;;
 37)  # the library's RoPE by matmul in the rows rope_row.py measured it in (part 33), and gpt_1b at batch 4
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 200 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored --plan
     row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
     ;;
+38)  # splash's q, k, v layouts at each head dim (recipes/tpu-v5e-1/splash_layouts.py), then gpt_1b b2 and b4
+    # with the fastest at gpt_1b's shape
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    timeout 200 python3 recipes/tpu-v5e-1/splash_layouts.py >> "$OUT/log.txt" 2>&1
+    for b in 2 4; do
+        echo "### splash_layouts.py row 'gpt_1b b$b' -- gpt_1b 8 layers b$b, bfloat16 + factored AdamW" >> "$OUT/step.md"
+        timeout 170 python3 recipes/tpu-v5e-1/splash_layouts.py row "gpt_1b b$b" -- --config-name gpt_1b --num-layers 8 --batch-size $b \
+            --moment-dtype bfloat16 --second-moment factored --output /tmp/row.md >> "$OUT/log.txt" 2>&1 \
+            && cat /tmp/row.md >> "$OUT/step.md" || echo "FAILED or timed out (exit $?)" >> "$OUT/step.md"
+        echo >> "$OUT/step.md"
+    done
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 and 37; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 38; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac

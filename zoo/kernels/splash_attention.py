@@ -50,6 +50,8 @@ PLATFORMS = ("tpu",)  # where the seam runs it (a test widens it to the CPU: Pal
 LANES = 128  # the TPU's vector lane width: every block edge is a multiple of it
 EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
 COMPUTE_EDGE = 512  # keys per inner step of a block (block_kv_compute): the measured best
+HEAD_DIM_MINOR, SEQ_MINOR = "HEAD_DIM_MINOR", "SEQ_MINOR"  # splash's QKVLayout: (T, D) or (D, T) blocks
+LAYOUTS = {}  # head dim -> (q, k, v) layouts splash reads; HEAD_DIM_MINOR for all three where absent
 
 
 def supports(*, q_len, kv_len, head_dim, natural_order=True, key_masked=False, segmented=False):
@@ -77,13 +79,20 @@ def _mask(q_len, kv_len, groups, causal, sliding_window):
     return masks.MultiHeadMask([one] * groups)
 
 
+def layouts(head_dim):
+    """The (q, k, v) layouts splash reads at ``head_dim`` (``LAYOUTS``); each changes how the
+    kernel holds a block in its memory, never the result."""
+    return LAYOUTS.get(head_dim, (HEAD_DIM_MINOR,) * 3)
+
+
 @functools.lru_cache(maxsize=64)
-def _kernel(q_len, kv_len, groups, causal, sliding_window, softcap, interpret):
+def _kernel(q_len, kv_len, groups, causal, sliding_window, softcap, interpret, qkv_layouts):
     """The multi-query kernel for one KV head's G query heads: (G, T, D), (S, D), (S, D) -> (G, T, D)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
     bq, bkv = block_edge(q_len), block_edge(kv_len)
     compute = min(COMPUTE_EDGE, bkv)
+    q_layout, k_layout, v_layout = (splash.QKVLayout[name] for name in qkv_layouts)
     sizes = splash.BlockSizes(
         block_q=bq,
         block_kv=bkv,
@@ -92,6 +101,9 @@ def _kernel(q_len, kv_len, groups, causal, sliding_window, softcap, interpret):
         block_kv_dkv=bkv,
         block_kv_dkv_compute=compute,
         use_fused_bwd_kernel=True,
+        q_layout=q_layout,
+        k_layout=k_layout,
+        v_layout=v_layout,
     )
     with jax.ensure_compile_time_eval():  # its mask tables as concrete arrays: the cached kernel serves every trace
         return splash.make_splash_mqa_single_device(
@@ -137,7 +149,7 @@ def splash_attention(
         segment_ids = jnp.ones((b, t), jnp.int32)
         kv_segment_ids = key_mask.astype(jnp.int32)  # i32[B, S]
     q_ids, kv_ids = segment_pair(segment_ids, kv_segment_ids, q_shape=q.shape, k_shape=k.shape)
-    kernel = _kernel(t, s, groups, causal, sliding_window, softcap, interpret)
+    kernel = _kernel(t, s, groups, causal, sliding_window, softcap, interpret, layouts(d))
     scale = d**-0.5 if scale is None else scale
     qh = (
         (q * jnp.asarray(scale, q.dtype)).reshape(b, t, kv_heads, groups, d).transpose(0, 2, 3, 1, 4)
