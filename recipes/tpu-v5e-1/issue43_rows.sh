@@ -297,10 +297,10 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
 38)  # splash's q, k, v layouts at each head dim (recipes/tpu-v5e-1/splash_layouts.py), then gpt_1b b2 and b4
     # with the fastest at gpt_1b's shape
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
-    timeout 200 python3 recipes/tpu-v5e-1/splash_layouts.py >> "$OUT/log.txt" 2>&1
+    timeout 240 python3 recipes/tpu-v5e-1/splash_layouts.py >> "$OUT/log.txt" 2>&1
     for b in 2 4; do
         echo "### splash_layouts.py row 'gpt_1b b$b' -- gpt_1b 8 layers b$b, bfloat16 + factored AdamW" >> "$OUT/step.md"
-        timeout 170 python3 recipes/tpu-v5e-1/splash_layouts.py row "gpt_1b b$b" -- --config-name gpt_1b --num-layers 8 --batch-size $b \
+        timeout 165 python3 recipes/tpu-v5e-1/splash_layouts.py row "gpt_1b b$b" -- --config-name gpt_1b --num-layers 8 --batch-size $b \
             --moment-dtype bfloat16 --second-moment factored --output /tmp/row.md >> "$OUT/log.txt" 2>&1 \
             && cat /tmp/row.md >> "$OUT/step.md" || echo "FAILED or timed out (exit $?)" >> "$OUT/step.md"
         echo >> "$OUT/step.md"

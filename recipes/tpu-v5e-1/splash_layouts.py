@@ -9,7 +9,7 @@ until this was measured) or (D, T) (``SEQ_MINOR``). At head dim 64 a (T, 64) blo
 half of the TPU's 128 lanes; a (64, T) block fills them all. The first form times the
 library's own ``zoo.kernels.splash_attention.splash_attention`` (its block sizes) with each
 layout in ``zoo.kernels.splash_attention.LAYOUTS``, forward + backward, at the shapes of
-splash_blocks.py: the median of 5 timings of 5 calls of the jitted gradient. One JSON line
+splash_blocks.py and issue 44's at 8,192 tokens: the median of 5 timings of 5 calls of the jitted gradient. One JSON line
 a row, printed and appended to $OUT/splash_layouts.jsonl. The ``row`` form puts the fastest
 layout of SHAPE (from that file, same call) in ``LAYOUTS`` for its head dim and runs the
 rest of the arguments as ``zoo bench step`` in this process.
@@ -29,6 +29,7 @@ from splash_blocks import SHAPES  # noqa: E402
 import zoo.kernels.splash_attention as splash  # noqa: E402
 
 H, S = splash.HEAD_DIM_MINOR, splash.SEQ_MINOR
+SHAPES = SHAPES | {"8k D64": (1, 8192, 32, 8, 64), "8k D128": (1, 8192, 16, 8, 128)}  # issue 44's long rows
 CANDIDATES = [(H, H, H), (H, S, S), (H, S, H), (H, H, S), (S, S, S)]  # (q, k, v)
 ROWS = "splash_layouts.jsonl"
 
