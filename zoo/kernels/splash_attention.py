@@ -51,7 +51,10 @@ LANES = 128  # the TPU's vector lane width: every block edge is a multiple of it
 EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
 COMPUTE_EDGE = 512  # keys per inner step of a block (block_kv_compute): the measured best
 HEAD_DIM_MINOR, SEQ_MINOR = "HEAD_DIM_MINOR", "SEQ_MINOR"  # splash's QKVLayout: (T, D) or (D, T) blocks
-LAYOUTS = {}  # head dim -> (q, k, v) layouts splash reads; HEAD_DIM_MINOR for all three where absent
+# head dim -> (q, k, v) layouts splash reads; HEAD_DIM_MINOR for all three where absent. At head
+# dim 64, (D, T) blocks for all three were the fastest of five at 5 of 6 shapes on the chip (gpt_350m's
+# kernel 7.5% faster, the others within 2%; recipes/tpu-v5e-1/splash_layouts.py); at 128 no layout won.
+LAYOUTS = {64: (SEQ_MINOR,) * 3}
 
 
 def supports(*, q_len, kv_len, head_dim, natural_order=True, key_masked=False, segmented=False):
