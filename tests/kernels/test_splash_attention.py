@@ -71,16 +71,17 @@ def test_matches_the_float64_reference(name):
         assert not np.asarray(got[0])[0, :100].any() and np.asarray(got[0])[0, 100:].any()
 
 
-def test_seq_minor_layouts_match_the_reference(monkeypatch):
-    """q, k and v read as (D, T) blocks (``LAYOUTS``, for the head dims where the chip
-    measured that faster) give the reference's outputs and gradients."""
-    monkeypatch.setitem(splash_module.LAYOUTS, D, (splash_module.SEQ_MINOR,) * 3)
+def test_the_other_layout_matches_the_reference(monkeypatch):
+    """The tests above run splash's layouts at head dim 64, (D, T) blocks (``LAYOUTS``);
+    (T, D) blocks, the layout at other head dims, give the reference's outputs and gradients too."""
+    assert splash_module.layouts(D) == (splash_module.SEQ_MINOR,) * 3
+    monkeypatch.setitem(splash_module.LAYOUTS, D, (splash_module.HEAD_DIM_MINOR,) * 3)
     test_matches_the_float64_reference("causal-segments-softcap")
     misses = splash_module._kernel.cache_info().misses
     built = splash_module._kernel(256, 256, H // K, True, None, 5.0, True, splash_module.layouts(D))
     assert splash_module._kernel.cache_info().misses == misses  # the kernel the call above ran
     sizes = built.kwargs["block_sizes"]
-    assert [x.name for x in (sizes.q_layout, sizes.k_layout, sizes.v_layout)] == [splash_module.SEQ_MINOR] * 3
+    assert [x.name for x in (sizes.q_layout, sizes.k_layout, sizes.v_layout)] == [splash_module.HEAD_DIM_MINOR] * 3
 
 
 def test_the_kernel_serves_every_trace():
