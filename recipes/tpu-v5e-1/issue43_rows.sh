@@ -26,7 +26,7 @@
 # `30` and `31` (zoo plan's op-by-op time beside the measured step, on rows it was not calibrated on),
 # `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again), `33` (RoPE four ways,
 # then gpt_350m's and the LoRA's rows with the fastest), `36` (part 15 with the library's RoPE by matmul),
-# `37` (gpt_1b b4 and gpt_350m with the library's RoPE by matmul, and --plan), `38` (splash's q, k, v
+# `37` (gpt_350m with the library's RoPE by matmul, and gpt_1b b4 under remat full, with --plan), `38` (splash's q, k, v
 # layouts, then gpt_1b b2 and b4 with the fastest).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
@@ -289,10 +289,12 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     row 420 --config-name gpt_1b --num-layers 8 --batch-size 2 --peer keras-hub
     row 150 --config-name gpt_1b --num-layers 8 --batch-size 2 --moment-dtype bfloat16 --second-moment factored
     ;;
-37)  # the library's RoPE by matmul in the rows rope_row.py measured it in (part 33), and gpt_1b at batch 4
+37)  # gpt_350m with the library's RoPE by matmul and splash's (D, T) blocks, and issue 43's remat-full
+    # row (gpt_1b b4), each with --plan (a remat-full step zoo plan had not been checked against)
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
-    row 200 --config-name gpt_1b --num-layers 8 --batch-size 4 --moment-dtype bfloat16 --second-moment factored --plan
-    row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
+    row 300 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
+    row 220 --config-name gpt_1b --num-layers 8 --batch-size 4 --remat full --moment-dtype bfloat16 \
+        --second-moment factored --plan
     ;;
 38)  # splash's q, k, v layouts at each head dim (recipes/tpu-v5e-1/splash_layouts.py), then gpt_1b b2 and b4
     # with the fastest at gpt_1b's shape
