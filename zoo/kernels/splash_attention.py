@@ -31,6 +31,10 @@ or within 1% of it at every shape and head dim: 8% faster than blocks of 512 at 
 batch 4, 12% at llama_3_2_1b's; 2,048-token blocks ran out of the core's VMEM. The fused
 backward was faster than the split one (dq apart from dk, dv) in every case.
 
+Layouts (``LAYOUTS``): splash reads q, k and v in (T, D) or (D, T) blocks; at head dim 64,
+where a (T, 64) block fills half of the TPU's 128 lanes, (D, T) blocks for all three were
+the fastest of five layouts at 5 of 6 shapes (``recipes/tpu-v5e-1/splash_layouts.py``).
+
 Letters: B batch, T queries, S keys, H query heads, K KV heads, G = H / K, D head dim.
 """
 
@@ -51,9 +55,8 @@ LANES = 128  # the TPU's vector lane width: every block edge is a multiple of it
 EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
 COMPUTE_EDGE = 512  # keys per inner step of a block (block_kv_compute): the measured best
 HEAD_DIM_MINOR, SEQ_MINOR = "HEAD_DIM_MINOR", "SEQ_MINOR"  # splash's QKVLayout: (T, D) or (D, T) blocks
-# head dim -> (q, k, v) layouts splash reads; HEAD_DIM_MINOR for all three where absent. At head
-# dim 64, (D, T) blocks for all three were the fastest of five at 5 of 6 shapes on the chip (gpt_350m's
-# kernel 7.5% faster, the others within 2%; recipes/tpu-v5e-1/splash_layouts.py); at 128 no layout won.
+# head dim -> (q, k, v) layouts splash reads; HEAD_DIM_MINOR for all three where absent (module
+# docstring; at 128 no layout was faster by more than 0.8%)
 LAYOUTS = {64: (SEQ_MINOR,) * 3}
 
 
