@@ -27,7 +27,7 @@
 # `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again), `33` (RoPE four ways,
 # then gpt_350m's and the LoRA's rows with the fastest), `36` (part 15 with the library's RoPE by matmul),
 # `37` (gpt_350m with the library's RoPE by matmul, and gpt_1b b4 under remat full, with --plan), `38` (splash's q, k, v
-# layouts, then gpt_1b b2 and b4 with the fastest).
+# layouts, then gpt_1b b2 and b4 with the fastest), `39` (part 37's remat-full row, its plan reading (D, T) blocks).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -296,6 +296,10 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     row 220 --config-name gpt_1b --num-layers 8 --batch-size 4 --remat full --moment-dtype bfloat16 \
         --second-moment factored --plan
     ;;
+39)  # part 37's remat-full gpt_1b b4 row again, its plan reading splash's (D, T) operands (kernel_scores)
+    row 250 --config-name gpt_1b --num-layers 8 --batch-size 4 --remat full --moment-dtype bfloat16 \
+        --second-moment factored --plan
+    ;;
 38)  # splash's q, k, v layouts at each head dim (recipes/tpu-v5e-1/splash_layouts.py), then gpt_1b b2 and b4
     # with the fastest at gpt_1b's shape
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
@@ -309,7 +313,7 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     done
     ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 38; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 39; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac

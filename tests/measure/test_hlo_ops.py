@@ -130,6 +130,12 @@ def test_a_splash_kernel_reads_its_block_mask_and_shapes(ops):
     op = ops["splash_mqa_fwd_residuals.1"]
     assert op.block_fraction == 0.75  # {{1, 0}, {2, 1}}: one pair of blocks of four skipped
     assert roofline.kernel_scores(op) == 1 * 2 * 4 * 256 * 256 * 0.75
+    # the same kernel reading (D, T) blocks (splash's SEQ_MINOR, the zoo's layout at head dim 64): q as
+    # [..., G, D, T], k and v as [..., D, S]
+    minor = tuple(
+        (dtype, dims[:-2] + dims[-2:][::-1]) if len(dims) >= 2 else (dtype, dims) for dtype, dims in op.operands
+    )
+    assert roofline.kernel_scores(dataclasses.replace(op, operands=minor)) == roofline.kernel_scores(op)
 
 
 def test_the_printer_s_spelling_of_the_same_program_reads_the_same():

@@ -225,21 +225,23 @@ def kernel_scores(op):
     """Attention scores a splash-style kernel call visits: its query heads x T x S, times the
     share of (query block, key block) pairs its block mask does not skip
     (``HloOp.block_fraction``; all where it has none). The queries are its operand of the
-    highest rank ([..., G, T, D]), the keys the first after it one rank lower with the same
-    head dim ([..., S, D]); None where its operands hold no such pair."""
+    highest rank ([..., G, T, D], or [..., G, D, T] where the kernel reads (D, T) blocks), the
+    keys the first after it one rank lower sharing a last-two dimension with it ([..., S, D]
+    or [..., D, S]); the head dim D is the shared size (the smaller where two are shared,
+    T = S). None where its operands hold no such pair."""
     ranked = [dims for _, dims in op.operands if len(dims) >= 3]
     if not ranked:
         return None
     queries = max(ranked, key=len)
     start = next(i for i, (_, dims) in enumerate(op.operands) if dims == queries)
-    keys = next(
-        (dims for _, dims in op.operands[start + 1 :] if len(dims) == len(queries) - 1 and dims[-1] == queries[-1]),
-        None,
-    )
-    if keys is None:
-        return None
-    visited = op.block_fraction if op.block_fraction is not None else 1.0
-    return math.prod(queries[:-1]) * keys[-2] * visited
+    for _, keys in op.operands[start + 1 :]:
+        shared = set(queries[-2:]) & set(keys[-2:]) if len(keys) == len(queries) - 1 else set()
+        if shared:
+            head_dim = min(shared)
+            q_len, kv_len = math.prod(queries[-2:]) // head_dim, math.prod(keys[-2:]) // head_dim
+            visited = op.block_fraction if op.block_fraction is not None else 1.0
+            return math.prod(queries[:-2]) * q_len * kv_len * visited
+    return None
 
 
 def op_step_time(ops, rates):
