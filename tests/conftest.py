@@ -1,6 +1,7 @@
 """Test session set-up: 8 simulated CPU devices, the JAX backend and one persistent
 compilation cache for the whole session, before JAX starts."""
 
+import gc
 import importlib.metadata
 import os
 import shutil
@@ -82,6 +83,19 @@ def no_distribution_leaks():
     keras.distribution.set_distribution(None)
     yield
     keras.distribution.set_distribution(None)
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker collects its garbage and freezes what is left (``gc.freeze``) before it
+    reports itself finished (xdist's hook sends that after this one). Once told to stop,
+    execnet gives the worker 5 s and then sends it a SIGINT (``execnet/gateway_base.py``,
+    ``_terminate_execution``); pytest's own ``gc.collect`` at unconfigure, a full pass over
+    the worker's heap with JAX's callback freeing XLA's buffers, outlasted that on a slow
+    machine, and a green run ended with a ``KeyboardInterrupt`` warning (docs/testing.md).
+    Frozen objects are not scanned again, so that last pass has only the newest to visit."""
+    if hasattr(session.config, "workerinput"):
+        gc.collect()
+        gc.freeze()
 
 
 def pytest_unconfigure(config):
