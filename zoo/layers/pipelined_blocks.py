@@ -24,7 +24,7 @@ from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
 from zoo.layers._lora import check_lora_rank, enable_layer_lora, factor_axes_like, lora_target_layers
-from zoo.layers._parallel_plan import resolve_plan, run_manual_over
+from zoo.layers._parallel_plan import resolve_plan, run_manual_over, weight_axes
 from zoo.layers._quantized import is_built_quantized, quantized_weights
 from zoo.layers._stacked_loop import LoopShardings, StageFunction, stages_body
 from zoo.layers.moe_feed_forward import router_statistics
@@ -426,8 +426,8 @@ def _factors_laid_out_like_kernels(layer, variables):
         kernel = layer.stacked.get(f"{prefix}/kernel")
         if name not in LORA_WEIGHTS or path in layer.stacked or kernel is None:
             continue
-        spec = tuple(getattr(getattr(kernel.value, "sharding", None), "spec", ()) or ())
-        axes = spec + (None,) * (kernel.ndim - len(spec))  # (R, L/R, *k)
+        axes = weight_axes(kernel) or (None,) * kernel.ndim  # (R, L/R, *k); never kernel.value: in a plan's
+        # abstract build that would allocate the whole stack (a 70B int4 stack: 9.4 GB on the host)
         wanted = axes[:2] + factor_axes_like(axes[2:], kernel.ndim - 2)[name]  # a block's factor behind (R, L/R)
         key = f"{layer.path}/{path}"
         if len(wanted) == 2 + len(variable.shape) and key not in keys:
