@@ -16,6 +16,7 @@ from zoo._compat import (
     distribution_layout_map,
     forgetting_deferred_variables,
     saved_variables,
+    set_deferred_variable_layout,
     sublayers,
 )
 from zoo.config.choices import LORA_WEIGHTS, SCHEDULES
@@ -416,9 +417,10 @@ def _factors_laid_out_like_kernels(layer, variables):
     placing each like its stacked kernel (R, L/R, *k) is placed, as ``zoo.training``'s
     ``enable_lora`` places a layer's: ``lora_kernel_a`` (R, L/R, *k[:-1], r) as the kernel
     but its last axis, ``lora_kernel_b`` (R, L/R, r, k[-1]) the stacking axes and the last
-    (under fsdp the factors split as the kernels, not replicated). Without a layout map
-    (no distribution, data parallelism), or for a kernel stored in another shape (int4's
-    packed), nothing is added: Keras replicates them."""
+    (under fsdp the factors split as the kernels, not replicated; an EinsumDense's packed
+    int4 kernel as the float kernel it stands for, ``_float_kernel_axes``). Without a layout
+    map (no distribution, data parallelism) nothing is added: Keras replicates them. In an
+    abstract build each factor is given its layout while its key is in the map."""
     layout_map = distribution_layout_map(keras.distribution.distribution())
     added, keys = [], set(iter(layout_map or ()))  # not ``key in layout_map``: its regex lookup says True for any match
     for path, variable in variables.items() if layout_map is not None else ():
@@ -426,18 +428,35 @@ def _factors_laid_out_like_kernels(layer, variables):
         kernel = layer.stacked.get(f"{prefix}/kernel")
         if name not in LORA_WEIGHTS or path in layer.stacked or kernel is None:
             continue
-        axes = weight_axes(kernel) or (None,) * kernel.ndim  # (R, L/R, *k); never kernel.value: in a plan's
-        # abstract build that would allocate the whole stack (a 70B int4 stack: 9.4 GB on the host)
+        axes = _float_kernel_axes(layer, prefix, kernel, layout_map)  # (R, L/R, *k)
         wanted = axes[:2] + factor_axes_like(axes[2:], kernel.ndim - 2)[name]  # a block's factor behind (R, L/R)
         key = f"{layer.path}/{path}"
         if len(wanted) == 2 + len(variable.shape) and key not in keys:
             layout_map[key] = wanted
-            added.append(key)
+            added.append((key, path))
     try:
         yield
+        for _, path in added:  # deferred (an abstract build): its layout taken now, while its key is in the map
+            factor = layer.stacked[path]
+            if deferred_initializer(factor) is not None:
+                set_deferred_variable_layout(factor, keras.distribution.distribution().get_variable_layout(factor))
     finally:
-        for key in added:
+        for key, _ in added:
             del layout_map[key]
+
+
+def _float_kernel_axes(layer, prefix, kernel, layout_map):
+    """The layout axes (R, L/R, *k) of the float kernel a stack's kernel at ``prefix`` stands
+    for, read without initialising it (``kernel.value`` would allocate the whole stack in a
+    plan's abstract build: a 70B int4 stack is 9.4 GB on the host). An EinsumDense's int4
+    kernel is stored packed in 2-D: its factors follow the layout map's rule for the float
+    kernel (R, L/R, *original shape), as ``zoo.distribution.layouts`` lays out its parts."""
+    original = getattr(layer.quantized_layers().get(f"{prefix}/kernel"), "original_kernel_shape", None)
+    if original is None or len(original) + 2 == kernel.ndim:
+        return weight_axes(kernel) or (None,) * kernel.ndim
+    rule = layout_map[kernel.path]  # the rule's regex lookup, as for the packed parts
+    axes = tuple(rule.axes) if rule is not None else ()
+    return axes + (None,) * (2 + len(original) - len(axes))
 
 
 @contextlib.contextmanager

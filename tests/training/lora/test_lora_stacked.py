@@ -6,6 +6,7 @@ The reference is the model in the layers form (``with_block_form``) with the sam
 and factors (``in_layers_form``), on one device; the stacked model trains under fsdp on
 8 devices."""
 
+import contextlib
 from pathlib import Path
 
 import keras
@@ -214,3 +215,28 @@ def test_a_hugging_face_folder_loads_quantized_into_the_stack():
         stacked = GPTCausalLM.from_preset(LLAMA, scan_layers=True)
     assert str(stacked.backbone.pipelined_blocks.stacked["attention/query/kernel"].dtype) == "int8"
     np.testing.assert_array_equal(np.asarray(stacked(x)), np.asarray(layers(x)))
+
+
+@pytest.mark.parametrize("quantize", [None, "int4"])
+def test_lora_on_stacked_blocks_in_an_abstract_build_initialises_nothing(quantize):
+    """``zoo plan`` builds a fine-tune's model abstractly (``abstract_build``): enabling LoRA on
+    the stack reads each kernel's layout without its value (reading the value initialised
+    the whole stack: a 70B int4 base's was 9.4 GB on the host), and the factors are still
+    split as their kernels under fsdp, an int4 EinsumDense's (kernel packed in 2-D) as the
+    float kernel it stands for."""
+    from zoo._compat import deferred_initializer
+    from zoo.measure.compiled_step import abstract_build, layout_under
+
+    distribution = distribution_for(GPTCausalLM, "fsdp", "data=8", config=STACKED)
+
+    def build():
+        with building_quantized(quantize) if quantize else contextlib.nullcontext():
+            model = GPTCausalLM(backbone=GPTBackbone(**STACKED))
+        prepare_causal_lm(model, "qlora" if quantize else "lora", lora_rank=RANK, quantize=quantize)
+        return model
+
+    stacked = abstract_build(build, _compile, distribution).backbone.pipelined_blocks.stacked
+    assert all(deferred_initializer(variable) is not None for variable in stacked.values())
+    for layer in ("mlp/gate", "attention/query"):  # a Dense (C, F) and an EinsumDense (C, H, D)
+        factor = layout_under(stacked[f"{layer}/lora_kernel_a"], distribution)  # (1, L, C, r), (1, L, C, H, r)
+        assert tuple(factor.axes)[:3] == (None, None, "data"), (layer, factor.axes)
