@@ -50,29 +50,39 @@ def splash(b, t, h, kv, d, forward, backward):
     return splash_with(b, t, h, kv, d, sizes)
 
 
+def inputs(b, t, h, kv, d):
+    """Random bf16 q (B, T, H, D), k and v (B, T, K, D)."""
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (b, t, h, d), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (b, t, kv, d), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (b, t, kv, d), jnp.bfloat16)
+    return q, k, v
+
+
+def timed_row(row, f, qkv, rows_file):
+    """``row`` with f's forward + backward ms and TFLOP/s (4 B T^2 H D x 3 / 2) at ``qkv``, or
+    the error the kernel raised; printed and appended to $OUT/``rows_file`` as a JSON line."""
+    (b, t, h, _), d = qkv[0].shape[:4], qkv[0].shape[-1]
+    flops = 4 * b * t * t * h * d * 3 / 2
+    try:
+        seconds, compile_s = timeit(f, *qkv)
+        row.update(ms=round(seconds * 1e3, 3), tflops=round(flops / seconds / 1e12, 1), compile_s=round(compile_s, 1))
+    except Exception as error:  # a shape or layout the kernel refuses: say so, go on
+        row["error"] = f"{type(error).__name__}: {str(error)[:160]}"
+    line = json.dumps(row)
+    print(line, flush=True)
+    with open(os.path.join(os.environ["OUT"], rows_file), "a") as handle:
+        handle.write(line + "\n")
+
+
 def main():
-    out = os.environ["OUT"]
     for name, (b, t, h, kv, d) in SHAPES.items():
-        keys = jax.random.split(jax.random.key(0), 3)
-        q = jax.random.normal(keys[0], (b, t, h, d), jnp.bfloat16)
-        k = jax.random.normal(keys[1], (b, t, kv, d), jnp.bfloat16)
-        v = jax.random.normal(keys[2], (b, t, kv, d), jnp.bfloat16)
-        flops = 4 * b * t * t * h * d * 3 / 2
+        qkv = inputs(b, t, h, kv, d)
         for forward, backward in CANDIDATES:
             if max(forward + backward) > t:
                 continue
             row = {"shape": name, "B_T_H_K_D": [b, t, h, kv, d], "forward": forward, "backward": backward}
-            try:
-                seconds, compile_s = timeit(splash(b, t, h, kv, d, forward, backward), q, k, v)
-                row.update(
-                    ms=round(seconds * 1e3, 3), tflops=round(flops / seconds / 1e12, 1), compile_s=round(compile_s, 1)
-                )
-            except Exception as error:  # a block shape the kernel refuses: say so, go on
-                row["error"] = f"{type(error).__name__}: {str(error)[:160]}"
-            line = json.dumps(row)
-            print(line, flush=True)
-            with open(os.path.join(out, "blocks.jsonl"), "a") as handle:
-                handle.write(line + "\n")
+            timed_row(row, splash(b, t, h, kv, d, forward, backward), qkv, "blocks.jsonl")
 
 
 if __name__ == "__main__":

@@ -21,10 +21,7 @@ import os
 import sys
 
 os.environ["KERAS_BACKEND"] = "jax"
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from attention_kernels import timeit  # noqa: E402  (this folder)
-from splash_blocks import SHAPES  # noqa: E402
+from splash_blocks import SHAPES, inputs, timed_row  # noqa: E402  (this folder)
 
 import zoo.kernels.splash_attention as splash  # noqa: E402
 
@@ -36,25 +33,11 @@ ROWS = "splash_layouts.jsonl"
 
 def measure():
     for name, (b, t, h, kv, d) in SHAPES.items():
-        keys = jax.random.split(jax.random.key(0), 3)
-        q = jax.random.normal(keys[0], (b, t, h, d), jnp.bfloat16)
-        k = jax.random.normal(keys[1], (b, t, kv, d), jnp.bfloat16)
-        v = jax.random.normal(keys[2], (b, t, kv, d), jnp.bfloat16)
-        flops = 4 * b * t * t * h * d * 3 / 2
+        qkv = inputs(b, t, h, kv, d)
         for layouts in CANDIDATES:
             splash.LAYOUTS[d] = layouts
             row = {"shape": name, "B_T_H_K_D": [b, t, h, kv, d], "layouts": layouts}
-            try:
-                seconds, compile_s = timeit(functools.partial(splash.splash_attention, causal=True), q, k, v)
-                row.update(
-                    ms=round(seconds * 1e3, 3), tflops=round(flops / seconds / 1e12, 1), compile_s=round(compile_s, 1)
-                )
-            except Exception as error:  # a layout the kernel refuses here: say so, go on
-                row["error"] = f"{type(error).__name__}: {str(error)[:160]}"
-            line = json.dumps(row)
-            print(line, flush=True)
-            with open(os.path.join(os.environ["OUT"], ROWS), "a") as handle:
-                handle.write(line + "\n")
+            timed_row(row, functools.partial(splash.splash_attention, causal=True), qkv, ROWS)
         splash.LAYOUTS.pop(d)
 
 
