@@ -233,3 +233,23 @@ def test_a_step_is_what_more_steps_add_and_the_fits_own_cost_is_apart(monkeypatc
     assert steps == pytest.approx([0.1, 0.1, 0.25 / 6])
     assert compile_s == pytest.approx(2.15 - 0.1)  # the first fit less one (median) step
     assert overhead == pytest.approx(0.35 - 3 * 0.1)  # the 3-step fit less its steps
+
+
+def test_device_memory_reports_every_counter_the_device_keeps(monkeypatch):
+    """On an accelerator the bench logs all of the device's memory counters in one line (which
+    of them counts a program's temporaries is for the chip to show); CPU keeps none."""
+    import jax
+
+    from zoo.bench._step_timing import device_memory
+
+    class Device:  # the counters a TPU's PJRT client reports, as JAX returns them
+        def memory_stats(self):
+            return {"bytes_limit": 16_910_123_008, "peak_bytes_in_use": 3_070_000_000, "peak_bytes_reserved": 0}
+
+    lines = []
+    assert device_memory(lines.append) == {"peak_bytes": None, "limit_bytes": None} and lines == []  # CPU
+    monkeypatch.setattr(jax, "devices", lambda: [Device()])
+    assert device_memory(lines.append) == {"peak_bytes": 3_070_000_000, "limit_bytes": 16_910_123_008}
+    assert lines == [
+        "device memory counters: bytes_limit 16,910,123,008, peak_bytes_in_use 3,070,000,000, peak_bytes_reserved 0"
+    ]

@@ -234,7 +234,7 @@ def measure_zoo(settings, report=print):
     if peak is None or own_plan:
         compiled, memory = compiled_step(model, settings)
         peak = peak or memory.peak
-    row.update(device_memory(), compiled_bytes=peak)
+    row.update(device_memory(report), compiled_bytes=peak)
     row["attention"] = _attention_words(model, settings)
     row["remat"] = remat.remat
     row["loss_chunk"] = model.loss_chunk_size
