@@ -9,7 +9,13 @@ take by default (``weight_only_config``, ``INT4_BLOCK``) and a quantized-built l
 fill (``fill_quantized``, ``is_built_quantized``), for QLoRA and the checkpoint loaders.
 """
 
-from zoo.layers._lora import check_lora_rank, enable_layer_lora, factor_axes_like, lora_target_layers
+from zoo.layers._lora import (
+    check_lora_rank,
+    enable_layer_lora,
+    factor_axes_like,
+    factor_layout_keys,
+    lora_target_layers,
+)
 from zoo.layers._parallel_plan import run_on_mesh
 from zoo.layers._quantized import (
     INT4_BLOCK,
@@ -55,6 +61,7 @@ __all__ = [
     "describe_attention",
     "enable_layer_lora",
     "factor_axes_like",
+    "factor_layout_keys",
     "factored_lora_call",
     "fill_quantized",
     "float_parameter_count",

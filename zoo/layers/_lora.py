@@ -3,11 +3,12 @@ one of them with the update computed factored (``factored_lora_call``). ``zoo.tr
 ``enable_lora`` adds the factors' layouts under a distribution; ``PipelinedBlocks`` enables
 it on its template block, whose factors it stacks like its other weights."""
 
+import contextlib
 import types
 
 import keras
 
-from zoo._compat import sublayers
+from zoo._compat import deferred_initializer, set_deferred_variable_layout, sublayers, variable_layout
 from zoo.layers._tensor_parallel import factored_lora_call
 from zoo.layers.moe_feed_forward import MoEFeedForward
 
@@ -49,3 +50,25 @@ def factor_axes_like(axes, rank):
     ``lora_kernel_b`` (r whole, the kernel's last axis)."""
     axes = tuple(axes) + (None,) * (rank - len(axes))  # (d_0, ..., d_last)
     return {"lora_kernel_a": axes[:-1] + (None,), "lora_kernel_b": (None, axes[-1])}
+
+
+@contextlib.contextmanager
+def factor_layout_keys(layout_map, wanted, made):
+    """While LoRA factors are created: exact layout-map keys ``wanted`` ({key: axes}; a user's
+    own exact key stays in charge), removed after. A factor still deferred then (an abstract
+    build lays a variable out when it is initialised, these keys gone by then) takes its
+    layout now, from the map with its key in it; ``made(key)`` is the variable made for ``key``."""
+    keys = set(iter(layout_map))  # not ``key in layout_map``: its regex lookup says True for any match
+    added = [key for key in wanted if key not in keys]
+    for key in added:
+        layout_map[key] = wanted[key]
+    try:
+        yield
+        distribution = keras.distribution.distribution()
+        for key in wanted:
+            factor = made(key)
+            if deferred_initializer(factor) is not None and variable_layout(factor) is None:
+                set_deferred_variable_layout(factor, distribution.get_variable_layout(factor))
+    finally:
+        for key in added:
+            del layout_map[key]

@@ -16,7 +16,6 @@ from zoo._compat import (
     distribution_layout_map,
     forgetting_deferred_variables,
     saved_variables,
-    set_deferred_variable_layout,
     sublayers,
 )
 from zoo.config.choices import LORA_WEIGHTS, SCHEDULES
@@ -24,7 +23,13 @@ from zoo.distribution.axes import STAGE
 from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
-from zoo.layers._lora import check_lora_rank, enable_layer_lora, factor_axes_like, lora_target_layers
+from zoo.layers._lora import (
+    check_lora_rank,
+    enable_layer_lora,
+    factor_axes_like,
+    factor_layout_keys,
+    lora_target_layers,
+)
 from zoo.layers._parallel_plan import resolve_plan, run_manual_over, weight_axes
 from zoo.layers._quantized import is_built_quantized, quantized_weights
 from zoo.layers._stacked_loop import LoopShardings, StageFunction, stages_body
@@ -422,36 +427,32 @@ def _factors_laid_out_like_kernels(layer, variables):
     map (no distribution, data parallelism) nothing is added: Keras replicates them. In an
     abstract build each factor is given its layout while its key is in the map."""
     layout_map = distribution_layout_map(keras.distribution.distribution())
-    added, keys = [], set(iter(layout_map or ()))  # not ``key in layout_map``: its regex lookup says True for any match
-    for path, variable in variables.items() if layout_map is not None else ():
+    if layout_map is None:
+        yield
+        return
+    quantized, wanted, paths = layer.quantized_layers(), {}, {}
+    for path, variable in variables.items():
         prefix, name = path.rsplit("/", 1)
         kernel = layer.stacked.get(f"{prefix}/kernel")
         if name not in LORA_WEIGHTS or path in layer.stacked or kernel is None:
             continue
-        axes = _float_kernel_axes(layer, prefix, kernel, layout_map)  # (R, L/R, *k)
-        wanted = axes[:2] + factor_axes_like(axes[2:], kernel.ndim - 2)[name]  # a block's factor behind (R, L/R)
-        key = f"{layer.path}/{path}"
-        if len(wanted) == 2 + len(variable.shape) and key not in keys:
-            layout_map[key] = wanted
-            added.append((key, path))
-    try:
+        original = getattr(quantized.get(f"{prefix}/kernel"), "original_kernel_shape", None)
+        axes = _float_kernel_axes(kernel, original, layout_map)  # (R, L/R, *k)
+        factor = axes[:2] + factor_axes_like(axes[2:], kernel.ndim - 2)[name]  # a block's factor behind (R, L/R)
+        if len(factor) == 2 + len(variable.shape):
+            key = f"{layer.path}/{path}"
+            wanted[key], paths[key] = factor, path
+    with factor_layout_keys(layout_map, wanted, lambda key: layer.stacked[paths[key]]):
         yield
-        for _, path in added:  # deferred (an abstract build): its layout taken now, while its key is in the map
-            factor = layer.stacked[path]
-            if deferred_initializer(factor) is not None:
-                set_deferred_variable_layout(factor, keras.distribution.distribution().get_variable_layout(factor))
-    finally:
-        for key, _ in added:
-            del layout_map[key]
 
 
-def _float_kernel_axes(layer, prefix, kernel, layout_map):
-    """The layout axes (R, L/R, *k) of the float kernel a stack's kernel at ``prefix`` stands
-    for, read without initialising it (``kernel.value`` would allocate the whole stack in a
-    plan's abstract build: a 70B int4 stack is 9.4 GB on the host). An EinsumDense's int4
-    kernel is stored packed in 2-D: its factors follow the layout map's rule for the float
-    kernel (R, L/R, *original shape), as ``zoo.distribution.layouts`` lays out its parts."""
-    original = getattr(layer.quantized_layers().get(f"{prefix}/kernel"), "original_kernel_shape", None)
+def _float_kernel_axes(kernel, original, layout_map):
+    """The layout axes (R, L/R, *k) of the float kernel a stack's ``kernel`` stands for, read
+    without initialising it (``kernel.value`` would allocate the whole stack in a plan's
+    abstract build: a 70B int4 stack is 9.4 GB on the host). An EinsumDense's int4 kernel
+    (``original``: its float kernel's shape) is stored packed in 2-D: its factors follow the
+    layout map's rule for the float kernel (R, L/R, *original), as ``zoo.distribution.layouts``
+    lays out its parts."""
     if original is None or len(original) + 2 == kernel.ndim:
         return weight_axes(kernel) or (None,) * kernel.ndim
     rule = layout_map[kernel.path]  # the rule's regex lookup, as for the packed parts

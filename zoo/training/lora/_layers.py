@@ -35,7 +35,6 @@ import keras
 from zoo._compat import (
     deferred_initializer,
     distribution_layout_map,
-    set_deferred_variable_layout,
     sublayers,
     variable_layout,
 )
@@ -45,6 +44,7 @@ from zoo.layers import (
     check_lora_rank,
     enable_layer_lora,
     factor_axes_like,
+    factor_layout_keys,
     kernel_variable,
     lora_target_layers,
 )
@@ -154,25 +154,13 @@ def _factor_layouts(layer):
         yield
         return
     prefix = layer_prefix(layer)
-    added, keys = [], set(iter(layout_map))  # not ``key in layout_map``: its regex lookup says True for any match
     if layer.quantization_mode == "int4" and hasattr(layer, "original_kernel_shape"):  # EinsumDense's: flattened
         factors = _int4_factor_axes(layer, layout_map)
     else:
         factors = factor_axes(kernel_variable(layer), distribution)
-    try:
-        for name, axes in factors.items():
-            key = f"{prefix}/{name}"
-            if key not in keys:  # a user's own exact key stays in charge
-                layout_map[key] = axes
-                added.append(key)
+    wanted = {f"{prefix}/{name}": axes for name, axes in factors.items()}
+    with factor_layout_keys(layout_map, wanted, lambda key: getattr(layer, key.rsplit("/", 1)[1])):
         yield
-        for name in factors:  # deferred and placed by nobody yet: laid out when initialised, keys gone by then
-            factor = getattr(layer, name)
-            if deferred_initializer(factor) is not None and variable_layout(factor) is None:
-                set_deferred_variable_layout(factor, distribution.get_variable_layout(factor))
-    finally:
-        for key in added:
-            del layout_map[key]
 
 
 def lora_parameter_count(model):
