@@ -27,7 +27,8 @@
 # `32` (the attention sublayer written six ways; part 31's qwen3_0.6b row again), `33` (RoPE four ways,
 # then gpt_350m's and the LoRA's rows with the fastest), `36` (part 15 with the library's RoPE by matmul),
 # `37` (gpt_350m with the library's RoPE by matmul, and gpt_1b b4 under remat full, with --plan), `38` (splash's q, k, v
-# layouts, then gpt_1b b2 and b4 with the fastest), `39` (part 37's remat-full row, its plan reading (D, T) blocks).
+# layouts, then gpt_1b b2 and b4 with the fastest), `39` (part 37's remat-full row, its plan reading (D, T) blocks),
+# `40` (which memory counter sees a program's temporaries, memory_counters.py; gpt_350m's plan reading (D, T) blocks).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -312,8 +313,15 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
         echo >> "$OUT/step.md"
     done
     ;;
+40)  # which of the device's counters sees temporaries, and whether a step that runs out of memory
+    # keeps its donated arguments (memory_counters.py); then gpt_350m with --plan, which part 37's plan
+    # read without splash's (D, T) operands
+    timeout 60 python3 recipes/tpu-v5e-1/memory_counters.py >> "$OUT/counters.txt" 2>&1
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 39; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 40; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac
