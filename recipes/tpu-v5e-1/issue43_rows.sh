@@ -28,7 +28,8 @@
 # then gpt_350m's and the LoRA's rows with the fastest), `36` (part 15 with the library's RoPE by matmul),
 # `37` (gpt_350m with the library's RoPE by matmul, and gpt_1b b4 under remat full, with --plan), `38` (splash's q, k, v
 # layouts, then gpt_1b b2 and b4 with the fastest), `39` (part 37's remat-full row, its plan reading (D, T) blocks),
-# `40` (which memory counter sees a program's temporaries, memory_counters.py; gpt_350m's plan reading (D, T) blocks).
+# `40` (which memory counter sees a program's temporaries, memory_counters.py; gpt_350m's plan reading (D, T) blocks),
+# `41` (an experiment: splash's forward with its P.V product in bfloat16, splash_pv_dtype.py; gpt_1b b2 and b4 with it).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -320,8 +321,20 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
     row 330 --config-name gpt_350m --sequence-length 1024 --batch-size 8 --moment-dtype bfloat16 --plan
     ;;
+41)  # an experiment: splash's forward multiplies P by V in float32; the kernel both ways, then
+    # gpt_1b b2 and b4 (bfloat16 + factored AdamW) with the bfloat16 product (splash_pv_dtype.py)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    (cd recipes/tpu-v5e-1 && timeout 150 python3 splash_pv_dtype.py) >> "$OUT/log.txt" 2>&1
+    for b in 2 4; do
+        echo "### splash_pv_dtype.py row -- gpt_1b 8 layers b$b, bfloat16 + factored AdamW" >> "$OUT/step.md"
+        (cd recipes/tpu-v5e-1 && timeout 170 python3 splash_pv_dtype.py row -- --config-name gpt_1b --num-layers 8 \
+            --batch-size $b --moment-dtype bfloat16 --second-moment factored --output /tmp/row.md) >> "$OUT/log.txt" 2>&1 \
+            && cat /tmp/row.md >> "$OUT/step.md" || echo "FAILED or timed out (exit $?)" >> "$OUT/step.md"
+        echo >> "$OUT/step.md"
+    done
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 40; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 41; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac
