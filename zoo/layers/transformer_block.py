@@ -196,29 +196,10 @@ class TransformerBlock(keras.layers.Layer):
         self.model_axis = model_axis
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.seed = seed
-        self.attention = MultiHeadAttention(
-            num_heads=num_heads,
-            head_dim=head_dim,
-            num_kv_heads=self.num_kv_heads,
-            causal=causal,
-            rotary=rotary,
-            rotary_base=rotary_base,
-            rope_scaling=rope_scaling,
-            use_bias=use_bias,
-            qkv_bias=qkv_bias,
-            sliding_window=sliding_window,
-            qk_norm=qk_norm,
-            qk_norm_epsilon=norm_epsilon,
-            qk_norm_offset=norm == "rms_offset",
-            attention_scale=attention_scale,
-            softcap=attention_softcap,
-            context_attention=context_attention,
-            megatron_sp=self.megatron_sp,
-            model_axis=model_axis,
-            kernel_initializer=self._initializer(),
-            dtype=self.dtype_policy,
-            name="attention",
-        )
+        self.attention = self._make_attention(
+            rope_scaling=rope_scaling, qkv_bias=qkv_bias, sliding_window=sliding_window, qk_norm=qk_norm,
+            attention_scale=attention_scale, softcap=attention_softcap, context_attention=context_attention,
+        )  # fmt: skip
         self.num_experts = num_experts or 0
         self.moe = dict(
             num_experts_per_token=num_experts_per_token, moe_intermediate_dim=moe_intermediate_dim,
@@ -226,26 +207,7 @@ class TransformerBlock(keras.layers.Layer):
             router_aux_loss_coefficient=router_aux_loss_coefficient, router_z_loss_coefficient=router_z_loss_coefficient,
             capacity_factor=capacity_factor, expert_exchange=expert_exchange,
         )  # fmt: skip
-        activation, gated = MLP_ACTIVATIONS[mlp]
-        if self.num_experts:
-            self._check_moe_mlp(mlp, megatron_sp)
-            options = {key: value for key, value in self.moe.items() if key != "moe_intermediate_dim"}
-            self.mlp = MoEFeedForward(
-                self.num_experts, intermediate_dim=moe_intermediate_dim or hidden_dim, model_axis=model_axis,
-                kernel_initializer=self._initializer(), dtype=self.dtype_policy, name="mlp", **options,
-            )  # fmt: skip
-        else:
-            self.mlp = ParallelMLP(
-                hidden_dim,
-                activation=activation,
-                gated=gated,
-                use_bias=use_bias,
-                megatron_sp=self.megatron_sp,
-                model_axis=model_axis,
-                kernel_initializer=self._initializer(),
-                dtype=self.dtype_policy,
-                name="mlp",
-            )
+        self.mlp = self._make_mlp(mlp, moe_intermediate_dim)
         self.attention_norm = self._norm("attention_norm")
         self.mlp_norm = self._norm("mlp_norm")
         self.attention_post_norm = self._norm("attention_post_norm") if self.post_norms else None
@@ -257,6 +219,50 @@ class TransformerBlock(keras.layers.Layer):
         )
         self.mlp_dropout = keras.layers.Dropout(
             dropout, seed=None if seed is None else seed + 1, dtype=self.dtype_policy, name="mlp_dropout"
+        )
+
+    def _make_attention(self, **options):
+        """The block's ``MultiHeadAttention`` (named ``attention``): its heads, RoPE, norm and
+        parallelism from the block, ``options`` (the attention's own arguments) as given."""
+        return MultiHeadAttention(
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            num_kv_heads=self.num_kv_heads,
+            causal=self.causal,
+            rotary=self.rotary,
+            rotary_base=self.rotary_base,
+            use_bias=self.use_bias,
+            qk_norm_epsilon=self.norm_epsilon,
+            qk_norm_offset=self.norm == "rms_offset",
+            megatron_sp=self.megatron_sp,
+            model_axis=self.model_axis,
+            kernel_initializer=self._initializer(),
+            dtype=self.dtype_policy,
+            name="attention",
+            **options,
+        )
+
+    def _make_mlp(self, mlp, moe_intermediate_dim):
+        """The block's MLP (named ``mlp``): a ``MoEFeedForward`` of ``num_experts`` experts, or
+        a dense ``ParallelMLP`` of width ``hidden_dim``."""
+        if self.num_experts:
+            self._check_moe_mlp(mlp, self.megatron_sp)
+            options = {key: value for key, value in self.moe.items() if key != "moe_intermediate_dim"}
+            return MoEFeedForward(
+                self.num_experts, intermediate_dim=moe_intermediate_dim or self.hidden_dim, model_axis=self.model_axis,
+                kernel_initializer=self._initializer(), dtype=self.dtype_policy, name="mlp", **options,
+            )  # fmt: skip
+        activation, gated = MLP_ACTIVATIONS[mlp]
+        return ParallelMLP(
+            self.hidden_dim,
+            activation=activation,
+            gated=gated,
+            use_bias=self.use_bias,
+            megatron_sp=self.megatron_sp,
+            model_axis=self.model_axis,
+            kernel_initializer=self._initializer(),
+            dtype=self.dtype_policy,
+            name="mlp",
         )
 
     def _initializer(self):

@@ -183,13 +183,7 @@ class GPTBackbone(ZooModel):
             head_dim=head_dim, mlp=mlp, norm=norm, dropout=dropout, max_sequence_length=max_sequence_length,
         )  # fmt: skip
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")  # (B, T)
-        embedding = keras.layers.ReversibleEmbedding(
-            vocabulary_size, hidden_dim, tie_weights=True, name="token_embedding"
-        )  # a plain Embedding forwards; reverse=True gives x @ E^T for a tied LM head
-        x = embedding(token_ids)  # (B, T, C)
-        if scale_embeddings:  # sqrt(C) cast to the compute dtype, as transformers' Gemma does
-            x = keras.layers.Rescaling(hidden_dim**0.5, name="embedding_scale")(x)  # (B, T, C)
-        x = keras.layers.Dropout(dropout, seed=seed, name="embedding_dropout")(x)
+        x = _embedded(token_ids, vocabulary_size, hidden_dim, scale_embeddings, dropout, seed)  # (B, T, C)
         block = dict(
             num_heads=num_query_heads, head_dim=head_dim, hidden_dim=intermediate_dim, num_kv_heads=num_key_value_heads,
             causal=True, rotary=True, rotary_base=rope_max_wavelength, rope_scaling=rope_scaling, qkv_bias=qkv_bias,
@@ -207,40 +201,18 @@ class GPTBackbone(ZooModel):
         )  # fmt: skip
         stacked = _checks.stacked_form(schedule, scan_layers)
         if stacked:
-            _checks.check_pipeline(
-                stacked,
-                megatron_sp=megatron_sp,
-                context_attention=context_attention,
-                sparse_blocks=len(moe_layers) if num_experts else 0,
-                num_layers=num_layers,
-                pipelined=schedule is not None,
-            )
-            _checks.check_pipeline_window(stacked, sliding_window, window_layers, num_layers)
-            sparse = dict(num_experts=num_experts, **moe) if num_experts else {}  # every block's MoE (checked)
-            x = PipelinedBlocks(
-                num_layers,  # every block windowed or none: each takes the local RoPE base when windowed
-                {
-                    **block,
-                    **sparse,
-                    **_local_rope(local_rope_max_wavelength, sliding_window),
-                    "sliding_window": sliding_window,
-                },
-                schedule=schedule or "gpipe",
-                micro_batches=micro_batches,
-                repeats=repeats,
-                seed=None if seed is None else seed + 1,
-                name="blocks",
-            )(x)  # (B, T, C)
+            x = _stacked_blocks(
+                x, stacked, block, moe, num_layers=num_layers, num_experts=num_experts, moe_layers=moe_layers,
+                sliding_window=sliding_window, window_layers=window_layers, local_rope=local_rope_max_wavelength,
+                schedule=schedule, micro_batches=micro_batches, repeats=repeats, seed=seed,
+            )  # fmt: skip
         for index in range(0 if stacked else num_layers):
             sparse = dict(num_experts=num_experts if index in moe_layers else 0, **moe) if num_experts else {}
             window = sliding_window if index in window_layers else None
             x = TransformerBlock(
-                **{**block, **_local_rope(local_rope_max_wavelength, window)},
-                **sparse,
-                sliding_window=window,
-                seed=None if seed is None else seed + 1 + 2 * index,
-                name=f"block_{index}",
-            )(x)  # (B, T, C)
+                **{**block, **_local_rope(local_rope_max_wavelength, window)}, **sparse, sliding_window=window,
+                seed=None if seed is None else seed + 1 + 2 * index, name=f"block_{index}",
+            )(x)  # (B, T, C)  # fmt: skip
         x = _norm(norm, layer_norm_epsilon, "final_norm")(x)  # (B, T, C)
         super().__init__(inputs=token_ids, outputs=x, name=name, **kwargs)
         self.keep_arguments(
@@ -377,6 +349,36 @@ class GPTBackbone(ZooModel):
         return _gpt_layouts.layout_map(
             mesh, layout, config, with_head=False, data_axis=data_axis, model_axis=model_axis
         )
+
+
+def _stacked_blocks(x, stacked, block, moe, *, num_layers, num_experts, moe_layers, sliding_window, window_layers,
+                    local_rope, schedule, micro_batches, repeats, seed):  # fmt: skip
+    """x (B, T, C) through the L blocks as one ``PipelinedBlocks`` named ``blocks`` (weights
+    stacked; a ``schedule`` or ``scan_layers``), after checking the blocks are identical:
+    every block windowed or none (each then takes the local RoPE base), all dense or all MoE."""
+    _checks.check_pipeline(
+        stacked, megatron_sp=block["megatron_sp"], context_attention=block["context_attention"],
+        sparse_blocks=len(moe_layers) if num_experts else 0, num_layers=num_layers, pipelined=schedule is not None,
+    )  # fmt: skip
+    _checks.check_pipeline_window(stacked, sliding_window, window_layers, num_layers)
+    sparse = dict(num_experts=num_experts, **moe) if num_experts else {}  # every block's MoE (checked)
+    arguments = {**block, **sparse, **_local_rope(local_rope, sliding_window), "sliding_window": sliding_window}
+    return PipelinedBlocks(
+        num_layers, arguments, schedule=schedule or "gpipe", micro_batches=micro_batches, repeats=repeats,
+        seed=None if seed is None else seed + 1, name="blocks",
+    )(x)  # (B, T, C)  # fmt: skip
+
+
+def _embedded(token_ids, vocabulary_size, hidden_dim, scale_embeddings, dropout, seed):
+    """token ids (B, T) -> embeddings (B, T, C): ``token_embedding`` (reversible: ``reverse=True``
+    gives x @ E^T for a tied head), times sqrt(C) in the compute dtype where
+    ``scale_embeddings`` (Gemma, as transformers' does), then ``embedding_dropout``."""
+    x = keras.layers.ReversibleEmbedding(vocabulary_size, hidden_dim, tie_weights=True, name="token_embedding")(
+        token_ids
+    )  # (B, T, C)
+    if scale_embeddings:
+        x = keras.layers.Rescaling(hidden_dim**0.5, name="embedding_scale")(x)  # (B, T, C)
+    return keras.layers.Dropout(dropout, seed=seed, name="embedding_dropout")(x)  # (B, T, C)
 
 
 def _norm(kind, epsilon, name):
