@@ -16,6 +16,7 @@ import pytest
 
 from tests.bench._cli import parse_bench_args
 from zoo.bench import _device_profile as profile
+from zoo.bench._output import size_text
 from zoo.bench.step import (
     WEIGHT_STD,
     _attention_words,
@@ -73,7 +74,9 @@ def test_the_row_measures_the_jobs_step(tmp_path, monkeypatch):
     (row,) = run_benchmark(settings, report=lambda line: None)
     plan_line = next(line for line in output.read_text().splitlines() if line.startswith("zoo plan for this step"))
     ops = int(re.search(r"own compiled program \(([0-9,]+) ops\)", plan_line).group(1).replace(",", ""))
-    assert ops > 100 and f"step {ops:.1f} ms" in plan_line and "peak " in plan_line
+    assert ops > 100 and f"step {ops:.1f} ms" in plan_line
+    compiled = size_text(row["compiled_bytes"])  # the plan's peak against the compiled one; CPU keeps no counters
+    assert re.search(rf"peak [0-9.]+ [KMG]iB \([+-][0-9.]+% against the {re.escape(compiled)} compiled\)", plan_line)
 
     config = config_by_name("gpt_tiny")
     assert row["flops_per_step"] == mfu.gpt_lora_flops_per_token(config, 32) * 8 * 32
@@ -236,20 +239,28 @@ def test_a_step_is_what_more_steps_add_and_the_fits_own_cost_is_apart(monkeypatc
 
 
 def test_device_memory_reports_every_counter_the_device_keeps(monkeypatch):
-    """On an accelerator the bench logs all of the device's memory counters in one line (which
-    of them counts a program's temporaries is for the chip to show); CPU keeps none."""
+    """On an accelerator the bench logs all of the device's memory counters in one line, and
+    its peak is the buffers in use plus what the runtime reserved for the program's
+    temporaries (the TPU keeps them apart); CPU keeps none."""
     import jax
 
     from zoo.bench._step_timing import device_memory
 
     class Device:  # the counters a TPU's PJRT client reports, as JAX returns them
         def memory_stats(self):
-            return {"bytes_limit": 16_910_123_008, "peak_bytes_in_use": 3_070_000_000, "peak_bytes_reserved": 0}
+            return {
+                "bytes_limit": 16_910_123_008,
+                "peak_bytes_in_use": 3_066_302_464,
+                "peak_bytes_reserved": 1_940_078_592,
+            }
 
     lines = []
     assert device_memory(lines.append) == {"peak_bytes": None, "limit_bytes": None} and lines == []  # CPU
     monkeypatch.setattr(jax, "devices", lambda: [Device()])
-    assert device_memory(lines.append) == {"peak_bytes": 3_070_000_000, "limit_bytes": 16_910_123_008}
+    assert device_memory(lines.append) == {"peak_bytes": 3_066_302_464 + 1_940_078_592, "limit_bytes": 16_910_123_008}
     assert lines == [
-        "device memory counters: bytes_limit 16,910,123,008, peak_bytes_in_use 3,070,000,000, peak_bytes_reserved 0"
+        "device memory counters: bytes_limit 16,910,123,008, peak_bytes_in_use 3,066,302,464, "
+        "peak_bytes_reserved 1,940,078,592"
     ]
+    monkeypatch.setattr(Device, "memory_stats", lambda self: {"bytes_limit": 8_000_000, "peak_bytes_in_use": 5_000_000})
+    assert device_memory() == {"peak_bytes": 5_000_000, "limit_bytes": 8_000_000}  # no reservation counter (a GPU)

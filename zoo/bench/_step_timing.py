@@ -63,11 +63,15 @@ def step_row(name, params, compile_s, steps, flops, settings):
 
 
 def device_memory(report=None):
-    """``{"peak_bytes": ..., "limit_bytes": ...}`` from the first device's own counters
-    (None where the backend keeps none: CPU). ``report`` also gets every counter the device
-    keeps, in one line: on the TPU v5e ``peak_bytes_in_use`` read 2.86 GiB for steps whose
-    compiled footprints are 4.5-6.3 GiB, so it does not count the program's temporaries;
-    which counter does is for the chip to show."""
+    """``{"peak_bytes": ..., "limit_bytes": ...}`` from the first device's own counters (None
+    where the backend keeps none: CPU); ``report`` also gets every counter, in one line.
+
+    The peak is ``peak_bytes_in_use + peak_bytes_reserved``: on the TPU v5e a program's
+    temporaries are held apart from the buffers in use, as memory the runtime reserves for
+    the loaded program, and ``peak_bytes_in_use`` alone read 2.86 GiB for gpt_1b steps whose
+    compiled footprints are 4.56 and 6.29 GiB; with ``peak_bytes_reserved`` (1.94 and 3.75
+    GB) they read 4.66 and 6.34 GiB (docs/performance.md, fifteenth session). A backend
+    that keeps no reservation counter gives its peak in use."""
     import jax
 
     stats = jax.devices()[0].memory_stats() or {}
@@ -79,4 +83,7 @@ def device_memory(report=None):
                 for key, value in sorted(stats.items())
             )
         )
-    return {"peak_bytes": stats.get("peak_bytes_in_use"), "limit_bytes": stats.get("bytes_limit")}
+    peak = stats.get("peak_bytes_in_use")
+    if peak is not None:
+        peak += stats.get("peak_bytes_reserved", 0)
+    return {"peak_bytes": peak, "limit_bytes": stats.get("bytes_limit")}

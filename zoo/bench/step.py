@@ -17,13 +17,12 @@ What it reports (one row per model):
   causal halved; LoRA 4 x weights, no weight gradients; remat's recomputation not
   counted) over the step time and the devices' peak;
 - compile: the first fit's time less one step;
-- memory: the device's own counters (``memory_stats()``: peak bytes in use, the limit),
-  and the compiled step's footprint as the device's own compiler lays it out
-  (``zoo.measure.compiled_step.compile_fit_step``: arguments + outputs not aliased to
-  them + temporaries, per device; one more compile of the same step). On a TPU v5e the
-  peak counter showed the weights and optimizer state only (5.53 GiB for gpt_1b at 8
-  layers, batch 2 and batch 4 alike), not the step's temporaries: the compiled figure is
-  the one ``zoo plan`` is compared with;
+- memory: the device's peak, from its own counters (``memory_stats()``: the buffers in
+  use plus what the runtime reserved for the program's temporaries, ``_step_timing.
+  device_memory``), and the compiled step's footprint as the device's own compiler lays
+  it out (``zoo.measure.compiled_step.compile_fit_step``: arguments + outputs not aliased
+  to them + temporaries, per device; one more compile of the same step). ``--plan``
+  compares the plan's peak with both;
 - with ``--profile``, where the device's time goes (``_device_profile``);
 - with ``--plan``, what ``zoo plan`` says of the same step on this device kind;
 - with ``--peer keras-hub``, the same sizes in keras-hub's Llama, in a subprocess
@@ -359,7 +358,7 @@ def format_report(settings, rows, plan=None):
         + f"; a step: what a fit of {2 * settings.steps} steps adds over one of {settings.steps}, median of"
         + f" {settings.repeats} interleaved pairs; jax {jax.__version__}, keras {keras.__version__}",
         "",
-        "| model | parameters | step | tokens/s | MFU | compile | a fit's start and end | peak in use | compiled step | attention |",
+        "| model | parameters | step | tokens/s | MFU | compile | a fit's start and end | device peak | compiled step | attention |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for row in rows:
@@ -391,9 +390,11 @@ def _table_line(row):
 def _plan_line(row, plan):
     if "error" in plan:
         return f"zoo plan: {plan['error']}"
-    measured = row.get("compiled_bytes") or row.get("peak_bytes")
-    memory = f"peak {size_text(plan['peak_bytes'])}"
-    if measured:
-        memory += f" ({plan['peak_bytes'] / measured - 1:+.1%} against the {size_text(measured)} measured)"
+    against = [
+        f"{plan['peak_bytes'] / row[key] - 1:+.1%} against the {size_text(row[key])} {words}"
+        for key, words in (("compiled_bytes", "compiled"), ("peak_bytes", "the device's counters read"))
+        if row.get(key)
+    ]
+    memory = f"peak {size_text(plan['peak_bytes'])}" + (f" ({', '.join(against)})" if against else "")
     time_text = f"step {plan['step_s'] * 1e3:.1f} ms ({plan['step_s'] / row['step_s'] - 1:+.1%} against the measured)"
     return f"zoo plan for this step: {memory}, {time_text}" + "".join(f"; {note}" for note in plan["notes"])
