@@ -29,7 +29,8 @@
 # `37` (gpt_350m with the library's RoPE by matmul, and gpt_1b b4 under remat full, with --plan), `38` (splash's q, k, v
 # layouts, then gpt_1b b2 and b4 with the fastest), `39` (part 37's remat-full row, its plan reading (D, T) blocks),
 # `40` (which memory counter sees a program's temporaries, memory_counters.py; gpt_350m's plan reading (D, T) blocks),
-# `41` (an experiment: splash's forward with its P.V product in bfloat16, splash_pv_dtype.py; gpt_1b b2 and b4 with it).
+# `41` (an experiment: splash's forward with its P.V product in bfloat16, splash_pv_dtype.py; gpt_1b b2 and b4 with it),
+# `42` (the LoRA row and the remat-full row with --plan, the device's peak read as in use + reserved).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -333,8 +334,15 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
         echo >> "$OUT/step.md"
     done
     ;;
+42)  # the device's peak as its buffers in use plus the runtime's reservation for temporaries (part 40),
+    # beside the plan: llama_3_2_1b's LoRA row and gpt_1b b4 under remat full
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 230 --config-name llama_3_2_1b --method lora --lora-rank 16 --batch-size 4 --remat none --loss-chunk-size 512 --plan
+    row 250 --config-name gpt_1b --num-layers 8 --batch-size 4 --remat full --moment-dtype bfloat16 \
+        --second-moment factored --plan
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 41; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 42; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac
