@@ -175,3 +175,34 @@ def test_a_plan_compiles_here_on_its_own_devices_and_takes_its_cost_from_xla_cpu
     )
     assert (merged.step.memory["temp"], merged.step.flops, merged.step.bytes_accessed) == (7, 3e12, 5e10)
     assert merged.peak == 11 and merged.notes[0] == "n" and "XLA:CPU" in merged.notes[1]
+
+
+@pytest.mark.parametrize(
+    ("layout", "mesh", "batch", "method", "expected"),
+    [
+        ("fsdp", "data=8", 16, "lora", "halve the batch per step (8)"),
+        ("fsdp", "data=8", 8, "lora", "split the sequence over devices (layout context)"),  # 1 a shard: cannot halve
+        ("fsdp", "data=8", 8, "qlora", "use more devices"),  # context does not take a quantized base
+        ("expert", "data=2,expert=4", 8, "full", "split the sequence over devices (layout context)"),  # data x expert
+        ("tp", "data=2,model=4", 4, "full", "halve the batch per step (2)"),  # the model axis does not cut the batch
+    ],
+)
+def test_the_advice_halves_the_batch_only_where_half_still_splits_over_its_shards(
+    layout, mesh, batch, method, expected
+):
+    """A peak led by the activations is told to halve the batch only where half of it still
+    divides by the pieces the layout cuts the batch into (a 70B QLoRA at 1 example a chip
+    was told to halve 8 to 4 over data=8)."""
+    from types import SimpleNamespace
+
+    from zoo.distribution.mesh import parse_mesh_spec
+    from zoo.planning.report import advice
+
+    plan = SimpleNamespace(  # what advice reads of a Plan: its request's config, its mesh, its parts
+        request=SimpleNamespace(
+            config={"layout": layout, "batch_size": batch, "sequence_length": 2048, "remat": "full", "method": method}
+        ),
+        step=SimpleNamespace(axis_sizes=dict(parse_mesh_spec(mesh))),
+        parts=lambda: {"weights": 1, "activations and workspace": 2},
+    )
+    assert advice(plan) == expected

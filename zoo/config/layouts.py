@@ -90,6 +90,7 @@ TP = "tp"
 TP_SP = "tp+sp"
 FSDP_TP = "fsdp+tp"
 PIPELINE = "pipeline"
+CONTEXT = "context"
 
 _TP = (DATA, MODEL)
 LAYOUT_TABLE = {
@@ -106,7 +107,7 @@ LAYOUT_TABLE = {
                 model_axis=MODEL, sequence_axis=MODEL, options={"megatron_sp": True}),
         _layout(FSDP_TP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, PEERS,
                 fsdp_axis=DATA, model_axis=MODEL),
-        _layout("context", (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, SCANNED, fsdp_axis=SEQ, sequence_axis=SEQ),
+        _layout(CONTEXT, (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, SCANNED, fsdp_axis=SEQ, sequence_axis=SEQ),
         _layout(PIPELINE, (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED,
                 stage_axis=STAGE, options={"schedule": "gpipe"}),
         _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, SCANNED, expert_axis=EXPERT),

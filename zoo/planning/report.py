@@ -1,6 +1,7 @@
 """A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
 
-from zoo.config.layouts import LAYOUT_TABLE
+from zoo.config.choices import QLORA_LAYOUTS
+from zoo.config.layouts import CONTEXT, DATA, LAYOUT_TABLE
 from zoo.planning.roofline import axes_bandwidth, measured_error
 from zoo.units import format_bytes
 
@@ -99,6 +100,20 @@ def largest_part(plan):
     return max(parts, key=parts.get)
 
 
+def batch_shards(plan):
+    """How many pieces the plan's layout cuts the batch into: the data axis, times the
+    expert axis under the expert layouts (1 where the layout is not the table's)."""
+    record = LAYOUT_TABLE.get(plan.request.config.get("layout"))
+    sizes = plan.step.axis_sizes
+    return record.split(sizes, DATA, record.expert_axis) if record is not None else 1
+
+
+def _context_takes(config):
+    """Whether layout context could run this job: a sequence to split, and not a QLoRA unless
+    context is one of its layouts (``QLORA_LAYOUTS``)."""
+    return "sequence_length" in config and (config.get("method") != "qlora" or CONTEXT in QLORA_LAYOUTS)
+
+
 def advice(plan):
     """The change that would help most, for the largest part of the peak."""
     config = plan.request.config
@@ -107,11 +122,11 @@ def advice(plan):
         if config.get("remat") == "none":
             return "rematerialise the blocks (remat full)"
         batch = config.get("batch_size", 1)
-        if batch % 2 == 0 and "gradient_accumulation_steps" in config:
-            return f"halve the batch per step ({batch // 2}, with {2 * config['gradient_accumulation_steps']} accumulation steps per update)"
-        if batch % 2 == 0:
+        if (batch // 2) % batch_shards(plan) == 0 and batch % 2 == 0:  # half the batch still splits evenly
+            if "gradient_accumulation_steps" in config:
+                return f"halve the batch per step ({batch // 2}, with {2 * config['gradient_accumulation_steps']} accumulation steps per update)"
             return f"halve the batch per step ({batch // 2})"
-        return "split the sequence over devices (layout context)" if "sequence_length" in config else "use more devices"
+        return "split the sequence over devices (layout context)" if _context_takes(config) else "use more devices"
     if layout in LAYOUT_TABLE and LAYOUT_TABLE[layout].gradients_all_reduced:  # whole weights on every replica
         return "split weights, gradients and optimizer state over the data axis (layout fsdp, or fsdp+tp)"
     return "use more devices, or a smaller model"
