@@ -428,3 +428,10 @@ def reprinted_hlo(hlo_text):
     except (ImportError, AttributeError) as error:
         raise _missing("jax._src.lib.xla_client.hlo.hlo_module_from_text", error) from None
     return parse(hlo_text).to_string()
+
+
+def applies_weight_decay(optimizer, variable):
+    """Whether Keras' optimizer decays ``variable`` (its weight decay set, the variable not
+    excluded by ``exclude_from_weight_decay``): ``BaseOptimizer._use_weight_decay``, private
+    (checked on Keras 3.15.1)."""
+    return optimizer.weight_decay is not None and optimizer._use_weight_decay(variable)

@@ -30,7 +30,8 @@
 # layouts, then gpt_1b b2 and b4 with the fastest), `39` (part 37's remat-full row, its plan reading (D, T) blocks),
 # `40` (which memory counter sees a program's temporaries, memory_counters.py; gpt_350m's plan reading (D, T) blocks),
 # `41` (an experiment: splash's forward with its P.V product in bfloat16, splash_pv_dtype.py; gpt_1b b2 and b4 with it),
-# `42` (the LoRA row and the remat-full row with --plan, the device's peak read as in use + reserved).
+# `42` (the LoRA row and the remat-full row with --plan, the device's peak read as in use + reserved),
+# `43` (gpt_1b b2 and b4 with bfloat16 weights: --precision bfloat16, AdamW rounding each update stochastically).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -341,8 +342,16 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     row 250 --config-name gpt_1b --num-layers 8 --batch-size 4 --remat full --moment-dtype bfloat16 \
         --second-moment factored --plan
     ;;
+43)  # bfloat16 weights (--precision bfloat16: the zoo's AdamW computes each update in float32 and
+    # rounds the weight stochastically), bfloat16 + factored moments: gpt_1b b2 and b4
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    for b in 2 4; do
+        row 170 --config-name gpt_1b --num-layers 8 --batch-size $b --precision bfloat16 --moment-dtype bfloat16 \
+            --second-moment factored
+    done
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 42; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 43; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac

@@ -346,6 +346,12 @@ CASES = [
         "quantize (--quantize) = 'int8' is a setting of method qlora, not of method 'train'",
     ),
     (
+        ["bench", "step", "--method", "lora", "--precision", "bfloat16"],
+        USAGE,
+        "precision (--precision) = 'bfloat16' trains bfloat16 weights with the zoo's AdamW (method train); method "
+        "'lora' takes float32 or mixed_bfloat16",
+    ),
+    (
         ["bench", "moe", "--sections", "speed"],
         USAGE,
         "argument --sections: unknown section(s) ['speed']; choose from exchange,memory,time",

@@ -51,9 +51,10 @@ class StepBenchSettings:
     )
     precision: str = setting(
         "mixed_bfloat16",
-        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights and optimizer) or float32",
+        "Keras dtype policy: mixed_bfloat16 (bf16 compute, float32 weights and optimizer), bfloat16 (bf16 weights "
+        "too, AdamW rounding each update stochastically) or float32",
         section="bench",
-        choices=choices.PRECISIONS,
+        choices=choices.TRAIN_PRECISIONS,
     )
     remat: str = setting(
         "none",
@@ -121,6 +122,11 @@ class StepBenchSettings:
     output: str | None = setting(None, "also write the markdown report to this file", section="bench", metavar="FILE")
 
     def __post_init__(self):
+        if self.precision not in choices.PRECISIONS and self.method != "train":
+            raise SettingError(
+                f"StepBenchSettings.precision (--precision) = {self.precision!r} trains bfloat16 weights with the zoo's "
+                f"AdamW (method train); method {self.method!r} takes {' or '.join(choices.PRECISIONS)}"
+            )
         if self.quantize is not None and self.method != "qlora":
             raise SettingError(
                 f"StepBenchSettings.quantize (--quantize) = {self.quantize!r} is a setting of method qlora, not of "

@@ -53,8 +53,18 @@ QLORA_LAYOUTS = layouts_in(QLORA)  # where no tensor-parallel layer splits a qua
 ADAPTER_FORMATS = ("zoo", "peft")  # zoo finetune's LoRA adapter file: lora.weights.h5, or a PEFT folder
 LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds to Dense / EinsumDense
 
-# precision: the Keras dtype policy a job trains under.
+# precision: the Keras dtype policy a job trains under: float32, or mixed_bfloat16 (bf16 compute,
+# float32 weights); a GPT's pre-training also bfloat16 (bf16 weights and compute, the zoo's
+# AdamW rounding each update stochastically: zoo.training.optimizers).
 PRECISIONS = ("float32", "mixed_bfloat16")
+TRAIN_PRECISIONS = (*PRECISIONS, "bfloat16")
+
+
+def compute_bytes(precision):
+    """Bytes an activation element takes under ``precision``: 2 in bfloat16 compute, else 4."""
+    return 4 if precision == "float32" else 2
+
+
 FLOAT_DTYPES = ("float32", "bfloat16")  # AdamW's moments (--moment-dtype); zoo bench window's q, k, v
 SECOND_MOMENTS = ("full", "factored")  # AdamW's second moment (--second-moment): whole, or row and column means
 # where AdamW's moments live between steps (--state-memory): the device's memory, or the host's

@@ -192,9 +192,10 @@ class GPTTrainSettings(fields.CheckpointSettings, fields.Checked):
     weight_decay: float = setting(0.01, "AdamW weight decay", section="train", parse=types.non_negative_float)
     precision: str = setting(
         "float32",
-        "mixed_bfloat16: bf16 compute, float32 weights and optimizer",
+        "mixed_bfloat16: bf16 compute, float32 weights and optimizer; bfloat16: bf16 weights too, AdamW rounding "
+        "each update stochastically (docs/performance.md)",
         section="train",
-        choices=choices.PRECISIONS,
+        choices=choices.TRAIN_PRECISIONS,
     )
     remat: str = fields.remat()
     gradient_accumulation_steps: int = setting(

@@ -4,7 +4,7 @@ one formula the planner's analytic model (``analytic.estimate``) and the remat c
 (JAX 0.10), the correction a plan applies (``remat_correction``) and what its verdict
 then says (``remat_caveat``)."""
 
-from zoo.config.choices import GATED_MLPS
+from zoo.config.choices import GATED_MLPS, compute_bytes
 from zoo.config.layouts import DATA, layout_record, pipelined
 
 __all__ = [
@@ -74,7 +74,7 @@ def remat_saved_per_block(settings, step):
     batch_split = layout.split(sizes, DATA, layout.expert_axis)
     tokens = step.batch_size // batch_split * settings.sequence_length // split
     divisor = layout.split(sizes, layout.model_axis) if layout.heads_split else 1  # heads and MLP split over model
-    itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
+    itemsize = compute_bytes(settings.precision)
     return int(
         tokens * remat_elements_per_token(settings.remat, config_by_name(settings.config_name), divisor) * itemsize
     )
@@ -93,7 +93,7 @@ def remat_correction(steps, settings, full_depth, step):
     layout = layout_record(settings.layout)
     if layout.fsdp_axis is not None:  # the weights gathered over it, block by block
         gathered = layout.split(step.axis_sizes, layout.fsdp_axis)
-        itemsize = 2 if settings.precision == "mixed_bfloat16" else 4
+        itemsize = compute_bytes(settings.precision)
         kept += (high.memory["weights"] - low.memory["weights"]) / gap * gathered * itemsize / 4
     return -int((full_depth - 1) * max(per_block - kept, 0))
 

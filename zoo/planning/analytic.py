@@ -3,7 +3,7 @@ optimizer update from the model's sizes, the mesh and the target's roofline, bef
 is compiled (``zoo plan --auto`` ranks its candidates by it, then compiles the best;
 docs/planning.md). Each layout's splits are read from its record (``zoo.config.layouts``)."""
 
-from zoo.config.choices import PLANNED_REMATS
+from zoo.config.choices import PLANNED_REMATS, compute_bytes
 from zoo.config.layouts import DATA, layout_record, pipelined
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
@@ -42,12 +42,13 @@ def estimate(candidate, request):
     sizes = axis_sizes(candidate.mesh)
     data, tp, seq = sizes.get("data", 1), sizes.get("model", 1), sizes.get("seq", 1)
     params, layers, length = count_parameters(model), model["num_layers"], config["sequence_length"]
-    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    itemsize = compute_bytes(config.get("precision"))
     record = layout_record(candidate.layout)
     state_split = record.split(sizes, record.fsdp_axis, record.model_axis)
+    weight_bytes = 2 if config.get("precision") == "bfloat16" else 4
     state = (
-        params * 4 * (4 + (candidate.accumulation > 1)) / state_split
-    )  # weights, gradients, 2 Adam slots (+ accumulators)
+        params * (2 * weight_bytes + 8 + 4 * (candidate.accumulation > 1)) / state_split
+    )  # weights, gradients, 2 float32 Adam slots (+ accumulators)
     tokens = candidate.micro_batch // data * length // record.split(sizes, record.sequence_axis)
     divisor = tp if record.heads_split else 1
     per_block = tokens * remat_elements_per_token(candidate.remat, model, divisor) * itemsize
@@ -68,7 +69,7 @@ def pipeline_figures(candidate, request):
     sizes = axis_sizes(candidate.mesh)
     stages, m, r = sizes["stage"], candidate.micro_batches, candidate.repeats
     ticks = r * m + stages - 1
-    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    itemsize = compute_bytes(config.get("precision"))
     micro_bytes = (
         candidate.micro_batch // sizes.get("data", 1) // m * config["sequence_length"] * model["hidden_dim"] * itemsize
     )
@@ -84,7 +85,7 @@ def _estimate_pipeline(candidate, request):
     sizes = axis_sizes(candidate.mesh)
     data, stages = sizes.get("data", 1), sizes["stage"]
     layers, length, m = model["num_layers"], config["sequence_length"], candidate.micro_batches
-    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    itemsize = compute_bytes(config.get("precision"))
     params = count_parameters(model)
     outside = count_parameters({**model, "num_layers": 0})  # embedding, head, final norm: on every stage
     per_device = outside + (params - outside) / stages
@@ -146,7 +147,7 @@ def expert_figures(candidate, request):
     slots = 4 + (candidate.accumulation > 1)  # weights, gradients, 2 Adam slots (+ accumulators), f32
     state = 4 * slots * (expert_params / expert_split + other / other_split)
     tokens = candidate.micro_batch // (data * e_p) * config["sequence_length"]
-    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    itemsize = compute_bytes(config.get("precision"))
     k = model.get("num_experts_per_token") or 2
     rows = capacity(
         tokens,
@@ -167,7 +168,7 @@ def _estimate_expert(candidate, request):
     sizes = axis_sizes(candidate.mesh)
     figures = expert_figures(candidate, request)
     tp, length, tokens = sizes.get("model", 1), config["sequence_length"], figures["tokens"]
-    itemsize = 2 if config.get("precision") == "mixed_bfloat16" else 4
+    itemsize = compute_bytes(config.get("precision"))
     per_block = tokens * remat_elements_per_token(candidate.remat, model, tp) * itemsize
     workspace = 0 if candidate.remat == "none" else tokens * remat_elements_per_token("none", model, tp) * itemsize
     logits = tokens * model["vocabulary_size"] // tp * 4 * 3

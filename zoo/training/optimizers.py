@@ -17,6 +17,16 @@ as reproducible as with float32 moments.
 
 ``float32`` (the default) is ``keras.optimizers.AdamW`` itself.
 
+**bfloat16 weights** (the model built under Keras' ``"bfloat16"`` policy: precision
+``bfloat16``): each update is computed in float32 from the bfloat16 weight, its weight
+decay included, and written back with the same stochastic rounding. Rounded to nearest,
+an update smaller than half the weight's last place (AdamW's at a learning rate of 1e-4 on
+a weight of 0.1 is 1e-4, half an ulp is 2.4e-4) would be lost every step; rounded
+stochastically the weight follows the float32 trajectory in expectation (Zamirai et al.,
+"Revisiting BFloat16 Training", 2020). The moments stay in ``moment_dtype`` (float32 by
+default), not in the weights' dtype. What it saves against float32 master weights: 2 bytes
+a parameter of weights, and 4 of the 14 a parameter AdamW's update reads and writes.
+
 ``AdamW(second_moment="factored")`` keeps, for each weight of two or more dimensions
 (..., n), the second moment as two float32 running means of the squared gradient: over its
 last dimension (shape (...)) and over all the others (shape (n,)), as Adafactor does
@@ -47,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from zoo._compat import place_variable_in_memory, variable_layout
+from zoo._compat import applies_weight_decay, place_variable_in_memory, variable_layout
 from zoo.config.choices import FLOAT_DTYPES as MOMENT_DTYPES
 from zoo.config.choices import PINNED_HOST, SECOND_MOMENTS, STATE_MEMORIES
 
@@ -63,6 +73,11 @@ __all__ = [
 ]
 
 _MOMENTS = ("momentum", "velocity")
+_WEIGHT_SALT = 1 << 30  # the rounding bits of weight i's writes: salt 2**30 + i, apart from its moments' 2i, 2i + 1
+
+
+def _is_bfloat16(variable):
+    return keras.backend.standardize_dtype(variable.dtype) == "bfloat16"
 
 
 def _hash_bits(shape, step, salt):
@@ -108,6 +123,7 @@ class AdamW(keras.optimizers.AdamW):
                 "implemented with amsgrad=True"
             )
         self._columns = {}  # a factored weight's path -> its columns' running mean (n,); its rows' is the velocity slot
+        self._decayed_here = set()  # paths of the bfloat16 weights whose decay update_step applies (build)
 
     @property
     def _keras_own(self):
@@ -117,6 +133,12 @@ class AdamW(keras.optimizers.AdamW):
         super().build(var_list)
         for slot in self.host_slots():
             place_variable_in_memory(slot, PINNED_HOST)
+        # bfloat16 weights: their decay is applied in float32 inside update_step, rounded
+        # stochastically with the update, not by Keras in bfloat16 (rounded to nearest: lost)
+        low = [variable for variable in var_list if _is_bfloat16(variable)]
+        self._decayed_here = {variable.path for variable in low if applies_weight_decay(self, variable)}
+        if low:
+            self.exclude_from_weight_decay(var_list=low)
 
     def host_slots(self):
         """The slots kept in host memory between steps: every moment and factored mean
@@ -128,9 +150,9 @@ class AdamW(keras.optimizers.AdamW):
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         if name == "velocity" and self._factored(reference_variable):
             return self._add_factors(reference_variable)
-        if self.moment_dtype == "float32" or name not in _MOMENTS:
+        if name not in _MOMENTS or (self.moment_dtype == "float32" and not _is_bfloat16(reference_variable)):
             return super().add_variable_from_reference(reference_variable, name, initializer)
-        return self.add_variable(  # Keras' naming and layout, in bfloat16
+        return self.add_variable(  # Keras' naming and layout, in moment_dtype (not a bfloat16 weight's dtype)
             shape=reference_variable.shape,
             initializer=initializer,
             dtype=self.moment_dtype,
@@ -153,9 +175,9 @@ class AdamW(keras.optimizers.AdamW):
         return rows
 
     def update_step(self, gradient, variable, learning_rate):
-        if self._keras_own:
+        if self._keras_own and not _is_bfloat16(variable):
             return super().update_step(gradient, variable, learning_rate)
-        dtype = variable.dtype  # float32: the master weights
+        dtype = "float32"  # the update's arithmetic, whatever the weight's dtype
         cast = keras.ops.cast
         gradient = cast(gradient, dtype)
         iterations = keras.ops.convert_to_tensor(self.iterations)  # int64 under x64, else int32
@@ -173,7 +195,17 @@ class AdamW(keras.optimizers.AdamW):
             v = cast(self._read(v_slot), dtype)
             v = v + (gradient * gradient - v) * (1 - self.beta_2)
             self._store(v_slot, v, iterations, 2 * index + 1)
-        self.assign_sub(variable, m * alpha / (jnp.sqrt(v) + self.epsilon))
+        update = m * alpha / (jnp.sqrt(v) + self.epsilon)
+        if not _is_bfloat16(variable):
+            self.assign_sub(variable, update)
+            return
+        weight = cast(variable, dtype)
+        if variable.path in self._decayed_here:  # Keras' decoupled decay, w - w * wd * lr, before the update
+            weight = weight - weight * cast(self.weight_decay, dtype) * cast(learning_rate, dtype)
+        weight = weight - update
+        self.assign(
+            variable, stochastic_round_to_bfloat16(weight, _hash_bits(weight.shape, iterations, _WEIGHT_SALT + index))
+        )
 
     def _read(self, slot):
         """A slot's value on the device (moved there from the host's memory under "host")."""
