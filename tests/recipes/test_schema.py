@@ -44,8 +44,8 @@ def test_accelerator_recipes_pretrain_a_large_gpt_in_bfloat16():
             r"\[parallel\] layout: 'zero3' is not one of the allowed values \['single', 'data', 'model', 'fsdp'",
         ),
         (
-            {"train.precision": "bfloat16"},
-            r"\[train\] precision: 'bfloat16' is not one of the allowed values \['float32', 'mixed_bfloat16'\]",
+            {"train.precision": "float16"},
+            r"\[train\] precision: 'float16' is not one of the allowed values \['float32', 'mixed_bfloat16', 'bfloat16'\]",
         ),
         ({"train.batch_size": "32"}, r"\[train\] batch_size: expected an integer >= 1, got '32' \(str\)"),
         ({"train.batch_size": 0}, r"\[train\] batch_size: expected an integer >= 1, got 0"),

@@ -155,7 +155,8 @@ DEVICES = {
         _gpu("a100", "NVIDIA A100 SXM 80 GB, HGX board of 8 (NVLink 3)", PEAK_FLOPS["A100"], 80, 2.04, 300, 200),
         _gpu("b200", "NVIDIA B200 180 GB, HGX board of 8 (NVLink 5)", PEAK_FLOPS["B200"], 180, 7.7, 900, 400),
         _tpu("tpu-v4", "Google TPU v4 chip, 32 GiB, 3D torus", PEAK_FLOPS["TPU v4"], 32, 1.2, 45),
-        _tpu("tpu-v5e", "Google TPU v5e chip, 16 GiB, 2D torus", PEAK_FLOPS["TPU v5e"], 16, 0.81, 45),
+        # v5e: 16 GiB of HBM, of which JAX may use 15.75 (bytes_limit 16,909,336,064 on the chip, JAX 0.10.2)
+        _tpu("tpu-v5e", "Google TPU v5e chip, 16 GiB (15.75 usable), 2D torus", PEAK_FLOPS["TPU v5e"], 15.75, 0.81, 45),
         _tpu("tpu-v5p", "Google TPU v5p chip, 95 GiB, 3D torus", PEAK_FLOPS["TPU v5p"], 95, 2.76, 90),
         _tpu("tpu-v6e", "Google TPU v6e (Trillium) chip, 32 GiB, 2D torus", PEAK_FLOPS["TPU v6e"], 32, 1.64, 90),
     )
