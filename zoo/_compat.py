@@ -430,6 +430,15 @@ def reprinted_hlo(hlo_text):
     return parse(hlo_text).to_string()
 
 
+def apply_weight_decay_except(optimizer, variables, skip):
+    """Keras' decoupled weight decay (``BaseOptimizer._apply_weight_decay``, private; the hook
+    ``apply`` calls before the updates) on ``variables`` but those ``skip(variable)`` is true
+    for, whose decay the optimizer's ``update_step`` applies itself (checked on Keras 3.15.1)."""
+    import keras
+
+    keras.optimizers.Optimizer._apply_weight_decay(optimizer, [v for v in variables if not skip(v)])
+
+
 def applies_weight_decay(optimizer, variable):
     """Whether Keras' optimizer decays ``variable`` (its weight decay set, the variable not
     excluded by ``exclude_from_weight_decay``): ``BaseOptimizer._use_weight_decay``, private

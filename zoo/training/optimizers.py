@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from zoo._compat import applies_weight_decay, place_variable_in_memory, variable_layout
+from zoo._compat import applies_weight_decay, apply_weight_decay_except, place_variable_in_memory, variable_layout
 from zoo.config.choices import FLOAT_DTYPES as MOMENT_DTYPES
 from zoo.config.choices import PINNED_HOST, SECOND_MOMENTS, STATE_MEMORIES
 
@@ -123,7 +123,6 @@ class AdamW(keras.optimizers.AdamW):
                 "implemented with amsgrad=True"
             )
         self._columns = {}  # a factored weight's path -> its columns' running mean (n,); its rows' is the velocity slot
-        self._decayed_here = set()  # paths of the bfloat16 weights whose decay update_step applies (build)
 
     @property
     def _keras_own(self):
@@ -133,12 +132,12 @@ class AdamW(keras.optimizers.AdamW):
         super().build(var_list)
         for slot in self.host_slots():
             place_variable_in_memory(slot, PINNED_HOST)
-        # bfloat16 weights: their decay is applied in float32 inside update_step, rounded
-        # stochastically with the update, not by Keras in bfloat16 (rounded to nearest: lost)
-        low = [variable for variable in var_list if _is_bfloat16(variable)]
-        self._decayed_here = {variable.path for variable in low if applies_weight_decay(self, variable)}
-        if low:
-            self.exclude_from_weight_decay(var_list=low)
+
+    def _apply_weight_decay(self, variables):
+        """Keras' decay of every weight but the bfloat16 ones: theirs is applied in float32
+        inside ``update_step``, rounded stochastically with the update (Keras' own, in
+        bfloat16 and rounded to nearest, would be lost)."""
+        apply_weight_decay_except(self, variables, skip=_is_bfloat16)
 
     def host_slots(self):
         """The slots kept in host memory between steps: every moment and factored mean
@@ -200,7 +199,7 @@ class AdamW(keras.optimizers.AdamW):
             self.assign_sub(variable, update)
             return
         weight = cast(variable, dtype)
-        if variable.path in self._decayed_here:  # Keras' decoupled decay, w - w * wd * lr, before the update
+        if applies_weight_decay(self, variable):  # Keras' decoupled decay, w - w * wd * lr, before the update
             weight = weight - weight * cast(self.weight_decay, dtype) * cast(learning_rate, dtype)
         weight = weight - update
         self.assign(
