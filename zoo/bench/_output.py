@@ -14,6 +14,13 @@ def write_text(path, text):
         handle.write(text + "\n")
 
 
+def publish(text, settings, report):
+    """A benchmark's markdown: reported (printed), and written to ``settings.output`` where given."""
+    report(text)
+    if settings.output:
+        write_text(settings.output, text)
+
+
 def size_text(nbytes):
     """Bytes as ``"5.24 GiB"`` (two decimals), ``"589.5 MiB"`` below 1 GiB, ``"1.9 KiB"`` below
     1 MiB (``"0.5 KiB"`` below 1 KiB): ``zoo.units.format_bytes`` as the benchmarks' tables write it."""

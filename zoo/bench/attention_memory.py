@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
-from zoo.bench._output import mib_text, write_text
+from zoo.bench._output import mib_text, publish
 from zoo.config.bench_settings import AttentionBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh
@@ -78,9 +78,7 @@ def run_benchmark(settings, report=print):
     goal_timing = time_row(settings, *goal_size, ("gather", "ring"), programs, report)
     goals = evaluate_goals(settings, memory, goal_timing)
     text = format_report(settings, memory, timings + [goal_timing], goals)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     if settings.plot:
         from zoo.plotting import plot_attention_memory
 

@@ -39,7 +39,7 @@ from zoo.bench._fit_vs_jit import (  # noqa: F401  (re-exported: the benchmark's
     measure,
     mesh_name,
 )
-from zoo.bench._output import write_text
+from zoo.bench._output import publish
 from zoo.config.bench_settings import CNNBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.data import load_shapes
 from zoo.models import SmallCNN
@@ -66,9 +66,7 @@ def run_benchmark(settings, report=print):
     finally:
         keras.distribution.set_distribution(None)
     table = format_table(rows, settings)
-    report(table)
-    if settings.output:
-        write_text(settings.output, table)
+    publish(table, settings, report)
     return rows
 
 

@@ -36,7 +36,7 @@ import jax
 import keras
 import numpy as np
 
-from zoo.bench._output import mib_text, write_text
+from zoo.bench._output import mib_text, publish
 from zoo.config.bench_settings import ContextBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.distribution import describe_devices, make_mesh, parse_mesh_spec
@@ -73,9 +73,7 @@ def run_benchmark(settings, report=print):
         report(f"{run.mesh} B={run.batch} ({run.kind}): temp {_mib(run.temp)}, arguments {_mib(run.argument)}")
     goal = evaluate_goal(runs, settings)
     text = format_report(settings, runs, goal)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     if settings.plot:
         from zoo.plotting import plot_context_memory
 

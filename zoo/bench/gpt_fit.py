@@ -11,7 +11,7 @@ import keras
 
 from zoo import distribution as zd
 from zoo.bench._fit_vs_jit import measure
-from zoo.bench._output import write_text
+from zoo.bench._output import publish
 from zoo.config.bench_settings import GPTBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import DEFAULT_CONTEXT_ATTENTION
 from zoo.data import load
@@ -67,9 +67,7 @@ def run_benchmark(settings, report=print):
     finally:
         keras.distribution.set_distribution(None)
     table = format_table(rows, settings)
-    report(table)
-    if settings.output:
-        write_text(settings.output, table)
+    publish(table, settings, report)
     return rows
 
 

@@ -44,7 +44,7 @@ import keras
 import numpy as np
 
 from zoo import distribution as zd
-from zoo.bench._output import size_text, write_text
+from zoo.bench._output import publish, size_text
 from zoo.bench._synthetic_hf import checkpoint_folder, describe_checkpoint
 from zoo.config.bench_settings import HFLoadBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.models import GPTCausalLM
@@ -294,9 +294,7 @@ def run_benchmark(settings, report=print):
             )
             rows.append(row)
     text = format_report(settings, checkpoint, rows)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     failures = [
         {"error": f"{row.layout} {row.mesh}: {row.mismatches} of {row.compared} slices differ from the file"}
         for row in rows

@@ -20,7 +20,7 @@ import time
 import jax
 import keras
 
-from zoo.bench._output import size_text, write_text
+from zoo.bench._output import publish, size_text
 from zoo.config.bench_settings import LMHeadBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution import make_mesh
 from zoo.distribution.axes import DATA
@@ -70,9 +70,7 @@ def run_benchmark(settings, report=print):
                 report(format_row(row))
                 rows.append(row)
     text = format_report(settings, rows)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return {"rows": rows}
 
 

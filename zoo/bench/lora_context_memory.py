@@ -42,7 +42,7 @@ import keras
 
 from zoo import distribution as zd
 from zoo.bench._gpt import LLAMA_3_2_1B, SIZES, compile_model
-from zoo.bench._output import remat_warning, size_text, write_text
+from zoo.bench._output import publish, remat_warning, size_text
 from zoo.config.bench_settings import LoraContextBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, SEQ
 from zoo.measure.comms_report import FAST_COMPILE, compiled_report
@@ -102,9 +102,7 @@ def run_benchmark(settings, report=print):
                 )
                 rows.append(row)
     text = format_report(settings, rows)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return {"rows": rows}
 
 

@@ -49,7 +49,7 @@ from zoo.bench._moe_exchange import (  # noqa: F401 (the exchange section's part
 )
 from zoo.bench._moe_memory import format_memory, memory_rows, parse_run
 from zoo.bench._moe_time import TimingMismatch, check_agreement, format_time, time_rows  # noqa: F401 (the time section)
-from zoo.bench._output import write_text
+from zoo.bench._output import publish
 from zoo.config.bench_moe_settings import MOE_SECTIONS, MoEBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, EXPERT
 from zoo.measure.hardware import device_spec
@@ -131,7 +131,5 @@ def run_benchmark(settings, report=print):
         results["time"] = time_rows(settings, report)
         lines += ([""] if lines else []) + format_time(settings, results["time"])
     text = "\n".join(lines)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return results

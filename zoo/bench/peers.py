@@ -42,7 +42,7 @@ import sys
 import tempfile
 
 from zoo.bench import _step_profile as step_profile
-from zoo.bench._output import write_text
+from zoo.bench._output import publish
 from zoo.bench._peer_workers import Worker, interleave, run_worker
 from zoo.bench._peers_report import (
     MEMORY_CONFIG,
@@ -123,9 +123,7 @@ def run_benchmark(settings, report=print):
             parts.append(format_time_table(settings, results["time"]))
             parts += [row["profile"] for row in results["time"] if "profile" in row]
     text = "\n\n".join(parts)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return results
 
 

@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from zoo import distribution as zd
 from zoo.bench._gpt import LLAMA_3_2_1B, SIZES, build_model, compile_model
-from zoo.bench._output import remat_warning, size_text, write_text
+from zoo.bench._output import publish, remat_warning, size_text
 from zoo.config.bench_settings import PIPELINE_SECTIONS, PipelineBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.layouts import PIPELINE
 from zoo.distribution.axes import DATA, STAGE
@@ -385,7 +385,5 @@ def run_benchmark(settings, report=print):
         results["memory"] = memory_rows(settings, report)
         lines += ([""] if lines else []) + format_memory(settings, results["memory"])
     text = "\n".join(lines)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return results

@@ -19,7 +19,7 @@ import dataclasses
 import glob
 import time
 
-from zoo.bench._output import write_text
+from zoo.bench._output import publish
 from zoo.config.bench_settings import PLAN_SECTIONS, PlanBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.layouts import FSDP, FSDP_TP
 from zoo.planning.plan import PlanRequest, make_plan
@@ -126,9 +126,7 @@ def run_benchmark(settings, report=print):
     measure = {"recipes": recipe_rows, "scale": scale_rows, "auto": auto_rows, "depth": depth_rows}
     results = {section: measure[section](settings, report) for section in settings.sections}
     text = "\n".join(format_report(results))
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return results
 
 

@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 
-from zoo.bench._output import write_text
+from zoo.bench._output import publish
 from zoo.config.bench_settings import ScaleBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.config.choices import CONTEXT_ATTENTIONS
 from zoo.config.layouts import FSDP_TP, TP, TP_SP
@@ -83,9 +83,7 @@ def run_benchmark(settings, report=print):
         report(f"compiling {task} on {devices} simulated device(s) ...")
         rows += run_worker_process(devices, task)
     text = "\n".join(format_report(rows, settings))
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return rows
 
 

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zoo import kernels
-from zoo.bench._output import size_text, write_text
+from zoo.bench._output import publish, size_text
 from zoo.config.bench_settings import WindowBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution import describe_devices, make_mesh
 from zoo.distribution.axes import SEQ
@@ -124,9 +124,7 @@ def run_benchmark(settings, report=print):
                     )
     goals = evaluate_goals(settings, blockwise, context)
     text = format_report(settings, blockwise, context, goals)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return {"blockwise": blockwise, "context": context, "goals": goals}
 
 

@@ -34,7 +34,7 @@ import functools
 import math
 import tempfile
 
-from zoo.bench._output import size_text, write_text
+from zoo.bench._output import publish, size_text
 from zoo.bench._step_timing import device_memory, random_tokens, step_row, time_fits
 from zoo.config.choices import AUTO
 
@@ -55,9 +55,7 @@ def run_benchmark(settings, report=print):
     if settings.plan:  # the step measured: zoo plan of the job, or the plan's time of this step's own program
         plan = row.pop("own_plan", None) or plan_row(dataclasses.replace(settings, remat=row["remat"]), report)
     text = format_report(settings, rows, plan)
-    report(text)
-    if settings.output:
-        write_text(settings.output, text)
+    publish(text, settings, report)
     return rows
 
 

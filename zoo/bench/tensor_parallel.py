@@ -30,7 +30,7 @@ import jax
 import keras
 
 from zoo import distribution as zd
-from zoo.bench._output import write_text
+from zoo.bench._output import publish
 from zoo.config.bench_settings import TPBenchSettings  # noqa: F401 (the settings run_benchmark takes)
 from zoo.distribution.axes import DATA, MODEL
 from zoo.measure.comms_report import FAST_COMPILE, comms_report, layer_step
@@ -58,9 +58,7 @@ def run_benchmark(settings, report=print):
     finally:
         keras.distribution.set_distribution(None)
     table = format_table(rows, settings)
-    report(table)
-    if settings.output:
-        write_text(settings.output, table)
+    publish(table, settings, report)
     if settings.plot:
         from zoo.plotting import plot_tp_bytes
 
