@@ -13,32 +13,34 @@ from jax.sharding import PartitionSpec as P
 from zoo._compat import (
     adding_state_after_build,
     deferred_initializer,
-    distribution_layout_map,
-    forgetting_deferred_variables,
     saved_variables,
     sublayers,
 )
-from zoo.config.choices import LORA_WEIGHTS, SCHEDULES
+from zoo.config.choices import SCHEDULES
 from zoo.distribution.axes import STAGE
-from zoo.distribution.distributions import global_distribution
 from zoo.distribution.mesh import mesh_axis_size
 from zoo.kernels.pipeline import check_schedule, pipeline
 from zoo.layers._lora import (
     check_lora_rank,
     enable_layer_lora,
-    factor_axes_like,
-    factor_layout_keys,
     lora_target_layers,
 )
-from zoo.layers._parallel_plan import resolve_plan, run_manual_over, weight_axes
+from zoo.layers._parallel_plan import resolve_plan, run_manual_over
 from zoo.layers._quantized import is_built_quantized, quantized_weights
 from zoo.layers._stacked_loop import LoopShardings, StageFunction, stages_body
+from zoo.layers._stacked_template import (
+    TEMPLATE,
+    StackedInitializer,
+    Untracked,
+    abstract_scope,
+    block_variables,
+    factors_laid_out_like_kernels,
+    is_factor,
+    template_block,
+)
 from zoo.layers.moe_feed_forward import router_statistics
-from zoo.layers.transformer_block import TransformerBlock
 
-TEMPLATE = "pipelined_block_template"  # the name of the block whose computation runs on each slice
 ROUTER_STATISTICS_PATH = "mlp/router_statistics"  # a MoE block's per-step statistics, stacked (R, L/R, 2)
-SEED_GENERATOR = "seed_generator"  # the dropout layers' seed state: not stacked (one seed for the stack)
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -115,8 +117,8 @@ class PipelinedBlocks(keras.layers.Layer):
 
     def build(self, input_shape):
         self._num_stages()  # blocks that do not split over the stages are named before any weight is made
-        template, variables = _template_block(self.block, input_shape, self.dtype_policy)
-        self._template = _Untracked((template, variables))
+        template, variables = template_block(self.block, input_shape, self.dtype_policy)
+        self._template = Untracked((template, variables))
         self._stack_new_variables()
 
     def _stack_new_variables(self):
@@ -130,7 +132,7 @@ class PipelinedBlocks(keras.layers.Layer):
         """A variable (R, L/R, *variable.shape) at ``<name>/<path>``, each block's slice
         initialised as the block's own variable would be."""
         *scopes, name = path.split("/")
-        initializer = _StackedInitializer(deferred_initializer(variable), (self.repeats, per_repeat))
+        initializer = StackedInitializer(deferred_initializer(variable), (self.repeats, per_repeat))
         with contextlib.ExitStack() as stack:
             stack.enter_context(keras.name_scope(self.name, caller=self))
             for scope in scopes:
@@ -163,12 +165,12 @@ class PipelinedBlocks(keras.layers.Layer):
         if not self.built:
             raise ValueError(f"{self.name}: build the layer (call the model once) before enabling LoRA")
         template, variables = self.template
-        with _abstract_scope():
+        with abstract_scope():
             targets = lora_target_layers(template)
             for layer in targets:
                 enable_layer_lora(layer, rank, alpha)
-        variables.update(_block_variables(template))
-        with adding_state_after_build(self), _factors_laid_out_like_kernels(self, variables):
+        variables.update(block_variables(template))
+        with adding_state_after_build(self), factors_laid_out_like_kernels(self, variables):
             self._stack_new_variables()
         for path, variable in variables.items():  # the kernels Keras froze in the template, frozen here
             self.stacked[path].trainable = variable.trainable
@@ -205,7 +207,7 @@ class PipelinedBlocks(keras.layers.Layer):
         """``{relative path: array (R, L/R, ...)}`` of every stacked weight but the LoRA
         factors, each adapted kernel ``kernel + (alpha / r) a @ b`` (the blocks' weights as
         one model without LoRA holds them)."""
-        weights = {path: variable.value for path, variable in self.stacked.items() if not _is_factor(path)}
+        weights = {path: variable.value for path, variable in self.stacked.items() if not is_factor(path)}
         if self.lora is None:
             return weights
         rank, alpha = self.lora
@@ -228,7 +230,7 @@ class PipelinedBlocks(keras.layers.Layer):
         without LoRA loads the file, as from a LoRA Dense layer's)."""
         merged = self.merged_weights()
         paths = {id(variable): path for path, variable in self.stacked.items()}
-        kept = [v for v in saved_variables(self) if not _is_factor(paths.get(id(v), ""))]
+        kept = [v for v in saved_variables(self) if not is_factor(paths.get(id(v), ""))]
         for index, variable in enumerate(kept):
             path = paths.get(id(variable))
             store[str(index)] = merged[path] if path is not None else variable
@@ -395,100 +397,6 @@ def _to_micro_batches(x, micro_batches, name):
 def _from_micro_batches(y):
     """(M, B/M, ...) -> (B, ...), the inverse of ``_to_micro_batches``."""
     return jnp.swapaxes(y, 0, 1).reshape(-1, *y.shape[2:])
-
-
-class _StackedInitializer:
-    """Initialises a stacked variable (*lead, *shape) block by block with ``initializer``."""
-
-    def __init__(self, initializer, lead):
-        self.initializer, self.lead = initializer, tuple(lead)
-
-    def __call__(self, shape, dtype=None):
-        count = self.lead[0] * self.lead[1]
-        blocks = [self.initializer(tuple(shape[2:]), dtype=dtype) for _ in range(count)]
-        return jnp.stack(blocks).reshape(shape)
-
-
-class _Untracked:
-    """A holder Keras does not look into (the template block's variables are not the layer's)."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-@contextlib.contextmanager
-def _factors_laid_out_like_kernels(layer, variables):
-    """While the stacked LoRA factors among ``variables`` are made: exact layout-map keys
-    placing each like its stacked kernel (R, L/R, *k) is placed, as ``zoo.training``'s
-    ``enable_lora`` places a layer's: ``lora_kernel_a`` (R, L/R, *k[:-1], r) as the kernel
-    but its last axis, ``lora_kernel_b`` (R, L/R, r, k[-1]) the stacking axes and the last
-    (under fsdp the factors split as the kernels, not replicated; an EinsumDense's packed
-    int4 kernel as the float kernel it stands for, ``_float_kernel_axes``). Without a layout
-    map (no distribution, data parallelism) nothing is added: Keras replicates them. In an
-    abstract build each factor is given its layout while its key is in the map."""
-    layout_map = distribution_layout_map(keras.distribution.distribution())
-    if layout_map is None:
-        yield
-        return
-    quantized, wanted, paths = layer.quantized_layers(), {}, {}
-    for path, variable in variables.items():
-        prefix, name = path.rsplit("/", 1)
-        kernel = layer.stacked.get(f"{prefix}/kernel")
-        if name not in LORA_WEIGHTS or path in layer.stacked or kernel is None:
-            continue
-        original = getattr(quantized.get(f"{prefix}/kernel"), "original_kernel_shape", None)
-        axes = _float_kernel_axes(kernel, original, layout_map)  # (R, L/R, *k)
-        factor = axes[:2] + factor_axes_like(axes[2:], kernel.ndim - 2)[name]  # a block's factor behind (R, L/R)
-        if len(factor) == 2 + len(variable.shape):
-            key = f"{layer.path}/{path}"
-            wanted[key], paths[key] = factor, path
-    with factor_layout_keys(layout_map, wanted, lambda key: layer.stacked[paths[key]]):
-        yield
-
-
-def _float_kernel_axes(kernel, original, layout_map):
-    """The layout axes (R, L/R, *k) of the float kernel a stack's ``kernel`` stands for, read
-    without initialising it (``kernel.value`` would allocate the whole stack in a plan's
-    abstract build: a 70B int4 stack is 9.4 GB on the host). An EinsumDense's int4 kernel
-    (``original``: its float kernel's shape) is stored packed in 2-D: its factors follow the
-    layout map's rule for the float kernel (R, L/R, *original), as ``zoo.distribution.layouts``
-    lays out its parts."""
-    if original is None or len(original) + 2 == kernel.ndim:
-        return weight_axes(kernel) or (None,) * kernel.ndim
-    rule = layout_map[kernel.path]  # the rule's regex lookup, as for the packed parts
-    axes = tuple(rule.axes) if rule is not None else ()
-    return axes + (None,) * (2 + len(original) - len(axes))
-
-
-@contextlib.contextmanager
-def _abstract_scope():
-    """The template's variables made abstractly: no weight allocated, under no distribution."""
-    with global_distribution(None), forgetting_deferred_variables(), keras.StatelessScope(initialize_variables=False):
-        yield
-
-
-def _template_block(block, input_shape, dtype_policy):
-    """A ``TransformerBlock`` built abstractly and {path relative to the block: variable}
-    of its weights (``_block_variables``)."""
-    with _abstract_scope():
-        template = TransformerBlock(**block, dtype=dtype_policy, name=TEMPLATE)
-        template.build(tuple(input_shape))
-    return template, _block_variables(template)
-
-
-def _block_variables(template):
-    """{path relative to the block: variable} of the template's weights (seed states left out)."""
-    prefix = template.name + "/"
-    variables = {}
-    for variable in template.weights:
-        path = variable.path.split(prefix, 1)[-1]
-        if SEED_GENERATOR not in path:
-            variables[path] = variable
-    return variables
-
-
-def _is_factor(path):
-    return path.rsplit("/", 1)[-1] in LORA_WEIGHTS
 
 
 def _check_arguments(num_blocks, block, schedule, micro_batches, repeats):
