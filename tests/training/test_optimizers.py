@@ -248,6 +248,8 @@ def test_bfloat16_weights_take_updates_below_half_their_last_place():
     assert nearest == 1.0
     assert stochastic == pytest.approx(float32, rel=0.005)
     assert {str(v.dtype) for v in zoo.variables if v.path.endswith(("momentum", "velocity"))} == {"float32"}
+    with pytest.raises(ValueError, match=r"bfloat16 weights \(precision bfloat16\) are not implemented with amsgrad"):
+        AdamW(amsgrad=True).build([keras.Variable(np.ones(2, np.float32), dtype="bfloat16")])
     excluded = AdamW(**options)  # a weight excluded from decay by name stays excluded in bfloat16
     excluded.exclude_from_weight_decay(var_names=["w"])
     assert _apply_constant_gradient(excluded, "bfloat16") == pytest.approx(0.7, rel=0.005)

@@ -129,6 +129,8 @@ class AdamW(keras.optimizers.AdamW):
         return is_keras_own(self.moment_dtype, self.second_moment, self.state_memory)
 
     def build(self, var_list):
+        if self.amsgrad and any(_is_bfloat16(variable) for variable in var_list):
+            raise ValueError("bfloat16 weights (precision bfloat16) are not implemented with amsgrad=True")
         super().build(var_list)
         for slot in self.host_slots():
             place_variable_in_memory(slot, PINNED_HOST)
