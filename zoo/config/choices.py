@@ -65,6 +65,11 @@ def compute_bytes(precision):
     return 4 if precision == "float32" else 2
 
 
+def weight_bytes(precision):
+    """Bytes a weight takes under ``precision``: 2 for bfloat16 weights, else 4 (float32 master weights)."""
+    return 2 if precision == "bfloat16" else 4
+
+
 FLOAT_DTYPES = ("float32", "bfloat16")  # AdamW's moments (--moment-dtype); zoo bench window's q, k, v
 SECOND_MOMENTS = ("full", "factored")  # AdamW's second moment (--second-moment): whole, or row and column means
 # where AdamW's moments live between steps (--state-memory): the device's memory, or the host's

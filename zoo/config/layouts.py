@@ -64,6 +64,11 @@ class Layout:
         """Whole weights on every data replica: the gradients all-reduced over data."""
         return self.fsdp_axis is None and self.expert_axis is None and self.stage_axis is None
 
+    def batch_split(self, sizes):
+        """How many pieces the batch is cut into on a mesh of ``sizes``: the data axis, times
+        the expert axis under the expert layouts."""
+        return self.split(sizes, DATA, self.expert_axis)
+
     def split(self, sizes, *axes):
         """The product of the mesh sizes (``{axis: size}``) of the named axes (None: 1)."""
         product = 1

@@ -4,8 +4,8 @@ one formula the planner's analytic model (``analytic.estimate``) and the remat c
 (JAX 0.10), the correction a plan applies (``remat_correction``) and what its verdict
 then says (``remat_caveat``)."""
 
-from zoo.config.choices import GATED_MLPS, compute_bytes
-from zoo.config.layouts import DATA, layout_record, pipelined
+from zoo.config.choices import GATED_MLPS, compute_bytes, weight_bytes
+from zoo.config.layouts import layout_record, pipelined
 
 __all__ = [
     "remat_caveat",
@@ -71,7 +71,7 @@ def remat_saved_per_block(settings, step):
 
     sizes, layout = step.axis_sizes, layout_record(settings.layout)
     split = layout.split(sizes, layout.sequence_axis)  # the sequence's split
-    batch_split = layout.split(sizes, DATA, layout.expert_axis)
+    batch_split = layout.batch_split(sizes)
     tokens = step.batch_size // batch_split * settings.sequence_length // split
     divisor = layout.split(sizes, layout.model_axis) if layout.heads_split else 1  # heads and MLP split over model
     itemsize = compute_bytes(settings.precision)
@@ -94,7 +94,13 @@ def remat_correction(steps, settings, full_depth, step):
     if layout.fsdp_axis is not None:  # the weights gathered over it, block by block
         gathered = layout.split(step.axis_sizes, layout.fsdp_axis)
         itemsize = compute_bytes(settings.precision)
-        kept += (high.memory["weights"] - low.memory["weights"]) / gap * gathered * itemsize / 4
+        kept += (
+            (high.memory["weights"] - low.memory["weights"])
+            / gap
+            * gathered
+            * itemsize
+            / weight_bytes(settings.precision)
+        )
     return -int((full_depth - 1) * max(per_block - kept, 0))
 
 

@@ -3,7 +3,7 @@ optimizer update from the model's sizes, the mesh and the target's roofline, bef
 is compiled (``zoo plan --auto`` ranks its candidates by it, then compiles the best;
 docs/planning.md). Each layout's splits are read from its record (``zoo.config.layouts``)."""
 
-from zoo.config.choices import PLANNED_REMATS, compute_bytes
+from zoo.config.choices import PLANNED_REMATS, compute_bytes, weight_bytes
 from zoo.config.layouts import DATA, layout_record, pipelined
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.kernels.moe import capacity
@@ -45,9 +45,8 @@ def estimate(candidate, request):
     itemsize = compute_bytes(config.get("precision"))
     record = layout_record(candidate.layout)
     state_split = record.split(sizes, record.fsdp_axis, record.model_axis)
-    weight_bytes = 2 if config.get("precision") == "bfloat16" else 4
     state = (
-        params * (2 * weight_bytes + 8 + 4 * (candidate.accumulation > 1)) / state_split
+        params * (2 * weight_bytes(config.get("precision")) + 8 + 4 * (candidate.accumulation > 1)) / state_split
     )  # weights, gradients, 2 float32 Adam slots (+ accumulators)
     tokens = candidate.micro_batch // data * length // record.split(sizes, record.sequence_axis)
     divisor = tp if record.heads_split else 1

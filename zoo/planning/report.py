@@ -1,7 +1,7 @@
 """A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
 
 from zoo.config.choices import QLORA_LAYOUTS
-from zoo.config.layouts import CONTEXT, DATA, LAYOUT_TABLE
+from zoo.config.layouts import CONTEXT, LAYOUT_TABLE
 from zoo.planning.roofline import axes_bandwidth, measured_error
 from zoo.units import format_bytes
 
@@ -101,11 +101,9 @@ def largest_part(plan):
 
 
 def batch_shards(plan):
-    """How many pieces the plan's layout cuts the batch into: the data axis, times the
-    expert axis under the expert layouts (1 where the layout is not the table's)."""
+    """How many pieces the plan's layout cuts the batch into (1 where the layout is not the table's)."""
     record = LAYOUT_TABLE.get(plan.request.config.get("layout"))
-    sizes = plan.step.axis_sizes
-    return record.split(sizes, DATA, record.expert_axis) if record is not None else 1
+    return record.batch_split(plan.step.axis_sizes) if record is not None else 1
 
 
 def _context_takes(config):

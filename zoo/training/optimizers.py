@@ -76,6 +76,11 @@ _MOMENTS = ("momentum", "velocity")
 _WEIGHT_SALT = 1 << 30  # the rounding bits of weight i's writes: salt 2**30 + i, apart from its moments' 2i, 2i + 1
 
 
+def _rounded(value, iterations, salt):
+    """float32 ``value`` rounded stochastically to bfloat16, its bits those of step ``iterations`` and ``salt``."""
+    return stochastic_round_to_bfloat16(value, _hash_bits(value.shape, iterations, salt))
+
+
 def _is_bfloat16(variable):
     return keras.backend.standardize_dtype(variable.dtype) == "bfloat16"
 
@@ -204,9 +209,7 @@ class AdamW(keras.optimizers.AdamW):
         if applies_weight_decay(self, variable):  # Keras' decoupled decay, w - w * wd * lr, before the update
             weight = weight - weight * cast(self.weight_decay, dtype) * cast(learning_rate, dtype)
         weight = weight - update
-        self.assign(
-            variable, stochastic_round_to_bfloat16(weight, _hash_bits(weight.shape, iterations, _WEIGHT_SALT + index))
-        )
+        self.assign(variable, _rounded(weight, iterations, _WEIGHT_SALT + index))
 
     def _read(self, slot):
         """A slot's value on the device (moved there from the host's memory under "host")."""
@@ -219,9 +222,7 @@ class AdamW(keras.optimizers.AdamW):
 
     def _store(self, slot, value, iterations, salt):
         """Write a float32 moment into its slot: as is, or rounded stochastically to bfloat16."""
-        if slot.dtype != "float32":
-            value = stochastic_round_to_bfloat16(value, _hash_bits(value.shape, iterations, salt))
-        self._write(slot, value)
+        self._write(slot, value if slot.dtype == "float32" else _rounded(value, iterations, salt))
 
     def _factored_second_moment(self, rows_slot, columns_slot, gradient):
         """Update the two running means from ``gradient`` (..., n) and return the second
