@@ -32,7 +32,8 @@
 # `41` (an experiment: splash's forward with its P.V product in bfloat16, splash_pv_dtype.py; gpt_1b b2 and b4 with it),
 # `42` (the LoRA row and the remat-full row with --plan, the device's peak read as in use + reserved),
 # `43` (gpt_1b b2 and b4 with bfloat16 weights: --precision bfloat16, AdamW rounding each update stochastically),
-# `44` (qwen3_0.6b's best full fine-tune row and issue 43's 1 x 8192 remat-full row, each with --plan).
+# `44` (qwen3_0.6b's best full fine-tune row and issue 43's 1 x 8192 remat-full row, each with --plan),
+# `45` (part 44's 1 x 8192 row alone: its plan's compile ran past part 44's limit).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -358,8 +359,13 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     row 230 --config-name gpt_1b --num-layers 8 --batch-size 1 --sequence-length 8192 --remat full \
         --moment-dtype bfloat16 --second-moment factored --plan
     ;;
+45)  # part 44's gpt_1b 1 x 8192 remat-full row with --plan, alone (its plan's compile ran past 230 s there)
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
+    row 540 --config-name gpt_1b --num-layers 8 --batch-size 1 --sequence-length 8192 --remat full \
+        --moment-dtype bfloat16 --second-moment factored --plan
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 44; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 45; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac
