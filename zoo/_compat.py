@@ -378,6 +378,34 @@ def record_int4_input_dim(layer, input_dim):
 # --- Orbax ---------------------------------------------------------------------------
 
 
+def einsum_int8_scale_as_kernel(layer, scale):
+    """An int8 ``EinsumDense``'s ``kernel_scale`` (stored in the output's shape, e.g. (1, 1, H, D)
+    for "btc,chd->bthd") laid out as its kernel, size 1 on the contracted axes ((1, H, D)), so
+    ``kernel / scale`` is the float kernel: what its own quantized call does before its
+    gradient. Works on one device's slice of the scale (no size is read).
+
+    Private: ``EinsumDense._adjust_scale_for_dequant``. Checked on Keras 3.15.1. Public
+    replacement: none (Keras dequantizes an int8 einsum kernel only inside its own call)."""
+    try:
+        adjust = layer._adjust_scale_for_dequant
+    except AttributeError as error:
+        raise _missing("EinsumDense._adjust_scale_for_dequant", error) from error
+    return adjust(scale)
+
+
+def dequantize_int4_groups(unpacked, scale, zero, groups):
+    """Keras' block-wise int4 dequantization: (w - zero[g]) * scale[g] for the row groups
+    ``groups`` (``g_idx``) of an unpacked kernel [rows, columns], scale and zero [groups, columns].
+
+    Private: ``keras.src.quantizers.quantizers.dequantize_with_sz_map``. Checked on Keras
+    3.15.1. Public replacement: none (Keras applies it inside its layers' int4 calls)."""
+    try:
+        from keras.src.quantizers.quantizers import dequantize_with_sz_map
+    except ImportError as error:
+        raise _missing("keras.src.quantizers.quantizers.dequantize_with_sz_map", error) from error
+    return dequantize_with_sz_map(unpacked, scale, zero, groups, group_axis=0)
+
+
 def standard_handler_with_min_replica_slice(min_slice_bytes):
     """Orbax's ``StandardCheckpointHandler`` that splits the save of a replicated array over
     its replicas (replica-parallel, Orbax's default off GPU) only where each replica's slice

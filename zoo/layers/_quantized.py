@@ -14,7 +14,12 @@ import math
 
 import keras
 
-from zoo._compat import deleting_variables_without_full_collections, sublayers
+from zoo._compat import (
+    deleting_variables_without_full_collections,
+    dequantize_int4_groups,
+    einsum_int8_scale_as_kernel,
+    sublayers,
+)
 from zoo.config.choices import LORA_WEIGHTS, QUANTIZATIONS
 
 INT4_BLOCK = 128  # input rows per int4 scale (Keras' default block size)
@@ -111,3 +116,90 @@ def _int4_float_shape(layer):
     if hasattr(layer, "original_kernel_shape"):  # EinsumDense: flattened to (input rows, packed columns)
         return layer.original_kernel_shape
     return (layer.kernel.shape[0], layer.units)  # Dense: (input, units packed two to a byte)
+
+
+# --- a quantized kernel split over devices (the tensor-parallel layers) --------------------
+#
+# Keras stores an int8 kernel in its float shape, with one scale per output channel (a
+# Dense: (F,); an EinsumDense: in the output's shape, e.g. (1, 1, H, D)), and an int4 kernel
+# flattened to rows (the dimensions the input is contracted with) x columns (the others),
+# packed two columns a byte, with a scale and a zero point per block of rows and column
+# (groups x columns) and each row's group (g_idx). A tensor-parallel layer splits the float
+# kernel's dimensions over mesh axes; each of these weights is split the same way on the
+# dimensions it shares with the kernel, so every device holds its shard of each, and the
+# shard_map body dequantizes its own shard of the kernel (``dequantized_shard``).
+
+
+def kernel_dims(layer):
+    """``(rows, columns)``: the float kernel's dimensions Keras' int4 flattens into rows (those
+    the input is contracted with, leading) and columns. A Dense: ((0,), (1,))."""
+    if not isinstance(layer, keras.layers.EinsumDense):
+        return (0,), (1,)
+    inputs, output = layer.equation.replace(" ", "").split("->")
+    kernel = inputs.split(",")[1]
+    rows = tuple(i for i, letter in enumerate(kernel) if letter not in output)
+    if rows != tuple(range(len(rows))):
+        raise ValueError(f"{layer.path!r}: equation {layer.equation!r} contracts kernel dimensions {rows}, not the leading ones")
+    return rows, tuple(range(len(rows), len(kernel)))
+
+
+def _flattened_axis(layer, axes):
+    """The mesh axis of dimensions flattened into one (int4's rows or columns): the first one's,
+    the others whole (a split inside a flattened dimension would not be one contiguous block)."""
+    if any(axis is not None for axis in axes[1:]):
+        raise ValueError(f"{layer.path!r}: a kernel split over {axes} cannot be flattened into int4's rows or columns")
+    return axes[0]
+
+
+def quantized_axes(layer, name, shape, float_shape, kernel_axes, sizes):
+    """Layout axes of the quantized weight ``name`` (kernel, kernel_scale, kernel_zero, g_idx) of
+    ``shape``, given the float kernel's shape and axes and the mesh's ``sizes`` ({axis: size});
+    None for any other weight. int4's scales and zero points are split on their groups only
+    where each shard's rows are whole blocks of ``INT4_BLOCK``; else whole on every device."""
+    if quantized_mode(layer) == "int8":
+        if name == "kernel":
+            return tuple(kernel_axes)
+        if name != "kernel_scale":
+            return None
+        if not isinstance(layer, keras.layers.EinsumDense):
+            return (kernel_axes[1],)  # (F,)
+        inputs, output = layer.equation.replace(" ", "").split("->")
+        kernel = inputs.split(",")[1]
+        return tuple(kernel_axes[kernel.index(c)] if c in kernel else None for c in output)  # the output's shape
+    rows, columns = kernel_dims(layer)
+    row_axis = _flattened_axis(layer, [kernel_axes[i] for i in rows])
+    column_axis = _flattened_axis(layer, [kernel_axes[i] for i in columns])
+    if name in ("kernel_scale", "kernel_zero") and len(shape) == 2:  # (groups, columns)
+        row_count, size = math.prod(float_shape[i] for i in rows), sizes.get(row_axis, 1)
+        whole_blocks = row_count % (size * INT4_BLOCK) == 0 and shape[0] * INT4_BLOCK == row_count
+        return (row_axis if whole_blocks else None, column_axis)
+    return {"kernel": (row_axis, column_axis), "kernel_scale": (column_axis,), "g_idx": (row_axis,)}.get(name)
+
+
+def quantized_mode(layer):
+    """``"int8"`` / ``"int4"`` for a layer built quantized or being quantized (Keras sets
+    ``quantization_mode`` only after ``quantize`` has built the weights), else None."""
+    return getattr(layer, "quantization_mode", None) or getattr(layer, "quantized_build_mode", None)
+
+
+def dequantized_shard(layer, weights, local_shape, group_offset=0):
+    """Inside a shard_map: this device's float kernel of ``local_shape`` (the layer's compute
+    dtype) from its shards of the quantized ``weights`` ({name: array}: kernel, kernel_scale,
+    and int4's kernel_zero and g_idx), each already whole over any weight-shard axis.
+    ``group_offset``: the first group this device's scales hold (int4 rows split with their
+    groups), subtracted from its rows' global group numbers."""
+    dtype = layer.compute_dtype
+    kernel, scale = weights["kernel"], weights["kernel_scale"]
+    if quantized_mode(layer) == "int8":  # int8[local_shape] / scale per output channel
+        if isinstance(layer, keras.layers.EinsumDense):
+            scale = einsum_int8_scale_as_kernel(layer, scale)  # (1, H/N, D) for (C, H/N, D)
+        return (kernel.astype(dtype) / scale).astype(dtype)
+    rows, columns = kernel_dims(layer)
+    width = math.prod(local_shape[i] for i in columns)
+    unpacked = keras.quantizers.unpack_int4(kernel, width, axis=-1, dtype="int8")  # int8[rows, columns]
+    if "kernel_zero" in weights:  # blocks of rows, each with its scale and zero point
+        groups = weights["g_idx"] - group_offset
+        floats = dequantize_int4_groups(unpacked, scale, weights["kernel_zero"], groups)
+    else:  # one scale per column
+        floats = unpacked.astype("float32") / scale
+    return floats.astype(dtype).reshape(local_shape)

@@ -54,7 +54,13 @@ from zoo.distribution.axes import MODEL
 from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import check_divisible, sequence_parallel_row_matmul
 from zoo.layers._parallel_plan import resolve_plan, run_sharded
-from zoo.layers._quantized import weight_only_config
+from zoo.layers._quantized import (
+    QUANTIZATION_WEIGHTS,
+    dequantized_shard,
+    quantized_axes,
+    quantized_mode,
+    weight_only_config,
+)
 
 SHARD = "shard"  # placeholder in layout axes for the plan's weight-shard axis (FSDP inside TP)
 
@@ -111,38 +117,60 @@ def tensor_parallel_plan(model_axis):
     return plan if plan.tensor_parallel else None
 
 
-def _refuse_if_split(layer):
-    plan = tensor_parallel_plan(layer.model_axis)
-    if plan is not None:
-        raise NotImplementedError(
-            f"{type(layer).__name__} {layer.name!r} cannot be quantized under a tensor-parallel layout (the "
-            f"{plan.model_axis!r} axis of size {plan.model_size} splits it, and its shard_map kernels multiply "
-            f"float kernels): quantize under layouts single, data or fsdp"
-        )
-
-
-def quantize_unless_split(layer, kind, mode, **kwargs):
+def quantize_layer(layer, kind, mode, **kwargs):
     """Keras' quantization of a zoo ``Dense`` / ``EinsumDense`` subclass (``kind.quantize``:
-    the kernel stored in int8 or int4 with its scales, Keras' quantized call from then on)
-    where no tensor-parallel plan splits the layer: there it is a plain Keras layer, its
-    weights laid out by the layout map. Under a tensor-parallel plan its ``shard_map``
-    kernels multiply float kernels: refused in one line. (Keras resolves a missing
-    ``config`` to its default, the inputs quantized too, before the layer sees the call:
-    QLoRA passes ``weight_only_config``.)"""
-    _refuse_if_split(layer)
+    the kernel stored in int8 or int4 with its scales, Keras' quantized call from then on).
+    Under a tensor-parallel plan the quantized weights are created with the shards of the
+    float kernel's layout (``zoo.layers._quantized.quantized_axes``) and each device's
+    shard_map body dequantizes its own shard. (Keras resolves a missing ``config`` to its
+    default, the inputs quantized too, before the layer sees the call: QLoRA passes
+    ``weight_only_config``.)"""
     kind.quantize(layer, mode, type_check=False, **kwargs)
 
 
-def quantized_build_unless_split(layer, kind, kernel_shape, mode, config=None):
+def quantized_build(layer, kind, kernel_shape, mode, config=None):
     """``kind.quantized_build``: the int8 / int4 kernel and its scales created as such, no
     float kernel first, when the layer is built under a quantized dtype policy
     (``"int8_from_mixed_bfloat16"``, a ``DTypePolicyMap`` naming it; QLoRA's quantized
-    build); the same refusal. Built so, a layer without a ``quantization_config``
-    quantizes its weights alone (``weight_only_config``)."""
-    _refuse_if_split(layer)
+    build), or quantized since (Keras' ``quantize`` builds the same way). Built so, a layer
+    without a ``quantization_config`` quantizes its weights alone (``weight_only_config``).
+    The mode and the float kernel's shape are recorded first: the quantized weights'
+    layouts are read from them as Keras creates each weight."""
+    layer.quantized_build_mode = mode
+    layer.quantized_kernel_shape = tuple(int(d) for d in kernel_shape)
     kind.quantized_build(layer, kernel_shape, mode, config or weight_only_config(mode))
     if mode == "int4" and kind is keras.layers.Dense:  # else enable_lora unpacks the kernel for its shape
         record_int4_input_dim(layer, kernel_shape[0])
+
+
+def axis_sizes(plan):
+    """{mesh axis: size} of the axes a tensor-parallel layer's weights split over."""
+    return {plan.model_axis: plan.model_size, plan.weight_shard_axis: plan.weight_shard_size}
+
+
+def quantized_names(layer, present):
+    """The quantized weights of ``layer`` (kernel, kernel_scale, kernel_zero, g_idx) that
+    ``present`` (a name -> bool) has, or [] for a float layer."""
+    if quantized_mode(layer) is None:
+        return []
+    return ["kernel", *(name for name in QUANTIZATION_WEIGHTS if present(name))]
+
+
+def local_quantized_kernel(layer, weights, plan, axes_of, kernel_axes):
+    """Inside the shard_map: this device's float kernel, dequantized from its shards of the
+    quantized weights (each first all-gathered over the weight-shard axis, if split over it).
+    ``axes_of(name)``: a weight's layout axes; ``kernel_axes``: the float kernel's."""
+    names = quantized_names(layer, lambda name: name in weights)
+    axes = {name: axes_of(name) for name in names}
+    whole = {name: gather_weight(weights[name], axes[name], plan) for name in names}
+    local_shape = tuple(
+        d // plan.model_size if axis == plan.model_axis else d
+        for d, axis in zip(layer.quantized_kernel_shape, kernel_axes)
+    )  # the float kernel's shard, e.g. (C, F/N)
+    offset = 0  # int4 rows split over the model axis with their groups: this shard's first group
+    if "kernel_zero" in names and axes["kernel_scale"][0] == plan.model_axis:
+        offset = jax.lax.axis_index(plan.model_axis) * whole["kernel_scale"].shape[0]
+    return dequantized_shard(layer, whole, local_shape, offset)
 
 
 def resolve_axes(axes, plan):
@@ -273,20 +301,25 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
                 what=f"{where} (kernel split FSDP-style over {plan.weight_shard_axis!r}): {shard_dim}",
             )
 
-    def weight_axes(self, name, plan):
-        """Layout axes of weight ``name`` under ``plan`` (None: not ours to place)."""
+    def weight_axes(self, name, plan, shape=None):
+        """Layout axes of weight ``name`` (of ``shape``: read from the weight when None) under
+        ``plan`` (None: not ours to place); a quantized weight's follow the float kernel's."""
+        kernel_axes = resolve_axes(self.WEIGHT_AXES["kernel"], plan)
+        if name in quantized_names(self, lambda weight: True):
+            shape = shape or next(v.shape for v in self.weights if v.name == name)
+            return quantized_axes(self, name, shape, self.quantized_kernel_shape, kernel_axes, axis_sizes(plan))
         axes = self.WEIGHT_AXES.get(name)
         return None if axes is None else resolve_axes(axes, plan)
 
     def creation_axes(self, name, shape, plan):
         """Layout axes ``WeightsPlacedAtCreation`` gives weight ``name`` (None: Keras decides)."""
-        return self.weight_axes(name, plan)
+        return self.weight_axes(name, plan, shape)
 
     def quantize(self, mode=None, **kwargs):
-        quantize_unless_split(self, keras.layers.Dense, mode, **kwargs)
+        quantize_layer(self, keras.layers.Dense, mode, **kwargs)
 
     def quantized_build(self, kernel_shape, mode, config=None):
-        quantized_build_unless_split(self, keras.layers.Dense, kernel_shape, mode, config)
+        quantized_build(self, keras.layers.Dense, kernel_shape, mode, config)
 
     # --- calls ---------------------------------------------------------------------
 
@@ -310,17 +343,24 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
 
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
+        quantized = quantized_names(self, lambda name: getattr(self, name, None) is not None)
         names = (
-            ["kernel"] + (["bias"] if self.bias is not None else []) + (list(LORA_WEIGHTS) if self.lora_enabled else [])
+            (quantized or ["kernel"])
+            + (["bias"] if self.bias is not None else [])
+            + (list(LORA_WEIGHTS) if self.lora_enabled else [])
         )
         variables = {"kernel": kernel_variable(self), "bias": self.bias}
-        variables.update({n: getattr(self, n) for n in LORA_WEIGHTS if self.lora_enabled})
+        variables.update({n: getattr(self, n) for n in [*quantized[1:], *(LORA_WEIGHTS if self.lora_enabled else ())]})
         return {n: variables[n].value for n in names}, {n: P(*self.weight_axes(n, plan)) for n in names}
 
     def local_kernel(self, weights, plan):
         """Inside the shard_map: this shard's (frozen, under LoRA) kernel, all-gathered
         over the weight-shard axis if any. The LoRA update is not merged into it: it is
-        applied factored (``local_lora``, ``column_lora`` / ``row_matmul_with_lora``)."""
+        applied factored (``local_lora``, ``column_lora`` / ``row_matmul_with_lora``). A
+        quantized kernel's shard is dequantized here (``local_quantized_kernel``)."""
+        if quantized_mode(self) is not None:
+            kernel_axes = resolve_axes(self.WEIGHT_AXES["kernel"], plan)
+            return local_quantized_kernel(self, weights, plan, lambda name: self.weight_axes(name, plan), kernel_axes)
         return gather_weight(weights["kernel"], self.weight_axes("kernel", plan), plan)
 
     def local_lora(self, weights):

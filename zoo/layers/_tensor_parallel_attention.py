@@ -57,10 +57,14 @@ from zoo.layers._tensor_parallel import (
     check_input,
     describe_split,
     gather_weight,
+    axis_sizes,
     kernel_variable,
-    quantize_unless_split,
-    quantized_build_unless_split,
+    local_quantized_kernel,
+    quantize_layer,
+    quantized_build,
+    quantized_names,
 )
+from zoo.layers._quantized import quantized_axes
 
 # Which dimension of each weight holds the heads (split over model), and which holds C
 # (split over the weight-shard axis under FSDP inside TP), per projection role.
@@ -110,7 +114,16 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
         self.model_axis = model_axis
 
     def weight_axes(self, name, shape, plan):
-        """Layout axes of weight ``name`` of ``shape`` under ``plan`` (None: not ours)."""
+        """Layout axes of weight ``name`` of ``shape`` under ``plan`` (None: not ours); a
+        quantized weight's follow the float kernel's (``zoo.layers._quantized.quantized_axes``)."""
+        if name in quantized_names(self, lambda weight: True):
+            float_shape = self.quantized_kernel_shape
+            kernel_axes = self.float_axes("kernel", float_shape, plan)
+            return quantized_axes(self, name, shape, float_shape, kernel_axes, axis_sizes(plan))
+        return self.float_axes(name, shape, plan)
+
+    def float_axes(self, name, shape, plan):
+        """Layout axes of float weight ``name`` of ``shape`` under ``plan`` (None: not ours)."""
         if name not in ("kernel", "bias", *LORA_WEIGHTS):
             return None
         axes = [None] * len(shape)
@@ -128,14 +141,15 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
         return {**super().get_config(), "role": self.role, "model_axis": self.model_axis}
 
     def quantize(self, mode=None, **kwargs):
-        quantize_unless_split(self, keras.layers.EinsumDense, mode, **kwargs)
+        quantize_layer(self, keras.layers.EinsumDense, mode, **kwargs)
 
     def quantized_build(self, kernel_shape, mode, config=None):
-        quantized_build_unless_split(self, keras.layers.EinsumDense, kernel_shape, mode, config)
+        quantized_build(self, keras.layers.EinsumDense, kernel_shape, mode, config)
 
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
         variables = {"kernel": kernel_variable(self), "bias": self.bias}
+        variables.update({n: getattr(self, n) for n in quantized_names(self, lambda n: getattr(self, n, None) is not None)[1:]})
         if self.lora_enabled:
             variables.update(lora_kernel_a=self.lora_kernel_a, lora_kernel_b=self.lora_kernel_b)
         variables = {n: v for n, v in variables.items() if v is not None}
@@ -144,7 +158,13 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
 
     def local_kernel(self, weights, plan):
         """Inside the shard_map: this device's (frozen, under LoRA) kernel, gathered over the
-        weight-shard axis if split over it; the LoRA update is applied factored (``local_lora``)."""
+        weight-shard axis if split over it; the LoRA update is applied factored (``local_lora``).
+        A quantized kernel's shard is dequantized here (``local_quantized_kernel``)."""
+        if quantized_names(self, lambda name: True):
+            float_shape = self.quantized_kernel_shape
+            shapes = {v.name: v.shape for v in self.weights}  # whole, not this shard's
+            axes_of = lambda name: self.weight_axes(name, shapes[name], plan)  # noqa: E731
+            return local_quantized_kernel(self, weights, plan, axes_of, self.float_axes("kernel", float_shape, plan))
         kernel = weights["kernel"]
         return gather_weight(kernel, self.weight_axes("kernel", kernel_variable(self).shape, plan), plan)
 

@@ -21,6 +21,7 @@ import gc
 import json
 import pathlib
 import weakref
+import zlib
 
 import keras
 import numpy as np
@@ -118,7 +119,9 @@ def _qlora(layout, data, quantize):
     distribution = None
     if layout is not None:
         config = causal_lm_config(FIXTURE, layout)
-        distribution = zd.distribution_for(GPTCausalLM, layout, "data=8", config=config)
+        mesh = {"tp": "data=2,model=4", "tp+sp": "data=2,model=4", "fsdp+tp": "data=2,model=4"}.get(layout, "data=8")
+        mesh = {"context": "data=2,seq=4", "pipeline": "data=4,stage=2"}.get(layout, mesh)
+        distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=config)
 
     def load():  # under a layout the base is built quantized, each kernel quantized as read; one device
         if layout is None:  # quantizes the float model after loading (quantize_frozen): the same weights
@@ -131,8 +134,10 @@ def _qlora(layout, data, quantize):
     before = {}
 
     class Before(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            before.update({v.path: np.asarray(v.value) for v in self.model.trainable_weights})
+        def on_train_begin(self, logs=None):  # one start for every layout, a stack's blocks too
+            for variable in self.model.trainable_weights:
+                variable.assign(_start(variable))
+            before.update(_by_block(self.model.trainable_weights))
 
     result = finetune_causal_lm(
         model,
@@ -146,11 +151,41 @@ def _qlora(layout, data, quantize):
         callbacks=[losses, Before()],
         report=lambda line: None,
     )
-    after = {v.path: np.asarray(v.value) for v in model.trainable_weights}
-    return result, losses.losses, before, after
+    return result, losses.losses, before, _by_block(model.trainable_weights)
 
 
-@pytest.mark.parametrize("layout, quantize", [("fsdp", "int4"), ("fsdp", "int8"), ("data", "int4")])
+def _start(variable):
+    """A LoRA factor's start, drawn per block from its layer-form path (``lora_kernel_b`` stays zeros)."""
+    if variable.path.endswith("lora_kernel_b"):
+        return np.zeros(variable.shape, "float32")
+    if not variable.path.startswith("blocks/"):
+        return np.random.default_rng(zlib.crc32(variable.path.encode())).normal(0, 0.3, variable.shape).astype("float32")
+    blocks = variable.shape[0] * variable.shape[1]
+    rest = variable.path.removeprefix("blocks/")
+    values = [
+        np.random.default_rng(zlib.crc32(f"block_{layer}/{rest}".encode())).normal(0, 0.3, variable.shape[2:])
+        for layer in range(blocks)
+    ]
+    return np.stack(values).reshape(variable.shape).astype("float32")
+
+
+def _by_block(variables):
+    """{path: value}, a stack's (R, L/R, ...) ``blocks/<rest>`` as each block's ``block_<l>/<rest>``."""
+    values = {}
+    for variable in variables:
+        value = np.asarray(variable.value)
+        if not variable.path.startswith("blocks/"):
+            values[variable.path] = value
+            continue
+        for layer, block in enumerate(value.reshape(-1, *value.shape[2:])):
+            values[f"block_{layer}/{variable.path.removeprefix('blocks/')}"] = block
+    return values
+
+
+@pytest.mark.parametrize(
+    "layout, quantize",
+    [("fsdp", "int4"), ("fsdp", "int8"), ("data", "int4"), ("tp", "int8"), ("tp+sp", "int4"), ("fsdp+tp", "int4"), ("context", "int8"), ("pipeline", "int4"), ("pipeline", "int8")],
+)
 def test_qlora_under_a_layout_trains_like_one_device(layout, quantize, data):
     keras.distribution.set_distribution(None)
     reference = _qlora(None, data, quantize)
@@ -158,12 +193,15 @@ def test_qlora_under_a_layout_trains_like_one_device(layout, quantize, data):
     result, losses, before, after = _qlora(layout, data, quantize)
     ref_result, ref_losses, ref_before, ref_after = reference
     model = result["model"]
-    # the base is stored quantized, laid out by the layout's map; only the LoRA factors train
-    query = next(layer for layer in lora_layers(model.backbone) if layer.name == "query")
-    kernel = kernel_variable(query)
-    assert query.quantization_mode == quantize and kernel.dtype == "int8"
-    if layout == "fsdp":
-        assert "data" in tuple(kernel.value.sharding.spec)
+    # the base is stored quantized, laid out by the layout's map (tensor parallelism: as the layers
+    # split the float kernel, each device its shard); only the LoRA factors train
+    weights = {v.path.split("attention/query/")[-1]: v for v in model.backbone.weights if "attention/query/" in v.path}
+    kernel = weights["kernel"]
+    assert kernel.dtype == "int8" and ("g_idx" in weights) == (quantize == "int4")
+    split = {axis for axes in kernel.value.sharding.spec if axes for axis in ([axes] if isinstance(axes, str) else axes)}
+    assert split == {"fsdp": {"data"}, "tp": {"model"}, "tp+sp": {"model"}, "fsdp+tp": {"data", "model"}}.get(layout, split)
+    if layout == "pipeline":  # (R, L/R, rows, packed columns): the blocks over the stages
+        assert split == {"stage"}
     assert sorted(after) == sorted(ref_after) and all(
         path.endswith(("lora_kernel_a", "lora_kernel_b")) for path in after
     )

@@ -310,4 +310,4 @@ def pipeline_layout_map(mesh, config, *, with_head, model_axis=MODEL):
     layout_map = keras.distribution.LayoutMap(mesh)
     for pattern, axes in rules.items():
         layout_map[pattern] = axes
-    return layout_map
+    return mark_stacked_weights(layout_map, STACKED_BLOCKS, lead=2)  # an int4 kernel's parts behind (R, L/R)
