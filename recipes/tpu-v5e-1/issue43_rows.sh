@@ -33,7 +33,8 @@
 # `42` (the LoRA row and the remat-full row with --plan, the device's peak read as in use + reserved),
 # `43` (gpt_1b b2 and b4 with bfloat16 weights: --precision bfloat16, AdamW rounding each update stochastically),
 # `44` (qwen3_0.6b's best full fine-tune row and issue 43's 1 x 8192 remat-full row, each with --plan),
-# `45` (part 44's 1 x 8192 row alone: its plan's compile ran past part 44's limit).
+# `45` (part 44's 1 x 8192 row alone: its plan's compile ran past part 44's limit),
+# `46` (part 45's row profiled as part 29's rows: its device ops and optimised HLO, for splash's time per score at T = 8,192).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -364,8 +365,21 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     row 540 --config-name gpt_1b --num-layers 8 --batch-size 1 --sequence-length 8192 --remat full \
         --moment-dtype bfloat16 --second-moment factored --plan
     ;;
+46)  # part 45's row (planned +28.4% over the measured step) profiled as part 29's: splash's time per
+    # visited score at T = 8,192, where the rates were read at T <= 2,048
+    mkdir -p /tmp/ops-46 /tmp/hlo-46
+    rm -rf /tmp/zoo-bench-step-trace-*
+    XLA_FLAGS="--xla_dump_to=/tmp/hlo-46/gpt_1b_t8192 --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train_step.*" \
+        row 420 --config-name gpt_1b --num-layers 8 --batch-size 1 --sequence-length 8192 --remat full \
+        --moment-dtype bfloat16 --second-moment factored --profile
+    trace=$(find /tmp/zoo-bench-step-trace-* -maxdepth 0 2>/dev/null | head -1)
+    [ -n "$trace" ] && python3 recipes/tpu-v5e-1/trace_ops.py "$trace" /tmp/ops-46/gpt_1b_t8192.jsonl.gz >> "$OUT/log.txt" 2>&1
+    tar -czf "$OUT/ops.tar.gz" -C /tmp/ops-46 .
+    find /tmp/hlo-46 -name '*after_optimizations.txt' > /tmp/hlo-46/files
+    tar -czf "$OUT/hlo.tar.gz" -C / -T /tmp/hlo-46/files
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 45; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 46; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac
