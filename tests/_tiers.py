@@ -34,10 +34,24 @@ QLORA = "tests/training/lora/test_qlora.py"
 
 # test id -> the tier-1 test that checks the same property
 MATRIX = {
-    # QLoRA: tier 1 keeps fsdp over int8 (a sharded quantized kernel), int4 in fit through zoo finetune, and
-    # both modes against their bound layer by layer
-    f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[data-int4]": "[fsdp-int4]",
-    f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[fsdp-int8]": "[fsdp-int4]",
+    # QLoRA: tier 1 keeps fsdp and fsdp+tp over int4 (a kernel sharded by the layout map, and one the
+    # tensor-parallel layers split and dequantize per shard, its parts gathered over data), int4 in fit
+    # through zoo finetune, both modes against their bound layer by layer, and each tensor-parallel layer's
+    # quantized shards against one device (tests/layers/test_tensor_parallel_layers.py)
+    **{
+        f"{QLORA}::test_qlora_under_a_layout_trains_like_one_device[{case}]": reference
+        for case, reference in {
+            "data-int4": "[fsdp-int4]",
+            "fsdp-int8": "[fsdp-int4]",
+            "tp-int8": "[fsdp+tp-int4]",
+            "tp+sp-int4": "[fsdp+tp-int4]",
+            "context-int8": "[fsdp-int4] (context's weights split over seq by the same map)",
+            "pipeline-int4": "[fsdp-int4] and test_lora_stacked.py's int4 stack (the stage's stacked int4 parts)",
+            "expert-int8": "[fsdp-int4] (the attention quantized, the experts float)",
+            "fsdp+expert-int4": "[fsdp-int4] (the attention quantized, the experts float)",
+            "expert+tp-int4": "[fsdp+tp-int4] (the tensor-parallel attention quantized, the experts float)",
+        }.items()
+    },
     f"{QLORA}::test_int8_logits_stay_within_ten_percent_of_the_float_models": "test_a_quantized_layer_stays_within_its_bound",
     # LoRA on stacked blocks: tier 1 keeps QLoRA on the scanned form under fsdp (the same loop and factors
     # over an int8 stack)

@@ -458,6 +458,26 @@ def reprinted_hlo(hlo_text):
     return parse(hlo_text).to_string()
 
 
+def hlo_text_with_constants(compiled):
+    """``compiled.as_text()`` with every constant's values printed: XLA's printer writes a
+    large constant as ``{...}``, and a splash kernel's block mask ([heads, query blocks, key
+    blocks] of s8, 64 entries at T = 8,192 in blocks of 1,024) is what ``zoo plan`` reads to
+    count the blocks the kernel visits. The text ``as_text()`` prints where the modules are
+    not reachable.
+
+    Private: ``jaxlib._hlo.HloPrintOptions`` and the loaded executable's ``hlo_modules()``.
+    Checked on JAX 0.10.2 and 0.12.1. Public replacement: none (``as_text`` takes no options)."""
+    try:
+        from jaxlib._hlo import HloPrintOptions
+
+        modules = compiled.runtime_executable().hlo_modules()
+    except (ImportError, AttributeError, NotImplementedError):
+        return compiled.as_text()
+    options = HloPrintOptions()
+    options.print_large_constants = True
+    return "\n\n".join(module.to_string(options) for module in modules)
+
+
 def apply_weight_decay_except(optimizer, variables, skip):
     """Keras' decoupled weight decay (``BaseOptimizer._apply_weight_decay``, private; the hook
     ``apply`` calls before the updates) on ``variables`` but those ``skip(variable)`` is true

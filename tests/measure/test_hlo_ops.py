@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from zoo._compat import reprinted_hlo
+from zoo._compat import hlo_text_with_constants, reprinted_hlo
 from zoo.measure.hardware import device_spec
 from zoo.measure.hlo_ops import executed_ops
 from zoo.planning import roofline
@@ -136,6 +136,28 @@ def test_a_splash_kernel_reads_its_block_mask_and_shapes(ops):
         (dtype, dims[:-2] + dims[-2:][::-1]) if len(dims) >= 2 else (dtype, dims) for dtype, dims in op.operands
     )
     assert roofline.kernel_scores(dataclasses.replace(op, operands=minor)) == roofline.kernel_scores(op)
+
+
+def test_a_block_mask_copied_into_the_core_and_printed_whole_is_read():
+    # at T = 8,192 the chip's program feeds splash its (1, 8, 8) mask through copy-start / copy-done, and
+    # as_text() printed it as {...}: the kernel was counted as visiting every pair of blocks (1.78x)
+    causal = [[2 if k < q else 1 if k == q else 0 for k in range(8)] for q in range(8)]
+    values = "{ { " + ", ".join("{ " + ", ".join(map(str, row)) + " }" for row in causal) + " } }"
+    text = TPU_LIKE.replace(
+        "  %splash_mqa_fwd_residuals.1 = ",
+        f"  %mask = s8[1,8,8]{{2,1,0:T(8,128)(4,1)}} constant({values})\n"
+        "  %copy-start.9 = (s8[1,8,8]{2,1,0:T(8,128)(4,1)S(1)}, s8[1,8,8]{2,1,0:T(8,128)(4,1)}, u32[]) copy-start(%mask)\n"
+        "  %copy-done.9 = s8[1,8,8]{2,1,0:T(8,128)(4,1)S(1)} copy-done(%copy-start.9)\n"
+        "  %splash_mqa_fwd_residuals.1 = ",
+    ).replace("custom-call(%constant.1, %constant.2, %q", "custom-call(%constant.1, %copy-done.9, %q")
+    ops = {op.name: op for op in executed_ops(text)}
+    assert ops["splash_mqa_fwd_residuals.1"].block_fraction == 36 / 64  # 8 x 9 / 2 of 64 pairs
+    elided = text.replace(values, "{...}")
+    assert {op.name: op for op in executed_ops(elided)}["splash_mqa_fwd_residuals.1"].block_fraction is None
+    # a compiled program printed with its large constants whole, as zoo plan reads it
+    mask = jnp.asarray(causal, jnp.int8)[None]
+    compiled = jax.jit(lambda x: x * mask).lower(jnp.ones((1, 8, 8), jnp.int8)).compile()
+    assert "{...}" in compiled.as_text() and "{...}" not in hlo_text_with_constants(compiled)
 
 
 def test_the_printer_s_spelling_of_the_same_program_reads_the_same():

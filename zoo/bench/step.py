@@ -34,6 +34,7 @@ import functools
 import math
 import tempfile
 
+from zoo._compat import hlo_text_with_constants
 from zoo.bench._output import publish, size_text
 from zoo.bench._step_timing import device_memory, random_tokens, step_row, time_fits
 from zoo.config.choices import AUTO
@@ -236,7 +237,7 @@ def measure_zoo(settings, report=print):
     row["remat"] = remat.remat
     row["loss_chunk"] = model.loss_chunk_size
     if own_plan:
-        row["own_plan"] = own_step_plan(compiled.as_text(), settings, peak)
+        row["own_plan"] = own_step_plan(hlo_text_with_constants(compiled), settings, peak)
     if settings.profile:
         row["profile"] = profile_steps(fit)
     return row

@@ -27,7 +27,9 @@ TRANSFORMER = "transformer"  # the Transformer models' layouts (zoo train gpt | 
 WEIGHT_MAP = "weight_map"  # a Transformer's layout map describes its weights (get_layout_map(mesh, layout=...))
 PLANNED = "planned"  # what zoo plan --auto searches
 SCANNED = "scanned"  # a scan_layers GPT runs under it (layout rules on the stack; split tokens: the layers' kernels)
-QLORA = "qlora"  # QLoRA: its quantized kernels split as the float ones would (int8 / int4 shards dequantized per device)
+QLORA = (
+    "qlora"  # QLoRA: its quantized kernels split as the float ones would (int8 / int4 shards dequantized per device)
+)
 CLASSIFIER_FINETUNE = "classifier_finetune"  # zoo finetune of a classifier preset
 PEERS = "peers"  # zoo bench peers: both peers build it
 
@@ -116,10 +118,10 @@ LAYOUT_TABLE = {
                 sequence_axis=SEQ),
         _layout(PIPELINE, (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED, QLORA,
                 stage_axis=STAGE, options={"schedule": "gpipe"}),
-        _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, SCANNED, expert_axis=EXPERT),
-        _layout("fsdp+expert", (DATA, EXPERT), "data=2,expert=-1", TRANSFORMER, SCANNED, fsdp_axis=DATA,
+        _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, SCANNED, QLORA, expert_axis=EXPERT),
+        _layout("fsdp+expert", (DATA, EXPERT), "data=2,expert=-1", TRANSFORMER, SCANNED, QLORA, fsdp_axis=DATA,
                 expert_axis=EXPERT),
-        _layout("expert+tp", (DATA, EXPERT, MODEL), "data=1,expert=2,model=-1", TRANSFORMER, SCANNED,
+        _layout("expert+tp", (DATA, EXPERT, MODEL), "data=1,expert=2,model=-1", TRANSFORMER, SCANNED, QLORA,
                 model_axis=MODEL, expert_axis=EXPERT),
     )
 }  # fmt: skip

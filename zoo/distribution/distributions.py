@@ -171,8 +171,9 @@ def distribution_for(
     mesh = _as_mesh(layout, mesh)
     _require_layout_axes(mesh, layout)
     fitted = {} if config is None else {"config": config}
-    if layout == "model":
-        return _model_parallel(mesh, model_class.get_layout_map(mesh), layout)
+    if layout == "model":  # the model's own map, fitted to its config where it takes one (tied: no head rule)
+        takes_config = "config" in inspect.signature(model_class.get_layout_map).parameters
+        return _model_parallel(mesh, model_class.get_layout_map(mesh, **(fitted if takes_config else {})), layout)
     if layout == "context":
         layout_map = _context_layout_map(model_class, mesh, fitted)
         return _context_parallel(mesh, layout_map, context_attention, balance, shard_weights)

@@ -139,7 +139,9 @@ def kernel_dims(layer):
     kernel = inputs.split(",")[1]
     rows = tuple(i for i, letter in enumerate(kernel) if letter not in output)
     if rows != tuple(range(len(rows))):
-        raise ValueError(f"{layer.path!r}: equation {layer.equation!r} contracts kernel dimensions {rows}, not the leading ones")
+        raise ValueError(
+            f"{layer.path!r}: equation {layer.equation!r} contracts kernel dimensions {rows}, not the leading ones"
+        )
     return rows, tuple(range(len(rows), len(kernel)))
 
 

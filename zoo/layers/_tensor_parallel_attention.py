@@ -51,20 +51,20 @@ from zoo.distribution.axes import MODEL
 from zoo.kernels.collective_matmul import vary_over
 from zoo.layers import _sequence_parallel
 from zoo.layers._parallel_plan import run_sharded
+from zoo.layers._quantized import quantized_axes
 from zoo.layers._tensor_parallel import (
     WeightsPlacedAtCreation,
     activation_spec,
+    axis_sizes,
     check_input,
     describe_split,
     gather_weight,
-    axis_sizes,
     kernel_variable,
     local_quantized_kernel,
     quantize_layer,
     quantized_build,
     quantized_names,
 )
-from zoo.layers._quantized import quantized_axes
 
 # Which dimension of each weight holds the heads (split over model), and which holds C
 # (split over the weight-shard axis under FSDP inside TP), per projection role.
@@ -149,7 +149,9 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
         variables = {"kernel": kernel_variable(self), "bias": self.bias}
-        variables.update({n: getattr(self, n) for n in quantized_names(self, lambda n: getattr(self, n, None) is not None)[1:]})
+        variables.update(
+            {n: getattr(self, n) for n in quantized_names(self, lambda n: getattr(self, n, None) is not None)[1:]}
+        )
         if self.lora_enabled:
             variables.update(lora_kernel_a=self.lora_kernel_a, lora_kernel_b=self.lora_kernel_b)
         variables = {n: v for n, v in variables.items() if v is not None}

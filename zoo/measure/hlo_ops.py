@@ -279,16 +279,26 @@ def _target(instruction):
     return target.group(1) if target else ""
 
 
-def _block_fraction(operands):
+def _block_fraction(operands, by_name):
     """The share of non-zero entries of a kernel's second operand where it is an s8 constant
     of rank 3: splash attention's block mask ([heads, query blocks, key blocks]; 0 skips a
-    pair of blocks, 1 masks part of it, 2 runs it whole), else None."""
-    if len(operands) < 2 or operands[1].opcode != "constant":
+    pair of blocks, 1 masks part of it, 2 runs it whole), else None. The constant may reach
+    the kernel through a copy into the core's memory (``copy-start`` / ``copy-done``), and
+    its values must be printed (a large one is ``{...}`` unless printed whole:
+    ``zoo._compat.hlo_text_with_constants``)."""
+    if len(operands) < 2:
         return None
-    arrays = _logical_arrays(operands[1].type)
+    mask = operands[1]
+    while mask.opcode in ("copy-done", "copy-start", "copy", "bitcast") and mask.operands:
+        mask = by_name.get(mask.operands[0], mask)
+        if mask.opcode == "constant":
+            break
+    if mask.opcode != "constant":
+        return None
+    arrays = _logical_arrays(mask.type)
     if not arrays or arrays[0][0] != "s8" or len(arrays[0][1]) != 3:
         return None
-    values = re.search(r"constant\((.*)\)", operands[1].line)
+    values = re.search(r"constant\((.*)\)", mask.line)
     numbers = [int(x) for x in re.findall(r"-?\d+", values.group(1))] if values else []
     if len(numbers) != math.prod(arrays[0][1]) or not numbers:
         return None
@@ -345,7 +355,7 @@ def executed_ops(hlo_text):
                     operands=tuple(array for operand in operands for array in _logical_arrays(operand.type)[:1]),
                     results=tuple(_logical_arrays(instruction.type)),
                     target=_target(instruction),
-                    block_fraction=_block_fraction(operands) if instruction.opcode == "custom-call" else None,
+                    block_fraction=_block_fraction(operands, by_name) if instruction.opcode == "custom-call" else None,
                 )
             )
     return ops

@@ -23,6 +23,7 @@ import math
 import re
 import time
 
+from zoo._compat import hlo_text_with_constants
 from zoo.distribution.mesh import parse_mesh_spec
 from zoo.measure.comms_report import compiled_report, loop_multiplicities
 
@@ -86,7 +87,7 @@ def measure_step(job, settings, *, target_devices, label, num_layers=None, compi
         num_layers=num_layers,
         compiler_options=compiler_options,
     )
-    text = step.compiled.as_text()  # printed once: the collectives and the loop FLOPs both read it
+    text = hlo_text_with_constants(step.compiled)  # printed once: the collectives and the loop FLOPs both read it
     report = compiled_report(step.compiled, _mesh_of(step.mesh), hlo_text=text)
     times, _ = loop_multiplicities(text)
     flops, accessed = compiled_cost(step.compiled)

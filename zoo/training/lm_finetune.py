@@ -173,7 +173,9 @@ def heldout_loss(model, examples, *, batch_size, distribution=None):
 def _plain_fit(model, batches, *, epochs, callbacks):
     # shuffle=False: the batches reshuffle their examples from the job's seed (DivisibleBatches);
     # Keras' own shuffle of a PyDataset's batch order draws from the global random state
-    return model.fit(batches, epochs=epochs, shuffle=False, callbacks=[*callbacks, SynchronousSteps()], verbose=0).history
+    return model.fit(
+        batches, epochs=epochs, shuffle=False, callbacks=[*callbacks, SynchronousSteps()], verbose=0
+    ).history
 
 
 def finetune_causal_lm(

@@ -41,7 +41,7 @@ from zoo.models import GPTCausalLM, GPTCausalLMPreprocessor
 from zoo.tokenizers import HFTokenizer
 from zoo.training.finetune import FinetuneSettings, finetune
 from zoo.training.lm_finetune import causal_lm_config, finetune_causal_lm, load_causal_lm
-from zoo.training.lora import enable_lora, lora_layers, lora_target_layers
+from zoo.training.lora import enable_lora, lora_target_layers
 from zoo.training.lora.quantized import building_quantized, quantize_frozen, quantized_build_paths
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "llama_mha_tied"  # V 320, C 32, 2 blocks
@@ -113,21 +113,32 @@ def data(tmp_path_factory):
     return folder, files, {name: load_text_file(path, preprocessor) for name, path in files.items()}
 
 
-def _qlora(layout, data, quantize):
+MESHES = {  # layout -> the mesh its QLoRA runs on (8 CPU devices); the rest: data=8
+    "tp": "data=2,model=4",
+    "tp+sp": "data=2,model=4",
+    "fsdp+tp": "data=2,model=4",
+    "context": "data=2,seq=4",
+    "pipeline": "data=4,stage=2",
+    "expert": "data=2,expert=4",
+    "fsdp+expert": "data=2,expert=4",
+    "expert+tp": "data=2,expert=2,model=2",
+}
+MOE_FIXTURE = FIXTURE.parent / "mixtral"  # V 320, C 32, 4 experts (top 2), 2 blocks: the expert layouts'
+
+
+def _qlora(layout, data, quantize, fixture=FIXTURE):
     """``finetune_causal_lm(method="qlora")`` for STEPS SGD steps under ``layout`` (None: one device)."""
     _, _, examples = data
     distribution = None
     if layout is not None:
-        config = causal_lm_config(FIXTURE, layout)
-        mesh = {"tp": "data=2,model=4", "tp+sp": "data=2,model=4", "fsdp+tp": "data=2,model=4"}.get(layout, "data=8")
-        mesh = {"context": "data=2,seq=4", "pipeline": "data=4,stage=2"}.get(layout, mesh)
-        distribution = zd.distribution_for(GPTCausalLM, layout, mesh, config=config)
+        config = causal_lm_config(fixture, layout)
+        distribution = zd.distribution_for(GPTCausalLM, layout, MESHES.get(layout, "data=8"), config=config)
 
     def load():  # under a layout the base is built quantized, each kernel quantized as read; one device
         if layout is None:  # quantizes the float model after loading (quantize_frozen): the same weights
-            return load_causal_lm(FIXTURE, layout)
+            return load_causal_lm(fixture, layout)
         with building_quantized(quantize):
-            return load_causal_lm(FIXTURE, layout)
+            return load_causal_lm(fixture, layout)
 
     model = zd.build_distributed(load, distribution)
     losses = StepLosses()
@@ -159,7 +170,9 @@ def _start(variable):
     if variable.path.endswith("lora_kernel_b"):
         return np.zeros(variable.shape, "float32")
     if not variable.path.startswith("blocks/"):
-        return np.random.default_rng(zlib.crc32(variable.path.encode())).normal(0, 0.3, variable.shape).astype("float32")
+        return (
+            np.random.default_rng(zlib.crc32(variable.path.encode())).normal(0, 0.3, variable.shape).astype("float32")
+        )
     blocks = variable.shape[0] * variable.shape[1]
     rest = variable.path.removeprefix("blocks/")
     values = [
@@ -184,13 +197,28 @@ def _by_block(variables):
 
 @pytest.mark.parametrize(
     "layout, quantize",
-    [("fsdp", "int4"), ("fsdp", "int8"), ("data", "int4"), ("tp", "int8"), ("tp+sp", "int4"), ("fsdp+tp", "int4"), ("context", "int8"), ("pipeline", "int4"), ("pipeline", "int8")],
+    [
+        ("fsdp", "int4"),
+        ("fsdp+tp", "int4"),
+        ("fsdp", "int8"),
+        ("data", "int4"),
+        ("tp", "int8"),
+        ("tp+sp", "int4"),
+        ("context", "int8"),
+        ("pipeline", "int4"),
+        ("expert", "int8"),
+        ("fsdp+expert", "int4"),
+        ("expert+tp", "int4"),
+    ],
 )
 def test_qlora_under_a_layout_trains_like_one_device(layout, quantize, data):
+    """Every layout QLoRA runs under, against one device: the same losses and LoRA gradients
+    (the expert layouts on the Mixtral fixture, whose experts stay float)."""
+    fixture = MOE_FIXTURE if "expert" in layout else FIXTURE
     keras.distribution.set_distribution(None)
-    reference = _qlora(None, data, quantize)
+    reference = _qlora(None, data, quantize, fixture)
     keras.distribution.set_distribution(None)
-    result, losses, before, after = _qlora(layout, data, quantize)
+    result, losses, before, after = _qlora(layout, data, quantize, fixture)
     ref_result, ref_losses, ref_before, ref_after = reference
     model = result["model"]
     # the base is stored quantized, laid out by the layout's map (tensor parallelism: as the layers
@@ -198,8 +226,12 @@ def test_qlora_under_a_layout_trains_like_one_device(layout, quantize, data):
     weights = {v.path.split("attention/query/")[-1]: v for v in model.backbone.weights if "attention/query/" in v.path}
     kernel = weights["kernel"]
     assert kernel.dtype == "int8" and ("g_idx" in weights) == (quantize == "int4")
-    split = {axis for axes in kernel.value.sharding.spec if axes for axis in ([axes] if isinstance(axes, str) else axes)}
-    assert split == {"fsdp": {"data"}, "tp": {"model"}, "tp+sp": {"model"}, "fsdp+tp": {"data", "model"}}.get(layout, split)
+    split = {
+        axis for axes in kernel.value.sharding.spec if axes for axis in ([axes] if isinstance(axes, str) else axes)
+    }
+    assert split == {"fsdp": {"data"}, "tp": {"model"}, "tp+sp": {"model"}, "fsdp+tp": {"data", "model"}}.get(
+        layout, split
+    )
     if layout == "pipeline":  # (R, L/R, rows, packed columns): the blocks over the stages
         assert split == {"stage"}
     assert sorted(after) == sorted(ref_after) and all(
