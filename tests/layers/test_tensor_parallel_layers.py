@@ -17,6 +17,8 @@ from tests.layers.harness import check_layer_contract
 from zoo.distribution import CheckedModelParallel, LayoutError, make_mesh
 from zoo.distribution.parity import check_parity
 from zoo.layers._parallel_plan import program_cache_info
+from zoo.layers._quantized import weight_only_config
+from zoo.layers._tensor_parallel_attention import AttentionProjection
 from zoo.layers.column_parallel_dense import ColumnParallelDense
 from zoo.layers.parallel_mlp import ParallelMLP
 from zoo.layers.row_parallel_dense import RowParallelDense
@@ -276,14 +278,55 @@ def test_bad_options_are_rejected():
         ColumnParallelDense(F, collective_matmul=True)
     with pytest.raises(ValueError, match="collective_matmul needs megatron_sp=True"):
         ParallelMLP(F, collective_matmul=True)
-    # quantized only where nothing splits it (tests/training/lora/test_qlora.py): not under tp
-    layer = build(lambda: ColumnParallelDense(F, name="up"), (B, D), tensor_parallel("data=2,model=4"))
-    with pytest.raises(
-        NotImplementedError,
-        match=r"ColumnParallelDense 'up' cannot be quantized under a tensor-parallel layout \(the 'model' axis of "
-        r"size 4 splits it",
-    ):
-        layer.quantize("int8")
+
+
+# --- quantized kernels: each device dequantizes its own shard ----------------------------
+
+
+def _quantized(make, x_shape, mode, distribution=None, weights=None):
+    """``make()`` built (with ``weights``, float), quantized to ``mode`` for its weights alone, LoRA
+    of rank 2 on it with random factors (seeded: the same on every build), under ``distribution``."""
+    layer = build(make, x_shape, distribution, weights=weights)
+    layer.quantize(mode, config=weight_only_config(mode))
+    layer.enable_lora(2)
+    rng = np.random.default_rng(3)
+    for variable in layer.trainable_variables:
+        variable.assign(0.1 * rng.standard_normal(variable.shape).astype("float32"))
+    return layer
+
+
+QUANTIZED = {  # row: 1,024 input rows over model=4, two of int4's blocks of 128 rows on each device
+    "column": (lambda: ColumnParallelDense(512, name="up"), (B, T, 256), (B, T, 512)),
+    "row": (lambda: RowParallelDense(256, name="down"), (B, T, 1024), (B, T, 256)),
+    "query": (
+        lambda: AttentionProjection("btc,chd->bthd", role="heads_out", output_shape=(None, 8, 32), name="query"),
+        (B, T, 256),
+        (B, T, 8, 32),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "kind, mode, fsdp",
+    [("row", "int4", False), ("column", "int4", True), ("column", "int8", False), ("query", "int8", True)],
+)
+def test_a_quantized_kernel_split_over_devices_computes_the_one_device_layer(kind, mode, fsdp):
+    """A quantized layer under tp (fsdp+tp with ``fsdp``) against the same quantized layer on one
+    device: the output, d(input) and the LoRA factors' gradients. Each quantized weight is split
+    as the float kernel's shard (int4's scales with their row blocks where they split whole)."""
+    make, x_shape, y_shape = QUANTIZED[kind]
+    float_weights = build(make, x_shape).get_weights()
+    reference = _quantized(make, x_shape, mode, weights=float_weights)
+    x, cotangent = inputs(x_shape, 1), inputs(y_shape, 2)
+    expected = output_and_grads(reference, x, cotangent)
+    layer = _quantized(make, x_shape, mode, tensor_parallel("data=2,model=4", fsdp=fsdp), float_weights)
+    split = {v.name: tuple(v.value.sharding.spec) for v in layer.weights}
+    assert "model" in split["kernel"] and ("data" in split["kernel"]) == fsdp
+    if kind == "row":  # int4 (1024, 128) packed: rows over model, each shard two blocks of 128 rows
+        assert split["kernel_scale"] == ("model", None) and split["g_idx"] == ("model",)
+    got = output_and_grads(layer, x, cotangent)
+    assert_same(got, expected, [v.name for v in layer.trainable_variables])
+    assert np.abs(expected[0]).max() > 1  # not a vacuous comparison
 
 
 # --- communication, read from the compiled programs --------------------------------------

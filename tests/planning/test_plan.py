@@ -182,7 +182,7 @@ def test_a_plan_compiles_here_on_its_own_devices_and_takes_its_cost_from_xla_cpu
     [
         ("fsdp", "data=8", 16, "lora", "halve the batch per step (8)"),
         ("fsdp", "data=8", 8, "lora", "split the sequence over devices (layout context)"),  # 1 a shard: cannot halve
-        ("fsdp", "data=8", 8, "qlora", "use more devices"),  # context does not take a quantized base
+        ("fsdp", "data=8", 8, "qlora", "split the sequence over devices (layout context)"),  # a quantized base too
         ("expert", "data=2,expert=4", 8, "full", "split the sequence over devices (layout context)"),  # data x expert
         ("tp", "data=2,model=4", 4, "full", "halve the batch per step (2)"),  # the model axis does not cut the batch
     ],

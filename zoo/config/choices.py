@@ -9,7 +9,6 @@ from zoo.config.layouts import (
     DATA,
     LAYOUT_TABLE,
     PLANNED,
-    QLORA,
     SCANNED,
     TRANSFORMER,
     WEIGHT_MAP,
@@ -49,7 +48,6 @@ BALANCES = (None, "zigzag", "striped")
 METHODS = ("frozen", "lora", "qlora", "full")
 CLASSIFIER_METHODS = ("frozen", "lora", "full")
 QUANTIZATIONS = ("int8", "int4")  # --quantize: how qlora stores the frozen base's kernels
-QLORA_LAYOUTS = layouts_in(QLORA)  # where the layers take int8 / int4 kernels (each device its shard)
 ADAPTER_FORMATS = ("zoo", "peft")  # zoo finetune's LoRA adapter file: lora.weights.h5, or a PEFT folder
 LORA_WEIGHTS = ("lora_kernel_a", "lora_kernel_b")  # the LoRA factors Keras adds to Dense / EinsumDense
 

@@ -170,11 +170,6 @@ class FinetuneSettings(fields.CheckpointSettings, fields.Checked):
                 f"method {self.method!r}: leave it out, or use --method qlora"
             )
         fields.check_scan_settings(self)
-        if self.method == "qlora" and self.layout not in choices.QLORA_LAYOUTS:
-            raise SettingError(
-                f"FinetuneSettings.method (--method) = 'qlora' runs under layouts {', '.join(choices.QLORA_LAYOUTS)}, "
-                f"not {self.layout!r}: the tensor-parallel, context, expert and pipeline layers multiply float kernels"
-            )
 
 
 @dataclasses.dataclass

@@ -27,9 +27,6 @@ TRANSFORMER = "transformer"  # the Transformer models' layouts (zoo train gpt | 
 WEIGHT_MAP = "weight_map"  # a Transformer's layout map describes its weights (get_layout_map(mesh, layout=...))
 PLANNED = "planned"  # what zoo plan --auto searches
 SCANNED = "scanned"  # a scan_layers GPT runs under it (layout rules on the stack; split tokens: the layers' kernels)
-QLORA = (
-    "qlora"  # QLoRA: its quantized kernels split as the float ones would (int8 / int4 shards dequantized per device)
-)
 CLASSIFIER_FINETUNE = "classifier_finetune"  # zoo finetune of a classifier preset
 PEERS = "peers"  # zoo bench peers: both peers build it
 
@@ -103,25 +100,25 @@ _TP = (DATA, MODEL)
 LAYOUT_TABLE = {
     layout.name: layout
     for layout in (
-        _layout("single", (), None, BASIC, CLASSIFIER_FINETUNE, QLORA),
-        _layout("data", (DATA,), "data=-1", BASIC, WEIGHT_MAP, PLANNED, SCANNED, QLORA, CLASSIFIER_FINETUNE),
+        _layout("single", (), None, BASIC, CLASSIFIER_FINETUNE),
+        _layout("data", (DATA,), "data=-1", BASIC, WEIGHT_MAP, PLANNED, SCANNED, CLASSIFIER_FINETUNE),
         _layout("model", _TP, "data=2,model=-1", BASIC, CLASSIFIER_FINETUNE),
-        _layout(FSDP, (DATA,), "data=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, QLORA, CLASSIFIER_FINETUNE, PEERS,
+        _layout(FSDP, (DATA,), "data=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, CLASSIFIER_FINETUNE, PEERS,
                 fsdp_axis=DATA),
-        _layout(TP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, QLORA, CLASSIFIER_FINETUNE,
+        _layout(TP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, CLASSIFIER_FINETUNE,
                 PEERS, model_axis=MODEL),
-        _layout(TP_SP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, QLORA,
+        _layout(TP_SP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED,
                 model_axis=MODEL, sequence_axis=MODEL, options={"megatron_sp": True}),
-        _layout(FSDP_TP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, QLORA, PEERS,
+        _layout(FSDP_TP, _TP, "data=2,model=-1", TRANSFORMER, WEIGHT_MAP, PLANNED, SCANNED, PEERS,
                 fsdp_axis=DATA, model_axis=MODEL),
-        _layout(CONTEXT, (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, SCANNED, QLORA, fsdp_axis=SEQ,
+        _layout(CONTEXT, (DATA, SEQ), "data=2,seq=-1", TRANSFORMER, PLANNED, SCANNED, fsdp_axis=SEQ,
                 sequence_axis=SEQ),
-        _layout(PIPELINE, (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED, QLORA,
+        _layout(PIPELINE, (DATA, STAGE), "data=2,stage=-1", TRANSFORMER, PLANNED,
                 stage_axis=STAGE, options={"schedule": "gpipe"}),
-        _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, SCANNED, QLORA, expert_axis=EXPERT),
-        _layout("fsdp+expert", (DATA, EXPERT), "data=2,expert=-1", TRANSFORMER, SCANNED, QLORA, fsdp_axis=DATA,
+        _layout("expert", (DATA, EXPERT), "data=1,expert=-1", TRANSFORMER, SCANNED, expert_axis=EXPERT),
+        _layout("fsdp+expert", (DATA, EXPERT), "data=2,expert=-1", TRANSFORMER, SCANNED, fsdp_axis=DATA,
                 expert_axis=EXPERT),
-        _layout("expert+tp", (DATA, EXPERT, MODEL), "data=1,expert=2,model=-1", TRANSFORMER, SCANNED, QLORA,
+        _layout("expert+tp", (DATA, EXPERT, MODEL), "data=1,expert=2,model=-1", TRANSFORMER, SCANNED,
                 model_axis=MODEL, expert_axis=EXPERT),
     )
 }  # fmt: skip

@@ -1,7 +1,6 @@
 """A ``Plan`` as text: the table ``zoo plan`` prints, and the one-line verdict when it does not fit."""
 
-from zoo.config.choices import QLORA_LAYOUTS
-from zoo.config.layouts import CONTEXT, LAYOUT_TABLE
+from zoo.config.layouts import LAYOUT_TABLE
 from zoo.planning.roofline import axes_bandwidth, measured_error
 from zoo.units import format_bytes
 
@@ -107,9 +106,8 @@ def batch_shards(plan):
 
 
 def _context_takes(config):
-    """Whether layout context could run this job: a sequence to split, and not a QLoRA unless
-    context is one of its layouts (``QLORA_LAYOUTS``)."""
-    return "sequence_length" in config and (config.get("method") != "qlora" or CONTEXT in QLORA_LAYOUTS)
+    """Whether layout context could run this job: a sequence to split."""
+    return "sequence_length" in config
 
 
 def advice(plan):

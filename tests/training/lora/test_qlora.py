@@ -332,8 +332,6 @@ def test_zoo_finetune_qlora_writes_the_adapter_and_zoo_export_merges_it_onto_the
     )
 
 
-def test_qlora_is_refused_where_a_layer_would_multiply_a_quantized_kernel_as_float():
+def test_quantize_is_a_setting_of_qlora_alone():
     with pytest.raises(SettingError, match=r"quantize \(--quantize\) = 'int8' is a setting of method qlora"):
         FinetuneSettings(preset=str(FIXTURE), method="lora", quantize="int8")
-    with pytest.raises(SettingError, match=r"= 'qlora' runs under layouts single, data, fsdp, not 'tp': the tensor"):
-        FinetuneSettings(preset=str(FIXTURE), method="qlora", layout="tp")

@@ -11,9 +11,9 @@ with its scale and zero point), against 2 in bfloat16 and 4 in float32.
 
 Why Keras' quantizers and not the zoo's own: they are the layers' own weight formats, so
 LoRA on a quantized layer and the quantized call come with them. What the
-zoo adds: its tensor-parallel layers take them where nothing splits them (layouts single,
-data, fsdp; ``zoo.layers``: under a tensor-parallel layout their shard_map kernels multiply
-float kernels, and quantizing is refused in one line), and the order (quantize, then
+zoo adds: its tensor-parallel layers take them under every layout (under a tensor-parallel
+one each quantized weight is split as the float kernel's shard, and each device dequantizes
+its own shard: ``zoo.layers._quantized``), and the order (quantize, then
 LoRA). What is left out: the Mixture-of-Experts experts (stacked weights, not Dense
 layers) stay in float.
 
