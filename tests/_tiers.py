@@ -56,13 +56,17 @@ MATRIX = {
     # LoRA on stacked blocks: tier 1 keeps QLoRA on the scanned form under fsdp (the same loop and factors
     # over an int8 stack)
     "tests/training/lora/test_lora_stacked.py::test_lora_on_stacked_blocks_trains_like_the_layers[pipelined]": (
-        "test_qlora_on_stacked_blocks_trains_like_the_layers[int8] (the same PipelinedBlocks loop as one stage)"
+        "test_qlora_on_stacked_blocks_trains_like_the_layers[int8-fsdp-data=8] (the same PipelinedBlocks loop as one stage)"
     ),
     "tests/training/lora/test_lora_stacked.py::test_lora_on_stacked_blocks_trains_like_the_layers[scanned-fsdp]": (
-        "test_qlora_on_stacked_blocks_trains_like_the_layers[int8] (LoRA on the scanned stack under fsdp, its base int8)"
+        "test_qlora_on_stacked_blocks_trains_like_the_layers[int8-fsdp-data=8] (LoRA on the scanned stack under fsdp, its base int8)"
     ),
-    "tests/training/lora/test_lora_stacked.py::test_qlora_on_stacked_blocks_trains_like_the_layers[int4]": (
-        "[int8] (the same stack); int4's packed parts under fsdp: test_qlora.py [fsdp-int4] as layers"
+    "tests/training/lora/test_lora_stacked.py::test_qlora_on_stacked_blocks_trains_like_the_layers[int4-fsdp-data=8]": (
+        "[int8-fsdp-data=8] (the same stack); int4's packed parts under fsdp: test_qlora.py [fsdp-int4] as layers"
+    ),
+    "tests/training/lora/test_lora_stacked.py::test_qlora_on_stacked_blocks_trains_like_the_layers"
+    "[int4-fsdp+tp-data=2,model=4]": (
+        "[int8-fsdp-data=8] (the same stack) and test_qlora.py [fsdp+tp-int4] (the int4 parts split over data and model)"
     ),
     "tests/models/test_gpt_moe.py::test_experts_are_split_and_the_router_statistics_reach_the_logs": (
         "test_stacked_moe_blocks_train_to_the_layers_numbers (the statistics in fit's logs), "

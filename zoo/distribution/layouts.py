@@ -148,10 +148,12 @@ class CheckedModelParallel(keras.distribution.ModelParallel):
         Keras stores an int4 kernel flattened to 2-D, (input rows, output columns packed two
         to a byte), with its scales and zero points (row blocks, output columns), where the
         layout rule was written for the float kernel (e.g. FSDP's (C, H, D) ->
-        ``("data", None, None)``). Each part is split on its row dimension over the axes the
-        rule splits the kernel over, when they divide it, else replicated: the input rows
-        carry FSDP's split, and no part is whole on every device (a Dense's packed kernel
-        keeps its float kernel's 2-D layout; its scales and zero points are split so too).
+        ``("data", None, None)``). Each part is split on its row dimension over the rule's
+        first axis and on its columns over a second one (``fsdp+tp``'s (C, H, D) ->
+        ``("data", "model", None)``: the rows over data, the columns over model), each where
+        it divides them, else whole: the input rows carry FSDP's split, and no part is whole
+        on every device (a Dense's packed kernel keeps its float kernel's 2-D layout; its
+        scales and zero points are split so too).
         A stacked block's parts (``mark_stacked_weights``) are the same behind their
         stacking dimensions, which stay whole."""
         base, _, name = variable.path.rpartition("/")
@@ -164,9 +166,12 @@ class CheckedModelParallel(keras.distribution.ModelParallel):
         self.matched_rules.add(rule)
         axes = tuple(axis_name for axis in self._layout_map[rule].axes[lead:] for axis_name in _axis_names(axis))
         sizes = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
-        split = axes if axes and variable.shape[lead] % _split_count(axes, sizes) == 0 else None
-        rows = split[0] if split and len(split) == 1 else split
-        return keras.distribution.TensorLayout([*self._layout_map[rule].axes[:lead], rows, None], self.device_mesh)
+        # (rows, columns): the rule's first axis on the rows, a second (tensor parallelism inside
+        # FSDP: the float kernel's other split) on the columns, each where it divides them
+        parts = [axis if variable.shape[lead + i] % sizes[axis] == 0 else None for i, axis in enumerate(axes[:2])]
+        return keras.distribution.TensorLayout(
+            [*self._layout_map[rule].axes[:lead], *parts, *[None] * (2 - len(parts))], self.device_mesh
+        )
 
     @property
     def layout_map(self):

@@ -164,8 +164,11 @@ def _stacked_qlora_model(mode="int8"):
     return model
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_qlora_on_stacked_blocks_trains_like_the_layers(mode):
+@pytest.mark.parametrize(
+    "mode, layout, mesh",
+    [("int8", "fsdp", "data=8"), ("int4", "fsdp", "data=8"), ("int4", "fsdp+tp", "data=2,model=4")],
+)
+def test_qlora_on_stacked_blocks_trains_like_the_layers(mode, layout, mesh):
     """QLoRA over a stacked int8 / int4 base: the template's layers built quantized, so the
     stack holds int8 kernels (1, L, ...; int4 packed two to a byte) and their scales, the
     factors laid out as the kernels
@@ -181,12 +184,14 @@ def test_qlora_on_stacked_blocks_trains_like_the_layers(mode):
     _compile(reference)
     expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0).history["loss"]
 
-    distribution = distribution_for(GPTCausalLM, "fsdp", "data=8", config=STACKED)
+    distribution = distribution_for(GPTCausalLM, layout, mesh, config=STACKED)
     stacked = build_distributed(lambda: _stacked_qlora_model(mode), distribution)
     assert lora_parameter_count(stacked) == lora_parameter_count(reference)
     factors = stacked.backbone.pipelined_blocks.stacked  # laid out as their stacked kernel: C over data
     assert tuple(factors["mlp/up/lora_kernel_a"].value.sharding.spec) == (None, None, "data", None)
-    if mode == "int8":  # int4's packed down kernel splits its rows (F) instead: b whole
+    if layout == "fsdp+tp":  # an int4 (C, H x D / 2) kernel: its rows over data, its columns (the heads) over model
+        assert tuple(factors["attention/query/kernel"].value.sharding.spec) == (None, None, "data", "model")
+    elif mode == "int8":  # int4's packed down kernel splits its rows (F) instead: b whole
         assert tuple(factors["mlp/down/lora_kernel_b"].value.sharding.spec) == (None, None, None, "data")
     _assert_trains_like(stacked, distribution, reference, expected, x, y)
     with pytest.raises(ValueError, match=r"has no float kernel to merge into: save the adapter alone"):
