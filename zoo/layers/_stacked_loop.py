@@ -44,9 +44,13 @@ class LoopShardings:
         distribution = keras.distribution.distribution()
         if distribution is None or plan.mesh is None:
             return None
-        megatron = tensor_parallel_plan(layer.template[0].model_axis) if layer.block.get("megatron_sp") else None
+        split = tensor_parallel_plan(layer.template[0].model_axis)  # None: no model axis splits the blocks
+        megatron = split if layer.block.get("megatron_sp") else None
         tokens = megatron.model_axis if megatron is not None else plan.sequence_axis  # None: whole
-        own_kernels = tokens is not None or plan.expert_axis is not None
+        # a quantized stack split over the model axis: each device dequantizes its own shard
+        # (the tensor-parallel layers' kernels), never GSPMD's reading of the packed kernels
+        quantized = split is not None and bool(layer.quantized_layers())
+        own_kernels = tokens is not None or plan.expert_axis is not None or quantized
         # FSDP's axes, gathered per block by the loop: the batch axes, context's seq; not the experts'
         gathered = (set(plan.batch_axes) | {plan.weight_shard_axis}) - {plan.expert_axis, None}
         weights = {}
