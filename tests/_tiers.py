@@ -222,7 +222,7 @@ MATRIX = {
         "tests/planning/test_remat_caveat.py::test_the_verdict_says_what_a_remat_peak_is[full]"
     ),
     "tests/planning/test_remat_caveat.py::test_a_tpu_plan_carries_the_compiler_caveat_in_its_verdict": (
-        "tests/planning/test_remat_caveat.py::test_a_tpu_step_compiled_by_xla_cpu_is_called_an_upper_bound "
+        "tests/planning/test_remat_caveat.py::test_a_tpu_step_compiled_by_xla_cpu_says_whose_figure_it_is "
         "(the caveat), test_the_verdict_says_what_a_remat_peak_is[full] (a caveat in the verdict)"
     ),
     "tests/planning/test_remat_caveat.py::test_no_caveat_without_remat": (

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from tests._remat import remat_shows_in_memory_analysis
@@ -76,3 +77,15 @@ def test_a_step_that_cannot_fit_is_reported():
 def test_a_recipe_needing_all_its_devices_is_refused_on_fewer():
     with pytest.raises(ValueError, match=r"layout 'fsdp' on mesh data=8 needs its 8 devices .* this process has 4"):
         compile_recipe_step(load_recipe(RECIPES / "gpu-8" / "pretrain_gpt.toml"), num_layers=1, devices=4)
+
+
+def test_a_step_compiles_on_the_devices_it_is_given():
+    """``devices`` may list the devices to compile on (a TPU topology's compile without the
+    chips: recipes/tpu-v5e-8/tpu_compile.py): the mesh is laid over them, in their order,
+    and the step is the one compiled on this process' devices."""
+    path = RECIPES / "gpu-8" / "pretrain_gpt.toml"
+    given = list(reversed(jax.devices()))
+    step = compile_recipe_step(load_recipe(path), num_layers=1, devices=given)
+    meshes = [s.mesh for s in jax.tree.leaves(step.compiled.input_shardings) if hasattr(s, "mesh")]
+    assert meshes and all(list(mesh.devices.flat) == given for mesh in meshes)
+    assert step.memory.peak == fit_of(path).steps[0].memory.peak

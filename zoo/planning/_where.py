@@ -5,7 +5,7 @@ of the target's count, or accelerators of the target's own kind (``compiles_here
 accelerator's compiler lays out the step's memory as the chip will, but its cost analysis
 does not see inside Pallas kernels, so such a plan takes its FLOPs and bytes from an
 XLA:CPU compile of the same step (``with_simulated_cost``). Where XLA:CPU compiles a TPU's
-step, its peak is an upper bound, and the verdict says so (``compiler_caveat``); with the
+step, its peak is XLA:CPU's, not the TPU compiler's, and the verdict says so (``compiler_caveat``); with the
 optimizer's state in host memory a note says what a TPU's compiler did with it
 (``host_state_note``).
 """
@@ -54,12 +54,14 @@ def with_simulated_cost(device_plan, cpu_plan):
 def compiler_caveat(device):
     """The verdict's qualifier where a TPU's step is compiled here by XLA:CPU: the TPU
     compiler schedules (and rematerialises) temporaries to fit its HBM, which XLA:CPU does
-    not; on a v5e chip gpt_1b's step needed about half the planned peak (docs/planning.md)."""
+    not, and pads small dimensions to its tiles, which XLA:CPU does not either: on a v5e
+    chip gpt_1b's step needed about half the planned peak, a 70B QLoRA's on a v5e-8 1.56x
+    (docs/planning.md)."""
     if not _xla_cpu_compiles_a_tpu_step(device):
         return ""
     return (
-        "an upper bound for a TPU: XLA:CPU compiled this step, and the TPU compiler fits temporaries to HBM "
-        "(zoo bench step on the chip reports its own figure)"
+        "XLA:CPU's figure for a TPU: its compiler fits temporaries to HBM and pads to its tiles, 0.5x to 1.6x this "
+        "so far; recipes/tpu-v5e-8/tpu_compile.py gets its own figure with no TPU, zoo bench step on the chip"
     )
 
 

@@ -96,13 +96,16 @@ def compile_job_step(job, settings, *, target_devices, label, num_layers=None, d
 
     ``num_layers`` overrides the model's depth (None: the model as it is; only jobs whose
     ``num_layers`` is known take it); ``devices`` caps the devices used (default all of
-    this process'; see the module docstring for compiling on fewer than the target has);
+    this process'; see the module docstring for compiling on fewer than the target has),
+    or lists them: e.g. a TPU topology's, which compile without the chips
+    (``jax.experimental.topologies``; ``recipes/tpu-v5e-8/tpu_compile.py``);
     ``label`` names the job in errors (a recipe's path).
     """
     module, _, _ = job.load()
-    axes, batch = _mesh_axes(job, settings, target_devices, devices or len(jax.devices()), label)
+    pool = list(devices) if isinstance(devices, (list, tuple)) else jax.devices()[: devices or None]
+    axes, batch = _mesh_axes(job, settings, target_devices, len(pool), label)
     spec = plans.describe_axes(axes)
-    mesh = None if axes is None else make_mesh(spec, devices=jax.devices()[: math.prod(size for _, size in axes)])
+    mesh = None if axes is None else make_mesh(spec, devices=pool[: math.prod(size for _, size in axes)])
     distribution = job.distribution(module, settings, mesh)
     depth = job.num_layers(module, settings) if num_layers is None else num_layers
     overrides = {} if depth is None else {"num_layers": depth}
