@@ -50,6 +50,7 @@ MATRIX = {
             "expert-int8": "[fsdp-int4] (the attention quantized, the experts float)",
             "fsdp+expert-int4": "[fsdp-int4] (the attention quantized, the experts float)",
             "expert+tp-int4": "[fsdp+tp-int4] (the tensor-parallel attention quantized, the experts float)",
+            "model-int8": "[fsdp+tp-int4] (the model's own map: the tensor-parallel layers split the kernels)",
         }.items()
     },
     f"{QLORA}::test_int8_logits_stay_within_ten_percent_of_the_float_models": "test_a_quantized_layer_stays_within_its_bound",

@@ -122,6 +122,7 @@ MESHES = {  # layout -> the mesh its QLoRA runs on (8 CPU devices); the rest: da
     "expert": "data=2,expert=4",
     "fsdp+expert": "data=2,expert=4",
     "expert+tp": "data=2,expert=2,model=2",
+    "model": "data=2,model=4",
 }
 MOE_FIXTURE = FIXTURE.parent / "mixtral"  # V 320, C 32, 4 experts (top 2), 2 blocks: the expert layouts'
 
@@ -209,6 +210,7 @@ def _by_block(variables):
         ("expert", "int8"),
         ("fsdp+expert", "int4"),
         ("expert+tp", "int4"),
+        ("model", "int8"),
     ],
 )
 def test_qlora_under_a_layout_trains_like_one_device(layout, quantize, data):
