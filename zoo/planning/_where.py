@@ -54,9 +54,8 @@ def with_simulated_cost(device_plan, cpu_plan):
 def compiler_caveat(device):
     """The verdict's qualifier where a TPU's step is compiled here by XLA:CPU: the TPU
     compiler schedules (and rematerialises) temporaries to fit its HBM, which XLA:CPU does
-    not, and pads small dimensions to its tiles, which XLA:CPU does not either: on a v5e
-    chip gpt_1b's step needed about half the planned peak, a 70B QLoRA's on a v5e-8 1.56x
-    (docs/planning.md)."""
+    not, and it pads small dimensions to its tiles: on a v5e chip gpt_1b's step needed
+    about half the planned peak, a 70B QLoRA's on a v5e-8 1.56x (docs/planning.md)."""
     if not _xla_cpu_compiles_a_tpu_step(device):
         return ""
     return (
