@@ -130,13 +130,31 @@ def _int4_float_shape(layer):
 # shard_map body dequantizes its own shard of the kernel (``dequantized_shard``).
 
 
+QUANTIZED_PARTS = ("kernel", *QUANTIZATION_WEIGHTS)  # a quantized layer's weights that stand for its float kernel
+
+
+def kernel_and_output_letters(equation):
+    """``(kernel, output)``: the letters of an einsum equation's second operand and of its
+    result, ``"btc,chd->bthd"`` -> ``("chd", "bthd")``."""
+    inputs, output = equation.replace(" ", "").split("->")
+    return inputs.split(",")[1], output
+
+
+def quantized_parts(layer):
+    """The names of ``layer``'s weights that make up its quantized kernel (kernel, kernel_scale,
+    and int4's kernel_zero and g_idx; ``QUANTIZED_PARTS``), or () for a float layer."""
+    if quantized_mode(layer) is None:
+        return ()
+    held = {variable.name for variable in layer.weights}
+    return tuple(name for name in QUANTIZED_PARTS if name in held)
+
+
 def kernel_dims(layer):
     """``(rows, columns)``: the float kernel's dimensions Keras' int4 flattens into rows (those
     the input is contracted with, leading) and columns. A Dense: ((0,), (1,))."""
     if not isinstance(layer, keras.layers.EinsumDense):
         return (0,), (1,)
-    inputs, output = layer.equation.replace(" ", "").split("->")
-    kernel = inputs.split(",")[1]
+    kernel, output = kernel_and_output_letters(layer.equation)
     rows = tuple(i for i, letter in enumerate(kernel) if letter not in output)
     if rows != tuple(range(len(rows))):
         raise ValueError(
@@ -165,8 +183,7 @@ def quantized_axes(layer, name, shape, float_shape, kernel_axes, sizes):
             return None
         if not isinstance(layer, keras.layers.EinsumDense):
             return (kernel_axes[1],)  # (F,)
-        inputs, output = layer.equation.replace(" ", "").split("->")
-        kernel = inputs.split(",")[1]
+        kernel, output = kernel_and_output_letters(layer.equation)
         return tuple(kernel_axes[kernel.index(c)] if c in kernel else None for c in output)  # the output's shape
     rows, columns = kernel_dims(layer)
     row_axis = _flattened_axis(layer, [kernel_axes[i] for i in rows])

@@ -55,10 +55,12 @@ from zoo.kernels.collective_matmul import vary_over
 from zoo.kernels.tensor_parallel import check_divisible, sequence_parallel_row_matmul
 from zoo.layers._parallel_plan import resolve_plan, run_sharded
 from zoo.layers._quantized import (
-    QUANTIZATION_WEIGHTS,
+    QUANTIZED_PARTS,
     dequantized_shard,
+    kernel_and_output_letters,
     quantized_axes,
     quantized_mode,
+    quantized_parts,
     weight_only_config,
 )
 
@@ -148,19 +150,11 @@ def axis_sizes(plan):
     return {plan.model_axis: plan.model_size, plan.weight_shard_axis: plan.weight_shard_size}
 
 
-def quantized_names(layer, present):
-    """The quantized weights of ``layer`` (kernel, kernel_scale, kernel_zero, g_idx) that
-    ``present`` (a name -> bool) has, or [] for a float layer."""
-    if quantized_mode(layer) is None:
-        return []
-    return ["kernel", *(name for name in QUANTIZATION_WEIGHTS if present(name))]
-
-
 def local_quantized_kernel(layer, weights, plan, axes_of, kernel_axes):
     """Inside the shard_map: this device's float kernel, dequantized from its shards of the
     quantized weights (each first all-gathered over the weight-shard axis, if split over it).
     ``axes_of(name)``: a weight's layout axes; ``kernel_axes``: the float kernel's."""
-    names = quantized_names(layer, lambda name: name in weights)
+    names = [name for name in QUANTIZED_PARTS if name in weights]
     axes = {name: axes_of(name) for name in names}
     whole = {name: gather_weight(weights[name], axes[name], plan) for name in names}
     local_shape = tuple(
@@ -304,9 +298,9 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
     def weight_axes(self, name, plan, shape=None):
         """Layout axes of weight ``name`` (of ``shape``: read from the weight when None) under
         ``plan`` (None: not ours to place); a quantized weight's follow the float kernel's."""
-        kernel_axes = resolve_axes(self.WEIGHT_AXES["kernel"], plan)
-        if name in quantized_names(self, lambda weight: True):
+        if name in QUANTIZED_PARTS and quantized_mode(self) is not None:
             shape = shape or next(v.shape for v in self.weights if v.name == name)
+            kernel_axes = resolve_axes(self.WEIGHT_AXES["kernel"], plan)
             return quantized_axes(self, name, shape, self.quantized_kernel_shape, kernel_axes, axis_sizes(plan))
         axes = self.WEIGHT_AXES.get(name)
         return None if axes is None else resolve_axes(axes, plan)
@@ -343,7 +337,7 @@ class _TensorParallelDense(WeightsPlacedAtCreation, keras.layers.Dense):
 
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
-        quantized = quantized_names(self, lambda name: getattr(self, name, None) is not None)
+        quantized = list(quantized_parts(self))
         names = (
             (quantized or ["kernel"])
             + (["bias"] if self.bias is not None else [])
@@ -412,8 +406,7 @@ def einsum_lora_update(equation, x, a, b, *, scale):
 def einsum_lora_contraction(equation):
     """How the factored update contracts r with b for ``equation``: "matmul" (the
     kernel's last letter is the output's last), an einsum, or None (it is no output letter)."""
-    inputs, output = equation.replace(" ", "").split("->")
-    kernel = inputs.split(",")[1]
+    kernel, output = kernel_and_output_letters(equation)
     letter = kernel[-1:]
     if not letter.isalpha() or letter not in output:
         return None

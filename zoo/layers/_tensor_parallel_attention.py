@@ -51,7 +51,7 @@ from zoo.distribution.axes import MODEL
 from zoo.kernels.collective_matmul import vary_over
 from zoo.layers import _sequence_parallel
 from zoo.layers._parallel_plan import run_sharded
-from zoo.layers._quantized import quantized_axes
+from zoo.layers._quantized import QUANTIZED_PARTS, quantized_axes, quantized_mode, quantized_parts
 from zoo.layers._tensor_parallel import (
     WeightsPlacedAtCreation,
     activation_spec,
@@ -63,7 +63,6 @@ from zoo.layers._tensor_parallel import (
     local_quantized_kernel,
     quantize_layer,
     quantized_build,
-    quantized_names,
 )
 
 # Which dimension of each weight holds the heads (split over model), and which holds C
@@ -116,7 +115,7 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
     def weight_axes(self, name, shape, plan):
         """Layout axes of weight ``name`` of ``shape`` under ``plan`` (None: not ours); a
         quantized weight's follow the float kernel's (``zoo.layers._quantized.quantized_axes``)."""
-        if name in quantized_names(self, lambda weight: True):
+        if name in QUANTIZED_PARTS and quantized_mode(self) is not None:
             float_shape = self.quantized_kernel_shape
             kernel_axes = self.float_axes("kernel", float_shape, plan)
             return quantized_axes(self, name, shape, float_shape, kernel_axes, axis_sizes(plan))
@@ -149,9 +148,7 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
     def sharded_weights(self, plan):
         """``({name: array}, {name: PartitionSpec})`` of the weights the shard body needs."""
         variables = {"kernel": kernel_variable(self), "bias": self.bias}
-        variables.update(
-            {n: getattr(self, n) for n in quantized_names(self, lambda n: getattr(self, n, None) is not None)[1:]}
-        )
+        variables.update({n: getattr(self, n) for n in quantized_parts(self)[1:]})
         if self.lora_enabled:
             variables.update(lora_kernel_a=self.lora_kernel_a, lora_kernel_b=self.lora_kernel_b)
         variables = {n: v for n, v in variables.items() if v is not None}
@@ -162,7 +159,7 @@ class AttentionProjection(WeightsPlacedAtCreation, keras.layers.EinsumDense):
         """Inside the shard_map: this device's (frozen, under LoRA) kernel, gathered over the
         weight-shard axis if split over it; the LoRA update is applied factored (``local_lora``).
         A quantized kernel's shard is dequantized here (``local_quantized_kernel``)."""
-        if quantized_names(self, lambda name: True):
+        if quantized_mode(self) is not None:
             float_shape = self.quantized_kernel_shape
             shapes = {v.name: v.shape for v in self.weights}  # whole, not this shard's
             axes_of = lambda name: self.weight_axes(name, shapes[name], plan)  # noqa: E731

@@ -279,6 +279,9 @@ def _target(instruction):
     return target.group(1) if target else ""
 
 
+COPIES = ("copy-done", "copy-start", "copy", "bitcast")  # what stands between a constant and its reader
+
+
 def _block_fraction(operands, by_name):
     """The share of non-zero entries of a kernel's second operand where it is an s8 constant
     of rank 3: splash attention's block mask ([heads, query blocks, key blocks]; 0 skips a
@@ -289,10 +292,8 @@ def _block_fraction(operands, by_name):
     if len(operands) < 2:
         return None
     mask = operands[1]
-    while mask.opcode in ("copy-done", "copy-start", "copy", "bitcast") and mask.operands:
-        mask = by_name.get(mask.operands[0], mask)
-        if mask.opcode == "constant":
-            break
+    while mask.opcode in COPIES and mask.operands[:1] and mask.operands[0] in by_name:
+        mask = by_name[mask.operands[0]]  # the copy's source
     if mask.opcode != "constant":
         return None
     arrays = _logical_arrays(mask.type)
