@@ -34,7 +34,9 @@
 # `43` (gpt_1b b2 and b4 with bfloat16 weights: --precision bfloat16, AdamW rounding each update stochastically),
 # `44` (qwen3_0.6b's best full fine-tune row and issue 43's 1 x 8192 remat-full row, each with --plan),
 # `45` (part 44's 1 x 8192 row alone: its plan's compile ran past part 44's limit),
-# `46` (part 45's row profiled as part 29's rows: its device ops and optimised HLO, for splash's time per score at T = 8,192).
+# `46` (part 45's row profiled as part 29's rows: its device ops and optimised HLO, for splash's time per score at T = 8,192),
+# `47` (issue 44's attention rows at 2k, 8k and 32k: the library's splash and other blocks, splash_long.py), `48` (part 47 with
+# blocks of 2,048 under a raised scoped VMEM).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -378,8 +380,15 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     find /tmp/hlo-46 -name '*after_optimizations.txt' > /tmp/hlo-46/files
     tar -czf "$OUT/hlo.tar.gz" -C / -T /tmp/hlo-46/files
     ;;
+47)  # issue 44's attention rows at 2k, 8k and 32k tokens: the library's splash beside other blocks
+    python3 recipes/tpu-v5e-1/splash_long.py >> "$OUT/log.txt" 2>&1
+    ;;
+48)  # part 47's shapes with blocks of 2,048, the TPU compiler's scoped VMEM raised to 96 MiB
+    LIBTPU_INIT_ARGS="--xla_tpu_scoped_vmem_limit_kib=98304" python3 recipes/tpu-v5e-1/splash_long.py --large \
+        >> "$OUT/log.txt" 2>&1
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 46; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 48; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac

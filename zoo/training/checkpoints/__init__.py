@@ -79,7 +79,7 @@ class Checkpoints:
         self.data = state.json_ready(data or {})
         self._opened = None  # the Orbax CheckpointManager, opened by the first save: reading touches nothing
         self._lock = CheckpointLock(self.directory)
-        self._half_written = set()  # <step>.orbax-checkpoint-tmp folders of failed saves not yet removed
+        self._half_written = set()  # <step>.orbax-checkpoint-tmp folders of failed saves, removed at each save
 
     def lock(self):
         """Hold the folder's lock (``zoo.lock``) until ``close``: a second run gets a
@@ -164,16 +164,15 @@ class Checkpoints:
         return None, reason
 
     def _remove_half_written(self):
-        """Remove the folders failed saves left. One can survive its first removal: an
-        abandoned Orbax writer thread may still add a file while it is removed (seen once
-        in a clean-clone run: ``4.orbax-checkpoint-tmp`` left beside the later steps), so
-        what remains is removed again at the next save and at ``close``."""
+        """Remove the folders failed saves left, at every later save and at ``close``. A
+        removed one can come back: an abandoned Orbax writer of the failed step can finish
+        once the disk has room again and recreate its folder (seen twice in clean-clone
+        runs: ``4.orbax-checkpoint-tmp`` beside the later steps), so a failed step's folder
+        is never struck off the list; removing one that is gone costs a ``stat``."""
         if not files.is_primary_process():
             return
         for tmp in sorted(self._half_written):
             shutil.rmtree(tmp, ignore_errors=True)
-            if not os.path.exists(tmp):
-                self._half_written.discard(tmp)
 
     def restore(self, model, path=None):
         """Restore the checkpoint at ``path`` (default: the newest complete one) into ``model``.
