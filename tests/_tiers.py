@@ -192,9 +192,6 @@ MATRIX = {
     ),
     # splash (the TPU's attention kernel) through fit, in Pallas' interpreter: tier 1 keeps the kernel
     # against the float64 reference with every option, and save_attention's fit parity on the tiles
-    "tests/kernels/test_splash_attention.py::test_blocks_computed_in_parts_match_the_reference": (
-        "tests/kernels/test_splash_attention.py::test_matches_the_float64_reference (each block computed whole)"
-    ),
     "tests/models/test_gpt_splash.py::test_fit_through_splash_under_remat_equals_the_tiled_kernel": (
         "tests/kernels/test_splash_attention.py::test_matches_the_float64_reference, "
         f"{GPT_REMAT}[single-None-save_attention]"

@@ -36,7 +36,7 @@
 # `45` (part 44's 1 x 8192 row alone: its plan's compile ran past part 44's limit),
 # `46` (part 45's row profiled as part 29's rows: its device ops and optimised HLO, for splash's time per score at T = 8,192),
 # `47` (issue 44's attention rows at 2k, 8k and 32k: the library's splash and other blocks, splash_long.py), `48` (part 47 with
-# blocks of 2,048 under a raised scoped VMEM).
+# blocks of 2,048 under a raised scoped VMEM), `49` (the 1 x 8192 row with the long keys' blocks and with square ones).
 # Parts 7 to 9 keep JAX's persistent compilation cache in /tmp/jax-cache: the compiled
 # footprint's compile is then the same program as fit's, read back instead of compiled again.
 #
@@ -387,8 +387,18 @@ print(jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile().cost_analysis())" >>
     LIBTPU_INIT_ARGS="--xla_tpu_scoped_vmem_limit_kib=98304" python3 recipes/tpu-v5e-1/splash_long.py --large \
         >> "$OUT/log.txt" 2>&1
     ;;
+49)  # issue 43's 1 x 8192 remat-full row with the long keys' blocks (1,024 x 2,048) and with square
+    # ones (1,024 x 1,024, the library before them), each in its own process
+    for blocks in library square; do
+        echo "### $blocks blocks: zoo bench step (part 45's row)" >> "$OUT/step.md"
+        timeout 280 python3 recipes/tpu-v5e-1/splash_long.py row $blocks -- --config-name gpt_1b --num-layers 8 \
+            --batch-size 1 --sequence-length 8192 --remat full --moment-dtype bfloat16 --second-moment factored \
+            --output /tmp/row.md >> "$OUT/log.txt" 2>&1 && cat /tmp/row.md >> "$OUT/step.md"
+        echo >> "$OUT/step.md"
+    done
+    ;;
 *)
-    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 48; 'part 35' in docs/performance.md was a command of its own)" >&2
+    echo "issue43_rows.sh: no part $part (parts 1 to 33, 36 to 49; 'part 35' in docs/performance.md was a command of its own)" >&2
     exit 2
     ;;
 esac

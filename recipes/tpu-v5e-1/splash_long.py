@@ -1,6 +1,7 @@
 """Issue 44's attention rows at 2,048, 8,192 and 32,768 tokens: the library's splash beside larger blocks, on one TPU chip.
 
     source .device/tpu-env.sh && OUT=/tmp/out python3 recipes/tpu-v5e-1/splash_long.py [--large]
+    OUT=/tmp/out python3 recipes/tpu-v5e-1/splash_long.py row square -- --config-name gpt_1b --num-layers 8 ...
 
 Shapes (B, T, H, K, D): issue 44's, batch 1, 32 / 8 heads of 64 and 16 / 8 heads of 128, causal,
 bf16. Each shape first times the library's own ``zoo.kernels.splash_attention.splash_attention``
@@ -8,7 +9,9 @@ bf16. Each shape first times the library's own ``zoo.kernels.splash_attention.sp
 kernel with other (block_q, block_kv, block_kv_compute), forward and fused backward alike, in the
 library's layouts. ``--large`` times only blocks of 2,048, which the TPU compiler's default scoped
 VMEM refused (splash_blocks.py): run it with ``LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=...``.
-Each row: the median of 5 timings of 5 calls of the jitted gradient, TFLOP/s with causal FLOPs
+The ``row`` form runs the rest of its arguments as ``zoo bench step`` in this process, with the
+library's blocks (``library``) or with key blocks of 1,024 at every length (``square``, the library
+before ``LONG_KEYS``): a step's gain from the long keys' blocks. Each row: the median of 5 timings of 5 calls of the jitted gradient, TFLOP/s with causal FLOPs
 halved (4 B T^2 H D x 3 / 2); one JSON line a row, printed and appended to $OUT/splash_long.jsonl.
 """
 
@@ -64,5 +67,18 @@ def main(large):
             timed_row(row, with_blocks(*shape, blocks), qkv, ROWS)
 
 
+def row(blocks, args):
+    if blocks == "square":
+        splash.LONG_KEYS = float("inf")  # key blocks as query blocks, at every length
+    print(f"splash_long.py: {blocks} blocks, 8,192 x 8,192 as {splash.block_edges(8192, 8192)}", flush=True)
+    from zoo.cli.main import main as zoo_main
+
+    return zoo_main(["bench", "step", *args])
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["row"]:
+        blocks, separator, *rest = sys.argv[2:]
+        assert blocks in ("library", "square") and separator == "--", "usage: splash_long.py row library|square -- ARGS"
+        sys.exit(row(blocks, rest))
     main(large="--large" in sys.argv[1:])

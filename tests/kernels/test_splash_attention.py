@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from zoo.distribution import CheckedModelParallel, make_mesh
 from zoo.kernels import attention_implementation, attention_reference, local_attention
 from zoo.kernels import splash_attention as splash_module
-from zoo.kernels.splash_attention import COMPUTE_EDGE, block_edge, splash_attention, supports
+from zoo.kernels.splash_attention import COMPUTE_EDGE, block_edge, block_edges, splash_attention, supports
 from zoo.layers._sequence_parallel import describe_attention
 
 B, H, K, D = 1, 4, 2, 64  # two KV heads of two query heads each (GQA), the head dim splash takes
@@ -106,6 +106,15 @@ def test_block_edges_follow_the_measured_best(length, edge):
     assert block_edge(length) == edge
 
 
+@pytest.mark.parametrize(
+    "q_len, kv_len, edges",
+    [(2048, 2048, (1024, 1024)), (8192, 8192, (1024, 2048)), (32768, 32768, (1024, 2048)), (1024, 9216, (1024, 1024))],
+)
+def test_long_key_sequences_take_key_blocks_of_2048(q_len, kv_len, edges):
+    """From 8,192 keys on, key blocks of 2,048 where 2,048 divides the keys (9,216 = 9 x 1,024 does not)."""
+    assert block_edges(q_len, kv_len) == edges
+
+
 TPU = dict(platform="tpu", dtype="bfloat16", head_dim=64, causal=True, q_len=2048, kv_len=2048)
 
 
@@ -143,22 +152,6 @@ def test_describe_attention_names_splash_on_one_tpu_device_only():
         keras.distribution.set_distribution(None)
 
 
-def test_blocks_computed_in_parts_match_the_reference():
-    """At 1,024 tokens a block is 1,024 keys computed 512 at a time (``COMPUTE_EDGE``):
-    the inner steps of the forward and the fused backward, against the float64 reference."""
-    keys = jax.random.split(jax.random.key(7), 4)
-    q = jax.random.normal(keys[0], (1, 1024, 2, D), jnp.float32)  # one KV head of two query heads
-    k, v = (jax.random.normal(key, (1, 1024, 1, D), jnp.float32) for key in keys[1:3])
-    cotangent = jax.random.normal(keys[3], q.shape, jnp.float32)
-    assert block_edge(1024) == 1024 and COMPUTE_EDGE == 512
-    got = _output_and_grads(lambda *a: splash_attention(*a, causal=True, interpret=True), q, k, v, cotangent)
-    with jax.enable_x64():
-        wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
-        want = _output_and_grads(lambda *a: attention_reference(*a, causal=True), *wide)
-    for what, a, b in zip(("output", "dq", "dk", "dv"), got, want):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), atol=5e-5, rtol=1e-5, err_msg=what)
-
-
 def test_inside_a_shard_map_the_seam_runs_the_tiled_kernel(monkeypatch):
     """JAX refuses splash's ``pallas_call`` inside a ``shard_map`` that checks varying axes
     (its output shapes name none; the zoo's tensor-parallel and context kernels run there):
@@ -172,6 +165,31 @@ def test_inside_a_shard_map_the_seam_runs_the_tiled_kernel(monkeypatch):
     assert "pallas_call" in str(jax.make_jaxpr(attention)(q, k, v))  # one device: splash
     assert "pallas_call" not in str(jax.make_jaxpr(split)(q, k, v))  # its shard_map: the tiles
     got = _output_and_grads(jax.jit(split), q, k, v, cotangent)
+    with jax.enable_x64():
+        wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
+        want = _output_and_grads(lambda *a: attention_reference(*a, causal=True), *wide)
+    for what, a, b in zip(("output", "dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), atol=5e-5, rtol=1e-5, err_msg=what)
+
+
+def test_key_blocks_longer_than_query_blocks_computed_in_parts_match_the_reference(monkeypatch):
+    """Long keys' blocks (``block_edges``: 1,024 queries x 2,048 keys on the chip, each key block
+    computed ``COMPUTE_EDGE`` = 512 at a time), here scaled down by the same rule to 512 queries
+    x 1,024 keys over 1,024 tokens: causal, the inner steps of the forward and the fused
+    backward, against the float64 reference."""
+    monkeypatch.setattr(splash_module, "EDGES", (512, 256, 128))
+    monkeypatch.setattr(splash_module, "LONG_KEYS", 1024)
+    monkeypatch.setattr(splash_module, "LONG_KEY_EDGE", 1024)
+    splash_module._kernel.cache_clear()
+    assert block_edges(1024, 1024) == (512, 1024) and COMPUTE_EDGE == 512
+    keys = jax.random.split(jax.random.key(7), 4)
+    q = jax.random.normal(keys[0], (1, 1024, 2, D), jnp.float32)  # one KV head of two query heads
+    k, v = (jax.random.normal(key, (1, 1024, 1, D), jnp.float32) for key in keys[1:3])
+    cotangent = jax.random.normal(keys[3], q.shape, jnp.float32)
+    try:
+        got = _output_and_grads(lambda *a: splash_attention(*a, causal=True, interpret=True), q, k, v, cotangent)
+    finally:
+        splash_module._kernel.cache_clear()  # no kernel of these blocks outlives the patch
     with jax.enable_x64():
         wide = [x.astype(jnp.float64) for x in (q, k, v, cotangent)]
         want = _output_and_grads(lambda *a: attention_reference(*a, causal=True), *wide)

@@ -29,7 +29,11 @@ gpt_1b, llama_3_2_1b, qwen3_0.6b (T = 2,048) and gpt_350m (T = 1,024), 11 candid
 1,024 with keys computed 512 at a time (forward and fused backward alike) were the best
 or within 1% of it at every shape and head dim: 8% faster than blocks of 512 at gpt_1b's
 batch 4, 12% at llama_3_2_1b's; 2,048-token blocks ran out of the core's VMEM. The fused
-backward was faster than the split one (dq apart from dk, dv) in every case.
+backward was faster than the split one (dq apart from dk, dv) in every case. From 8,192
+keys on (``LONG_KEYS``), key blocks of 2,048 (queries still 1,024, keys computed 512 at a
+time): at issue 44's rows (``recipes/tpu-v5e-1/splash_long.py``) 131.1 against 122.3
+TFLOP/s at 32,768 tokens and head dim 128, 66.1 against 61.1 at head dim 64, equal within
+1% at 8,192, and slower at 2,048 (one key block leaves the causal mask nothing to skip).
 
 Layouts (``LAYOUTS``): splash reads q, k and v in (T, D) or (D, T) blocks; at head dim 64,
 where a (T, 64) block fills half of the TPU's 128 lanes, (D, T) blocks for all three were
@@ -48,11 +52,12 @@ from zoo.kernels import _checks
 from zoo.kernels._attention_spec import LocalKernel
 from zoo.kernels._masking import segment_pair
 
-__all__ = ["PLATFORMS", "SPLASH", "block_edge", "splash_attention", "supports"]
+__all__ = ["PLATFORMS", "SPLASH", "block_edge", "block_edges", "splash_attention", "supports"]
 
 PLATFORMS = ("tpu",)  # where the seam runs it (a test widens it to the CPU: Pallas' interpreter)
 LANES = 128  # the TPU's vector lane width: every block edge is a multiple of it
 EDGES = (1024, 512, 256, 128)  # block edges tried, largest first
+LONG_KEYS, LONG_KEY_EDGE = 8192, 2048  # from 8,192 keys on, key blocks of 2,048 (module docstring)
 COMPUTE_EDGE = 512  # keys per inner step of a block (block_kv_compute): the measured best
 HEAD_DIM_MINOR, SEQ_MINOR = "HEAD_DIM_MINOR", "SEQ_MINOR"  # splash's QKVLayout: (T, D) or (D, T) blocks
 # head dim -> (q, k, v) layouts splash reads; HEAD_DIM_MINOR for all three where absent (module
@@ -70,6 +75,13 @@ def block_edge(length):
     """The block edge for ``length`` tokens: the measured best, 1,024 (module docstring),
     lowered to the largest of ``EDGES`` that divides ``length``."""
     return next(edge for edge in EDGES if length % edge == 0)
+
+
+def block_edges(q_len, kv_len):
+    """(query block edge, key block edge): ``block_edge`` of each, but key blocks of
+    ``LONG_KEY_EDGE`` from ``LONG_KEYS`` keys on, where that edge divides them."""
+    long_keys = kv_len >= LONG_KEYS and kv_len % LONG_KEY_EDGE == 0
+    return block_edge(q_len), LONG_KEY_EDGE if long_keys else block_edge(kv_len)
 
 
 def _mask(q_len, kv_len, groups, causal, sliding_window):
@@ -96,7 +108,7 @@ def _kernel(q_len, kv_len, groups, causal, sliding_window, softcap, interpret, q
     """The multi-query kernel for one KV head's G query heads: (G, T, D), (S, D), (S, D) -> (G, T, D)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
-    bq, bkv = block_edge(q_len), block_edge(kv_len)
+    bq, bkv = block_edges(q_len, kv_len)
     compute = min(COMPUTE_EDGE, bkv)
     q_layout, k_layout, v_layout = (splash.QKVLayout[name] for name in qkv_layouts)
     sizes = splash.BlockSizes(
@@ -232,8 +244,8 @@ def _run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_s
 
 
 def _describe(query, block_size):
-    del block_size  # splash's blocks are its own (block_edge)
-    q_edge, k_edge = block_edge(query.q_len), block_edge(query.kv_len)
+    del block_size  # splash's blocks are its own (block_edges)
+    q_edge, k_edge = block_edges(query.q_len, query.kv_len)
     return f"splash (blocks {q_edge})" if q_edge == k_edge else f"splash (blocks {q_edge}x{k_edge})"
 
 
