@@ -329,6 +329,12 @@ def test_a_quantized_kernel_split_over_devices_computes_the_one_device_layer(kin
     assert np.abs(expected[0]).max() > 1  # not a vacuous comparison
 
 
+def test_int4_columns_that_split_into_half_bytes_are_refused_by_name():
+    """int4 packs two columns a byte: 12 columns over model=4 leave 3 a device (1.5 bytes a row)."""
+    with pytest.raises(ValueError, match=r"'up': int4 packs two columns a byte, and its 12 columns \(6 bytes a row\) "):
+        _quantized(lambda: ColumnParallelDense(12, name="up"), (B, T, 256), "int4", tensor_parallel("data=2,model=4"))
+
+
 # --- communication, read from the compiled programs --------------------------------------
 
 

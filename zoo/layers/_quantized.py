@@ -192,7 +192,21 @@ def quantized_axes(layer, name, shape, float_shape, kernel_axes, sizes):
         row_count, size = math.prod(float_shape[i] for i in rows), sizes.get(row_axis, 1)
         whole_blocks = row_count % (size * INT4_BLOCK) == 0 and shape[0] * INT4_BLOCK == row_count
         return (row_axis if whole_blocks else None, column_axis)
+    if name == "kernel":
+        _check_packed_split(layer, shape, math.prod(float_shape[i] for i in columns), column_axis, sizes)
     return {"kernel": (row_axis, column_axis), "kernel_scale": (column_axis,), "g_idx": (row_axis,)}.get(name)
+
+
+def _check_packed_split(layer, packed_shape, columns, axis, sizes):
+    """int4 packs two columns a byte: a split of the packed (rows, columns / 2) kernel over
+    ``axis`` must give each device whole bytes, so an even number of columns."""
+    size = sizes.get(axis, 1)
+    if packed_shape[-1] % size:
+        raise ValueError(
+            f"{layer.path!r}: int4 packs two columns a byte, and its {columns} columns ({packed_shape[-1]} bytes a row) "
+            f"do not split over the {axis!r} mesh axis of size {size}: each device needs an even number of "
+            f"columns (a multiple of {2 * size} in all), or quantize to int8"
+        )
 
 
 def quantized_mode(layer):
