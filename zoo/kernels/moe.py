@@ -277,19 +277,32 @@ def _local_experts(received, received_counts, *, expert_gate, expert_up, expert_
     # cumulative count first exceeds r; padding rows get E_l
     row = jnp.arange(rows, dtype=jnp.int32)
     expert = jax.vmap(lambda c: jnp.searchsorted(jnp.cumsum(c), row, side="right"))(received_counts)  # i32[N_e, Q]
-    flat_expert = expert.reshape(-1).astype(jnp.int32)  # [N_e * Q]
-    order = jnp.argsort(flat_expert, stable=True)  # padding (E_l) last
-    group_sizes = jnp.sum(received_counts, axis=0).astype(jnp.int32)  # i32[E_l]
-    grouped = expert_mlp(
-        received.reshape(sources * rows, width)[order],
-        group_sizes,
+    outputs = _experts_in_arrival_order(
+        received.reshape(sources * rows, width),
+        expert.reshape(-1),
+        jnp.sum(received_counts, axis=0),
         expert_gate=expert_gate,
         expert_up=expert_up,
         expert_down=expert_down,
         implementation=implementation,
     )  # [N_e * Q, C], padding rows 0
-    outputs = jnp.zeros_like(grouped).at[order].set(grouped)  # back to arrival order
     return outputs.reshape(sources, rows, -1)
+
+
+def _experts_in_arrival_order(rows, local_expert, group_sizes, *, expert_gate, expert_up, expert_down, implementation):
+    """rows [R, C] as they arrived, local_expert i32[R] (E_l: a row of no expert), group_sizes
+    [E_l] rows per expert -> each row's expert output [R, C] in the same places (0 for E_l's):
+    the rows grouped by expert (a stable sort, E_l's last) for ``expert_mlp``, then put back."""
+    order = jnp.argsort(local_expert.astype(jnp.int32), stable=True)  # i32[R]
+    grouped = expert_mlp(
+        rows[order],
+        group_sizes.astype(jnp.int32),
+        expert_gate=expert_gate,
+        expert_up=expert_up,
+        expert_down=expert_down,
+        implementation=implementation,
+    )  # [R, C], rows past the groups 0
+    return jnp.zeros_like(grouped).at[order].set(grouped)
 
 
 # --- the ragged exchange --------------------------------------------------------------------
@@ -344,26 +357,15 @@ def ragged_expert_parallel_moe(
         receive_sizes,
         axis_name=axis_name,
     )  # [rows, C]: source 0's rows, then source 1's, ...; the rest zeros
-    # each received row's local expert (E_l for the unused rows), from its source's counts
-    row = jnp.arange(rows, dtype=jnp.int32)
-    source = jnp.searchsorted(receive_offsets + receive_sizes, row, side="right").astype(jnp.int32)  # N_e past the end
-    within = row - receive_offsets[jnp.minimum(source, axis_size - 1)]
-    ends = jnp.cumsum(received_counts, axis=1)  # [N_e, E_l]
-    local_expert = jax.vmap(lambda r, s: jnp.searchsorted(ends[s], r, side="right"))(
-        within, jnp.minimum(source, axis_size - 1)
-    )
-    local_expert = jnp.where(source < axis_size, local_expert, local).astype(jnp.int32)
-    by_expert = jnp.argsort(local_expert, stable=True)
-    group_sizes = jnp.sum(received_counts, axis=0).astype(jnp.int32)  # i32[E_l]
-    grouped = expert_mlp(
-        received[by_expert],
-        group_sizes,
+    outputs = _experts_in_arrival_order(
+        received,
+        _received_local_experts(rows, receive_offsets, receive_sizes, received_counts),
+        jnp.sum(received_counts, axis=0),
         expert_gate=expert_gate,
         expert_up=expert_up,
         expert_down=expert_down,
         implementation=implementation,
-    )
-    outputs = jnp.zeros_like(grouped).at[by_expert].set(grouped)  # [rows, C] in arrival order
+    )  # [rows, C] in arrival order
     # back: source s's rows (at receive_offsets[s]) to its sorted places (its send offset for me)
     return_offsets = (jnp.cumsum(sent, axis=1) - sent)[:, me]  # i32[N_e]
     returned = exchange(
@@ -377,6 +379,19 @@ def ragged_expert_parallel_moe(
     )  # [A, C] in this shard's sorted order
     weighted = returned * weights.reshape(-1)[order][:, None].astype(returned.dtype)
     return jnp.zeros_like(x).at[token].add(weighted), jnp.int32(0)
+
+
+def _received_local_experts(rows, receive_offsets, receive_sizes, received_counts):
+    """i32[rows]: the local expert of each row a ragged exchange received (source s's rows at
+    ``receive_offsets[s]``, sorted by expert as ``received_counts[s]`` [N_e, E_l] counts them);
+    E_l for the unused rows past the last source's."""
+    axis_size, local = received_counts.shape
+    row = jnp.arange(rows, dtype=jnp.int32)
+    source = jnp.searchsorted(receive_offsets + receive_sizes, row, side="right").astype(jnp.int32)  # N_e past the end
+    clipped = jnp.minimum(source, axis_size - 1)
+    ends = jnp.cumsum(received_counts, axis=1)  # [N_e, E_l]
+    expert = jax.vmap(lambda r, s: jnp.searchsorted(ends[s], r, side="right"))(row - receive_offsets[clipped], clipped)
+    return jnp.where(source < axis_size, expert, local).astype(jnp.int32)
 
 
 def _buffer_like(shape, rows):
