@@ -20,6 +20,8 @@ the rows; this module only multiplies them.
 """
 
 import contextlib
+import functools
+import importlib
 import math
 
 import jax
@@ -40,6 +42,9 @@ __all__ = [
 MAX_BLOCK_ROWS = 128  # rows per block of the "blocks" grouped matmul
 MEGABLOX_ROW_TILE = 128  # megablox's rows are padded to a multiple of this
 MEGABLOX_TILING = (512, 1024, 1024)  # megablox's largest (rows, depth, width) tiles; megablox_tiling halves them to fit
+# the backward's largest tiles: "rows" for the rows' gradient (gmm of the output's gradient by the
+# weights transposed), "weights" for the weights' (tgmm); JAX's own VJP reuses the forward's for both
+MEGABLOX_BACKWARD_TILING = {"rows": MEGABLOX_TILING, "weights": MEGABLOX_TILING}
 
 
 _COMPILING_FOR = []  # the platforms compile_for() says the programs being traced are for (innermost last)
@@ -123,8 +128,6 @@ def _megablox_matmul(rows, weights, group_sizes):
     ``pallas_call`` there, its output shape naming no varying mesh axes, and tracing it
     outside that check breaks under remat, which traces the kernel's bookkeeping again
     with the check on (tried; docs/attention.md, "Inside a shard_map")."""
-    from jax.experimental.pallas.ops.tpu.megablox import gmm  # Pallas' TPU kernels: imported where used
-
     axes = _manual_axes(rows, weights)
     if axes:
         raise ValueError(
@@ -133,13 +136,54 @@ def _megablox_matmul(rows, weights, group_sizes):
             f"(the rows vary over {sorted(axes)}); use 'ragged_dot' there"
         )
     num_rows, depth = rows.shape
+    width = weights.shape[-1]
     padded = -(-num_rows // MEGABLOX_ROW_TILE) * MEGABLOX_ROW_TILE
     lhs = jnp.pad(rows, ((0, padded - num_rows), (0, 0)))  # [R', k]
-    tiling = megablox_tiling(padded, depth, weights.shape[-1])  # the forward's; gmm's VJP reuses it
-    out = gmm(
-        lhs, weights.astype(rows.dtype), group_sizes, rows.dtype, tiling, None, None, False, _target_platform() != "tpu"
+    tilings = (
+        megablox_tiling(padded, depth, width),  # the forward: [R', k] x [G, k, n]
+        megablox_tiling(padded, width, depth, MEGABLOX_BACKWARD_TILING["rows"]),  # [R', n] x [G, k, n]^T
+        megablox_tiling(padded, depth, width, MEGABLOX_BACKWARD_TILING["weights"]),  # tgmm: [k, R'] x [R', n]
     )
+    out = _megablox_gmm(lhs, weights.astype(rows.dtype), group_sizes, tilings, _target_platform() != "tpu")
     return out[:num_rows]  # [R, n]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _megablox_gmm(lhs, rhs, group_sizes, tilings, interpret):
+    """megablox's ``gmm``, [m, k] x [G, k, n] -> [m, n] in lhs's dtype, with the backward of
+    JAX's ``megablox.ops.gmm`` (``gmm`` for d(lhs), ``tgmm`` for d(rhs)) but each of the three
+    at its own tiling: ``tilings`` (forward, rows' gradient, weights' gradient). Written here,
+    not taken from ``megablox.ops``, for that one difference."""
+    return _megablox_kernels().gmm(lhs, rhs, group_sizes, lhs.dtype, tilings[0], interpret=interpret)
+
+
+def _megablox_gmm_forward(lhs, rhs, group_sizes, tilings, interpret):
+    return _megablox_gmm(lhs, rhs, group_sizes, tilings, interpret), (lhs, rhs, group_sizes)
+
+
+def _megablox_gmm_backward(tilings, interpret, residuals, grad):
+    kernels = _megablox_kernels()
+    lhs, rhs, group_sizes = residuals  # [m, k], [G, k, n], i32[G]; grad [m, n]
+    d_lhs = kernels.gmm(grad, rhs, group_sizes, lhs.dtype, tilings[1], transpose_rhs=True, interpret=interpret)
+    d_rhs = kernels.tgmm(
+        lhs.swapaxes(0, 1),
+        grad,
+        group_sizes,
+        rhs.dtype,
+        tilings[2],
+        num_actual_groups=rhs.shape[0],
+        interpret=interpret,
+    )  # [G, k, n]
+    return d_lhs, d_rhs, None
+
+
+_megablox_gmm.defvjp(_megablox_gmm_forward, _megablox_gmm_backward)
+
+
+def _megablox_kernels():
+    """The module of megablox's kernels (``gmm``, ``tgmm``), imported where used (Pallas' TPU
+    kernels); the package's own name ``gmm`` is the differentiable op, not this module."""
+    return importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
 
 def block_rows(num_rows, num_groups):
