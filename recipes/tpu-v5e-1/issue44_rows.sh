@@ -8,9 +8,6 @@
 #   part 3: part 1's `zoo bench moe` rows alone (run once for an experiment not kept: the
 #           sorted rows moved by permutations whose backward is a gather; no gain).
 #
-#   part 4: megablox's backward at tilings of its own (megablox_backward.py), then part 1's
-#           `zoo bench moe` megablox rows with the forward's tilings and with the fastest.
-#
 #   source .device/tpu-env.sh && OUT=/tmp/out bash recipes/tpu-v5e-1/issue44_rows.sh 1
 set -uo pipefail
 part=${1:-1}
@@ -23,23 +20,7 @@ moe_row() {  # moe_row E K F: zoo bench moe's time rows for both TPU grouped mat
         --output /tmp/moe.md >> "$OUT/log.txt" 2>&1 && cat /tmp/moe.md >> "$OUT/moe.md" || echo "FAILED (exit $?)" >> "$OUT/moe.md"
     echo >> "$OUT/moe.md"
 }
-moe_row_with() {  # moe_row_with default|best E K F: zoo bench moe's megablox time row at those backward tilings
-    echo "### zoo bench moe --sections time, E=$2 k=$3 F=$4, megablox backward tilings: $1" >> "$OUT/moe.md"
-    (cd recipes/tpu-v5e-1 && timeout 200 python3 megablox_backward.py row "$1" "$2" "$3" -- --sections time \
-        --time-tokens 4096 --time-width 2048 --time-intermediate-dim "$4" --time-experts "$2" \
-        --time-experts-per-token "$3" --time-grouped-matmuls megablox --time-precision mixed_bfloat16 --steps 5 \
-        --repeats 5 --output /tmp/moe.md) >> "$OUT/log.txt" 2>&1 && cat /tmp/moe.md >> "$OUT/moe.md" \
-        || echo "FAILED (exit $?)" >> "$OUT/moe.md"
-    echo >> "$OUT/moe.md"
-}
 case $part in
-    4)
-        (cd recipes/tpu-v5e-1 && timeout 260 python3 megablox_backward.py) >> "$OUT/log.txt" 2>&1
-        for choice in default best; do
-            moe_row_with $choice 8 2 4096
-        done
-        moe_row_with best 64 8 1024
-        ;;
     1)
         timeout 240 python3 recipes/tpu-v5e-1/moe_tiles.py >> "$OUT/log.txt" 2>&1 || echo "moe_tiles failed (exit $?)" >> "$OUT/log.txt"
         moe_row 8 2 4096

@@ -20,8 +20,6 @@ the rows; this module only multiplies them.
 """
 
 import contextlib
-import functools
-import importlib
 import math
 
 import jax
@@ -42,9 +40,6 @@ __all__ = [
 MAX_BLOCK_ROWS = 128  # rows per block of the "blocks" grouped matmul
 MEGABLOX_ROW_TILE = 128  # megablox's rows are padded to a multiple of this
 MEGABLOX_TILING = (512, 1024, 1024)  # megablox's largest (rows, depth, width) tiles; megablox_tiling halves them to fit
-# the backward's largest tiles: "rows" for the rows' gradient (gmm of the output's gradient by the
-# weights transposed), "weights" for the weights' (tgmm); JAX's own VJP reuses the forward's for both
-MEGABLOX_BACKWARD_TILING = {"rows": MEGABLOX_TILING, "weights": MEGABLOX_TILING}
 
 
 _COMPILING_FOR = []  # the platforms compile_for() says the programs being traced are for (innermost last)
@@ -119,15 +114,20 @@ def megablox_tiling(num_rows, depth, width, largest=None):
 
 def _megablox_matmul(rows, weights, group_sizes):
     """JAX's Pallas grouped matmul (megablox ``gmm``, with its own backward: ``gmm`` for the
-    rows' gradient, ``tgmm`` for the weights'): rows [R, k] by weights [G, k, n] -> [R, n],
-    rows past ``sum(group_sizes)`` zero, as ``ragged_dot`` gives them. R is padded to a
-    multiple of 128 (the kernel's row tiles). Traced for any platform but a TPU, it runs in
+    rows' gradient, ``tgmm`` for the weights', both at the forward's tiling: a tiling of
+    their own, tried on a TPU v5e, gained nothing at the layer; docs/performance.md):
+    rows [R, k] by weights [G, k, n] -> [R, n]. Every row must belong to a group
+    (``sum(group_sizes) == R``, as ``sparse_moe``'s sorted assignments do): the kernel leaves
+    rows past the groups unwritten, where ``ragged_dot`` gives zeros. R is padded to a
+    multiple of 128 (the kernel's row tiles), the padding sliced off. Traced for any platform but a TPU, it runs in
     Pallas' interpreter (the tests' way on CPU: slow, exact).
 
     Not inside a ``shard_map`` (the MoE layer's, under any distribution): JAX refuses the kernel's
     ``pallas_call`` there, its output shape naming no varying mesh axes, and tracing it
     outside that check breaks under remat, which traces the kernel's bookkeeping again
     with the check on (tried; docs/attention.md, "Inside a shard_map")."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm  # Pallas' TPU kernels: imported where used
+
     axes = _manual_axes(rows, weights)
     if axes:
         raise ValueError(
@@ -136,54 +136,13 @@ def _megablox_matmul(rows, weights, group_sizes):
             f"(the rows vary over {sorted(axes)}); use 'ragged_dot' there"
         )
     num_rows, depth = rows.shape
-    width = weights.shape[-1]
     padded = -(-num_rows // MEGABLOX_ROW_TILE) * MEGABLOX_ROW_TILE
     lhs = jnp.pad(rows, ((0, padded - num_rows), (0, 0)))  # [R', k]
-    tilings = (
-        megablox_tiling(padded, depth, width),  # the forward: [R', k] x [G, k, n]
-        megablox_tiling(padded, width, depth, MEGABLOX_BACKWARD_TILING["rows"]),  # [R', n] x [G, k, n]^T
-        megablox_tiling(padded, depth, width, MEGABLOX_BACKWARD_TILING["weights"]),  # tgmm: [k, R'] x [R', n]
+    tiling = megablox_tiling(padded, depth, weights.shape[-1])  # the forward's; gmm's VJP reuses it
+    out = gmm(
+        lhs, weights.astype(rows.dtype), group_sizes, rows.dtype, tiling, None, None, False, _target_platform() != "tpu"
     )
-    out = _megablox_gmm(lhs, weights.astype(rows.dtype), group_sizes, tilings, _target_platform() != "tpu")
     return out[:num_rows]  # [R, n]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _megablox_gmm(lhs, rhs, group_sizes, tilings, interpret):
-    """megablox's ``gmm``, [m, k] x [G, k, n] -> [m, n] in lhs's dtype, with the backward of
-    JAX's ``megablox.ops.gmm`` (``gmm`` for d(lhs), ``tgmm`` for d(rhs)) but each of the three
-    at its own tiling: ``tilings`` (forward, rows' gradient, weights' gradient). Written here,
-    not taken from ``megablox.ops``, for that one difference."""
-    return _megablox_kernels().gmm(lhs, rhs, group_sizes, lhs.dtype, tilings[0], interpret=interpret)
-
-
-def _megablox_gmm_forward(lhs, rhs, group_sizes, tilings, interpret):
-    return _megablox_gmm(lhs, rhs, group_sizes, tilings, interpret), (lhs, rhs, group_sizes)
-
-
-def _megablox_gmm_backward(tilings, interpret, residuals, grad):
-    kernels = _megablox_kernels()
-    lhs, rhs, group_sizes = residuals  # [m, k], [G, k, n], i32[G]; grad [m, n]
-    d_lhs = kernels.gmm(grad, rhs, group_sizes, lhs.dtype, tilings[1], transpose_rhs=True, interpret=interpret)
-    d_rhs = kernels.tgmm(
-        lhs.swapaxes(0, 1),
-        grad,
-        group_sizes,
-        rhs.dtype,
-        tilings[2],
-        num_actual_groups=rhs.shape[0],
-        interpret=interpret,
-    )  # [G, k, n]
-    return d_lhs, d_rhs, None
-
-
-_megablox_gmm.defvjp(_megablox_gmm_forward, _megablox_gmm_backward)
-
-
-def _megablox_kernels():
-    """The module of megablox's kernels (``gmm``, ``tgmm``), imported where used (Pallas' TPU
-    kernels); the package's own name ``gmm`` is the differentiable op, not this module."""
-    return importlib.import_module("jax.experimental.pallas.ops.tpu.megablox.gmm")
 
 
 def block_rows(num_rows, num_groups):
