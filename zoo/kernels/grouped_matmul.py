@@ -119,8 +119,8 @@ def _megablox_matmul(rows, weights, group_sizes):
     rows [R, k] by weights [G, k, n] -> [R, n]. Every row must belong to a group
     (``sum(group_sizes) == R``, as ``sparse_moe``'s sorted assignments do): the kernel leaves
     rows past the groups unwritten, where ``ragged_dot`` gives zeros. R is padded to a
-    multiple of 128 (the kernel's row tiles), the padding sliced off. Traced for any platform but a TPU, it runs in
-    Pallas' interpreter (the tests' way on CPU: slow, exact).
+    multiple of 128 (the kernel's row tiles), the padding sliced off. Traced for any
+    platform but a TPU, it runs in Pallas' interpreter (the tests' way on CPU: slow, exact).
 
     Not inside a ``shard_map`` (the MoE layer's, under any distribution): JAX refuses the kernel's
     ``pallas_call`` there, its output shape naming no varying mesh axes, and tracing it
