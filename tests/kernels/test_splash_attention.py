@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from zoo.distribution import CheckedModelParallel, make_mesh
-from zoo.kernels import attention_implementation, attention_reference, local_attention
+from zoo.kernels import attention_implementation, attention_reference, describe_local_attention, local_attention
 from zoo.kernels import splash_attention as splash_module
 from zoo.kernels.splash_attention import COMPUTE_EDGE, block_edge, block_edges, splash_attention, supports
 from zoo.layers._sequence_parallel import describe_attention
@@ -111,8 +111,17 @@ def test_block_edges_follow_the_measured_best(length, edge):
     [(2048, 2048, (1024, 1024)), (8192, 8192, (1024, 2048)), (32768, 32768, (1024, 2048)), (1024, 9216, (1024, 1024))],
 )
 def test_long_key_sequences_take_key_blocks_of_2048(q_len, kv_len, edges):
-    """From 8,192 keys on, key blocks of 2,048 where 2,048 divides the keys (9,216 = 9 x 1,024 does not)."""
+    """From 8,192 causal keys on, key blocks of 2,048 where 2,048 divides the keys (9,216 =
+    9 x 1,024 does not); a sliding window or a full mask, never measured so, keeps square blocks."""
     assert block_edges(q_len, kv_len) == edges
+    assert block_edges(q_len, kv_len, windowed=True) == block_edges(q_len, kv_len, causal=False) == (1024, 1024)
+
+
+def test_the_words_name_the_blocks_the_kernel_runs():
+    """A causal 8k call's words name its key blocks of 2,048; a windowed one's, its square blocks."""
+    call = dict(platform="tpu", dtype="bfloat16", head_dim=128, causal=True, q_len=8192, kv_len=8192)
+    assert describe_local_attention(**call) == "splash (blocks 1024x2048)"
+    assert describe_local_attention(windowed=True, **call) == "splash (blocks 1024)"
 
 
 TPU = dict(platform="tpu", dtype="bfloat16", head_dim=64, causal=True, q_len=2048, kv_len=2048)

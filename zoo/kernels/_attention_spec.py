@@ -42,7 +42,7 @@ class KernelQuery:
     where JAX refuses its Pallas TPU kernels' calls (their output shapes name no varying
     axes; docs/attention.md, "Inside a shard_map"); ``sequence_split``: GSPMD may split T itself, which only the tiled
     kernel takes (cuDNN's partitioner refuses it); ``inference``: no gradient is taken (a
-    cached decoding step)."""
+    cached decoding step); ``windowed``: a sliding window limits the keys."""
 
     platform: str
     dtype: str
@@ -57,6 +57,7 @@ class KernelQuery:
     pallas: bool = True
     sequence_split: bool = False
     inference: bool = False
+    windowed: bool = False
 
     @classmethod
     def of_call(cls, spec, q, k, *, key_mask, segment_ids, natural_order, platform, pallas, sequence_split, inference):
@@ -75,6 +76,7 @@ class KernelQuery:
             pallas=pallas and not _varying_axes(q),  # inside a shard_map: no Pallas kernel (class docstring)
             sequence_split=sequence_split,
             inference=inference,
+            windowed=spec.sliding_window is not None,
         )
 
 

@@ -30,10 +30,12 @@ gpt_1b, llama_3_2_1b, qwen3_0.6b (T = 2,048) and gpt_350m (T = 1,024), 11 candid
 or within 1% of it at every shape and head dim: 8% faster than blocks of 512 at gpt_1b's
 batch 4, 12% at llama_3_2_1b's; 2,048-token blocks ran out of the core's VMEM. The fused
 backward was faster than the split one (dq apart from dk, dv) in every case. From 8,192
-keys on (``LONG_KEYS``), key blocks of 2,048 (queries still 1,024, keys computed 512 at a
-time): at issue 44's rows (``recipes/tpu-v5e-1/splash_long.py``) 131.1 against 122.3
-TFLOP/s at 32,768 tokens and head dim 128, 66.1 against 61.1 at head dim 64, equal within
-1% at 8,192, and slower at 2,048 (one key block leaves the causal mask nothing to skip).
+keys on (``LONG_KEYS``), causal attention takes key blocks of 2,048 (queries still 1,024,
+keys computed 512 at a time): at issue 44's rows (``recipes/tpu-v5e-1/splash_long.py``)
+131.1 against 122.3 TFLOP/s at 32,768 tokens and head dim 128, 66.1 against 61.1 at head
+dim 64, equal within 1% at 8,192, and slower at 2,048 (one key block leaves the causal mask
+nothing to skip). Only the causal mask was measured: a sliding window or a full mask keeps
+square blocks.
 
 Layouts (``LAYOUTS``): splash reads q, k and v in (T, D) or (D, T) blocks; at head dim 64,
 where a (T, 64) block fills half of the TPU's 128 lanes, (D, T) blocks for all three were
@@ -77,10 +79,11 @@ def block_edge(length):
     return next(edge for edge in EDGES if length % edge == 0)
 
 
-def block_edges(q_len, kv_len):
+def block_edges(q_len, kv_len, *, causal=True, windowed=False):
     """(query block edge, key block edge): ``block_edge`` of each, but key blocks of
-    ``LONG_KEY_EDGE`` from ``LONG_KEYS`` keys on, where that edge divides them."""
-    long_keys = kv_len >= LONG_KEYS and kv_len % LONG_KEY_EDGE == 0
+    ``LONG_KEY_EDGE`` from ``LONG_KEYS`` keys on, where that edge divides them, for the mask
+    they were measured on (causal, no sliding window)."""
+    long_keys = causal and not windowed and kv_len >= LONG_KEYS and kv_len % LONG_KEY_EDGE == 0
     return block_edge(q_len), LONG_KEY_EDGE if long_keys else block_edge(kv_len)
 
 
@@ -108,7 +111,7 @@ def _kernel(q_len, kv_len, groups, causal, sliding_window, softcap, interpret, q
     """The multi-query kernel for one KV head's G query heads: (G, T, D), (S, D), (S, D) -> (G, T, D)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 
-    bq, bkv = block_edges(q_len, kv_len)
+    bq, bkv = block_edges(q_len, kv_len, causal=causal, windowed=sliding_window is not None)
     compute = min(COMPUTE_EDGE, bkv)
     q_layout, k_layout, v_layout = (splash.QKVLayout[name] for name in qkv_layouts)
     sizes = splash.BlockSizes(
@@ -245,7 +248,7 @@ def _run(q, k, v, spec, *, key_mask, q_positions, k_positions, segment_ids, kv_s
 
 def _describe(query, block_size):
     del block_size  # splash's blocks are its own (block_edges)
-    q_edge, k_edge = block_edges(query.q_len, query.kv_len)
+    q_edge, k_edge = block_edges(query.q_len, query.kv_len, causal=query.causal, windowed=query.windowed)
     return f"splash (blocks {q_edge})" if q_edge == k_edge else f"splash (blocks {q_edge}x{k_edge})"
 
 

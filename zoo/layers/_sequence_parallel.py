@@ -144,9 +144,12 @@ def describe_attention(
     )
 
 
-def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size, platform=None, pallas=None):
+def describe_local(
+    plan, *, seq_len, head_dim, dtype, causal, masked, block_size, platform=None, pallas=None, windowed=False
+):
     """``describe_attention`` for a resolved plan; ``pallas`` as ``plain_attention``'s
-    (None: as ``attention`` passes it, a Pallas kernel only on a one-device mesh)."""
+    (None: as ``attention`` passes it, a Pallas kernel only on a one-device mesh);
+    ``windowed``: the layer has a sliding window."""
     pallas = (plan.mesh is None or plan.mesh.size == 1) if pallas is None else pallas
     n, balance, kernel = plan.sequence_size, plan.balance, plan.context_attention
     local = functools.partial(
@@ -157,6 +160,7 @@ def describe_local(plan, *, seq_len, head_dim, dtype, causal, masked, block_size
         causal=causal,
         masked=masked,
         block_size=block_size,
+        windowed=windowed,
     )
     if kernel is None:  # plain; on a split axis GSPMD may split T: tiles (see plain_attention)
         return local(q_len=seq_len, kv_len=seq_len, natural_order=n == 1, sequence_split=n > 1, pallas=pallas)

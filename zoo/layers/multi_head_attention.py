@@ -352,7 +352,7 @@ class MultiHeadAttention(keras.layers.Layer):
         plan = self.parallel_plan()
         local = _sequence_parallel.describe_local(
             plan, seq_len=seq_len, head_dim=self.head_dim, dtype=self.compute_dtype, causal=self.causal,
-            masked=False, block_size=self.ring_block_size,
+            masked=False, block_size=self.ring_block_size, windowed=self.sliding_window is not None,
             pallas=False if _tensor_parallel_attention.takes_this_path(plan) else None,  # TP: inside its shard_map
         )  # fmt: skip
         if not _tensor_parallel_attention.takes_this_path(plan):
