@@ -43,11 +43,12 @@ CANDIDATES = [
 ]
 
 
-def splash(b, t, h, kv, d, forward, backward):
-    """Causal splash with the fused backward at these forward and backward block sizes."""
+def splash(b, t, h, kv, d, forward, backward, **options):
+    """Causal splash with the fused backward at these forward and backward block sizes;
+    ``options``: other ``BlockSizes`` arguments (q, k, v layouts)."""
     names = ("block_q", "block_kv", "block_kv_compute"), ("block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")
     sizes = dict(zip(names[0], forward)) | dict(zip(names[1], backward)) | {"use_fused_bwd_kernel": True}
-    return splash_with(b, t, h, kv, d, sizes)
+    return splash_with(b, t, h, kv, d, sizes | options)
 
 
 def inputs(b, t, h, kv, d):

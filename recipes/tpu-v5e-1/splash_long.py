@@ -20,7 +20,7 @@ import os
 import sys
 
 os.environ["KERAS_BACKEND"] = "jax"
-from attention_kernels import splash_with  # noqa: E402  (this folder)
+import splash_blocks  # noqa: E402  (this folder)
 from splash_blocks import inputs, timed_row  # noqa: E402
 
 import zoo.kernels.splash_attention as splash  # noqa: E402
@@ -43,9 +43,7 @@ def with_blocks(b, t, h, kv, d, blocks):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
     q, k, v = (sk.QKVLayout[name] for name in splash.layouts(d))
-    names = ("block_q", "block_kv", "block_kv_compute"), ("block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute")
-    sizes = dict(zip(names[0], blocks)) | dict(zip(names[1], blocks))
-    return splash_with(b, t, h, kv, d, sizes | dict(use_fused_bwd_kernel=True, q_layout=q, k_layout=k, v_layout=v))
+    return splash_blocks.splash(b, t, h, kv, d, blocks, blocks, q_layout=q, k_layout=k, v_layout=v)
 
 
 def main(large):
